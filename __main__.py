@@ -1,0 +1,3 @@
+from servelab.cli.main import main
+
+main()

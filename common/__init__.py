@@ -1,0 +1,1 @@
+"""Small shared pieces: errors, registries, atomic file writes."""

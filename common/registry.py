@@ -1,0 +1,37 @@
+"""A name -> factory registry filled by one decorator; unknown names list the known ones."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+from servelab.common.errors import ServelabError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} '{name}' registered twice")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            known = ", ".join(sorted(self._items))
+            raise ServelabError(f"unknown {self.kind} '{name}' (known: {known})") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items

@@ -1,0 +1,33 @@
+"""`sarathi` (= vLLM v1's default scheduler, the engine default): decode-first chunked prefill.
+
+Running requests go first (each gets its decode token or its next prefill chunk), then waiting
+requests fill the remaining token budget with prefill chunks; prefill and decode share iterations
+(Sarathi-Serve, OSDI 2024). Waiting requests are not admitted in an iteration that had to preempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servelab.policies.base import POLICIES, PolicyBase
+from servelab.replay.batch import Batch
+from servelab.replay.replica import Replica
+
+
+@dataclass(frozen=True, slots=True)
+class SarathiParams:
+    long_prefill_threshold: int = 0  # cap on one request's chunk per iteration (0: only the budget caps it)
+
+
+@POLICIES.register("sarathi")
+class Sarathi(PolicyBase):
+    name = "sarathi"
+    Params = SarathiParams
+
+    def schedule(self, replica: Replica) -> Batch:
+        cap = self.params.long_prefill_threshold or None
+        b = self.builder(replica)
+        b.schedule_running(replica.running, cap)
+        if not b.preempted:
+            b.admit_waiting(replica.waiting, chunked=True, chunk_cap=cap)
+        return b.build()

@@ -1,0 +1,84 @@
+"""`sjf` and `srpt`: shortest (remaining) output first, with oracle or noisy predicted lengths.
+
+Real schedulers don't know the future: with ``noise_sigma > 0`` the predicted output length is
+the true one times ``exp(N(0, sigma))``, drawn once per request from the engine seed and the
+request id (deterministic). ``sjf`` ranks by predicted total output, ``srpt`` by predicted
+remaining output. With ``preempt = true`` the ranking is re-applied at every iteration boundary:
+a waiting request that outranks a running one takes its place when ``max_num_seqs`` is full.
+Prefill uses the chunked-prefill token budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from servelab.policies.base import POLICIES, PolicyBase
+from servelab.replay.batch import Batch
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class LengthParams:
+    preempt: bool = False
+    noise_sigma: float = 0.0  # lognormal sigma of the length predictor; 0 = oracle
+
+
+class _LengthAware(PolicyBase):
+    remaining: bool = False
+
+    def on_arrival(self, req: Request, replica: Replica) -> None:
+        if req.policy_data is None:
+            predicted = float(req.output_tokens)
+            if self.params.noise_sigma > 0:
+                rng = np.random.default_rng([self.engine.seed, req.request_id & 0xFFFFFFFF, 0x5EED])
+                predicted *= math.exp(rng.normal(0.0, self.params.noise_sigma))
+            req.policy_data = max(1.0, predicted)
+
+    def rank(self, req: Request) -> tuple:
+        predicted = req.policy_data
+        if self.remaining:
+            predicted = max(predicted - req.num_generated_tokens, 0.0)
+        return (predicted, req.index)
+
+    def victim_key(self, req: Request) -> tuple:
+        return self.rank(req)
+
+    def schedule(self, replica: Replica) -> Batch:
+        b = self.builder(replica)
+        if not self.params.preempt:
+            b.schedule_running(replica.running)
+            if not b.preempted:
+                b.admit_waiting(sorted(replica.waiting, key=self.rank), chunked=True)
+            return b.build()
+        ordered = sorted(chain(replica.running, replica.waiting), key=self.rank)
+        keep = set(ordered[: replica.config.max_num_seqs])
+        for req in replica.running:
+            if req not in keep:
+                b.preempt(req)
+        for req in ordered:
+            if req in b.chosen or b.seq_budget <= 0 or b.token_budget <= 0:
+                continue
+            if req.status.name == "RUNNING":
+                b.schedule_running((req,))
+            else:
+                b.admit_waiting((req,), chunked=True)
+        return b.build()
+
+
+@POLICIES.register("sjf")
+class ShortestJobFirst(_LengthAware):
+    name = "sjf"
+    Params = LengthParams
+    remaining = False
+
+
+@POLICIES.register("srpt")
+class ShortestRemainingFirst(_LengthAware):
+    name = "srpt"
+    Params = LengthParams
+    remaining = True

@@ -1,0 +1,200 @@
+"""Replay a trace: build requests, replicas, policy and runner from a config, run, collect results."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from servelab import __version__
+from servelab.common.atomic import atomic_dir
+from servelab.common.errors import ServelabError
+from servelab.replay.config import ReplayConfig
+from servelab.replay.engine import Engine
+from servelab.replay.kv import KVCache
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request, Status
+from servelab.replay.router import ROUTERS
+from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+
+
+@dataclass
+class RunResult:
+    requests: pa.Table
+    steps: pa.Table
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
+    """Trace rows -> Request objects (trace order) and the closed-loop follower map."""
+    n = trace.num_rows
+    cols = set(trace.column_names)
+
+    def col(name: str, default=None) -> list:
+        if name in cols:
+            return trace.column(name).to_pylist()
+        return [default] * n
+
+    ids, arrivals = col("request_id"), col("arrival_s")
+    prompts, outputs = col("prompt_tokens"), col("output_tokens")
+    max_out = col("max_output_tokens")
+    tenants, tiers = col("tenant", "default"), col("tier", "standard")
+    sessions, thinks = col("session_id"), col("think_s")
+    ttft_slo, tpot_slo = col("ttft_slo_s"), col("tpot_slo_s")
+    prefixes = col("prefix_hashes")
+    requests = [
+        Request(ids[i], arrivals[i], prompts[i], outputs[i], max_output_tokens=max_out[i],
+                tenant=tenants[i] if tenants[i] is not None else "default",
+                tier=tiers[i] if tiers[i] is not None else "standard",
+                session_id=sessions[i], think_s=thinks[i], ttft_slo_s=ttft_slo[i], tpot_slo_s=tpot_slo[i],
+                prefix_hashes=prefixes[i], index=i)
+        for i in range(n)
+    ]
+    followers: dict[int, Request] = {}
+    last_in_session: dict[int, Request] = {}
+    for req in requests:  # the trace is sorted by arrival: that orders each session's turns
+        if req.session_id is None:
+            continue
+        prev = last_in_session.get(req.session_id)
+        if prev is not None and req.think_s is not None:
+            followers[prev.index] = req
+            req.arrival_s = None  # arrives when its predecessor ends
+        last_in_session[req.session_id] = req
+    return requests, followers
+
+
+def resolve_num_gpu_blocks(config: ReplayConfig, runner) -> int:
+    engine = config.engine
+    if engine.num_gpu_blocks is not None:
+        return engine.num_gpu_blocks
+    capacity = getattr(runner, "kv_capacity_tokens", None)
+    if capacity is None:
+        raise ServelabError(
+            f"runner '{runner.name}' does not know a model or GPU, so the KV size cannot be derived: "
+            "set num_gpu_blocks (--num-gpu-blocks)"
+        )
+    tokens = capacity(engine.gpu_memory_utilization)
+    blocks = tokens // engine.block_size
+    if blocks < 1:
+        raise ServelabError(f"no room for KV cache: the model does not fit the GPU memory ({runner.describe()})")
+    return blocks
+
+
+def build_runner(config: ReplayConfig):
+    from servelab.runners.base import make_runner
+
+    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp)
+
+
+def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict | None = None) -> RunResult:
+    """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner."""
+    from servelab.policies.base import make_policy
+
+    wall_start = time.perf_counter()
+    if runner is None:
+        runner = build_runner(config)
+    engine_cfg = config.engine
+    num_blocks = resolve_num_gpu_blocks(config, runner)
+    kv_bytes_per_token = getattr(runner, "kv_bytes_per_token", None) or engine_cfg.kv_bytes_per_token or 0
+    host_blocks = 0
+    if engine_cfg.preemption == "swap" and kv_bytes_per_token:
+        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (kv_bytes_per_token * engine_cfg.block_size))
+    replicas = []
+    for rid in range(engine_cfg.replicas):
+        allocator = None
+        if getattr(runner, "needs_block_tables", False):
+            allocator = runner.make_allocator(rid, num_blocks)
+        kv = KVCache(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
+                     host_blocks=host_blocks, allocator=allocator)
+        policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
+        replicas.append(Replica(rid, engine_cfg, kv, policy))
+    router = ROUTERS.get(engine_cfg.router)()
+    requests, followers = requests_from_table(trace)
+    engine = Engine(requests, replicas, router, runner, engine_cfg, followers)
+    end_s = engine.run()
+    requests_table = requests_table_from(requests)
+    steps_table = pa.Table.from_pylist([], schema=STEPS_SCHEMA) if not engine.steps else pa.Table.from_arrays(
+        [pa.array(list(col), type=f.type) for col, f in zip(zip(*engine.steps), STEPS_SCHEMA)], schema=STEPS_SCHEMA
+    )
+    counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
+    for req in requests:
+        name = req.status.name.lower()
+        counts[name] = counts.get(name, 0) + 1
+    meta = {
+        "servelab_version": __version__,
+        "trace": dict(trace_meta or {}, rows=trace.num_rows),
+        "policy": {"name": config.policy, "params": _jsonable(asdict(replicas[0].policy.params))},
+        "engine": dict(_jsonable(asdict(engine_cfg)), num_gpu_blocks=num_blocks, swap_host_blocks=host_blocks),
+        "runner": {"name": runner.name, "spec": config.runner, "params": _jsonable(runner.describe())},
+        "seed": engine_cfg.seed,
+        "simulated_span_s": end_s,
+        "wall_time_s": time.perf_counter() - wall_start,
+        "counts": counts,
+        "swap_fallbacks": engine.num_swap_fallbacks,
+        "config": config.to_dict(),
+    }
+    return RunResult(requests_table, steps_table, meta)
+
+
+def requests_table_from(requests: list[Request]) -> pa.Table:
+    finished = Status.FINISHED
+    ttft, tpot, e2e = [], [], []
+    for r in requests:
+        ttft.append(r.first_token_s - r.arrival_s if r.first_token_s is not None else None)
+        if r.status is finished:
+            e2e.append(r.finish_s - r.arrival_s)
+            tpot.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0)
+        else:
+            e2e.append(None)
+            tpot.append(None)
+    columns = {
+        "request_id": [r.request_id for r in requests],
+        "tenant": [r.tenant for r in requests],
+        "tier": [r.tier for r in requests],
+        "session_id": [r.session_id for r in requests],
+        "replica": [r.replica for r in requests],
+        "status": [r.status.name.lower() for r in requests],
+        "reason": [r.reason for r in requests],
+        "arrival_s": [r.arrival_s for r in requests],
+        "first_scheduled_s": [r.first_scheduled_s for r in requests],
+        "first_token_s": [r.first_token_s for r in requests],
+        "finish_s": [r.finish_s for r in requests],
+        "prompt_tokens": [r.prompt_tokens for r in requests],
+        "output_tokens": [r.output_tokens for r in requests],
+        "generated_tokens": [r.num_generated_tokens for r in requests],
+        "num_preemptions": [r.num_preemptions for r in requests],
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "max_itl_s": [r.max_itl_s for r in requests],
+        "ttft_slo_s": [r.ttft_slo_s for r in requests],
+        "tpot_slo_s": [r.tpot_slo_s for r in requests],
+    }
+    return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
+                                schema=REQUESTS_SCHEMA)
+
+
+def write_run(result: RunResult, run_dir: str | Path) -> Path:
+    """Write requests.parquet, steps.parquet and run.json into ``run_dir`` (all or nothing)."""
+    run_dir = Path(run_dir)
+    meta = dict(result.meta, run_id=run_dir.name)
+    with atomic_dir(run_dir) as tmp:
+        pq.write_table(result.requests, tmp / "requests.parquet", compression="zstd")
+        pq.write_table(result.steps, tmp / "steps.parquet", compression="zstd")
+        (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return run_dir
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value

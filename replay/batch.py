@@ -1,0 +1,125 @@
+"""A policy's decision for one iteration (`Batch`) and the budget keeper policies build it with.
+
+`BatchBuilder` is admission, separate from ordering: a policy walks requests in its own order and
+asks the builder to add them; the builder enforces the token budget, the sequence cap and KV fit,
+and preempts victims (chosen by the policy's ``victim_key``) when a running request needs blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from servelab.replay.request import Request
+
+if TYPE_CHECKING:
+    from servelab.replay.replica import Replica
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Immutable decision: preempt these, then compute ``n`` tokens for each ``(request, n)``.
+
+    ``repeat`` bounds how many identical iterations the engine may run before asking again when
+    the batch is pure decode (None: until the next event). ``wake_s`` asks to be consulted again
+    at that time even if nothing else happens (time-based policies: quanta, starvation bounds).
+    """
+
+    items: tuple[tuple[Request, int], ...] = ()
+    preempt: tuple[Request, ...] = ()
+    repeat: int | None = None
+    wake_s: float | None = None
+
+
+EMPTY = Batch()
+
+
+class BatchBuilder:
+    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
+                 "chosen", "victim_key", "skip_blocked")
+
+    def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
+                 token_budget: int | None = None, seq_budget: int | None = None):
+        cfg = replica.config
+        self.replica = replica
+        self.kv = replica.kv
+        self.token_budget = cfg.max_num_batched_tokens if token_budget is None else token_budget
+        self.seq_budget = cfg.max_num_seqs if seq_budget is None else seq_budget
+        self.free_blocks = replica.kv.free
+        self.items: list[tuple[Request, int]] = []
+        self.preempted: list[Request] = []
+        self.chosen: set[Request] = set()
+        self.victim_key = victim_key
+        self.skip_blocked = cfg.head_of_line == "skip"
+
+    # -- primitives -------------------------------------------------------------------------
+    def fits(self, req: Request, n: int) -> bool:
+        return self.kv.blocks_needed(req, n) <= self.free_blocks
+
+    def add(self, req: Request, n: int) -> None:
+        self.free_blocks -= self.kv.blocks_needed(req, n)
+        self.token_budget -= n
+        self.seq_budget -= 1
+        self.items.append((req, n))
+        self.chosen.add(req)
+
+    def preempt(self, req: Request) -> None:
+        self.free_blocks += req.kv_blocks
+        self.preempted.append(req)
+        self.chosen.add(req)
+
+    def pick_victim(self) -> Request | None:
+        """The running request not yet in this batch that the policy ranks lowest."""
+        candidates = [r for r in self.replica.running if r not in self.chosen]
+        return max(candidates, key=self.victim_key) if candidates else None
+
+    def add_running(self, req: Request, n: int) -> bool:
+        """Schedule a running request, preempting victims until its KV fits (maybe itself)."""
+        need = self.kv.blocks_needed(req, n)
+        while need > self.free_blocks:
+            victim = self.pick_victim()
+            if victim is None or victim is req:
+                self.preempt(req)
+                return False
+            self.preempt(victim)
+        self.add(req, n)
+        return True
+
+    def build(self, repeat: int | None = None, wake_s: float | None = None) -> Batch:
+        if not self.items and not self.preempted and wake_s is None:
+            return EMPTY
+        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s)
+
+    # -- the two loops most policies share -----------------------------------------------------
+    def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None) -> None:
+        """Give each running request its next tokens (a decode token, or its next prefill chunk)."""
+        for req in order:
+            if req in self.chosen:
+                continue
+            if self.token_budget <= 0 or self.seq_budget <= 0:
+                break
+            n = req.num_tokens - req.num_computed_tokens
+            if chunk_cap is not None and n > chunk_cap:
+                n = chunk_cap
+            if n > self.token_budget:
+                n = self.token_budget
+            self.add_running(req, n)
+
+    def admit_waiting(self, order: Iterable[Request], chunked: bool, chunk_cap: int | None = None) -> None:
+        """Admit waiting requests in ``order`` while budgets and KV allow (head-of-line rule applies)."""
+        for req in order:
+            if self.seq_budget <= 0 or self.token_budget <= 0:
+                break
+            n = req.num_tokens - req.num_computed_tokens
+            if chunked:
+                if chunk_cap is not None and n > chunk_cap:
+                    n = chunk_cap
+                if n > self.token_budget:
+                    n = self.token_budget
+            # Without chunking, a prompt larger than the whole budget runs alone rather than never.
+            too_big = n > self.token_budget and (chunked or bool(self.items))
+            if too_big or not self.fits(req, n):
+                if self.skip_blocked:
+                    continue
+                break
+            self.add(req, n)

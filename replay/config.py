@@ -1,0 +1,165 @@
+"""Frozen configuration of a replay: engine limits, policy choice, runner choice. Validated without I/O.
+
+The same keys are accepted on the command line (``--max-num-seqs 64``) and in a TOML config file
+(``max_num_seqs = 64``); see docs/cli.md. ``dataclasses.replace`` makes variants (what a search does).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from servelab.common.errors import ServelabError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    num_gpu_blocks: int | None = None  # per replica; None = derived from the runner's model and GPU
+    gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use (weights + KV)
+    max_num_seqs: int = 256  # requests in one iteration
+    max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
+    kv_allocation: str = "on-demand"  # on-demand (vLLM) | reserve (prompt + max_output at admission)
+    preemption: str = "recompute"  # recompute | swap
+    swap_space_gb: float = 4.0  # host pool for swapped KV, per replica
+    swap_bandwidth_gbps: float = 25.0  # host<->GPU copy bandwidth, GB/s
+    kv_bytes_per_token: int | None = None  # for runners that don't know their model (swap timing)
+    head_of_line: str = "strict"  # strict: stop at the first waiting request that does not fit; skip
+    replicas: int = 1
+    router: str = "round-robin"  # round-robin | least-outstanding
+    until_s: float | None = None  # horizon; None = replay until drained
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ServelabError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _choice(self, "kv_allocation", ("on-demand", "reserve"))
+        _choice(self, "preemption", ("recompute", "swap"))
+        _choice(self, "head_of_line", ("strict", "skip"))
+        _choice(self, "router", ("round-robin", "least-outstanding"))
+        if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
+            raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")
+        if self.until_s is not None and self.until_s < 0:
+            raise ServelabError(f"until_s must be >= 0, got {self.until_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    policy: str = "sarathi"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    runner: str = "roofline"  # a runner spec: "roofline", "linear:base=0.01,...", "fitted:model.json"
+    model: str = "llama-3.1-8b"  # defaults handed to runners that take a model preset
+    gpu: str = "h100-80gb"
+    tp: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
+        out: dict[str, Any] = {"policy": self.policy, "runner": self.runner, "model": self.model,
+                               "gpu": self.gpu, "tp": self.tp}
+        for f in fields(EngineConfig):
+            value = getattr(self.engine, f.name)
+            if value is not None:
+                out[f.name] = value
+        if self.policy_params:
+            out["policy_params"] = dict(self.policy_params)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ReplayConfig":
+        data = dict(data)
+        engine_keys = {f.name: f for f in fields(EngineConfig)}
+        engine_values: dict[str, Any] = {}
+        top: dict[str, Any] = {}
+        for key, value in data.items():
+            key_norm = key.replace("-", "_")
+            if key_norm in engine_keys:
+                engine_values[key_norm] = coerce(value, engine_keys[key_norm].type, f"{source}: {key}")
+            elif key_norm in ("policy", "runner", "model", "gpu"):
+                top[key_norm] = str(value)
+            elif key_norm == "tp":
+                top["tp"] = coerce(value, "int", f"{source}: tp")
+            elif key_norm == "policy_params":
+                if not isinstance(value, dict):
+                    raise ServelabError(f"{source}: policy_params must be a table")
+                top["policy_params"] = dict(value)
+            else:
+                known = sorted([*engine_keys, "policy", "policy_params", "runner", "model", "gpu", "tp"])
+                raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
+        return cls(engine=EngineConfig(**engine_values), **top)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "ReplayConfig":
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ServelabError(f"{path}: no such config file") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ServelabError(f"{path}: invalid TOML: {err}") from None
+        data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
+        return cls.from_dict(data, source=str(path))
+
+
+def coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Convert a CLI string or TOML value to a dataclass field's annotated type, with a clear error."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    optional = "None" in text
+    base = text.replace("| None", "").replace("None |", "").strip()
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "")):
+        if optional:
+            return None
+        raise ServelabError(f"{where}: a value is required")
+    try:
+        if base == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if base == "float":
+            return float(value)
+        if base == "bool":
+            if isinstance(value, bool):
+                return value
+            lowered = str(value).lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if base == "str":
+            return str(value)
+    except ValueError:
+        raise ServelabError(f"{where}: expected {base}, got {value!r}") from None
+    return value
+
+
+def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:
+    """Build a frozen params dataclass from string/TOML values; unknown keys are errors."""
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        key_norm = key.replace("-", "_")
+        if key_norm not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise ServelabError(f"{owner}: unknown parameter '{key}' (parameters: {names})")
+        values[key_norm] = coerce(value, known[key_norm].type, f"{owner}: {key}")
+    return cls(**values)
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 1:
+            raise ServelabError(f"{name} must be >= 1, got {getattr(obj, name)}")
+
+
+def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:
+    if getattr(obj, name) not in options:
+        raise ServelabError(f"{name} must be one of {', '.join(options)}; got '{getattr(obj, name)}'")
+
+
+__all__ = ["EngineConfig", "ReplayConfig", "coerce", "make_params"]

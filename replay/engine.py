@@ -1,0 +1,412 @@
+"""The discrete-event replay loop: arrivals and iteration completions on a simulated clock.
+
+Events live in one heap of ``(time_s, priority, seq, kind, payload)``; ``seq`` is the tie-breaker
+so payloads never need comparing. At equal times arrivals (0) come before step completions (1),
+which come before scheduling decisions (2): a policy deciding at time t sees every request that
+arrived at t and every token produced at t.
+
+Cost grows with events, not tokens: when a batch is pure decode, the engine runs it as a
+*stretch* of ``k`` identical iterations priced in closed form by the runner's affine decode cost
+(step i of n requests reading C0 + i*n KV tokens takes a + b*(C0 + i*n) seconds). ``k`` ends at
+the first completion, the last iteration whose KV blocks surely fit, or the policy's ``repeat``;
+an arrival routed to the replica cuts the stretch at the first iteration boundary after it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from servelab.common.errors import ServelabError
+from servelab.replay.batch import Batch
+from servelab.replay.config import EngineConfig
+from servelab.replay.kv import KVCache, blocks_for
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request, Status
+from servelab.runners.base import StepItem, StepPlan, StepShape
+
+ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class Step:
+    """An iteration (or a stretch of identical decode iterations) in flight on a replica."""
+
+    batch: Batch
+    start_s: float
+    end_s: float
+    k: int  # iterations in the stretch (1 for an ordinary step)
+    prefill_tokens: int
+    prefill_requests: int
+    decode_requests: int
+    waiting: int
+    kv_used: int
+    # decode-stretch pricing: iteration i takes a + b * (ctx0 + i * n) seconds
+    a: float = 0.0
+    b: float = 0.0
+    ctx0: int = 0
+
+    def elapsed(self, j: int) -> float:
+        """Seconds taken by the first ``j`` iterations of the stretch."""
+        if self.k == 1:
+            return self.end_s - self.start_s if j else 0.0
+        n = self.decode_requests
+        return j * self.a + self.b * (j * self.ctx0 + n * j * (j - 1) / 2)
+
+    def iterations_done_by(self, t: float) -> int:
+        """Iterations completed at or before time ``t`` (0..k)."""
+        if t >= self.end_s:
+            return self.k
+        j = self._first_boundary_at_or_after(t)
+        return j if self.start_s + self.elapsed(j) <= t else j - 1
+
+    def _first_boundary_at_or_after(self, t: float) -> int:
+        """Smallest j >= 1 whose boundary start + elapsed(j) is >= t (at most k)."""
+        delta = t - self.start_s
+        if self.k == 1 or delta <= 0:
+            return 1
+        n, a, b = self.decode_requests, self.a, self.b
+        qa, qb = b * n / 2, a + b * self.ctx0 - b * n / 2
+        if qa > 0:
+            j = math.ceil((-qb + math.sqrt(qb * qb + 4 * qa * delta)) / (2 * qa))
+        else:
+            j = math.ceil(delta / qb) if qb > 0 else 1
+        j = min(max(j, 1), self.k)
+        while j > 1 and self.elapsed(j - 1) >= delta:
+            j -= 1
+        while j < self.k and self.elapsed(j) < delta:
+            j += 1
+        return j
+
+
+class Engine:
+    def __init__(self, requests: list[Request], replicas: list[Replica], router, runner, config: EngineConfig,
+                 followers: dict[int, Request] | None = None, record_steps: bool = True):
+        self.requests = requests
+        self.replicas = replicas
+        self.router = router
+        self.runner = runner
+        self.config = config
+        self.followers = followers or {}  # request index -> next closed-loop turn of its session
+        self.record_steps = record_steps
+        self.needs_items = bool(getattr(runner, "needs_block_tables", False))
+        self.kv_bytes_per_block = _kv_bytes_per_token(runner, config) * config.block_size
+        self.swap_bytes_per_s = config.swap_bandwidth_gbps * 1e9
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.admissions = 0
+        self.now_s = 0.0
+        self.steps: list[tuple] = []
+        self.num_swap_fallbacks = 0
+        for req in requests:
+            if req.status is Status.PENDING and req.arrival_s is not None:
+                self._push(req.arrival_s, ARRIVAL, req)
+
+    # -- event plumbing -----------------------------------------------------------------------
+    def _push(self, time_s: float, kind: int, payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (time_s, kind, self.seq, payload))
+
+    def run(self) -> float:
+        """Process events until drained or past the horizon; returns the simulated end time."""
+        heap, until = self.heap, self.config.until_s
+        pop = heapq.heappop
+        while heap:
+            if until is not None and heap[0][0] > until:
+                break
+            time_s, kind, _, payload = pop(heap)
+            self.now_s = time_s
+            if kind == ARRIVAL:
+                self._arrive(payload, time_s)
+            elif kind == STEP_DONE:
+                replica, token = payload
+                if token == replica.step_token:
+                    self._complete(replica, time_s)
+            else:
+                payload.schedule_pending = False
+                if not payload.busy:
+                    self._start(payload, time_s)
+        if until is not None:
+            self.now_s = until
+            self._stop_at_horizon(until)
+        return self.now_s
+
+    def _request_schedule(self, replica: Replica, time_s: float) -> None:
+        if not replica.schedule_pending:
+            replica.schedule_pending = True
+            self._push(time_s, SCHEDULE, replica)
+
+    # -- arrivals -------------------------------------------------------------------------------
+    def _arrive(self, req: Request, now: float) -> None:
+        req.arrival_s = now
+        replica = self.router.route(req, self.replicas)
+        req.replica = replica.id
+        reason = None
+        if not replica.kv.can_ever_fit(req):
+            need = blocks_for(req.prompt_tokens + req.max_output_tokens, replica.kv.block_size)
+            reason = f"needs {need} KV blocks for prompt + max output; a replica has {replica.kv.total}"
+        else:
+            reason = replica.policy.reject_reason(req)
+        if reason is not None:
+            req.status = Status.REJECTED
+            req.reason = reason
+            self._ended(req, now)
+            return
+        req.status = Status.WAITING
+        replica.waiting.append(req)
+        replica.outstanding_tokens += req.prompt_tokens + req.output_tokens
+        replica.policy.on_arrival(req, replica)
+        if replica.busy:
+            self._cut_stretch(replica, now)
+        else:
+            self._request_schedule(replica, now)
+
+    def _cut_stretch(self, replica: Replica, now: float) -> None:
+        """End the in-flight decode stretch at the first iteration boundary at or after ``now``."""
+        step = replica.inflight
+        if step.k == 1 or now >= step.end_s:
+            return
+        j = step._first_boundary_at_or_after(now)
+        if j < step.k:
+            step.end_s = step.start_s + step.elapsed(j)
+            step.k = j
+            replica.step_token += 1
+            self._push(step.end_s, STEP_DONE, (replica, replica.step_token))
+
+    # -- starting an iteration ----------------------------------------------------------------
+    def _start(self, replica: Replica, now: float) -> None:
+        replica.now_s = now
+        batch = replica.policy.schedule(replica)
+        swap_s = 0.0
+        for victim in batch.preempt:
+            swap_s += self._preempt(replica, victim)
+        if batch.wake_s is not None and batch.wake_s > now:
+            replica.wake_s = batch.wake_s
+        if not batch.items:
+            replica.busy = False
+            if batch.wake_s is not None and batch.wake_s > now:
+                self._request_schedule_at(replica, batch.wake_s)
+            elif batch.preempt and replica.waiting:
+                self._request_schedule(replica, now)
+            return
+        kv = replica.kv
+        prefill_tokens = prefill_reqs = decode_reqs = 0
+        prefill_ctx = pairs = decode_ctx = 0
+        all_decode = not batch.preempt
+        items = [] if self.needs_items else None
+        for req, n in batch.items:
+            if req.status is Status.WAITING:
+                swap_s += self._admit(replica, req, now)
+            c = req.num_computed_tokens
+            kv.grow(req, kv.target_blocks(req, n))
+            if n == 1 and req.num_generated_tokens and c == req.num_tokens - 1:
+                decode_reqs += 1
+                decode_ctx += c + 1
+            else:
+                all_decode = False
+                prefill_reqs += 1
+                prefill_tokens += n
+                prefill_ctx += c + n
+                pairs += n * c + n * (n + 1) // 2
+            if items is not None:
+                items.append(StepItem(req, c, n))
+        shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
+        duration = self.runner.step_time(StepPlan(shape, tuple(items) if items else ())) + swap_s
+        if not (duration > 0 and math.isfinite(duration)):
+            raise ServelabError(f"runner {self.runner.name} priced a step at {duration} s; steps must take > 0 s")
+        step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
+                    len(replica.waiting), kv.used)
+        if all_decode and swap_s == 0.0:
+            self._plan_stretch(replica, step, decode_ctx)
+        if replica.wake_s is not None and replica.wake_s > now:
+            j = step._first_boundary_at_or_after(replica.wake_s)
+            if j < step.k:
+                step.end_s = now + step.elapsed(j)
+                step.k = j
+        replica.busy = True
+        replica.inflight = step
+        replica.step_token += 1
+        self._push(step.end_s, STEP_DONE, (replica, replica.step_token))
+
+    def _request_schedule_at(self, replica: Replica, time_s: float) -> None:
+        self._push(time_s, SCHEDULE, replica)
+
+    def _plan_stretch(self, replica: Replica, step: Step, ctx0: int) -> None:
+        affine = self.runner.decode_affine(step.decode_requests)
+        if affine is None:
+            return
+        items = step.batch.items
+        k = min(req.output_tokens - req.num_generated_tokens for req, _ in items)
+        if step.batch.repeat is not None:
+            k = min(k, step.batch.repeat)
+        if k <= 1:
+            return
+        kv = replica.kv
+        if not kv.reserve:
+            k = self._kv_safe_iterations(kv, items, k)
+            if k <= 1:
+                return
+        step.a, step.b = affine
+        step.ctx0 = ctx0
+        step.k = k
+        step.end_s = step.start_s + step.elapsed(k)
+
+    @staticmethod
+    def _kv_safe_iterations(kv: KVCache, items, k: int) -> int:
+        """Largest j <= k such that every request's next j tokens fit in the free blocks."""
+        bs, free, n = kv.block_size, kv.free, len(items)
+        if free >= n * (k // bs + 2):
+            return k
+
+        def extra(j: int) -> int:  # blocks needed beyond those held, to compute j more tokens each
+            return sum(blocks_for(req.num_computed_tokens + j, bs) - req.kv_blocks for req, _ in items)
+
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if extra(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _admit(self, replica: Replica, req: Request, now: float) -> float:
+        waiting = replica.waiting
+        if waiting and waiting[0] is req:
+            waiting.popleft()
+        else:
+            waiting.remove(req)
+        req.status = Status.RUNNING
+        self.admissions += 1
+        req.admitted_seq = self.admissions
+        replica.running.append(req)
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = now
+        if req.swapped:  # bring the KV back from host memory
+            blocks = blocks_for(req.num_computed_tokens, replica.kv.block_size)
+            replica.kv.host_used -= blocks
+            req.swapped = False
+            return blocks * self.kv_bytes_per_block / self.swap_bytes_per_s
+        return 0.0
+
+    def _preempt(self, replica: Replica, req: Request) -> float:
+        """Take ``req`` off the GPU; returns the swap-out time it adds to this iteration."""
+        kv = replica.kv
+        blocks = req.kv_blocks
+        cost = 0.0
+        if self.config.preemption == "swap" and kv.host_used + blocks <= kv.host_total and not kv.reserve:
+            kv.host_used += blocks
+            req.swapped = True
+            cost = blocks * self.kv_bytes_per_block / self.swap_bytes_per_s
+        else:
+            if self.config.preemption == "swap":
+                self.num_swap_fallbacks += 1
+            req.num_computed_tokens = 0
+        kv.release(req)
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        replica.running.remove(req)
+        replica.waiting.appendleft(req)
+        return cost
+
+    # -- completing an iteration --------------------------------------------------------------
+    def _complete(self, replica: Replica, now: float) -> None:
+        step = replica.inflight
+        self._apply(replica, step, step.k, now)
+        replica.busy = False
+        replica.inflight = None
+        if replica.wake_s is not None and replica.wake_s <= now:
+            replica.wake_s = None
+        self._request_schedule(replica, now)
+
+    def _apply(self, replica: Replica, step: Step, j: int, end_s: float) -> None:
+        """Apply ``j`` completed iterations of ``step`` ending at ``end_s``."""
+        kv = replica.kv
+        finished = False
+        if step.k == 1:
+            for req, n in step.batch.items:
+                req.num_computed_tokens += n
+                if req.num_computed_tokens == req.num_tokens:
+                    gap = end_s - req.last_token_s if req.last_token_s is not None else 0.0
+                    finished |= self._emit(replica, req, end_s, gap, 1)
+        else:
+            first_end = step.start_s + step.a + step.b * step.ctx0
+            last_gap = step.a + step.b * (step.ctx0 + (j - 1) * step.decode_requests)
+            bs = kv.block_size
+            for req, _ in step.batch.items:
+                req.num_computed_tokens += j
+                target = blocks_for(req.num_computed_tokens, bs)
+                if target > req.kv_blocks:
+                    kv.grow(req, target)
+                gap = first_end - req.last_token_s
+                if last_gap > gap:
+                    gap = last_gap
+                finished |= self._emit(replica, req, end_s, gap, j)
+        if finished:
+            replica.running = [r for r in replica.running if r.status is Status.RUNNING]
+        replica.policy.on_step(step.batch, j)
+        if self.record_steps:
+            self.steps.append((
+                replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
+                step.decode_requests, len(step.batch.items), step.kv_used, kv.total, step.waiting,
+                len(step.batch.preempt),
+            ))
+
+    def _emit(self, replica: Replica, req: Request, now: float, max_gap: float, count: int) -> bool:
+        """``req`` produced ``count`` tokens, the last at ``now``; ``max_gap`` is the longest gap among
+        those after its previous token. Returns True if it finished."""
+        if req.first_token_s is None:
+            req.first_token_s = now
+            replica.outstanding_tokens -= req.prompt_tokens
+            if count > 1:
+                raise AssertionError("a first token cannot come from a decode stretch")
+        elif req.max_itl_s is None or max_gap > req.max_itl_s:
+            req.max_itl_s = max_gap
+        req.last_token_s = now
+        req.num_generated_tokens += count
+        replica.outstanding_tokens -= count
+        if req.num_generated_tokens >= req.output_tokens:
+            req.status = Status.FINISHED
+            req.finish_s = now
+            replica.kv.release(req)
+            self._ended(req, now)
+            return True
+        return False
+
+    def _ended(self, req: Request, now: float) -> None:
+        """A request reached a terminal state: release its session's next turn, if any."""
+        follower = self.followers.get(req.index)
+        if follower is not None:
+            follower.arrival_s = now + (follower.think_s or 0.0)
+            self._push(follower.arrival_s, ARRIVAL, follower)
+
+    # -- horizon --------------------------------------------------------------------------------
+    def _stop_at_horizon(self, until: float) -> None:
+        for replica in self.replicas:
+            step = replica.inflight
+            if step is not None:
+                j = step.iterations_done_by(until)
+                if j:  # a decode stretch partly done by the horizon
+                    end = step.start_s + step.elapsed(j)
+                    step.k = j
+                    self._apply(replica, step, j, end)
+                replica.inflight = None
+                replica.busy = False
+        for req in self.requests:
+            if not req.status.is_terminal:
+                req.status = Status.UNFINISHED
+
+
+def _kv_bytes_per_token(runner, config: EngineConfig) -> int:
+    value = getattr(runner, "kv_bytes_per_token", None)
+    if value is None:
+        value = config.kv_bytes_per_token
+    if value is None:
+        if config.preemption == "swap":
+            raise ServelabError(
+                f"preemption 'swap' needs the KV size per token: runner '{runner.name}' does not know its "
+                "model, so set kv_bytes_per_token (e.g. --kv-bytes-per-token 131072 for Llama-3.1-8B)"
+            )
+        return 0
+    return int(value)

@@ -1,0 +1,39 @@
+"""One engine replica: its queues, its KV cache and its policy instance (the state a policy sees)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from servelab.replay.config import EngineConfig
+from servelab.replay.kv import KVCache
+from servelab.replay.request import Request
+
+if TYPE_CHECKING:
+    from servelab.policies.base import Policy
+
+
+class Replica:
+    """Policies read ``now_s``, ``waiting``, ``running``, ``kv`` and ``config``; only the engine writes.
+
+    ``waiting`` is in queue order: arrivals at the back, preempted requests at the front (vLLM).
+    ``running`` is in admission order: the default preemption victim is its last element.
+    """
+
+    __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
+                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s")
+
+    def __init__(self, replica_id: int, config: EngineConfig, kv: KVCache, policy: "Policy"):
+        self.id = replica_id
+        self.config = config
+        self.kv = kv
+        self.policy = policy
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.now_s = 0.0
+        self.busy = False
+        self.step_token = 0  # identifies the in-flight step; stale completion events are ignored
+        self.inflight = None  # the Step being executed
+        self.schedule_pending = False
+        self.outstanding_tokens = 0  # prompt + output tokens routed here and not yet produced
+        self.wake_s: float | None = None

@@ -1,0 +1,55 @@
+"""Column schemas of a run directory's tables: requests.parquet and steps.parquet.
+
+Documented for users in docs/results.md. Times are simulated seconds since the trace start.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+RESULT_SCHEMA_VERSION = 1
+
+# One row per trace request, whatever became of it.
+REQUESTS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("tenant", pa.string()),
+        ("tier", pa.string()),
+        ("session_id", pa.int64()),  # null when the trace has none
+        ("replica", pa.int32()),  # null if never routed (a closed-loop turn that never arrived)
+        ("status", pa.string()),  # finished | unfinished | rejected (+ throttled, dropped: platform policies)
+        ("reason", pa.string()),  # why rejected/dropped; null otherwise
+        ("arrival_s", pa.float64()),  # effective arrival (closed-loop turns: predecessor finish + think_s)
+        ("first_scheduled_s", pa.float64()),  # start of the first iteration that computed any of its tokens
+        ("first_token_s", pa.float64()),  # end of the iteration that completed its prompt
+        ("finish_s", pa.float64()),  # time of its last token (finished only)
+        ("prompt_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),  # tokens the trace says it generates
+        ("generated_tokens", pa.int32()),  # tokens it actually got (== output_tokens when finished)
+        ("num_preemptions", pa.int32()),
+        ("ttft_s", pa.float64()),  # first_token_s - arrival_s
+        ("tpot_s", pa.float64()),  # (finish_s - first_token_s) / (output_tokens - 1); 0 for 1-token outputs
+        ("e2e_s", pa.float64()),  # finish_s - arrival_s
+        ("max_itl_s", pa.float64()),  # longest gap between consecutive tokens (null with < 2 tokens)
+        ("ttft_slo_s", pa.float64()),  # per-request SLO overrides from the trace (null = use the SLO table)
+        ("tpot_slo_s", pa.float64()),
+    ]
+)
+
+# One row per stretch of identical iterations on a replica (num_iterations >= 1).
+STEPS_SCHEMA = pa.schema(
+    [
+        ("replica", pa.int32()),
+        ("start_s", pa.float64()),
+        ("duration_s", pa.float64()),  # whole stretch
+        ("num_iterations", pa.int32()),
+        ("prefill_tokens", pa.int64()),  # per iteration
+        ("prefill_requests", pa.int32()),
+        ("decode_requests", pa.int32()),
+        ("batch_requests", pa.int32()),
+        ("kv_blocks_used", pa.int32()),  # at the start of the stretch, after this step's allocation
+        ("kv_blocks_total", pa.int32()),
+        ("waiting", pa.int32()),  # queue length when the batch was chosen
+        ("preemptions", pa.int32()),  # preemptions decided for this step
+    ]
+)

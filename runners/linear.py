@@ -1,0 +1,61 @@
+"""`linear`: an iteration costs a weighted sum of named batch counts (settable from the CLI).
+
+``--runner linear:base=1,prefill_token=0.25,decode_seq=0.125`` is the teaching formula
+step = 1 + prefill_tokens/4 + decodes/8, in whatever time unit the weights are (seconds here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from servelab.common.errors import ServelabError
+from servelab.runners.base import RUNNERS, StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class LinearRunner:
+    base: float = 0.0  # per iteration
+    prefill_token: float = 0.0  # per prompt (or recomputed) token computed
+    decode_seq: float = 0.0  # per decoding request
+    decode_context_token: float = 0.0  # per KV token read by decodes
+    prefill_attention: float = 0.0  # per causal prompt-token x context-token pair
+    seq: float = 0.0  # per request in the batch
+    name: str = "linear"
+
+    def step_time(self, plan: StepPlan) -> float:
+        s = plan.shape
+        return (
+            self.base
+            + self.prefill_token * s.prefill_tokens
+            + self.decode_seq * s.decode_seqs
+            + self.decode_context_token * s.decode_context_tokens
+            + self.prefill_attention * s.prefill_attention_pairs
+            + self.seq * (s.prefill_seqs + s.decode_seqs)
+        )
+
+    def decode_affine(self, num_seqs: int) -> tuple[float, float]:
+        return (self.base + (self.decode_seq + self.seq) * num_seqs, self.decode_context_token)
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+TERMS = ("base", "prefill_token", "decode_seq", "decode_context_token", "prefill_attention", "seq")
+
+
+@RUNNERS.register("linear")
+def make_linear(params: dict[str, str], **_context) -> LinearRunner:
+    values: dict[str, float] = {}
+    for key, raw in params.items():
+        if key not in TERMS:
+            raise ServelabError(f"runner 'linear': unknown term '{key}' (terms: {', '.join(TERMS)})")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ServelabError(f"runner 'linear': term '{key}' needs a number, got '{raw}'") from None
+        if value < 0:
+            raise ServelabError(f"runner 'linear': term '{key}' must be >= 0, got {value}")
+        values[key] = value
+    if not values:
+        raise ServelabError("runner 'linear' needs at least one term, e.g. linear:base=0.01,prefill_token=0.0001")
+    return LinearRunner(**values)
