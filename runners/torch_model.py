@@ -1,0 +1,369 @@
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) that runs one mixed batch per call.
+
+One ``forward`` computes every new token of an iteration — prefill chunks on top of their cached
+context and single decode tokens alike — against the paged KV cache (``runners/paged_kv.py``).
+``forward_dense`` is the plain, cache-free causal forward of one sequence, kept as the reference
+the paged path must reproduce. Weights are seeded random (same timing as trained ones) or loaded
+from local safetensors with Hugging Face Llama names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from servelab.common.errors import InputError, ServelabError
+from servelab.runners.paged_kv import PagedKVCache, StepLayout
+
+# Llama 3.1's frequency-dependent RoPE stretch: (factor, low_freq_factor, high_freq_factor, original context)
+LLAMA3_ROPE_SCALING = (8.0, 1.0, 4.0, 8192)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArgs:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[float, float, float, int] | None = None
+    norm_eps: float = 1e-5
+    qkv_bias: bool = False  # Qwen2 has biases on the q, k, v projections
+    tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size"):
+            if getattr(self, key) < 1:
+                raise ServelabError(f"model '{self.name}': {key} must be >= 1, got {getattr(self, key)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ServelabError(f"model '{self.name}': num_heads must be a multiple of num_kv_heads")
+        if self.head_dim % 2:
+            raise ServelabError(f"model '{self.name}': head_dim must be even (RoPE rotates pairs)")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        h = self.hidden_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * self.ffn_size + 2 * h
+        if self.qkv_bias:
+            per_layer += self.q_size + 2 * self.kv_size
+        return self.num_layers * per_layer + self.vocab_size * h * (1 if self.tied_embeddings else 2) + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.kv_size * dtype_bytes
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelArgs":
+        """A shape from the shared preset table (``runners/presets.py``) plus its RoPE/norm details."""
+        from servelab.runners.presets import get_model
+
+        preset = get_model(name)
+        extra = ARCH_EXTRAS.get(preset.name, {})
+        return cls(
+            name=preset.name, num_layers=preset.num_layers, hidden_size=preset.hidden_size,
+            num_heads=preset.num_heads, num_kv_heads=preset.num_kv_heads, head_dim=preset.head_dim,
+            ffn_size=preset.ffn_size, vocab_size=preset.vocab_size, tied_embeddings=preset.tied_embeddings, **extra,
+        )
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, name: str = "hf") -> "ModelArgs":
+        """From a Hugging Face ``config.json`` of a Llama/Qwen2/Mistral model."""
+        heads = cfg["num_attention_heads"]
+        scaling = cfg.get("rope_scaling") or None
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+            rope_scaling = (float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                            float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
+        elif scaling:
+            raise ServelabError(f"model '{name}': RoPE scaling {scaling} is not supported (only llama3)")
+        else:
+            rope_scaling = None
+        return cls(
+            name=name, num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"], num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, ffn_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"], rope_theta=float(cfg.get("rope_theta", 10000.0)), rope_scaling=rope_scaling,
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), qkv_bias=cfg.get("model_type") == "qwen2",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+# What the shared shape table leaves out (values from each model's config.json).
+ARCH_EXTRAS: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": dict(rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING),
+    "llama-3.1-70b": dict(rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING),
+    "qwen2.5-7b": dict(rope_theta=1e6, norm_eps=1e-6, qkv_bias=True),
+    "qwen2.5-32b": dict(rope_theta=1e6, norm_eps=1e-6, qkv_bias=True),
+    "qwen2.5-72b": dict(rope_theta=1e6, norm_eps=1e-6, qkv_bias=True),
+    "mistral-7b": dict(rope_theta=1e6),
+}
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
+    if args.rope_scaling is not None:  # Llama 3.1: slow down low frequencies, keep high ones, blend between
+        factor, low, high, original = args.rope_scaling
+        wavelen = 2 * math.pi / inv
+        smooth = ((original / wavelen) - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where(wavelen > original / low, inv / factor, torch.where(wavelen < original / high, inv, blended))
+    return inv.float()
+
+
+def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, block_table):
+    """FlashAttention over packed variable-length queries (CUDA only); causal aligned to each key end.
+
+    A module-level function so tests can swap in a CPU reference with the same semantics.
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), enable_gqa=True,
+                       seqused_k=seqused_k, block_table=block_table)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, D]; cos/sin [T, 1, D] (Hugging Face's rotate-half layout)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h = args.hidden_size
+        self.attn_norm = nn.Parameter(torch.ones(h))
+        self.wqkv = nn.Linear(h, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)  # q, k, v fused: one GEMM
+        self.wo = nn.Linear(args.q_size, h, bias=False)
+        self.ffn_norm = nn.Parameter(torch.ones(h))
+        self.w13 = nn.Linear(h, 2 * args.ffn_size, bias=False)  # gate and up fused
+        self.w2 = nn.Linear(args.ffn_size, h, bias=False)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
+        self.norm = nn.Parameter(torch.ones(args.hidden_size))
+        self.lm_head = None if args.tied_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, args: ModelArgs, *, device: str, dtype: torch.dtype, seed: int, weights: str | None = None):
+        """Allocate directly on ``device`` (no throwaway init), then fill seeded random or loaded weights."""
+        with torch.device("meta"):
+            model = cls(args).to(dtype)
+        model = model.to_empty(device=device)
+        if weights is None:
+            model.init_random(seed)
+        else:
+            model.load_hf(weights)
+        return model.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> None:
+        # Generated on the model's device so an 8B model initialises in seconds; fan-in scaling keeps
+        # activations finite through every layer (values never change the timing, NaNs could).
+        gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                std = 1.0 if name.startswith("embed") else p.shape[-1] ** -0.5
+                p.normal_(0.0, std, generator=gen)
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        """The weights under Hugging Face Llama names (the inverse of ``load_hf``)."""
+        a = self.args
+        out = {"model.embed_tokens.weight": self.embed.weight, "model.norm.weight": self.norm}
+        if self.lm_head is not None:
+            out["lm_head.weight"] = self.lm_head.weight
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            q, k, v = layer.wqkv.weight.split([a.q_size, a.kv_size, a.kv_size])
+            out.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+                        p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.wo.weight,
+                        p + "input_layernorm.weight": layer.attn_norm,
+                        p + "post_attention_layernorm.weight": layer.ffn_norm})
+            if layer.wqkv.bias is not None:
+                qb, kb, vb = layer.wqkv.bias.split([a.q_size, a.kv_size, a.kv_size])
+                out.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
+                            p + "self_attn.v_proj.bias": vb})
+            gate, up = layer.w13.weight.split([a.ffn_size, a.ffn_size])
+            out.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                        p + "mlp.down_proj.weight": layer.w2.weight})
+        return out  # views sharing the parameters' storage (clone before saving them)
+
+    @torch.no_grad()
+    def load_hf(self, path: str | Path) -> None:
+        """Copy weights from ``path`` (a .safetensors file or a folder of shards) into this model."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise InputError(path, "no .safetensors weights found")
+        targets = self.hf_state()  # row-slices of our fused parameters: copying into them fills the model
+        if self.lm_head is None:
+            targets.pop("lm_head.weight", None)
+        seen: set[str] = set()
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    if key not in targets:
+                        if key == "lm_head.weight" and self.lm_head is None:
+                            continue  # tied: the embedding is the head
+                        if key.endswith("rotary_emb.inv_freq"):
+                            continue
+                        raise InputError(file, f"unexpected tensor for model '{self.args.name}'", column=key)
+                    tensor = f.get_tensor(key)
+                    if tuple(tensor.shape) != tuple(targets[key].shape):
+                        raise InputError(file, f"shape {tuple(tensor.shape)} != expected {tuple(targets[key].shape)}",
+                                         column=key)
+                    targets[key].copy_(tensor)
+                    seen.add(key)
+        missing = sorted(set(targets) - seen)
+        if missing:
+            raise InputError(files[0] if len(files) == 1 else path, f"missing {len(missing)} tensors", column=missing[0])
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # cos/sin tables grow by doubling, so a step only gathers rows; [T, 1, D] in the model dtype
+        device, dtype = self.embed.weight.device, self.embed.weight.dtype
+        if self._rope_cache is None or self._rope_cache[0].shape[0] <= max_position:
+            size = 4096
+            while size <= max_position:
+                size *= 2
+            freqs = torch.outer(torch.arange(size, dtype=torch.float32), rope_inv_freq(self.args))
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_cache = (emb.cos().to(device, dtype), emb.sin().to(device, dtype))
+        cos, sin = self._rope_cache
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    def _project_qkv(self, layer: Block, x: torch.Tensor, cos, sin):
+        a = self.args
+        h = F.rms_norm(x, (a.hidden_size,), layer.attn_norm, a.norm_eps)
+        q, k, v = layer.wqkv(h).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, a.num_heads, a.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, a.num_kv_heads, a.head_dim), cos, sin)
+        return q, k, v.view(-1, a.num_kv_heads, a.head_dim)
+
+    def _finish_layer(self, layer: Block, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        a = self.args
+        x = x + layer.wo(attn)
+        h = F.rms_norm(x, (a.hidden_size,), layer.ffn_norm, a.norm_eps)
+        gate, up = layer.w13(h).chunk(2, dim=-1)
+        return x + layer.w2(F.silu(gate) * up)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(hidden, (self.args.hidden_size,), self.norm, self.args.norm_eps)
+        return F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)
+
+    @torch.no_grad()
+    def forward(self, step: StepLayout, kv: PagedKVCache) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` of the step's new tokens; their K/V land in ``kv`` first."""
+        cos, sin = self._rope(step.positions, step.max_k)
+        x = self.embed(step.token_ids)
+        groups = self.args.num_heads // self.args.num_kv_heads
+        masks = _sdpa_masks(step, kv.block_size, groups) if step.kind == "sdpa" else None
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._project_qkv(layer, x, cos, sin)
+            kv.write(i, step.slots, k, v)
+            if step.kind == "sdpa":
+                attn = self._attend_sdpa(i, q, step, kv, masks)
+            elif step.kind == "paged":
+                attn = varlen_attention(q, kv.k[i], kv.v[i], step.cu_q, step.cu_k, step.max_q, step.max_k,
+                                        step.ctx_lens, step.block_table)
+            else:  # gather: each item's blocks copied end to end, read as one padded varlen batch
+                keys = kv.k[i][step.block_table].flatten(0, 2)
+                values = kv.v[i][step.block_table].flatten(0, 2)
+                attn = varlen_attention(q, keys, values, step.cu_q, step.cu_k, step.max_q, step.max_k,
+                                        step.ctx_lens, None)
+            x = self._finish_layer(layer, x, attn.reshape(x.shape[0], -1))
+        return x
+
+    def _attend_sdpa(self, layer_idx: int, q: torch.Tensor, step: StepLayout, kv: PagedKVCache, masks) -> torch.Tensor:
+        # GQA without copying K/V per query head: the G query heads of a KV head become G query rows.
+        a = self.args
+        g = a.num_heads // a.num_kv_heads
+        out = torch.empty_like(q).view(q.shape[0], -1)
+        if step.dec_rows is not None:
+            keys, values = kv.gather(layer_idx, step.dec_table)  # [Bd, L, kvH, D]
+            qd = q[step.dec_rows].view(-1, a.num_kv_heads, g, a.head_dim)
+            o = F.scaled_dot_product_attention(qd, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=masks[0])
+            out[step.dec_rows] = o.reshape(qd.shape[0], -1)
+        if step.pf_gather is not None:
+            bp, qp = step.pf_qpos.shape
+            keys, values = kv.gather(layer_idx, step.pf_table)
+            qp_ = q[step.pf_gather].view(bp, qp, a.num_kv_heads, g, a.head_dim).permute(0, 2, 3, 1, 4)
+            o = F.scaled_dot_product_attention(qp_.reshape(bp, a.num_kv_heads, g * qp, a.head_dim),
+                                               keys.transpose(1, 2), values.transpose(1, 2), attn_mask=masks[1])
+            o = o.view(bp, a.num_kv_heads, g, qp, a.head_dim).permute(0, 3, 1, 2, 4).reshape(bp * qp, -1)
+            out[step.pf_dst] = o[step.pf_src]
+        return out
+
+    @torch.no_grad()
+    def forward_dense(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Reference: logits ``[L, vocab]`` of one whole sequence, no cache, causal SDPA over repeated K/V."""
+        a = self.args
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+        cos, sin = self._rope(positions, int(token_ids.shape[0]))
+        x = self.embed(token_ids)
+        for layer in self.layers:
+            q, k, v = self._project_qkv(layer, x, cos, sin)
+            g = a.num_heads // a.num_kv_heads
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+            x = self._finish_layer(layer, x, o.transpose(0, 1).reshape(x.shape[0], -1))
+        return self.logits(x)
+
+
+def _sdpa_masks(step: StepLayout, block_size: int, groups: int):
+    # Built once per step, shared by every layer: boolean "may attend" masks over gathered keys.
+    dec_mask = pf_mask = None
+    if step.dec_rows is not None:
+        keys = torch.arange(step.dec_table.shape[1] * block_size, device=step.dec_ctx.device)
+        dec_mask = (keys[None, :] < step.dec_ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, L]
+    if step.pf_gather is not None:
+        bp, qp = step.pf_qpos.shape
+        keys = torch.arange(step.pf_table.shape[1] * block_size, device=step.pf_qpos.device)
+        causal = keys[None, None, :] <= step.pf_qpos[:, :, None]  # [Bp, Qp, L]
+        # query rows are ordered (group, position) to match the GQA folding in _attend_sdpa
+        pf_mask = causal[:, None, None].expand(bp, 1, groups, qp, keys.shape[0]).reshape(bp, 1, groups * qp, -1)
+    return dec_mask, pf_mask
+
+
+def load_hf_config(path: str | Path) -> dict | None:
+    """The ``config.json`` beside local weights, if there is one."""
+    path = Path(path)
+    cfg = (path if path.is_dir() else path.parent) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        return json.loads(cfg.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(cfg, f"not valid JSON ({err.msg})", row=err.lineno) from None

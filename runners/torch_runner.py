@@ -1,0 +1,350 @@
+"""`torch`: the real runner — executes each iteration's batch on a Llama-family model and returns its measured time.
+
+The engine assigns KV block ids (``needs_block_tables = True``: every request carries
+``block_table``) and the runner reads and writes exactly those blocks. ``step_time`` runs the
+plan's items as one forward pass and returns device seconds (CUDA events on a GPU, wall time on
+CPU); host-side preparation is measured apart, in ``last_stats`` / ``stats``.
+
+This module imports torch only when a runner is built, so registering it costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servelab.common.errors import ServelabError
+from servelab.runners.base import RUNNERS, StepPlan
+from servelab.runners.paged_kv import ATTENTION_KINDS, StepLayout, build_layout
+
+DEFAULT_CPU_KV_TOKENS = 65536  # CPU pool size when num_blocks is not given (tiny model: 32 MiB)
+DEFAULT_ACTIVATION_RESERVE_GIB = 6.0  # GPU memory kept free for activations, logits and the allocator
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One step's timings in seconds: ``device_s`` is what ``step_time`` returned."""
+
+    device_s: float
+    prepare_s: float  # host: plan -> index arrays (numpy)
+    launch_s: float  # host: from the first copy to the last kernel enqueued (GPU), or the whole forward (CPU)
+    wall_s: float  # host: prepare + launch + waiting for the device
+    tokens: int
+    seqs: int
+
+
+@dataclass
+class RunnerTotals:
+    steps: int = 0
+    device_s: float = 0.0
+    prepare_s: float = 0.0
+    launch_s: float = 0.0
+    wall_s: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class TorchRunner:
+    """Build with ``make_runner("torch:model=...,device=...")`` or directly; see docs/gpu_runner.md."""
+
+    model_name: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
+    weights: str | None = None
+    seed: int = 0
+    num_blocks: int | None = None  # default: from free GPU memory at first use (cuda) or 64Ki tokens (cpu)
+    block_size: int = 16
+    attention: str = "auto"  # auto | sdpa | paged | gather
+    activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB
+    warmup: bool = True
+    name: str = field(default="torch", init=False)
+    needs_block_tables: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            import torch
+        except ModuleNotFoundError:
+            raise ServelabError("runner 'torch' needs PyTorch: pip install 'servelab[torch]'") from None
+        from servelab.runners.torch_model import ModelArgs, Transformer, load_hf_config
+
+        self._torch = torch
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ServelabError(f"runner 'torch': device '{self.device}' requested but CUDA is not available")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ServelabError(f"runner 'torch': device must be cpu or cuda[:N], got '{self.device}'")
+        self.dtype = self.dtype or ("bfloat16" if self.is_cuda else "float32")
+        if self.dtype not in DTYPES:
+            raise ServelabError(f"runner 'torch': dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.block_size < 1:
+            raise ServelabError(f"runner 'torch': block_size must be >= 1, got {self.block_size}")
+        self.attention = self._pick_attention()
+
+        hf_config = load_hf_config(self.weights) if self.weights else None
+        if self.model_name in ("", "hf"):
+            if hf_config is None:
+                raise ServelabError(f"runner 'torch': {self.weights} has no config.json beside it; pass model=<preset>")
+            self.args = ModelArgs.from_hf_config(hf_config, name=os.path.basename(os.path.normpath(self.weights)))
+        else:
+            self.args = ModelArgs.from_name(self.model_name)
+        self._torch_dtype = getattr(torch, self.dtype)
+        self._check_fits()
+        self.model = Transformer.build(self.args, device=self.device, dtype=self._torch_dtype, seed=self.seed,
+                                       weights=self.weights)
+        self._kv = None
+        self.last_stats: StepStats | None = None
+        self.last_tokens: np.ndarray | None = None  # greedy samples of the last step, one per sample row
+        self.stats = RunnerTotals()
+        if self.num_blocks is not None:
+            self._allocate_pool(self.num_blocks)
+
+    # ---- Runner protocol ----------------------------------------------------------------------
+
+    def step_time(self, plan: StepPlan) -> float:
+        if not plan.items:
+            return 0.0
+        torch = self._torch
+        kv = self._pool()
+        t0 = time.perf_counter()
+        layout = self.layout(plan)
+        t1 = time.perf_counter()
+        if self.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step = layout.to(self.device)
+            tokens = self._sample(self.model.forward(step, kv), step)
+            end.record()
+            t2 = time.perf_counter()
+            self.last_tokens = tokens.cpu().numpy()
+            end.synchronize()
+            device_s = start.elapsed_time(end) / 1e3
+        else:
+            tokens = self._sample(self.model.forward(layout.to(self.device), kv), layout)
+            t2 = time.perf_counter()
+            self.last_tokens = tokens.numpy()
+            device_s = t2 - t1
+        t3 = time.perf_counter()
+        self._record(StepStats(device_s, t1 - t0, t2 - t1, t3 - t0, layout.num_rows, len(plan.items)))
+        return device_s
+
+    def decode_affine(self, num_seqs: int) -> None:
+        return None  # a real device promises no formula: every iteration is executed
+
+    def describe(self) -> dict:
+        torch = self._torch
+        out = {
+            "runner": self.name,
+            "model": asdict(self.args),
+            "num_params": self.args.num_params,
+            "device": self.device,
+            "device_name": torch.cuda.get_device_name(self.device) if self.is_cuda else "cpu",
+            "dtype": self.dtype,
+            "weights": self.weights or f"random (seed {self.seed})",
+            "attention": self.attention,
+            "block_size": self.block_size,
+            "num_blocks": self._kv.num_blocks if self._kv is not None else self.num_blocks,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "torch_version": torch.__version__,
+            "totals": asdict(self.stats),
+        }
+        return out
+
+    # ---- KV sizing ----------------------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.args.kv_bytes_per_token(self._torch_dtype.itemsize)
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """Tokens the KV pool holds. The first call sizes the pool (GPU: from free memory after the
+        weights; CPU: a fixed 64Ki tokens) unless ``num_blocks`` was given; later calls report it."""
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        return self._pool(gpu_memory_utilization).num_blocks * self.block_size
+
+    @property
+    def total_blocks(self) -> int:
+        """Blocks in the pool (sizing it at 0.9 utilisation if nothing sized it yet): the engine's allocator size."""
+        return self._pool().num_blocks
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def _pick_attention(self) -> str:
+        if self.attention == "auto":
+            if not self.is_cuda:
+                return "sdpa"
+            return "paged" if self.block_size % 256 == 0 else "gather"  # FlashAttention pages: multiples of 256
+        if self.attention not in ATTENTION_KINDS:
+            raise ServelabError(
+                f"runner 'torch': attention must be auto or one of {', '.join(ATTENTION_KINDS)}, got '{self.attention}'"
+            )
+        if self.attention == "paged" and self.block_size % 256:
+            raise ServelabError(f"runner 'torch': attention=paged needs block_size a multiple of 256, got {self.block_size}")
+        return self.attention
+
+    def _check_fits(self) -> None:
+        need = self.args.num_params * self._torch_dtype.itemsize
+        if self.is_cuda:
+            free, _total = self._torch.cuda.mem_get_info(self.device)
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if need > free:
+            raise ServelabError(
+                f"runner 'torch': model '{self.args.name}' needs {need / 2**30:.1f} GiB of weights, "
+                f"{self.device} has {free / 2**30:.1f} GiB free (try model=tiny on a CPU)"
+            )
+
+    def _pool(self, gpu_memory_utilization: float = 0.9):
+        if self._kv is None:
+            self._allocate_pool(self._blocks_from_memory(gpu_memory_utilization))
+        return self._kv
+
+    def _blocks_from_memory(self, gpu_memory_utilization: float) -> int:
+        block_bytes = self.kv_bytes_per_token * self.block_size
+        if not self.is_cuda:
+            return max(1, DEFAULT_CPU_KV_TOKENS // self.block_size)
+        torch = self._torch
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = total * gpu_memory_utilization - (total - free) - self.activation_reserve_gib * 2**30
+        blocks = int(budget // block_bytes)
+        if blocks < 1:
+            raise ServelabError(
+                f"runner 'torch': no GPU memory left for KV at gpu_memory_utilization={gpu_memory_utilization} "
+                f"({free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB after weights)"
+            )
+        return blocks
+
+    def _allocate_pool(self, num_blocks: int) -> None:
+        from servelab.runners.paged_kv import PagedKVCache
+
+        if num_blocks < 1:
+            raise ServelabError(f"runner 'torch': num_blocks must be >= 1, got {num_blocks}")
+        a = self.args
+        self._kv = PagedKVCache(a.num_layers, num_blocks, self.block_size, a.num_kv_heads, a.head_dim,
+                                self._torch_dtype, self.device)
+        self.num_blocks = num_blocks
+        if self.warmup:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run a prefill and a decode once so library initialisation never lands in a measured step.
+
+        Uses blocks from id 0; their contents are overwritten before any request reads them (a
+        request only reads positions it wrote).
+        """
+        from types import SimpleNamespace
+
+        from servelab.runners.base import StepItem, StepShape
+
+        tokens = min(2 * self.block_size, self._kv.num_blocks * self.block_size - 1)
+        if tokens < 2:
+            return
+        req = SimpleNamespace(request_id=-1, prompt_tokens=tokens - 1,
+                              block_table=list(range(-(-tokens // self.block_size))))
+        saved = (self.last_stats, self.last_tokens, RunnerTotals(**asdict(self.stats)))
+        for item in (StepItem(req, 0, tokens - 1), StepItem(req, tokens - 1, 1)):
+            self.step_time(StepPlan(StepShape(), (item,)))
+        self.last_stats, self.last_tokens, self.stats = saved
+
+    def layout(self, plan: StepPlan) -> StepLayout:
+        items = plan.items
+        return build_layout(
+            [it.request.request_id for it in items],
+            [it.request.prompt_tokens for it in items],
+            [it.start for it in items],
+            [it.num_tokens for it in items],
+            [it.request.block_table for it in items],
+            block_size=self.block_size,
+            num_blocks=self._kv.num_blocks,
+            vocab_size=self.args.vocab_size,
+            kind=self.attention,
+        )
+
+    def execute(self, plan: StepPlan, all_logits: bool = False):
+        """Run ``plan`` (untimed) and return logits: one row per new token in plan order if
+        ``all_logits``, else one per sampled row (items that complete their known tokens)."""
+        kv = self._pool()
+        step = self.layout(plan).to(self.device)
+        hidden = self.model.forward(step, kv)
+        return self.model.logits(hidden if all_logits else hidden[step.sample_rows])
+
+    def _sample(self, hidden, step: StepLayout):
+        # Only rows that emit a token need the vocabulary projection (the costly part at 128k vocab).
+        return self.model.logits(hidden[step.sample_rows]).argmax(dim=-1)
+
+    def _record(self, s: StepStats) -> None:
+        self.last_stats = s
+        t = self.stats
+        t.steps += 1
+        t.device_s += s.device_s
+        t.prepare_s += s.prepare_s
+        t.launch_s += s.launch_s
+        t.wall_s += s.wall_s
+        t.tokens += s.tokens
+
+
+PARAMS = ("model", "device", "dtype", "weights", "seed", "num_blocks", "block_size", "attention",
+          "activation_reserve_gib", "warmup")
+
+
+@RUNNERS.register("torch")
+def make_torch(params: dict[str, str], **context) -> TorchRunner:
+    """``torch:model=llama-3.1-8b,device=cuda,block_size=256`` (spec values win over CLI context).
+
+    Context keys used: ``model`` (preset name) and ``block_size`` (the engine's KV block size).
+    """
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise ServelabError(f"runner 'torch': unknown parameter '{unknown[0]}' (parameters: {', '.join(PARAMS)})")
+
+    def pick(key: str, default: Any) -> Any:
+        if key in params:
+            return params[key]
+        return context[key] if context.get(key) is not None else default
+
+    def integer(key: str, default: Any) -> Any:
+        raw = pick(key, default)
+        if raw is None:
+            return None
+        try:
+            return int(str(raw))
+        except ValueError:
+            raise ServelabError(f"runner 'torch': {key} needs an integer, got '{raw}'") from None
+
+    device = str(pick("device", "") or "")
+    if not device:
+        try:
+            import torch
+        except ModuleNotFoundError:
+            raise ServelabError("runner 'torch' needs PyTorch: pip install 'servelab[torch]'") from None
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        reserve = float(params.get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB))
+    except ValueError:
+        raise ServelabError(f"runner 'torch': activation_reserve_gib needs a number, got '{params['activation_reserve_gib']}'") from None
+    warmup = str(params.get("warmup", "1")).lower()
+    if warmup not in ("0", "1", "true", "false"):
+        raise ServelabError(f"runner 'torch': warmup must be 0 or 1, got '{params['warmup']}'")
+    weights = params.get("weights")
+    # with local weights, their config.json decides the shape unless model= is given explicitly
+    model = params.get("model") or (None if weights else context.get("model")) or ("hf" if weights else "llama-3.1-8b")
+    return TorchRunner(
+        model_name=str(model),
+        device=device,
+        dtype=params.get("dtype"),
+        weights=weights,
+        seed=integer("seed", 0),
+        num_blocks=integer("num_blocks", None),
+        block_size=integer("block_size", 16),
+        attention=params.get("attention", "auto"),
+        activation_reserve_gib=reserve,
+        warmup=warmup in ("1", "true"),
+    )

@@ -1,0 +1,384 @@
+"""The torch runner on CPU with the tiny preset: paged chunked execution equals a plain forward, and the seams."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from servelab.common.errors import InputError, ServelabError
+from servelab.runners.base import StepItem, StepPlan, StepShape
+from servelab.runners.paged_kv import BlockAllocator, build_layout, synthetic_token_ids
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+def make_runner(torch, **kw):
+    from servelab.runners.torch_runner import TorchRunner
+
+    kw.setdefault("model_name", "tiny")
+    kw.setdefault("device", "cpu")
+    kw.setdefault("num_blocks", 64)
+    kw.setdefault("block_size", 4)
+    return TorchRunner(**kw)
+
+
+def fake_request(request_id: int, prompt_tokens: int):
+    return SimpleNamespace(request_id=request_id, prompt_tokens=prompt_tokens, block_table=[])
+
+
+def plan_of(*items: tuple) -> StepPlan:
+    return StepPlan(StepShape(), tuple(StepItem(req, start, n) for req, start, n in items))
+
+
+def grow(alloc: BlockAllocator, req, tokens: int, block_size: int) -> None:
+    need = -(-tokens // block_size) - len(req.block_table)
+    req.block_table.extend(alloc.allocate(max(0, need)))
+
+
+def dense_logits(runner, req, length: int):
+    import torch
+
+    ids = synthetic_token_ids(np.full(length, req.request_id), np.arange(length), runner.args.vocab_size)
+    return runner.model.forward_dense(torch.from_numpy(ids))
+
+
+def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, block_table):
+    """FlashAttention varlen semantics on CPU (test only): causal aligned to each sequence's key end."""
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[-2]
+    for b in range(cu_q.shape[0] - 1):
+        q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+        klen = int(seqused_k[b])
+        if block_table is not None:
+            keys, values = k[block_table[b].long()].flatten(0, 1)[:klen], v[block_table[b].long()].flatten(0, 1)[:klen]
+        else:
+            k0 = int(cu_k[b])
+            keys, values = k[k0:k0 + klen], v[k0:k0 + klen]
+        qlen = q1 - q0
+        allowed = torch.arange(klen)[None, :] <= torch.arange(qlen)[:, None] + (klen - qlen)
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        o = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                                           attn_mask=allowed)
+        out[q0:q1] = o.transpose(0, 1)
+    return out
+
+
+# ---- block allocator (no torch needed) -----------------------------------------------------------
+
+
+def test_allocator_hands_out_lowest_ids_first_and_reuses_freed_ones():
+    alloc = BlockAllocator(8)
+    assert alloc.allocate(3) == [0, 1, 2]
+    assert alloc.allocate(2) == [3, 4]
+    alloc.free([1, 3])
+    assert (alloc.num_free, alloc.num_used) == (5, 3)
+    assert alloc.allocate(3) == [1, 3, 5]
+    assert alloc.can_allocate(2) and not alloc.can_allocate(3)
+
+
+def test_allocator_refuses_overallocation_with_counts_in_message():
+    alloc = BlockAllocator(4)
+    alloc.allocate(3)
+    with pytest.raises(ServelabError, match="asked for 2 blocks, only 1 of 4 free"):
+        alloc.allocate(2)
+    assert alloc.num_free == 1  # a refused request takes nothing
+
+
+@pytest.mark.parametrize("bad", [[0, 0], [9], [-1]])
+def test_allocator_rejects_double_free_and_foreign_ids(bad):
+    alloc = BlockAllocator(4)
+    alloc.allocate(1)
+    with pytest.raises(ValueError, match="not allocated"):
+        alloc.free(bad)
+
+
+def test_allocator_needs_a_block():
+    with pytest.raises(ServelabError, match="num_blocks >= 1"):
+        BlockAllocator(0)
+
+
+def test_layout_maps_positions_to_engine_block_slots():
+    layout = build_layout([5, 6], [3, 10], [2, 0], [2, 3], [[7, 2], [4, 1, 6]], block_size=2, num_blocks=8,
+                          vocab_size=100, kind="paged")
+    # request 5: positions 2, 3 live in its second block (id 2); request 6: positions 0, 1 in block 4, 2 in block 1
+    assert layout.positions.tolist() == [2, 3, 0, 1, 2]
+    assert layout.slots.tolist() == [4, 5, 8, 9, 2]
+    assert layout.block_table.tolist() == [[7, 2], [4, 1]]  # only the blocks the step can touch
+    assert layout.cu_q.tolist() == [0, 2, 5] and layout.ctx_lens.tolist() == [4, 3]
+    assert layout.sample_rows.tolist() == [1]  # only request 5 reaches its known tokens
+
+
+def test_layout_refuses_a_short_block_table():
+    with pytest.raises(ServelabError, match="request 6: block_table has 1 blocks, needs 2 for 3 tokens"):
+        build_layout([6], [3], [0], [3], [[4]], block_size=2, num_blocks=8, vocab_size=100, kind="sdpa")
+
+
+def test_layout_refuses_block_ids_outside_the_pool():
+    with pytest.raises(ServelabError, match=r"outside \[0, 8\)"):
+        build_layout([6], [3], [0], [3], [[4, 8]], block_size=2, num_blocks=8, vocab_size=100, kind="sdpa")
+
+
+def test_importing_the_runner_seams_does_not_import_torch():
+    code = ("import sys, servelab, servelab.runners.base, servelab.runners.paged_kv, servelab.runners.torch_runner;"
+            "from servelab.runners.base import RUNNERS; assert 'torch' in RUNNERS.names(), RUNNERS.names();"
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# ---- correctness: paged, chunked, mixed == plain full forward ------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "paged", "gather"])
+def test_chunked_mixed_batches_match_full_sequence_forward(torch, monkeypatch, attention):
+    from servelab.runners import torch_model
+
+    if attention != "sdpa":  # the GPU kernels' index plumbing, run through a CPU reference kernel
+        monkeypatch.setattr(torch_model, "varlen_attention", varlen_reference)
+    bs = 256 if attention == "paged" else 4
+    runner = make_runner(torch, block_size=bs, num_blocks=64, attention=attention, warmup=False)
+    alloc = BlockAllocator(64)
+    alloc.allocate(5)  # so tables do not start at block 0
+    a, b, c = fake_request(11, 23), fake_request(12, 9), fake_request(13, 5)
+    steps = [
+        [(a, 0, 8), (b, 0, 9), (c, 0, 5)],  # chunk, whole prompt, whole prompt
+        [(b, 9, 1), (a, 8, 7), (c, 5, 1)],  # decodes mixed with a middle chunk
+        [(a, 15, 8), (b, 10, 1)],  # last chunk completes a's prompt
+        [(a, 23, 1), (c, 6, 1), (b, 11, 1)],
+        [(a, 24, 1)],
+    ]
+    got: dict[int, list] = {11: [], 12: [], 13: []}
+    for step in steps:
+        for req, start, n in step:
+            grow(alloc, req, start + n, bs)
+        if attention != "paged":
+            alloc.allocate(1)  # interleave foreign blocks so tables are scattered
+        logits = runner.execute(plan_of(*step), all_logits=True)
+        row = 0
+        for req, _start, n in step:
+            got[req.request_id].append(logits[row:row + n])
+            row += n
+    for req, length in ((a, 25), (b, 12), (c, 7)):
+        paged = torch.cat(got[req.request_id])
+        ref = dense_logits(runner, req, length)
+        assert paged.shape == ref.shape
+        torch.testing.assert_close(paged, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_recompute_after_preemption_into_other_blocks_reproduces_logits(torch):
+    runner = make_runner(torch, warmup=False)
+    alloc = BlockAllocator(64)
+    a = fake_request(3, 10)
+    grow(alloc, a, 10, 4)
+    first = runner.execute(plan_of((a, 0, 6)), all_logits=True)
+    runner.execute(plan_of((a, 6, 4)), all_logits=True)
+    alloc.free(a.block_table)  # preempted: KV dropped
+    a.block_table = list(reversed(alloc.allocate(6)[3:]))  # other, descending ids
+    again = runner.execute(plan_of((a, 0, 10)), all_logits=True)
+    torch.testing.assert_close(again[:6], first, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(again, dense_logits(runner, a, 10), atol=1e-4, rtol=1e-4)
+
+
+def test_sampled_logits_are_the_last_row_of_items_that_emit_a_token(torch):
+    runner = make_runner(torch, warmup=False)
+    alloc = BlockAllocator(64)
+    a, b = fake_request(1, 12), fake_request(2, 3)
+    grow(alloc, a, 5, 4)
+    grow(alloc, b, 3, 4)
+    plan = plan_of((a, 0, 5), (b, 0, 3))  # a is mid-prompt: no token; b completes its prompt
+    sampled = runner.execute(plan)
+    assert sampled.shape[0] == 1
+    torch.testing.assert_close(sampled[0], dense_logits(runner, b, 3)[-1], atol=1e-4, rtol=1e-4)
+
+
+# ---- runner protocol, timing, determinism --------------------------------------------------------
+
+
+def test_step_time_measures_a_positive_time_and_records_stats(torch):
+    runner = make_runner(torch)
+    alloc = BlockAllocator(64)
+    a, b = fake_request(1, 6), fake_request(2, 4)
+    grow(alloc, a, 7, 4)
+    grow(alloc, b, 4, 4)
+    t = runner.step_time(plan_of((a, 0, 6), (b, 0, 4)))
+    assert t > 0 and runner.last_stats.device_s == t
+    assert runner.last_stats.tokens == 10 and runner.last_stats.seqs == 2
+    assert runner.last_stats.prepare_s > 0 and runner.last_stats.wall_s >= t
+    assert runner.last_tokens.shape == (2,)
+    runner.step_time(plan_of((a, 6, 1)))
+    assert runner.stats.steps == 2 and runner.stats.tokens == 11  # warm-up is not counted
+    assert runner.step_time(StepPlan(StepShape())) == 0.0
+
+
+def test_same_seed_same_samples_other_seed_other_weights(torch):
+    def run(seed):
+        runner = make_runner(torch, seed=seed, warmup=False)
+        alloc = BlockAllocator(64)
+        reqs = [fake_request(i, 5 + i) for i in range(4)]
+        for r in reqs:
+            grow(alloc, r, r.prompt_tokens, 4)
+        runner.step_time(plan_of(*((r, 0, r.prompt_tokens) for r in reqs)))
+        return runner.last_tokens, runner.model.embed.weight.clone()
+
+    t1, w1 = run(0)
+    t2, w2 = run(0)
+    _, w3 = run(1)
+    assert np.array_equal(t1, t2) and torch.equal(w1, w2) and not torch.equal(w1, w3)
+
+
+def test_protocol_fields_and_kv_sizing(torch):
+    from servelab.runners.base import Runner
+
+    runner = make_runner(torch, num_blocks=40, block_size=8)
+    assert isinstance(runner, Runner)
+    assert runner.name == "torch" and runner.needs_block_tables is True
+    assert runner.decode_affine(8) is None
+    # tiny: 2 layers x (K and V) x 2 KV heads x head_dim 16 x float32
+    assert runner.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert runner.kv_capacity_tokens(0.5) == 40 * 8 and runner.total_blocks == 40
+    d = runner.describe()
+    assert d["runner"] == "torch" and d["num_blocks"] == 40 and d["attention"] == "sdpa"
+    assert d["model"]["name"] == "tiny" and d["dtype"] == "float32"
+    json.dumps(d)
+    with pytest.raises(ServelabError, match="gpu_memory_utilization"):
+        runner.kv_capacity_tokens(1.5)
+
+
+def test_cpu_pool_is_sized_on_first_use_when_not_given(torch):
+    runner = make_runner(torch, num_blocks=None, block_size=16)
+    assert runner.kv_capacity_tokens() == 65536 and runner.num_blocks == 4096
+
+
+# ---- registry / factory --------------------------------------------------------------------------
+
+
+def test_make_runner_builds_torch_from_a_spec(torch):
+    from servelab.runners.base import make_runner as build
+
+    runner = build("torch:model=tiny,device=cpu,num_blocks=16,seed=3,block_size=4", model="llama-3.1-8b")
+    assert runner.args.name == "tiny" and runner.seed == 3 and runner.total_blocks == 16
+
+
+def test_factory_takes_model_and_block_size_from_context(torch):
+    from servelab.runners.base import make_runner as build
+
+    runner = build("torch:device=cpu,num_blocks=8", model="tiny", block_size=32)
+    assert runner.args.name == "tiny" and runner.block_size == 32
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("torch:model=tiny,device=cpu,colour=red", "unknown parameter 'colour'"),
+        ("torch:model=tiny,device=cpu,num_blocks=many", "num_blocks needs an integer, got 'many'"),
+        ("torch:model=tiny,device=cpu,dtype=int8", "dtype must be one of"),
+        ("torch:model=tiny,device=tpu", "device must be cpu or cuda"),
+        ("torch:model=tiny,device=cpu,attention=magic", "attention must be auto or one of"),
+        ("torch:model=tiny,device=cpu,attention=paged,block_size=16", "multiple of 256"),
+        ("torch:model=nope,device=cpu", "unknown model preset 'nope'"),
+        ("torch:model=tiny,device=cpu,num_blocks=0", "num_blocks must be >= 1"),
+        ("torch:model=tiny,device=cpu,warmup=maybe", "warmup must be 0 or 1"),
+    ],
+)
+def test_factory_rejects_bad_parameters(torch, spec, message):
+    from servelab.runners.base import make_runner as build
+
+    with pytest.raises(ServelabError, match=message):
+        build(spec)
+
+
+def test_cuda_request_without_cuda_is_a_clear_error(torch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from servelab.runners.base import make_runner as build
+
+    with pytest.raises(ServelabError, match="CUDA is not available"):
+        build("torch:model=tiny,device=cuda")
+
+
+# ---- local safetensors weights (Hugging Face names) ----------------------------------------------
+
+TINY_HF_CONFIG = {
+    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+    "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}
+
+
+def save_weights(torch, runner, folder: Path, drop: str | None = None, reshape: str | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    state = {k: v.clone() for k, v in runner.model.hf_state().items() if k != drop}
+    if reshape:
+        state[reshape] = state[reshape][:-1].clone()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(TINY_HF_CONFIG))
+    return folder
+
+
+def test_loads_hf_safetensors_and_config(torch, tmp_path):
+    pytest.importorskip("safetensors")
+    source = make_runner(torch, seed=5, warmup=False)
+    folder = save_weights(torch, source, tmp_path / "tiny-hf")
+    loaded = make_runner(torch, model_name="hf", weights=str(folder), seed=99, warmup=False)
+    assert loaded.args.num_layers == 2 and loaded.args.name == "tiny-hf"
+    ids = torch.arange(9) % 512
+    torch.testing.assert_close(loaded.model.forward_dense(ids), source.model.forward_dense(ids), atol=0, rtol=0)
+    # a single file and an explicit preset work too
+    single = make_runner(torch, model_name="tiny", weights=str(folder / "model.safetensors"), warmup=False)
+    assert torch.equal(single.model.layers[1].w13.weight, source.model.layers[1].w13.weight)
+
+
+def test_missing_tensor_names_file_and_tensor(torch, tmp_path):
+    pytest.importorskip("safetensors")
+    source = make_runner(torch, warmup=False)
+    folder = save_weights(torch, source, tmp_path / "w", drop="model.layers.1.mlp.up_proj.weight")
+    with pytest.raises(InputError, match=r"model\.safetensors, column 'model\.layers\.1\.mlp\.up_proj\.weight': missing 1"):
+        make_runner(torch, model_name="tiny", weights=str(folder), warmup=False)
+
+
+def test_wrong_shape_names_tensor_and_shapes(torch, tmp_path):
+    pytest.importorskip("safetensors")
+    source = make_runner(torch, warmup=False)
+    folder = save_weights(torch, source, tmp_path / "w", reshape="model.layers.0.self_attn.k_proj.weight")
+    with pytest.raises(InputError, match=r"column 'model\.layers\.0\.self_attn\.k_proj\.weight': shape \(31, 64\)"):
+        make_runner(torch, model_name="tiny", weights=str(folder), warmup=False)
+
+
+def test_weights_without_config_need_a_preset(torch, tmp_path):
+    pytest.importorskip("safetensors")
+    source = make_runner(torch, warmup=False)
+    folder = save_weights(torch, source, tmp_path / "w")
+    (folder / "config.json").unlink()
+    with pytest.raises(ServelabError, match="no config.json"):
+        make_runner(torch, model_name="hf", weights=str(folder), warmup=False)
+
+
+def test_llama31_preset_shape_and_rope_scaling(torch):
+    from servelab.runners.torch_model import ModelArgs, rope_inv_freq
+
+    a = ModelArgs.from_name("llama-3.1-8b")
+    assert (a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, a.ffn_size, a.vocab_size) == (
+        32, 4096, 32, 8, 128, 14336, 128256)
+    assert a.rope_theta == 500000.0 and a.rope_scaling is not None
+    assert 8.0e9 < a.num_params < 8.1e9  # 8.03B
+    inv = rope_inv_freq(a)
+    base = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
+    assert torch.isclose(inv[0], base[0].float()) and torch.isclose(inv[-1], (base[-1] / 8).float())
