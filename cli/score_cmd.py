@@ -1,0 +1,157 @@
+"""Scoring commands: `query`, `report`, `compare`, `sweep`, `plot` and `runs collect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from servelab.common.errors import ServelabError
+
+
+def slo_options(func):
+    """``--slo`` (repeatable) and ``--slo-file``; shared by every command that scores runs."""
+    func = click.option(
+        "--slo-file",
+        type=click.Path(dir_okay=False),
+        help="TOML file with an SLO table (global keys, [tier.NAME], [tenant.NAME]); --slo flags override it.",
+    )(func)
+    func = click.option(
+        "--slo",
+        "slo_specs",
+        multiple=True,
+        metavar="SPEC",
+        help="SLO in seconds: 'ttft=0.5,tpot=0.05', 'tier=priority:ttft=0.2', 'tenant=acme:e2e=10'. Repeatable.",
+    )(func)
+    return func
+
+
+def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
+    """The SloTable the options describe (None if neither was given)."""
+    from servelab.scoring.slo import SloTable
+
+    table = SloTable.from_toml_file(slo_file) if slo_file else SloTable()
+    if slo_specs:
+        table = table.overridden_by(SloTable.parse_cli(list(slo_specs)))
+    return None if table.is_empty else table
+
+
+_format = click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table", show_default=True
+)
+_out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), help="Write to this file (atomically).")
+
+
+@click.command()
+@click.argument("args", nargs=-1, required=True)
+@slo_options
+@_format
+@_out
+@click.option("--limit", type=int, default=200, show_default=True, help="Rows shown by --format table (0 = all).")
+def query(args, slo_specs, slo_file, fmt, out, limit):
+    """Run SQL over one or more runs: servelab query RUN_DIR [RUN_DIR ...] "SQL".
+
+    RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
+    collect`. Views: requests, steps, runs, request_metrics (+ _guidellm, _distserve), slo_attainment,
+    latency_summary, goodput, tenant_summary, fairness, resource_summary, replica_balance,
+    attainment_vs_rate, slo_table, run_span.
+    """
+    from servelab.scoring.connect import connect, query_arrow
+    from servelab.scoring.output import write_result
+
+    if len(args) < 2:
+        raise ServelabError('query needs at least one RUN_DIR and the SQL, e.g. servelab query runs/a "SELECT * FROM goodput"')
+    *dirs, sql = args
+    con = connect(dirs, slo_from_options(slo_specs, slo_file))
+    try:
+        table = query_arrow(con, sql)
+    finally:
+        con.close()
+    write_result(table, fmt, out, limit=limit or None)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True)
+@slo_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@_out
+@click.option("--width", type=int, default=120, show_default=True, help="Text width.")
+def report(run_dirs, slo_specs, slo_file, fmt, out, width):
+    """Readable summary of each run: attainment, latency percentiles, goodput, throughput, counts."""
+    from servelab.common.atomic import atomic_path
+    from servelab.scoring.connect import connect
+    from servelab.scoring.report import render_text, report_data
+
+    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    try:
+        if fmt == "json":
+            ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+            text = json.dumps([report_data(con, i) for i in ids], indent=1, default=str) + "\n"
+        else:
+            text = render_text(con, width=width)
+    finally:
+        con.close()
+    if out:
+        with atomic_path(out) as tmp:
+            Path(tmp).write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True)
+@slo_options
+@_format
+@_out
+def compare(run_dirs, slo_specs, slo_file, fmt, out):
+    """The report's metrics side by side; deltas of each run against the first."""
+    from servelab.scoring.compare import compare_table
+    from servelab.scoring.connect import connect
+    from servelab.scoring.output import write_result
+    from servelab.scoring.sources import find_runs
+
+    runs = find_runs(run_dirs)
+    if len(runs) < 2:
+        raise ServelabError("compare needs at least two runs")
+    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    try:
+        table = compare_table(con, [r.run_id for r in runs])
+    finally:
+        con.close()
+    write_result(table, fmt, out)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True)
+@slo_options
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False), required=True, help="Directory for the PNGs.")
+def plot(run_dirs, slo_specs, slo_file, out):
+    """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate."""
+    from servelab.scoring.connect import connect
+    from servelab.scoring.plots import write_plots
+
+    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    try:
+        written = write_plots(con, out)
+    finally:
+        con.close()
+    for path in written:
+        click.echo(str(path))
+
+
+@click.group()
+def runs():
+    """Work with many run directories at once."""
+
+
+@runs.command("collect")
+@click.argument("run_dirs", nargs=-1, required=True)
+@slo_options
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), required=True, help="DuckDB file to write.")
+def collect_cmd(run_dirs, slo_specs, slo_file, out):
+    """Materialise runs (paths or globs) into one DuckDB file with the same tables and views."""
+    from servelab.scoring.collect import collect
+
+    n = collect(list(run_dirs), out, slo_from_options(slo_specs, slo_file))
+    click.echo(f"collected {n} run(s) into {out}")

@@ -1,0 +1,102 @@
+"""Open a DuckDB connection with the run tables and every scoring view registered; query helpers.
+
+``connect(["runs/a", "study/trials/*"], slo=SloTable.parse_cli(["ttft=0.5"]))`` gives a connection on
+which ``SELECT * FROM slo_attainment`` works. A collected ``.duckdb`` file can be opened the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import duckdb
+import pyarrow as pa
+
+from servelab.common.errors import ServelabError
+from servelab.scoring.slo import SloTable
+from servelab.scoring.sources import find_runs, register_sources
+from servelab.scoring.views import create_views
+
+VIEW_NAMES = (
+    "requests", "steps", "runs", "slo_table", "run_span",
+    "request_metrics", "request_metrics_guidellm", "request_metrics_distserve",
+    "slo_attainment", "latency_summary", "goodput", "tenant_summary", "fairness",
+    "resource_summary", "replica_balance", "attainment_vs_rate",
+)  # fmt: skip
+
+
+def _as_list(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    if isinstance(run_dirs, (str, os.PathLike)):
+        return [str(run_dirs)]
+    return [str(d) for d in run_dirs]
+
+
+def set_slo(con: duckdb.DuckDBPyConnection, slo: SloTable | None) -> None:
+    """(Re)define `slo_table`; the derived views read it at query time, so they follow at once."""
+    con.register("_slo_arrow", (slo or SloTable()).rows())
+    con.execute("CREATE OR REPLACE TABLE slo_table AS SELECT * FROM _slo_arrow")
+    con.unregister("_slo_arrow")
+
+
+def connect(
+    run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
+    slo: SloTable | None = None,
+    threads: int | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection over run directories (paths or globs), or a collected .duckdb file."""
+    paths = _as_list(run_dirs)
+    if len(paths) == 1 and paths[0].endswith(".duckdb") and Path(paths[0]).is_file():
+        return open_collected(paths[0], slo)
+    runs = find_runs(paths)
+    con = duckdb.connect(config={"threads": threads} if threads else {})
+    register_sources(con, runs)
+    set_slo(con, slo)
+    create_views(con)
+    return con
+
+
+def open_collected(path: str, slo: SloTable | None = None) -> duckdb.DuckDBPyConnection:
+    """Attach a file made by `servelab runs collect` read-only; views are rebuilt in memory over it.
+
+    With ``slo`` the SLO table is replaced (in memory only); without, the one stored at collect time is used.
+    """
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH '{path.replace(chr(39), chr(39) * 2)}' AS collected (READ_ONLY)")
+    except duckdb.Error as err:
+        raise ServelabError(f"{path}: not a DuckDB database ({err})") from None
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'collected'").fetchall()}
+    for name in ("requests", "steps", "runs"):
+        if name not in tables:
+            raise ServelabError(f"{path}: table '{name}' missing (not made by `servelab runs collect`)")
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM collected.{name}")
+    if slo is not None or "slo_table" not in tables:
+        set_slo(con, slo)
+    else:
+        con.execute("CREATE TABLE slo_table AS SELECT * FROM collected.slo_table")
+    create_views(con)
+    return con
+
+
+def query_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    try:
+        rel = con.sql(sql)
+        return rel.to_arrow_table() if rel is not None else pa.table({})
+    except duckdb.Error as err:
+        raise ServelabError(f"query failed: {err}") from None
+
+
+def query_polars(con: duckdb.DuckDBPyConnection, sql: str):
+    import polars as pl
+
+    return pl.from_arrow(query_arrow(con, sql))
+
+
+def query(run_dirs, sql: str, slo: SloTable | None = None) -> pa.Table:
+    """One-shot: open, run ``sql``, return an Arrow table."""
+    con = connect(run_dirs, slo)
+    try:
+        return query_arrow(con, sql)
+    finally:
+        con.close()

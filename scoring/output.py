@@ -1,0 +1,90 @@
+"""Write a result table as an aligned text table, CSV, JSON or Parquet (to stdout or atomically to a file)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from servelab.common.atomic import atomic_path
+from servelab.common.errors import ServelabError
+
+FORMATS = ("table", "csv", "json", "parquet")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.6g}"
+    return str(value)
+
+
+def render_table(table: pa.Table, limit: int | None = None, width: int | None = None) -> str:
+    """An aligned text table (rich); numbers right-aligned; at most ``limit`` rows shown."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD)
+    for field in table.schema:
+        numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
+        t.add_column(field.name, justify="right" if numeric else "left", no_wrap=True)
+    shown = table if limit is None or table.num_rows <= limit else table.slice(0, limit)
+    for row in shown.to_pylist():
+        t.add_row(*(_cell(v) for v in row.values()))
+    buf = io.StringIO()
+    Console(file=buf, width=width or 10_000, color_system=None, highlight=False).print(t)
+    text = "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+    if shown.num_rows < table.num_rows:
+        text += f"({table.num_rows - shown.num_rows} more rows; use --limit 0 or --format csv)\n"
+    return text
+
+
+def _json_default(value):
+    return str(value)
+
+
+def to_json(table: pa.Table) -> str:
+    rows = table.to_pylist()
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                row[k] = None
+    return json.dumps(rows, indent=1, default=_json_default) + "\n"
+
+
+def write_result(table: pa.Table, fmt: str, out: str | None, limit: int | None = None) -> None:
+    """Print to stdout, or write ``out`` atomically (nothing is left behind on failure)."""
+    if fmt not in FORMATS:
+        raise ServelabError(f"unknown format '{fmt}' (known: {', '.join(FORMATS)})")
+    if fmt == "parquet":
+        if not out:
+            raise ServelabError("--format parquet needs -o FILE")
+        with atomic_path(out) as tmp:
+            pq.write_table(table, tmp)
+        return
+    if fmt == "csv":
+        buf = io.BytesIO()
+        try:
+            pacsv.write_csv(table, buf)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ServelabError(f"CSV cannot hold this result ({err}); use --format json or parquet") from None
+        text = buf.getvalue().decode()
+    elif fmt == "json":
+        text = to_json(table)
+    else:
+        text = render_table(table, limit=None if out else limit)
+    if out:
+        with atomic_path(out) as tmp:
+            Path(tmp).write_text(text)
+    else:
+        sys.stdout.write(text)

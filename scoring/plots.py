@@ -1,0 +1,218 @@
+"""PNG charts of runs: latency CDFs per tier, per-tenant attainment, attainment vs rate, resource timelines.
+
+Data is reduced in SQL first (CDFs from 501 quantiles, timelines bucketed when long) so a plot of a
+million-request run costs about as much as one of a thousand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import duckdb
+
+from servelab.common.atomic import atomic_path
+
+CDF_POINTS = 501
+TIMELINE_MAX_ROWS = 20_000
+TIMELINE_BUCKETS = 2_000
+MAX_TIMELINES = 20
+MAX_TENANT_BARS = 30
+_PNG_META = {"Software": None}  # no version string: same data, same bytes
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, metadata=_PNG_META, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
+
+
+def plot_cdf(con: duckdb.DuckDBPyConnection, metric: str, path: Path) -> Path | None:
+    """CDF of ``metric`` (ttft_s/tpot_s) over finished requests, a line per run and tier."""
+    plt = _plt()
+    qs = [i / (CDF_POINTS - 1) for i in range(CDF_POINTS)]
+    rows = con.execute(
+        f"SELECT run_id, coalesce(tier, '(none)') AS tier, quantile_cont({metric}, ?::DOUBLE[]) AS q, count(*) AS n "
+        f"FROM request_metrics WHERE finished AND {metric} IS NOT NULL GROUP BY ALL ORDER BY run_id, tier",
+        [qs],
+    ).fetchall()
+    if not rows:
+        return None
+    runs = sorted({r[0] for r in rows})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run_id, tier, q, n in rows:
+        label = tier if len(runs) == 1 else f"{run_id} / {tier}"
+        ax.plot([v * 1e3 for v in q], qs, label=f"{label} (n={n})", drawstyle="steps-post" if n < 50 else "default")
+    slo = con.execute(f"SELECT {metric} FROM slo_table WHERE scope = 'global'").fetchone()
+    if slo and slo[0] is not None:
+        ax.axvline(slo[0] * 1e3, color="black", linestyle="--", linewidth=1, label=f"global SLO {slo[0] * 1e3:g} ms")
+    values = [v for _, _, q, _ in rows for v in q if v is not None and v > 0]
+    if values and max(values) / min(values) > 100:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{metric.removesuffix('_s').upper()} (ms)")
+    ax.set_ylabel("fraction of finished requests")
+    ax.set_ylim(0, 1.01)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(f"{metric.removesuffix('_s').upper()} CDF per tier")
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def plot_tenant_attainment(con: duckdb.DuckDBPyConnection, path: Path) -> Path | None:
+    """Joint SLO attainment per tenant (the busiest tenants), bars grouped by run."""
+    plt = _plt()
+    rows = con.execute(
+        "WITH top AS (SELECT tenant, sum(requests) AS n FROM tenant_summary GROUP BY tenant "
+        f"ORDER BY n DESC, tenant NULLS FIRST LIMIT {MAX_TENANT_BARS}) "
+        "SELECT s.run_id, coalesce(s.tenant, '(none)'), s.attainment FROM tenant_summary s JOIN top "
+        "ON s.tenant IS NOT DISTINCT FROM top.tenant ORDER BY s.tenant NULLS FIRST, s.run_id"
+    ).fetchall()
+    if not rows:
+        return None
+    tenants = list(dict.fromkeys(r[1] for r in rows))
+    runs = sorted({r[0] for r in rows})
+    values = {(r[0], r[1]): r[2] for r in rows}
+    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(tenants) * max(1, len(runs) / 2) + 2), 4.5))
+    for i, run_id in enumerate(runs):
+        xs = [t + (i - (len(runs) - 1) / 2) * width for t in range(len(tenants))]
+        ax.bar(xs, [values.get((run_id, t)) or 0.0 for t in tenants], width=width, label=run_id)
+    ax.set_xticks(range(len(tenants)))
+    ax.set_xticklabels(tenants, rotation=45 if len(tenants) > 6 else 0, ha="right" if len(tenants) > 6 else "center")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("joint SLO attainment")
+    ax.set_title("SLO attainment per tenant")
+    ax.grid(True, axis="y", alpha=0.3)
+    if len(runs) > 1:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_attainment_vs_rate(
+    con: duckdb.DuckDBPyConnection, path: Path, target: float | None = None, goodput_rate: float | None = None
+) -> Path | None:
+    """Attainment against offered arrival rate, one point per run (needs at least two rates)."""
+    plt = _plt()
+    rows = con.execute(
+        "SELECT offered_rate_rps, attainment FROM attainment_vs_rate WHERE offered_rate_rps IS NOT NULL"
+    ).fetchall()
+    tiers = con.execute(
+        "SELECT coalesce(a.name, '(none)'), sp.offered_rate_rps, a.attainment FROM slo_attainment a "
+        "JOIN run_span sp USING (run_id) WHERE a.scope = 'tier' AND sp.offered_rate_rps IS NOT NULL "
+        "ORDER BY 1, 2"
+    ).fetchall()
+    if len(rows) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", color="black", label="all requests")
+    tier_names = list(dict.fromkeys(t[0] for t in tiers))
+    if len(tier_names) > 1:
+        for name in tier_names:
+            pts = [(t[1], t[2]) for t in tiers if t[0] == name]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linestyle="--", label=f"tier {name}")
+    if target is not None:
+        ax.axhline(target, color="red", linestyle=":", label=f"target {target:g}")
+    if goodput_rate is not None:
+        ax.axvline(goodput_rate, color="green", linestyle=":", label=f"goodput rate {goodput_rate:.3g} req/s")
+    ax.set_xlabel("offered arrival rate (req/s)")
+    ax.set_ylabel("joint SLO attainment")
+    ax.set_ylim(-0.02, 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.set_title("SLO attainment vs arrival rate")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_timeline(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> Path | None:
+    """Batch size, KV use and queue length over simulated time, one line per replica."""
+    plt = _plt()
+    n, t0, t1 = con.execute(
+        "SELECT count(*), min(start_s), max(start_s + duration_s) FROM steps WHERE run_id = ?", [run_id]
+    ).fetchone()
+    if not n:
+        return None
+    if n <= TIMELINE_MAX_ROWS:
+        sql = (
+            "SELECT replica, start_s AS t, batch_requests AS batch, kv_blocks_used / nullif(kv_blocks_total, 0) AS kv, "
+            "waiting FROM steps WHERE run_id = ? ORDER BY replica, start_s"
+        )
+        params = [run_id]
+        style = "steps-post"
+    else:  # duration-weighted means per time bucket
+        width = max((t1 - t0) / TIMELINE_BUCKETS, 1e-12)
+        sql = (
+            "SELECT replica, ? + floor((start_s - ?) / ?) * ? AS t, "
+            "sum(batch_requests * duration_s) / nullif(sum(duration_s), 0) AS batch, "
+            "sum(kv_blocks_used / nullif(kv_blocks_total, 0) * duration_s) / nullif(sum(duration_s), 0) AS kv, "
+            "sum(waiting * duration_s) / nullif(sum(duration_s), 0) AS waiting "
+            "FROM steps WHERE run_id = ? GROUP BY ALL ORDER BY replica, t"
+        )
+        params = [t0, t0, width, width, run_id]
+        style = "default"
+    rows = con.execute(sql, params).fetchall()
+    fig, axes = plt.subplots(3, 1, figsize=(9, 6.5), sharex=True)
+    replicas = list(dict.fromkeys(r[0] for r in rows))
+    for rep in replicas[:8]:
+        pts = [r for r in rows if r[0] == rep]
+        label = f"replica {rep}"
+        ts = [p[1] for p in pts]
+        axes[0].plot(ts, [p[2] for p in pts], drawstyle=style, linewidth=0.8, label=label)
+        axes[1].plot(ts, [100 * (p[3] or 0) for p in pts], drawstyle=style, linewidth=0.8, label=label)
+        axes[2].plot(ts, [p[4] for p in pts], drawstyle=style, linewidth=0.8, label=label)
+    axes[0].set_ylabel("batch (requests)")
+    axes[1].set_ylabel("KV blocks used (%)")
+    axes[1].set_ylim(0, 105)
+    axes[2].set_ylabel("queue (waiting)")
+    axes[2].set_xlabel("simulated time (s)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    if len(replicas) > 1:
+        axes[0].legend(fontsize=7, loc="upper right")
+    title = f"run {run_id}: batch size, KV use, queue length"
+    if len(replicas) > 8:
+        title += f" (first 8 of {len(replicas)} replicas)"
+    axes[0].set_title(title)
+    return _save(fig, path)
+
+
+def _sweep_info(con: duckdb.DuckDBPyConnection) -> tuple[float | None, float | None]:
+    """Target and goodput rate from a sweep.json next to the runs, if they came from one sweep."""
+    paths = {Path(r[0]).parent for r in con.execute("SELECT run_path FROM runs").fetchall()}
+    if len(paths) == 1:
+        info = next(iter(paths)) / "sweep.json"
+        if info.exists():
+            data = json.loads(info.read_text())
+            return data.get("target"), data.get("goodput_rate_rps")
+    return None, None
+
+
+def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike) -> list[Path]:
+    """Write every chart that the runs have data for into ``out_dir``; returns the files written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [
+        plot_cdf(con, "ttft_s", out / "ttft_cdf.png"),
+        plot_cdf(con, "tpot_s", out / "tpot_cdf.png"),
+        plot_tenant_attainment(con, out / "tenant_attainment.png"),
+        plot_attainment_vs_rate(con, out / "attainment_vs_rate.png", *_sweep_info(con)),
+    ]
+    run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    for run_id in run_ids[:MAX_TIMELINES]:
+        written.append(plot_timeline(con, run_id, out / f"timeline_{_safe(run_id)}.png"))
+    return [p for p in written if p is not None]

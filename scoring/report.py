@@ -1,0 +1,200 @@
+"""The readable run summary: attainment, latency percentiles, goodput, throughput, counts, resources.
+
+`report_data` gathers it from the views as plain dicts; `report_text` renders it (also used by
+`servelab replay` and `demo` after a replay).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import duckdb
+from rich.console import Console
+from rich import box
+from rich.table import Table
+
+from servelab.scoring.connect import connect
+from servelab.scoring.slo import SloTable
+
+REPORT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+MAX_TENANT_ROWS = 20
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+    rel = con.execute(sql, params or [])
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, r)) for r in rel.fetchall()]
+
+
+def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
+    """Everything the report shows for one run, as plain Python values (JSON-serialisable)."""
+    run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", [run_id])
+    if not run:
+        from servelab.common.errors import ServelabError
+
+        raise ServelabError(f"no run '{run_id}'")
+    attainment = _rows(con, "SELECT * FROM slo_attainment WHERE run_id = ?", [run_id])
+    latency = _rows(
+        con,
+        "SELECT * FROM latency_summary WHERE run_id = ? AND scope <> 'tenant' AND metric IN ({})".format(
+            ", ".join(f"'{m}'" for m in REPORT_METRICS)
+        ),
+        [run_id],
+    )
+    goodput = _rows(con, "SELECT * FROM goodput WHERE run_id = ?", [run_id])
+    resources = _rows(con, "SELECT * FROM resource_summary WHERE run_id = ? AND scope = 'overall'", [run_id])
+    balance = _rows(con, "SELECT * FROM replica_balance WHERE run_id = ?", [run_id])
+    fairness = _rows(con, "SELECT * FROM fairness WHERE run_id = ?", [run_id])
+    slo = _rows(con, "SELECT * FROM slo_table ORDER BY scope, name")
+    return {
+        "run": run[0],
+        "slo": slo,
+        "attainment": attainment,
+        "latency": latency,
+        "goodput": goodput,
+        "resources": resources[0] if resources else None,
+        "replica_balance": balance[0] if balance else None,
+        "fairness": fairness[0] if fairness else None,
+    }
+
+
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _label(row: dict) -> str:
+    return "overall" if row["scope"] == "overall" else f"{row['scope']}={row['name']}"
+
+
+def _slo_line(slo_rows: list[dict]) -> str:
+    parts = []
+    for r in slo_rows:
+        fields = ", ".join(f"{k}={r[k]:g}" for k in ("ttft_s", "tpot_s", "e2e_s", "max_stall_s") if r[k] is not None)
+        parts.append(f"{r['scope']}{'=' + r['name'] if r['name'] else ''}: {fields}")
+    return "; ".join(parts) if parts else "none given (attainment = share finished)"
+
+
+def render(data: dict[str, Any], console: Console) -> None:
+    run = data["run"]
+    console.print(f"[bold]run {run['run_id']}[/bold]  ({run.get('run_path', '')})")
+    line = []
+    for key, label in (("trace_name", "trace"), ("policy_name", "policy"), ("runner_name", "runner")):
+        if run.get(key) is not None:
+            line.append(f"{label} {run[key]}")
+    if run.get("engine_replicas") is not None:
+        line.append(f"replicas {run['engine_replicas']}, GPUs {run['num_gpus']}")
+    if run.get("simulated_span_s") is not None:
+        line.append(f"simulated {run['simulated_span_s']:.1f} s")
+    if line:
+        console.print("  ".join(line))
+    console.print(f"SLO: {_slo_line(data['slo'])}")
+    overall = next(r for r in data["attainment"] if r["scope"] == "overall")
+    refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
+    console.print(
+        f"requests {overall['requests']}: {overall['finished']} finished, {overall['unfinished']} unfinished, "
+        f"{overall['rejected']} rejected, {overall['throttled']} throttled, {overall['dropped']} dropped"
+        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] else "")
+    )
+    console.print(
+        f"preemptions {overall['preemptions']} ({overall['preempted_requests']} requests)"
+    )
+
+    goodput = {(_label(r)): r for r in data["goodput"]}
+    t = Table(title="SLO attainment (joint and per SLO) and goodput", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("group", "requests", "finished", "unfin.", "refused", "joint", "ttft", "tpot", "e2e", "stall",
+                "goodput/s", "done/s"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "group" else "right", no_wrap=True)
+    rows = data["attainment"]
+    tenant_rows = [r for r in rows if r["scope"] == "tenant"]
+    shown = [r for r in rows if r["scope"] != "tenant"]
+    hidden = 0
+    if len(tenant_rows) > MAX_TENANT_ROWS:  # the worst tenants matter most
+        hidden = len(tenant_rows) - MAX_TENANT_ROWS
+        tenant_rows = sorted(tenant_rows, key=lambda r: (r["attainment"], str(r["name"])))[:MAX_TENANT_ROWS]
+    for r in shown + tenant_rows:
+        g = goodput.get(_label(r), {})
+        t.add_row(
+            _label(r), str(r["requests"]), str(r["finished"]), str(r["unfinished"]),
+            str(r["rejected"] + r["throttled"] + r["dropped"]), _pct(r["attainment"]),
+            _pct(r["attainment_ttft"]), _pct(r["attainment_tpot"]), _pct(r["attainment_e2e"]),
+            _pct(r["attainment_stall"]), _f(g.get("goodput_rps")), _f(g.get("request_throughput_rps")),
+        )  # fmt: skip
+    console.print(t)
+    if hidden:
+        console.print(f"({hidden} more tenants with higher attainment: servelab query ... \"SELECT * FROM slo_attainment\")")
+
+    t = Table(title="Latency of finished requests (ms)", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("group", "metric", "n", "mean", "p50", "p90", "p99", "p99.9", "max"):
+        t.add_column(col, justify="left" if col in ("group", "metric") else "right", no_wrap=True)
+    order = {m: i for i, m in enumerate(REPORT_METRICS)}
+    for r in sorted(data["latency"], key=lambda r: (r["scope"] != "overall", str(r["name"]), order[r["metric"]])):
+        t.add_row(_label(r), r["metric"].removesuffix("_s"), str(r["n"]), _ms(r["mean"]), _ms(r["p50"]), _ms(r["p90"]),
+                  _ms(r["p99"]), _ms(r["p999"]), _ms(r["max"]))  # fmt: skip
+    console.print(t)
+
+    g = goodput["overall"]
+    console.print(
+        f"duration (first arrival to last finish) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
+        f"{_f(g['output_throughput_tps'], 1)} output tok/s, {_f(g['total_token_throughput_tps'], 1)} total tok/s; "
+        f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); "
+        f"offered rate {_f(g['offered_rate_rps'])} req/s"
+    )
+    res = data["resources"]
+    if res:
+        console.print(
+            f"resources: mean batch {_f(res['mean_batch_requests'], 2)} (max {res['max_batch_requests']}), "
+            f"KV use mean {_pct(res['mean_kv_util'])} max {_pct(res['max_kv_util'])}, "
+            f"queue mean {_f(res['mean_waiting'], 1)} max {res['max_waiting']}, busy {_f(res['busy_s'], 2)} s, "
+            f"{res['iterations']} iterations"
+        )
+    bal = data["replica_balance"]
+    if bal and bal["replicas"] > 1:
+        console.print(
+            f"replica balance: {bal['replicas']} replicas, requests {bal['min_requests']}..{bal['max_requests']}, "
+            f"busy max/mean {_f(bal['busy_max_over_mean'])}, Jain (busy) {_f(bal['jain_busy'])}"
+        )
+    fair = data["fairness"]
+    if fair and fair["tenants"] > 1:
+        console.print(
+            f"fairness over {fair['tenants']} tenants: Jain service {_f(fair['jain_service'])}, "
+            f"Jain attainment {_f(fair['jain_attainment'])}, worst tenant {fair['worst_tenant']} "
+            f"({_pct(fair['worst_tenant_attainment'])}), longest wait {_f(fair['max_wait_s'], 2)} s "
+            f"({fair['longest_wait_tenant']})"
+        )
+    elif fair:
+        console.print(f"longest wait of any request {_f(fair['max_wait_s'], 2)} s")
+
+
+def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int = 120) -> str:
+    if run_ids is None:
+        run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None, highlight=False)
+    for i, run_id in enumerate(run_ids):
+        if i:
+            console.print()
+        render(report_data(con, run_id), console)
+    return buf.getvalue()
+
+
+def report_text(run_dir: str | os.PathLike, slo: SloTable | None = None, width: int = 120) -> str:
+    """The report of one run directory (or several, one after another) as plain text."""
+    con = connect(run_dir, slo)
+    try:
+        return render_text(con, width=width)
+    finally:
+        con.close()

@@ -1,0 +1,250 @@
+"""Service-level objectives: a global/tier/tenant table parsed from the CLI or TOML, turned into SQL rows.
+
+Precedence for each field separately: the request's own override (trace column ``ttft_slo_s`` /
+``tpot_slo_s``) > its tenant's entry > its tier's entry > the global entry. A field given nowhere is
+"not specified" and does not take part in that request's joint attainment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from servelab.common.errors import InputError, ServelabError
+
+# CLI/TOML key -> Slo field. Short names on the command line, unit-suffixed names in TOML both work.
+_KEYS = {
+    "ttft": "ttft_s",
+    "ttft_s": "ttft_s",
+    "tpot": "tpot_s",
+    "tpot_s": "tpot_s",
+    "e2e": "e2e_s",
+    "e2e_s": "e2e_s",
+    "max_stall": "max_stall_s",
+    "max_stall_s": "max_stall_s",
+    "stall": "max_stall_s",
+}
+SCOPES = ("global", "tier", "tenant")
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Latency targets in seconds; None = not specified at this level."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    max_stall_s: float | None = None
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+    def merged(self, other: "Slo", where: str) -> "Slo":
+        """Combine two partial entries for the same scope; giving one field twice is an error."""
+        values = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if a is not None and b is not None:
+                raise ServelabError(f"SLO {where}: '{f.name}' given twice")
+            values[f.name] = a if a is not None else b
+        return Slo(**values)
+
+    def overridden_by(self, other: "Slo") -> "Slo":
+        """Fields set in ``other`` replace ours (CLI over file)."""
+        return replace(self, **{f.name: getattr(other, f.name) for f in fields(other) if getattr(other, f.name) is not None})
+
+
+@dataclass(frozen=True, slots=True)
+class SloTable:
+    """A global entry plus per-tier and per-tenant entries (name-sorted tuples, so the table is hashable)."""
+
+    global_: Slo = Slo()
+    tiers: tuple[tuple[str, Slo], ...] = ()
+    tenants: tuple[tuple[str, Slo], ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return self.global_.is_empty() and not self.tiers and not self.tenants
+
+    def specified_fields(self) -> tuple[str, ...]:
+        """Fields some entry sets (a per-request override can add ttft_s/tpot_s on top)."""
+        entries = [self.global_, *(s for _, s in self.tiers), *(s for _, s in self.tenants)]
+        return tuple(f.name for f in fields(Slo) if any(getattr(e, f.name) is not None for e in entries))
+
+    @classmethod
+    def parse_cli(cls, specs: list[str] | tuple[str, ...]) -> "SloTable":
+        """Parse ``ttft=0.5,tpot=0.05``, ``tier=priority:ttft=0.2``, ``tenant=acme:ttft=1`` (repeatable)."""
+        table = cls()
+        for spec in specs:
+            table = table.combined(_parse_one(spec))
+        return table
+
+    @classmethod
+    def from_toml(cls, data: Mapping[str, Any], path: str = "<slo toml>") -> "SloTable":
+        """Read ``{ttft_s=.., tier={name={..}}, tenant={name={..}}}``, optionally nested under ``slo``."""
+        if "slo" in data and isinstance(data["slo"], Mapping):
+            data = data["slo"]
+            prefix = "slo."
+        else:
+            prefix = ""
+        global_fields: dict[str, Any] = {}
+        tiers: dict[str, Slo] = {}
+        tenants: dict[str, Slo] = {}
+        for key, value in data.items():
+            if key in ("tier", "tenant"):
+                if not isinstance(value, Mapping):
+                    raise InputError(path, f"'{prefix}{key}' must be a table of names", column=f"{prefix}{key}")
+                target = tiers if key == "tier" else tenants
+                for name, entry in value.items():
+                    where = f"{prefix}{key}.{name}"
+                    if not isinstance(entry, Mapping):
+                        raise InputError(path, "must be a table of SLO fields", column=where)
+                    target[str(name)] = _slo_from_mapping(entry, path, where)
+            else:
+                global_fields[key] = value
+        return cls(
+            global_=_slo_from_mapping(global_fields, path, prefix.rstrip(".") or None),
+            tiers=tuple(sorted(tiers.items())),
+            tenants=tuple(sorted(tenants.items())),
+        )
+
+    @classmethod
+    def from_toml_file(cls, path: str) -> "SloTable":
+        import tomllib
+
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise InputError(path, "file not found") from None
+        except tomllib.TOMLDecodeError as err:
+            raise InputError(path, f"not valid TOML: {err}") from None
+        return cls.from_toml(data, path)
+
+    def combined(self, other: "SloTable") -> "SloTable":
+        """Merge two partial tables (e.g. several ``--slo`` flags); a field set twice is an error."""
+        return SloTable(
+            global_=self.global_.merged(other.global_, "global"),
+            tiers=_merge_named(self.tiers, other.tiers, "tier", lambda a, b, w: a.merged(b, w)),
+            tenants=_merge_named(self.tenants, other.tenants, "tenant", lambda a, b, w: a.merged(b, w)),
+        )
+
+    def overridden_by(self, other: "SloTable") -> "SloTable":
+        """Entries of ``other`` win field by field (command-line flags over an --slo-file)."""
+        return SloTable(
+            global_=self.global_.overridden_by(other.global_),
+            tiers=_merge_named(self.tiers, other.tiers, "tier", lambda a, b, w: a.overridden_by(b)),
+            tenants=_merge_named(self.tenants, other.tenants, "tenant", lambda a, b, w: a.overridden_by(b)),
+        )
+
+    def rows(self) -> pa.Table:
+        """The table as rows ``(scope, name, ttft_s, tpot_s, e2e_s, max_stall_s)`` for the SQL views."""
+        entries = [("global", None, self.global_)] if not self.global_.is_empty() else []
+        entries += [("tier", n, s) for n, s in self.tiers]
+        entries += [("tenant", n, s) for n, s in self.tenants]
+        cols: dict[str, list] = {"scope": [], "name": []}
+        cols.update({f.name: [] for f in fields(Slo)})
+        for scope, name, slo in entries:
+            cols["scope"].append(scope)
+            cols["name"].append(name)
+            for f in fields(Slo):
+                cols[f.name].append(getattr(slo, f.name))
+        schema = pa.schema([("scope", pa.string()), ("name", pa.string())] + [(f.name, pa.float64()) for f in fields(Slo)])
+        return pa.table(cols, schema=schema)
+
+    def describe(self) -> str:
+        """One line per entry, for report headers."""
+        out = []
+        for scope, name, slo in [("global", None, self.global_)] + [("tier", n, s) for n, s in self.tiers] + [
+            ("tenant", n, s) for n, s in self.tenants
+        ]:
+            if slo.is_empty():
+                continue
+            parts = ", ".join(f"{f.name}={getattr(slo, f.name):g}" for f in fields(slo) if getattr(slo, f.name) is not None)
+            out.append(f"{scope}{'=' + name if name else ''}: {parts}")
+        return "; ".join(out) if out else "none (attainment = finished)"
+
+
+def _merge_named(a, b, kind, merge) -> tuple[tuple[str, Slo], ...]:
+    out = dict(a)
+    for name, slo in b:
+        out[name] = merge(out[name], slo, f"{kind}={name}") if name in out else slo
+    return tuple(sorted(out.items()))
+
+
+def _parse_value(raw: str) -> float:
+    """Seconds, or with an ``ms``/``s`` suffix."""
+    text = raw.strip().lower()
+    scale = 1.0
+    if text.endswith("ms"):
+        text, scale = text[:-2], 1e-3
+    elif text.endswith("s"):
+        text = text[:-1]
+    return float(text) * scale
+
+
+def _check_value(value: Any, path: str, where: str | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(path, f"needs a number of seconds, got {value!r}", column=where)
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(path, f"must be a positive number of seconds, got {value:g}", column=where)
+    return value
+
+
+def _slo_from_mapping(entry: Mapping[str, Any], path: str, where: str | None) -> Slo:
+    values: dict[str, float] = {}
+    for key, value in entry.items():
+        column = f"{where}.{key}" if where else key
+        if key not in _KEYS:
+            raise InputError(path, f"unknown SLO field (known: ttft_s, tpot_s, e2e_s, max_stall_s)", column=column)
+        field = _KEYS[key]
+        if field in values:
+            raise InputError(path, f"'{field}' given twice", column=column)
+        values[field] = _check_value(value, path, column)
+    return Slo(**values)
+
+
+def _parse_one(spec: str) -> SloTable:
+    text = spec.strip()
+    scope_part, colon, body = text.partition(":")
+    scope, name = "global", None
+    if colon and "=" in scope_part and scope_part.split("=", 1)[0].strip() in ("tier", "tenant"):
+        scope, name = (s.strip() for s in scope_part.split("=", 1))
+        if not name:
+            raise ServelabError(f"--slo '{spec}': empty {scope} name")
+    else:
+        body = text
+    values: dict[str, float] = {}
+    for part in body.split(","):
+        if not part.strip():
+            continue
+        key, eq, raw = part.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ServelabError(f"--slo '{spec}': '{part}' is not key=value")
+        if key in ("tier", "tenant"):
+            raise ServelabError(f"--slo '{spec}': write '{key}=NAME:' before the fields, e.g. {key}=gold:ttft=0.2")
+        if key not in _KEYS:
+            raise ServelabError(f"--slo '{spec}': unknown SLO field '{key}' (known: ttft, tpot, e2e, max_stall)")
+        try:
+            value = _parse_value(raw)
+        except ValueError:
+            raise ServelabError(f"--slo '{spec}': '{key}' needs a number of seconds, got '{raw}'") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ServelabError(f"--slo '{spec}': '{key}' must be a positive number of seconds")
+        field = _KEYS[key]
+        if field in values:
+            raise ServelabError(f"--slo '{spec}': '{field}' given twice")
+        values[field] = value
+    slo = Slo(**values)
+    if slo.is_empty():
+        raise ServelabError(f"--slo '{spec}': no SLO fields (e.g. ttft=0.5,tpot=0.05)")
+    if scope == "global":
+        return SloTable(global_=slo)
+    if scope == "tier":
+        return SloTable(tiers=((name, slo),))
+    return SloTable(tenants=((name, slo),))

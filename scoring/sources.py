@@ -1,0 +1,280 @@
+"""Find run directories and register their Parquet files and run.json as the base tables `requests`, `steps`, `runs`.
+
+Every request and step row carries its ``run_id``; columns a run lacks (older or newer engines,
+optional platform columns) are filled with NULL so the derived views work on any mix of runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import duckdb
+import pyarrow as pa
+
+from servelab.common.errors import InputError, ServelabError
+from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+
+# Columns later engines/policies may add; views see NULL where a run lacks them.
+OPTIONAL_REQUEST_COLUMNS = pa.schema(
+    [
+        ("num_retries", pa.int32()),
+        ("paused_s", pa.float64()),
+        ("e2e_slo_s", pa.float64()),
+        ("max_stall_slo_s", pa.float64()),
+    ]
+)
+# Without these a requests.parquet cannot be scored at all.
+REQUIRED_REQUEST_COLUMNS = ("request_id", "status", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens")
+REQUIRED_STEP_COLUMNS = ("start_s", "duration_s")
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    run_id: str
+    path: Path
+    meta: dict  # run.json (empty if the run has none)
+
+    @property
+    def requests_path(self) -> Path:
+        return self.path / "requests.parquet"
+
+    @property
+    def steps_path(self) -> Path:
+        return self.path / "steps.parquet"
+
+
+def find_runs(patterns: Iterable[str | os.PathLike]) -> list[RunDir]:
+    """Expand paths/globs to run directories (a directory holding requests.parquet), in a stable order.
+
+    A directory without requests.parquet is searched one and two levels down, so a sweep or search
+    directory (``SWEEP/rate_*``, ``study/trials/*``) can be given whole.
+    """
+    dirs: list[Path] = []
+    for pattern in patterns:
+        text = str(pattern)
+        matches = sorted(glob.glob(text)) if glob.has_magic(text) else [text]
+        if not matches:
+            raise ServelabError(f"{text}: no run directory matches")
+        for match in matches:
+            p = Path(match)
+            if not p.exists():
+                raise InputError(p, "no such run directory")
+            if p.is_file() and p.name == "requests.parquet":
+                p = p.parent
+            if (p / "requests.parquet").is_file():
+                dirs.append(p)
+                continue
+            if not p.is_dir():
+                raise InputError(p, "not a run directory (expected a directory with requests.parquet)")
+            nested = sorted({q.parent for q in p.glob("*/requests.parquet")} | {q.parent for q in p.glob("*/*/requests.parquet")})
+            if not nested:
+                raise InputError(p, "not a run directory: no requests.parquet in it or below it")
+            dirs.extend(nested)
+    seen: set[Path] = set()
+    unique = []
+    for d in dirs:
+        r = d.resolve()
+        if r not in seen:
+            seen.add(r)
+            unique.append(r)
+    metas = [_read_meta(d) for d in unique]
+    ids = _unique_ids([str(m.get("run_id") or d.name) for d, m in zip(unique, metas)], unique)
+    return [RunDir(i, d, m) for i, d, m in zip(ids, unique, metas)]
+
+
+def _read_meta(d: Path) -> dict:
+    path = d / "run.json"
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(path, f"not valid JSON: {err.msg}", row=err.lineno) from None
+    if not isinstance(meta, dict):
+        raise InputError(path, "must hold a JSON object")
+    return meta
+
+
+def _unique_ids(ids: list[str], paths: list[Path]) -> list[str]:
+    """Keep run ids as given; where two runs share one, prefix parent folder names until they differ."""
+    out = list(ids)
+    for depth in range(1, 8):
+        counts: dict[str, int] = {}
+        for i in out:
+            counts[i] = counts.get(i, 0) + 1
+        clashes = [k for k, i in enumerate(out) if counts[i] > 1]
+        if not clashes:
+            return out
+        for k in clashes:
+            parents = paths[k].parts[-1 - depth : -1]
+            out[k] = "/".join([*parents, ids[k]])
+    return [str(p) for p in paths]
+
+
+def flatten_meta(meta: dict) -> dict:
+    """run.json -> one flat row: ``policy.params.x`` -> ``policy_x``, ``engine.max_num_seqs`` -> ``engine_max_num_seqs``."""
+    flat: dict[str, object] = {}
+
+    def put(key: str, value: object) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                # the "params" level is dropped: policy.params.chunk -> policy_chunk
+                put(key if k == "params" else f"{key}_{k}", v)
+        elif isinstance(value, (list, tuple)):
+            flat.setdefault(key, json.dumps(value, sort_keys=True))
+        elif key in flat:  # a param named like a top-level field keeps its params_ prefix
+            flat[key.replace("_", "_params_", 1)] = value
+        else:
+            flat[key] = value
+
+    for k, v in meta.items():
+        if k == "run_id":
+            continue
+        if isinstance(v, dict):
+            # top-level scalars of the section first, so params never shadow them
+            for kk, vv in v.items():
+                if not isinstance(vv, dict) and kk != "params":
+                    put(f"{k}_{kk}", vv)
+            for kk, vv in v.items():
+                if isinstance(vv, dict):
+                    put(f"{k}" if kk == "params" else f"{k}_{kk}", vv)
+        else:
+            put(k, v)
+    return flat
+
+
+def num_gpus(meta: dict) -> int:
+    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1)."""
+    engine = meta.get("engine") or {}
+    params = (meta.get("runner") or {}).get("params") or {}
+    tp = 1
+    for key in ("tp", "tensor_parallel", "tensor_parallel_size"):
+        if key in params:
+            try:
+                tp = int(params[key])
+            except (TypeError, ValueError):
+                pass
+            break
+    try:
+        replicas = int(engine.get("replicas", 1) or 1)
+    except (TypeError, ValueError):
+        replicas = 1
+    return max(1, replicas) * max(1, tp)
+
+
+def runs_table(runs: list[RunDir]) -> pa.Table:
+    """One row per run: id, path, GPUs and every run.json field flattened (mixed-type fields become strings)."""
+    rows = []
+    for r in runs:
+        row = {"run_id": r.run_id, "run_path": str(r.path), "num_gpus": num_gpus(r.meta)}
+        row.update(flatten_meta(r.meta))
+        rows.append(row)
+    keys: list[str] = []
+    for row in rows:
+        for k in row:
+            if k not in keys:
+                keys.append(k)
+    cols = {}
+    for k in keys:
+        values = [row.get(k) for row in rows]
+        try:
+            arr = pa.array(values)
+            if pa.types.is_null(arr.type):
+                arr = arr.cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            arr = pa.array([None if v is None else (json.dumps(v) if not isinstance(v, str) else v) for v in values])
+        cols[k] = arr
+    if not cols:
+        cols = {"run_id": pa.array([], pa.string()), "run_path": pa.array([], pa.string()), "num_gpus": pa.array([], pa.int64())}
+    return pa.table(cols)
+
+
+def _duck_type(t: pa.DataType) -> str:
+    return {
+        pa.int64(): "BIGINT",
+        pa.int32(): "INTEGER",
+        pa.float64(): "DOUBLE",
+        pa.string(): "VARCHAR",
+        pa.bool_(): "BOOLEAN",
+    }[t]
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _columns(con: duckdb.DuckDBPyConnection, files: list[str]) -> list[str]:
+    rel = con.sql(f"SELECT * FROM read_parquet([{', '.join(map(_sql_str, files))}], union_by_name=true) LIMIT 0")
+    return list(rel.columns)
+
+
+def _check_required(con: duckdb.DuckDBPyConnection, files: list[str], required: tuple[str, ...]) -> None:
+    for f in files:
+        present = set(con.sql(f"SELECT * FROM read_parquet({_sql_str(f)}) LIMIT 0").columns)
+        for col in required:
+            if col not in present:
+                raise InputError(f, "missing required column", column=col)
+
+
+def _select_list(present: list[str], schemas: list[pa.Schema]) -> str:
+    """Every schema column, NULL-typed where absent; extra columns in the files pass through too."""
+    known = []
+    items = []
+    for schema in schemas:
+        for field in schema:
+            known.append(field.name)
+            if field.name in present:
+                items.append(f"CAST(t.\"{field.name}\" AS {_duck_type(field.type)}) AS \"{field.name}\"")
+            else:
+                items.append(f"CAST(NULL AS {_duck_type(field.type)}) AS \"{field.name}\"")
+    items += [f't."{c}"' for c in present if c not in known and c not in ("filename", "run_id")]
+    return ", ".join(items)
+
+
+def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materialize: bool = False) -> None:
+    """Create `runs`, `requests`, `steps` (views over the Parquet files, or tables if ``materialize``)."""
+    if not runs:
+        raise ServelabError("no run directories given")
+    kind = "TABLE" if materialize else "VIEW"
+    con.register("_runs_arrow", runs_table(runs))
+    con.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM _runs_arrow")
+    con.unregister("_runs_arrow")
+    files = pa.table(
+        {
+            "run_id": [r.run_id for r in runs],
+            "requests_file": [str(r.requests_path) for r in runs],
+            "steps_file": [str(r.steps_path) if r.steps_path.exists() else None for r in runs],
+        }
+    )
+    con.register("_files_arrow", files)
+    con.execute("CREATE OR REPLACE TABLE _run_files AS SELECT * FROM _files_arrow")
+    con.unregister("_files_arrow")
+
+    req_files = [str(r.requests_path) for r in runs]
+    _check_required(con, req_files, REQUIRED_REQUEST_COLUMNS)
+    present = _columns(con, req_files)
+    select = _select_list(present, [REQUESTS_SCHEMA, OPTIONAL_REQUEST_COLUMNS])
+    con.execute(
+        f"CREATE OR REPLACE {kind} requests AS SELECT f.run_id, {select} "
+        f"FROM read_parquet([{', '.join(map(_sql_str, req_files))}], union_by_name=true, filename=true) t "
+        f"JOIN _run_files f ON f.requests_file = t.filename"
+    )
+
+    step_files = [str(r.steps_path) for r in runs if r.steps_path.exists()]
+    if step_files:
+        _check_required(con, step_files, REQUIRED_STEP_COLUMNS)
+        present = _columns(con, step_files)
+        select = _select_list(present, [STEPS_SCHEMA])
+        con.execute(
+            f"CREATE OR REPLACE {kind} steps AS SELECT f.run_id, {select} "
+            f"FROM read_parquet([{', '.join(map(_sql_str, step_files))}], union_by_name=true, filename=true) t "
+            f"JOIN _run_files f ON f.steps_file = t.filename"
+        )
+    else:
+        empty = ", ".join(f"CAST(NULL AS {_duck_type(f.type)}) AS \"{f.name}\"" for f in STEPS_SCHEMA)
+        con.execute(f"CREATE OR REPLACE {kind} steps AS SELECT CAST(NULL AS VARCHAR) AS run_id, {empty} WHERE false")

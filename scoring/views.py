@@ -1,0 +1,280 @@
+"""SQL of the derived views (request_metrics, slo_attainment, latency_summary, goodput, fairness, ...).
+
+They read only the base relations `requests`, `steps`, `runs` and `slo_table`, so the same SQL
+serves Parquet-backed views and a collected DuckDB file. Formulas are documented in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+# Percentiles every latency summary reports (DuckDB quantile_cont: linear interpolation, like numpy/vLLM).
+QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
+LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
+END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
+
+# TPOT per metric variant; the other columns are identical.
+TPOT_VARIANTS = {
+    # vLLM bench serve: decode time over the gaps after the first token
+    "request_metrics": "CASE WHEN output_tokens > 1 THEN (finish_s - first_token_s) / (output_tokens - 1) ELSE 0.0 END",
+    # GuideLLM: whole latency over all output tokens (includes TTFT)
+    "request_metrics_guidellm": "CASE WHEN output_tokens > 0 THEN (finish_s - arrival_s) / output_tokens END",
+    # DistServe simulator: decode time over all output tokens
+    "request_metrics_distserve": "CASE WHEN output_tokens > 0 THEN (finish_s - first_token_s) / output_tokens END",
+}
+
+RUN_SPAN = """
+CREATE OR REPLACE VIEW run_span AS
+WITH r AS (
+    SELECT run_id,
+           count(*) AS requests,
+           min(arrival_s) AS first_arrival_s,
+           max(arrival_s) AS last_arrival_s,
+           max(finish_s) FILTER (WHERE status = 'finished') AS last_finish_s,
+           max(greatest(arrival_s, coalesce(first_token_s, arrival_s), coalesce(finish_s, arrival_s))) AS last_event_s
+    FROM requests GROUP BY run_id
+), s AS (
+    SELECT run_id, max(start_s + duration_s) AS last_step_end_s FROM steps GROUP BY run_id
+)
+SELECT r.run_id, r.requests, r.first_arrival_s, r.last_arrival_s, r.last_finish_s,
+       greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)) AS end_s,
+       -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished)
+       nullif(coalesce(r.last_finish_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)))
+              - r.first_arrival_s, 0.0) AS duration_s,
+       CASE WHEN r.requests > 1 AND r.last_arrival_s > r.first_arrival_s
+            THEN (r.requests - 1) / (r.last_arrival_s - r.first_arrival_s) END AS offered_rate_rps,
+       coalesce(u.num_gpus, 1) AS num_gpus
+FROM r LEFT JOIN s USING (run_id) LEFT JOIN runs u USING (run_id)
+"""
+
+REQUEST_METRICS = """
+CREATE OR REPLACE VIEW {name} AS
+WITH base AS (
+    SELECT r.*,
+           r.status = 'finished' AS finished,
+           coalesce(r.ttft_slo_s, te.ttft_s, ti.ttft_s, g.ttft_s) AS eff_ttft_slo_s,
+           coalesce(r.tpot_slo_s, te.tpot_s, ti.tpot_s, g.tpot_s) AS eff_tpot_slo_s,
+           coalesce(r.e2e_slo_s, te.e2e_s, ti.e2e_s, g.e2e_s) AS eff_e2e_slo_s,
+           coalesce(r.max_stall_slo_s, te.max_stall_s, ti.max_stall_s, g.max_stall_s) AS eff_max_stall_slo_s,
+           sp.end_s AS run_end_s
+    FROM requests r
+    LEFT JOIN run_span sp ON sp.run_id = r.run_id
+    LEFT JOIN slo_table g ON g.scope = 'global'
+    LEFT JOIN slo_table ti ON ti.scope = 'tier' AND ti.name = r.tier
+    LEFT JOIN slo_table te ON te.scope = 'tenant' AND te.name = r.tenant
+), m AS (
+    SELECT run_id, request_id, tenant, tier, session_id, replica, status, reason, finished,
+           arrival_s, first_scheduled_s, first_token_s, finish_s,
+           prompt_tokens, output_tokens, generated_tokens, num_preemptions, num_retries, paused_s,
+           first_scheduled_s - arrival_s AS queue_s,
+           first_token_s - arrival_s AS ttft_s,
+           CASE WHEN finished THEN {tpot} END AS tpot_s,
+           CASE WHEN finished THEN finish_s - arrival_s END AS e2e_s,
+           max_itl_s,
+           -- a finished request with one token never waited between tokens
+           CASE WHEN finished THEN coalesce(max_itl_s, 0.0) END AS max_stall_s,
+           -- starvation: time until first scheduled, or until the run ended for one never scheduled
+           CASE WHEN first_scheduled_s IS NOT NULL THEN first_scheduled_s - arrival_s
+                WHEN status = 'unfinished' THEN run_end_s - arrival_s END AS wait_s,
+           eff_ttft_slo_s AS ttft_slo_s, eff_tpot_slo_s AS tpot_slo_s,
+           eff_e2e_slo_s AS e2e_slo_s, eff_max_stall_slo_s AS max_stall_slo_s
+    FROM base
+)
+SELECT *,
+       CASE WHEN ttft_slo_s IS NOT NULL THEN finished AND coalesce(ttft_s <= ttft_slo_s, false) END AS met_ttft,
+       CASE WHEN tpot_slo_s IS NOT NULL THEN finished AND coalesce(tpot_s <= tpot_slo_s, false) END AS met_tpot,
+       CASE WHEN e2e_slo_s IS NOT NULL THEN finished AND coalesce(e2e_s <= e2e_slo_s, false) END AS met_e2e,
+       CASE WHEN max_stall_slo_s IS NOT NULL THEN finished AND coalesce(max_stall_s <= max_stall_slo_s, false) END AS met_stall,
+       finished
+         AND (ttft_slo_s IS NULL OR coalesce(ttft_s <= ttft_slo_s, false))
+         AND (tpot_slo_s IS NULL OR coalesce(tpot_s <= tpot_slo_s, false))
+         AND (e2e_slo_s IS NULL OR coalesce(e2e_s <= e2e_slo_s, false))
+         AND (max_stall_slo_s IS NULL OR coalesce(max_stall_s <= max_stall_slo_s, false)) AS met_all
+FROM m
+"""
+
+# Grouping sets shared by the per-run summaries: the whole run, each tier, each tenant.
+_SCOPE = """
+    CASE WHEN grouping(tier) = 0 THEN 'tier' WHEN grouping(tenant) = 0 THEN 'tenant' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tier) = 0 THEN tier WHEN grouping(tenant) = 0 THEN tenant END AS name"""
+_SCOPE_ORDER = "run_id, CASE scope WHEN 'overall' THEN 0 WHEN 'tier' THEN 1 ELSE 2 END, name NULLS FIRST"
+
+_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES)
+
+SLO_ATTAINMENT = f"""
+CREATE OR REPLACE VIEW slo_attainment AS
+SELECT run_id, {_SCOPE},
+    count(*) AS requests,
+{_STATUS_COUNTS},
+    CAST(coalesce(sum(num_preemptions), 0) AS BIGINT) AS preemptions,
+    count(*) FILTER (WHERE num_preemptions > 0) AS preempted_requests,
+    count(*) FILTER (WHERE met_all) AS met_all,
+    count(*) FILTER (WHERE met_all) / count(*) AS attainment,
+    count(*) FILTER (WHERE met_ttft) / nullif(count(met_ttft), 0) AS attainment_ttft,
+    count(*) FILTER (WHERE met_tpot) / nullif(count(met_tpot), 0) AS attainment_tpot,
+    count(*) FILTER (WHERE met_e2e) / nullif(count(met_e2e), 0) AS attainment_e2e,
+    count(*) FILTER (WHERE met_stall) / nullif(count(met_stall), 0) AS attainment_stall
+FROM request_metrics
+GROUP BY GROUPING SETS ((run_id), (run_id, tier), (run_id, tenant))
+ORDER BY {_SCOPE_ORDER}
+"""
+
+_Q = "[" + ", ".join(repr(q) for q in QUANTILES) + "]"
+_Q_COLS = ", ".join(f"q[{i + 1}] AS {n}" for i, n in enumerate(QUANTILE_NAMES))
+
+LATENCY_SUMMARY = f"""
+CREATE OR REPLACE VIEW latency_summary AS
+WITH v AS (
+    UNPIVOT (SELECT run_id, tier, tenant, {", ".join(LATENCY_METRICS)} FROM request_metrics WHERE finished)
+    ON {", ".join(LATENCY_METRICS)} INTO NAME metric VALUE value
+), a AS (
+    SELECT run_id, {_SCOPE}, metric,
+           count(value) AS n, avg(value) AS mean, quantile_cont(value, {_Q}) AS q, min(value) AS min, max(value) AS max
+    FROM v
+    GROUP BY GROUPING SETS ((run_id, metric), (run_id, metric, tier), (run_id, metric, tenant))
+)
+SELECT run_id, scope, name, metric, n, mean, {_Q_COLS}, min, max FROM a
+ORDER BY {_SCOPE_ORDER}, metric
+"""
+
+GOODPUT = f"""
+CREATE OR REPLACE VIEW goodput AS
+WITH g AS (
+    SELECT run_id, {_SCOPE},
+        count(*) AS requests,
+        count(*) FILTER (WHERE finished) AS completed,
+        count(*) FILTER (WHERE met_all) AS met_all,
+        sum(output_tokens) FILTER (WHERE finished) AS completed_output_tokens,
+        sum(prompt_tokens + output_tokens) FILTER (WHERE finished) AS completed_total_tokens
+    FROM request_metrics
+    GROUP BY GROUPING SETS ((run_id), (run_id, tier), (run_id, tenant))
+)
+SELECT g.run_id, scope, name, g.requests, completed, met_all,
+       met_all / g.requests AS attainment,
+       sp.duration_s,
+       completed / sp.duration_s AS request_throughput_rps,
+       coalesce(completed_output_tokens, 0) / sp.duration_s AS output_throughput_tps,
+       coalesce(completed_total_tokens, 0) / sp.duration_s AS total_token_throughput_tps,
+       met_all / sp.duration_s AS goodput_rps,
+       sp.num_gpus,
+       met_all / sp.duration_s / sp.num_gpus AS goodput_rps_per_gpu,
+       sp.offered_rate_rps
+FROM g JOIN run_span sp USING (run_id)
+ORDER BY {_SCOPE_ORDER}
+"""
+
+TENANT_SUMMARY = """
+CREATE OR REPLACE VIEW tenant_summary AS
+SELECT m.run_id, tenant,
+    count(*) AS requests,
+    count(*) FILTER (WHERE finished) AS finished,
+    count(*) FILTER (WHERE status = 'unfinished') AS unfinished,
+    count(*) FILTER (WHERE status IN ('rejected', 'throttled', 'dropped')) AS refused,
+    count(*) FILTER (WHERE met_all) / count(*) AS attainment,
+    CAST(sum(prompt_tokens + output_tokens) AS BIGINT) AS tokens_demanded,
+    -- a prompt counts as served once its first token exists; outputs as generated
+    CAST(sum(CASE WHEN first_token_s IS NOT NULL THEN prompt_tokens ELSE 0 END + coalesce(generated_tokens, 0)) AS BIGINT) AS tokens_served,
+    sum(CASE WHEN first_token_s IS NOT NULL THEN prompt_tokens ELSE 0 END + coalesce(generated_tokens, 0))
+        / nullif(sum(prompt_tokens + output_tokens), 0) AS service_ratio,
+    quantile_cont(ttft_s, 0.5) FILTER (WHERE finished) AS ttft_p50_s,
+    quantile_cont(ttft_s, 0.99) FILTER (WHERE finished) AS ttft_p99_s,
+    quantile_cont(tpot_s, 0.5) FILTER (WHERE finished) AS tpot_p50_s,
+    quantile_cont(tpot_s, 0.99) FILTER (WHERE finished) AS tpot_p99_s,
+    max(wait_s) AS max_wait_s,
+    count(*) FILTER (WHERE met_all) / any_value(sp.duration_s) AS goodput_rps
+FROM request_metrics m JOIN run_span sp ON sp.run_id = m.run_id
+GROUP BY m.run_id, tenant
+ORDER BY m.run_id, tenant NULLS FIRST
+"""
+
+FAIRNESS = """
+CREATE OR REPLACE VIEW fairness AS
+SELECT run_id,
+    count(*) AS tenants,
+    -- Jain's index (sum x)^2 / (n sum x^2); NULL when every x is 0
+    sum(service_ratio) ^ 2 / nullif(count(service_ratio) * sum(service_ratio ^ 2), 0) AS jain_service,
+    sum(attainment) ^ 2 / nullif(count(attainment) * sum(attainment ^ 2), 0) AS jain_attainment,
+    min(service_ratio) AS min_service_ratio,
+    min(attainment) AS worst_tenant_attainment,
+    first(tenant ORDER BY attainment, tenant NULLS FIRST) AS worst_tenant,
+    max(max_wait_s) AS max_wait_s,
+    first(tenant ORDER BY max_wait_s DESC NULLS LAST, tenant NULLS FIRST) AS longest_wait_tenant
+FROM tenant_summary
+GROUP BY run_id
+ORDER BY run_id
+"""
+
+RESOURCE_SUMMARY = f"""
+CREATE OR REPLACE VIEW resource_summary AS
+SELECT run_id,
+    CASE WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
+    replica,
+    count(DISTINCT replica) AS replicas,
+    sum(duration_s) AS busy_s,
+    CAST(sum(num_iterations) AS BIGINT) AS iterations,
+    -- time-weighted: a stretch counts for as long as it lasted
+    sum(batch_requests * duration_s) / nullif(sum(duration_s), 0) AS mean_batch_requests,
+    max(batch_requests) AS max_batch_requests,
+    sum(kv_blocks_used / nullif(kv_blocks_total, 0) * duration_s) / nullif(sum(duration_s), 0) AS mean_kv_util,
+    max(kv_blocks_used / nullif(kv_blocks_total, 0)) AS max_kv_util,
+    sum(waiting * duration_s) / nullif(sum(duration_s), 0) AS mean_waiting,
+    max(waiting) AS max_waiting,
+    CAST(sum(prefill_tokens * num_iterations) AS BIGINT) AS prefill_tokens,
+    CAST(sum(decode_requests * num_iterations) AS BIGINT) AS decode_tokens,
+    CAST(sum(preemptions) AS BIGINT) AS preemptions
+FROM steps
+GROUP BY GROUPING SETS ((run_id), (run_id, replica))
+ORDER BY run_id, scope, replica
+"""
+
+REPLICA_BALANCE = """
+CREATE OR REPLACE VIEW replica_balance AS
+WITH req AS (
+    SELECT run_id, replica, count(*) AS requests FROM requests WHERE replica IS NOT NULL GROUP BY run_id, replica
+), busy AS (
+    SELECT run_id, replica, sum(duration_s) AS busy_s FROM steps GROUP BY run_id, replica
+), per AS (
+    SELECT run_id, replica, coalesce(req.requests, 0) AS requests, coalesce(busy.busy_s, 0.0) AS busy_s
+    FROM req FULL OUTER JOIN busy USING (run_id, replica)
+)
+SELECT run_id,
+    count(*) AS replicas,
+    min(requests) AS min_requests, max(requests) AS max_requests,
+    min(busy_s) AS min_busy_s, max(busy_s) AS max_busy_s,
+    max(busy_s) / nullif(avg(busy_s), 0) AS busy_max_over_mean,
+    sum(busy_s) ^ 2 / nullif(count(*) * sum(busy_s ^ 2), 0) AS jain_busy,
+    sum(requests) ^ 2 / nullif(count(*) * sum(requests ^ 2), 0) AS jain_requests
+FROM per
+GROUP BY run_id
+ORDER BY run_id
+"""
+
+ATTAINMENT_VS_RATE = """
+CREATE OR REPLACE VIEW attainment_vs_rate AS
+SELECT a.run_id, sp.offered_rate_rps, a.requests, a.attainment, g.goodput_rps, g.request_throughput_rps
+FROM slo_attainment a
+JOIN goodput g ON g.run_id = a.run_id AND g.scope = 'overall'
+JOIN run_span sp ON sp.run_id = a.run_id
+WHERE a.scope = 'overall'
+ORDER BY sp.offered_rate_rps NULLS LAST, a.run_id
+"""
+
+# Creation order matters: each view reads the ones before it.
+DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
+    ("run_span", RUN_SPAN),
+    *((name, REQUEST_METRICS.format(name=name, tpot=tpot)) for name, tpot in TPOT_VARIANTS.items()),
+    ("slo_attainment", SLO_ATTAINMENT),
+    ("latency_summary", LATENCY_SUMMARY),
+    ("goodput", GOODPUT),
+    ("tenant_summary", TENANT_SUMMARY),
+    ("fairness", FAIRNESS),
+    ("resource_summary", RESOURCE_SUMMARY),
+    ("replica_balance", REPLICA_BALANCE),
+    ("attainment_vs_rate", ATTAINMENT_VS_RATE),
+)
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    for _, sql in DERIVED_VIEWS:
+        con.execute(sql)
