@@ -1,0 +1,130 @@
+"""Named model and GPU presets (frozen dataclasses in tables) that cost models and runners share.
+
+Model shapes are copied from each model's Hugging Face ``config.json``; GPU figures from the vendor
+datasheets (dense, i.e. without structured sparsity). ``memory_mib`` is what ``nvidia-smi`` reports
+as total memory, which is what vLLM's ``gpu_memory_utilization`` multiplies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from servelab.common.errors import ServelabError
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPreset:
+    name: str
+    hf_id: str  # where the shape comes from
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int  # intermediate size of the (gated) MLP
+    vocab_size: int
+    dtype: str = "bfloat16"
+    gated_mlp: bool = True  # SwiGLU: up and gate projections, so 3 weight matrices
+    tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"model preset {self.name}: unknown dtype {self.dtype}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model preset {self.name}: heads must be a multiple of KV heads")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        h, f = self.hidden_size, self.ffn_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h  # attention
+        per_layer += (3 if self.gated_mlp else 2) * h * f + 2 * h  # MLP + two norms
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h  # + final norm
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token, over the whole model (all TP shards together)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPreset:
+    name: str
+    description: str
+    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s
+    hbm_bytes_per_s: float
+    memory_mib: int  # total device memory as nvidia-smi reports it
+    interconnect_bytes_per_s: float  # per direction, per GPU (NVLink, or PCIe when there is none)
+    interconnect: str
+    calibration: str  # which profiled GPU's efficiencies it uses (see runners/roofline_calibration.json)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 1024 * 1024
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        return self.peak_flops / self.hbm_bytes_per_s
+
+
+def _models(*presets: ModelPreset) -> dict[str, ModelPreset]:
+    return {p.name: p for p in presets}
+
+
+MODELS: dict[str, ModelPreset] = _models(
+    ModelPreset("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 128, 14336, 128256),
+    ModelPreset("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256),
+    ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064),
+    ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064),
+    ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064),
+    ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768),
+    # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
+    ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
+)
+
+GPUS: dict[str, GpuPreset] = {
+    g.name: g
+    for g in (
+        GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100"),
+        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100"),
+        GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100"),
+        GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40"),
+        GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40"),
+    )
+}
+
+
+def get_model(name: str) -> ModelPreset:
+    try:
+        return MODELS[name.lower()]
+    except KeyError:
+        raise ServelabError(f"unknown model preset '{name}' (known: {', '.join(MODELS)})") from None
+
+
+def get_gpu(name: str) -> GpuPreset:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ServelabError(f"unknown GPU preset '{name}' (known: {', '.join(GPUS)})") from None
+
+
+def preset_dict(preset: ModelPreset | GpuPreset) -> dict:
+    return asdict(preset)

@@ -1,0 +1,344 @@
+"""`roofline`: price an iteration per operator group as max(compute, memory) at calibrated efficiencies.
+
+Each operator group of one transformer layer (QKV/O projections, MLP up/act/down, norms, RoPE,
+residual add, attention) costs ``latency + max(flops / (peak x eff_compute), bytes / (bw x
+eff_memory))`` on one tensor-parallel shard; the step adds the embedding, the LM head for every
+sequence in the batch, two ring all-reduces per layer under TP, and the engine's CPU overhead.
+The efficiencies and latencies come from ``roofline_calibration.json`` (fitted to public vidur
+profiles by ``servelab.runners.calibration``), so nothing here is a guessed constant.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+
+from servelab.common.errors import ServelabError
+from servelab.runners.base import RUNNERS, StepPlan, StepShape
+from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, get_model
+
+CALIBRATION_FILE = "roofline_calibration.json"
+
+# vLLM's profile run sizes activations for a full token budget and reserves logits for a full
+# batch before handing the rest of gpu_memory_utilization to the KV cache.
+ACTIVATION_TOKENS = 8192
+LOGIT_SEQS = 256
+NON_TORCH_BYTES = 1 << 30  # CUDA context, cuBLAS workspaces, CUDA graphs, NCCL buffers
+
+
+@dataclass(frozen=True, slots=True)
+class OpWork:
+    """Work of one operator call on one TP shard for ``T`` tokens: flops = f*T, bytes = w + b*T."""
+
+    flops_per_token: float
+    fixed_bytes: float  # weights, read once per call whatever the batch
+    bytes_per_token: float  # activations in and out
+    calls: int = 1  # calls per layer
+
+
+# The linear and elementwise operator groups of one layer, named as in vidur's mlp.csv.
+LAYER_OPS = ("qkv_proj", "o_proj", "mlp_up", "mlp_act", "mlp_down", "norm", "rope", "add")
+VIDUR_OP_COLUMNS = {
+    "qkv_proj": ("attn_pre_proj",),
+    "o_proj": ("attn_post_proj",),
+    "mlp_up": ("mlp_up_proj",),
+    "mlp_act": ("mlp_act",),
+    "mlp_down": ("mlp_down_proj",),
+    "norm": ("input_layernorm", "post_attention_layernorm"),
+    "rope": ("attn_rope",),
+    "add": ("add",),
+    "emb": ("emb",),
+}
+
+
+def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
+    """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out)."""
+    h, d = model.hidden_size, model.dtype_bytes
+    qkv = (model.q_size + 2 * model.kv_size) / tp
+    q = model.q_size / tp
+    up = (2 if model.gated_mlp else 1) * model.ffn_size / tp
+    f = model.ffn_size / tp
+    return {
+        "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
+        "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
+        "mlp_up": OpWork(2 * h * up, h * up * d, (h + up) * d),
+        "mlp_act": OpWork(0.0, 0.0, (up + f) * d),
+        "mlp_down": OpWork(2 * f * h, f * h * d, (f + h) * d),
+        # vLLM fuses the residual add into the two RMSNorms; vidur times them apart (one add).
+        "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
+        "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
+        "add": OpWork(0.0, 0.0, 3 * h * d),
+    }
+
+
+def embedding_op(model: ModelPreset) -> OpWork:
+    return OpWork(0.0, 0.0, 2 * model.hidden_size * model.dtype_bytes)  # gather a row, write it
+
+
+def lm_head_op(model: ModelPreset, tp: int) -> OpWork:
+    """Per sequence that gets logits; the vocabulary is split across shards."""
+    h, v, d = model.hidden_size, model.vocab_size / tp, model.dtype_bytes
+    return OpWork(2 * h * v, h * v * d, h * d + 4 * v)  # float32 logits
+
+
+@dataclass(frozen=True, slots=True)
+class OpCalibration:
+    eff_compute: float
+    eff_memory: float
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCalibration:
+    """Everything fitted for one profiled GPU (see roofline_calibration.json for provenance)."""
+
+    ops: dict[str, OpCalibration]
+    prefill_attention: OpCalibration
+    decode_attention_latency_s: float
+    decode_attention_per_seq_s: float
+    decode_attention_eff_memory: float
+    all_reduce_latency_s: float
+    all_reduce_eff: float
+    cpu_base_s: float
+    cpu_per_seq_s: float
+    cpu_per_extra_worker_s: float
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "GpuCalibration":
+        ops = {name: OpCalibration(**vals) for name, vals in raw["ops"].items()}
+        dec, ar, cpu = raw["decode_attention"], raw["all_reduce"], raw["cpu_overhead"]
+        return cls(
+            ops=ops,
+            prefill_attention=OpCalibration(**raw["prefill_attention"]),
+            decode_attention_latency_s=dec["latency_s"],
+            decode_attention_per_seq_s=dec["per_seq_s"],
+            decode_attention_eff_memory=dec["eff_memory"],
+            all_reduce_latency_s=ar["latency_s"],
+            all_reduce_eff=ar["eff"],
+            cpu_base_s=cpu["base_s"],
+            cpu_per_seq_s=cpu["per_seq_s"],
+            cpu_per_extra_worker_s=cpu["per_extra_worker_s"],
+        )
+
+
+def load_calibration_file() -> dict:
+    return json.loads(resources.files("servelab.runners").joinpath(CALIBRATION_FILE).read_text())
+
+
+def load_calibration(key: str) -> GpuCalibration:
+    data = load_calibration_file()
+    try:
+        return GpuCalibration.from_json(data["gpus"][key])
+    except KeyError:
+        raise ServelabError(f"{CALIBRATION_FILE} has no calibration '{key}' (has: {', '.join(data['gpus'])})") from None
+
+
+def op_time_s(work: OpWork, cal: OpCalibration, gpu: GpuPreset, tokens: float) -> float:
+    """Roofline time of ``work.calls`` calls on ``tokens`` tokens (0 when there are none)."""
+    if tokens <= 0:
+        return 0.0
+    compute = work.flops_per_token * tokens / (gpu.peak_flops * cal.eff_compute)
+    memory = (work.fixed_bytes + work.bytes_per_token * tokens) / (gpu.hbm_bytes_per_s * cal.eff_memory)
+    return work.calls * (cal.latency_s + max(compute, memory))
+
+
+def activation_reserve_bytes(model: ModelPreset, tp: int) -> int:
+    """Per GPU: peak MLP activations for a full token budget, batch logits, non-torch memory."""
+    up = (2 if model.gated_mlp else 1) * model.ffn_size // tp
+    act = ACTIVATION_TOKENS * (up + model.ffn_size // tp + 2 * model.hidden_size) * model.dtype_bytes
+    logits = LOGIT_SEQS * (model.vocab_size // tp) * 4
+    return act + logits + NON_TORCH_BYTES
+
+
+def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_utilization: float = 0.9) -> int:
+    """KV tokens one replica of ``tp`` GPUs holds: what vLLM's memory profiling leaves for the cache."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    per_gpu = gpu.memory_bytes * gpu_memory_utilization - model.weight_bytes / tp - activation_reserve_bytes(model, tp)
+    if per_gpu <= 0:
+        raise ServelabError(
+            f"{model.name} does not fit on {tp} x {gpu.name} at gpu_memory_utilization="
+            f"{gpu_memory_utilization}: weights alone need {model.weight_bytes / tp / 2**30:.1f} GiB per GPU"
+        )
+    return int(per_gpu * tp // model.kv_bytes_per_token)
+
+
+@dataclass(frozen=True)
+class RooflineRunner:
+    model: ModelPreset
+    gpu: GpuPreset
+    tp: int
+    calibration: GpuCalibration
+    cpu_overhead_scale: float = 1.0  # 0 prices the GPU alone
+    name: str = "roofline"
+    # Per-op constants folded once so that step_time is a few dozen float operations.
+    _ops: tuple = field(init=False, repr=False)
+    _head: tuple = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        m, g, tp = self.model, self.gpu, self.tp
+        if tp < 1 or m.num_heads % tp or m.num_kv_heads % tp:
+            raise ServelabError(
+                f"runner 'roofline': tp={tp} must divide the {m.name} head counts "
+                f"({m.num_heads} query heads, {m.num_kv_heads} KV heads)"
+            )
+        missing = set(LAYER_OPS + ("emb",)) - set(self.calibration.ops)
+        if missing:
+            raise ServelabError(f"{CALIBRATION_FILE}: calibration '{g.calibration}' lacks ops {sorted(missing)}")
+        object.__setattr__(self, "_ops", tuple(self._fold(w, self.calibration.ops[n]) for n, w in layer_ops(m, tp).items()))
+        object.__setattr__(
+            self,
+            "_head",
+            (
+                self._fold(embedding_op(m), self.calibration.ops["emb"]),
+                self._fold(layer_ops(m, tp)["norm"], self.calibration.ops["norm"], calls=1),  # final norm
+                self._fold(lm_head_op(m, tp), self.calibration.ops["mlp_up"]),  # a wide GEMM like mlp_up
+            ),
+        )
+
+    def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
+        bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
+        return (
+            float(work.calls if calls is None else calls),
+            cal.latency_s,
+            work.flops_per_token / (self.gpu.peak_flops * cal.eff_compute),
+            work.fixed_bytes / bw,
+            work.bytes_per_token / bw,
+        )
+
+    @staticmethod
+    def _op(folded: tuple[float, ...], tokens: int) -> float:
+        calls, lat, compute, fixed, per_token = folded
+        return calls * (lat + max(compute * tokens, fixed + per_token * tokens))
+
+    # --- per-shard attention work per layer -------------------------------------------------
+    @property
+    def _kv_bytes_per_token_layer_shard(self) -> float:
+        return 2 * self.model.kv_size / self.tp * self.model.dtype_bytes
+
+    def decode_attention_s(self, num_seqs: int, context_tokens: int) -> float:
+        """Memory-bound by construction: linear in the KV tokens read (see docs/runners.md)."""
+        if num_seqs <= 0:
+            return 0.0
+        c = self.calibration
+        bw = self.gpu.hbm_bytes_per_s * c.decode_attention_eff_memory
+        qo_bytes = 2 * self.model.q_size / self.tp * self.model.dtype_bytes
+        return (
+            c.decode_attention_latency_s
+            + c.decode_attention_per_seq_s * num_seqs
+            + (context_tokens * self._kv_bytes_per_token_layer_shard + num_seqs * qo_bytes) / bw
+        )
+
+    def prefill_attention_s(self, shape: StepShape) -> float:
+        if shape.prefill_tokens <= 0:
+            return 0.0
+        cal, m = self.calibration.prefill_attention, self.model
+        flops = 4.0 * shape.prefill_attention_pairs * m.head_dim * m.num_heads / self.tp
+        nbytes = (
+            shape.prefill_context_tokens * self._kv_bytes_per_token_layer_shard
+            + shape.prefill_tokens * 2 * m.q_size / self.tp * m.dtype_bytes
+        )
+        compute = flops / (self.gpu.peak_flops * cal.eff_compute)
+        memory = nbytes / (self.gpu.hbm_bytes_per_s * cal.eff_memory)
+        return cal.latency_s + max(compute, memory)
+
+    def all_reduce_s(self, tokens: int) -> float:
+        """Ring all-reduce of the hidden states: 2(p-1)/p x bytes over the link, plus a latency."""
+        if self.tp == 1 or tokens <= 0:
+            return 0.0
+        c, p = self.calibration, self.tp
+        nbytes = tokens * self.model.hidden_size * self.model.dtype_bytes
+        return c.all_reduce_latency_s + 2 * (p - 1) / p * nbytes / (self.gpu.interconnect_bytes_per_s * c.all_reduce_eff)
+
+    def cpu_overhead_s(self, num_seqs: int) -> float:
+        c = self.calibration
+        return self.cpu_overhead_scale * (
+            c.cpu_base_s + c.cpu_per_seq_s * num_seqs + c.cpu_per_extra_worker_s * (self.tp - 1)
+        )
+
+    # --- the Runner protocol ----------------------------------------------------------------
+    def step_time(self, plan: StepPlan) -> float:
+        s = plan.shape
+        tokens = s.prefill_tokens + s.decode_seqs
+        if tokens <= 0:
+            return 0.0
+        seqs = s.prefill_seqs + s.decode_seqs
+        op = self._op
+        layer = sum(op(f, tokens) for f in self._ops)
+        layer += self.prefill_attention_s(s) + 2 * self.all_reduce_s(tokens)
+        layer += self.decode_attention_s(s.decode_seqs, s.decode_context_tokens)
+        emb, final_norm, lm_head = self._head
+        # vLLM computes logits at the last scheduled position of every sequence, partial prefills too.
+        once = op(emb, tokens) + op(final_norm, tokens) + op(lm_head, seqs)
+        return self.model.num_layers * layer + once + self.cpu_overhead_s(seqs)
+
+    def decode_affine(self, num_seqs: int) -> tuple[float, float]:
+        a = self.step_time(StepPlan(StepShape(decode_seqs=num_seqs)))
+        bw = self.gpu.hbm_bytes_per_s * self.calibration.decode_attention_eff_memory
+        b = self.model.num_layers * self._kv_bytes_per_token_layer_shard / bw if num_seqs > 0 else 0.0
+        return a, b
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        return kv_capacity_tokens(self.model, self.gpu, self.tp, gpu_memory_utilization)
+
+    def describe(self) -> dict:
+        return {
+            "runner": self.name,
+            "model": asdict(self.model),
+            "gpu": asdict(self.gpu),
+            "tp": self.tp,
+            "cpu_overhead_scale": self.cpu_overhead_scale,
+            "calibration_key": self.gpu.calibration,
+            "calibration": asdict(self.calibration),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_capacity_tokens_at_0.9": self.kv_capacity_tokens(0.9) if self._fits() else None,
+        }
+
+    def _fits(self) -> bool:
+        try:
+            self.kv_capacity_tokens(0.9)
+        except ServelabError:
+            return False
+        return True
+
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "h100-80gb"
+PARAMS = ("model", "gpu", "tp", "cpu_overhead")
+
+
+def _int_param(key: str, raw: object) -> int:
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise ServelabError(f"runner 'roofline': {key} needs an integer, got '{raw}'") from None
+    return value
+
+
+@RUNNERS.register("roofline")
+def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
+    """``roofline:model=llama-3.1-8b,gpu=h100-80gb,tp=1`` (spec values win over CLI context)."""
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise ServelabError(f"runner 'roofline': unknown parameter '{unknown[0]}' (parameters: {', '.join(PARAMS)})")
+
+    def pick(key: str, default: object) -> object:
+        if key in params:
+            return params[key]
+        return context.get(key) if context.get(key) is not None else default
+
+    model = get_model(str(pick("model", DEFAULT_MODEL)))
+    gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
+    tp = _int_param("tp", pick("tp", 1))
+    try:
+        scale = float(params.get("cpu_overhead", "1"))
+    except ValueError:
+        raise ServelabError(f"runner 'roofline': cpu_overhead needs a number, got '{params['cpu_overhead']}'") from None
+    if scale < 0:
+        raise ServelabError(f"runner 'roofline': cpu_overhead must be >= 0, got {scale}")
+    return RooflineRunner(model, gpu, tp, load_calibration(gpu.calibration), cpu_overhead_scale=scale)

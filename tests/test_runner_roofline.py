@@ -1,0 +1,208 @@
+"""The roofline runner: presets, hand-checked formulas, exact decode_affine, KV sizing, factory errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from servelab.common.errors import ServelabError
+from servelab.runners.base import StepPlan, StepShape, make_runner
+from servelab.runners.presets import GPUS, MODELS, get_gpu, get_model
+from servelab.runners.roofline import (
+    ACTIVATION_TOKENS,
+    LOGIT_SEQS,
+    NON_TORCH_BYTES,
+    RooflineRunner,
+    layer_ops,
+    load_calibration,
+    load_calibration_file,
+    op_time_s,
+)
+
+
+def plan(**counts) -> StepPlan:
+    return StepPlan(StepShape(**counts))
+
+
+def prefill(chunk: int, context: int = 0) -> StepPlan:
+    return plan(
+        prefill_tokens=chunk,
+        prefill_seqs=1,
+        prefill_context_tokens=context + chunk,
+        prefill_attention_pairs=chunk * context + chunk * (chunk + 1) // 2,
+    )
+
+
+@pytest.mark.parametrize(
+    "name, billions",
+    # Published parameter counts (model cards); Qwen's QKV biases (~0.01%) are left out.
+    [("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.55), ("qwen2.5-7b", 7.62), ("qwen2.5-32b", 32.76),
+     ("qwen2.5-72b", 72.71), ("mistral-7b", 7.25)],
+)
+def test_model_presets_match_published_parameter_counts(name, billions):
+    assert get_model(name).num_params / 1e9 == pytest.approx(billions, rel=0.005)
+
+
+def test_kv_bytes_per_token_is_k_and_v_of_every_layer():
+    m = get_model("llama-3.1-8b")
+    assert m.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
+    assert make_runner("roofline:model=llama-3.1-70b,tp=4").kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+
+
+def test_required_presets_exist_and_unknown_names_list_known():
+    assert {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b", "mistral-7b", "tiny"} <= set(MODELS)
+    assert {"a100-80gb", "h100-80gb", "h200", "l40s", "a40"} <= set(GPUS)
+    with pytest.raises(ServelabError, match="unknown GPU preset 'b200'.*h100-80gb"):
+        get_gpu("b200")
+    with pytest.raises(ServelabError, match="unknown model preset 'gpt-5'.*llama-3.1-8b"):
+        get_model("gpt-5")
+
+
+def test_op_time_is_latency_plus_max_of_compute_and_memory():
+    gpu = get_gpu("h100-80gb")
+    cal = load_calibration("h100").ops["qkv_proj"]
+    work = layer_ops(get_model("llama-3.1-8b"), 1)["qkv_proj"]
+    # QKV of Llama-3.1-8B: 4096 x (4096 + 2 x 1024) weights.
+    assert work.fixed_bytes == 4096 * 6144 * 2
+    for tokens in (1, 64, 4096):
+        compute = 2 * 4096 * 6144 * tokens / (989e12 * cal.eff_compute)
+        memory = (4096 * 6144 * 2 + tokens * (4096 + 6144) * 2) / (3.35e12 * cal.eff_memory)
+        assert op_time_s(work, cal, gpu, tokens) == pytest.approx(cal.latency_s + max(compute, memory), rel=1e-12)
+    # One token reads every weight for 2 FLOPs per weight: memory-bound. 4096 tokens: compute-bound.
+    assert 2 * 4096 * 6144 / (989e12 * cal.eff_compute) < 4096 * 6144 * 2 / (3.35e12 * cal.eff_memory)
+    assert 2 * 4096 * 6144 * 4096 / (989e12 * cal.eff_compute) > (4096 * 6144 * 2 + 4096 * 10240 * 2) / (3.35e12 * cal.eff_memory)
+
+
+@pytest.mark.parametrize("spec", ["roofline", "roofline:model=llama-3.1-70b,gpu=a100-80gb,tp=4",
+                                  "roofline:model=qwen2.5-7b,gpu=l40s", "roofline:model=mistral-7b,gpu=h200,tp=2",
+                                  "roofline:model=tiny,gpu=a40,cpu_overhead=0"])
+def test_decode_affine_reproduces_pure_decode_steps(spec):
+    runner = make_runner(spec)
+    for n in (1, 3, 32, 256):
+        a, b = runner.decode_affine(n)
+        assert b > 0
+        for context in (n, 17 * n + 5, 1000 * n, 123_457):
+            step = runner.step_time(plan(decode_seqs=n, decode_context_tokens=context))
+            assert step == pytest.approx(a + b * context, rel=1e-12, abs=0)
+
+
+def test_decode_affine_slope_is_kv_bytes_over_calibrated_bandwidth():
+    runner = make_runner("roofline:model=llama-3.1-8b,gpu=h100-80gb")
+    eff = runner.calibration.decode_attention_eff_memory
+    assert runner.decode_affine(8)[1] == pytest.approx(131072 / (3.35e12 * eff), rel=1e-12)
+
+
+def test_step_time_grows_with_every_count():
+    r = make_runner("roofline")
+    base = r.step_time(plan(decode_seqs=16, decode_context_tokens=16_000))
+    assert r.step_time(plan(decode_seqs=17, decode_context_tokens=16_000)) > base
+    assert r.step_time(plan(decode_seqs=16, decode_context_tokens=32_000)) > base
+    assert r.step_time(prefill(2048, 4096)) > r.step_time(prefill(2048, 0)) > r.step_time(prefill(512, 0))
+    assert r.step_time(plan()) == 0.0
+
+
+def test_cpu_overhead_is_additive_and_switchable():
+    on, off = make_runner("roofline"), make_runner("roofline:cpu_overhead=0")
+    p = plan(decode_seqs=32, decode_context_tokens=32_000)
+    cal = on.calibration
+    assert on.step_time(p) - off.step_time(p) == pytest.approx(cal.cpu_base_s + 32 * cal.cpu_per_seq_s, rel=1e-9)
+
+
+def test_tensor_parallel_prices_two_ring_all_reduces_per_layer():
+    r1 = make_runner("roofline:model=llama-3.1-70b,tp=1,cpu_overhead=0")
+    r4 = make_runner("roofline:model=llama-3.1-70b,tp=4,cpu_overhead=0")
+    c = r4.calibration
+    tokens = 512
+    expected = c.all_reduce_latency_s + 2 * 3 / 4 * tokens * 8192 * 2 / (450e9 * c.all_reduce_eff)
+    assert r4.all_reduce_s(tokens) == pytest.approx(expected, rel=1e-12)
+    assert r1.all_reduce_s(tokens) == 0.0
+    # Splitting weights four ways speeds a memory-bound decode up, but by less than 4x (all-reduces, latencies).
+    p = plan(decode_seqs=8, decode_context_tokens=8000)
+    assert r1.step_time(p) / 4 < r4.step_time(p) < r1.step_time(p)
+
+
+def test_kv_capacity_matches_hand_computation():
+    r = make_runner("roofline:model=llama-3.1-8b,gpu=h100-80gb")
+    m = r.model
+    reserve = ACTIVATION_TOKENS * (2 * 14336 + 14336 + 2 * 4096) * 2 + LOGIT_SEQS * 128256 * 4 + NON_TORCH_BYTES
+    free = 81559 * 2**20 * 0.9 - m.num_params * 2 - reserve
+    assert r.kv_capacity_tokens(0.9) == int(free // 131072)
+    assert 400_000 < r.kv_capacity_tokens(0.9) < 480_000  # ~55 GiB of KV left beside 15 GiB of weights
+    assert r.kv_capacity_tokens(0.5) < r.kv_capacity_tokens(0.9)
+    # TP 2 halves the weights per GPU and doubles the memory: more than twice the KV.
+    assert make_runner("roofline:tp=2").kv_capacity_tokens() > 2 * r.kv_capacity_tokens()
+
+
+def test_kv_capacity_errors_when_the_model_does_not_fit():
+    r = make_runner("roofline:model=llama-3.1-70b,gpu=a40,tp=1")
+    with pytest.raises(ServelabError, match="does not fit on 1 x a40"):
+        r.kv_capacity_tokens()
+    with pytest.raises(ServelabError, match="gpu_memory_utilization"):
+        make_runner("roofline").kv_capacity_tokens(1.5)
+    assert r.describe()["kv_capacity_tokens_at_0.9"] is None
+
+
+def test_describe_is_json_and_names_everything_needed_to_rebuild():
+    d = make_runner("roofline:model=qwen2.5-32b,gpu=h200,tp=2").describe()
+    json.dumps(d)
+    assert (d["model"]["name"], d["gpu"]["name"], d["tp"], d["calibration_key"]) == ("qwen2.5-32b", "h200", 2, "h100")
+    assert d["calibration"]["ops"]["mlp_up"]["eff_compute"] > 0
+
+
+def test_factory_takes_cli_context_and_spec_values_win():
+    r = make_runner("roofline", model="mistral-7b", gpu="a100-80gb", tp=2)
+    assert (r.model.name, r.gpu.name, r.tp) == ("mistral-7b", "a100-80gb", 2)
+    r = make_runner("roofline:gpu=l40s", model="mistral-7b", gpu="a100-80gb", tp=None)
+    assert (r.model.name, r.gpu.name, r.tp) == ("mistral-7b", "l40s", 1)
+    default = make_runner("roofline")
+    assert (default.model.name, default.gpu.name, default.tp, default.name) == ("llama-3.1-8b", "h100-80gb", 1, "roofline")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("roofline:flops=1", "unknown parameter 'flops'"),
+        ("roofline:tp=3", "tp=3 must divide"),
+        ("roofline:model=qwen2.5-7b,tp=8", "tp=8 must divide"),
+        ("roofline:tp=two", "tp needs an integer"),
+        ("roofline:cpu_overhead=-1", "cpu_overhead must be >= 0"),
+        ("roofline:gpu=tpu", "unknown GPU preset 'tpu'"),
+    ],
+)
+def test_factory_rejects_bad_parameters(spec, message):
+    with pytest.raises(ServelabError, match=message):
+        make_runner(spec)
+
+
+def test_every_gpu_preset_has_a_packaged_calibration_with_provenance():
+    data = load_calibration_file()
+    assert "microsoft/vidur" in data["source"]["repository"] and "MIT" in data["source"]["licence"]
+    assert data["source"]["files"] and all(len(f["sha256"]) == 64 for f in data["source"]["files"])
+    for gpu in GPUS.values():
+        cal = load_calibration(gpu.calibration)
+        for op in cal.ops.values():
+            assert 0 < op.eff_compute <= 1 and 0 < op.eff_memory <= 1 and op.latency_s >= 0
+    assert "attention" in data["gpus"]["h100"]["derived"]  # H100 attention is transferred, and says so
+
+
+def test_step_time_is_fast_enough_for_per_iteration_calls():
+    import time
+
+    r = make_runner("roofline")
+    p = plan(prefill_tokens=512, prefill_seqs=1, prefill_context_tokens=1024, prefill_attention_pairs=400_000,
+             decode_seqs=60, decode_context_tokens=60_000)
+    start = time.perf_counter()
+    for _ in range(2000):
+        r.step_time(p)
+    per_call = (time.perf_counter() - start) / 2000
+    assert per_call < 100e-6  # measured ~4 us; generous for a loaded 2-core CI box
+    assert math.isfinite(r.step_time(p))
+
+
+def test_runner_is_frozen():
+    r = make_runner("roofline")
+    assert isinstance(r, RooflineRunner)
+    with pytest.raises(AttributeError):
+        r.tp = 2
