@@ -36,13 +36,17 @@ class BlockAllocator:
     either in the free heap or marked used, never both.
     """
 
-    __slots__ = ("num_blocks", "_free", "_used")
+    __slots__ = ("num_blocks", "first_id", "_free", "_used")
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, first_id: int = 0):
+        """Ids ``first_id .. first_id + num_blocks - 1`` (replicas sharing one pool get disjoint ranges)."""
         if num_blocks < 1:
             raise ServelabError(f"KV block allocator needs num_blocks >= 1, got {num_blocks}")
+        if first_id < 0:
+            raise ServelabError(f"KV block allocator needs first_id >= 0, got {first_id}")
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks))  # sorted, hence already a valid heap
+        self.first_id = first_id
+        self._free = list(range(first_id, first_id + num_blocks))  # sorted, hence already a valid heap
         self._used = bytearray(num_blocks)
 
     @property
@@ -65,14 +69,15 @@ class BlockAllocator:
             )
         ids = [heapq.heappop(self._free) for _ in range(n)]
         for i in ids:
-            self._used[i] = 1
+            self._used[i - self.first_id] = 1
         return ids
 
     def free(self, ids: Sequence[int]) -> None:
         for i in ids:
-            if not 0 <= i < self.num_blocks or not self._used[i]:
+            j = i - self.first_id
+            if not 0 <= j < self.num_blocks or not self._used[j]:
                 raise ValueError(f"KV block {i} is not allocated (double free or foreign id)")
-            self._used[i] = 0
+            self._used[j] = 0
             heapq.heappush(self._free, i)
 
 

@@ -62,6 +62,7 @@ class TorchRunner:
     attention: str = "auto"  # auto | sdpa | paged | gather
     activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB
     warmup: bool = True
+    threads: int | None = None  # CPU: torch's intra-op threads (process-wide); tiny models run best on 1
     name: str = field(default="torch", init=False)
     needs_block_tables: bool = field(default=True, init=False)
 
@@ -77,6 +78,10 @@ class TorchRunner:
             raise ServelabError(f"runner 'torch': device '{self.device}' requested but CUDA is not available")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ServelabError(f"runner 'torch': device must be cpu or cuda[:N], got '{self.device}'")
+        if self.threads is not None:
+            if self.threads < 1:
+                raise ServelabError(f"runner 'torch': threads must be >= 1, got {self.threads}")
+            torch.set_num_threads(self.threads)
         self.dtype = self.dtype or ("bfloat16" if self.is_cuda else "float32")
         if self.dtype not in DTYPES:
             raise ServelabError(f"runner 'torch': dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
@@ -170,6 +175,22 @@ class TorchRunner:
     def total_blocks(self) -> int:
         """Blocks in the pool (sizing it at 0.9 utilisation if nothing sized it yet): the engine's allocator size."""
         return self._pool().num_blocks
+
+    def make_allocator(self, replica: int, num_blocks: int):
+        """The engine's block allocator for ``replica``: ``num_blocks`` ids of this runner's pool.
+
+        Replicas replayed on one runner get disjoint id ranges of the same pool.
+        """
+        from servelab.runners.paged_kv import BlockAllocator
+
+        pool = self._pool().num_blocks
+        if replica < 0 or (replica + 1) * num_blocks > pool:
+            raise ServelabError(
+                f"runner 'torch': replica {replica} wants KV blocks {replica * num_blocks}..{(replica + 1) * num_blocks - 1} "
+                f"but the pool has {pool} blocks of {self.block_size} tokens (is the engine's block_size "
+                f"{self.block_size}? set num_gpu_blocks / num_blocks to fit)"
+            )
+        return BlockAllocator(num_blocks, first_id=replica * num_blocks)
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -292,7 +313,7 @@ class TorchRunner:
 
 
 PARAMS = ("model", "device", "dtype", "weights", "seed", "num_blocks", "block_size", "attention",
-          "activation_reserve_gib", "warmup")
+          "activation_reserve_gib", "warmup", "threads")
 
 
 @RUNNERS.register("torch")
@@ -347,4 +368,5 @@ def make_torch(params: dict[str, str], **context) -> TorchRunner:
         attention=params.get("attention", "auto"),
         activation_reserve_gib=reserve,
         warmup=warmup in ("1", "true"),
+        threads=integer("threads", None),
     )

@@ -33,6 +33,7 @@ def make_runner(torch, **kw):
     kw.setdefault("device", "cpu")
     kw.setdefault("num_blocks", 64)
     kw.setdefault("block_size", 4)
+    kw.setdefault("threads", 1)  # tiny tensors: one thread is fastest and immune to a busy machine
     return TorchRunner(**kw)
 
 
@@ -107,6 +108,15 @@ def test_allocator_rejects_double_free_and_foreign_ids(bad):
     alloc.allocate(1)
     with pytest.raises(ValueError, match="not allocated"):
         alloc.free(bad)
+
+
+def test_allocator_with_an_offset_owns_only_its_range():
+    alloc = BlockAllocator(3, first_id=10)
+    assert alloc.allocate(2) == [10, 11]
+    with pytest.raises(ValueError, match="block 2 is not allocated"):
+        alloc.free([2])
+    alloc.free([11])
+    assert alloc.allocate(2) == [11, 12]
 
 
 def test_allocator_needs_a_block():
@@ -260,6 +270,14 @@ def test_protocol_fields_and_kv_sizing(torch):
         runner.kv_capacity_tokens(1.5)
 
 
+def test_make_allocator_gives_replicas_disjoint_ranges_of_the_pool(torch):
+    runner = make_runner(torch, num_blocks=10)
+    first, second = runner.make_allocator(0, 5), runner.make_allocator(1, 5)
+    assert first.allocate(5) == [0, 1, 2, 3, 4] and second.allocate(1) == [5]
+    with pytest.raises(ServelabError, match="pool has 10 blocks of 4 tokens"):
+        runner.make_allocator(2, 5)
+
+
 def test_cpu_pool_is_sized_on_first_use_when_not_given(torch):
     runner = make_runner(torch, num_blocks=None, block_size=16)
     assert runner.kv_capacity_tokens() == 65536 and runner.num_blocks == 4096
@@ -271,14 +289,14 @@ def test_cpu_pool_is_sized_on_first_use_when_not_given(torch):
 def test_make_runner_builds_torch_from_a_spec(torch):
     from servelab.runners.base import make_runner as build
 
-    runner = build("torch:model=tiny,device=cpu,num_blocks=16,seed=3,block_size=4", model="llama-3.1-8b")
+    runner = build("torch:model=tiny,device=cpu,num_blocks=16,seed=3,block_size=4,threads=1", model="llama-3.1-8b")
     assert runner.args.name == "tiny" and runner.seed == 3 and runner.total_blocks == 16
 
 
 def test_factory_takes_model_and_block_size_from_context(torch):
     from servelab.runners.base import make_runner as build
 
-    runner = build("torch:device=cpu,num_blocks=8", model="tiny", block_size=32)
+    runner = build("torch:device=cpu,num_blocks=8,threads=1", model="tiny", block_size=32)
     assert runner.args.name == "tiny" and runner.block_size == 32
 
 
@@ -294,6 +312,7 @@ def test_factory_takes_model_and_block_size_from_context(torch):
         ("torch:model=nope,device=cpu", "unknown model preset 'nope'"),
         ("torch:model=tiny,device=cpu,num_blocks=0", "num_blocks must be >= 1"),
         ("torch:model=tiny,device=cpu,warmup=maybe", "warmup must be 0 or 1"),
+        ("torch:model=tiny,device=cpu,threads=0", "threads must be >= 1"),
     ],
 )
 def test_factory_rejects_bad_parameters(torch, spec, message):
