@@ -1,0 +1,185 @@
+"""Runner commands: `presets` (models and GPUs), `profile` (time shapes), `fit` (learn a cost model), `validate`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from servelab.common.errors import ServelabError
+
+_model = click.option("--model", default=None, help="Model preset for runners that take one (see `servelab presets`).")
+_gpu = click.option("--gpu", default=None, help="GPU preset for runners that take one.")
+_tp = click.option("--tp", type=int, default=None, help="Tensor-parallel degree.")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def presets(fmt):
+    """List the model and GPU presets the roofline runner (and others) accept."""
+    from dataclasses import asdict
+
+    from servelab.runners.presets import GPUS, MODELS
+
+    if fmt == "json":
+        click.echo(json.dumps({"models": [asdict(m) for m in MODELS.values()],
+                               "gpus": [asdict(g) for g in GPUS.values()]}, indent=2))
+        return
+    from rich.table import Table
+
+    models = Table(title="Model presets (shapes from each model's config.json)")
+    for col in ("name", "params", "layers", "hidden", "heads q/kv", "head dim", "ffn", "vocab", "dtype", "KV KiB/tok"):
+        models.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+    for m in MODELS.values():
+        models.add_row(m.name, f"{m.num_params / 1e9:.2f}B", str(m.num_layers), str(m.hidden_size),
+                       f"{m.num_heads}/{m.num_kv_heads}", str(m.head_dim), str(m.ffn_size), str(m.vocab_size),
+                       m.dtype, f"{m.kv_bytes_per_token / 1024:g}")
+    gpus = Table(title="GPU presets (dense bf16, datasheet figures)")
+    for col in ("name", "TFLOP/s", "HBM TB/s", "GiB", "link GB/s", "calibrated on", "device"):
+        gpus.add_column(col, justify="left" if col in ("name", "device", "calibrated on") else "right")
+    for g in GPUS.values():
+        gpus.add_row(g.name, f"{g.peak_flops / 1e12:g}", f"{g.hbm_bytes_per_s / 1e12:g}",
+                     f"{g.memory_bytes / 2**30:.1f}", f"{g.interconnect_bytes_per_s / 1e9:g} ({g.interconnect})",
+                     g.calibration, g.description)
+    console = _console()
+    console.print(models)
+    console.print(gpus)
+
+
+@click.command()
+@click.option("--runner", "spec", required=True, help="Runner spec to time, e.g. roofline, torch:..., fitted:m.json.")
+@_model
+@_gpu
+@_tp
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile Parquet to write.")
+@click.option("--grid", type=click.Choice(["default", "small"]), default="default", show_default=True)
+@click.option("--repeats", type=int, default=1, show_default=True, help="Timed runs per shape.")
+@click.option("--warmup", type=int, default=0, show_default=True, help="Untimed runs per shape first.")
+@click.option("--max-batched-tokens", type=int, default=None, help="Skip shapes with more tokens (default 8192).")
+def profile(spec, model, gpu, tp, output, grid, repeats, warmup, max_batched_tokens):
+    """Sweep batch shapes through a runner and write their step times (input to `servelab fit`)."""
+    from dataclasses import replace
+
+    from rich.progress import Progress
+
+    from servelab.runners.base import make_runner
+    from servelab.runners.profiling import GRIDS
+    from servelab.runners.profiling import profile as run_profile
+
+    context = {"model": model, "gpu": gpu, "tp": tp}
+    runner = make_runner(spec, **context)
+    chosen = GRIDS[grid]
+    if max_batched_tokens is not None:
+        if max_batched_tokens < 1:
+            raise ServelabError(f"--max-batched-tokens must be >= 1, got {max_batched_tokens}")
+        chosen = replace(chosen, max_batched_tokens=max_batched_tokens)
+    described = runner.describe()
+    context = {  # record what the runner resolved to, not just what was typed
+        "model": (described.get("model") or {}).get("name") if isinstance(described.get("model"), dict) else model,
+        "gpu": (described.get("gpu") or {}).get("name") if isinstance(described.get("gpu"), dict) else gpu,
+        "tp": described.get("tp", tp),
+    }
+    with Progress(transient=True) as bar:
+        task = bar.add_task("profiling", total=None)
+        table = run_profile(runner, output, spec=spec, grid=chosen, repeats=repeats, warmup=warmup, context=context,
+                            progress=lambda done, total: bar.update(task, completed=done, total=total))
+    click.echo(f"wrote {output}: {table.num_rows} timed steps")
+
+
+def _buckets(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ServelabError(f"--buckets needs comma-separated token counts or 'none', got '{text}'") from None
+    if any(v < 1 for v in values):
+        raise ServelabError(f"--buckets: token counts must be >= 1, got '{text}'")
+    return values
+
+
+@click.command()
+@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Model JSON to write.")
+@click.option("--buckets", default="16,64,256,1024", show_default=True,
+              help="Batch-token bucket edges for piecewise coefficients ('none' = one linear model).")
+@click.option("--test-fraction", type=float, default=0.2, show_default=True, help="Held-out share of rows.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the train/test split.")
+def fit(profile_path, output, buckets, test_fraction, seed):
+    """Fit a `fitted` cost model (non-negative least squares) to a profile; use it as --runner fitted:OUT."""
+    from servelab.runners.fitted import fit_profile
+
+    model = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)
+    fit_info = model.metadata["fit"]
+    for split in ("train", "test"):
+        if split in fit_info:
+            s = fit_info[split]
+            r2 = "n/a" if s["r2"] is None else f"{s['r2']:.5f}"
+            click.echo(f"{split:5} rows={fit_info[f'{split}_rows']:6}  MAPE {s['mape_pct']:.2f}%  "
+                       f"p90 APE {s['p90_ape_pct']:.2f}%  R^2 {r2}")
+    click.echo(f"wrote {output} (use --runner fitted:{output})")
+
+
+@click.command()
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--reference", required=True, help="Runner taken as truth (e.g. torch:..., or a fine cost model).")
+@click.option("--candidate", required=True, help="Runner to judge against it (e.g. roofline, fitted:m.json).")
+@_model
+@_gpu
+@_tp
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Replay config TOML (engine, policy).")
+@click.option("--policy", default=None, help="Scheduling policy (default: the config's).")
+@click.option("--num-gpu-blocks", type=int, default=None, help="KV blocks per replica (default: from the reference).")
+@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--duration-s", type=float, default=None, help="Replay only requests arriving in the first S seconds.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write the report as JSON (atomically).")
+def validate(trace_path, reference, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks, limit,
+             duration_s, output):
+    """Replay a trace slice with two runners; report step-time and TTFT/TPOT p50/p99 errors."""
+    from dataclasses import replace
+
+    from rich.table import Table
+
+    from servelab.replay.config import ReplayConfig
+    from servelab.runners.base import make_runner
+    from servelab.runners.validation import slice_trace, write_report
+    from servelab.runners.validation import validate as run_validate
+    from servelab.traces.io import read_trace
+
+    config = ReplayConfig.from_toml(config_path) if config_path else ReplayConfig()
+    overrides = {k: v for k, v in (("policy", policy), ("model", model), ("gpu", gpu), ("tp", tp)) if v is not None}
+    config = replace(config, **overrides)
+    if num_gpu_blocks is not None:
+        config = replace(config, engine=replace(config.engine, num_gpu_blocks=num_gpu_blocks))
+    trace = slice_trace(read_trace(trace_path), limit=limit, duration_s=duration_s)
+    context = {"model": config.model, "gpu": config.gpu, "tp": config.tp}
+    ref_runner, cand_runner = make_runner(reference, **context), make_runner(candidate, **context)
+    report = run_validate(trace, config, ref_runner, cand_runner, reference_spec=reference, candidate_spec=candidate)
+    if output:
+        write_report(report, output)
+    step = report["step_time"]
+    console = _console()
+    console.print(f"{report['requests']} requests, policy {report['policy']}, {report['num_gpu_blocks']} KV blocks; "
+                  f"finished {report['finished']['reference']} (reference) / {report['finished']['candidate']} (candidate)")
+    console.print(f"step time over {step['steps_priced']} reference batches: MAPE {step['mape_pct']:.2f}%, "
+                  f"median {step['median_ape_pct']:.2f}%, p90 {step['p90_ape_pct']:.2f}%, "
+                  f"mean signed {step['mean_signed_pct']:+.2f}%")
+    table = Table(title=f"{candidate} vs {reference}")
+    for col in ("metric", "reference", "candidate", "error"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+
+    def fmt(v):
+        return "n/a" if v is None else f"{v * 1000:.2f} ms"
+
+    for m in report["latency"]:
+        err = "n/a" if m["error_pct"] is None else f"{m['error_pct']:+.2f}%"
+        table.add_row(m["metric"], fmt(m["reference"]), fmt(m["candidate"]), err)
+    console.print(table)
+    if output:
+        console.print(f"wrote {output}")
