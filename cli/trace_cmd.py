@@ -1,0 +1,354 @@
+"""`servelab trace`: import, synthesise, transform, merge, inspect and validate request traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from servelab.common.errors import ServelabError
+
+_PATH = click.Path(path_type=Path)
+_EXISTING = click.Path(path_type=Path, exists=False)
+
+
+@click.group()
+def trace() -> None:
+    """Work with request traces (Arrow IPC / Parquet, schema version 1)."""
+
+
+# ------------------------------------------------------------------ shared option groups
+
+
+def _arrival_options(fn):
+    """Options that describe an arrival process (synth and the lengths importer)."""
+    opts = [
+        click.option("--arrival", default="poisson", show_default=True,
+                     type=click.Choice(["poisson", "gamma", "weibull", "constant"]), help="Gap distribution."),
+        click.option("--rate", type=float, default=1.0, show_default=True, help="Mean arrival rate (req/s)."),
+        click.option("--cv", type=float, default=1.0, show_default=True, help="Gap coefficient of variation (gamma, weibull)."),
+        click.option("--profile", default="flat", show_default=True,
+                     type=click.Choice(["flat", "piecewise", "diurnal", "onoff"]), help="How the rate varies over time."),
+        click.option("--schedule", default=None, help="Piecewise rates 'START_S:RATE,...' (starts at 0)."),
+        click.option("--diurnal-amplitude", type=float, default=0.5, show_default=True, help="rate·(1 + A·sin(2πt/period))."),
+        click.option("--diurnal-period-s", type=float, default=86400.0, show_default=True),
+        click.option("--burst-on-s", type=float, default=10.0, show_default=True, help="On-off: on part of each cycle."),
+        click.option("--burst-off-s", type=float, default=50.0, show_default=True, help="On-off: off part of each cycle."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _parse_schedule(text: str | None) -> tuple[tuple[float, float], ...]:
+    if not text:
+        return ()
+    steps = []
+    for part in text.split(","):
+        start, sep, rate = part.partition(":")
+        try:
+            steps.append((float(start), float(rate)))
+        except ValueError:
+            raise ServelabError(f"bad --schedule '{text}' (use START_S:RATE,START_S:RATE,...)") from None
+        if not sep:
+            raise ServelabError(f"bad --schedule '{text}' (use START_S:RATE,START_S:RATE,...)")
+    return tuple(steps)
+
+
+def _arrival_kwargs(kw: dict) -> dict:
+    return {
+        "arrival": kw.pop("arrival"),
+        "rate": kw.pop("rate"),
+        "cv": kw.pop("cv"),
+        "profile": kw.pop("profile"),
+        "schedule": _parse_schedule(kw.pop("schedule")),
+        "diurnal_amplitude": kw.pop("diurnal_amplitude"),
+        "diurnal_period_s": kw.pop("diurnal_period_s"),
+        "burst_on_s": kw.pop("burst_on_s"),
+        "burst_off_s": kw.pop("burst_off_s"),
+    }
+
+
+def _arrival_config(kw: dict):
+    from servelab.traces.arrivals import ArrivalConfig
+
+    a = _arrival_kwargs(kw)
+    return ArrivalConfig(
+        process=a["arrival"], rate_per_s=a["rate"], cv=a["cv"], profile=a["profile"], schedule=a["schedule"],
+        diurnal_amplitude=a["diurnal_amplitude"], diurnal_period_s=a["diurnal_period_s"],
+        burst_on_s=a["burst_on_s"], burst_off_s=a["burst_off_s"],
+    )
+
+
+# ------------------------------------------------------------------ import
+
+# Options each format accepts (beyond the common ones); anything else set on the command line is an error.
+_FORMAT_OPTIONS = {
+    "azure": {"drop_zero", "tenant_from_file"},
+    "vidur": {"drop_zero", "tenant_from_file"},
+    "burstgpt": {"log_type_as", "tenant_from_file"},
+    "mooncake": {"block_tokens", "tenant_from_file"},
+    "lengths": {"seed", "limit", "shuffle", "tenant_from_file", "arrival", "rate", "cv", "profile", "schedule",
+                "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
+    "servegen": {"seed", "start", "duration", "clients"},
+}
+_ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
+
+
+@trace.command("import")
+@click.option("--format", "fmt", required=True, type=click.Choice(sorted(_FORMAT_OPTIONS)), help="Source format.")
+@click.argument("sources", nargs=-1, required=True, type=_EXISTING)
+@click.option("-o", "--output", "out", required=True, type=_PATH, help="Trace to write (.arrow or .parquet).")
+@click.option("--drop-zero", is_flag=True, help="azure/vidur: drop rows with 0 tokens instead of failing.")
+@click.option("--tenant-from-file", is_flag=True, help="Tag each source file's requests with tenant = file stem.")
+@click.option("--log-type-as", default="tenant", show_default=True, type=click.Choice(["tenant", "tier", "none"]),
+              help="burstgpt: where the Log Type goes.")
+@click.option("--block-tokens", type=int, default=512, show_default=True, help="mooncake: tokens per hash_ids block.")
+@click.option("--seed", type=int, default=0, show_default=True, help="lengths/servegen: random seed.")
+@click.option("--limit", type=int, default=None, help="lengths: use only the first N pairs (after --shuffle).")
+@click.option("--shuffle", is_flag=True, help="lengths: shuffle the pairs (seeded) before use.")
+@click.option("--start", type=float, default=0.0, show_default=True, help="servegen: window start (s of the day).")
+@click.option("--duration", type=float, default=3600.0, show_default=True, help="servegen: window length (s).")
+@click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
+@_arrival_options
+@click.pass_context
+def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Path, **kw) -> None:
+    """Convert public trace files (SRC...) of one FORMAT into a servelab trace; several files merge."""
+    from servelab.traces.importers import import_trace
+    from servelab.traces.io import write_trace
+
+    allowed = _FORMAT_OPTIONS[fmt]
+    for name in sorted(_ALL_FORMAT_OPTIONS - allowed):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise ServelabError(f"--{name.replace('_', '-')} does not apply to --format {fmt}")
+    options = {}
+    if fmt == "lengths":
+        options["arrival"] = _arrival_config(kw)
+    for name in ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle"):
+        if name in allowed:
+            options[name] = kw[name]
+    if fmt == "servegen":
+        options.update(start_s=kw["start"], duration_s=kw["duration"])
+        if kw["clients"]:
+            options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
+    result = import_trace(fmt, list(sources), **options)
+    write_trace(result.table, out, result.source, result.prefix_block_tokens)
+    click.echo(f"{out}: {result.summary()}")
+
+
+# ------------------------------------------------------------------ synth
+
+
+@trace.command("synth")
+@click.option("-o", "--output", "out", required=True, type=_PATH, help="Trace to write (.arrow or .parquet).")
+@click.option("-n", "--requests", "n", type=int, default=None, help="Number of requests (default 1000).")
+@click.option("--duration-s", type=float, default=None, help="Generate arrivals for this long instead of -n.")
+@_arrival_options
+@click.option("--prompt", default="512", show_default=True, help="N | uniform:LO:HI | lognormal:MEDIAN:SIGMA [:cap=N]")
+@click.option("--output-len", "output_len", default="128", show_default=True, help="Same forms as --prompt.")
+@click.option("--lengths-from", type=_PATH, default=None, help="Resample (prompt, output) pairs from a trace or lengths CSV.")
+@click.option("--tenants", default=None, help="A count (tenant-0..) or weights 'a=3,b=1'.")
+@click.option("--tenant-zipf", type=float, default=0.0, show_default=True, help="With a tenant count: weight 1/rank^s.")
+@click.option("--tiers", default=None, help="Fractions 'priority=0.1,standard=0.6,flex=0.3'.")
+@click.option("--turns", type=float, default=1.0, show_default=True, help="Mean turns per session (>1 makes sessions).")
+@click.option("--think-s", type=float, default=0.0, show_default=True, help="Mean think time between turns (s).")
+@click.option("--session-context/--no-session-context", default=True, show_default=True,
+              help="Later turns' prompts include the conversation so far.")
+@click.option("--shared-prefix-tokens", type=int, default=0, show_default=True, help="Per-tenant system prompt length.")
+@click.option("--prefix-block-tokens", type=int, default=None, help="Add prefix_hashes with this block size.")
+@click.option("--model", default=None, help="Model name to store in the model column.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
+    """Generate a seeded synthetic trace."""
+    from servelab.traces.io import write_trace
+    from servelab.traces.synth import generate, make_config
+
+    if n is None and duration_s is None:
+        n = 1000
+    tenants = kw.pop("tenants")
+    if tenants is not None and tenants.strip().isdigit():
+        tenants = int(tenants)
+    config = make_config(
+        n=n,
+        duration_s=duration_s,
+        **_arrival_kwargs(kw),
+        prompt=kw["prompt"],
+        output=kw["output_len"],
+        lengths_from=kw["lengths_from"],
+        tenants=tenants,
+        tenant_zipf=kw["tenant_zipf"],
+        tiers=kw["tiers"],
+        turns=kw["turns"],
+        think_s=kw["think_s"],
+        session_context=kw["session_context"],
+        shared_prefix_tokens=kw["shared_prefix_tokens"],
+        prefix_block_tokens=kw["prefix_block_tokens"],
+        model=kw["model"],
+        seed=kw["seed"],
+    )
+    table = generate(config)
+    write_trace(table, out, config.source, config.prefix_block_tokens)
+    click.echo(f"{out}: {table.num_rows} requests ({config.source})")
+
+
+# ------------------------------------------------------------------ transform / merge
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    start, sep, end = text.partition(":")
+    try:
+        return float(start or 0), (float(end) if end else None)
+    except ValueError:
+        raise ServelabError(f"bad --window '{text}' (use START_S:END_S, either side may be empty)") from None
+
+
+def _mapping(text: str) -> dict[str, str]:
+    pairs = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ServelabError(f"bad mapping '{text}' (use tenant=tier,tenant=tier)")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+@trace.command("transform")
+@click.argument("src", type=_EXISTING)
+@click.option("-o", "--output", "out", required=True, type=_PATH)
+@click.option("--window", default=None, help="Keep arrivals in START_S:END_S, re-based to 0 (sessions whole).")
+@click.option("--head", type=int, default=None, help="Keep the first N requests.")
+@click.option("--sample", default=None, help="Random subset: a count N or a fraction 0<F<1 (sessions whole).")
+@click.option("--scale-rate", type=float, default=None, help="Multiply the arrival rate by K (times / K).")
+@click.option("--tier-by-tenant", default=None, help="Set tiers from tenants: 'tenantA=priority,tenantB=flex'.")
+@click.option("--tier-default", default=None, help="With --tier-by-tenant: tier of unlisted tenants.")
+@click.option("--tier-fractions", default=None, help="Random tiers: 'priority=0.1,standard=0.6,flex=0.3'.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample and --tier-fractions.")
+def transform_cmd(src: Path, out: Path, **kw) -> None:
+    """Reshape a trace. Steps run in this order: window, head, sample, scale-rate, tiers."""
+    from servelab.traces import transforms
+    from servelab.traces.io import read_trace, trace_metadata, write_trace
+    from servelab.traces.synth import parse_weights
+
+    table = read_trace(src)
+    steps = []
+    if kw["window"]:
+        table = transforms.window(table, *_window(kw["window"]))
+        steps.append(f"window {kw['window']}")
+    if kw["head"] is not None:
+        table = transforms.head(table, kw["head"])
+        steps.append(f"head {kw['head']}")
+    if kw["sample"]:
+        try:
+            value = float(kw["sample"])
+        except ValueError:
+            raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)") from None
+        if value < 1:
+            table = transforms.sample(table, kw["seed"], fraction=value)
+        elif value.is_integer():
+            table = transforms.sample(table, kw["seed"], n=int(value))
+        else:
+            raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)")
+        steps.append(f"sample {kw['sample']} seed {kw['seed']}")
+    if kw["scale_rate"] is not None:
+        table = transforms.scale_rate(table, kw["scale_rate"])
+        steps.append(f"rate x{kw['scale_rate']:g}")
+    if kw["tier_by_tenant"] and kw["tier_fractions"]:
+        raise ServelabError("use one of --tier-by-tenant and --tier-fractions")
+    if kw["tier_default"] and not kw["tier_by_tenant"]:
+        raise ServelabError("--tier-default needs --tier-by-tenant")
+    if kw["tier_by_tenant"]:
+        table = transforms.tier_by_tenant(table, _mapping(kw["tier_by_tenant"]), kw["tier_default"])
+        steps.append("tier by tenant")
+    if kw["tier_fractions"]:
+        table = transforms.tier_by_fraction(table, parse_weights(kw["tier_fractions"], "tiers"), kw["seed"])
+        steps.append(f"tier fractions seed {kw['seed']}")
+    if not steps:
+        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --scale-rate, --tier-*")
+    meta = trace_metadata(table)
+    source = f"{meta.get('source', src.name)} | {'; '.join(steps)}"
+    write_trace(table, out, source)
+    click.echo(f"{out}: {table.num_rows} requests ({'; '.join(steps)})")
+
+
+@trace.command("merge")
+@click.argument("sources", nargs=-1, required=True, type=_EXISTING)
+@click.option("-o", "--output", "out", required=True, type=_PATH)
+@click.option("--tag/--no-tag", default=True, show_default=True, help="Tag tenants with each file's stem.")
+def merge_cmd(sources: tuple[Path, ...], out: Path, tag: bool) -> None:
+    """Overlay several traces on one clock (ids renumbered)."""
+    from servelab.traces import transforms
+    from servelab.traces.io import read_trace, write_trace
+
+    tables = [read_trace(p) for p in sources]
+    names = [p.stem for p in sources] if tag else None
+    if names is not None and len(set(names)) != len(names):
+        raise ServelabError("two sources share a file stem; rename one or use --no-tag")
+    table = transforms.merge(tables, names)
+    write_trace(table, out, "merge of " + ", ".join(p.name for p in sources))
+    click.echo(f"{out}: {table.num_rows} requests from {len(sources)} traces")
+
+
+# ------------------------------------------------------------------ info / validate
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _top(counts: dict[str, int], rows: int, k: int = 8) -> str:
+    items = [f"{name} {n / rows:.1%}" for name, n in list(counts.items())[:k]]
+    more = len(counts) - k
+    return ", ".join(items) + (f", … (+{more})" if more > 0 else "")
+
+
+@trace.command("info")
+@click.argument("path", type=_EXISTING)
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+def info_cmd(path: Path, as_json: bool) -> None:
+    """Statistics of a trace: size, rate, burstiness, lengths, tenants, tiers, prefix reuse."""
+    from servelab.traces.info import trace_info
+    from servelab.traces.io import read_trace
+
+    info = trace_info(read_trace(path))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=str(path), show_header=False)
+    t.add_column("stat", style="bold")
+    t.add_column("value")
+    t.add_row("requests", _fmt(info["rows"]))
+    t.add_row("span", f"{_fmt(info['span_s'])} s")
+    t.add_row("mean rate", f"{_fmt(info['mean_rate_per_s'])} req/s")
+    t.add_row("inter-arrival CV", _fmt(info["interarrival_cv"]))
+    t.add_row("peak 1 s rate", f"{info['peak_1s_rate_per_s']} req/s")
+    for name in ("prompt_tokens", "output_tokens"):
+        s = info[name]
+        t.add_row(name.replace("_", " "), "  ".join(f"{k} {_fmt(s[k])}" for k in ("mean", "p50", "p90", "p99", "max")))
+    t.add_row("tenants", f"{len(info['tenants'])}: {_top(info['tenants'], info['rows'])}")
+    t.add_row("tiers", _top(info["tiers"], info["rows"]))
+    if "models" in info:
+        t.add_row("models", _top(info["models"], info["rows"]))
+    t.add_row("sessions", _fmt(info["sessions"]))
+    share = info["prefix_reuse_share"]
+    t.add_row("ideal prefix reuse", "-" if share is None else f"{share:.1%} of prompt tokens")
+    t.add_row("source", _fmt(info["source"]))
+    Console().print(t)
+
+
+@trace.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=_EXISTING)
+def validate_cmd(paths: tuple[Path, ...]) -> None:
+    """Check trace files against the schema (exit 1 on the first problem)."""
+    from servelab.traces.io import read_trace
+
+    for path in paths:
+        table = read_trace(path)
+        click.echo(f"{path}: ok ({table.num_rows} requests)")

@@ -1,0 +1,118 @@
+"""Stream-parse the columns an importer needs from a CSV, reporting the first bad value by data row.
+
+Polars scans the file lazily with the streaming engine, so memory grows with the parsed numeric
+columns (a few bytes per row), never with the CSV text. Rows are numbered from 1 at the first data
+row (the header is not counted), the number a user sees in a spreadsheet minus one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from servelab.common.errors import InputError
+
+# Parsed kinds: token counts (integers, "12" or "12.0"), seconds (floats), wall-clock timestamps (ns).
+COUNT, SECONDS, TIMESTAMP, TEXT = "count", "seconds", "timestamp", "text"
+
+_HINT = {
+    COUNT: "not an integer",
+    SECONDS: "not a number",
+    TIMESTAMP: "unparsable timestamp (expected YYYY-MM-DD HH:MM:SS[.fraction][+HH:MM])",
+}
+
+
+@dataclass(frozen=True)
+class Want:
+    """A column an importer reads: its logical name in the source format and how to parse it."""
+
+    name: str
+    kind: str
+    required: bool = True
+
+
+def normalize_name(name: str) -> str:
+    """Header matching ignores case, surrounding spaces, quotes and a UTF-8 byte-order mark."""
+    return name.replace("\ufeff", "").strip().strip('"').strip("'").strip().lower()
+
+
+def _scan(path: Path, **kwargs) -> pl.LazyFrame:
+    return pl.scan_csv(path, infer_schema=False, quote_char='"', **kwargs)
+
+
+def header(path: Path) -> list[str]:
+    if not path.is_file():
+        raise InputError(path, "file not found")
+    try:
+        return _scan(path).collect_schema().names()
+    except pl.exceptions.NoDataError:
+        raise InputError(path, "file is empty (no header)") from None
+    except pl.exceptions.PolarsError as err:
+        raise InputError(path, f"not a readable CSV file ({err})") from None
+
+
+def resolve(path: Path, names: list[str], wants: list[Want]) -> dict[str, str]:
+    """Logical name -> the file's actual header, for every wanted column the file has."""
+    by_norm: dict[str, str] = {}
+    for actual in names:
+        by_norm.setdefault(normalize_name(actual), actual)
+    found = {}
+    for want in wants:
+        actual = by_norm.get(normalize_name(want.name))
+        if actual is None:
+            if want.required:
+                raise InputError(path, "required column is missing", column=want.name)
+            continue
+        found[want.name] = actual
+    return found
+
+
+def _parse_expr(actual: str, kind: str) -> pl.Expr:
+    raw = pl.col(actual).str.strip_chars()
+    if kind == TEXT:
+        return raw
+    if kind == TIMESTAMP:
+        e = raw.str.replace("T", " ", literal=True).str.replace(r"Z$", "+00:00")
+        zoned = e.str.to_datetime("%Y-%m-%d %H:%M:%S%.f%:z", strict=False, time_unit="ns")
+        naive = e.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns")
+        return pl.coalesce(zoned.dt.replace_time_zone(None), naive).cast(pl.Int64)
+    value = raw.cast(pl.Float64, strict=False)
+    if kind == SECONDS:
+        return pl.when(value.is_finite()).then(value)
+    # Counts: whole numbers only; anything else becomes null and is reported below.
+    return pl.when(value.is_finite() & (value == value.floor()) & (value.abs() < 2**31)).then(value).cast(pl.Int64)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """Parsed columns under their logical names, and the file's own header for each (for messages)."""
+
+    frame: pl.DataFrame
+    columns: dict[str, str]
+
+    def numpy(self, name: str) -> np.ndarray:
+        return self.frame[name].to_numpy()
+
+
+def read_columns(path: Path, wants: list[Want]) -> Parsed:
+    """Parse the wanted columns; raises InputError on the first unparsable or missing value."""
+    path = Path(path)
+    found = resolve(path, header(path), wants)
+    kinds = {w.name: w.kind for w in wants}
+    exprs = [_parse_expr(actual, kinds[name]).alias(name) for name, actual in found.items()]
+    try:
+        df = _scan(path).select(exprs).collect(engine="streaming")
+    except pl.exceptions.PolarsError as err:
+        raise InputError(path, f"not a readable CSV file ({err})") from None
+    if df.height == 0:
+        raise InputError(path, "file has no data rows")
+    for name in found:
+        if kinds[name] != TEXT and df[name].null_count():
+            idx = int(np.flatnonzero(df[name].is_null().to_numpy())[0])
+            raw = _scan(path).select(pl.col(found[name])).slice(idx, 1).collect()[0, 0]
+            rule = "missing value" if raw is None or not raw.strip() else f"{_HINT[kinds[name]]}: '{raw}'"
+            raise InputError(path, rule, column=found[name], row=idx + 1)
+    return Parsed(df, found)

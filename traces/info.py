@@ -1,0 +1,82 @@
+"""Summary statistics of a trace: size, rate, burstiness, length percentiles, tenants, prefix reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from servelab.traces import schema
+
+PERCENTILES = (50, 90, 99)
+
+
+def _lengths(values: np.ndarray) -> dict[str, float]:
+    pct = np.percentile(values, PERCENTILES)
+    out = {"mean": float(values.mean()), "min": int(values.min()), "max": int(values.max())}
+    out.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)})
+    return out
+
+
+def _counts(table: pa.Table, name: str) -> dict[str, int]:
+    """Requests per value, most frequent first (ties by name, so the order is stable)."""
+    df = pl.from_arrow(table.select([name])).select(pl.col(name).cast(pl.String))
+    counts = df.group_by(name).len().sort(["len", name], descending=[True, False])
+    return dict(zip(counts[name].to_list(), counts["len"].to_list()))
+
+
+def prefix_reuse_share(table: pa.Table) -> float | None:
+    """Share of prompt tokens in blocks whose hash appeared in an earlier request or block.
+
+    That is what an unlimited prefix cache would serve. A prompt's last block may be partial; it
+    counts only the prompt's tokens that fall in it.
+    """
+    if "prefix_hashes" not in table.column_names:
+        return None
+    meta = table.schema.metadata or {}
+    block = int(meta.get(schema.META_BLOCK_TOKENS, b"0")) or None
+    col = table.column("prefix_hashes").combine_chunks()
+    if block is None or len(col.values) == 0:
+        return None
+    values = col.values.to_numpy()
+    offsets = col.offsets.to_numpy()
+    nblocks = np.diff(offsets)
+    prompt = table.column("prompt_tokens").to_numpy().astype(np.int64)
+    row = np.repeat(np.arange(len(nblocks)), nblocks)
+    pos = np.arange(len(values)) - offsets[:-1][row]
+    # Tokens per block: full blocks hold `block` tokens, the last holds the rest of the prompt.
+    tokens = np.clip(prompt[row] - pos * block, 0, block)
+    _, first = np.unique(values, return_index=True)
+    seen_before = np.ones(len(values), dtype=bool)
+    seen_before[first] = False
+    return float(tokens[seen_before].sum() / prompt.sum())
+
+
+def trace_info(table: pa.Table) -> dict:
+    """Statistics of a loaded (validated) trace, as plain JSON-ready values."""
+    arrival = table.column("arrival_s").to_numpy()
+    n = len(arrival)
+    span = float(arrival[-1] - arrival[0]) if n else 0.0
+    gaps = np.diff(arrival)
+    cv = float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else None
+    per_second = np.bincount(np.floor(arrival - arrival[0]).astype(np.int64)) if n else np.zeros(1)
+    info = {
+        "rows": n,
+        "span_s": span,
+        "mean_rate_per_s": (n - 1) / span if span > 0 else None,
+        "interarrival_cv": cv,
+        "peak_1s_rate_per_s": int(per_second.max()),
+        "prompt_tokens": _lengths(table.column("prompt_tokens").to_numpy()),
+        "output_tokens": _lengths(table.column("output_tokens").to_numpy()),
+        "tenants": _counts(table, "tenant") if "tenant" in table.column_names else {schema.DEFAULT_TENANT: n},
+        "tiers": _counts(table, "tier") if "tier" in table.column_names else {schema.DEFAULT_TIER: n},
+        "sessions": None,
+        "prefix_reuse_share": prefix_reuse_share(table),
+        "source": (table.schema.metadata or {}).get(schema.META_SOURCE, b"").decode() or None,
+    }
+    if "session_id" in table.column_names:
+        sid = table.column("session_id")
+        info["sessions"] = int(pl.from_arrow(sid).drop_nulls().n_unique())
+    if "model" in table.column_names:
+        info["models"] = _counts(table, "model")
+    return info

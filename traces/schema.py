@@ -1,0 +1,199 @@
+"""The request-trace schema (version 1) and the validation every load and write runs.
+
+One row per request, sorted by arrival. Validation reports the first offending row as a 1-based row
+number of the table (row 1 = the first request), so a user can find it with `servelab trace info`
+or any Arrow/Parquet viewer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from servelab.common.errors import InputError
+
+SCHEMA_VERSION = 1
+META_VERSION = b"servelab.schema_version"
+META_SOURCE = b"source"
+META_BLOCK_TOKENS = b"prefix_block_tokens"
+
+DEFAULT_TENANT = "default"
+DEFAULT_TIER = "standard"
+
+_DICT_STRING = pa.dictionary(pa.int32(), pa.string())
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    required: bool
+    meaning: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("request_id", pa.int64(), True, "unique id"),
+    Column("arrival_s", pa.float64(), True, "seconds since trace start, >= 0"),
+    Column("prompt_tokens", pa.int32(), True, "prompt length, >= 1"),
+    Column("output_tokens", pa.int32(), True, "tokens the request generates, >= 1"),
+    Column("max_output_tokens", pa.int32(), False, "client cap, >= output_tokens"),
+    Column("tenant", _DICT_STRING, False, "customer / API key"),
+    Column("tier", _DICT_STRING, False, "service tier (priority, standard, flex, ...)"),
+    Column("session_id", pa.int64(), False, "conversation / agent session"),
+    Column("think_s", pa.float64(), False, "closed loop: delay after the session's previous request finishes"),
+    Column("prefix_hashes", pa.list_(pa.int64()), False, "hash chain of the prompt's KV blocks"),
+    Column("ttft_slo_s", pa.float64(), False, "per-request TTFT SLO override"),
+    Column("tpot_slo_s", pa.float64(), False, "per-request TPOT SLO override"),
+    Column("model", _DICT_STRING, False, "model name"),
+)
+COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
+REQUIRED = tuple(c.name for c in COLUMNS if c.required)
+
+
+def _type_ok(name: str, actual: pa.DataType) -> bool:
+    """Accept the canonical type or a lossless relative (plain strings for dictionaries, any int width)."""
+    want = COLUMN_BY_NAME[name].type
+    if pa.types.is_dictionary(want):
+        if pa.types.is_dictionary(actual):
+            actual = actual.value_type
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    if pa.types.is_list(want):
+        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and pa.types.is_integer(
+            actual.value_type
+        )
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(actual)
+    if pa.types.is_floating(want):
+        return pa.types.is_floating(actual) or pa.types.is_integer(actual)
+    return actual == want
+
+
+def _first(mask: np.ndarray) -> int | None:
+    """1-based index of the first True, or None."""
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) + 1 if idx.size else None
+
+
+def _numpy(col: pa.ChunkedArray) -> np.ndarray:
+    return col.to_numpy(zero_copy_only=False)
+
+
+def _check(path: object, column: str, mask: np.ndarray, rule: str) -> None:
+    row = _first(mask)
+    if row is not None:
+        raise InputError(path, rule, column=column, row=row)
+
+
+def _check_nulls(table: pa.Table, path: object, name: str) -> None:
+    col = table.column(name)
+    if col.null_count:
+        mask = _numpy(pc.is_null(col))
+        _check(path, name, mask, "missing value (null)")
+
+
+def validate(table: pa.Table, path: object, require_sorted: bool = True) -> None:
+    """Raise InputError naming the file, column, first offending row and rule, or return silently.
+
+    ``require_sorted=False`` is for importers, which sort afterwards; loads always require order.
+    """
+    if table.num_rows == 0:
+        raise InputError(path, "trace is empty (no requests)")
+    for name in REQUIRED:
+        if name not in table.column_names:
+            raise InputError(path, "required column is missing", column=name)
+    for name in table.column_names:
+        if name in COLUMN_BY_NAME and not _type_ok(name, table.schema.field(name).type):
+            want = COLUMN_BY_NAME[name].type
+            raise InputError(
+                path, f"wrong type {table.schema.field(name).type} (expected {want})", column=name
+            )
+    for name in REQUIRED:
+        _check_nulls(table, path, name)
+
+    ids = _numpy(table.column("request_id"))
+    order = np.argsort(ids, kind="stable")
+    dup = np.zeros(len(ids), dtype=bool)
+    same = ids[order][1:] == ids[order][:-1]
+    dup[order[1:][same]] = True
+    _check(path, "request_id", dup, "duplicate request_id")
+
+    arrival = _numpy(table.column("arrival_s")).astype(np.float64)
+    _check(path, "arrival_s", ~np.isfinite(arrival), "not a finite number (NaN or infinite)")
+    _check(path, "arrival_s", arrival < 0, "negative arrival time")
+    if require_sorted:
+        unsorted = np.zeros(len(arrival), dtype=bool)
+        unsorted[1:] = arrival[1:] < arrival[:-1]
+        _check(path, "arrival_s", unsorted, "arrivals not sorted (earlier than the previous row)")
+
+    for name in ("prompt_tokens", "output_tokens"):
+        _check(path, name, _numpy(table.column(name)) < 1, "token count must be >= 1")
+    _check_optional(table, path)
+
+
+def _check_optional(table: pa.Table, path: object) -> None:
+    names = set(table.column_names)
+    if "max_output_tokens" in names:
+        col = table.column("max_output_tokens")
+        cap = _numpy(pc.fill_null(col, pa.scalar(np.iinfo(np.int32).max, col.type)))
+        out = _numpy(table.column("output_tokens"))
+        _check(path, "max_output_tokens", cap < out, "max_output_tokens < output_tokens")
+    for name in ("think_s", "ttft_slo_s", "tpot_slo_s"):
+        if name in names:
+            values = _numpy(pc.fill_null(table.column(name).cast(pa.float64()), 0.0))
+            _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
+            _check(path, name, values < 0, "must be >= 0")
+    for name in ("tenant", "tier"):
+        if name in names:
+            _check_nulls(table, path, name)
+    if "prefix_hashes" in names and table.column("prefix_hashes").null_count:
+        mask = _numpy(pc.is_null(table.column("prefix_hashes")))
+        _check(path, "prefix_hashes", mask, "missing value (null); use an empty list")
+
+
+def _as_dict_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
+    return pc.dictionary_encode(col.cast(pa.string())).cast(_DICT_STRING)
+
+
+def constant_dict(value: str, n: int) -> pa.DictionaryArray:
+    """A dictionary-string column holding one value n times (no per-row Python objects)."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], pa.string()))
+
+
+def canonical(table: pa.Table) -> pa.Table:
+    """Cast known columns to their canonical types, in schema order, unknown columns after."""
+    known = [c for c in COLUMNS if c.name in table.column_names]
+    arrays, fields = [], []
+    for c in known:
+        col = table.column(c.name)
+        if pa.types.is_dictionary(c.type):
+            col = _as_dict_string(col)
+        elif col.type != c.type:
+            col = col.cast(c.type)
+        arrays.append(col)
+        fields.append(pa.field(c.name, c.type, nullable=not c.required))
+    for name in table.column_names:
+        if name not in COLUMN_BY_NAME:
+            arrays.append(table.column(name))
+            fields.append(table.schema.field(name))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
+def with_defaults(table: pa.Table) -> pa.Table:
+    """Add max_output_tokens, tenant and tier where absent (null caps become output_tokens)."""
+    n = table.num_rows
+    out = table.column("output_tokens")
+    if "max_output_tokens" not in table.column_names:
+        table = table.append_column("max_output_tokens", out.cast(pa.int32()))
+    else:
+        cap = table.column("max_output_tokens")
+        if cap.null_count:
+            idx = table.column_names.index("max_output_tokens")
+            table = table.set_column(idx, "max_output_tokens", pc.coalesce(cap, out.cast(cap.type)))
+    for name, value in (("tenant", DEFAULT_TENANT), ("tier", DEFAULT_TIER)):
+        if name not in table.column_names:
+            table = table.append_column(name, constant_dict(value, n))
+    return canonical(table)

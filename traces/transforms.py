@@ -1,0 +1,178 @@
+"""Reshape traces: time window, rate scaling, first-N, seeded sample, merge, tier assignment.
+
+Every function takes and returns a pyarrow Table in the trace schema. Where a trace has sessions,
+window and sample keep or drop whole sessions so closed-loop turns never lose their predecessor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from servelab.common.errors import ServelabError
+from servelab.traces import schema
+from servelab.traces.synth import Weights
+
+
+def _session_key(table: pa.Table) -> np.ndarray:
+    """Per-row group key: the session id where there is one, else a unique value per row."""
+    n = table.num_rows
+    if "session_id" not in table.column_names:
+        return np.arange(n, dtype=np.int64)
+    sid = table.column("session_id")
+    ids = pc.fill_null(sid, -1).to_numpy()
+    # Rows without a session are their own group; shift them clear of real session ids.
+    lone = ids < 0
+    if lone.any():
+        ids = ids.copy()
+        ids[lone] = ids.max(initial=0) + 1 + np.flatnonzero(lone)
+    return ids
+
+
+def _filter(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    return table.filter(pa.array(mask))
+
+
+def window(table: pa.Table, start_s: float, end_s: float | None = None) -> pa.Table:
+    """Requests (whole sessions, by their first arrival) in [start_s, end_s), re-based to start at 0."""
+    if start_s < 0 or (end_s is not None and end_s <= start_s):
+        raise ServelabError(f"bad window {start_s}..{end_s} s (need 0 <= start < end)")
+    arrival = table.column("arrival_s").to_numpy()
+    key = _session_key(table)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    first = np.full(len(uniq), np.inf)
+    np.minimum.at(first, inverse, arrival)
+    t0 = first[inverse]
+    mask = t0 >= start_s
+    if end_s is not None:
+        mask &= t0 < end_s
+    out = _filter(table, mask)
+    if out.num_rows == 0:
+        raise ServelabError(f"no requests in the window {start_s}..{end_s} s")
+    rebased = pc.subtract(out.column("arrival_s"), pa.scalar(float(start_s)))
+    return out.set_column(out.column_names.index("arrival_s"), "arrival_s", rebased)
+
+
+def scale_rate(table: pa.Table, k: float) -> pa.Table:
+    """Multiply the arrival rate by ``k`` (arrival times divided by k); think times are unchanged."""
+    if not k > 0:
+        raise ServelabError(f"rate scale must be > 0 (got {k})")
+    scaled = pc.divide(table.column("arrival_s"), pa.scalar(float(k)))
+    return table.set_column(table.column_names.index("arrival_s"), "arrival_s", scaled)
+
+
+def head(table: pa.Table, n: int) -> pa.Table:
+    """The first ``n`` requests by arrival."""
+    if n < 1:
+        raise ServelabError(f"head needs n >= 1 (got {n})")
+    return table.slice(0, n)
+
+
+def sample(table: pa.Table, seed: int, n: int | None = None, fraction: float | None = None) -> pa.Table:
+    """A seeded random subset of requests (of whole sessions where the trace has them), order kept."""
+    if (n is None) == (fraction is None):
+        raise ServelabError("sample needs exactly one of n and fraction")
+    key = _session_key(table)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    if fraction is not None:
+        if not 0 < fraction <= 1:
+            raise ServelabError(f"sample fraction must be in (0, 1] (got {fraction})")
+        n = max(1, round(fraction * len(uniq)))
+    if n < 1:
+        raise ServelabError(f"sample needs n >= 1 (got {n})")
+    if n > len(uniq):
+        unit = "sessions" if "session_id" in table.column_names else "requests"
+        raise ServelabError(f"cannot sample {n} of {len(uniq)} {unit}")
+    chosen = np.zeros(len(uniq), dtype=bool)
+    chosen[np.random.default_rng(seed).choice(len(uniq), size=n, replace=False)] = True
+    return _filter(table, chosen[inverse])
+
+
+def merge(tables: list[pa.Table], names: list[str] | None = None) -> pa.Table:
+    """Overlay traces on one clock; ``names`` tag each trace's tenants (``name`` or ``name/tenant``).
+
+    Request and session ids are renumbered; prefix hashes of the i-th trace get i in their top
+    byte so two traces' blocks never look shared.
+    """
+    if not tables:
+        raise ServelabError("merge needs at least one trace")
+    if names is not None and len(names) != len(tables):
+        raise ServelabError("merge needs one name per trace")
+    blocks = {
+        (t.schema.metadata or {}).get(schema.META_BLOCK_TOKENS)
+        for t in tables
+        if "prefix_hashes" in t.column_names
+    }
+    if len(blocks) > 1:
+        raise ServelabError("cannot merge traces whose prefix hashes use different block sizes")
+    any_hashes = any("prefix_hashes" in t.column_names for t in tables)
+    parts, session_base = [], 0
+    for i, t in enumerate(tables):
+        t = schema.with_defaults(t)
+        if any_hashes and "prefix_hashes" not in t.column_names:
+            # No hashes means no reusable blocks: an empty list per request, never a null.
+            empty = pa.ListArray.from_arrays(pa.array(np.zeros(t.num_rows + 1, np.int32)), pa.array([], pa.int64()))
+            t = t.append_column("prefix_hashes", empty)
+        if names is not None:
+            tenant = t.column("tenant").cast(pa.string())
+            tagged = pc.if_else(
+                pc.equal(tenant, schema.DEFAULT_TENANT),
+                pa.scalar(names[i]),
+                pc.binary_join_element_wise(pa.scalar(names[i]), tenant, "/"),
+            )
+            t = t.set_column(t.column_names.index("tenant"), "tenant", tagged)
+        if "session_id" in t.column_names:
+            sid = t.column("session_id")
+            t = t.set_column(t.column_names.index("session_id"), "session_id", pc.add(sid, session_base))
+            session_base += int(pc.max(sid).as_py() or 0) + 1
+        if "prefix_hashes" in t.column_names and i > 0:
+            col = t.column("prefix_hashes").combine_chunks()
+            values = col.values.to_numpy() ^ np.int64(i << 56)
+            hashes = pa.ListArray.from_arrays(col.offsets, pa.array(values), mask=col.is_null())
+            t = t.set_column(t.column_names.index("prefix_hashes"), "prefix_hashes", hashes)
+        parts.append(schema.canonical(t))
+    table = pa.concat_tables(parts, promote_options="default").unify_dictionaries().combine_chunks()
+    order = np.argsort(table.column("arrival_s").to_numpy(), kind="stable")
+    table = table.take(pa.array(order))
+    ids = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    table = table.set_column(table.column_names.index("request_id"), "request_id", ids)
+    meta = {schema.META_SOURCE: b"merge"}
+    if blocks and None not in blocks:
+        meta[schema.META_BLOCK_TOKENS] = blocks.pop()
+    return table.replace_schema_metadata(meta)
+
+
+def _set_tier(table: pa.Table, tier: pa.Array) -> pa.Table:
+    tier = tier.cast(pa.string()).dictionary_encode()
+    if "tier" in table.column_names:
+        return table.set_column(table.column_names.index("tier"), "tier", tier)
+    return table.append_column("tier", tier)
+
+
+def tier_by_tenant(table: pa.Table, mapping: dict[str, str], default: str | None = None) -> pa.Table:
+    """Tier from the tenant: mapped tenants get their tier, others ``default`` (or keep their tier)."""
+    table = schema.with_defaults(table)
+    tenant = table.column("tenant").cast(pa.string()).to_numpy(zero_copy_only=False)
+    unknown = set(mapping) - set(np.unique(tenant))
+    if unknown:
+        raise ServelabError(f"tier rule names tenant(s) not in the trace: {', '.join(sorted(unknown))}")
+    tier = table.column("tier").cast(pa.string()).to_numpy(zero_copy_only=False).astype(object)
+    if default is not None:
+        tier[:] = default
+    for name, value in mapping.items():
+        tier[tenant == name] = value
+    return _set_tier(table, pa.array(tier, pa.string()))
+
+
+def tier_by_fraction(table: pa.Table, fractions: Weights, seed: int) -> pa.Table:
+    """Random tiers in the given proportions (per session where there are sessions), seeded."""
+    if not fractions:
+        raise ServelabError("tier fractions are empty")
+    key = _session_key(table)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    names = [n for n, _ in fractions]
+    p = np.array([w for _, w in fractions], dtype=np.float64)
+    codes = np.random.default_rng(seed).choice(len(names), size=len(uniq), p=p / p.sum())
+    tier = pa.DictionaryArray.from_arrays(pa.array(codes[inverse].astype(np.int32)), pa.array(names, pa.string()))
+    return _set_tier(table, tier)
