@@ -100,8 +100,9 @@ class StepLayout:
     max_q: int
     max_k: int
     block_table: Any  # [B, max_blocks] int32 (padded with block 0, never read past ctx_lens)
-    # "paged": cumulative ctx_lens; "gather": offsets of each item's padded block gather, laid end to end
+    # "paged" and "gather": cumulative ctx_lens (gather packs every item's keys end to end)
     cu_k: Any = None  # [B+1] int32
+    total_k: int = 0
     # "sdpa": q_len == 1 items ("dec") and longer chunks ("pf") are two padded batches
     dec_rows: Any = None  # [Bd] int64 row of each single-token item
     dec_table: Any = None  # [Bd, nbd] int64
@@ -204,15 +205,12 @@ def build_layout(
         block_table=table.astype(np.int32),
         num_rows=total,
     )
-    if kind == "paged":  # FlashAttention wants cumulative key lengths even when block tables locate keys
+    if kind in ("paged", "gather"):  # key offsets of each item, as FlashAttention's varlen API wants them
         cu_k = np.zeros(num_items + 1, dtype=np.int64)
         np.cumsum(ctx, out=cu_k[1:])
         layout["cu_k"] = cu_k.astype(np.int32)
-    elif kind == "gather":
-        padded = max_blocks * block_size
-        layout["cu_k"] = (np.arange(num_items + 1, dtype=np.int64) * padded).astype(np.int32)
-        layout["max_k"] = padded
-    elif kind == "sdpa":
+        layout["total_k"] = int(cu_k[-1])
+    if kind == "sdpa":
         layout.update(_sdpa_groups(start, count, ctx, need, table, cu))
     return StepLayout(**layout)
 

@@ -127,15 +127,36 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     return inv.float()
 
 
-def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, block_table):
-    """FlashAttention over packed variable-length queries (CUDA only); causal aligned to each key end.
+def varlen_api() -> str | None:
+    """Which ``torch.nn.attention.varlen.varlen_attn`` this torch has: "paged" (takes block tables,
+    torch >= 2.12), "packed" (packed keys only, the first API), or None (no such function)."""
+    import inspect
 
-    A module-level function so tests can swap in a CPU reference with the same semantics.
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "block_table" in params and "window_size" in params:
+        return "paged"
+    return "packed" if "is_causal" in params else None
+
+
+def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None):
+    """FlashAttention over packed variable-length queries (CUDA only), causal aligned to each key end.
+
+    ``block_table`` given: ``k``/``v`` are the block pools; else packed keys ``[sum ctx, kv_heads, D]``.
+    Tests hand the model a CPU reference with the same semantics instead (``Transformer.varlen_kernel``).
     """
     from torch.nn.attention.varlen import varlen_attn
 
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), enable_gqa=True,
-                       seqused_k=seqused_k, block_table=block_table)
+    if varlen_api() == "paged":
+        seqused = (cu_k[1:] - cu_k[:-1]).int() if block_table is not None else None
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), enable_gqa=True,
+                           seqused_k=seqused, block_table=block_table)
+    if block_table is not None:
+        raise ServelabError(f"attention=paged needs a torch whose varlen_attn takes block_table (this is {torch.__version__})")
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -166,6 +187,7 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tied_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.varlen_kernel = varlen_attention  # replaceable: the CPU tests run the GPU paths through a reference
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -290,19 +312,19 @@ class Transformer(nn.Module):
         x = self.embed(step.token_ids)
         groups = self.args.num_heads // self.args.num_kv_heads
         masks = _sdpa_masks(step, kv.block_size, groups) if step.kind == "sdpa" else None
+        key_slots = _packed_key_slots(step, kv.block_size) if step.kind == "gather" else None
         for i, layer in enumerate(self.layers):
             q, k, v = self._project_qkv(layer, x, cos, sin)
             kv.write(i, step.slots, k, v)
             if step.kind == "sdpa":
                 attn = self._attend_sdpa(i, q, step, kv, masks)
             elif step.kind == "paged":
-                attn = varlen_attention(q, kv.k[i], kv.v[i], step.cu_q, step.cu_k, step.max_q, step.max_k,
-                                        step.ctx_lens, step.block_table)
-            else:  # gather: each item's blocks copied end to end, read as one padded varlen batch
-                keys = kv.k[i][step.block_table].flatten(0, 2)
-                values = kv.v[i][step.block_table].flatten(0, 2)
-                attn = varlen_attention(q, keys, values, step.cu_q, step.cu_k, step.max_q, step.max_k,
-                                        step.ctx_lens, None)
+                attn = self.varlen_kernel(q, kv.k[i], kv.v[i], step.cu_q, step.cu_k, step.max_q, step.max_k,
+                                        step.block_table)
+            else:  # gather: every item's keys copied end to end, one packed varlen batch
+                keys = kv.k[i].view(-1, *k.shape[1:])[key_slots]
+                values = kv.v[i].view(-1, *v.shape[1:])[key_slots]
+                attn = self.varlen_kernel(q, keys, values, step.cu_q, step.cu_k, step.max_q, step.max_k)
             x = self._finish_layer(layer, x, attn.reshape(x.shape[0], -1))
         return x
 
@@ -355,6 +377,16 @@ def _sdpa_masks(step: StepLayout, block_size: int, groups: int):
         # query rows are ordered (group, position) to match the GQA folding in _attend_sdpa
         pf_mask = causal[:, None, None].expand(bp, 1, groups, qp, keys.shape[0]).reshape(bp, 1, groups * qp, -1)
     return dec_mask, pf_mask
+
+
+def _packed_key_slots(step: StepLayout, block_size: int) -> torch.Tensor:
+    # Slot of every key of every item, items end to end: computed on the device once per step, so
+    # the host ships only block tables however long the contexts are.
+    device = step.cu_k.device
+    lens = (step.cu_k[1:] - step.cu_k[:-1]).long()
+    item = torch.repeat_interleave(torch.arange(lens.shape[0], device=device), lens, output_size=step.total_k)
+    local = torch.arange(step.total_k, device=device) - step.cu_k[:-1].long()[item]
+    return step.block_table.long()[item, local // block_size] * block_size + local % block_size
 
 
 def load_hf_config(path: str | Path) -> dict | None:

@@ -63,6 +63,7 @@ class TorchRunner:
     activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB
     warmup: bool = True
     threads: int | None = None  # CPU: torch's intra-op threads (process-wide); tiny models run best on 1
+    varlen_kernel: Any = None  # replaces FlashAttention varlen (tests run the GPU paths on CPU with a reference)
     name: str = field(default="torch", init=False)
     needs_block_tables: bool = field(default=True, init=False)
 
@@ -100,6 +101,8 @@ class TorchRunner:
         self._check_fits()
         self.model = Transformer.build(self.args, device=self.device, dtype=self._torch_dtype, seed=self.seed,
                                        weights=self.weights)
+        if self.varlen_kernel is not None:
+            self.model.varlen_kernel = self.varlen_kernel
         self._kv = None
         self.last_stats: StepStats | None = None
         self.last_tokens: np.ndarray | None = None  # greedy samples of the last step, one per sample row
@@ -199,16 +202,25 @@ class TorchRunner:
         return self.device.startswith("cuda")
 
     def _pick_attention(self) -> str:
+        from servelab.runners.torch_model import varlen_api
+
+        api = "paged" if self.varlen_kernel is not None else (varlen_api() if self.is_cuda else None)
         if self.attention == "auto":
-            if not self.is_cuda:
-                return "sdpa"
-            return "paged" if self.block_size % 256 == 0 else "gather"  # FlashAttention pages: multiples of 256
+            if api == "paged" and self.block_size % 256 == 0:  # FlashAttention pages: multiples of 256 tokens
+                return "paged"
+            return "gather" if api is not None else "sdpa"
         if self.attention not in ATTENTION_KINDS:
             raise ServelabError(
                 f"runner 'torch': attention must be auto or one of {', '.join(ATTENTION_KINDS)}, got '{self.attention}'"
             )
         if self.attention == "paged" and self.block_size % 256:
             raise ServelabError(f"runner 'torch': attention=paged needs block_size a multiple of 256, got {self.block_size}")
+        if self.attention in ("paged", "gather") and api is None:
+            raise ServelabError(f"runner 'torch': attention={self.attention} needs CUDA and torch.nn.attention.varlen "
+                                f"(device {self.device}, torch {self._torch.__version__}); use attention=sdpa")
+        if self.attention == "paged" and api != "paged":
+            raise ServelabError(f"runner 'torch': attention=paged needs varlen_attn with block tables (torch >= 2.12), "
+                                f"this is torch {self._torch.__version__}; use attention=gather")
         return self.attention
 
     def _check_fits(self) -> None:

@@ -57,7 +57,7 @@ def dense_logits(runner, req, length: int):
     return runner.model.forward_dense(torch.from_numpy(ids))
 
 
-def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, block_table):
+def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None):
     """FlashAttention varlen semantics on CPU (test only): causal aligned to each sequence's key end."""
     import torch
     import torch.nn.functional as F
@@ -66,18 +66,19 @@ def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, block_table):
     groups = q.shape[1] // k.shape[-2]
     for b in range(cu_q.shape[0] - 1):
         q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
-        klen = int(seqused_k[b])
+        k0, k1 = int(cu_k[b]), int(cu_k[b + 1])
+        klen = k1 - k0
         if block_table is not None:
             keys, values = k[block_table[b].long()].flatten(0, 1)[:klen], v[block_table[b].long()].flatten(0, 1)[:klen]
         else:
-            k0 = int(cu_k[b])
-            keys, values = k[k0:k0 + klen], v[k0:k0 + klen]
+            keys, values = k[k0:k1], v[k0:k1]
         qlen = q1 - q0
         allowed = torch.arange(klen)[None, :] <= torch.arange(qlen)[:, None] + (klen - qlen)
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
         o = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                            attn_mask=allowed)
         out[q0:q1] = o.transpose(0, 1)
+    assert max_q == int((cu_q[1:] - cu_q[:-1]).max()) and max_k == int((cu_k[1:] - cu_k[:-1]).max())
     return out
 
 
@@ -132,6 +133,7 @@ def test_layout_maps_positions_to_engine_block_slots():
     assert layout.slots.tolist() == [4, 5, 8, 9, 2]
     assert layout.block_table.tolist() == [[7, 2], [4, 1]]  # only the blocks the step can touch
     assert layout.cu_q.tolist() == [0, 2, 5] and layout.ctx_lens.tolist() == [4, 3]
+    assert layout.cu_k.tolist() == [0, 4, 7] and layout.total_k == 7 and layout.max_k == 4
     assert layout.sample_rows.tolist() == [1]  # only request 5 reaches its known tokens
 
 
@@ -156,13 +158,11 @@ def test_importing_the_runner_seams_does_not_import_torch():
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "paged", "gather"])
-def test_chunked_mixed_batches_match_full_sequence_forward(torch, monkeypatch, attention):
-    from servelab.runners import torch_model
-
-    if attention != "sdpa":  # the GPU kernels' index plumbing, run through a CPU reference kernel
-        monkeypatch.setattr(torch_model, "varlen_attention", varlen_reference)
+def test_chunked_mixed_batches_match_full_sequence_forward(torch, attention):
+    # paged / gather: the GPU paths' index plumbing, run through a CPU reference of FlashAttention varlen
+    kernel = None if attention == "sdpa" else varlen_reference
     bs = 256 if attention == "paged" else 4
-    runner = make_runner(torch, block_size=bs, num_blocks=64, attention=attention, warmup=False)
+    runner = make_runner(torch, block_size=bs, num_blocks=64, attention=attention, warmup=False, varlen_kernel=kernel)
     alloc = BlockAllocator(64)
     alloc.allocate(5)  # so tables do not start at block 0
     a, b, c = fake_request(11, 23), fake_request(12, 9), fake_request(13, 5)
@@ -309,6 +309,7 @@ def test_factory_takes_model_and_block_size_from_context(torch):
         ("torch:model=tiny,device=tpu", "device must be cpu or cuda"),
         ("torch:model=tiny,device=cpu,attention=magic", "attention must be auto or one of"),
         ("torch:model=tiny,device=cpu,attention=paged,block_size=16", "multiple of 256"),
+        ("torch:model=tiny,device=cpu,attention=gather", "attention=gather needs CUDA"),
         ("torch:model=nope,device=cpu", "unknown model preset 'nope'"),
         ("torch:model=tiny,device=cpu,num_blocks=0", "num_blocks must be >= 1"),
         ("torch:model=tiny,device=cpu,warmup=maybe", "warmup must be 0 or 1"),
