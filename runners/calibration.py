@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = calibrate(args.profiles)
     with atomic_path(args.output) as tmp:
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        tmp.chmod(0o644)  # packaged data: readable by everyone once installed (mkstemp makes 0600)
     for e in doc["errors"]:
         print(f"{e['gpu']:5} {e['group']:18} n={e['n']:6}  median APE {e['median_ape_pct']:5.1f}%  p90 {e['p90_ape_pct']:5.1f}%")
     print(f"wrote {args.output}")

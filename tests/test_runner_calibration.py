@@ -73,7 +73,7 @@ def test_runner_layer_reproduces_llama3_8b_on_a100():
         for tp, t in zip(df["num_tensor_parallel_workers"].to_list(), df["num_tokens"].to_list())
     ]
     ape = _ape(pred, measured)
-    assert np.median(ape) < 8 and np.quantile(ape, 0.9) < 20
+    assert np.median(ape) < 5 and np.quantile(ape, 0.9) < 15  # measured 2.3% and 9.7%
 
 
 def test_runner_attention_reproduces_the_a100_attention_profile():
@@ -103,3 +103,18 @@ def test_calibration_main_writes_atomically(tmp_path):
     with pytest.raises(InputError):
         cb.main(["--profiles", str(tmp_path / "nowhere"), "-o", str(tmp_path / "bad.json")])
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_gemm_efficiencies_transfer_to_a_model_left_out_of_the_fit():
+    """Leave one model out on the A100: the constants describe the GPU, not the models fitted."""
+    from servelab.runners.presets import get_gpu
+
+    gpu, files = get_gpu("a100-80gb"), cb.mlp_files(VIDUR, "a100")
+    errors = []
+    for held in files:
+        train, test = cb.layer_samples([f for f in files if f != held]), cb.layer_samples([held])
+        for op in ("qkv_proj", "o_proj", "mlp_up", "mlp_down"):
+            fitted = cb.fit_roofline(train[op], gpu)
+            errors.append(_ape(cb.roofline_predict(test[op], gpu, **fitted), test[op].time_s))
+    ape = np.concatenate(errors)
+    assert np.median(ape) < 8 and np.quantile(ape, 0.9) < 20  # measured 5.5% and 16.3%
