@@ -155,3 +155,60 @@ def collect_cmd(run_dirs, slo_specs, slo_file, out):
 
     n = collect(list(run_dirs), out, slo_from_options(slo_specs, slo_file))
     click.echo(f"collected {n} run(s) into {out}")
+
+
+def _floats(text: str | None, name: str) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ServelabError(f"{name} expects comma-separated numbers, got '{text}'") from None
+
+
+from servelab.cli.replay_cmd import config_from_options, replay_options  # noqa: E402  (shared replay flags)
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--rates", help="Comma-separated offered arrival rates to replay, req/s (e.g. 1,2,4,8).")
+@click.option("--scales", help="Comma-separated multipliers of the trace's own rate (arrival_s divided by each).")
+@click.option("--goodput-target", "target", type=float, help="Search the highest rate whose joint SLO attainment >= this (e.g. 0.9).")
+@click.option("--tolerance", type=float, default=0.02, show_default=True, help="Stop the search when hi/lo - 1 <= this.")
+@click.option("--min-rate", type=float, help="Lowest rate the search may try, req/s.")
+@click.option("--max-rate", type=float, help="Highest rate the search may try, req/s.")
+@click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Replays run in parallel processes.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Sweep directory to write.")
+@slo_options
+@replay_options
+def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, slo_specs, slo_file, **options):
+    """Replay TRACE at several arrival rates (one run dir each) and find the goodput rate."""
+    from servelab.scoring.output import render_table
+    from servelab.scoring.sweep import run_sweep
+
+    import pyarrow as pa
+
+    config = config_from_options(**options)
+    slo = slo_from_options(slo_specs, slo_file)
+
+    def progress(p):
+        click.echo(f"  rate {p.rate_rps:.6g} req/s (x{p.scale:.4g}): attainment {p.attainment:.3f}", err=True)
+
+    result = run_sweep(
+        trace, config, out_dir, slo=slo, rates=_floats(rates, "--rates"), scales=_floats(scales, "--scales"),
+        target=target, tolerance=tolerance, jobs=jobs, min_rate=min_rate, max_rate=max_rate, progress=progress,
+    )  # fmt: skip
+    cols = ("rate_rps", "scale", "attainment", "attainment_ttft", "attainment_tpot", "goodput_rps",
+            "request_throughput_rps", "ttft_p99_s", "tpot_p99_s", "unfinished", "refused", "run_dir")  # fmt: skip
+    table = pa.table({c: [getattr(p, c) for p in result.points] for c in cols})
+    click.echo(f"trace rate {result.native_rate_rps:.6g} req/s; {len(result.points)} replays in {out_dir}")
+    click.echo(render_table(table), nl=False)
+    for note in result.notes:
+        click.echo(note)
+    if result.target is not None and result.goodput_rate_rps is not None:
+        lo, hi = result.bracket_rps
+        upper = f", first miss at {hi:.6g}" if hi is not None else ""
+        click.echo(
+            f"goodput rate (attainment >= {result.target:g}): {lo:.6g} req/s{upper} (tolerance {result.tolerance:g}); "
+            f"{result.goodput_rate_per_gpu:.6g} req/s per GPU"
+        )

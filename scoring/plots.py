@@ -56,9 +56,11 @@ def plot_cdf(con: duckdb.DuckDBPyConnection, metric: str, path: Path) -> Path | 
         return None
     runs = sorted({r[0] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run_id, tier, q, n in rows:
+    colors = plt.get_cmap("viridis")([i / max(1, len(rows) - 1) for i in range(len(rows))]) if len(rows) > 10 else [None] * len(rows)
+    for (run_id, tier, q, n), color in zip(rows, colors):
         label = tier if len(runs) == 1 else f"{run_id} / {tier}"
-        ax.plot([v * 1e3 for v in q], qs, label=f"{label} (n={n})", drawstyle="steps-post" if n < 50 else "default")
+        ax.plot([v * 1e3 for v in q], qs, label=f"{label} (n={n})", color=color,
+                drawstyle="steps-post" if n < 50 else "default")
     slo = con.execute(f"SELECT {metric} FROM slo_table WHERE scope = 'global'").fetchone()
     if slo and slo[0] is not None:
         ax.axvline(slo[0] * 1e3, color="black", linestyle="--", linewidth=1, label=f"global SLO {slo[0] * 1e3:g} ms")
@@ -70,7 +72,10 @@ def plot_cdf(con: duckdb.DuckDBPyConnection, metric: str, path: Path) -> Path | 
     ax.set_ylim(0, 1.01)
     ax.grid(True, alpha=0.3)
     ax.set_title(f"{metric.removesuffix('_s').upper()} CDF per tier")
-    ax.legend(fontsize=8, loc="lower right")
+    if len(rows) > 8:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8, loc="lower right")
     return _save(fig, path)
 
 
@@ -95,12 +100,13 @@ def plot_tenant_attainment(con: duckdb.DuckDBPyConnection, path: Path) -> Path |
         ax.bar(xs, [values.get((run_id, t)) or 0.0 for t in tenants], width=width, label=run_id)
     ax.set_xticks(range(len(tenants)))
     ax.set_xticklabels(tenants, rotation=45 if len(tenants) > 6 else 0, ha="right" if len(tenants) > 6 else "center")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.18)
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_ylabel("joint SLO attainment")
     ax.set_title("SLO attainment per tenant")
     ax.grid(True, axis="y", alpha=0.3)
     if len(runs) > 1:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", ncol=min(len(runs), 4))
     return _save(fig, path)
 
 
@@ -166,6 +172,10 @@ def plot_timeline(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> Pa
         params = [t0, t0, width, width, run_id]
         style = "default"
     rows = con.execute(sql, params).fetchall()
+    if style == "steps-post":  # hold each replica's last stretch until it ends
+        last = {r[0]: r for r in rows}
+        rows += [(rep, t1, *r[2:]) for rep, r in last.items()]
+        rows.sort(key=lambda r: (r[0], r[1]))
     fig, axes = plt.subplots(3, 1, figsize=(9, 6.5), sharex=True)
     replicas = list(dict.fromkeys(r[0] for r in rows))
     for rep in replicas[:8]:

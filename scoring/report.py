@@ -16,7 +16,7 @@ from rich import box
 from rich.table import Table
 
 from servelab.scoring.connect import connect
-from servelab.scoring.slo import SloTable
+from servelab.scoring.slo import SloTable, as_slo_table
 
 REPORT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 MAX_TENANT_ROWS = 20
@@ -188,12 +188,17 @@ def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None
         if i:
             console.print()
         render(report_data(con, run_id), console)
-    return buf.getvalue()
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-def report_text(run_dir: str | os.PathLike, slo: SloTable | None = None, width: int = 120) -> str:
-    """The report of one run directory (or several, one after another) as plain text."""
-    con = connect(run_dir, slo)
+def report_text(
+    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int = 120
+) -> str:
+    """The report of one run directory (or several, one after another) as plain text.
+
+    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)``.
+    """
+    con = connect(run_dir, as_slo_table(slo))
     try:
         return render_text(con, width=width)
     finally:

@@ -248,3 +248,14 @@ def _parse_one(spec: str) -> SloTable:
     if scope == "tier":
         return SloTable(tiers=((name, slo),))
     return SloTable(tenants=((name, slo),))
+
+
+def as_slo_table(slo: "SloTable | list[str] | tuple[str, ...] | None") -> "SloTable | None":
+    """Accept a table, CLI specs (``("ttft=0.5",)``) or None, so callers can pass what they hold."""
+    if slo is None or isinstance(slo, SloTable):
+        return slo
+    if isinstance(slo, str):
+        slo = [slo]
+    table = SloTable.parse_cli(list(slo))
+    return None if table.is_empty else table
+

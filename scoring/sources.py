@@ -152,18 +152,19 @@ def num_gpus(meta: dict) -> int:
     """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1)."""
     engine = meta.get("engine") or {}
     params = (meta.get("runner") or {}).get("params") or {}
-    tp = 1
+    tp = (meta.get("config") or {}).get("tp", 1)
     for key in ("tp", "tensor_parallel", "tensor_parallel_size"):
         if key in params:
-            try:
-                tp = int(params[key])
-            except (TypeError, ValueError):
-                pass
+            tp = params[key]
             break
     try:
         replicas = int(engine.get("replicas", 1) or 1)
     except (TypeError, ValueError):
         replicas = 1
+    try:
+        tp = int(tp)
+    except (TypeError, ValueError):
+        tp = 1
     return max(1, replicas) * max(1, tp)
 
 

@@ -1,0 +1,276 @@
+"""Replay one trace at scaled arrival rates and find the goodput rate: the highest rate meeting an attainment target.
+
+A rate is the offered mean arrival rate ``(n - 1) / (last arrival - first arrival)`` in req/s; the
+trace is replayed at rate r by dividing every arrival time by ``k = r / native_rate``. The search
+first doubles (or halves) from a start rate until one rate meets the target and a higher one misses
+it, then narrows that bracket with ``jobs`` interior points per round until ``hi / lo - 1 <=
+tolerance``. Which rates are replayed depends only on the results, never on timing, so a sweep with
+more processes gives the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Iterable
+
+import pyarrow as pa
+
+from servelab.common.atomic import atomic_dir, atomic_path
+from servelab.common.errors import ServelabError
+from servelab.scoring.slo import SloTable
+
+MAX_EXPANSIONS = 20  # doublings/halvings before giving up on a bracket
+MAX_POINTS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    rate_rps: float  # offered rate asked for
+    scale: float  # arrival times divided by this
+    run_dir: str  # relative to the sweep directory
+    requests: int
+    attainment: float
+    attainment_ttft: float | None
+    attainment_tpot: float | None
+    goodput_rps: float | None
+    request_throughput_rps: float | None
+    ttft_p99_s: float | None
+    tpot_p99_s: float | None
+    unfinished: int
+    refused: int
+    num_gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    target: float | None
+    tolerance: float | None
+    native_rate_rps: float
+    points: tuple[SweepPoint, ...]
+    goodput_rate_rps: float | None = None  # highest tested rate meeting the target below the first miss
+    bracket_rps: tuple[float | None, float | None] | None = None  # (meets, misses)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def goodput_rate_per_gpu(self) -> float | None:
+        if self.goodput_rate_rps is None or not self.points:
+            return None
+        return self.goodput_rate_rps / self.points[0].num_gpus
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["points"] = [asdict(p) for p in self.points]
+        d["goodput_rate_per_gpu"] = self.goodput_rate_per_gpu
+        return d
+
+
+def native_rate(trace: pa.Table) -> float:
+    """Offered rate of the trace as written: (n - 1) / arrival span."""
+    arrivals = trace.column("arrival_s").to_numpy(zero_copy_only=False)
+    if len(arrivals) < 2 or arrivals.max() <= arrivals.min():
+        raise ServelabError("sweep needs a trace with at least two distinct arrival times")
+    return (len(arrivals) - 1) / float(arrivals.max() - arrivals.min())
+
+
+def goodput_rate(points: Iterable[tuple[float, float]], target: float) -> tuple[float | None, float | None]:
+    """(highest rate meeting ``target`` below the first rate that misses it, that first missing rate).
+
+    Conservative when attainment is not monotone in rate: a pass above a miss does not count.
+    """
+    lo = hi = None
+    for rate, attainment in sorted(points):
+        if attainment >= target:
+            lo = rate
+        else:
+            hi = rate
+            break
+    return lo, hi
+
+
+def run_name(rate: float) -> str:
+    return f"rate_{rate:.6g}"
+
+
+def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | None, scale: float, rate: float,
+                  run_dir: str) -> dict:
+    """Worker: replay at one scale, write the run, score it. Top-level so processes can import it."""
+    from servelab.replay import replay, write_run
+    from servelab.scoring.connect import connect
+    from servelab.traces.io import read_trace
+    from servelab.traces.transforms import scale_rate
+
+    trace = scale_rate(read_trace(trace_path), scale)
+    result = replay(trace, config, trace_meta=dict(trace_meta, rate_scale=scale, rate_rps=rate))
+    write_run(result, run_dir)
+    con = connect(run_dir, slo)
+    try:
+        a = con.execute("SELECT * FROM slo_attainment WHERE scope = 'overall'").fetchone()
+        cols = [d[0] for d in con.description]
+        att = dict(zip(cols, a))
+        g = con.execute("SELECT goodput_rps, request_throughput_rps, num_gpus FROM goodput WHERE scope = 'overall'").fetchone()
+        lat = dict(con.execute(
+            "SELECT metric, p99 FROM latency_summary WHERE scope = 'overall' AND metric IN ('ttft_s', 'tpot_s')"
+        ).fetchall())  # fmt: skip
+    finally:
+        con.close()
+    return {
+        "requests": att["requests"],
+        "attainment": att["attainment"],
+        "attainment_ttft": att["attainment_ttft"],
+        "attainment_tpot": att["attainment_tpot"],
+        "goodput_rps": g[0],
+        "request_throughput_rps": g[1],
+        "num_gpus": g[2],
+        "ttft_p99_s": lat.get("ttft_s"),
+        "tpot_p99_s": lat.get("tpot_s"),
+        "unfinished": att["unfinished"],
+        "refused": att["rejected"] + att["throttled"] + att["dropped"],
+    }
+
+
+class _Evaluator:
+    """Replays rates (in parallel when jobs > 1), each once, collecting SweepPoints."""
+
+    def __init__(self, trace_path, trace_meta, config, slo, native, work_dir: Path, jobs: int, progress):
+        self.args = (str(trace_path), trace_meta, config, slo)
+        self.native = native
+        self.work_dir = work_dir
+        self.jobs = jobs
+        self.progress = progress
+        self.points: dict[float, SweepPoint] = {}
+        self.pool = None
+
+    def __enter__(self):
+        if self.jobs > 1:
+            # spawn, not fork: a forked child would inherit the parent's DuckDB/Arrow thread pools
+            self.pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=get_context("spawn"))
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def evaluate(self, rates: list[float]) -> list[SweepPoint]:
+        todo = sorted({r for r in rates if r not in self.points})
+        if len(self.points) + len(todo) > MAX_POINTS:
+            raise ServelabError(f"sweep would replay more than {MAX_POINTS} rates; loosen --tolerance")
+        jobs = []
+        for rate in todo:
+            scale = rate / self.native
+            name = run_name(rate)
+            if any(p.run_dir == name for p in self.points.values()):
+                raise ServelabError(f"rates too close to tell apart ({name}); loosen --tolerance")
+            jobs.append((rate, scale, name, (*self.args, scale, rate, str(self.work_dir / name))))
+        if self.pool is None:
+            results = [_replay_point(*a) for *_, a in jobs]
+        else:
+            futures = [self.pool.submit(_replay_point, *a) for *_, a in jobs]
+            results = [f.result() for f in futures]
+        for (rate, scale, name, _), res in zip(jobs, results):
+            point = SweepPoint(rate_rps=rate, scale=scale, run_dir=name, **res)
+            self.points[rate] = point
+            if self.progress:
+                self.progress(point)
+        return [self.points[r] for r in rates]
+
+
+def _bracket(ev: _Evaluator, start: float, target: float, jobs: int, min_rate, max_rate) -> tuple[float | None, float | None]:
+    """Double up / halve down from ``start`` (``jobs`` rates per round) until a pass sits below a miss."""
+    lo, hi = goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
+    if lo is not None and hi is not None:
+        return lo, hi
+    if not ev.points:
+        ev.evaluate([start])
+    for _ in range(MAX_EXPANSIONS):
+        lo, hi = goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
+        if lo is not None and hi is not None:
+            return lo, hi
+        rates = sorted(ev.points)
+        if hi is None:  # everything passed: go higher
+            top = rates[-1]
+            nxt = [top * 2 ** (i + 1) for i in range(jobs)]
+            if max_rate is not None:
+                if top >= max_rate:
+                    return lo, None
+                nxt = sorted({min(r, max_rate) for r in nxt})
+        else:  # the lowest rate already misses: go lower
+            bottom = rates[0]
+            nxt = [bottom / 2 ** (i + 1) for i in range(jobs)]
+            if min_rate is not None:
+                if bottom <= min_rate:
+                    return None, hi
+                nxt = sorted({max(r, min_rate) for r in nxt})
+        ev.evaluate(nxt)
+    return goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
+
+
+def run_sweep(
+    trace_path: str | os.PathLike,
+    config,
+    out_dir: str | os.PathLike,
+    slo: SloTable | None = None,
+    rates: list[float] | None = None,
+    scales: list[float] | None = None,
+    target: float | None = None,
+    tolerance: float = 0.02,
+    jobs: int = 1,
+    min_rate: float | None = None,
+    max_rate: float | None = None,
+    progress: Callable[[SweepPoint], None] | None = None,
+) -> SweepResult:
+    """Replay at the given rates and/or search the goodput rate; writes one run dir per rate plus sweep.json."""
+    from servelab.traces.io import read_trace, trace_sha256
+
+    if not rates and not scales and target is None:
+        raise ServelabError("sweep needs --rates, --scales or --goodput-target")
+    if target is not None and not 0 < target <= 1:
+        raise ServelabError(f"--goodput-target must be in (0, 1], got {target}")
+    if target is not None and not 1e-4 <= tolerance < 1:
+        raise ServelabError(f"--tolerance must be in [0.0001, 1), got {tolerance}")
+    if jobs < 1:
+        raise ServelabError(f"--jobs must be >= 1, got {jobs}")
+    for name, values in (("--rates", rates), ("--scales", scales)):
+        if values and any(not (v > 0 and math.isfinite(v)) for v in values):
+            raise ServelabError(f"{name} must all be positive numbers")
+    if min_rate is not None and max_rate is not None and min_rate >= max_rate:
+        raise ServelabError("--min-rate must be below --max-rate")
+    trace = read_trace(trace_path)
+    native = native_rate(trace)
+    has_overrides = any(c in trace.column_names and trace.column(c).null_count < trace.num_rows
+                        for c in ("ttft_slo_s", "tpot_slo_s"))  # fmt: skip
+    if target is not None and slo is None and not has_overrides:
+        raise ServelabError("--goodput-target needs an SLO (--slo or --slo-file)")
+    meta = {"path": str(trace_path), "name": Path(trace_path).stem, "sha256": trace_sha256(trace_path)}
+    grid = sorted({*(rates or []), *(s * native for s in scales or [])})
+    out_dir = Path(out_dir)
+    notes: list[str] = []
+    with atomic_dir(out_dir) as work, _Evaluator(trace_path, meta, config, slo, native, work, jobs, progress) as ev:
+        if grid:
+            ev.evaluate(grid)
+        lo = hi = None
+        if target is not None:
+            start = min_rate if min_rate is not None else (max_rate if max_rate is not None and max_rate < native else native)
+            lo, hi = _bracket(ev, start, target, jobs, min_rate, max_rate)
+            if lo is None:
+                notes.append(f"attainment is below {target:g} even at the lowest rate tried ({min(ev.points):.6g} req/s)")
+            elif hi is None:
+                notes.append(f"attainment meets {target:g} at every rate tried, up to {max(ev.points):.6g} req/s")
+            else:
+                while hi / lo - 1 > tolerance:
+                    ev.evaluate([lo + (hi - lo) * (i + 1) / (jobs + 1) for i in range(jobs)])
+                    lo, hi = goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
+        points = tuple(ev.points[r] for r in sorted(ev.points))
+        result = SweepResult(
+            target=target, tolerance=tolerance if target is not None else None, native_rate_rps=native,
+            points=points, goodput_rate_rps=lo if target is not None else None,
+            bracket_rps=(lo, hi) if target is not None else None, notes=tuple(notes),
+        )  # fmt: skip
+        with atomic_path(work / "sweep.json") as tmp:
+            tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+    return result
