@@ -402,3 +402,67 @@ def test_llama31_preset_shape_and_rope_scaling(torch):
     inv = rope_inv_freq(a)
     base = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
     assert torch.isclose(inv[0], base[0].float()) and torch.isclose(inv[-1], (base[-1] / 8).float())
+
+
+# ---- bench/gpu_check.py on CPU (the same script the H200 runs) ----------------------------------
+
+
+def load_gpu_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_smoke_runs_every_phase_on_cpu(torch, tmp_path):
+    import pyarrow as pa
+
+    from servelab.traces.io import write_trace
+
+    n = 16
+    trace = write_trace(pa.table({"request_id": list(range(n)), "arrival_s": [0.05 * i for i in range(n)],
+                                  "prompt_tokens": [20 + 7 * i for i in range(n)],
+                                  "output_tokens": [3 + i % 5 for i in range(n)]}), tmp_path / "t.parquet", "test")
+    out = tmp_path / "out"
+    code = load_gpu_check().main(["--model", "tiny", "--device", "cpu", "--quick", "--threads", "1",
+                                  "--out", str(out), "--trace", str(trace)])
+    result = json.loads((out / "gpu_check.json").read_text())
+    phases = result["phases"]
+    assert code == 0, {k: v.get("error") for k, v in phases.items()}
+    assert set(phases) == {"env", "correctness", "decode", "prefill", "profile", "fit", "validate"}
+    assert all(p["status"] == "ok" for p in phases.values())
+    assert phases["correctness"]["pass"] is True
+    assert phases["decode"]["pass"] is None  # no bandwidth verdict on a CPU
+    assert all(r["step_ms"] > 0 for r in phases["decode"]["rows"])
+    assert phases["validate"]["requests"] == 12  # --quick keeps the first 12
+    for name in ("profile.parquet", "fitted.json", "validate_fitted.json"):
+        assert (out / name).is_file()
+
+
+def test_gpu_check_records_a_failed_phase_and_skips_over_budget(tmp_path):
+    gc = load_gpu_check()
+    check = gc.Check(tmp_path, budget_s=100.0)
+    check.phase("boom", lambda: 1 / 0)
+    check.phase("fine", lambda: {"summary": "x"})
+    check.phase("late", lambda: {}, min_s=1e9)
+    phases = json.loads((tmp_path / "gpu_check.json").read_text())["phases"]
+    assert phases["boom"]["status"] == "error" and "ZeroDivisionError" in phases["boom"]["error"]
+    assert phases["fine"]["status"] == "ok"
+    assert phases["late"]["status"] == "skipped" and "budget" in phases["late"]["reason"]
+
+
+def test_gpu_check_reads_the_azure_csv_without_polars(monkeypatch):
+    shared = REPO.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    if not shared.is_file():
+        pytest.skip("shared traces not present")
+    from servelab.traces.importers import import_trace
+
+    gc = load_gpu_check()
+    expected = import_trace("azure", [shared]).table
+    monkeypatch.setitem(sys.modules, "servelab.traces.importers", None)  # as on the GPU image: no polars
+    table = gc.load_trace(shared)
+    assert table.num_rows == expected.num_rows == 19366
+    for name in ("arrival_s", "prompt_tokens", "output_tokens"):
+        assert table.column(name).to_pylist() == expected.column(name).to_pylist()
