@@ -99,8 +99,8 @@ class ArrivalConfig:
             starts = [s for s, _ in self.schedule]
             if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
                 raise ServelabError("rate schedule must start at 0 s and increase")
-            if any(r < 0 for _, r in self.schedule) or self.schedule[-1][1] <= 0:
-                raise ServelabError("rate schedule rates must be >= 0 and the last one > 0")
+            if any(r < 0 for _, r in self.schedule) or not any(r > 0 for _, r in self.schedule):
+                raise ServelabError("rate schedule rates must be >= 0 and not all 0")
         elif not self.rate_per_s > 0:
             raise ServelabError(f"arrival rate must be > 0 (got {self.rate_per_s})")
         if self.profile == "diurnal" and not (0 <= self.diurnal_amplitude <= 1 and self.diurnal_period_s > 0):
@@ -140,7 +140,13 @@ class ArrivalConfig:
             starts = np.array([s for s, _ in self.schedule], dtype=np.float64)
             lam_at = self.cumulative_rate(starts)
             last_rate = self.schedule[-1][1]
-            t_end = starts[-1] + max(0.0, (float(lam.max(initial=0.0)) - lam_at[-1]) / last_rate) + 1.0
+            excess = float(lam.max(initial=0.0)) - lam_at[-1]
+            if last_rate == 0 and excess > 0:
+                raise ServelabError(
+                    f"the rate schedule ends at rate 0 after about {lam_at[-1]:.0f} arrivals; "
+                    "ask for fewer requests, a duration, or a last rate > 0"
+                )
+            t_end = starts[-1] + (max(0.0, excess) / last_rate if last_rate > 0 else 0.0) + 1.0
             grid_t = np.append(starts, t_end)
             grid_l = self.cumulative_rate(grid_t)
             # Λ is piecewise linear, so interpolating over its breakpoints is exact. A rate-0 step

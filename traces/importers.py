@@ -97,6 +97,8 @@ def _drop_zero(part_path: Path, cols: dict[str, str], prompt, output, drop_zero:
 
 def merge(parts: list[Part], source: str, prefix_block_tokens: int | None = None, tag_tenant: bool = False) -> Imported:
     """Rebase times to the earliest arrival, sort stably (file order breaks ties), renumber ids."""
+    if not any(len(p.time) for p in parts):
+        raise InputError(parts[0].path, "no requests left to import (every row was dropped)")
     base = min(p.time.min() for p in parts if len(p.time))
     tables = []
     for part in parts:
@@ -113,8 +115,6 @@ def merge(parts: list[Part], source: str, prefix_block_tokens: int | None = None
         if tag_tenant:
             cols["tenant"] = schema.constant_dict(part.path.stem, len(arrival))
         tables.append(pa.table(cols))
-    if not any(t.num_rows for t in tables):
-        raise InputError(parts[0].path, "no requests left to import (every row was dropped)")
     table = _concat(tables)
     order = np.argsort(table.column("arrival_s").to_numpy(), kind="stable")
     table = table.take(pa.array(order))

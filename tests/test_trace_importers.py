@@ -1,0 +1,233 @@
+"""Importers: the bundled fixture slices, the full shared samples, and one test per bad-row rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from helpers_traces import FIXTURES, assert_input_error, shared
+
+from servelab.common.errors import InputError, ServelabError
+from servelab.traces.arrivals import ArrivalConfig
+from servelab.traces.importers import import_trace
+from servelab.traces.info import trace_info
+from servelab.traces.io import read_trace, write_trace
+
+AZURE_HEAD = FIXTURES / "azure_conv_2023_head300.csv"
+VIDUR_HEAD = FIXTURES / "vidur_splitwise_conv_head300.csv"
+
+
+def _strings(table: pa.Table, name: str) -> list[str]:
+    return table.column(name).cast(pa.string()).to_pylist()
+
+
+# ---- fixture slices (always run)
+
+
+def test_azure_2023_matches_vidur_preparse():
+    a = import_trace("azure", [AZURE_HEAD]).table
+    v = import_trace("vidur", [VIDUR_HEAD]).table
+    assert a.num_rows == v.num_rows == 300
+    np.testing.assert_allclose(a.column("arrival_s").to_numpy(), v.column("arrival_s").to_numpy(), atol=1e-6)
+    assert a.column("prompt_tokens").equals(v.column("prompt_tokens"))
+    assert a.column("output_tokens").equals(v.column("output_tokens"))
+    assert a.column("arrival_s")[1].as_py() == pytest.approx(4.314579, abs=1e-9)  # 7-digit fractions kept
+
+
+def test_azure_2024_form_with_zone_and_simultaneous_arrivals():
+    r = import_trace("azure", [FIXTURES / "azure_2024_form.csv"])
+    arrival = r.table.column("arrival_s").to_numpy()
+    assert r.table.num_rows == 40 and arrival[0] == 0.0
+    # rows 2..: first is 00:00:00.501726, second 00:00:01.108173 (microsecond precision)
+    assert arrival[1] == pytest.approx(1.108173 - 0.501726, abs=1e-9)
+    assert (np.diff(arrival) == 0).sum() == 3
+    assert np.all(np.diff(arrival) >= 0)
+
+
+def test_azure_general_csv_forms(tmp_path):
+    """Quoted headers in another order, extra columns, a 'T' separator, 'Z' zone and unsorted rows."""
+    src = tmp_path / "other.csv"
+    src.write_text(
+        '"GeneratedTokens","TIMESTAMP","ContextTokens","Extra"\n'
+        '5,2024-01-01T00:00:02Z,10,x\n'
+        '"7",2024-01-01T00:00:00.5Z,"20",y\n'
+        '9,2024-01-01 00:00:01.000000+00:00,30,z\n'
+    )
+    t = import_trace("azure", [src]).table
+    assert t.column("arrival_s").to_pylist() == [0.0, 0.5, 1.5]
+    assert t.column("prompt_tokens").to_pylist() == [20, 30, 10]
+    assert t.column("request_id").to_pylist() == [0, 1, 2]
+
+
+def test_azure_zone_offsets_convert_to_utc(tmp_path):
+    src = tmp_path / "tz.csv"
+    src.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 01:00:00+01:00,1,1\n2024-01-01 00:00:10+00:00,1,1\n")
+    assert import_trace("azure", [src]).table.column("arrival_s").to_pylist() == [0.0, 10.0]
+
+
+def test_multiple_sources_merge_renumbered_and_tagged(tmp_path):
+    r = import_trace("azure", [AZURE_HEAD, FIXTURES / "azure_2024_form.csv"], tenant_from_file=True)
+    t = r.table
+    assert t.num_rows == 340 and t.column("request_id").to_pylist() == list(range(340))
+    assert set(_strings(t, "tenant")) == {"azure_conv_2023_head300", "azure_2024_form"}
+    assert np.all(np.diff(t.column("arrival_s").to_numpy()) >= 0)
+    # Wall-clock sources share one clock: the 2024 rows come months after the 2023 ones.
+    assert t.column("arrival_s")[300].as_py() > 100 * 86400
+
+
+def test_mooncake_keeps_prefix_hashes(tmp_path):
+    r = import_trace("mooncake", [FIXTURES / "mooncake_synthetic_head200.jsonl"])
+    assert r.prefix_block_tokens == 512 and r.table.num_rows == 200
+    first = json.loads((FIXTURES / "mooncake_synthetic_head200.jsonl").read_text().splitlines()[0])
+    row0 = r.table.slice(0, 1).to_pylist()[0]
+    assert row0["prefix_hashes"] == first["hash_ids"]
+    assert row0["prompt_tokens"] == first["input_length"]
+    out = write_trace(r.table, tmp_path / "m.arrow", r.source, r.prefix_block_tokens)
+    back = read_trace(out)
+    assert back.column("prefix_hashes").equals(r.table.column("prefix_hashes"))
+    # Ideal reuse, recomputed by hand: tokens in blocks whose id appeared earlier / all prompt tokens.
+    seen, reused, total = set(), 0, 0
+    for line in (FIXTURES / "mooncake_synthetic_head200.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        total += rec["input_length"]
+        for i, h in enumerate(rec["hash_ids"]):
+            if h in seen:
+                reused += min(512, rec["input_length"] - 512 * i)
+            seen.add(h)
+    assert reused > 0
+    assert trace_info(back)["prefix_reuse_share"] == pytest.approx(reused / total, rel=1e-12)
+
+
+def test_burstgpt_drops_failed_rows_and_maps_columns():
+    src = FIXTURES / "burstgpt_head54.csv"
+    r = import_trace("burstgpt", [src])
+    assert r.rows_read == 54 and r.table.num_rows == 51
+    assert r.dropped == {"failed (0 response tokens)": 3}
+    assert set(_strings(r.table, "model")) == {"ChatGPT", "GPT-4"}
+    assert set(_strings(r.table, "tenant")) == {"conversation", "api"}
+    assert "3 failed" in r.summary()
+    as_tier = import_trace("burstgpt", [src], log_type_as="tier").table
+    assert set(_strings(as_tier, "tier")) == {"conversation", "api"} and "tenant" not in as_tier.column_names
+    # Timestamps are seconds since the trace start; the import rebases them to the first request.
+    assert as_tier.column("arrival_s")[0].as_py() == 0.0 and as_tier.column("arrival_s")[1].as_py() == 40.0
+
+
+def test_lengths_with_generated_arrivals_is_seeded():
+    src = FIXTURES / "sharegpt_lengths_head300.csv"
+    cfg = ArrivalConfig(process="gamma", rate_per_s=4.0, cv=2.0)
+    a = import_trace("lengths", [src], arrival=cfg, seed=7).table
+    b = import_trace("lengths", [src], arrival=cfg, seed=7).table
+    c = import_trace("lengths", [src], arrival=cfg, seed=8).table
+    assert a.equals(b) and not a.equals(c)
+    assert a.num_rows == 300 and a.column("prompt_tokens")[0].as_py() == 74  # file order kept
+    shuffled = import_trace("lengths", [src], arrival=cfg, seed=7, shuffle=True, limit=50).table
+    assert shuffled.num_rows == 50 and shuffled.column("prompt_tokens").to_pylist() != a.column("prompt_tokens").to_pylist()[:50]
+
+
+# ---- bad rows: file, column, 1-based data row, rule
+
+
+def _csv(tmp_path, text, name="bad.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+AZ_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+OK_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
+
+BAD_CSV = [
+    ("azure", AZ_HEAD + OK_ROW + "2023-11-16 18:15:47.0,abc,44\n", "not an integer: 'abc'", "ContextTokens", 2),
+    ("azure", AZ_HEAD + OK_ROW * 2 + "2023-11-16 18:15:47.0,12.5,44\n", "not an integer", "ContextTokens", 3),
+    ("azure", AZ_HEAD + OK_ROW + "2023-11-16 18:15:47.0,5,0\n", "token count must be >= 1", "GeneratedTokens", 2),
+    ("azure", AZ_HEAD + "2023-11-16 18:15:47.0,-5,3\n", "token count must be >= 1", "ContextTokens", 1),
+    ("azure", AZ_HEAD + OK_ROW + "16/11/2023 18:15,5,3\n", "unparsable timestamp", "TIMESTAMP", 2),
+    ("azure", AZ_HEAD + OK_ROW + ",5,3\n", "missing value", "TIMESTAMP", 2),
+    ("azure", "TIMESTAMP,ContextTokens\n" + "2023-11-16 18:15:47.0,5\n", "required column is missing", "GeneratedTokens", None),
+    ("azure", AZ_HEAD, "file has no data rows", None, None),
+    ("azure", "", "file is empty", None, None),
+    ("vidur", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n-1,1,1\n", "negative arrival time", "arrived_at", 2),
+    ("vidur", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\nnan,1,1\n", "not a number", "arrived_at", 2),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,GPT-4,0,5,5,API log\n",
+     "token count must be >= 1", "Request tokens", 1),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,GPT-4,3,-1,5,API log\n",
+     "token count must be >= 0", "Response tokens", 1),
+    ("lengths", "num_prefill_tokens,num_decode_tokens\n5,5\n5,0\n", "token count must be >= 1", "num_decode_tokens", 2),
+]
+
+
+@pytest.mark.parametrize("fmt,text,rule,column,row", BAD_CSV)
+def test_bad_csv_rows(tmp_path, fmt, text, rule, column, row):
+    src = _csv(tmp_path, text)
+    with pytest.raises(InputError) as err:
+        import_trace(fmt, [src])
+    assert_input_error(err, src, rule, column, row)
+
+
+def test_azure_drop_zero_counts_rows(tmp_path):
+    src = _csv(tmp_path, AZ_HEAD + OK_ROW + "2023-11-16 18:15:47.0,5,0\n" + "2023-11-16 18:15:48.0,0,3\n")
+    r = import_trace("azure", [src], drop_zero=True)
+    assert r.table.num_rows == 1 and r.dropped == {"zero-token rows": 2}
+
+
+def test_every_row_dropped_is_an_error(tmp_path):
+    src = _csv(tmp_path, "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,GPT-4,0,0,0,API log\n")
+    with pytest.raises(InputError, match="every row was dropped"):
+        import_trace("burstgpt", [src])
+
+
+MOONCAKE_BAD = [
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": 5,\n',
+     "not valid JSON", None, 2),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "output_length": 1, "hash_ids": [1]}\n',
+     "missing value", "input_length", 2),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": "x", "output_length": 1, "hash_ids": [1]}\n',
+     "not a number", "input_length", 2),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": [1]}\n', "token count must be >= 1", "output_length", 1),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "abc"}\n', "list of integers", "hash_ids", 1),
+    ('{"timestamp": -5, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', "negative timestamp", "timestamp", 1),
+]
+
+
+@pytest.mark.parametrize("text,rule,column,row", MOONCAKE_BAD)
+def test_bad_mooncake_rows(tmp_path, text, rule, column, row):
+    src = _csv(tmp_path, text, "bad.jsonl")
+    with pytest.raises(InputError) as err:
+        import_trace("mooncake", [src])
+    assert_input_error(err, src, rule, column, row)
+
+
+def test_unknown_format_and_missing_file(tmp_path):
+    with pytest.raises(ServelabError, match="unknown trace format 'nope'"):
+        import_trace("nope", [AZURE_HEAD])
+    with pytest.raises(InputError, match="file not found"):
+        import_trace("azure", [tmp_path / "absent.csv"])
+
+
+# ---- the full shared samples (skipped where shared/ is absent)
+
+
+def test_full_azure_conv_and_vidur_cross_check():
+    a = import_trace("azure", [shared("azure_llm_2023/AzureLLMInferenceTrace_conv.csv")]).table
+    v = import_trace("vidur", [shared("vidur/splitwise_conv.csv")]).table
+    assert a.num_rows == v.num_rows == 19366
+    np.testing.assert_allclose(a.column("arrival_s").to_numpy(), v.column("arrival_s").to_numpy(), atol=1e-6)
+    assert a.column("prompt_tokens").equals(v.column("prompt_tokens"))
+    assert a.column("output_tokens").equals(v.column("output_tokens"))
+
+
+def test_full_mooncake():
+    r = import_trace("mooncake", [shared("mooncake/synthetic_trace.jsonl")])
+    assert r.table.num_rows == 3993
+    share = trace_info(r.table.replace_schema_metadata({"prefix_block_tokens": "512"}))["prefix_reuse_share"]
+    assert share == pytest.approx(0.65, abs=0.02)
+
+
+def test_full_burstgpt_and_lengths():
+    r = import_trace("burstgpt", [shared("burstgpt/BurstGPT_1_head54_via_fnstggl-energy2.csv")])
+    assert r.table.num_rows == 51 and sum(r.dropped.values()) == 3
+    for name, rows in [("sharegpt_8k_filtered_stats_llama2_tokenizer.csv", 30731),
+                       ("arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", 28257)]:
+        assert import_trace("lengths", [shared(f"lengths/{name}")]).table.num_rows == rows
