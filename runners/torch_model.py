@@ -273,8 +273,12 @@ class Transformer(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------
 
-    def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # cos/sin tables grow by doubling, so a step only gathers rows; [T, 1, D] in the model dtype
+    def _rope(self, positions: torch.Tensor, max_position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin and sign-folded sin rows ``[T, 1, D]`` (model dtype) for ``positions``.
+
+        Tables grow by doubling, so a step only gathers rows. ``sin_folded = cat(-sin_half, sin_half)``
+        turns rotate-half into a roll: ``rotate_half(x) * sin == roll(x, D/2) * sin_folded``.
+        """
         device, dtype = self.embed.weight.device, self.embed.weight.dtype
         if self._rope_cache is None or self._rope_cache[0].shape[0] <= max_position:
             size = 4096
@@ -282,17 +286,19 @@ class Transformer(nn.Module):
                 size *= 2
             freqs = torch.outer(torch.arange(size, dtype=torch.float32), rope_inv_freq(self.args))
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope_cache = (emb.cos().to(device, dtype), emb.sin().to(device, dtype))
-        cos, sin = self._rope_cache
-        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+            folded = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+            self._rope_cache = tuple(t.to(device, dtype) for t in (emb.cos(), emb.sin(), folded))
+        return tuple(t[positions].unsqueeze(1) for t in self._rope_cache)
 
-    def _project_qkv(self, layer: Block, x: torch.Tensor, cos, sin):
+    def _project_qkv(self, layer: Block, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[T, H, D]``, k and v ``[T, kvH, D]`` with RoPE applied to q and k in one pass (3 kernels)."""
         a = self.args
         h = F.rms_norm(x, (a.hidden_size,), layer.attn_norm, a.norm_eps)
-        q, k, v = layer.wqkv(h).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
-        q = apply_rope(q.view(-1, a.num_heads, a.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, a.num_kv_heads, a.head_dim), cos, sin)
-        return q, k, v.view(-1, a.num_kv_heads, a.head_dim)
+        qkv = layer.wqkv(h).view(x.shape[0], a.num_heads + 2 * a.num_kv_heads, a.head_dim)
+        qk = qkv[:, : a.num_heads + a.num_kv_heads]
+        cos, _sin, folded = rope
+        rotated = (qk * cos).addcmul_(qk.roll(a.head_dim // 2, dims=-1), folded)
+        return rotated[:, : a.num_heads], rotated[:, a.num_heads :], qkv[:, a.num_heads + a.num_kv_heads :]
 
     def _finish_layer(self, layer: Block, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         a = self.args
@@ -308,13 +314,13 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward(self, step: StepLayout, kv: PagedKVCache) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of the step's new tokens; their K/V land in ``kv`` first."""
-        cos, sin = self._rope(step.positions, step.max_k)
+        rope = self._rope(step.positions, step.max_k)
         x = self.embed(step.token_ids)
         groups = self.args.num_heads // self.args.num_kv_heads
         masks = _sdpa_masks(step, kv.block_size, groups) if step.kind == "sdpa" else None
         key_slots = _packed_key_slots(step, kv.block_size) if step.kind == "gather" else None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._project_qkv(layer, x, cos, sin)
+            q, k, v = self._project_qkv(layer, x, rope)
             kv.write(i, step.slots, k, v)
             if step.kind == "sdpa":
                 attn = self._attend_sdpa(i, q, step, kv, masks)
@@ -350,13 +356,18 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def forward_dense(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Reference: logits ``[L, vocab]`` of one whole sequence, no cache, causal SDPA over repeated K/V."""
+        """Reference: logits ``[L, vocab]`` of one whole sequence, written the plain Hugging Face way —
+        no cache, separate projections, rotate-half RoPE, causal SDPA over repeated K/V heads."""
         a = self.args
         positions = torch.arange(token_ids.shape[0], device=token_ids.device)
-        cos, sin = self._rope(positions, int(token_ids.shape[0]))
+        cos, sin, _ = self._rope(positions, int(token_ids.shape[0]))
         x = self.embed(token_ids)
         for layer in self.layers:
-            q, k, v = self._project_qkv(layer, x, cos, sin)
+            h = F.rms_norm(x, (a.hidden_size,), layer.attn_norm, a.norm_eps)
+            q, k, v = layer.wqkv(h).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+            q = apply_rope(q.view(-1, a.num_heads, a.head_dim), cos, sin)
+            k = apply_rope(k.view(-1, a.num_kv_heads, a.head_dim), cos, sin)
+            v = v.view(-1, a.num_kv_heads, a.head_dim)
             g = a.num_heads // a.num_kv_heads
             k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
             o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
