@@ -59,8 +59,10 @@ def presets(fmt):
 @_tp
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile Parquet to write.")
 @click.option("--grid", type=click.Choice(["default", "small"]), default="default", show_default=True)
-@click.option("--repeats", type=int, default=1, show_default=True, help="Timed runs per shape.")
-@click.option("--warmup", type=int, default=0, show_default=True, help="Untimed runs per shape first.")
+@click.option("--repeats", type=int, default=None,
+              help="Timed runs per shape (default: 1 for cost models, 5 for runners that execute batches).")
+@click.option("--warmup", type=int, default=None,
+              help="Untimed runs per shape first (default: 0 for cost models, 1 for runners that execute).")
 @click.option("--max-batched-tokens", type=int, default=None, help="Skip shapes with more tokens (default 8192).")
 def profile(spec, model, gpu, tp, output, grid, repeats, warmup, max_batched_tokens):
     """Sweep batch shapes through a runner and write their step times (input to `servelab fit`)."""
@@ -74,6 +76,9 @@ def profile(spec, model, gpu, tp, output, grid, repeats, warmup, max_batched_tok
 
     context = {"model": model, "gpu": gpu, "tp": tp}
     runner = make_runner(spec, **context)
+    measured = runner.decode_affine(1) is None  # a runner that executes promises no formula
+    repeats = repeats if repeats is not None else (5 if measured else 1)
+    warmup = warmup if warmup is not None else (1 if measured else 0)
     chosen = GRIDS[grid]
     if max_batched_tokens is not None:
         if max_batched_tokens < 1:

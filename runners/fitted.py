@@ -92,6 +92,16 @@ def feature_matrix(table: pa.Table) -> np.ndarray:
     return np.column_stack([table.column(f).to_numpy(zero_copy_only=False).astype(np.float64) for f in FEATURES])
 
 
+def median_per_shape(table: pa.Table) -> pa.Table:
+    """One row per distinct shape with the median of its repeats: timings of a real device have
+    outliers (a preempted CPU, a clock change) that a median ignores and least squares would not."""
+    import polars as pl
+
+    df = pl.from_arrow(table.select([*FEATURES, "step_s"]))
+    out = df.group_by(list(FEATURES), maintain_order=True).agg(pl.col("step_s").median())
+    return out.to_arrow().cast(pa.schema([(f, pa.float64()) for f in FEATURES] + [("step_s", pa.float64())]))
+
+
 def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """NNLS on relative error: rows scaled by 1/y, so a 1 ms step weighs as much as a 1 s one."""
     design = np.column_stack([np.ones(len(y)), x]) / y[:, None]
@@ -113,14 +123,18 @@ def fit_model(
     """Fit per-bucket NNLS on a seeded train split; score MAPE and R^2 on the held-out rows."""
     if not 0 <= test_fraction < 1:
         raise ServelabError(f"test fraction must be in [0, 1), got {test_fraction}")
+    rows_read = table.num_rows
+    table = median_per_shape(table)
     x = feature_matrix(table)
     y = table.column("step_s").to_numpy(zero_copy_only=False).astype(np.float64)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
     test, train = order[:n_test], order[n_test:]
-    edges = tuple(sorted(set(int(b) for b in buckets)))
     tokens = x[:, 0] + x[:, 4]
+    # Edges at or above the largest profiled batch would only open empty buckets: drop them, so
+    # the top bucket extrapolates from the largest batches measured.
+    edges = tuple(e for e in sorted(set(int(b) for b in buckets)) if e < tokens.max())
     bucket_of = np.searchsorted(np.asarray(edges, dtype=float), tokens, side="left")
     coefs = []
     for b in range(len(edges) + 1):
@@ -132,7 +146,7 @@ def fit_model(
                              f"needs at least {len(TERMS)} (use fewer buckets)")
         coefs.append(tuple(float(c) for c in _nnls_relative(x[rows], y[rows])))
     model = FittedModel(edges, tuple(coefs))
-    metrics = {"rows": int(len(y)), "train_rows": int(len(train)), "test_rows": int(n_test), "seed": seed,
+    metrics = {"rows_read": rows_read, "rows": int(len(y)), "train_rows": int(len(train)), "test_rows": int(n_test), "seed": seed,
                "test_fraction": test_fraction, "train": score(model.predict(x[train]), y[train])}
     if n_test:
         metrics["test"] = score(model.predict(x[test]), y[test])

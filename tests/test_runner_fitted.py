@@ -181,3 +181,14 @@ def test_fitted_without_gpu_metadata_leaves_kv_size_to_the_user(tmp_path):
 def test_profile_schema_is_the_features_plus_step_time():
     assert PROFILE_SCHEMA.names == [*FEATURES, "step_s"]
     assert Grid().max_batched_tokens == 8192
+
+
+def test_repeats_are_reduced_to_their_median_so_outliers_do_not_bend_the_fit():
+    clean = synthetic_table(np.random.default_rng(4), n=200)
+    step = clean.column("step_s").to_numpy()
+    noisy = clean.set_column(6, "step_s", pa.array(step * 30))  # one wild repeat of every shape
+    table = pa.concat_tables([clean, clean, noisy])
+    model = fit_model(table, buckets=())
+    assert model.metadata["fit"]["rows_read"] == 600 and model.metadata["fit"]["rows"] == 200
+    for name, value in zip(TERMS, model.coefficients[0]):
+        assert value == pytest.approx(TRUE[name], rel=0.01), name

@@ -195,6 +195,7 @@ def test_cli_profile_fit_validate_chain(tmp_path):
     assert r.exit_code == 0, r.output
     _, meta = read_profile(prof)
     assert (meta["model"], meta["gpu"], meta["tp"]) == ("qwen2.5-7b", "a100-80gb", 1)
+    assert (meta["repeats"], meta["warmup"]) == (1, 0)  # a cost model is deterministic: one run per shape
     r = CliRunner().invoke(cli, ["fit", str(prof), "-o", str(model)])
     assert r.exit_code == 0 and "test  rows=" in r.output and "R^2" in r.output
     trace = tmp_path / "t.arrow"
