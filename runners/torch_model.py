@@ -9,6 +9,7 @@ from local safetensors with Hugging Face Llama names.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     return inv.float()
 
 
+@functools.cache
 def varlen_api() -> str | None:
     """Which ``torch.nn.attention.varlen.varlen_attn`` this torch has: "paged" (takes block tables,
     torch >= 2.12), "packed" (packed keys only, the first API), or None (no such function)."""
@@ -186,7 +188,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tied_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope_cache: tuple[torch.Tensor, ...] | None = None
+        self._rope_retired: list[tuple[torch.Tensor, ...]] = []  # captured CUDA graphs may still read old tables
         self.varlen_kernel = varlen_attention  # replaceable: the CPU tests run the GPU paths through a reference
 
     # ---- construction -------------------------------------------------------------------------
@@ -287,6 +290,8 @@ class Transformer(nn.Module):
             freqs = torch.outer(torch.arange(size, dtype=torch.float32), rope_inv_freq(self.args))
             emb = torch.cat((freqs, freqs), dim=-1)
             folded = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+            if self._rope_cache is not None:
+                self._rope_retired.append(self._rope_cache)
             self._rope_cache = tuple(t.to(device, dtype) for t in (emb.cos(), emb.sin(), folded))
         return tuple(t[positions].unsqueeze(1) for t in self._rope_cache)
 

@@ -64,6 +64,8 @@ class TorchRunner:
     warmup: bool = True
     threads: int | None = None  # CPU: torch's intra-op threads (process-wide); tiny models run best on 1
     varlen_kernel: Any = None  # replaces FlashAttention varlen (tests run the GPU paths on CPU with a reference)
+    cuda_graphs: bool = False  # replay pure-decode steps from CUDA graphs (CPU: the same padded path, uncaptured)
+    graph_max_batch: int = 256  # larger decode batches run eagerly (launch overhead no longer matters there)
     name: str = field(default="torch", init=False)
     needs_block_tables: bool = field(default=True, init=False)
 
@@ -104,6 +106,7 @@ class TorchRunner:
         if self.varlen_kernel is not None:
             self.model.varlen_kernel = self.varlen_kernel
         self._kv = None
+        self._graphs = DecodeGraphs(self, self.graph_max_batch) if self.cuda_graphs else None
         self.last_stats: StepStats | None = None
         self.last_tokens: np.ndarray | None = None  # greedy samples of the last step, one per sample row
         self.stats = RunnerTotals()
@@ -118,25 +121,31 @@ class TorchRunner:
         torch = self._torch
         kv = self._pool()
         t0 = time.perf_counter()
-        layout = self.layout(plan)
+        graphed = self._graphs.prepare(plan) if self._graphs is not None else None
+        layout = self.layout(plan) if graphed is None else None
         t1 = time.perf_counter()
+        capture_s = self._graphs.take_capture_s() if self._graphs is not None else 0.0
         if self.is_cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+        if graphed is not None:
+            tokens, sample_rows, rows = graphed()
+        else:
             step = layout.to(self.device)
-            tokens = self._sample(self.model.forward(step, kv), step)
+            tokens, sample_rows, rows = self._sample(self.model.forward(step, kv), step), None, layout.num_rows
+        if self.is_cuda:
             end.record()
             t2 = time.perf_counter()
-            self.last_tokens = tokens.cpu().numpy()
+            host_tokens = tokens.cpu().numpy()
             end.synchronize()
             device_s = start.elapsed_time(end) / 1e3
         else:
-            tokens = self._sample(self.model.forward(layout.to(self.device), kv), layout)
             t2 = time.perf_counter()
-            self.last_tokens = tokens.numpy()
+            host_tokens = tokens.numpy()
             device_s = t2 - t1
+        self.last_tokens = host_tokens if sample_rows is None else host_tokens[sample_rows]
         t3 = time.perf_counter()
-        self._record(StepStats(device_s, t1 - t0, t2 - t1, t3 - t0, layout.num_rows, len(plan.items)))
+        self._record(StepStats(device_s, t1 - t0 - capture_s, t2 - t1, t3 - t0 - capture_s, rows, len(plan.items)))
         return device_s
 
     def decode_affine(self, num_seqs: int) -> None:
@@ -154,7 +163,8 @@ class TorchRunner:
             "weights": self.weights or f"random (seed {self.seed})",
             "attention": self.attention,
             "block_size": self.block_size,
-            "num_blocks": self._kv.num_blocks if self._kv is not None else self.num_blocks,
+            "num_blocks": self.num_blocks,
+            "cuda_graphs": None if self._graphs is None else self._graphs.describe(),
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "torch_version": torch.__version__,
             "totals": asdict(self.stats),
@@ -172,12 +182,14 @@ class TorchRunner:
         weights; CPU: a fixed 64Ki tokens) unless ``num_blocks`` was given; later calls report it."""
         if not 0 < gpu_memory_utilization <= 1:
             raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        return self._pool(gpu_memory_utilization).num_blocks * self.block_size
+        self._pool(gpu_memory_utilization)
+        return self.num_blocks * self.block_size
 
     @property
     def total_blocks(self) -> int:
         """Blocks in the pool (sizing it at 0.9 utilisation if nothing sized it yet): the engine's allocator size."""
-        return self._pool().num_blocks
+        self._pool()
+        return self.num_blocks
 
     def make_allocator(self, replica: int, num_blocks: int):
         """The engine's block allocator for ``replica``: ``num_blocks`` ids of this runner's pool.
@@ -186,7 +198,8 @@ class TorchRunner:
         """
         from servelab.runners.paged_kv import BlockAllocator
 
-        pool = self._pool().num_blocks
+        self._pool()
+        pool = self.num_blocks
         if replica < 0 or (replica + 1) * num_blocks > pool:
             raise ServelabError(
                 f"runner 'torch': replica {replica} wants KV blocks {replica * num_blocks}..{(replica + 1) * num_blocks - 1} "
@@ -247,7 +260,7 @@ class TorchRunner:
         torch = self._torch
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * gpu_memory_utilization - (total - free) - self.activation_reserve_gib * 2**30
-        blocks = int(budget // block_bytes)
+        blocks = int(budget // block_bytes) - 1  # minus the scratch block
         if blocks < 1:
             raise ServelabError(
                 f"runner 'torch': no GPU memory left for KV at gpu_memory_utilization={gpu_memory_utilization} "
@@ -261,9 +274,11 @@ class TorchRunner:
         if num_blocks < 1:
             raise ServelabError(f"runner 'torch': num_blocks must be >= 1, got {num_blocks}")
         a = self.args
-        self._kv = PagedKVCache(a.num_layers, num_blocks, self.block_size, a.num_kv_heads, a.head_dim,
+        # one block more than the engine may use: padded rows of graphed decode steps write there
+        self._kv = PagedKVCache(a.num_layers, num_blocks + 1, self.block_size, a.num_kv_heads, a.head_dim,
                                 self._torch_dtype, self.device)
         self.num_blocks = num_blocks
+        self.scratch_block = num_blocks
         if self.warmup:
             self._warm_up()
 
@@ -287,7 +302,7 @@ class TorchRunner:
             self.step_time(StepPlan(StepShape(), (item,)))
         self.last_stats, self.last_tokens, self.stats = saved
 
-    def layout(self, plan: StepPlan) -> StepLayout:
+    def layout(self, plan: StepPlan, kind: str | None = None) -> StepLayout:
         items = plan.items
         return build_layout(
             [it.request.request_id for it in items],
@@ -296,9 +311,9 @@ class TorchRunner:
             [it.num_tokens for it in items],
             [it.request.block_table for it in items],
             block_size=self.block_size,
-            num_blocks=self._kv.num_blocks,
+            num_blocks=self.num_blocks,
             vocab_size=self.args.vocab_size,
-            kind=self.attention,
+            kind=kind or self.attention,
         )
 
     def execute(self, plan: StepPlan, all_logits: bool = False):
@@ -325,7 +340,7 @@ class TorchRunner:
 
 
 PARAMS = ("model", "device", "dtype", "weights", "seed", "num_blocks", "block_size", "attention",
-          "activation_reserve_gib", "warmup", "threads")
+          "activation_reserve_gib", "warmup", "threads", "cuda_graphs", "graph_max_batch")
 
 
 @RUNNERS.register("torch")
@@ -363,9 +378,12 @@ def make_torch(params: dict[str, str], **context) -> TorchRunner:
         reserve = float(params.get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB))
     except ValueError:
         raise ServelabError(f"runner 'torch': activation_reserve_gib needs a number, got '{params['activation_reserve_gib']}'") from None
-    warmup = str(params.get("warmup", "1")).lower()
-    if warmup not in ("0", "1", "true", "false"):
-        raise ServelabError(f"runner 'torch': warmup must be 0 or 1, got '{params['warmup']}'")
+    def flag(key: str, default: str) -> bool:
+        raw = str(params.get(key, default)).lower()
+        if raw not in ("0", "1", "true", "false"):
+            raise ServelabError(f"runner 'torch': {key} must be 0 or 1, got '{params[key]}'")
+        return raw in ("1", "true")
+
     weights = params.get("weights")
     # with local weights, their config.json decides the shape unless model= is given explicitly
     model = params.get("model") or (None if weights else context.get("model")) or ("hf" if weights else "llama-3.1-8b")
@@ -379,6 +397,162 @@ def make_torch(params: dict[str, str], **context) -> TorchRunner:
         block_size=integer("block_size", 16),
         attention=params.get("attention", "auto"),
         activation_reserve_gib=reserve,
-        warmup=warmup in ("1", "true"),
+        warmup=flag("warmup", "1"),
         threads=integer("threads", None),
+        cuda_graphs=flag("cuda_graphs", "0"),
+        graph_max_batch=integer("graph_max_batch", 256),
     )
+
+
+# Batch sizes a graphed decode step is padded up to (vLLM-like: dense at small sizes).
+GRAPH_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+class DecodeGraphs:
+    """Pure-decode steps replayed from CUDA graphs, one per (batch bucket, block-table width bucket).
+
+    Eager PyTorch spends several microseconds of host time per kernel, some 600 kernels a step for
+    an 8B model: more than the device needs for a small decode batch, so the GPU would idle. A graph
+    launches them in one call. Inputs live in static buffers refilled by one copy per dtype; rows
+    past the real batch decode a dummy token into the runner's scratch block, which no engine
+    allocator hands out, so padding never touches real KV. Attention is ``paged`` where the runner
+    uses it, else the padded ``sdpa`` decode (the packed ``gather`` path has data-dependent shapes).
+    On CPU the same padded static layout runs eagerly (no capture): that is what the tests check.
+    A failed capture disables graphs (``describe()`` says why) and steps run eagerly.
+    """
+
+    def __init__(self, runner: TorchRunner, max_batch: int):
+        torch = runner._torch
+        self.runner = runner
+        self.kind = "paged" if runner.attention == "paged" else "sdpa"
+        self.max_batch = min(max_batch, GRAPH_BATCH_BUCKETS[-1])
+        self.capture = runner.is_cuda
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.entries: dict[tuple[int, int], dict] = {}
+        self.disabled: str | None = None
+        self.total_capture_s = 0.0
+        self._pending_capture_s = 0.0
+        self.last_entry: dict | None = None
+
+    def describe(self) -> dict:
+        return {"attention": self.kind, "max_batch": self.max_batch, "graphs": sorted(self.entries),
+                "capture_s": round(self.total_capture_s, 3), "disabled": self.disabled}
+
+    def take_capture_s(self) -> float:
+        s, self._pending_capture_s = self._pending_capture_s, 0.0
+        return s
+
+    def prepare(self, plan: StepPlan):
+        """A launcher for ``plan`` (capturing its bucket first if new), or None to run it eagerly."""
+        items = plan.items
+        if self.disabled or len(items) > self.max_batch or any(it.num_tokens != 1 for it in items):
+            return None
+        layout = self.runner.layout(plan, kind="paged")  # token ids, slots, tables, checks: kind-independent here
+        n, nb = len(items), layout.block_table.shape[1]
+        bb = next(b for b in GRAPH_BATCH_BUCKETS if b >= n)
+        nbb = 1 << (nb - 1).bit_length()
+        entry = self.entries.get((bb, nbb))
+        if entry is None:
+            t = time.perf_counter()
+            try:
+                entry = self._build(bb, nbb)
+            except Exception as err:  # a capture failure must not stop a replay: run eagerly from now on
+                self.disabled = f"{type(err).__name__}: {err}"
+                return None
+            self.entries[(bb, nbb)] = entry
+            self._pending_capture_s += time.perf_counter() - t
+            self.total_capture_s += time.perf_counter() - t
+        self._fill(entry, layout, n, nb)
+        self.last_entry = entry
+
+        def launch():
+            outputs = self._launch(entry)
+            return outputs[1][:n], layout.sample_rows, n
+
+        return launch
+
+    def _build(self, bb: int, nbb: int) -> dict:
+        from servelab.runners.paged_kv import StepLayout
+
+        torch, runner = self.runner._torch, self.runner
+        dev, paged = runner.device, self.kind == "paged"
+        n64 = 3 * bb + (0 if paged else bb * nbb + bb)
+        n32 = (2 * bb + 1 + bb * nbb) if paged else 0  # ctx_lens, cu_k, block table
+        dev64 = torch.zeros(n64, dtype=torch.int64, device=dev)
+        dev32 = torch.zeros(max(n32, 1), dtype=torch.int32, device=dev)
+        tail64 = dev64[3 * bb:]
+        layout = StepLayout(
+            kind=self.kind, token_ids=dev64[:bb], positions=dev64[bb:2 * bb], slots=dev64[2 * bb:3 * bb],
+            sample_rows=torch.arange(bb, device=dev), cu_q=torch.arange(bb + 1, dtype=torch.int32, device=dev),
+            ctx_lens=dev32[:bb] if paged else torch.ones(bb, dtype=torch.int32, device=dev),
+            max_q=1, max_k=nbb * runner.block_size,
+            block_table=dev32[2 * bb + 1:].view(bb, nbb) if paged else None,
+            cu_k=dev32[bb:2 * bb + 1] if paged else None,
+            dec_rows=None if paged else torch.arange(bb, device=dev),
+            dec_table=None if paged else tail64[:bb * nbb].view(bb, nbb),
+            dec_ctx=None if paged else tail64[bb * nbb:],
+            num_rows=bb,
+        )
+        entry = {"bb": bb, "nbb": nbb, "dev64": dev64, "dev32": dev32, "layout": layout,
+                 "host64": np.zeros(n64, dtype=np.int64), "host32": np.zeros(n32, dtype=np.int32), "graph": None}
+        self._fill(entry, None, 0, 0)  # all rows padding: warm-up and capture touch the scratch block only
+        self._copy(entry)
+        model, kv = runner.model, runner._kv
+        model._rope(layout.positions, layout.max_k)  # grow RoPE tables now: never inside a capture
+
+        def run():
+            hidden = model.forward(layout, kv)
+            logits = model.logits(hidden)
+            return logits, logits.argmax(dim=-1)
+
+        entry["run"] = run
+        if self.capture:
+            stream = torch.cuda.Stream(device=dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                entry["outputs"] = run()
+            entry["graph"] = graph
+        return entry
+
+    def _fill(self, entry: dict, layout, n: int, nb: int) -> None:
+        bb, nbb = entry["bb"], entry["nbb"]
+        scratch, bs = self.runner.scratch_block, self.runner.block_size
+        h64 = entry["host64"]
+        tokens, positions, slots = h64[:bb], h64[bb:2 * bb], h64[2 * bb:3 * bb]
+        tokens[:] = 0
+        positions[:] = 0
+        slots[:] = scratch * bs
+        ctx = np.ones(bb, dtype=np.int64)
+        table = np.full((bb, nbb), scratch, dtype=np.int64)
+        if layout is not None:
+            tokens[:n], positions[:n], slots[:n] = layout.token_ids, layout.positions, layout.slots
+            ctx[:n] = layout.ctx_lens
+            table[:n, :nb] = layout.block_table
+        if self.kind == "paged":
+            h32 = entry["host32"]
+            h32[:bb] = ctx
+            h32[bb] = 0
+            np.cumsum(ctx, out=h32[bb + 1:2 * bb + 1])
+            h32[2 * bb + 1:] = table.reshape(-1)
+        else:
+            h64[3 * bb:3 * bb + bb * nbb] = table.reshape(-1)
+            h64[3 * bb + bb * nbb:] = ctx
+
+    def _copy(self, entry: dict) -> None:
+        torch = self.runner._torch
+        entry["dev64"].copy_(torch.from_numpy(entry["host64"]))
+        if entry["host32"].size:
+            entry["dev32"][: entry["host32"].size].copy_(torch.from_numpy(entry["host32"]))
+
+    def _launch(self, entry: dict):
+        self._copy(entry)
+        if entry["graph"] is not None:
+            entry["graph"].replay()
+            return entry["outputs"]
+        entry["outputs"] = entry["run"]()
+        return entry["outputs"]
