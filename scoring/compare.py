@@ -5,51 +5,86 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
-# (metric label, SQL giving run_id + value); lower_is_better drives nothing but is shown in docs.
-_OVERALL = "scope = 'overall'"
-METRICS: tuple[tuple[str, str], ...] = (
-    ("requests", f"SELECT run_id, requests FROM slo_attainment WHERE {_OVERALL}"),
-    ("finished", f"SELECT run_id, finished FROM slo_attainment WHERE {_OVERALL}"),
-    ("unfinished", f"SELECT run_id, unfinished FROM slo_attainment WHERE {_OVERALL}"),
-    ("refused", f"SELECT run_id, rejected + throttled + dropped FROM slo_attainment WHERE {_OVERALL}"),
-    ("attainment", f"SELECT run_id, attainment FROM slo_attainment WHERE {_OVERALL}"),
-    ("attainment_ttft", f"SELECT run_id, attainment_ttft FROM slo_attainment WHERE {_OVERALL}"),
-    ("attainment_tpot", f"SELECT run_id, attainment_tpot FROM slo_attainment WHERE {_OVERALL}"),
-    ("attainment_e2e", f"SELECT run_id, attainment_e2e FROM slo_attainment WHERE {_OVERALL}"),
-    ("attainment_stall", f"SELECT run_id, attainment_stall FROM slo_attainment WHERE {_OVERALL}"),
-    *(
-        (f"{m}_{q}", f"SELECT run_id, {q} FROM latency_summary WHERE {_OVERALL} AND metric = '{m}_s'")
-        for m in ("ttft", "tpot", "e2e")
-        for q in ("mean", "p50", "p90", "p99", "p999")
-    ),
-    ("queue_p99", f"SELECT run_id, p99 FROM latency_summary WHERE {_OVERALL} AND metric = 'queue_s'"),
-    ("duration_s", f"SELECT run_id, duration_s FROM goodput WHERE {_OVERALL}"),
-    ("request_throughput_rps", f"SELECT run_id, request_throughput_rps FROM goodput WHERE {_OVERALL}"),
-    ("output_throughput_tps", f"SELECT run_id, output_throughput_tps FROM goodput WHERE {_OVERALL}"),
-    ("total_token_throughput_tps", f"SELECT run_id, total_token_throughput_tps FROM goodput WHERE {_OVERALL}"),
-    ("goodput_rps", f"SELECT run_id, goodput_rps FROM goodput WHERE {_OVERALL}"),
-    ("goodput_rps_per_gpu", f"SELECT run_id, goodput_rps_per_gpu FROM goodput WHERE {_OVERALL}"),
-    ("preemptions", f"SELECT run_id, preemptions FROM slo_attainment WHERE {_OVERALL}"),
-    ("mean_batch_requests", f"SELECT run_id, mean_batch_requests FROM resource_summary WHERE {_OVERALL}"),
-    ("mean_kv_util", f"SELECT run_id, mean_kv_util FROM resource_summary WHERE {_OVERALL}"),
-    ("jain_service", "SELECT run_id, jain_service FROM fairness"),
-    ("worst_tenant_attainment", "SELECT run_id, worst_tenant_attainment FROM fairness"),
-    ("max_wait_s", "SELECT run_id, max_wait_s FROM fairness"),
-)
+_Q = "[0.5, 0.9, 0.99, 0.999]"
+_Q_NAMES = ("p50", "p90", "p99", "p999")
+
+# One pass over request_metrics per run (the views' grouping sets would be recomputed per metric).
+_PER_RUN = f"""
+SELECT m.run_id,
+    count(*) AS requests,
+    count(*) FILTER (WHERE finished) AS finished,
+    count(*) FILTER (WHERE status = 'unfinished') AS unfinished,
+    count(*) FILTER (WHERE status IN ('rejected', 'throttled', 'dropped')) AS refused,
+    count(*) FILTER (WHERE met_all) / count(*) AS attainment,
+    count(*) FILTER (WHERE met_ttft) / nullif(count(met_ttft), 0) AS attainment_ttft,
+    count(*) FILTER (WHERE met_tpot) / nullif(count(met_tpot), 0) AS attainment_tpot,
+    count(*) FILTER (WHERE met_e2e) / nullif(count(met_e2e), 0) AS attainment_e2e,
+    count(*) FILTER (WHERE met_stall) / nullif(count(met_stall), 0) AS attainment_stall,
+    avg(ttft_s) FILTER (WHERE finished) AS ttft_mean,
+    quantile_cont(ttft_s, {_Q}) FILTER (WHERE finished) AS ttft_q,
+    avg(tpot_s) FILTER (WHERE finished) AS tpot_mean,
+    quantile_cont(tpot_s, {_Q}) FILTER (WHERE finished) AS tpot_q,
+    avg(e2e_s) FILTER (WHERE finished) AS e2e_mean,
+    quantile_cont(e2e_s, {_Q}) FILTER (WHERE finished) AS e2e_q,
+    quantile_cont(queue_s, 0.99) FILTER (WHERE finished) AS queue_p99,
+    any_value(sp.duration_s) AS duration_s,
+    count(*) FILTER (WHERE finished) / any_value(sp.duration_s) AS request_throughput_rps,
+    coalesce(sum(output_tokens) FILTER (WHERE finished), 0) / any_value(sp.duration_s) AS output_throughput_tps,
+    coalesce(sum(prompt_tokens + output_tokens) FILTER (WHERE finished), 0) / any_value(sp.duration_s)
+        AS total_token_throughput_tps,
+    count(*) FILTER (WHERE met_all) / any_value(sp.duration_s) AS goodput_rps,
+    count(*) FILTER (WHERE met_all) / any_value(sp.duration_s) / any_value(sp.num_gpus) AS goodput_rps_per_gpu,
+    sum(num_preemptions) AS preemptions
+FROM request_metrics m JOIN run_span sp ON sp.run_id = m.run_id
+GROUP BY m.run_id
+"""
+_TIERS = """
+SELECT run_id, tier, count(*) FILTER (WHERE met_all) / count(*) AS attainment
+FROM request_metrics GROUP BY run_id, tier ORDER BY tier NULLS FIRST, run_id
+"""
+_RESOURCES = """
+SELECT run_id, sum(batch_requests * duration_s) / nullif(sum(duration_s), 0) AS mean_batch_requests,
+       sum(kv_blocks_used / nullif(kv_blocks_total, 0) * duration_s) / nullif(sum(duration_s), 0) AS mean_kv_util
+FROM steps GROUP BY run_id
+"""
+_FAIRNESS = "SELECT run_id, jain_service, worst_tenant_attainment, max_wait_s FROM fairness"
+
+
+def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
+    rel = con.execute(sql)
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, r)) for r in rel.fetchall()]
 
 
 def run_metrics(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """Long table (run_id, metric, value) over every run, including attainment per tier."""
-    parts = [
-        f"SELECT run_id, '{label}' AS metric, {i} AS ord, CAST(v AS DOUBLE) AS value FROM ({sql}) AS t(run_id, v)"
-        for i, (label, sql) in enumerate(METRICS)
-    ]
-    n = len(METRICS)
-    parts.append(
-        f"SELECT run_id, 'attainment[tier=' || coalesce(name, 'NULL') || ']', {n}, attainment FROM slo_attainment WHERE scope = 'tier'"
+    """Long table (run_id, metric, value): the report's overall numbers plus attainment per tier."""
+    out: list[tuple[str, str, float | None]] = []
+    extra = {r["run_id"]: r for r in _records(con, _RESOURCES)}
+    fair = {r["run_id"]: r for r in _records(con, _FAIRNESS)}
+    per_run = sorted(_records(con, _PER_RUN), key=lambda r: r["run_id"])
+    by_metric: dict[str, list[tuple[str, float | None]]] = {}
+    for r in per_run:
+        values: dict[str, float | None] = {}
+        for k, v in r.items():
+            if k == "run_id":
+                continue
+            if k.endswith("_q"):
+                for name, q in zip(_Q_NAMES, v or [None] * len(_Q_NAMES)):
+                    values[f"{k[:-2]}_{name}"] = q
+            else:
+                values[k] = v
+        values.update({k: extra.get(r["run_id"], {}).get(k) for k in ("mean_batch_requests", "mean_kv_util")})
+        values.update({k: fair.get(r["run_id"], {}).get(k) for k in ("jain_service", "worst_tenant_attainment", "max_wait_s")})
+        for k, v in values.items():
+            by_metric.setdefault(k, []).append((r["run_id"], v))
+    for metric, vals in by_metric.items():
+        out += [(rid, metric, None if v is None else float(v)) for rid, v in vals]
+    for r in _records(con, _TIERS):
+        out.append((r["run_id"], f"attainment[tier={r['tier']}]", r["attainment"]))
+    return pa.table(
+        {"run_id": [o[0] for o in out], "metric": [o[1] for o in out], "value": [o[2] for o in out]},
+        schema=pa.schema([("run_id", pa.string()), ("metric", pa.string()), ("value", pa.float64())]),
     )
-    sql = " UNION ALL ".join(parts) + " ORDER BY ord, metric, run_id"
-    return con.sql(f"SELECT run_id, metric, value FROM ({sql})").to_arrow_table()
 
 
 def compare_table(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> pa.Table:

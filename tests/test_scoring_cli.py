@@ -168,3 +168,21 @@ def test_plot_writes_pngs(runs, tmp_path, capsys):
     first = {p.name: p.read_bytes() for p in out_dir.iterdir()}
     run(["plot", str(runs[0]), str(runs[1]), "--slo", "ttft=1", "-o", str(out_dir)], capsys)
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == first
+
+
+def test_bench_generator_small(tmp_path):
+    """The benchmark's synthetic run scores cleanly (keeps bench/bench_scoring.py from rotting)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_scoring", Path(__file__).resolve().parents[1] / "bench" / "bench_scoring.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run_dir = tmp_path / "bench_run"
+    run_dir.mkdir()
+    bench.synth_run(run_dir, 2000, 500)
+    con = connect(run_dir, SloTable.parse_cli(["ttft=0.3,tpot=0.03"]))
+    o = query_arrow(con, "SELECT * FROM slo_attainment WHERE scope = 'overall'").to_pylist()[0]
+    assert o["requests"] == 2000 and o["finished"] + o["unfinished"] + o["rejected"] == 2000
+    assert 0 < o["attainment"] < 1
+    assert "run bench_run" in report_text(run_dir)
