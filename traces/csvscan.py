@@ -7,6 +7,7 @@ row (the header is not counted), the number a user sees in a spreadsheet minus o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,20 +71,39 @@ def resolve(path: Path, names: list[str], wants: list[Want]) -> dict[str, str]:
     return found
 
 
-def _parse_expr(actual: str, kind: str) -> pl.Expr:
+_ZONE = re.compile(r"(Z|[+-]\d\d:?\d\d)$")
+
+
+def _first_value(path: Path, actual: str) -> str | None:
+    head = _scan(path).select(pl.col(actual)).drop_nulls().head(1).collect()
+    return head[0, 0] if head.height else None
+
+
+def _timestamp_expr(raw: pl.Expr, zoned: bool) -> pl.Expr:
+    """Wall-clock strings -> int64 ns (UTC where a zone is given). 'T' and 'Z' are accepted.
+
+    One format per file, chosen from its first value: trying both on every row costs twice the time
+    on tens of millions of rows, and a row in the other form is reported as unparsable.
+    """
+    e = raw.str.replace("T", " ", literal=True)
+    if zoned:
+        e = e.str.replace(r"Z$", "+00:00")
+        parsed = e.str.to_datetime("%Y-%m-%d %H:%M:%S%.f%:z", strict=False, time_unit="ns")
+        return parsed.dt.replace_time_zone(None).cast(pl.Int64)
+    return e.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns").cast(pl.Int64)
+
+
+def _parse_expr(actual: str, kind: str, zoned: bool = False) -> pl.Expr:
     raw = pl.col(actual).str.strip_chars()
     if kind == TEXT:
         return raw
     if kind == TIMESTAMP:
-        e = raw.str.replace("T", " ", literal=True).str.replace(r"Z$", "+00:00")
-        zoned = e.str.to_datetime("%Y-%m-%d %H:%M:%S%.f%:z", strict=False, time_unit="ns")
-        naive = e.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns")
-        return pl.coalesce(zoned.dt.replace_time_zone(None), naive).cast(pl.Int64)
+        return _timestamp_expr(raw, zoned)
     value = raw.cast(pl.Float64, strict=False)
     if kind == SECONDS:
         return pl.when(value.is_finite()).then(value)
     # Counts: whole numbers only; anything else becomes null and is reported below.
-    return pl.when(value.is_finite() & (value == value.floor()) & (value.abs() < 2**31)).then(value).cast(pl.Int64)
+    return pl.when(value.is_finite() & (value == value.floor()) & (value.abs() < 2**31)).then(value).cast(pl.Int32)
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,7 @@ class Parsed:
     columns: dict[str, str]
 
     def numpy(self, name: str) -> np.ndarray:
-        return self.frame[name].to_numpy()
+        return self.frame[name].to_numpy()  # zero-copy: the frame is one chunk without nulls
 
 
 def read_columns(path: Path, wants: list[Want]) -> Parsed:
@@ -102,9 +122,15 @@ def read_columns(path: Path, wants: list[Want]) -> Parsed:
     path = Path(path)
     found = resolve(path, header(path), wants)
     kinds = {w.name: w.kind for w in wants}
-    exprs = [_parse_expr(actual, kinds[name]).alias(name) for name, actual in found.items()]
+    exprs = []
+    for name, actual in found.items():
+        zoned = False
+        if kinds[name] == TIMESTAMP:
+            first = _first_value(path, actual)
+            zoned = first is not None and _ZONE.search(first.strip()) is not None
+        exprs.append(_parse_expr(actual, kinds[name], zoned).alias(name))
     try:
-        df = _scan(path).select(exprs).collect(engine="streaming")
+        df = _scan(path).select(exprs).collect(engine="streaming").rechunk()
     except pl.exceptions.PolarsError as err:
         raise InputError(path, f"not a readable CSV file ({err})") from None
     if df.height == 0:
