@@ -127,7 +127,7 @@ def env_info(runner) -> dict:
     from servelab.runners.torch_model import varlen_api
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "device": runner.device,
-            "varlen_api": varlen_api(), "attention": runner.attention, "block_size": runner.block_size,
+            "varlen_api": varlen_api(), "varlen_probe": runner.varlen_probe, "attention": runner.attention, "block_size": runner.block_size,
             "num_blocks": runner.total_blocks, "kv_capacity_tokens": runner.kv_capacity_tokens(),
             "weight_bytes": runner.args.num_params * runner._torch_dtype.itemsize,
             "kv_bytes_per_token": runner.kv_bytes_per_token}
@@ -139,15 +139,11 @@ def env_info(runner) -> dict:
 
 
 def kinds_to_check(runner) -> list[str]:
-    from servelab.runners.torch_model import varlen_api
-
-    if not runner.is_cuda:
-        return ["sdpa"]
-    api = varlen_api()
+    works = {name for name, err in runner.varlen_probe.items() if err is None}
     kinds = ["sdpa"]
-    if api is not None:
+    if "packed" in works:
         kinds.insert(0, "gather")
-    if api == "paged" and runner.block_size % 256 == 0:
+    if "paged" in works and runner.block_size % 256 == 0:
         kinds.insert(0, "paged")
     return kinds
 
@@ -453,11 +449,16 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGALRM, on_alarm)
         signal.alarm(int(args.budget_s) + 30)
 
-    from servelab.runners.torch_model import varlen_api
+    from servelab.runners.torch_model import ModelArgs, probe_varlen
     from servelab.runners.torch_runner import TorchRunner
 
     on_cuda = args.device.startswith("cuda")
-    block_size = args.block_size or (256 if on_cuda and varlen_api() == "paged" else 16)
+    block_size = args.block_size
+    if block_size is None:  # 256-token blocks where paged FlashAttention works here, else vLLM's 16
+        import torch
+
+        paged_ok = on_cuda and probe_varlen(ModelArgs.from_name(args.model), torch.bfloat16, args.device)["paged"] is None
+        block_size = 256 if paged_ok else 16
     spec_parts = [f"model={args.model}", f"device={args.device}", f"block_size={block_size}"]
     if args.dtype:
         spec_parts.append(f"dtype={args.dtype}")

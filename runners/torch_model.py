@@ -161,6 +161,56 @@ def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None):
     return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True)
 
 
+def _varlen_math(q, k, v, cu_q, cu_k, block_table=None):
+    # The semantics varlen_attention promises, one sequence at a time (for probe_varlen only).
+    out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[-2]
+    for b in range(cu_q.shape[0] - 1):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        if block_table is not None:
+            keys, values = (t[block_table[b].long()].flatten(0, 1)[: k1 - k0] for t in (k, v))
+        else:
+            keys, values = k[k0:k1], v[k0:k1]
+        allowed = torch.arange(k1 - k0, device=q.device)[None, :] <= torch.arange(q1 - q0, device=q.device)[:, None] + (k1 - k0) - (q1 - q0)
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        o = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1).float(), keys.transpose(0, 1).float(),
+                                           values.transpose(0, 1).float(), attn_mask=allowed)
+        out[q0:q1] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def probe_varlen(args: ModelArgs, dtype: torch.dtype, device: str) -> dict[str, str | None]:
+    """Try FlashAttention varlen on this device with this model's head layout: ``{"packed": err, "paged": err}``
+    (None = works and matches the reference, including causal alignment of a chunk after cached keys)."""
+    result: dict[str, str | None] = {"packed": "torch has no varlen_attn", "paged": "varlen_attn takes no block tables"}
+    api = varlen_api()
+    if api is None:
+        return result
+    gen = torch.Generator(device=device).manual_seed(0)
+    h, kvh, d = args.num_heads, args.num_kv_heads, args.head_dim
+    cu_q = torch.tensor([0, 3, 4], dtype=torch.int32, device=device)  # a 3-token chunk after 4 cached keys; a decode
+    cu_k = torch.tensor([0, 7, 12], dtype=torch.int32, device=device)
+    q = torch.randn(4, h, d, generator=gen, device=device).to(dtype)
+    k, v = (torch.randn(12, kvh, d, generator=gen, device=device).to(dtype) for _ in range(2))
+
+    def check(name: str, fn, expected) -> None:
+        try:
+            got = fn()
+            err = (got.float() - expected.float()).abs().max().item()
+            result[name] = None if err < 2e-2 else f"differs from the reference by {err:.3g} (causal alignment?)"
+        except Exception as exc:  # any failure means: do not use this path
+            result[name] = f"{type(exc).__name__}: {exc}"
+
+    check("packed", lambda: varlen_attention(q, k, v, cu_q, cu_k, 3, 7), _varlen_math(q, k, v, cu_q, cu_k))
+    if api == "paged":
+        pool_k, pool_v = (torch.zeros(3, 256, kvh, d, dtype=dtype, device=device) for _ in range(2))
+        table = torch.tensor([[2], [0]], dtype=torch.int32, device=device)  # non-trivial block ids
+        pool_k[2, :7], pool_v[2, :7], pool_k[0, :5], pool_v[0, :5] = k[:7], v[:7], k[7:], v[7:]
+        check("paged", lambda: varlen_attention(q, pool_k, pool_v, cu_q, cu_k, 3, 7, table),
+              _varlen_math(q, pool_k, pool_v, cu_q, cu_k, table))
+    return result
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x [T, heads, D]; cos/sin [T, 1, D] (Hugging Face's rotate-half layout)
     half = x.shape[-1] // 2

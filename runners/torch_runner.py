@@ -90,8 +90,6 @@ class TorchRunner:
             raise ServelabError(f"runner 'torch': dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.block_size < 1:
             raise ServelabError(f"runner 'torch': block_size must be >= 1, got {self.block_size}")
-        self.attention = self._pick_attention()
-
         hf_config = load_hf_config(self.weights) if self.weights else None
         if self.model_name in ("", "hf"):
             if hf_config is None:
@@ -100,6 +98,7 @@ class TorchRunner:
         else:
             self.args = ModelArgs.from_name(self.model_name)
         self._torch_dtype = getattr(torch, self.dtype)
+        self.attention = self._pick_attention()
         self._check_fits()
         self.model = Transformer.build(self.args, device=self.device, dtype=self._torch_dtype, seed=self.seed,
                                        weights=self.weights)
@@ -162,6 +161,7 @@ class TorchRunner:
             "dtype": self.dtype,
             "weights": self.weights or f"random (seed {self.seed})",
             "attention": self.attention,
+            "varlen_probe": self.varlen_probe,
             "block_size": self.block_size,
             "num_blocks": self.num_blocks,
             "cuda_graphs": None if self._graphs is None else self._graphs.describe(),
@@ -215,26 +215,34 @@ class TorchRunner:
         return self.device.startswith("cuda")
 
     def _pick_attention(self) -> str:
-        from servelab.runners.torch_model import varlen_api
-
-        api = "paged" if self.varlen_kernel is not None else (varlen_api() if self.is_cuda else None)
+        """auto: paged FlashAttention where it exists and blocks are multiples of 256, else the packed
+        gather, else padded SDPA. The FlashAttention paths are probed on the device first."""
+        self.varlen_probe = self._probe()
+        works = {name for name, err in self.varlen_probe.items() if err is None}
         if self.attention == "auto":
-            if api == "paged" and self.block_size % 256 == 0:  # FlashAttention pages: multiples of 256 tokens
+            if "paged" in works and self.block_size % 256 == 0:
                 return "paged"
-            return "gather" if api is not None else "sdpa"
+            return "gather" if "packed" in works else "sdpa"
         if self.attention not in ATTENTION_KINDS:
             raise ServelabError(
                 f"runner 'torch': attention must be auto or one of {', '.join(ATTENTION_KINDS)}, got '{self.attention}'"
             )
         if self.attention == "paged" and self.block_size % 256:
             raise ServelabError(f"runner 'torch': attention=paged needs block_size a multiple of 256, got {self.block_size}")
-        if self.attention in ("paged", "gather") and api is None:
-            raise ServelabError(f"runner 'torch': attention={self.attention} needs CUDA and torch.nn.attention.varlen "
-                                f"(device {self.device}, torch {self._torch.__version__}); use attention=sdpa")
-        if self.attention == "paged" and api != "paged":
-            raise ServelabError(f"runner 'torch': attention=paged needs varlen_attn with block tables (torch >= 2.12), "
-                                f"this is torch {self._torch.__version__}; use attention=gather")
+        need = {"paged": "paged", "gather": "packed"}.get(self.attention)
+        if need is not None and need not in works:
+            raise ServelabError(f"runner 'torch': attention={self.attention} is unavailable on {self.device} with torch "
+                                f"{self._torch.__version__} ({self.varlen_probe[need]}); use attention=sdpa")
         return self.attention
+
+    def _probe(self) -> dict[str, str | None]:
+        from servelab.runners.torch_model import probe_varlen
+
+        if self.varlen_kernel is not None:  # tests: a reference kernel stands in for FlashAttention
+            return {"packed": None, "paged": None}
+        if not self.is_cuda:
+            return {"packed": "FlashAttention needs CUDA", "paged": "FlashAttention needs CUDA"}
+        return probe_varlen(self.args, self._torch_dtype, self.device)
 
     def _check_fits(self) -> None:
         need = self.args.num_params * self._torch_dtype.itemsize

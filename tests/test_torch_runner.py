@@ -192,6 +192,43 @@ def test_chunked_mixed_batches_match_full_sequence_forward(torch, attention):
         torch.testing.assert_close(paged, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_varlen_probe_accepts_a_correct_kernel_and_catches_top_left_causal(torch, monkeypatch):
+    from servelab.runners import torch_model
+
+    args = torch_model.ModelArgs.from_name("tiny")
+    monkeypatch.setattr(torch_model, "varlen_api", lambda: "paged")
+    monkeypatch.setattr(torch_model, "varlen_attention", varlen_reference)
+    assert torch_model.probe_varlen(args, torch.float32, "cpu") == {"packed": None, "paged": None}
+
+    def top_left(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None):  # causal from the first key: wrong here
+        shifted = cu_k.clone()
+        out = torch.empty_like(q)
+        for b in range(cu_q.shape[0] - 1):
+            n = int(cu_q[b + 1] - cu_q[b])
+            shifted = torch.tensor([0, n], dtype=cu_k.dtype)
+            keys = k[int(cu_k[b]):int(cu_k[b]) + n] if block_table is None else k[block_table[b].long()].flatten(0, 1)[:n]
+            vals = v[int(cu_k[b]):int(cu_k[b]) + n] if block_table is None else v[block_table[b].long()].flatten(0, 1)[:n]
+            out[int(cu_q[b]):int(cu_q[b + 1])] = varlen_reference(q[int(cu_q[b]):int(cu_q[b + 1])], keys, vals,
+                                                                  torch.tensor([0, n]), shifted, n, n)
+        return out
+
+    monkeypatch.setattr(torch_model, "varlen_attention", top_left)
+    probe = torch_model.probe_varlen(args, torch.float32, "cpu")
+    assert "differs from the reference" in probe["packed"] and "differs" in probe["paged"]
+
+
+def test_varlen_probe_reports_failures_instead_of_raising(torch, monkeypatch):
+    from servelab.runners import torch_model
+
+    def broken(*_args, **_kw):
+        raise RuntimeError("no kernel image")
+
+    monkeypatch.setattr(torch_model, "varlen_api", lambda: "packed")
+    monkeypatch.setattr(torch_model, "varlen_attention", broken)
+    probe = torch_model.probe_varlen(torch_model.ModelArgs.from_name("tiny"), torch.float32, "cpu")
+    assert probe == {"packed": "RuntimeError: no kernel image", "paged": "varlen_attn takes no block tables"}
+
+
 def test_recompute_after_preemption_into_other_blocks_reproduces_logits(torch):
     runner = make_runner(torch, warmup=False)
     alloc = BlockAllocator(64)
@@ -310,7 +347,7 @@ def test_factory_takes_model_and_block_size_from_context(torch):
         ("torch:model=tiny,device=tpu", "device must be cpu or cuda"),
         ("torch:model=tiny,device=cpu,attention=magic", "attention must be auto or one of"),
         ("torch:model=tiny,device=cpu,attention=paged,block_size=16", "multiple of 256"),
-        ("torch:model=tiny,device=cpu,attention=gather", "attention=gather needs CUDA"),
+        ("torch:model=tiny,device=cpu,attention=gather", "attention=gather is unavailable on cpu"),
         ("torch:model=nope,device=cpu", "unknown model preset 'nope'"),
         ("torch:model=tiny,device=cpu,num_blocks=0", "num_blocks must be >= 1"),
         ("torch:model=tiny,device=cpu,warmup=maybe", "warmup must be 0 or 1"),
