@@ -3,9 +3,10 @@
 A rate is the offered mean arrival rate ``(n - 1) / (last arrival - first arrival)`` in req/s; the
 trace is replayed at rate r by dividing every arrival time by ``k = r / native_rate``. The search
 first doubles (or halves) from a start rate until one rate meets the target and a higher one misses
-it, then narrows that bracket with ``jobs`` interior points per round until ``hi / lo - 1 <=
-tolerance``. Which rates are replayed depends only on the results, never on timing, so a sweep with
-more processes gives the same answer.
+it, then bisects that bracket until ``hi / lo - 1 <= tolerance``. With ``jobs`` processes the next
+steps of the walk (or the next levels of the bisection tree) are replayed at once and then read in
+order, so the bracket found is the same for any number of processes; only extra, unused rates are
+replayed.
 """
 
 from __future__ import annotations
@@ -180,34 +181,72 @@ class _Evaluator:
         return [self.points[r] for r in rates]
 
 
+def _passes(ev: _Evaluator, rate: float, target: float) -> bool:
+    return ev.points[rate].attainment >= target
+
+
 def _bracket(ev: _Evaluator, start: float, target: float, jobs: int, min_rate, max_rate) -> tuple[float | None, float | None]:
-    """Double up / halve down from ``start`` (``jobs`` rates per round) until a pass sits below a miss."""
-    lo, hi = goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
-    if lo is not None and hi is not None:
-        return lo, hi
-    if not ev.points:
-        ev.evaluate([start])
-    for _ in range(MAX_EXPANSIONS):
+    """Walk from ``start`` by doubling (it passes) or halving (it misses) until the outcome flips.
+
+    ``jobs`` steps of the walk are replayed at once; the walk itself reads them in order, so the
+    bracket is the one a single process would find.
+    """
+    if ev.points:  # a grid was given: start from its conservative bracket if it has one
         lo, hi = goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
         if lo is not None and hi is not None:
             return lo, hi
-        rates = sorted(ev.points)
-        if hi is None:  # everything passed: go higher
-            top = rates[-1]
-            nxt = [top * 2 ** (i + 1) for i in range(jobs)]
-            if max_rate is not None:
-                if top >= max_rate:
-                    return lo, None
-                nxt = sorted({min(r, max_rate) for r in nxt})
-        else:  # the lowest rate already misses: go lower
-            bottom = rates[0]
-            nxt = [bottom / 2 ** (i + 1) for i in range(jobs)]
-            if min_rate is not None:
-                if bottom <= min_rate:
-                    return None, hi
-                nxt = sorted({max(r, min_rate) for r in nxt})
-        ev.evaluate(nxt)
-    return goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
+        start = max(ev.points) if hi is None else min(ev.points)
+    ev.evaluate([start])
+    up = _passes(ev, start, target)
+    limit = max_rate if up else min_rate
+    prev = start
+    walk: list[float] = []
+    rate = start
+    for _ in range(MAX_EXPANSIONS):
+        if limit is not None and (rate >= limit if up else rate <= limit):
+            break
+        rate = rate * 2 if up else rate / 2
+        if limit is not None:
+            rate = min(rate, limit) if up else max(rate, limit)
+        walk.append(rate)
+    for i in range(0, len(walk), jobs):
+        batch = walk[i : i + jobs]
+        ev.evaluate(batch)
+        for rate in batch:
+            if _passes(ev, rate, target) != up:
+                return (prev, rate) if up else (rate, prev)
+            prev = rate
+    return (prev, None) if up else (None, prev)
+
+
+def _tree(lo: float, hi: float, depth: int) -> list[float]:
+    """Midpoints of ``depth`` bisection levels below (lo, hi), computed exactly as the walk computes them."""
+    if depth == 0:
+        return []
+    mid = (lo + hi) / 2
+    return [mid, *_tree(lo, mid, depth - 1), *_tree(mid, hi, depth - 1)]
+
+
+def _bisect(ev: _Evaluator, lo: float, hi: float, target: float, tolerance: float, jobs: int) -> tuple[float, float]:
+    """Halve (lo, hi) until hi/lo - 1 <= tolerance; with more jobs, several levels are replayed per round.
+
+    ``2**L - 1`` points cover the next L levels whichever way the path turns, and the path is then
+    walked exactly as serial bisection would, so the bracket does not depend on ``jobs``.
+    """
+    levels = max(1, int(math.log2(jobs + 1)))
+    while hi / lo - 1 > tolerance:
+        needed = max(1, math.ceil(math.log2((hi - lo) / (tolerance * lo))))  # lo only grows: an upper bound
+        depth = min(levels, needed)
+        ev.evaluate(_tree(lo, hi, depth))
+        for _ in range(depth):
+            mid = (lo + hi) / 2
+            if _passes(ev, mid, target):
+                lo = mid
+            else:
+                hi = mid
+            if hi / lo - 1 <= tolerance:
+                break
+    return lo, hi
 
 
 def run_sweep(
@@ -262,9 +301,7 @@ def run_sweep(
             elif hi is None:
                 notes.append(f"attainment meets {target:g} at every rate tried, up to {max(ev.points):.6g} req/s")
             else:
-                while hi / lo - 1 > tolerance:
-                    ev.evaluate([lo + (hi - lo) * (i + 1) / (jobs + 1) for i in range(jobs)])
-                    lo, hi = goodput_rate([(p.rate_rps, p.attainment) for p in ev.points.values()], target)
+                lo, hi = _bisect(ev, lo, hi, target, tolerance, jobs)
         points = tuple(ev.points[r] for r in sorted(ev.points))
         result = SweepResult(
             target=target, tolerance=tolerance if target is not None else None, native_rate_rps=native,

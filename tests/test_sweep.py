@@ -72,8 +72,14 @@ def test_grid_attainment_matches_closed_form(trace_path, tmp_path):
     assert res.goodput_rate_rps is None
 
 
-def test_search_brackets_the_true_crossing(trace_path, tmp_path):
-    res = run_sweep(trace_path, CONFIG, tmp_path / "search", slo=SLO, target=TARGET, tolerance=0.01)
+@pytest.fixture(scope="module")
+def serial_search(trace_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("serial") / "search"
+    return out, run_sweep(trace_path, CONFIG, out, slo=SLO, target=TARGET, tolerance=0.01)
+
+
+def test_search_brackets_the_true_crossing(serial_search):
+    out, res = serial_search
     lo, hi = res.bracket_rps
     assert lo <= R_STAR <= hi
     assert hi / lo - 1 <= 0.01
@@ -82,9 +88,29 @@ def test_search_brackets_the_true_crossing(trace_path, tmp_path):
     assert by_rate[lo] >= TARGET > by_rate[hi]
     for rate, att in by_rate.items():  # every replayed point agrees with the formula
         assert att == pytest.approx(closed_form_attainment(rate)), rate
-    saved = json.loads((tmp_path / "search" / "sweep.json").read_text())
+    saved = json.loads((out / "sweep.json").read_text())
     assert saved["goodput_rate_rps"] == lo and saved["bracket_rps"] == [lo, hi]
     assert saved["goodput_rate_per_gpu"] == lo
+
+
+def test_parallel_search_finds_the_same_bracket(trace_path, tmp_path, serial_search):
+    serial_dir, serial = serial_search
+    res = run_sweep(trace_path, CONFIG, tmp_path / "par", slo=SLO, target=TARGET, tolerance=0.01, jobs=3)
+    assert res.bracket_rps == serial.bracket_rps
+    serial_rates = {p.rate_rps for p in serial.points}
+    assert serial_rates <= {p.rate_rps for p in res.points}  # a superset, replayed in fewer rounds
+    same = {p.rate_rps: p for p in res.points if p.rate_rps in serial_rates}
+    assert [same[p.rate_rps] for p in serial.points] == list(serial.points)
+    for p in serial.points:  # byte-identical run outputs from the worker processes
+        a = (serial_dir / p.run_dir / "requests.parquet").read_bytes()
+        assert a == (tmp_path / "par" / p.run_dir / "requests.parquet").read_bytes()
+
+
+def test_grid_then_search(trace_path, tmp_path):
+    res = run_sweep(trace_path, CONFIG, tmp_path / "g", slo=SLO, rates=[6.0, 16.0], target=TARGET, tolerance=0.01)
+    lo, hi = res.bracket_rps
+    assert lo <= R_STAR <= hi and hi / lo - 1 <= 0.01
+    assert res.points[0].rate_rps == 6.0 and res.points[-1].rate_rps == 16.0
 
 
 def test_parallel_workers_give_identical_results(trace_path, tmp_path):
