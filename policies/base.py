@@ -43,6 +43,7 @@ class PolicyBase:
 
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
+    uses_token_budget: ClassVar[bool] = True  # False: max_num_batched_tokens does not apply (orca, static)
 
     def __init__(self, params: Any, engine: EngineConfig, replica_id: int = 0):
         self.params = params

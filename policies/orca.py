@@ -17,6 +17,7 @@ UNLIMITED = 1 << 62
 @POLICIES.register("orca")
 class Orca(PolicyBase):
     name = "orca"
+    uses_token_budget = False
 
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica, token_budget=UNLIMITED)

@@ -1,6 +1,7 @@
 """`round-robin`: time slicing when demand exceeds ``max_num_seqs``.
 
-Each admitted request runs for ``quantum`` iterations; then, if others wait for a slot, it is
+Each admitted request runs until it has produced ``quantum`` tokens in its turn (a turn that only
+prefills does not count, so recompute preemption cannot livelock); then, if others wait for a slot, it is
 preempted (the engine's preemption mode: swap keeps its KV, recompute redoes it) and rejoins the
 back of the queue, behind requests that arrived up to that moment. Queue order is kept as a
 per-request ticket, so the engine's own front-of-queue placement of preempted requests is
@@ -15,7 +16,7 @@ from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.request import Request, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +29,11 @@ class RoundRobinParams:
 
 
 class _Slot:
-    __slots__ = ("ticket", "used")
+    __slots__ = ("ticket", "turn_start")
 
     def __init__(self, ticket: int):
         self.ticket = ticket
-        self.used = 0  # iterations run in the current turn
+        self.turn_start = 0  # tokens it had generated when its current turn began
 
 
 @POLICIES.register("round-robin")
@@ -51,9 +52,8 @@ class RoundRobin(PolicyBase):
     def on_arrival(self, req: Request, replica: Replica) -> None:
         req.policy_data = _Slot(self._ticket())
 
-    def on_step(self, batch: Batch, num_iterations: int) -> None:
-        for req, _ in batch.items:
-            req.policy_data.used += num_iterations
+    def _used(self, req: Request) -> int:
+        return req.num_generated_tokens - req.policy_data.turn_start
 
     def schedule(self, replica: Replica) -> Batch:
         quantum = self.params.quantum
@@ -61,20 +61,19 @@ class RoundRobin(PolicyBase):
         queue = sorted(replica.waiting, key=lambda r: r.policy_data.ticket)
         short = len(queue) - (replica.config.max_num_seqs - len(replica.running))
         if short > 0:
-            expired = [r for r in replica.running if r.policy_data.used >= quantum]
+            expired = [r for r in replica.running if self._used(r) >= quantum]
             expired.sort(key=lambda r: r.policy_data.ticket)
             for req in expired[:short]:
                 b.preempt(req)
                 req.policy_data.ticket = self._ticket()  # back of the queue
-                req.policy_data.used = 0
         b.schedule_running(replica.running)
         if not b.preempted or short > 0:
             b.admit_waiting(queue, chunked=True)
         for req, _ in b.items:
-            if req.policy_data.used >= quantum:
-                req.policy_data.used = 0  # nobody was waiting: a fresh turn
+            if req.status is Status.WAITING or self._used(req) >= quantum:
+                req.policy_data.turn_start = req.num_generated_tokens  # a new turn begins
         repeat = None
         if replica.waiting or b.preempted:
-            left = [quantum - r.policy_data.used for r, _ in b.items]
+            left = [quantum - self._used(r) for r, _ in b.items]
             repeat = max(1, min(left)) if left else None
         return b.build(repeat=repeat)

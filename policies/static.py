@@ -16,6 +16,7 @@ UNLIMITED = 1 << 62
 @POLICIES.register("static")
 class Static(PolicyBase):
     name = "static"
+    uses_token_budget = False
 
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica, token_budget=UNLIMITED)

@@ -1,0 +1,172 @@
+"""`servelab replay`, `servelab demo` and `servelab policies`, plus the replay options other commands share.
+
+Every engine/policy/runner option has the same name on the command line and in a TOML config
+file (``--max-num-seqs 64`` == ``max_num_seqs = 64``). Precedence: defaults < ``--config`` file <
+options given on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from servelab.common.errors import ServelabError
+from servelab.replay.config import EngineConfig, ReplayConfig
+
+_ENGINE_HELP = {
+    "block_size": "Tokens per KV block.",
+    "num_gpu_blocks": "KV blocks per replica (default: derived from the runner's model and GPU).",
+    "gpu_memory_utilization": "Share of GPU memory for weights + KV when deriving num_gpu_blocks.",
+    "max_num_seqs": "Most requests in one iteration.",
+    "max_num_batched_tokens": "Most tokens computed in one iteration (chunked-prefill budget).",
+    "kv_allocation": "on-demand (vLLM) or reserve (prompt + max_output reserved at admission).",
+    "preemption": "recompute or swap, when KV runs out.",
+    "swap_space_gb": "Host swap pool per replica, GB.",
+    "swap_bandwidth_gbps": "Host<->GPU copy bandwidth, GB/s.",
+    "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
+    "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
+    "replicas": "Identical engine replicas behind the router.",
+    "router": "round-robin or least-outstanding.",
+    "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
+    "seed": "Seed for every random choice (predictors, retries).",
+}
+
+
+def replay_options(func: Callable) -> Callable:
+    """Add every replay option to a click command; read them back with ``config_from_options``."""
+    options = [
+        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file."),
+        click.option("--policy", help="Scheduling policy (see `servelab policies`). Default: sarathi."),
+        click.option("--policy-param", "policy_param", multiple=True, metavar="KEY=VALUE",
+                     help="A policy parameter; repeatable."),
+        click.option("--runner", help="Runner spec, e.g. roofline, linear:base=0.01,prefill_token=1e-5, "
+                                      "fitted:model.json. Default: roofline."),
+        click.option("--model", help="Model preset for the runner (see `servelab presets`)."),
+        click.option("--gpu", help="GPU preset for the runner."),
+        click.option("--tp", type=int, help="Tensor-parallel degree per replica."),
+    ]
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + ("until" if f.name == "until_s" else f.name.replace("_", "-"))
+        options.append(click.option(flag, f.name, default=None, help=_ENGINE_HELP.get(f.name, "")))
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
+    """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
+    base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
+    engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
+    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp"]:
+        value = options.get(key)
+        if value is not None:
+            base[key] = value
+    if policy_param:
+        if "policy" in options and options["policy"] is not None and options["policy"] != base.get("policy"):
+            base.pop("policy_params", None)
+        params = dict(base.get("policy_params", {}))
+        for item in policy_param:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ServelabError(f"--policy-param expects KEY=VALUE, got '{item}'")
+            params[key.strip()] = value.strip()
+        base["policy_params"] = params
+    return ReplayConfig.from_dict(base, source="options")
+
+
+def _load_trace(path: str):
+    from servelab.traces.io import read_trace
+
+    return read_trace(path)
+
+
+def _trace_meta(path: str) -> dict:
+    from servelab.traces.io import trace_sha256
+
+    return {"path": str(path), "name": Path(path).stem, "sha256": trace_sha256(path)}
+
+
+def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
+               slo: tuple[str, ...] = ()) -> None:
+    from servelab.replay import replay, write_run
+
+    trace = _load_trace(trace_path)
+    click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
+               f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
+    result = replay(trace, config, trace_meta=_trace_meta(trace_path))
+    meta = result.meta
+    click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
+               f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
+    if out_dir:
+        write_run(result, out_dir)
+        click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, run.json", err=True)
+    if show_report:
+        click.echo(_report(result, out_dir, slo))
+
+
+def _report(result, out_dir: str | None, slo: tuple[str, ...]) -> str:
+    try:
+        from servelab.scoring.report import report_text
+    except ImportError:
+        report_text = None
+    if report_text is not None and out_dir:
+        return report_text(out_dir, slo)
+    import pyarrow.compute as pc
+
+    req = result.requests
+    counts = result.meta["counts"]
+    lines = [f"requests: {req.num_rows:,}  " + "  ".join(f"{k}: {v:,}" for k, v in counts.items())]
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        q = pc.quantile(req[col], q=[0.5, 0.9, 0.99], interpolation="linear").to_pylist()
+        lines.append(f"{col:7s} p50 {q[0]:.4f}  p90 {q[1]:.4f}  p99 {q[2]:.4f}")
+    return "\n".join(lines)
+
+
+def _slo_option(func: Callable) -> Callable:
+    return click.option("--slo", multiple=True, metavar="SPEC",
+                        help="SLO for the report, e.g. ttft=0.5,tpot=0.05 or tier=priority:ttft=0.2.")(func)
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Run directory to write.")
+@click.option("--report/--no-report", default=True, help="Print the report after the replay.")
+@_slo_option
+@replay_options
+def replay(trace: str, out_dir: str | None, report: bool, slo: tuple[str, ...], **options: Any) -> None:
+    """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o."""
+    config = config_from_options(**options)
+    run_replay(trace, config, out_dir, report, slo)
+
+
+@click.command()
+@click.option("-o", "--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
+@_slo_option
+@replay_options
+def demo(out_dir: str, slo: tuple[str, ...], **options: Any) -> None:
+    """Replay the bundled Azure LLM conversation trace (2023, 19,366 requests) and print the report."""
+    from servelab.traces.bundled import default_trace_path
+
+    config = config_from_options(**options)
+    if not slo:
+        slo = ("ttft=2,tpot=0.1",)
+    run_replay(str(default_trace_path()), config, out_dir, True, slo)
+
+
+@click.command()
+def policies() -> None:
+    """List the registered scheduling policies and their parameters."""
+    from servelab.policies.base import policy_class, policy_names
+
+    for name in policy_names():
+        cls = policy_class(name)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
+        click.echo(f"{name:14s} {doc}\n{'':14s} parameters: {params}")
+
+
+__all__ = ["replay", "demo", "policies", "replay_options", "config_from_options", "run_replay"]

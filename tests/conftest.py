@@ -1,0 +1,38 @@
+"""Shared test fixtures: where the shared traces live, and a factory for small trace tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    """The shared/ folder next to the checkout (CI has it; a laptop clone may not)."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (CI provides it)")
+    return SHARED
+
+
+def make_trace(arrivals, prompts, outputs, **extra) -> pa.Table:
+    """A trace table with ids 0..n-1 and optional extra columns (tenant=[...], tier=[...], ...)."""
+    n = len(arrivals)
+    cols = {
+        "request_id": pa.array(range(n), pa.int64()),
+        "arrival_s": pa.array([float(a) for a in arrivals], pa.float64()),
+        "prompt_tokens": pa.array(prompts, pa.int32()),
+        "output_tokens": pa.array(outputs, pa.int32()),
+    }
+    for name, values in extra.items():
+        cols[name] = pa.array(values)
+    return pa.table(cols)
+
+
+@pytest.fixture
+def trace_factory():
+    return make_trace

@@ -1,0 +1,36 @@
+"""Helpers for engine tests: run a replay with a linear runner in one call."""
+
+from __future__ import annotations
+
+from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.runners.base import make_runner
+
+
+class NoStretch:
+    """Wraps a runner so the engine must run every iteration one by one (reference behaviour)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+
+    def step_time(self, plan):
+        return self.inner.step_time(plan)
+
+    def decode_affine(self, num_seqs):
+        return None
+
+    def describe(self):
+        return self.inner.describe()
+
+
+def run(trace, policy="sarathi", runner="linear:base=1", policy_params=None, stretch=True, **engine):
+    engine.setdefault("num_gpu_blocks", 100_000)
+    cfg = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=policy_params or {}, runner=runner)
+    r = make_runner(runner)
+    if not stretch:
+        r = NoStretch(r)
+    return replay(trace, cfg, runner=r)
+
+
+def column(result, name):
+    return result.requests.column(name).to_pylist()

@@ -1,0 +1,140 @@
+"""Engine mechanics one behaviour at a time: KV accounting, preemption, rejection, sessions, horizon."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_trace
+from helpers_engine import column, run
+
+from servelab.common.errors import ServelabError
+from servelab.replay import EngineConfig, ReplayConfig
+
+UNIT = "linear:base=1"
+
+
+def test_reserve_mode_makes_requests_wait_with_free_slots():
+    trace = make_trace([0, 0.5], [16, 16], [16, 16])
+    on_demand = run(trace, runner=UNIT, num_gpu_blocks=3, block_size=16)
+    reserve = run(trace, runner=UNIT, num_gpu_blocks=3, block_size=16, kv_allocation="reserve")
+    # on demand, B joins at the next iteration boundary after it arrives
+    assert column(on_demand, "first_scheduled_s")[1] == 1.0
+    # reserving prompt + max_output (2 blocks each) leaves no room for B until A finishes at 16
+    assert column(reserve, "first_scheduled_s")[1] == column(reserve, "finish_s")[0] == 16.0
+
+
+def test_recompute_preempts_the_most_recent_and_redoes_its_prefill():
+    # each needs ceil((16 + 40) / 16) = 4 blocks at the end; 6 blocks cannot hold both
+    trace = make_trace([0, 0.5], [16, 16], [40, 40])
+    r = run(trace, runner=UNIT, num_gpu_blocks=6, block_size=16)
+    assert column(r, "num_preemptions") == [0, 1]
+    assert set(column(r, "status")) == {"finished"}
+    prefill = sum(r.steps.column("prefill_tokens").to_pylist())
+    assert prefill > 32  # B's prompt and generated tokens were computed again
+
+
+def test_swap_keeps_progress_and_costs_transfer_time():
+    trace = make_trace([0, 0.5], [16, 16], [40, 40])
+    swap = run(trace, runner=UNIT, num_gpu_blocks=6, block_size=16, preemption="swap",
+               kv_bytes_per_token=1_000_000, swap_bandwidth_gbps=1.0)
+    assert column(swap, "num_preemptions") == [0, 1]
+    assert sum(swap.steps.column("prefill_tokens").to_pylist()) == 32  # nothing recomputed
+    # B held 3 blocks (48 tokens x 1 MB) when swapped out: 0.048 s out and 0.048 s back in
+    durations = swap.steps.column("duration_s").to_pylist()
+    assert any(d == pytest.approx(1.048) for d in durations)
+    assert sum(durations) == pytest.approx(sum(n for n in swap.steps.column("num_iterations").to_pylist()) + 0.096)
+
+
+def test_request_larger_than_all_kv_is_rejected_not_looped_on():
+    trace = make_trace([0, 1], [1000, 10], [10, 10])
+    r = run(trace, runner=UNIT, num_gpu_blocks=10, block_size=16)
+    assert column(r, "status") == ["rejected", "finished"]
+    assert "KV blocks" in column(r, "reason")[0]
+
+
+def test_head_of_line_strict_vs_skip():
+    # C needs 4 blocks of 5 while A holds 2; D behind it needs 1 block
+    trace = make_trace([0, 0.1, 0.2], [16, 60, 8], [20, 4, 4])
+    strict = run(trace, runner=UNIT, num_gpu_blocks=5, block_size=16, kv_allocation="reserve")
+    skip = run(trace, runner=UNIT, num_gpu_blocks=5, block_size=16, kv_allocation="reserve", head_of_line="skip")
+    assert column(strict, "first_scheduled_s")[2] >= column(strict, "finish_s")[0]
+    assert column(skip, "first_scheduled_s")[2] == 1.0
+
+
+def test_closed_loop_turn_arrives_after_think_time():
+    trace = make_trace([0, 0.0], [8, 8], [5, 3], session_id=[7, 7], think_s=[None, 2.5])
+    r = run(trace, runner=UNIT)
+    finish = column(r, "finish_s")
+    assert finish[0] == 5.0
+    assert column(r, "arrival_s")[1] == 7.5
+    assert finish[1] == 10.5
+
+
+def test_closed_loop_turn_never_arrives_before_horizon():
+    trace = make_trace([0, 0.0], [8, 8], [50, 3], session_id=[7, 7], think_s=[None, 1.0])
+    r = run(trace, runner=UNIT, until_s=10)
+    assert column(r, "status") == ["unfinished", "unfinished"]
+    assert column(r, "arrival_s")[1] is None
+
+
+def test_horizon_cuts_a_decode_stretch_exactly():
+    r = run(make_trace([0], [4], [100]), runner=UNIT, until_s=50.5)
+    assert column(r, "status") == ["unfinished"]
+    assert column(r, "generated_tokens") == [50]  # tokens at t = 1, 2, ..., 50
+    assert sum(r.steps.column("num_iterations").to_pylist()) == 50
+
+
+def test_arrival_cuts_a_stretch_at_the_next_boundary():
+    # A decodes from t=1; B arrives at 10.5 and is prefilled in the iteration starting at 11
+    r = run(make_trace([0, 10.5], [4, 4], [100, 2]), runner=UNIT)
+    assert column(r, "first_scheduled_s")[1] == 11.0
+    assert column(r, "first_token_s")[1] == 12.0
+
+
+def test_least_outstanding_router_balances_work():
+    trace = make_trace([0, 0.1, 0.2, 0.3], [8, 8, 8, 8], [100, 5, 5, 5])
+    r = run(trace, runner=UNIT, replicas=2, router="least-outstanding")
+    assert column(r, "replica") == [0, 1, 1, 1]
+    rr = run(trace, runner=UNIT, replicas=2, router="round-robin")
+    assert column(rr, "replica") == [0, 1, 0, 1]
+
+
+def test_one_token_output_has_zero_tpot_and_no_itl():
+    r = run(make_trace([0], [8], [1]), runner=UNIT)
+    assert column(r, "tpot_s") == [0.0]
+    assert column(r, "max_itl_s") == [None]
+    assert column(r, "ttft_s") == [1.0]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(block_size=0), "block_size must be >= 1"),
+    (dict(preemption="evict"), "preemption must be one of recompute, swap"),
+    (dict(router="random"), "router must be one of"),
+    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+])
+def test_bad_engine_config_is_a_clear_error(bad, message):
+    with pytest.raises(ServelabError, match=message):
+        EngineConfig(**bad)
+
+
+def test_config_unknown_key_and_bad_policy_param():
+    with pytest.raises(ServelabError, match="unknown key 'max_seqs'"):
+        ReplayConfig.from_dict({"max_seqs": 3})
+    with pytest.raises(ServelabError, match="unknown parameter 'quantumm'"):
+        run(make_trace([0], [1], [1]), policy="round-robin", policy_params={"quantumm": 2})
+    with pytest.raises(ServelabError, match="unknown policy 'fifo'.*sarathi"):
+        run(make_trace([0], [1], [1]), policy="fifo")
+
+
+def test_linear_runner_needs_blocks_and_swap_needs_kv_size():
+    with pytest.raises(ServelabError, match="num_gpu_blocks"):
+        from servelab.replay import replay
+        replay(make_trace([0], [1], [1]), ReplayConfig(runner=UNIT))
+    with pytest.raises(ServelabError, match="kv_bytes_per_token"):
+        run(make_trace([0], [1], [1]), runner=UNIT, preemption="swap")
+
+
+def test_config_round_trips_through_dict():
+    cfg = ReplayConfig.from_dict({"policy": "srpt", "max_num_seqs": "12", "until_s": 5,
+                                  "policy_params": {"preempt": True}})
+    assert cfg.engine.max_num_seqs == 12 and cfg.engine.until_s == 5.0
+    assert ReplayConfig.from_dict(cfg.to_dict()) == cfg
