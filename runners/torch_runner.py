@@ -92,6 +92,8 @@ class TorchRunner:
             raise ServelabError(f"runner 'torch': block_size must be >= 1, got {self.block_size}")
         hf_config = load_hf_config(self.weights) if self.weights else None
         if self.model_name in ("", "hf"):
+            if not self.weights:
+                raise ServelabError("runner 'torch': model=hf needs weights=<folder with config.json and safetensors>")
             if hf_config is None:
                 raise ServelabError(f"runner 'torch': {self.weights} has no config.json beside it; pass model=<preset>")
             self.args = ModelArgs.from_hf_config(hf_config, name=os.path.basename(os.path.normpath(self.weights)))

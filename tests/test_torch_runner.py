@@ -155,6 +155,15 @@ def test_importing_the_runner_seams_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
+def test_torch_runner_without_torch_is_a_clear_error():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from servelab.common.errors import ServelabError\n"
+            "from servelab.runners.base import make_runner\n"
+            "try:\n    make_runner('torch:model=tiny,device=cpu')\nexcept ServelabError as err:\n    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True, text=True).stdout
+    assert "runner 'torch' needs PyTorch: pip install 'servelab[torch]'" in out
+
+
 # ---- correctness: paged, chunked, mixed == plain full forward ------------------------------------
 
 
@@ -352,6 +361,7 @@ def test_factory_takes_model_and_block_size_from_context(torch):
         ("torch:model=tiny,device=cpu,num_blocks=0", "num_blocks must be >= 1"),
         ("torch:model=tiny,device=cpu,warmup=maybe", "warmup must be 0 or 1"),
         ("torch:model=tiny,device=cpu,threads=0", "threads must be >= 1"),
+        ("torch:model=hf,device=cpu", "model=hf needs weights="),
     ],
 )
 def test_factory_rejects_bad_parameters(torch, spec, message):
