@@ -48,6 +48,7 @@ class Imported:
     rows_read: int
     dropped: dict[str, int]
     files: tuple[str, ...]
+    read_unit: str = "rows"  # what rows_read counts ("clients" for ServeGen)
 
     @property
     def span_s(self) -> float:
@@ -57,7 +58,7 @@ class Imported:
     def summary(self) -> str:
         dropped = ", ".join(f"{n} {why}" for why, n in self.dropped.items() if n) or "none"
         return (
-            f"{self.table.num_rows} requests from {self.rows_read} rows in {len(self.files)} file(s); "
+            f"{self.table.num_rows} requests from {self.rows_read} {self.read_unit} in {len(self.files)} source(s); "
             f"dropped: {dropped}; span {self.span_s:.1f} s"
         )
 

@@ -277,7 +277,8 @@ def import_servegen(
         table=table,
         source=f"servegen:{','.join(p.name for p in paths)}@{start_s:g}+{duration_s:g}s,seed={seed}",
         prefix_block_tokens=None,
-        rows_read=len(arrival),
+        rows_read=len(tenants),
         dropped={},
         files=tuple(str(p) for p in paths),
+        read_unit="clients",
     )

@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 
 from servelab.common.errors import ServelabError
 from servelab.traces import schema
-from servelab.traces.synth import Weights
+
+Weights = tuple[tuple[str, float], ...]  # (name, share) pairs, as synth.parse_weights returns
 
 
 def _session_key(table: pa.Table) -> np.ndarray:
