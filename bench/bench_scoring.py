@@ -100,7 +100,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from servelab.scoring.compare import run_metrics
-    from servelab.scoring.connect import connect
+    from servelab.scoring.db import connect
     from servelab.scoring.report import render_text
     from servelab.scoring.slo import SloTable
 

@@ -57,7 +57,7 @@ def query(args, slo_specs, slo_file, fmt, out, limit):
     latency_summary, goodput, tenant_summary, fairness, resource_summary, replica_balance,
     attainment_vs_rate, slo_table, run_span.
     """
-    from servelab.scoring.connect import connect, query_arrow
+    from servelab.scoring.db import connect, query_arrow
     from servelab.scoring.output import write_result
 
     if len(args) < 2:
@@ -80,7 +80,7 @@ def query(args, slo_specs, slo_file, fmt, out, limit):
 def report(run_dirs, slo_specs, slo_file, fmt, out, width):
     """Readable summary of each run: attainment, latency percentiles, goodput, throughput, counts."""
     from servelab.common.atomic import atomic_path
-    from servelab.scoring.connect import connect
+    from servelab.scoring.db import connect
     from servelab.scoring.report import render_text, report_data
 
     con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
@@ -107,7 +107,7 @@ def report(run_dirs, slo_specs, slo_file, fmt, out, width):
 def compare(run_dirs, slo_specs, slo_file, fmt, out):
     """The report's metrics side by side; deltas of each run against the first."""
     from servelab.scoring.compare import compare_table
-    from servelab.scoring.connect import connect
+    from servelab.scoring.db import connect
     from servelab.scoring.output import write_result
     from servelab.scoring.sources import find_runs
 
@@ -128,7 +128,7 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False), required=True, help="Directory for the PNGs.")
 def plot(run_dirs, slo_specs, slo_file, out):
     """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate."""
-    from servelab.scoring.connect import connect
+    from servelab.scoring.db import connect
     from servelab.scoring.plots import write_plots
 
     con = connect(run_dirs, slo_from_options(slo_specs, slo_file))

@@ -9,7 +9,7 @@ import duckdb
 
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
-from servelab.scoring.connect import set_slo
+from servelab.scoring.db import set_slo
 from servelab.scoring.slo import SloTable
 from servelab.scoring.sources import find_runs, register_sources
 from servelab.scoring.views import create_views

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
-from servelab.scoring.connect import connect
+from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable, as_slo_table
 
 REPORT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")

@@ -11,7 +11,7 @@ import pytest
 from helpers_scoring import req, step, write_run
 
 from servelab.cli.main import main
-from servelab.scoring.connect import connect, query_arrow
+from servelab.scoring.db import connect, query_arrow
 from servelab.scoring.report import report_text
 from servelab.scoring.slo import SloTable
 
@@ -186,3 +186,20 @@ def test_bench_generator_small(tmp_path):
     assert o["requests"] == 2000 and o["finished"] + o["unfinished"] + o["rejected"] == 2000
     assert 0 < o["attainment"] < 1
     assert "run bench_run" in report_text(run_dir)
+
+
+def test_report_and_plot_errors_write_nothing(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    code, _, err = run(["report", str(missing), "-o", str(tmp_path / "r.txt")], capsys)
+    assert code == 1 and err.strip() == f"error: {missing}: no such run directory"
+    code, _, err = run(["plot", str(missing), "-o", str(tmp_path / "plots")], capsys)
+    assert code == 1 and "no such run directory" in err
+    code, _, err = run(["compare", str(missing), str(missing), "--format", "csv", "-o", str(tmp_path / "c.csv")], capsys)
+    assert code == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_to_file(runs, tmp_path, capsys):
+    dest = tmp_path / "out" / "report.txt"
+    code, out, _ = run(["report", str(runs[0]), "-o", str(dest)], capsys)
+    assert code == 0 and out == "" and dest.read_text().startswith("run a")

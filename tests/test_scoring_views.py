@@ -9,7 +9,7 @@ import pytest
 from helpers_scoring import req, step, write_run
 
 from servelab.common.errors import InputError
-from servelab.scoring.connect import connect, query_arrow, query_polars
+from servelab.scoring.db import connect, query_arrow, query_polars
 from servelab.scoring.slo import SloTable
 
 # id tenant tier      arrival sched first_tok finish out prompt  ttft  tpot  e2e   note
