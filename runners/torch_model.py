@@ -129,36 +129,43 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 @functools.cache
-def varlen_api() -> str | None:
-    """Which ``torch.nn.attention.varlen.varlen_attn`` this torch has: "paged" (takes block tables,
-    torch >= 2.12), "packed" (packed keys only, the first API), or None (no such function)."""
+def _varlen_params() -> frozenset[str]:
     import inspect
 
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
+        return frozenset()
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_api() -> str | None:
+    """Which ``torch.nn.attention.varlen.varlen_attn`` this torch has: "paged" (takes block tables),
+    "packed" (packed keys only, as first released), or None (none, or no way to ask for causal)."""
+    params = _varlen_params()
+    if not params & {"window_size", "is_causal"}:
         return None
-    params = inspect.signature(varlen_attn).parameters
-    if "block_table" in params and "window_size" in params:
-        return "paged"
-    return "packed" if "is_causal" in params else None
+    return "paged" if {"block_table", "seqused_k"} <= params else "packed"
 
 
 def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None):
     """FlashAttention over packed variable-length queries (CUDA only), causal aligned to each key end.
 
     ``block_table`` given: ``k``/``v`` are the block pools; else packed keys ``[sum ctx, kv_heads, D]``.
+    Keywords follow the installed API (``is_causal`` in the first release, ``window_size`` later).
     Tests hand the model a CPU reference with the same semantics instead (``Transformer.varlen_kernel``).
     """
     from torch.nn.attention.varlen import varlen_attn
 
-    if varlen_api() == "paged":
-        seqused = (cu_k[1:] - cu_k[:-1]).int() if block_table is not None else None
-        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), enable_gqa=True,
-                           seqused_k=seqused, block_table=block_table)
+    params = _varlen_params()
+    kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "enable_gqa" in params:
+        kw["enable_gqa"] = True
     if block_table is not None:
-        raise ServelabError(f"attention=paged needs a torch whose varlen_attn takes block_table (this is {torch.__version__})")
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True)
+        if varlen_api() != "paged":
+            raise ServelabError(f"attention=paged needs a torch whose varlen_attn takes block_table (this is {torch.__version__})")
+        kw.update(seqused_k=(cu_k[1:] - cu_k[:-1]).int(), block_table=block_table)
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
 
 
 def _varlen_math(q, k, v, cu_q, cu_k, block_table=None):
@@ -190,7 +197,8 @@ def probe_varlen(args: ModelArgs, dtype: torch.dtype, device: str) -> dict[str, 
     h, kvh, d = args.num_heads, args.num_kv_heads, args.head_dim
     cu_q = torch.tensor([0, 3, 4], dtype=torch.int32, device=device)  # a 3-token chunk after 4 cached keys; a decode
     cu_k = torch.tensor([0, 7, 12], dtype=torch.int32, device=device)
-    q = torch.randn(4, h, d, generator=gen, device=device).to(dtype)
+    # q as the forward passes it: the head slice of a wider rotated q|k tensor (not contiguous)
+    q = torch.randn(4, h + kvh, d, generator=gen, device=device).to(dtype)[:, :h]
     k, v = (torch.randn(12, kvh, d, generator=gen, device=device).to(dtype) for _ in range(2))
 
     def check(name: str, fn, expected) -> None:

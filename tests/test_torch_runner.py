@@ -238,6 +238,45 @@ def test_varlen_probe_reports_failures_instead_of_raising(torch, monkeypatch):
     assert probe == {"packed": "RuntimeError: no kernel image", "paged": "varlen_attn takes no block tables"}
 
 
+def test_varlen_call_follows_the_installed_api(torch, monkeypatch):
+    import torch.nn.attention.varlen as varlen_module
+
+    from servelab.runners import torch_model
+
+    calls = []
+
+    def first_release(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        calls.append({"is_causal": is_causal})
+        return query
+
+    def later(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+              window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+        calls.append({"window_size": window_size, "enable_gqa": enable_gqa, "block_table": block_table,
+                      "seqused_k": None if seqused_k is None else seqused_k.tolist()})
+        return query
+
+    q = torch.zeros(3, 4, 8)
+    cu = torch.tensor([0, 2, 3], dtype=torch.int32)
+    try:
+        monkeypatch.setattr(varlen_module, "varlen_attn", first_release)
+        torch_model._varlen_params.cache_clear()
+        assert torch_model.varlen_api() == "packed"
+        torch_model.varlen_attention(q, q, q, cu, cu, 2, 2)
+        with pytest.raises(ServelabError, match="takes block_table"):
+            torch_model.varlen_attention(q, q, q, cu, cu, 2, 2, torch.zeros(2, 1, dtype=torch.int32))
+        monkeypatch.setattr(varlen_module, "varlen_attn", later)
+        torch_model._varlen_params.cache_clear()
+        assert torch_model.varlen_api() == "paged"
+        table = torch.zeros(2, 1, dtype=torch.int32)
+        torch_model.varlen_attention(q, q, q, cu, torch.tensor([0, 5, 9], dtype=torch.int32), 2, 5, table)
+    finally:
+        monkeypatch.undo()
+        torch_model._varlen_params.cache_clear()
+    assert calls[0] == {"is_causal": True}
+    assert calls[1]["window_size"] == (-1, 0) and calls[1]["enable_gqa"] is True
+    assert calls[1]["seqused_k"] == [5, 4] and calls[1]["block_table"] is table
+
+
 def test_recompute_after_preemption_into_other_blocks_reproduces_logits(torch):
     runner = make_runner(torch, warmup=False)
     alloc = BlockAllocator(64)
