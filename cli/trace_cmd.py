@@ -21,6 +21,13 @@ def trace() -> None:
 # ------------------------------------------------------------------ shared option groups
 
 
+def _status(message: str):
+    """A rich spinner on stderr while a long step runs (nothing when stderr is not a terminal)."""
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)
+
+
 def _arrival_options(fn):
     """Options that describe an arrival process (synth and the lengths importer)."""
     opts = [
@@ -132,8 +139,9 @@ def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Pat
         options.update(start_s=kw["start"], duration_s=kw["duration"])
         if kw["clients"]:
             options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
-    result = import_trace(fmt, list(sources), **options)
-    write_trace(result.table, out, result.source, result.prefix_block_tokens)
+    with _status(f"importing {len(sources)} {fmt} source(s)"):
+        result = import_trace(fmt, list(sources), **options)
+        write_trace(result.table, out, result.source, result.prefix_block_tokens)
     click.echo(f"{out}: {result.summary()}")
 
 
@@ -187,8 +195,9 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
         model=kw["model"],
         seed=kw["seed"],
     )
-    table = generate(config)
-    write_trace(table, out, config.source, config.prefix_block_tokens)
+    with _status("generating"):
+        table = generate(config)
+        write_trace(table, out, config.source, config.prefix_block_tokens)
     click.echo(f"{out}: {table.num_rows} requests ({config.source})")
 
 

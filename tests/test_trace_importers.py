@@ -7,8 +7,10 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_traces import FIXTURES, assert_input_error, shared
+from click.testing import CliRunner
+from helpers_traces import FIXTURES, assert_input_error, no_files_like, shared
 
+from servelab.cli.main import cli
 from servelab.common.errors import InputError, ServelabError
 from servelab.traces.arrivals import ArrivalConfig
 from servelab.traces.importers import import_trace
@@ -158,12 +160,22 @@ BAD_CSV = [
 ]
 
 
+def _cli_leaves_nothing(tmp_path, fmt, src, rule):
+    """The CLI fails with the same message and writes no output, not even a temporary file."""
+    out = tmp_path / "out.arrow"
+    result = CliRunner().invoke(cli, ["trace", "import", "--format", fmt, str(src), "-o", str(out)])
+    assert result.exit_code == 1 and isinstance(result.exception, InputError)
+    assert rule in str(result.exception)
+    assert no_files_like(tmp_path, out.name)
+
+
 @pytest.mark.parametrize("fmt,text,rule,column,row", BAD_CSV)
 def test_bad_csv_rows(tmp_path, fmt, text, rule, column, row):
     src = _csv(tmp_path, text)
     with pytest.raises(InputError) as err:
         import_trace(fmt, [src])
     assert_input_error(err, src, rule, column, row)
+    _cli_leaves_nothing(tmp_path, fmt, src, rule)
 
 
 def test_azure_drop_zero_counts_rows(tmp_path):
@@ -197,6 +209,7 @@ def test_bad_mooncake_rows(tmp_path, text, rule, column, row):
     with pytest.raises(InputError) as err:
         import_trace("mooncake", [src])
     assert_input_error(err, src, rule, column, row)
+    _cli_leaves_nothing(tmp_path, "mooncake", src, rule)
 
 
 def test_unknown_format_and_missing_file(tmp_path):

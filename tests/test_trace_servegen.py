@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_traces import FIXTURES, assert_input_error, shared
+from click.testing import CliRunner
+from helpers_traces import FIXTURES, assert_input_error, no_files_like, shared
 
+from servelab.cli.main import cli
 from servelab.common.errors import InputError, ServelabError
 from servelab.traces.importers import import_trace
 from servelab.traces.servegen import Window, client_arrivals
@@ -120,6 +122,10 @@ def test_bad_rate_row(tmp_path):
     with pytest.raises(InputError) as err:
         import_trace("servegen", [folder], duration_s=86400)
     assert_input_error(err, path, "not a number: 'fast'", "rate", 5)
+    out = tmp_path / "o.arrow"
+    result = CliRunner().invoke(cli, ["trace", "import", "--format", "servegen", str(folder), "--duration", "86400", "-o", str(out)])
+    assert result.exit_code == 1 and "not a number: 'fast'" in str(result.exception)
+    assert no_files_like(tmp_path, out.name)
 
 
 def test_unknown_pattern(tmp_path):

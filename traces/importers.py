@@ -76,20 +76,22 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     return IMPORTERS.get(fmt)(list(map(Path, paths)), **options)
 
 
-def check_counts(path: Path, column: str, values: np.ndarray, allow_zero: bool = False) -> None:
+def check_counts(path: Path, column: str, values: np.ndarray, allow_zero: bool = False, hint: str = "") -> None:
     """Token counts must be >= 1 (>= 0 where a zero has a meaning the importer handles)."""
     bad = values < (0 if allow_zero else 1)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         rule = "token count must be >= 0" if allow_zero else "token count must be >= 1"
-        raise InputError(path, f"{rule} (got {values[row]})", column=column, row=row + 1)
+        extra = f"; {hint}" if hint and values[row] == 0 else ""
+        raise InputError(path, f"{rule} (got {values[row]}){extra}", column=column, row=row + 1)
 
 
 def _drop_zero(part_path: Path, cols: dict[str, str], prompt, output, drop_zero: bool):
     """Either reject zero/negative counts or, when asked, drop zero ones (negatives are always errors)."""
     if not drop_zero:
-        check_counts(part_path, cols["prompt"], prompt)
-        check_counts(part_path, cols["output"], output)
+        hint = "--drop-zero drops such rows"
+        check_counts(part_path, cols["prompt"], prompt, hint=hint)
+        check_counts(part_path, cols["output"], output, hint=hint)
         return None
     check_counts(part_path, cols["prompt"], prompt, allow_zero=True)
     check_counts(part_path, cols["output"], output, allow_zero=True)

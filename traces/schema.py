@@ -154,8 +154,10 @@ def _check_optional(table: pa.Table, path: object) -> None:
 
 
 def _as_dict_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string())
+    if col.type == _DICT_STRING:
+        return col  # already canonical: no need to materialise millions of strings
+    if pa.types.is_dictionary(col.type) and pa.types.is_string(col.type.value_type):
+        return col.cast(_DICT_STRING)
     return pc.dictionary_encode(col.cast(pa.string())).cast(_DICT_STRING)
 
 
