@@ -160,16 +160,13 @@ def plot_timeline(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> Pa
         )
         params = [run_id]
         style = "steps-post"
-    else:  # duration-weighted means per time bucket
-        width = max((t1 - t0) / TIMELINE_BUCKETS, 1e-12)
+    else:  # duration-weighted means per time bucket (stretches split across buckets)
+        width = max((t1 - t0) / TIMELINE_BUCKETS, 1e-9)
         sql = (
-            "SELECT replica, ? + floor((start_s - ?) / ?) * ? AS t, "
-            "sum(batch_requests * duration_s) / nullif(sum(duration_s), 0) AS batch, "
-            "sum(kv_blocks_used / nullif(kv_blocks_total, 0) * duration_s) / nullif(sum(duration_s), 0) AS kv, "
-            "sum(waiting * duration_s) / nullif(sum(duration_s), 0) AS waiting "
-            "FROM steps WHERE run_id = ? GROUP BY ALL ORDER BY replica, t"
+            "SELECT replica, t_s, mean_batch_requests, mean_kv_util, mean_waiting "
+            "FROM resource_timeline(?) WHERE run_id = ? ORDER BY replica, t_s"
         )
-        params = [t0, t0, width, width, run_id]
+        params = [width, run_id]
         style = "default"
     rows = con.execute(sql, params).fetchall()
     if style == "steps-post":  # hold each replica's last stretch until it ends

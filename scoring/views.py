@@ -271,6 +271,29 @@ WHERE a.scope = 'overall'
 ORDER BY sp.offered_rate_rps NULLS LAST, a.run_id
 """
 
+# Table macro: ``SELECT * FROM resource_timeline(10.0)`` gives 10-second buckets. A stretch is
+# split across the buckets it overlaps, so long decode stretches are counted where they ran.
+RESOURCE_TIMELINE = """
+CREATE OR REPLACE MACRO resource_timeline(bucket_s) AS TABLE
+WITH s AS (
+    SELECT run_id, replica, start_s, start_s + duration_s AS end_s, batch_requests, waiting,
+           kv_blocks_used / nullif(kv_blocks_total, 0) AS kv_util,
+           unnest(range(CAST(floor(start_s / bucket_s) AS BIGINT),
+                        CAST(floor((start_s + duration_s) / bucket_s) AS BIGINT) + 1)) AS k
+    FROM steps WHERE duration_s > 0
+), o AS (
+    SELECT *, least(end_s, (k + 1) * bucket_s) - greatest(start_s, k * bucket_s) AS overlap_s FROM s
+)
+SELECT run_id, replica, k * bucket_s AS t_s,
+       sum(overlap_s) / bucket_s AS busy_share,
+       sum(batch_requests * overlap_s) / sum(overlap_s) AS mean_batch_requests,
+       sum(kv_util * overlap_s) / sum(overlap_s) AS mean_kv_util,
+       sum(waiting * overlap_s) / sum(overlap_s) AS mean_waiting
+FROM o WHERE overlap_s > 0
+GROUP BY run_id, replica, k
+ORDER BY run_id, replica, t_s
+"""
+
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
@@ -283,6 +306,7 @@ DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("resource_summary", RESOURCE_SUMMARY),
     ("replica_balance", REPLICA_BALANCE),
     ("attainment_vs_rate", ATTAINMENT_VS_RATE),
+    ("resource_timeline", RESOURCE_TIMELINE),
 )
 
 

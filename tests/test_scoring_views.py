@@ -329,3 +329,14 @@ def test_deterministic_results(run_a):
     b = query_arrow(connect(run_a, SLO), "SELECT * FROM latency_summary")
     assert a.equals(b)
     assert not any(isinstance(v, float) and math.isnan(v) for row in a.to_pylist() for v in row.values())
+
+
+def test_resource_timeline_splits_stretches_across_buckets(con):
+    # buckets of 2 s: [0,2) holds 1.0 s of batch 1 and 1.0 s of batch 2; [2,4) 1.0 s of batch 2 and
+    # 1.0 s of batch 1; [4,6) the last 0.4 s of batch 1
+    t = rows(con, "SELECT * FROM resource_timeline(2.0)")
+    assert [r["t_s"] for r in t] == [0.0, 2.0, 4.0]
+    assert [r["busy_share"] for r in t] == pytest.approx([1.0, 1.0, 0.2])
+    assert [r["mean_batch_requests"] for r in t] == pytest.approx([1.5, 1.5, 1.0])
+    assert [r["mean_kv_util"] for r in t] == pytest.approx([0.2, 0.25, 0.2])
+    assert [r["mean_waiting"] for r in t] == pytest.approx([0.5, 0.5, 0.0])
