@@ -83,6 +83,7 @@ def test_window_arrivals_respect_span_and_rate():
     assert np.mean(counts) == pytest.approx(900, rel=0.03)
 
 
+@pytest.mark.slow
 def test_full_deepseek_rates_and_lengths():
     folder = shared("servegen/reason/deepseek-r1")
     t = import_trace("servegen", [folder], start_s=36000, duration_s=7200, seed=0).table
@@ -91,6 +92,7 @@ def test_full_deepseek_rates_and_lengths():
     assert 400 < np.median(out) < 4000
 
 
+@pytest.mark.slow
 def test_full_deepseek_day_total_and_mm_image():
     folder = shared("servegen/reason/deepseek-r1")
     t = import_trace("servegen", [folder], start_s=0, duration_s=86400, seed=1).table

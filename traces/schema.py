@@ -8,6 +8,7 @@ or any Arrow/Parquet viewer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc

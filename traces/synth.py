@@ -9,7 +9,7 @@ does not move the arrivals, and the same config always gives the same table.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
