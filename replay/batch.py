@@ -56,8 +56,9 @@ class BatchBuilder:
     def fits(self, req: Request, n: int) -> bool:
         return self.kv.blocks_needed(req, n) <= self.free_blocks
 
-    def add(self, req: Request, n: int) -> None:
-        self.free_blocks -= self.kv.blocks_needed(req, n)
+    def add(self, req: Request, n: int, need: int | None = None) -> None:
+        """Put ``(req, n)`` in the batch; ``need`` = its extra KV blocks if the caller computed them."""
+        self.free_blocks -= self.kv.blocks_needed(req, n) if need is None else need
         self.token_budget -= n
         self.seq_budget -= 1
         self.items.append((req, n))
@@ -82,7 +83,7 @@ class BatchBuilder:
                 self.preempt(req)
                 return False
             self.preempt(victim)
-        self.add(req, n)
+        self.add(req, n, need)
         return True
 
     def build(self, repeat: int | None = None, wake_s: float | None = None) -> Batch:
@@ -118,8 +119,9 @@ class BatchBuilder:
                     n = self.token_budget
             # Without chunking, a prompt larger than the whole budget runs alone rather than never.
             too_big = n > self.token_budget and (chunked or bool(self.items))
-            if too_big or not self.fits(req, n):
+            need = self.kv.blocks_needed(req, n)
+            if too_big or need > self.free_blocks:
                 if self.skip_blocked:
                     continue
                 break
-            self.add(req, n)
+            self.add(req, n, need)

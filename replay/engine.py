@@ -99,41 +99,75 @@ class Engine:
         self.now_s = 0.0
         self.steps: list[tuple] = []
         self.num_swap_fallbacks = 0
-        for req in requests:
-            if req.status is Status.PENDING and req.arrival_s is not None:
-                self._push(req.arrival_s, ARRIVAL, req)
+        self._affine_cache: dict[int, tuple[float, float] | None] = {}
+        # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
+        # so the heap holds only step completions and closed-loop turns (a few per replica).
+        self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
+        self.next_arrival = 0
+        self._check_sorted()
+
+    def _check_sorted(self) -> None:
+        prev = -math.inf
+        for req in self.arrivals:
+            if req.arrival_s < prev:
+                raise ServelabError(f"trace is not sorted by arrival_s at request {req.request_id}")
+            prev = req.arrival_s
 
     # -- event plumbing -----------------------------------------------------------------------
     def _push(self, time_s: float, kind: int, payload) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (time_s, kind, self.seq, payload))
 
+    def _next_event_s(self) -> float:
+        t = self.heap[0][0] if self.heap else math.inf
+        if self.next_arrival < len(self.arrivals):
+            ta = self.arrivals[self.next_arrival].arrival_s
+            if ta < t:
+                t = ta
+        return t
+
     def run(self) -> float:
         """Process events until drained or past the horizon; returns the simulated end time."""
-        heap, until = self.heap, self.config.until_s
+        heap, arrivals = self.heap, self.arrivals
+        until = math.inf if self.config.until_s is None else self.config.until_s
         pop = heapq.heappop
-        while heap:
-            if until is not None and heap[0][0] > until:
+        num_arrivals = len(arrivals)
+        while True:
+            i = self.next_arrival
+            if i < num_arrivals and (not heap or arrivals[i].arrival_s <= heap[0][0]):
+                req = arrivals[i]
+                if req.arrival_s > until:
+                    break
+                self.next_arrival = i + 1
+                self.now_s = req.arrival_s
+                self._arrive(req, req.arrival_s)
+                continue
+            if not heap or heap[0][0] > until:
                 break
             time_s, kind, _, payload = pop(heap)
             self.now_s = time_s
-            if kind == ARRIVAL:
-                self._arrive(payload, time_s)
-            elif kind == STEP_DONE:
+            if kind == STEP_DONE:
                 replica, token = payload
                 if token == replica.step_token:
                     self._complete(replica, time_s)
+            elif kind == ARRIVAL:
+                self._arrive(payload, time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
                     self._start(payload, time_s)
-        if until is not None:
+        if self.config.until_s is not None:
             self.now_s = until
             self._stop_at_horizon(until)
         return self.now_s
 
     def _request_schedule(self, replica: Replica, time_s: float) -> None:
-        if not replica.schedule_pending:
+        """Consult the policy at ``time_s`` once every arrival and completion at that time is in."""
+        if replica.schedule_pending:
+            return
+        if self._next_event_s() > time_s:  # nothing else happens at this instant: decide now
+            self._start(replica, time_s)
+        else:
             replica.schedule_pending = True
             self._push(time_s, SCHEDULE, replica)
 
@@ -191,16 +225,23 @@ class Engine:
                 self._request_schedule(replica, now)
             return
         kv = replica.kv
+        bs, reserve = kv.block_size, kv.reserve
         prefill_tokens = prefill_reqs = decode_reqs = 0
         prefill_ctx = pairs = decode_ctx = 0
         all_decode = not batch.preempt
         items = [] if self.needs_items else None
+        waiting_status = Status.WAITING
         for req, n in batch.items:
-            if req.status is Status.WAITING:
+            if req.status is waiting_status:
                 swap_s += self._admit(replica, req, now)
             c = req.num_computed_tokens
-            kv.grow(req, kv.target_blocks(req, n))
-            if n == 1 and req.num_generated_tokens and c == req.num_tokens - 1:
+            if reserve:
+                target = -(-(req.prompt_tokens + req.max_output_tokens) // bs)
+            else:
+                target = -(-(c + n) // bs)
+            if target > req.kv_blocks:
+                kv.grow(req, target)
+            if n == 1 and req.num_generated_tokens and c == req.prompt_tokens + req.num_generated_tokens - 1:
                 decode_reqs += 1
                 decode_ctx += c + 1
             else:
@@ -211,14 +252,18 @@ class Engine:
                 pairs += n * c + n * (n + 1) // 2
             if items is not None:
                 items.append(StepItem(req, c, n))
-        shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
-        duration = self.runner.step_time(StepPlan(shape, tuple(items) if items else ())) + swap_s
+        affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
+        if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
+            duration = affine[0] + affine[1] * decode_ctx + swap_s
+        else:
+            shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
+            duration = self.runner.step_time(StepPlan(shape, tuple(items) if items else ())) + swap_s
         if not (duration > 0 and math.isfinite(duration)):
             raise ServelabError(f"runner {self.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
                     len(replica.waiting), kv.used)
-        if all_decode and swap_s == 0.0:
-            self._plan_stretch(replica, step, decode_ctx)
+        if affine is not None and swap_s == 0.0:
+            self._plan_stretch(replica, step, decode_ctx, affine)
         if replica.wake_s is not None and replica.wake_s > now:
             j = step._first_boundary_at_or_after(replica.wake_s)
             if j < step.k:
@@ -229,13 +274,18 @@ class Engine:
         replica.step_token += 1
         self._push(step.end_s, STEP_DONE, (replica, replica.step_token))
 
+    def _decode_affine(self, num_seqs: int) -> tuple[float, float] | None:
+        """The runner's pure-decode cost line for ``num_seqs`` requests (a pure function: cached)."""
+        try:
+            return self._affine_cache[num_seqs]
+        except KeyError:
+            value = self._affine_cache[num_seqs] = self.runner.decode_affine(num_seqs)
+            return value
+
     def _request_schedule_at(self, replica: Replica, time_s: float) -> None:
         self._push(time_s, SCHEDULE, replica)
 
-    def _plan_stretch(self, replica: Replica, step: Step, ctx0: int) -> None:
-        affine = self.runner.decode_affine(step.decode_requests)
-        if affine is None:
-            return
+    def _plan_stretch(self, replica: Replica, step: Step, ctx0: int, affine: tuple[float, float]) -> None:
         items = step.batch.items
         k = min(req.output_tokens - req.num_generated_tokens for req, _ in items)
         if step.batch.repeat is not None:

@@ -38,7 +38,12 @@ class KVCache:
         return blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size)
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
-        return max(0, self.target_blocks(req, num_new_tokens) - req.kv_blocks)
+        if self.reserve:
+            target = -(-(req.prompt_tokens + req.max_output_tokens) // self.block_size)
+        else:
+            target = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
+        extra = target - req.kv_blocks
+        return extra if extra > 0 else 0
 
     def grow(self, req: Request, target: int) -> None:
         """Make ``req`` hold ``target`` blocks (callers checked that they fit)."""
