@@ -524,7 +524,8 @@ def test_gpu_check_smoke_runs_every_phase_on_cpu(torch, tmp_path):
     assert phases["decode"]["pass"] is None  # no bandwidth verdict on a CPU
     assert all(r["step_ms"] > 0 for r in phases["decode"]["rows"])
     assert phases["validate"]["requests"] == 12  # --quick keeps the first 12
-    for name in ("profile.parquet", "fitted.json", "validate_fitted.json"):
+    assert "fitted step MAPE" in phases["validate"]["summary"] and "roofline step MAPE" in phases["validate"]["summary"]
+    for name in ("profile.parquet", "fitted.json", "validate_fitted.json", "validate_roofline.json"):
         assert (out / name).is_file()
 
 
