@@ -299,6 +299,16 @@ class RooflineRunner:
             "kv_capacity_tokens_at_0.9": self.kv_capacity_tokens(0.9) if self._fits() else None,
         }
 
+    @classmethod
+    def from_describe(cls, d: dict) -> "RooflineRunner":
+        """Rebuild the exact runner a run used (run.json keeps ``describe()``), even if presets or the
+        packaged calibration have changed since."""
+        cal = dict(d["calibration"])
+        cal["ops"] = {name: OpCalibration(**v) for name, v in cal["ops"].items()}
+        cal["prefill_attention"] = OpCalibration(**cal["prefill_attention"])
+        return cls(ModelPreset(**d["model"]), GpuPreset(**d["gpu"]), int(d["tp"]), GpuCalibration(**cal),
+                   cpu_overhead_scale=float(d["cpu_overhead_scale"]))
+
     def _fits(self) -> bool:
         try:
             self.kv_capacity_tokens(0.9)

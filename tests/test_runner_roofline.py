@@ -206,3 +206,13 @@ def test_runner_is_frozen():
     assert isinstance(r, RooflineRunner)
     with pytest.raises(AttributeError):
         r.tp = 2
+
+
+def test_describe_rebuilds_the_same_runner_through_json():
+    r = make_runner("roofline:model=qwen2.5-72b,gpu=a100-80gb,tp=4,cpu_overhead=0.5")
+    again = RooflineRunner.from_describe(json.loads(json.dumps(r.describe())))
+    p = plan(prefill_tokens=300, prefill_seqs=2, prefill_context_tokens=900, prefill_attention_pairs=120_000,
+             decode_seqs=40, decode_context_tokens=50_000)
+    assert again.step_time(p) == r.step_time(p)
+    assert again.decode_affine(7) == r.decode_affine(7)
+    assert again.kv_capacity_tokens() == r.kv_capacity_tokens()
