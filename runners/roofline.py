@@ -217,18 +217,26 @@ class RooflineRunner:
     def _kv_bytes_per_token_layer_shard(self) -> float:
         return 2 * self.model.kv_size / self.tp * self.model.dtype_bytes
 
-    def decode_attention_s(self, num_seqs: int, context_tokens: int) -> float:
-        """Memory-bound by construction: linear in the KV tokens read (see docs/runners.md)."""
+    @property
+    def _decode_s_per_kv_token(self) -> float:
+        """Seconds per KV token a decode reads, whole model: the slope ``b`` of decode_affine."""
+        bw = self.gpu.hbm_bytes_per_s * self.calibration.decode_attention_eff_memory
+        return self.model.num_layers * self._kv_bytes_per_token_layer_shard / bw
+
+    def _decode_attention_fixed_s(self, num_seqs: int) -> float:
+        """Per layer, the part of decode attention that does not depend on the KV read."""
         if num_seqs <= 0:
             return 0.0
         c = self.calibration
-        bw = self.gpu.hbm_bytes_per_s * c.decode_attention_eff_memory
         qo_bytes = 2 * self.model.q_size / self.tp * self.model.dtype_bytes
-        return (
-            c.decode_attention_latency_s
-            + c.decode_attention_per_seq_s * num_seqs
-            + (context_tokens * self._kv_bytes_per_token_layer_shard + num_seqs * qo_bytes) / bw
-        )
+        bw = self.gpu.hbm_bytes_per_s * c.decode_attention_eff_memory
+        return c.decode_attention_latency_s + c.decode_attention_per_seq_s * num_seqs + num_seqs * qo_bytes / bw
+
+    def decode_attention_s(self, num_seqs: int, context_tokens: int) -> float:
+        """Per layer. Memory-bound by construction: linear in the KV tokens read (docs/runners.md)."""
+        if num_seqs <= 0:
+            return 0.0
+        return self._decode_attention_fixed_s(num_seqs) + context_tokens * self._decode_s_per_kv_token / self.model.num_layers
 
     def prefill_attention_s(self, shape: StepShape) -> float:
         if shape.prefill_tokens <= 0:
@@ -267,17 +275,18 @@ class RooflineRunner:
         op = self._op
         layer = sum(op(f, tokens) for f in self._ops)
         layer += self.prefill_attention_s(s) + 2 * self.all_reduce_s(tokens)
-        layer += self.decode_attention_s(s.decode_seqs, s.decode_context_tokens)
+        layer += self._decode_attention_fixed_s(s.decode_seqs)
         emb, final_norm, lm_head = self._head
         # vLLM computes logits at the last scheduled position of every sequence, partial prefills too.
         once = op(emb, tokens) + op(final_norm, tokens) + op(lm_head, seqs)
-        return self.model.num_layers * layer + once + self.cpu_overhead_s(seqs)
+        fixed = self.model.num_layers * layer + once + self.cpu_overhead_s(seqs)
+        # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
+        return fixed + self._decode_s_per_kv_token * s.decode_context_tokens
 
     def decode_affine(self, num_seqs: int) -> tuple[float, float]:
-        a = self.step_time(StepPlan(StepShape(decode_seqs=num_seqs)))
-        bw = self.gpu.hbm_bytes_per_s * self.calibration.decode_attention_eff_memory
-        b = self.model.num_layers * self._kv_bytes_per_token_layer_shard / bw if num_seqs > 0 else 0.0
-        return a, b
+        if num_seqs <= 0:
+            return 0.0, 0.0
+        return self.step_time(StepPlan(StepShape(decode_seqs=num_seqs))), self._decode_s_per_kv_token
 
     @property
     def kv_bytes_per_token(self) -> int:

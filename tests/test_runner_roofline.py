@@ -85,7 +85,7 @@ def test_decode_affine_reproduces_pure_decode_steps(spec):
         assert b > 0
         for context in (n, 17 * n + 5, 1000 * n, 123_457):
             step = runner.step_time(plan(decode_seqs=n, decode_context_tokens=context))
-            assert step == pytest.approx(a + b * context, rel=1e-12, abs=0)
+            assert step == a + b * context  # exactly: the engine mixes both for one stretch
 
 
 def test_decode_affine_slope_is_kv_bytes_over_calibrated_bandwidth():
