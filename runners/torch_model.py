@@ -128,44 +128,41 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     return inv.float()
 
 
-@functools.cache
-def _varlen_params() -> frozenset[str]:
-    import inspect
+def _flash_op():
+    return torch.ops.aten._flash_attention_forward
 
+
+@functools.cache
+def _flash_args() -> frozenset[str]:
     try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
+        return frozenset(a.name for a in _flash_op().default._schema.arguments)
+    except (AttributeError, RuntimeError):
         return frozenset()
-    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def varlen_api() -> str | None:
-    """Which ``torch.nn.attention.varlen.varlen_attn`` this torch has: "paged" (takes block tables),
-    "packed" (packed keys only, as first released), or None (none, or no way to ask for causal)."""
-    params = _varlen_params()
-    if not params & {"window_size", "is_causal"}:
+    """What this torch's FlashAttention varlen op takes: "paged" (block tables), "packed" (packed keys
+    only), or None. The op underneath ``torch.nn.attention.varlen`` is used directly: it had
+    ``seqused_k`` and ``block_table`` before the public wrapper exposed them (torch 2.12)."""
+    args = _flash_args()
+    if not {"cum_seq_q", "cum_seq_k", "is_causal"} <= args:
         return None
-    return "paged" if {"block_table", "seqused_k"} <= params else "packed"
+    return "paged" if {"block_table", "seqused_k"} <= args else "packed"
 
 
 def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None):
     """FlashAttention over packed variable-length queries (CUDA only), causal aligned to each key end.
 
     ``block_table`` given: ``k``/``v`` are the block pools; else packed keys ``[sum ctx, kv_heads, D]``.
-    Keywords follow the installed API (``is_causal`` in the first release, ``window_size`` later).
-    Tests hand the model a CPU reference with the same semantics instead (``Transformer.varlen_kernel``).
+    Grouped KV heads are native to FlashAttention. Tests hand the model a CPU reference with the same
+    semantics instead (``Transformer.varlen_kernel``).
     """
-    from torch.nn.attention.varlen import varlen_attn
-
-    params = _varlen_params()
-    kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    if "enable_gqa" in params:
-        kw["enable_gqa"] = True
+    kw: dict[str, Any] = {}
     if block_table is not None:
         if varlen_api() != "paged":
-            raise ServelabError(f"attention=paged needs a torch whose varlen_attn takes block_table (this is {torch.__version__})")
-        kw.update(seqused_k=(cu_k[1:] - cu_k[:-1]).int(), block_table=block_table)
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+            raise ServelabError(f"attention=paged needs FlashAttention with block tables (torch {torch.__version__} has none)")
+        kw = {"seqused_k": (cu_k[1:] - cu_k[:-1]).int(), "block_table": block_table}
+    return _flash_op()(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, **kw)[0]
 
 
 def _varlen_math(q, k, v, cu_q, cu_k, block_table=None):

@@ -238,43 +238,38 @@ def test_varlen_probe_reports_failures_instead_of_raising(torch, monkeypatch):
     assert probe == {"packed": "RuntimeError: no kernel image", "paged": "varlen_attn takes no block tables"}
 
 
-def test_varlen_call_follows_the_installed_api(torch, monkeypatch):
-    import torch.nn.attention.varlen as varlen_module
-
+def test_varlen_call_passes_block_tables_only_where_the_op_takes_them(torch, monkeypatch):
     from servelab.runners import torch_model
 
     calls = []
 
-    def first_release(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
-        calls.append({"is_causal": is_causal})
-        return query
-
-    def later(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-              window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
-        calls.append({"window_size": window_size, "enable_gqa": enable_gqa, "block_table": block_table,
-                      "seqused_k": None if seqused_k is None else seqused_k.tolist()})
-        return query
+    def op(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, **kw):
+        calls.append({"causal": is_causal, "dropout": dropout_p, **{n: t.tolist() for n, t in kw.items()}})
+        return q, None, None, None, None
 
     q = torch.zeros(3, 4, 8)
-    cu = torch.tensor([0, 2, 3], dtype=torch.int32)
-    try:
-        monkeypatch.setattr(varlen_module, "varlen_attn", first_release)
-        torch_model._varlen_params.cache_clear()
-        assert torch_model.varlen_api() == "packed"
-        torch_model.varlen_attention(q, q, q, cu, cu, 2, 2)
-        with pytest.raises(ServelabError, match="takes block_table"):
-            torch_model.varlen_attention(q, q, q, cu, cu, 2, 2, torch.zeros(2, 1, dtype=torch.int32))
-        monkeypatch.setattr(varlen_module, "varlen_attn", later)
-        torch_model._varlen_params.cache_clear()
-        assert torch_model.varlen_api() == "paged"
-        table = torch.zeros(2, 1, dtype=torch.int32)
-        torch_model.varlen_attention(q, q, q, cu, torch.tensor([0, 5, 9], dtype=torch.int32), 2, 5, table)
-    finally:
-        monkeypatch.undo()
-        torch_model._varlen_params.cache_clear()
-    assert calls[0] == {"is_causal": True}
-    assert calls[1]["window_size"] == (-1, 0) and calls[1]["enable_gqa"] is True
-    assert calls[1]["seqused_k"] == [5, 4] and calls[1]["block_table"] is table
+    cu_q, cu_k = torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([0, 5, 9], dtype=torch.int32)
+    table = torch.tensor([[3], [1]], dtype=torch.int32)
+    monkeypatch.setattr(torch_model, "_flash_op", lambda: op)
+    old = frozenset({"query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal"})
+    monkeypatch.setattr(torch_model, "_flash_args", lambda: old)
+    assert torch_model.varlen_api() == "packed"
+    assert torch_model.varlen_attention(q, q, q, cu_q, cu_k, 2, 5) is q
+    with pytest.raises(ServelabError, match="needs FlashAttention with block tables"):
+        torch_model.varlen_attention(q, q, q, cu_q, cu_k, 2, 5, table)
+    monkeypatch.setattr(torch_model, "_flash_args", lambda: old | {"seqused_k", "block_table"})
+    assert torch_model.varlen_api() == "paged"
+    torch_model.varlen_attention(q, q, q, cu_q, cu_k, 2, 5, table)
+    assert calls == [{"causal": True, "dropout": 0.0},
+                     {"causal": True, "dropout": 0.0, "seqused_k": [5, 4], "block_table": [[3], [1]]}]
+
+
+def test_this_torch_has_a_flash_varlen_op_with_block_tables(torch):
+    from servelab.runners import torch_model
+
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 12):
+        pytest.skip("older torch")
+    assert torch_model.varlen_api() == "paged"
 
 
 def test_recompute_after_preemption_into_other_blocks_reproduces_logits(torch):
