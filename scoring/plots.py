@@ -61,7 +61,8 @@ def plot_cdf(con: duckdb.DuckDBPyConnection, metric: str, path: Path) -> Path | 
         label = tier if len(runs) == 1 else f"{run_id} / {tier}"
         ax.plot([v * 1e3 for v in q], qs, label=f"{label} (n={n})", color=color,
                 drawstyle="steps-post" if n < 50 else "default")
-    slo = con.execute(f"SELECT {metric} FROM slo_table WHERE scope = 'global'").fetchone()
+    found = con.execute(f"SELECT {metric} FROM slo_table WHERE scope = 'global'").fetchall()
+    slo = found[0] if found else None
     if slo and slo[0] is not None:
         ax.axvline(slo[0] * 1e3, color="black", linestyle="--", linewidth=1, label=f"global SLO {slo[0] * 1e3:g} ms")
     values = [v for _, _, q, _ in rows for v in q if v is not None and v > 0]
@@ -150,7 +151,7 @@ def plot_timeline(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> Pa
     plt = _plt()
     n, t0, t1 = con.execute(
         "SELECT count(*), min(start_s), max(start_s + duration_s) FROM steps WHERE run_id = ?", [run_id]
-    ).fetchone()
+    ).fetchall()[0]
     if not n:
         return None
     if n <= TIMELINE_MAX_ROWS:

@@ -209,17 +209,27 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _columns(con: duckdb.DuckDBPyConnection, files: list[str]) -> list[str]:
-    rel = con.sql(f"SELECT * FROM read_parquet([{', '.join(map(_sql_str, files))}], union_by_name=true) LIMIT 0")
-    return list(rel.columns)
+def _file_columns(files: list[str], required: tuple[str, ...]) -> tuple[list[str], int]:
+    """Union of the files' column names and their total rows (footer reads only).
 
+    A file lacking a required column is an error naming it.
+    """
+    import pyarrow.parquet as pq
 
-def _check_required(con: duckdb.DuckDBPyConnection, files: list[str], required: tuple[str, ...]) -> None:
+    names: dict[str, None] = {}
+    rows = 0
     for f in files:
-        present = set(con.sql(f"SELECT * FROM read_parquet({_sql_str(f)}) LIMIT 0").columns)
+        try:
+            meta = pq.read_metadata(f)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise InputError(f, f"not a readable Parquet file ({err})") from None
+        present = meta.schema.to_arrow_schema().names
         for col in required:
             if col not in present:
                 raise InputError(f, "missing required column", column=col)
+        names.update(dict.fromkeys(present))
+        rows += meta.num_rows
+    return list(names), rows
 
 
 def _select_list(present: list[str], schemas: list[pa.Schema]) -> str:
@@ -237,11 +247,18 @@ def _select_list(present: list[str], schemas: list[pa.Schema]) -> str:
     return ", ".join(items)
 
 
-def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materialize: bool = False) -> None:
-    """Create `runs`, `requests`, `steps` (views over the Parquet files, or tables if ``materialize``)."""
+# Below this many request rows the Parquet files are loaded into memory once: every view then
+# reads a table instead of re-opening (and re-binding) the files, which dominates for many runs.
+MATERIALIZE_MAX_ROWS = 5_000_000
+
+
+def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materialize: bool | None = None) -> None:
+    """Create `runs`, `requests`, `steps`: tables, or views over the Parquet files for very large inputs.
+
+    ``materialize=None`` decides by size (``MATERIALIZE_MAX_ROWS``); the SQL results are the same.
+    """
     if not runs:
         raise ServelabError("no run directories given")
-    kind = "TABLE" if materialize else "VIEW"
     con.register("_runs_arrow", runs_table(runs))
     con.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM _runs_arrow")
     con.unregister("_runs_arrow")
@@ -257,8 +274,10 @@ def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materia
     con.unregister("_files_arrow")
 
     req_files = [str(r.requests_path) for r in runs]
-    _check_required(con, req_files, REQUIRED_REQUEST_COLUMNS)
-    present = _columns(con, req_files)
+    present, num_rows = _file_columns(req_files, REQUIRED_REQUEST_COLUMNS)
+    if materialize is None:
+        materialize = num_rows <= MATERIALIZE_MAX_ROWS
+    kind = "TABLE" if materialize else "VIEW"
     select = _select_list(present, [REQUESTS_SCHEMA, OPTIONAL_REQUEST_COLUMNS])
     con.execute(
         f"CREATE OR REPLACE {kind} requests AS SELECT f.run_id, {select} "
@@ -268,8 +287,7 @@ def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materia
 
     step_files = [str(r.steps_path) for r in runs if r.steps_path.exists()]
     if step_files:
-        _check_required(con, step_files, REQUIRED_STEP_COLUMNS)
-        present = _columns(con, step_files)
+        present, _ = _file_columns(step_files, REQUIRED_STEP_COLUMNS)
         select = _select_list(present, [STEPS_SCHEMA])
         con.execute(
             f"CREATE OR REPLACE {kind} steps AS SELECT f.run_id, {select} "

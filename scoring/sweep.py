@@ -111,10 +111,10 @@ def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | Non
     write_run(result, run_dir)
     con = connect(run_dir, slo)
     try:
-        a = con.execute("SELECT * FROM slo_attainment WHERE scope = 'overall'").fetchone()
-        cols = [d[0] for d in con.description]
-        att = dict(zip(cols, a))
-        g = con.execute("SELECT goodput_rps, request_throughput_rps, num_gpus FROM goodput WHERE scope = 'overall'").fetchone()
+        rel = con.execute("SELECT * FROM slo_attainment WHERE scope = 'overall'")
+        cols = [d[0] for d in rel.description]
+        att = dict(zip(cols, rel.fetchall()[0]))
+        g = con.execute("SELECT goodput_rps, request_throughput_rps, num_gpus FROM goodput WHERE scope = 'overall'").fetchall()[0]
         lat = dict(con.execute(
             "SELECT metric, p99 FROM latency_summary WHERE scope = 'overall' AND metric IN ('ttft_s', 'tpot_s')"
         ).fetchall())  # fmt: skip

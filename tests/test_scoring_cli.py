@@ -145,7 +145,7 @@ def test_runs_collect_matches_direct_query(runs, tmp_path, capsys):
     import duckdb
 
     con = duckdb.connect(str(dest), read_only=True)  # the file stands alone, views included
-    assert con.execute("SELECT count(*) FROM request_metrics").fetchone()[0] == 8
+    assert con.execute("SELECT count(*) FROM request_metrics").fetchall()[0][0] == 8
 
 
 def test_runs_collect_failure_keeps_old_file(runs, tmp_path, capsys):

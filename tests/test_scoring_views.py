@@ -340,3 +340,25 @@ def test_resource_timeline_splits_stretches_across_buckets(con):
     assert [r["mean_batch_requests"] for r in t] == pytest.approx([1.5, 1.5, 1.0])
     assert [r["mean_kv_util"] for r in t] == pytest.approx([0.2, 0.25, 0.2])
     assert [r["mean_waiting"] for r in t] == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_unreadable_parquet_names_the_file(tmp_path):
+    run = write_run(tmp_path / "a", REQUESTS)
+    (run / "requests.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError) as err:
+        connect(run)
+    assert str(err.value).startswith(f"{run / 'requests.parquet'}: not a readable Parquet file")
+
+
+def test_views_over_parquet_match_loaded_tables(tmp_path, monkeypatch):
+    import servelab.scoring.sources as sources
+
+    write_run(tmp_path / "a", REQUESTS, STEPS)
+    write_run(tmp_path / "b", REQUESTS[:3], drop_columns=("max_itl_s", "ttft_slo_s"))
+    sql = [f"SELECT * FROM {v} ORDER BY ALL" for v in ("request_metrics", "slo_attainment", "latency_summary",
+                                                       "goodput", "fairness", "resource_summary")]  # fmt: skip
+    loaded = [query_arrow(connect(tmp_path / "*", SLO), q) for q in sql]
+    monkeypatch.setattr(sources, "MATERIALIZE_MAX_ROWS", -1)
+    con = connect(tmp_path / "*", SLO)
+    assert con.execute("SELECT table_type FROM information_schema.tables WHERE table_name = 'requests'").fetchall()[0][0] == "VIEW"
+    assert [query_arrow(con, q) for q in sql] == loaded
