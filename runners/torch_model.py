@@ -142,8 +142,8 @@ def _flash_args() -> frozenset[str]:
 
 def varlen_api() -> str | None:
     """What this torch's FlashAttention varlen op takes: "paged" (block tables), "packed" (packed keys
-    only), or None. The op underneath ``torch.nn.attention.varlen`` is used directly: it had
-    ``seqused_k`` and ``block_table`` before the public wrapper exposed them (torch 2.12)."""
+    only), or None. The op underneath ``torch.nn.attention.varlen`` is used directly, so the
+    wrapper's changing keywords do not matter; its schema says whether it takes block tables."""
     args = _flash_args()
     if not {"cum_seq_q", "cum_seq_k", "is_causal"} <= args:
         return None
