@@ -93,13 +93,24 @@ def feature_matrix(table: pa.Table) -> np.ndarray:
 
 
 def median_per_shape(table: pa.Table) -> pa.Table:
-    """One row per distinct shape with the median of its repeats: timings of a real device have
-    outliers (a preempted CPU, a clock change) that a median ignores and least squares would not."""
-    import polars as pl
+    """One row per distinct shape (in order of first appearance) with the median of its repeats.
 
-    df = pl.from_arrow(table.select([*FEATURES, "step_s"]))
-    out = df.group_by(list(FEATURES), maintain_order=True).agg(pl.col("step_s").median())
-    return out.to_arrow().cast(pa.schema([(f, pa.float64()) for f in FEATURES] + [("step_s", pa.float64())]))
+    Timings of a real device have outliers (a preempted CPU thread, a clock change) that a median
+    ignores and least squares would not. numpy only: the GPU image has no polars.
+    """
+    x = feature_matrix(table)
+    y = table.column("step_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    _, first, inverse = np.unique(x, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.lexsort((y, inverse))  # by group, then by time within it
+    counts = np.bincount(inverse)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    sorted_y = y[order]
+    lo, hi = starts + (counts - 1) // 2, starts + counts // 2
+    medians = (sorted_y[lo] + sorted_y[hi]) / 2
+    keep = np.argsort(first, kind="stable")  # groups in order of first appearance
+    columns = {f: pa.array(x[first[keep], i]) for i, f in enumerate(FEATURES)}
+    return pa.table({**columns, "step_s": pa.array(medians[keep])})
 
 
 def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:

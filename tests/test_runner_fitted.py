@@ -192,3 +192,32 @@ def test_repeats_are_reduced_to_their_median_so_outliers_do_not_bend_the_fit():
     assert model.metadata["fit"]["rows_read"] == 600 and model.metadata["fit"]["rows"] == 200
     for name, value in zip(TERMS, model.coefficients[0]):
         assert value == pytest.approx(TRUE[name], rel=0.01), name
+
+
+def test_median_per_shape_by_hand():
+    from servelab.runners.fitted import median_per_shape
+
+    t = pa.table({**{f: pa.array([3, 1, 3, 1, 3, 2], pa.int64()) for f in FEATURES},
+                  "step_s": [5.0, 1.0, 1.0, 3.0, 2.0, 7.0]})
+    out = median_per_shape(t)
+    assert out.column("prefill_tokens").to_pylist() == [3, 1, 2]  # first-appearance order
+    assert out.column("step_s").to_pylist() == [2.0, 2.0, 7.0]  # odd, even (mean of middle two), single
+
+
+def test_profile_fit_and_fitted_runner_need_no_polars(tmp_path):
+    """The GPU image has numpy, pyarrow and scipy but no polars: the device path must not import it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['polars'] = None\n"
+        "from servelab.runners.base import make_runner\n"
+        "from servelab.runners.profiling import profile, GRIDS\n"
+        "from servelab.runners.fitted import fit_profile\n"
+        "import servelab.runners.validation\n"
+        f"profile(make_runner('roofline'), r'{tmp_path}/p.parquet', spec='roofline', grid=GRIDS['small'], repeats=2)\n"
+        f"fit_profile(r'{tmp_path}/p.parquet', r'{tmp_path}/m.json', buckets=())\n"
+        f"print(make_runner(r'fitted:{tmp_path}/m.json').decode_affine(4))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
