@@ -71,7 +71,9 @@ def find_runs(patterns: Iterable[str | os.PathLike]) -> list[RunDir]:
                 continue
             if not p.is_dir():
                 raise InputError(p, "not a run directory (expected a directory with requests.parquet)")
-            nested = sorted({q.parent for q in p.glob("*/requests.parquet")} | {q.parent for q in p.glob("*/*/requests.parquet")})
+            found = [*p.glob("*/requests.parquet"), *p.glob("*/*/requests.parquet")]
+            # skip hidden folders: atomic writes in progress (.name.xxx.tmp) live there
+            nested = sorted({q.parent for q in found if not any(part.startswith(".") for part in q.relative_to(p).parts)})
             if not nested:
                 raise InputError(p, "not a run directory: no requests.parquet in it or below it")
             dirs.extend(nested)

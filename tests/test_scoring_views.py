@@ -362,3 +362,9 @@ def test_views_over_parquet_match_loaded_tables(tmp_path, monkeypatch):
     con = connect(tmp_path / "*", SLO)
     assert con.execute("SELECT table_type FROM information_schema.tables WHERE table_name = 'requests'").fetchall()[0][0] == "VIEW"
     assert [query_arrow(con, q) for q in sql] == loaded
+
+
+def test_hidden_folders_are_not_runs(tmp_path):
+    write_run(tmp_path / "study" / "t1", REQUESTS)
+    write_run(tmp_path / "study" / ".t2.abc.tmp", REQUESTS)  # a run being written
+    assert rows(connect(tmp_path / "study"), "SELECT run_id FROM runs") == [{"run_id": "t1"}]
