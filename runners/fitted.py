@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from scipy.optimize import nnls
 
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import InputError, ServelabError
@@ -115,6 +114,8 @@ def median_per_shape(table: pa.Table) -> pa.Table:
 
 def _nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """NNLS on relative error: rows scaled by 1/y, so a 1 ms step weighs as much as a 1 s one."""
+    from scipy.optimize import nnls  # only fitting needs scipy; make_runner imports this module
+
     design = np.column_stack([np.ones(len(y)), x]) / y[:, None]
     scale = np.abs(design).max(axis=0)  # counts span 1..1e8: normalise columns for conditioning
     scale[scale == 0] = 1.0

@@ -221,3 +221,11 @@ def test_profile_fit_and_fitted_runner_need_no_polars(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    # Using the runners needs neither polars nor scipy (make_runner imports every runner module).
+    code = (
+        "import sys; sys.modules['polars'] = None; sys.modules['scipy'] = None\n"
+        "from servelab.runners.base import make_runner\n"
+        f"print(make_runner(r'fitted:{tmp_path}/m.json').decode_affine(4), make_runner('roofline').decode_affine(4))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
