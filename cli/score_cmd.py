@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from servelab.cli.replay_cmd import config_from_options, replay_options  # the replay flags sweep shares
 from servelab.common.errors import ServelabError
 
 
@@ -166,9 +167,6 @@ def _floats(text: str | None, name: str) -> list[float] | None:
         raise ServelabError(f"{name} expects comma-separated numbers, got '{text}'") from None
 
 
-from servelab.cli.replay_cmd import config_from_options, replay_options  # noqa: E402  (shared replay flags)
-
-
 @click.command()
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--rates", help="Comma-separated offered arrival rates to replay, req/s (e.g. 1,2,4,8).")
@@ -183,10 +181,10 @@ from servelab.cli.replay_cmd import config_from_options, replay_options  # noqa:
 @replay_options
 def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, slo_specs, slo_file, **options):
     """Replay TRACE at several arrival rates (one run dir each) and find the goodput rate."""
+    import pyarrow as pa
+
     from servelab.scoring.output import render_table
     from servelab.scoring.sweep import run_sweep
-
-    import pyarrow as pa
 
     config = config_from_options(**options)
     slo = slo_from_options(slo_specs, slo_file)
