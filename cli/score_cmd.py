@@ -28,11 +28,27 @@ def slo_options(func):
     return func
 
 
-def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
-    """The SloTable the options describe (None if neither was given)."""
+def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = None, config_file: str | None = None):
+    """The SloTable the options describe (None if none was given).
+
+    Precedence, field by field: ``--slo`` flags > ``--slo-file`` > an ``[slo]`` table in the replay
+    ``--config`` file.
+    """
     from servelab.scoring.slo import SloTable
 
-    table = SloTable.from_toml_file(slo_file) if slo_file else SloTable()
+    table = SloTable()
+    if config_file:
+        import tomllib
+
+        try:
+            with open(config_file, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError):
+            data = {}  # config_from_options reports a bad config file with its own message
+        if isinstance(data.get("slo"), dict):
+            table = SloTable.from_toml({"slo": data["slo"]}, config_file)
+    if slo_file:
+        table = table.overridden_by(SloTable.from_toml_file(slo_file))
     if slo_specs:
         table = table.overridden_by(SloTable.parse_cli(list(slo_specs)))
     return None if table.is_empty else table
@@ -187,7 +203,7 @@ def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out
     from servelab.scoring.sweep import run_sweep
 
     config = config_from_options(**options)
-    slo = slo_from_options(slo_specs, slo_file)
+    slo = slo_from_options(slo_specs, slo_file, options.get("config_file"))
 
     def progress(p):
         click.echo(f"  rate {p.rate_rps:.6g} req/s (x{p.scale:.4g}): attainment {p.attainment:.3f}", err=True)

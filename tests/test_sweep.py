@@ -164,3 +164,14 @@ def test_sweep_cli_and_plot(trace_path, tmp_path, capsys):
     assert rows == ["5,1", "10.2,0.22", "20,0.02"]
     main(["plot", str(out), "-o", str(tmp_path / "plots")])
     assert (tmp_path / "plots" / "attainment_vs_rate.png").exists()
+
+
+def test_sweep_reads_slo_from_replay_config(trace_path, tmp_path, capsys):
+    cfg = tmp_path / "replay.toml"
+    cfg.write_text(f'runner = "linear:base={BASE}"\nmax_num_seqs = 1\nnum_gpu_blocks = 100\n[slo]\nttft_s = {SLO_TTFT}\n')
+    out = tmp_path / "cfg"
+    main(["sweep", str(trace_path), "--rates", "10.2", "--config", str(cfg), "-o", str(out)])
+    assert json.loads((out / "sweep.json").read_text())["points"][0]["attainment"] == pytest.approx(11 / 50)
+    capsys.readouterr()
+    main(["sweep", str(trace_path), "--rates", "10.2", "--config", str(cfg), "--slo", "ttft=1", "-o", str(out)])
+    assert json.loads((out / "sweep.json").read_text())["points"][0]["attainment"] == 1.0  # the flag wins
