@@ -176,6 +176,8 @@ def runs_table(runs: list[RunDir]) -> pa.Table:
     for r in runs:
         row = {"run_id": r.run_id, "run_path": str(r.path), "num_gpus": num_gpus(r.meta)}
         row.update(flatten_meta(r.meta))
+        span = row.get("simulated_span_s")  # the views read it; always a float column
+        row["simulated_span_s"] = float(span) if isinstance(span, (int, float)) and not isinstance(span, bool) else None
         rows.append(row)
     keys: list[str] = []
     for row in rows:
@@ -186,7 +188,7 @@ def runs_table(runs: list[RunDir]) -> pa.Table:
     for k in keys:
         values = [row.get(k) for row in rows]
         try:
-            arr = pa.array(values)
+            arr = pa.array(values, pa.float64() if k == "simulated_span_s" else None)
             if pa.types.is_null(arr.type):
                 arr = arr.cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowTypeError):

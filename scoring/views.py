@@ -38,7 +38,8 @@ WITH r AS (
     SELECT run_id, max(start_s + duration_s) AS last_step_end_s FROM steps GROUP BY run_id
 )
 SELECT r.run_id, r.requests, r.first_arrival_s, r.last_arrival_s, r.last_finish_s,
-       greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)) AS end_s,
+       -- where the replay stopped (a horizon may cut it before the last arrival), else the last event
+       coalesce(u.simulated_span_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s))) AS end_s,
        -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished)
        nullif(coalesce(r.last_finish_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)))
               - r.first_arrival_s, 0.0) AS duration_s,
@@ -76,7 +77,7 @@ WITH base AS (
            CASE WHEN finished THEN coalesce(max_itl_s, 0.0) END AS max_stall_s,
            -- starvation: time until first scheduled, or until the run ended for one never scheduled
            CASE WHEN first_scheduled_s IS NOT NULL THEN first_scheduled_s - arrival_s
-                WHEN status = 'unfinished' THEN run_end_s - arrival_s END AS wait_s,
+                WHEN status = 'unfinished' AND arrival_s <= run_end_s THEN run_end_s - arrival_s END AS wait_s,
            eff_ttft_slo_s AS ttft_slo_s, eff_tpot_slo_s AS tpot_slo_s,
            eff_e2e_slo_s AS e2e_slo_s, eff_max_stall_slo_s AS max_stall_slo_s
     FROM base

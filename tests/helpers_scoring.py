@@ -65,7 +65,7 @@ def write_run(run_dir, requests, steps=(), meta=None, drop_columns=(), schema=RE
         "engine": {"block_size": 16, "num_gpu_blocks": 100, "max_num_seqs": 8, "max_num_batched_tokens": 512,
                    "preemption": "recompute", "replicas": 1, "router": "round-robin"},
         "runner": {"name": "linear", "params": {"base": 0.01}},
-        "seed": 0, "simulated_span_s": 0.0, "wall_time_s": 0.0,
+        "seed": 0, "simulated_span_s": None, "wall_time_s": 0.0,
         "counts": {"finished": sum(r["status"] == "finished" for r in requests),
                    "unfinished": sum(r["status"] == "unfinished" for r in requests),
                    "rejected": sum(r["status"] == "rejected" for r in requests)},

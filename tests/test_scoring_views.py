@@ -368,3 +368,12 @@ def test_hidden_folders_are_not_runs(tmp_path):
     write_run(tmp_path / "study" / "t1", REQUESTS)
     write_run(tmp_path / "study" / ".t2.abc.tmp", REQUESTS)  # a run being written
     assert rows(connect(tmp_path / "study"), "SELECT run_id FROM runs") == [{"run_id": "t1"}]
+
+
+def test_wait_is_measured_to_the_replay_horizon(tmp_path):
+    reqs = [*REQUESTS, req(6, "unfinished", arrival=5.0, tenant="acme")]  # arrives after the horizon
+    c = connect(write_run(tmp_path / "h", reqs, STEPS, meta={"simulated_span_s": 4.5}))
+    m = by_id(c)
+    assert m[4]["wait_s"] == pytest.approx(1.5)  # 4.5 - 3.0: the replay stopped at 4.5
+    assert m[6]["wait_s"] is None  # never arrived before the end
+    assert rows(c, "SELECT end_s FROM run_span")[0]["end_s"] == 4.5
