@@ -203,3 +203,13 @@ def test_report_to_file(runs, tmp_path, capsys):
     dest = tmp_path / "out" / "report.txt"
     code, out, _ = run(["report", str(runs[0]), "-o", str(dest)], capsys)
     assert code == 0 and out == "" and dest.read_text().startswith("run a")
+
+
+def test_collected_file_with_new_slo(runs, tmp_path, capsys):
+    dest = tmp_path / "all.duckdb"
+    run(["runs", "collect", str(runs[0]), "--slo", "ttft=1", "-o", str(dest)], capsys)
+    sql = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
+    assert query_arrow(connect(str(dest)), sql).to_pylist() == [{"attainment": 0.5}]
+    tight = SloTable.parse_cli(["ttft=0.3"])  # replaces the stored table, in memory only
+    assert query_arrow(connect(str(dest), tight), sql).to_pylist() == [{"attainment": 0.25}]
+    assert query_arrow(connect(str(dest)), sql).to_pylist() == [{"attainment": 0.5}]
