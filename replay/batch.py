@@ -94,17 +94,34 @@ class BatchBuilder:
     # -- the two loops most policies share -----------------------------------------------------
     def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None) -> None:
         """Give each running request its next tokens (a decode token, or its next prefill chunk)."""
+        # The hot loop of every policy: the common case (KV fits) is inlined.
+        chosen, items = self.chosen, self.items
+        bs, reserve = self.kv.block_size, self.kv.reserve
         for req in order:
-            if req in self.chosen:
+            if req in chosen:
                 continue
             if self.token_budget <= 0 or self.seq_budget <= 0:
                 break
-            n = req.num_tokens - req.num_computed_tokens
+            c = req.num_computed_tokens
+            n = req.prompt_tokens + req.num_generated_tokens - c
             if chunk_cap is not None and n > chunk_cap:
                 n = chunk_cap
             if n > self.token_budget:
                 n = self.token_budget
-            self.add_running(req, n)
+            if reserve:
+                need = -(-(req.prompt_tokens + req.max_output_tokens) // bs) - req.kv_blocks
+            else:
+                need = -(-(c + n) // bs) - req.kv_blocks
+            if need < 0:
+                need = 0
+            if need > self.free_blocks:
+                self.add_running(req, n)  # slow path: preempt victims
+                continue
+            self.free_blocks -= need
+            self.token_budget -= n
+            self.seq_budget -= 1
+            items.append((req, n))
+            chosen.add(req)
 
     def admit_waiting(self, order: Iterable[Request], chunked: bool, chunk_cap: int | None = None) -> None:
         """Admit waiting requests in ``order`` while budgets and KV allow (head-of-line rule applies)."""

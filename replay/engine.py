@@ -376,23 +376,50 @@ class Engine:
         finished = False
         if step.k == 1:
             for req, n in step.batch.items:
-                req.num_computed_tokens += n
-                if req.num_computed_tokens == req.num_tokens:
-                    gap = end_s - req.last_token_s if req.last_token_s is not None else 0.0
-                    finished |= self._emit(replica, req, end_s, gap, 1)
+                c = req.num_computed_tokens = req.num_computed_tokens + n
+                if c != req.prompt_tokens + req.num_generated_tokens:
+                    continue  # a prefill chunk that did not reach the end of the prompt
+                if req.last_token_s is None:  # the prompt is done: first token
+                    finished |= self._emit(replica, req, end_s, 0.0, 1)
+                    continue
+                gap = end_s - req.last_token_s
+                if req.max_itl_s is None or gap > req.max_itl_s:
+                    req.max_itl_s = gap
+                req.last_token_s = end_s
+                g = req.num_generated_tokens = req.num_generated_tokens + 1
+                replica.outstanding_tokens -= 1
+                if g >= req.output_tokens:
+                    self._finish(replica, req, end_s)
+                    finished = True
         else:
+            # A decode stretch: every item is past its first token and produced j tokens, the
+            # last at end_s; the longest gap is the first (since its previous token) or the last.
             first_end = step.start_s + step.a + step.b * step.ctx0
             last_gap = step.a + step.b * (step.ctx0 + (j - 1) * step.decode_requests)
             bs = kv.block_size
+            direct = kv.allocator is None  # plain counting: grow inline, check the total once below
             for req, _ in step.batch.items:
-                req.num_computed_tokens += j
-                target = blocks_for(req.num_computed_tokens, bs)
+                c = req.num_computed_tokens = req.num_computed_tokens + j
+                target = -(-c // bs)
                 if target > req.kv_blocks:
-                    kv.grow(req, target)
+                    if direct:
+                        kv.used += target - req.kv_blocks
+                        req.kv_blocks = target
+                    else:
+                        kv.grow(req, target)
                 gap = first_end - req.last_token_s
                 if last_gap > gap:
                     gap = last_gap
-                finished |= self._emit(replica, req, end_s, gap, j)
+                if req.max_itl_s is None or gap > req.max_itl_s:
+                    req.max_itl_s = gap
+                req.last_token_s = end_s
+                g = req.num_generated_tokens = req.num_generated_tokens + j
+                if g >= req.output_tokens:
+                    self._finish(replica, req, end_s)
+                    finished = True
+            replica.outstanding_tokens -= j * len(step.batch.items)
+            if kv.used > kv.total:
+                raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
         if finished:
             replica.running = [r for r in replica.running if r.status is Status.RUNNING]
         replica.policy.on_step(step.batch, j)
@@ -417,12 +444,15 @@ class Engine:
         req.num_generated_tokens += count
         replica.outstanding_tokens -= count
         if req.num_generated_tokens >= req.output_tokens:
-            req.status = Status.FINISHED
-            req.finish_s = now
-            replica.kv.release(req)
-            self._ended(req, now)
+            self._finish(replica, req, now)
             return True
         return False
+
+    def _finish(self, replica: Replica, req: Request, now: float) -> None:
+        req.status = Status.FINISHED
+        req.finish_s = now
+        replica.kv.release(req)
+        self._ended(req, now)
 
     def _ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any."""

@@ -1,0 +1,75 @@
+"""Replay speed and memory: the Azure conv trace on 6 replicas, and a 1 M-request synthetic trace.
+
+Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
+Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
+RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import time
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def case_azure(repeat: int) -> None:
+    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    config = ReplayConfig(engine=EngineConfig(replicas=6))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = replay(trace, config)
+        times.append(time.perf_counter() - t0)
+    iterations = sum(result.steps.column("num_iterations").to_pylist())
+    print(f"azure-conv x6 replicas (roofline llama-3.1-8b/h100, sarathi): {trace.num_rows:,} requests, "
+          f"{result.steps.num_rows:,} step rows for {iterations:,} iterations; "
+          f"wall best {min(times):.3f} s, median {sorted(times)[len(times) // 2]:.3f} s; "
+          f"peak RSS {peak_rss_mb():.0f} MB")
+
+
+def case_1m() -> None:
+    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.traces.synth import synth_trace
+
+    t0 = time.perf_counter()
+    trace = synth_trace(n=1_000_000, rate=40.0, arrival="gamma", cv=2.0,
+                        prompt="lognormal:800:1.0", output="lognormal:200:1.0", seed=7)
+    gen_s = time.perf_counter() - t0
+    config = ReplayConfig(engine=EngineConfig(replicas=8))
+    t0 = time.perf_counter()
+    result = replay(trace, config)
+    wall = time.perf_counter() - t0
+    iterations = sum(result.steps.column("num_iterations").to_pylist())
+    print(f"synthetic 1M (gamma cv=2 at 40 req/s, lognormal lengths, 8 replicas): generated in {gen_s:.1f} s; "
+          f"replay wall {wall:.1f} s; {result.steps.num_rows:,} step rows for {iterations:,} iterations; "
+          f"counts {result.meta['counts']}; peak RSS {peak_rss_mb():.0f} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--case", choices=["azure", "1m"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-1m", action="store_true")
+    args = parser.parse_args()
+    if args.case == "azure":
+        case_azure(args.repeat)
+    elif args.case == "1m":
+        case_1m()
+    else:
+        cases = ["azure"] + ([] if args.skip_1m else ["1m"])
+        for case in cases:
+            subprocess.run([sys.executable, __file__, "--case", case, "--repeat", str(args.repeat)], check=True)
+
+
+if __name__ == "__main__":
+    main()
