@@ -20,7 +20,7 @@ from servelab.replay.kv import KVCache
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
 from servelab.replay.router import ROUTERS
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.schema import REQUESTS_SCHEMA
 
 
 @dataclass
@@ -31,30 +31,37 @@ class RunResult:
 
 
 def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
-    """Trace rows -> Request objects (trace order) and the closed-loop follower map."""
-    n = trace.num_rows
-    cols = set(trace.column_names)
+    """Trace rows -> Request objects (trace order) and the closed-loop follower map.
 
-    def col(name: str, default=None) -> list:
-        if name in cols:
-            return trace.column(name).to_pylist()
-        return [default] * n
+    Converted in record batches so that a million-row trace never exists as Python lists.
+    """
+    names = set(trace.column_names)
+    requests: list[Request] = []
+    index = 0
+    for batch in trace.to_batches(max_chunksize=65536):
+        n = batch.num_rows
 
-    ids, arrivals = col("request_id"), col("arrival_s")
-    prompts, outputs = col("prompt_tokens"), col("output_tokens")
-    max_out = col("max_output_tokens")
-    tenants, tiers = col("tenant", "default"), col("tier", "standard")
-    sessions, thinks = col("session_id"), col("think_s")
-    ttft_slo, tpot_slo = col("ttft_slo_s"), col("tpot_slo_s")
-    prefixes = col("prefix_hashes")
-    requests = [
-        Request(ids[i], arrivals[i], prompts[i], outputs[i], max_output_tokens=max_out[i],
-                tenant=tenants[i] if tenants[i] is not None else "default",
-                tier=tiers[i] if tiers[i] is not None else "standard",
-                session_id=sessions[i], think_s=thinks[i], ttft_slo_s=ttft_slo[i], tpot_slo_s=tpot_slo[i],
-                prefix_hashes=prefixes[i], index=i)
-        for i in range(n)
-    ]
+        def col(name: str, default=None) -> list:
+            if name in names:
+                return batch.column(name).to_pylist()
+            return [default] * n
+
+        ids, arrivals = col("request_id"), col("arrival_s")
+        prompts, outputs = col("prompt_tokens"), col("output_tokens")
+        max_out = col("max_output_tokens")
+        tenants, tiers = col("tenant", "default"), col("tier", "standard")
+        sessions, thinks = col("session_id"), col("think_s")
+        ttft_slo, tpot_slo = col("ttft_slo_s"), col("tpot_slo_s")
+        prefixes = col("prefix_hashes")
+        requests.extend(
+            Request(ids[i], arrivals[i], prompts[i], outputs[i], max_output_tokens=max_out[i],
+                    tenant=tenants[i] if tenants[i] is not None else "default",
+                    tier=tiers[i] if tiers[i] is not None else "standard",
+                    session_id=sessions[i], think_s=thinks[i], ttft_slo_s=ttft_slo[i], tpot_slo_s=tpot_slo[i],
+                    prefix_hashes=prefixes[i], index=index + i)
+            for i in range(n)
+        )
+        index += n
     followers: dict[int, Request] = {}
     last_in_session: dict[int, Request] = {}
     for req in requests:  # the trace is sorted by arrival: that orders each session's turns
@@ -118,9 +125,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
     engine = Engine(requests, replicas, router, runner, engine_cfg, followers)
     end_s = engine.run()
     requests_table = requests_table_from(requests)
-    steps_table = pa.Table.from_pylist([], schema=STEPS_SCHEMA) if not engine.steps else pa.Table.from_arrays(
-        [pa.array(list(col), type=f.type) for col, f in zip(zip(*engine.steps), STEPS_SCHEMA)], schema=STEPS_SCHEMA
-    )
+    steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
         name = req.status.name.lower()
@@ -141,7 +146,13 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
     return RunResult(requests_table, steps_table, meta)
 
 
-def requests_table_from(requests: list[Request]) -> pa.Table:
+def requests_table_from(requests: list[Request], chunk: int = 65536) -> pa.Table:
+    """One row per request in trace order, built a chunk at a time (bounded temporary memory)."""
+    batches = [_requests_batch(requests[i:i + chunk]) for i in range(0, len(requests), chunk)]
+    return pa.Table.from_batches(batches, schema=REQUESTS_SCHEMA)
+
+
+def _requests_batch(requests: list[Request]) -> pa.RecordBatch:
     finished = Status.FINISHED
     ttft, tpot, e2e = [], [], []
     for r in requests:
@@ -175,8 +186,8 @@ def requests_table_from(requests: list[Request]) -> pa.Table:
         "ttft_slo_s": [r.ttft_slo_s for r in requests],
         "tpot_slo_s": [r.tpot_slo_s for r in requests],
     }
-    return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
-                                schema=REQUESTS_SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
+                                      schema=REQUESTS_SCHEMA)
 
 
 def write_run(result: RunResult, run_dir: str | Path) -> Path:

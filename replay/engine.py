@@ -80,6 +80,40 @@ class Step:
         return j
 
 
+class StepLog:
+    """Step rows, appended as tuples and packed into Arrow record batches every ``chunk`` rows
+    (a million-request replay has millions of rows: tuples would cost ~200 bytes each)."""
+
+    def __init__(self, chunk: int = 65536):
+        self.chunk = chunk
+        self.rows: list[tuple] = []
+        self.batches: list = []
+
+    def append(self, row: tuple) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= self.chunk:
+            self._pack()
+
+    def _pack(self) -> None:
+        import pyarrow as pa
+
+        from servelab.replay.schema import STEPS_SCHEMA
+
+        columns = list(zip(*self.rows))
+        self.batches.append(pa.RecordBatch.from_arrays(
+            [pa.array(col, type=f.type) for col, f in zip(columns, STEPS_SCHEMA)], schema=STEPS_SCHEMA))
+        self.rows = []
+
+    def table(self):
+        import pyarrow as pa
+
+        from servelab.replay.schema import STEPS_SCHEMA
+
+        if self.rows:
+            self._pack()
+        return pa.Table.from_batches(self.batches, schema=STEPS_SCHEMA)
+
+
 class Engine:
     def __init__(self, requests: list[Request], replicas: list[Replica], router, runner, config: EngineConfig,
                  followers: dict[int, Request] | None = None, record_steps: bool = True):
@@ -97,7 +131,7 @@ class Engine:
         self.seq = 0
         self.admissions = 0
         self.now_s = 0.0
-        self.steps: list[tuple] = []
+        self.steps = StepLog()
         self.num_swap_fallbacks = 0
         self._affine_cache: dict[int, tuple[float, float] | None] = {}
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
