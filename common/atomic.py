@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``dest``; rename it onto ``dest`` only if the block succeeds."""
@@ -20,6 +26,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         os.replace(tmp_path, dest)
     finally:
         if tmp_path.exists():
@@ -34,6 +41,7 @@ def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

@@ -95,7 +95,8 @@ def resolve_num_gpu_blocks(config: ReplayConfig, runner) -> int:
 def build_runner(config: ReplayConfig):
     from servelab.runners.base import make_runner
 
-    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp)
+    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
+                       block_size=config.engine.block_size)
 
 
 def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict | None = None) -> RunResult:
