@@ -1,0 +1,258 @@
+"""Evaluate one trial: build its config, replay (or bisect the goodput rate), write the run, score it, return the objectives.
+
+Pruning replays the trace up to checkpoints of its span with the engine's ``until_s`` horizon. An
+event replay is causal, so the run up to a horizon is exactly the start of the full run; the value
+reported at a checkpoint is the attainment of the requests that had arrived by then, with requests
+still in flight counted as misses (a pessimistic, honest "attainment so far"). A pruned trial stops
+there; a trial that survives pays for its checkpoint replays on top of the full one (the sum of the
+checkpoint fractions: 0.75 of a replay for the default 0.25, 0.5).
+
+Infeasible settings (the engine or runner raises ServelabError: KV larger than GPU memory, bad
+policy parameter) become pruned trials with the reason as a user attribute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from servelab.common.errors import ServelabError
+from servelab.search.spec import SearchSpec
+
+
+def trial_dir(study_dir: Path, number: int) -> Path:
+    return Path(study_dir) / "trials" / f"{number:04d}"
+
+
+def process_start_token(pid: int) -> str:
+    """The kernel's start time of ``pid`` (so a recycled pid is not taken for a live worker)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return "?"
+
+
+def worker_id() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{process_start_token(pid)}"
+
+
+def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, dict]:
+    """The trace every trial replays: the spec's file with its window/head/rate transforms applied.
+
+    A transformed trace is written to STUDY_DIR/trace.arrow (the goodput sweep reads a file, and the
+    study keeps what it replayed).
+    """
+    from servelab.scoring.sweep import native_rate
+    from servelab.traces.io import read_trace, trace_metadata, trace_sha256, write_trace
+    from servelab.traces import transforms
+
+    t = spec.trace
+    table = read_trace(t.path)
+    meta: dict[str, Any] = {"path": str(t.path), "name": t.path.stem, "sha256": trace_sha256(t.path)}
+    if not t.transformed:
+        return table, t.path, meta
+    if t.window_s is not None:
+        table = transforms.window(table, t.window_s[0], t.window_s[1])
+        meta["window_s"] = list(t.window_s)
+    if t.head is not None:
+        table = transforms.head(table, t.head)
+        meta["head"] = t.head
+    scale = t.rate_scale
+    if t.rate_rps is not None:
+        scale = t.rate_rps / native_rate(table)
+    if scale is not None:
+        table = transforms.scale_rate(table, scale)
+        meta["rate_scale"] = scale
+    source = trace_metadata(table).get("source", "")
+    path = write_trace(table, Path(study_dir) / "trace.arrow", f"{source} | search {json.dumps(meta, sort_keys=True)}")
+    return read_trace(path), path, meta
+
+
+class Evaluator:
+    """The Optuna objective of one worker process (holds the trace and a scoring connection)."""
+
+    def __init__(self, spec: SearchSpec, study_dir: Path, threads: int | None = None):
+        from servelab.search.scorer import RunScorer
+
+        self.spec = spec
+        self.study_dir = Path(study_dir)
+        self.trace, self.trace_path, self.trace_meta = prepare_trace(spec, self.study_dir)
+        self.scorer = RunScorer(spec.slo, threads=threads)
+        self.worker = worker_id()
+        arrivals = self.trace.column("arrival_s")
+        self.first_s = float(arrivals[0].as_py())
+        self.last_s = float(arrivals[-1].as_py())
+        self.quota_check = None  # set by the study loop: raises when n_trials is already met
+
+    def close(self) -> None:
+        self.scorer.close()
+
+    def __call__(self, trial) -> float | tuple[float, ...]:
+        from optuna import TrialPruned
+
+        from servelab.search.space import config_for, suggest
+
+        started = time.perf_counter()
+        trial.set_user_attr("worker", self.worker)
+        if self.quota_check is not None:
+            self.quota_check(trial)
+        values = suggest(trial, self.spec.space, self.spec.base)
+        attrs: dict[str, Any] = {}
+        try:
+            config = config_for(self.spec.base, self.spec.space, values, source=f"trial {trial.number}")
+            trial.set_user_attr("config", config.to_dict())
+            result = self._evaluate(trial, config, attrs)
+        except ServelabError as err:
+            _set_attrs(trial, attrs, outcome="infeasible", reason=f"infeasible: {err}")
+            raise TrialPruned(f"infeasible: {err}") from None
+        except TrialPruned as err:
+            _set_attrs(trial, attrs, outcome="pruned", reason=str(err))
+            raise
+        except KeyboardInterrupt:
+            _set_attrs(trial, attrs, outcome="interrupted", reason="interrupted (Ctrl-C)")
+            raise
+        except Exception as err:
+            _set_attrs(trial, attrs, outcome="error", reason=f"error: {type(err).__name__}: {err}")
+            raise
+        attrs["eval_s"] = time.perf_counter() - started
+        _set_attrs(trial, attrs, outcome="ok")
+        return result
+
+    # -- one trial ---------------------------------------------------------------------------------
+
+    def _evaluate(self, trial, config, attrs: dict[str, Any]) -> float | tuple[float, ...]:
+        spec = self.spec
+        out_dir = trial_dir(self.study_dir, trial.number)
+        attrs["trial_dir"] = str(out_dir.relative_to(self.study_dir))
+        if "goodput" in spec.objectives or "goodput_per_gpu" in spec.objectives:
+            scores = self._goodput(trial, config, out_dir, attrs)
+        else:
+            if spec.checkpoints:
+                self._checkpoints(trial, config, attrs)
+            scores = self._replay(trial, config, out_dir, attrs)
+        attrs.update(scores)
+        values = []
+        for name in spec.objectives:
+            value = self._objective_value(name, scores, config)
+            if value is None:
+                raise ServelabError(f"objective '{name}' is undefined for this run (no request finished)")
+            values.append(float(value))
+        if "cost" in spec.objectives:
+            attrs["cost"] = values[spec.objectives.index("cost")]
+            # feasible when attainment >= target; Optuna samplers and best_trial read this
+            trial.set_constraint("attainment", spec.target - scores["attainment"])
+        if spec.checkpoints and spec.objectives == ("attainment",):
+            trial.report(values[0], 100)
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def _objective_value(self, name: str, scores: dict[str, Any], config) -> float | None:
+        if name == "cost":
+            gpus = config.engine.replicas * config.tp
+            prices = dict(self.spec.gpu_prices)
+            return gpus * prices[config.gpu] if prices else float(gpus)
+        return scores.get(name)
+
+    def _replay_timed(self, config, attrs: dict[str, Any], trace_meta: dict | None = None):
+        from servelab.replay import replay
+
+        t0 = time.perf_counter()
+        result = replay(self.trace, config, trace_meta=trace_meta or self.trace_meta)
+        attrs["replay_s"] = attrs.get("replay_s", 0.0) + time.perf_counter() - t0
+        return result
+
+    def _checkpoints(self, trial, config, attrs: dict[str, Any]) -> None:
+        from optuna import TrialPruned
+
+        span = self.last_s - self.first_s
+        for fraction in self.spec.checkpoints:
+            horizon = self.first_s + fraction * span
+            cut = replace(config, engine=replace(config.engine, until_s=horizon))
+            t0 = time.perf_counter()
+            result = self._replay_timed(cut, attrs)
+            attrs["checkpoint_replay_s"] = attrs.get("checkpoint_replay_s", 0.0) + time.perf_counter() - t0
+            value = self.scorer.attainment(result, arrived_by_s=horizon)
+            step = round(fraction * 100)
+            trial.report(value, step)
+            if trial.should_prune():
+                attrs["pruned_at"] = fraction
+                raise TrialPruned(f"pruned at {fraction:.0%} of the trace: attainment so far {value:.4f}")
+
+    def _replay(self, trial, config, out_dir: Path, attrs: dict[str, Any]) -> dict[str, Any]:
+        from servelab.replay import write_run
+
+        t0 = time.perf_counter()
+        result = self._replay_timed(config, attrs)
+        final_replay_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        scores = self.scorer.score(result)
+        t2 = time.perf_counter()
+        result.meta["search"] = {"study": self.spec.study_name, "trial": trial.number, "params": dict(trial.params)}
+        write_run(result, out_dir)
+        attrs.update(final_replay_s=final_replay_s, score_s=t2 - t1, write_s=time.perf_counter() - t2)
+        return scores
+
+    def _goodput(self, trial, config, out_dir: Path, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Bisect the goodput rate with `servelab sweep`'s own search; trace-rate metrics from its native-rate run."""
+        from servelab.replay import RunResult, write_run
+        from servelab.scoring.sweep import native_rate, run_name, run_sweep
+
+        spec = self.spec
+        t0 = time.perf_counter()
+        result = run_sweep(self.trace_path, config, out_dir, slo=spec.slo, target=spec.target,
+                           tolerance=spec.goodput.tolerance, min_rate=spec.goodput.min_rate,
+                           max_rate=spec.goodput.max_rate)  # fmt: skip
+        attrs["sweep_s"] = time.perf_counter() - t0
+        native = native_rate(self.trace)
+        replay_s = 0.0
+        for point in result.points:
+            meta = json.loads((out_dir / point.run_dir / "run.json").read_text())
+            replay_s += meta.get("wall_time_s", 0.0)
+        attrs["replay_s"] = replay_s
+        attrs["goodput_rates_tried"] = len(result.points)
+        native_dir = out_dir / run_name(native)
+        if not (native_dir / "requests.parquet").is_file():
+            # the bisection never replayed the trace's own rate (min_rate/max_rate exclude it)
+            native_dir = out_dir / "trace_rate"
+            write_run(self._replay_timed(config, attrs), native_dir)
+        run = RunResult(pq.read_table(native_dir / "requests.parquet"), pq.read_table(native_dir / "steps.parquet"),
+                        json.loads((native_dir / "run.json").read_text()))  # fmt: skip
+        scores = self.scorer.score(run)
+        goodput = result.goodput_rate_rps if result.goodput_rate_rps is not None else 0.0
+        gpus = config.engine.replicas * config.tp
+        scores.update(goodput=goodput, goodput_per_gpu=goodput / gpus, goodput_bracket_hi=result.bracket_rps[1])
+        if result.notes:
+            scores["goodput_note"] = "; ".join(result.notes)
+        return scores
+
+
+# Shown as their own user attributes (one storage write each); everything else goes in "metrics".
+KEY_ATTRS = ("attainment", "attainment_ttft", "attainment_tpot", "ttft_p99", "tpot_p99", "e2e_p99", "goodput",
+             "goodput_per_gpu", "cost", "num_gpus", "trial_dir", "pruned_at")  # fmt: skip
+
+
+def _set_attrs(trial, attrs: dict[str, Any], outcome: str, reason: str | None = None) -> None:
+    metrics = {}
+    for key, value in attrs.items():
+        if not (value is None or isinstance(value, (int, float, str, bool))):
+            continue
+        if key in KEY_ATTRS or key.startswith("attainment.tier."):
+            trial.set_user_attr(key, value)
+        else:
+            metrics[key] = value
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("outcome", outcome)
+    if reason is not None:
+        trial.set_user_attr("reason", reason)
+
+
+__all__ = ["Evaluator", "prepare_trace", "trial_dir", "worker_id", "process_start_token"]

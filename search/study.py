@@ -1,0 +1,339 @@
+"""Run a study: open its storage, fail trials whose worker died, and let worker processes evaluate until n_trials are done.
+
+``n_trials`` counts finished trials (complete or pruned, infeasible included) over the whole study,
+however many runs, workers and machines took part; failed trials (errors, Ctrl-C, killed workers)
+do not count, so a resumed study makes them up. Each worker checks the count before it starts a
+trial; when several workers race for the last trial the late one is recorded as a failed
+``surplus`` trial with no parameters (Optuna cannot take a trial back).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import time
+import warnings
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+from servelab.common.atomic import atomic_path
+from servelab.common.errors import ServelabError
+from servelab.search.spec import SearchSpec
+
+SPEC_ATTR = "servelab_spec"
+HASH_ATTR = "servelab_spec_hash"
+MAX_ERRORS_IN_A_ROW = 5
+UNCLAIMED_GRACE_S = 60.0  # a RUNNING trial with no worker recorded this long after its start is stale
+HEARTBEAT_S = 20  # RDB storages: workers on other machines are declared dead after 3 missed beats
+
+
+class _Surplus(Exception):
+    """n_trials was reached by other workers after this trial was created."""
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def make_storage(spec: SearchSpec, study_dir: Path, url: str | None = None):
+    import optuna
+
+    url = url or spec.storage
+    if url is None:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        Path(study_dir).mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(Path(study_dir) / "study.journal")))
+    try:
+        if url.startswith("sqlite"):
+            return optuna.storages.RDBStorage(url)
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
+                                          engine_kwargs={"pool_pre_ping": True})  # fmt: skip
+    except Exception as err:  # SQLAlchemy/driver errors: one line for the CLI
+        raise ServelabError(f"cannot open storage {redact(url)}: {type(err).__name__}: {err}") from None
+
+
+def redact(url: str) -> str:
+    """The URL without its password (study.json and messages never hold one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def make_sampler(spec: SearchSpec, seed: int):
+    import optuna
+
+    opts = dict(spec.sampler_options)
+    try:
+        if spec.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, **opts)
+        if spec.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed, **opts)
+        if spec.sampler == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, **opts)
+        if spec.sampler == "grid":
+            grid = {p.name: list(p.grid_values()) for p in spec.space}
+            return optuna.samplers.GridSampler(grid, seed=seed, **opts)
+        if spec.sampler == "cmaes":
+            import importlib.util
+
+            if importlib.util.find_spec("cmaes") is None:
+                raise ServelabError(f"{spec.path}: sampler 'cmaes' needs the cmaes package (pip install cmaes)")
+            return optuna.samplers.CmaEsSampler(seed=seed, **opts)
+    except TypeError as err:
+        raise ServelabError(f"{spec.path}, sampler: bad option ({err})") from None
+    raise ServelabError(f"{spec.path}: unknown sampler {spec.sampler!r}")
+
+
+def make_pruner(spec: SearchSpec):
+    import optuna
+
+    opts = dict(spec.pruner_options)
+    try:
+        if spec.pruner == "median":
+            return optuna.pruners.MedianPruner(**opts)
+        if spec.pruner == "hyperband":
+            opts.setdefault("min_resource", round(spec.checkpoints[0] * 100))
+            opts.setdefault("max_resource", 100)
+            return optuna.pruners.HyperbandPruner(**opts)
+    except (TypeError, ValueError) as err:
+        raise ServelabError(f"{spec.path}, pruner: bad option ({err})") from None
+    return optuna.pruners.NopPruner()
+
+
+def grid_size(spec: SearchSpec) -> int:
+    n = 1
+    for p in spec.space:
+        n *= len(p.grid_values())
+    return n
+
+
+def open_study(spec: SearchSpec, study_dir: Path, seed: int | None = None, storage_url: str | None = None):
+    """Create or load the study; refuse one made from a different spec."""
+    import optuna
+
+    _quiet_optuna()
+    storage = make_storage(spec, study_dir, storage_url)
+    sampler = make_sampler(spec, spec.seed if seed is None else seed)
+    study = optuna.create_study(storage=storage, study_name=spec.study_name, directions=list(spec.directions),
+                                sampler=sampler, pruner=make_pruner(spec), load_if_exists=True)  # fmt: skip
+    attrs = study.user_attrs
+    digest = spec.identity_hash()
+    if HASH_ATTR not in attrs:
+        study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.identity(), default=str)))
+        study.set_user_attr(HASH_ATTR, digest)
+        study.set_user_attr("objectives", list(spec.objectives))
+    elif attrs[HASH_ATTR] != digest:
+        old = attrs.get(SPEC_ATTR, {})
+        changed = sorted(k for k, v in json.loads(json.dumps(spec.identity(), default=str)).items() if old.get(k) != v)
+        raise ServelabError(
+            f"study '{spec.study_name}' in {redact(spec.storage) if spec.storage else study_dir} was made from a different "
+            f"spec (changed: {', '.join(changed) or 'unknown'}); use another -o STUDY_DIR or study_name, or restore the spec"
+        )
+    return study
+
+
+def _alive(pid: int, token: str) -> bool:
+    from servelab.search.objective import process_start_token
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return token == "?" or process_start_token(pid) == token
+
+
+def fail_stale_trials(study, study_dir: Path) -> list[int]:
+    """Mark RUNNING trials whose worker process is gone as FAIL (reason 'stale'); returns their numbers."""
+    import optuna
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    now = datetime.now()
+    stale = []
+    storage = study._storage
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        gone = False
+        if worker:
+            w_host, pid, token = worker.rsplit(":", 2)
+            gone = w_host == host and not _alive(int(pid), token)
+        elif t.datetime_start is not None and (now - t.datetime_start).total_seconds() > UNCLAIMED_GRACE_S:
+            gone = True
+        if not gone:
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "outcome", "stale")
+            storage.set_trial_user_attr(t._trial_id, "reason", f"stale: worker {worker or '?'} died mid-trial")
+            storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            stale.append(t.number)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # its worker (or another restart) finished it meanwhile
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.9
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)  # heartbeat-based, for workers on other machines (RDB)
+    trials_root = Path(study_dir) / "trials"
+    for number in stale:  # half-written trial directories of killed workers (atomic_dir's temporaries)
+        for tmp in trials_root.glob(f".{number:04d}.*.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return stale
+
+
+def counts(study) -> dict[str, int]:
+    from optuna.trial import TrialState
+
+    out = {s.name.lower(): 0 for s in TrialState}
+    for t in study.get_trials(deepcopy=False):
+        out[t.state.name.lower()] += 1
+    out["finished"] = out["complete"] + out["pruned"]
+    return out
+
+
+def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None = None,
+               on_trial: Callable | None = None, storage_url: str | None = None) -> None:  # fmt: skip
+    """Evaluate trials in this process until the study has ``spec.n_trials`` finished ones (or timeout)."""
+    from optuna.trial import TrialState
+
+    from servelab.search.objective import Evaluator
+
+    study = open_study(spec, study_dir, seed=seed, storage_url=storage_url)
+    limit = spec.n_trials
+    if spec.sampler == "grid":
+        limit = min(limit, grid_size(spec))
+    if counts(study)["finished"] >= limit:
+        return
+    evaluator = Evaluator(spec, study_dir, threads=threads)
+    errors: list[str] = []
+
+    def quota(trial) -> None:
+        done = running_before = 0
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+            if t.state != TrialState.RUNNING:
+                done += 1
+            elif t.number < trial.number:
+                running_before += 1
+        if done + running_before >= limit:
+            trial.set_user_attr("outcome", "surplus")
+            trial.set_user_attr("reason", f"surplus: n_trials = {limit} was reached by other workers")
+            raise _Surplus()
+
+    def after(study_, frozen) -> None:
+        outcome = frozen.user_attrs.get("outcome")
+        if frozen.state == TrialState.FAIL and outcome == "error":
+            errors.append(frozen.user_attrs.get("reason", "?"))
+            if len(errors) >= MAX_ERRORS_IN_A_ROW:
+                study_.stop()
+        elif frozen.state != TrialState.FAIL:
+            errors.clear()
+        if on_trial is not None:
+            on_trial(study_, frozen)
+        c = counts(study_)
+        if c["finished"] >= limit or c["finished"] + c["running"] >= limit or outcome == "surplus":
+            study_.stop()
+
+    evaluator.quota_check = quota
+    try:
+        study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,), callbacks=[after],
+                       gc_after_trial=False)  # fmt: skip
+    finally:
+        evaluator.close()
+    if len(errors) >= MAX_ERRORS_IN_A_ROW:
+        raise ServelabError(f"{MAX_ERRORS_IN_A_ROW} trials in a row failed; the last: {errors[-1]}")
+
+
+def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None) -> None:
+    try:
+        run_worker(spec, Path(study_dir), seed, threads=1, storage_url=storage_url)
+    except KeyboardInterrupt:
+        pass  # the interrupted trial is already marked failed by Optuna
+
+
+def worker_seed(spec: SearchSpec, index: int) -> int:
+    """Local worker ``index`` samples with seed + index (worker 0 = the spec's seed: a one-worker run is reproducible)."""
+    return spec.seed + index
+
+
+def write_study_json(spec: SearchSpec, study_dir: Path, storage_url: str | None) -> None:
+    url = storage_url or spec.storage
+    info = {"study_name": spec.study_name, "storage": redact(url) if url else "journal:study.journal",
+            "spec_path": str(spec.path), "objectives": list(spec.objectives), "directions": list(spec.directions),
+            "target": spec.target, "spec": spec.identity()}  # fmt: skip
+    with atomic_path(Path(study_dir) / "study.json") as tmp:
+        tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str | None = None,
+              poll_s: float = 0.5) -> None:  # fmt: skip
+    """`servelab search SPEC -o STUDY_DIR`: run ``spec.workers`` local workers (this process when 1).
+
+    ``progress(study)`` is called after each trial (one worker) or every ``poll_s`` (several).
+    Ctrl-C stops every worker after marking its running trial failed; finished trials are kept.
+    """
+    study_dir = Path(study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    write_study_json(spec, study_dir, storage_url)
+    study = open_study(spec, study_dir, storage_url=storage_url)
+    fail_stale_trials(study, study_dir)
+    if progress is not None:
+        progress(study)
+    if spec.workers == 1:
+        run_worker(spec, study_dir, worker_seed(spec, 0), storage_url=storage_url,
+                   on_trial=(lambda s, t: progress(s)) if progress else None)  # fmt: skip
+        return
+    from servelab.search.objective import prepare_trace
+
+    prepare_trace(spec, study_dir)  # once, before the workers race to write it
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker_entry, args=(spec, str(study_dir), worker_seed(spec, i), storage_url),
+                         name=f"servelab-search-{i}") for i in range(spec.workers)]  # fmt: skip
+    for p in procs:
+        p.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            if progress is not None:
+                progress(study)
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        _stop_workers(procs)
+        raise
+    finally:
+        for p in procs:
+            p.join()
+    if progress is not None:
+        progress(study)
+    bad = [p.exitcode for p in procs if p.exitcode not in (0, None)]
+    if bad:
+        raise ServelabError(f"{len(bad)} worker process(es) exited with an error (exit codes {bad})")
+
+
+def _stop_workers(procs, wait_s: float = 3.0, grace_s: float = 60.0) -> None:
+    """Workers in the terminal's process group got Ctrl-C too; interrupt the rest, then terminate stragglers."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.terminate()
+
+
+__all__ = ["open_study", "run_study", "run_worker", "fail_stale_trials", "counts", "make_storage", "redact",
+           "write_study_json", "grid_size"]  # fmt: skip

@@ -1,0 +1,165 @@
+"""Read a study back: the trials table (Arrow, written as trials.parquet), the best trial(s), the best config as TOML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from servelab.common.atomic import atomic_path
+from servelab.common.errors import ServelabError
+
+_PARAM_TYPES = {"IntDistribution": pa.int64(), "FloatDistribution": pa.float64()}
+
+
+def _column(values: list[Any]) -> pa.Array:
+    try:
+        arr = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        arr = pa.array([None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values])
+    return arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
+
+
+def trials_table(study) -> pa.Table:
+    """One row per trial: number, state, outcome, reason, times, objective values, params, user attributes."""
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    objectives = study.user_attrs.get("objectives") or [f"value_{i}" for i in range(len(study.directions))]
+    cols: dict[str, pa.Array] = {
+        "number": pa.array([t.number for t in trials], pa.int64()),
+        "state": pa.array([t.state.name.lower() for t in trials], pa.string()),
+        "outcome": pa.array([t.user_attrs.get("outcome") for t in trials], pa.string()),
+        "reason": pa.array([t.user_attrs.get("reason") for t in trials], pa.string()),
+        "datetime_start": pa.array([t.datetime_start for t in trials], pa.timestamp("us")),
+        "datetime_complete": pa.array([t.datetime_complete for t in trials], pa.timestamp("us")),
+        "duration_s": pa.array([(t.datetime_complete - t.datetime_start).total_seconds()
+                                if t.datetime_complete and t.datetime_start else None for t in trials], pa.float64()),
+    }  # fmt: skip
+    for i, name in enumerate(objectives):
+        cols[name] = pa.array([t.values[i] if t.values is not None else None for t in trials], pa.float64())
+    names: dict[str, pa.DataType | None] = {}
+    for t in trials:
+        for pname, dist in t.distributions.items():
+            names.setdefault(pname, _PARAM_TYPES.get(type(dist).__name__))
+    for pname in sorted(names):
+        values = [t.params.get(pname) for t in trials]
+        cols[f"param.{pname}"] = pa.array(values, names[pname]) if names[pname] is not None else _column(values)
+    attr_keys: list[str] = []
+    for t in trials:
+        flat = _flat_attrs(t.user_attrs)
+        for k in flat:
+            if k not in attr_keys:
+                attr_keys.append(k)
+    flats = [_flat_attrs(t.user_attrs) for t in trials]
+    for k in sorted(attr_keys):
+        cols[f"attr.{k}"] = _column([f.get(k) for f in flats])
+    cols["intermediate"] = pa.array(
+        [[{"step": s, "value": v} for s, v in sorted(t.intermediate_values.items())] for t in trials],
+        pa.list_(pa.struct([("step", pa.int64()), ("value", pa.float64())])),
+    )
+    return pa.table(cols)
+
+
+def _flat_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in attrs.items():
+        if k in ("outcome", "reason"):
+            continue
+        if k == "metrics" and isinstance(v, dict):
+            out.update(v)
+        elif k == "config":
+            out[k] = json.dumps(v, sort_keys=True)
+        else:
+            out[k] = v
+    return out
+
+
+def write_trials(study, study_dir: Path) -> Path:
+    path = Path(study_dir) / "trials.parquet"
+    table = trials_table(study)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return path
+
+
+def best_trials(study) -> list:
+    """The best finished trial (single objective, constraints respected), or the Pareto front (several)."""
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return []
+    if len(study.directions) > 1:
+        return sorted(study.best_trials, key=lambda t: t.number)
+    try:
+        return [study.best_trial]
+    except ValueError:  # no feasible trial (cost objective: nothing met the target)
+        return []
+
+
+def best_config(study, trial_number: int | None = None):
+    """(trial, ReplayConfig) of the best trial, or of ``trial_number``; several objectives: best on the first of the front."""
+    from optuna.trial import TrialState
+
+    from servelab.replay.config import ReplayConfig
+
+    if trial_number is not None:
+        matches = [t for t in study.get_trials(deepcopy=False) if t.number == trial_number]
+        if not matches:
+            raise ServelabError(f"study '{study.study_name}' has no trial {trial_number}")
+        trial = matches[0]
+        if trial.state != TrialState.COMPLETE:
+            raise ServelabError(f"trial {trial_number} is {trial.state.name.lower()}, not complete")
+    else:
+        front = best_trials(study)
+        if not front:
+            raise ServelabError(f"study '{study.study_name}' has no complete (feasible) trial yet")
+        sign = 1 if study.directions[0].name.lower() == "maximize" else -1
+        trial = max(front, key=lambda t: (sign * t.values[0], -t.number))
+    if "config" not in trial.user_attrs:
+        raise ServelabError(f"trial {trial.number} has no recorded config")
+    return trial, ReplayConfig.from_dict(trial.user_attrs["config"], source=f"trial {trial.number}")
+
+
+def write_best_toml(study, out: Path, trial_number: int | None = None) -> tuple[Any, Path]:
+    """Write the best trial's config in `servelab replay --config` form (ReplayConfig.to_dict)."""
+    import tomli_w
+
+    trial, config = best_config(study, trial_number)
+    objectives = study.user_attrs.get("objectives") or []
+    scores = ", ".join(f"{n} = {v:.6g}" for n, v in zip(objectives, trial.values))
+    header = (f"# best configuration of study '{study.study_name}': trial {trial.number} ({scores})\n"
+              f"# use it with: servelab replay TRACE --config {Path(out).name}\n")  # fmt: skip
+    with atomic_path(out) as tmp:
+        tmp.write_text(header + tomli_w.dumps(config.to_dict()))
+    return trial, Path(out)
+
+
+def load_study_dir(study_dir: Path, storage_url: str | None = None):
+    """Open the study a directory belongs to (its study.json says where the storage is)."""
+    import optuna
+
+    study_dir = Path(study_dir)
+    info_path = study_dir / "study.json"
+    if not info_path.is_file():
+        raise ServelabError(f"{study_dir}: not a study directory (no study.json)")
+    info = json.loads(info_path.read_text())
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = storage_url or info["storage"]
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        journal = study_dir / url.removeprefix("journal:")
+        if not journal.is_file():
+            raise ServelabError(f"{journal}: no such study journal")
+        storage = JournalStorage(JournalFileBackend(str(journal)))
+    else:
+        storage = optuna.storages.RDBStorage(url)
+    try:
+        return optuna.load_study(study_name=info["study_name"], storage=storage)
+    except KeyError:
+        raise ServelabError(f"{study_dir}: study '{info['study_name']}' is not in its storage") from None
+
+
+__all__ = ["trials_table", "write_trials", "best_trials", "best_config", "write_best_toml", "load_study_dir"]
