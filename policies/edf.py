@@ -1,0 +1,168 @@
+"""`edf`: earliest deadline first against latency SLOs, optionally dropping hopeless requests.
+
+Every request's next token has a deadline: its first token is due at ``arrival_s + TTFT SLO``;
+once streaming, token ``g + 1`` is due at ``first_token_s + g * TPOT SLO`` (the pace that keeps its
+TPOT within the SLO), so the least-slack decode goes first. SLOs come from the trace columns
+``ttft_slo_s`` / ``tpot_slo_s``, else per-tier defaults (``tier_ttft = "priority=0.5,flex=30"``),
+else the global ``ttft_slo_s`` / ``tpot_slo_s`` parameters; a request without any has no deadline
+and is served after those with one, first come first served.
+
+With ``drop = true`` a waiting request whose first-token deadline has passed can no longer meet
+it and is dropped (status ``dropped``, the reason recorded), so it stops taking capacity from
+requests that still can; the policy asks to be woken at the earliest waiting deadline so the drop
+happens at that iteration boundary. With ``preempt = true`` a waiting request preempts running
+requests with later deadlines when it lacks a slot or KV.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servelab.common.errors import ServelabError
+from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats, step_tokens
+from servelab.replay.batch import Batch
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request, Status
+
+
+@dataclass(frozen=True, slots=True)
+class EdfParams:
+    ttft_slo_s: float = 0.0  # default TTFT SLO (0: none)
+    tpot_slo_s: float = 0.0  # default TPOT SLO (0: none)
+    tier_ttft: str = ""  # "tier=seconds,...": per-tier TTFT SLOs
+    tier_tpot: str = ""
+    drop: bool = False  # drop waiting requests that can no longer meet their TTFT deadline
+    preempt: bool = False  # earlier deadlines preempt running requests with later ones
+
+    def __post_init__(self) -> None:
+        owner = "policy 'edf'"
+        if self.ttft_slo_s < 0 or self.tpot_slo_s < 0:
+            raise ServelabError(f"{owner}: ttft_slo_s and tpot_slo_s must be >= 0")
+        parse_named_floats(self.tier_ttft, owner, "tier_ttft")
+        parse_named_floats(self.tier_tpot, owner, "tier_tpot")
+
+
+@POLICIES.register("edf")
+class EarliestDeadlineFirst(PolicyBase):
+    name = "edf"
+    Params = EdfParams
+
+    def __init__(self, params: EdfParams, engine, replica_id: int = 0):
+        super().__init__(params, engine, replica_id)
+        self.tier_ttft = parse_named_floats(params.tier_ttft, "policy 'edf'", "tier_ttft")
+        self.tier_tpot = parse_named_floats(params.tier_tpot, "policy 'edf'", "tier_tpot")
+        self.queues = ClassQueues()
+        self.epoch = 0
+        self.sheds = params.drop  # the engine asks `shed` before each decision
+
+    def _ttft(self, req: Request) -> float | None:
+        if req.ttft_slo_s is not None:
+            return req.ttft_slo_s
+        return self.tier_ttft.get(req.tier) or self.params.ttft_slo_s or None
+
+    def _tpot(self, req: Request) -> float | None:
+        if req.tpot_slo_s is not None:
+            return req.tpot_slo_s
+        return self.tier_tpot.get(req.tier) or self.params.tpot_slo_s or None
+
+    def deadline(self, req: Request) -> float:
+        """When ``req``'s next token is due (inf: no SLO applies)."""
+        if req.first_token_s is None:
+            ttft = self._ttft(req)
+            return req.arrival_s + ttft if ttft is not None else math.inf
+        tpot = self._tpot(req)
+        return req.first_token_s + tpot * req.num_generated_tokens if tpot is not None else math.inf
+
+    def _key(self, req: Request) -> tuple:
+        return (self.deadline(req), req.arrival_s, req.index)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def on_arrival(self, req: Request, replica: Replica) -> None:
+        self.epoch += 1
+        req.policy_data = Slot(0, 0, float(req.output_tokens), self.epoch)
+        self.queues.push(req, 0, self._key(req))
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        if isinstance(req.policy_data, Slot):
+            self.queues.remove(req)
+
+    def victim_key(self, req: Request) -> tuple:
+        return (self.deadline(req), req.admitted_seq)
+
+    def shed(self, replica: Replica) -> list[tuple[Request, str]]:
+        """Waiting requests whose first-token deadline has passed: the engine drops them."""
+        now = replica.now_s
+        late = []
+        for req in self.queues.in_order(0):
+            due = req.policy_data.entry[0][0]
+            if due > now:
+                break
+            if req.first_token_s is None:
+                late.append((req, due))
+        out = []
+        for req, due in late:
+            self.queues.remove(req)
+            out.append((req, f"TTFT deadline {due:.6g} s passed at {now:.6g} s before it was scheduled"))
+        return out
+
+    # -- the decision ---------------------------------------------------------------------------
+    def schedule(self, replica: Replica) -> Batch:
+        b = self.builder(replica)
+        queues = self.queues
+        if self.params.preempt and replica.waiting and replica.running:
+            self._preempt_for_waiting(replica, b)
+        forced = len(b.preempted)
+        running = replica.running
+        if len(running) > 1:
+            running = sorted(running, key=self.victim_key)
+        b.schedule_running(running)
+        if len(b.preempted) == forced and replica.waiting:
+            b.admit_waiting(queues.in_order(0), chunked=True)
+        for req, _ in b.items:
+            if req.status is Status.WAITING:
+                queues.remove(req)
+        for req in b.preempted:
+            queues.push(req, 0, self._key(req))
+        wake_s = None
+        if self.sheds:
+            wake_s = self._next_deadline(replica.now_s)
+        repeat = 1 if self.params.preempt and replica.waiting else None
+        return b.build(repeat=repeat, wake_s=wake_s)
+
+    def _next_deadline(self, now: float) -> float | None:
+        """The earliest first-token deadline still ahead among waiting requests."""
+        for req in self.queues.in_order(0):
+            due = req.policy_data.entry[0][0]
+            if not math.isfinite(due):
+                return None
+            if req.first_token_s is None and due > now:
+                return due
+        return None
+
+    def _preempt_for_waiting(self, replica: Replica, b) -> None:
+        victims = sorted(replica.running, key=self.victim_key, reverse=True)
+        kv = replica.kv
+        free_slots = replica.config.max_num_seqs - len(replica.running)
+        free_blocks = kv.free
+        budget = replica.config.max_num_batched_tokens
+        v = 0
+        for req in self.queues.in_order(0):
+            due = req.policy_data.entry[0][0]
+            need = kv.blocks_needed(req, step_tokens(req, budget))
+            if need > kv.total or not math.isfinite(due):
+                return
+            while free_slots < 1 or free_blocks < need:
+                if v >= len(victims) or self.deadline(victims[v]) <= due:
+                    return
+                victim = victims[v]
+                v += 1
+                b.preempt(victim)
+                free_slots += 1
+                free_blocks += victim.kv_blocks
+            free_slots -= 1
+            free_blocks -= need
+
+
+__all__ = ["EarliestDeadlineFirst", "EdfParams"]

@@ -1,0 +1,372 @@
+"""`vtc` and `drr`: per-tenant fair sharing of a replica, work-conserving, with tenant weights.
+
+Service is counted in weighted tokens: ``w_in`` per prompt token computed for the first time and
+``w_out`` per output token (recomputation after a preemption is the scheduler's cost, not the
+tenant's). A tenant alone gets the whole replica; when others become active they take their share
+back at the next iteration boundary (admission order, or with ``preempt = true`` the whole batch).
+
+- ``vtc`` (Virtual Token Counter, Sheng et al., OSDI 2024): each tenant has a counter of service
+  received divided by its weight; the tenant with the smallest counter is served next. A tenant
+  whose queue goes from empty to non-empty has its counter lifted to the smallest counter among the
+  other active tenants (the last departed tenant's counter if none is active), so idle time banks
+  no credit.
+- ``drr`` (deficit round robin, Shreedhar & Varghese 1995): active tenants take turns in a ring; a
+  turn adds ``quantum * weight`` tokens of credit and lasts while credit remains. Credit is spent
+  only on service given under contention (requests waiting), and debt survives going idle.
+
+``tiers = "priority,standard,flex"`` puts strict tier priority above fairness (each tier shares
+fairly among its tenants; counters are per tenant); ``within`` orders one tenant's requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from servelab.common.errors import ServelabError
+from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.ordering import (
+    ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output, step_tokens, tier_ranker,
+    within_key,
+)
+from servelab.replay.batch import Batch
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request, Status
+
+
+@dataclass(frozen=True, slots=True)
+class FairParams:
+    weights: str = ""  # "a=2,b=1": share of each tenant (unlisted tenants weigh 1)
+    w_in: float = 1.0  # service per prompt token
+    w_out: float = 2.0  # service per output token (VTC's default: output costs twice an input token)
+    preempt: bool = False  # re-decide the whole batch each iteration (preempting over-served tenants)
+    tiers: str = ""  # strict tier priority above fairness; empty: one class
+    within: str = "fcfs"  # order of one tenant's requests: fcfs | sjf | srpt
+    noise_sigma: float = 0.0
+    quantum: float = 1.0  # drr only: credit per turn, tokens of service (times the tenant weight)
+
+    def __post_init__(self) -> None:
+        owner = "policy (fair)"
+        parse_named_floats(self.weights, owner, "weights")
+        parse_tiers(self.tiers, owner)
+        check_within(self.within, owner)
+        if self.w_in < 0 or self.w_out < 0 or self.w_in + self.w_out == 0:
+            raise ServelabError(f"{owner}: w_in and w_out must be >= 0 and not both 0")
+        if self.quantum <= 0 or self.noise_sigma < 0:
+            raise ServelabError(f"{owner}: quantum must be > 0 and noise_sigma >= 0")
+
+
+class _FairShare(PolicyBase):
+    """Shared bookkeeping: per-(tier, tenant) waiting queues, live counts, service charging."""
+
+    Params = FairParams
+    repeat_when_waiting: int | None = None  # 1: the order depends on per-iteration state (drr turns)
+
+    def __init__(self, params: FairParams, engine, replica_id: int = 0):
+        super().__init__(params, engine, replica_id)
+        self.weights = parse_named_floats(params.weights, f"policy '{self.name}'", "weights")
+        self.rank_of = tier_ranker(parse_tiers(params.tiers, f"policy '{self.name}'")) if params.tiers else (lambda t: 0)
+        self.key = within_key(params.within)
+        self.queues = ClassQueues()
+        self.members: dict[tuple[int, str], int] = {}  # class -> its requests on this replica
+        self.tenant_members: dict[str, int] = {}
+        self.epoch = 0
+        self.contended = False  # the last batch was chosen while requests waited
+
+    # -- membership ---------------------------------------------------------------------------
+    def on_arrival(self, req: Request, replica: Replica) -> None:
+        self.epoch += 1
+        rank = self.rank_of(req.tier)
+        cls = (rank, req.tenant)
+        slot = Slot(cls, rank, predicted_output(req, self.engine.seed, self.params.noise_sigma), self.epoch)
+        # service already given elsewhere (a request re-routed after a fault) is not charged again here
+        slot.charged_in = min(req.prompt_tokens, req.num_computed_tokens)
+        slot.charged_out = req.num_generated_tokens
+        req.policy_data = slot
+        self.queues.push(req, cls, self.key(req, slot.predicted))
+        n = self.members.get(cls, 0)
+        self.members[cls] = n + 1
+        if n == 0:
+            self._class_active(cls)
+        t = self.tenant_members.get(req.tenant, 0)
+        self.tenant_members[req.tenant] = t + 1
+        if t == 0:
+            self._tenant_active(req.tenant)
+
+    def _gone(self, req: Request) -> None:
+        cls = req.policy_data.cls
+        n = self.members[cls] - 1
+        self.members[cls] = n
+        if n == 0:
+            self._class_idle(cls)
+        t = self.tenant_members[req.tenant] - 1
+        self.tenant_members[req.tenant] = t
+        if t == 0:
+            self._tenant_idle(req.tenant)
+        req.policy_data = None
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        """The engine took ``req`` off this replica without the policy deciding it (drop, fault)."""
+        if isinstance(req.policy_data, Slot):
+            self.queues.remove(req)
+            self._gone(req)
+
+    def _class_active(self, cls) -> None:
+        pass
+
+    def _class_idle(self, cls) -> None:
+        pass
+
+    def _tenant_active(self, tenant: str) -> None:
+        pass
+
+    def _tenant_idle(self, tenant: str) -> None:
+        pass
+
+    # -- service --------------------------------------------------------------------------------
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    def on_step(self, batch: Batch, num_iterations: int) -> None:
+        w_in, w_out = self.params.w_in, self.params.w_out
+        contended = self.contended
+        for req, _ in batch.items:
+            slot = req.policy_data
+            prompt_done = min(req.prompt_tokens, req.num_computed_tokens)
+            d_in = prompt_done - slot.charged_in if prompt_done > slot.charged_in else 0
+            d_out = req.num_generated_tokens - slot.charged_out if req.num_generated_tokens > slot.charged_out else 0
+            slot.charged_in += d_in
+            slot.charged_out += d_out
+            if d_in or d_out:
+                self._charge(slot.cls, req.tenant, w_in * d_in + w_out * d_out, contended)
+            if req.status.is_terminal:
+                self._gone(req)
+
+    def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
+        raise NotImplementedError
+
+    def _cost(self, req: Request, n: int) -> float:
+        """Weighted service ``req`` receives if it computes ``n`` tokens next iteration."""
+        slot = req.policy_data
+        done = req.num_computed_tokens + n
+        d_in = max(0, min(req.prompt_tokens, done) - slot.charged_in)
+        emits = done >= req.num_tokens
+        return self.params.w_in * d_in + (self.params.w_out if emits else 0.0)
+
+    def victim_key(self, req: Request) -> tuple:
+        slot = req.policy_data
+        if not isinstance(slot, Slot):
+            return (0, 0.0, req.admitted_seq)
+        return (slot.rank, self._standing(slot.cls), req.admitted_seq)
+
+    def _standing(self, cls) -> float:
+        """How served a class is (larger: preempted first)."""
+        raise NotImplementedError
+
+    # -- the decision ---------------------------------------------------------------------------
+    def schedule(self, replica: Replica) -> Batch:
+        self._before_schedule()
+        b = self.builder(replica)
+        waiting = bool(replica.waiting)
+        self.contended = waiting
+        budget = b.token_budget
+        repeat = None
+        if not waiting:
+            b.schedule_running(replica.running)
+        elif self.params.preempt:
+            running_by_cls: dict = {}
+            for req in replica.running:  # admission order
+                running_by_cls.setdefault(req.policy_data.cls, []).append(req)
+            picks = self._pick(running_by_cls, replica.config.max_num_seqs, budget)
+            chosen = set(picks)
+            for req in replica.running:
+                if req not in chosen:
+                    b.preempt(req)
+            for req in picks:
+                if req.status is Status.RUNNING:
+                    b.schedule_running((req,))
+                elif b.seq_budget > 0 and b.token_budget > 0:
+                    b.admit_waiting((req,), chunked=True)
+            repeat = 1  # service changes the order every iteration
+        else:
+            b.schedule_running(replica.running)
+            if not b.preempted and b.seq_budget > 0 and b.token_budget > 0:
+                self._admit(b)
+            repeat = self.repeat_when_waiting
+        for req, _ in b.items:
+            if req.status is Status.WAITING:
+                self.queues.remove(req)
+        for req in b.preempted:
+            slot = req.policy_data
+            self.queues.push(req, slot.cls, self.key(req, slot.predicted))
+        return b.build(repeat=repeat)
+
+    def _before_schedule(self) -> None:
+        pass
+
+    def _admit(self, b) -> None:
+        """Admit waiting requests in fairness order while the builder has room."""
+        queues = self.queues
+        iters = {cls: queues.in_order(cls) for cls in queues.classes()}
+        heads = {cls: next(it, None) for cls, it in iters.items()}
+        for req in self._order(heads, iters, b.seq_budget, b.token_budget):
+            if b.seq_budget <= 0 or b.token_budget <= 0:
+                return
+            before = len(b.items)
+            b.admit_waiting((req,), chunked=True)
+            if len(b.items) == before and not b.skip_blocked:
+                return
+
+    def _pick(self, running_by_cls: dict, slots: int, budget: int) -> list[Request]:
+        """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting."""
+        queues = self.queues
+        iters: dict = {}
+        for cls in set(queues.classes()) | set(running_by_cls):
+            iters[cls] = _chain(running_by_cls.get(cls, ()), queues.in_order(cls))
+        heads = {cls: next(it, None) for cls, it in iters.items()}
+        return list(self._order(heads, iters, slots, budget))
+
+    def _order(self, heads: dict, iters: dict, slots: int, budget: int):
+        raise NotImplementedError
+
+
+def _chain(first, second):
+    yield from first
+    yield from second
+
+
+@POLICIES.register("vtc")
+class VirtualTokenCounter(_FairShare):
+    name = "vtc"
+
+    def __init__(self, params: FairParams, engine, replica_id: int = 0):
+        super().__init__(params, engine, replica_id)
+        self.counter: dict[str, float] = {}
+        self.last_left = 0.0  # counter of the tenant that went idle last (lift when nobody is active)
+        self.to_lift: list[str] = []
+
+    def _tenant_active(self, tenant: str) -> None:
+        self.counter.setdefault(tenant, 0.0)
+        self.to_lift.append(tenant)  # lifted at the next decision, when counters are up to date
+
+    def _tenant_idle(self, tenant: str) -> None:
+        self.last_left = self.counter[tenant]
+
+    def _before_schedule(self) -> None:
+        if not self.to_lift:
+            return
+        lifting = set(self.to_lift)
+        self.to_lift.clear()
+        others = [self.counter[t] for t, n in self.tenant_members.items() if n > 0 and t not in lifting]
+        floor = min(others) if others else self.last_left
+        for tenant in sorted(lifting):
+            if self.tenant_members.get(tenant, 0) > 0 and self.counter[tenant] < floor:
+                self.counter[tenant] = floor
+
+    def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
+        self.counter[tenant] += service / self.weight(tenant)
+
+    def _standing(self, cls) -> float:
+        return self.counter.get(cls[1], 0.0)
+
+    def _order(self, heads: dict, iters: dict, slots: int, budget: int):
+        """Smallest (tier rank, counter + this batch's tentative service, head arrival) first."""
+        extra: dict[str, float] = {}
+        heap = []
+        for cls, req in heads.items():
+            if req is not None:
+                heap.append((cls[0], self.counter[cls[1]], req.arrival_s, req.index, cls, req))
+        heapq.heapify(heap)
+        while heap and slots > 0:
+            rank, _, _, _, cls, req = heapq.heappop(heap)
+            yield req
+            slots -= 1
+            tenant = cls[1]
+            extra[tenant] = extra.get(tenant, 0.0) + self._cost(req, step_tokens(req, budget)) / self.weight(tenant)
+            nxt = next(iters[cls], None)
+            if nxt is not None:
+                heapq.heappush(heap, (rank, self.counter[tenant] + extra[tenant], nxt.arrival_s, nxt.index, cls, nxt))
+            if self.params.tiers:  # the tenant's classes in other tiers carry its counter too
+                heap = _rekey(heap, tenant, self.counter[tenant] + extra[tenant])
+
+
+def _rekey(heap: list, tenant: str, value: float) -> list:
+    """Refresh the counter of every heap entry of ``tenant`` (only tenants spread over several tiers)."""
+    stale = [i for i, e in enumerate(heap) if e[4][1] == tenant and e[1] != value]
+    if not stale:
+        return heap
+    heap = [(e[0], value, *e[2:]) if e[4][1] == tenant else e for e in heap]
+    heapq.heapify(heap)
+    return heap
+
+
+@POLICIES.register("drr")
+class DeficitRoundRobin(_FairShare):
+    name = "drr"
+    repeat_when_waiting = 1  # turns pass between iterations
+
+    def __init__(self, params: FairParams, engine, replica_id: int = 0):
+        super().__init__(params, engine, replica_id)
+        self.deficit: dict = {}
+        self.rings: dict[int, deque] = {}  # tier rank -> active classes in turn order
+        self.turn: dict[int, object] = {}  # tier rank -> class whose turn it is
+
+    def _class_active(self, cls) -> None:
+        self.deficit.setdefault(cls, 0.0)
+        self.rings.setdefault(cls[0], deque()).append(cls)
+
+    def _class_idle(self, cls) -> None:
+        self.rings[cls[0]].remove(cls)
+        if self.deficit[cls] > 0:
+            self.deficit[cls] = 0.0  # unused credit is not banked; debt is kept
+
+    def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
+        if contended:
+            self.deficit[cls] -= service
+
+    def _standing(self, cls) -> float:
+        return -self.deficit.get(cls, 0.0)
+
+    def _order(self, heads: dict, iters: dict, slots: int, budget: int):
+        quantum = self.params.quantum
+        used: dict = {}
+        for rank in sorted({cls[0] for cls, req in heads.items() if req is not None}):
+            ring = self.rings[rank]
+            candidates = sum(1 for cls in ring if heads.get(cls) is not None)
+            passes = 0  # turns passed since the last pick
+            while slots > 0 and candidates:
+                cls = ring[0]
+                if self.turn.get(rank) != cls:  # a new turn begins: credit
+                    self.turn[rank] = cls
+                    self.deficit[cls] += quantum * self.weight(cls[1])
+                req = heads.get(cls)
+                if req is None or self.deficit[cls] - used.get(cls, 0.0) <= 0:
+                    ring.rotate(-1)  # the turn ends; the next head's turn begins
+                    self.turn[rank] = None
+                    passes += 1
+                    if passes >= 2 * len(ring):
+                        self._skip_rounds(ring, heads, used)
+                        passes = 0
+                    continue
+                passes = 0
+                yield req
+                slots -= 1
+                used[cls] = used.get(cls, 0.0) + self._cost(req, step_tokens(req, budget))
+                heads[cls] = nxt = next(iters[cls], None)
+                if nxt is None:
+                    candidates -= 1
+
+    def _skip_rounds(self, ring: deque, heads: dict, used: dict) -> None:
+        """Every class with a candidate is in debt: grant the rounds it would take at once."""
+        quantum = self.params.quantum
+        rounds = min(
+            int((used.get(cls, 0.0) - self.deficit[cls]) // (quantum * self.weight(cls[1]))) + 1
+            for cls in ring if heads.get(cls) is not None
+        )
+        if rounds > 1:
+            for cls in ring:
+                self.deficit[cls] += (rounds - 1) * quantum * self.weight(cls[1])
+
+
+__all__ = ["FairParams", "VirtualTokenCounter", "DeficitRoundRobin"]

@@ -1,0 +1,186 @@
+"""Ordering pieces the platform policies share: tier ranks, tenant weights, within-class keys, predictions.
+
+Each piece is a plain function of parameters and requests, so a policy composes them: ``tiers``
+orders by tier rank then by a ``within`` key, ``vtc``/``drr`` order tenants by service and requests
+of one tenant by the same ``within`` key. Parsing errors name the policy and the parameter.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+import numpy as np
+
+from servelab.common.errors import ServelabError
+from servelab.replay.request import Request
+
+WITHIN = ("fcfs", "sjf", "srpt")
+DEFAULT_TIERS = "priority,standard,flex"
+
+
+def parse_tiers(spec: str, owner: str) -> dict[str, int]:
+    """``"priority,standard,flex"`` -> {name: rank}, rank 0 first. Empty -> no tiers (every rank 0)."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if len(set(names)) != len(names):
+        raise ServelabError(f"{owner}: tiers '{spec}' names a tier twice")
+    return {name: rank for rank, name in enumerate(names)}
+
+
+def tier_ranker(ranks: dict[str, int]) -> Callable[[str], int]:
+    """Rank of a tier name; tiers not listed rank below every listed one (served last)."""
+    lowest = len(ranks)
+    return lambda tier: ranks.get(tier, lowest)
+
+
+def parse_named_floats(spec: str, owner: str, param: str, *, positive: bool = True,
+                       upper: float | None = None) -> dict[str, float]:
+    """``"a=2,b=1"`` -> {"a": 2.0, "b": 1.0}; every value checked (> 0, or >= 0, and <= upper)."""
+    out: dict[str, float] = {}
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        name, eq, raw = part.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ServelabError(f"{owner}: {param} '{spec}': '{part.strip()}' is not NAME=NUMBER")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' needs a number, got '{raw.strip()}'") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' must be {bound}, got {raw.strip()}")
+        if upper is not None and value > upper:
+            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' must be <= {upper:g}, got {raw.strip()}")
+        if name in out:
+            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' given twice")
+        out[name] = value
+    return out
+
+
+def check_within(value: str, owner: str) -> None:
+    if value not in WITHIN:
+        raise ServelabError(f"{owner}: within must be one of {', '.join(WITHIN)}; got '{value}'")
+
+
+def predicted_output(req: Request, seed: int, noise_sigma: float) -> float:
+    """The output length a scheduler believes in: the same predictor as ``srpt``/``sjf``.
+
+    True length times ``exp(N(0, sigma))`` drawn from (seed, request id), so every policy given the
+    same seed and sigma predicts the same length for the same request.
+    """
+    predicted = float(req.output_tokens)
+    if noise_sigma > 0:
+        rng = np.random.default_rng([seed, req.request_id & 0xFFFFFFFF, 0x5EED])
+        predicted *= math.exp(rng.normal(0.0, noise_sigma))
+    return max(1.0, predicted)
+
+
+def within_key(kind: str) -> Callable[[Request, float], tuple]:
+    """Order of requests inside one class, given each request's predicted output length.
+
+    fcfs: arrival order (trace row); sjf: predicted total output; srpt: predicted remaining output.
+    """
+    if kind == "fcfs":
+        return lambda req, predicted: (req.arrival_s, req.index)
+    if kind == "sjf":
+        return lambda req, predicted: (predicted, req.index)
+    return lambda req, predicted: (max(predicted - req.num_generated_tokens, 0.0), req.index)
+
+
+def step_tokens(req: Request, token_budget: int, chunk_cap: int | None = None) -> int:
+    """Tokens ``req`` would compute next iteration under a token budget (its decode token or a chunk)."""
+    n = req.num_tokens - req.num_computed_tokens
+    if chunk_cap is not None and n > chunk_cap:
+        n = chunk_cap
+    return min(n, token_budget)
+
+
+class Slot:
+    """A platform policy's per-request state (``req.policy_data``): class, prediction, queue entry."""
+
+    __slots__ = ("cls", "rank", "predicted", "entry", "epoch", "charged_in", "charged_out", "deadline_s")
+
+    def __init__(self, cls, rank: int, predicted: float, epoch: int):
+        self.cls = cls  # queue key while waiting (a rank, or (rank, tenant))
+        self.rank = rank  # tier rank (-1 once promoted past a starvation bound)
+        self.predicted = predicted  # predicted output length
+        self.entry: list | None = None  # the live heap entry while waiting, else None
+        self.epoch = epoch  # which arrival on this policy instance this state belongs to
+        self.charged_in = 0  # prompt tokens already counted as service (fair policies)
+        self.charged_out = 0  # output tokens already counted as service
+        self.deadline_s = math.inf  # TTFT deadline (edf)
+
+
+class ClassQueues:
+    """Waiting requests grouped by class, each group a heap in its within-order; deletion is lazy.
+
+    Invariant: a request is live in at most one heap (``slot.entry`` is its entry), and the live
+    entries are exactly the waiting requests the policy was told about and has not admitted.
+    """
+
+    __slots__ = ("heaps", "live", "seq")
+
+    def __init__(self) -> None:
+        self.heaps: dict = {}
+        self.live: dict = {}  # class -> live entries in it
+        self.seq = 0
+
+    def push(self, req: Request, cls, key: tuple) -> None:
+        slot: Slot = req.policy_data
+        if slot.entry is not None:
+            self.remove(req)
+        self.seq += 1
+        entry = [key, self.seq, req]
+        slot.cls = cls
+        slot.entry = entry
+        heap = self.heaps.get(cls)
+        if heap is None:
+            heap = self.heaps[cls] = []
+        heapq.heappush(heap, entry)
+        self.live[cls] = self.live.get(cls, 0) + 1
+
+    def remove(self, req: Request) -> None:
+        slot: Slot = req.policy_data
+        entry = slot.entry
+        if entry is None:
+            return
+        entry[2] = None  # dead: skipped when reached
+        slot.entry = None
+        self.live[slot.cls] -= 1
+
+    def classes(self) -> list:
+        """Classes with live entries, sorted."""
+        return sorted(c for c, n in self.live.items() if n > 0)
+
+    def head(self, cls) -> Request | None:
+        heap = self.heaps.get(cls)
+        if not heap:
+            return None
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def in_order(self, cls):
+        """Live requests of ``cls`` in key order, lazily (O(k log k) for the first k)."""
+        heap = self.heaps.get(cls)
+        if not heap:
+            return
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+        if not heap:
+            return
+        frontier = [(heap[0], 0)]
+        size = len(heap)
+        while frontier:
+            entry, i = heapq.heappop(frontier)
+            if entry[2] is not None:
+                yield entry[2]
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < size:
+                    heapq.heappush(frontier, (heap[child], child))
+
+    def __len__(self) -> int:
+        return sum(self.live.values())

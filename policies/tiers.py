@@ -1,0 +1,221 @@
+"""`tiers`: service tiers sharing one replica (Priority > Standard > Flex), strict priority with guards.
+
+The waiting queue is served in tier order (``tiers = "priority,standard,flex"``, first = highest;
+tiers not listed rank last), and inside a tier by ``within`` (fcfs, sjf or srpt with the srpt
+predictor). Optional pieces, each a parameter:
+
+- ``preempt``: a waiting request preempts running requests of strictly lower tiers (victim: the
+  lowest tier, most recently admitted) when it lacks a slot or KV.
+- ``best_effort`` tiers (default ``flex``) yield: they are not admitted while a request of another
+  tier waits unadmitted, and their running requests are preempted for one even without ``preempt``.
+- ``max_wait_s``: the starvation bound of best-effort tiers. A best-effort request that has waited
+  that long since arrival is promoted above every tier (and never preempted for a tier again); the
+  policy asks to be woken (``Batch.wake_s``) at the next promotion time so the bound is exact.
+- ``reserve = "flex=0.1"``: a minimum share of ``max_num_seqs`` and of the token budget for the
+  tier: its waiting requests are admitted up to that share before any other tier's (work-conserving:
+  a share the tier does not use is free for the others).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from servelab.common.errors import ServelabError
+from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.ordering import (
+    DEFAULT_TIERS, ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output,
+    step_tokens, tier_ranker, within_key,
+)
+from servelab.replay.batch import Batch
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request, Status
+
+PROMOTED = -1  # rank of a best-effort request past its starvation bound
+
+
+@dataclass(frozen=True, slots=True)
+class TiersParams:
+    tiers: str = DEFAULT_TIERS  # highest first
+    within: str = "fcfs"  # order inside a tier: fcfs | sjf | srpt
+    noise_sigma: float = 0.0  # length predictor noise for sjf/srpt (as in `srpt`)
+    preempt: bool = False  # higher tiers preempt running lower tiers
+    best_effort: str = "flex"  # comma-separated tiers that yield to the others
+    max_wait_s: float = 0.0  # starvation bound of best-effort tiers (0: none)
+    reserve: str = ""  # "tier=share,...": share of slots and tokens kept for a tier
+
+    def __post_init__(self) -> None:
+        owner = "policy 'tiers'"
+        parse_tiers(self.tiers, owner)
+        check_within(self.within, owner)
+        if self.noise_sigma < 0 or self.max_wait_s < 0:
+            raise ServelabError(f"{owner}: noise_sigma and max_wait_s must be >= 0")
+        shares = parse_named_floats(self.reserve, owner, "reserve", positive=False, upper=1.0)
+        if sum(shares.values()) > 1.0:
+            raise ServelabError(f"{owner}: reserve '{self.reserve}' reserves more than the whole batch")
+
+
+@POLICIES.register("tiers")
+class Tiers(PolicyBase):
+    name = "tiers"
+    Params = TiersParams
+
+    def __init__(self, params: TiersParams, engine, replica_id: int = 0):
+        super().__init__(params, engine, replica_id)
+        self.rank_of = tier_ranker(parse_tiers(params.tiers, "policy 'tiers'"))
+        self.best_effort = {t.strip() for t in params.best_effort.split(",") if t.strip()}
+        self.key = within_key(params.within)
+        self.queues = ClassQueues()
+        self.promotions: list[tuple[float, int, Request, Slot]] = []  # (promote_at_s, seq, req, slot)
+        self.epoch = 0
+        shares = parse_named_floats(params.reserve, "policy 'tiers'", "reserve", positive=False, upper=1.0)
+        self.reserve = {t: (int(s * engine.max_num_seqs), int(s * engine.max_num_batched_tokens))
+                        for t, s in shares.items() if s > 0}
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def on_arrival(self, req: Request, replica: Replica) -> None:
+        self.epoch += 1
+        rank = self.rank_of(req.tier)
+        slot = Slot(rank, rank, predicted_output(req, self.engine.seed, self.params.noise_sigma), self.epoch)
+        req.policy_data = slot
+        if self.params.max_wait_s > 0 and req.tier in self.best_effort:
+            promote_at = req.arrival_s + self.params.max_wait_s
+            if promote_at <= replica.now_s:
+                slot.rank = PROMOTED
+            else:
+                heapq.heappush(self.promotions, (promote_at, self.epoch, req, slot))
+        self._enqueue(req)
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        """The engine took ``req`` off this replica without the policy deciding it (drop, fault)."""
+        if isinstance(req.policy_data, Slot):
+            self.queues.remove(req)
+
+    def _enqueue(self, req: Request) -> None:
+        slot: Slot = req.policy_data
+        self.queues.push(req, slot.rank, self.key(req, slot.predicted))
+
+    def _promote(self, now: float) -> float | None:
+        """Promote best-effort requests past their bound; returns the next promotion time."""
+        heap = self.promotions
+        while heap:
+            at, _, req, slot = heap[0]
+            if req.policy_data is not slot or req.status.is_terminal or req.replica != self.replica_id:
+                heapq.heappop(heap)  # stale: left this replica or ended
+                continue
+            if at > now:
+                return at
+            heapq.heappop(heap)
+            slot.rank = PROMOTED
+            if slot.entry is not None:
+                self._enqueue(req)
+        return None
+
+    def victim_key(self, req: Request) -> tuple:
+        slot = req.policy_data
+        return (slot.rank if isinstance(slot, Slot) else 0, req.admitted_seq)
+
+    # -- the decision ---------------------------------------------------------------------------
+    def schedule(self, replica: Replica) -> Batch:
+        wake_s = self._promote(replica.now_s) if self.promotions else None
+        b = self.builder(replica)
+        queues = self.queues
+        if queues.live and replica.waiting:
+            self._preempt_for_waiting(replica, b)
+        tier_preempted = len(b.preempted)
+        running = replica.running
+        if len(running) > 1:
+            running = sorted(running, key=self.victim_key)
+        b.schedule_running(running)
+        if len(b.preempted) == tier_preempted and replica.waiting:
+            self._admit(replica, b)
+        for req, _ in b.items:
+            if req.status is Status.WAITING:
+                queues.remove(req)
+        for req in b.preempted:
+            self._enqueue(req)
+        return b.build(wake_s=wake_s)
+
+    def _order(self):
+        """Waiting requests in service order: classes by rank, then within-order."""
+        for cls in self.queues.classes():
+            for req in self.queues.in_order(cls):
+                yield req
+
+    def _preempt_for_waiting(self, replica: Replica, b) -> None:
+        """Preempt lower-tier running requests (lowest first) for the top waiting requests that lack room."""
+        victims = sorted(replica.running, key=self.victim_key, reverse=True)
+        if not victims:
+            return
+        kv = replica.kv
+        free_slots = replica.config.max_num_seqs - len(replica.running)
+        free_blocks = kv.free
+        budget = replica.config.max_num_batched_tokens
+        v = 0
+        for req in self._order():
+            rank = req.policy_data.rank
+            need = kv.blocks_needed(req, step_tokens(req, budget))
+            if need > kv.total:
+                break
+            if (free_slots < 1 or free_blocks < need) and req.tier in self.best_effort and rank != PROMOTED:
+                return  # best-effort requests never preempt: they wait
+            while free_slots < 1 or free_blocks < need:
+                if v >= len(victims):
+                    return
+                victim = victims[v]
+                if victim.policy_data.rank <= rank or not (self.params.preempt or victim.tier in self.best_effort):
+                    return
+                v += 1
+                b.preempt(victim)
+                free_slots += 1
+                free_blocks += victim.kv_blocks
+            free_slots -= 1
+            free_blocks -= need
+
+    def _admit(self, replica: Replica, b) -> None:
+        if self.reserve:
+            self._admit_reserved(b)
+        higher_blocked = False
+        for cls in self.queues.classes():
+            for req in self.queues.in_order(cls):
+                if b.seq_budget <= 0 or b.token_budget <= 0:
+                    return
+                if req in b.chosen:
+                    continue
+                best_effort = req.tier in self.best_effort and req.policy_data.rank != PROMOTED
+                if higher_blocked and best_effort:
+                    return  # best effort yields to any other tier still waiting
+                before = len(b.items)
+                b.admit_waiting((req,), chunked=True)
+                if len(b.items) == before:
+                    higher_blocked |= not best_effort
+                    if not b.skip_blocked:
+                        return
+
+    def _admit_reserved(self, b) -> None:
+        """First claim: each tier with a reserved share admits its waiting requests up to that share."""
+        used_slots: dict[str, int] = {}
+        used_tokens: dict[str, int] = {}
+        for req, n in b.items:
+            used_slots[req.tier] = used_slots.get(req.tier, 0) + 1
+            used_tokens[req.tier] = used_tokens.get(req.tier, 0) + n
+        for tier, (slots, tokens) in self.reserve.items():
+            free_slots = slots - used_slots.get(tier, 0)
+            free_tokens = tokens - used_tokens.get(tier, 0)
+            cls = self.rank_of(tier)
+            if free_slots <= 0 or free_tokens <= 0 or not self.queues.live.get(cls):
+                continue
+            for req in self.queues.in_order(cls):
+                if free_slots <= 0 or free_tokens <= 0 or b.seq_budget <= 0 or b.token_budget <= 0:
+                    break
+                if req.tier != tier:
+                    continue
+                before = len(b.items)
+                b.admit_waiting((req,), chunked=True, chunk_cap=free_tokens)
+                if len(b.items) == before:
+                    break
+                free_slots -= 1
+                free_tokens -= b.items[-1][1]
+
+
+__all__ = ["Tiers", "TiersParams", "PROMOTED"]
