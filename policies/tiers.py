@@ -9,8 +9,9 @@ predictor). Optional pieces, each a parameter:
 - ``best_effort`` tiers (default ``flex``) yield: they are not admitted while a request of another
   tier waits unadmitted, and their running requests are preempted for one even without ``preempt``.
 - ``max_wait_s``: the starvation bound of best-effort tiers. A best-effort request that has waited
-  that long since arrival is promoted above every tier (and never preempted for a tier again); the
-  policy asks to be woken (``Batch.wake_s``) at the next promotion time so the bound is exact.
+  that long since arrival is promoted just above the tier ``promote_above`` (default: the lowest
+  tier that is not best-effort, so Priority stays first) and stops yielding; the policy asks to be
+  woken (``Batch.wake_s``) at the next promotion time so the bound is exact.
 - ``reserve = "flex=0.1"``: a minimum share of ``max_num_seqs`` and of the token budget for the
   tier: its waiting requests are admitted up to that share before any other tier's (work-conserving:
   a share the tier does not use is free for the others).
@@ -31,7 +32,6 @@ from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
 
-PROMOTED = -1  # rank of a best-effort request past its starvation bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,7 @@ class TiersParams:
     preempt: bool = False  # higher tiers preempt running lower tiers
     best_effort: str = "flex"  # comma-separated tiers that yield to the others
     max_wait_s: float = 0.0  # starvation bound of best-effort tiers (0: none)
+    promote_above: str = ""  # tier a promoted best-effort request overtakes ("": the lowest other tier)
     reserve: str = ""  # "tier=share,...": share of slots and tokens kept for a tier
 
     def __post_init__(self) -> None:
@@ -62,8 +63,14 @@ class Tiers(PolicyBase):
 
     def __init__(self, params: TiersParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
-        self.rank_of = tier_ranker(parse_tiers(params.tiers, "policy 'tiers'"))
+        ranks = parse_tiers(params.tiers, "policy 'tiers'")
+        self.rank_of = tier_ranker(ranks)
         self.best_effort = {t.strip() for t in params.best_effort.split(",") if t.strip()}
+        above = params.promote_above or max((t for t in ranks if t not in self.best_effort),
+                                            key=ranks.get, default="")
+        if params.promote_above and above not in ranks:
+            raise ServelabError(f"policy 'tiers': promote_above '{above}' is not one of the tiers '{params.tiers}'")
+        self.promoted_rank = ranks.get(above, len(ranks)) - 0.5  # between that tier and the one above
         self.key = within_key(params.within)
         self.queues = ClassQueues()
         self.promotions: list[tuple[float, int, Request, Slot]] = []  # (promote_at_s, seq, req, slot)
@@ -81,7 +88,7 @@ class Tiers(PolicyBase):
         if self.params.max_wait_s > 0 and req.tier in self.best_effort:
             promote_at = req.arrival_s + self.params.max_wait_s
             if promote_at <= replica.now_s:
-                slot.rank = PROMOTED
+                slot.rank = self.promoted_rank
             else:
                 heapq.heappush(self.promotions, (promote_at, self.epoch, req, slot))
         self._enqueue(req)
@@ -106,7 +113,7 @@ class Tiers(PolicyBase):
             if at > now:
                 return at
             heapq.heappop(heap)
-            slot.rank = PROMOTED
+            slot.rank = self.promoted_rank
             if slot.entry is not None:
                 self._enqueue(req)
         return None
@@ -157,13 +164,15 @@ class Tiers(PolicyBase):
             need = kv.blocks_needed(req, step_tokens(req, budget))
             if need > kv.total:
                 break
-            if (free_slots < 1 or free_blocks < need) and req.tier in self.best_effort and rank != PROMOTED:
+            if (free_slots < 1 or free_blocks < need) and req.tier in self.best_effort and rank != self.promoted_rank:
                 return  # best-effort requests never preempt: they wait
             while free_slots < 1 or free_blocks < need:
                 if v >= len(victims):
                     return
                 victim = victims[v]
-                if victim.policy_data.rank <= rank or not (self.params.preempt or victim.tier in self.best_effort):
+                vrank = victim.policy_data.rank
+                yields = victim.tier in self.best_effort and vrank != self.promoted_rank
+                if vrank <= rank or not (self.params.preempt or yields):
                     return
                 v += 1
                 b.preempt(victim)
@@ -182,7 +191,7 @@ class Tiers(PolicyBase):
                     return
                 if req in b.chosen:
                     continue
-                best_effort = req.tier in self.best_effort and req.policy_data.rank != PROMOTED
+                best_effort = req.tier in self.best_effort and req.policy_data.rank != self.promoted_rank
                 if higher_blocked and best_effort:
                     return  # best effort yields to any other tier still waiting
                 before = len(b.items)
@@ -218,4 +227,4 @@ class Tiers(PolicyBase):
                 free_tokens -= b.items[-1][1]
 
 
-__all__ = ["Tiers", "TiersParams", "PROMOTED"]
+__all__ = ["Tiers", "TiersParams"]
