@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from servelab.replay.request import Request
+from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
     from servelab.replay.replica import Replica
@@ -29,6 +29,43 @@ class Batch:
     preempt: tuple[Request, ...] = ()
     repeat: int | None = None
     wake_s: float | None = None
+    summary: "BatchSummary | None" = None  # filled by BatchBuilder; the engine recomputes it if absent
+
+
+class BatchSummary:
+    """Counts the builder gathered while adding items, so the engine need not walk them again.
+
+    ``grow``: (request, blocks it must hold) for items needing new KV blocks; ``admit``: items
+    that were waiting; ``min_decode_left``: fewest tokens any decode item still has to generate.
+    """
+
+    __slots__ = ("prefill_tokens", "prefill_reqs", "prefill_ctx", "pairs", "decode_reqs", "decode_ctx",
+                 "min_decode_left", "grow", "admit")
+
+    def __init__(self) -> None:
+        self.prefill_tokens = self.prefill_reqs = self.prefill_ctx = self.pairs = 0
+        self.decode_reqs = self.decode_ctx = 0
+        self.min_decode_left = 1 << 62
+        self.grow: list[tuple[Request, int]] = []
+        self.admit: list[Request] = []
+
+    def account(self, req: Request, n: int, need: int) -> None:
+        c, g = req.num_computed_tokens, req.num_generated_tokens
+        if n == 1 and g and c == req.prompt_tokens + g - 1:
+            self.decode_reqs += 1
+            self.decode_ctx += c + 1
+            left = req.output_tokens - g
+            if left < self.min_decode_left:
+                self.min_decode_left = left
+        else:
+            self.prefill_reqs += 1
+            self.prefill_tokens += n
+            self.prefill_ctx += c + n
+            self.pairs += n * c + n * (n + 1) // 2
+        if need:
+            self.grow.append((req, req.kv_blocks + need))
+        if req.status is Status.WAITING:
+            self.admit.append(req)
 
 
 EMPTY = Batch()
@@ -36,7 +73,7 @@ EMPTY = Batch()
 
 class BatchBuilder:
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "chosen", "victim_key", "skip_blocked")
+                 "chosen", "victim_key", "skip_blocked", "summary")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
                  token_budget: int | None = None, seq_budget: int | None = None):
@@ -51,6 +88,7 @@ class BatchBuilder:
         self.chosen: set[Request] = set()
         self.victim_key = victim_key
         self.skip_blocked = cfg.head_of_line == "skip"
+        self.summary = BatchSummary()
 
     # -- primitives -------------------------------------------------------------------------
     def fits(self, req: Request, n: int) -> bool:
@@ -58,11 +96,14 @@ class BatchBuilder:
 
     def add(self, req: Request, n: int, need: int | None = None) -> None:
         """Put ``(req, n)`` in the batch; ``need`` = its extra KV blocks if the caller computed them."""
-        self.free_blocks -= self.kv.blocks_needed(req, n) if need is None else need
+        if need is None:
+            need = self.kv.blocks_needed(req, n)
+        self.free_blocks -= need
         self.token_budget -= n
         self.seq_budget -= 1
         self.items.append((req, n))
         self.chosen.add(req)
+        self.summary.account(req, n, need)
 
     def preempt(self, req: Request) -> None:
         self.free_blocks += req.kv_blocks
@@ -89,39 +130,61 @@ class BatchBuilder:
     def build(self, repeat: int | None = None, wake_s: float | None = None) -> Batch:
         if not self.items and not self.preempted and wake_s is None:
             return EMPTY
-        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s)
+        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary)
 
     # -- the two loops most policies share -----------------------------------------------------
     def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None) -> None:
         """Give each running request its next tokens (a decode token, or its next prefill chunk)."""
-        # The hot loop of every policy: the common case (KV fits) is inlined.
-        chosen, items = self.chosen, self.items
+        # The hot loop of every policy: budgets and counts live in locals, and the common case
+        # (its KV fits) is inlined; the slow path (preemption) syncs them back to the builder.
+        chosen, items, summary = self.chosen, self.items, self.summary
         bs, reserve = self.kv.block_size, self.kv.reserve
+        waiting = Status.WAITING
+        tokens, seqs, free = self.token_budget, self.seq_budget, self.free_blocks
+        n_dec, dec_ctx, min_left = summary.decode_reqs, summary.decode_ctx, summary.min_decode_left
+        grow = summary.grow
         for req in order:
             if req in chosen:
                 continue
-            if self.token_budget <= 0 or self.seq_budget <= 0:
+            if tokens <= 0 or seqs <= 0:
                 break
             c = req.num_computed_tokens
-            n = req.prompt_tokens + req.num_generated_tokens - c
+            g = req.num_generated_tokens
+            n = req.prompt_tokens + g - c
+            if n == 1 and g:  # a decode: one token, the KV of all earlier ones in place
+                need = -(-(c + 1) // bs) - req.kv_blocks if not reserve else 0
+                if need > free:
+                    self.token_budget, self.seq_budget, self.free_blocks = tokens, seqs, free
+                    summary.decode_reqs, summary.decode_ctx, summary.min_decode_left = n_dec, dec_ctx, min_left
+                    self.add_running(req, 1)
+                    tokens, seqs, free = self.token_budget, self.seq_budget, self.free_blocks
+                    n_dec, dec_ctx, min_left = summary.decode_reqs, summary.decode_ctx, summary.min_decode_left
+                    continue
+                if need > 0:
+                    free -= need
+                    grow.append((req, req.kv_blocks + need))
+                tokens -= 1
+                seqs -= 1
+                items.append((req, 1))
+                chosen.add(req)
+                n_dec += 1
+                dec_ctx += c + 1
+                if req.output_tokens - g < min_left:
+                    min_left = req.output_tokens - g
+                if req.status is waiting:
+                    summary.admit.append(req)
+                continue
             if chunk_cap is not None and n > chunk_cap:
                 n = chunk_cap
-            if n > self.token_budget:
-                n = self.token_budget
-            if reserve:
-                need = -(-(req.prompt_tokens + req.max_output_tokens) // bs) - req.kv_blocks
-            else:
-                need = -(-(c + n) // bs) - req.kv_blocks
-            if need < 0:
-                need = 0
-            if need > self.free_blocks:
-                self.add_running(req, n)  # slow path: preempt victims
-                continue
-            self.free_blocks -= need
-            self.token_budget -= n
-            self.seq_budget -= 1
-            items.append((req, n))
-            chosen.add(req)
+            if n > tokens:
+                n = tokens
+            self.token_budget, self.seq_budget, self.free_blocks = tokens, seqs, free
+            summary.decode_reqs, summary.decode_ctx, summary.min_decode_left = n_dec, dec_ctx, min_left
+            self.add_running(req, n)  # a prefill chunk (or recompute): the general path
+            tokens, seqs, free = self.token_budget, self.seq_budget, self.free_blocks
+            n_dec, dec_ctx, min_left = summary.decode_reqs, summary.decode_ctx, summary.min_decode_left
+        self.token_budget, self.seq_budget, self.free_blocks = tokens, seqs, free
+        summary.decode_reqs, summary.decode_ctx, summary.min_decode_left = n_dec, dec_ctx, min_left
 
     def admit_waiting(self, order: Iterable[Request], chunked: bool, chunk_cap: int | None = None) -> None:
         """Admit waiting requests in ``order`` while budgets and KV allow (head-of-line rule applies)."""

@@ -259,33 +259,21 @@ class Engine:
                 self._request_schedule(replica, now)
             return
         kv = replica.kv
-        bs, reserve = kv.block_size, kv.reserve
-        prefill_tokens = prefill_reqs = decode_reqs = 0
-        prefill_ctx = pairs = decode_ctx = 0
-        all_decode = not batch.preempt
+        summary = batch.summary
         items = [] if self.needs_items else None
-        waiting_status = Status.WAITING
-        for req, n in batch.items:
-            if req.status is waiting_status:
+        if summary is not None and items is None:
+            # The builder already counted the batch: only admissions and KV growth remain.
+            for req in summary.admit:
                 swap_s += self._admit(replica, req, now)
-            c = req.num_computed_tokens
-            if reserve:
-                target = -(-(req.prompt_tokens + req.max_output_tokens) // bs)
-            else:
-                target = -(-(c + n) // bs)
-            if target > req.kv_blocks:
+            for req, target in summary.grow:
                 kv.grow(req, target)
-            if n == 1 and req.num_generated_tokens and c == req.prompt_tokens + req.num_generated_tokens - 1:
-                decode_reqs += 1
-                decode_ctx += c + 1
-            else:
-                all_decode = False
-                prefill_reqs += 1
-                prefill_tokens += n
-                prefill_ctx += c + n
-                pairs += n * c + n * (n + 1) // 2
-            if items is not None:
-                items.append(StepItem(req, c, n))
+            prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
+            prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
+            decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
+            all_decode = not batch.preempt and not prefill_reqs
+        else:
+            (prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx,
+             all_decode, swap_s) = self._walk_items(replica, batch, now, items, swap_s)
         affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             duration = affine[0] + affine[1] * decode_ctx + swap_s
@@ -308,6 +296,37 @@ class Engine:
         replica.step_token += 1
         self._push(step.end_s, STEP_DONE, (replica, replica.step_token))
 
+    def _walk_items(self, replica: Replica, batch: Batch, now: float, items: list | None, swap_s: float):
+        """Admit, grow KV and count a batch item by item (policies that built it without BatchBuilder,
+        and runners that need the items themselves)."""
+        kv = replica.kv
+        bs, reserve = kv.block_size, kv.reserve
+        prefill_tokens = prefill_reqs = decode_reqs = 0
+        prefill_ctx = pairs = decode_ctx = 0
+        all_decode = not batch.preempt
+        for req, n in batch.items:
+            if req.status is Status.WAITING:
+                swap_s += self._admit(replica, req, now)
+            c = req.num_computed_tokens
+            if reserve:
+                target = -(-(req.prompt_tokens + req.max_output_tokens) // bs)
+            else:
+                target = -(-(c + n) // bs)
+            if target > req.kv_blocks:
+                kv.grow(req, target)
+            if n == 1 and req.num_generated_tokens and c == req.prompt_tokens + req.num_generated_tokens - 1:
+                decode_reqs += 1
+                decode_ctx += c + 1
+            else:
+                all_decode = False
+                prefill_reqs += 1
+                prefill_tokens += n
+                prefill_ctx += c + n
+                pairs += n * c + n * (n + 1) // 2
+            if items is not None:
+                items.append(StepItem(req, c, n))
+        return prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx, all_decode, swap_s
+
     def _decode_affine(self, num_seqs: int) -> tuple[float, float] | None:
         """The runner's pure-decode cost line for ``num_seqs`` requests (a pure function: cached)."""
         try:
@@ -321,7 +340,11 @@ class Engine:
 
     def _plan_stretch(self, replica: Replica, step: Step, ctx0: int, affine: tuple[float, float]) -> None:
         items = step.batch.items
-        k = min(req.output_tokens - req.num_generated_tokens for req, _ in items)
+        summary = step.batch.summary
+        if summary is not None:
+            k = summary.min_decode_left
+        else:
+            k = min(req.output_tokens - req.num_generated_tokens for req, _ in items)
         if step.batch.repeat is not None:
             k = min(k, step.batch.repeat)
         if k <= 1:
