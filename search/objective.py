@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 from dataclasses import replace
@@ -113,20 +114,27 @@ class Evaluator:
             trial.set_user_attr("config", config.to_dict())
             result = self._evaluate(trial, config, attrs)
         except ServelabError as err:
+            self._discard(trial)
             _set_attrs(trial, attrs, outcome="infeasible", reason=f"infeasible: {err}")
             raise TrialPruned(f"infeasible: {err}") from None
         except TrialPruned as err:
             _set_attrs(trial, attrs, outcome="pruned", reason=str(err))
             raise
         except KeyboardInterrupt:
+            self._discard(trial)
             _set_attrs(trial, attrs, outcome="interrupted", reason="interrupted (Ctrl-C)")
             raise
         except Exception as err:
+            self._discard(trial)
             _set_attrs(trial, attrs, outcome="error", reason=f"error: {type(err).__name__}: {err}")
             raise
         attrs["eval_s"] = time.perf_counter() - started
         _set_attrs(trial, attrs, outcome="ok")
         return result
+
+    def _discard(self, trial) -> None:
+        """Only complete trials keep a run directory (a failed one would mislead `servelab query trials/*`)."""
+        shutil.rmtree(trial_dir(self.study_dir, trial.number), ignore_errors=True)
 
     # -- one trial ---------------------------------------------------------------------------------
 

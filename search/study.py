@@ -31,6 +31,7 @@ SPEC_ATTR = "servelab_spec"
 HASH_ATTR = "servelab_spec_hash"
 MAX_ERRORS_IN_A_ROW = 5
 UNCLAIMED_GRACE_S = 60.0  # a RUNNING trial with no worker recorded this long after its start is stale
+LOCK_GRACE_S = 3
 HEARTBEAT_S = 20  # RDB storages: workers on other machines are declared dead after 3 missed beats
 
 
@@ -44,15 +45,21 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def journal_storage(path: Path):
+    """A journal file; its lock is held for milliseconds, so one older than LOCK_GRACE_S was left by a killed worker."""
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+
+    lock = JournalFileSymlinkLock(str(path), grace_period=LOCK_GRACE_S)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+
+
 def make_storage(spec: SearchSpec, study_dir: Path, url: str | None = None):
     import optuna
 
     url = url or spec.storage
     if url is None:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
         Path(study_dir).mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(Path(study_dir) / "study.journal")))
+        return journal_storage(Path(study_dir) / "study.journal")
     try:
         if url.startswith("sqlite"):
             return optuna.storages.RDBStorage(url)
@@ -154,6 +161,12 @@ def _alive(pid: int, token: str) -> bool:
         return False
     except PermissionError:
         pass
+    try:  # a zombie (killed, not yet reaped by its new parent) is dead too
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except OSError:
+        pass
     return token == "?" or process_start_token(pid) == token
 
 
@@ -187,9 +200,10 @@ def fail_stale_trials(study, study_dir: Path) -> list[int]:
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)  # heartbeat-based, for workers on other machines (RDB)
     trials_root = Path(study_dir) / "trials"
-    for number in stale:  # half-written trial directories of killed workers (atomic_dir's temporaries)
+    for number in stale:  # what killed workers left: atomic_dir's temporaries, or a run written before the tell
         for tmp in trials_root.glob(f".{number:04d}.*.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(trials_root / f"{number:04d}", ignore_errors=True)
     return stale
 
 

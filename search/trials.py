@@ -148,12 +148,12 @@ def load_study_dir(study_dir: Path, storage_url: str | None = None):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url or info["storage"]
     if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        from servelab.search.study import journal_storage
 
         journal = study_dir / url.removeprefix("journal:")
         if not journal.is_file():
             raise ServelabError(f"{journal}: no such study journal")
-        storage = JournalStorage(JournalFileBackend(str(journal)))
+        storage = journal_storage(journal)
     else:
         storage = optuna.storages.RDBStorage(url)
     try:
