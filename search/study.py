@@ -60,13 +60,37 @@ def make_storage(spec: SearchSpec, study_dir: Path, url: str | None = None):
     if url is None:
         Path(study_dir).mkdir(parents=True, exist_ok=True)
         return journal_storage(Path(study_dir) / "study.journal")
-    try:
-        if url.startswith("sqlite"):
-            return optuna.storages.RDBStorage(url)
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
-                                          engine_kwargs={"pool_pre_ping": True})  # fmt: skip
-    except Exception as err:  # SQLAlchemy/driver errors: one line for the CLI
-        raise ServelabError(f"cannot open storage {redact(url)}: {type(err).__name__}: {err}") from None
+    return rdb_storage(url, heartbeat=True)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``postgresql://`` names SQLAlchemy's psycopg (3) driver; use psycopg2 when only that one is installed."""
+    import importlib.util
+
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix) and importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
+            return "postgresql+psycopg2://" + url[len(prefix):]
+    return url
+
+
+def rdb_storage(url: str, heartbeat: bool = False):
+    import optuna
+
+    kwargs = {}
+    if heartbeat and not url.startswith("sqlite"):
+        kwargs = {"heartbeat_interval": HEARTBEAT_S, "grace_period": 3 * HEARTBEAT_S, "engine_kwargs": {"pool_pre_ping": True}}
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
+                warnings.simplefilter("ignore")
+                return optuna.storages.RDBStorage(sqlalchemy_url(url), **kwargs)
+        except Exception as err:  # SQLAlchemy/driver errors: one line for the CLI
+            # workers starting together on an empty database race to create its tables: the loser retries
+            if "IntegrityError" in type(err).__name__ or "already exists" in str(err):
+                if attempt < 4:
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+            raise ServelabError(f"cannot open storage {redact(url)}: {type(err).__name__}: {err}") from None
 
 
 def redact(url: str) -> str:

@@ -155,7 +155,9 @@ def load_study_dir(study_dir: Path, storage_url: str | None = None):
             raise ServelabError(f"{journal}: no such study journal")
         storage = journal_storage(journal)
     else:
-        storage = optuna.storages.RDBStorage(url)
+        from servelab.search.study import rdb_storage
+
+        storage = rdb_storage(url)
     try:
         return optuna.load_study(study_name=info["study_name"], storage=storage)
     except KeyError:

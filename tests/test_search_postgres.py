@@ -1,0 +1,68 @@
+"""Distributed search: two `servelab search worker` processes, as if on two machines, share one study in PostgreSQL.
+
+Needs SERVELAB_TEST_POSTGRES_URL (CI's .ci/postgres.sh starts a throwaway server and sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pyarrow.parquet as pq
+import pytest
+
+from helpers_search import grid_spec
+
+URL = os.environ.get("SERVELAB_TEST_POSTGRES_URL")
+pytestmark = pytest.mark.skipif(not URL, reason="SERVELAB_TEST_POSTGRES_URL is unset (run .ci/postgres.sh to get a server)")
+
+
+@pytest.fixture
+def study_name():
+    import optuna
+
+    from servelab.search.study import sqlalchemy_url
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    try:
+        optuna.delete_study(study_name=name, storage=sqlalchemy_url(URL))
+    except KeyError:
+        pass
+
+
+def test_two_workers_share_a_postgres_study(tmp_path, study_name):
+    import optuna
+    from optuna.trial import TrialState
+
+    from servelab.search.study import sqlalchemy_url
+
+    n = 12
+    spec = grid_spec(tmp_path, n_trials=n, top=f'storage = "{URL}"\nstudy_name = "{study_name}"\n', trace_n=600)
+    machines = [tmp_path / "machine_a", tmp_path / "machine_b"]
+    procs = [subprocess.Popen([sys.executable, "-m", "servelab", "search", "worker", str(spec), "-o", str(m)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for m in machines]  # fmt: skip
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err.decode()
+    study = optuna.load_study(study_name=study_name, storage=sqlalchemy_url(URL))
+    trials = study.get_trials()
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == n  # none lost
+    assert all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
+    assert all(t.user_attrs.get("outcome") == "surplus" and not t.params for t in trials if t.state == TrialState.FAIL)
+    assert sorted(t.number for t in trials) == list(range(len(trials)))  # none numbered twice
+    workers = {t.user_attrs["worker"] for t in complete}
+    assert len(workers) == 2  # both took part
+    # each complete trial's run is on exactly one machine, and that run is the trial's own config
+    for t in complete:
+        homes = [m for m in machines if (m / "trials" / f"{t.number:04d}" / "run.json").is_file()]
+        assert len(homes) == 1
+        meta = (homes[0] / "trials" / f"{t.number:04d}" / "run.json").read_text()
+        assert f'"trial": {t.number}' in meta
+    # each machine's trials.parquet lists the whole study
+    for m in machines:
+        states = pq.read_table(m / "trials.parquet").column("state").to_pylist()
+        assert states.count("complete") == n
