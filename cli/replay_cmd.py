@@ -91,13 +91,13 @@ def _trace_meta(path: str) -> dict:
 
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
-               slo: tuple[str, ...] = ()) -> None:
+               slo: tuple[str, ...] = (), token_log: bool = False) -> None:
     from servelab.replay import replay, write_run
 
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
                f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
-    result = replay(trace, config, trace_meta=_trace_meta(trace_path))
+    result = replay(trace, config, trace_meta=_trace_meta(trace_path), token_log=token_log)
     meta = result.meta
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
                f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
@@ -135,12 +135,14 @@ def _slo_option(func: Callable) -> Callable:
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Run directory to write.")
 @click.option("--report/--no-report", default=True, help="Print the report after the replay.")
+@click.option("--token-log", is_flag=True, help="Also write tokens.parquet: every output token's time.")
 @_slo_option
 @replay_options
-def replay(trace: str, out_dir: str | None, report: bool, slo: tuple[str, ...], **options: Any) -> None:
+def replay(trace: str, out_dir: str | None, report: bool, token_log: bool, slo: tuple[str, ...],
+           **options: Any) -> None:
     """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o."""
     config = config_from_options(**options)
-    run_replay(trace, config, out_dir, report, slo)
+    run_replay(trace, config, out_dir, report, slo, token_log)
 
 
 @click.command()

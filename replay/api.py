@@ -29,6 +29,7 @@ class RunResult:
     requests: pa.Table
     steps: pa.Table
     meta: dict[str, Any] = field(default_factory=dict)
+    tokens: pa.Table | None = None  # one row per output token, with --token-log
 
 
 def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
@@ -100,8 +101,12 @@ def build_runner(config: ReplayConfig):
                        block_size=config.engine.block_size)
 
 
-def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict | None = None) -> RunResult:
-    """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner."""
+def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict | None = None,
+           token_log: bool = False) -> RunResult:
+    """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
+
+    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet).
+    """
     from servelab.policies.base import make_policy
 
     wall_start = time.perf_counter()
@@ -124,7 +129,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
         replicas.append(Replica(rid, engine_cfg, kv, policy))
     router = ROUTERS.get(engine_cfg.router)()
     requests, followers = requests_from_table(trace)
-    engine = Engine(requests, replicas, router, runner, engine_cfg, followers)
+    engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
     # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
     # collector would only rescan the live requests again and again (~10% of a large replay).
     gc_was_enabled = gc.isenabled()
@@ -153,7 +158,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
         "swap_fallbacks": engine.num_swap_fallbacks,
         "config": config.to_dict(),
     }
-    return RunResult(requests_table, steps_table, meta)
+    tokens = engine.tokens.table() if engine.tokens is not None else None
+    return RunResult(requests_table, steps_table, meta, tokens)
 
 
 def requests_table_from(requests: list[Request], chunk: int = 65536) -> pa.Table:
@@ -207,6 +213,8 @@ def write_run(result: RunResult, run_dir: str | Path) -> Path:
     with atomic_dir(run_dir) as tmp:
         pq.write_table(result.requests, tmp / "requests.parquet", compression="zstd")
         pq.write_table(result.steps, tmp / "steps.parquet", compression="zstd")
+        if result.tokens is not None:
+            pq.write_table(result.tokens, tmp / "tokens.parquet", compression="zstd")
         (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return run_dir
 

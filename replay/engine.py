@@ -114,9 +114,57 @@ class StepLog:
         return pa.Table.from_batches(self.batches, schema=STEPS_SCHEMA)
 
 
+class TokenLog:
+    """Every output token's time (``--token-log``), kept compactly: single iterations as rows, decode
+    stretches as one segment per request, expanded with numpy only when the table is built."""
+
+    def __init__(self) -> None:
+        self.singles: list[tuple[int, int, float]] = []
+        self.segments: list[tuple] = []
+
+    def single(self, request_id: int, index: int, time_s: float) -> None:
+        self.singles.append((request_id, index, time_s))
+
+    def stretch(self, request_id: int, first_index: int, j: int, step: Step) -> None:
+        self.segments.append((request_id, first_index, j, step.start_s, step.a, step.b, step.ctx0,
+                              step.decode_requests))
+
+    def table(self):
+        import numpy as np
+        import pyarrow as pa
+
+        rid = [np.array([r[0] for r in self.singles], dtype=np.int64)]
+        idx = [np.array([r[1] for r in self.singles], dtype=np.int64)]
+        times = [np.array([r[2] for r in self.singles], dtype=np.float64)]
+        if self.segments:
+            seg = list(zip(*self.segments))
+            s_rid, s_first, s_j = (np.array(seg[k], dtype=np.int64) for k in range(3))
+            start, a, b, ctx0, n = (np.array(seg[k], dtype=np.float64) for k in range(3, 8))
+            rep = np.repeat(np.arange(len(s_j)), s_j)
+            i = np.arange(int(s_j.sum())) - np.repeat(np.cumsum(s_j) - s_j, s_j) + 1.0
+            # the i-th iteration of a stretch ends at start + i*a + b*(i*ctx0 + n*i*(i-1)/2)
+            times.append(start[rep] + i * a[rep] + b[rep] * (i * ctx0[rep] + n[rep] * i * (i - 1) / 2))
+            rid.append(s_rid[rep])
+            idx.append(s_first[rep] + i.astype(np.int64) - 1)
+        rid_a, idx_a, t_a = np.concatenate(rid), np.concatenate(idx), np.concatenate(times)
+        order = np.lexsort((idx_a, rid_a))
+        rid_a, idx_a, t_a = rid_a[order], idx_a[order], t_a[order]
+        itl = np.empty_like(t_a)
+        itl[1:] = t_a[1:] - t_a[:-1]
+        first = np.ones(len(t_a), dtype=bool)
+        first[1:] = rid_a[1:] != rid_a[:-1]
+        return pa.table({
+            "request_id": pa.array(rid_a, pa.int64()),
+            "token_index": pa.array(idx_a.astype(np.int32), pa.int32()),
+            "time_s": pa.array(t_a, pa.float64()),
+            "itl_s": pa.array(itl, pa.float64(), mask=first),
+        })
+
+
 class Engine:
     def __init__(self, requests: list[Request], replicas: list[Replica], router, runner, config: EngineConfig,
-                 followers: dict[int, Request] | None = None, record_steps: bool = True):
+                 followers: dict[int, Request] | None = None, record_steps: bool = True,
+                 token_log: bool = False):
         self.requests = requests
         self.replicas = replicas
         self.router = router
@@ -124,6 +172,7 @@ class Engine:
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
         self.record_steps = record_steps
+        self.tokens = TokenLog() if token_log else None
         self.needs_items = bool(getattr(runner, "needs_block_tables", False))
         self.kv_bytes_per_block = _kv_bytes_per_token(runner, config) * config.block_size
         self.swap_bytes_per_s = config.swap_bandwidth_gbps * 1e9
@@ -431,11 +480,14 @@ class Engine:
         """Apply ``j`` completed iterations of ``step`` ending at ``end_s``."""
         kv = replica.kv
         finished = False
+        tokens = self.tokens
         if step.k == 1:
             for req, n in step.batch.items:
                 c = req.num_computed_tokens = req.num_computed_tokens + n
                 if c != req.prompt_tokens + req.num_generated_tokens:
                     continue  # a prefill chunk that did not reach the end of the prompt
+                if tokens is not None:
+                    tokens.single(req.request_id, req.num_generated_tokens + 1, end_s)
                 if req.last_token_s is None:  # the prompt is done: first token
                     finished |= self._emit(replica, req, end_s, 0.0, 1)
                     continue
@@ -455,6 +507,9 @@ class Engine:
             last_gap = step.a + step.b * (step.ctx0 + (j - 1) * step.decode_requests)
             bs = kv.block_size
             direct = kv.allocator is None  # plain counting: grow inline, check the total once below
+            if tokens is not None:
+                for req, _ in step.batch.items:
+                    tokens.stretch(req.request_id, req.num_generated_tokens + 1, j, step)
             for req, _ in step.batch.items:
                 c = req.num_computed_tokens = req.num_computed_tokens + j
                 target = -(-c // bs)

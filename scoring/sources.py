@@ -47,6 +47,10 @@ class RunDir:
     def steps_path(self) -> Path:
         return self.path / "steps.parquet"
 
+    @property
+    def tokens_path(self) -> Path:
+        return self.path / "tokens.parquet"  # only with `servelab replay --token-log`
+
 
 def find_runs(patterns: Iterable[str | os.PathLike]) -> list[RunDir]:
     """Expand paths/globs to run directories (a directory holding requests.parquet), in a stable order.
@@ -288,6 +292,21 @@ def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materia
         f"FROM read_parquet([{', '.join(map(_sql_str, req_files))}], union_by_name=true, filename=true) t "
         f"JOIN _run_files f ON f.requests_file = t.filename"
     )
+
+    token_runs = [r for r in runs if r.tokens_path.exists()]
+    if token_runs:  # per-token rows can be hundreds of millions: always a view over the files
+        token_ids = ", ".join(f"({_sql_str(str(r.tokens_path))}, {_sql_str(r.run_id)})" for r in token_runs)
+        con.execute(
+            "CREATE OR REPLACE VIEW tokens AS SELECT f.run_id, t.request_id, t.token_index, t.time_s, t.itl_s "
+            f"FROM read_parquet([{', '.join(_sql_str(str(r.tokens_path)) for r in token_runs)}], filename=true) t "
+            f"JOIN (VALUES {token_ids}) f(file, run_id) ON f.file = t.filename"
+        )
+        con.execute(
+            "CREATE OR REPLACE VIEW itl_summary AS SELECT run_id, count(itl_s) AS gaps, avg(itl_s) AS mean_itl_s, "
+            "quantile_cont(itl_s, 0.5) AS p50_itl_s, quantile_cont(itl_s, 0.9) AS p90_itl_s, "
+            "quantile_cont(itl_s, 0.99) AS p99_itl_s, max(itl_s) AS max_itl_s "
+            "FROM tokens WHERE itl_s IS NOT NULL GROUP BY run_id"
+        )
 
     step_files = [str(r.steps_path) for r in runs if r.steps_path.exists()]
     if step_files:

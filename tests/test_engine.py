@@ -138,3 +138,27 @@ def test_config_round_trips_through_dict():
                                   "policy_params": {"preempt": True}})
     assert cfg.engine.max_num_seqs == 12 and cfg.engine.until_s == 5.0
     assert ReplayConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_token_log_matches_per_iteration_times_and_max_itl():
+    from helpers_engine import NoStretch  # noqa: F401  (reference: every iteration one by one)
+    from servelab.replay import replay
+    from servelab.runners.base import make_runner
+
+    trace = make_trace([0, 0.3, 2.0], [8, 40, 8], [30, 12, 5])
+    runner_spec = "linear:base=0.1,prefill_token=0.01,decode_seq=0.02,decode_context_token=0.001"
+    cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000), runner=runner_spec)
+    fast = replay(trace, cfg, runner=make_runner(runner_spec), token_log=True)
+    slow = replay(trace, cfg, runner=NoStretch(make_runner(runner_spec)), token_log=True)
+    assert fast.steps.num_rows < slow.steps.num_rows  # stretches happened
+    a, b = fast.tokens.to_pydict(), slow.tokens.to_pydict()
+    assert a["request_id"] == b["request_id"] and a["token_index"] == b["token_index"]
+    assert a["time_s"] == pytest.approx(b["time_s"], rel=1e-12)
+    assert fast.tokens.num_rows == 30 + 12 + 5
+    req = fast.requests.to_pydict()
+    for i, rid in enumerate(req["request_id"]):
+        rows = [k for k, r in enumerate(a["request_id"]) if r == rid]
+        assert a["time_s"][rows[0]] == pytest.approx(req["first_token_s"][i])
+        assert a["time_s"][rows[-1]] == pytest.approx(req["finish_s"][i])
+        assert a["itl_s"][rows[0]] is None
+        assert max(a["itl_s"][k] for k in rows[1:]) == pytest.approx(req["max_itl_s"][i])
