@@ -170,6 +170,9 @@ def worker(spec_path, study_dir, n_trials, timeout, storage, seed) -> None:
         click.echo("note: the spec has no storage URL, so this worker shares the study only with processes "
                    "on this machine using the same study directory", err=True)  # fmt: skip
     study_dir = Path(study_dir) if study_dir else _default_dir(spec)
+    from servelab.traces.io import read_trace
+
+    read_trace(spec.trace.path)  # fail before writing anything
     study_dir.mkdir(parents=True, exist_ok=True)
     if seed is None:  # two workers with one seed would propose the same points
         seed = (spec.seed + zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())) % (2**31)

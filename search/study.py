@@ -321,6 +321,9 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
     ``progress(study)`` is called after each trial (one worker) or every ``poll_s`` (several).
     Ctrl-C stops every worker after marking its running trial failed; finished trials are kept.
     """
+    from servelab.traces.io import read_trace
+
+    read_trace(spec.trace.path)  # a missing or invalid trace fails before anything is written
     study_dir = Path(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     write_study_json(spec, study_dir, storage_url)
