@@ -99,9 +99,12 @@ class StepLog:
 
         from servelab.replay.schema import STEPS_SCHEMA
 
-        columns = list(zip(*self.rows))
+        import numpy as np
+
+        block = np.array(self.rows, dtype=np.float64)  # every value is exact in a double
         self.batches.append(pa.RecordBatch.from_arrays(
-            [pa.array(col, type=f.type) for col, f in zip(columns, STEPS_SCHEMA)], schema=STEPS_SCHEMA))
+            [pa.array(block[:, k].astype(f.type.to_pandas_dtype())) for k, f in enumerate(STEPS_SCHEMA)],
+            schema=STEPS_SCHEMA))
         self.rows = []
 
     def table(self):
