@@ -7,6 +7,7 @@ options given on the command line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -97,7 +98,9 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
                f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
-    result = replay(trace, config, trace_meta=_trace_meta(trace_path), token_log=token_log)
+    with _progress_bar(trace.num_rows) as progress:
+        result = replay(trace, config, trace_meta=_trace_meta(trace_path), token_log=token_log,
+                        progress=progress)
     meta = result.meta
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
                f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
@@ -106,6 +109,21 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo))
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int):
+    """A rich progress bar of arrivals replayed, on stderr when it is a terminal (else nothing)."""
+    if not sys.stderr.isatty() or total < 50_000:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("replay", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
 
 
 def _report(result, out_dir: str | None, slo: tuple[str, ...]) -> str:

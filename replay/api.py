@@ -102,10 +102,11 @@ def build_runner(config: ReplayConfig):
 
 
 def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict | None = None,
-           token_log: bool = False) -> RunResult:
+           token_log: bool = False, progress=None) -> RunResult:
     """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
 
-    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet).
+    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet);
+    ``progress(arrived, total)`` is called now and then during the replay.
     """
     from servelab.policies.base import make_policy
 
@@ -135,7 +136,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        end_s = engine.run()
+        end_s = engine.run(progress)
     finally:
         if gc_was_enabled:
             gc.enable()

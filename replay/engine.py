@@ -212,8 +212,11 @@ class Engine:
                 t = ta
         return t
 
-    def run(self) -> float:
-        """Process events until drained or past the horizon; returns the simulated end time."""
+    def run(self, progress=None) -> float:
+        """Process events until drained or past the horizon; returns the simulated end time.
+
+        ``progress(arrived, total)`` is called every 8192 arrivals (for a progress bar).
+        """
         heap, arrivals = self.heap, self.arrivals
         until = math.inf if self.config.until_s is None else self.config.until_s
         pop = heapq.heappop
@@ -225,6 +228,8 @@ class Engine:
                 if req.arrival_s > until:
                     break
                 self.next_arrival = i + 1
+                if progress is not None and not i & 8191:
+                    progress(i, num_arrivals)
                 self.now_s = req.arrival_s
                 self._arrive(req, req.arrival_s)
                 continue

@@ -162,3 +162,15 @@ def test_token_log_matches_per_iteration_times_and_max_itl():
         assert a["time_s"][rows[-1]] == pytest.approx(req["finish_s"][i])
         assert a["itl_s"][rows[0]] is None
         assert max(a["itl_s"][k] for k in rows[1:]) == pytest.approx(req["max_itl_s"][i])
+
+
+def test_progress_callback_reports_arrivals():
+    from servelab.replay import replay
+    from servelab.runners.base import make_runner
+
+    n = 20_000
+    trace = make_trace([i * 0.01 for i in range(n)], [4] * n, [2] * n)
+    seen = []
+    replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000), runner=UNIT),
+           runner=make_runner("linear:base=0.001"), progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(0, n), (8192, n), (16384, n)]
