@@ -73,7 +73,7 @@ EMPTY = Batch()
 
 class BatchBuilder:
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "chosen", "victim_key", "skip_blocked", "summary")
+                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
                  token_budget: int | None = None, seq_budget: int | None = None):
@@ -85,10 +85,20 @@ class BatchBuilder:
         self.free_blocks = replica.kv.free
         self.items: list[tuple[Request, int]] = []
         self.preempted: list[Request] = []
-        self.chosen: set[Request] = set()
+        self._chosen: set[Request] = set()  # requests in items or preempted (items synced lazily)
+        self._synced = 0
         self.victim_key = victim_key
         self.skip_blocked = cfg.head_of_line == "skip"
         self.summary = BatchSummary()
+
+    @property
+    def chosen(self) -> set[Request]:
+        """Requests already in this batch or preempted by it."""
+        items = self.items
+        if self._synced < len(items):
+            self._chosen.update(req for req, _ in items[self._synced:])
+            self._synced = len(items)
+        return self._chosen
 
     # -- primitives -------------------------------------------------------------------------
     def fits(self, req: Request, n: int) -> bool:
@@ -102,13 +112,12 @@ class BatchBuilder:
         self.token_budget -= n
         self.seq_budget -= 1
         self.items.append((req, n))
-        self.chosen.add(req)
         self.summary.account(req, n, need)
 
     def preempt(self, req: Request) -> None:
         self.free_blocks += req.kv_blocks
         self.preempted.append(req)
-        self.chosen.add(req)
+        self._chosen.add(req)
 
     def pick_victim(self) -> Request | None:
         """The running request not yet in this batch that the policy ranks lowest."""
@@ -165,8 +174,7 @@ class BatchBuilder:
                     grow.append((req, req.kv_blocks + need))
                 tokens -= 1
                 seqs -= 1
-                items.append((req, 1))
-                chosen.add(req)
+                items.append((req, 1))  # `chosen` picks it up lazily: `order` has no repeats
                 n_dec += 1
                 dec_ctx += c + 1
                 if req.output_tokens - g < min_left:
