@@ -1,8 +1,9 @@
 """The discrete-event replay loop: arrivals and iteration completions on a simulated clock.
 
-Events live in one heap of ``(time_s, priority, seq, kind, payload)``; ``seq`` is the tie-breaker
-so payloads never need comparing. At equal times arrivals (0) come before step completions (1),
-which come before scheduling decisions (2): a policy deciding at time t sees every request that
+Events live in one heap of ``(time_s, kind, seq, payload)``, merged with the trace's arrivals
+(already sorted, so they never enter the heap); ``seq`` breaks the remaining ties so payloads
+never need comparing. At equal times arrivals (kind 0) come before step completions (1), which
+come before scheduling decisions (2): a policy deciding at time t sees every request that
 arrived at t and every token produced at t.
 
 Cost grows with events, not tokens: when a batch is pure decode, the engine runs it as a
@@ -16,152 +17,18 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
 from servelab.replay.batch import Batch
 from servelab.replay.config import EngineConfig
 from servelab.replay.kv import KVCache, blocks_for
+from servelab.replay.logs import StepLog, TokenLog
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
+from servelab.replay.step import Step
 from servelab.runners.base import StepItem, StepPlan, StepShape
 
 ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
-
-
-@dataclass(slots=True)
-class Step:
-    """An iteration (or a stretch of identical decode iterations) in flight on a replica."""
-
-    batch: Batch
-    start_s: float
-    end_s: float
-    k: int  # iterations in the stretch (1 for an ordinary step)
-    prefill_tokens: int
-    prefill_requests: int
-    decode_requests: int
-    waiting: int
-    kv_used: int
-    # decode-stretch pricing: iteration i takes a + b * (ctx0 + i * n) seconds
-    a: float = 0.0
-    b: float = 0.0
-    ctx0: int = 0
-
-    def elapsed(self, j: int) -> float:
-        """Seconds taken by the first ``j`` iterations of the stretch."""
-        if self.k == 1:
-            return self.end_s - self.start_s if j else 0.0
-        n = self.decode_requests
-        return j * self.a + self.b * (j * self.ctx0 + n * j * (j - 1) / 2)
-
-    def iterations_done_by(self, t: float) -> int:
-        """Iterations completed at or before time ``t`` (0..k)."""
-        if t >= self.end_s:
-            return self.k
-        j = self._first_boundary_at_or_after(t)
-        return j if self.start_s + self.elapsed(j) <= t else j - 1
-
-    def _first_boundary_at_or_after(self, t: float) -> int:
-        """Smallest j >= 1 whose boundary start + elapsed(j) is >= t (at most k)."""
-        delta = t - self.start_s
-        if self.k == 1 or delta <= 0:
-            return 1
-        n, a, b = self.decode_requests, self.a, self.b
-        qa, qb = b * n / 2, a + b * self.ctx0 - b * n / 2
-        if qa > 0:
-            j = math.ceil((-qb + math.sqrt(qb * qb + 4 * qa * delta)) / (2 * qa))
-        else:
-            j = math.ceil(delta / qb) if qb > 0 else 1
-        j = min(max(j, 1), self.k)
-        while j > 1 and self.elapsed(j - 1) >= delta:
-            j -= 1
-        while j < self.k and self.elapsed(j) < delta:
-            j += 1
-        return j
-
-
-class StepLog:
-    """Step rows, appended as tuples and packed into Arrow record batches every ``chunk`` rows
-    (a million-request replay has millions of rows: tuples would cost ~200 bytes each)."""
-
-    def __init__(self, chunk: int = 65536):
-        self.chunk = chunk
-        self.rows: list[tuple] = []
-        self.batches: list = []
-
-    def append(self, row: tuple) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= self.chunk:
-            self._pack()
-
-    def _pack(self) -> None:
-        import pyarrow as pa
-
-        from servelab.replay.schema import STEPS_SCHEMA
-
-        import numpy as np
-
-        block = np.array(self.rows, dtype=np.float64)  # every value is exact in a double
-        self.batches.append(pa.RecordBatch.from_arrays(
-            [pa.array(block[:, k].astype(f.type.to_pandas_dtype())) for k, f in enumerate(STEPS_SCHEMA)],
-            schema=STEPS_SCHEMA))
-        self.rows = []
-
-    def table(self):
-        import pyarrow as pa
-
-        from servelab.replay.schema import STEPS_SCHEMA
-
-        if self.rows:
-            self._pack()
-        return pa.Table.from_batches(self.batches, schema=STEPS_SCHEMA)
-
-
-class TokenLog:
-    """Every output token's time (``--token-log``), kept compactly: single iterations as rows, decode
-    stretches as one segment per request, expanded with numpy only when the table is built."""
-
-    def __init__(self) -> None:
-        self.singles: list[tuple[int, int, float]] = []
-        self.segments: list[tuple] = []
-
-    def single(self, request_id: int, index: int, time_s: float) -> None:
-        self.singles.append((request_id, index, time_s))
-
-    def stretch(self, request_id: int, first_index: int, j: int, step: Step) -> None:
-        self.segments.append((request_id, first_index, j, step.start_s, step.a, step.b, step.ctx0,
-                              step.decode_requests))
-
-    def table(self):
-        import numpy as np
-        import pyarrow as pa
-
-        rid = [np.array([r[0] for r in self.singles], dtype=np.int64)]
-        idx = [np.array([r[1] for r in self.singles], dtype=np.int64)]
-        times = [np.array([r[2] for r in self.singles], dtype=np.float64)]
-        if self.segments:
-            seg = list(zip(*self.segments))
-            s_rid, s_first, s_j = (np.array(seg[k], dtype=np.int64) for k in range(3))
-            start, a, b, ctx0, n = (np.array(seg[k], dtype=np.float64) for k in range(3, 8))
-            rep = np.repeat(np.arange(len(s_j)), s_j)
-            i = np.arange(int(s_j.sum())) - np.repeat(np.cumsum(s_j) - s_j, s_j) + 1.0
-            # the i-th iteration of a stretch ends at start + i*a + b*(i*ctx0 + n*i*(i-1)/2)
-            times.append(start[rep] + i * a[rep] + b[rep] * (i * ctx0[rep] + n[rep] * i * (i - 1) / 2))
-            rid.append(s_rid[rep])
-            idx.append(s_first[rep] + i.astype(np.int64) - 1)
-        rid_a, idx_a, t_a = np.concatenate(rid), np.concatenate(idx), np.concatenate(times)
-        order = np.lexsort((idx_a, rid_a))
-        rid_a, idx_a, t_a = rid_a[order], idx_a[order], t_a[order]
-        itl = np.empty_like(t_a)
-        itl[1:] = t_a[1:] - t_a[:-1]
-        first = np.ones(len(t_a), dtype=bool)
-        first[1:] = rid_a[1:] != rid_a[:-1]
-        return pa.table({
-            "request_id": pa.array(rid_a, pa.int64()),
-            "token_index": pa.array(idx_a.astype(np.int32), pa.int32()),
-            "time_s": pa.array(t_a, pa.float64()),
-            "itl_s": pa.array(itl, pa.float64(), mask=first),
-        })
 
 
 class Engine:
