@@ -18,10 +18,12 @@ import os
 import shutil
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -79,6 +81,10 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
     return read_trace(path), path, meta
 
 
+class QuotaReached(Exception):
+    """The study already has n_trials finished (or running) trials: this one is surplus."""
+
+
 class Evaluator:
     """The Optuna objective of one worker process (holds the trace and a scoring connection)."""
 
@@ -94,8 +100,10 @@ class Evaluator:
         self.first_s = float(arrivals[0].as_py())
         self.last_s = float(arrivals[-1].as_py())
         self.quota_check = None  # set by the study loop: raises when n_trials is already met
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-write")
 
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         self.scorer.close()
 
     def __call__(self, trial) -> float | tuple[float, ...]:
@@ -104,15 +112,20 @@ class Evaluator:
         from servelab.search.space import config_for, suggest
 
         started = time.perf_counter()
-        trial.set_user_attr("worker", self.worker)
-        if self.quota_check is not None:
-            self.quota_check(trial)
-        values = suggest(trial, self.spec.space, self.spec.base)
         attrs: dict[str, Any] = {}
         try:
+            trial.set_user_attr("worker", self.worker)
+            if self.quota_check is not None:
+                self.quota_check(trial)
+            values = suggest(trial, self.spec.space, self.spec.base)
             config = config_for(self.spec.base, self.spec.space, values, source=f"trial {trial.number}")
             trial.set_user_attr("config", config.to_dict())
             result = self._evaluate(trial, config, attrs)
+            attrs["eval_s"] = time.perf_counter() - started
+            _set_attrs(trial, attrs, outcome="ok")
+            return result
+        except QuotaReached:
+            raise
         except ServelabError as err:
             self._discard(trial)
             _set_attrs(trial, attrs, outcome="infeasible", reason=f"infeasible: {err}")
@@ -122,15 +135,16 @@ class Evaluator:
             raise
         except KeyboardInterrupt:
             self._discard(trial)
-            _set_attrs(trial, attrs, outcome="interrupted", reason="interrupted (Ctrl-C)")
+            _set_attrs(trial, {}, outcome="interrupted", reason="interrupted (Ctrl-C)")
             raise
         except Exception as err:
+            if isinstance(err, duckdb.InterruptException):  # DuckDB turns Ctrl-C into its own exception
+                self._discard(trial)
+                _set_attrs(trial, {}, outcome="interrupted", reason="interrupted (Ctrl-C)")
+                raise KeyboardInterrupt from err
             self._discard(trial)
             _set_attrs(trial, attrs, outcome="error", reason=f"error: {type(err).__name__}: {err}")
             raise
-        attrs["eval_s"] = time.perf_counter() - started
-        _set_attrs(trial, attrs, outcome="ok")
-        return result
 
     def _discard(self, trial) -> None:
         """Only complete trials keep a run directory (a failed one would mislead `servelab query trials/*`)."""
@@ -200,13 +214,21 @@ class Evaluator:
 
         t0 = time.perf_counter()
         result = self._replay_timed(config, attrs)
-        final_replay_s = time.perf_counter() - t0
         t1 = time.perf_counter()
+        result.meta["search"] = {"study": self.spec.study_name, "trial": trial.number, "params": dict(trial.params)}
+
+        def write() -> float:
+            start = time.perf_counter()
+            write_run(result, out_dir)
+            return time.perf_counter() - start
+
+        # Parquet writing and DuckDB both release the GIL: the run is written while it is scored,
+        # and both finish before the trial is told complete (a complete trial always has its run).
+        writing = self._writer.submit(write)
         scores = self.scorer.score(result)
         t2 = time.perf_counter()
-        result.meta["search"] = {"study": self.spec.study_name, "trial": trial.number, "params": dict(trial.params)}
-        write_run(result, out_dir)
-        attrs.update(final_replay_s=final_replay_s, score_s=t2 - t1, write_s=time.perf_counter() - t2)
+        write_s = writing.result()
+        attrs.update(final_replay_s=t1 - t0, score_s=t2 - t1, write_s=write_s, score_write_s=time.perf_counter() - t1)
         return scores
 
     def _goodput(self, trial, config, out_dir: Path, attrs: dict[str, Any]) -> dict[str, Any]:

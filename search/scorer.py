@@ -20,16 +20,28 @@ from servelab.scoring.slo import SloTable
 from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, RunDir, runs_table
 from servelab.scoring.views import create_views
 
-_SUMMARY = """
-SELECT
-  (SELECT list(struct_pack(scope, name, requests, attainment, attainment_ttft, attainment_tpot)
-               ORDER BY scope, name)
-     FROM slo_attainment WHERE scope IN ('overall', 'tier')),
-  (SELECT list(struct_pack(metric, mean, p50, p90, p99))
-     FROM latency_summary WHERE scope = 'overall'),
-  (SELECT struct_pack(goodput_rps, request_throughput_rps, num_gpus)
-     FROM goodput WHERE scope = 'overall')
+# One pass over `request_metrics` (the view holding every per-request definition: effective SLOs,
+# met_* flags, TPOT): the same aggregates as slo_attainment, latency_summary (finished requests) and
+# goodput, for the whole run and per tier, without binding three grouped views per trial.
+_LAT = ", ".join(
+    f"avg({m}_s) FILTER (WHERE finished) AS {m}_mean, "
+    f"quantile_cont({m}_s, [0.5, 0.9, 0.99]) FILTER (WHERE finished) AS {m}_q"
+    for m in ("ttft", "tpot", "e2e", "queue", "max_itl")
+)
+_SUMMARY = f"""
+SELECT grouping(tier) = 0 AS by_tier, tier,
+       count(*) AS requests,
+       count(*) FILTER (WHERE finished) AS completed,
+       count(*) FILTER (WHERE met_all) AS met_all,
+       count(*) FILTER (WHERE met_all) / count(*) AS attainment,
+       count(*) FILTER (WHERE met_ttft) / nullif(count(met_ttft), 0) AS attainment_ttft,
+       count(*) FILTER (WHERE met_tpot) / nullif(count(met_tpot), 0) AS attainment_tpot,
+       {_LAT}
+FROM request_metrics
+GROUP BY GROUPING SETS ((), (tier))
+ORDER BY by_tier, tier
 """
+_SPAN = "SELECT duration_s, num_gpus FROM run_span"
 _ATTAINMENT = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
 
 
@@ -69,21 +81,25 @@ class RunScorer:
 
     def score(self, result) -> dict[str, Any]:
         self._register(result.requests, result.steps, result.meta)
-        scopes, latencies, goodput = self.con.execute(_SUMMARY).fetchall()[0]
+        rows = self.con.execute(_SUMMARY).fetchall()
+        cols = [d[0] for d in self.con.description]
+        span = self.con.execute(_SPAN).fetchall()
         out: dict[str, Any] = {}
-        for row in scopes or []:
-            if row["scope"] == "overall":
-                out.update(attainment=row["attainment"], attainment_ttft=row["attainment_ttft"],
-                           attainment_tpot=row["attainment_tpot"], requests=row["requests"])  # fmt: skip
-            else:
-                out[f"attainment.tier.{row['name']}"] = row["attainment"]
-        for row in latencies or []:
-            metric = row["metric"].removesuffix("_s")
-            for stat in ("mean", "p50", "p90", "p99"):
-                out[f"{metric}_{stat}"] = row[stat]
-        if goodput:
-            out.update(goodput_rps=goodput["goodput_rps"], throughput=goodput["request_throughput_rps"],
-                       num_gpus=goodput["num_gpus"])  # fmt: skip
+        for values in rows:
+            row = dict(zip(cols, values))
+            if row["by_tier"]:
+                out[f"attainment.tier.{row['tier']}"] = row["attainment"]
+                continue
+            out.update(attainment=row["attainment"], attainment_ttft=row["attainment_ttft"],
+                       attainment_tpot=row["attainment_tpot"], requests=row["requests"])  # fmt: skip
+            for metric in ("ttft", "tpot", "e2e", "queue", "max_itl"):
+                q = row[f"{metric}_q"] or [None, None, None]
+                out.update({f"{metric}_mean": row[f"{metric}_mean"], f"{metric}_p50": q[0], f"{metric}_p90": q[1],
+                            f"{metric}_p99": q[2]})  # fmt: skip
+            if span and span[0][0]:
+                duration_s, num_gpus = span[0]
+                out.update(goodput_rps=row["met_all"] / duration_s, throughput=row["completed"] / duration_s,
+                           num_gpus=num_gpus)  # fmt: skip
         return out
 
 

@@ -35,10 +35,6 @@ LOCK_GRACE_S = 3
 HEARTBEAT_S = 20  # RDB storages: workers on other machines are declared dead after 3 missed beats
 
 
-class _Surplus(Exception):
-    """n_trials was reached by other workers after this trial was created."""
-
-
 def _quiet_optuna() -> None:
     import optuna
 
@@ -246,7 +242,7 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
     """Evaluate trials in this process until the study has ``spec.n_trials`` finished ones (or timeout)."""
     from optuna.trial import TrialState
 
-    from servelab.search.objective import Evaluator
+    from servelab.search.objective import Evaluator, QuotaReached
 
     study = open_study(spec, study_dir, seed=seed, storage_url=storage_url)
     limit = spec.n_trials
@@ -267,7 +263,7 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
         if done + running_before >= limit:
             trial.set_user_attr("outcome", "surplus")
             trial.set_user_attr("reason", f"surplus: n_trials = {limit} was reached by other workers")
-            raise _Surplus()
+            raise QuotaReached()
 
     def after(study_, frozen) -> None:
         outcome = frozen.user_attrs.get("outcome")
@@ -287,10 +283,27 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
     try:
         study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,), callbacks=[after],
                        gc_after_trial=False)  # fmt: skip
+    except KeyboardInterrupt:
+        _fail_own_running(study, evaluator.worker)  # Ctrl-C outside the objective (Optuna's own bookkeeping)
+        raise
     finally:
         evaluator.close()
     if len(errors) >= MAX_ERRORS_IN_A_ROW:
         raise ServelabError(f"{MAX_ERRORS_IN_A_ROW} trials in a row failed; the last: {errors[-1]}")
+
+
+def _fail_own_running(study, worker: str) -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("worker") == worker:
+            try:
+                study._storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
+                study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted (Ctrl-C)")
+                study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass
 
 
 def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None) -> None:

@@ -311,7 +311,7 @@ def _wait_for_trials(out: Path, n: int, proc: subprocess.Popen, timeout_s: float
 def slow_dir(tmp_path_factory) -> Path:
     """A trace big enough that a trial lasts a good fraction of a second (a kill lands mid-trial)."""
     folder = tmp_path_factory.mktemp("slow")
-    write_trace_file(folder, n=2500)
+    write_trace_file(folder, n=6000)
     return folder
 
 
