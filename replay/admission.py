@@ -136,6 +136,7 @@ class Admission:
         self.buckets: dict[tuple[str, str], TokenBucket] = {}
         self.inflight: dict[str, int] = {}
         self.holding: set[int] = set()  # request indexes counted in `inflight`
+        self.passed: set[int] = set()  # request indexes that took from the buckets and have not ended
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
         self.retry_max_backoff_s = retry_max_backoff_s
@@ -201,6 +202,7 @@ class Admission:
             return Throttle(reason, None if math.isnan(wait) else wait)
         for bucket, amount in takes:
             bucket.take(amount)
+        self.passed.add(req.index)
         for owner, q in quotas:
             if q.concurrency is not None:
                 self.inflight[owner] = self.inflight.get(owner, 0) + 1
@@ -209,9 +211,10 @@ class Admission:
 
     def on_end(self, req: Request, now: float) -> None:
         """``req`` left the system: free its concurrency slot, give back output it never generated."""
+        if req.index not in self.passed:
+            return  # refused at the door: it took nothing
+        self.passed.discard(req.index)
         quotas = self._quotas(req)
-        if not quotas:
-            return
         unused = req.max_output_tokens - req.num_generated_tokens
         for owner, q in quotas:
             if q.concurrency is not None and req.index in self.holding:

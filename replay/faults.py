@@ -93,9 +93,11 @@ class Journal:
             req.num_computed_tokens = 0
             return
         lost = req.num_generated_tokens
+        prompt_done = min(req.num_computed_tokens, req.prompt_tokens)
         self.tokens_lost += lost
-        self.tokens_recomputed += min(req.num_computed_tokens, req.prompt_tokens)
+        self.tokens_recomputed += prompt_done
         Ledger.add(self.ledger.tokens_lost, req.index, lost)
+        Ledger.add(self.ledger.recomputed, req.index, prompt_done)
         req.num_computed_tokens = 0
         req.num_generated_tokens = 0
         req.first_token_s = None
