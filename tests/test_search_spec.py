@@ -171,3 +171,13 @@ def test_cli_forms(tmp_path):
     assert "SPEC.toml" in runner.invoke(search, ["run", "--help"]).output
     result = runner.invoke(search, [str(Path(tmp_path) / "nothing.toml"), "-o", str(tmp_path / "x")])
     assert result.exit_code != 0 and "no such spec file" in str(result.exception)
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("search_*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_specs_parse(path):
+    spec = load_spec(path)
+    assert spec.trace.path.resolve().is_file()
+    assert spec.space and spec.objectives
