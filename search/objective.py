@@ -172,7 +172,11 @@ class Evaluator:
         if "cost" in spec.objectives:
             attrs["cost"] = values[spec.objectives.index("cost")]
             # feasible when attainment >= target; Optuna samplers and best_trial read this
-            trial.set_constraint("attainment", spec.target - scores["attainment"])
+            violation = spec.target - scores["attainment"]
+            if hasattr(trial, "set_constraint"):
+                trial.set_constraint("attainment", violation)
+            else:  # Optuna < 5: the list form of the same system attribute
+                trial.storage.set_trial_system_attr(trial._trial_id, "constraints", [violation])
         if spec.checkpoints and spec.objectives == ("attainment",):
             trial.report(values[0], 100)
         return values[0] if len(values) == 1 else tuple(values)
