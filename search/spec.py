@@ -33,7 +33,7 @@ SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
 PRUNERS = ("none", "median", "hyperband")
 DEFAULT_CHECKPOINTS = (0.25, 0.5)
 TOP_KEYS = (
-    "trace", "objective", "n_trials", "seed", "timeout_s", "target", "slo", "space", "replay", "runner", "model",
+    "trace", "objective", "n_trials", "seed", "timeout_s", "timeout", "target", "slo", "space", "replay", "runner", "model",
     "gpu", "tp", "goodput", "cost", "sampler", "pruner", "storage", "study_name", "workers",
 )  # fmt: skip
 # ReplayConfig keys that are not engine fields; all may be searched.
@@ -200,11 +200,14 @@ def parse_spec(data: Mapping[str, Any], path: Path) -> SearchSpec:
     n_trials = p.integer(data.get("n_trials", 50), "n_trials", minimum=1)
     seed = p.integer(data.get("seed", 0), "seed", minimum=0)
     workers = p.integer(data.get("workers", 1), "workers", minimum=1)
-    timeout = data.get("timeout_s")
+    if "timeout" in data and "timeout_s" in data:
+        raise p.error("timeout", "given twice (also as timeout_s)")
+    timeout_key = "timeout" if "timeout" in data else "timeout_s"
+    timeout = data.get(timeout_key)
     if timeout is not None:
-        timeout = p.number(timeout, "timeout_s")
+        timeout = p.number(timeout, timeout_key)
         if timeout <= 0:
-            raise p.error("timeout_s", "must be > 0 seconds")
+            raise p.error(timeout_key, "must be > 0 seconds")
     storage = data.get("storage")
     if storage is not None:
         storage = p.string(storage, "storage")

@@ -115,6 +115,8 @@ BAD = [
     ("missing gpu price", 'trace = "t.arrow"\nobjective = "cost"\n[cost]\ngpu_prices = { "a100-80gb" = 1.5 }\n' + SPACE,
      "cost.gpu_prices", "no price for GPU 'h100-80gb'"),
     ("bad n_trials", 'trace = "t.arrow"\nn_trials = 0\n' + SPACE, "n_trials", "must be >= 1"),
+    ("bad timeout", 'trace = "t.arrow"\ntimeout = -5\n' + SPACE, "timeout", "must be > 0 seconds"),
+    ("two timeouts", 'trace = "t.arrow"\ntimeout = 5\ntimeout_s = 5\n' + SPACE, "timeout", "given twice"),
     ("bad storage", 'trace = "t.arrow"\nstorage = "studies/x"\n' + SPACE, "storage", "database URL"),
     ("bad goodput tolerance", 'trace = "t.arrow"\n[goodput]\ntolerance = 2\n' + SPACE, "goodput.tolerance",
      "[0.0001, 1)"),
