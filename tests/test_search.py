@@ -418,3 +418,20 @@ def test_hyperband_pruner_and_timeout(grid_dir, tmp_path):
     assert all(r["intermediate"] and r["intermediate"][0]["step"] == 25 for r in rows)
     _cli("search", str(spec), "-o", str(tmp_path / "t"), "--no-progress", "--n-trials", "1000", "--timeout", "0.5")
     assert 1 <= len(_table(tmp_path / "t")) < 1000
+
+
+def test_best_and_plot_errors(grid_dir, tmp_path, capsys):
+    for args in (["search", "best", str(tmp_path), "-o", str(tmp_path / "b.toml")], ["search", "plot", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        assert exit_.value.code == 1
+        assert f"{tmp_path}: not a study directory (no study.json)" in capsys.readouterr().err
+    assert not (tmp_path / "b.toml").exists() and not (tmp_path / "plots").exists()
+    spec = grid_spec(grid_dir, n_trials=2, name="errs.toml")
+    _cli("search", str(spec), "-o", str(tmp_path / "s"), "--no-progress")
+    with pytest.raises(SystemExit):
+        main(["search", "best", str(tmp_path / "s"), "-o", str(tmp_path / "b.toml"), "--trial", "7"])
+    assert "has no trial 7" in capsys.readouterr().err
+    assert not (tmp_path / "b.toml").exists()
+    _cli("search", "best", str(tmp_path / "s"), "-o", str(tmp_path / "b.toml"), "--trial", "1")
+    assert ReplayConfig.from_toml(tmp_path / "b.toml").to_dict() == json.loads(_table(tmp_path / "s")[1]["attr.config"])
