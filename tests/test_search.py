@@ -435,3 +435,19 @@ def test_best_and_plot_errors(grid_dir, tmp_path, capsys):
     assert not (tmp_path / "b.toml").exists()
     _cli("search", "best", str(tmp_path / "s"), "-o", str(tmp_path / "b.toml"), "--trial", "1")
     assert ReplayConfig.from_toml(tmp_path / "b.toml").to_dict() == json.loads(_table(tmp_path / "s")[1]["attr.config"])
+
+
+def test_unexpected_errors_fail_trials_and_stop_after_five_in_a_row(grid_dir, tmp_path, monkeypatch):
+    from servelab.common.errors import ServelabError
+    from servelab.search import objective
+
+    def boom(self, trial, config, attrs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(objective.Evaluator, "_evaluate", boom)
+    spec = load_spec(grid_spec(grid_dir, n_trials=20, name="boom.toml"))
+    with pytest.raises(ServelabError, match="5 trials in a row failed; the last: error: RuntimeError: boom"):
+        run_study(spec, tmp_path / "s")
+    study = load_study_dir(tmp_path / "s")
+    assert [t.user_attrs["outcome"] for t in study.trials] == ["error"] * 5
+    assert counts(study)["fail"] == 5
