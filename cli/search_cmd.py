@@ -51,8 +51,12 @@ def _spec_with(spec, n_trials, timeout, workers=None):
 def _best_text(study) -> str:
     from servelab.search.trials import best_trials
 
+    from optuna.trial import TrialState
+
     front = best_trials(study)
     if not front:
+        if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            return "no trial meets the attainment target yet"
         return "no complete trial yet"
     names = study.user_attrs.get("objectives") or []
     if len(front) == 1 and len(study.directions) == 1:
