@@ -355,7 +355,8 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(slow_dir, tmp_path):
     complete = [r["number"] for r in rows if r["state"] == "complete"]
     assert 2 <= len(complete) < 30
     assert not any(r["state"] == "running" for r in rows)
-    assert [r["outcome"] for r in rows if r["state"] == "fail"] == ["interrupted"]
+    # the trial in flight (if Ctrl-C did not land between two trials) is failed as interrupted
+    assert [r["outcome"] for r in rows if r["state"] == "fail"] in ([], ["interrupted"])
     assert sorted(p.name for p in (out / "trials").iterdir()) == [f"{n:04d}" for n in complete]
     _cli("search", str(spec), "-o", str(out), "--no-progress", "--n-trials", str(len(complete) + 1))
     assert sum(r["state"] == "complete" for r in _table(out)) == len(complete) + 1
