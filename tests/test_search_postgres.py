@@ -40,7 +40,7 @@ def test_two_workers_share_a_postgres_study(tmp_path, study_name):
     from servelab.search.study import sqlalchemy_url
 
     n = 12
-    spec = grid_spec(tmp_path, n_trials=n, top=f'storage = "{URL}"\nstudy_name = "{study_name}"\n', trace_n=600)
+    spec = grid_spec(tmp_path, n_trials=n, top=f'storage = "{URL}"\nstudy_name = "{study_name}"\n', trace_n=3000)
     machines = [tmp_path / "machine_a", tmp_path / "machine_b"]
     procs = [subprocess.Popen([sys.executable, "-m", "servelab", "search", "worker", str(spec), "-o", str(m)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for m in machines]  # fmt: skip
