@@ -62,7 +62,7 @@ def test_two_workers_share_a_postgres_study(tmp_path, study_name):
         assert len(homes) == 1
         meta = (homes[0] / "trials" / f"{t.number:04d}" / "run.json").read_text()
         assert f'"trial": {t.number}' in meta
-    # each machine's trials.parquet lists the whole study
-    for m in machines:
-        states = pq.read_table(m / "trials.parquet").column("state").to_pylist()
-        assert states.count("complete") == n
+    # each machine's trials.parquet lists the whole study as its worker left it: the first to stop
+    # may leave while the other finishes the last trial
+    done = [pq.read_table(m / "trials.parquet").column("state").to_pylist().count("complete") for m in machines]
+    assert max(done) == n and min(done) >= n - 1
