@@ -100,6 +100,11 @@ def _summary(study, study_dir: Path) -> None:
     c = counts(study)
     click.echo(f"study '{study.study_name}': {c['complete']} complete, {c['pruned']} pruned, {c['fail']} failed; "
                f"{_best_text(study)}", err=True)  # fmt: skip
+    from servelab.search.trials import best_trials
+
+    front = best_trials(study)
+    if len(front) == 1:
+        click.echo("  " + ", ".join(f"{k}={v}" for k, v in front[0].params.items()), err=True)
     click.echo(f"wrote {path}; runs under {study_dir / 'trials'}", err=True)
 
 
