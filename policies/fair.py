@@ -41,6 +41,7 @@ class FairParams:
     w_in: float = 1.0  # service per prompt token
     w_out: float = 2.0  # service per output token (VTC's default: output costs twice an input token)
     preempt: bool = False  # re-decide the whole batch each iteration (preempting over-served tenants)
+    preempt_margin: float = 512.0  # service lead (tokens) a tenant needs over a running one to preempt it
     tiers: str = ""  # strict tier priority above fairness; empty: one class
     within: str = "fcfs"  # order of one tenant's requests: fcfs | sjf | srpt
     noise_sigma: float = 0.0
@@ -53,8 +54,8 @@ class FairParams:
         check_within(self.within, owner)
         if self.w_in < 0 or self.w_out < 0 or self.w_in + self.w_out == 0:
             raise ServelabError(f"{owner}: w_in and w_out must be >= 0 and not both 0")
-        if self.quantum <= 0 or self.noise_sigma < 0:
-            raise ServelabError(f"{owner}: quantum must be > 0 and noise_sigma >= 0")
+        if self.quantum <= 0 or self.noise_sigma < 0 or self.preempt_margin < 0:
+            raise ServelabError(f"{owner}: quantum must be > 0, noise_sigma and preempt_margin >= 0")
 
 
 class _FairShare(PolicyBase):
@@ -219,13 +220,27 @@ class _FairShare(PolicyBase):
                 return
 
     def _pick(self, running_by_cls: dict, slots: int, budget: int) -> list[Request]:
-        """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting."""
+        """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting.
+
+        Running requests of classes within ``preempt_margin`` of their share keep their slots
+        (pinned): preempting for a small lead would thrash, each switch costing a recompute or a swap.
+        """
         queues = self.queues
+        pin = self._pinned(running_by_cls) if self.params.preempt_margin > 0 else set()
+        # a request still (re)computing its prompt keeps its slot until its next token: progress
+        # is guaranteed even with margin 0 (no preempt-recompute livelock)
+        pinned = [req for cls, reqs in running_by_cls.items() for req in reqs if cls in pin or not req.is_decoding]
+        slots -= len(pinned)
         iters: dict = {}
         for cls in set(queues.classes()) | set(running_by_cls):
-            iters[cls] = _chain(running_by_cls.get(cls, ()), queues.in_order(cls))
+            running = () if cls in pin else [r for r in running_by_cls.get(cls, ()) if r.is_decoding]
+            iters[cls] = _chain(running, queues.in_order(cls))
         heads = {cls: next(it, None) for cls, it in iters.items()}
-        return list(self._order(heads, iters, slots, budget))
+        return pinned + list(self._order(heads, iters, slots, budget))
+
+    def _pinned(self, running_by_cls: dict) -> set:
+        """Classes whose running requests keep their slots this iteration."""
+        raise NotImplementedError
 
     def _order(self, heads: dict, iters: dict, slots: int, budget: int):
         raise NotImplementedError
@@ -269,6 +284,17 @@ class VirtualTokenCounter(_FairShare):
 
     def _standing(self, cls) -> float:
         return self.counter.get(cls[1], 0.0)
+
+    def _pinned(self, running_by_cls: dict) -> set:
+        """Running requests stay unless a waiting tenant of their tier is behind them by the margin."""
+        lowest: dict[int, float] = {}
+        for rank, tenant in self.queues.classes():
+            c = self.counter[tenant]
+            if c < lowest.get(rank, float("inf")):
+                lowest[rank] = c
+        margin = self.params.preempt_margin
+        return {cls for cls in running_by_cls
+                if self.counter[cls[1]] - lowest.get(cls[0], float("inf")) < margin}
 
     def _order(self, heads: dict, iters: dict, slots: int, budget: int):
         """Smallest (tier rank, counter + this batch's tentative service, head arrival) first."""
@@ -327,6 +353,11 @@ class DeficitRoundRobin(_FairShare):
 
     def _standing(self, cls) -> float:
         return -self.deficit.get(cls, 0.0)
+
+    def _pinned(self, running_by_cls: dict) -> set:
+        """Running requests stay unless their class has overdrawn its credit by the margin."""
+        margin = self.params.preempt_margin
+        return {cls for cls in running_by_cls if self.deficit.get(cls, 0.0) > -margin}
 
     def _order(self, heads: dict, iters: dict, slots: int, budget: int):
         quantum = self.params.quantum

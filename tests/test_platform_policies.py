@@ -21,9 +21,11 @@ VARIANTS = [
     ("tiers", {"max_wait_s": 0.5, "preempt": True}),
     ("tiers", {"reserve": "flex=0.25,standard=0.25"}),
     ("vtc", {"preempt": True}),
+    ("vtc", {"preempt": True, "preempt_margin": 0, "weights": "a=2"}),
     ("vtc", {"weights": "a=3,b=1", "tiers": "priority,standard,flex"}),
     ("vtc", {"preempt": True, "tiers": "priority,standard,flex", "within": "sjf"}),
     ("drr", {"preempt": True}),
+    ("drr", {"preempt": True, "preempt_margin": 0, "quantum": 16}),
     ("drr", {"quantum": 64, "weights": "c=2"}),
     ("edf", {"ttft_slo_s": 1.0, "tpot_slo_s": 0.05}),
     ("edf", {"tier_ttft": "priority=0.2,standard=1", "preempt": True, "tpot_slo_s": 0.02}),
@@ -60,7 +62,8 @@ def long_and_short(tenants=True):
 
 @pytest.mark.parametrize("policy", ["vtc", "drr"])
 def test_fair_share_serves_the_long_job_every_other_iteration(policy):
-    r = run(long_and_short(), policy=policy, policy_params={"preempt": True}, max_num_seqs=1)
+    params = {"preempt": True, "preempt_margin": 0}
+    r = run(long_and_short(), policy=policy, policy_params=params, max_num_seqs=1)
     finish = column(r, "finish_s")
     assert set(column(r, "status")) == {"finished"} and max(finish) == 40.0  # work-conserving
     assert column(r, "max_itl_s")[0] <= 2.0  # never two short jobs in a row
@@ -73,7 +76,7 @@ def test_fair_share_serves_the_long_job_every_other_iteration(policy):
 def test_vtc_hand_traced_order():
     # counters (w_in=1, w_out=2): a's job costs 3 then 2 per token, a short job costs 3.
     # t=0 a: 3. t=1 b lifted to 3; tie -> a (earlier head) -> 5. b (3) -> 6. a -> 7. b (6) -> 9...
-    r = run(long_and_short(), policy="vtc", policy_params={"preempt": True}, max_num_seqs=1)
+    r = run(long_and_short(), policy="vtc", policy_params={"preempt": True, "preempt_margin": 0}, max_num_seqs=1)
     assert column(r, "finish_s")[1:4] == [3.0, 5.0, 8.0]
 
 
@@ -98,7 +101,7 @@ def test_vtc_weights_split_service():
 def test_vtc_lift_banks_no_credit():
     # a runs alone for 100 units; b arrives later with a counter lifted to a's, so a is not starved
     trace = make_trace([0, 0, 100, 100, 100], [1] * 5, [200, 200, 10, 10, 10], tenant=["a", "a", "b", "b", "b"])
-    r = run(trace, policy="vtc", policy_params={"preempt": True}, max_num_seqs=1)
+    r = run(trace, policy="vtc", policy_params={"preempt": True, "preempt_margin": 0}, max_num_seqs=1)
     itl = column(r, "max_itl_s")
     assert max(itl[0], itl[1]) < 30  # without the lift b would hold the server for ~100 units
 
