@@ -31,6 +31,18 @@ class EngineConfig:
     router: str = "round-robin"  # round-robin | least-outstanding
     until_s: float | None = None  # horizon; None = replay until drained
     seed: int = 0
+    # -- platform (docs/platform.md): all off by default --------------------------------------
+    quota: tuple[str, ...] = ()  # "tenant=NAME:rpm=..,tpm=..,concurrency=.." / "tier=NAME:..." (NAME may be *)
+    retries: int = 0  # client retries of a throttled request
+    retry_backoff_s: float = 1.0  # first backoff; doubles per retry
+    retry_max_backoff_s: float = 60.0
+    retry_jitter: float = 0.0  # share of each backoff drawn away at random (seeded)
+    retry_after: bool = False  # clients retry exactly when the quota will have refilled
+    queue_cap: int | None = None  # most requests waiting across replicas; the lowest tier is shed
+    tier_order: str = "priority,standard,flex"  # tiers highest first, for queue-cap shedding
+    pause: str | None = None  # "tier=flex,waiting=32[,resume=8]" or "tier=flex,kv=0.9[,resume=0.7]"
+    fail: tuple[str, ...] = ()  # "replica=R,at=T[,for=D]": replica failures
+    journal: bool = True  # interrupted requests keep their generated tokens (else they start over)
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -46,6 +58,34 @@ class EngineConfig:
             raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")
         if self.until_s is not None and self.until_s < 0:
             raise ServelabError(f"until_s must be >= 0, got {self.until_s}")
+        self._check_platform()
+
+    def _check_platform(self) -> None:
+        from servelab.replay.admission import PauseRule, Quota
+        from servelab.replay.faults import Failure, check_failures
+
+        for name in ("quota", "fail"):  # a TOML array or one CLI string -> a tuple of strings
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            elif not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(str(v) for v in value))
+        for spec in self.quota:
+            Quota.parse(spec)
+        check_failures(tuple(Failure.parse(spec) for spec in self.fail), self.replicas)
+        if self.pause is not None:
+            PauseRule.parse(self.pause)
+        if self.retries < 0 or self.retry_backoff_s < 0 or self.retry_max_backoff_s < 0:
+            raise ServelabError("retries, retry_backoff_s and retry_max_backoff_s must be >= 0")
+        if not 0 <= self.retry_jitter <= 1:
+            raise ServelabError(f"retry_jitter must be in [0, 1], got {self.retry_jitter}")
+        if self.queue_cap is not None and self.queue_cap < 1:
+            raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
+
+    @property
+    def has_front_door(self) -> bool:
+        """Quotas or a queue cap are configured: arrivals go through `replay.admission`."""
+        return bool(self.quota) or self.queue_cap is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +104,10 @@ class ReplayConfig:
                                "gpu": self.gpu, "tp": self.tp}
         for f in fields(EngineConfig):
             value = getattr(self.engine, f.name)
-            if value is not None:
+            if isinstance(value, tuple):
+                if value:
+                    out[f.name] = list(value)
+            elif value is not None:
                 out[f.name] = value
         if self.policy_params:
             out["policy_params"] = dict(self.policy_params)
