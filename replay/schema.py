@@ -36,6 +36,18 @@ REQUESTS_SCHEMA = pa.schema(
     ]
 )
 
+# Platform columns (docs/platform.md), appended after REQUESTS_SCHEMA's: 0 / null when unused.
+PLATFORM_SCHEMA = pa.schema(
+    [
+        ("num_retries", pa.int32()),  # client retries after being throttled
+        ("paused_s", pa.float64()),  # time held while its tier was paused
+        ("num_resumes", pa.int32()),  # times it resumed from the journal after losing its KV
+        ("tokens_lost", pa.int32()),  # generated tokens thrown away and generated again (no journal)
+        ("recomputed_tokens", pa.int32()),  # tokens whose KV was computed again after losing it
+        ("refused_s", pa.float64()),  # when it was throttled for good or dropped
+    ]
+)
+
 # One row per stretch of identical iterations on a replica (num_iterations >= 1).
 STEPS_SCHEMA = pa.schema(
     [
