@@ -3,8 +3,8 @@
 Events live in one heap of ``(time_s, kind, seq, payload)``, merged with the trace's arrivals
 (already sorted, so they never enter the heap); ``seq`` breaks the remaining ties so payloads
 never need comparing. At equal times arrivals (kind 0) come before step completions (1), which
-come before scheduling decisions (2): a policy deciding at time t sees every request that
-arrived at t and every token produced at t.
+come before scheduling decisions (2), and replica failures/recoveries (3) come last: a policy
+deciding at time t sees every request that arrived at t and every token produced at t.
 
 Cost grows with events, not tokens: when a batch is pure decode, the engine runs it as a
 *stretch* of ``k`` identical iterations priced in closed form by the runner's affine decode cost
@@ -19,8 +19,10 @@ import heapq
 import math
 
 from servelab.common.errors import ServelabError
+from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
 from servelab.replay.batch import Batch
 from servelab.replay.config import EngineConfig
+from servelab.replay.faults import Failure, Journal
 from servelab.replay.kv import KVCache, blocks_for
 from servelab.replay.logs import StepLog, TokenLog
 from servelab.replay.replica import Replica
@@ -28,7 +30,7 @@ from servelab.replay.request import Request, Status
 from servelab.replay.step import Step
 from servelab.runners.base import StepItem, StepPlan, StepShape
 
-ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
+ARRIVAL, STEP_DONE, SCHEDULE, FAULT = 0, 1, 2, 3
 
 
 class Engine:
@@ -58,6 +60,37 @@ class Engine:
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
         self.next_arrival = 0
         self._check_sorted()
+        self._init_platform(config)
+
+    def _init_platform(self, config: EngineConfig) -> None:
+        """Quotas, pausing, policy shedding, failures and the journal (docs/platform.md); all off by default."""
+        self.ledger = Ledger()
+        self.journal = Journal(config.journal, self.ledger)
+        self.admission = None
+        if config.has_front_door:
+            ranks = {t.strip(): i for i, t in enumerate(config.tier_order.split(",")) if t.strip()}
+            self.admission = Admission(
+                tuple(Quota.parse(q) for q in config.quota), retries=config.retries,
+                retry_backoff_s=config.retry_backoff_s, retry_max_backoff_s=config.retry_max_backoff_s,
+                retry_jitter=config.retry_jitter, retry_after=config.retry_after, queue_cap=config.queue_cap,
+                tier_ranks=ranks, seed=config.seed)
+        self.pause = PauseRule.parse(config.pause) if config.pause else None
+        self.paused: dict[int, list[Request]] = {}  # paused replica id -> its held requests
+        self.pause_waiting = [0] * len(self.replicas)  # requests of the pausable tier in each waiting queue
+        self.pause_start: dict[int, float] = {}
+        self.num_pauses = 0
+        self.shedding = any(getattr(r.policy, "sheds", False) for r in self.replicas)
+        self.before_schedule = self.shedding or self.pause is not None
+        self.live = self.replicas  # replicas taking work (a new list only while one is down)
+        self.orphans: list[Request] = []  # routed nowhere: every replica is down
+        self.fault_stats = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
+                            "tokens_lost": 0, "tokens_recomputed": 0}
+        self.dropped = 0
+        for spec in config.fail:
+            f = Failure.parse(spec)
+            self._push(f.at_s, FAULT, (self.replicas[f.replica], True))
+            if f.for_s is not None:
+                self._push(f.at_s + f.for_s, FAULT, (self.replicas[f.replica], False))
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -110,6 +143,8 @@ class Engine:
                     self._complete(replica, time_s)
             elif kind == ARRIVAL:
                 self._arrive(payload, time_s)
+            elif kind == FAULT:
+                self._fault(payload[0], payload[1], time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
@@ -117,6 +152,11 @@ class Engine:
         if self.config.until_s is not None:
             self.now_s = until
             self._stop_at_horizon(until)
+        elif self.orphans or self.paused:
+            for req in self.requests:  # stranded: every replica went down for good
+                if not req.status.is_terminal:
+                    req.status = Status.UNFINISHED
+                    req.reason = "no live replica to serve it"
         return self.now_s
 
     def _request_schedule(self, replica: Replica, time_s: float) -> None:
@@ -131,8 +171,17 @@ class Engine:
 
     # -- arrivals -------------------------------------------------------------------------------
     def _arrive(self, req: Request, now: float) -> None:
-        req.arrival_s = now
-        replica = self.router.route(req, self.replicas)
+        # arrival_s is already the arrival (trace, closed-loop turn, or the original one of a retry)
+        if self.admission is not None and not self._through_door(req, now):
+            return
+        self._route(req, now)
+
+    def _route(self, req: Request, now: float) -> None:
+        live = self.live
+        if not live:
+            self.orphans.append(req)
+            return
+        replica = self.router.route(req, live)
         req.replica = replica.id
         reason = None
         if not replica.kv.can_ever_fit(req):
@@ -146,8 +195,15 @@ class Engine:
             self._ended(req, now)
             return
         req.status = Status.WAITING
+        replica.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \
+            req.output_tokens - req.num_generated_tokens
+        if self.pause is not None and req.tier == self.pause.tier:
+            if replica.id in self.paused:  # its tier is paused here: held until resumed
+                self.paused[replica.id].append(req)
+                self.pause_start[req.index] = now
+                return
+            self.pause_waiting[replica.id] += 1
         replica.waiting.append(req)
-        replica.outstanding_tokens += req.prompt_tokens + req.output_tokens
         replica.policy.on_arrival(req, replica)
         if replica.busy:
             self._cut_stretch(replica, now)
@@ -169,8 +225,8 @@ class Engine:
     # -- starting an iteration ----------------------------------------------------------------
     def _start(self, replica: Replica, now: float) -> None:
         replica.now_s = now
+        swap_s = self._before_schedule(replica, now) if self.before_schedule else 0.0
         batch = replica.policy.schedule(replica)
-        swap_s = 0.0
         for victim in batch.preempt:
             swap_s += self._preempt(replica, victim)
         if batch.wake_s is not None and batch.wake_s > now:
@@ -309,6 +365,8 @@ class Engine:
         else:
             waiting.remove(req)
         req.status = Status.RUNNING
+        if self.pause is not None and req.tier == self.pause.tier:
+            self.pause_waiting[replica.id] -= 1
         self.admissions += 1
         req.admitted_seq = self.admissions
         replica.running.append(req)
@@ -333,13 +391,22 @@ class Engine:
         else:
             if self.config.preemption == "swap":
                 self.num_swap_fallbacks += 1
-            req.num_computed_tokens = 0
+            self._lose_kv(replica, req)
         kv.release(req)
         req.status = Status.WAITING
         req.num_preemptions += 1
         replica.running.remove(req)
         replica.waiting.appendleft(req)
+        if self.pause is not None and req.tier == self.pause.tier:
+            self.pause_waiting[replica.id] += 1
         return cost
+
+    def _lose_kv(self, replica: Replica, req: Request) -> None:
+        """``req``'s KV is gone: the journal keeps its generated tokens, or it starts over."""
+        generated, had_first = req.num_generated_tokens, req.first_token_s is not None
+        self.journal.interrupt(req)
+        if req.num_generated_tokens != generated:  # restarted: those tokens are owed again
+            replica.outstanding_tokens += generated + (req.prompt_tokens if had_first else 0)
 
     # -- completing an iteration --------------------------------------------------------------
     def _complete(self, replica: Replica, now: float) -> None:
@@ -443,10 +510,165 @@ class Engine:
 
     def _ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any."""
+        if self.admission is not None:
+            self.admission.on_end(req, now)
         follower = self.followers.get(req.index)
         if follower is not None:
             follower.arrival_s = now + (follower.think_s or 0.0)
             self._push(follower.arrival_s, ARRIVAL, follower)
+
+    # -- platform: front door, shedding, pausing, faults (docs/platform.md) ---------------------
+    def _through_door(self, req: Request, now: float) -> bool:
+        """Quotas, retries and the queue cap; False if ``req`` does not go on (yet)."""
+        adm = self.admission
+        throttle = adm.check(req, now)
+        if throttle is not None:
+            retry_s = adm.retry_at(req, self.ledger.retries.get(req.index, 0), throttle, now)
+            if retry_s is None:
+                req.status = Status.THROTTLED
+                req.reason = throttle.reason
+                self.ledger.refused_s[req.index] = now
+                self._ended(req, now)
+            else:  # the client comes back; its latency still counts from its first arrival
+                Ledger.add(self.ledger.retries, req.index, 1)
+                self._push(retry_s, ARRIVAL, req)
+            return False
+        victim = adm.shed_victim(req, self.live)
+        if victim is not None:
+            reason = f"shed: {adm.queue_cap} requests already waiting and it ranks lowest (tier {victim.tier})"
+            if victim is req:
+                self._drop(None, req, reason, now)
+                return False
+            self._drop(self.replicas[victim.replica], victim, reason, now)
+        return True
+
+    def _drop(self, replica: Replica | None, req: Request, reason: str, now: float) -> None:
+        """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
+        if replica is not None:
+            replica.waiting.remove(req)
+            self._policy_leave(replica, req)
+            replica.outstanding_tokens -= (req.prompt_tokens if req.first_token_s is None else 0) + \
+                req.output_tokens - req.num_generated_tokens
+            if self.pause is not None and req.tier == self.pause.tier:
+                self.pause_waiting[replica.id] -= 1
+            if req.swapped:
+                replica.kv.host_used -= blocks_for(req.num_computed_tokens, replica.kv.block_size)
+                req.swapped = False
+        req.status = Status.DROPPED
+        req.reason = reason
+        self.ledger.refused_s[req.index] = now
+        self.dropped += 1
+        self._ended(req, now)
+
+    @staticmethod
+    def _policy_leave(replica: Replica, req: Request) -> None:
+        """Tell the policy ``req`` left its replica without its decision (drop, pause, failure)."""
+        leave = getattr(replica.policy, "on_leave", None)
+        if leave is not None:
+            leave(req, replica)
+
+    def _before_schedule(self, replica: Replica, now: float) -> float:
+        """Policy shedding and pausing, before the policy decides; returns swap-out seconds."""
+        if self.shedding and getattr(replica.policy, "sheds", False):
+            for req, reason in replica.policy.shed(replica):
+                self._drop(replica, req, reason, now)
+        if self.pause is not None:
+            return self._check_pause(replica, now)
+        return 0.0
+
+    def _check_pause(self, replica: Replica, now: float) -> float:
+        rule, rid = self.pause, replica.id
+        if rule.metric == "waiting":
+            load = len(replica.waiting) - self.pause_waiting[rid]
+        else:
+            load = replica.kv.used / replica.kv.total
+        held = self.paused.get(rid)
+        if held is not None:
+            if load <= rule.resume:  # resume: the held requests queue again, in their order
+                del self.paused[rid]
+                for req in held:
+                    Ledger.add(self.ledger.paused_s, req.index, now - self.pause_start.pop(req.index))
+                    replica.waiting.append(req)
+                    replica.policy.on_arrival(req, replica)
+                self.pause_waiting[rid] += len(held)
+            return 0.0
+        if load <= rule.above:
+            return 0.0
+        self.num_pauses += 1
+        swap_s = 0.0
+        for req in [r for r in replica.running if r.tier == rule.tier]:
+            swap_s += self._preempt(replica, req)
+        held = self.paused[rid] = []
+        keep = []
+        for req in replica.waiting:
+            if req.tier == rule.tier:
+                self._policy_leave(replica, req)
+                held.append(req)
+                self.pause_start[req.index] = now
+            else:
+                keep.append(req)
+        replica.waiting.clear()
+        replica.waiting.extend(keep)
+        self.pause_waiting[rid] = 0
+        return swap_s
+
+    def _fault(self, replica: Replica, down: bool, now: float) -> None:
+        """Take ``replica`` down (its work moves to live replicas) or bring it back."""
+        if not down:
+            self.live = [r for r in self.replicas if r is replica or r in self.live]
+            orphans, self.orphans = self.orphans, []
+            self._route_all(orphans, now)
+            return
+        stats = self.fault_stats
+        stats["failures"] += 1
+        self.live = [r for r in self.live if r is not replica]
+        step = replica.inflight
+        if step is not None:  # iterations finished by now count; the one under way is lost
+            j = step.iterations_done_by(now)
+            done_s = step.start_s + step.elapsed(j)
+            if j:
+                step.k = j
+                self._apply(replica, step, j, done_s)
+            stats["work_lost_s"] += now - done_s
+            replica.inflight = None
+            replica.busy = False
+            replica.step_token += 1
+        moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
+        for req in replica.running:
+            replica.kv.release(req)
+        replica.kv.host_used = 0  # the host swap pool went down with it
+        replica.running = []
+        replica.waiting.clear()
+        replica.outstanding_tokens = 0
+        replica.wake_s = None
+        self.pause_waiting[replica.id] = 0
+        stats["requests_moved"] += len(moved)
+        journal = self.journal
+        before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
+        for req in moved:
+            self._policy_leave(replica, req)
+            start = self.pause_start.pop(req.index, None)
+            if start is not None:  # held on the failed replica: it was paused until now
+                Ledger.add(self.ledger.paused_s, req.index, now - start)
+            req.swapped = False
+            journal.interrupt(req)
+            req.status = Status.PENDING
+        stats["requests_interrupted"] += journal.requests_interrupted - before[0]
+        stats["tokens_lost"] += journal.tokens_lost - before[1]
+        stats["tokens_recomputed"] += journal.tokens_recomputed - before[2]
+        self._route_all(moved, now)
+
+    def _route_all(self, reqs: list[Request], now: float) -> None:
+        """Route several requests at one instant; each replica decides once, seeing all of them."""
+        live = [r for r in self.live if not r.schedule_pending]
+        for r in live:
+            r.schedule_pending = True
+        for req in reqs:
+            self._route(req, now)
+        for r in live:
+            r.schedule_pending = False
+            if not r.busy and (r.waiting or r.running):
+                self._request_schedule(r, now)
 
     # -- horizon --------------------------------------------------------------------------------
     def _stop_at_horizon(self, until: float) -> None:
