@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -21,7 +22,7 @@ from servelab.replay.kv import KVCache
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
 from servelab.replay.router import ROUTERS
-from servelab.replay.schema import REQUESTS_SCHEMA
+from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
 
 
 @dataclass
@@ -140,7 +141,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
     finally:
         if gc_was_enabled:
             gc.enable()
-    requests_table = requests_table_from(requests)
+    requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
     steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
@@ -157,6 +158,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict 
         "wall_time_s": time.perf_counter() - wall_start,
         "counts": counts,
         "swap_fallbacks": engine.num_swap_fallbacks,
+        "platform": platform_meta(engine),
         "config": config.to_dict(),
     }
     tokens = engine.tokens.table() if engine.tokens is not None else None
@@ -205,6 +207,44 @@ def _requests_batch(requests: list[Request]) -> pa.RecordBatch:
     }
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
                                       schema=REQUESTS_SCHEMA)
+
+
+def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
+    """Append the PLATFORM_SCHEMA columns from the engine's per-request ledger (sparse dicts)."""
+    n = table.num_rows
+    for f, values, fill in (
+        (PLATFORM_SCHEMA.field("num_retries"), ledger.retries, 0),
+        (PLATFORM_SCHEMA.field("paused_s"), ledger.paused_s, 0.0),
+        (PLATFORM_SCHEMA.field("num_resumes"), ledger.resumes, 0),
+        (PLATFORM_SCHEMA.field("tokens_lost"), ledger.tokens_lost, 0),
+        (PLATFORM_SCHEMA.field("recomputed_tokens"), ledger.recomputed, 0),
+        (PLATFORM_SCHEMA.field("refused_s"), ledger.refused_s, None),
+    ):
+        if fill is None:
+            column = pa.array([values.get(i) for i in range(n)], type=f.type) if values else pa.nulls(n, f.type)
+        else:
+            array = np.full(n, fill, dtype=f.type.to_pandas_dtype())
+            for i, v in values.items():
+                array[i] = v
+            column = pa.array(array, type=f.type)
+        table = table.append_column(f, column)
+    return table
+
+
+def platform_meta(engine: Engine) -> dict:
+    """run.json counters of the platform features (throttling, shedding, pausing, faults, journal)."""
+    adm = engine.admission
+    journal = engine.journal
+    return {
+        "throttles": adm.num_throttles if adm is not None else 0,
+        "retries": sum(engine.ledger.retries.values()),
+        "dropped": engine.dropped,
+        "pauses": engine.num_pauses,
+        "paused_s": sum(engine.ledger.paused_s.values()),
+        "journal": {"enabled": journal.enabled, "requests_interrupted": journal.requests_interrupted,
+                    "tokens_lost": journal.tokens_lost, "tokens_recomputed": journal.tokens_recomputed},
+        "faults": dict(engine.fault_stats),
+    }
 
 
 def write_run(result: RunResult, run_dir: str | Path) -> Path:
