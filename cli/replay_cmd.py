@@ -34,6 +34,17 @@ _ENGINE_HELP = {
     "router": "round-robin or least-outstanding.",
     "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
     "seed": "Seed for every random choice (predictors, retries).",
+    "quota": "Quota, repeatable: tenant=NAME:rpm=60,tpm=40000,concurrency=8 or tier=NAME:tpm=... (NAME may be *).",
+    "retries": "Client retries of a throttled request.",
+    "retry_backoff_s": "First retry backoff, seconds (doubles per retry).",
+    "retry_max_backoff_s": "Longest retry backoff, seconds.",
+    "retry_jitter": "Share of each backoff drawn away at random (seeded), 0..1.",
+    "retry_after": "Clients retry exactly when their quota will have refilled (Retry-After).",
+    "queue_cap": "Most requests waiting across replicas; beyond it the lowest tier is dropped.",
+    "tier_order": "Tiers highest first, for queue-cap shedding.",
+    "pause": "Pause a tier under load: tier=flex,waiting=32[,resume=8] or tier=flex,kv=0.9[,resume=0.7].",
+    "fail": "Replica failure, repeatable: replica=R,at=T[,for=D] (seconds; without for it stays down).",
+    "journal": "on: interrupted requests keep their generated tokens; off: they start over.",
 }
 
 
@@ -52,7 +63,9 @@ def replay_options(func: Callable) -> Callable:
     ]
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + ("until" if f.name == "until_s" else f.name.replace("_", "-"))
-        options.append(click.option(flag, f.name, default=None, help=_ENGINE_HELP.get(f.name, "")))
+        repeatable = str(f.type).startswith("tuple")
+        options.append(click.option(flag, f.name, default=None, multiple=repeatable,
+                                    help=_ENGINE_HELP.get(f.name, "")))
     for option in reversed(options):
         func = option(func)
     return func
@@ -64,7 +77,7 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
     for key in [*engine_names, "policy", "runner", "model", "gpu", "tp"]:
         value = options.get(key)
-        if value is not None:
+        if value is not None and value != ():  # a repeatable option not given is ()
             base[key] = value
     if policy_param:
         if "policy" in options and options["policy"] is not None and options["policy"] != base.get("policy"):
