@@ -41,7 +41,7 @@ class FairParams:
     w_in: float = 1.0  # service per prompt token
     w_out: float = 2.0  # service per output token (VTC's default: output costs twice an input token)
     preempt: bool = False  # re-decide the whole batch each iteration (preempting over-served tenants)
-    preempt_margin: float = 512.0  # service lead (tokens) a tenant needs over a running one to preempt it
+    preempt_margin: float = 4096.0  # service lead (tokens) a tenant needs over a running one to preempt it
     tiers: str = ""  # strict tier priority above fairness; empty: one class
     within: str = "fcfs"  # order of one tenant's requests: fcfs | sjf | srpt
     noise_sigma: float = 0.0
