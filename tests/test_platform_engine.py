@@ -13,6 +13,7 @@ from conftest import make_trace
 from helpers_engine import column, run
 
 from servelab.common.errors import ServelabError
+from servelab.policies.base import policy_names
 from servelab.replay import EngineConfig, ReplayConfig
 
 UNIT = "linear:base=1"
@@ -233,7 +234,7 @@ PLATFORM = dict(replicas=2, fail=("replica=0,at=1.5,for=1", "replica=1,at=4"), q
 
 
 @pytest.mark.parametrize("journal", [True, False])
-@pytest.mark.parametrize("policy", __import__("servelab.policies.base", fromlist=["x"]).policy_names())
+@pytest.mark.parametrize("policy", policy_names())
 def test_every_policy_survives_the_platform(policy, journal):
     from test_policy_contract import ENGINE, RUNNER, check_invariants, workload
 
