@@ -26,6 +26,9 @@ class Policy(Protocol):
     def on_arrival(self, req: Request, replica: Replica) -> None:
         """A request joined ``replica``'s waiting queue."""
 
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        """A request left ``replica`` without the policy's decision (dropped, paused, failure)."""
+
     def reject_reason(self, req: Request) -> str | None:
         """Why this request can never be served under this policy, or None."""
 
@@ -55,6 +58,9 @@ class PolicyBase:
 
     def on_step(self, batch: Batch, num_iterations: int) -> None:
         pass
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        """``req`` left ``replica`` without this policy's decision (dropped, paused, replica failure)."""
 
     def reject_reason(self, req: Request) -> str | None:
         return None

@@ -563,9 +563,7 @@ class Engine:
     @staticmethod
     def _policy_leave(replica: Replica, req: Request) -> None:
         """Tell the policy ``req`` left its replica without its decision (drop, pause, failure)."""
-        leave = getattr(replica.policy, "on_leave", None)
-        if leave is not None:
-            leave(req, replica)
+        replica.policy.on_leave(req, replica)
 
     def _before_schedule(self, replica: Replica, now: float) -> float:
         """Policy shedding and pausing, before the policy decides; returns swap-out seconds."""
