@@ -100,6 +100,7 @@ class Evaluator:
         self.first_s = float(arrivals[0].as_py())
         self.last_s = float(arrivals[-1].as_py())
         self.quota_check = None  # set by the study loop: raises when n_trials is already met
+        self.interrupted = None  # set by the study loop: a threading.Event, set on Ctrl-C
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-write")
 
     def close(self) -> None:
@@ -138,7 +139,9 @@ class Evaluator:
             _set_attrs(trial, {}, outcome="interrupted", reason="interrupted (Ctrl-C)")
             raise
         except Exception as err:
-            if isinstance(err, duckdb.InterruptException):  # DuckDB turns Ctrl-C into its own exception
+            interrupted = self.interrupted is not None and self.interrupted.is_set()
+            if isinstance(err, duckdb.InterruptException) or interrupted:
+                # Ctrl-C arrived, but a library (DuckDB, a thread pool) turned it into its own exception
                 self._discard(trial)
                 _set_attrs(trial, {}, outcome="interrupted", reason="interrupted (Ctrl-C)")
                 raise KeyboardInterrupt from err

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 import warnings
 from dataclasses import replace
@@ -280,13 +281,29 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
             study_.stop()
 
     evaluator.quota_check = quota
+    # Ctrl-C must stop the study even when a library turns the KeyboardInterrupt it raised into an
+    # ordinary exception (which Optuna's catch=(Exception,) would record as a failed trial and go on).
+    interrupted = threading.Event()
+    evaluator.interrupted = interrupted
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_sigint(signum, frame):
+            interrupted.set()
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,), callbacks=[after],
+        study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,),
+                       callbacks=[after, lambda study_, _frozen: interrupted.is_set() and study_.stop()],
                        gc_after_trial=False)  # fmt: skip
+        if interrupted.is_set():
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         _fail_own_running(study, evaluator.worker)  # Ctrl-C outside the objective (Optuna's own bookkeeping)
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         evaluator.close()
     if len(errors) >= MAX_ERRORS_IN_A_ROW:
         raise ServelabError(f"{MAX_ERRORS_IN_A_ROW} trials in a row failed; the last: {errors[-1]}")
