@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab.common.errors import ServelabError
+from servelab.common.fields import parse_fields
 from servelab.replay.request import Request
 
 QUOTA_FIELDS = ("rpm", "tpm", "concurrency")
@@ -43,21 +44,13 @@ class Quota:
         if not colon or not eq or scope not in ("tenant", "tier") or not name:
             raise ServelabError(f"{where}: expected tenant=NAME:FIELD=VALUE,... or tier=NAME:... (NAME may be *)")
         values: dict = {}
-        for part in body.split(","):
-            if not part.strip():
-                continue
-            key, eq, raw = part.partition("=")
-            key = key.strip()
-            if not eq or key not in QUOTA_FIELDS:
-                raise ServelabError(f"{where}: unknown field '{part.strip()}' (fields: {', '.join(QUOTA_FIELDS)})")
+        for key, raw in parse_fields(body, QUOTA_FIELDS, where).items():
             try:
                 value = float(raw)
             except ValueError:
-                raise ServelabError(f"{where}: '{key}' needs a number, got '{raw.strip()}'") from None
+                raise ServelabError(f"{where}: '{key}' needs a number, got '{raw}'") from None
             if not math.isfinite(value) or value <= 0:
-                raise ServelabError(f"{where}: '{key}' must be > 0, got {raw.strip()}")
-            if key in values:
-                raise ServelabError(f"{where}: '{key}' given twice")
+                raise ServelabError(f"{where}: '{key}' must be > 0, got {raw}")
             values[key] = int(value) if key == "concurrency" else value
         if not values:
             raise ServelabError(f"{where}: no limits (fields: {', '.join(QUOTA_FIELDS)})")
@@ -271,15 +264,7 @@ class PauseRule:
     @classmethod
     def parse(cls, spec: str) -> "PauseRule":
         where = f"pause '{spec}'"
-        values: dict[str, str] = {}
-        for part in spec.split(","):
-            if not part.strip():
-                continue
-            key, eq, raw = part.partition("=")
-            key = key.strip()
-            if not eq or key not in ("tier", "waiting", "kv", "resume"):
-                raise ServelabError(f"{where}: unknown field '{part.strip()}' (fields: tier, waiting, kv, resume)")
-            values[key] = raw.strip()
+        values = parse_fields(spec, ("tier", "waiting", "kv", "resume"), where)
         if "tier" not in values or ("waiting" in values) == ("kv" in values):
             raise ServelabError(f"{where}: give tier= and exactly one of waiting= or kv=")
         metric = "waiting" if "waiting" in values else "kv"

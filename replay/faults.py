@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
+from servelab.common.fields import parse_fields
 from servelab.replay.admission import Ledger
 from servelab.replay.request import Request
 
@@ -28,17 +29,7 @@ class Failure:
     def parse(cls, spec: str) -> "Failure":
         """``replica=R,at=T[,for=D]``."""
         where = f"fail '{spec}'"
-        values: dict[str, str] = {}
-        for part in spec.split(","):
-            if not part.strip():
-                continue
-            key, eq, raw = part.partition("=")
-            key = key.strip()
-            if not eq or key not in ("replica", "at", "for"):
-                raise ServelabError(f"{where}: unknown field '{part.strip()}' (fields: replica, at, for)")
-            if key in values:
-                raise ServelabError(f"{where}: '{key}' given twice")
-            values[key] = raw.strip()
+        values = parse_fields(spec, ("replica", "at", "for"), where)
         if "replica" not in values or "at" not in values:
             raise ServelabError(f"{where}: needs replica= and at=, e.g. replica=0,at=30,for=10")
         try:

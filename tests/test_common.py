@@ -39,3 +39,14 @@ def test_atomic_dir_replaces_only_on_success(tmp_path):
             raise RuntimeError("boom")
     assert (dest / "a").read_text() == "1"
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_parse_fields_names_the_option_on_bad_input():
+    from servelab.common.errors import ServelabError
+    from servelab.common.fields import parse_fields
+
+    assert parse_fields(" a=1, b = x ,", ("a", "b"), "opt") == {"a": "1", "b": "x"}
+    with pytest.raises(ServelabError, match=r"opt: unknown field 'c=2' \(fields: a, b\)"):
+        parse_fields("a=1,c=2", ("a", "b"), "opt")
+    with pytest.raises(ServelabError, match="opt: 'a' given twice"):
+        parse_fields("a=1,a=2", ("a", "b"), "opt")
