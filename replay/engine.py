@@ -35,7 +35,7 @@ ARRIVAL, STEP_DONE, SCHEDULE, FAULT = 0, 1, 2, 3
 
 class Engine:
     def __init__(self, requests: list[Request], replicas: list[Replica], router, runner, config: EngineConfig,
-                 followers: dict[int, Request] | None = None, record_steps: bool = True,
+                 followers: dict[int, Request] | None = None,
                  token_log: bool = False):
         self.requests = requests
         self.replicas = replicas
@@ -43,7 +43,6 @@ class Engine:
         self.runner = runner
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
-        self.record_steps = record_steps
         self.tokens = TokenLog() if token_log else None
         self.needs_items = bool(getattr(runner, "needs_block_tables", False))
         self.kv_bytes_per_block = _kv_bytes_per_token(runner, config) * config.block_size
@@ -234,7 +233,7 @@ class Engine:
         if not batch.items:
             replica.busy = False
             if batch.wake_s is not None and batch.wake_s > now:
-                self._request_schedule_at(replica, batch.wake_s)
+                self._push(batch.wake_s, SCHEDULE, replica)
             elif batch.preempt and replica.waiting:
                 self._request_schedule(replica, now)
             return
@@ -314,9 +313,6 @@ class Engine:
         except KeyError:
             value = self._affine_cache[num_seqs] = self.runner.decode_affine(num_seqs)
             return value
-
-    def _request_schedule_at(self, replica: Replica, time_s: float) -> None:
-        self._push(time_s, SCHEDULE, replica)
 
     def _plan_stretch(self, replica: Replica, step: Step, ctx0: int, affine: tuple[float, float]) -> None:
         items = step.batch.items
@@ -431,7 +427,7 @@ class Engine:
                 if tokens is not None:
                     tokens.single(req.request_id, req.num_generated_tokens + 1, end_s)
                 if req.last_token_s is None:  # the prompt is done: first token
-                    finished |= self._emit(replica, req, end_s, 0.0, 1)
+                    finished |= self._first_token(replica, req, end_s)
                     continue
                 gap = end_s - req.last_token_s
                 if req.max_itl_s is None or gap > req.max_itl_s:
@@ -477,26 +473,17 @@ class Engine:
         if finished:
             replica.running = [r for r in replica.running if r.status is Status.RUNNING]
         replica.policy.on_step(step.batch, j)
-        if self.record_steps:
-            self.steps.append((
-                replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
-                step.decode_requests, len(step.batch.items), step.kv_used, kv.total, step.waiting,
-                len(step.batch.preempt),
-            ))
+        self.steps.append((
+            replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
+            step.decode_requests, len(step.batch.items), step.kv_used, kv.total, step.waiting,
+            len(step.batch.preempt),
+        ))
 
-    def _emit(self, replica: Replica, req: Request, now: float, max_gap: float, count: int) -> bool:
-        """``req`` produced ``count`` tokens, the last at ``now``; ``max_gap`` is the longest gap among
-        those after its previous token. Returns True if it finished."""
-        if req.first_token_s is None:
-            req.first_token_s = now
-            replica.outstanding_tokens -= req.prompt_tokens
-            if count > 1:
-                raise AssertionError("a first token cannot come from a decode stretch")
-        elif req.max_itl_s is None or max_gap > req.max_itl_s:
-            req.max_itl_s = max_gap
-        req.last_token_s = now
-        req.num_generated_tokens += count
-        replica.outstanding_tokens -= count
+    def _first_token(self, replica: Replica, req: Request, now: float) -> bool:
+        """``req``'s prompt is done and its first token out at ``now``; True if that finished it."""
+        req.first_token_s = req.last_token_s = now
+        req.num_generated_tokens += 1
+        replica.outstanding_tokens -= req.prompt_tokens + 1
         if req.num_generated_tokens >= req.output_tokens:
             self._finish(replica, req, now)
             return True
