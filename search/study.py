@@ -18,8 +18,7 @@ import socket
 import threading
 import time
 import warnings
-from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
@@ -31,7 +30,9 @@ from servelab.search.spec import SearchSpec
 SPEC_ATTR = "servelab_spec"
 HASH_ATTR = "servelab_spec_hash"
 MAX_ERRORS_IN_A_ROW = 5
-UNCLAIMED_GRACE_S = 60.0  # a RUNNING trial with no worker recorded this long after its start is stale
+# A live worker records itself on a trial as the objective's first step, milliseconds after Optuna
+# creates it; a RUNNING trial still unclaimed this long after its start lost its worker in between.
+UNCLAIMED_GRACE_S = 10.0
 LOCK_GRACE_S = 3
 HEARTBEAT_S = 20  # RDB storages: workers on other machines are declared dead after 3 missed beats
 
@@ -51,8 +52,6 @@ def journal_storage(path: Path):
 
 
 def make_storage(spec: SearchSpec, study_dir: Path, url: str | None = None):
-    import optuna
-
     url = url or spec.storage
     if url is None:
         Path(study_dir).mkdir(parents=True, exist_ok=True)
@@ -197,16 +196,23 @@ def fail_stale_trials(study, study_dir: Path) -> list[int]:
     from optuna.trial import TrialState
 
     host = socket.gethostname()
-    now = datetime.now()
     stale = []
     storage = study._storage
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    young = [t.datetime_start for t in running if not t.user_attrs.get("worker") and t.datetime_start is not None]
+    if young:  # a worker killed between Optuna's ask and its claim: wait out the claim window once
+        wait_s = UNCLAIMED_GRACE_S - (datetime.now() - max(young)).total_seconds()
+        if wait_s > 0:
+            time.sleep(min(wait_s, UNCLAIMED_GRACE_S))
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    now = datetime.now()
+    for t in running:
         worker = t.user_attrs.get("worker")
         gone = False
         if worker:
             w_host, pid, token = worker.rsplit(":", 2)
             gone = w_host == host and not _alive(int(pid), token)
-        elif t.datetime_start is not None and (now - t.datetime_start).total_seconds() > UNCLAIMED_GRACE_S:
+        elif t.datetime_start is not None and (now - t.datetime_start).total_seconds() >= UNCLAIMED_GRACE_S:
             gone = True
         if not gone:
             continue

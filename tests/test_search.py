@@ -332,7 +332,8 @@ def test_resume_after_kill_9(slow_dir, tmp_path):
     _cli("search", str(spec), "-o", str(out), "--no-progress")
     study = load_study_dir(out)
     c = counts(study)
-    assert c["complete"] == 8 and c["running"] == 0
+    states = [(t.number, t.state.name, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in study.trials]
+    assert c["complete"] == 8 and c["running"] == 0, (running, states)
     for t in study.trials:
         if t.number in running:
             assert t.state == TrialState.FAIL and t.user_attrs["outcome"] == "stale"
