@@ -101,9 +101,6 @@ class BatchBuilder:
         return self._chosen
 
     # -- primitives -------------------------------------------------------------------------
-    def fits(self, req: Request, n: int) -> bool:
-        return self.kv.blocks_needed(req, n) <= self.free_blocks
-
     def add(self, req: Request, n: int, need: int | None = None) -> None:
         """Put ``(req, n)`` in the batch; ``need`` = its extra KV blocks if the caller computed them."""
         if need is None:

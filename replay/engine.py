@@ -20,7 +20,7 @@ import math
 
 from servelab.common.errors import ServelabError
 from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
-from servelab.replay.batch import Batch
+from servelab.replay.batch import Batch, BatchSummary
 from servelab.replay.config import EngineConfig
 from servelab.replay.faults import Failure, Journal
 from servelab.replay.kv import KVCache, blocks_for
@@ -238,21 +238,18 @@ class Engine:
                 self._request_schedule(replica, now)
             return
         kv = replica.kv
-        summary = batch.summary
         items = [] if self.needs_items else None
-        if summary is not None and items is None:
-            # The builder already counted the batch: only admissions and KV growth remain.
-            for req in summary.admit:
-                swap_s += self._admit(replica, req, now)
-            for req, target in summary.grow:
-                kv.grow(req, target)
-            prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
-            prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
-            decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
-            all_decode = not batch.preempt and not prefill_reqs
-        else:
-            (prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx,
-             all_decode, swap_s) = self._walk_items(replica, batch, now, items, swap_s)
+        summary = batch.summary
+        if summary is None or items is not None:
+            summary = self._summarise(kv, batch, items)
+        for req in summary.admit:
+            swap_s += self._admit(replica, req, now)
+        for req, target in summary.grow:
+            kv.grow(req, target)
+        prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
+        prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
+        decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
+        all_decode = not batch.preempt and not prefill_reqs
         affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             duration = affine[0] + affine[1] * decode_ctx + swap_s
@@ -275,36 +272,15 @@ class Engine:
         replica.step_token += 1
         self._push(step.end_s, STEP_DONE, (replica, replica.step_token))
 
-    def _walk_items(self, replica: Replica, batch: Batch, now: float, items: list | None, swap_s: float):
-        """Admit, grow KV and count a batch item by item (policies that built it without BatchBuilder,
-        and runners that need the items themselves)."""
-        kv = replica.kv
-        bs, reserve = kv.block_size, kv.reserve
-        prefill_tokens = prefill_reqs = decode_reqs = 0
-        prefill_ctx = pairs = decode_ctx = 0
-        all_decode = not batch.preempt
+    @staticmethod
+    def _summarise(kv: KVCache, batch: Batch, items: list | None) -> BatchSummary:
+        """Count a batch that was built without BatchBuilder (or whose runner needs the items)."""
+        summary = BatchSummary()
         for req, n in batch.items:
-            if req.status is Status.WAITING:
-                swap_s += self._admit(replica, req, now)
-            c = req.num_computed_tokens
-            if reserve:
-                target = -(-(req.prompt_tokens + req.max_output_tokens) // bs)
-            else:
-                target = -(-(c + n) // bs)
-            if target > req.kv_blocks:
-                kv.grow(req, target)
-            if n == 1 and req.num_generated_tokens and c == req.prompt_tokens + req.num_generated_tokens - 1:
-                decode_reqs += 1
-                decode_ctx += c + 1
-            else:
-                all_decode = False
-                prefill_reqs += 1
-                prefill_tokens += n
-                prefill_ctx += c + n
-                pairs += n * c + n * (n + 1) // 2
+            summary.account(req, n, kv.blocks_needed(req, n))
             if items is not None:
-                items.append(StepItem(req, c, n))
-        return prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx, all_decode, swap_s
+                items.append(StepItem(req, req.num_computed_tokens, n))
+        return summary
 
     def _decode_affine(self, num_seqs: int) -> tuple[float, float] | None:
         """The runner's pure-decode cost line for ``num_seqs`` requests (a pure function: cached)."""

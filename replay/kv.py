@@ -31,13 +31,8 @@ class KVCache:
     def free(self) -> int:
         return self.total - self.used
 
-    def target_blocks(self, req: Request, num_new_tokens: int) -> int:
-        """Blocks ``req`` must hold to compute ``num_new_tokens`` more tokens."""
-        if self.reserve:
-            return blocks_for(req.prompt_tokens + req.max_output_tokens, self.block_size)
-        return blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size)
-
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """Blocks ``req`` must add to compute ``num_new_tokens`` more tokens (0 if it holds enough)."""
         if self.reserve:
             target = -(-(req.prompt_tokens + req.max_output_tokens) // self.block_size)
         else:

@@ -174,3 +174,22 @@ def test_progress_callback_reports_arrivals():
     replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000), runner=UNIT),
            runner=make_runner("linear:base=0.001"), progress=lambda done, total: seen.append((done, total)))
     assert seen == [(0, n), (8192, n), (16384, n)]
+
+
+def test_batch_without_builder_summary_gives_the_same_timeline(monkeypatch):
+    """A policy may build its Batch by hand; the engine then counts the items itself."""
+    import dataclasses
+
+    from servelab.policies.sarathi import Sarathi
+
+    trace = make_trace([0, 0.2, 0.5, 3.0], [16, 90, 16, 40], [40, 4, 40, 10])
+    runner = "linear:base=0.1,prefill_token=0.001,decode_seq=0.01,decode_context_token=0.0001"
+    engine = dict(max_num_batched_tokens=64, num_gpu_blocks=9)
+    expected = run(trace, runner=runner, **engine)
+    original = Sarathi.schedule
+    monkeypatch.setattr(Sarathi, "schedule",
+                        lambda self, replica: dataclasses.replace(original(self, replica), summary=None))
+    bare = run(trace, runner=runner, **engine)
+    assert bare.requests.equals(expected.requests)
+    assert bare.steps.equals(expected.steps)
+    assert sum(expected.requests.column("num_preemptions").to_pylist()) > 0  # KV pressure was exercised
