@@ -8,7 +8,7 @@ Names are re-exported lazily, so importing the package does not pull in optuna.
 
 from __future__ import annotations
 
-import importlib
+from servelab.common.lazy import lazy_exports
 
 _EXPORTS = {
     "load_spec": "servelab.search.spec",
@@ -26,8 +26,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servelab.search' has no attribute '{name}'")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

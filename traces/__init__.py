@@ -6,7 +6,7 @@ polars or scipy for callers that only read traces.
 
 from __future__ import annotations
 
-import importlib
+from servelab.common.lazy import lazy_exports
 
 _EXPORTS = {
     "read_trace": "servelab.traces.io",
@@ -26,8 +26,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servelab.traces' has no attribute '{name}'")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
