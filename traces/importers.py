@@ -98,6 +98,17 @@ def _drop_zero(part_path: Path, cols: dict[str, str], prompt, output, drop_zero:
     return (prompt > 0) & (output > 0)
 
 
+def _length_part(path: Path, cols: dict, time, prompt, output, drop_zero: bool) -> Part:
+    """One file's (time, prompt, output) columns, zero-token rows refused or dropped (and counted)."""
+    keep = _drop_zero(path, cols, prompt, output, drop_zero)
+    n = len(time)
+    dropped = {}
+    if keep is not None:
+        dropped["zero-token rows"] = int(n - keep.sum())
+        time, prompt, output = time[keep], prompt[keep], output[keep]
+    return Part(path, time, prompt, output, rows_read=n, dropped=dropped)
+
+
 def merge(parts: list[Part], source: str, prefix_block_tokens: int | None = None, tag_tenant: bool = False) -> Imported:
     """Rebase times to the earliest arrival, sort stably (file order breaks ties), renumber ids."""
     if not any(len(p.time) for p in parts):
@@ -181,13 +192,7 @@ def import_azure(paths: list[Path], drop_zero: bool = False, tenant_from_file: b
         parsed = read_columns(path, wants)
         cols = {"prompt": parsed.columns["ContextTokens"], "output": parsed.columns["GeneratedTokens"]}
         time, prompt, output = (parsed.numpy(n) for n in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
-        keep = _drop_zero(path, cols, prompt, output, drop_zero)
-        n = len(time)
-        dropped = {}
-        if keep is not None:
-            dropped["zero-token rows"] = int(n - keep.sum())
-            time, prompt, output = time[keep], prompt[keep], output[keep]
-        parts.append(Part(path, time, prompt, output, rows_read=n, dropped=dropped))
+        parts.append(_length_part(path, cols, time, prompt, output, drop_zero))
     return merge(parts, source="azure", tag_tenant=tenant_from_file)
 
 
@@ -207,13 +212,7 @@ def import_vidur(paths: list[Path], drop_zero: bool = False, tenant_from_file: b
             row = int(np.flatnonzero(bad)[0])
             raise InputError(path, f"negative arrival time ({time[row]})", column=parsed.columns["arrived_at"], row=row + 1)
         cols = {"prompt": parsed.columns["num_prefill_tokens"], "output": parsed.columns["num_decode_tokens"]}
-        keep = _drop_zero(path, cols, prompt, output, drop_zero)
-        n = len(time)
-        dropped = {}
-        if keep is not None:
-            dropped["zero-token rows"] = int(n - keep.sum())
-            time, prompt, output = time[keep], prompt[keep], output[keep]
-        parts.append(Part(path, time, prompt, output, rows_read=n, dropped=dropped))
+        parts.append(_length_part(path, cols, time, prompt, output, drop_zero))
     return merge(parts, source="vidur", tag_tenant=tenant_from_file)
 
 
