@@ -47,6 +47,10 @@ class PolicyBase:
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
     uses_token_budget: ClassVar[bool] = True  # False: max_num_batched_tokens does not apply (orca, static)
+    # True: the policy reads running requests only through ``schedule_running(replica.running,
+    # decodes_first=True)`` and ignores ``on_step``'s items, so the engine may keep the replica's
+    # decoding requests as one aggregate whose members' counters are materialised lazily (replay/cohort.py).
+    decode_cohort: ClassVar[bool] = False
 
     def __init__(self, params: Any, engine: EngineConfig, replica_id: int = 0):
         self.params = params

@@ -18,10 +18,11 @@ UNLIMITED = 1 << 62
 class Orca(PolicyBase):
     name = "orca"
     uses_token_budget = False
+    decode_cohort = True
 
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica, token_budget=UNLIMITED)
-        b.schedule_running(replica.running)
+        b.schedule_running(replica.running, decodes_first=True)
         if not b.preempted:
             b.admit_waiting(replica.waiting, chunked=False)
         return b.build()

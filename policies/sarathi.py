@@ -1,8 +1,9 @@
 """`sarathi` (= vLLM v1's default scheduler, the engine default): decode-first chunked prefill.
 
-Running requests go first (each gets its decode token or its next prefill chunk), then waiting
-requests fill the remaining token budget with prefill chunks; prefill and decode share iterations
-(Sarathi-Serve, OSDI 2024). Waiting requests are not admitted in an iteration that had to preempt.
+Decodes go first (every running request whose next token is a decode), then the running requests
+still prefilling get their next chunk, then waiting requests fill the remaining token budget with
+prefill chunks; prefill and decode share iterations (Sarathi-Serve, OSDI 2024, Algorithm 1).
+Waiting requests are not admitted in an iteration that had to preempt.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ class SarathiParams:
 class Sarathi(PolicyBase):
     name = "sarathi"
     Params = SarathiParams
+    decode_cohort = True
 
     def schedule(self, replica: Replica) -> Batch:
         cap = self.params.long_prefill_threshold or None
         b = self.builder(replica)
-        b.schedule_running(replica.running, cap)
+        b.schedule_running(replica.running, cap, decodes_first=True)
         if not b.preempted:
             b.admit_waiting(replica.waiting, chunked=True, chunk_cap=cap)
         return b.build()

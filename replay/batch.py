@@ -23,6 +23,8 @@ class Batch:
     ``repeat`` bounds how many identical iterations the engine may run before asking again when
     the batch is pure decode (None: until the next event). ``wake_s`` asks to be consulted again
     at that time even if nothing else happens (time-based policies: quanta, starvation bounds).
+    ``cohort``: how many members of the replica's decode cohort decode in it besides ``items``
+    (each one token; replay/cohort.py).
     """
 
     items: tuple[tuple[Request, int], ...] = ()
@@ -30,21 +32,23 @@ class Batch:
     repeat: int | None = None
     wake_s: float | None = None
     summary: "BatchSummary | None" = None  # filled by BatchBuilder; the engine recomputes it if absent
+    cohort: int = 0
 
 
 class BatchSummary:
     """Counts the builder gathered while adding items, so the engine need not walk them again.
 
     ``grow``: (request, blocks it must hold) for items needing new KV blocks; ``admit``: items
-    that were waiting; ``min_decode_left``: fewest tokens any decode item still has to generate.
+    that were waiting; ``min_decode_left``: fewest tokens any decode item still has to generate;
+    ``cohort_blocks``: new KV blocks the decode cohort's members need for this iteration.
     """
 
     __slots__ = ("prefill_tokens", "prefill_reqs", "prefill_ctx", "pairs", "decode_reqs", "decode_ctx",
-                 "min_decode_left", "grow", "admit")
+                 "min_decode_left", "grow", "admit", "cohort_blocks")
 
     def __init__(self) -> None:
         self.prefill_tokens = self.prefill_reqs = self.prefill_ctx = self.pairs = 0
-        self.decode_reqs = self.decode_ctx = 0
+        self.decode_reqs = self.decode_ctx = self.cohort_blocks = 0
         self.min_decode_left = 1 << 62
         self.grow: list[tuple[Request, int]] = []
         self.admit: list[Request] = []
@@ -73,7 +77,7 @@ EMPTY = Batch()
 
 class BatchBuilder:
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary")
+                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
                  token_budget: int | None = None, seq_budget: int | None = None):
@@ -90,6 +94,7 @@ class BatchBuilder:
         self.victim_key = victim_key
         self.skip_blocked = cfg.head_of_line == "skip"
         self.summary = BatchSummary()
+        self.cohort = 0  # members of the replica's decode cohort taken whole into this batch
 
     @property
     def chosen(self) -> set[Request]:
@@ -134,13 +139,63 @@ class BatchBuilder:
         return True
 
     def build(self, repeat: int | None = None, wake_s: float | None = None) -> Batch:
-        if not self.items and not self.preempted and wake_s is None:
+        if not self.items and not self.preempted and wake_s is None and not self.cohort:
             return EMPTY
-        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary)
+        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary, self.cohort)
 
     # -- the two loops most policies share -----------------------------------------------------
-    def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None) -> None:
-        """Give each running request its next tokens (a decode token, or its next prefill chunk)."""
+    def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None,
+                         decodes_first: bool = False) -> None:
+        """Give each running request its next tokens (a decode token, or its next prefill chunk).
+
+        ``decodes_first``: every decode before any prefill chunk (Sarathi-Serve), each group in
+        ``order``. Only such a policy, walking ``replica.running``, can take the replica's decode
+        cohort whole (one aggregate instead of a visit per member); any other walk dissolves it first.
+        """
+        cohort = self.replica.cohort
+        if cohort is not None and cohort.n:
+            if decodes_first and order is self.replica.running:
+                order = self._take_cohort(cohort)
+            else:
+                cohort.dissolve()
+        if not decodes_first:
+            self._walk(order, chunk_cap, None)
+            return
+        prefills: list[Request] = []
+        self._walk(order, chunk_cap, prefills)
+        if prefills:
+            self._walk(prefills, chunk_cap, None)
+
+    def _take_cohort(self, cohort) -> list[Request]:
+        """Add every cohort member's decode token at once if the walk would surely give each one
+        (no budget runs out, nothing must be preempted); else dissolve it. Returns what is left to walk."""
+        n, outside = cohort.n, cohort.outside
+        tokens = self.token_budget
+        need = cohort.blocks_added(1)
+        room = self.free_blocks - need
+        if n + len(outside) <= tokens and n + len(outside) <= self.seq_budget and room >= 0:
+            blocks_needed = self.kv.blocks_needed
+            for req in outside:  # at most what each can take: then no preemption can follow
+                left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
+                room -= blocks_needed(req, left if left < tokens else tokens)
+        if room < 0 or n + len(outside) > tokens or n + len(outside) > self.seq_budget:
+            cohort.dissolve()
+            return cohort.outside
+        self.token_budget = tokens - n
+        self.seq_budget -= n
+        self.free_blocks -= need
+        summary = self.summary
+        summary.decode_reqs += n
+        summary.decode_ctx += cohort.decode_ctx()
+        left = cohort.decodes_left()
+        if left < summary.min_decode_left:
+            summary.min_decode_left = left
+        summary.cohort_blocks = need
+        self.cohort = n
+        return outside
+
+    def _walk(self, order: Iterable[Request], chunk_cap: int | None, prefills: list[Request] | None) -> None:
+        """One pass of ``schedule_running``; with ``prefills``, non-decodes are set aside there."""
         # The hot loop of every policy: budgets and counts live in locals, and the common case
         # (its KV fits) is inlined; the slow path (preemption) syncs them back to the builder.
         chosen, items, summary = self.chosen, self.items, self.summary
@@ -178,6 +233,9 @@ class BatchBuilder:
                     min_left = req.output_tokens - g
                 if req.status is waiting:
                     summary.admit.append(req)
+                continue
+            if prefills is not None:
+                prefills.append(req)
                 continue
             if chunk_cap is not None and n > chunk_cap:
                 n = chunk_cap

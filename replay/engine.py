@@ -21,6 +21,7 @@ import math
 from servelab.common.errors import ServelabError
 from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
 from servelab.replay.batch import Batch, BatchSummary
+from servelab.replay.cohort import DecodeCohort
 from servelab.replay.config import EngineConfig
 from servelab.replay.faults import Failure, Journal
 from servelab.replay.kv import KVCache, blocks_for
@@ -60,6 +61,13 @@ class Engine:
         self.next_arrival = 0
         self._check_sorted()
         self._init_platform(config)
+        # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running
+        # requests only through BatchBuilder; per-request views (token log, block tables) and the
+        # platform features that walk running requests keep every request's counters current.
+        if self.tokens is None and not self.needs_items and not self.before_schedule and not config.fail:
+            for replica in replicas:
+                if getattr(replica.policy, "decode_cohort", False):
+                    replica.cohort = DecodeCohort(replica)
 
     def _init_platform(self, config: EngineConfig) -> None:
         """Quotas, pausing, policy shedding, failures and the journal (docs/platform.md); all off by default."""
@@ -156,7 +164,13 @@ class Engine:
                 if not req.status.is_terminal:
                     req.status = Status.UNFINISHED
                     req.reason = "no live replica to serve it"
+        self._dissolve_cohorts()
         return self.now_s
+
+    def _dissolve_cohorts(self) -> None:
+        for replica in self.replicas:
+            if replica.cohort is not None:
+                replica.cohort.dissolve()
 
     def _request_schedule(self, replica: Replica, time_s: float) -> None:
         """Consult the policy at ``time_s`` once every arrival and completion at that time is in."""
@@ -230,7 +244,7 @@ class Engine:
             swap_s += self._preempt(replica, victim)
         if batch.wake_s is not None and batch.wake_s > now:
             replica.wake_s = batch.wake_s
-        if not batch.items:
+        if not batch.items and not batch.cohort:
             replica.busy = False
             if batch.wake_s is not None and batch.wake_s > now:
                 self._push(batch.wake_s, SCHEDULE, replica)
@@ -246,6 +260,10 @@ class Engine:
             swap_s += self._admit(replica, req, now)
         for req, target in summary.grow:
             kv.grow(req, target)
+        if summary.cohort_blocks:
+            kv.used += summary.cohort_blocks
+            if kv.used > kv.total:
+                raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
         prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
         prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
@@ -303,7 +321,7 @@ class Engine:
             return
         kv = replica.kv
         if not kv.reserve:
-            k = self._kv_safe_iterations(kv, items, k)
+            k = self._kv_safe_iterations(kv, items, k, replica.cohort if step.batch.cohort else None)
             if k <= 1:
                 return
         step.a, step.b = affine
@@ -312,14 +330,17 @@ class Engine:
         step.end_s = step.start_s + step.elapsed(k)
 
     @staticmethod
-    def _kv_safe_iterations(kv: KVCache, items, k: int) -> int:
+    def _kv_safe_iterations(kv: KVCache, items, k: int, cohort: DecodeCohort | None) -> int:
         """Largest j <= k such that every request's next j tokens fit in the free blocks."""
-        bs, free, n = kv.block_size, kv.free, len(items)
+        bs, free, n = kv.block_size, kv.free, len(items) + (cohort.n if cohort is not None else 0)
         if free >= n * (k // bs + 2):
             return k
+        # the first token's blocks are already held (taken when the iteration started)
+        first = cohort.blocks_added(1) if cohort is not None else 0
 
         def extra(j: int) -> int:  # blocks needed beyond those held, to compute j more tokens each
-            return sum(blocks_for(req.num_computed_tokens + j, bs) - req.kv_blocks for req, _ in items)
+            held = sum(blocks_for(req.num_computed_tokens + j, bs) - req.kv_blocks for req, _ in items)
+            return held + (cohort.blocks_added(j) - first if cohort is not None else 0)
 
         lo, hi = 1, k
         while lo < hi:
@@ -342,6 +363,8 @@ class Engine:
         self.admissions += 1
         req.admitted_seq = self.admissions
         replica.running.append(req)
+        if replica.cohort is not None:
+            replica.cohort.outside.append(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
         if req.swapped:  # bring the KV back from host memory
@@ -368,6 +391,8 @@ class Engine:
         req.status = Status.WAITING
         req.num_preemptions += 1
         replica.running.remove(req)
+        if replica.cohort is not None:  # the walk that chose it dissolved the cohort first
+            replica.cohort.outside.remove(req)
         replica.waiting.appendleft(req)
         if self.pause is not None and req.tier == self.pause.tier:
             self.pause_waiting[replica.id] += 1
@@ -395,8 +420,11 @@ class Engine:
         kv = replica.kv
         finished = False
         tokens = self.tokens
+        batch = step.batch
+        if batch.cohort:
+            finished = self._apply_cohort(replica, step, j, end_s)
         if step.k == 1:
-            for req, n in step.batch.items:
+            for req, n in batch.items:
                 c = req.num_computed_tokens = req.num_computed_tokens + n
                 if c != req.prompt_tokens + req.num_generated_tokens:
                     continue  # a prefill chunk that did not reach the end of the prompt
@@ -446,14 +474,53 @@ class Engine:
             replica.outstanding_tokens -= j * len(step.batch.items)
             if kv.used > kv.total:
                 raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
+        cohort = replica.cohort
         if finished:
             replica.running = [r for r in replica.running if r.status is Status.RUNNING]
-        replica.policy.on_step(step.batch, j)
+            if cohort is not None:
+                cohort.outside = [r for r in cohort.outside if r.status is Status.RUNNING]
+        if cohort is not None and batch.items:
+            self._join_cohort(cohort, batch.items, end_s)
+        replica.policy.on_step(batch, j)
         self.steps.append((
             replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
-            step.decode_requests, len(step.batch.items), step.kv_used, kv.total, step.waiting,
-            len(step.batch.preempt),
+            step.decode_requests, len(batch.items) + batch.cohort, step.kv_used, kv.total, step.waiting,
+            len(batch.preempt),
         ))
+
+    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float) -> bool:
+        """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers."""
+        cohort = replica.cohort
+        if step.k == 1:
+            gap = end_s - cohort.last_end_s
+        else:  # as for each request of a stretch below: the first gap or the last, whichever is longer
+            gap = step.start_s + step.a + step.b * step.ctx0 - cohort.last_end_s
+            last_gap = step.a + step.b * (step.ctx0 + (j - 1) * step.decode_requests)
+            if last_gap > gap:
+                gap = last_gap
+            kv = replica.kv
+            kv.used += cohort.blocks_added(j) - cohort.blocks_added(1)  # the first token's were taken at start
+            if kv.used > kv.total:
+                raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
+        replica.outstanding_tokens -= j * step.batch.cohort
+        done = cohort.advance(j, gap, end_s)
+        for req in done:
+            self._finish(replica, req, end_s)
+        return bool(done)
+
+    @staticmethod
+    def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:
+        """Requests that emitted a token at ``end_s`` and whose next token is a decode join the cohort
+        (a recompute chunk can stop just short of a token: that request joins after emitting it)."""
+        joined = False
+        running = Status.RUNNING
+        for req, _ in items:
+            g = req.num_generated_tokens
+            if req.last_token_s == end_s and req.status is running and req.num_computed_tokens == req.prompt_tokens + g - 1:
+                cohort.join(req)
+                joined = True
+        if joined:
+            cohort.outside = [r for r in cohort.outside if r.cohort_mark is None]
 
     def _first_token(self, replica: Replica, req: Request, now: float) -> bool:
         """``req``'s prompt is done and its first token out at ``now``; True if that finished it."""

@@ -21,7 +21,7 @@ class Replica:
     """
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
-                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s")
+                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVCache, policy: "Policy"):
         self.id = replica_id
@@ -37,3 +37,4 @@ class Replica:
         self.schedule_pending = False
         self.outstanding_tokens = 0  # prompt + output tokens routed here and not yet produced
         self.wake_s: float | None = None
+        self.cohort = None  # DecodeCohort when the engine keeps this replica's decodes in aggregate

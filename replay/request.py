@@ -36,7 +36,7 @@ class Request:
         "tenant", "tier", "session_id", "think_s", "ttft_slo_s", "tpot_slo_s", "prefix_hashes",
         "status", "reason", "replica", "num_computed_tokens", "num_generated_tokens", "kv_blocks",
         "swapped", "num_preemptions", "first_scheduled_s", "first_token_s", "finish_s",
-        "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data",
+        "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data", "cohort_mark",
     )
 
     def __init__(
@@ -85,6 +85,7 @@ class Request:
         self.admitted_seq = 0  # engine-wide admission order (victim choice: most recent first)
         self.block_table: list[int] | None = None  # real block ids, only for runners that need them
         self.policy_data = None  # a policy's private per-request state (e.g. a predicted length)
+        self.cohort_mark: int | None = None  # in its replica's decode cohort since that iteration (replay/cohort.py)
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,162 @@
+"""A replica's decoding requests kept as one aggregate, so an event costs O(1), not O(batch).
+
+Between events every decoding request of a decode-first policy (sarathi, orca) gains exactly one
+token per iteration. The cohort counts those iterations once (``d``) instead of visiting each
+member: a member's counters are frozen when it joins (at cohort iteration ``mark``) and read
+lazily as ``frozen + (d - mark)``. What the engine and the policy need per iteration comes from
+running aggregates:
+
+- decode context ``sum(c + 1)``: ``ctx_base + n * (d + 1)`` with ``ctx_base = sum(c_join - mark)``;
+- who finishes first: a heap keyed by the cohort iteration at which each member is done;
+- KV blocks: members hold ``ceil(c / block_size)`` blocks, and ``c mod block_size`` shifts by one
+  per iteration for all of them, so a histogram of residues gives the blocks any ``j`` more
+  iterations add (O(block_size), not O(members));
+- the longest inter-token gap: each applied run of iterations logs its largest gap; a member's
+  ``max_itl_s`` is the largest logged since it joined (a suffix maximum kept as a monotonic stack).
+
+A member's fields are real again (``materialize``) before anything else reads them: when it
+finishes, when the policy cannot take the whole cohort into a batch (``dissolve``; then the policy
+walks the requests one by one as usual), and at the end of the replay. The engine treats the
+cohort as an optimisation only: a run with cohorts and one without are byte-identical (tested).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+from servelab.replay.request import Request
+
+if TYPE_CHECKING:
+    from servelab.replay.replica import Replica
+
+
+class DecodeCohort:
+    __slots__ = ("replica", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
+                 "gap_starts", "gap_max", "last_end_s", "outside")
+
+    def __init__(self, replica: "Replica"):
+        self.replica = replica
+        self.bs = replica.kv.block_size
+        self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
+        self.outside: list[Request] = []  # running requests not in the cohort, in running order
+        self._reset()
+
+    def _reset(self) -> None:
+        self.n = 0
+        self.d = 0
+        self.ctx_base = 0
+        self.heap: list[tuple[int, int, Request]] = []  # (cohort iteration it finishes at, admitted_seq, req)
+        self.residues = [0] * self.bs  # members by (c_join - mark) mod block_size
+        self.gap_starts: list[int] = []  # monotonic stack: cohort iteration each logged run began at ...
+        self.gap_max: list[float] = []  # ... and its largest gap (strictly decreasing bottom to top)
+        self.last_end_s = 0.0
+
+    # -- membership ---------------------------------------------------------------------------
+    def join(self, req: Request) -> None:
+        """``req`` (running, its next token a decode) becomes a member; its counters freeze.
+        The caller takes it out of ``outside``."""
+        d = self.d
+        if not self.n:
+            self.last_end_s = req.last_token_s
+        req.cohort_mark = d
+        self.n += 1
+        c = req.num_computed_tokens
+        self.ctx_base += c - d
+        if not self.reserve:
+            self.residues[(c - d) % self.bs] += 1
+        heapq.heappush(self.heap, (d + req.output_tokens - req.num_generated_tokens, req.admitted_seq, req))
+
+    def materialize(self, req: Request) -> None:
+        """Write ``req``'s true counters back; it stays running but is no longer a member."""
+        delta = self.d - req.cohort_mark
+        if delta:
+            c = req.num_computed_tokens = req.num_computed_tokens + delta
+            req.num_generated_tokens += delta
+            req.last_token_s = self.last_end_s
+            if not self.reserve:
+                req.kv_blocks = -(-c // self.bs)
+            i = bisect_left(self.gap_starts, req.cohort_mark)
+            if i < len(self.gap_max):
+                gap = self.gap_max[i]
+                if req.max_itl_s is None or gap > req.max_itl_s:
+                    req.max_itl_s = gap
+        req.cohort_mark = None
+
+    def dissolve(self) -> None:
+        """Every member back to per-request bookkeeping (the policy must walk them one by one)."""
+        if not self.n:
+            return
+        for _, _, req in self.heap:
+            self.materialize(req)
+        self.outside = list(self.replica.running)
+        self._reset()
+
+    # -- what the next iterations need -----------------------------------------------------
+    def decode_ctx(self) -> int:
+        """KV tokens the members' next decode iteration reads: sum of (c + 1)."""
+        return self.ctx_base + self.n * (self.d + 1)
+
+    def decodes_left(self) -> int:
+        """Fewest tokens any member still has to generate."""
+        return self.heap[0][0] - self.d
+
+    def blocks_added(self, j: int) -> int:
+        """KV blocks the members add over their next ``j`` tokens (on-demand allocation)."""
+        if self.reserve or j <= 0:
+            return 0
+        bs = self.bs
+        m, t = divmod(j, bs)
+        extra = self.n * m
+        if t:
+            # a member at residue x (c mod bs) crosses a block boundary in its last t tokens iff
+            # x == 0 (its next token opens a block) or x > bs - t
+            res, d = self.residues, self.d
+            extra += res[-d % bs]
+            for x in range(bs - t + 1, bs):
+                extra += res[(x - d) % bs]
+        return extra
+
+    # -- applying iterations -----------------------------------------------------------------
+    def advance(self, j: int, max_gap: float, end_s: float) -> list[Request]:
+        """The members ran ``j`` more iterations, the last ending at ``end_s``; returns (materialised)
+        the members now done, in admission order."""
+        starts, maxima = self.gap_starts, self.gap_max
+        while maxima and maxima[-1] <= max_gap:
+            maxima.pop()
+            starts.pop()
+        starts.append(self.d)
+        maxima.append(max_gap)
+        d = self.d = self.d + j
+        self.last_end_s = end_s
+        heap = self.heap
+        if heap[0][0] > d:
+            return []
+        done = []
+        while heap and heap[0][0] <= d:
+            done.append(heapq.heappop(heap)[2])
+        done.sort(key=_admitted)
+        for req in done:
+            self._leave(req)
+        return done
+
+    def _leave(self, req: Request) -> None:
+        mark = req.cohort_mark
+        self.n -= 1
+        c0 = req.num_computed_tokens
+        self.ctx_base -= c0 - mark
+        if not self.reserve:
+            self.residues[(c0 - mark) % self.bs] -= 1
+        self.materialize(req)
+        if not self.n:
+            self._reset_keep_clock()
+
+    def _reset_keep_clock(self) -> None:
+        """Empty again: drop the gap log (no member can ask for it)."""
+        self.gap_starts.clear()
+        self.gap_max.clear()
+
+
+def _admitted(req: Request) -> int:
+    return req.admitted_seq

@@ -1,0 +1,135 @@
+"""The decode cohort (replay/cohort.py) is an optimisation only: its aggregates equal a per-request
+count, and a replay with cohorts is byte-identical to one that visits every request."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers_engine import NoStretch
+from servelab.policies.orca import Orca
+from servelab.policies.sarathi import Sarathi
+from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.replay.cohort import DecodeCohort
+from servelab.replay.config import EngineConfig as Cfg
+from servelab.replay.kv import KVCache
+from servelab.replay.replica import Replica
+from servelab.replay.request import Request
+from servelab.runners.base import make_runner
+from servelab.traces.synth import synth_trace
+
+
+def _decoder(i: int, prompt: int, generated: int, output: int) -> Request:
+    req = Request(i, 0.0, prompt, output, index=i)
+    req.num_generated_tokens = generated
+    req.num_computed_tokens = prompt + generated - 1
+    req.kv_blocks = -(-req.num_computed_tokens // 16)
+    req.last_token_s = 0.0
+    req.admitted_seq = i
+    return req
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_aggregates_equal_a_per_request_count(seed):
+    rng = random.Random(seed)
+    replica = Replica(0, Cfg(), KVCache(10**9, 16), policy=None)
+    cohort = DecodeCohort(replica)
+    members: list[Request] = []
+    shadow: dict[int, list] = {}  # request index -> [computed, generated, blocks, largest gap since joining]
+    t = 0.0
+    for i in range(60):
+        req = _decoder(i, rng.randint(1, 200), rng.randint(1, 5), rng.randint(6, 90))
+        req.last_token_s = t
+        cohort.join(req)
+        members.append(req)
+        shadow[i] = [req.num_computed_tokens, req.num_generated_tokens, req.kv_blocks, None]
+        for j in range(1, 40):  # what the next j iterations would add, before running them
+            assert cohort.blocks_added(j) == sum(-(-(c + j) // 16) - b for c, _, b, _ in shadow.values())
+        assert cohort.decode_ctx() == sum(c + 1 for c, _, _, _ in shadow.values())
+        assert cohort.decodes_left() == min(m.output_tokens - shadow[m.index][1] for m in members)
+        j = rng.randint(1, cohort.decodes_left())
+        gap = rng.uniform(0.01, 1.0)
+        t += 1.0
+        done = cohort.advance(j, gap, t)
+        for m in members:
+            c, g, _, worst = shadow[m.index]
+            shadow[m.index] = [c + j, g + j, -(-(c + j) // 16), gap if worst is None else max(worst, gap)]
+        assert [m.index for m in done] == sorted(m.index for m in members if shadow[m.index][1] >= m.output_tokens)
+        for m in done:  # materialised: the true counters, the largest gap logged since it joined
+            c, g, blocks, worst = shadow.pop(m.index)
+            assert (m.num_computed_tokens, m.num_generated_tokens, m.kv_blocks, m.max_itl_s) == (c, g, blocks, worst)
+            assert m.last_token_s == t and m.cohort_mark is None
+            members.remove(m)
+        assert cohort.n == len(members)
+    cohort.dissolve()
+    for m in members:
+        c, g, blocks, worst = shadow[m.index]
+        assert (m.num_computed_tokens, m.num_generated_tokens, m.kv_blocks, m.max_itl_s) == (c, g, blocks, worst)
+        assert m.cohort_mark is None and m.last_token_s == t
+
+
+def test_max_itl_is_the_largest_gap_since_joining():
+    replica = Replica(0, Cfg(), KVCache(10**6, 16), policy=None)
+    cohort = DecodeCohort(replica)
+    early, late = _decoder(0, 10, 1, 100), _decoder(1, 10, 1, 100)
+    cohort.join(early)
+    cohort.advance(3, 0.5, 1.0)
+    cohort.advance(2, 0.2, 2.0)
+    late.last_token_s = 2.0
+    cohort.join(late)
+    cohort.advance(1, 0.3, 3.0)
+    cohort.advance(1, 0.1, 4.0)
+    cohort.dissolve()
+    assert early.max_itl_s == 0.5 and late.max_itl_s == 0.3
+    assert early.num_generated_tokens == 1 + 7 and late.num_generated_tokens == 1 + 2
+    assert early.last_token_s == late.last_token_s == 4.0
+
+
+def _trace(**kw):
+    base = dict(n=1500, rate=30.0, arrival="gamma", cv=2.0, prompt="lognormal:700:1.0",
+                output="lognormal:150:1.0", seed=3)
+    base.update(kw)
+    return synth_trace(**base)
+
+
+CASES = {
+    "plenty of KV, 2 replicas": dict(engine=dict(replicas=2)),
+    "KV pressure, recompute": dict(engine=dict(num_gpu_blocks=700)),
+    "KV pressure, swap": dict(engine=dict(num_gpu_blocks=700, preemption="swap", swap_space_gb=0.5)),
+    "reserve allocation": dict(engine=dict(num_gpu_blocks=900, kv_allocation="reserve")),
+    "small token budget": dict(engine=dict(max_num_batched_tokens=200, num_gpu_blocks=4000)),
+    "seq cap and chunk cap": dict(engine=dict(max_num_seqs=12), params=dict(long_prefill_threshold=256)),
+    "horizon": dict(engine=dict(replicas=2, until_s=20.0)),
+    "sessions": dict(engine=dict(replicas=2, router="least-outstanding"), trace=dict(turns=4, think_s=2.0)),
+    "one iteration at a time": dict(engine=dict(num_gpu_blocks=1500), stretch=False),
+    "block size 1": dict(engine=dict(block_size=1, num_gpu_blocks=12000)),
+}
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "orca"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
+    spec = CASES[case]
+    params = spec.get("params", {}) if policy == "sarathi" else {}
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy, policy_params=params)
+    trace = _trace(**spec.get("trace", {}))
+    joins = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+
+    def run():
+        runner = make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
+                             block_size=config.engine.block_size)
+        return replay(trace, config, runner=runner if spec.get("stretch", True) else NoStretch(runner))
+
+    with_cohort = run()
+    assert joins, "the cohort was never used: the comparison would prove nothing"
+    monkeypatch.setattr(Sarathi, "decode_cohort", False)
+    monkeypatch.setattr(Orca, "decode_cohort", False)
+    joins.clear()
+    without = run()
+    assert not joins
+    assert with_cohort.requests.equals(without.requests)
+    assert with_cohort.steps.equals(without.steps)
+    assert with_cohort.meta["counts"] == without.meta["counts"]
