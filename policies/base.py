@@ -72,8 +72,8 @@ class PolicyBase:
     def victim_key(self, req: Request) -> Any:
         return req.admitted_seq
 
-    def builder(self, replica: Replica, **budgets: int) -> BatchBuilder:
-        return BatchBuilder(replica, self.victim_key, **budgets)
+    def builder(self, replica: Replica, token_budget: int | None = None, seq_budget: int | None = None) -> BatchBuilder:
+        return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 
 
 POLICIES: Registry[type[PolicyBase]] = Registry("policy")

@@ -7,8 +7,7 @@ and preempts victims (chosen by the policy's ``victim_key``) when a running requ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from servelab.replay.request import Request, Status
 
@@ -16,8 +15,7 @@ if TYPE_CHECKING:
     from servelab.replay.replica import Replica
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(NamedTuple):  # a tuple: immutable, and cheap to build once per iteration
     """Immutable decision: preempt these, then compute ``n`` tokens for each ``(request, n)``.
 
     ``repeat`` bounds how many identical iterations the engine may run before asking again when
@@ -161,6 +159,8 @@ class BatchBuilder:
         if not decodes_first:
             self._walk(order, chunk_cap, None)
             return
+        if not order:  # the cohort was everyone
+            return
         prefills: list[Request] = []
         self._walk(order, chunk_cap, prefills)
         if prefills:
@@ -171,14 +171,15 @@ class BatchBuilder:
         (no budget runs out, nothing must be preempted); else dissolve it. Returns what is left to walk."""
         n, outside = cohort.n, cohort.outside
         tokens = self.token_budget
-        need = cohort.blocks_added(1)
+        need = 0 if cohort.reserve else cohort.residues[-cohort.d % cohort.bs]  # = cohort.blocks_added(1)
         room = self.free_blocks - need
-        if n + len(outside) <= tokens and n + len(outside) <= self.seq_budget and room >= 0:
+        everyone = n + len(outside)
+        if everyone <= tokens and everyone <= self.seq_budget and room >= 0:
             blocks_needed = self.kv.blocks_needed
             for req in outside:  # at most what each can take: then no preemption can follow
                 left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
                 room -= blocks_needed(req, left if left < tokens else tokens)
-        if room < 0 or n + len(outside) > tokens or n + len(outside) > self.seq_budget:
+        if room < 0 or everyone > tokens or everyone > self.seq_budget:
             cohort.dissolve()
             return cohort.outside
         self.token_budget = tokens - n

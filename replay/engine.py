@@ -422,8 +422,10 @@ class Engine:
         tokens = self.tokens
         batch = step.batch
         if batch.cohort:
-            finished = self._apply_cohort(replica, step, j, end_s)
-        if step.k == 1:
+            self._apply_cohort(replica, step, j, end_s)
+        if not batch.items:
+            pass  # the cohort was the whole batch
+        elif step.k == 1:
             for req, n in batch.items:
                 c = req.num_computed_tokens = req.num_computed_tokens + n
                 if c != req.prompt_tokens + req.num_generated_tokens:
@@ -475,10 +477,8 @@ class Engine:
             if kv.used > kv.total:
                 raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
         cohort = replica.cohort
-        if finished:
-            replica.running = [r for r in replica.running if r.status is Status.RUNNING]
-            if cohort is not None:
-                cohort.outside = [r for r in cohort.outside if r.status is Status.RUNNING]
+        if finished and cohort is not None:
+            cohort.outside = [r for r in cohort.outside if r.status is Status.RUNNING]
         if cohort is not None and batch.items:
             self._join_cohort(cohort, batch.items, end_s)
         replica.policy.on_step(batch, j)
@@ -488,7 +488,7 @@ class Engine:
             len(batch.preempt),
         ))
 
-    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float) -> bool:
+    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float) -> None:
         """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers."""
         cohort = replica.cohort
         if step.k == 1:
@@ -499,14 +499,12 @@ class Engine:
             if last_gap > gap:
                 gap = last_gap
             kv = replica.kv
-            kv.used += cohort.blocks_added(j) - cohort.blocks_added(1)  # the first token's were taken at start
+            kv.used += cohort.blocks_added(j) - step.batch.summary.cohort_blocks  # the first token's: taken at start
             if kv.used > kv.total:
                 raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
         replica.outstanding_tokens -= j * step.batch.cohort
-        done = cohort.advance(j, gap, end_s)
-        for req in done:
+        for req in cohort.advance(j, gap, end_s):
             self._finish(replica, req, end_s)
-        return bool(done)
 
     @staticmethod
     def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:
@@ -536,6 +534,7 @@ class Engine:
         req.status = Status.FINISHED
         req.finish_s = now
         replica.kv.release(req)
+        replica.running.remove(req)
         self._ended(req, now)
 
     def _ended(self, req: Request, now: float) -> None:

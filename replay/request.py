@@ -45,7 +45,6 @@ class Request:
         arrival_s: float,
         prompt_tokens: int,
         output_tokens: int,
-        *,
         max_output_tokens: int | None = None,
         tenant: str = "default",
         tier: str = "standard",

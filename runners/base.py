@@ -7,7 +7,7 @@ only); a real runner (torch) executes its items against the KV blocks the engine
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from servelab.common.registry import Registry
 
@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from servelab.replay.request import Request
 
 
-@dataclass(frozen=True, slots=True)
-class StepShape:
+class StepShape(NamedTuple):  # a tuple: built once per priced iteration, so cheap to make
     """Counts that determine the cost of one iteration.
 
     For prefill chunk i computing ``c_i`` new tokens on top of ``p_i`` tokens already in KV:
@@ -51,8 +50,7 @@ class StepItem:
     num_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
+class StepPlan(NamedTuple):
     shape: StepShape
     items: tuple[StepItem, ...] = ()
 

@@ -175,6 +175,9 @@ class RooflineRunner:
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
+    _consts: tuple = field(init=False, repr=False)
+    # token count -> (one layer's linear ops, embedding + final norm): a pure function, memoised
+    _by_tokens: dict = field(init=False, repr=False, compare=False, hash=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         m, g, tp = self.model, self.gpu, self.tp
@@ -196,6 +199,14 @@ class RooflineRunner:
                 self._fold(lm_head_op(m, tp), self.calibration.ops["mlp_up"]),  # a wide GEMM like mlp_up
             ),
         )
+        pa, c = self.calibration.prefill_attention, self.calibration
+        object.__setattr__(self, "_consts", (
+            self._kv_bytes_per_token_layer_shard,
+            g.peak_flops * pa.eff_compute,  # prefill attention: achieved FLOP/s ...
+            g.hbm_bytes_per_s * pa.eff_memory,  # ... and bytes/s
+            2 * m.q_size / tp * m.dtype_bytes,  # decode attention: query + output bytes per sequence
+            g.hbm_bytes_per_s * c.decode_attention_eff_memory,
+        ))
 
     def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
@@ -211,6 +222,17 @@ class RooflineRunner:
     def _op(folded: tuple[float, ...], tokens: int) -> float:
         calls, lat, compute, fixed, per_token = folded
         return calls * (lat + max(compute * tokens, fixed + per_token * tokens))
+
+    def _linear_s(self, tokens: int) -> tuple[float, float]:
+        try:
+            return self._by_tokens[tokens]
+        except KeyError:
+            op = self._op
+            emb, final_norm, _ = self._head
+            value = (sum(op(f, tokens) for f in self._ops), op(emb, tokens) + op(final_norm, tokens))
+            if len(self._by_tokens) < 1 << 16:
+                self._by_tokens[tokens] = value
+            return value
 
     # --- per-shard attention work per layer -------------------------------------------------
     @property
@@ -228,8 +250,7 @@ class RooflineRunner:
         if num_seqs <= 0:
             return 0.0
         c = self.calibration
-        qo_bytes = 2 * self.model.q_size / self.tp * self.model.dtype_bytes
-        bw = self.gpu.hbm_bytes_per_s * c.decode_attention_eff_memory
+        qo_bytes, bw = self._consts[3], self._consts[4]
         return c.decode_attention_latency_s + c.decode_attention_per_seq_s * num_seqs + num_seqs * qo_bytes / bw
 
     def decode_attention_s(self, num_seqs: int, context_tokens: int) -> float:
@@ -242,13 +263,14 @@ class RooflineRunner:
         if shape.prefill_tokens <= 0:
             return 0.0
         cal, m = self.calibration.prefill_attention, self.model
+        kv_bytes, flops_per_s, bytes_per_s = self._consts[:3]
         flops = 4.0 * shape.prefill_attention_pairs * m.head_dim * m.num_heads / self.tp
         nbytes = (
-            shape.prefill_context_tokens * self._kv_bytes_per_token_layer_shard
+            shape.prefill_context_tokens * kv_bytes
             + shape.prefill_tokens * 2 * m.q_size / self.tp * m.dtype_bytes
         )
-        compute = flops / (self.gpu.peak_flops * cal.eff_compute)
-        memory = nbytes / (self.gpu.hbm_bytes_per_s * cal.eff_memory)
+        compute = flops / flops_per_s
+        memory = nbytes / bytes_per_s
         return cal.latency_s + max(compute, memory)
 
     def all_reduce_s(self, tokens: int) -> float:
@@ -272,13 +294,11 @@ class RooflineRunner:
         if tokens <= 0:
             return 0.0
         seqs = s.prefill_seqs + s.decode_seqs
-        op = self._op
-        layer = sum(op(f, tokens) for f in self._ops)
+        layer, head = self._linear_s(tokens)
         layer += self.prefill_attention_s(s) + 2 * self.all_reduce_s(tokens)
         layer += self._decode_attention_fixed_s(s.decode_seqs)
-        emb, final_norm, lm_head = self._head
         # vLLM computes logits at the last scheduled position of every sequence, partial prefills too.
-        once = op(emb, tokens) + op(final_norm, tokens) + op(lm_head, seqs)
+        once = head + self._op(self._head[2], seqs)
         fixed = self.model.num_layers * layer + once + self.cpu_overhead_s(seqs)
         # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
         return fixed + self._decode_s_per_kv_token * s.decode_context_tokens

@@ -178,7 +178,6 @@ def test_progress_callback_reports_arrivals():
 
 def test_batch_without_builder_summary_gives_the_same_timeline(monkeypatch):
     """A policy may build its Batch by hand; the engine then counts the items itself."""
-    import dataclasses
 
     from servelab.policies.sarathi import Sarathi
 
@@ -189,7 +188,7 @@ def test_batch_without_builder_summary_gives_the_same_timeline(monkeypatch):
     original = Sarathi.schedule
     monkeypatch.setattr(Sarathi, "decode_cohort", False)  # a hand-built batch lists every request
     monkeypatch.setattr(Sarathi, "schedule",
-                        lambda self, replica: dataclasses.replace(original(self, replica), summary=None))
+                        lambda self, replica: original(self, replica)._replace(summary=None))
     bare = run(trace, runner=runner, **engine)
     assert bare.requests.equals(expected.requests)
     assert bare.steps.equals(expected.steps)
