@@ -110,16 +110,17 @@ class DecodeCohort:
         m, t = divmod(j, bs)
         extra = self.n * m
         if t:
-            # a member at residue x (c mod bs) crosses a block boundary in its last t tokens iff
-            # x == 0 (its next token opens a block) or x > bs - t
-            res, d = self.residues, self.d
-            extra += res[-d % bs]
-            for x in range(bs - t + 1, bs):
-                extra += res[(x - d) % bs]
+            # A member at residue x = c mod bs crosses a block boundary in its last t tokens iff
+            # x == 0 (its next token opens a block) or x > bs - t: x in bs-t+1 .. bs (mod bs), t
+            # residues in a row. Members are kept by r = x - d (mod bs): a cyclic run from `first`.
+            res = self.residues
+            first = (1 - t - self.d) % bs
+            end = first + t
+            extra += sum(res[first:end]) if end <= bs else sum(res[first:]) + sum(res[:end - bs])
         return extra
 
     # -- applying iterations -----------------------------------------------------------------
-    def advance(self, j: int, max_gap: float, end_s: float) -> list[Request]:
+    def advance(self, j: int, max_gap: float, end_s: float) -> "list[Request] | tuple[()]":
         """The members ran ``j`` more iterations, the last ending at ``end_s``; returns (materialised)
         the members now done, in admission order."""
         starts, maxima = self.gap_starts, self.gap_max
@@ -132,11 +133,12 @@ class DecodeCohort:
         self.last_end_s = end_s
         heap = self.heap
         if heap[0][0] > d:
-            return []
-        done = []
+            return NONE
+        done = [heapq.heappop(heap)[2]]
         while heap and heap[0][0] <= d:
             done.append(heapq.heappop(heap)[2])
-        done.sort(key=_admitted)
+        if len(done) > 1:
+            done.sort(key=_admitted)
         for req in done:
             self._leave(req)
         return done
@@ -156,6 +158,9 @@ class DecodeCohort:
         """Empty again: drop the gap log (no member can ask for it)."""
         self.gap_starts.clear()
         self.gap_max.clear()
+
+
+NONE: tuple = ()
 
 
 def _admitted(req: Request) -> int:

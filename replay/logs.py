@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,37 +13,34 @@ class StepLog:
     (a million-request replay has millions of rows: tuples would cost ~200 bytes each)."""
 
     def __init__(self, chunk: int = 65536):
-        from servelab.replay.schema import STEPS_SCHEMA
-
-        self.width = len(STEPS_SCHEMA)
-        self.limit = chunk * self.width
-        self.values = array("d")  # rows flattened: every value is exact in a double
+        self.chunk = chunk
+        self.rows: list[tuple] = []
         self.batches: list = []
 
     def append(self, row: tuple) -> None:
-        values = self.values
-        values.extend(row)
-        if len(values) >= self.limit:
+        self.rows.append(row)
+        if len(self.rows) >= self.chunk:
             self._pack()
 
     def _pack(self) -> None:
-        import numpy as np
         import pyarrow as pa
 
         from servelab.replay.schema import STEPS_SCHEMA
 
-        block = np.frombuffer(self.values, dtype=np.float64).reshape(-1, self.width)
+        import numpy as np
+
+        block = np.array(self.rows, dtype=np.float64)  # every value is exact in a double
         self.batches.append(pa.RecordBatch.from_arrays(
             [pa.array(block[:, k].astype(f.type.to_pandas_dtype())) for k, f in enumerate(STEPS_SCHEMA)],
             schema=STEPS_SCHEMA))
-        self.values = array("d")
+        self.rows = []
 
     def table(self):
         import pyarrow as pa
 
         from servelab.replay.schema import STEPS_SCHEMA
 
-        if self.values:
+        if self.rows:
             self._pack()
         return pa.Table.from_batches(self.batches, schema=STEPS_SCHEMA)
 
