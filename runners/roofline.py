@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
 from importlib import resources
 
 from servelab.common.errors import ServelabError
@@ -176,8 +178,11 @@ class RooflineRunner:
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
     _consts: tuple = field(init=False, repr=False)
-    # token count -> (one layer's linear ops, embedding + final norm): a pure function, memoised
-    _by_tokens: dict = field(init=False, repr=False, compare=False, hash=False, default_factory=dict)
+    # The terms that depend on one count only (tokens, sequences, decodes), memoised per instance:
+    # step_time is then a few lookups plus the prefill attention.
+    _by_tokens: Any = field(init=False, repr=False, compare=False, hash=False)
+    _by_seqs: Any = field(init=False, repr=False, compare=False, hash=False)
+    _by_decodes: Any = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         m, g, tp = self.model, self.gpu, self.tp
@@ -206,7 +211,14 @@ class RooflineRunner:
             g.hbm_bytes_per_s * pa.eff_memory,  # ... and bytes/s
             2 * m.q_size / tp * m.dtype_bytes,  # decode attention: query + output bytes per sequence
             g.hbm_bytes_per_s * c.decode_attention_eff_memory,
+            self._decode_s_per_kv_token,
         ))
+        for name, fn in (("_by_tokens", self._token_terms), ("_by_seqs", self._seq_terms),
+                         ("_by_decodes", self._decode_attention_fixed_s)):
+            object.__setattr__(self, name, lru_cache(maxsize=1 << 16)(fn))
+
+    def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
+        return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name))
 
     def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
@@ -223,16 +235,16 @@ class RooflineRunner:
         calls, lat, compute, fixed, per_token = folded
         return calls * (lat + max(compute * tokens, fixed + per_token * tokens))
 
-    def _linear_s(self, tokens: int) -> tuple[float, float]:
-        try:
-            return self._by_tokens[tokens]
-        except KeyError:
-            op = self._op
-            emb, final_norm, _ = self._head
-            value = (sum(op(f, tokens) for f in self._ops), op(emb, tokens) + op(final_norm, tokens))
-            if len(self._by_tokens) < 1 << 16:
-                self._by_tokens[tokens] = value
-            return value
+    def _token_terms(self, tokens: int) -> tuple[float, float, float]:
+        """One layer's linear ops, embedding + final norm, and one layer's two all-reduces."""
+        op = self._op
+        emb, final_norm, _ = self._head
+        return (sum(op(f, tokens) for f in self._ops), op(emb, tokens) + op(final_norm, tokens),
+                2 * self.all_reduce_s(tokens))
+
+    def _seq_terms(self, seqs: int) -> tuple[float, float]:
+        """The LM head (logits at the last position of every sequence) and the CPU overhead."""
+        return self._op(self._head[2], seqs), self.cpu_overhead_s(seqs)
 
     # --- per-shard attention work per layer -------------------------------------------------
     @property
@@ -294,14 +306,15 @@ class RooflineRunner:
         if tokens <= 0:
             return 0.0
         seqs = s.prefill_seqs + s.decode_seqs
-        layer, head = self._linear_s(tokens)
-        layer += self.prefill_attention_s(s) + 2 * self.all_reduce_s(tokens)
-        layer += self._decode_attention_fixed_s(s.decode_seqs)
+        layer, head, all_reduce = self._by_tokens(tokens)
+        layer += self.prefill_attention_s(s) + all_reduce
+        layer += self._by_decodes(s.decode_seqs)
         # vLLM computes logits at the last scheduled position of every sequence, partial prefills too.
-        once = head + self._op(self._head[2], seqs)
-        fixed = self.model.num_layers * layer + once + self.cpu_overhead_s(seqs)
+        lm_head, cpu = self._by_seqs(seqs)
+        once = head + lm_head
+        fixed = self.model.num_layers * layer + once + cpu
         # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
-        return fixed + self._decode_s_per_kv_token * s.decode_context_tokens
+        return fixed + self._consts[5] * s.decode_context_tokens
 
     def decode_affine(self, num_seqs: int) -> tuple[float, float]:
         if num_seqs <= 0:
