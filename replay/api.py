@@ -167,6 +167,9 @@ def requests_table_from(requests: list[Request], chunk: int = 65536) -> pa.Table
     return pa.Table.from_batches(batches, schema=REQUESTS_SCHEMA)
 
 
+STATUS_NAMES = {s: s.name.lower() for s in Status}
+
+
 def _requests_batch(requests: list[Request]) -> pa.RecordBatch:
     finished = Status.FINISHED
     ttft, tpot, e2e = [], [], []
@@ -184,7 +187,7 @@ def _requests_batch(requests: list[Request]) -> pa.RecordBatch:
         "tier": [r.tier for r in requests],
         "session_id": [r.session_id for r in requests],
         "replica": [r.replica for r in requests],
-        "status": [r.status.name.lower() for r in requests],
+        "status": [STATUS_NAMES[r.status] for r in requests],
         "reason": [r.reason for r in requests],
         "arrival_s": [r.arrival_s for r in requests],
         "first_scheduled_s": [r.first_scheduled_s for r in requests],

@@ -187,8 +187,9 @@ class BatchBuilder:
         self.free_blocks -= need
         summary = self.summary
         summary.decode_reqs += n
-        summary.decode_ctx += cohort.decode_ctx()
-        left = cohort.decodes_left()
+        d = cohort.d
+        summary.decode_ctx += cohort.ctx_base + n * (d + 1)  # = cohort.decode_ctx()
+        left = cohort.heap[0][0] - d  # = cohort.decodes_left()
         if left < summary.min_decode_left:
             summary.min_decode_left = left
         summary.cohort_blocks = need
