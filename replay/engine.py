@@ -32,6 +32,7 @@ from servelab.replay.step import Step
 from servelab.runners.base import StepItem, StepPlan, StepShape
 
 ARRIVAL, STEP_DONE, SCHEDULE, FAULT = 0, 1, 2, 3
+MISSING = object()
 
 
 class Engine:
@@ -111,14 +112,6 @@ class Engine:
         self.seq += 1
         heapq.heappush(self.heap, (time_s, kind, self.seq, payload))
 
-    def _next_event_s(self) -> float:
-        t = self.heap[0][0] if self.heap else math.inf
-        if self.next_arrival < len(self.arrivals):
-            ta = self.arrivals[self.next_arrival].arrival_s
-            if ta < t:
-                t = ta
-        return t
-
     def run(self, progress=None) -> float:
         """Process events until drained or past the horizon; returns the simulated end time.
 
@@ -176,8 +169,9 @@ class Engine:
         """Consult the policy at ``time_s`` once every arrival and completion at that time is in."""
         if replica.schedule_pending:
             return
-        if self._next_event_s() > time_s:  # nothing else happens at this instant: decide now
-            self._start(replica, time_s)
+        heap, i = self.heap, self.next_arrival
+        if (not heap or heap[0][0] > time_s) and (i >= len(self.arrivals) or self.arrivals[i].arrival_s > time_s):
+            self._start(replica, time_s)  # nothing else happens at this instant: decide now
         else:
             replica.schedule_pending = True
             self._push(time_s, SCHEDULE, replica)
@@ -268,7 +262,11 @@ class Engine:
         prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
         all_decode = not batch.preempt and not prefill_reqs
-        affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
+        affine = None
+        if all_decode and items is None:
+            affine = self._affine_cache.get(decode_reqs, MISSING)
+            if affine is MISSING:
+                affine = self._decode_affine(decode_reqs)
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             duration = affine[0] + affine[1] * decode_ctx + swap_s
         else:
@@ -320,7 +318,8 @@ class Engine:
         if k <= 1:
             return
         kv = replica.kv
-        if not kv.reserve:
+        if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
+            # not surely enough free blocks for k more tokens each: find how many iterations fit
             k = self._kv_safe_iterations(kv, items, k, replica.cohort if step.batch.cohort else None)
             if k <= 1:
                 return
