@@ -49,7 +49,11 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
             if name not in names:
                 return repeat(default, n)
             column = batch.column(name)
-            values = column.to_pylist()
+            if pa.types.is_dictionary(column.type):  # tenants, tiers: one shared str per distinct value
+                labels = column.dictionary.to_pylist()
+                values = [None if i is None else labels[i] for i in column.indices.to_pylist()]
+            else:
+                values = column.to_pylist()
             if default is not None and column.null_count:
                 values = [default if v is None else v for v in values]
             return values
