@@ -104,6 +104,9 @@ CASES = {
     "sessions": dict(engine=dict(replicas=2, router="least-outstanding"), trace=dict(turns=4, think_s=2.0)),
     "one iteration at a time": dict(engine=dict(num_gpu_blocks=1500), stretch=False),
     "block size 1": dict(engine=dict(block_size=1, num_gpu_blocks=12000)),
+    "quotas, retries and a queue cap": dict(
+        engine=dict(quota=("tenant=tenant-0:rpm=300",), retries=2, retry_backoff_s=1.0, queue_cap=40),
+        trace=dict(tenants=(("tenant-0", 2.0), ("tenant-1", 1.0)))),
 }
 
 
