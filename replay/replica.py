@@ -18,6 +18,8 @@ class Replica:
 
     ``waiting`` is in queue order: arrivals at the back, preempted requests at the front (vLLM).
     ``running`` is in admission order: the default preemption victim is its last element.
+    ``cohort``: for policies that declare ``decode_cohort``, the running requests that are decoding,
+    kept in aggregate (replay/cohort.py); their counters are current only through ``BatchBuilder``.
     """
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
