@@ -422,9 +422,7 @@ class Engine:
         batch = step.batch
         if batch.cohort:
             self._apply_cohort(replica, step, j, end_s)
-        if not batch.items:
-            pass  # the cohort was the whole batch
-        elif step.k == 1:
+        if batch.items and step.k == 1:  # (no items: the cohort was the whole batch)
             for req, n in batch.items:
                 c = req.num_computed_tokens = req.num_computed_tokens + n
                 if c != req.prompt_tokens + req.num_generated_tokens:
@@ -443,7 +441,7 @@ class Engine:
                 if g >= req.output_tokens:
                     self._finish(replica, req, end_s)
                     finished = True
-        else:
+        elif batch.items:
             # A decode stretch: every item is past its first token and produced j tokens, the
             # last at end_s; the longest gap is the first (since its previous token) or the last.
             first_end = step.start_s + step.a + step.b * step.ctx0
@@ -512,8 +510,8 @@ class Engine:
         joined = False
         running = Status.RUNNING
         for req, _ in items:
-            g = req.num_generated_tokens
-            if req.last_token_s == end_s and req.status is running and req.num_computed_tokens == req.prompt_tokens + g - 1:
+            if (req.last_token_s == end_s and req.status is running
+                    and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1):
                 cohort.join(req)
                 joined = True
         if joined:
