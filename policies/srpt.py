@@ -5,7 +5,8 @@ the true one times ``exp(N(0, sigma))``, drawn once per request from the engine 
 request id (deterministic). ``sjf`` ranks by predicted total output, ``srpt`` by predicted
 remaining output. With ``preempt = true`` the ranking is re-applied at every iteration boundary:
 a waiting request that outranks a running one takes its place when ``max_num_seqs`` is full.
-Prefill uses the chunked-prefill token budget.
+Prefill uses the chunked-prefill token budget; without preemption running requests go as in
+`sarathi` (decodes first, then their prefill chunks) and the ranking orders the waiting queue.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class LengthParams:
 class _LengthAware(PolicyBase):
     remaining: bool = False
 
+    @property
+    def decode_cohort(self) -> bool:  # without preemption, running requests are read only by the builder
+        return not self.params.preempt
+
     def on_arrival(self, req: Request, replica: Replica) -> None:
         if req.policy_data is None:
             predicted = float(req.output_tokens)
@@ -51,7 +56,7 @@ class _LengthAware(PolicyBase):
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)
         if not self.params.preempt:
-            b.schedule_running(replica.running)
+            b.schedule_running(replica.running, decodes_first=True)
             if not b.preempted:
                 b.admit_waiting(sorted(replica.waiting, key=self.rank), chunked=True)
             return b.build()

@@ -10,6 +10,7 @@ import pytest
 from helpers_engine import NoStretch
 from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
+from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.replay import EngineConfig, ReplayConfig, replay
 from servelab.replay.cohort import DecodeCohort
 from servelab.replay.config import EngineConfig as Cfg
@@ -110,8 +111,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("policy", ["sarathi", "orca"])
-@pytest.mark.parametrize("case", list(CASES))
+# sjf/srpt sort their waiting queue at every decision: the slow pressure cases only run for the others
+LENGTH_CASES = ["plenty of KV, 2 replicas", "KV pressure, swap", "seq cap and chunk cap", "horizon", "sessions"]
+PAIRS = [(c, p) for p in ("sarathi", "orca") for c in CASES] + [(c, p) for p in ("srpt", "sjf") for c in LENGTH_CASES]
+
+
+@pytest.mark.parametrize(("case", "policy"), PAIRS)
 def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     spec = CASES[case]
     params = spec.get("params", {}) if policy == "sarathi" else {}
@@ -130,6 +135,8 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     assert joins, "the cohort was never used: the comparison would prove nothing"
     monkeypatch.setattr(Sarathi, "decode_cohort", False)
     monkeypatch.setattr(Orca, "decode_cohort", False)
+    monkeypatch.setattr(ShortestJobFirst, "decode_cohort", False)
+    monkeypatch.setattr(ShortestRemainingFirst, "decode_cohort", False)
     joins.clear()
     without = run()
     assert not joins
