@@ -29,6 +29,9 @@ class Policy(Protocol):
     def on_leave(self, req: Request, replica: Replica) -> None:
         """A request left ``replica`` without the policy's decision (dropped, paused, failure)."""
 
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        """A running request was preempted back into ``replica``'s waiting queue (state already updated)."""
+
     def reject_reason(self, req: Request) -> str | None:
         """Why this request can never be served under this policy, or None."""
 
@@ -65,6 +68,9 @@ class PolicyBase:
 
     def on_leave(self, req: Request, replica: Replica) -> None:
         """``req`` left ``replica`` without this policy's decision (dropped, paused, replica failure)."""
+
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        """``req`` was preempted back into ``replica``'s waiting queue (its counters already updated)."""
 
     def reject_reason(self, req: Request) -> str | None:
         return None

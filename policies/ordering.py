@@ -165,22 +165,63 @@ class ClassQueues:
 
     def in_order(self, cls):
         """Live requests of ``cls`` in key order, lazily (O(k log k) for the first k)."""
-        heap = self.heaps.get(cls)
-        if not heap:
-            return
-        while heap and heap[0][2] is None:
-            heapq.heappop(heap)
-        if not heap:
-            return
-        frontier = [(heap[0], 0)]
-        size = len(heap)
-        while frontier:
-            entry, i = heapq.heappop(frontier)
-            if entry[2] is not None:
-                yield entry[2]
-            for child in (2 * i + 1, 2 * i + 2):
-                if child < size:
-                    heapq.heappush(frontier, (heap[child], child))
+        return heap_in_order(self.heaps.get(cls))
 
     def __len__(self) -> int:
         return sum(self.live.values())
+
+
+def heap_in_order(heap: list | None):
+    """The live requests of a heap of ``[key, seq, req]`` entries (``req`` None once dead) in key
+    order, lazily: the first k cost O(k log k), not a sort of the whole heap."""
+    if not heap:
+        return
+    while heap and heap[0][2] is None:
+        heapq.heappop(heap)
+    if not heap:
+        return
+    frontier = [(heap[0], 0)]
+    size = len(heap)
+    while frontier:
+        entry, i = heapq.heappop(frontier)
+        if entry[2] is not None:
+            yield entry[2]
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < size:
+                heapq.heappush(frontier, (heap[child], child))
+
+
+class WaitingQueue:
+    """One replica's waiting requests in a policy's order, kept incrementally (a heap with lazy
+    deletion) instead of sorted at every decision: once a queue builds up, re-sorting it costs
+    O(queue) per event. The policy pushes a request when it joins the waiting queue (arrival,
+    preemption) with its key, which must not change while it waits, and removes it when it leaves
+    (admitted, dropped, paused, moved)."""
+
+    __slots__ = ("heap", "entries", "seq")
+
+    def __init__(self) -> None:
+        self.heap: list = []
+        self.entries: dict = {}  # request -> its live entry
+        self.seq = 0
+
+    def push(self, req: Request, key) -> None:
+        self.remove(req)
+        self.seq += 1
+        entry = [key, self.seq, req]
+        self.entries[req] = entry
+        heapq.heappush(self.heap, entry)
+        if len(self.heap) > 2 * len(self.entries) + 64:  # mostly dead entries: rebuild
+            self.heap = [e for e in self.heap if e[2] is not None]
+            heapq.heapify(self.heap)
+
+    def remove(self, req: Request) -> None:
+        entry = self.entries.pop(req, None)
+        if entry is not None:
+            entry[2] = None
+
+    def in_order(self):
+        return heap_in_order(self.heap)
+
+    def __len__(self) -> int:
+        return len(self.entries)

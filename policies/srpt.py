@@ -11,16 +11,18 @@ Prefill uses the chunked-prefill token budget; without preemption running reques
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 
 import numpy as np
 
 from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.ordering import WaitingQueue
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.request import Request, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,10 @@ class LengthParams:
 
 class _LengthAware(PolicyBase):
     remaining: bool = False
+
+    def __init__(self, params, engine, replica_id: int = 0):
+        super().__init__(params, engine, replica_id)
+        self.queue = WaitingQueue()  # the waiting requests by rank (fixed while a request waits)
 
     @property
     def decode_cohort(self) -> bool:  # without preemption, running requests are read only by the builder
@@ -43,6 +49,17 @@ class _LengthAware(PolicyBase):
                 rng = np.random.default_rng([self.engine.seed, req.request_id & 0xFFFFFFFF, 0x5EED])
                 predicted *= math.exp(rng.normal(0.0, self.params.noise_sigma))
             req.policy_data = max(1.0, predicted)
+        self.queue.push(req, self.rank(req))
+
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        self.queue.push(req, self.rank(req))
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        self.queue.remove(req)
+
+    def waiting_in_order(self, replica: Replica):
+        """``replica.waiting`` sorted by rank (kept incrementally: no sort per decision)."""
+        return self.queue.in_order()
 
     def rank(self, req: Request) -> tuple:
         predicted = req.policy_data
@@ -58,21 +75,31 @@ class _LengthAware(PolicyBase):
         if not self.params.preempt:
             b.schedule_running(replica.running, decodes_first=True)
             if not b.preempted:
-                b.admit_waiting(sorted(replica.waiting, key=self.rank), chunked=True)
-            return b.build()
-        ordered = sorted(chain(replica.running, replica.waiting), key=self.rank)
-        keep = set(ordered[: replica.config.max_num_seqs])
+                b.admit_waiting(self.waiting_in_order(replica), chunked=True)
+        else:
+            self._reschedule_all(replica, b)
+        for req in b.summary.admit:
+            self.queue.remove(req)
+        return b.build()
+
+    def _reschedule_all(self, replica: Replica, b) -> None:
+        """Re-rank running and waiting together: the best ``max_num_seqs`` run, the rest are preempted."""
+        ordered = heapq.merge(sorted(replica.running, key=self.rank), self.waiting_in_order(replica),
+                              key=self.rank)  # lazily: only as far as the budgets reach
+        best = list(islice(ordered, replica.config.max_num_seqs))
+        keep = set(best)
         for req in replica.running:
             if req not in keep:
                 b.preempt(req)
-        for req in ordered:
-            if req in b.chosen or b.seq_budget <= 0 or b.token_budget <= 0:
+        for req in chain(best, ordered):
+            if b.seq_budget <= 0 or b.token_budget <= 0:
+                break
+            if req in b.chosen:
                 continue
-            if req.status.name == "RUNNING":
+            if req.status is Status.RUNNING:
                 b.schedule_running((req,))
             else:
                 b.admit_waiting((req,), chunked=True)
-        return b.build()
 
 
 @POLICIES.register("sjf")

@@ -395,6 +395,7 @@ class Engine:
         replica.waiting.appendleft(req)
         if self.pause is not None and req.tier == self.pause.tier:
             self.pause_waiting[replica.id] += 1
+        replica.policy.on_requeue(req, replica)
         return cost
 
     def _lose_kv(self, replica: Replica, req: Request) -> None:

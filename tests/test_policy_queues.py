@@ -1,0 +1,60 @@
+"""Policies that order the waiting queue keep that order incrementally (no sort per decision); the
+replay must be byte-identical to one that sorts ``replica.waiting`` from scratch at every decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab.policies.ordering import WaitingQueue
+from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
+from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.replay.request import Request
+from servelab.traces.synth import synth_trace
+
+
+def test_waiting_queue_orders_live_requests_and_forgets_removed_ones():
+    q = WaitingQueue()
+    reqs = [Request(i, 0.0, 10, 10, index=i) for i in range(300)]
+    for r in reqs:
+        q.push(r, ((r.index * 37) % 101, r.index))
+    for r in reqs[::3]:
+        q.remove(r)
+    for r in reqs[1::3]:  # pushed again with a new key: only the new entry counts
+        q.push(r, (-r.index, r.index))
+    expected = sorted((r for r in reqs if r.index % 3), key=lambda r: (-r.index, r.index) if r.index % 3 == 1
+                      else ((r.index * 37) % 101, r.index))
+    assert list(q.in_order()) == expected and len(q) == len(expected)
+    assert len(q.heap) <= 2 * len(q) + 64  # dead entries are dropped once they dominate
+
+
+def _overload(**kw):
+    base = dict(n=2500, rate=25.0, arrival="gamma", cv=2.0, prompt="lognormal:700:1.0",
+                output="lognormal:150:1.0", seed=5)
+    base.update(kw)
+    return synth_trace(**base)
+
+
+CASES = {
+    "overload, plenty of KV": dict(engine=dict(max_num_seqs=64)),
+    "overload, KV pressure, recompute, no journal": dict(engine=dict(num_gpu_blocks=900, journal="off")),
+    "KV pressure, swap": dict(engine=dict(num_gpu_blocks=900, preemption="swap", swap_space_gb=0.5)),
+    "preempt, noisy predictor": dict(engine=dict(max_num_seqs=32), params=dict(preempt=True, noise_sigma=0.5)),
+    "preempt, KV pressure": dict(engine=dict(num_gpu_blocks=900), params=dict(preempt=True), trace=dict(n=500)),
+    "head of line skip, horizon": dict(engine=dict(num_gpu_blocks=900, head_of_line="skip", until_s=40.0)),
+    "sessions, 2 replicas": dict(engine=dict(replicas=2, max_num_seqs=32), trace=dict(turns=3, think_s=1.0)),
+}
+
+
+@pytest.mark.parametrize("policy", ["srpt", "sjf"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_incremental_waiting_order_equals_a_full_sort(case, policy, monkeypatch):
+    spec = CASES[case]
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy, policy_params=spec.get("params", {}))
+    trace = _overload(**spec.get("trace", {}))
+    incremental = replay(trace, config)
+    for cls in (ShortestJobFirst, ShortestRemainingFirst):
+        monkeypatch.setattr(cls, "waiting_in_order", lambda self, replica: sorted(replica.waiting, key=self.rank))
+    sorted_each_time = replay(trace, config)
+    assert incremental.requests.equals(sorted_each_time.requests)
+    assert incremental.steps.equals(sorted_each_time.steps)
+    assert max(incremental.steps.column("waiting").to_pylist()) > 20  # a queue did build up
