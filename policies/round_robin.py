@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.ordering import WaitingQueue
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
@@ -44,6 +45,7 @@ class RoundRobin(PolicyBase):
     def __init__(self, params, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
         self._tickets = 0
+        self.queue = WaitingQueue()  # the waiting requests by ticket, kept incrementally
 
     def _ticket(self) -> int:
         self._tickets += 1
@@ -51,6 +53,17 @@ class RoundRobin(PolicyBase):
 
     def on_arrival(self, req: Request, replica: Replica) -> None:
         req.policy_data = _Slot(self._ticket())
+        self.queue.push(req, req.policy_data.ticket)
+
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        self.queue.push(req, req.policy_data.ticket)  # a new ticket if its turn ended, else its old one
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        self.queue.remove(req)
+
+    def waiting_in_order(self, replica: Replica):
+        """``replica.waiting`` in ticket order (kept incrementally: no sort per decision)."""
+        return self.queue.in_order()
 
     def _used(self, req: Request) -> int:
         return req.num_generated_tokens - req.policy_data.turn_start
@@ -58,8 +71,7 @@ class RoundRobin(PolicyBase):
     def schedule(self, replica: Replica) -> Batch:
         quantum = self.params.quantum
         b = self.builder(replica)
-        queue = sorted(replica.waiting, key=lambda r: r.policy_data.ticket)
-        short = len(queue) - (replica.config.max_num_seqs - len(replica.running))
+        short = len(replica.waiting) - (replica.config.max_num_seqs - len(replica.running))
         if short > 0:
             expired = [r for r in replica.running if self._used(r) >= quantum]
             expired.sort(key=lambda r: r.policy_data.ticket)
@@ -68,7 +80,9 @@ class RoundRobin(PolicyBase):
                 req.policy_data.ticket = self._ticket()  # back of the queue
         b.schedule_running(replica.running)
         if not b.preempted or short > 0:
-            b.admit_waiting(queue, chunked=True)
+            b.admit_waiting(self.waiting_in_order(replica), chunked=True)
+        for req in b.summary.admit:
+            self.queue.remove(req)
         for req, _ in b.items:
             if req.status is Status.WAITING or self._used(req) >= quantum:
                 req.policy_data.turn_start = req.num_generated_tokens  # a new turn begins

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servelab.policies.ordering import WaitingQueue
+from servelab.policies.round_robin import RoundRobin
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.replay import EngineConfig, ReplayConfig, replay
 from servelab.replay.request import Request
@@ -45,15 +46,30 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("policy", ["srpt", "sjf"])
-@pytest.mark.parametrize("case", list(CASES))
+RR_CASES = {  # round-robin preempts at every quantum: smaller traces
+    "quantum 4, recompute": dict(engine=dict(max_num_seqs=16), params=dict(quantum=4), trace=dict(n=400)),
+    "quantum 8, swap, KV pressure": dict(engine=dict(max_num_seqs=32, num_gpu_blocks=900, preemption="swap",
+                                                     swap_space_gb=0.5), params=dict(quantum=8), trace=dict(n=400)),
+    "quantum 16, KV pressure, sessions": dict(engine=dict(num_gpu_blocks=900), params=dict(quantum=16),
+                                              trace=dict(n=400, turns=3, think_s=1.0)),
+}
+PAIRS = [(c, p) for p in ("srpt", "sjf") for c in CASES] + [(c, "round-robin") for c in RR_CASES]
+
+
+def _sorted_from_scratch(monkeypatch) -> None:
+    for cls in (ShortestJobFirst, ShortestRemainingFirst):
+        monkeypatch.setattr(cls, "waiting_in_order", lambda self, replica: sorted(replica.waiting, key=self.rank))
+    monkeypatch.setattr(RoundRobin, "waiting_in_order",
+                        lambda self, replica: sorted(replica.waiting, key=lambda r: r.policy_data.ticket))
+
+
+@pytest.mark.parametrize(("case", "policy"), PAIRS)
 def test_incremental_waiting_order_equals_a_full_sort(case, policy, monkeypatch):
-    spec = CASES[case]
+    spec = (RR_CASES if policy == "round-robin" else CASES)[case]
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy, policy_params=spec.get("params", {}))
     trace = _overload(**spec.get("trace", {}))
     incremental = replay(trace, config)
-    for cls in (ShortestJobFirst, ShortestRemainingFirst):
-        monkeypatch.setattr(cls, "waiting_in_order", lambda self, replica: sorted(replica.waiting, key=self.rank))
+    _sorted_from_scratch(monkeypatch)
     sorted_each_time = replay(trace, config)
     assert incremental.requests.equals(sorted_each_time.requests)
     assert incremental.steps.equals(sorted_each_time.steps)
