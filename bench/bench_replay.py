@@ -1,6 +1,7 @@
-"""Replay speed and memory: the Azure conv trace on 6 replicas, and a 1 M-request synthetic trace.
+"""Replay speed and memory: the Azure conv trace on 6 replicas, a 1 M-request synthetic trace, and
+an overloaded replica whose waiting queue grows to thousands (per-policy).
 
-Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
+Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
 """
@@ -55,9 +56,25 @@ def case_1m() -> None:
           f"counts {result.meta['counts']}; peak RSS {peak_rss_mb():.0f} MB")
 
 
+def case_overload() -> None:
+    """A queue that builds up: policies that order the waiting queue must not re-sort it per event."""
+    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=20_000, rate=40.0, arrival="poisson", prompt="lognormal:800:1.0",
+                        output="lognormal:200:1.0", seed=7)
+    for policy in ("sarathi", "sjf", "srpt", "vtc", "tiers", "edf"):
+        t0 = time.perf_counter()
+        result = replay(trace, ReplayConfig(engine=EngineConfig(replicas=1), policy=policy))
+        wall = time.perf_counter() - t0
+        waiting = max(result.steps.column("waiting").to_pylist())
+        print(f"overload (20k requests at 40 req/s, 1 replica) {policy}: wall {wall:.2f} s; "
+              f"{result.steps.num_rows:,} step rows; longest queue {waiting:,}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "1m"])
+    parser.add_argument("--case", choices=["azure", "1m", "overload"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-1m", action="store_true")
     args = parser.parse_args()
@@ -65,8 +82,10 @@ def main() -> None:
         case_azure(args.repeat)
     elif args.case == "1m":
         case_1m()
+    elif args.case == "overload":
+        case_overload()
     else:
-        cases = ["azure"] + ([] if args.skip_1m else ["1m"])
+        cases = ["azure", "overload"] + ([] if args.skip_1m else ["1m"])
         for case in cases:
             subprocess.run([sys.executable, __file__, "--case", case, "--repeat", str(args.repeat)], check=True)
 
