@@ -32,5 +32,15 @@ def run(trace, policy="sarathi", runner="linear:base=1", policy_params=None, str
     return replay(trace, cfg, runner=r)
 
 
+def synthetic(**overrides):
+    """A bursty synthetic trace (gamma CV 2, lognormal lengths) for engine-equivalence tests."""
+    from servelab.traces.synth import synth_trace
+
+    spec = dict(n=1500, rate=30.0, arrival="gamma", cv=2.0, prompt="lognormal:700:1.0",
+                output="lognormal:150:1.0", seed=3)
+    spec.update(overrides)
+    return synth_trace(**spec)
+
+
 def column(result, name):
     return result.requests.column(name).to_pylist()

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from helpers_engine import NoStretch
+from helpers_engine import NoStretch, synthetic
 from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
@@ -18,7 +18,6 @@ from servelab.replay.kv import KVCache
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request
 from servelab.runners.base import make_runner
-from servelab.traces.synth import synth_trace
 
 
 def _decoder(i: int, prompt: int, generated: int, output: int) -> Request:
@@ -87,13 +86,6 @@ def test_max_itl_is_the_largest_gap_since_joining():
     assert early.last_token_s == late.last_token_s == 4.0
 
 
-def _trace(**kw):
-    base = dict(n=1500, rate=30.0, arrival="gamma", cv=2.0, prompt="lognormal:700:1.0",
-                output="lognormal:150:1.0", seed=3)
-    base.update(kw)
-    return synth_trace(**base)
-
-
 CASES = {
     "plenty of KV, 2 replicas": dict(engine=dict(replicas=2)),
     "KV pressure, recompute": dict(engine=dict(num_gpu_blocks=700)),
@@ -121,7 +113,7 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     spec = CASES[case]
     params = spec.get("params", {}) if policy == "sarathi" else {}
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy, policy_params=params)
-    trace = _trace(**spec.get("trace", {}))
+    trace = synthetic(**spec.get("trace", {}))
     joins = []
     original_join = DecodeCohort.join
     monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))

@@ -4,13 +4,13 @@ replay must be byte-identical to one that sorts ``replica.waiting`` from scratch
 from __future__ import annotations
 
 import pytest
+from helpers_engine import synthetic
 
 from servelab.policies.ordering import WaitingQueue
 from servelab.policies.round_robin import RoundRobin
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.replay import EngineConfig, ReplayConfig, replay
 from servelab.replay.request import Request
-from servelab.traces.synth import synth_trace
 
 
 def test_waiting_queue_orders_live_requests_and_forgets_removed_ones():
@@ -28,11 +28,8 @@ def test_waiting_queue_orders_live_requests_and_forgets_removed_ones():
     assert len(q.heap) <= 2 * len(q) + 64  # dead entries are dropped once they dominate
 
 
-def _overload(**kw):
-    base = dict(n=2500, rate=25.0, arrival="gamma", cv=2.0, prompt="lognormal:700:1.0",
-                output="lognormal:150:1.0", seed=5)
-    base.update(kw)
-    return synth_trace(**base)
+def _overload(**overrides):
+    return synthetic(**dict(dict(n=2500, rate=25.0, seed=5), **overrides))
 
 
 CASES = {
