@@ -255,12 +255,21 @@ def write_run(result: RunResult, run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     meta = dict(result.meta, run_id=run_dir.name)
     with atomic_dir(run_dir) as tmp:
-        pq.write_table(result.requests, tmp / "requests.parquet", compression="zstd")
-        pq.write_table(result.steps, tmp / "steps.parquet", compression="zstd")
+        write_parquet(result.requests, tmp / "requests.parquet")
+        write_parquet(result.steps, tmp / "steps.parquet")
         if result.tokens is not None:
-            pq.write_table(result.tokens, tmp / "tokens.parquet", compression="zstd")
+            write_parquet(result.tokens, tmp / "tokens.parquet")
         (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return run_dir
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """zstd, with dictionary encoding only for the string columns (tenant, tier, status, reason):
+    on the numeric columns nearly every value is distinct, and trying a dictionary there doubled the
+    write time and grew the files (10 k requests and 43 k step rows: 26 ms, 1.67 MB -> 13 ms, 1.41 MB)."""
+    strings = [f.name for f in table.schema
+               if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
+    pq.write_table(table, path, compression="zstd", use_dictionary=strings or False)
 
 
 def _jsonable(value: Any) -> Any:

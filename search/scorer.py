@@ -7,7 +7,6 @@ numbers are those `servelab query` gives on the written run directory (a test ch
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -17,7 +16,7 @@ import pyarrow.compute as pc
 from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from servelab.scoring.db import set_slo
 from servelab.scoring.slo import SloTable
-from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, RunDir, runs_table
+from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, num_gpus
 from servelab.scoring.views import create_views
 
 # One pass over `request_metrics` (the view holding every per-request definition: effective SLOs,
@@ -28,19 +27,22 @@ _LAT = ", ".join(
     f"quantile_cont({m}_s, [0.5, 0.9, 0.99]) FILTER (WHERE finished) AS {m}_q"
     for m in ("ttft", "tpot", "e2e", "queue", "max_itl")
 )
-_SUMMARY = f"""
-SELECT grouping(tier) = 0 AS by_tier, tier,
+_SUMMARY_SQL = """
+SELECT {select},
        count(*) AS requests,
        count(*) FILTER (WHERE finished) AS completed,
        count(*) FILTER (WHERE met_all) AS met_all,
        count(*) FILTER (WHERE met_all) / count(*) AS attainment,
        count(*) FILTER (WHERE met_ttft) / nullif(count(met_ttft), 0) AS attainment_ttft,
        count(*) FILTER (WHERE met_tpot) / nullif(count(met_tpot), 0) AS attainment_tpot,
-       {_LAT}
+       {lat}
 FROM request_metrics
-GROUP BY GROUPING SETS ((), (tier))
-ORDER BY by_tier, tier
+{group}
 """
+_SUMMARY = _SUMMARY_SQL.format(select="grouping(tier) = 0 AS by_tier, tier", lat=_LAT,
+                               group="GROUP BY GROUPING SETS ((), (tier)) ORDER BY by_tier, tier")
+# One tier (the common case): its row would repeat the overall one, so the second pass is skipped.
+_OVERALL = _SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group="")
 _SPAN = "SELECT duration_s, num_gpus FROM run_span"
 _ATTAINMENT = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
 
@@ -67,7 +69,7 @@ class RunScorer:
         steps = steps.add_column(0, "run_id", pa.array([run_id] * steps.num_rows, pa.string()))
         self.con.register("requests", requests)
         self.con.register("steps", steps)
-        self.con.register("runs", runs_table([RunDir(run_id, Path(run_id), meta)]))
+        self.con.register("runs", _runs(run_id, meta))
 
     def attainment(self, result, arrived_by_s: float | None = None) -> float:
         """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given."""
@@ -81,7 +83,8 @@ class RunScorer:
 
     def score(self, result) -> dict[str, Any]:
         self._register(result.requests, result.steps, result.meta)
-        rows = self.con.execute(_SUMMARY).fetchall()
+        tiers = pc.unique(result.requests.column("tier")).to_pylist()
+        rows = self.con.execute(_SUMMARY if len(tiers) > 1 else _OVERALL).fetchall()
         cols = [d[0] for d in self.con.description]
         span = self.con.execute(_SPAN).fetchall()
         out: dict[str, Any] = {}
@@ -92,6 +95,8 @@ class RunScorer:
                 continue
             out.update(attainment=row["attainment"], attainment_ttft=row["attainment_ttft"],
                        attainment_tpot=row["attainment_tpot"], requests=row["requests"])  # fmt: skip
+            if len(tiers) == 1 and tiers[0] is not None:
+                out[f"attainment.tier.{tiers[0]}"] = row["attainment"]
             for metric in ("ttft", "tpot", "e2e", "queue", "max_itl"):
                 q = row[f"{metric}_q"] or [None, None, None]
                 out.update({f"{metric}_mean": row[f"{metric}_mean"], f"{metric}_p50": q[0], f"{metric}_p90": q[1],
@@ -101,6 +106,16 @@ class RunScorer:
                 out.update(goodput_rps=row["met_all"] / duration_s, throughput=row["completed"] / duration_s,
                            num_gpus=num_gpus)  # fmt: skip
         return out
+
+
+def _runs(run_id: str, meta: dict) -> pa.Table:
+    """The `runs` columns the scoring views read. scoring.sources.runs_table flattens all of run.json
+    (~100 columns, ~1 ms a trial); the views need only these, and were created against them."""
+    span = meta.get("simulated_span_s")
+    span = float(span) if isinstance(span, (int, float)) and not isinstance(span, bool) else None
+    return pa.table({"run_id": pa.array([run_id], pa.string()), "run_path": pa.array([run_id], pa.string()),
+                     "num_gpus": pa.array([num_gpus(meta)], pa.int64()),
+                     "simulated_span_s": pa.array([span], pa.float64())})
 
 
 __all__ = ["RunScorer"]

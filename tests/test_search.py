@@ -86,6 +86,31 @@ def test_scorer_matches_the_scoring_views_on_the_written_run(grid_dir, tmp_path)
     assert early == pytest.approx(early_sql, abs=1e-12)
 
 
+def test_scorer_per_tier_attainment_matches_the_views(grid_dir, tmp_path):
+    """With one tier the scorer skips the per-tier pass (its row equals the overall one); with two it
+    runs it: both agree with slo_attainment on the written run."""
+    import pyarrow as pa
+
+    trace = read_trace(grid_dir / "trace.arrow")
+    tiers = pa.array(["priority" if i % 3 == 0 else "standard" for i in range(trace.num_rows)])
+    two_tiers = trace.set_column(trace.column_names.index("tier"), "tier", tiers) if "tier" in trace.column_names \
+        else trace.append_column("tier", tiers)
+    for name, t in (("one", trace), ("two", two_tiers)):
+        result = replay(t, _config(8, 512, "sarathi"))
+        scorer = RunScorer(SLO_TABLE)
+        scores = scorer.score(result)
+        scorer.close()
+        write_run(result, tmp_path / name)
+        con = connect(tmp_path / name, SLO_TABLE)
+        expected = dict(con.execute("SELECT name, attainment FROM slo_attainment WHERE scope = 'tier'").fetchall())
+        got = {k.removeprefix("attainment.tier."): v for k, v in scores.items() if k.startswith("attainment.tier.")}
+        assert got.keys() == expected.keys() and len(got) == (1 if name == "one" else 2)
+        for tier, value in expected.items():
+            assert got[tier] == pytest.approx(value, abs=1e-12)
+        if name == "two":
+            assert len(set(got.values())) == 2  # the tiers really differ
+
+
 def test_tpe_reaches_the_grid_optimum(grid_dir, exhaustive, tmp_path):
     best_possible = max(exhaustive.values())
     near = sum(v >= 0.98 * best_possible for v in exhaustive.values())
