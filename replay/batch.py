@@ -171,15 +171,15 @@ class BatchBuilder:
         (no budget runs out, nothing must be preempted); else dissolve it. Returns what is left to walk."""
         n, outside = cohort.n, cohort.outside
         tokens = self.token_budget
-        need = 0 if cohort.reserve else cohort.residues[-cohort.d % cohort.bs]  # = cohort.blocks_added(1)
+        need = cohort.blocks_added(1)
         room = self.free_blocks - need
-        everyone = n + len(outside)
-        if everyone <= tokens and everyone <= self.seq_budget and room >= 0:
+        fits = n + len(outside) <= min(tokens, self.seq_budget)
+        if fits:
             blocks_needed = self.kv.blocks_needed
             for req in outside:  # at most what each can take: then no preemption can follow
                 left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
                 room -= blocks_needed(req, left if left < tokens else tokens)
-        if room < 0 or everyone > tokens or everyone > self.seq_budget:
+        if not fits or room < 0:
             cohort.dissolve()
             return cohort.outside
         self.token_budget = tokens - n
@@ -187,9 +187,8 @@ class BatchBuilder:
         self.free_blocks -= need
         summary = self.summary
         summary.decode_reqs += n
-        d = cohort.d
-        summary.decode_ctx += cohort.ctx_base + n * (d + 1)  # = cohort.decode_ctx()
-        left = cohort.heap[0][0] - d  # = cohort.decodes_left()
+        summary.decode_ctx += cohort.decode_ctx()
+        left = cohort.decodes_left()
         if left < summary.min_decode_left:
             summary.min_decode_left = left
         summary.cohort_blocks = need

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from servelab.replay.request import Request
 
@@ -55,8 +55,8 @@ class DecodeCohort:
 
     # -- membership ---------------------------------------------------------------------------
     def join(self, req: Request) -> None:
-        """``req`` (running, its next token a decode) becomes a member; its counters freeze.
-        The caller takes it out of ``outside``."""
+        """``req`` (running, its next token a decode) becomes a member; its counters freeze."""
+        self.outside.remove(req)
         d = self.d
         if not self.n:
             self.last_end_s = req.last_token_s
@@ -120,7 +120,7 @@ class DecodeCohort:
         return extra
 
     # -- applying iterations -----------------------------------------------------------------
-    def advance(self, j: int, max_gap: float, end_s: float) -> "list[Request] | tuple[()]":
+    def advance(self, j: int, max_gap: float, end_s: float) -> Sequence[Request]:
         """The members ran ``j`` more iterations, the last ending at ``end_s``; returns (materialised)
         the members now done, in admission order."""
         starts, maxima = self.gap_starts, self.gap_max
@@ -133,7 +133,7 @@ class DecodeCohort:
         self.last_end_s = end_s
         heap = self.heap
         if heap[0][0] > d:
-            return NONE
+            return ()
         done = [heapq.heappop(heap)[2]]
         while heap and heap[0][0] <= d:
             done.append(heapq.heappop(heap)[2])
@@ -151,16 +151,9 @@ class DecodeCohort:
         if not self.reserve:
             self.residues[(c0 - mark) % self.bs] -= 1
         self.materialize(req)
-        if not self.n:
-            self._reset_keep_clock()
-
-    def _reset_keep_clock(self) -> None:
-        """Empty again: drop the gap log (no member can ask for it)."""
-        self.gap_starts.clear()
-        self.gap_max.clear()
-
-
-NONE: tuple = ()
+        if not self.n:  # empty again: no member can ask for the gap log
+            self.gap_starts.clear()
+            self.gap_max.clear()
 
 
 def _admitted(req: Request) -> int:

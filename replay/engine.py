@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import lru_cache
 
 from servelab.common.errors import ServelabError
 from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
@@ -32,7 +33,6 @@ from servelab.replay.step import Step
 from servelab.runners.base import StepItem, StepPlan, StepShape
 
 ARRIVAL, STEP_DONE, SCHEDULE, FAULT = 0, 1, 2, 3
-MISSING = object()
 
 
 class Engine:
@@ -55,7 +55,8 @@ class Engine:
         self.now_s = 0.0
         self.steps = StepLog()
         self.num_swap_fallbacks = 0
-        self._affine_cache: dict[int, tuple[float, float] | None] = {}
+        # The runner's pure-decode cost line per batch size: a pure function, so cached per engine.
+        self._decode_affine = lru_cache(maxsize=None)(runner.decode_affine)
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -262,11 +263,7 @@ class Engine:
         prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
         all_decode = not batch.preempt and not prefill_reqs
-        affine = None
-        if all_decode and items is None:
-            affine = self._affine_cache.get(decode_reqs, MISSING)
-            if affine is MISSING:
-                affine = self._decode_affine(decode_reqs)
+        affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             duration = affine[0] + affine[1] * decode_ctx + swap_s
         else:
@@ -277,7 +274,7 @@ class Engine:
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
                     len(replica.waiting), kv.used)
         if affine is not None and swap_s == 0.0:
-            self._plan_stretch(replica, step, decode_ctx, affine)
+            self._plan_stretch(replica, step, summary, affine)
         if replica.wake_s is not None and replica.wake_s > now:
             j = step._first_boundary_at_or_after(replica.wake_s)
             if j < step.k:
@@ -298,44 +295,30 @@ class Engine:
                 items.append(StepItem(req, req.num_computed_tokens, n))
         return summary
 
-    def _decode_affine(self, num_seqs: int) -> tuple[float, float] | None:
-        """The runner's pure-decode cost line for ``num_seqs`` requests (a pure function: cached)."""
-        try:
-            return self._affine_cache[num_seqs]
-        except KeyError:
-            value = self._affine_cache[num_seqs] = self.runner.decode_affine(num_seqs)
-            return value
-
-    def _plan_stretch(self, replica: Replica, step: Step, ctx0: int, affine: tuple[float, float]) -> None:
-        items = step.batch.items
-        summary = step.batch.summary
-        if summary is not None:
-            k = summary.min_decode_left
-        else:
-            k = min(req.output_tokens - req.num_generated_tokens for req, _ in items)
+    def _plan_stretch(self, replica: Replica, step: Step, summary: BatchSummary, affine: tuple[float, float]) -> None:
+        """Make ``step`` (a pure-decode iteration) a stretch of as many identical iterations as surely hold."""
+        k = summary.min_decode_left
         if step.batch.repeat is not None:
             k = min(k, step.batch.repeat)
         if k <= 1:
             return
         kv = replica.kv
-        if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
+        if not kv.reserve and kv.free < step.decode_requests * (k // kv.block_size + 2):
             # not surely enough free blocks for k more tokens each: find how many iterations fit
-            k = self._kv_safe_iterations(kv, items, k, replica.cohort if step.batch.cohort else None)
+            cohort = replica.cohort if step.batch.cohort else None
+            k = self._kv_safe_iterations(kv, step.batch.items, k, cohort, summary.cohort_blocks)
             if k <= 1:
                 return
         step.a, step.b = affine
-        step.ctx0 = ctx0
+        step.ctx0 = summary.decode_ctx
         step.k = k
         step.end_s = step.start_s + step.elapsed(k)
 
     @staticmethod
-    def _kv_safe_iterations(kv: KVCache, items, k: int, cohort: DecodeCohort | None) -> int:
-        """Largest j <= k such that every request's next j tokens fit in the free blocks."""
-        bs, free, n = kv.block_size, kv.free, len(items) + (cohort.n if cohort is not None else 0)
-        if free >= n * (k // bs + 2):
-            return k
-        # the first token's blocks are already held (taken when the iteration started)
-        first = cohort.blocks_added(1) if cohort is not None else 0
+    def _kv_safe_iterations(kv: KVCache, items, k: int, cohort: DecodeCohort | None, first: int) -> int:
+        """Largest j <= k such that every request's next j tokens fit in the free blocks (``first``:
+        the cohort's blocks for its first token, already taken when the iteration started)."""
+        bs, free = kv.block_size, kv.free
 
         def extra(j: int) -> int:  # blocks needed beyond those held, to compute j more tokens each
             held = sum(blocks_for(req.num_computed_tokens + j, bs) - req.kv_blocks for req, _ in items)
@@ -418,7 +401,6 @@ class Engine:
     def _apply(self, replica: Replica, step: Step, j: int, end_s: float) -> None:
         """Apply ``j`` completed iterations of ``step`` ending at ``end_s``."""
         kv = replica.kv
-        finished = False
         tokens = self.tokens
         batch = step.batch
         if batch.cohort:
@@ -431,7 +413,7 @@ class Engine:
                 if tokens is not None:
                     tokens.single(req.request_id, req.num_generated_tokens + 1, end_s)
                 if req.last_token_s is None:  # the prompt is done: first token
-                    finished |= self._first_token(replica, req, end_s)
+                    self._first_token(replica, req, end_s)
                     continue
                 gap = end_s - req.last_token_s
                 if req.max_itl_s is None or gap > req.max_itl_s:
@@ -441,7 +423,6 @@ class Engine:
                 replica.outstanding_tokens -= 1
                 if g >= req.output_tokens:
                     self._finish(replica, req, end_s)
-                    finished = True
         elif batch.items:
             # A decode stretch: every item is past its first token and produced j tokens, the
             # last at end_s; the longest gap is the first (since its previous token) or the last.
@@ -470,13 +451,10 @@ class Engine:
                 g = req.num_generated_tokens = req.num_generated_tokens + j
                 if g >= req.output_tokens:
                     self._finish(replica, req, end_s)
-                    finished = True
             replica.outstanding_tokens -= j * len(step.batch.items)
             if kv.used > kv.total:
                 raise AssertionError(f"KV over-committed: {kv.used} > {kv.total} blocks")
         cohort = replica.cohort
-        if finished and cohort is not None:
-            cohort.outside = [r for r in cohort.outside if r.status is Status.RUNNING]
         if cohort is not None and batch.items:
             self._join_cohort(cohort, batch.items, end_s)
         replica.policy.on_step(batch, j)
@@ -508,31 +486,28 @@ class Engine:
     def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:
         """Requests that emitted a token at ``end_s`` and whose next token is a decode join the cohort
         (a recompute chunk can stop just short of a token: that request joins after emitting it)."""
-        joined = False
         running = Status.RUNNING
         for req, _ in items:
             if (req.last_token_s == end_s and req.status is running
                     and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1):
                 cohort.join(req)
-                joined = True
-        if joined:
-            cohort.outside = [r for r in cohort.outside if r.cohort_mark is None]
 
-    def _first_token(self, replica: Replica, req: Request, now: float) -> bool:
-        """``req``'s prompt is done and its first token out at ``now``; True if that finished it."""
+    def _first_token(self, replica: Replica, req: Request, now: float) -> None:
+        """``req``'s prompt is done and its first token out at ``now`` (which may finish it)."""
         req.first_token_s = req.last_token_s = now
         req.num_generated_tokens += 1
         replica.outstanding_tokens -= req.prompt_tokens + 1
         if req.num_generated_tokens >= req.output_tokens:
             self._finish(replica, req, now)
-            return True
-        return False
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
         req.status = Status.FINISHED
         req.finish_s = now
         replica.kv.release(req)
         replica.running.remove(req)
+        cohort = replica.cohort
+        if cohort is not None and req in cohort.outside:  # (a finishing member comes from the cohort)
+            cohort.outside.remove(req)
         self._ended(req, now)
 
     def _ended(self, req: Request, now: float) -> None:

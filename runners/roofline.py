@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
 from importlib import resources
+from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
 from servelab.runners.base import RUNNERS, StepPlan, StepShape
@@ -166,6 +166,15 @@ def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_u
     return int(per_gpu * tp // model.kv_bytes_per_token)
 
 
+class _Rates(NamedTuple):
+    """Constants of the attention terms, computed once per runner."""
+
+    kv_bytes_per_token: float  # per layer and shard
+    prefill_flops_per_s: float  # prefill attention: achieved FLOP/s ...
+    prefill_bytes_per_s: float  # ... and bytes/s
+    decode_s_per_kv_token: float  # whole model: the slope b of decode_affine
+
+
 @dataclass(frozen=True)
 class RooflineRunner:
     model: ModelPreset
@@ -177,7 +186,7 @@ class RooflineRunner:
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
-    _consts: tuple = field(init=False, repr=False)
+    _rates: _Rates = field(init=False, repr=False)
     # The terms that depend on one count only (tokens, sequences, decodes), memoised per instance:
     # step_time is then a few lookups plus the prefill attention.
     _by_tokens: Any = field(init=False, repr=False, compare=False, hash=False)
@@ -204,15 +213,9 @@ class RooflineRunner:
                 self._fold(lm_head_op(m, tp), self.calibration.ops["mlp_up"]),  # a wide GEMM like mlp_up
             ),
         )
-        pa, c = self.calibration.prefill_attention, self.calibration
-        object.__setattr__(self, "_consts", (
-            self._kv_bytes_per_token_layer_shard,
-            g.peak_flops * pa.eff_compute,  # prefill attention: achieved FLOP/s ...
-            g.hbm_bytes_per_s * pa.eff_memory,  # ... and bytes/s
-            2 * m.q_size / tp * m.dtype_bytes,  # decode attention: query + output bytes per sequence
-            g.hbm_bytes_per_s * c.decode_attention_eff_memory,
-            self._decode_s_per_kv_token,
-        ))
+        pa = self.calibration.prefill_attention
+        object.__setattr__(self, "_rates", _Rates(self._kv_bytes_per_token_layer_shard, g.peak_flops * pa.eff_compute,
+                                                  g.hbm_bytes_per_s * pa.eff_memory, self._decode_s_per_kv_token))
         for name, fn in (("_by_tokens", self._token_terms), ("_by_seqs", self._seq_terms),
                          ("_by_decodes", self._decode_attention_fixed_s)):
             object.__setattr__(self, name, lru_cache(maxsize=1 << 16)(fn))
@@ -262,7 +265,8 @@ class RooflineRunner:
         if num_seqs <= 0:
             return 0.0
         c = self.calibration
-        qo_bytes, bw = self._consts[3], self._consts[4]
+        qo_bytes = 2 * self.model.q_size / self.tp * self.model.dtype_bytes
+        bw = self.gpu.hbm_bytes_per_s * c.decode_attention_eff_memory
         return c.decode_attention_latency_s + c.decode_attention_per_seq_s * num_seqs + num_seqs * qo_bytes / bw
 
     def decode_attention_s(self, num_seqs: int, context_tokens: int) -> float:
@@ -275,14 +279,14 @@ class RooflineRunner:
         if shape.prefill_tokens <= 0:
             return 0.0
         cal, m = self.calibration.prefill_attention, self.model
-        kv_bytes, flops_per_s, bytes_per_s = self._consts[:3]
+        rates = self._rates
         flops = 4.0 * shape.prefill_attention_pairs * m.head_dim * m.num_heads / self.tp
         nbytes = (
-            shape.prefill_context_tokens * kv_bytes
+            shape.prefill_context_tokens * rates.kv_bytes_per_token
             + shape.prefill_tokens * 2 * m.q_size / self.tp * m.dtype_bytes
         )
-        compute = flops / flops_per_s
-        memory = nbytes / bytes_per_s
+        compute = flops / rates.prefill_flops_per_s
+        memory = nbytes / rates.prefill_bytes_per_s
         return cal.latency_s + max(compute, memory)
 
     def all_reduce_s(self, tokens: int) -> float:
@@ -314,7 +318,7 @@ class RooflineRunner:
         once = head + lm_head
         fixed = self.model.num_layers * layer + once + cpu
         # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
-        return fixed + self._consts[5] * s.decode_context_tokens
+        return fixed + self._rates.decode_s_per_kv_token * s.decode_context_tokens
 
     def decode_affine(self, num_seqs: int) -> tuple[float, float]:
         if num_seqs <= 0:

@@ -41,6 +41,7 @@ def test_aggregates_equal_a_per_request_count(seed):
     for i in range(60):
         req = _decoder(i, rng.randint(1, 200), rng.randint(1, 5), rng.randint(6, 90))
         req.last_token_s = t
+        cohort.outside.append(req)  # admitted (running, not yet a member), as the engine does
         cohort.join(req)
         members.append(req)
         shadow[i] = [req.num_computed_tokens, req.num_generated_tokens, req.kv_blocks, None]
@@ -73,6 +74,7 @@ def test_max_itl_is_the_largest_gap_since_joining():
     replica = Replica(0, Cfg(), KVCache(10**6, 16), policy=None)
     cohort = DecodeCohort(replica)
     early, late = _decoder(0, 10, 1, 100), _decoder(1, 10, 1, 100)
+    cohort.outside.extend((early, late))
     cohort.join(early)
     cohort.advance(3, 0.5, 1.0)
     cohort.advance(2, 0.2, 2.0)
