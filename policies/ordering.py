@@ -225,3 +225,34 @@ class WaitingQueue:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+class KeyedWaiting:
+    """Mixin (before PolicyBase in the bases) for a policy that admits waiting requests in the order
+    of ``waiting_key(req)``, a key fixed while the request waits: the policy hooks keep that order in
+    a WaitingQueue, so no decision sorts the whole queue. The policy walks ``waiting_in_order`` and
+    calls ``forget_admitted`` on its builder afterwards."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.queue = WaitingQueue()
+
+    def waiting_key(self, req: Request):
+        raise NotImplementedError
+
+    def on_arrival(self, req: Request, replica) -> None:
+        self.queue.push(req, self.waiting_key(req))
+
+    def on_requeue(self, req: Request, replica) -> None:
+        self.queue.push(req, self.waiting_key(req))
+
+    def on_leave(self, req: Request, replica) -> None:
+        self.queue.remove(req)
+
+    def waiting_in_order(self, replica):
+        """``replica.waiting`` in key order."""
+        return self.queue.in_order()
+
+    def forget_admitted(self, builder) -> None:
+        for req in builder.summary.admit:
+            self.queue.remove(req)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
-from servelab.policies.ordering import WaitingQueue
+from servelab.policies.ordering import KeyedWaiting
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
@@ -38,14 +38,13 @@ class _Slot:
 
 
 @POLICIES.register("round-robin")
-class RoundRobin(PolicyBase):
+class RoundRobin(KeyedWaiting, PolicyBase):
     name = "round-robin"
     Params = RoundRobinParams
 
     def __init__(self, params, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
         self._tickets = 0
-        self.queue = WaitingQueue()  # the waiting requests by ticket, kept incrementally
 
     def _ticket(self) -> int:
         self._tickets += 1
@@ -53,17 +52,10 @@ class RoundRobin(PolicyBase):
 
     def on_arrival(self, req: Request, replica: Replica) -> None:
         req.policy_data = _Slot(self._ticket())
-        self.queue.push(req, req.policy_data.ticket)
+        super().on_arrival(req, replica)
 
-    def on_requeue(self, req: Request, replica: Replica) -> None:
-        self.queue.push(req, req.policy_data.ticket)  # a new ticket if its turn ended, else its old one
-
-    def on_leave(self, req: Request, replica: Replica) -> None:
-        self.queue.remove(req)
-
-    def waiting_in_order(self, replica: Replica):
-        """``replica.waiting`` in ticket order (kept incrementally: no sort per decision)."""
-        return self.queue.in_order()
+    def waiting_key(self, req: Request) -> int:
+        return req.policy_data.ticket  # a preempted request: a new ticket if its turn ended, else its old one
 
     def _used(self, req: Request) -> int:
         return req.num_generated_tokens - req.policy_data.turn_start
@@ -81,8 +73,7 @@ class RoundRobin(PolicyBase):
         b.schedule_running(replica.running)
         if not b.preempted or short > 0:
             b.admit_waiting(self.waiting_in_order(replica), chunked=True)
-        for req in b.summary.admit:
-            self.queue.remove(req)
+        self.forget_admitted(b)
         for req, _ in b.items:
             if req.status is Status.WAITING or self._used(req) >= quantum:
                 req.policy_data.turn_start = req.num_generated_tokens  # a new turn begins

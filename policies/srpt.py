@@ -19,7 +19,7 @@ from itertools import chain, islice
 import numpy as np
 
 from servelab.policies.base import POLICIES, PolicyBase
-from servelab.policies.ordering import WaitingQueue
+from servelab.policies.ordering import KeyedWaiting
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
@@ -31,12 +31,8 @@ class LengthParams:
     noise_sigma: float = 0.0  # lognormal sigma of the length predictor; 0 = oracle
 
 
-class _LengthAware(PolicyBase):
+class _LengthAware(KeyedWaiting, PolicyBase):
     remaining: bool = False
-
-    def __init__(self, params, engine, replica_id: int = 0):
-        super().__init__(params, engine, replica_id)
-        self.queue = WaitingQueue()  # the waiting requests by rank (fixed while a request waits)
 
     @property
     def decode_cohort(self) -> bool:  # without preemption, running requests are read only by the builder
@@ -49,17 +45,7 @@ class _LengthAware(PolicyBase):
                 rng = np.random.default_rng([self.engine.seed, req.request_id & 0xFFFFFFFF, 0x5EED])
                 predicted *= math.exp(rng.normal(0.0, self.params.noise_sigma))
             req.policy_data = max(1.0, predicted)
-        self.queue.push(req, self.rank(req))
-
-    def on_requeue(self, req: Request, replica: Replica) -> None:
-        self.queue.push(req, self.rank(req))
-
-    def on_leave(self, req: Request, replica: Replica) -> None:
-        self.queue.remove(req)
-
-    def waiting_in_order(self, replica: Replica):
-        """``replica.waiting`` sorted by rank (kept incrementally: no sort per decision)."""
-        return self.queue.in_order()
+        super().on_arrival(req, replica)
 
     def rank(self, req: Request) -> tuple:
         predicted = req.policy_data
@@ -70,6 +56,8 @@ class _LengthAware(PolicyBase):
     def victim_key(self, req: Request) -> tuple:
         return self.rank(req)
 
+    waiting_key = rank  # fixed while waiting: generated tokens only change while running
+
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)
         if not self.params.preempt:
@@ -78,8 +66,7 @@ class _LengthAware(PolicyBase):
                 b.admit_waiting(self.waiting_in_order(replica), chunked=True)
         else:
             self._reschedule_all(replica, b)
-        for req in b.summary.admit:
-            self.queue.remove(req)
+        self.forget_admitted(b)
         return b.build()
 
     def _reschedule_all(self, replica: Replica, b) -> None:
