@@ -24,7 +24,7 @@ from servelab.policies.base import POLICIES, PolicyBase
 from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats, step_tokens
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
-from servelab.replay.request import Request, Status
+from servelab.replay.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +84,9 @@ class EarliestDeadlineFirst(PolicyBase):
         req.policy_data = Slot(0, 0, float(req.output_tokens), self.epoch)
         self.queues.push(req, 0, self._key(req))
 
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        self.queues.push(req, 0, self._key(req))
+
     def on_leave(self, req: Request, replica: Replica) -> None:
         if isinstance(req.policy_data, Slot):
             self.queues.remove(req)
@@ -120,11 +123,8 @@ class EarliestDeadlineFirst(PolicyBase):
         b.schedule_running(running)
         if len(b.preempted) == forced and replica.waiting:
             b.admit_waiting(queues.in_order(0), chunked=True)
-        for req, _ in b.items:
-            if req.status is Status.WAITING:
-                queues.remove(req)
-        for req in b.preempted:
-            queues.push(req, 0, self._key(req))
+        for req in b.summary.admit:
+            queues.remove(req)
         wake_s = None
         if self.sheds:
             wake_s = self._next_deadline(replica.now_s)

@@ -113,6 +113,10 @@ class _FairShare(PolicyBase):
             self.queues.remove(req)
             self._gone(req)
 
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        slot = req.policy_data
+        self.queues.push(req, slot.cls, self.key(req, slot.predicted))
+
     def _class_active(self, cls) -> None:
         pass
 
@@ -195,12 +199,8 @@ class _FairShare(PolicyBase):
             if not b.preempted and b.seq_budget > 0 and b.token_budget > 0:
                 self._admit(b)
             repeat = self.repeat_when_waiting
-        for req, _ in b.items:
-            if req.status is Status.WAITING:
-                self.queues.remove(req)
-        for req in b.preempted:
-            slot = req.policy_data
-            self.queues.push(req, slot.cls, self.key(req, slot.predicted))
+        for req in b.summary.admit:
+            self.queues.remove(req)
         return b.build(repeat=repeat)
 
     def _before_schedule(self) -> None:

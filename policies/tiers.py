@@ -30,7 +30,7 @@ from servelab.policies.ordering import (
 )
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
-from servelab.replay.request import Request, Status
+from servelab.replay.request import Request
 
 
 
@@ -98,6 +98,9 @@ class Tiers(PolicyBase):
         if isinstance(req.policy_data, Slot):
             self.queues.remove(req)
 
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        self._enqueue(req)
+
     def _enqueue(self, req: Request) -> None:
         slot: Slot = req.policy_data
         self.queues.push(req, slot.rank, self.key(req, slot.predicted))
@@ -136,11 +139,8 @@ class Tiers(PolicyBase):
         b.schedule_running(running)
         if len(b.preempted) == tier_preempted and replica.waiting:
             self._admit(replica, b)
-        for req, _ in b.items:
-            if req.status is Status.WAITING:
-                queues.remove(req)
-        for req in b.preempted:
-            self._enqueue(req)
+        for req in b.summary.admit:
+            queues.remove(req)
         return b.build(wake_s=wake_s)
 
     def _order(self):
