@@ -14,8 +14,33 @@ from servelab.common.errors import ServelabError
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+class DecoderShape:
+    """Sizes derived from a Llama-family decoder's shape fields (``num_layers``, ``hidden_size``,
+    ``num_heads``, ``num_kv_heads``, ``head_dim``, ``ffn_size``, ``vocab_size``, ``tied_embeddings``),
+    shared by the cost models' presets and the torch model's arguments."""
+
+    __slots__ = ()
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def _count_params(self, mlp_matrices: int, qkv_bias: bool) -> int:
+        h = self.hidden_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h  # attention
+        per_layer += mlp_matrices * h * self.ffn_size + 2 * h  # MLP + two norms
+        if qkv_bias:
+            per_layer += self.q_size + 2 * self.kv_size
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h  # + final norm
+
+
 @dataclass(frozen=True, slots=True)
-class ModelPreset:
+class ModelPreset(DecoderShape):
     name: str
     hf_id: str  # where the shape comes from
     num_layers: int
@@ -40,20 +65,8 @@ class ModelPreset:
         return DTYPE_BYTES[self.dtype]
 
     @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
     def num_params(self) -> int:
-        h, f = self.hidden_size, self.ffn_size
-        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h  # attention
-        per_layer += (3 if self.gated_mlp else 2) * h * f + 2 * h  # MLP + two norms
-        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
-        return self.num_layers * per_layer + embeddings + h  # + final norm
+        return self._count_params(3 if self.gated_mlp else 2, qkv_bias=False)
 
     @property
     def weight_bytes(self) -> int:

@@ -22,13 +22,14 @@ import torch.nn.functional as F
 
 from servelab.common.errors import InputError, ServelabError
 from servelab.runners.paged_kv import PagedKVCache, StepLayout
+from servelab.runners.presets import DecoderShape
 
 # Llama 3.1's frequency-dependent RoPE stretch: (factor, low_freq_factor, high_freq_factor, original context)
 LLAMA3_ROPE_SCALING = (8.0, 1.0, 4.0, 8192)
 
 
 @dataclass(frozen=True, slots=True)
-class ModelArgs:
+class ModelArgs(DecoderShape):
     name: str
     num_layers: int
     hidden_size: int
@@ -53,20 +54,8 @@ class ModelArgs:
             raise ServelabError(f"model '{self.name}': head_dim must be even (RoPE rotates pairs)")
 
     @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
     def num_params(self) -> int:
-        h = self.hidden_size
-        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * self.ffn_size + 2 * h
-        if self.qkv_bias:
-            per_layer += self.q_size + 2 * self.kv_size
-        return self.num_layers * per_layer + self.vocab_size * h * (1 if self.tied_embeddings else 2) + h
+        return self._count_params(3, self.qkv_bias)  # SwiGLU: gate, up and down
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
