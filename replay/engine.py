@@ -426,8 +426,7 @@ class Engine:
         elif batch.items:
             # A decode stretch: every item is past its first token and produced j tokens, the
             # last at end_s; the longest gap is the first (since its previous token) or the last.
-            first_end = step.start_s + step.a + step.b * step.ctx0
-            last_gap = step.a + step.b * (step.ctx0 + (j - 1) * step.decode_requests)
+            first_end, last_gap = step.gap_bounds(j)
             bs = kv.block_size
             direct = kv.allocator is None  # plain counting: grow inline, check the total once below
             if tokens is not None:
@@ -469,11 +468,9 @@ class Engine:
         cohort = replica.cohort
         if step.k == 1:
             gap = end_s - cohort.last_end_s
-        else:  # as for each request of a stretch below: the first gap or the last, whichever is longer
-            gap = step.start_s + step.a + step.b * step.ctx0 - cohort.last_end_s
-            last_gap = step.a + step.b * (step.ctx0 + (j - 1) * step.decode_requests)
-            if last_gap > gap:
-                gap = last_gap
+        else:  # as for each request of a stretch in _apply: the first gap or the last, whichever is longer
+            first_end, last_gap = step.gap_bounds(j)
+            gap = max(first_end - cohort.last_end_s, last_gap)
             kv = replica.kv
             kv.used += cohort.blocks_added(j) - step.batch.summary.cohort_blocks  # the first token's: taken at start
             if kv.used > kv.total:

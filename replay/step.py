@@ -33,6 +33,13 @@ class Step:
         n = self.decode_requests
         return j * self.a + self.b * (j * self.ctx0 + n * j * (j - 1) / 2)
 
+    def gap_bounds(self, j: int) -> tuple[float, float]:
+        """For the first ``j`` iterations of a stretch: when the first ends, and how long the j-th
+        takes (the longest, as iterations read ever more KV). A request in all of them has its
+        longest inter-token gap either before the first end (since its previous token) or the j-th."""
+        return (self.start_s + self.a + self.b * self.ctx0,
+                self.a + self.b * (self.ctx0 + (j - 1) * self.decode_requests))
+
     def iterations_done_by(self, t: float) -> int:
         """Iterations completed at or before time ``t`` (0..k)."""
         if t >= self.end_s:
