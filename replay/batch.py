@@ -171,7 +171,7 @@ class BatchBuilder:
         (no budget runs out, nothing must be preempted); else dissolve it. Returns what is left to walk."""
         n, outside = cohort.n, cohort.outside
         tokens = self.token_budget
-        need = cohort.blocks_added(1)
+        need = cohort.next_blocks()
         room = self.free_blocks - need
         fits = n + len(outside) <= min(tokens, self.seq_budget)
         if fits:

@@ -102,6 +102,11 @@ class DecodeCohort:
         """Fewest tokens any member still has to generate."""
         return self.heap[0][0] - self.d
 
+    def next_blocks(self) -> int:
+        """KV blocks the members' next token needs (= ``blocks_added(1)``, asked every iteration):
+        one for each member whose last block is full."""
+        return 0 if self.reserve else self.residues[-self.d % self.bs]
+
     def blocks_added(self, j: int) -> int:
         """KV blocks the members add over their next ``j`` tokens (on-demand allocation)."""
         if self.reserve or j <= 0:
