@@ -1,0 +1,94 @@
+"""Fingerprint the replay's outputs: sha256 of requests.parquet and steps.parquet (and tokens.parquet)
+for every case of bench_replay.py and bench_platform.py, plus every policy over a matrix of engine
+settings on a slice of the bundled trace. A refactor of the engine must leave every line unchanged.
+
+    .venv/bin/python bench/check_identical.py [--with-1m] > before.txt
+    ... change the engine ...
+    .venv/bin/python bench/check_identical.py [--with-1m] > after.txt && diff before.txt after.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def report(name: str, run_dir: Path) -> None:
+    files = ("requests.parquet", "steps.parquet", "tokens.parquet")
+    parts = [f"{f.split('.')[0]}={digest(run_dir / f)}" for f in files if (run_dir / f).exists()]
+    print(f"{name}: {' '.join(parts)}", flush=True)
+
+
+def run(out: Path, name: str, trace, config, **kwargs) -> None:
+    from servelab.replay import replay, write_run
+
+    report(name, write_run(replay(trace, config, **kwargs), out / name))
+
+
+MATRIX = {  # engine settings that exercise every path of the engine: KV pressure, swap, reserve, ...
+    "default": {},
+    "kv-recompute": {"num_gpu_blocks": 600},
+    "kv-swap": {"num_gpu_blocks": 600, "preemption": "swap", "kv_bytes_per_token": 131072, "swap_space_gb": 0.5},
+    "reserve": {"num_gpu_blocks": 1500, "kv_allocation": "reserve"},
+    "small-budget": {"max_num_batched_tokens": 256, "max_num_seqs": 8},
+    "skip-horizon": {"num_gpu_blocks": 600, "head_of_line": "skip", "until_s": 120.0},
+    "least-outstanding": {"replicas": 3, "router": "least-outstanding"},
+    "platform": {"replicas": 2, "quota": ("tenant=*:rpm=600",), "retries": 2, "queue_cap": 40,
+                 "pause": "tier=standard,waiting=30,resume=10", "fail": ("replica=1,at=60,for=30",)},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--with-1m", action="store_true", help="also the 1 M-request case (about a minute)")
+    args = parser.parse_args()
+
+    import bench_platform
+    from servelab.policies.base import policy_names
+    from servelab.replay import EngineConfig, ReplayConfig
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+    from servelab.traces.synth import synth_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        azure = read_trace(default_trace_path())
+        run(out, "replay-azure", azure, ReplayConfig(engine=EngineConfig(replicas=6)))
+        overload = synth_trace(n=20_000, rate=40.0, arrival="poisson", prompt="lognormal:800:1.0",
+                               output="lognormal:200:1.0", seed=7)
+        for policy in ("sarathi", "sjf", "srpt", "vtc", "tiers", "edf"):
+            run(out, f"replay-overload-{policy}", overload,
+                ReplayConfig(engine=EngineConfig(replicas=1), policy=policy))
+        if args.with_1m:
+            big = synth_trace(n=1_000_000, rate=40.0, arrival="gamma", cv=2.0,
+                              prompt="lognormal:800:1.0", output="lognormal:200:1.0", seed=7)
+            run(out, "replay-1m", big, ReplayConfig(engine=EngineConfig(replicas=8)))
+
+        slice_ = azure.slice(0, 1500)
+        for policy in policy_names():
+            for label, settings in MATRIX.items():
+                engine = EngineConfig(**{"replicas": 1, **settings})
+                run(out, f"matrix-{policy}-{label}", slice_, ReplayConfig(engine=engine, policy=policy))
+        run(out, "matrix-sarathi-token-log", slice_, ReplayConfig(engine=EngineConfig(num_gpu_blocks=600)),
+            token_log=True)
+
+        platform = out / "platform"
+        platform.mkdir()
+        for fn in (bench_platform.noisy_neighbour_report, bench_platform.tiers_report,
+                   bench_platform.quota_report, bench_platform.fault_report):
+            fn(platform)
+        for run_dir in sorted(p for p in platform.iterdir() if (p / "requests.parquet").exists()):
+            report(f"platform-{run_dir.name}", run_dir)
+
+
+if __name__ == "__main__":
+    main()
