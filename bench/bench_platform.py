@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from servelab.replay import EngineConfig, ReplayConfig, replay, write_run
+from servelab.api import EngineConfig, ReplayConfig, replay, write_run
 from servelab.runners.base import make_runner
 from servelab.scoring import SloTable, connect
 

@@ -20,7 +20,7 @@ def peak_rss_mb() -> float:
 
 
 def case_azure(repeat: int) -> None:
-    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.traces.bundled import default_trace_path
     from servelab.traces.io import read_trace
 
@@ -39,7 +39,7 @@ def case_azure(repeat: int) -> None:
 
 
 def case_1m() -> None:
-    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.traces.synth import synth_trace
 
     t0 = time.perf_counter()
@@ -58,7 +58,7 @@ def case_1m() -> None:
 
 def case_overload() -> None:
     """A queue that builds up: policies that order the waiting queue must not re-sort it per event."""
-    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.traces.synth import synth_trace
 
     trace = synth_trace(n=20_000, rate=40.0, arrival="poisson", prompt="lognormal:800:1.0",

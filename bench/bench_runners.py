@@ -48,7 +48,7 @@ def calls_per_s(fn, plans: list[StepPlan], repeat: int = 5) -> float:
 
 
 def replay_rows(runners: dict, trace_path: Path, requests: int) -> list[str]:
-    from servelab.replay import ReplayConfig, replay
+    from servelab.api import ReplayConfig, replay
     from servelab.traces.importers import import_trace
 
     from servelab.replay.config import EngineConfig

@@ -29,7 +29,7 @@ def report(name: str, run_dir: Path) -> None:
 
 
 def run(out: Path, name: str, trace, config, **kwargs) -> None:
-    from servelab.replay import replay, write_run
+    from servelab.api import replay, write_run
 
     report(name, write_run(replay(trace, config, **kwargs), out / name))
 

@@ -106,7 +106,7 @@ def _trace_meta(path: str) -> dict:
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
                slo: tuple[str, ...] = (), token_log: bool = False) -> None:
-    from servelab.replay import replay, write_run
+    from servelab.api import replay, write_run
 
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "

@@ -1,42 +1,25 @@
-"""The policy seam: a small protocol, a base class with the defaults, and the registry by name.
+"""The policies' side of the seam: a base class with the Policy protocol's defaults, and the registry.
 
-A policy sees one replica's state at an iteration boundary and returns an immutable `Batch`; it
-never calls the runner and never mutates the replica (the engine applies the decision). A new
-policy is one file: a class with ``Params`` (a frozen dataclass) registered with ``@POLICIES.register``.
+The protocol itself is the engine's (``servelab.replay.protocols.Policy``). A policy sees one
+replica's state at an iteration boundary and returns an immutable `Batch`; it never calls the
+runner and never mutates the replica (the engine applies the decision). A new policy is one file in
+this package: a class with ``Params`` (a frozen dataclass) registered with ``@POLICIES.register``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import pkgutil
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from servelab.common.registry import Registry
-from servelab.replay.batch import Batch, BatchBuilder
+from servelab.replay.batch import UNLIMITED, Batch, BatchBuilder
 from servelab.replay.config import EngineConfig, make_params
+from servelab.replay.protocols import Policy
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request
-
-
-class Policy(Protocol):
-    name: ClassVar[str]
-
-    def schedule(self, replica: Replica) -> Batch:
-        """Choose the next iteration's batch (and any preemptions)."""
-
-    def on_arrival(self, req: Request, replica: Replica) -> None:
-        """A request joined ``replica``'s waiting queue."""
-
-    def on_leave(self, req: Request, replica: Replica) -> None:
-        """A request left ``replica`` without the policy's decision (dropped, paused, failure)."""
-
-    def on_requeue(self, req: Request, replica: Replica) -> None:
-        """A running request was preempted back into ``replica``'s waiting queue (state already updated)."""
-
-    def reject_reason(self, req: Request) -> str | None:
-        """Why this request can never be served under this policy, or None."""
-
-    def victim_key(self, req: Request) -> Any:
-        """Preemption order: the running request with the largest key is preempted first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +28,31 @@ class NoParams:
 
 
 class PolicyBase:
-    """Defaults: FCFS victims (most recently admitted first), no rejection, no arrival bookkeeping."""
+    """The Policy protocol's defaults (replay/protocols.py): FCFS victims (most recently admitted
+    first), no rejection, no shedding, no bookkeeping in the hooks. ``name`` is set by the registry."""
 
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
     uses_token_budget: ClassVar[bool] = True  # False: max_num_batched_tokens does not apply (orca, static)
     # True: the policy reads running requests only through ``schedule_running(replica.running,
-    # decodes_first=True)`` and ignores ``on_step``'s items, so the engine may keep the replica's
-    # decoding requests as one aggregate whose members' counters are materialised lazily (replay/cohort.py).
+    # decodes_first=True)`` (its first use of the builder) and ignores ``on_step``'s items, so the
+    # engine may keep the replica's decoding requests as one aggregate (replay/cohort.py).
     decode_cohort: ClassVar[bool] = False
+    sheds: ClassVar[bool] = False  # True: the engine calls ``shed`` before each decision
 
     def __init__(self, params: Any, engine: EngineConfig, replica_id: int = 0):
         self.params = params
         self.engine = engine
         self.replica_id = replica_id
 
+    def schedule(self, replica: Replica) -> Batch:
+        raise NotImplementedError
+
     def on_arrival(self, req: Request, replica: Replica) -> None:
-        pass
+        """``req`` joined ``replica``'s waiting queue."""
 
     def on_step(self, batch: Batch, num_iterations: int) -> None:
-        pass
+        """``batch`` ran ``num_iterations`` iterations; its requests' counters are up to date."""
 
     def on_leave(self, req: Request, replica: Replica) -> None:
         """``req`` left ``replica`` without this policy's decision (dropped, paused, replica failure)."""
@@ -78,20 +66,51 @@ class PolicyBase:
     def victim_key(self, req: Request) -> Any:
         return req.admitted_seq
 
+    def shed(self, replica: Replica) -> list[tuple[Request, str]]:
+        return []
+
     def builder(self, replica: Replica, token_budget: int | None = None, seq_budget: int | None = None) -> BatchBuilder:
+        if token_budget is None and not self.uses_token_budget:
+            token_budget = UNLIMITED
         return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 
 
-POLICIES: Registry[type[PolicyBase]] = Registry("policy")
+class PolicyRegistry(Registry):
+    """Policies by name; registering a class also gives it its ``name``."""
+
+    def register(self, name: str):
+        add = super().register(name)
+
+        def deco(cls):
+            cls.name = name
+            return add(cls)
+
+        return deco
 
 
-def _load_builtin() -> None:
-    # Importing registers them; each is one small file.
-    from servelab.policies import builtin  # noqa: F401
+POLICIES: PolicyRegistry = PolicyRegistry("policy")
+
+
+def _load_all() -> None:
+    """Import every module of this package (each policy file registers itself), then the policies
+    other packages declare under the ``servelab.policies`` entry point: adding a policy edits no
+    other file."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    package = importlib.import_module("servelab.policies")
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        importlib.import_module(f"servelab.policies.{module}")
+    for entry in importlib.metadata.entry_points(group="servelab.policies"):
+        entry.load()
+
+
+_loaded = False
 
 
 def policy_class(name: str) -> type[PolicyBase]:
-    _load_builtin()
+    _load_all()
     return POLICIES.get(name)
 
 
@@ -102,5 +121,8 @@ def make_policy(name: str, raw_params: dict[str, Any], engine: EngineConfig, rep
 
 
 def policy_names() -> list[str]:
-    _load_builtin()
+    _load_all()
     return POLICIES.names()
+
+
+__all__ = ["POLICIES", "NoParams", "Policy", "PolicyBase", "make_policy", "policy_class", "policy_names"]

@@ -11,17 +11,14 @@ from servelab.policies.base import POLICIES, PolicyBase
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 
-UNLIMITED = 1 << 62
-
 
 @POLICIES.register("orca")
 class Orca(PolicyBase):
-    name = "orca"
     uses_token_budget = False
     decode_cohort = True
 
     def schedule(self, replica: Replica) -> Batch:
-        b = self.builder(replica, token_budget=UNLIMITED)
+        b = self.builder(replica)
         b.schedule_running(replica.running, decodes_first=True)
         if not b.preempted:
             b.admit_waiting(replica.waiting, chunked=False)

@@ -22,7 +22,6 @@ class SarathiParams:
 
 @POLICIES.register("sarathi")
 class Sarathi(PolicyBase):
-    name = "sarathi"
     Params = SarathiParams
     decode_cohort = True
 

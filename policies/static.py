@@ -10,16 +10,13 @@ from servelab.policies.base import POLICIES, PolicyBase
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 
-UNLIMITED = 1 << 62
-
 
 @POLICIES.register("static")
 class Static(PolicyBase):
-    name = "static"
     uses_token_budget = False
 
     def schedule(self, replica: Replica) -> Batch:
-        b = self.builder(replica, token_budget=UNLIMITED)
+        b = self.builder(replica)
         if replica.running:
             b.schedule_running(replica.running)
         else:

@@ -14,7 +14,6 @@ from servelab.replay.replica import Replica
 
 @POLICIES.register("vllm-v0")
 class VllmV0(PolicyBase):
-    name = "vllm-v0"
 
     def schedule(self, replica: Replica) -> Batch:
         if replica.waiting:

@@ -1,6 +1,9 @@
-"""Iteration-level discrete-event replay of a trace through an inference engine model."""
+"""Iteration-level discrete-event replay of a trace through an inference engine model.
 
-from servelab.replay.api import RunResult, replay, requests_from_table, write_run
+The engine and its contracts; to assemble and run a replay from a config, use ``servelab.api``.
+"""
+
 from servelab.replay.config import EngineConfig, ReplayConfig
+from servelab.replay.results import RunResult, requests_from_table, write_run
 
-__all__ = ["EngineConfig", "ReplayConfig", "RunResult", "replay", "requests_from_table", "write_run"]
+__all__ = ["EngineConfig", "ReplayConfig", "RunResult", "requests_from_table", "write_run"]

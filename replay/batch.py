@@ -71,6 +71,14 @@ class BatchSummary:
 
 
 EMPTY = Batch()
+UNLIMITED = 1 << 62  # the token budget of a policy without one (orca, static)
+
+
+def initial_budgets(replica: "Replica") -> tuple[int, int, int]:
+    """(tokens, sequences, free KV blocks) a policy's builder starts an iteration with."""
+    cfg = replica.config
+    tokens = cfg.max_num_batched_tokens if replica.policy.uses_token_budget else UNLIMITED
+    return tokens, cfg.max_num_seqs, replica.kv.free
 
 
 class BatchBuilder:
@@ -147,15 +155,16 @@ class BatchBuilder:
         """Give each running request its next tokens (a decode token, or its next prefill chunk).
 
         ``decodes_first``: every decode before any prefill chunk (Sarathi-Serve), each group in
-        ``order``. Only such a policy, walking ``replica.running``, can take the replica's decode
-        cohort whole (one aggregate instead of a visit per member); any other walk dissolves it first.
+        ``order``. A policy that declares ``decode_cohort`` makes this call, with ``replica.running``,
+        its first use of the builder: the replica's decoding requests may then be one aggregate that
+        this call takes whole (the engine dissolved it beforehand if it would not fit).
         """
         cohort = self.replica.cohort
         if cohort is not None and cohort.n:
-            if decodes_first and order is self.replica.running:
-                order = self._take_cohort(cohort)
-            else:
-                cohort.dissolve()
+            if not (decodes_first and order is self.replica.running):
+                raise RuntimeError("a policy with decode_cohort must walk replica.running through "
+                                   "schedule_running(replica.running, ..., decodes_first=True)")
+            order = self._take_cohort(cohort)
         if not decodes_first:
             self._walk(order, chunk_cap, None)
             return
@@ -167,22 +176,11 @@ class BatchBuilder:
             self._walk(prefills, chunk_cap, None)
 
     def _take_cohort(self, cohort) -> list[Request]:
-        """Add every cohort member's decode token at once if the walk would surely give each one
-        (no budget runs out, nothing must be preempted); else dissolve it. Returns what is left to walk."""
-        n, outside = cohort.n, cohort.outside
-        tokens = self.token_budget
+        """Add every cohort member's decode token at once (the engine checked with ``cohort.fits``
+        that the walk would give each one its token); returns the running requests left to walk."""
+        n = cohort.n
         need = cohort.next_blocks()
-        room = self.free_blocks - need
-        fits = n + len(outside) <= min(tokens, self.seq_budget)
-        if fits:
-            blocks_needed = self.kv.blocks_needed
-            for req in outside:  # at most what each can take: then no preemption can follow
-                left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
-                room -= blocks_needed(req, left if left < tokens else tokens)
-        if not fits or room < 0:
-            cohort.dissolve()
-            return cohort.outside
-        self.token_budget = tokens - n
+        self.token_budget -= n
         self.seq_budget -= n
         self.free_blocks -= need
         summary = self.summary
@@ -193,7 +191,7 @@ class BatchBuilder:
             summary.min_decode_left = left
         summary.cohort_blocks = need
         self.cohort = n
-        return outside
+        return cohort.outside
 
     def _walk(self, order: Iterable[Request], chunk_cap: int | None, prefills: list[Request] | None) -> None:
         """One pass of ``schedule_running``; with ``prefills``, non-decodes are set aside there."""

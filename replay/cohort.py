@@ -26,6 +26,7 @@ import heapq
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Sequence
 
+from servelab.replay.progress import emit
 from servelab.replay.request import Request
 
 if TYPE_CHECKING:
@@ -33,11 +34,12 @@ if TYPE_CHECKING:
 
 
 class DecodeCohort:
-    __slots__ = ("replica", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
+    __slots__ = ("replica", "kv", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
                  "gap_starts", "gap_max", "last_end_s", "outside")
 
     def __init__(self, replica: "Replica"):
         self.replica = replica
+        self.kv = replica.kv
         self.bs = replica.kv.block_size
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order
@@ -73,15 +75,10 @@ class DecodeCohort:
         delta = self.d - req.cohort_mark
         if delta:
             c = req.num_computed_tokens = req.num_computed_tokens + delta
-            req.num_generated_tokens += delta
-            req.last_token_s = self.last_end_s
-            if not self.reserve:
-                req.kv_blocks = -(-c // self.bs)
             i = bisect_left(self.gap_starts, req.cohort_mark)
-            if i < len(self.gap_max):
-                gap = self.gap_max[i]
-                if req.max_itl_s is None or gap > req.max_itl_s:
-                    req.max_itl_s = gap
+            emit(req, delta, self.last_end_s, self.gap_max[i] if i < len(self.gap_max) else None)
+            if not self.reserve:
+                self.kv.settle(req, -(-c // self.bs))
         req.cohort_mark = None
 
     def dissolve(self) -> None:
@@ -92,6 +89,20 @@ class DecodeCohort:
             self.materialize(req)
         self.outside = list(self.replica.running)
         self._reset()
+
+    def fits(self, token_budget: int, seq_budget: int, free_blocks: int) -> bool:
+        """Would a decode-first walk of the running requests, starting from these budgets, surely
+        give every member its next token, with nothing to preempt? If not, the engine dissolves
+        the cohort before the policy decides, and the policy walks its members one by one."""
+        outside = self.outside
+        if self.n + len(outside) > min(token_budget, seq_budget):
+            return False
+        room = free_blocks - self.next_blocks()
+        blocks_needed = self.kv.blocks_needed
+        for req in outside:  # at most what each can take: then no preemption can follow
+            left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
+            room -= blocks_needed(req, left if left < token_budget else token_budget)
+        return room >= 0
 
     # -- what the next iterations need -----------------------------------------------------
     def decode_ctx(self) -> int:

@@ -6,11 +6,11 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from servelab.replay.config import EngineConfig
-from servelab.replay.kv import KVCache
+from servelab.replay.kv import KVManager
 from servelab.replay.request import Request
 
 if TYPE_CHECKING:
-    from servelab.policies.base import Policy
+    from servelab.replay.protocols import Policy
 
 
 class Replica:
@@ -25,7 +25,7 @@ class Replica:
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
                  "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort")
 
-    def __init__(self, replica_id: int, config: EngineConfig, kv: KVCache, policy: "Policy"):
+    def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy: "Policy"):
         self.id = replica_id
         self.config = config
         self.kv = kv
@@ -37,6 +37,21 @@ class Replica:
         self.step_token = 0  # identifies the in-flight step; stale completion events are ignored
         self.inflight = None  # the Step being executed
         self.schedule_pending = False
-        self.outstanding_tokens = 0  # prompt + output tokens routed here and not yet produced
+        # Prompt + output tokens routed here and not yet produced (the least-outstanding router's
+        # load): ``owe`` on routing, ``forgive`` when a request leaves unserved, and the engine
+        # subtracts what each applied step produced. The tests check it against ``owed`` of every
+        # request here after every event, and that it drains to 0.
+        self.outstanding_tokens = 0
         self.wake_s: float | None = None
         self.cohort = None  # DecodeCohort when the engine keeps this replica's decodes in aggregate
+
+    def owe(self, req: Request) -> None:
+        self.outstanding_tokens += owed(req)
+
+    def forgive(self, req: Request) -> None:
+        self.outstanding_tokens -= owed(req)
+
+
+def owed(req: Request) -> int:
+    """Tokens ``req`` has still to produce: its prompt until its first token, then its outputs."""
+    return (req.prompt_tokens if req.first_token_s is None else 0) + req.output_tokens - req.num_generated_tokens

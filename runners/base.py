@@ -6,72 +6,24 @@ only); a real runner (torch) executes its items against the KV blocks the engine
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import ClassVar
 
 from servelab.common.registry import Registry
-
-if TYPE_CHECKING:
-    from servelab.replay.request import Request
+from servelab.replay.protocols import BlockAllocator, Runner, StepItem, StepPlan, StepShape
 
 
-class StepShape(NamedTuple):  # a tuple: built once per priced iteration, so cheap to make
-    """Counts that determine the cost of one iteration.
+class RunnerBase:
+    """The Runner protocol's defaults for a cost model: no model known (so no KV capacity or size),
+    no block tables. A runner that knows its model overrides ``kv_capacity_tokens`` (a method) and
+    ``kv_bytes_per_token``; one that executes batches sets ``needs_block_tables`` and ``make_allocator``."""
 
-    For prefill chunk i computing ``c_i`` new tokens on top of ``p_i`` tokens already in KV:
-    ``prefill_tokens = sum c_i``; ``prefill_context_tokens = sum (p_i + c_i)`` (KV tokens the
-    chunk's attention reads); ``prefill_attention_pairs = sum (c_i * p_i + c_i * (c_i + 1) / 2)``
-    (causal query x key pairs). A decode reads all ``t_j`` tokens of its KV and computes one:
-    ``decode_context_tokens = sum t_j``.
-    """
+    __slots__ = ()
+    needs_block_tables: ClassVar[bool] = False
+    kv_bytes_per_token: ClassVar[int | None] = None
+    kv_capacity_tokens: ClassVar = None
 
-    prefill_tokens: int = 0
-    prefill_seqs: int = 0
-    prefill_context_tokens: int = 0
-    prefill_attention_pairs: int = 0
-    decode_seqs: int = 0
-    decode_context_tokens: int = 0
-
-    @property
-    def num_seqs(self) -> int:
-        return self.prefill_seqs + self.decode_seqs
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prefill_tokens + self.decode_seqs
-
-
-@dataclass(frozen=True, slots=True)
-class StepItem:
-    """One request's share of an iteration: compute tokens [start, start + num_tokens)."""
-
-    request: "Request"
-    start: int
-    num_tokens: int
-
-
-class StepPlan(NamedTuple):
-    shape: StepShape
-    items: tuple[StepItem, ...] = ()
-
-
-@runtime_checkable
-class Runner(Protocol):
-    """Prices (or executes) iterations.
-
-    ``decode_affine(n)`` returns ``(a, b)`` such that a pure-decode iteration of ``n`` requests
-    reading ``C`` KV tokens in total takes exactly ``a + b * C`` seconds, or None when the
-    runner cannot promise that (a real GPU): the engine then never advances several identical
-    decode iterations at once.
-    """
-
-    name: str
-
-    def step_time(self, plan: StepPlan) -> float: ...
-
-    def decode_affine(self, num_seqs: int) -> tuple[float, float] | None: ...
-
-    def describe(self) -> dict: ...
+    def make_allocator(self, replica_id: int, num_blocks: int) -> BlockAllocator | None:
+        return None
 
 
 # Factories take the parsed "name:key=value,..." parameters (strings) and return a Runner.
@@ -113,3 +65,7 @@ def make_runner(spec: str, **context) -> Runner:
                 raise
     name, params = parse_spec(spec)
     return RUNNERS.get(name)(params, **context)
+
+
+__all__ = ["RUNNERS", "BlockAllocator", "Runner", "RunnerBase", "StepItem", "StepPlan", "StepShape",
+           "make_runner", "parse_spec"]

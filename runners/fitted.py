@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import InputError, ServelabError
-from servelab.runners.base import RUNNERS, StepPlan
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan
 from servelab.runners.profiling import FEATURES, read_profile
 
 MODEL_FORMAT = 1
@@ -187,7 +187,7 @@ def fit_profile(profile: str | Path, output: str | Path, **kwargs) -> FittedMode
     return model
 
 
-class FittedRunner:
+class FittedRunner(RunnerBase):
     """A FittedModel behind the Runner protocol; KV size from the profile's model/GPU presets."""
 
     name = "fitted"

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import RUNNERS, StepPlan
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
-class LinearRunner:
+class LinearRunner(RunnerBase):
     base: float = 0.0  # per iteration
     prefill_token: float = 0.0  # per prompt (or recomputed) token computed
     decode_seq: float = 0.0  # per decoding request

@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import RUNNERS, StepPlan, StepShape
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, get_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
@@ -176,7 +176,7 @@ class _Rates(NamedTuple):
 
 
 @dataclass(frozen=True)
-class RooflineRunner:
+class RooflineRunner(RunnerBase):
     model: ModelPreset
     gpu: GpuPreset
     tp: int

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import RUNNERS, StepPlan
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan
 from servelab.runners.paged_kv import ATTENTION_KINDS, StepLayout, build_layout
 
 DEFAULT_CPU_KV_TOKENS = 65536  # CPU pool size when num_blocks is not given (tiny model: 32 MiB)
@@ -49,7 +49,7 @@ class RunnerTotals:
 
 
 @dataclass
-class TorchRunner:
+class TorchRunner(RunnerBase):
     """Build with ``make_runner("torch:model=...,device=...")`` or directly; see docs/gpu_runner.md."""
 
     model_name: str = "tiny"

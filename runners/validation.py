@@ -86,11 +86,7 @@ def _rel_error_pct(candidate: float | None, reference: float | None) -> float | 
 def validate(trace: pa.Table, config, reference: Runner, candidate: Runner, *,
              reference_spec: str = "", candidate_spec: str = "") -> dict:
     """Replay ``trace`` with each runner under ``config`` and report how far the candidate is."""
-    try:
-        from servelab.replay import replay  # the engine's public API
-    except ImportError:  # older layout: the API lived only in replay.api
-        from servelab.replay.api import replay
-    from servelab.replay.api import resolve_num_gpu_blocks
+    from servelab.api import replay, resolve_num_gpu_blocks
 
     blocks = resolve_num_gpu_blocks(config, reference)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))

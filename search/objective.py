@@ -192,7 +192,7 @@ class Evaluator:
         return scores.get(name)
 
     def _replay_timed(self, config, attrs: dict[str, Any], trace_meta: dict | None = None):
-        from servelab.replay import replay
+        from servelab.api import replay
 
         t0 = time.perf_counter()
         result = replay(self.trace, config, trace_meta=trace_meta or self.trace_meta)

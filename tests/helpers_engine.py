@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.runners.base import make_runner
 
 
@@ -21,6 +21,9 @@ class NoStretch:
 
     def describe(self):
         return self.inner.describe()
+
+    def __getattr__(self, name: str):  # the rest of the Runner protocol: the wrapped runner's
+        return getattr(self.inner, name)
 
 
 def run(trace, policy="sarathi", runner="linear:base=1", policy_params=None, stretch=True, **engine):

@@ -127,7 +127,7 @@ def test_config_unknown_key_and_bad_policy_param():
 
 def test_linear_runner_needs_blocks_and_swap_needs_kv_size():
     with pytest.raises(ServelabError, match="num_gpu_blocks"):
-        from servelab.replay import replay
+        from servelab.api import replay
         replay(make_trace([0], [1], [1]), ReplayConfig(runner=UNIT))
     with pytest.raises(ServelabError, match="kv_bytes_per_token"):
         run(make_trace([0], [1], [1]), runner=UNIT, preemption="swap")
@@ -142,7 +142,7 @@ def test_config_round_trips_through_dict():
 
 def test_token_log_matches_per_iteration_times_and_max_itl():
     from helpers_engine import NoStretch  # noqa: F401  (reference: every iteration one by one)
-    from servelab.replay import replay
+    from servelab.api import replay
     from servelab.runners.base import make_runner
 
     trace = make_trace([0, 0.3, 2.0], [8, 40, 8], [30, 12, 5])
@@ -165,7 +165,7 @@ def test_token_log_matches_per_iteration_times_and_max_itl():
 
 
 def test_progress_callback_reports_arrivals():
-    from servelab.replay import replay
+    from servelab.api import replay
     from servelab.runners.base import make_runner
 
     n = 20_000

@@ -11,10 +11,10 @@ from helpers_engine import NoStretch, synthetic
 from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
-from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.replay.cohort import DecodeCohort
 from servelab.replay.config import EngineConfig as Cfg
-from servelab.replay.kv import KVCache
+from servelab.replay.kv import KVManager
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request
 from servelab.runners.base import make_runner
@@ -33,7 +33,7 @@ def _decoder(i: int, prompt: int, generated: int, output: int) -> Request:
 @pytest.mark.parametrize("seed", range(5))
 def test_aggregates_equal_a_per_request_count(seed):
     rng = random.Random(seed)
-    replica = Replica(0, Cfg(), KVCache(10**9, 16), policy=None)
+    replica = Replica(0, Cfg(), KVManager(10**9, 16), policy=None)
     cohort = DecodeCohort(replica)
     members: list[Request] = []
     shadow: dict[int, list] = {}  # request index -> [computed, generated, blocks, largest gap since joining]
@@ -72,7 +72,7 @@ def test_aggregates_equal_a_per_request_count(seed):
 
 
 def test_max_itl_is_the_largest_gap_since_joining():
-    replica = Replica(0, Cfg(), KVCache(10**6, 16), policy=None)
+    replica = Replica(0, Cfg(), KVManager(10**6, 16), policy=None)
     cohort = DecodeCohort(replica)
     early, late = _decoder(0, 10, 1, 100), _decoder(1, 10, 1, 100)
     cohort.outside.extend((early, late))

@@ -17,7 +17,7 @@ def test_replay_path_does_not_import_torch(tmp_path):
         sys.modules["torch"] = None  # any `import torch` now fails
         import pyarrow as pa
         import servelab
-        from servelab.replay import EngineConfig, ReplayConfig, replay
+        from servelab.api import EngineConfig, ReplayConfig, replay
         from servelab.scoring import connect
         trace = pa.table({"request_id": pa.array([0, 1], pa.int64()), "arrival_s": [0.0, 0.5],
                           "prompt_tokens": pa.array([100, 50], pa.int32()),

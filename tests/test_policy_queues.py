@@ -9,7 +9,7 @@ from helpers_engine import synthetic
 from servelab.policies.ordering import WaitingQueue
 from servelab.policies.round_robin import RoundRobin
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
-from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.replay.request import Request
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from servelab.replay import ReplayConfig, replay, write_run
+from servelab.api import ReplayConfig, replay, write_run
 from servelab.replay.config import EngineConfig
 from servelab.scoring import SloTable, connect, query_arrow, report_text
 from servelab.traces.bundled import default_trace_path

@@ -17,7 +17,7 @@ import pytest
 
 from helpers_search import GRID_SPACE, POLICIES, RUNNER, SEQS, SLO, TOKENS, grid_spec, write_spec, write_trace_file
 from servelab.cli.main import main
-from servelab.replay import ReplayConfig, replay, write_run
+from servelab.api import ReplayConfig, replay, write_run
 from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable
 from servelab.search.scorer import RunScorer

@@ -1,11 +1,10 @@
-"""Replay a trace: build requests, replicas, policy and runner from a config, run, collect results."""
+"""A replay's results: Request objects from a trace table, and the requests/steps tables and run
+directory (requests.parquet, steps.parquet, run.json) built from them. Columns: docs/results.md."""
 
 from __future__ import annotations
 
-import gc
 import json
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from servelab import __version__
 from servelab.common.atomic import atomic_dir
-from servelab.common.errors import ServelabError
-from servelab.replay.config import ReplayConfig
 from servelab.replay.engine import Engine
-from servelab.replay.kv import KVCache
-from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
-from servelab.replay.router import ROUTERS
 from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
 
 
@@ -76,93 +69,6 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
             req.arrival_s = None  # arrives when its predecessor ends
         last_in_session[req.session_id] = req
     return requests, followers
-
-
-def resolve_num_gpu_blocks(config: ReplayConfig, runner) -> int:
-    engine = config.engine
-    if engine.num_gpu_blocks is not None:
-        return engine.num_gpu_blocks
-    capacity = getattr(runner, "kv_capacity_tokens", None)
-    if capacity is None:
-        raise ServelabError(
-            f"runner '{runner.name}' does not know a model or GPU, so the KV size cannot be derived: "
-            "set num_gpu_blocks (--num-gpu-blocks)"
-        )
-    tokens = capacity(engine.gpu_memory_utilization)
-    blocks = tokens // engine.block_size
-    if blocks < 1:
-        raise ServelabError(f"no room for KV cache: the model does not fit the GPU memory ({runner.describe()})")
-    return blocks
-
-
-def build_runner(config: ReplayConfig):
-    from servelab.runners.base import make_runner
-
-    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
-                       block_size=config.engine.block_size)
-
-
-def replay(trace: pa.Table, config: ReplayConfig, runner=None, trace_meta: dict | None = None,
-           token_log: bool = False, progress=None) -> RunResult:
-    """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
-
-    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet);
-    ``progress(arrived, total)`` is called now and then during the replay.
-    """
-    from servelab.policies.base import make_policy
-
-    wall_start = time.perf_counter()
-    if runner is None:
-        runner = build_runner(config)
-    engine_cfg = config.engine
-    num_blocks = resolve_num_gpu_blocks(config, runner)
-    kv_bytes_per_token = getattr(runner, "kv_bytes_per_token", None) or engine_cfg.kv_bytes_per_token or 0
-    host_blocks = 0
-    if engine_cfg.preemption == "swap" and kv_bytes_per_token:
-        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (kv_bytes_per_token * engine_cfg.block_size))
-    replicas = []
-    for rid in range(engine_cfg.replicas):
-        allocator = None
-        if getattr(runner, "needs_block_tables", False):
-            allocator = runner.make_allocator(rid, num_blocks)
-        kv = KVCache(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
-                     host_blocks=host_blocks, allocator=allocator)
-        policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
-        replicas.append(Replica(rid, engine_cfg, kv, policy))
-    router = ROUTERS.get(engine_cfg.router)()
-    requests, followers = requests_from_table(trace)
-    engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
-    # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
-    # collector would only rescan the live requests again and again (~10% of a large replay).
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        end_s = engine.run(progress)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
-    steps_table = engine.steps.table()
-    counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
-    for req in requests:
-        name = req.status.name.lower()
-        counts[name] = counts.get(name, 0) + 1
-    meta = {
-        "servelab_version": __version__,
-        "trace": dict(trace_meta or {}, rows=trace.num_rows),
-        "policy": {"name": config.policy, "params": _jsonable(asdict(replicas[0].policy.params))},
-        "engine": dict(_jsonable(asdict(engine_cfg)), num_gpu_blocks=num_blocks, swap_host_blocks=host_blocks),
-        "runner": {"name": runner.name, "spec": config.runner, "params": _jsonable(runner.describe())},
-        "seed": engine_cfg.seed,
-        "simulated_span_s": end_s,
-        "wall_time_s": time.perf_counter() - wall_start,
-        "counts": counts,
-        "swap_fallbacks": engine.num_swap_fallbacks,
-        "platform": platform_meta(engine),
-        "config": config.to_dict(),
-    }
-    tokens = engine.tokens.table() if engine.tokens is not None else None
-    return RunResult(requests_table, steps_table, meta, tokens)
 
 
 def requests_table_from(requests: list[Request], chunk: int = 65536) -> pa.Table:
@@ -236,18 +142,23 @@ def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
 
 def platform_meta(engine: Engine) -> dict:
     """run.json counters of the platform features (throttling, shedding, pausing, faults, journal)."""
-    adm = engine.admission
+    platform = engine.platform.meta() if engine.platform is not None else \
+        {"throttles": 0, "dropped": 0, "pauses": 0, "faults": EMPTY_FAULTS}
     journal = engine.journal
     return {
-        "throttles": adm.num_throttles if adm is not None else 0,
+        "throttles": platform["throttles"],
         "retries": sum(engine.ledger.retries.values()),
-        "dropped": engine.dropped,
-        "pauses": engine.num_pauses,
+        "dropped": platform["dropped"],
+        "pauses": platform["pauses"],
         "paused_s": sum(engine.ledger.paused_s.values()),
         "journal": {"enabled": journal.enabled, "requests_interrupted": journal.requests_interrupted,
                     "tokens_lost": journal.tokens_lost, "tokens_recomputed": journal.tokens_recomputed},
-        "faults": dict(engine.fault_stats),
+        "faults": platform["faults"],
     }
+
+
+EMPTY_FAULTS = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
+                "tokens_lost": 0, "tokens_recomputed": 0}
 
 
 def write_run(result: RunResult, run_dir: str | Path) -> Path:

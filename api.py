@@ -1,0 +1,143 @@
+"""servelab's Python API: assemble a replay from a config (runner, policies, router by name) and run it.
+
+    from servelab.api import EngineConfig, ReplayConfig, replay, write_run
+    result = replay(trace, ReplayConfig(engine=EngineConfig(replicas=2), policy="sarathi"))
+    write_run(result, "runs/sarathi")
+
+This is where names become parts: ``make_runner`` and ``make_policy`` look them up in their
+registries, and the engine (``servelab.replay``) receives built objects only.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict
+
+import pyarrow as pa
+
+from servelab import __version__
+from servelab.common.errors import ServelabError
+from servelab.policies.base import make_policy
+from servelab.replay.config import EngineConfig, ReplayConfig
+from servelab.replay.engine import Engine
+from servelab.replay.kv import KVManager
+from servelab.replay.protocols import Runner
+from servelab.replay.replica import Replica
+from servelab.replay.request import Status
+from servelab.replay.results import (
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, with_platform_columns, write_run,
+)
+from servelab.replay.router import ROUTERS
+from servelab.runners.base import make_runner
+
+
+def build_runner(config: ReplayConfig) -> Runner:
+    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
+                       block_size=config.engine.block_size)
+
+
+def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
+    engine = config.engine
+    if engine.num_gpu_blocks is not None:
+        return engine.num_gpu_blocks
+    capacity = runner.kv_capacity_tokens
+    if capacity is None:
+        raise ServelabError(
+            f"runner '{runner.name}' does not know a model or GPU, so the KV size cannot be derived: "
+            "set num_gpu_blocks (--num-gpu-blocks)"
+        )
+    tokens = capacity(engine.gpu_memory_utilization)
+    blocks = tokens // engine.block_size
+    if blocks < 1:
+        raise ServelabError(f"no room for KV cache: the model does not fit the GPU memory ({runner.describe()})")
+    return blocks
+
+
+def kv_bytes_per_token(config: EngineConfig, runner: Runner) -> int:
+    """The runner's KV bytes per token, else the config's; swapping needs one of them."""
+    value = runner.kv_bytes_per_token
+    if value is None:
+        value = config.kv_bytes_per_token
+    if value is None:
+        if config.preemption == "swap":
+            raise ServelabError(
+                f"preemption 'swap' needs the KV size per token: runner '{runner.name}' does not know its "
+                "model, so set kv_bytes_per_token (e.g. --kv-bytes-per-token 131072 for Llama-3.1-8B)"
+            )
+        return 0
+    return int(value)
+
+
+def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int) -> list[Replica]:
+    """One KV manager and one policy instance per replica."""
+    engine_cfg = config.engine
+    swap = engine_cfg.preemption == "swap"
+    bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
+    host_blocks = 0
+    if swap and bytes_per_token:
+        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+    replicas = []
+    for rid in range(engine_cfg.replicas):
+        allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
+        kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
+                       allocator=allocator, swap=swap, host_blocks=host_blocks,
+                       bytes_per_block=bytes_per_token * engine_cfg.block_size,
+                       swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9)
+        policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
+        replicas.append(Replica(rid, engine_cfg, kv, policy))
+    return replicas
+
+
+def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, trace_meta: dict | None = None,
+           token_log: bool = False, progress=None) -> RunResult:
+    """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
+
+    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet);
+    ``progress(arrived, total)`` is called now and then during the replay.
+    """
+    wall_start = time.perf_counter()
+    if runner is None:
+        runner = build_runner(config)
+    engine_cfg = config.engine
+    num_blocks = resolve_num_gpu_blocks(config, runner)
+    replicas = build_replicas(config, runner, num_blocks)
+    router = ROUTERS.get(engine_cfg.router)()
+    requests, followers = requests_from_table(trace)
+    engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
+    # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
+    # collector would only rescan the live requests again and again (~10% of a large replay).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        end_s = engine.run(progress)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
+    steps_table = engine.steps.table()
+    counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
+    for req in requests:
+        name = req.status.name.lower()
+        counts[name] = counts.get(name, 0) + 1
+    meta = {
+        "servelab_version": __version__,
+        "trace": dict(trace_meta or {}, rows=trace.num_rows),
+        "policy": {"name": config.policy, "params": _jsonable(asdict(replicas[0].policy.params))},
+        "engine": dict(_jsonable(asdict(engine_cfg)), num_gpu_blocks=num_blocks,
+                       swap_host_blocks=replicas[0].kv.host_total),
+        "runner": {"name": runner.name, "spec": config.runner, "params": _jsonable(runner.describe())},
+        "seed": engine_cfg.seed,
+        "simulated_span_s": end_s,
+        "wall_time_s": time.perf_counter() - wall_start,
+        "counts": counts,
+        "swap_fallbacks": engine.num_swap_fallbacks,
+        "platform": platform_meta(engine),
+        "config": config.to_dict(),
+    }
+    tokens = engine.tokens.table() if engine.tokens is not None else None
+    return RunResult(requests_table, steps_table, meta, tokens)
+
+
+__all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "replay", "requests_from_table",
+           "resolve_num_gpu_blocks", "write_run"]

@@ -1,0 +1,263 @@
+"""Platform features around the engine core: the front door (quotas, retries, queue cap), tier
+pausing, policy shedding and replica failures (docs/platform.md).
+
+The engine builds a `Platform` only when one of them is configured and calls its hooks at fixed
+points of a request's life; a deployment without platform features pays one ``is None`` test per
+point and nothing else:
+
+    arrival        ``arrive(req, now) -> bool``        may throttle, retry later or shed
+    queued         ``hold(replica, req, now) -> bool``  its tier is paused there: held, not queued
+    admitted       ``admitted(replica, req)``
+    requeued       ``requeued(replica, req)``           preempted back into the waiting queue
+    before a step  ``before_schedule(replica, now)``    sheds and pauses; returns swap-out seconds
+    ended          ``ended(req, now)``                  frees its quota
+    failure        ``fault(replica, down, now)``        FAULT events from the engine's heap
+    end of replay  ``strand(requests)``                 nothing left to serve what is still held
+
+What an interrupted request keeps (the journal) is core engine behaviour, not a platform feature:
+preemption by recompute follows the same rule.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from servelab.common.tiers import parse_tiers
+from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
+from servelab.replay.config import EngineConfig
+from servelab.replay.faults import Failure
+from servelab.replay.request import Request, Status
+
+if TYPE_CHECKING:
+    from servelab.replay.engine import Engine
+    from servelab.replay.replica import Replica
+
+FAULT = 3  # the engine's event kind for failures and recoveries
+
+
+class Platform:
+    @staticmethod
+    def wanted(config: EngineConfig, replicas: list["Replica"]) -> bool:
+        return config.has_front_door or config.pause is not None or bool(config.fail) or \
+            any(r.policy.sheds for r in replicas)
+
+    def __init__(self, engine: "Engine", config: EngineConfig):
+        self.engine = engine
+        self.ledger: Ledger = engine.ledger
+        self.admission = None
+        if config.has_front_door:
+            self.admission = Admission(
+                tuple(Quota.parse(q) for q in config.quota), retries=config.retries,
+                retry_backoff_s=config.retry_backoff_s, retry_max_backoff_s=config.retry_max_backoff_s,
+                retry_jitter=config.retry_jitter, retry_after=config.retry_after, queue_cap=config.queue_cap,
+                tier_ranks=parse_tiers(config.tier_order, "tier_order"), seed=config.seed)
+        self.pause = PauseRule.parse(config.pause) if config.pause else None
+        self.paused: dict[int, list[Request]] = {}  # paused replica id -> its held requests
+        self.pause_waiting = [0] * len(engine.replicas)  # requests of the pausable tier in each waiting queue
+        self.pause_start: dict[int, float] = {}
+        self.num_pauses = 0
+        self.shedding = any(r.policy.sheds for r in engine.replicas)
+        self.orphans: list[Request] = []  # routed nowhere: every replica is down
+        self.fault_stats = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
+                            "tokens_lost": 0, "tokens_recomputed": 0}
+        self.dropped = 0
+        for spec in config.fail:
+            f = Failure.parse(spec)
+            engine.push(f.at_s, FAULT, (engine.replicas[f.replica], True))
+            if f.for_s is not None:
+                engine.push(f.at_s + f.for_s, FAULT, (engine.replicas[f.replica], False))
+
+    @property
+    def walks_running(self) -> bool:
+        """Features that read running requests' counters directly (so the decode cohort stays off)."""
+        return self.shedding or self.pause is not None or bool(self.engine.config.fail)
+
+    @property
+    def acts_before_schedule(self) -> bool:
+        return self.shedding or self.pause is not None
+
+    # -- arrival: quotas, retries, the queue cap ----------------------------------------------
+    def arrive(self, req: Request, now: float) -> bool:
+        """Quotas, retries and the queue cap; False if ``req`` does not go on (yet)."""
+        adm = self.admission
+        if adm is None:
+            return True
+        engine = self.engine
+        throttle = adm.check(req, now)
+        if throttle is not None:
+            retry_s = adm.retry_at(req, self.ledger.retries.get(req.index, 0), throttle, now)
+            if retry_s is None:
+                req.status = Status.THROTTLED
+                req.reason = throttle.reason
+                self.ledger.refused_s[req.index] = now
+                engine.ended(req, now)
+            else:  # the client comes back; its latency still counts from its first arrival
+                Ledger.add(self.ledger.retries, req.index, 1)
+                engine.push(retry_s, engine.ARRIVAL, req)
+            return False
+        victim = adm.shed_victim(req, engine.live)
+        if victim is not None:
+            reason = f"shed: {adm.queue_cap} requests already waiting and it ranks lowest (tier {victim.tier})"
+            if victim is req:
+                self.drop(None, req, reason, now)
+                return False
+            self.drop(engine.replicas[victim.replica], victim, reason, now)
+        return True
+
+    def orphan(self, req: Request) -> None:
+        """No replica is live: ``req`` waits for one to come back."""
+        self.orphans.append(req)
+
+    def drop(self, replica: "Replica | None", req: Request, reason: str, now: float) -> None:
+        """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
+        if replica is not None:
+            replica.waiting.remove(req)
+            replica.policy.on_leave(req, replica)
+            replica.forgive(req)
+            if self.pause is not None and req.tier == self.pause.tier:
+                self.pause_waiting[replica.id] -= 1
+            if req.swapped:
+                replica.kv.drop_host(req)
+        req.status = Status.DROPPED
+        req.reason = reason
+        self.ledger.refused_s[req.index] = now
+        self.dropped += 1
+        self.engine.ended(req, now)
+
+    def ended(self, req: Request, now: float) -> None:
+        if self.admission is not None:
+            self.admission.on_end(req, now)
+
+    # -- pausing: the waiting-queue hooks -----------------------------------------------------
+    def hold(self, replica: "Replica", req: Request, now: float) -> bool:
+        """``req`` is about to queue on ``replica``: True if its tier is paused there (held instead)."""
+        pause = self.pause
+        if pause is None or req.tier != pause.tier:
+            return False
+        if replica.id in self.paused:
+            self.paused[replica.id].append(req)
+            self.pause_start[req.index] = now
+            return True
+        self.pause_waiting[replica.id] += 1
+        return False
+
+    def admitted(self, replica: "Replica", req: Request) -> None:
+        if self.pause is not None and req.tier == self.pause.tier:
+            self.pause_waiting[replica.id] -= 1
+
+    def requeued(self, replica: "Replica", req: Request) -> None:
+        if self.pause is not None and req.tier == self.pause.tier:
+            self.pause_waiting[replica.id] += 1
+
+    # -- before each decision: shedding, pausing ----------------------------------------------
+    def before_schedule(self, replica: "Replica", now: float) -> float:
+        """Policy shedding and pausing, before the policy decides; returns swap-out seconds."""
+        if self.shedding and replica.policy.sheds:
+            for req, reason in replica.policy.shed(replica):
+                self.drop(replica, req, reason, now)
+        if self.pause is not None:
+            return self._check_pause(replica, now)
+        return 0.0
+
+    def _check_pause(self, replica: "Replica", now: float) -> float:
+        rule, rid = self.pause, replica.id
+        if rule.metric == "waiting":
+            load = len(replica.waiting) - self.pause_waiting[rid]
+        else:
+            load = replica.kv.used / replica.kv.total
+        held = self.paused.get(rid)
+        if held is not None:
+            if load <= rule.resume:  # resume: the held requests queue again, in their order
+                del self.paused[rid]
+                for req in held:
+                    Ledger.add(self.ledger.paused_s, req.index, now - self.pause_start.pop(req.index))
+                    replica.waiting.append(req)
+                    replica.policy.on_arrival(req, replica)
+                self.pause_waiting[rid] += len(held)
+            return 0.0
+        if load <= rule.above:
+            return 0.0
+        self.num_pauses += 1
+        swap_s = 0.0
+        for req in [r for r in replica.running if r.tier == rule.tier]:
+            swap_s += self.engine.preempt(replica, req)
+        held = self.paused[rid] = []
+        keep = []
+        for req in replica.waiting:
+            if req.tier == rule.tier:
+                replica.policy.on_leave(req, replica)
+                held.append(req)
+                self.pause_start[req.index] = now
+            else:
+                keep.append(req)
+        replica.waiting.clear()
+        replica.waiting.extend(keep)
+        self.pause_waiting[rid] = 0
+        return swap_s
+
+    # -- failures -----------------------------------------------------------------------------
+    def fault(self, replica: "Replica", down: bool, now: float) -> None:
+        """Take ``replica`` down (its work moves to live replicas) or bring it back."""
+        engine = self.engine
+        if not down:
+            engine.live = [r for r in engine.replicas if r is replica or r in engine.live]
+            orphans, self.orphans = self.orphans, []
+            engine.route_all(orphans, now)
+            return
+        stats = self.fault_stats
+        stats["failures"] += 1
+        engine.live = [r for r in engine.live if r is not replica]
+        step = replica.inflight
+        if step is not None:  # iterations finished by now count; the one under way is lost
+            j = step.iterations_done_by(now)
+            done_s = step.start_s + step.elapsed(j)
+            if j:
+                step.k = j
+                engine.apply(replica, step, j, done_s)
+            stats["work_lost_s"] += now - done_s
+            replica.inflight = None
+            replica.busy = False
+            replica.step_token += 1
+        moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
+        replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
+        replica.running = []
+        replica.waiting.clear()
+        replica.outstanding_tokens = 0
+        replica.wake_s = None
+        self.pause_waiting[replica.id] = 0
+        stats["requests_moved"] += len(moved)
+        journal = engine.journal
+        before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
+        for req in moved:
+            replica.policy.on_leave(req, replica)
+            start = self.pause_start.pop(req.index, None)
+            if start is not None:  # held on the failed replica: it was paused until now
+                Ledger.add(self.ledger.paused_s, req.index, now - start)
+            journal.interrupt(req)
+            req.status = Status.PENDING
+        stats["requests_interrupted"] += journal.requests_interrupted - before[0]
+        stats["tokens_lost"] += journal.tokens_lost - before[1]
+        stats["tokens_recomputed"] += journal.tokens_recomputed - before[2]
+        engine.route_all(moved, now)
+
+    def strand(self, requests: list[Request]) -> None:
+        """At the end: requests held or routed nowhere had no live replica left to serve them."""
+        if not (self.orphans or self.paused):
+            return
+        for req in requests:
+            if not req.status.is_terminal:
+                req.status = Status.UNFINISHED
+                req.reason = "no live replica to serve it"
+
+    # -- run.json -----------------------------------------------------------------------------
+    def meta(self) -> dict:
+        adm = self.admission
+        return {
+            "throttles": adm.num_throttles if adm is not None else 0,
+            "dropped": self.dropped,
+            "pauses": self.num_pauses,
+            "faults": dict(self.fault_stats),
+        }
+
+
+__all__ = ["Platform"]

@@ -1,0 +1,87 @@
+"""Request progress: the one place that moves a request's counters forward after iterations ran.
+
+An iteration computes ``n`` tokens of a request (a prefill chunk, a recompute chunk or one decode
+token); when its computed tokens catch up with its known tokens (prompt + generated) it emits the
+next output token. Three shapes of applied work, one update (``emit``):
+
+- ``apply_iteration``: one iteration of any batch;
+- ``apply_stretch``: ``j`` identical pure-decode iterations (each item computed and emitted ``j``
+  tokens; its KV grows to cover them);
+- the decode cohort (replay/cohort.py) applies ``j`` iterations to all its members at once and
+  writes each member's counters back through ``emit`` when it materialises.
+
+These functions change only progress counters (and, in a stretch, the KV blocks that cover them,
+through the KV manager); what happens to a request that finished is the engine's business, so they
+return the finished requests in batch order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from servelab.replay.kv import KVManager
+    from servelab.replay.logs import TokenLog
+    from servelab.replay.request import Request
+    from servelab.replay.step import Step
+
+
+def emit(req: "Request", count: int, end_s: float, gap: float | None) -> None:
+    """``req`` emitted ``count`` more output tokens, the last at ``end_s``; ``gap`` is the longest
+    time between two consecutive tokens among them (None for a first token: there is no gap)."""
+    req.num_generated_tokens += count
+    req.last_token_s = end_s
+    if gap is not None and (req.max_itl_s is None or gap > req.max_itl_s):
+        req.max_itl_s = gap
+
+
+def apply_iteration(items: Sequence, end_s: float, tokens: "TokenLog | None") -> tuple[int, list]:
+    """One iteration of ``items`` (``(request, n)`` pairs) ended at ``end_s``.
+
+    Returns the tokens it produced (a first token also produces its prompt: what a request still
+    owes, see ``Replica.outstanding_tokens``) and the requests it finished.
+    """
+    produced = 0
+    finished = []
+    for req, n in items:
+        c = req.num_computed_tokens = req.num_computed_tokens + n
+        if c != req.prompt_tokens + req.num_generated_tokens:
+            continue  # a prefill chunk that did not reach the end of the prompt
+        if tokens is not None:
+            tokens.single(req.request_id, req.num_generated_tokens + 1, end_s)
+        if req.last_token_s is None:  # the prompt is done: first token
+            req.first_token_s = end_s
+            produced += req.prompt_tokens + 1
+            emit(req, 1, end_s, None)
+        else:
+            produced += 1
+            emit(req, 1, end_s, end_s - req.last_token_s)
+        if req.num_generated_tokens >= req.output_tokens:
+            finished.append(req)
+    return produced, finished
+
+
+def apply_stretch(items: Sequence, step: "Step", j: int, end_s: float, kv: "KVManager",
+                  tokens: "TokenLog | None") -> list:
+    """The first ``j`` iterations of a decode stretch ended, the last at ``end_s``: every item is
+    past its first token and produced ``j`` tokens. Returns the requests it finished."""
+    # A request's longest gap among them is the first (since its previous token) or the last.
+    first_end, last_gap = step.gap_bounds(j)
+    bs = kv.block_size
+    if tokens is not None:
+        for req, _ in items:
+            tokens.stretch(req.request_id, req.num_generated_tokens + 1, j, step)
+    finished = []
+    for req, _ in items:
+        c = req.num_computed_tokens = req.num_computed_tokens + j
+        target = -(-c // bs)
+        if target > req.kv_blocks:
+            kv.grow(req, target)
+        gap = first_end - req.last_token_s
+        emit(req, j, end_s, last_gap if last_gap > gap else gap)
+        if req.num_generated_tokens >= req.output_tokens:
+            finished.append(req)
+    return finished
+
+
+__all__ = ["apply_iteration", "apply_stretch", "emit"]
