@@ -74,11 +74,11 @@ EMPTY = Batch()
 UNLIMITED = 1 << 62  # the token budget of a policy without one (orca, static)
 
 
-def initial_budgets(replica: "Replica") -> tuple[int, int, int]:
-    """(tokens, sequences, free KV blocks) a policy's builder starts an iteration with."""
+def initial_budgets(replica: "Replica") -> tuple[int, int]:
+    """(tokens, sequences) a policy's builder starts every iteration with (``PolicyBase.builder``)."""
     cfg = replica.config
     tokens = cfg.max_num_batched_tokens if replica.policy.uses_token_budget else UNLIMITED
-    return tokens, cfg.max_num_seqs, replica.kv.free
+    return tokens, cfg.max_num_seqs
 
 
 class BatchBuilder:

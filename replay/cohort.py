@@ -26,6 +26,7 @@ import heapq
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Sequence
 
+from servelab.replay.batch import UNLIMITED
 from servelab.replay.progress import emit
 from servelab.replay.request import Request
 
@@ -34,12 +35,14 @@ if TYPE_CHECKING:
 
 
 class DecodeCohort:
-    __slots__ = ("replica", "kv", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
+    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
                  "gap_starts", "gap_max", "last_end_s", "outside")
 
-    def __init__(self, replica: "Replica"):
+    def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED):
         self.replica = replica
         self.kv = replica.kv
+        self.token_budget = token_budget  # the budgets the replica's policy builds every batch from
+        self.seq_budget = seq_budget
         self.bs = replica.kv.block_size
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order
@@ -90,18 +93,19 @@ class DecodeCohort:
         self.outside = list(self.replica.running)
         self._reset()
 
-    def fits(self, token_budget: int, seq_budget: int, free_blocks: int) -> bool:
-        """Would a decode-first walk of the running requests, starting from these budgets, surely
-        give every member its next token, with nothing to preempt? If not, the engine dissolves
-        the cohort before the policy decides, and the policy walks its members one by one."""
+    def fits(self) -> bool:
+        """Would the policy's decode-first walk of the running requests, starting from its builder's
+        budgets, surely give every member its next token, with nothing to preempt? If not, the engine
+        dissolves the cohort before the policy decides, and the policy walks its members one by one."""
         outside = self.outside
-        if self.n + len(outside) > min(token_budget, seq_budget):
+        tokens = self.token_budget
+        if self.n + len(outside) > min(tokens, self.seq_budget):
             return False
-        room = free_blocks - self.next_blocks()
+        room = self.kv.free - (0 if self.reserve else self.residues[-self.d % self.bs])  # - next_blocks()
         blocks_needed = self.kv.blocks_needed
         for req in outside:  # at most what each can take: then no preemption can follow
             left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
-            room -= blocks_needed(req, left if left < token_budget else token_budget)
+            room -= blocks_needed(req, left if left < tokens else tokens)
         return room >= 0
 
     # -- what the next iterations need -----------------------------------------------------

@@ -82,7 +82,7 @@ class Engine:
         if self.tokens is None and not self.needs_items and (self.platform is None or not self.platform.walks_running):
             for replica in replicas:
                 if replica.policy.decode_cohort:
-                    replica.cohort = DecodeCohort(replica)
+                    replica.cohort = DecodeCohort(replica, *initial_budgets(replica))
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -218,7 +218,7 @@ class Engine:
         replica.now_s = now
         swap_s = self._before_schedule(replica, now) if self._before_schedule is not None else 0.0
         cohort = replica.cohort
-        if cohort is not None and cohort.n and not cohort.fits(*initial_budgets(replica)):
+        if cohort is not None and cohort.n and not cohort.fits():
             cohort.dissolve()  # the policy must walk its members one by one this time
         batch = replica.policy.schedule(replica)
         for victim in batch.preempt:

@@ -85,3 +85,19 @@ def test_smaller_chunks_shorten_the_long_stall_and_delay_short_requests():
     ttft_big = column(big, "ttft_s")[2:]
     ttft_small = column(small, "ttft_s")[2:]
     assert all(s > b for s, b in zip(ttft_small, ttft_big))
+
+
+def test_lifo_serves_the_newest_waiting_job_first():
+    # The long job runs alone until 20; job i (arrived at i) waits while every newer job runs:
+    # job 20 runs [20, 21], job 19 [21, 22], ..., job 1 [39, 40], so job i ends at 41 - i.
+    r = run(jobs(), policy="lifo", max_num_seqs=1)
+    finish = column(r, "finish_s")
+    assert finish[0] == 20.0
+    assert finish[1:] == [41.0 - i for i in range(1, 21)]
+    assert column(r, "e2e_s")[1:] == [41.0 - 2 * i for i in range(1, 21)]
+
+
+def test_lifo_with_room_for_everyone_is_fcfs():
+    # with a free slot for every job, the order of the waiting queue never matters
+    a, b = run(jobs(), policy="lifo", max_num_seqs=64), run(jobs(), policy="sarathi", max_num_seqs=64)
+    assert column(a, "finish_s") == column(b, "finish_s")

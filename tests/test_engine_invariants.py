@@ -1,0 +1,158 @@
+"""The engine's bookkeeping adds up after every event of randomised replays.
+
+- KV (replay/kv.py, ``KVManager.check``): used + free == total, the blocks held by running requests
+  plus the decode cohort's aggregate equal ``used``, the host pool equals its swapped requests'.
+- ``Replica.outstanding_tokens`` equals what the requests on the replica still owe, and drains to 0.
+- The dependency rule: nothing in replay/ imports a concrete policy or runner, or the layers above.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import servelab.api
+from helpers_engine import run, synthetic
+from servelab.policies.base import POLICIES, policy_names
+from servelab.replay.engine import Engine
+from servelab.replay.protocols import Policy, Runner
+from servelab.replay.replica import owed
+from servelab.replay.request import Status
+
+REPO = Path(__file__).resolve().parents[1]
+LIVE = (Status.WAITING, Status.RUNNING)
+
+
+def check(engine: Engine) -> None:
+    held_elsewhere = {id(r) for rs in (engine.platform.paused.values() if engine.platform else ()) for r in rs}
+    for replica in engine.replicas:
+        replica.kv.check(replica.running)
+        cohort = replica.cohort
+        owes = 0
+        for req in engine.requests:
+            if req.replica != replica.id or not (req.status in LIVE or id(req) in held_elsewhere):
+                continue
+            if req.status is Status.PENDING:
+                continue
+            # a cohort member's counters are frozen at joining: add the iterations since then
+            lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
+            owes += owed(req) - lag
+        assert replica.outstanding_tokens == owes, (replica.id, replica.outstanding_tokens, owes)
+
+
+class CheckedEngine(Engine):
+    """Checks the invariants after every arrival, decision and completed step."""
+
+    events = 0
+
+    def _arrive(self, req, now):
+        super()._arrive(req, now)
+        self._check()
+
+    def _start(self, replica, now):
+        super()._start(replica, now)
+        self._check()
+
+    def _complete(self, replica, now):
+        super()._complete(replica, now)
+        self._check()
+
+    def _check(self):
+        CheckedEngine.events += 1
+        check(self)
+
+
+CASES = {
+    "cohort, KV pressure": ("sarathi", {}, {"num_gpu_blocks": 300}),
+    "swap": ("sarathi", {}, {"num_gpu_blocks": 300, "preemption": "swap", "kv_bytes_per_token": 1024,
+                              "swap_space_gb": 0.0002}),
+    "reserve": ("orca", {}, {"num_gpu_blocks": 900, "kv_allocation": "reserve"}),
+    "restart without journal": ("vllm-v0", {}, {"num_gpu_blocks": 300, "journal": False}),
+    "srpt preempting": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400, "max_num_seqs": 8}),
+    "platform": ("tiers", {"preempt": True}, {"replicas": 2, "num_gpu_blocks": 400, "queue_cap": 30,
+                                              "quota": ("tenant=*:rpm=1500",), "retries": 1,
+                                              "pause": "tier=flex,waiting=8,resume=2",
+                                              "fail": ("replica=1,at=5,for=4",), "swap_space_gb": 0.0001,
+                                              "preemption": "swap", "kv_bytes_per_token": 1024}),
+    "edf dropping": ("edf", {"drop": True, "ttft_slo_s": 2.0}, {"num_gpu_blocks": 400}),
+    "horizon": ("sarathi", {}, {"num_gpu_blocks": 300, "until_s": 6.0}),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
+    policy, params, engine = CASES[case]
+    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    trace = synthetic(n=250, rate=40.0, seed=seed)
+    if policy == "tiers":
+        import pyarrow as pa
+
+        tiers = ["priority", "standard", "flex"] * (trace.num_rows // 3 + 1)
+        trace = trace.append_column("tier", pa.array(tiers[:trace.num_rows]))
+    before = CheckedEngine.events
+    result = run(trace, policy=policy, runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
+                 policy_params=params, **engine)
+    assert CheckedEngine.events - before > 300  # it really ran and checked
+    statuses = set(result.requests.column("status").to_pylist())
+    assert statuses <= {"finished", "unfinished", "throttled", "dropped", "rejected"}
+
+
+def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
+    engines = []
+
+    class Keep(Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    for policy in policy_names():
+        run(synthetic(n=200, rate=40.0), policy=policy, runner="linear:base=0.01,prefill_token=0.0001",
+            num_gpu_blocks=500, replicas=2, router="least-outstanding")
+    assert len(engines) == len(policy_names())
+    for engine in engines:
+        for replica in engine.replicas:
+            assert replica.outstanding_tokens == 0
+            assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.cohort_held == 0
+
+
+def test_replay_imports_no_concrete_policy_runner_or_layer_above():
+    forbidden = ("servelab.policies", "servelab.runners", "servelab.api", "servelab.cli", "servelab.scoring",
+                 "servelab.search")
+    for path in sorted((REPO / "replay").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                assert not name.startswith(forbidden), f"{path.name} imports {name}"
+
+
+def _protocol_members(protocol) -> set[str]:
+    return {n for n in vars(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_every_policy_has_every_member_the_engine_uses(name):
+    from servelab.api import EngineConfig
+    from servelab.policies.base import make_policy
+
+    policy = make_policy(name, {}, EngineConfig())
+    for member in _protocol_members(Policy):
+        assert hasattr(policy, member), f"policy '{name}' lacks {member}"
+    assert policy.name == name and POLICIES.get(name) is type(policy)
+
+
+@pytest.mark.parametrize("spec", ["linear:base=1", "roofline"])
+def test_runners_have_every_member_the_engine_uses(spec):
+    from servelab.runners.base import make_runner
+
+    runner = make_runner(spec)
+    assert isinstance(runner, Runner)
+    for member in _protocol_members(Runner):
+        assert hasattr(runner, member), f"runner '{spec}' lacks {member}"
