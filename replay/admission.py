@@ -19,6 +19,7 @@ import numpy as np
 
 from servelab.common.errors import ServelabError
 from servelab.common.fields import parse_fields
+from servelab.common.tiers import tier_ranker
 from servelab.replay.request import Request
 
 QUOTA_FIELDS = ("rpm", "tpm", "concurrency")
@@ -136,7 +137,7 @@ class Admission:
         self.retry_jitter = retry_jitter
         self.retry_after = retry_after
         self.queue_cap = queue_cap
-        self.tier_ranks = tier_ranks or {}
+        self.rank = tier_ranker(tier_ranks or {})  # tiers not listed rank lowest
         self.seed = seed
         self.num_throttles = 0
 
@@ -229,9 +230,6 @@ class Admission:
         return now + backoff
 
     # -- queue cap ------------------------------------------------------------------------------
-    def rank(self, tier: str) -> int:
-        return self.tier_ranks.get(tier, len(self.tier_ranks))
-
     def shed_victim(self, req: Request, replicas) -> Request | None:
         """With the waiting queues full, the request to drop: the lowest tier, most recent arrival.
 

@@ -6,12 +6,16 @@ The same keys are accepted on the command line (``--max-num-seqs 64``) and in a 
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
+from servelab.common.tiers import parse_tiers
+from servelab.replay.router import ROUTERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +32,7 @@ class EngineConfig:
     kv_bytes_per_token: int | None = None  # for runners that don't know their model (swap timing)
     head_of_line: str = "strict"  # strict: stop at the first waiting request that does not fit; skip
     replicas: int = 1
-    router: str = "round-robin"  # round-robin | least-outstanding
+    router: str = "round-robin"  # a name in replay/router.py: round-robin | least-outstanding
     until_s: float | None = None  # horizon; None = replay until drained
     seed: int = 0
     # -- platform (docs/platform.md): all off by default --------------------------------------
@@ -53,17 +57,18 @@ class EngineConfig:
         _choice(self, "kv_allocation", ("on-demand", "reserve"))
         _choice(self, "preemption", ("recompute", "swap"))
         _choice(self, "head_of_line", ("strict", "skip"))
-        _choice(self, "router", ("round-robin", "least-outstanding"))
+        _choice(self, "router", tuple(ROUTERS.names()))
         if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
             raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")
-        if self.until_s is not None and self.until_s < 0:
-            raise ServelabError(f"until_s must be >= 0, got {self.until_s}")
+        if self.until_s is not None and not (0 <= self.until_s < math.inf):
+            raise ServelabError(f"until_s must be a finite number of seconds >= 0, got {self.until_s}")
         self._check_platform()
 
     def _check_platform(self) -> None:
         from servelab.replay.admission import PauseRule, Quota
         from servelab.replay.faults import Failure, check_failures
 
+        parse_tiers(self.tier_order, "tier_order")
         for name in ("quota", "fail"):  # a TOML array or one CLI string -> a tuple of strings
             value = getattr(self, name)
             if isinstance(value, str):
@@ -149,38 +154,6 @@ class ReplayConfig:
         return cls.from_dict(data, source=str(path))
 
 
-def coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Convert a CLI string or TOML value to a dataclass field's annotated type, with a clear error."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    optional = "None" in text
-    base = text.replace("| None", "").replace("None |", "").strip()
-    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "")):
-        if optional:
-            return None
-        raise ServelabError(f"{where}: a value is required")
-    try:
-        if base == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if base == "float":
-            return float(value)
-        if base == "bool":
-            if isinstance(value, bool):
-                return value
-            lowered = str(value).lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if base == "str":
-            return str(value)
-    except ValueError:
-        raise ServelabError(f"{where}: expected {base}, got {value!r}") from None
-    return value
-
-
 def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:
     """Build a frozen params dataclass from string/TOML values; unknown keys are errors."""
     known = {f.name: f for f in fields(cls)}
@@ -205,4 +178,4 @@ def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:
         raise ServelabError(f"{name} must be one of {', '.join(options)}; got '{getattr(obj, name)}'")
 
 
-__all__ = ["EngineConfig", "ReplayConfig", "coerce", "make_params"]
+__all__ = ["EngineConfig", "ReplayConfig", "make_params"]

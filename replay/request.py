@@ -92,10 +92,6 @@ class Request:
         return self.prompt_tokens + self.num_generated_tokens
 
     @property
-    def remaining_output(self) -> int:
-        return self.output_tokens - self.num_generated_tokens
-
-    @property
     def is_decoding(self) -> bool:
         """True when the next iteration computes exactly one token and emits the next one."""
         return self.num_generated_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1

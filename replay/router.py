@@ -1,10 +1,14 @@
-"""Routers: which replica an arriving request joins. A seam for richer routing later."""
+"""Routers: which live replica an arriving request joins (the Router protocol, replay/protocols.py)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from servelab.common.registry import Registry
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+
+if TYPE_CHECKING:
+    from servelab.replay.replica import Replica
+    from servelab.replay.request import Request
 
 ROUTERS: Registry = Registry("router")
 

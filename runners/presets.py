@@ -7,7 +7,7 @@ as total memory, which is what vLLM's ``gpu_memory_utilization`` multiplies.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
 
@@ -93,10 +93,6 @@ class GpuPreset:
     def memory_bytes(self) -> int:
         return self.memory_mib * 1024 * 1024
 
-    @property
-    def ridge_flops_per_byte(self) -> float:
-        return self.peak_flops / self.hbm_bytes_per_s
-
 
 def _models(*presets: ModelPreset) -> dict[str, ModelPreset]:
     return {p.name: p for p in presets}
@@ -137,7 +133,3 @@ def get_gpu(name: str) -> GpuPreset:
         return GPUS[name.lower()]
     except KeyError:
         raise ServelabError(f"unknown GPU preset '{name}' (known: {', '.join(GPUS)})") from None
-
-
-def preset_dict(preset: ModelPreset | GpuPreset) -> dict:
-    return asdict(preset)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from servelab.common.coerce import base_type, is_a
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.config import EngineConfig, ReplayConfig
 from servelab.scoring.slo import SloTable
@@ -112,10 +113,6 @@ class SearchSpec:
     @property
     def directions(self) -> tuple[str, ...]:
         return tuple(OBJECTIVES[o] for o in self.objectives)
-
-    @property
-    def multi_objective(self) -> bool:
-        return len(self.objectives) > 1
 
     def identity(self) -> dict[str, Any]:
         """What defines the study: changing any of it makes a different study (n_trials, workers, timeout do not)."""
@@ -227,15 +224,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _base_type(annotation: Any) -> str:
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    return text.replace("| None", "").replace("None |", "").strip()
-
-
 @dataclass
 class _Parser:
     path: Path
-    _engine_types: dict[str, str] = field(default_factory=lambda: {f.name: _base_type(f.type) for f in fields(EngineConfig)})
+    _engine_types: dict[str, str] = field(default_factory=lambda: {f.name: base_type(f.type) for f in fields(EngineConfig)})
 
     def error(self, key: str, rule: str) -> InputError:
         return InputError(self.path, rule, column=key)
@@ -389,7 +381,7 @@ class _Parser:
                 if policy not in policies:
                     raise self.error(f"space.policy_params.{policy}",
                                      f"policy {policy!r} is neither the base policy nor among space.policy")  # fmt: skip
-                types = {f.name: _base_type(f.type) for f in fields(policy_class(policy).Params)}
+                types = {f.name: base_type(f.type) for f in fields(policy_class(policy).Params)}
                 for pkey, pspec in block.items():
                     where = f"space.policy_params.{policy}.{pkey}"
                     if pkey not in types:
@@ -399,7 +391,7 @@ class _Parser:
                                            policy=policy, is_policy_param=True))  # fmt: skip
                 continue
             where = f"space.policy_params.{name}"
-            owners = {p: _base_type(f.type) for p in policies for f in fields(policy_class(p).Params) if f.name == name}
+            owners = {p: base_type(f.type) for p in policies for f in fields(policy_class(p).Params) if f.name == name}
             if not owners:
                 raise self.error(where, f"no policy in play ({', '.join(policies)}) has this parameter")
             if len(set(owners.values())) > 1:
@@ -526,13 +518,8 @@ def _is_param_table(spec: Mapping[str, Any]) -> bool:
 
 
 def _coerce_checked(parser: _Parser, value: Any, base_type: str, where: str) -> Any:
-    ok = {
-        "int": lambda v: _is_number(v) and float(v) == int(v),
-        "float": _is_number,
-        "bool": lambda v: isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-    }.get(base_type, lambda v: True)
-    if not ok(value):
+    """A TOML value of the spec must already be of its parameter's type."""
+    if not is_a(value, base_type):
         raise parser.error(where, f"value {value!r} is not a {base_type}")
     return int(value) if base_type == "int" else value
 
