@@ -104,10 +104,36 @@ def _trace_meta(path: str) -> dict:
     return {"path": str(path), "name": Path(path).stem, "sha256": trace_sha256(path)}
 
 
+RUN_MARKERS = ("run.json", "requests.parquet")
+
+
+def check_replay_output(out_dir: str | None, force: bool, may_replace: bool = False) -> None:
+    """Refuse before any work to write over something that is not a run, or over a run without --force."""
+    if out_dir:
+        from servelab.common.outdir import check_output_dir
+
+        check_output_dir(out_dir, force, "run directory", RUN_MARKERS, may_replace=may_replace)
+
+
+def parse_slo(slo: tuple[str, ...]):
+    """The --slo flags as an SloTable (None without any); a bad one fails here, before the replay."""
+    if not slo:
+        return None
+    try:
+        from servelab.scoring.slo import as_slo_table
+    except ImportError:  # a build without scoring: its plain report has no SLO columns
+        raise ServelabError("--slo needs servelab's scoring package, which this installation lacks") from None
+    return as_slo_table(tuple(slo))
+
+
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
-               slo: tuple[str, ...] = (), token_log: bool = False) -> None:
+               slo: tuple[str, ...] = (), token_log: bool = False, force: bool = False,
+               may_replace: bool = False) -> None:  # fmt: skip
+    """Replay and write/report; every option is checked (SLO, output directory, trace) before the replay starts."""
     from servelab.api import replay, write_run
 
+    slo_table = parse_slo(slo)
+    check_replay_output(out_dir, force, may_replace)
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
                f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
@@ -121,7 +147,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         write_run(result, out_dir)
         click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, run.json", err=True)
     if show_report:
-        click.echo(_report(result, out_dir, slo))
+        click.echo(_report(result, out_dir, slo_table))
 
 
 @contextlib.contextmanager
@@ -139,7 +165,7 @@ def _progress_bar(total: int):
         yield lambda done, _total: bar.update(task, completed=done)
 
 
-def _report(result, out_dir: str | None, slo: tuple[str, ...]) -> str:
+def _report(result, out_dir: str | None, slo) -> str:
     try:
         from servelab.scoring.report import report_text
     except ImportError:
@@ -162,32 +188,54 @@ def _slo_option(func: Callable) -> Callable:
                         help="SLO for the report, e.g. ttft=0.5,tpot=0.05 or tier=priority:ttft=0.2.")(func)
 
 
+_force_option = click.option("--force", is_flag=True, help="Replace the run directory -o names if it already holds a run.")
+
+
 @click.command()
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Run directory to write.")
+@_force_option
 @click.option("--report/--no-report", default=True, help="Print the report after the replay.")
 @click.option("--token-log", is_flag=True, help="Also write tokens.parquet: every output token's time.")
 @_slo_option
 @replay_options
-def replay(trace: str, out_dir: str | None, report: bool, token_log: bool, slo: tuple[str, ...],
+def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log: bool, slo: tuple[str, ...],
            **options: Any) -> None:
-    """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o."""
+    """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o (--force to replace one)."""
     config = config_from_options(**options)
-    run_replay(trace, config, out_dir, report, slo, token_log)
+    run_replay(trace, config, out_dir, report, slo, token_log, force=force)
+
+
+def _is_demo_run(out_dir: str, trace_path: Path) -> bool:
+    """Whether ``out_dir`` holds a run of the bundled trace (the demo replaces its own earlier output)."""
+    import json
+
+    from servelab.traces.io import trace_sha256
+
+    try:
+        meta = json.loads((Path(out_dir) / "run.json").read_text())
+        return (meta.get("trace") or {}).get("sha256") == trace_sha256(trace_path)
+    except (OSError, ValueError, AttributeError, ServelabError):
+        return False
 
 
 @click.command()
 @click.option("-o", "--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Replace -o even if it holds a run of another trace.")
 @_slo_option
 @replay_options
-def demo(out_dir: str, slo: tuple[str, ...], **options: Any) -> None:
-    """Replay the bundled Azure LLM conversation trace (2023, 19,366 requests) and print the report."""
+def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> None:
+    """Replay the bundled Azure LLM conversation trace (2023, 19,366 requests) and print the report.
+
+    Running it again replaces its own earlier run in -o; a run of another trace there needs --force.
+    """
     from servelab.traces.bundled import default_trace_path
 
     config = config_from_options(**options)
     if not slo:
         slo = ("ttft=2,tpot=0.1",)
-    run_replay(str(default_trace_path()), config, out_dir, True, slo)
+    trace_path = default_trace_path()
+    run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path))
 
 
 @click.command()
@@ -202,4 +250,5 @@ def policies() -> None:
         click.echo(f"{name:14s} {doc}\n{'':14s} parameters: {params}")
 
 
-__all__ = ["replay", "demo", "policies", "replay_options", "config_from_options", "run_replay"]
+__all__ = ["replay", "demo", "policies", "replay_options", "config_from_options", "run_replay", "check_replay_output",
+           "parse_slo"]

@@ -193,17 +193,20 @@ def _floats(text: str | None, name: str) -> list[float] | None:
 @click.option("--max-rate", type=float, help="Highest rate the search may try, req/s.")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Replays run in parallel processes.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Sweep directory to write.")
+@click.option("--force", is_flag=True, help="Replace the sweep directory -o names if it already holds a sweep.")
 @slo_options
 @replay_options
-def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, slo_specs, slo_file, **options):
+def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, force, slo_specs, slo_file, **options):
     """Replay TRACE at several arrival rates (one run dir each) and find the goodput rate."""
     import pyarrow as pa
 
+    from servelab.common.outdir import check_output_dir
     from servelab.scoring.output import render_table
     from servelab.scoring.sweep import run_sweep
 
     config = config_from_options(**options)
     slo = slo_from_options(slo_specs, slo_file, options.get("config_file"))
+    check_output_dir(out_dir, force, "sweep directory", ("sweep.json",))  # before any replay
 
     def progress(p):
         click.echo(f"  rate {p.rate_rps:.6g} req/s (x{p.scale:.4g}): attainment {p.attainment:.3f}", err=True)

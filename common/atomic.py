@@ -1,13 +1,39 @@
-"""Write files and directories so that a failure never leaves a half-written result behind."""
+"""Write files and directories so that a failure never leaves a half-written result behind.
+
+A result is written into a hidden temporary beside its destination, ``.NAME.<owner>.<random>.tmp``
+(``<owner>`` names the host and process), and moved onto ``NAME`` only when complete. A directory
+that already exists is swapped with the new one in a single step (Linux ``renameat2`` with
+``RENAME_EXCHANGE``); where that is not available the old one is first renamed aside
+(``.NAME.<owner>.<random>.old.tmp``), the new one moved in, and the old one deleted. A kill at any
+moment therefore leaves either the old or the new result at ``NAME`` (or, in the fallback's window
+between its two renames, the old one aside, which the next write to ``NAME`` moves back).
+
+Temporaries of processes that died (kill -9, power loss) are removed the next time anything is
+written to the same destination; those of live processes are left alone.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
+import re
+import secrets
 import shutil
+import socket
 import tempfile
+import time
+import zlib
 from pathlib import Path
 from typing import Iterator
+
+# Temporaries from versions before the owner tag (``.NAME.<8 random>.tmp``) count as stale once
+# untouched this long: their owner cannot be known.
+LEGACY_STALE_S = 3600.0
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
 
 
 def _umask() -> int:
@@ -16,12 +42,134 @@ def _umask() -> int:
     return mask
 
 
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _start_token(pid: int) -> str:
+    """The kernel's start time of ``pid`` (a recycled pid is not taken for the process that made a temporary)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
+
+
+def owner_tag(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"h{_host_tag()}p{pid}s{_start_token(pid)}"
+
+
+def _temp_pattern(name: str) -> re.Pattern:
+    return re.compile(
+        rf"^\.{re.escape(name)}\.(?:h(?P<host>[0-9a-f]{{8}})p(?P<pid>\d+)s(?P<token>\d+)\.[A-Za-z0-9_]+(?P<old>\.old)?"
+        rf"|(?P<legacy>[a-z0-9_]{{8}}))\.tmp$"
+    )
+
+
+def _pid_alive(pid: int, token: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:  # a zombie (killed, not yet reaped) is dead too
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except (OSError, IndexError):
+        pass
+    current = _start_token(pid)
+    return current == "0" or token == "0" or current == token
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def remove_stale_temps(dest: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries beside ``dest`` left by dead processes; returns what was removed.
+
+    A renamed-aside old result whose owner died before moving the new one in is moved back onto
+    ``dest`` when ``dest`` is missing (so a kill there loses nothing).
+    """
+    dest = Path(dest)
+    parent = dest.parent
+    if not parent.is_dir():
+        return []
+    pattern = _temp_pattern(dest.name)
+    host = _host_tag()
+    removed = []
+    candidates = []
+    for entry in os.scandir(parent):
+        m = pattern.match(entry.name)
+        if m is None:
+            continue
+        path = Path(entry.path)
+        if m["legacy"]:
+            try:
+                stale = time.time() - path.lstat().st_mtime > LEGACY_STALE_S
+            except FileNotFoundError:
+                continue
+        else:
+            stale = m["host"] == host and not _pid_alive(int(m["pid"]), m["token"])
+        if stale:
+            candidates.append((bool(m["old"]), path))
+    for is_old, path in sorted(candidates, key=lambda c: not c[0]):  # asides first: one may be restored
+        if is_old and not os.path.lexists(dest):
+            with contextlib.suppress(OSError):
+                os.rename(path, dest)
+                continue
+        _remove(path)
+        removed.append(path)
+    return removed
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where not supported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.ENOENT):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Move directory ``src`` onto ``dest``, replacing what is there; a kill at any point keeps one of them at ``dest``.
+
+    ``src`` ends up holding the old result (or gone); the caller deletes it.
+    """
+    src, dest = Path(src), Path(dest)
+    if not os.path.lexists(dest):
+        os.replace(src, dest)
+        return
+    if dest.is_dir() and not dest.is_symlink() and _exchange(src, dest):
+        return
+    aside = dest.parent / f".{dest.name}.{owner_tag()}.{secrets.token_hex(4)}.old.tmp"
+    os.rename(dest, aside)
+    os.rename(src, dest)
+    _remove(aside)
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``dest``; rename it onto ``dest`` only if the block succeeds."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    remove_stale_temps(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.{owner_tag()}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -38,13 +186,12 @@ def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside ``dest``; it replaces ``dest`` only if the block succeeds."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    remove_stale_temps(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{owner_tag()}.", suffix=".tmp", dir=dest.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        replace_dir(tmp, dest)  # tmp now holds the old result, if there was one
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        if os.path.lexists(tmp):
+            _remove(tmp)

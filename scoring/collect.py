@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import duckdb
-
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
-from servelab.scoring.db import set_slo
+from servelab.scoring.db import new_connection, set_slo
 from servelab.scoring.slo import SloTable
 from servelab.scoring.sources import find_runs, register_sources
 from servelab.scoring.views import create_views
@@ -23,7 +21,7 @@ def collect(run_dirs: list[str | os.PathLike], out: str | os.PathLike, slo: SloT
     runs = find_runs(run_dirs)
     with atomic_path(out) as tmp:
         tmp.unlink()  # DuckDB creates the file itself; an empty file is not a database
-        con = duckdb.connect(str(tmp))
+        con = new_connection(str(tmp))
         try:
             register_sources(con, runs, materialize=True)
             con.execute("DROP TABLE IF EXISTS _run_files")

@@ -26,6 +26,26 @@ VIEW_NAMES = (
 )  # fmt: skip
 
 
+# Optimizers switched off on every connection servelab opens. DuckDB 2.0.0 and 2.0.1 shrink a
+# materialized integer aggregate to a narrower type using wrong statistics when the plan holds a
+# LEFT JOIN (every scoring view does): `sum(num_preemptions) ... ORDER BY` came back wrapped at 256
+# (`preemptions -78` for 10674) or failed with "INT128 ... can't be cast ... INT8". Widening the
+# summed column does not help (the sum itself gets the bad statistics); switching the
+# compressed_materialization optimizer off does, for the views and for ad-hoc queries alike. It
+# only saves memory in big sorts, so it costs nothing measurable here. See docs/results.md.
+DISABLED_OPTIMIZERS = ("compressed_materialization",)
+
+
+def new_connection(database: str = ":memory:", threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with servelab's settings (``DISABLED_OPTIMIZERS``); every scoring connection comes from here."""
+    con = duckdb.connect(database, config={"threads": threads} if threads else {})
+    try:
+        con.execute(f"SET disabled_optimizers = '{','.join(DISABLED_OPTIMIZERS)}'")
+    except duckdb.Error:  # an optimizer this DuckDB does not know of cannot misbehave in it
+        pass
+    return con
+
+
 def _as_list(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     if isinstance(run_dirs, (str, os.PathLike)):
         return [str(run_dirs)]
@@ -49,7 +69,7 @@ def connect(
     if len(paths) == 1 and paths[0].endswith(".duckdb") and Path(paths[0]).is_file():
         return open_collected(paths[0], slo)
     runs = find_runs(paths)
-    con = duckdb.connect(config={"threads": threads} if threads else {})
+    con = new_connection(threads=threads)
     register_sources(con, runs)
     set_slo(con, slo)
     create_views(con)
@@ -61,7 +81,7 @@ def open_collected(path: str, slo: SloTable | None = None) -> duckdb.DuckDBPyCon
 
     With ``slo`` the SLO table is replaced (in memory only); without, the one stored at collect time is used.
     """
-    con = duckdb.connect()
+    con = new_connection()
     try:
         con.execute(f"ATTACH '{path.replace(chr(39), chr(39) * 2)}' AS collected (READ_ONLY)")
     except duckdb.Error as err:

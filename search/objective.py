@@ -101,7 +101,11 @@ class Evaluator:
         self.last_s = float(arrivals[-1].as_py())
         self.quota_check = None  # set by the study loop: raises when n_trials is already met
         self.interrupted = None  # set by the study loop: a threading.Event, set on Ctrl-C
+        # True while the replay and scoring run: only then may Ctrl-C raise KeyboardInterrupt (anywhere
+        # else it could land in a storage write or Optuna's own bookkeeping, which it breaks)
+        self.in_trial = False
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-write")
+        self._writing = None  # the run being written in the background, if any
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
@@ -115,13 +119,15 @@ class Evaluator:
         started = time.perf_counter()
         attrs: dict[str, Any] = {}
         try:
+            if self._interrupted():
+                raise KeyboardInterrupt  # Ctrl-C came during Optuna's ask: this trial never starts
             trial.set_user_attr("worker", self.worker)
             if self.quota_check is not None:
                 self.quota_check(trial)
             values = suggest(trial, self.spec.space, self.spec.base)
             config = config_for(self.spec.base, self.spec.space, values, source=f"trial {trial.number}")
             trial.set_user_attr("config", config.to_dict())
-            result = self._evaluate(trial, config, attrs)
+            result = self._evaluate_interruptibly(trial, config, attrs)
             attrs["eval_s"] = time.perf_counter() - started
             _set_attrs(trial, attrs, outcome="ok")
             return result
@@ -148,9 +154,30 @@ class Evaluator:
             self._discard(trial)
             _set_attrs(trial, attrs, outcome="error", reason=f"error: {type(err).__name__}: {err}")
             raise
+        finally:
+            self.in_trial = False
+
+    def _interrupted(self) -> bool:
+        return self.interrupted is not None and self.interrupted.is_set()
+
+    def _evaluate_interruptibly(self, trial, config, attrs: dict[str, Any]):
+        """The replay and scoring: the one stretch where Ctrl-C raises at once (the study's signal handler reads in_trial)."""
+        self.in_trial = True
+        try:
+            if self._interrupted():
+                raise KeyboardInterrupt
+            return self._evaluate(trial, config, attrs)
+        finally:
+            self.in_trial = False
 
     def _discard(self, trial) -> None:
         """Only complete trials keep a run directory (a failed one would mislead `servelab query trials/*`)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:  # interrupted while its run was being written: let that finish first
+            try:
+                writing.result()
+            except Exception:
+                pass
         shutil.rmtree(trial_dir(self.study_dir, trial.number), ignore_errors=True)
 
     # -- one trial ---------------------------------------------------------------------------------
@@ -231,10 +258,11 @@ class Evaluator:
 
         # Parquet writing and DuckDB both release the GIL: the run is written while it is scored,
         # and both finish before the trial is told complete (a complete trial always has its run).
-        writing = self._writer.submit(write)
+        writing = self._writing = self._writer.submit(write)
         scores = self.scorer.score(result)
         t2 = time.perf_counter()
         write_s = writing.result()
+        self._writing = None
         attrs.update(final_replay_s=t1 - t0, score_s=t2 - t1, write_s=write_s, score_write_s=time.perf_counter() - t1)
         return scores
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-from servelab.scoring.db import set_slo
+from servelab.scoring.db import new_connection, set_slo
 from servelab.scoring.slo import SloTable
 from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, num_gpus
 from servelab.scoring.views import create_views
@@ -51,7 +50,7 @@ class RunScorer:
     """``score(result)`` -> flat dict of attainment, per-tier attainment, latency percentiles, goodput, GPUs."""
 
     def __init__(self, slo: SloTable | None, threads: int | None = None):
-        self.con = duckdb.connect(config={"threads": threads} if threads else {})
+        self.con = new_connection(threads=threads)
         self._register(REQUESTS_SCHEMA.empty_table(), STEPS_SCHEMA.empty_table(), {})
         set_slo(self.con, slo)
         create_views(self.con)

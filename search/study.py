@@ -9,12 +9,15 @@ trial; when several workers race for the last trial the late one is recorded as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -37,10 +40,42 @@ LOCK_GRACE_S = 3
 HEARTBEAT_S = 20  # RDB storages: workers on other machines are declared dead after 3 missed beats
 
 
+class _DropInterrupted:
+    """A logging filter: Optuna logs a trial failed by Ctrl-C (or its worker being stopped) as a warning with a
+    30-70 line traceback; servelab records it as an ``interrupted`` trial and prints one line instead."""
+
+    _TRIAL = re.compile(r"^Trial (\d+) failed with ")
+
+    def __init__(self) -> None:
+        self.dropped: str | None = None  # the trial whose failure was dropped: its "failed with value" line goes too
+
+    def filter(self, record) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        message = record.getMessage()
+        m = self._TRIAL.match(message)
+        if isinstance(exc, KeyboardInterrupt) or "KeyboardInterrupt" in message:
+            self.dropped = m.group(1) if m else None
+            return False
+        if m and m.group(1) == self.dropped and message.startswith(f"Trial {self.dropped} failed with value"):
+            return False
+        return True
+
+
+_DROP_INTERRUPTED = _DropInterrupted()
+
+
 def _quiet_optuna() -> None:
+    import logging
+
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logger = logging.getLogger("optuna")
+    if _DROP_INTERRUPTED not in logger.filters:
+        logger.addFilter(_DROP_INTERRUPTED)
+    for handler in logger.handlers:  # Optuna logs through its own handler on the "optuna" logger
+        if _DROP_INTERRUPTED not in handler.filters:
+            handler.addFilter(_DROP_INTERRUPTED)
 
 
 def journal_storage(path: Path):
@@ -147,6 +182,58 @@ def grid_size(spec: SearchSpec) -> int:
     return n
 
 
+def _storage_text(spec: SearchSpec, storage_url: str | None) -> str:
+    url = storage_url or spec.storage
+    return redact(url) if url else "journal:study.journal"
+
+
+def check_study_dir(spec: SearchSpec, study_dir: Path, storage_url: str | None = None) -> None:
+    """One folder, one study: refuse (before anything is written) a folder that holds another study.
+
+    Another study is one with another name or storage in STUDY_DIR/study.json, or another study in
+    STUDY_DIR/study.journal. The same study with a changed spec is refused by `open_study`.
+    """
+    study_dir = Path(study_dir)
+    if study_dir.exists() and not study_dir.is_dir():
+        raise ServelabError(f"{study_dir}: exists and is not a directory")
+    info_path = study_dir / "study.json"
+    storage = _storage_text(spec, storage_url)
+    hint = "one folder holds one study: use another -o STUDY_DIR"
+    if info_path.is_file():
+        try:
+            info = json.loads(info_path.read_text())
+            name, other_storage = info["study_name"], info["storage"]
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise ServelabError(f"{info_path}: unreadable ({err}); not writing into {study_dir}") from None
+        if name != spec.study_name or other_storage != storage:
+            raise ServelabError(f"{study_dir} holds study '{name}' ({other_storage}, from {info.get('spec_path', '?')}), "
+                                f"not '{spec.study_name}' ({storage}); {hint}")  # fmt: skip
+    journal = study_dir / "study.journal"
+    if journal.is_file():
+        import optuna
+
+        _quiet_optuna()
+        names = optuna.get_all_study_names(journal_storage(journal))
+        others = [n for n in names if n != spec.study_name or storage != "journal:study.journal"]
+        if others:
+            raise ServelabError(f"{study_dir} holds study '{others[0]}' in its study.journal, not "
+                                f"'{spec.study_name}' in {storage}; {hint}")  # fmt: skip
+
+
+def resumed_seed(seed: int, trials_before: int) -> int:
+    """The sampler seed of a worker joining a study that already has ``trials_before`` trials.
+
+    A fresh study samples with ``seed`` itself (a seeded one-worker run is reproducible); a resumed
+    one must not restart that random stream, or its first trials repeat the earlier run's settings.
+    """
+    if trials_before == 0:
+        return seed
+    import hashlib
+
+    digest = hashlib.sha256(f"servelab-resume:{seed}:{trials_before}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
 def open_study(spec: SearchSpec, study_dir: Path, seed: int | None = None, storage_url: str | None = None):
     """Create or load the study; refuse one made from a different spec."""
     import optuna
@@ -244,75 +331,118 @@ def counts(study) -> dict[str, int]:
     return out
 
 
+class Interrupt:
+    """Ctrl-C (SIGINT), or SIGTERM in a local worker, as a flag: the study stops between trials.
+
+    A signal only raises KeyboardInterrupt while the objective itself runs (so a long replay stops
+    at once and its trial is failed as ``interrupted``); anywhere else — Optuna's ask and tell,
+    storage writes, callbacks — it only sets the flag, and the study stops after that trial's
+    bookkeeping. Raising there used to break Optuna's tell (``UnboundLocalError: updated_state``).
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.evaluator = None  # an Evaluator once the study loop runs; its in_trial tells where we are
+        self._previous: dict[int, object] = {}
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def handler(self, signum, frame) -> None:
+        first = not self.event.is_set()
+        self.event.set()
+        evaluator = self.evaluator
+        if first and evaluator is not None and evaluator.in_trial:
+            raise KeyboardInterrupt
+
+    def install(self, signals=(signal.SIGINT,)) -> "Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            for sig in signals:
+                self._previous.setdefault(sig, signal.signal(sig, self.handler))
+        return self
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+
 def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None = None,
-               on_trial: Callable | None = None, storage_url: str | None = None) -> None:  # fmt: skip
-    """Evaluate trials in this process until the study has ``spec.n_trials`` finished ones (or timeout)."""
+               on_trial: Callable | None = None, storage_url: str | None = None,
+               interrupt: Interrupt | None = None) -> None:  # fmt: skip
+    """Evaluate trials in this process until the study has ``spec.n_trials`` finished ones (or timeout).
+
+    Ctrl-C (and whatever ``interrupt`` catches) raises KeyboardInterrupt here once the trial in
+    flight is failed as ``interrupted`` or, between trials, once the last one is recorded.
+    """
     from optuna.trial import TrialState
 
     from servelab.search.objective import Evaluator, QuotaReached
 
-    study = open_study(spec, study_dir, seed=seed, storage_url=storage_url)
-    limit = spec.n_trials
-    if spec.sampler == "grid":
-        limit = min(limit, grid_size(spec))
-    if counts(study)["finished"] >= limit:
-        return
-    evaluator = Evaluator(spec, study_dir, threads=threads)
-    errors: list[str] = []
-
-    def quota(trial) -> None:
-        done = running_before = 0
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
-            if t.state != TrialState.RUNNING:
-                done += 1
-            elif t.number < trial.number:
-                running_before += 1
-        if done + running_before >= limit:
-            trial.set_user_attr("outcome", "surplus")
-            trial.set_user_attr("reason", f"surplus: n_trials = {limit} was reached by other workers")
-            raise QuotaReached()
-
-    def after(study_, frozen) -> None:
-        outcome = frozen.user_attrs.get("outcome")
-        if frozen.state == TrialState.FAIL and outcome == "error":
-            errors.append(frozen.user_attrs.get("reason", "?"))
-            if len(errors) >= MAX_ERRORS_IN_A_ROW:
-                study_.stop()
-        elif frozen.state != TrialState.FAIL:
-            errors.clear()
-        if on_trial is not None:
-            on_trial(study_, frozen)
-        c = counts(study_)
-        if c["finished"] >= limit or c["finished"] + c["running"] >= limit or outcome == "surplus":
-            study_.stop()
-
-    evaluator.quota_check = quota
-    # Ctrl-C must stop the study even when a library turns the KeyboardInterrupt it raised into an
-    # ordinary exception (which Optuna's catch=(Exception,) would record as a failed trial and go on).
-    interrupted = threading.Event()
-    evaluator.interrupted = interrupted
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def on_sigint(signum, frame):
-            interrupted.set()
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
+    own_interrupt = interrupt is None
+    interrupt = (interrupt or Interrupt()).install()
+    evaluator = None
     try:
-        study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,),
-                       callbacks=[after, lambda study_, _frozen: interrupted.is_set() and study_.stop()],
-                       gc_after_trial=False)  # fmt: skip
-        if interrupted.is_set():
+        study = open_study(spec, study_dir, seed=seed, storage_url=storage_url)
+        before = len(study.get_trials(deepcopy=False))
+        if before:  # continue the random stream, not restart it (a restarted one repeats earlier settings)
+            study.sampler = make_sampler(spec, resumed_seed(seed, before))
+        limit = spec.n_trials
+        if spec.sampler == "grid":
+            limit = min(limit, grid_size(spec))
+        if counts(study)["finished"] >= limit:
+            return
+        evaluator = Evaluator(spec, study_dir, threads=threads)
+        evaluator.interrupted = interrupt.event
+        interrupt.evaluator = evaluator
+        if interrupt.is_set():
             raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        _fail_own_running(study, evaluator.worker)  # Ctrl-C outside the objective (Optuna's own bookkeeping)
-        raise
+        errors: list[str] = []
+
+        def quota(trial) -> None:
+            done = running_before = 0
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+                if t.state != TrialState.RUNNING:
+                    done += 1
+                elif t.number < trial.number:
+                    running_before += 1
+            if done + running_before >= limit:
+                trial.set_user_attr("outcome", "surplus")
+                trial.set_user_attr("reason", f"surplus: n_trials = {limit} was reached by other workers")
+                raise QuotaReached()
+
+        def after(study_, frozen) -> None:
+            outcome = frozen.user_attrs.get("outcome")
+            if frozen.state == TrialState.FAIL and outcome == "error":
+                errors.append(frozen.user_attrs.get("reason", "?"))
+                if len(errors) >= MAX_ERRORS_IN_A_ROW:
+                    study_.stop()
+            elif frozen.state != TrialState.FAIL:
+                errors.clear()
+            if on_trial is not None:
+                on_trial(study_, frozen)
+            c = counts(study_)
+            if c["finished"] >= limit or c["finished"] + c["running"] >= limit or outcome == "surplus":
+                study_.stop()
+
+        evaluator.quota_check = quota
+        try:
+            study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,),
+                           callbacks=[after, lambda study_, _frozen: interrupt.is_set() and study_.stop()],
+                           gc_after_trial=False)  # fmt: skip
+            if interrupt.is_set():
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            _fail_own_running(study, evaluator.worker)  # a trial the interrupt left running, if any
+            raise
+        if len(errors) >= MAX_ERRORS_IN_A_ROW:
+            raise ServelabError(f"{MAX_ERRORS_IN_A_ROW} trials in a row failed; the last: {errors[-1]}")
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        evaluator.close()
-    if len(errors) >= MAX_ERRORS_IN_A_ROW:
-        raise ServelabError(f"{MAX_ERRORS_IN_A_ROW} trials in a row failed; the last: {errors[-1]}")
+        interrupt.evaluator = None
+        if own_interrupt:
+            interrupt.restore()
+        if evaluator is not None:
+            evaluator.close()
 
 
 def _fail_own_running(study, worker: str) -> None:
@@ -329,11 +459,54 @@ def _fail_own_running(study, worker: str) -> None:
                 pass
 
 
-def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None) -> None:
+PARENT_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this worker stop when the `search` process that started it dies, even by kill -9.
+
+    Linux: the kernel sends SIGTERM when the parent exits (prctl PR_SET_PDEATHSIG). Everywhere, a
+    thread also checks every PARENT_POLL_S that the parent is still ours (an orphan is re-parented).
+    SIGTERM is handled like Ctrl-C: the trial in flight is failed as interrupted.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if os.getppid() != parent_pid:  # it died before the prctl above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="servelab-parent-watch", daemon=True).start()
+
+
+def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None, parent_pid: int | None = None) -> None:
+    # Ctrl-C reaches the workers too (one process group); SIGTERM comes from the parent stopping
+    # stragglers, or from the kernel when the parent died. Both stop the worker like Ctrl-C.
+    interrupt = Interrupt().install((signal.SIGINT, signal.SIGTERM))
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     try:
-        run_worker(spec, Path(study_dir), seed, threads=1, storage_url=storage_url)
+        run_worker(spec, Path(study_dir), seed, threads=1, storage_url=storage_url, interrupt=interrupt)
     except KeyboardInterrupt:
-        pass  # the interrupted trial is already marked failed by Optuna
+        pass  # its trial in flight is already marked failed (interrupted)
+    finally:
+        interrupt.restore()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        # the `search` process is gone (killed): it will not write trials.parquet, so each worker does
+        from servelab.search.trials import write_trials
+
+        with contextlib.suppress(Exception):
+            write_trials(open_study(spec, Path(study_dir), storage_url=storage_url), Path(study_dir))
 
 
 def worker_seed(spec: SearchSpec, index: int) -> int:
@@ -361,9 +534,10 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
 
     read_trace(spec.trace.path)  # a missing or invalid trace fails before anything is written
     study_dir = Path(study_dir)
+    check_study_dir(spec, study_dir, storage_url)  # one folder, one study
     study_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study(spec, study_dir, storage_url=storage_url)  # refuses a changed spec
     write_study_json(spec, study_dir, storage_url)
-    study = open_study(spec, study_dir, storage_url=storage_url)
     fail_stale_trials(study, study_dir)
     if progress is not None:
         progress(study)
@@ -375,10 +549,18 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
 
     prepare_trace(spec, study_dir)  # once, before the workers race to write it
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker_entry, args=(spec, str(study_dir), worker_seed(spec, i), storage_url),
+    procs = [ctx.Process(target=_worker_entry, args=(spec, str(study_dir), worker_seed(spec, i), storage_url, os.getpid()),
                          name=f"servelab-search-{i}") for i in range(spec.workers)]  # fmt: skip
-    for p in procs:
-        p.start()
+    # Workers start with Ctrl-C ignored (inherited through exec) until they install their own
+    # handler, so one landing while they start up prints no traceback from multiprocessing.
+    ignore = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignore else None
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if ignore:
+            signal.signal(signal.SIGINT, previous)
     try:
         while any(p.is_alive() for p in procs):
             if progress is not None:
@@ -398,19 +580,19 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
 
 
 def _stop_workers(procs, wait_s: float = 3.0, grace_s: float = 60.0) -> None:
-    """Workers in the terminal's process group got Ctrl-C too; interrupt the rest, then terminate stragglers."""
+    """Workers in the terminal's process group got Ctrl-C too; stop the rest (SIGTERM: like Ctrl-C), then kill stragglers."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and any(p.is_alive() for p in procs):
         time.sleep(0.05)
     for p in procs:
         if p.is_alive():
-            os.kill(p.pid, signal.SIGINT)
+            os.kill(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
-            p.terminate()
+            p.kill()
 
 
 __all__ = ["open_study", "run_study", "run_worker", "fail_stale_trials", "counts", "make_storage", "redact",
-           "write_study_json", "grid_size"]  # fmt: skip
+           "write_study_json", "grid_size", "check_study_dir", "resumed_seed", "Interrupt"]  # fmt: skip

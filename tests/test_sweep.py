@@ -173,5 +173,6 @@ def test_sweep_reads_slo_from_replay_config(trace_path, tmp_path, capsys):
     main(["sweep", str(trace_path), "--rates", "10.2", "--config", str(cfg), "-o", str(out)])
     assert json.loads((out / "sweep.json").read_text())["points"][0]["attainment"] == pytest.approx(11 / 50)
     capsys.readouterr()
-    main(["sweep", str(trace_path), "--rates", "10.2", "--config", str(cfg), "--slo", "ttft=1", "-o", str(out)])
+    main(["sweep", str(trace_path), "--rates", "10.2", "--config", str(cfg), "--slo", "ttft=1", "-o", str(out),
+          "--force"])  # replacing a sweep directory needs --force
     assert json.loads((out / "sweep.json").read_text())["points"][0]["attainment"] == 1.0  # the flag wins

@@ -1,0 +1,263 @@
+"""A study's life across runs: one folder holds one study, a resumed sampler does not repeat itself,
+workers die with a killed `search`, and Ctrl-C stops cleanly wherever it lands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from helpers_search import grid_spec, write_trace_file
+from servelab.cli.main import main
+from servelab.search.spec import load_spec
+from servelab.search.study import resumed_seed, run_worker
+from servelab.search.trials import load_study_dir
+
+SERVELAB = [sys.executable, "-m", "servelab"]
+
+
+def _cli(*args) -> int:
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exit_:
+        return exit_.code or 0
+    return 0
+
+
+def _table(study_dir: Path) -> list[dict]:
+    return pq.read_table(study_dir / "trials.parquet").to_pylist()
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def grid_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("grid")
+    write_trace_file(folder)
+    return folder
+
+
+# -- one folder, one study -------------------------------------------------------------------------
+
+
+def test_a_folder_holding_another_study_is_refused(grid_dir, tmp_path, capsys):
+    spec = grid_spec(grid_dir, n_trials=2, name="spec.toml")  # study_name defaults to the file's stem
+    other = grid_spec(grid_dir, n_trials=2, name="other.toml")
+    out = tmp_path / "S"
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    capsys.readouterr()
+    before = _snapshot(out)
+    for command in (["search", other, "--no-progress"], ["search", "worker", other]):
+        assert _cli(*command, "-o", out) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # (the worker first notes it has no storage URL)
+        assert err.startswith(f"error: {out} holds study 'spec' ") and "not 'other'" in err, err
+        assert "one folder holds one study" in err
+        assert _snapshot(out) == before  # trials/0000.., trials.parquet, study.json, the journal: untouched
+    # another study in the journal (study.json lost) is refused too
+    (out / "study.json").unlink()
+    assert _cli("search", other, "-o", out, "--no-progress") == 1
+    assert "holds study 'spec' in its study.journal" in capsys.readouterr().err
+    # the same study resumes as before
+    assert _cli("search", spec, "-o", out, "--no-progress", "--n-trials", "3") == 0
+    assert sum(r["state"] == "complete" for r in _table(out)) == 3
+    assert json.loads((out / "study.json").read_text())["study_name"] == "spec"
+
+
+def test_a_changed_spec_leaves_study_json_alone(grid_dir, tmp_path, capsys):
+    spec = grid_spec(grid_dir, n_trials=2, name="changing.toml")
+    out = tmp_path / "S"
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    info = (out / "study.json").read_bytes()
+    spec.write_text(spec.read_text().replace("ttft_s = 0.3", "ttft_s = 0.4"))
+    assert _cli("search", spec, "-o", out, "--no-progress") == 1
+    assert "different spec (changed: slo)" in capsys.readouterr().err
+    assert (out / "study.json").read_bytes() == info  # it used to be rewritten with the refused spec
+
+
+# -- a resumed sampler continues ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_resumed_sampler_does_not_repeat_the_first_run(grid_dir, tmp_path, sampler):
+    spec = grid_spec(grid_dir, n_trials=4, name=f"resume_{sampler}.toml", top=f'sampler = "{sampler}"\n')
+    out = tmp_path / "S"
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    assert _cli("search", spec, "-o", out, "--no-progress", "--n-trials", "8") == 0
+    rows = sorted(_table(out), key=lambda r: r["number"])
+    settings = [(r["param.max_num_seqs"], r["param.max_num_batched_tokens"], r["param.policy"]) for r in rows]
+    assert len(settings) == 8
+    # a restarted random stream proposed exactly the first run's settings again
+    assert settings[4:] != settings[:4], settings
+    assert len(set(settings)) >= 6, settings  # 8 draws from 70 grid points: a few repeats at most by chance
+
+
+def test_resumed_seed_is_the_seed_for_a_fresh_study_and_differs_after():
+    assert resumed_seed(7, 0) == 7
+    seeds = {resumed_seed(s, n) for s in (0, 1, 2) for n in range(1, 50)}
+    assert len(seeds) == 3 * 49 and not seeds & {0, 1, 2}
+
+
+# -- Ctrl-C lands anywhere --------------------------------------------------------------------------
+
+
+def test_ctrl_c_in_optunas_tell_stops_after_the_trial(grid_dir, tmp_path, monkeypatch):
+    """Ctrl-C while Optuna records a finished trial: that trial completes, the study stops, no UnboundLocalError."""
+    import optuna.study._optimize as optimize
+
+    spec = load_spec(grid_spec(grid_dir, n_trials=6, name="tell.toml"))
+    real = optimize._tell_with_warning
+    calls = []
+
+    def tell(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # handled at once, inside Optuna's bookkeeping
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimize, "_tell_with_warning", tell)
+    with pytest.raises(KeyboardInterrupt):
+        run_worker(spec, tmp_path / "S", seed=0)
+    study = load_study_dir_or_open(spec, tmp_path / "S")
+    states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    assert states == ["COMPLETE", "COMPLETE"], states
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+
+
+def load_study_dir_or_open(spec, study_dir):
+    from servelab.search.study import open_study
+
+    return open_study(spec, study_dir)
+
+
+CTRL_C_AT = """
+import os, signal, sys
+import optuna.study._optimize as optimize
+from servelab.search import objective
+from servelab.cli.main import main
+
+where, spec, out = sys.argv[1:4]
+calls = []
+def interrupt_second():
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+if where == "tell":
+    real_tell = optimize._tell_with_warning
+    def tell(*a, **k):
+        interrupt_second()
+        return real_tell(*a, **k)
+    optimize._tell_with_warning = tell
+elif where == "replay":
+    real_replay = objective.Evaluator._replay_timed
+    def replay(self, *a, **k):
+        interrupt_second()
+        return real_replay(self, *a, **k)
+    objective.Evaluator._replay_timed = replay
+elif where == "ask":
+    import optuna
+    real_ask = optuna.Study.ask
+    def ask(self, *a, **k):
+        interrupt_second()
+        return real_ask(self, *a, **k)
+    optuna.Study.ask = ask
+main(["search", spec, "-o", out, "--no-progress"])
+"""
+
+
+@pytest.mark.parametrize("where, complete, failed", [("tell", 2, []), ("replay", 1, ["interrupted"]),
+                                                     ("ask", 1, ["interrupted"])])  # fmt: skip
+def test_ctrl_c_prints_one_line_and_exits_130(grid_dir, tmp_path, where, complete, failed):
+    spec = grid_spec(grid_dir, n_trials=6, name=f"ctrlc_{where}.toml")
+    out = tmp_path / "S"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CTRL_C_AT), where, str(spec), str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 130, proc.stderr
+    # no Optuna warning with a traceback, no UnboundLocalError: the one line of the CLI
+    assert proc.stderr.splitlines() == [
+        f"stopped; finished trials are kept in {out} (run the same command to continue)"
+    ], proc.stderr
+    rows = _table(out)
+    assert sum(r["state"] == "complete" for r in rows) == complete
+    assert [r["outcome"] for r in rows if r["state"] == "fail"] == failed
+    assert not any(r["state"] == "running" for r in rows)
+    names = sorted(p.name for p in (out / "trials").iterdir())
+    assert names == [f"{r['number']:04d}" for r in rows if r["state"] == "complete"]
+
+
+# -- kill -9 of `search`: its workers stop too -----------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kill_9_of_search_stops_its_workers(tmp_path):
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    write_trace_file(folder, n=6000)  # trials of a good fraction of a second: the kill lands mid-trial
+    spec = grid_spec(folder, n_trials=400, name="orphans.toml", top="workers = 2\n")
+    out = tmp_path / "S"
+    proc = subprocess.Popen([*SERVELAB, "search", str(spec), "-o", str(out), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            trials = out / "trials"
+            if trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir()):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        else:
+            raise AssertionError("no trial finished")
+        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+        assert len([p for p in workers if _running(p)]) == 2, workers
+        os.kill(proc.pid, signal.SIGKILL)  # the parent alone: its workers get no signal from us
+        proc.wait()
+        # left alone, the workers would go on through all 400 trials (a minute or more)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_running(p) for p in workers):
+            time.sleep(0.1)
+        assert not any(_running(p) for p in workers), "workers outlived the killed search"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything left of the session (only on failure)
+        except ProcessLookupError:
+            pass
+    # the workers failed their trials in flight and wrote trials.parquet themselves
+    rows = _table(out)
+    assert not any(r["state"] == "running" for r in rows), rows
+    assert sum(r["state"] == "complete" for r in rows) < 100
+    assert all(r["outcome"] in ("interrupted", "surplus") for r in rows if r["state"] == "fail"), rows
+    study = load_study_dir(out)
+    assert not [t for t in study.trials if t.state.name == "RUNNING"]
