@@ -202,7 +202,7 @@ class FittedRunner(RunnerBase):
         self._presets = _presets(meta)
         if self._presets is not None and self.kv_bytes_per_token is None:
             self.kv_bytes_per_token = self._presets[0].kv_bytes_per_token
-        # The engine asks getattr(runner, "kv_capacity_tokens") and explains when it is None.
+        # None (the protocol's "no model/GPU known"): the engine then asks for num_gpu_blocks.
         self.kv_capacity_tokens = self._capacity if self._presets and self._presets[1] is not None else None
 
     def _capacity(self, gpu_memory_utilization: float = 0.9) -> int:

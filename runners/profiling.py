@@ -129,7 +129,7 @@ def plan_for(batch: Batch, runner: Runner, allocator=None, block_size: int = 16)
 
 
 def measure(runner: Runner, batch: Batch, repeats: int, allocator=None, block_size: int = 16) -> list[float]:
-    if not getattr(runner, "needs_block_tables", False):
+    if not runner.needs_block_tables:
         plan = StepPlan(batch.shape())
         return [runner.step_time(plan) for _ in range(repeats)]
     plan, requests = plan_for(batch, runner, allocator, block_size)
@@ -156,8 +156,8 @@ def profile(
     """Time every grid shape ``repeats`` times (after ``warmup`` untimed runs) and write the table."""
     if repeats < 1 or warmup < 0:
         raise ServelabError(f"profile: repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
-    capacity = getattr(runner, "kv_capacity_tokens", None)
-    if grid.max_kv_tokens is None and callable(capacity):
+    capacity = runner.kv_capacity_tokens
+    if grid.max_kv_tokens is None and capacity is not None:
         try:
             grid = _with_capacity(grid, capacity())
         except ServelabError:
@@ -166,7 +166,7 @@ def profile(
     if not shapes:
         raise ServelabError("profile: the grid has no shape within the token budget and KV capacity")
     allocator, block_size = None, int(getattr(runner, "block_size", 16))
-    if getattr(runner, "needs_block_tables", False):
+    if runner.needs_block_tables:
         allocator = _allocator(runner, shapes, block_size)
     rows: dict[str, list] = {name: [] for name in PROFILE_SCHEMA.names}
     for i, batch in enumerate(shapes):
@@ -185,7 +185,7 @@ def profile(
         "format": PROFILE_FORMAT,
         "runner": spec,
         **{k: v for k, v in (context or {}).items() if v is not None},
-        "kv_bytes_per_token": getattr(runner, "kv_bytes_per_token", None),
+        "kv_bytes_per_token": runner.kv_bytes_per_token,
         "repeats": repeats,
         "warmup": warmup,
         "grid": asdict(grid),
@@ -207,8 +207,7 @@ def _allocator(runner: Runner, shapes: list[Batch], block_size: int):
     blocks = int(getattr(runner, "total_blocks", needed))
     if blocks < needed:
         raise ServelabError(f"profile: the largest shape needs {needed} KV blocks, runner '{runner.name}' has {blocks}")
-    make = getattr(runner, "make_allocator", None)
-    return make(0, blocks) if callable(make) else BlockAllocator(blocks)
+    return runner.make_allocator(0, blocks) or BlockAllocator(blocks)
 
 
 def _with_capacity(grid: Grid, tokens: int) -> Grid:

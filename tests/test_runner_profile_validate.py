@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from servelab.cli.main import cli
 from servelab.common.errors import ServelabError
 from servelab.replay.config import EngineConfig, ReplayConfig
-from servelab.runners.base import StepPlan, StepShape, make_runner
+from servelab.runners.base import RunnerBase, StepPlan, StepShape, make_runner
 from servelab.runners.paged_kv import BlockAllocator
 from servelab.runners.profiling import GRIDS, Batch, Grid, batches, plan_for, profile, read_profile
 from servelab.runners.validation import PairedRunner, latency_percentiles, slice_trace, validate
@@ -70,7 +70,7 @@ def test_profile_bad_options_write_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-class ItemRunner:
+class ItemRunner(RunnerBase):
     """Stands in for a runner that executes items: checks every plan it gets is self-consistent."""
 
     name = "items"
