@@ -101,8 +101,9 @@ class DecodeCohort:
         tokens = self.token_budget
         if self.n + len(outside) > min(tokens, self.seq_budget):
             return False
-        room = self.kv.free - (0 if self.reserve else self.residues[-self.d % self.bs])  # - next_blocks()
-        blocks_needed = self.kv.blocks_needed
+        kv = self.kv
+        room = kv.total - kv.used - (0 if self.reserve else self.residues[-self.d % self.bs])  # free - next_blocks()
+        blocks_needed = kv.blocks_needed
         for req in outside:  # at most what each can take: then no preemption can follow
             left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
             room -= blocks_needed(req, left if left < tokens else tokens)

@@ -402,8 +402,9 @@ class Engine:
         else:  # as for each request of a stretch: the first gap or the last, whichever is longer
             first_end, last_gap = step.gap_bounds(j)
             gap = max(first_end - cohort.last_end_s, last_gap)
-            # the blocks for the first iteration's tokens were taken when it started
-            replica.kv.grow_cohort(cohort.blocks_added(j) - step.batch.summary.cohort_blocks)
+            more = cohort.blocks_added(j) - step.batch.summary.cohort_blocks  # (the first's: taken at start)
+            if more:
+                replica.kv.grow_cohort(more)
         replica.outstanding_tokens -= j * step.batch.cohort
         for req in cohort.advance(j, gap, end_s):
             self._finish(replica, req, end_s)

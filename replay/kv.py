@@ -61,7 +61,7 @@ class KVManager:
         return extra if extra > 0 else 0
 
     def can_ever_fit(self, req: Request) -> bool:
-        return self.blocks_to_finish(req) <= self.total
+        return -(-(req.prompt_tokens + req.max_output_tokens) // self.block_size) <= self.total
 
     def blocks_to_finish(self, req: Request) -> int:
         return blocks_for(req.prompt_tokens + req.max_output_tokens, self.block_size)

@@ -46,7 +46,8 @@ class Replica:
         self.cohort = None  # DecodeCohort when the engine keeps this replica's decodes in aggregate
 
     def owe(self, req: Request) -> None:
-        self.outstanding_tokens += owed(req)
+        self.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \
+            req.output_tokens - req.num_generated_tokens  # owed(req), inline: once per arrival
 
     def forgive(self, req: Request) -> None:
         self.outstanding_tokens -= owed(req)
