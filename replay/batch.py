@@ -82,6 +82,12 @@ def initial_budgets(replica: "Replica") -> tuple[int, int]:
 
 
 class BatchBuilder:
+    """What a policy builds its batch with. Policies read ``token_budget``, ``seq_budget``,
+    ``free_blocks``, ``items`` (``(request, n)`` added so far), ``preempted`` and ``skip_blocked`` (the
+    head-of-line rule) and change the batch only through the methods: the two walks most policies
+    share (``schedule_running``, ``admit_waiting``), one request at a time (``admit``, ``has``), and
+    the two preemption rules (``preempt_to_admit``, ``keep_only``)."""
+
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
                  "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort")
 
@@ -101,6 +107,10 @@ class BatchBuilder:
         self.skip_blocked = cfg.head_of_line == "skip"
         self.summary = BatchSummary()
         self.cohort = 0  # members of the replica's decode cohort taken whole into this batch
+
+    def has(self, req: Request) -> bool:
+        """Is ``req`` already in this batch, or preempted by it?"""
+        return req in self.chosen
 
     @property
     def chosen(self) -> set[Request]:
@@ -247,6 +257,54 @@ class BatchBuilder:
             n_dec, dec_ctx, min_left = summary.decode_reqs, summary.decode_ctx, summary.min_decode_left
         self.token_budget, self.seq_budget, self.free_blocks = tokens, seqs, free
         summary.decode_reqs, summary.decode_ctx, summary.min_decode_left = n_dec, dec_ctx, min_left
+
+    def admit(self, req: Request, chunk_cap: int | None = None) -> int:
+        """Admit one waiting request with a prefill chunk if budgets and KV allow; returns the tokens
+        it was given (0: it did not fit)."""
+        before = len(self.items)
+        self.admit_waiting((req,), chunked=True, chunk_cap=chunk_cap)
+        return self.items[-1][1] if len(self.items) > before else 0
+
+    # -- preemption rules ---------------------------------------------------------------------
+    def preempt_to_admit(self, waiting: Iterable[Request], may_preempt: Callable[[Request, Request], bool]) -> None:
+        """Make room for waiting requests, in the policy's order, by preempting running ones.
+
+        For each waiting request that lacks a batch slot or KV for its next chunk, running requests
+        are preempted in the policy's victim order (largest ``victim_key`` first) while
+        ``may_preempt(waiting_request, victim)`` says so. Stops at the first waiting request that
+        cannot be given room (or could never fit), so a later one never jumps an earlier one.
+        """
+        replica = self.replica
+        victims = sorted(replica.running, key=self.victim_key, reverse=True)
+        if not victims:
+            return
+        kv = self.kv
+        free_slots = replica.config.max_num_seqs - len(replica.running)
+        free_blocks = kv.free
+        budget = replica.config.max_num_batched_tokens
+        v = 0
+        for req in waiting:
+            n = req.num_tokens - req.num_computed_tokens
+            need = kv.blocks_needed(req, n if n < budget else budget)
+            if need > kv.total:
+                return
+            while free_slots < 1 or free_blocks < need:
+                if v >= len(victims) or not may_preempt(req, victims[v]):
+                    return
+                victim = victims[v]
+                v += 1
+                self.preempt(victim)
+                free_slots += 1
+                free_blocks += victim.kv_blocks
+            free_slots -= 1
+            free_blocks -= need
+
+    def keep_only(self, keep: Iterable[Request]) -> None:
+        """Preempt every running request not in ``keep`` (a policy re-ranking the whole batch)."""
+        keep = keep if isinstance(keep, (set, frozenset)) else set(keep)
+        for req in self.replica.running:
+            if req not in keep:
+                self.preempt(req)
 
     def admit_waiting(self, order: Iterable[Request], chunked: bool, chunk_cap: int | None = None) -> None:
         """Admit waiting requests in ``order`` while budgets and KV allow (head-of-line rule applies)."""

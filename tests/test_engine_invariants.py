@@ -156,3 +156,17 @@ def test_runners_have_every_member_the_engine_uses(spec):
     assert isinstance(runner, Runner)
     for member in _protocol_members(Runner):
         assert hasattr(runner, member), f"runner '{spec}' lacks {member}"
+
+
+def test_without_platform_features_no_platform_component_is_built(monkeypatch):
+    engines = []
+
+    class Keep(Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01")
+    run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01", queue_cap=10)
+    assert engines[0].platform is None and engines[1].platform is not None
