@@ -22,6 +22,7 @@ from servelab.policies.base import make_policy
 from servelab.replay.config import EngineConfig, ReplayConfig
 from servelab.replay.engine import Engine
 from servelab.replay.kv import KVManager
+from servelab.replay.prefix_cache import PrefixCache
 from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
@@ -69,9 +70,13 @@ def kv_bytes_per_token(config: EngineConfig, runner: Runner) -> int:
     return int(value)
 
 
-def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int) -> list[Replica]:
-    """One KV manager and one policy instance per replica."""
+def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
+                   trace_block_tokens: int | None = None) -> list[Replica]:
+    """One KV manager and one policy instance per replica (``trace_block_tokens``: tokens per entry of
+    the trace's ``prefix_hashes``, None when it has none)."""
     engine_cfg = config.engine
+    caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand" \
+        and not runner.needs_block_tables
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
     host_blocks = 0
@@ -80,13 +85,22 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int) -> lis
     replicas = []
     for rid in range(engine_cfg.replicas):
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
+        cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
-                       allocator=allocator, swap=swap, host_blocks=host_blocks,
+                       allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
                        bytes_per_block=bytes_per_token * engine_cfg.block_size,
                        swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
         replicas.append(Replica(rid, engine_cfg, kv, policy))
     return replicas
+
+
+def trace_block_tokens(trace: pa.Table) -> int | None:
+    """Tokens per ``prefix_hashes`` entry (the trace's ``prefix_block_tokens``), None without hashes."""
+    if "prefix_hashes" not in trace.column_names:
+        return None
+    value = (trace.schema.metadata or {}).get(b"prefix_block_tokens")
+    return int(value) if value else None
 
 
 def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, trace_meta: dict | None = None,
@@ -101,7 +115,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         runner = build_runner(config)
     engine_cfg = config.engine
     num_blocks = resolve_num_gpu_blocks(config, runner)
-    replicas = build_replicas(config, runner, num_blocks)
+    replicas = build_replicas(config, runner, num_blocks, trace_block_tokens(trace))
     router = ROUTERS.get(engine_cfg.router)()
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)

@@ -65,6 +65,7 @@ def synth_run(run_dir: Path, n: int, n_steps: int, seed: int = 0) -> None:
         "max_itl_s": opt(tpot * rng.uniform(1, 5, n), finished & (output > 1)),
         "ttft_slo_s": opt(np.full(n, 0.2), rng.random(n) < 0.05),
         "tpot_slo_s": pa.nulls(n, pa.float64()),
+        "cached_tokens": pa.array(np.zeros(n, dtype=np.int32)),
     }
     pq.write_table(pa.table(cols, schema=REQUESTS_SCHEMA), run_dir / "requests.parquet", compression="zstd")
     dur = rng.exponential(0.03, n_steps)

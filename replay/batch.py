@@ -42,7 +42,7 @@ class BatchSummary:
     """
 
     __slots__ = ("prefill_tokens", "prefill_reqs", "prefill_ctx", "pairs", "decode_reqs", "decode_ctx",
-                 "min_decode_left", "grow", "admit", "cohort_blocks")
+                 "min_decode_left", "grow", "admit", "cohort_blocks", "hits")
 
     def __init__(self) -> None:
         self.prefill_tokens = self.prefill_reqs = self.prefill_ctx = self.pairs = 0
@@ -50,9 +50,13 @@ class BatchSummary:
         self.min_decode_left = 1 << 62
         self.grow: list[tuple[Request, int]] = []
         self.admit: list[Request] = []
+        self.hits: dict | None = None  # admitted request -> the prefix-cache Hit it reuses
 
-    def account(self, req: Request, n: int, need: int) -> None:
-        c, g = req.num_computed_tokens, req.num_generated_tokens
+    def account(self, req: Request, n: int, need: int, hit=None, target: int = 0) -> None:
+        """Count ``(req, n)`` needing ``need`` more free blocks; ``hit``: it is admitted onto a cached
+        prefix of ``hit.tokens`` tokens and will hold ``target`` blocks."""
+        c = req.num_computed_tokens if hit is None else hit.tokens
+        g = req.num_generated_tokens
         if n == 1 and g and c == req.prompt_tokens + g - 1:
             self.decode_reqs += 1
             self.decode_ctx += c + 1
@@ -64,10 +68,18 @@ class BatchSummary:
             self.prefill_tokens += n
             self.prefill_ctx += c + n
             self.pairs += n * c + n * (n + 1) // 2
-        if need:
-            self.grow.append((req, req.kv_blocks + need))
-        if req.status is Status.WAITING:
-            self.admit.append(req)
+        if hit is None:
+            if need:
+                self.grow.append((req, req.kv_blocks + need))
+            if req.status is Status.WAITING:
+                self.admit.append(req)
+            return
+        if target > len(hit.keys) + hit.own:
+            self.grow.append((req, target))
+        self.admit.append(req)
+        if self.hits is None:
+            self.hits = {}
+        self.hits[req] = hit
 
 
 EMPTY = Batch()
@@ -89,7 +101,7 @@ class BatchBuilder:
     the two preemption rules (``preempt_to_admit``, ``keep_only``)."""
 
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort")
+                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort", "_released")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
                  token_budget: int | None = None, seq_budget: int | None = None):
@@ -107,6 +119,7 @@ class BatchBuilder:
         self.skip_blocked = cfg.head_of_line == "skip"
         self.summary = BatchSummary()
         self.cohort = 0  # members of the replica's decode cohort taken whole into this batch
+        self._released = None  # prefix-cache blocks the preempted requests free (a hit on one takes it back)
 
     def has(self, req: Request) -> bool:
         """Is ``req`` already in this batch, or preempted by it?"""
@@ -122,18 +135,24 @@ class BatchBuilder:
         return self._chosen
 
     # -- primitives -------------------------------------------------------------------------
-    def add(self, req: Request, n: int, need: int | None = None) -> None:
-        """Put ``(req, n)`` in the batch; ``need`` = its extra KV blocks if the caller computed them."""
+    def add(self, req: Request, n: int, need: int | None = None, hit=None, target: int = 0) -> None:
+        """Put ``(req, n)`` in the batch; ``need`` = its extra KV blocks if the caller computed them
+        (``hit``, ``target``: admitted onto a cached prefix, see ``BatchSummary.account``)."""
         if need is None:
             need = self.kv.blocks_needed(req, n)
         self.free_blocks -= need
         self.token_budget -= n
         self.seq_budget -= 1
         self.items.append((req, n))
-        self.summary.account(req, n, need)
+        self.summary.account(req, n, need, hit, target)
 
     def preempt(self, req: Request) -> None:
-        self.free_blocks += req.kv_blocks
+        self.free_blocks += self.kv.releasable(req)
+        if req.cached_keys:
+            refs = self.kv.cache.refs
+            if self._released is None:
+                self._released = set()
+            self._released.update(key for key in req.cached_keys if refs[key] == 1)
         self.preempted.append(req)
         self._chosen.add(req)
 
@@ -295,7 +314,7 @@ class BatchBuilder:
                 v += 1
                 self.preempt(victim)
                 free_slots += 1
-                free_blocks += victim.kv_blocks
+                free_blocks += kv.releasable(victim)
             free_slots -= 1
             free_blocks -= need
 
@@ -308,10 +327,14 @@ class BatchBuilder:
 
     def admit_waiting(self, order: Iterable[Request], chunked: bool, chunk_cap: int | None = None) -> None:
         """Admit waiting requests in ``order`` while budgets and KV allow (head-of-line rule applies)."""
+        kv = self.kv
+        lookup = kv.lookup if kv.cache is not None else None
         for req in order:
             if self.seq_budget <= 0 or self.token_budget <= 0:
                 break
-            n = req.num_tokens - req.num_computed_tokens
+            hit = lookup(req) if lookup is not None else None
+            computed = req.num_computed_tokens if hit is None else hit.tokens
+            n = req.num_tokens - computed
             if chunked:
                 if chunk_cap is not None and n > chunk_cap:
                     n = chunk_cap
@@ -319,9 +342,15 @@ class BatchBuilder:
                     n = self.token_budget
             # Without chunking, a prompt larger than the whole budget runs alone rather than never.
             too_big = n > self.token_budget and (chunked or bool(self.items))
-            need = self.kv.blocks_needed(req, n)
+            if hit is None:
+                need, target = kv.blocks_needed(req, n), 0
+            else:  # new blocks past the cached prefix, and the cached blocks nobody holds (they leave the free pool)
+                target = -(-(computed + n) // kv.block_size)
+                need = target - len(hit.keys) - hit.own + hit.claimed
+                if self._released:  # blocks a victim of this batch frees, counted free above: taken back
+                    need += sum(1 for key in hit.keys if key in self._released)
             if too_big or need > self.free_blocks:
                 if self.skip_blocked:
                     continue
                 break
-            self.add(req, n, need)
+            self.add(req, n, need, hit, target)

@@ -26,6 +26,9 @@ class EngineConfig:
     max_num_seqs: int = 256  # requests in one iteration
     max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
     kv_allocation: str = "on-demand"  # on-demand (vLLM) | reserve (prompt + max_output at admission)
+    # vLLM v1 prefix caching (replay/prefix_cache.py): with on-demand allocation and a cost-model
+    # runner; reservation and runners that execute batches (block tables) run without it
+    enable_prefix_caching: bool = True
     preemption: str = "recompute"  # recompute | swap
     swap_space_gb: float = 4.0  # host pool for swapped KV, per replica
     swap_bandwidth_gbps: float = 25.0  # host<->GPU copy bandwidth, GB/s

@@ -237,8 +237,9 @@ class Engine:
         summary = batch.summary
         if summary is None or items is not None:
             summary = self._summarise(kv, batch, items)
+        hits = summary.hits
         for req in summary.admit:
-            swap_s += self._admit(replica, req, now)
+            swap_s += self._admit(replica, req, now, hits.get(req) if hits is not None else None)
         for req, target in summary.grow:
             kv.grow(req, target)
         if summary.cohort_blocks:
@@ -274,7 +275,12 @@ class Engine:
         """Count a batch that was built without BatchBuilder (or whose runner needs the items)."""
         summary = BatchSummary()
         for req, n in batch.items:
-            summary.account(req, n, kv.blocks_needed(req, n))
+            hit = kv.lookup(req) if req.status is Status.WAITING else None
+            if hit is not None and hit.tokens + n <= req.num_tokens:  # admitted onto a cached prefix
+                target = -(-(hit.tokens + n) // kv.block_size)
+                summary.account(req, n, target - len(hit.keys) - hit.own + hit.claimed, hit, target)
+            else:
+                summary.account(req, n, kv.blocks_needed(req, n))
             if items is not None:
                 items.append(StepItem(req, req.num_computed_tokens, n))
         return summary
@@ -317,8 +323,9 @@ class Engine:
                 hi = mid - 1
         return lo
 
-    def _admit(self, replica: Replica, req: Request, now: float) -> float:
-        """``req`` leaves the waiting queue for the running set; returns its swap-in seconds."""
+    def _admit(self, replica: Replica, req: Request, now: float, hit) -> float:
+        """``req`` leaves the waiting queue for the running set (onto a cached prefix: ``hit``);
+        returns its swap-in seconds."""
         waiting = replica.waiting
         if waiting and waiting[0] is req:
             waiting.popleft()
@@ -334,6 +341,10 @@ class Engine:
             replica.cohort.outside.append(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
+        if hit is not None:  # the cached prefix counts as computed
+            replica.kv.claim(req, hit)
+            req.num_computed_tokens = hit.tokens
+            req.num_cached_tokens += hit.tokens
         if req.swapped:  # bring the KV back from host memory
             return replica.kv.swap_in(req)
         return 0.0
@@ -342,13 +353,13 @@ class Engine:
         """Take ``req`` off the GPU; returns the swap-out time it adds to this iteration."""
         kv = replica.kv
         cost = kv.swap_out(req)
-        if cost is None:  # recompute: its KV is gone
+        if cost is None:  # recompute: its KV is gone (but may stay cached for its return)
             if kv.swap:
                 self.num_swap_fallbacks += 1
+            kv.release(req, may_return=True)
             before = owed(req)
             self.journal.interrupt(req)  # keeps its generated tokens, or it starts over
             replica.outstanding_tokens += owed(req) - before
-            kv.release(req)
             cost = 0.0
         req.status = Status.WAITING
         req.num_preemptions += 1
@@ -379,7 +390,7 @@ class Engine:
             self._apply_cohort(replica, step, j, end_s)
         if items:
             if step.k == 1:
-                produced, finished = apply_iteration(items, end_s, self.tokens)
+                produced, finished = apply_iteration(items, end_s, self.tokens, replica.kv.register)
             else:  # a decode stretch: every item produced j tokens
                 produced, finished = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
             replica.outstanding_tokens -= produced

@@ -35,16 +35,19 @@ def emit(req: "Request", count: int, end_s: float, gap: float | None) -> None:
         req.max_itl_s = gap
 
 
-def apply_iteration(items: Sequence, end_s: float, tokens: "TokenLog | None") -> tuple[int, list]:
+def apply_iteration(items: Sequence, end_s: float, tokens: "TokenLog | None", register=None) -> tuple[int, list]:
     """One iteration of ``items`` (``(request, n)`` pairs) ended at ``end_s``.
 
     Returns the tokens it produced (a first token also produces its prompt: what a request still
-    owes, see ``Replica.outstanding_tokens``) and the requests it finished.
+    owes, see ``Replica.outstanding_tokens``) and the requests it finished. ``register(req)``: the
+    prefix cache learns the prompt blocks each request has now computed.
     """
     produced = 0
     finished = []
     for req, n in items:
         c = req.num_computed_tokens = req.num_computed_tokens + n
+        if register is not None:
+            register(req)
         if c != req.prompt_tokens + req.num_generated_tokens:
             continue  # a prefill chunk that did not reach the end of the prompt
         if tokens is not None:

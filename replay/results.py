@@ -113,6 +113,7 @@ def _requests_batch(requests: list[Request]) -> pa.RecordBatch:
         "max_itl_s": [r.max_itl_s for r in requests],
         "ttft_slo_s": [r.ttft_slo_s for r in requests],
         "tpot_slo_s": [r.tpot_slo_s for r in requests],
+        "cached_tokens": [r.num_cached_tokens for r in requests],
     }
     return pa.RecordBatch.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
                                       schema=REQUESTS_SCHEMA)

@@ -33,6 +33,7 @@ REQUESTS_SCHEMA = pa.schema(
         ("max_itl_s", pa.float64()),  # longest gap between consecutive tokens (null with < 2 tokens)
         ("ttft_slo_s", pa.float64()),  # per-request SLO overrides from the trace (null = use the SLO table)
         ("tpot_slo_s", pa.float64()),
+        ("cached_tokens", pa.int32()),  # tokens its admissions reused from the prefix cache (not computed)
     ]
 )
 

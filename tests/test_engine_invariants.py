@@ -78,15 +78,27 @@ CASES = {
                                               "preemption": "swap", "kv_bytes_per_token": 1024}),
     "edf dropping": ("edf", {"drop": True, "ttft_slo_s": 2.0}, {"num_gpu_blocks": 400}),
     "horizon": ("sarathi", {}, {"num_gpu_blocks": 300, "until_s": 6.0}),
+    "no prefix cache": ("sarathi", {}, {"num_gpu_blocks": 300, "enable_prefix_caching": False}),
 }
+# traces whose prefix hashes make requests share cached blocks (sessions, tenants' system prompts)
+HASHED = dict(tenants="a=1,b=1,c=1", shared_prefix_tokens=256, turns=3.0, think_s=0.5)
+CASES.update({
+    "prefix cache, aligned hashes": ("sarathi", {}, {"num_gpu_blocks": 400}, dict(HASHED, prefix_block_tokens=32)),
+    "prefix cache, unaligned hashes": ("vllm-v0", {}, {"num_gpu_blocks": 400}, dict(HASHED, prefix_block_tokens=24)),
+    "prefix cache, swap": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400, "preemption": "swap",
+                                                        "kv_bytes_per_token": 1024, "swap_space_gb": 0.0002},
+                           dict(HASHED, prefix_block_tokens=16)),
+    "prefix cache, faults": ("orca", {}, {"replicas": 2, "num_gpu_blocks": 400, "fail": ("replica=0,at=4,for=3",)},
+                             dict(HASHED, prefix_block_tokens=64)),
+})
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
-    policy, params, engine = CASES[case]
+    policy, params, engine, *shape = CASES[case]
     monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
-    trace = synthetic(n=250, rate=40.0, seed=seed)
+    trace = synthetic(n=250, rate=40.0, seed=seed, **(shape[0] if shape else {}))
     if policy == "tiers":
         import pyarrow as pa
 
