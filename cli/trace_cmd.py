@@ -305,6 +305,8 @@ def _fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value.is_integer():  # token percentiles of integer columns: 13, not 13.000
+            return f"{int(value):,}"
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
