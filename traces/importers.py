@@ -49,6 +49,7 @@ class Imported:
     dropped: dict[str, int]
     files: tuple[str, ...]
     read_unit: str = "rows"  # what rows_read counts ("clients" for ServeGen)
+    warnings: tuple[str, ...] = ()  # things a user should know (the CLI prints each as "warning: ...")
 
     @property
     def span_s(self) -> float:

@@ -219,13 +219,20 @@ def import_servegen(
     duration_s: float = 3600.0,
     seed: int = 0,
     clients: tuple[str, ...] | None = None,
+    skip_missing: bool = False,
 ) -> Imported:
-    """Sample a multi-tenant trace for [start_s, start_s + duration_s) of the ServeGen day."""
+    """Sample a multi-tenant trace for [start_s, start_s + duration_s) of the ServeGen day.
+
+    ``skip_missing``: a client whose ``chunk-N-dataset.json`` is absent is left out (its sampled
+    requests are dropped and counted) instead of failing the import; ``Imported.warnings`` says which
+    clients and what share of the window's requests they had.
+    """
     if start_s < 0 or not duration_s > 0:
         raise ServelabError(f"need --start >= 0 and --duration > 0 (got {start_s}, {duration_s})")
     end_s = start_s + duration_s
     multi = len(paths) > 1
     times, prompts, outputs, tenants, models = [], [], [], [], []
+    skipped: list[tuple[str, int]] = []  # (client, requests it had in the window)
     seen = set()
     for folder_idx, folder in enumerate(paths):
         model = folder.name if folder.is_dir() else folder.parent.name
@@ -244,8 +251,12 @@ def import_servegen(
             if len(t) == 0:
                 continue
             dataset = trace_csv.with_name(f"{name}-dataset.json")
-            if not dataset.is_file():
-                raise InputError(dataset, "file not found (needed beside its trace CSV)")
+            if not dataset.exists():
+                if skip_missing:
+                    skipped.append((f"{model}/{name}" if multi else name, len(t)))
+                    continue
+                raise InputError(dataset, "file not found (needed beside its trace CSV; "
+                                          "--skip-missing leaves out clients without one)")  # fmt: skip
             prompt, output = sample_lengths(read_length_windows(dataset), t, rng)
             times.append(t - start_s)
             prompts.append(prompt)
@@ -254,6 +265,9 @@ def import_servegen(
             models.append(model)
     if clients is not None and set(clients) - seen:
         raise ServelabError(f"unknown ServeGen client(s): {', '.join(sorted(set(clients) - seen))}")
+    if not times and skipped:
+        raise ServelabError(f"every ServeGen client with requests in {start_s}-{end_s} s lacks its "
+                            f"chunk-N-dataset.json ({_names(skipped)}); nothing left to import")  # fmt: skip
     if not times:
         raise ServelabError(f"no ServeGen client has requests in {start_s}-{end_s} s")
     counts = [len(t) for t in times]
@@ -273,12 +287,26 @@ def import_servegen(
         }
     )
     schema.validate(table, paths[0], require_sorted=True)
+    dropped_requests = sum(n for _, n in skipped)
+    warnings = ()
+    if skipped:
+        total = len(arrival) + dropped_requests
+        warnings = (f"skipped {len(skipped)} of {len(skipped) + len(tenants)} clients with requests in the window "
+                    f"because their chunk-N-dataset.json is missing ({_names(skipped)}): "
+                    f"{dropped_requests:,} of {total:,} requests ({dropped_requests / total:.1%} of the traffic) "
+                    f"dropped",)  # fmt: skip
     return Imported(
         table=table,
         source=f"servegen:{','.join(p.name for p in paths)}@{start_s:g}+{duration_s:g}s,seed={seed}",
         prefix_block_tokens=None,
-        rows_read=len(tenants),
-        dropped={},
+        rows_read=len(tenants) + len(skipped),
+        dropped={"requests of clients without a dataset (--skip-missing)": dropped_requests} if skipped else {},
         files=tuple(str(p) for p in paths),
         read_unit="clients",
+        warnings=warnings,
     )
+
+
+def _names(skipped: list[tuple[str, int]], k: int = 6) -> str:
+    names = [name for name, _ in skipped]
+    return ", ".join(names[:k]) + (f", … (+{len(names) - k})" if len(names) > k else "")
