@@ -311,6 +311,8 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         if value.is_integer():  # token percentiles of integer columns: 13, not 13.000
             return f"{int(value):,}"
+        if abs(value) < 0.001:
+            return f"{value:.3g}"
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 

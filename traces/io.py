@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from servelab.common.atomic import atomic_path
-from servelab.common.errors import InputError
+from servelab.common.errors import InputError, require_file
 from servelab.traces import schema
 
 ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
@@ -32,8 +32,7 @@ def _kind(path: Path) -> str:
 
 def _read_raw(path: Path) -> pa.Table:
     kind = _kind(path)
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path, "trace file")
     try:
         if kind == "arrow":
             with pa.memory_map(str(path)) as source:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from servelab.common.errors import InputError, ServelabError
+from servelab.common.errors import InputError, ServelabError, require_file
 from servelab.traces import schema
 from servelab.traces.arrivals import stationary_first_gap, unit_gaps
 from servelab.traces.importers import IMPORTERS, Imported
@@ -207,8 +207,7 @@ def _clients(path: Path) -> list[tuple[str, int, Path]]:
     m = _CHUNK.match(path.name)
     if not m:
         raise InputError(path, "expected a ServeGen folder or a chunk-N-trace.csv file")
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path)
     return [(f"chunk-{m.group(1)}", int(m.group(1)), path)]
 
 
