@@ -310,3 +310,20 @@ def test_a_folder_given_as_a_trace_or_source(tmp_path, capsys):
         one_line_error(code, err, f"{tmp_path}: is a folder, not a file")
     with pytest.raises(InputError, match="is a folder, not a file"):
         read_text(folder)
+
+
+@pytest.mark.parametrize("name, tail", [("chunk-9-trace.csv", b"0,1.0,1.0,Gam\xffma,1,1\n"),
+                                        ("chunk-9-dataset.json", b"\xff")])  # fmt: skip
+def test_non_utf8_servegen_files_name_their_line(tmp_path, name, tail):
+    import shutil
+
+    folder = tmp_path / "sg"
+    shutil.copytree(FIXTURES / "servegen" / "mm-image", folder)
+    path = folder / name
+    path.chmod(0o644)
+    lines = path.read_bytes().count(b"\n")
+    with open(path, "ab") as f:
+        f.write(tail)
+    with pytest.raises(InputError) as err:
+        import_trace("servegen", [folder], duration_s=86400)
+    assert_input_error(err, path, f"not a text file: byte 0xff on line {lines + 1} is not UTF-8")

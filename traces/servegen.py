@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError, require_file
+from servelab.common.textfile import read_text
 from servelab.traces import schema
 from servelab.traces.arrivals import stationary_first_gap, unit_gaps
 from servelab.traces.importers import IMPORTERS, Imported
@@ -62,25 +63,24 @@ def _float(path: Path, text: str, column: str, row: int) -> float:
 def read_windows(path: Path) -> list[Window]:
     """Parse a headerless chunk-N-trace.csv: window_start_s, rate, iat_cv, pattern, shape, scale."""
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for i, rec in enumerate(csv.reader(f), start=1):
-            if not rec or not "".join(rec).strip():
-                continue
-            if len(rec) < 4:
-                raise InputError(path, f"expected at least 4 fields, got {len(rec)}", row=i)
-            start = _float(path, rec[0], "window_start_s", i)
-            rate = _float(path, rec[1], "rate", i)
-            cv = _float(path, rec[2], "iat_cv", i) if rec[2].strip() else 0.0
-            family = rec[3].strip().lower()
-            if rate < 0:
-                raise InputError(path, "rate must be >= 0", column="rate", row=i)
-            if family not in _FAMILIES:
-                raise InputError(path, f"unknown pattern '{rec[3]}' (Gamma, Weibull or empty)", column="pattern", row=i)
-            if rate > 0 and cv <= 0:
-                raise InputError(path, "iat_cv must be > 0 where rate > 0", column="iat_cv", row=i)
-            if rows and start <= rows[-1][0]:
-                raise InputError(path, "window starts must increase", column="window_start_s", row=i)
-            rows.append((start, rate, cv, _FAMILIES[family]))
+    for i, rec in enumerate(csv.reader(read_text(path).splitlines()), start=1):
+        if not rec or not "".join(rec).strip():
+            continue
+        if len(rec) < 4:
+            raise InputError(path, f"expected at least 4 fields, got {len(rec)}", row=i)
+        start = _float(path, rec[0], "window_start_s", i)
+        rate = _float(path, rec[1], "rate", i)
+        cv = _float(path, rec[2], "iat_cv", i) if rec[2].strip() else 0.0
+        family = rec[3].strip().lower()
+        if rate < 0:
+            raise InputError(path, "rate must be >= 0", column="rate", row=i)
+        if family not in _FAMILIES:
+            raise InputError(path, f"unknown pattern '{rec[3]}' (Gamma, Weibull or empty)", column="pattern", row=i)
+        if rate > 0 and cv <= 0:
+            raise InputError(path, "iat_cv must be > 0 where rate > 0", column="iat_cv", row=i)
+        if rows and start <= rows[-1][0]:
+            raise InputError(path, "window starts must increase", column="window_start_s", row=i)
+        rows.append((start, rate, cv, _FAMILIES[family]))
     if not rows:
         raise InputError(path, "file has no windows")
     starts = [r[0] for r in rows]
@@ -151,8 +151,7 @@ class LengthWindow:
 def read_length_windows(path: Path) -> list[LengthWindow]:
     """Parse chunk-N-dataset.json into windows that have usable prompt and output PMFs."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_text(path))  # a folder or bytes that are not UTF-8: InputError naming the line
     except (OSError, json.JSONDecodeError) as err:
         raise InputError(path, f"not a readable JSON file ({err})") from None
     if not isinstance(data, dict):
