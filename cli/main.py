@@ -75,16 +75,54 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code)
+        if type(err).__name__ == "NoArgsIsHelpError":  # a bare `servelab` / `servelab trace`: the help (click >= 8.2)
+            err.show()
+            sys.exit(err.exit_code)
+        click.echo(f"error: {_one_line(err, args)}", err=True)
+        sys.exit(err.exit_code)  # 2 for usage errors (unknown option, missing argument, bad value), else 1
     except ServelabError as err:
         if debug:
             raise
-        click.echo(f"error: {err}", err=True)
+        click.echo(f"error: {_one_line(err)}", err=True)
+        sys.exit(1)
+    except OSError as err:  # a file the command could not read or write, named; never a traceback
+        if debug:
+            raise
+        why = err.strerror or str(err) or type(err).__name__
+        click.echo(f"error: {err.filename}: {why}" if err.filename is not None else f"error: {why}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+
+
+def _command_path(err: click.UsageError, args: list[str]) -> str:
+    """'servelab trace import' for an error in that command (click sometimes reports the group's context)."""
+    if err.ctx is not None and err.ctx.command is not cli:
+        return err.ctx.command_path
+    path, command = ["servelab"], cli
+    for arg in args:
+        if not isinstance(command, click.Group):
+            break
+        if arg.startswith("-"):
+            continue
+        sub = command.get_command(err.ctx, arg)  # type: ignore[arg-type]
+        if sub is None:
+            break
+        path.append(arg)
+        command = sub
+    return " ".join(path)
+
+
+def _one_line(err: Exception, args: list[str] = ()) -> str:
+    """The error's message on one line; a usage error adds where to find the command's options."""
+    if isinstance(err, click.ClickException):
+        text = err.format_message()
+        if isinstance(err, click.UsageError):
+            text = f"{text.rstrip()} (see '{_command_path(err, list(args))} --help')"
+    else:
+        text = str(err)
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def worker(spec_path, study_dir, n_trials, timeout, storage, seed) -> None:
     import zlib
 
     from servelab.search.spec import load_spec
-    from servelab.search.study import check_study_dir, fail_stale_trials, open_study, run_worker, write_study_json
+    from servelab.search.study import fail_stale_trials, open_study, open_study_dir, run_worker, write_study_json
     from servelab.search.trials import write_trials
 
     spec = _spec_with(load_spec(spec_path), n_trials, timeout)
@@ -183,11 +183,9 @@ def worker(spec_path, study_dir, n_trials, timeout, storage, seed) -> None:
     from servelab.traces.io import read_trace
 
     read_trace(spec.trace.path)  # fail before writing anything
-    check_study_dir(spec, study_dir, storage)  # one folder, one study
-    study_dir.mkdir(parents=True, exist_ok=True)
     if seed is None:  # two workers with one seed would propose the same points
         seed = (spec.seed + zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())) % (2**31)
-    study = open_study(spec, study_dir, storage_url=storage)  # refuses a changed spec
+    study = open_study_dir(spec, study_dir, storage)  # one folder, one study; refuses a changed spec
     write_study_json(spec, study_dir, storage)
     fail_stale_trials(study, study_dir)
 

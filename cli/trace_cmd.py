@@ -98,7 +98,7 @@ _FORMAT_OPTIONS = {
     "mooncake": {"block_tokens", "tenant_from_file"},
     "lengths": {"seed", "limit", "shuffle", "tenant_from_file", "arrival", "rate", "cv", "profile", "schedule",
                 "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
-    "servegen": {"seed", "start", "duration", "clients"},
+    "servegen": {"seed", "start", "duration", "clients", "skip_missing"},
 }
 _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 
@@ -118,6 +118,8 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--start", type=float, default=0.0, show_default=True, help="servegen: window start (s of the day).")
 @click.option("--duration", type=float, default=3600.0, show_default=True, help="servegen: window length (s).")
 @click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
+@click.option("--skip-missing", is_flag=True,
+              help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
 @_arrival_options
 @click.pass_context
 def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Path, **kw) -> None:
@@ -136,12 +138,14 @@ def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Pat
         if name in allowed:
             options[name] = kw[name]
     if fmt == "servegen":
-        options.update(start_s=kw["start"], duration_s=kw["duration"])
+        options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"])
         if kw["clients"]:
             options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
     with _status(f"importing {len(sources)} {fmt} source(s)"):
         result = import_trace(fmt, list(sources), **options)
         write_trace(result.table, out, result.source, result.prefix_block_tokens)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"{out}: {result.summary()}")
 
 
@@ -305,6 +309,10 @@ def _fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value.is_integer():  # token percentiles of integer columns: 13, not 13.000
+            return f"{int(value):,}"
+        if abs(value) < 0.001:
+            return f"{value:.3g}"
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 

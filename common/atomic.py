@@ -26,7 +26,9 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+from servelab.common.errors import ServelabError
 
 # Temporaries from versions before the owner tag (``.NAME.<8 random>.tmp``) count as stale once
 # untouched this long: their owner cannot be known.
@@ -163,19 +165,62 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
     _remove(aside)
 
 
+def cannot_write(dest: str | os.PathLike, err: OSError) -> ServelabError:
+    """A one-line error for an output that cannot be written: names ``dest`` and why, never the temporary."""
+    dest = Path(dest)
+    for folder in dest.parents:
+        if os.path.lexists(folder):
+            if not folder.is_dir():
+                return ServelabError(f"{dest}: cannot write it: {folder} is a file, not a folder")
+            break
+    if dest.is_dir() and not isinstance(err, PermissionError):
+        return ServelabError(f"{dest}: cannot write it: a folder is in the way")
+    why = err.strerror or type(err).__name__
+    return ServelabError(f"{dest}: cannot write it ({why}); choose another output path")
+
+
+@contextlib.contextmanager
+def _writing(dest: Path, tmp: Path | None = None) -> Iterator[None]:
+    """Turn an OSError about the output (its folder, its temporary, the final rename) into ``cannot_write``.
+
+    Inside the caller's block (``tmp`` given) only an OSError naming the temporary or ``dest`` is
+    converted; one about another file (an input the block reads) or naming none passes through.
+    """
+    try:
+        yield
+    except OSError as err:
+        names = [str(n) for n in (err.filename, getattr(err, "filename2", None)) if n]
+        ours = tmp is None or any(n.startswith(str(tmp)) or n == str(dest) for n in names)
+        if not ours:
+            raise
+        raise cannot_write(dest, err) from err
+
+
+def _prepare(dest: Path, make: Callable[..., object]) -> Path:
+    with _writing(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(dest)
+        made = make(prefix=f".{dest.name}.{owner_tag()}.", suffix=".tmp", dir=dest.parent)
+    if isinstance(made, tuple):  # mkstemp: (fd, path)
+        os.close(made[0])
+        made = made[1]
+    return Path(made)
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``dest``; rename it onto ``dest`` only if the block succeeds."""
+    """Yield a temporary path beside ``dest``; rename it onto ``dest`` only if the block succeeds.
+
+    An output that cannot be written (its folder is a file, unwritable, or not a real folder such as
+    ``/proc``) raises a one-line ``ServelabError`` naming ``dest``.
+    """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.{owner_tag()}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = _prepare(dest, tempfile.mkstemp)
     try:
-        yield tmp_path
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
-        os.replace(tmp_path, dest)
+        with _writing(dest, tmp_path):
+            yield tmp_path
+            os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
+            os.replace(tmp_path, dest)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -185,13 +230,12 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
 def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside ``dest``; it replaces ``dest`` only if the block succeeds."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{owner_tag()}.", suffix=".tmp", dir=dest.parent))
+    tmp = _prepare(dest, tempfile.mkdtemp)
     try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())
-        replace_dir(tmp, dest)  # tmp now holds the old result, if there was one
+        with _writing(dest, tmp):
+            yield tmp
+            os.chmod(tmp, 0o777 & ~_umask())
+            replace_dir(tmp, dest)  # tmp now holds the old result, if there was one
     finally:
         if os.path.lexists(tmp):
             _remove(tmp)

@@ -24,3 +24,16 @@ class InputError(ServelabError):
         if row is not None:
             where += f", row {row}"
         super().__init__(f"{where}: {rule}")
+
+
+def require_file(path: object, what: str = "file") -> None:
+    """Raise InputError unless ``path`` is an existing file: 'file not found', or 'is a folder, not a {what}'."""
+    import os
+
+    p = os.fspath(path) if isinstance(path, os.PathLike) else str(path)
+    if os.path.isdir(p):
+        raise InputError(path, f"is a folder, not a {what}")
+    if not os.path.exists(p):
+        raise InputError(path, "file not found")
+    if not os.access(p, os.R_OK):
+        raise InputError(path, "cannot read it (permission denied)")

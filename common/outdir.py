@@ -20,6 +20,11 @@ def check_output_dir(path: str | os.PathLike, force: bool, what: str, markers: t
     directory). ``may_replace``: replace such a directory without ``force`` (the demo's own output).
     """
     p = Path(path)
+    for folder in p.parents:  # a file where a parent folder should be: say so before any work
+        if os.path.lexists(folder):
+            if not folder.is_dir():
+                raise ServelabError(f"{p}: cannot write it: {folder} is a file, not a folder")
+            break
     if not os.path.lexists(p):
         return
     if not p.is_dir():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
@@ -18,6 +19,11 @@ from servelab.replay.replica import Replica
 @dataclass(frozen=True, slots=True)
 class SarathiParams:
     long_prefill_threshold: int = 0  # cap on one request's chunk per iteration (0: only the budget caps it)
+
+    def __post_init__(self) -> None:
+        if self.long_prefill_threshold < 0:
+            raise ServelabError(f"policy 'sarathi': long_prefill_threshold must be >= 0 (0: no cap), "
+                                f"got {self.long_prefill_threshold}")  # fmt: skip
 
 
 @POLICIES.register("sarathi")

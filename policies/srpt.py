@@ -18,6 +18,7 @@ from itertools import chain, islice
 
 import numpy as np
 
+from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
 from servelab.policies.ordering import KeyedWaiting
 from servelab.replay.batch import Batch
@@ -29,6 +30,10 @@ from servelab.replay.request import Request, Status
 class LengthParams:
     preempt: bool = False
     noise_sigma: float = 0.0  # lognormal sigma of the length predictor; 0 = oracle
+
+    def __post_init__(self) -> None:
+        if self.noise_sigma < 0:
+            raise ServelabError(f"policy (sjf/srpt): noise_sigma must be >= 0 (0: oracle lengths), got {self.noise_sigma}")
 
 
 class _LengthAware(KeyedWaiting, PolicyBase):

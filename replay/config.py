@@ -16,6 +16,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.tiers import parse_tiers
 from servelab.replay.router import ROUTERS
+from servelab.common.textfile import read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,7 @@ class ReplayConfig:
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError
         except FileNotFoundError:
             raise ServelabError(f"{path}: no such config file") from None
         except tomllib.TOMLDecodeError as err:

@@ -24,6 +24,7 @@ from servelab.common.atomic import atomic_path
 from servelab.common.errors import InputError, ServelabError
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan
 from servelab.runners.profiling import FEATURES, read_profile
+from servelab.common.textfile import read_text
 
 MODEL_FORMAT = 1
 TERMS = ("intercept", *FEATURES)
@@ -246,7 +247,7 @@ def _presets(meta: dict):
 def load_model(path: str | Path) -> FittedModel:
     path = Path(path)
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_text(path))  # a binary file: a one-line InputError
     except FileNotFoundError:
         raise InputError(path, "fitted model file not found") from None
     except json.JSONDecodeError as err:

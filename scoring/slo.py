@@ -115,9 +115,10 @@ class SloTable:
     def from_toml_file(cls, path: str) -> "SloTable":
         import tomllib
 
+        from servelab.common.textfile import read_text
+
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
+            data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError
         except FileNotFoundError:
             raise InputError(path, "file not found") from None
         except tomllib.TOMLDecodeError as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -122,11 +123,20 @@ def _unique_ids(ids: list[str], paths: list[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
+_NOT_SQL_NAME = re.compile(r"[^0-9A-Za-z_]")
+
+
 def flatten_meta(meta: dict) -> dict:
-    """run.json -> one flat row: ``policy.params.x`` -> ``policy_x``, ``engine.max_num_seqs`` -> ``engine_max_num_seqs``."""
+    """run.json -> one flat row: ``policy.params.x`` -> ``policy_x``, ``engine.max_num_seqs`` -> ``engine_max_num_seqs``.
+
+    Column names are plain SQL identifiers: any character other than a letter, digit or ``_`` becomes
+    ``_`` (``runner.kv_capacity_tokens_at_0.9`` -> ``runner_kv_capacity_tokens_at_0_9``), so no
+    column needs quoting.
+    """
     flat: dict[str, object] = {}
 
     def put(key: str, value: object) -> None:
+        key = _NOT_SQL_NAME.sub("_", key)
         if isinstance(value, dict):
             for k, v in value.items():
                 # the "params" level is dropped: policy.params.chunk -> policy_chunk

@@ -18,6 +18,7 @@ from servelab.common.coerce import base_type, is_a
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.config import EngineConfig, ReplayConfig
 from servelab.scoring.slo import SloTable
+from servelab.common.textfile import read_text
 
 # Objectives a trial can report, with the direction Optuna optimises them in.
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
@@ -139,7 +140,7 @@ class SearchSpec:
 def load_spec(path: str | Path) -> SearchSpec:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_text(path))  # a binary file: a one-line InputError
     except FileNotFoundError:
         raise InputError(path, "no such spec file") from None
     except IsADirectoryError:

@@ -523,6 +523,25 @@ def write_study_json(spec: SearchSpec, study_dir: Path, storage_url: str | None)
         tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def open_study_dir(spec: SearchSpec, study_dir: Path, storage_url: str | None = None):
+    """Check STUDY_DIR holds no other study, create it and open the study; refuses a changed spec.
+
+    A storage that cannot be opened (an unreachable database URL) leaves nothing behind: a folder
+    this call created is removed again.
+    """
+    study_dir = Path(study_dir)
+    check_study_dir(spec, study_dir, storage_url)  # one folder, one study
+    made = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
+    study_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return open_study(spec, study_dir, storage_url=storage_url)
+    except BaseException:
+        for folder in made:  # deepest first; only while empty (nothing else wrote there meanwhile)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
 def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str | None = None,
               poll_s: float = 0.5) -> None:  # fmt: skip
     """`servelab search SPEC -o STUDY_DIR`: run ``spec.workers`` local workers (this process when 1).
@@ -534,9 +553,7 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
 
     read_trace(spec.trace.path)  # a missing or invalid trace fails before anything is written
     study_dir = Path(study_dir)
-    check_study_dir(spec, study_dir, storage_url)  # one folder, one study
-    study_dir.mkdir(parents=True, exist_ok=True)
-    study = open_study(spec, study_dir, storage_url=storage_url)  # refuses a changed spec
+    study = open_study_dir(spec, study_dir, storage_url)
     write_study_json(spec, study_dir, storage_url)
     fail_stale_trials(study, study_dir)
     if progress is not None:
@@ -594,5 +611,5 @@ def _stop_workers(procs, wait_s: float = 3.0, grace_s: float = 60.0) -> None:
             p.kill()
 
 
-__all__ = ["open_study", "run_study", "run_worker", "fail_stale_trials", "counts", "make_storage", "redact",
+__all__ = ["open_study", "open_study_dir", "run_study", "run_worker", "fail_stale_trials", "counts", "make_storage", "redact",
            "write_study_json", "grid_size", "check_study_dir", "resumed_seed", "Interrupt"]  # fmt: skip

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from skip_summary import pytest_terminal_summary  # noqa: F401  (the one-line skip-reason summary)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -162,3 +162,58 @@ def test_window_past_data_end_and_unknown_client():
         import_trace("servegen", [SG / "mm-image"], start_s=86000, duration_s=1000)
     with pytest.raises(ServelabError, match="unknown ServeGen client"):
         import_trace("servegen", [SG / "mm-image"], duration_s=600, clients=("chunk-999",))
+
+
+# ---- missing datasets (issue 16, item 12)
+
+
+def _without_chunk9_dataset(tmp_path: Path) -> Path:
+    folder = _copy(tmp_path)
+    (folder / "chunk-9-dataset.json").unlink()
+    return folder
+
+
+def test_skip_missing_leaves_out_clients_without_a_dataset(tmp_path):
+    full = import_trace("servegen", [SG / "mm-image"], start_s=0, duration_s=86400, seed=4).table
+    tenant = np.array(full.column("tenant").cast(pa.string()).to_pylist())
+    folder = _without_chunk9_dataset(tmp_path)
+    with pytest.raises(InputError, match="--skip-missing"):
+        import_trace("servegen", [folder], start_s=0, duration_s=86400, seed=4)
+    r = import_trace("servegen", [folder], start_s=0, duration_s=86400, seed=4, skip_missing=True)
+    assert set(r.table.column("tenant").cast(pa.string()).to_pylist()) == {"chunk-26"}
+    kept = full.filter(pa.array(tenant == "chunk-26"))
+    for name in ("arrival_s", "prompt_tokens", "output_tokens"):  # the other client is untouched
+        np.testing.assert_array_equal(r.table.column(name).to_numpy(), kept.column(name).to_numpy())
+    n9 = int((tenant == "chunk-9").sum())
+    assert n9 > 0 and r.dropped == {"requests of clients without a dataset (--skip-missing)": n9}
+    (warning,) = r.warnings
+    assert "chunk-9" in warning and f"{n9:,} of {full.num_rows:,} requests" in warning
+    assert f"({n9 / full.num_rows:.1%} of the traffic)" in warning
+
+
+def test_skip_missing_on_the_command_line(tmp_path, capsys):
+    from servelab.cli.main import main
+
+    folder = _without_chunk9_dataset(tmp_path)
+    out = tmp_path / "o.arrow"
+    argv = ["trace", "import", "--format", "servegen", str(folder), "--duration", "86400", "-o", str(out)]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "chunk-9-dataset.json: file not found" in err and "--skip-missing" in err
+    assert no_files_like(tmp_path, out.name)
+    main([*argv, "--skip-missing"])
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: skipped 1 of 2 clients") and "% of the traffic) dropped" in captured.err
+    assert "requests of clients without a dataset" in captured.out and out.is_file()
+    with pytest.raises(SystemExit):
+        main(["trace", "import", "--format", "azure", str(FIXTURES / "azure_conv_2023_head300.csv"),
+              "--skip-missing", "-o", str(tmp_path / "a.arrow")])  # fmt: skip
+    assert "--skip-missing does not apply to --format azure" in capsys.readouterr().err
+
+
+def test_skip_missing_with_every_dataset_missing(tmp_path):
+    folder = _without_chunk9_dataset(tmp_path)
+    (folder / "chunk-26-dataset.json").unlink()
+    with pytest.raises(ServelabError, match="lacks its chunk-N-dataset.json"):
+        import_trace("servegen", [folder], start_s=0, duration_s=86400, skip_missing=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from servelab.common.errors import InputError
+from servelab.common.errors import InputError, require_file
 
 # Parsed kinds: token counts (integers, "12" or "12.0"), seconds (floats), wall-clock timestamps (ns).
 COUNT, SECONDS, TIMESTAMP, TEXT = "count", "seconds", "timestamp", "text"
@@ -45,14 +45,42 @@ def _scan(path: Path, **kwargs) -> pl.LazyFrame:
 
 
 def header(path: Path) -> list[str]:
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path)
     try:
         return _scan(path).collect_schema().names()
     except pl.exceptions.NoDataError:
         raise InputError(path, "file is empty (no header)") from None
     except pl.exceptions.PolarsError as err:
-        raise InputError(path, f"not a readable CSV file ({err})") from None
+        raise unreadable(path, err) from None
+
+
+def utf8_error(path: Path) -> InputError | None:
+    """The first line that is not UTF-8, as an InputError naming its data row (None when all decode)."""
+    names: list[str] = []
+    with open(path, "rb") as f:
+        for line_no, line in enumerate(f, start=1):
+            if line_no == 1:
+                names = line.decode("utf-8", errors="replace").rstrip("\r\n").split(",")
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                rule = f"not UTF-8 text (byte 0x{line[err.start]:02x})"
+                if line_no == 1:
+                    return InputError(path, rule + " in the header")
+                field = line[: err.start].count(b",")
+                column = names[field].strip() if b'"' not in line and field < len(names) else None
+                return InputError(path, rule, column=column, row=line_no - 1)
+    return None
+
+
+def unreadable(path: Path, err: Exception) -> InputError:
+    """A polars failure as an InputError: the offending row for bytes that are not UTF-8."""
+    text = " ".join(str(err).split())
+    if "utf-8" in text.lower() or "utf8" in text.lower():
+        found = utf8_error(path)
+        if found is not None:
+            return found
+    return InputError(path, f"not a readable CSV file ({text[:300]})")
 
 
 def resolve(path: Path, names: list[str], wants: list[Want]) -> dict[str, str]:
@@ -106,6 +134,14 @@ def _parse_expr(actual: str, kind: str, zoned: bool = False) -> pl.Expr:
     return pl.when(value.is_finite() & (value == value.floor()) & (value.abs() < 2**31)).then(value).cast(pl.Int32)
 
 
+def _too_large(text: str) -> bool:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return False
+    return np.isfinite(value) and value == np.floor(value) and abs(value) >= 2**31
+
+
 @dataclass(frozen=True)
 class Parsed:
     """Parsed columns under their logical names, and the file's own header for each (for messages)."""
@@ -120,6 +156,13 @@ class Parsed:
 def read_columns(path: Path, wants: list[Want]) -> Parsed:
     """Parse the wanted columns; raises InputError on the first unparsable or missing value."""
     path = Path(path)
+    try:
+        return _read_columns(path, wants)
+    except pl.exceptions.PolarsError as err:  # any scan, not only the main one: bad bytes show up anywhere
+        raise unreadable(path, err) from None
+
+
+def _read_columns(path: Path, wants: list[Want]) -> Parsed:
     found = resolve(path, header(path), wants)
     kinds = {w.name: w.kind for w in wants}
     exprs = []
@@ -129,10 +172,7 @@ def read_columns(path: Path, wants: list[Want]) -> Parsed:
             first = _first_value(path, actual)
             zoned = first is not None and _ZONE.search(first.strip()) is not None
         exprs.append(_parse_expr(actual, kinds[name], zoned).alias(name))
-    try:
-        df = _scan(path).select(exprs).collect(engine="streaming").rechunk()
-    except pl.exceptions.PolarsError as err:
-        raise InputError(path, f"not a readable CSV file ({err})") from None
+    df = _scan(path).select(exprs).collect(engine="streaming").rechunk()
     if df.height == 0:
         raise InputError(path, "file has no data rows")
     for name in found:
@@ -140,5 +180,7 @@ def read_columns(path: Path, wants: list[Want]) -> Parsed:
             idx = int(np.flatnonzero(df[name].is_null().to_numpy())[0])
             raw = _scan(path).select(pl.col(found[name])).slice(idx, 1).collect()[0, 0]
             rule = "missing value" if raw is None or not raw.strip() else f"{_HINT[kinds[name]]}: '{raw}'"
+            if kinds[name] == COUNT and raw is not None and _too_large(raw):
+                rule = f"token count too large (got {raw.strip()}, at most {2**31 - 1:,})"
             raise InputError(path, rule, column=found[name], row=idx + 1)
     return Parsed(df, found)

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from servelab.common.errors import InputError, ServelabError
+from servelab.common.errors import InputError, ServelabError, require_file
 from servelab.common.registry import Registry
 from servelab.traces import schema
 from servelab.traces.arrivals import ArrivalConfig, arrival_times
@@ -49,6 +49,7 @@ class Imported:
     dropped: dict[str, int]
     files: tuple[str, ...]
     read_unit: str = "rows"  # what rows_read counts ("clients" for ServeGen)
+    warnings: tuple[str, ...] = ()  # things a user should know (the CLI prints each as "warning: ...")
 
     @property
     def span_s(self) -> float:
@@ -76,8 +77,16 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     return IMPORTERS.get(fmt)(list(map(Path, paths)), **options)
 
 
+MAX_TOKENS = int(np.iinfo(np.int32).max)  # token counts are int32 in the trace schema
+
+
 def check_counts(path: Path, column: str, values: np.ndarray, allow_zero: bool = False, hint: str = "") -> None:
     """Token counts must be >= 1 (>= 0 where a zero has a meaning the importer handles)."""
+    too_big = values > MAX_TOKENS
+    if too_big.any():  # the trace stores int32 counts: a larger one would wrap around
+        row = int(np.flatnonzero(too_big)[0])
+        raise InputError(path, f"token count too large (got {values[row]}, at most {MAX_TOKENS:,})", column=column,
+                         row=row + 1)  # fmt: skip
     bad = values < (0 if allow_zero else 1)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
@@ -291,14 +300,21 @@ _MOONCAKE_SCHEMA = {
 }
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def _mooncake_diagnose(path: Path) -> InputError:
     """Find the first bad record with the json module (only when the fast reader has failed)."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         row = 0
-        for line in f:
-            if not line.strip():
+        for raw in f:
+            if not raw.strip():
                 continue
             row += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return InputError(path, f"not UTF-8 text (byte 0x{raw[err.start]:02x})", row=row)
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as err:
@@ -313,16 +329,20 @@ def _mooncake_diagnose(path: Path) -> InputError:
                     ok = isinstance(value, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in value)
                     if not ok:
                         return InputError(path, "must be a list of integers", column=name, row=row)
+                    big = next((h for h in value if not _INT64[0] <= h <= _INT64[1]), None)
+                    if big is not None:
+                        return InputError(path, f"block id {big} does not fit in 64 bits", column=name, row=row)
                 elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     return InputError(path, f"not a number: {value!r}", column=name, row=row)
                 elif name != "timestamp" and not float(value).is_integer():
                     return InputError(path, f"not an integer: {value!r}", column=name, row=row)
-    return InputError(path, "unreadable JSON lines file")
+                elif name != "timestamp" and not _INT64[0] <= value <= _INT64[1]:
+                    return InputError(path, f"too large: {value!r}", column=name, row=row)
+    return InputError(path, "unreadable JSON lines file (no single line is at fault)")
 
 
 def _read_mooncake(path: Path) -> pl.DataFrame:
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path)
     if path.stat().st_size == 0:
         raise InputError(path, "file is empty")
     try:

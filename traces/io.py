@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from servelab.common.atomic import atomic_path
-from servelab.common.errors import InputError, ServelabError
+from servelab.common.errors import InputError, require_file
 from servelab.traces import schema
 
 ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
@@ -32,8 +32,7 @@ def _kind(path: Path) -> str:
 
 def _read_raw(path: Path) -> pa.Table:
     kind = _kind(path)
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path, "trace file")
     try:
         if kind == "arrow":
             with pa.memory_map(str(path)) as source:
@@ -54,7 +53,25 @@ def read_trace(path: str | os.PathLike) -> pa.Table:
             path, f"schema version {version.decode()} is not supported (this servelab reads {schema.SCHEMA_VERSION})"
         )
     schema.validate(table, path, require_sorted=True)
+    if "prefix_hashes" in table.column_names:
+        _block_tokens(meta.get(schema.META_BLOCK_TOKENS), path)
     return schema.with_defaults(table)
+
+
+def _block_tokens(value: bytes | str | int | None, path: object) -> int:
+    """The tokens per ``prefix_hashes`` block: a whole number >= 1, required whenever the column is present."""
+    if value is None:
+        raise InputError(path, "needs the file metadata key 'prefix_block_tokens' (tokens per KV block)",
+                         column="prefix_hashes")  # fmt: skip
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    try:
+        block = int(text)
+    except ValueError:
+        block = 0
+    if block < 1:
+        raise InputError(path, f"metadata 'prefix_block_tokens' must be a whole number >= 1, got '{text}'",
+                         column="prefix_hashes")  # fmt: skip
+    return block
 
 
 def trace_metadata(table: pa.Table) -> dict[str, str]:
@@ -78,11 +95,8 @@ def prepare(
     }
     if "prefix_hashes" in table.column_names:
         if prefix_block_tokens is None:
-            old = (table.schema.metadata or {}).get(schema.META_BLOCK_TOKENS)
-            prefix_block_tokens = int(old) if old is not None else None
-        if prefix_block_tokens is None or prefix_block_tokens < 1:
-            raise ServelabError(f"{path}: prefix_hashes need prefix_block_tokens (tokens per KV block)")
-        meta[schema.META_BLOCK_TOKENS] = str(int(prefix_block_tokens)).encode()
+            prefix_block_tokens = (table.schema.metadata or {}).get(schema.META_BLOCK_TOKENS)
+        meta[schema.META_BLOCK_TOKENS] = str(_block_tokens(prefix_block_tokens, path)).encode()
     return table.replace_schema_metadata(meta).unify_dictionaries().combine_chunks()
 
 

@@ -112,6 +112,7 @@ def validate(table: pa.Table, path: object, require_sorted: bool = True) -> None
             )
     for name in REQUIRED:
         _check_nulls(table, path, name)
+    _check_int_range(table, path)
 
     ids = _numpy(table.column("request_id"))
     if not np.all(ids[1:] > ids[:-1]):  # increasing ids (the usual case) cannot repeat
@@ -132,6 +133,39 @@ def validate(table: pa.Table, path: object, require_sorted: bool = True) -> None
     for name in ("prompt_tokens", "output_tokens"):
         _check(path, name, _numpy(table.column(name)) < 1, "token count must be >= 1")
     _check_optional(table, path)
+
+
+def _check_int_range(table: pa.Table, path: object) -> None:
+    """Integers wider than the canonical type (int64 token counts, uint64 ids) must fit it: a cast would fail or wrap."""
+    for c in COLUMNS:
+        if c.name not in table.column_names:
+            continue
+        want = c.type.value_type if pa.types.is_list(c.type) else c.type
+        if not pa.types.is_integer(want):
+            continue
+        col = table.column(c.name)
+        is_list = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
+        actual = col.type.value_type if is_list else col.type
+        if not pa.types.is_integer(actual):
+            continue
+        wider = actual.bit_width > want.bit_width or (pa.types.is_unsigned_integer(actual) and actual.bit_width == want.bit_width)
+        if not wider:
+            continue
+        hi = int(np.iinfo(want.to_pandas_dtype()).max)
+        if not is_list:
+            values = _numpy(pc.fill_null(col, pa.scalar(0, col.type)))
+            row = _first(values > hi)
+            if row is not None:
+                raise InputError(path, f"value {values[row - 1]} is too large (the column is {want}: at most {hi:,})",
+                                 column=c.name, row=row)  # fmt: skip
+            continue
+        flat = col.combine_chunks()  # list<uint64> prefix_hashes: report the row holding the value
+        values = flat.values.to_numpy(zero_copy_only=False)
+        big = np.flatnonzero(values > hi)
+        if big.size:
+            offsets = flat.offsets.to_numpy()
+            row = int(np.searchsorted(offsets, big[0], side="right"))  # 1-based row
+            raise InputError(path, f"block id {values[big[0]]} does not fit in {want}", column=c.name, row=row)
 
 
 def _check_optional(table: pa.Table, path: object) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from servelab.common.errors import InputError, ServelabError
+from servelab.common.errors import InputError, ServelabError, require_file
+from servelab.common.textfile import read_text
 from servelab.traces import schema
 from servelab.traces.arrivals import stationary_first_gap, unit_gaps
 from servelab.traces.importers import IMPORTERS, Imported
@@ -62,25 +63,24 @@ def _float(path: Path, text: str, column: str, row: int) -> float:
 def read_windows(path: Path) -> list[Window]:
     """Parse a headerless chunk-N-trace.csv: window_start_s, rate, iat_cv, pattern, shape, scale."""
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for i, rec in enumerate(csv.reader(f), start=1):
-            if not rec or not "".join(rec).strip():
-                continue
-            if len(rec) < 4:
-                raise InputError(path, f"expected at least 4 fields, got {len(rec)}", row=i)
-            start = _float(path, rec[0], "window_start_s", i)
-            rate = _float(path, rec[1], "rate", i)
-            cv = _float(path, rec[2], "iat_cv", i) if rec[2].strip() else 0.0
-            family = rec[3].strip().lower()
-            if rate < 0:
-                raise InputError(path, "rate must be >= 0", column="rate", row=i)
-            if family not in _FAMILIES:
-                raise InputError(path, f"unknown pattern '{rec[3]}' (Gamma, Weibull or empty)", column="pattern", row=i)
-            if rate > 0 and cv <= 0:
-                raise InputError(path, "iat_cv must be > 0 where rate > 0", column="iat_cv", row=i)
-            if rows and start <= rows[-1][0]:
-                raise InputError(path, "window starts must increase", column="window_start_s", row=i)
-            rows.append((start, rate, cv, _FAMILIES[family]))
+    for i, rec in enumerate(csv.reader(read_text(path).splitlines()), start=1):
+        if not rec or not "".join(rec).strip():
+            continue
+        if len(rec) < 4:
+            raise InputError(path, f"expected at least 4 fields, got {len(rec)}", row=i)
+        start = _float(path, rec[0], "window_start_s", i)
+        rate = _float(path, rec[1], "rate", i)
+        cv = _float(path, rec[2], "iat_cv", i) if rec[2].strip() else 0.0
+        family = rec[3].strip().lower()
+        if rate < 0:
+            raise InputError(path, "rate must be >= 0", column="rate", row=i)
+        if family not in _FAMILIES:
+            raise InputError(path, f"unknown pattern '{rec[3]}' (Gamma, Weibull or empty)", column="pattern", row=i)
+        if rate > 0 and cv <= 0:
+            raise InputError(path, "iat_cv must be > 0 where rate > 0", column="iat_cv", row=i)
+        if rows and start <= rows[-1][0]:
+            raise InputError(path, "window starts must increase", column="window_start_s", row=i)
+        rows.append((start, rate, cv, _FAMILIES[family]))
     if not rows:
         raise InputError(path, "file has no windows")
     starts = [r[0] for r in rows]
@@ -151,8 +151,7 @@ class LengthWindow:
 def read_length_windows(path: Path) -> list[LengthWindow]:
     """Parse chunk-N-dataset.json into windows that have usable prompt and output PMFs."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_text(path))  # a folder or bytes that are not UTF-8: InputError naming the line
     except (OSError, json.JSONDecodeError) as err:
         raise InputError(path, f"not a readable JSON file ({err})") from None
     if not isinstance(data, dict):
@@ -207,8 +206,7 @@ def _clients(path: Path) -> list[tuple[str, int, Path]]:
     m = _CHUNK.match(path.name)
     if not m:
         raise InputError(path, "expected a ServeGen folder or a chunk-N-trace.csv file")
-    if not path.is_file():
-        raise InputError(path, "file not found")
+    require_file(path)
     return [(f"chunk-{m.group(1)}", int(m.group(1)), path)]
 
 
@@ -219,13 +217,20 @@ def import_servegen(
     duration_s: float = 3600.0,
     seed: int = 0,
     clients: tuple[str, ...] | None = None,
+    skip_missing: bool = False,
 ) -> Imported:
-    """Sample a multi-tenant trace for [start_s, start_s + duration_s) of the ServeGen day."""
+    """Sample a multi-tenant trace for [start_s, start_s + duration_s) of the ServeGen day.
+
+    ``skip_missing``: a client whose ``chunk-N-dataset.json`` is absent is left out (its sampled
+    requests are dropped and counted) instead of failing the import; ``Imported.warnings`` says which
+    clients and what share of the window's requests they had.
+    """
     if start_s < 0 or not duration_s > 0:
         raise ServelabError(f"need --start >= 0 and --duration > 0 (got {start_s}, {duration_s})")
     end_s = start_s + duration_s
     multi = len(paths) > 1
     times, prompts, outputs, tenants, models = [], [], [], [], []
+    skipped: list[tuple[str, int]] = []  # (client, requests it had in the window)
     seen = set()
     for folder_idx, folder in enumerate(paths):
         model = folder.name if folder.is_dir() else folder.parent.name
@@ -244,8 +249,12 @@ def import_servegen(
             if len(t) == 0:
                 continue
             dataset = trace_csv.with_name(f"{name}-dataset.json")
-            if not dataset.is_file():
-                raise InputError(dataset, "file not found (needed beside its trace CSV)")
+            if not dataset.exists():
+                if skip_missing:
+                    skipped.append((f"{model}/{name}" if multi else name, len(t)))
+                    continue
+                raise InputError(dataset, "file not found (needed beside its trace CSV; "
+                                          "--skip-missing leaves out clients without one)")  # fmt: skip
             prompt, output = sample_lengths(read_length_windows(dataset), t, rng)
             times.append(t - start_s)
             prompts.append(prompt)
@@ -254,6 +263,9 @@ def import_servegen(
             models.append(model)
     if clients is not None and set(clients) - seen:
         raise ServelabError(f"unknown ServeGen client(s): {', '.join(sorted(set(clients) - seen))}")
+    if not times and skipped:
+        raise ServelabError(f"every ServeGen client with requests in {start_s}-{end_s} s lacks its "
+                            f"chunk-N-dataset.json ({_names(skipped)}); nothing left to import")  # fmt: skip
     if not times:
         raise ServelabError(f"no ServeGen client has requests in {start_s}-{end_s} s")
     counts = [len(t) for t in times]
@@ -273,12 +285,26 @@ def import_servegen(
         }
     )
     schema.validate(table, paths[0], require_sorted=True)
+    dropped_requests = sum(n for _, n in skipped)
+    warnings = ()
+    if skipped:
+        total = len(arrival) + dropped_requests
+        warnings = (f"skipped {len(skipped)} of {len(skipped) + len(tenants)} clients with requests in the window "
+                    f"because their chunk-N-dataset.json is missing ({_names(skipped)}): "
+                    f"{dropped_requests:,} of {total:,} requests ({dropped_requests / total:.1%} of the traffic) "
+                    f"dropped",)  # fmt: skip
     return Imported(
         table=table,
         source=f"servegen:{','.join(p.name for p in paths)}@{start_s:g}+{duration_s:g}s,seed={seed}",
         prefix_block_tokens=None,
-        rows_read=len(tenants),
-        dropped={},
+        rows_read=len(tenants) + len(skipped),
+        dropped={"requests of clients without a dataset (--skip-missing)": dropped_requests} if skipped else {},
         files=tuple(str(p) for p in paths),
         read_unit="clients",
+        warnings=warnings,
     )
+
+
+def _names(skipped: list[tuple[str, int]], k: int = 6) -> str:
+    names = [name for name, _ in skipped]
+    return ", ".join(names[:k]) + (f", … (+{len(names) - k})" if len(names) > k else "")
