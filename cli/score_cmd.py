@@ -93,7 +93,8 @@ def query(args, slo_specs, slo_file, fmt, out, limit):
 @slo_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_out
-@click.option("--width", type=int, default=120, show_default=True, help="Text width.")
+@click.option("--width", type=click.IntRange(min=20), default=None,
+              help="Text width (default: COLUMNS or the terminal's, else 120); tables never cut a cell, they grow wider.")
 def report(run_dirs, slo_specs, slo_file, fmt, out, width):
     """Readable summary of each run: attainment, latency percentiles, goodput, throughput, counts."""
     from servelab.common.atomic import atomic_path

@@ -123,11 +123,11 @@ def test_compare_deltas(runs, capsys):
     code, out, _ = run(["compare", str(a), str(b), "--slo", "ttft=1", "--format", "json"], capsys)
     assert code == 0
     rows = {r["metric"]: r for r in json.loads(out)}
-    assert rows["attainment"]["a"] == 0.5 and rows["attainment"]["b"] == 0.25
-    assert rows["attainment"]["delta b"] == pytest.approx(-0.25) and rows["attainment"]["pct b"] == pytest.approx(-50.0)
-    assert rows["ttft_p50"]["a"] == pytest.approx(0.35) and rows["ttft_p50"]["b"] == pytest.approx(0.85)
-    assert rows["e2e_mean"]["delta b"] == pytest.approx(((4.5 + 0.2) - (2.5 + 0.2)) / 2)
-    assert rows["attainment[tier=priority]"]["a"] == 0.5
+    assert rows["attainment_pct"]["a"] == 50.0 and rows["attainment_pct"]["b"] == 25.0
+    assert rows["attainment_pct"]["delta b"] == pytest.approx(-25.0) and rows["attainment_pct"]["delta_pct b"] == pytest.approx(-50.0)
+    assert rows["ttft_p50_ms"]["a"] == pytest.approx(350) and rows["ttft_p50_ms"]["b"] == pytest.approx(850)
+    assert rows["e2e_mean_ms"]["delta b"] == pytest.approx(1000 * ((4.5 + 0.2) - (2.5 + 0.2)) / 2)
+    assert rows["attainment_pct tier=priority"]["a"] == 50.0
     code, _, err = run(["compare", str(a)], capsys)
     assert code == 1 and "compare needs at least two runs" in err
 
