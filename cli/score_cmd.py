@@ -66,13 +66,18 @@ _out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), he
 @_format
 @_out
 @click.option("--limit", type=int, default=200, show_default=True, help="Rows shown by --format table (0 = all).")
-def query(args, slo_specs, slo_file, fmt, out, limit):
+@click.option("--read-only", is_flag=True,
+              help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs.")
+def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
     """Run SQL over one or more runs: servelab query RUN_DIR [RUN_DIR ...] "SQL".
 
     RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
     collect`. Views: requests, steps, runs, request_metrics (+ _guidellm, _distserve), slo_attainment,
     latency_summary, goodput, tenant_summary, fairness, resource_summary, replica_balance,
     attainment_vs_rate, slo_table, run_span.
+
+    The SQL is DuckDB's, with your user's rights: it can read and write any file you can (COPY ...
+    TO, read_csv), fetch URLs and install extensions. Give --read-only to run SQL you did not write.
     """
     from servelab.scoring.db import connect, query_arrow
     from servelab.scoring.output import write_result
@@ -80,7 +85,7 @@ def query(args, slo_specs, slo_file, fmt, out, limit):
     if len(args) < 2:
         raise ServelabError('query needs at least one RUN_DIR and the SQL, e.g. servelab query runs/a "SELECT * FROM goodput"')
     *dirs, sql = args
-    con = connect(dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(dirs, slo_from_options(slo_specs, slo_file), read_only=read_only)
     try:
         table = query_arrow(con, sql)
     finally:
@@ -101,7 +106,7 @@ def report(run_dirs, slo_specs, slo_file, fmt, out, width):
     from servelab.scoring.db import connect
     from servelab.scoring.report import render_text, report_data
 
-    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(run_dirs, slo_from_options(slo_specs, slo_file), read_only=True)
     try:
         if fmt == "json":
             ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
@@ -132,7 +137,7 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
     runs = find_runs(run_dirs)
     if len(runs) < 2:
         raise ServelabError("compare needs at least two runs")
-    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(run_dirs, slo_from_options(slo_specs, slo_file), read_only=True)
     try:
         table = compare_table(con, [r.run_id for r in runs])
     finally:
