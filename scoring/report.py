@@ -77,6 +77,33 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
+LENGTH_RANKED = ("sjf", "srpt")  # policies (or a `within` order) that rank requests by output length
+
+
+def output_length_knowledge(policy: str | None, params: dict | None) -> str | None:
+    """How the policy knows output lengths: "oracle" (the true ones: ``noise_sigma = 0``), "predicted"
+    (lognormal noise), or None when it does not rank by length at all."""
+    params = params or {}
+    if policy not in LENGTH_RANKED and params.get("within") not in LENGTH_RANKED:
+        return None
+    try:
+        sigma = float(params.get("noise_sigma") or 0.0)
+    except (TypeError, ValueError):
+        sigma = 0.0
+    return "predicted" if sigma > 0 else "oracle"
+
+
+def output_length_note(policy: str | None, params: dict | None) -> str | None:
+    """One line saying that a length-ranking policy is an oracle (or how noisy its predictor is)."""
+    knowledge = output_length_knowledge(policy, params)
+    if knowledge is None:
+        return None
+    if knowledge == "predicted":
+        return f"output lengths predicted (lognormal noise_sigma = {float(params['noise_sigma']):g})"
+    return ("oracle: ranks by every request's true output length (noise_sigma = 0), which no real server "
+            "knows; set noise_sigma > 0 for a predictor")
+
+
 def _label(row: dict) -> str:
     return "overall" if row["scope"] == "overall" else f"{row['scope']}={row['name']}"
 
@@ -126,6 +153,10 @@ def render(data: dict[str, Any], console: Console) -> None:
         line.append(f"simulated {run['simulated_span_s']:.1f} s")
     if line:
         console.print("  ".join(line))
+    params = {k.removeprefix("policy_"): v for k, v in run.items() if k.startswith("policy_") and k != "policy_name"}
+    note = output_length_note(run.get("policy_name"), params)
+    if note:
+        console.print(f"policy {run.get('policy_name')}: {note}")
     console.print(f"SLO: {_slo_line(data['slo'])}")
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
