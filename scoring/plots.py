@@ -139,14 +139,15 @@ def plot_attainment_vs_rate(
         groups.setdefault(Path(run_path).parent.name if run_path else "", []).append((run_id, rate, attainment))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     several = len(groups) > 1
-    for name, pts in groups.items():
+    for index, (name, pts) in enumerate(groups.items()):
         label = f"{name or 'runs'} (all requests)" if several else "all requests"
         line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", color=None if several else "black",
                         label=label)
-        if len(rows) <= MAX_POINT_LABELS:  # name each point by its run
+        if len(rows) <= MAX_POINT_LABELS:  # name each point by its run (the legend names the folder)
             for run_id, rate, attainment in pts:
-                ax.annotate(run_id, (rate, attainment), textcoords="offset points", xytext=(4, 5), fontsize=7,
-                            color=line.get_color())
+                text = run_id.removeprefix(f"{name}/") if several else run_id
+                ax.annotate(text, (rate, attainment), textcoords="offset points", xytext=(4, 5 + 9 * index),
+                            fontsize=7, color=line.get_color())
     tier_names = list(dict.fromkeys(t[0] for t in tiers))
     if len(tier_names) > 1 and not several:
         for name in tier_names:
@@ -159,7 +160,7 @@ def plot_attainment_vs_rate(
     slo = con.execute("SELECT count(*) FROM slo_table").fetchone()[0]
     ax.set_xlabel("offered arrival rate (req/s)")
     ax.set_ylabel("joint SLO attainment" if slo else "share finished (no SLO given)")
-    ax.set_ylim(-0.02, 1.08)
+    ax.set_ylim(-0.02, 1.12)
     ax.grid(True, alpha=0.3)
     ax.set_title("SLO attainment vs arrival rate")
     ax.legend(fontsize=8, loc="lower left")

@@ -153,3 +153,19 @@ def test_render_table_piped_keeps_rows_on_one_line():
     assert len(piped.strip().splitlines()) == 3  # header, rule, row
     narrow = render_table(table, width=60)
     assert "…" not in narrow and all(str(123456 + i) in narrow.split() for i in range(15))
+
+
+def test_replay_report_fits_100_columns_without_cutting(tmp_path):
+    """The report `replay` and `demo` print after a replay goes through the same fitted tables."""
+    from conftest import make_trace
+
+    from servelab.traces.io import write_trace
+
+    trace = write_trace(make_trace([i * 0.1 for i in range(30)], [50] * 30, [10] * 30), tmp_path / "t.arrow", source="t")
+    result = CliRunner().invoke(cli, ["replay", str(trace), "-o", str(tmp_path / "r"), "--runner",
+                                      "linear:base=0.01,decode_seq=0.001", "--num-gpu-blocks", "200",
+                                      "--slo", "ttft=2,tpot=0.1"], env={"COLUMNS": "100"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.stdout  # the report (the "replaying ..." lines go to stderr)
+    assert out.startswith("run r") and "…" not in out and "done" in out and "req/s" in out
+    assert widest(out) <= 100
