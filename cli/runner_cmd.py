@@ -35,21 +35,23 @@ def presets(fmt):
 
     models = Table(title="Model presets (shapes from each model's config.json)")
     for col in ("name", "params", "layers", "hidden", "heads q/kv", "head dim", "ffn", "vocab", "dtype", "KV KiB/tok"):
-        models.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+        models.add_column(col, justify="left" if col in ("name", "dtype") else "right", no_wrap=col != "heads q/kv")
     for m in MODELS.values():
         models.add_row(m.name, f"{m.num_params / 1e9:.2f}B", str(m.num_layers), str(m.hidden_size),
                        f"{m.num_heads}/{m.num_kv_heads}", str(m.head_dim), str(m.ffn_size), str(m.vocab_size),
                        m.dtype, f"{m.kv_bytes_per_token / 1024:g}")
     gpus = Table(title="GPU presets (dense bf16, datasheet figures)")
     for col in ("name", "TFLOP/s", "HBM TB/s", "GiB", "link GB/s", "calibrated on", "device"):
-        gpus.add_column(col, justify="left" if col in ("name", "device", "calibrated on") else "right")
+        gpus.add_column(col, justify="left" if col in ("name", "device", "calibrated on") else "right",
+                        no_wrap=col == "name")
     for g in GPUS.values():
         gpus.add_row(g.name, f"{g.peak_flops / 1e12:g}", f"{g.hbm_bytes_per_s / 1e12:g}",
                      f"{g.memory_bytes / 2**30:.1f}", f"{g.interconnect_bytes_per_s / 1e9:g} ({g.interconnect})",
                      g.calibration, g.description)
-    console = _console()
-    console.print(models)
-    console.print(gpus)
+    from servelab.common.tables import print_table
+
+    print_table(models)  # never cut: the names are what --model and --gpu take
+    print_table(gpus)
 
 
 @click.command()
@@ -177,7 +179,7 @@ def validate(trace_path, reference, candidate, model, gpu, tp, config_path, poli
                   f"mean signed {step['mean_signed_pct']:+.2f}%")
     table = Table(title=f"{candidate} vs {reference}")
     for col in ("metric", "reference", "candidate", "error"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+        table.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
 
     def fmt(v):
         return "n/a" if v is None else f"{v * 1000:.2f} ms"
@@ -185,6 +187,8 @@ def validate(trace_path, reference, candidate, model, gpu, tp, config_path, poli
     for m in report["latency"]:
         err = "n/a" if m["error_pct"] is None else f"{m['error_pct']:+.2f}%"
         table.add_row(m["metric"], fmt(m["reference"]), fmt(m["candidate"]), err)
-    console.print(table)
+    from servelab.common.tables import print_table
+
+    print_table(table)
     if output:
         console.print(f"wrote {output}")

@@ -54,6 +54,27 @@ def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = Non
     return None if table.is_empty else table
 
 
+def runs_slo(run_dirs, slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
+    """The SLO to score ``run_dirs`` with: the options' if any were given, else the sweep's own.
+
+    A sweep stores the SLO its points were scored with in sweep.json; its runs scored without
+    --slo/--slo-file use that SLO (said on stderr), so a plot or report of a sweep shows the
+    attainment the sweep found.
+    """
+    slo = slo_from_options(slo_specs, slo_file)
+    if slo is not None or slo_specs or slo_file or any(str(d).endswith(".duckdb") for d in run_dirs):
+        return slo
+    from servelab.scoring.sweep import sweep_slo
+
+    try:
+        slo = sweep_slo(run_dirs)
+    except ServelabError:  # a missing run directory is reported by connect() with its own message
+        return None
+    if slo is not None:
+        click.echo(f"scoring with the sweep's SLO ({slo.describe()}); --slo or --slo-file replaces it", err=True)
+    return slo
+
+
 _format = click.option(
     "--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table", show_default=True
 )
@@ -66,13 +87,18 @@ _out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), he
 @_format
 @_out
 @click.option("--limit", type=int, default=200, show_default=True, help="Rows shown by --format table (0 = all).")
-def query(args, slo_specs, slo_file, fmt, out, limit):
+@click.option("--read-only", is_flag=True,
+              help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs.")
+def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
     """Run SQL over one or more runs: servelab query RUN_DIR [RUN_DIR ...] "SQL".
 
     RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
     collect`. Views: requests, steps, runs, request_metrics (+ _guidellm, _distserve), slo_attainment,
     latency_summary, goodput, tenant_summary, fairness, resource_summary, replica_balance,
     attainment_vs_rate, slo_table, run_span.
+
+    The SQL is DuckDB's, with your user's rights: it can read and write any file you can (COPY ...
+    TO, read_csv), fetch URLs and install extensions. Give --read-only to run SQL you did not write.
     """
     from servelab.scoring.db import connect, query_arrow
     from servelab.scoring.output import write_result
@@ -80,7 +106,7 @@ def query(args, slo_specs, slo_file, fmt, out, limit):
     if len(args) < 2:
         raise ServelabError('query needs at least one RUN_DIR and the SQL, e.g. servelab query runs/a "SELECT * FROM goodput"')
     *dirs, sql = args
-    con = connect(dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(dirs, runs_slo(dirs, slo_specs, slo_file), read_only=read_only)
     try:
         table = query_arrow(con, sql)
     finally:
@@ -93,14 +119,15 @@ def query(args, slo_specs, slo_file, fmt, out, limit):
 @slo_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @_out
-@click.option("--width", type=int, default=120, show_default=True, help="Text width.")
+@click.option("--width", type=click.IntRange(min=20), default=None,
+              help="Text width (default: COLUMNS or the terminal's, else 120); tables never cut a cell, they grow wider.")
 def report(run_dirs, slo_specs, slo_file, fmt, out, width):
     """Readable summary of each run: attainment, latency percentiles, goodput, throughput, counts."""
     from servelab.common.atomic import atomic_path
     from servelab.scoring.db import connect
     from servelab.scoring.report import render_text, report_data
 
-    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
     try:
         if fmt == "json":
             ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
@@ -131,7 +158,7 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
     runs = find_runs(run_dirs)
     if len(runs) < 2:
         raise ServelabError("compare needs at least two runs")
-    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
     try:
         table = compare_table(con, [r.run_id for r in runs])
     finally:
@@ -148,7 +175,7 @@ def plot(run_dirs, slo_specs, slo_file, out):
     from servelab.scoring.db import connect
     from servelab.scoring.plots import write_plots
 
-    con = connect(run_dirs, slo_from_options(slo_specs, slo_file))
+    con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
     try:
         written = write_plots(con, out)
     finally:
@@ -170,7 +197,7 @@ def collect_cmd(run_dirs, slo_specs, slo_file, out):
     """Materialise runs (paths or globs) into one DuckDB file with the same tables and views."""
     from servelab.scoring.collect import collect
 
-    n = collect(list(run_dirs), out, slo_from_options(slo_specs, slo_file))
+    n = collect(list(run_dirs), out, runs_slo(run_dirs, slo_specs, slo_file))
     click.echo(f"collected {n} run(s) into {out}")
 
 

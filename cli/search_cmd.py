@@ -105,6 +105,13 @@ def _summary(study, study_dir: Path) -> None:
     front = best_trials(study)
     if len(front) == 1:
         click.echo("  " + ", ".join(f"{k}={v}" for k, v in front[0].params.items()), err=True)
+    from servelab.scoring.report import output_length_note
+
+    for t in front[:1] if len(front) == 1 else front:
+        config = t.user_attrs.get("config") or {}
+        note = output_length_note(config.get("policy"), config.get("policy_params"))
+        if note:
+            click.echo(f"  trial {t.number}: policy {config.get('policy')}: {note}", err=True)
     click.echo(f"wrote {path}; runs under {study_dir / 'trials'}", err=True)
 
 
@@ -214,7 +221,7 @@ def best(study_dir, out_path, trial_number, storage) -> None:
     from servelab.search.trials import best_trials, load_study_dir, write_best_toml
 
     study = load_study_dir(Path(study_dir), storage)
-    trial, path = write_best_toml(study, Path(out_path), trial_number)
+    trial, path = write_best_toml(study, Path(out_path), trial_number, study_dir=Path(study_dir))
     names = study.user_attrs.get("objectives") or []
     if len(study.directions) > 1 and trial_number is None:
         click.echo("Pareto front:", err=True)

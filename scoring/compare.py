@@ -56,8 +56,35 @@ def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
     return [dict(zip(cols, r)) for r in rel.fetchall()]
 
 
+# How each metric of _PER_RUN, _RESOURCES and _FAIRNESS is shown: the report's units (latency in
+# ms, shares in %), the unit in the name. Metrics not listed keep their name and value.
+_SHOWN = {
+    "attainment": ("attainment_pct", 100.0),
+    "attainment_ttft": ("attainment_ttft_pct", 100.0),
+    "attainment_tpot": ("attainment_tpot_pct", 100.0),
+    "attainment_e2e": ("attainment_e2e_pct", 100.0),
+    "attainment_stall": ("attainment_stall_pct", 100.0),
+    "ttft_mean": ("ttft_mean_ms", 1e3),
+    "tpot_mean": ("tpot_mean_ms", 1e3),
+    "e2e_mean": ("e2e_mean_ms", 1e3),
+    "queue_p99": ("queue_p99_ms", 1e3),
+    "mean_kv_util": ("mean_kv_util_pct", 100.0),
+    "worst_tenant_attainment": ("worst_tenant_attainment_pct", 100.0),
+    **{f"{m}_{q}": (f"{m}_{q}_ms", 1e3) for m in ("ttft", "tpot", "e2e") for q in _Q_NAMES},
+}
+
+
+def _shown(metric: str, value) -> tuple[str, float | None]:
+    name, factor = _SHOWN.get(metric, (metric, 1.0))
+    return name, None if value is None else float(value) * factor
+
+
 def run_metrics(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """Long table (run_id, metric, value): the report's overall numbers plus attainment per tier."""
+    """Long table (run_id, metric, value): the report's overall numbers plus attainment per tier (when several).
+
+    Units as in the report and in each metric's name: ``_ms`` latency, ``_pct`` shares (0-100),
+    ``_s`` seconds, ``_rps``/``_tps`` requests/tokens per second; counts and indices bare.
+    """
     out: list[tuple[str, str, float | None]] = []
     extra = {r["run_id"]: r for r in _records(con, _RESOURCES)}
     fair = {r["run_id"]: r for r in _records(con, _FAIRNESS)}
@@ -76,11 +103,16 @@ def run_metrics(con: duckdb.DuckDBPyConnection) -> pa.Table:
         values.update({k: extra.get(r["run_id"], {}).get(k) for k in ("mean_batch_requests", "mean_kv_util")})
         values.update({k: fair.get(r["run_id"], {}).get(k) for k in ("jain_service", "worst_tenant_attainment", "max_wait_s")})
         for k, v in values.items():
-            by_metric.setdefault(k, []).append((r["run_id"], v))
+            name, value = _shown(k, v)
+            by_metric.setdefault(name, []).append((r["run_id"], value))
     for metric, vals in by_metric.items():
-        out += [(rid, metric, None if v is None else float(v)) for rid, v in vals]
-    for r in _records(con, _TIERS):
-        out.append((r["run_id"], f"attainment[tier={r['tier']}]", r["attainment"]))
+        out += [(rid, metric, v) for rid, v in vals]
+    tiers = _records(con, _TIERS)
+    if len({r["tier"] for r in tiers}) < 2:  # one tier: its row would repeat attainment_pct
+        tiers = []
+    for r in tiers:
+        tier = "(none)" if r["tier"] is None else r["tier"]
+        out.append((r["run_id"], f"attainment_pct tier={tier}", _shown("attainment", r["attainment"])[1]))
     return pa.table(
         {"run_id": [o[0] for o in out], "metric": [o[1] for o in out], "value": [o[2] for o in out]},
         schema=pa.schema([("run_id", pa.string()), ("metric", pa.string()), ("value", pa.float64())]),
@@ -88,7 +120,8 @@ def run_metrics(con: duckdb.DuckDBPyConnection) -> pa.Table:
 
 
 def compare_table(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> pa.Table:
-    """One row per metric; a column per run; ``delta``/``pct`` columns of each later run against the first."""
+    """One row per metric; a column per run; ``delta RUN`` (in the metric's unit) and ``delta_pct RUN``
+    (relative to the first run, in %) of each later run against the first."""
     long = run_metrics(con).to_pylist()
     metrics: list[str] = []
     values: dict[tuple[str, str], float | None] = {}
@@ -108,6 +141,6 @@ def compare_table(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> pa.Tabl
             deltas.append(d)
             pcts.append(None if d is None or a == 0 else 100.0 * d / abs(a))
         cols[f"delta {rid}"] = deltas
-        cols[f"pct {rid}"] = pcts
+        cols[f"delta_pct {rid}"] = pcts
     schema = pa.schema([("metric", pa.string())] + [(k, pa.float64()) for k in cols if k != "metric"])
     return pa.table(cols, schema=schema)

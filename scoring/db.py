@@ -46,6 +46,34 @@ def new_connection(database: str = ":memory:", threads: int | None = None) -> du
     return con
 
 
+# What a read-only connection turns off, after its views over the run files exist: reading or
+# writing any other file (COPY ... TO, read_csv('/etc/...'), ATTACH), the network (http/s3 URLs),
+# installing or loading extensions; and then any later SET that would turn them back on.
+READ_ONLY_SETTINGS = (
+    "SET autoinstall_known_extensions = false",
+    "SET autoload_known_extensions = false",
+    "SET enable_external_access = false",
+    "SET lock_configuration = true",
+)
+
+
+def restrict(con: duckdb.DuckDBPyConnection, allowed_paths: Iterable[str | os.PathLike] = ()) -> None:
+    """Make ``con`` read-only towards the outside: only ``allowed_paths`` (the run files its views read) stay readable.
+
+    Call it last: tables registered from Python, ATTACH and views are made before; once locked, the
+    settings cannot be changed back from SQL.
+    """
+    paths = sorted({str(p) for p in allowed_paths})
+    try:
+        if paths:
+            listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+            con.execute(f"SET allowed_paths = [{listed}]")
+        for statement in READ_ONLY_SETTINGS:
+            con.execute(statement)
+    except duckdb.Error as err:  # a DuckDB too old for these settings must not pass as read-only
+        raise ServelabError(f"this DuckDB ({duckdb.__version__}) cannot open a read-only connection: {err}") from None
+
+
 def _as_list(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     if isinstance(run_dirs, (str, os.PathLike)):
         return [str(run_dirs)]
@@ -63,16 +91,27 @@ def connect(
     run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
     slo: SloTable | None = None,
     threads: int | None = None,
+    read_only: bool = False,
 ) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection over run directories (paths or globs), or a collected .duckdb file."""
+    """An in-memory connection over run directories (paths or globs), or a collected .duckdb file.
+
+    ``read_only=True`` then locks it (``restrict``): SQL on it can read the runs and nothing else,
+    write no file, reach no network and install no extension (`servelab report`/`compare`, and
+    `servelab query --read-only`).
+    """
     paths = _as_list(run_dirs)
     if len(paths) == 1 and paths[0].endswith(".duckdb") and Path(paths[0]).is_file():
-        return open_collected(paths[0], slo)
+        con = open_collected(paths[0], slo)
+        if read_only:
+            restrict(con)
+        return con
     runs = find_runs(paths)
     con = new_connection(threads=threads)
     register_sources(con, runs)
     set_slo(con, slo)
     create_views(con)
+    if read_only:
+        restrict(con, [f for r in runs for f in (r.requests_path, r.steps_path, r.tokens_path) if f.exists()])
     return con
 
 

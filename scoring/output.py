@@ -18,32 +18,57 @@ from servelab.common.errors import ServelabError
 FORMATS = ("table", "csv", "json", "parquet")
 
 
+SIGNIFICANT = 6
+
+
+def format_number(value: float) -> str:
+    """A float with 6 significant digits in plain notation (``10123456``, ``0.0000529241``, ``0.5``).
+
+    Scientific notation only outside 1e-6 <= |value| < 1e15, where plain digits would mislead or sprawl.
+    """
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    size = abs(value)
+    if size == 0:
+        return "0"
+    if not 1e-6 <= size < 1e15:
+        return f"{value:.{SIGNIFICANT}g}"
+    decimals = max(0, SIGNIFICANT - 1 - math.floor(math.log10(size)))
+    text = f"{value:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
 def _cell(value) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:.6g}"
+        return format_number(value)
     return str(value)
 
 
-def render_table(table: pa.Table, limit: int | None = None, width: int | None = None) -> str:
-    """An aligned text table (rich); numbers right-aligned; at most ``limit`` rows shown."""
+def render_table(table: pa.Table, limit: int | None = None, width: int | None | str = "auto") -> str:
+    """An aligned text table (rich); numbers right-aligned; at most ``limit`` rows shown.
+
+    Nothing is cut: columns fit ``width`` ("auto": the terminal's or ``COLUMNS``; piped output and
+    None: one line per row) by wrapping headers, and the table grows wider when they cannot.
+    """
     from rich import box
-    from rich.console import Console
     from rich.table import Table
+
+    from servelab.common.tables import available_width, table_text
 
     t = Table(box=box.SIMPLE_HEAD)
     for field in table.schema:
         numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
-        t.add_column(field.name, justify="right" if numeric else "left", no_wrap=True)
+        t.add_column(field.name, justify="right" if numeric else "left", no_wrap=numeric)
     shown = table if limit is None or table.num_rows <= limit else table.slice(0, limit)
     for row in shown.to_pylist():
         t.add_row(*(_cell(v) for v in row.values()))
-    buf = io.StringIO()
-    Console(file=buf, width=width or 10_000, color_system=None, highlight=False).print(t)
-    text = "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+    text = table_text(t, available_width() if width == "auto" else width)
     if shown.num_rows < table.num_rows:
         text += f"({table.num_rows - shown.num_rows} more rows; use --limit 0 or --format csv)\n"
     return text

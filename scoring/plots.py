@@ -111,25 +111,45 @@ def plot_tenant_attainment(con: duckdb.DuckDBPyConnection, path: Path) -> Path |
     return _save(fig, path)
 
 
+MAX_POINT_LABELS = 24
+
+
 def plot_attainment_vs_rate(
     con: duckdb.DuckDBPyConnection, path: Path, target: float | None = None, goodput_rate: float | None = None
 ) -> Path | None:
-    """Attainment against offered arrival rate, one point per run (needs at least two rates)."""
+    """Attainment against offered arrival rate: a line per folder of runs (a sweep), each point named by its run.
+
+    Drawn only when the runs were offered at least two different rates: runs at one rate would be
+    points on top of each other (compare them with `servelab compare` instead).
+    """
     plt = _plt()
     rows = con.execute(
-        "SELECT offered_rate_rps, attainment FROM attainment_vs_rate WHERE offered_rate_rps IS NOT NULL"
+        "SELECT v.run_id, r.run_path, v.offered_rate_rps, v.attainment FROM attainment_vs_rate v "
+        "JOIN runs r USING (run_id) WHERE v.offered_rate_rps IS NOT NULL ORDER BY v.offered_rate_rps, v.run_id"
     ).fetchall()
+    if len({round(r[2], 9) for r in rows}) < 2:
+        return None
     tiers = con.execute(
         "SELECT coalesce(a.name, '(none)'), sp.offered_rate_rps, a.attainment FROM slo_attainment a "
         "JOIN run_span sp USING (run_id) WHERE a.scope = 'tier' AND sp.offered_rate_rps IS NOT NULL "
         "ORDER BY 1, 2"
     ).fetchall()
-    if len(rows) < 2:
-        return None
+    groups: dict[str, list[tuple]] = {}
+    for run_id, run_path, rate, attainment in rows:
+        groups.setdefault(Path(run_path).parent.name if run_path else "", []).append((run_id, rate, attainment))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", color="black", label="all requests")
+    several = len(groups) > 1
+    for index, (name, pts) in enumerate(groups.items()):
+        label = f"{name or 'runs'} (all requests)" if several else "all requests"
+        line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", color=None if several else "black",
+                        label=label)
+        if len(rows) <= MAX_POINT_LABELS:  # name each point by its run (the legend names the folder)
+            for run_id, rate, attainment in pts:
+                text = run_id.removeprefix(f"{name}/") if several else run_id
+                ax.annotate(text, (rate, attainment), textcoords="offset points", xytext=(4, 5 + 9 * index),
+                            fontsize=7, color=line.get_color())
     tier_names = list(dict.fromkeys(t[0] for t in tiers))
-    if len(tier_names) > 1:
+    if len(tier_names) > 1 and not several:
         for name in tier_names:
             pts = [(t[1], t[2]) for t in tiers if t[0] == name]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linestyle="--", label=f"tier {name}")
@@ -137,12 +157,13 @@ def plot_attainment_vs_rate(
         ax.axhline(target, color="red", linestyle=":", label=f"target {target:g}")
     if goodput_rate is not None:
         ax.axvline(goodput_rate, color="green", linestyle=":", label=f"goodput rate {goodput_rate:.3g} req/s")
+    slo = con.execute("SELECT count(*) FROM slo_table").fetchone()[0]
     ax.set_xlabel("offered arrival rate (req/s)")
-    ax.set_ylabel("joint SLO attainment")
-    ax.set_ylim(-0.02, 1.05)
+    ax.set_ylabel("joint SLO attainment" if slo else "share finished (no SLO given)")
+    ax.set_ylim(-0.02, 1.12)
     ax.grid(True, alpha=0.3)
     ax.set_title("SLO attainment vs arrival rate")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")
     return _save(fig, path)
 
 

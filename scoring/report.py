@@ -15,6 +15,7 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
+from servelab.common.tables import available_width, fit_table, print_table
 from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable, as_slo_table
 
@@ -76,6 +77,33 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
+LENGTH_RANKED = ("sjf", "srpt")  # policies (or a `within` order) that rank requests by output length
+
+
+def output_length_knowledge(policy: str | None, params: dict | None) -> str | None:
+    """How the policy knows output lengths: "oracle" (the true ones: ``noise_sigma = 0``), "predicted"
+    (lognormal noise), or None when it does not rank by length at all."""
+    params = params or {}
+    if policy not in LENGTH_RANKED and params.get("within") not in LENGTH_RANKED:
+        return None
+    try:
+        sigma = float(params.get("noise_sigma") or 0.0)
+    except (TypeError, ValueError):
+        sigma = 0.0
+    return "predicted" if sigma > 0 else "oracle"
+
+
+def output_length_note(policy: str | None, params: dict | None) -> str | None:
+    """One line saying that a length-ranking policy is an oracle (or how noisy its predictor is)."""
+    knowledge = output_length_knowledge(policy, params)
+    if knowledge is None:
+        return None
+    if knowledge == "predicted":
+        return f"output lengths predicted (lognormal noise_sigma = {float(params['noise_sigma']):g})"
+    return ("oracle: ranks by every request's true output length (noise_sigma = 0), which no real server "
+            "knows; set noise_sigma > 0 for a predictor")
+
+
 def _label(row: dict) -> str:
     return "overall" if row["scope"] == "overall" else f"{row['scope']}={row['name']}"
 
@@ -86,6 +114,30 @@ def _slo_line(slo_rows: list[dict]) -> str:
         fields = ", ".join(f"{k}={r[k]:g}" for k in ("ttft_s", "tpot_s", "e2e_s", "max_stall_s") if r[k] is not None)
         parts.append(f"{r['scope']}{'=' + r['name'] if r['name'] else ''}: {fields}")
     return "; ".join(parts) if parts else "none given (attainment = share finished)"
+
+
+_ATTAINMENT_COLUMNS = ("requests", "finished", "unfin.", "refused", "joint", "ttft", "tpot", "e2e", "stall",
+                       "goodput req/s", "done req/s")  # fmt: skip
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                 show_edge=False)
+
+
+def _group_column(t: Table, rows: list[dict], fold: bool = True) -> None:
+    """Group labels stay on one line up to the longest built-in one; longer tenant names fold rather than push
+    every number off the screen (print_table never cuts them)."""
+    if not fold:
+        t.add_column("group", justify="left", no_wrap=True)
+        return
+    longest = max((len(_label(r)) for r in rows if r["scope"] != "tenant"), default=7)
+    t.add_column("group", justify="left", overflow="fold", min_width=longest)
+
+
+def _print(t: Table, console: Console) -> None:
+    print_table(t, console, width=console.width)
+    console.print()
 
 
 def render(data: dict[str, Any], console: Console) -> None:
@@ -101,6 +153,10 @@ def render(data: dict[str, Any], console: Console) -> None:
         line.append(f"simulated {run['simulated_span_s']:.1f} s")
     if line:
         console.print("  ".join(line))
+    params = {k.removeprefix("policy_"): v for k, v in run.items() if k.startswith("policy_") and k != "policy_name"}
+    note = output_length_note(run.get("policy_name"), params)
+    if note:
+        console.print(f"policy {run.get('policy_name')}: {note}")
     console.print(f"SLO: {_slo_line(data['slo'])}")
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
@@ -112,12 +168,9 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(
         f"preemptions {overall['preemptions']} ({overall['preempted_requests']} requests)"
     )
+    console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}
-    t = Table(title="SLO attainment (joint and per SLO) and goodput", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("group", "requests", "finished", "unfin.", "refused", "joint", "ttft", "tpot", "e2e", "stall",
-                "goodput/s", "done/s"):  # fmt: skip
-        t.add_column(col, justify="left" if col == "group" else "right", no_wrap=True)
     rows = data["attainment"]
     tenant_rows = [r for r in rows if r["scope"] == "tenant"]
     shown = [r for r in rows if r["scope"] != "tenant"]
@@ -125,26 +178,44 @@ def render(data: dict[str, Any], console: Console) -> None:
     if len(tenant_rows) > MAX_TENANT_ROWS:  # the worst tenants matter most
         hidden = len(tenant_rows) - MAX_TENANT_ROWS
         tenant_rows = sorted(tenant_rows, key=lambda r: (r["attainment"], str(r["name"])))[:MAX_TENANT_ROWS]
+    cells = []
     for r in shown + tenant_rows:
         g = goodput.get(_label(r), {})
-        t.add_row(
-            _label(r), str(r["requests"]), str(r["finished"]), str(r["unfinished"]),
+        cells.append((
+            str(r["requests"]), str(r["finished"]), str(r["unfinished"]),
             str(r["rejected"] + r["throttled"] + r["dropped"]), _pct(r["attainment"]),
             _pct(r["attainment_ttft"]), _pct(r["attainment_tpot"]), _pct(r["attainment_e2e"]),
             _pct(r["attainment_stall"]), _f(g.get("goodput_rps")), _f(g.get("request_throughput_rps")),
-        )  # fmt: skip
-    console.print(t)
+        ))  # fmt: skip
+    labels = [_label(r) for r in shown + tenant_rows]
+
+    def table(title: str, columns: range, fold: bool = True) -> Table:
+        t = _table(title)
+        _group_column(t, rows, fold)
+        for i in columns:
+            t.add_column(_ATTAINMENT_COLUMNS[i], justify="right", no_wrap=True)
+        for label, row in zip(labels, cells):
+            t.add_row(label, *(row[i] for i in columns))
+        return t
+
+    title, every = "SLO attainment (joint and per SLO) and goodput", range(len(_ATTAINMENT_COLUMNS))
+    if fit_table(table(title, every, fold=False), console.width, console) <= console.width:
+        _print(table(title, every), console)
+    else:  # too narrow for one table: counts, then attainment and rates (no name or number is cut)
+        _print(table("Requests", range(4)), console)
+        _print(table(title, range(4, len(_ATTAINMENT_COLUMNS))), console)
     if hidden:
         console.print(f"({hidden} more tenants with higher attainment: servelab query ... \"SELECT * FROM slo_attainment\")")
 
-    t = Table(title="Latency of finished requests (ms)", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("group", "metric", "n", "mean", "p50", "p90", "p99", "p99.9", "max"):
-        t.add_column(col, justify="left" if col in ("group", "metric") else "right", no_wrap=True)
+    t = _table("Latency of finished requests (ms)")
+    _group_column(t, data["latency"])
+    for col in ("metric", "n", "mean", "p50", "p90", "p99", "p99.9", "max"):
+        t.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
     order = {m: i for i, m in enumerate(REPORT_METRICS)}
     for r in sorted(data["latency"], key=lambda r: (r["scope"] != "overall", str(r["name"]), order[r["metric"]])):
         t.add_row(_label(r), r["metric"].removesuffix("_s"), str(r["n"]), _ms(r["mean"]), _ms(r["p50"]), _ms(r["p90"]),
                   _ms(r["p99"]), _ms(r["p999"]), _ms(r["max"]))  # fmt: skip
-    console.print(t)
+    _print(t, console)
 
     g = goodput["overall"]
     console.print(
@@ -179,7 +250,17 @@ def render(data: dict[str, Any], console: Console) -> None:
         console.print(f"longest wait of any request {_f(fair['max_wait_s'], 2)} s")
 
 
-def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int = 120) -> str:
+DEFAULT_WIDTH = 120
+
+
+def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int | None = None) -> str:
+    """The report as text, lines wrapped at ``width`` (None: ``COLUMNS`` or the terminal's, else 120).
+
+    Tables never cut a name or a number: they wrap their headers to fit, and are printed wider when
+    that is not enough.
+    """
+    if width is None:
+        width = available_width() or DEFAULT_WIDTH
     if run_ids is None:
         run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
     buf = io.StringIO()
@@ -192,7 +273,7 @@ def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None
 
 
 def report_text(
-    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int = 120
+    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int | None = None
 ) -> str:
     """The report of one run directory (or several, one after another) as plain text.
 

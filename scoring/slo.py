@@ -141,6 +141,19 @@ class SloTable:
             tenants=_merge_named(self.tenants, other.tenants, "tenant", lambda a, b, w: a.overridden_by(b)),
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """The table as TOML/JSON-ready data that ``from_toml`` reads back (``ttft_s = ..``, ``tier.NAME``, ``tenant.NAME``)."""
+
+        def entry(slo: Slo) -> dict[str, float]:
+            return {f.name: getattr(slo, f.name) for f in fields(slo) if getattr(slo, f.name) is not None}
+
+        data: dict[str, Any] = entry(self.global_)
+        if self.tiers:
+            data["tier"] = {name: entry(slo) for name, slo in self.tiers}
+        if self.tenants:
+            data["tenant"] = {name: entry(slo) for name, slo in self.tenants}
+        return data
+
     def rows(self) -> pa.Table:
         """The table as rows ``(scope, name, ttft_s, tpot_s, e2e_s, max_stall_s)`` for the SQL views."""
         entries = [("global", None, self.global_)] if not self.global_.is_empty() else []

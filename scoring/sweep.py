@@ -57,6 +57,7 @@ class SweepResult:
     goodput_rate_rps: float | None = None  # highest tested rate meeting the target below the first miss
     bracket_rps: tuple[float | None, float | None] | None = None  # (meets, misses)
     notes: tuple[str, ...] = field(default=())
+    slo: dict | None = None  # the SLO table the points were scored with (SloTable.to_dict), None without one
 
     @property
     def goodput_rate_per_gpu(self) -> float | None:
@@ -307,7 +308,36 @@ def run_sweep(
             target=target, tolerance=tolerance if target is not None else None, native_rate_rps=native,
             points=points, goodput_rate_rps=lo if target is not None else None,
             bracket_rps=(lo, hi) if target is not None else None, notes=tuple(notes),
+            slo=slo.to_dict() if slo is not None and not slo.is_empty else None,
         )  # fmt: skip
         with atomic_path(work / "sweep.json") as tmp:
             tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
     return result
+
+
+def sweep_of(run_dirs: Iterable[str | os.PathLike]) -> tuple[Path, dict] | None:
+    """The sweep directory and its sweep.json when every run given comes from one sweep, else None."""
+    from servelab.scoring.sources import find_runs
+
+    parents = {r.path.resolve().parent for r in find_runs([str(d) for d in run_dirs])}
+    if len(parents) != 1:
+        return None
+    sweep_dir = parents.pop()
+    try:
+        data = json.loads((sweep_dir / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (sweep_dir, data) if isinstance(data, dict) else None
+
+
+def sweep_slo(run_dirs: Iterable[str | os.PathLike]) -> SloTable | None:
+    """The SLO a sweep scored its points with, when every run given comes from that one sweep.
+
+    Sweeps written before the SLO was stored in sweep.json give None.
+    """
+    found = sweep_of(run_dirs)
+    if found is None or not isinstance(found[1].get("slo"), dict):
+        return None
+    sweep_dir, data = found
+    table = SloTable.from_toml(data["slo"], str(sweep_dir / "sweep.json"))
+    return None if table.is_empty else table

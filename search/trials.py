@@ -122,15 +122,53 @@ def best_config(study, trial_number: int | None = None):
     return trial, ReplayConfig.from_dict(trial.user_attrs["config"], source=f"trial {trial.number}")
 
 
-def write_best_toml(study, out: Path, trial_number: int | None = None) -> tuple[Any, Path]:
-    """Write the best trial's config in `servelab replay --config` form (ReplayConfig.to_dict)."""
+def scored_trace(study, study_dir: Path | None) -> tuple[str | None, str | None]:
+    """(the trace file the study's trials replayed, how it was made from the spec's trace).
+
+    A spec with window/head/rate transforms replays STUDY_DIR/trace.arrow, written once by the
+    study; without transforms, the spec's trace itself.
+    """
+    from servelab.search.study import SPEC_ATTR
+
+    trace = ((study.user_attrs.get(SPEC_ATTR) or {}).get("trace")) or {}
+    steps = ", ".join(f"{k} {json.dumps(v)}" for k in ("window_s", "head", "rate_scale", "rate_rps")
+                      if (v := trace.get(k)) is not None)  # fmt: skip
+    if study_dir is not None and (Path(study_dir) / "trace.arrow").is_file():
+        return str(Path(study_dir) / "trace.arrow"), f"{trace.get('path', '?')} with {steps}" if steps else None
+    return trace.get("path"), None
+
+
+def best_toml_header(study, trial, config, out: Path, study_dir: Path | None = None) -> str:
+    """Comment lines on top of best.toml: study, trial, scores, the trace scored on, oracle lengths."""
+    from servelab.scoring.report import output_length_note
+
+    objectives = study.user_attrs.get("objectives") or []
+    scores = ", ".join(f"{n} = {v:.6g}" for n, v in zip(objectives, trial.values))
+    lines = [f"best configuration of study '{study.study_name}': trial {trial.number} ({scores})"]
+    trace, made = scored_trace(study, study_dir)
+    if trace:
+        lines.append(f"scored on trace {trace}" + (f" ({made})" if made else ""))
+    note = output_length_note(config.policy, config.policy_params)
+    if note:
+        lines.append(f"policy {config.policy}: {note}")
+        if "oracle" in note:
+            lines.append("its scores are an upper bound for this policy")
+    lines.append(f"use it with: servelab replay {trace or 'TRACE'} --config {Path(out).name}")
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def write_best_toml(study, out: Path, trial_number: int | None = None,
+                    study_dir: Path | None = None) -> tuple[Any, Path]:  # fmt: skip
+    """Write the best trial's config in `servelab replay --config` form (ReplayConfig.to_dict).
+
+    Comment lines above it name the study, the trial and its scores, the trace the trials were
+    scored on (STUDY_DIR/trace.arrow when the spec transformed its trace) and, for a policy that
+    ranks by output length, whether it knew the true lengths (an oracle) or predicted them.
+    """
     import tomli_w
 
     trial, config = best_config(study, trial_number)
-    objectives = study.user_attrs.get("objectives") or []
-    scores = ", ".join(f"{n} = {v:.6g}" for n, v in zip(objectives, trial.values))
-    header = (f"# best configuration of study '{study.study_name}': trial {trial.number} ({scores})\n"
-              f"# use it with: servelab replay TRACE --config {Path(out).name}\n")  # fmt: skip
+    header = best_toml_header(study, trial, config, out, study_dir)
     with atomic_path(out) as tmp:
         tmp.write_text(header + tomli_w.dumps(config.to_dict()))
     return trial, Path(out)

@@ -123,11 +123,11 @@ def test_compare_deltas(runs, capsys):
     code, out, _ = run(["compare", str(a), str(b), "--slo", "ttft=1", "--format", "json"], capsys)
     assert code == 0
     rows = {r["metric"]: r for r in json.loads(out)}
-    assert rows["attainment"]["a"] == 0.5 and rows["attainment"]["b"] == 0.25
-    assert rows["attainment"]["delta b"] == pytest.approx(-0.25) and rows["attainment"]["pct b"] == pytest.approx(-50.0)
-    assert rows["ttft_p50"]["a"] == pytest.approx(0.35) and rows["ttft_p50"]["b"] == pytest.approx(0.85)
-    assert rows["e2e_mean"]["delta b"] == pytest.approx(((4.5 + 0.2) - (2.5 + 0.2)) / 2)
-    assert rows["attainment[tier=priority]"]["a"] == 0.5
+    assert rows["attainment_pct"]["a"] == 50.0 and rows["attainment_pct"]["b"] == 25.0
+    assert rows["attainment_pct"]["delta b"] == pytest.approx(-25.0) and rows["attainment_pct"]["delta_pct b"] == pytest.approx(-50.0)
+    assert rows["ttft_p50_ms"]["a"] == pytest.approx(350) and rows["ttft_p50_ms"]["b"] == pytest.approx(850)
+    assert rows["e2e_mean_ms"]["delta b"] == pytest.approx(1000 * ((4.5 + 0.2) - (2.5 + 0.2)) / 2)
+    assert rows["attainment_pct tier=priority"]["a"] == 50.0
     code, _, err = run(["compare", str(a)], capsys)
     assert code == 1 and "compare needs at least two runs" in err
 
@@ -161,8 +161,8 @@ def test_plot_writes_pngs(runs, tmp_path, capsys):
     code, out, _ = run(["plot", str(runs[0]), str(runs[1]), "--slo", "ttft=1", "-o", str(out_dir)], capsys)
     assert code == 0
     names = sorted(p.name for p in out_dir.iterdir())
-    assert names == ["attainment_vs_rate.png", "tenant_attainment.png", "timeline_a.png", "timeline_b.png",
-                     "tpot_cdf.png", "ttft_cdf.png"]  # fmt: skip
+    assert names == ["tenant_attainment.png", "timeline_a.png", "timeline_b.png",
+                     "tpot_cdf.png", "ttft_cdf.png"]  # fmt: skip  (one offered rate: no attainment_vs_rate.png)
     for p in out_dir.iterdir():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     first = {p.name: p.read_bytes() for p in out_dir.iterdir()}
