@@ -90,10 +90,12 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int) -> lis
 
 
 def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, trace_meta: dict | None = None,
-           token_log: bool = False, progress=None) -> RunResult:
+           token_log: bool = False, progress=None, token_dir: str | None = None) -> RunResult:
     """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
 
-    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet);
+    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet),
+    streamed to anonymous temporary files in ``token_dir`` (default: the system's temporary folder)
+    while replaying, so that memory stays bounded however many tokens there are;
     ``progress(arrived, total)`` is called now and then during the replay.
     """
     wall_start = time.perf_counter()
@@ -105,6 +107,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     router = ROUTERS.get(engine_cfg.router)()
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
+    if engine.tokens is not None:
+        engine.tokens.spill_dir = token_dir
     # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
     # collector would only rescan the live requests again and again (~10% of a large replay).
     gc_was_enabled = gc.isenabled()
@@ -135,7 +139,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         "platform": platform_meta(engine),
         "config": config.to_dict(),
     }
-    tokens = engine.tokens.table() if engine.tokens is not None else None
+    tokens = engine.tokens.finish() if engine.tokens is not None else None
     return RunResult(requests_table, steps_table, meta, tokens)
 
 

@@ -139,15 +139,26 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
                f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
     with _progress_bar(trace.num_rows) as progress:
         result = replay(trace, config, trace_meta=_trace_meta(trace_path), token_log=token_log,
-                        progress=progress)
+                        progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
                f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
     if out_dir:
         write_run(result, out_dir)
-        click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, run.json", err=True)
+        click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
+                   "run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo_table))
+
+
+def _spill_dir(out_dir: str | None) -> str | None:
+    """Where --token-log spills while replaying: beside the run directory (same disk), else the temp folder."""
+    if not out_dir:
+        return None
+    parent = Path(out_dir).absolute().parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    return str(parent)
 
 
 @contextlib.contextmanager
