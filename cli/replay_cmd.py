@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -162,7 +163,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
                f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
-    with _progress_bar(trace.num_rows) as progress:
+    with _progress_bar(trace) as progress:
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
@@ -187,18 +188,60 @@ def _spill_dir(out_dir: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def _progress_bar(total: int):
-    """A rich progress bar of arrivals replayed, on stderr when it is a terminal (else nothing)."""
-    if not sys.stderr.isatty() or total < 50_000:
+def _progress_bar(trace, console=None):
+    """The replay's progress on stderr when it is a terminal (else nothing: no line to be cut in a
+    log), for traces of 50,000 requests or more; ``console`` (tests) is taken for a terminal."""
+    if trace.num_rows < 50_000 or (console is None and not sys.stderr.isatty()):
         yield None
         return
+    import pyarrow.compute as pc
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("replay", total=total)
-        yield lambda done, _total: bar.update(task, completed=done)
+    span_s = pc.max(trace["arrival_s"]).as_py() or 0.0
+    bar = ReplayProgress(span_s, console or Console(stderr=True))
+    with bar.progress:
+        yield bar
+
+
+class ReplayProgress:
+    """``progress(now_s, ended, total)`` as a rich bar: simulated time against the trace's last
+    arrival, then, while the queue drains, the requests done of those still in flight; with the
+    elapsed time and an ETA. Everything but the bar is one text that wraps between words when the
+    terminal is narrow: no number is ever cut."""
+
+    def __init__(self, span_s: float, console):
+        from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+        from rich.table import Column
+        from rich.text import Text
+
+        def clock(seconds: float | None) -> str:
+            return "-:--:--" if seconds is None else str(datetime.timedelta(seconds=int(seconds)))
+
+        class Detail(ProgressColumn):
+            def __init__(self):
+                super().__init__(table_column=Column(no_wrap=False, overflow="fold", min_width=12))
+
+            def render(self, task):
+                return Text(f"{task.fields['detail']}, {clock(task.elapsed or 0.0)} elapsed, "
+                            f"ETA {clock(task.time_remaining)}")
+
+        self.span_s = span_s
+        self.drain_from: int | None = None  # requests ended when the last arrival was in
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), Detail(),
+                                 console=console, transient=True)
+        self.task = self.progress.add_task("replay", total=max(span_s, 1e-9), detail="starting")
+
+    def __call__(self, now_s: float, ended: int, total: int) -> None:
+        bar = self.progress
+        if self.drain_from is None and now_s >= self.span_s:  # every trace arrival is in: the queue drains
+            self.drain_from = ended
+            bar.reset(self.task, total=max(total - ended, 1), completed=0, description="draining")
+        if self.drain_from is None:
+            bar.update(self.task, completed=now_s,
+                       detail=f"{now_s:,.0f} of {self.span_s:,.0f} s simulated, {ended:,} of {total:,} done")
+        else:
+            bar.update(self.task, completed=ended - self.drain_from,
+                       detail=f"{total - ended:,} in flight, {ended:,} of {total:,} done")
 
 
 def _report(result, out_dir: str | None, slo) -> str:
