@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import os
 import time
 from dataclasses import asdict
 
@@ -102,6 +103,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     arguments gets ``(arrived, total)`` at every 8192nd trace arrival instead, as before.
     """
     wall_start = time.perf_counter()
+    if token_log and token_dir is not None and not os.path.isdir(token_dir):
+        raise ServelabError(f"token_dir '{token_dir}' is not a directory (where --token-log spills while replaying)")
     if runner is None:
         runner = build_runner(config)
     engine_cfg = config.engine

@@ -147,19 +147,34 @@ class TokenLog:
         self.segment_rows, self.room = 0, self.chunk
         return out[np.lexsort((out["seq"], out["idx"], out["rid"]))]
 
+    def _temporary(self) -> BinaryIO:
+        try:
+            return tempfile.TemporaryFile(dir=self.spill_dir, prefix=".servelab-tokens.")
+        except OSError as err:
+            raise self._error(err) from None
+
+    def _error(self, err: OSError):
+        from servelab.common.errors import ServelabError
+
+        where = self.spill_dir if self.spill_dir is not None else tempfile.gettempdir()
+        return ServelabError(f"--token-log: cannot write its temporary files in {where}: {err.strerror or err}")
+
     def _flush(self) -> None:
         rows = self._expand()
         if not len(rows):
             return
         if self._spill is None:
-            self._spill = tempfile.TemporaryFile(dir=self.spill_dir, prefix=".servelab-tokens.")
-        rows.tofile(self._spill)
+            self._spill = self._temporary()
+        try:
+            rows.tofile(self._spill)
+        except OSError as err:  # the disk is full
+            raise self._error(err) from None
         self.runs.append((self.rows, len(rows), int(rows["rid"][0]), int(rows["rid"][-1])))
         self.rows += len(rows)
 
     def finish(self) -> TokenTable:
         """Merge everything logged into tokens.parquet (an anonymous temporary) and free the spill."""
-        out = tempfile.TemporaryFile(dir=self.spill_dir, prefix=".servelab-tokens.")
+        out = self._temporary()
         try:
             if self._spill is None:  # it all fit in one chunk: no spill
                 rows = self._expand()
@@ -168,7 +183,7 @@ class TokenLog:
                 self._flush()
                 spill, runs = self._spill, self.runs
                 while _overlap(runs) > MERGE_FAN_IN:  # merge groups of runs until few overlap
-                    merged = tempfile.TemporaryFile(dir=self.spill_dir, prefix=".servelab-tokens.")
+                    merged = self._temporary()
                     new_runs: list[tuple[int, int, int, int]] = []
                     for g in range(0, len(runs), MERGE_FAN_IN):
                         group = runs[g:g + MERGE_FAN_IN]
@@ -184,6 +199,9 @@ class TokenLog:
                 finally:
                     spill.close()
                     self._spill, self.runs = None, []
+        except OSError as err:
+            out.close()
+            raise self._error(err) from None
         except BaseException:
             out.close()
             raise

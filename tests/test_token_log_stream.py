@@ -210,3 +210,23 @@ def test_kill_9_during_a_token_log_replay_leaves_nothing(tmp_path):
     assert spill is not None, "no spill file seen beside the run directory"
     assert spill.endswith("(deleted)")  # anonymous: it never had a name, or lost it at once
     assert os.listdir(tmp_path / "runs") == []
+
+
+def test_a_spill_that_cannot_be_written_is_one_clear_error(tmp_path):
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.common.errors import ServelabError
+
+    trace = make_small_trace()
+    with pytest.raises(ServelabError, match="is not a directory"):
+        replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=400)), token_log=True,
+               token_dir=str(tmp_path / "missing"))
+    log = logs.TokenLog(spill_dir=str(tmp_path / "gone"), chunk=10)
+    with pytest.raises(ServelabError, match="--token-log: cannot write its temporary files in .*gone"):
+        for k in range(20):
+            log.single(1, k + 1, float(k))
+
+
+def make_small_trace():
+    from servelab.traces.synth import synth_trace
+
+    return synth_trace(n=20, rate=20.0, prompt="lognormal:200:1.0", output="lognormal:60:1.0", seed=5)
