@@ -11,6 +11,8 @@ registries, and the engine (``servelab.replay``) receives built objects only.
 from __future__ import annotations
 
 import gc
+import inspect
+import os
 import time
 from dataclasses import asdict
 
@@ -104,13 +106,19 @@ def trace_block_tokens(trace: pa.Table) -> int | None:
 
 
 def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, trace_meta: dict | None = None,
-           token_log: bool = False, progress=None) -> RunResult:
+           token_log: bool = False, progress=None, token_dir: str | None = None) -> RunResult:
     """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
 
-    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet);
-    ``progress(arrived, total)`` is called now and then during the replay.
+    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet),
+    streamed to anonymous temporary files in ``token_dir`` (default: the system's temporary folder)
+    while replaying, so that memory stays bounded however many tokens there are;
+    ``progress(now_s, ended, total)`` is called now and then during the replay (the simulated time
+    reached, the requests ended so far, all requests; ``Engine.run``); a callback that takes two
+    arguments gets ``(arrived, total)`` at every 8192nd trace arrival instead, as before.
     """
     wall_start = time.perf_counter()
+    if token_log and token_dir is not None and not os.path.isdir(token_dir):
+        raise ServelabError(f"token_dir '{token_dir}' is not a directory (where --token-log spills while replaying)")
     if runner is None:
         runner = build_runner(config)
     engine_cfg = config.engine
@@ -119,12 +127,14 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     router = ROUTERS.get(engine_cfg.router)()
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
+    if engine.tokens is not None:
+        engine.tokens.spill_dir = token_dir
     # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
     # collector would only rescan the live requests again and again (~10% of a large replay).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        end_s = engine.run(progress)
+        end_s = engine.run(_engine_progress(progress, engine))
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -149,8 +159,32 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         "platform": platform_meta(engine),
         "config": config.to_dict(),
     }
-    tokens = engine.tokens.table() if engine.tokens is not None else None
+    tokens = engine.tokens.finish() if engine.tokens is not None else None
     return RunResult(requests_table, steps_table, meta, tokens)
+
+
+def _engine_progress(progress, engine: Engine):
+    """``progress`` as the engine calls it, ``(now_s, ended, total)``; one of two arguments gets the
+    ``(arrived, total)`` of every 8192nd trace arrival it always got."""
+    if progress is None:
+        return None
+    try:
+        inspect.signature(progress).bind(0.0, 0, 0)
+        return progress
+    except TypeError:
+        pass
+    except ValueError:  # no signature to read (a builtin): the current contract
+        return progress
+    total = len(engine.arrivals)
+    due = 0  # the next multiple of 8192 to report once that many arrivals are in
+
+    def arrivals(now_s: float, ended: int, _total: int) -> None:
+        nonlocal due
+        while due < engine.next_arrival:
+            progress(due, total)
+            due += 8192
+
+    return arrivals
 
 
 __all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "replay", "requests_from_table",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -115,63 +116,153 @@ def check_replay_output(out_dir: str | None, force: bool, may_replace: bool = Fa
         check_output_dir(out_dir, force, "run directory", RUN_MARKERS, may_replace=may_replace)
 
 
-def parse_slo(slo: tuple[str, ...]):
-    """The --slo flags as an SloTable (None without any); a bad one fails here, before the replay."""
-    if not slo:
+def parse_slo(slo: "tuple[str, ...] | Any" = (), config_file: str | None = None):
+    """The SLO for the report as an SloTable (None without any): the ``--slo`` flags over an ``[slo]``
+    table in the ``--config`` file (as `servelab sweep` reads them); a bad one fails here, before the replay."""
+    if slo is not None and not isinstance(slo, (tuple, list, str)):
+        return slo  # already a table
+    if isinstance(slo, str):
+        slo = (slo,)
+    if not slo and not config_file:
         return None
     try:
-        from servelab.scoring.slo import as_slo_table
+        from servelab.cli.score_cmd import slo_from_options
     except ImportError:  # a build without scoring: its plain report has no SLO columns
-        raise ServelabError("--slo needs servelab's scoring package, which this installation lacks") from None
-    return as_slo_table(tuple(slo))
+        if slo:
+            raise ServelabError("--slo needs servelab's scoring package, which this installation lacks") from None
+        return None
+    return slo_from_options(tuple(slo or ()), None, config_file)
+
+
+def check_replay_config(config: ReplayConfig):
+    """Build what the replay needs from names (router, a policy with its parameters, the runner and
+    its KV size), so that a bad name, spec or parameter fails before anything is read or printed.
+    Returns the runner, for the replay to use."""
+    from servelab.api import build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
+    from servelab.policies.base import make_policy
+    from servelab.replay.router import ROUTERS
+
+    ROUTERS.get(config.engine.router)
+    make_policy(config.policy, config.policy_params, config.engine, 0)
+    runner = build_runner(config)
+    resolve_num_gpu_blocks(config, runner)
+    kv_bytes_per_token(config.engine, runner)
+    return runner
 
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
-               slo: tuple[str, ...] = (), token_log: bool = False, force: bool = False,
+               slo: Any = (), token_log: bool = False, force: bool = False,
                may_replace: bool = False) -> None:  # fmt: skip
-    """Replay and write/report; every option is checked (SLO, output directory, trace) before the replay starts."""
+    """Replay and write/report; every option is checked (SLO, output directory, policy, runner, trace)
+    before the replay starts. ``slo``: ``--slo`` specs or an SloTable."""
     from servelab.api import replay, write_run
 
     slo_table = parse_slo(slo)
     check_replay_output(out_dir, force, may_replace)
+    runner = check_replay_config(config)
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
                f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
-    with _progress_bar(trace.num_rows) as progress:
-        result = replay(trace, config, trace_meta=_trace_meta(trace_path), token_log=token_log,
-                        progress=progress)
+    with _progress_bar(trace) as progress:
+        result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
+                        progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
                f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
     if out_dir:
         write_run(result, out_dir)
-        click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, run.json", err=True)
+        click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
+                   "run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo_table))
 
 
+def _spill_dir(out_dir: str | None) -> str | None:
+    """Where --token-log spills while replaying: beside the run directory (same disk), else the temp folder."""
+    if not out_dir:
+        return None
+    parent = Path(out_dir).absolute().parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    return str(parent)
+
+
 @contextlib.contextmanager
-def _progress_bar(total: int):
-    """A rich progress bar of arrivals replayed, on stderr when it is a terminal (else nothing)."""
-    if not sys.stderr.isatty() or total < 50_000:
+def _progress_bar(trace, console=None):
+    """The replay's progress on stderr when it is a terminal (else nothing: no line to be cut in a
+    log), for traces of 50,000 requests or more; ``console`` (tests) is taken for a terminal."""
+    if trace.num_rows < 50_000 or (console is None and not sys.stderr.isatty()):
         yield None
         return
+    import pyarrow.compute as pc
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("replay", total=total)
-        yield lambda done, _total: bar.update(task, completed=done)
+    span_s = pc.max(trace["arrival_s"]).as_py() or 0.0
+    bar = ReplayProgress(span_s, console or Console(stderr=True))
+    with bar.progress:
+        yield bar
+
+
+class ReplayProgress:
+    """``progress(now_s, ended, total)`` as a rich bar: simulated time against the trace's last
+    arrival, then, while the queue drains, the requests done of those still in flight; with the
+    elapsed time and an ETA. Everything but the bar is one text that wraps between words when the
+    terminal is narrow: no number is ever cut."""
+
+    def __init__(self, span_s: float, console):
+        from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+        from rich.table import Column
+        from rich.text import Text
+
+        def clock(seconds: float | None) -> str:
+            return "-:--:--" if seconds is None else str(datetime.timedelta(seconds=int(seconds)))
+
+        class Detail(ProgressColumn):
+            def __init__(self):
+                super().__init__(table_column=Column(no_wrap=False, overflow="fold", min_width=12))
+
+            def render(self, task):
+                return Text(f"{task.fields['detail']}, {clock(task.elapsed or 0.0)} elapsed, "
+                            f"ETA {clock(task.time_remaining)}")
+
+        self.span_s = span_s
+        self.drain_from: int | None = None  # requests ended when the last arrival was in
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), Detail(),
+                                 console=console, transient=True)
+        self.task = self.progress.add_task("replay", total=max(span_s, 1e-9), detail="starting")
+
+    def __call__(self, now_s: float, ended: int, total: int) -> None:
+        bar = self.progress
+        if self.drain_from is None and now_s >= self.span_s:  # every trace arrival is in: the queue drains
+            self.drain_from = ended
+            bar.reset(self.task, total=max(total - ended, 1), completed=0, description="draining")
+        if self.drain_from is None:
+            bar.update(self.task, completed=now_s,
+                       detail=f"{now_s:,.0f} of {self.span_s:,.0f} s simulated, {ended:,} of {total:,} done")
+        else:
+            bar.update(self.task, completed=ended - self.drain_from,
+                       detail=f"{total - ended:,} in flight, {ended:,} of {total:,} done")
 
 
 def _report(result, out_dir: str | None, slo) -> str:
+    """The report `servelab report` prints; without -o, of the run written to a temporary folder
+    (so that --slo attainment is reported too). A build without scoring prints percentiles only."""
     try:
         from servelab.scoring.report import report_text
     except ImportError:
         report_text = None
     if report_text is not None and out_dir:
         return report_text(out_dir, slo)
+    if report_text is not None:
+        import dataclasses
+        import tempfile
+
+        from servelab.replay.results import write_run
+
+        name = str((result.meta.get("trace") or {}).get("name") or "run")
+        with tempfile.TemporaryDirectory(prefix="servelab-report.") as tmp:
+            run_dir = write_run(dataclasses.replace(result, tokens=None), Path(tmp) / name)
+            return report_text(run_dir, slo).replace(f"({run_dir})", "(not saved: add -o RUN_DIR to keep it)", 1)
     import pyarrow.compute as pc
 
     req = result.requests
@@ -203,7 +294,8 @@ def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log
            **options: Any) -> None:
     """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o (--force to replace one)."""
     config = config_from_options(**options)
-    run_replay(trace, config, out_dir, report, slo, token_log, force=force)
+    slo_table = parse_slo(slo, options.get("config_file"))
+    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force)
 
 
 def _is_demo_run(out_dir: str, trace_path: Path) -> bool:
@@ -232,8 +324,7 @@ def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> Non
     from servelab.traces.bundled import default_trace_path
 
     config = config_from_options(**options)
-    if not slo:
-        slo = ("ttft=2,tpot=0.1",)
+    slo = parse_slo(slo, options.get("config_file")) or parse_slo(("ttft=2,tpot=0.1",))
     trace_path = default_trace_path()
     run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path))
 

@@ -1,12 +1,27 @@
-"""A name -> factory registry filled by one decorator; unknown names list the known ones."""
+"""A name -> factory registry filled by one decorator; unknown names list the known ones and
+suggest the nearest (``did you mean``)."""
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import difflib
+from typing import Callable, Generic, Iterable, TypeVar
 
 from servelab.common.errors import ServelabError
 
 T = TypeVar("T")
+
+
+def did_you_mean(name: object, known: Iterable[str]) -> str:
+    """``"; did you mean 'X'?"`` for the known name nearest ``name`` (a typo, a unique prefix, another
+    case), or ``""`` when none is near: appended to an unknown-name error."""
+    known = list(known)
+    text = str(name).strip()
+    prefixed = [k for k in known if text and k.lower().startswith(text.lower())]
+    if len(prefixed) == 1:
+        return f"; did you mean '{prefixed[0]}'?"
+    lowered = {k.lower(): k for k in known}
+    match = difflib.get_close_matches(text.lower(), list(lowered), n=1, cutoff=0.6)
+    return f"; did you mean '{lowered[match[0]]}'?" if match else ""
 
 
 class Registry(Generic[T]):
@@ -28,7 +43,8 @@ class Registry(Generic[T]):
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items))
-            raise ServelabError(f"unknown {self.kind} '{name}' (known: {known})") from None
+            hint = did_you_mean(name, self._items)
+            raise ServelabError(f"unknown {self.kind} '{name}'{hint} (known: {known})") from None
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -14,6 +14,7 @@ from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
+from servelab.common.registry import did_you_mean
 from servelab.common.tiers import parse_tiers
 from servelab.replay.router import ROUTERS
 from servelab.common.textfile import read_text
@@ -166,7 +167,7 @@ def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:
         key_norm = key.replace("-", "_")
         if key_norm not in known:
             names = ", ".join(sorted(known)) or "none"
-            raise ServelabError(f"{owner}: unknown parameter '{key}' (parameters: {names})")
+            raise ServelabError(f"{owner}: unknown parameter '{key}'{did_you_mean(key_norm, known)} (parameters: {names})")
         values[key_norm] = coerce(value, known[key_norm].type, f"{owner}: {key}")
     return cls(**values)
 
@@ -179,7 +180,8 @@ def _positive(obj: Any, *names: str) -> None:
 
 def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:
     if getattr(obj, name) not in options:
-        raise ServelabError(f"{name} must be one of {', '.join(options)}; got '{getattr(obj, name)}'")
+        got = getattr(obj, name)
+        raise ServelabError(f"{name} must be one of {', '.join(options)}; got '{got}'{did_you_mean(got, options)}")
 
 
 __all__ = ["EngineConfig", "ReplayConfig", "make_params"]

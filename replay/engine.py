@@ -35,6 +35,7 @@ from servelab.replay.request import Request, Status
 from servelab.replay.step import Step
 
 ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
+PROGRESS_STEPS = 4096  # completed steps between two progress reports (besides every 8192 arrivals)
 
 
 class Engine:
@@ -99,9 +100,13 @@ class Engine:
     def run(self, progress=None) -> float:
         """Process events until drained or past the horizon; returns the simulated end time.
 
-        ``progress(arrived, total)`` is called every 8192 arrivals (for a progress bar).
+        ``progress(now_s, ended, total)`` (for a progress bar) is called every 8192 arrivals, every
+        ``PROGRESS_STEPS`` completed steps and once at the end: the simulated time reached, the
+        requests that reached a terminal state so far, and all requests.
         """
         heap, arrivals = self.heap, self.arrivals
+        if progress is not None:
+            report = self._count_progress(progress)
         until = math.inf if self.config.until_s is None else self.config.until_s
         pop = heapq.heappop
         num_arrivals = len(arrivals)
@@ -113,7 +118,7 @@ class Engine:
                     break
                 self.next_arrival = i + 1
                 if progress is not None and not i & 8191:
-                    progress(i, num_arrivals)
+                    report(req.arrival_s)
                 self.now_s = req.arrival_s
                 self._arrive(req, req.arrival_s)
                 continue
@@ -141,7 +146,32 @@ class Engine:
         for replica in self.replicas:
             if replica.cohort is not None:
                 replica.cohort.dissolve()
+        if progress is not None:
+            del self._complete, self.ended  # the class's methods again
+            report(self.now_s)
         return self.now_s
+
+    def _count_progress(self, progress):
+        """Count ended requests and completed steps for ``progress`` through wrappers set on this
+        engine only while ``run`` reports (so that without a callback the loop pays nothing), and
+        return ``report(now_s)``, which calls ``progress(now_s, ended, total)``."""
+        total = len(self.requests)
+        counts = [0, 0]  # requests ended, steps completed since the last report
+        ended, complete = self.ended, self._complete
+
+        def counted_ended(req: Request, now: float) -> None:
+            counts[0] += 1
+            ended(req, now)
+
+        def counted_complete(replica: Replica, now: float) -> None:
+            complete(replica, now)
+            counts[1] += 1
+            if counts[1] >= PROGRESS_STEPS:
+                counts[1] = 0
+                progress(now, counts[0], total)
+
+        self.ended, self._complete = counted_ended, counted_complete
+        return lambda now: progress(now, counts[0], total)
 
     def _request_schedule(self, replica: Replica, time_s: float) -> None:
         """Consult the policy at ``time_s`` once every arrival and completion at that time is in."""

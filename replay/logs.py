@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+import shutil
+import tempfile
+from collections import deque
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 if TYPE_CHECKING:
     from servelab.replay.step import Step
@@ -45,48 +49,345 @@ class StepLog:
         return pa.Table.from_batches(self.batches, schema=STEPS_SCHEMA)
 
 
-class TokenLog:
-    """Every output token's time (``--token-log``), kept compactly: single iterations as rows, decode
-    stretches as one segment per request, expanded with numpy only when the table is built."""
+# --token-log ------------------------------------------------------------------------------------
+#
+# Tokens are produced in time order but tokens.parquet lists them by request: an external sort.
+# While replaying, every ``chunk`` rows are expanded, sorted and appended to an anonymous spill file
+# as one sorted *run*; at the end the runs are merged into tokens.parquet. Both files are anonymous
+# temporaries (unlinked at creation): a failed or killed replay leaves nothing behind. Memory is
+# bounded by the chunk, the merge's read buffers and one Parquet row group, not by the token count.
 
-    def __init__(self) -> None:
+SPILL_DTYPE = None  # numpy dtype of a spilled row (set on first use: numpy is imported lazily)
+SEGMENT_SEQ = 1 << 62  # tie order: tokens of single iterations first, then those of stretches
+ROW_GROUP = 1024 * 1024  # pq.write_table's default: tokens.parquet's bytes stay what they were
+TOKEN_CHUNK = 65536  # token rows held in memory before they are sorted and spilled
+MERGE_FAN_IN = 64  # most runs read at once (each through a buffer of MERGE_BUFFER rows)
+MERGE_BUFFER = 8192
+
+
+def tokens_schema():
+    import pyarrow as pa
+
+    return pa.schema([("request_id", pa.int64()), ("token_index", pa.int32()), ("time_s", pa.float64()),
+                      ("itl_s", pa.float64())])
+
+
+def _spill_dtype():
+    global SPILL_DTYPE
+    if SPILL_DTYPE is None:
+        import numpy as np
+
+        SPILL_DTYPE = np.dtype([("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("t", "<f8")])
+    return SPILL_DTYPE
+
+
+class TokenLog:
+    """Every output token's time (``--token-log``), streamed to disk in bounded memory.
+
+    Single iterations are kept as rows and decode stretches as one segment per request (expanded in
+    closed form with numpy) until ``chunk`` token rows are pending; they are then sorted by request
+    and spilled. ``finish()`` merges the spilled runs into tokens.parquet (a ``TokenTable``). Rows come
+    out ordered by (request_id, token_index), ties (a request that started over) in logging order,
+    singles before stretches: the order of the in-memory table this replaces, so the file is the same.
+    """
+
+    def __init__(self, spill_dir: str | os.PathLike | None = None, chunk: int | None = None):
+        self.spill_dir = spill_dir  # where the anonymous spill files go (None: the system temp folder)
+        self.chunk = chunk = TOKEN_CHUNK if chunk is None else chunk
         self.singles: list[tuple[int, int, float]] = []
         self.segments: list[tuple] = []
+        self.segment_rows = 0  # token rows the pending segments expand to
+        self.room = chunk  # singles that fit before a flush
+        self.num_singles = 0  # tie-break sequence numbers of rows already spilled
+        self.num_segments = 0
+        self.runs: list[tuple[int, int, int, int]] = []  # (first row, rows, min request_id, max request_id)
+        self.rows = 0
+        self._spill: BinaryIO | None = None
 
     def single(self, request_id: int, index: int, time_s: float) -> None:
-        self.singles.append((request_id, index, time_s))
+        singles = self.singles
+        singles.append((request_id, index, time_s))
+        if len(singles) >= self.room:
+            self._flush()
 
     def stretch(self, request_id: int, first_index: int, j: int, step: Step) -> None:
         self.segments.append((request_id, first_index, j, step.start_s, step.a, step.b, step.ctx0,
                               step.decode_requests))
+        self.segment_rows += j
+        self.room = self.chunk - self.segment_rows
+        if len(self.singles) >= self.room:
+            self._flush()
 
-    def table(self):
+    def _expand(self):
+        """The pending rows as one structured array sorted by (request_id, token_index, seq)."""
         import numpy as np
-        import pyarrow as pa
 
-        rid = [np.array([r[0] for r in self.singles], dtype=np.int64)]
-        idx = [np.array([r[1] for r in self.singles], dtype=np.int64)]
-        times = [np.array([r[2] for r in self.singles], dtype=np.float64)]
-        if self.segments:
-            seg = list(zip(*self.segments))
+        singles, segments = self.singles, self.segments
+        out = np.empty(len(singles) + self.segment_rows, dtype=_spill_dtype())
+        n = len(singles)
+        if n:
+            out["rid"][:n] = np.fromiter((r[0] for r in singles), dtype=np.int64, count=n)
+            out["idx"][:n] = np.fromiter((r[1] for r in singles), dtype=np.int64, count=n)
+            out["t"][:n] = np.fromiter((r[2] for r in singles), dtype=np.float64, count=n)
+            out["seq"][:n] = np.arange(self.num_singles, self.num_singles + n, dtype=np.int64)
+        if segments:
+            seg = list(zip(*segments))
             s_rid, s_first, s_j = (np.array(seg[k], dtype=np.int64) for k in range(3))
-            start, a, b, ctx0, n = (np.array(seg[k], dtype=np.float64) for k in range(3, 8))
+            start, a, b, ctx0, m = (np.array(seg[k], dtype=np.float64) for k in range(3, 8))
             rep = np.repeat(np.arange(len(s_j)), s_j)
             i = np.arange(int(s_j.sum())) - np.repeat(np.cumsum(s_j) - s_j, s_j) + 1.0
             # the i-th iteration of a stretch ends at start + i*a + b*(i*ctx0 + n*i*(i-1)/2)
-            times.append(start[rep] + i * a[rep] + b[rep] * (i * ctx0[rep] + n[rep] * i * (i - 1) / 2))
-            rid.append(s_rid[rep])
-            idx.append(s_first[rep] + i.astype(np.int64) - 1)
-        rid_a, idx_a, t_a = np.concatenate(rid), np.concatenate(idx), np.concatenate(times)
-        order = np.lexsort((idx_a, rid_a))
-        rid_a, idx_a, t_a = rid_a[order], idx_a[order], t_a[order]
-        itl = np.empty_like(t_a)
-        itl[1:] = t_a[1:] - t_a[:-1]
-        first = np.ones(len(t_a), dtype=bool)
-        first[1:] = rid_a[1:] != rid_a[:-1]
-        return pa.table({
-            "request_id": pa.array(rid_a, pa.int64()),
-            "token_index": pa.array(idx_a.astype(np.int32), pa.int32()),
-            "time_s": pa.array(t_a, pa.float64()),
-            "itl_s": pa.array(itl, pa.float64(), mask=first),
-        })
+            out["t"][n:] = start[rep] + i * a[rep] + b[rep] * (i * ctx0[rep] + m[rep] * i * (i - 1) / 2)
+            out["rid"][n:] = s_rid[rep]
+            out["idx"][n:] = s_first[rep] + i.astype(np.int64) - 1
+            out["seq"][n:] = SEGMENT_SEQ + self.num_segments + rep
+        self.num_singles += n
+        self.num_segments += len(segments)
+        self.singles, self.segments = [], []
+        self.segment_rows, self.room = 0, self.chunk
+        return out[np.lexsort((out["seq"], out["idx"], out["rid"]))]
+
+    def _temporary(self) -> BinaryIO:
+        try:
+            return tempfile.TemporaryFile(dir=self.spill_dir, prefix=".servelab-tokens.")
+        except OSError as err:
+            raise self._error(err) from None
+
+    def _error(self, err: OSError):
+        from servelab.common.errors import ServelabError
+
+        where = self.spill_dir if self.spill_dir is not None else tempfile.gettempdir()
+        return ServelabError(f"--token-log: cannot write its temporary files in {where}: {err.strerror or err}")
+
+    def _flush(self) -> None:
+        rows = self._expand()
+        if not len(rows):
+            return
+        if self._spill is None:
+            self._spill = self._temporary()
+        try:
+            rows.tofile(self._spill)
+        except OSError as err:  # the disk is full
+            raise self._error(err) from None
+        self.runs.append((self.rows, len(rows), int(rows["rid"][0]), int(rows["rid"][-1])))
+        self.rows += len(rows)
+
+    def finish(self) -> TokenTable:
+        """Merge everything logged into tokens.parquet (an anonymous temporary) and free the spill."""
+        out = self._temporary()
+        try:
+            if self._spill is None:  # it all fit in one chunk: no spill
+                rows = self._expand()
+                num_rows = _write_tokens(iter([rows] if len(rows) else []), out)
+            else:
+                self._flush()
+                spill, runs = self._spill, self.runs
+                while _overlap(runs) > MERGE_FAN_IN:  # merge groups of runs until few overlap
+                    merged = self._temporary()
+                    new_runs: list[tuple[int, int, int, int]] = []
+                    for g in range(0, len(runs), MERGE_FAN_IN):
+                        group = runs[g:g + MERGE_FAN_IN]
+                        first = sum(r[1] for r in new_runs)
+                        for piece in _merge(spill, group):
+                            piece.tofile(merged)
+                        new_runs.append((first, sum(r[1] for r in group), min(r[2] for r in group),
+                                         max(r[3] for r in group)))
+                    spill.close()
+                    spill, runs = merged, new_runs
+                try:
+                    num_rows = _write_tokens(_merge(spill, runs), out)
+                finally:
+                    spill.close()
+                    self._spill, self.runs = None, []
+        except OSError as err:
+            out.close()
+            raise self._error(err) from None
+        except BaseException:
+            out.close()
+            raise
+        return TokenTable(out, num_rows)
+
+    def table(self):
+        """The token table in memory (``finish().read()``)."""
+        return self.finish().read()
+
+
+def _overlap(runs: list[tuple[int, int, int, int]]) -> int:
+    """Most runs whose request-id ranges share one id (how many a merge reads at once)."""
+    events = sorted([(r[2], 0) for r in runs] + [(r[3], 1) for r in runs])
+    depth = most = 0
+    for _, end in events:
+        depth += -1 if end else 1
+        most = max(most, depth)
+    return most
+
+
+class _Cursor:
+    """A sorted run of the spill file, read ``MERGE_BUFFER`` rows at a time."""
+
+    def __init__(self, spill: BinaryIO, first: int, rows: int):
+        import numpy as np
+
+        self.spill, self.pos, self.end = spill, first, first + rows
+        self.buf = np.empty(0, dtype=_spill_dtype())
+
+    @property
+    def unread(self) -> bool:
+        return self.pos < self.end
+
+    def fill(self, rows: int) -> None:
+        import numpy as np
+
+        dtype = _spill_dtype()
+        k = min(rows, self.end - self.pos)
+        self.spill.seek(self.pos * dtype.itemsize)
+        new = np.frombuffer(self.spill.read(k * dtype.itemsize), dtype=dtype)
+        self.buf = np.concatenate([self.buf, new]) if len(self.buf) else new
+        self.pos += k
+
+
+def _merge(spill: BinaryIO, runs: list[tuple[int, int, int, int]]) -> Iterator:
+    """Rows of the sorted ``runs`` of ``spill`` in (request_id, token_index, seq) order, in pieces.
+
+    Each round emits every row whose request id is below a bound that no unread row can be under:
+    a request's rows always leave together, so sorting each piece sorts the whole.
+    """
+    import numpy as np
+
+    pending = deque(sorted(runs, key=lambda r: r[2]))  # not yet opened, by smallest request id
+    active: list[_Cursor] = []
+    while active or pending:
+        bound = None  # rows with a request id below it are all in the buffers (None: no limit)
+
+        def lower(value: int) -> None:
+            nonlocal bound
+            if bound is None or value < bound:
+                bound = value
+
+        for c in active:
+            if c.unread:
+                lower(int(c.buf["rid"][-1]) if len(c.buf) else -(1 << 63))
+        while pending and (bound is None or pending[0][2] < bound):
+            run = pending.popleft()
+            c = _Cursor(spill, run[0], run[1])
+            c.fill(MERGE_BUFFER)
+            active.append(c)
+            if c.unread:
+                lower(int(c.buf["rid"][-1]))
+        if pending:
+            lower(pending[0][2])
+        pieces = []
+        for c in active:
+            k = len(c.buf) if bound is None else int(np.searchsorted(c.buf["rid"], bound, "left"))
+            if k:
+                pieces.append(c.buf[:k])
+                c.buf = c.buf[k:]
+        if pieces:
+            rows = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            yield rows[np.lexsort((rows["seq"], rows["idx"], rows["rid"]))]
+        for c in active:  # refill what ran low; a run stuck on one request reads on past it
+            if c.unread and (len(c.buf) < MERGE_BUFFER // 2 or (not pieces and int(c.buf["rid"][-1]) <= bound)):
+                c.fill(MERGE_BUFFER)
+        if not pieces and pending and pending[0][2] <= bound:
+            run = pending.popleft()
+            c = _Cursor(spill, run[0], run[1])
+            c.fill(MERGE_BUFFER)
+            active.append(c)
+        active = [c for c in active if len(c.buf) or c.unread]
+
+
+def _write_tokens(pieces: Iterator, out: BinaryIO) -> int:
+    """Write sorted spill rows as tokens.parquet: the columns and row groups ``write_parquet`` gives
+    the whole table (so the bytes are the same), one row group in memory at a time."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = tokens_schema()
+    writer = pq.ParquetWriter(out, schema, compression="zstd", use_dictionary=False)
+    rid = np.empty(ROW_GROUP, dtype=np.int64)  # one row group's columns, filled piece by piece
+    idx = np.empty(ROW_GROUP, dtype=np.int32)
+    t = np.empty(ROW_GROUP, dtype=np.float64)
+    itl = np.empty(ROW_GROUP, dtype=np.float64)
+    first = np.empty(ROW_GROUP, dtype=bool)
+    prev_rid, prev_t = None, 0.0
+    fill = total = 0
+
+    def write(n: int) -> None:
+        nonlocal prev_rid, prev_t
+        np.subtract(t[1:n], t[:n - 1], out=itl[1:n])
+        itl[0] = t[0] - prev_t
+        np.not_equal(rid[1:n], rid[:n - 1], out=first[1:n])
+        first[0] = prev_rid is None or rid[0] != prev_rid
+        writer.write_table(pa.table({
+            "request_id": pa.array(rid[:n], pa.int64()),
+            "token_index": pa.array(idx[:n], pa.int32()),
+            "time_s": pa.array(t[:n], pa.float64()),
+            "itl_s": pa.array(itl[:n], pa.float64(), mask=first[:n]),
+        }, schema=schema), row_group_size=ROW_GROUP)
+        prev_rid, prev_t = int(rid[n - 1]), float(t[n - 1])
+
+    try:
+        for piece in pieces:
+            total += len(piece)
+            at = 0
+            while at < len(piece):
+                k = min(ROW_GROUP - fill, len(piece) - at)
+                rid[fill:fill + k] = piece["rid"][at:at + k]
+                idx[fill:fill + k] = piece["idx"][at:at + k]
+                t[fill:fill + k] = piece["t"][at:at + k]
+                fill += k
+                at += k
+                if fill == ROW_GROUP:
+                    write(fill)
+                    fill = 0
+        if fill:
+            write(fill)
+        elif not total:  # no tokens: one empty row group, as pq.write_table writes an empty table
+            writer.write_table(schema.empty_table())
+    finally:
+        writer.close()
+    out.flush()
+    return total
+
+
+class TokenTable:
+    """tokens.parquet of a replay (``RunResult.tokens``), kept in an anonymous temporary file.
+
+    ``read()`` gives the ``pyarrow.Table``; other table attributes (``to_pydict``, ``column``,
+    ``to_pandas``, ...) read it too, each time. ``write(path)`` copies the file (``write_run`` does).
+    """
+
+    def __init__(self, fh: BinaryIO, num_rows: int):
+        self._fh = fh
+        self.num_rows = num_rows
+
+    @property
+    def schema(self):
+        return tokens_schema()
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __repr__(self) -> str:
+        return f"TokenTable({self.num_rows:,} rows)"
+
+    def read(self):
+        import pyarrow.parquet as pq
+
+        with os.fdopen(os.dup(self._fh.fileno()), "rb") as fh:
+            fh.seek(0)
+            return pq.read_table(fh)
+
+    def write(self, path: str | os.PathLike) -> None:
+        self._fh.seek(0)
+        with open(path, "wb") as out:
+            shutil.copyfileobj(self._fh, out, 1 << 20)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.read(), name)

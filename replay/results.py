@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from servelab.common.atomic import atomic_dir
 from servelab.replay.engine import Engine
+from servelab.replay.logs import TokenTable
 from servelab.replay.request import Request, Status
 from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
 
@@ -24,7 +25,9 @@ class RunResult:
     requests: pa.Table
     steps: pa.Table
     meta: dict[str, Any] = field(default_factory=dict)
-    tokens: pa.Table | None = None  # one row per output token, with --token-log
+    # One row per output token, with --token-log: a TokenTable (tokens.parquet in a temporary file,
+    # read on demand) from ``replay``; a pa.Table works too.
+    tokens: TokenTable | pa.Table | None = None
 
 
 def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
@@ -169,7 +172,9 @@ def write_run(result: RunResult, run_dir: str | Path) -> Path:
     with atomic_dir(run_dir) as tmp:
         write_parquet(result.requests, tmp / "requests.parquet")
         write_parquet(result.steps, tmp / "steps.parquet")
-        if result.tokens is not None:
+        if isinstance(result.tokens, TokenTable):
+            result.tokens.write(tmp / "tokens.parquet")  # already tokens.parquet: streamed while replaying
+        elif result.tokens is not None:
             write_parquet(result.tokens, tmp / "tokens.parquet")
         (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return run_dir

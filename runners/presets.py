@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
+from servelab.common.registry import did_you_mean
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -125,11 +126,11 @@ def get_model(name: str) -> ModelPreset:
     try:
         return MODELS[name.lower()]
     except KeyError:
-        raise ServelabError(f"unknown model preset '{name}' (known: {', '.join(MODELS)})") from None
+        raise ServelabError(f"unknown model preset '{name}'{did_you_mean(name, MODELS)} (known: {', '.join(MODELS)})") from None
 
 
 def get_gpu(name: str) -> GpuPreset:
     try:
         return GPUS[name.lower()]
     except KeyError:
-        raise ServelabError(f"unknown GPU preset '{name}' (known: {', '.join(GPUS)})") from None
+        raise ServelabError(f"unknown GPU preset '{name}'{did_you_mean(name, GPUS)} (known: {', '.join(GPUS)})") from None

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError
+from servelab.common.registry import did_you_mean
 
 # CLI/TOML key -> Slo field. Short names on the command line, unit-suffixed names in TOML both work.
 _KEYS = {
@@ -214,7 +215,8 @@ def _slo_from_mapping(entry: Mapping[str, Any], path: str, where: str | None) ->
     for key, value in entry.items():
         column = f"{where}.{key}" if where else key
         if key not in _KEYS:
-            raise InputError(path, f"unknown SLO field (known: ttft_s, tpot_s, e2e_s, max_stall_s)", column=column)
+            hint = did_you_mean(key, ("ttft_s", "tpot_s", "e2e_s", "max_stall_s"))
+            raise InputError(path, f"unknown SLO field{hint} (known: ttft_s, tpot_s, e2e_s, max_stall_s)", column=column)
         field = _KEYS[key]
         if field in values:
             raise InputError(path, f"'{field}' given twice", column=column)
@@ -243,7 +245,8 @@ def _parse_one(spec: str) -> SloTable:
         if key in ("tier", "tenant"):
             raise ServelabError(f"--slo '{spec}': write '{key}=NAME:' before the fields, e.g. {key}=gold:ttft=0.2")
         if key not in _KEYS:
-            raise ServelabError(f"--slo '{spec}': unknown SLO field '{key}' (known: ttft, tpot, e2e, max_stall)")
+            hint = did_you_mean(key, ("ttft", "tpot", "e2e", "max_stall"))
+            raise ServelabError(f"--slo '{spec}': unknown SLO field '{key}'{hint} (known: ttft, tpot, e2e, max_stall)")
         try:
             value = _parse_value(raw)
         except ValueError:
