@@ -1,7 +1,8 @@
 """Replay speed and memory: the Azure conv trace on 6 replicas, a 1 M-request synthetic trace, and
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
-Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload]
+Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload|overload200k]
+[--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
 """
@@ -72,9 +73,37 @@ def case_overload() -> None:
               f"{result.steps.num_rows:,} step rows; longest queue {waiting:,}")
 
 
+OVERLOAD_POLICIES = ("static", "orca", "vllm-v0", "sarathi", "sjf", "srpt", "round-robin", "tiers", "vtc", "drr", "edf")
+
+
+def case_overload200k(n: int, policies: list[str]) -> None:
+    """One replica at ~15x its capacity (it serves ~10.7 req/s of these lengths; 160 arrive): the
+    queue grows to ~n. Each policy runs in a fresh process so one's memory does not weigh on the next."""
+    for policy in policies:
+        subprocess.run([sys.executable, __file__, "--case", "overload200k-one", "--n", str(n), "--policy", policy],
+                       check=True)
+
+
+def case_overload200k_one(n: int, policy: str) -> None:
+    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=n, rate=160.0, arrival="poisson", prompt="lognormal:800:1.0",
+                        output="lognormal:200:1.0", seed=7)
+    t0 = time.perf_counter()
+    result = replay(trace, ReplayConfig(engine=EngineConfig(replicas=1), policy=policy))
+    wall = time.perf_counter() - t0
+    waiting = max(result.steps.column("waiting").to_pylist())
+    print(f"overload x15 ({n:,} requests at 160 req/s, 1 replica) {policy}: wall {wall:.2f} s; "
+          f"{result.steps.num_rows:,} step rows; longest queue {waiting:,}; peak RSS {peak_rss_mb():.0f} MB",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "1m", "overload"])
+    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one"])
+    parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
+    parser.add_argument("--n", type=int, default=200_000, help="overload200k: requests")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-1m", action="store_true")
     args = parser.parse_args()
@@ -84,6 +113,10 @@ def main() -> None:
         case_1m()
     elif args.case == "overload":
         case_overload()
+    elif args.case == "overload200k":
+        case_overload200k(args.n, args.policy or list(OVERLOAD_POLICIES))
+    elif args.case == "overload200k-one":
+        case_overload200k_one(args.n, args.policy[0])
     else:
         cases = ["azure", "overload"] + ([] if args.skip_1m else ["1m"])
         for case in cases:

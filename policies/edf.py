@@ -56,6 +56,7 @@ class EarliestDeadlineFirst(PolicyBase):
         self.queues = ClassQueues()
         self.epoch = 0
         self.sheds = params.drop  # the engine asks `shed` before each decision
+        self.timed = False  # some request here has had an SLO: without one every deadline is inf
 
     def _ttft(self, req: Request) -> float | None:
         if req.ttft_slo_s is not None:
@@ -81,6 +82,8 @@ class EarliestDeadlineFirst(PolicyBase):
     # -- bookkeeping ----------------------------------------------------------------------------
     def on_arrival(self, req: Request, replica: Replica) -> None:
         self.epoch += 1
+        if not self.timed:
+            self.timed = self._ttft(req) is not None or self._tpot(req) is not None
         req.policy_data = Slot(0, 0, float(req.output_tokens), self.epoch)
         self.queues.push(req, 0, self._key(req))
 
@@ -114,11 +117,14 @@ class EarliestDeadlineFirst(PolicyBase):
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)
         queues = self.queues
-        if self.params.preempt and replica.waiting and replica.running:
+        # Without any SLO every deadline is inf and victim_key order is admission order, which is
+        # running's own: no deadline to compute, no sort, and no earlier deadline to preempt for.
+        timed = self.timed
+        if timed and self.params.preempt and replica.waiting and replica.running:
             self._preempt_for_waiting(replica, b)
         forced = len(b.preempted)
         running = replica.running
-        if len(running) > 1:
+        if timed and len(running) > 1:
             running = sorted(running, key=self.victim_key)
         b.schedule_running(running)
         if len(b.preempted) == forced and replica.waiting:

@@ -134,18 +134,29 @@ class _FairShare(PolicyBase):
         return self.weights.get(tenant, 1.0)
 
     def on_step(self, batch: Batch, num_iterations: int) -> None:
+        # Called every iteration for every item of the batch (hundreds once a queue builds up), so
+        # the loop stays flat: counters in locals, one call per item that received service.
         w_in, w_out = self.params.w_in, self.params.w_out
         contended = self.contended
+        charge = self._charge
         for req, _ in batch.items:
             slot = req.policy_data
-            prompt_done = min(req.prompt_tokens, req.num_computed_tokens)
-            d_in = prompt_done - slot.charged_in if prompt_done > slot.charged_in else 0
-            d_out = req.num_generated_tokens - slot.charged_out if req.num_generated_tokens > slot.charged_out else 0
-            slot.charged_in += d_in
-            slot.charged_out += d_out
-            if d_in or d_out:
-                self._charge(slot.cls, req.tenant, w_in * d_in + w_out * d_out, contended)
-            if req.status.is_terminal:
+            prompt_done = req.num_computed_tokens
+            if prompt_done > req.prompt_tokens:
+                prompt_done = req.prompt_tokens
+            d_in = prompt_done - slot.charged_in
+            d_out = req.num_generated_tokens - slot.charged_out
+            if d_in > 0 or d_out > 0:
+                if d_in > 0:
+                    slot.charged_in = prompt_done
+                else:
+                    d_in = 0
+                if d_out > 0:
+                    slot.charged_out = req.num_generated_tokens
+                else:
+                    d_out = 0
+                charge(slot.cls, req.tenant, w_in * d_in + w_out * d_out, contended)
+            if req.status >= _TERMINAL:
                 self._gone(req)
 
     def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
@@ -246,6 +257,9 @@ class _FairShare(PolicyBase):
         raise NotImplementedError
 
 
+_TERMINAL = Status.FINISHED  # every status from it on is terminal (Status.is_terminal)
+
+
 def _chain(first, second):
     yield from first
     yield from second
@@ -280,7 +294,7 @@ class VirtualTokenCounter(_FairShare):
                 self.counter[tenant] = floor
 
     def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
-        self.counter[tenant] += service / self.weight(tenant)
+        self.counter[tenant] += service / self.weights.get(tenant, 1.0)
 
     def _standing(self, cls) -> float:
         return self.counter.get(cls[1], 0.0)

@@ -141,6 +141,7 @@ class ClassQueues:
             heap = self.heaps[cls] = []
         heapq.heappush(heap, entry)
         self.live[cls] = self.live.get(cls, 0) + 1
+        self._compact(cls)
 
     def remove(self, req: Request) -> None:
         slot: Slot = req.policy_data
@@ -150,6 +151,16 @@ class ClassQueues:
         entry[2] = None  # dead: skipped when reached
         slot.entry = None
         self.live[slot.cls] -= 1
+        self._compact(slot.cls)
+
+    def _compact(self, cls) -> None:
+        """Drop the dead entries once they outnumber the live ones: a walk in order (``in_order``)
+        steps over every dead entry above the live ones it yields, so requeued and admitted
+        requests must not pile up in the heap."""
+        heap = self.heaps[cls]
+        if len(heap) > 2 * self.live[cls] + 64:
+            heap[:] = [e for e in heap if e[2] is not None]
+            heapq.heapify(heap)
 
     def classes(self) -> list:
         """Classes with live entries, sorted."""

@@ -76,22 +76,33 @@ class _LengthAware(KeyedWaiting, PolicyBase):
 
     def _reschedule_all(self, replica: Replica, b) -> None:
         """Re-rank running and waiting together: the best ``max_num_seqs`` run, the rest are preempted."""
-        ordered = heapq.merge(sorted(replica.running, key=self.rank), self.waiting_in_order(replica),
-                              key=self.rank)  # lazily: only as far as the budgets reach
-        best = list(islice(ordered, replica.config.max_num_seqs))
+        rank = self.rank
+        # (rank, request) pairs merge without a key function; ranks are unique (they end in req.index)
+        running = sorted([(rank(req), req) for req in replica.running])
+        waiting = ((rank(req), req) for req in self.waiting_in_order(replica))
+        ordered = heapq.merge(running, waiting)  # lazily: only as far as the budgets reach
+        best = [req for _, req in islice(ordered, replica.config.max_num_seqs)]
         keep = set(best)
         for req in replica.running:
             if req not in keep:
                 b.preempt(req)
-        for req in chain(best, ordered):
-            if b.seq_budget <= 0 or b.token_budget <= 0:
-                break
-            if req in b.chosen:
-                continue
+        # Past `best` only waiting requests remain to try (every other running one was preempted).
+        # Consecutive running requests go to the builder as one walk, which stops where this loop
+        # would: at a spent budget.
+        run: list[Request] = []
+        for req in chain(best, (req for _, req in ordered)):
             if req.status is Status.RUNNING:
-                b.schedule_running((req,))
-            else:
+                run.append(req)
+                continue
+            if run:
+                b.schedule_running(run)
+                run = []
+            if b.seq_budget <= 0 or b.token_budget <= 0:
+                return
+            if req not in b.chosen:
                 b.admit_waiting((req,), chunked=True)
+        if run:
+            b.schedule_running(run)
 
 
 @POLICIES.register("sjf")

@@ -130,12 +130,15 @@ class Tiers(PolicyBase):
         wake_s = self._promote(replica.now_s) if self.promotions else None
         b = self.builder(replica)
         queues = self.queues
-        if queues.live and replica.waiting:
-            self._preempt_for_waiting(replica, b)
-        tier_preempted = len(b.preempted)
         running = replica.running
-        if len(running) > 1:
-            running = sorted(running, key=self.victim_key)
+        # victim_key order = (rank, admitted_seq); running is in admission order, so a stable sort
+        # by rank alone gives it, and with one rank running (the usual case) no sort at all
+        ranks = sorted({_rank(req) for req in running})
+        if queues.live and replica.waiting:
+            self._preempt_for_waiting(replica, b, ranks)
+        tier_preempted = len(b.preempted)
+        if len(ranks) > 1:
+            running = sorted(running, key=_rank)
         b.schedule_running(running)
         if len(b.preempted) == tier_preempted and replica.waiting:
             self._admit(replica, b)
@@ -149,16 +152,15 @@ class Tiers(PolicyBase):
             for req in self.queues.in_order(cls):
                 yield req
 
-    def _preempt_for_waiting(self, replica: Replica, b) -> None:
+    def _preempt_for_waiting(self, replica: Replica, b, ranks: list) -> None:
         """Preempt lower-tier running requests (lowest first) for the top waiting requests that lack room."""
-        victims = sorted(replica.running, key=self.victim_key, reverse=True)
-        if not victims:
+        if not replica.running:
             return
+        victims = _victims(replica.running, ranks)
         kv = replica.kv
         free_slots = replica.config.max_num_seqs - len(replica.running)
         free_blocks = kv.free
         budget = replica.config.max_num_batched_tokens
-        v = 0
         for req in self._order():
             rank = req.policy_data.rank
             need = kv.blocks_needed(req, step_tokens(req, budget))
@@ -167,14 +169,13 @@ class Tiers(PolicyBase):
             if (free_slots < 1 or free_blocks < need) and req.tier in self.best_effort and rank != self.promoted_rank:
                 return  # best-effort requests never preempt: they wait
             while free_slots < 1 or free_blocks < need:
-                if v >= len(victims):
+                victim = next(victims, None)
+                if victim is None:
                     return
-                victim = victims[v]
                 vrank = victim.policy_data.rank
                 yields = victim.tier in self.best_effort and vrank != self.promoted_rank
                 if vrank <= rank or not (self.params.preempt or yields):
                     return
-                v += 1
                 b.preempt(victim)
                 free_slots += 1
                 free_blocks += victim.kv_blocks
@@ -225,6 +226,22 @@ class Tiers(PolicyBase):
                     break
                 free_slots -= 1
                 free_tokens -= b.items[-1][1]
+
+
+def _rank(req: Request):
+    """The tier rank part of ``Tiers.victim_key``."""
+    slot = req.policy_data
+    return slot.rank if isinstance(slot, Slot) else 0
+
+
+def _victims(running: list[Request], ranks: list):
+    """``running`` by ``Tiers.victim_key``, largest first, lazily: a decision usually needs one or
+    two victims, not a sort of every running request. ``running`` is in admission order, so within
+    a rank (``ranks``: those present, ascending) the newest comes first."""
+    for rank in reversed(ranks):
+        for req in reversed(running):
+            if _rank(req) == rank:
+                yield req
 
 
 __all__ = ["Tiers", "TiersParams"]
