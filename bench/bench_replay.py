@@ -85,7 +85,7 @@ def case_overload200k(n: int, policies: list[str]) -> None:
 
 
 def case_overload200k_one(n: int, policy: str) -> None:
-    from servelab.replay import EngineConfig, ReplayConfig, replay
+    from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.traces.synth import synth_trace
 
     trace = synth_trace(n=n, rate=160.0, arrival="poisson", prompt="lognormal:800:1.0",

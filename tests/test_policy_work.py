@@ -18,7 +18,7 @@ import pytest
 
 from servelab.policies import ordering
 from servelab.policies.base import policy_class, policy_names
-from servelab.replay import EngineConfig, ReplayConfig, replay
+from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.traces.synth import synth_trace
 
 ENGINE = EngineConfig(replicas=1, max_num_seqs=16, max_num_batched_tokens=512)
@@ -91,7 +91,9 @@ def test_visits_per_decision_do_not_grow_with_the_backlog(monkeypatch, name, par
     mean_small, mean_large = sum(small) / len(small), sum(large) / len(large)
     print(f"{name} {params}: queue {small_queue} -> {large_queue}, visits per decision {mean_small:.1f} -> "
           f"{mean_large:.1f}, max {max(small)} -> {max(large)}")
-    bound = 4 * ENGINE.max_num_seqs
+    # a decision walks the batch's running requests a few times (victims, decodes) plus the waiting
+    # requests the budgets reach: a constant times max_num_seqs, whatever the backlog
+    bound = 5 * ENGINE.max_num_seqs
     assert mean_large <= 1.5 * mean_small + 4, (mean_small, mean_large)
     assert mean_large <= bound, (mean_small, mean_large)
 
