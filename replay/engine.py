@@ -356,11 +356,7 @@ class Engine:
     def _admit(self, replica: Replica, req: Request, now: float, hit) -> float:
         """``req`` leaves the waiting queue for the running set (onto a cached prefix: ``hit``);
         returns its swap-in seconds."""
-        waiting = replica.waiting
-        if waiting and waiting[0] is req:
-            waiting.popleft()
-        else:
-            waiting.remove(req)
+        replica.waiting.remove(req)
         req.status = Status.RUNNING
         if self.platform is not None:
             self.platform.admitted(replica, req)

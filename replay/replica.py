@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 from servelab.replay.config import EngineConfig
 from servelab.replay.kv import KVManager
+from servelab.replay.queue import RequestQueue
 from servelab.replay.request import Request
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class Replica:
         self.config = config
         self.kv = kv
         self.policy = policy
-        self.waiting: deque[Request] = deque()
+        self.waiting = RequestQueue()
         self.running: list[Request] = []
         self.now_s = 0.0
         self.busy = False
