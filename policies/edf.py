@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import takewhile
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
-from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats, step_tokens
+from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request
@@ -46,7 +47,6 @@ class EdfParams:
 
 @POLICIES.register("edf")
 class EarliestDeadlineFirst(PolicyBase):
-    name = "edf"
     Params = EdfParams
 
     def __init__(self, params: EdfParams, engine, replica_id: int = 0):
@@ -148,27 +148,9 @@ class EarliestDeadlineFirst(PolicyBase):
         return None
 
     def _preempt_for_waiting(self, replica: Replica, b) -> None:
-        victims = sorted(replica.running, key=self.victim_key, reverse=True)
-        kv = replica.kv
-        free_slots = replica.config.max_num_seqs - len(replica.running)
-        free_blocks = kv.free
-        budget = replica.config.max_num_batched_tokens
-        v = 0
-        for req in self.queues.in_order(0):
-            due = req.policy_data.entry[0][0]
-            need = kv.blocks_needed(req, step_tokens(req, budget))
-            if need > kv.total or not math.isfinite(due):
-                return
-            while free_slots < 1 or free_blocks < need:
-                if v >= len(victims) or self.deadline(victims[v]) <= due:
-                    return
-                victim = victims[v]
-                v += 1
-                b.preempt(victim)
-                free_slots += 1
-                free_blocks += victim.kv_blocks
-            free_slots -= 1
-            free_blocks -= need
+        """Waiting requests with a deadline, earliest first, preempt running ones with later deadlines."""
+        with_deadline = takewhile(lambda req: math.isfinite(req.policy_data.entry[0][0]), self.queues.in_order(0))
+        b.preempt_to_admit(with_deadline, lambda req, victim: self.deadline(victim) > req.policy_data.entry[0][0])
 
 
 __all__ = ["EarliestDeadlineFirst", "EdfParams"]

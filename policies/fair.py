@@ -195,10 +195,7 @@ class _FairShare(PolicyBase):
             for req in replica.running:  # admission order
                 running_by_cls.setdefault(req.policy_data.cls, []).append(req)
             picks = self._pick(running_by_cls, replica.config.max_num_seqs, budget)
-            chosen = set(picks)
-            for req in replica.running:
-                if req not in chosen:
-                    b.preempt(req)
+            b.keep_only(picks)
             for req in picks:
                 if req.status is Status.RUNNING:
                     b.schedule_running((req,))
@@ -225,9 +222,7 @@ class _FairShare(PolicyBase):
         for req in self._order(heads, iters, b.seq_budget, b.token_budget):
             if b.seq_budget <= 0 or b.token_budget <= 0:
                 return
-            before = len(b.items)
-            b.admit_waiting((req,), chunked=True)
-            if len(b.items) == before and not b.skip_blocked:
+            if not b.admit(req) and not b.skip_blocked:
                 return
 
     def _pick(self, running_by_cls: dict, slots: int, budget: int) -> list[Request]:
@@ -267,7 +262,6 @@ def _chain(first, second):
 
 @POLICIES.register("vtc")
 class VirtualTokenCounter(_FairShare):
-    name = "vtc"
 
     def __init__(self, params: FairParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
@@ -343,7 +337,6 @@ def _rekey(heap: list, tenant: str, value: float) -> list:
 
 @POLICIES.register("drr")
 class DeficitRoundRobin(_FairShare):
-    name = "drr"
     repeat_when_waiting = 1  # turns pass between iterations
 
     def __init__(self, params: FairParams, engine, replica_id: int = 0):

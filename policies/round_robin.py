@@ -39,7 +39,6 @@ class _Slot:
 
 @POLICIES.register("round-robin")
 class RoundRobin(KeyedWaiting, PolicyBase):
-    name = "round-robin"
     Params = RoundRobinParams
 
     def __init__(self, params, engine, replica_id: int = 0):

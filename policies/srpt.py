@@ -12,15 +12,13 @@ Prefill uses the chunked-prefill token budget; without preemption running reques
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 from itertools import chain, islice
 
-import numpy as np
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
-from servelab.policies.ordering import KeyedWaiting
+from servelab.policies.ordering import KeyedWaiting, predicted_output
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request, Status
@@ -45,11 +43,7 @@ class _LengthAware(KeyedWaiting, PolicyBase):
 
     def on_arrival(self, req: Request, replica: Replica) -> None:
         if req.policy_data is None:
-            predicted = float(req.output_tokens)
-            if self.params.noise_sigma > 0:
-                rng = np.random.default_rng([self.engine.seed, req.request_id & 0xFFFFFFFF, 0x5EED])
-                predicted *= math.exp(rng.normal(0.0, self.params.noise_sigma))
-            req.policy_data = max(1.0, predicted)
+            req.policy_data = predicted_output(req, self.engine.seed, self.params.noise_sigma)
         super().on_arrival(req, replica)
 
     def rank(self, req: Request) -> tuple:
@@ -82,10 +76,7 @@ class _LengthAware(KeyedWaiting, PolicyBase):
         waiting = ((rank(req), req) for req in self.waiting_in_order(replica))
         ordered = heapq.merge(running, waiting)  # lazily: only as far as the budgets reach
         best = [req for _, req in islice(ordered, replica.config.max_num_seqs)]
-        keep = set(best)
-        for req in replica.running:
-            if req not in keep:
-                b.preempt(req)
+        b.keep_only(best)
         # Past `best` only waiting requests remain to try (every other running one was preempted).
         # Consecutive running requests go to the builder as one walk, which stops where this loop
         # would: at a spent budget.
@@ -99,21 +90,19 @@ class _LengthAware(KeyedWaiting, PolicyBase):
                 run = []
             if b.seq_budget <= 0 or b.token_budget <= 0:
                 return
-            if req not in b.chosen:
-                b.admit_waiting((req,), chunked=True)
+            if not b.has(req):
+                b.admit(req)
         if run:
             b.schedule_running(run)
 
 
 @POLICIES.register("sjf")
 class ShortestJobFirst(_LengthAware):
-    name = "sjf"
     Params = LengthParams
     remaining = False
 
 
 @POLICIES.register("srpt")
 class ShortestRemainingFirst(_LengthAware):
-    name = "srpt"
     Params = LengthParams
     remaining = True

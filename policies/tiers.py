@@ -26,7 +26,7 @@ from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
 from servelab.policies.ordering import (
     DEFAULT_TIERS, ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output,
-    step_tokens, tier_ranker, within_key,
+    tier_ranker, within_key,
 )
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
@@ -58,7 +58,6 @@ class TiersParams:
 
 @POLICIES.register("tiers")
 class Tiers(PolicyBase):
-    name = "tiers"
     Params = TiersParams
 
     def __init__(self, params: TiersParams, engine, replica_id: int = 0):
@@ -154,33 +153,18 @@ class Tiers(PolicyBase):
 
     def _preempt_for_waiting(self, replica: Replica, b, ranks: list) -> None:
         """Preempt lower-tier running requests (lowest first) for the top waiting requests that lack room."""
-        if not replica.running:
-            return
-        victims = _victims(replica.running, ranks)
-        kv = replica.kv
-        free_slots = replica.config.max_num_seqs - len(replica.running)
-        free_blocks = kv.free
-        budget = replica.config.max_num_batched_tokens
-        for req in self._order():
-            rank = req.policy_data.rank
-            need = kv.blocks_needed(req, step_tokens(req, budget))
-            if need > kv.total:
-                break
-            if (free_slots < 1 or free_blocks < need) and req.tier in self.best_effort and rank != self.promoted_rank:
-                return  # best-effort requests never preempt: they wait
-            while free_slots < 1 or free_blocks < need:
-                victim = next(victims, None)
-                if victim is None:
-                    return
-                vrank = victim.policy_data.rank
-                yields = victim.tier in self.best_effort and vrank != self.promoted_rank
-                if vrank <= rank or not (self.params.preempt or yields):
-                    return
-                b.preempt(victim)
-                free_slots += 1
-                free_blocks += victim.kv_blocks
-            free_slots -= 1
-            free_blocks -= need
+        if replica.running:
+            b.preempt_to_admit(self._order(), self._may_preempt, _victims(replica.running, ranks))
+
+    def _may_preempt(self, req: Request, victim: Request) -> bool:
+        """A waiting request of a higher tier takes a running one's place if preemption is on, or if
+        the running one is best effort; best-effort requests never preempt (they wait)."""
+        rank = req.policy_data.rank
+        if req.tier in self.best_effort and rank != self.promoted_rank:
+            return False
+        vrank = victim.policy_data.rank
+        yields = victim.tier in self.best_effort and vrank != self.promoted_rank
+        return vrank > rank and (self.params.preempt or yields)
 
     def _admit(self, replica: Replica, b) -> None:
         if self.reserve:
@@ -190,14 +174,12 @@ class Tiers(PolicyBase):
             for req in self.queues.in_order(cls):
                 if b.seq_budget <= 0 or b.token_budget <= 0:
                     return
-                if req in b.chosen:
+                if b.has(req):
                     continue
                 best_effort = req.tier in self.best_effort and req.policy_data.rank != self.promoted_rank
                 if higher_blocked and best_effort:
                     return  # best effort yields to any other tier still waiting
-                before = len(b.items)
-                b.admit_waiting((req,), chunked=True)
-                if len(b.items) == before:
+                if not b.admit(req):
                     higher_blocked |= not best_effort
                     if not b.skip_blocked:
                         return
@@ -220,12 +202,11 @@ class Tiers(PolicyBase):
                     break
                 if req.tier != tier:
                     continue
-                before = len(b.items)
-                b.admit_waiting((req,), chunked=True, chunk_cap=free_tokens)
-                if len(b.items) == before:
+                n = b.admit(req, chunk_cap=free_tokens)
+                if not n:
                     break
                 free_slots -= 1
-                free_tokens -= b.items[-1][1]
+                free_tokens -= n
 
 
 def _rank(req: Request):

@@ -285,33 +285,35 @@ class BatchBuilder:
         return self.items[-1][1] if len(self.items) > before else 0
 
     # -- preemption rules ---------------------------------------------------------------------
-    def preempt_to_admit(self, waiting: Iterable[Request], may_preempt: Callable[[Request, Request], bool]) -> None:
+    def preempt_to_admit(self, waiting: Iterable[Request], may_preempt: Callable[[Request, Request], bool],
+                         victims: Iterable[Request] | None = None) -> None:
         """Make room for waiting requests, in the policy's order, by preempting running ones.
 
         For each waiting request that lacks a batch slot or KV for its next chunk, running requests
-        are preempted in the policy's victim order (largest ``victim_key`` first) while
+        are preempted in the policy's victim order (``victims``; default: largest ``victim_key``
+        first — a policy that knows that order without sorting passes it lazily) while
         ``may_preempt(waiting_request, victim)`` says so. Stops at the first waiting request that
         cannot be given room (or could never fit), so a later one never jumps an earlier one.
         """
         replica = self.replica
-        victims = sorted(replica.running, key=self.victim_key, reverse=True)
-        if not victims:
+        if not replica.running:
             return
+        if victims is None:
+            victims = sorted(replica.running, key=self.victim_key, reverse=True)
+        victims = iter(victims)
         kv = self.kv
         free_slots = replica.config.max_num_seqs - len(replica.running)
         free_blocks = kv.free
         budget = replica.config.max_num_batched_tokens
-        v = 0
         for req in waiting:
             n = req.num_tokens - req.num_computed_tokens
             need = kv.blocks_needed(req, n if n < budget else budget)
             if need > kv.total:
                 return
             while free_slots < 1 or free_blocks < need:
-                if v >= len(victims) or not may_preempt(req, victims[v]):
+                victim = next(victims, None)
+                if victim is None or not may_preempt(req, victim):
                     return
-                victim = victims[v]
-                v += 1
                 self.preempt(victim)
                 free_slots += 1
                 free_blocks += kv.releasable(victim)

@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 if TYPE_CHECKING:
     from servelab.replay.step import Step

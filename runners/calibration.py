@@ -17,7 +17,7 @@ import argparse
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from scipy.optimize import least_squares, nnls
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import InputError
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu
-from servelab.runners.roofline import LAYER_OPS, VIDUR_OP_COLUMNS, OpWork, embedding_op, layer_ops
+from servelab.runners.roofline import LAYER_OPS, VIDUR_OP_COLUMNS, embedding_op, layer_ops
 
 # profiled GPU directory -> the preset whose datasheet figures the efficiencies are relative to
 PROFILED_GPUS = {"a100": "a100-80gb", "h100": "h100-80gb", "a40": "a40"}

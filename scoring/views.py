@@ -217,7 +217,7 @@ GROUP BY run_id
 ORDER BY run_id
 """
 
-RESOURCE_SUMMARY = f"""
+RESOURCE_SUMMARY = """
 CREATE OR REPLACE VIEW resource_summary AS
 SELECT run_id,
     CASE WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
