@@ -341,6 +341,24 @@ def slow_dir(tmp_path_factory) -> Path:
     return folder
 
 
+def _wait_until_group_exits(pgid: int, timeout_s: float = 10.0) -> None:
+    """Until no process of group ``pgid`` is left running (zombies count as gone)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive = True
+                break
+        if not alive:
+            return
+        time.sleep(0.05)
+
+
 def test_resume_after_kill_9(slow_dir, tmp_path):
     from optuna.trial import TrialState
 
@@ -350,6 +368,7 @@ def test_resume_after_kill_9(slow_dir, tmp_path):
     _wait_for_trials(out, 2, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers: no cleanup at all
     proc.wait()
+    _wait_until_group_exits(proc.pid)  # SIGKILL is delivered asynchronously: a worker may still be exiting
     study = load_study_dir(out)
     running = [t.number for t in study.get_trials(states=(TrialState.RUNNING,))]
     done_before = {t.number: t.params for t in study.get_trials(states=(TrialState.COMPLETE,))}
