@@ -21,6 +21,7 @@ fairly among its tenants; counters are per tenant); ``within`` orders one tenant
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -62,7 +63,6 @@ class _FairShare(PolicyBase):
     """Shared bookkeeping: per-(tier, tenant) waiting queues, live counts, service charging."""
 
     Params = FairParams
-    repeat_when_waiting: int | None = None  # 1: the order depends on per-iteration state (drr turns)
 
     def __init__(self, params: FairParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
@@ -204,9 +204,10 @@ class _FairShare(PolicyBase):
             repeat = 1  # service changes the order every iteration
         else:
             b.schedule_running(replica.running)
+            blocked = None
             if not b.preempted and b.seq_budget > 0 and b.token_budget > 0:
-                self._admit(b)
-            repeat = self.repeat_when_waiting
+                blocked = self._admit(b)
+            repeat = self._repeat(b, blocked)
         for req in b.summary.admit:
             self.queues.remove(req)
         return b.build(repeat=repeat)
@@ -214,16 +215,23 @@ class _FairShare(PolicyBase):
     def _before_schedule(self) -> None:
         pass
 
-    def _admit(self, b) -> None:
-        """Admit waiting requests in fairness order while the builder has room."""
+    def _admit(self, b) -> Request | None:
+        """Admit waiting requests in fairness order while the builder has room; returns the request
+        that did not fit, if that is what stopped it."""
         queues = self.queues
         iters = {cls: queues.in_order(cls) for cls in queues.classes()}
         heads = {cls: next(it, None) for cls, it in iters.items()}
         for req in self._order(heads, iters, b.seq_budget, b.token_budget):
             if b.seq_budget <= 0 or b.token_budget <= 0:
-                return
+                return None
             if not b.admit(req) and not b.skip_blocked:
-                return
+                return req
+        return None
+
+    def _repeat(self, b, blocked: Request | None) -> int | None:
+        """How many identical iterations may run before this policy must decide again (None: until
+        the next event), with requests waiting and no preemption."""
+        return None  # the order depends only on service counters, which a stretch updates at once
 
     def _pick(self, running_by_cls: dict, slots: int, budget: int) -> list[Request]:
         """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting.
@@ -337,13 +345,28 @@ def _rekey(heap: list, tenant: str, value: float) -> list:
 
 @POLICIES.register("drr")
 class DeficitRoundRobin(_FairShare):
-    repeat_when_waiting = 1  # turns pass between iterations
 
     def __init__(self, params: FairParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
         self.deficit: dict = {}
         self.rings: dict[int, deque] = {}  # tier rank -> active classes in turn order
         self.turn: dict[int, object] = {}  # tier rank -> class whose turn it is
+
+    def _repeat(self, b, blocked: Request | None) -> int | None:
+        """Turns pass with service, so a decision can change from one iteration to the next; but
+        while the batch is pure decode and the head whose turn it is does not fit, the next decisions
+        are this one again until that class has spent its credit on its running requests' tokens.
+        ``blocked``: the head that did not fit (None: admission was not tried, so nothing changes
+        until an event)."""
+        if self.params.tiers or b.skip_blocked:
+            return 1
+        if blocked is None:
+            return None if b.seq_budget <= 0 or b.token_budget <= 0 else 1
+        cls = blocked.policy_data.cls
+        per_iteration = self.params.w_out * sum(1 for req, _ in b.items if req.policy_data.cls == cls)
+        if not per_iteration:
+            return None  # its credit never runs out: the same head is tried at every decision
+        return max(1, math.ceil(self.deficit[cls] / per_iteration))
 
     def _class_active(self, cls) -> None:
         self.deficit.setdefault(cls, 0.0)

@@ -4,7 +4,7 @@ An iteration computes ``n`` tokens of a request (a prefill chunk, a recompute ch
 token); when its computed tokens catch up with its known tokens (prompt + generated) it emits the
 next output token. Three shapes of applied work, one update (``emit``):
 
-- ``apply_iteration``: one iteration of any batch;
+- ``apply_iteration``: one iteration of any batch (``emit`` inlined: its hottest loop);
 - ``apply_stretch``: ``j`` identical pure-decode iterations (each item computed and emitted ``j``
   tokens; its KV grows to cover them);
 - the decode cohort (replay/cohort.py) applies ``j`` iterations to all its members at once and
@@ -55,11 +55,16 @@ def apply_iteration(items: Sequence, end_s: float, tokens: "TokenLog | None", re
         if req.last_token_s is None:  # the prompt is done: first token
             req.first_token_s = end_s
             produced += req.prompt_tokens + 1
-            emit(req, 1, end_s, None)
         else:
             produced += 1
-            emit(req, 1, end_s, end_s - req.last_token_s)
-        if req.num_generated_tokens >= req.output_tokens:
+            gap = end_s - req.last_token_s
+            if req.max_itl_s is None or gap > req.max_itl_s:
+                req.max_itl_s = gap
+        # emit(req, 1, end_s, gap), inlined: this loop visits every item of every iteration of the
+        # policies that walk their requests one by one (hundreds per iteration under load)
+        req.last_token_s = end_s
+        g = req.num_generated_tokens = req.num_generated_tokens + 1
+        if g >= req.output_tokens:
             finished.append(req)
     return produced, finished
 

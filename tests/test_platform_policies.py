@@ -206,3 +206,22 @@ def test_edf_tier_defaults_and_preemption():
     params = {"tier_ttft": "priority=1,flex=100", "preempt": True}
     r = run(trace, policy="edf", policy_params=params, max_num_seqs=1)
     assert column(r, "finish_s") == [6.0, 2.0]
+
+
+def test_drr_stretches_make_the_same_decisions_as_deciding_every_iteration(monkeypatch):
+    """drr may let identical decode iterations run as one stretch until the tenant whose turn it is has
+    spent its credit; with every time a power of two (exact float sums) the timeline is the one a
+    decision at every iteration gives, with far fewer steps."""
+    from helpers_engine import run as run_engine, synthetic
+
+    from servelab.policies.fair import DeficitRoundRobin
+
+    trace = synthetic(n=600, rate=8.0, tenants="a=3,b=1,c=1,d=1")
+    runner = "linear:base=0.25,decode_seq=0.0078125,prefill_token=0.0009765625"
+    for engine in ({"max_num_seqs": 16}, {"max_num_seqs": 64, "num_gpu_blocks": 400}):
+        fast = run_engine(trace, policy="drr", runner=runner, **engine)
+        with monkeypatch.context() as m:
+            m.setattr(DeficitRoundRobin, "_repeat", lambda self, b, blocked: 1)
+            every = run_engine(trace, policy="drr", runner=runner, **engine)
+        assert fast.requests.equals(every.requests)
+        assert fast.steps.num_rows < every.steps.num_rows, (fast.steps.num_rows, every.steps.num_rows)
