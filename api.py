@@ -87,7 +87,8 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     replicas = []
     for rid in range(engine_cfg.replicas):
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
-        cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens) if caching else None
+        cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
+                            per_tenant=engine_cfg.prefix_cache_scope == "tenant") if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
                        bytes_per_block=bytes_per_token * engine_cfg.block_size,

@@ -27,6 +27,7 @@ _ENGINE_HELP = {
     "max_num_batched_tokens": "Most tokens computed in one iteration (chunked-prefill budget).",
     "kv_allocation": "on-demand (vLLM) or reserve (prompt + max_output reserved at admission).",
     "enable_prefix_caching": "true (default) or false: reuse cached prefix blocks (vLLM v1; docs/engine.md).",
+    "prefix_cache_scope": "global (default) or tenant: a tenant's requests hit only its own cached blocks.",
     "preemption": "recompute or swap, when KV runs out.",
     "swap_space_gb": "Host swap pool per replica, GB.",
     "swap_bandwidth_gbps": "Host<->GPU copy bandwidth, GB/s.",

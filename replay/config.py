@@ -31,6 +31,7 @@ class EngineConfig:
     # vLLM v1 prefix caching (replay/prefix_cache.py): with on-demand allocation and a cost-model
     # runner; reservation and runners that execute batches (block tables) run without it
     enable_prefix_caching: bool = True
+    prefix_cache_scope: str = "global"  # global | tenant: a tenant's requests hit only its own cached blocks
     preemption: str = "recompute"  # recompute | swap
     swap_space_gb: float = 4.0  # host pool for swapped KV, per replica
     swap_bandwidth_gbps: float = 25.0  # host<->GPU copy bandwidth, GB/s
@@ -62,6 +63,7 @@ class EngineConfig:
         _choice(self, "kv_allocation", ("on-demand", "reserve"))
         _choice(self, "preemption", ("recompute", "swap"))
         _choice(self, "head_of_line", ("strict", "skip"))
+        _choice(self, "prefix_cache_scope", ("global", "tenant"))
         _choice(self, "router", tuple(ROUTERS.names()))
         if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
             raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")

@@ -48,11 +48,12 @@ class Hit:
 
 
 class PrefixCache:
-    __slots__ = ("block_size", "trace_block", "queue", "refs", "segments", "seq", "queued")
+    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "refs", "segments", "seq", "queued")
 
-    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None):
+    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False):
         self.block_size = block_size
         self.trace_block = trace_block  # tokens per prefix_hashes entry (None: the trace has no hashes)
+        self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
         # The free queue, head first: a hashed key -> None (one block), or a segment id -> [kind, blocks, owner]
         self.queue: OrderedDict = OrderedDict()
         self.refs: dict = {}  # cached hashed key -> running requests holding it (0: queued, evictable)
@@ -71,7 +72,8 @@ class PrefixCache:
         return covered // self.block_size
 
     def key(self, req: "Request", j: int):
-        return (req.prefix_hashes[((j + 1) * self.block_size - 1) // self.trace_block], j)
+        key = (req.prefix_hashes[((j + 1) * self.block_size - 1) // self.trace_block], j)
+        return (req.tenant, *key) if self.per_tenant else key
 
     # -- the free queue -------------------------------------------------------------------------
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:

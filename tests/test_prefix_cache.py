@@ -1,0 +1,116 @@
+"""Prefix caching (replay/prefix_cache.py), checked against hand-traced timelines and against the
+reuse a trace's hashes allow, computed here independently of the engine.
+
+Timelines use ``linear:base=1,prefill_token=0.25``: an iteration computing p prompt tokens takes
+1 + p/4 seconds. Blocks are 16 tokens and the traces' hash blocks 16 tokens too (aligned).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from conftest import make_trace
+from helpers_engine import column, run
+from servelab.traces.io import prepare
+from servelab.traces.synth import synth_trace
+
+RUNNER = "linear:base=1,prefill_token=0.25"
+
+
+def hashed(arrivals, prompts, outputs, hashes, **extra) -> pa.Table:
+    table = make_trace(arrivals, prompts, outputs, **extra)
+    table = table.append_column("prefix_hashes", pa.array(hashes, pa.list_(pa.int64())))
+    return prepare(table, "test", "test", prefix_block_tokens=16)
+
+
+def chain(tag: int, blocks: int) -> list[int]:
+    """A prompt's hash chain: equal tags, equal prefixes."""
+    return [tag * 1000 + i for i in range(blocks)]
+
+
+def test_an_identical_prompt_computes_only_its_last_token():
+    trace = hashed([0, 20], [64, 64], [1, 1], [chain(1, 4), chain(1, 4)])
+    r = run(trace, runner=RUNNER)
+    # A: 64 tokens in 1 + 16 = 17 s. B: 63 cached, computes 1 token: 1.25 s.
+    assert column(r, "ttft_s") == [17.0, 1.25]
+    assert column(r, "cached_tokens") == [0, 63]
+    off = run(trace, runner=RUNNER, enable_prefix_caching=False)
+    assert column(off, "ttft_s") == [17.0, 17.0] and column(off, "cached_tokens") == [0, 0]
+
+
+def test_a_shared_prefix_is_reused_and_the_rest_computed():
+    # B shares A's first two blocks (32 tokens) and then differs: it computes 96 - 32 = 64 tokens.
+    trace = hashed([0, 20], [64, 96], [1, 1], [chain(1, 4), chain(1, 2) + chain(2, 4)[2:]])
+    r = run(trace, runner=RUNNER)
+    assert column(r, "cached_tokens") == [0, 32]
+    assert column(r, "ttft_s") == [17.0, 1 + 64 / 4]
+
+
+def test_least_recently_freed_blocks_are_evicted_first_tail_first():
+    # 8 blocks. A (4 blocks) and B (4, other hashes) run one after another: B takes the 4 never
+    # used blocks, so both stay cached; the free queue is A3 A2 A1 A0 B3 B2 B1 B0 (a request's
+    # blocks are freed tail first). C (2 new blocks) evicts A3 and A2. D = A hits A0 A1 (32 tokens)
+    # and its 2 new blocks evict B3 B2; E = B then hits B0 B1 only.
+    trace = hashed([0, 20, 40, 60, 80], [64, 64, 32, 64, 64], [1] * 5,
+                   [chain(1, 4), chain(2, 4), chain(3, 2), chain(1, 4), chain(2, 4)])
+    r = run(trace, runner=RUNNER, num_gpu_blocks=8)
+    assert column(r, "cached_tokens") == [0, 0, 0, 32, 32]
+    assert column(r, "ttft_s") == [17.0, 17.0, 9.0, 9.0, 9.0]
+    roomy = run(trace, runner=RUNNER, num_gpu_blocks=64)  # nothing evicted: D and E hit all but one token
+    assert column(roomy, "cached_tokens") == [0, 0, 0, 63, 63]
+
+
+def test_a_tenant_scoped_cache_gives_no_cross_tenant_hit():
+    trace = hashed([0, 20, 40], [64, 64, 64], [1, 1, 1], [chain(1, 4)] * 3, tenant=["a", "b", "a"])
+    shared = run(trace, runner=RUNNER)
+    assert column(shared, "cached_tokens") == [0, 63, 63]
+    scoped = run(trace, runner=RUNNER, prefix_cache_scope="tenant")
+    assert column(scoped, "cached_tokens") == [0, 0, 63]  # b computes its own copy; a's second request hits a's
+
+
+def test_a_request_preempted_by_recompute_finds_its_own_blocks_again():
+    # A (prompt 16, 60 tokens out): prefill [0, 5], then a token a second until B arrives at 10, when
+    # A has 6 tokens and 21 computed (one full block). srpt with preemption ranks the short B first
+    # and one slot fits one request: A is preempted. B prefills 64 tokens [10, 27]. A returns, finds its
+    # full block (16 tokens) cached and computes only 22 - 16 = 6: [27, 29.5] emits token 7, then 53
+    # more a second each: done at 82.5. Recomputing all 22 tokens would take 6.5 s: done at 86.5.
+    trace = hashed([0, 10], [16, 64], [60, 1], [chain(1, 1), chain(2, 4)])
+    r = run(trace, runner=RUNNER, policy="srpt", policy_params={"preempt": True}, max_num_seqs=1)
+    assert column(r, "num_preemptions") == [1, 0]
+    assert column(r, "cached_tokens") == [16, 0]
+    assert column(r, "finish_s") == [82.5, 27.0]
+    off = run(trace, runner=RUNNER, policy="srpt", policy_params={"preempt": True}, max_num_seqs=1,
+              enable_prefix_caching=False)
+    assert column(off, "cached_tokens") == [0, 0] and column(off, "finish_s") == [86.5, 27.0]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_unbounded_cache_serves_exactly_the_reuse_the_hashes_allow(seed):
+    """Σ cached_tokens = Σ per request of the tokens in its leading blocks whose hash an earlier request
+    had (what `trace info` calls the ideal reuse), less the last token a full hit still computes."""
+    from servelab.traces.info import prefix_reuse_share
+
+    trace = synth_trace(n=300, rate=0.05, tenants="a=1,b=1", shared_prefix_tokens=128, turns=3.0, think_s=5.0,
+                        prompt="lognormal:200:0.5", output="fixed:4", prefix_block_tokens=16, seed=seed)
+    r = run(trace, runner="linear:base=0.01,prefill_token=0.0001", num_gpu_blocks=1_000_000)
+    assert set(column(r, "status")) == {"finished"}
+    seen: set[int] = set()
+    expected = ideal = 0
+    # requests arrive far apart and finish before the next: trace order is completion order
+    by_arrival = sorted(zip(column(r, "arrival_s"), range(r.requests.num_rows)))
+    hashes = trace.column("prefix_hashes").to_pylist()
+    prompts = trace.column("prompt_tokens").to_pylist()
+    ids = column(r, "request_id")
+    for _, i in by_arrival:
+        row = ids[i]  # the trace row of this result row
+        blocks = hashes[row]
+        hit = 0
+        while hit < len(blocks) and blocks[hit] in seen:
+            hit += 1
+        ideal += hit * 16
+        expected += min(hit * 16, prompts[row] - 1)
+        seen.update(blocks)
+    assert expected > 0
+    assert sum(column(r, "cached_tokens")) == expected
+    assert ideal == pytest.approx(prefix_reuse_share(trace) * sum(prompts), abs=0.5)
