@@ -38,6 +38,8 @@ class PolicyBase:
     # decodes_first=True)`` (its first use of the builder) and ignores ``on_step``'s items, so the
     # engine may keep the replica's decoding requests as one aggregate (replay/cohort.py).
     decode_cohort: ClassVar[bool] = False
+    cohort_group: ClassVar = None  # a method req -> key: the cohort counts its members per key (batch.cohort_groups)
+    cohort_left: ClassVar = None  # with cohort_group: a method told when a member's counters are real again
     sheds: ClassVar[bool] = False  # True: the engine calls ``shed`` before each decision
 
     def __init__(self, params: Any, engine: EngineConfig, replica_id: int = 0):
@@ -53,6 +55,9 @@ class PolicyBase:
 
     def on_step(self, batch: Batch, num_iterations: int) -> None:
         """``batch`` ran ``num_iterations`` iterations; its requests' counters are up to date."""
+
+    def on_finish(self, req: Request, replica: Replica) -> None:
+        """``req`` finished on ``replica`` (after ``on_step`` of its last step)."""
 
     def on_leave(self, req: Request, replica: Replica) -> None:
         """``req`` left ``replica`` without this policy's decision (dropped, paused, replica failure)."""

@@ -133,12 +133,31 @@ class _FairShare(PolicyBase):
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
 
+    @property
+    def decode_cohort(self) -> bool:
+        """Without preemption running requests are walked only by the builder, decodes first, and
+        service is charged per class: the engine may keep decodes in aggregate, counted per class."""
+        return not self.params.preempt
+
+    def cohort_group(self, req: Request):
+        return req.policy_data.cls
+
+    def cohort_left(self, req: Request) -> None:
+        """Its tokens as a cohort member were charged to its class through ``batch.cohort_groups``."""
+        req.policy_data.charged_out = req.num_generated_tokens
+
+    def on_finish(self, req: Request, replica: Replica) -> None:
+        self._gone(req)
+
     def on_step(self, batch: Batch, num_iterations: int) -> None:
         # Called every iteration for every item of the batch (hundreds once a queue builds up), so
         # the loop stays flat: counters in locals, one call per item that received service.
         w_in, w_out = self.params.w_in, self.params.w_out
         contended = self.contended
         charge = self._charge
+        if batch.cohort_groups:  # decode cohort members: one output token per iteration each
+            for cls, members in batch.cohort_groups.items():
+                charge(cls, cls[1], w_out * members * num_iterations, contended)
         for req, _ in batch.items:
             slot = req.policy_data
             prompt_done = req.num_computed_tokens
@@ -156,8 +175,6 @@ class _FairShare(PolicyBase):
                 else:
                     d_out = 0
                 charge(slot.cls, req.tenant, w_in * d_in + w_out * d_out, contended)
-            if req.status >= _TERMINAL:
-                self._gone(req)
 
     def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
         raise NotImplementedError
@@ -189,7 +206,7 @@ class _FairShare(PolicyBase):
         budget = b.token_budget
         repeat = None
         if not waiting:
-            b.schedule_running(replica.running)
+            b.schedule_running(replica.running, decodes_first=True)
         elif self.params.preempt:
             running_by_cls: dict = {}
             for req in replica.running:  # admission order
@@ -203,7 +220,7 @@ class _FairShare(PolicyBase):
                     b.admit_waiting((req,), chunked=True)
             repeat = 1  # service changes the order every iteration
         else:
-            b.schedule_running(replica.running)
+            b.schedule_running(replica.running, decodes_first=True)
             blocked = None
             if not b.preempted and b.seq_budget > 0 and b.token_budget > 0:
                 blocked = self._admit(b)
@@ -260,7 +277,6 @@ class _FairShare(PolicyBase):
         raise NotImplementedError
 
 
-_TERMINAL = Status.FINISHED  # every status from it on is terminal (Status.is_terminal)
 
 
 def _chain(first, second):
@@ -363,7 +379,10 @@ class DeficitRoundRobin(_FairShare):
         if blocked is None:
             return None if b.seq_budget <= 0 or b.token_budget <= 0 else 1
         cls = blocked.policy_data.cls
-        per_iteration = self.params.w_out * sum(1 for req, _ in b.items if req.policy_data.cls == cls)
+        members = sum(1 for req, _ in b.items if req.policy_data.cls == cls)
+        if b.cohort_groups:
+            members += b.cohort_groups.get(cls, 0)
+        per_iteration = self.params.w_out * members
         if not per_iteration:
             return None  # its credit never runs out: the same head is tried at every decision
         return max(1, math.ceil(self.deficit[cls] / per_iteration))

@@ -31,6 +31,7 @@ class Batch(NamedTuple):  # a tuple: immutable, and cheap to build once per iter
     wake_s: float | None = None
     summary: "BatchSummary | None" = None  # filled by BatchBuilder; the engine recomputes it if absent
     cohort: int = 0
+    cohort_groups: dict | None = None  # the cohort members by the policy's cohort_group (if it has one)
 
 
 class BatchSummary:
@@ -101,7 +102,7 @@ class BatchBuilder:
     the two preemption rules (``preempt_to_admit``, ``keep_only``)."""
 
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort", "_released")
+                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort", "cohort_groups", "_released")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
                  token_budget: int | None = None, seq_budget: int | None = None):
@@ -119,6 +120,7 @@ class BatchBuilder:
         self.skip_blocked = cfg.head_of_line == "skip"
         self.summary = BatchSummary()
         self.cohort = 0  # members of the replica's decode cohort taken whole into this batch
+        self.cohort_groups = None
         self._released = None  # prefix-cache blocks the preempted requests free (a hit on one takes it back)
 
     def has(self, req: Request) -> bool:
@@ -176,7 +178,8 @@ class BatchBuilder:
     def build(self, repeat: int | None = None, wake_s: float | None = None) -> Batch:
         if not self.items and not self.preempted and wake_s is None and not self.cohort:
             return EMPTY
-        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary, self.cohort)
+        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary, self.cohort,
+                     self.cohort_groups)
 
     # -- the two loops most policies share -----------------------------------------------------
     def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None,
@@ -220,6 +223,8 @@ class BatchBuilder:
             summary.min_decode_left = left
         summary.cohort_blocks = need
         self.cohort = n
+        if cohort.group is not None:
+            self.cohort_groups = {key: count for key, count in cohort.groups.items() if count}
         return cohort.outside
 
     def _walk(self, order: Iterable[Request], chunk_cap: int | None, prefills: list[Request] | None) -> None:

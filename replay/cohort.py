@@ -35,14 +35,17 @@ if TYPE_CHECKING:
 
 
 class DecodeCohort:
-    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
+    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "group", "left", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
                  "gap_starts", "gap_max", "last_end_s", "outside")
 
-    def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED):
+    def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED,
+                 group=None, left=None):
         self.replica = replica
         self.kv = replica.kv
         self.token_budget = token_budget  # the budgets the replica's policy builds every batch from
         self.seq_budget = seq_budget
+        self.group = group  # the policy's cohort_group: members are counted per key (None: not counted)
+        self.left = left  # the policy's cohort_left: told when a member's counters are real again
         self.bs = replica.kv.block_size
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order
@@ -57,6 +60,7 @@ class DecodeCohort:
         self.gap_starts: list[int] = []  # monotonic stack: cohort iteration each logged run began at ...
         self.gap_max: list[float] = []  # ... and its largest gap (strictly decreasing bottom to top)
         self.last_end_s = 0.0
+        self.groups: dict = {}  # cohort_group key -> members
 
     # -- membership ---------------------------------------------------------------------------
     def join(self, req: Request) -> None:
@@ -72,6 +76,9 @@ class DecodeCohort:
         if not self.reserve:
             self.residues[(c - d) % self.bs] += 1
         heapq.heappush(self.heap, (d + req.output_tokens - req.num_generated_tokens, req.admitted_seq, req))
+        if self.group is not None:
+            key = self.group(req)
+            self.groups[key] = self.groups.get(key, 0) + 1
 
     def materialize(self, req: Request) -> None:
         """Write ``req``'s true counters back; it stays running but is no longer a member."""
@@ -83,6 +90,8 @@ class DecodeCohort:
             if not self.reserve:
                 self.kv.settle(req, -(-c // self.bs))
         req.cohort_mark = None
+        if self.left is not None:
+            self.left(req)
 
     def dissolve(self) -> None:
         """Every member back to per-request bookkeeping (the policy must walk them one by one)."""
@@ -171,6 +180,8 @@ class DecodeCohort:
         self.ctx_base -= c0 - mark
         if not self.reserve:
             self.residues[(c0 - mark) % self.bs] -= 1
+        if self.group is not None:
+            self.groups[self.group(req)] -= 1
         self.materialize(req)
         if not self.n:  # empty again: no member can ask for the gap log
             self.gap_starts.clear()

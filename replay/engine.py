@@ -83,7 +83,9 @@ class Engine:
         if self.tokens is None and not self.needs_items and (self.platform is None or not self.platform.walks_running):
             for replica in replicas:
                 if replica.policy.decode_cohort:
-                    replica.cohort = DecodeCohort(replica, *initial_budgets(replica))
+                    policy = replica.policy
+                    replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
+                                                  policy.cohort_left)
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -412,27 +414,32 @@ class Engine:
         """Apply ``j`` completed iterations of ``step`` ending at ``end_s``."""
         batch = step.batch
         items = batch.items
-        if batch.cohort:
-            self._apply_cohort(replica, step, j, end_s)
+        finished = self._apply_cohort(replica, step, j, end_s) if batch.cohort else ()
         if items:
             if step.k == 1:
-                produced, finished = apply_iteration(items, end_s, self.tokens, replica.kv.register)
+                produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
             else:  # a decode stretch: every item produced j tokens
-                produced, finished = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
+                produced, done = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
             replica.outstanding_tokens -= produced
-            for req in finished:
+            for req in done:
                 self._finish(replica, req, end_s)
             if replica.cohort is not None:
                 self._join_cohort(replica.cohort, items, end_s)
-        replica.policy.on_step(batch, j)
+            if done:
+                finished = [*finished, *done]
+        policy = replica.policy
+        policy.on_step(batch, j)
+        for req in finished:
+            policy.on_finish(req, replica)
         self.steps.append((
             replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
             step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
             len(batch.preempt),
         ))
 
-    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float) -> None:
-        """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers."""
+    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):
+        """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers
+        (returned)."""
         cohort = replica.cohort
         if step.k == 1:
             gap = end_s - cohort.last_end_s
@@ -443,8 +450,10 @@ class Engine:
             if more:
                 replica.kv.grow_cohort(more)
         replica.outstanding_tokens -= j * step.batch.cohort
-        for req in cohort.advance(j, gap, end_s):
+        finished = cohort.advance(j, gap, end_s)
+        for req in finished:
             self._finish(replica, req, end_s)
+        return finished
 
     @staticmethod
     def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:

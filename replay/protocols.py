@@ -113,6 +113,12 @@ class Policy(Protocol):
     params: Any  # the policy's frozen parameters (written to run.json)
     uses_token_budget: bool  # False: max_num_batched_tokens does not apply (orca, static)
     decode_cohort: bool
+    # with the decode cohort: a function of a running request whose values the cohort counts its
+    # members by (a policy that charges service per class, e.g. per tenant), or None; and, with it,
+    # ``cohort_left(req)``, called when a member's counters are written back (it finished, or the
+    # cohort dissolved): the tokens it made as a member were in ``batch.cohort_groups``
+    cohort_group: Callable[["Request"], Any] | None
+    cohort_left: Callable[["Request"], None] | None
     sheds: bool
 
     def schedule(self, replica: "Replica") -> "Batch": ...
@@ -127,7 +133,12 @@ class Policy(Protocol):
         """``req`` left the replica without the policy's decision (dropped, paused, replica failure)."""
 
     def on_step(self, batch: "Batch", num_iterations: int) -> None:
-        """``batch`` ran ``num_iterations`` identical iterations; its requests' counters are updated."""
+        """``batch`` ran ``num_iterations`` identical iterations; its requests' counters are updated.
+        With the decode cohort, ``batch.cohort`` members decoded too (one token per iteration each),
+        counted per ``cohort_group`` in ``batch.cohort_groups``."""
+
+    def on_finish(self, req: "Request", replica: "Replica") -> None:
+        """``req`` finished (called after ``on_step`` of the step that finished it)."""
 
     def reject_reason(self, req: "Request") -> str | None:
         """Why ``req`` can never be served under this policy, or None."""

@@ -138,3 +138,32 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     assert with_cohort.requests.equals(without.requests)
     assert with_cohort.steps.equals(without.steps)
     assert with_cohort.meta["counts"] == without.meta["counts"]
+
+
+FAIR_CASES = ["plenty of KV, 2 replicas", "KV pressure, recompute", "small token budget", "horizon", "sessions",
+              "quotas, retries and a queue cap"]
+
+
+@pytest.mark.parametrize("policy", ["vtc", "drr"])
+@pytest.mark.parametrize("case", FAIR_CASES)
+def test_fair_sharing_with_cohorts_is_byte_identical(case, policy, monkeypatch):
+    """vtc and drr keep decodes in a cohort counted per class (cohort_group): service is charged per
+    class from the counts, and a replay is byte-identical to one that visits every request."""
+    from servelab.policies.fair import _FairShare
+
+    spec = CASES[case]
+    shape = dict(spec.get("trace", {}))
+    shape.setdefault("tenants", (("a", 3.0), ("b", 1.0), ("c", 1.0)))
+    trace = synthetic(**shape)
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy)
+    joins = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+    with_cohort = replay(trace, config)
+    assert joins, "the cohort was never used: the comparison would prove nothing"
+    monkeypatch.setattr(_FairShare, "decode_cohort", False)
+    joins.clear()
+    without = replay(trace, config)
+    assert not joins
+    assert with_cohort.requests.equals(without.requests)
+    assert with_cohort.steps.equals(without.steps)
