@@ -74,6 +74,7 @@ class Tiers(PolicyBase):
         self.queues = ClassQueues()
         self.promotions: list[tuple[float, int, Request, Slot]] = []  # (promote_at_s, seq, req, slot)
         self.epoch = 0
+        self.ranks_seen: set = set()  # every rank a request here has had (one: no per-decision scan)
         shares = parse_named_floats(params.reserve, "policy 'tiers'", "reserve", positive=False, upper=1.0)
         self.reserve = {t: (int(s * engine.max_num_seqs), int(s * engine.max_num_batched_tokens))
                         for t, s in shares.items() if s > 0}
@@ -84,10 +85,12 @@ class Tiers(PolicyBase):
         rank = self.rank_of(req.tier)
         slot = Slot(rank, rank, predicted_output(req, self.engine.seed, self.params.noise_sigma), self.epoch)
         req.policy_data = slot
+        self.ranks_seen.add(rank)
         if self.params.max_wait_s > 0 and req.tier in self.best_effort:
             promote_at = req.arrival_s + self.params.max_wait_s
             if promote_at <= replica.now_s:
                 slot.rank = self.promoted_rank
+                self.ranks_seen.add(self.promoted_rank)
             else:
                 heapq.heappush(self.promotions, (promote_at, self.epoch, req, slot))
         self._enqueue(req)
@@ -116,6 +119,7 @@ class Tiers(PolicyBase):
                 return at
             heapq.heappop(heap)
             slot.rank = self.promoted_rank
+            self.ranks_seen.add(self.promoted_rank)
             if slot.entry is not None:
                 self._enqueue(req)
         return None
@@ -132,7 +136,10 @@ class Tiers(PolicyBase):
         running = replica.running
         # victim_key order = (rank, admitted_seq); running is in admission order, so a stable sort
         # by rank alone gives it, and with one rank running (the usual case) no sort at all
-        ranks = sorted({_rank(req) for req in running})
+        if len(self.ranks_seen) <= 1:  # the usual case: one tier, no promotion
+            ranks = list(self.ranks_seen) if running else []
+        else:
+            ranks = sorted({slot.rank if isinstance(slot := req.policy_data, Slot) else 0 for req in running})
         if queues.live and replica.waiting:
             self._preempt_for_waiting(replica, b, ranks)
         tier_preempted = len(b.preempted)
@@ -167,14 +174,15 @@ class Tiers(PolicyBase):
         return vrank > rank and (self.params.preempt or yields)
 
     def _admit(self, replica: Replica, b) -> None:
-        if self.reserve:
+        reserved = bool(self.reserve)
+        if reserved:
             self._admit_reserved(b)
         higher_blocked = False
         for cls in self.queues.classes():
             for req in self.queues.in_order(cls):
                 if b.seq_budget <= 0 or b.token_budget <= 0:
                     return
-                if b.has(req):
+                if reserved and b.has(req):  # admitted above, from its tier's reserved share
                     continue
                 best_effort = req.tier in self.best_effort and req.policy_data.rank != self.promoted_rank
                 if higher_blocked and best_effort:
