@@ -9,52 +9,39 @@ of the backlog. An ordered dict keeps the order and removes in O(1).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     from servelab.replay.request import Request
 
 
-class RequestQueue:
-    __slots__ = ("_order",)
+class RequestQueue(OrderedDict):
+    """Requests as keys (values unused): iteration, ``len``, ``in`` and ``reversed`` are the dict's own."""
+
+    __slots__ = ()
 
     def __init__(self, requests: Iterable["Request"] = ()) -> None:
-        self._order: OrderedDict = OrderedDict.fromkeys(requests)
+        super().__init__((req, None) for req in requests)
 
     def append(self, req: "Request") -> None:
-        self._order[req] = None
+        self[req] = None
 
     def appendleft(self, req: "Request") -> None:
-        self._order[req] = None
-        self._order.move_to_end(req, last=False)
+        self[req] = None
+        self.move_to_end(req, last=False)
 
     def extend(self, reqs: Iterable["Request"]) -> None:
         for req in reqs:
-            self._order[req] = None
+            self[req] = None
 
     def remove(self, req: "Request") -> None:
-        del self._order[req]
+        del self[req]
 
     def popleft(self) -> "Request":
-        return self._order.popitem(last=False)[0]
-
-    def clear(self) -> None:
-        self._order.clear()
-
-    def __iter__(self) -> Iterator["Request"]:
-        return iter(self._order)
-
-    def __reversed__(self) -> Iterator["Request"]:
-        return reversed(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, req: "Request") -> bool:
-        return req in self._order
+        return self.popitem(last=False)[0]
 
     def __repr__(self) -> str:
-        return f"RequestQueue({list(self._order)!r})"
+        return f"RequestQueue({list(self)!r})"
 
 
 __all__ = ["RequestQueue"]
