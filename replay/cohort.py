@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class DecodeCohort:
-    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "group", "left", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
+    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "cap", "group", "left", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
                  "gap_starts", "gap_max", "last_end_s", "outside")
 
     def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED,
@@ -44,6 +44,7 @@ class DecodeCohort:
         self.kv = replica.kv
         self.token_budget = token_budget  # the budgets the replica's policy builds every batch from
         self.seq_budget = seq_budget
+        self.cap = min(token_budget, seq_budget)  # running requests a decision can give a token each
         self.group = group  # the policy's cohort_group: members are counted per key (None: not counted)
         self.left = left  # the policy's cohort_left: told when a member's counters are real again
         self.bs = replica.kv.block_size
@@ -107,11 +108,13 @@ class DecodeCohort:
         budgets, surely give every member its next token, with nothing to preempt? If not, the engine
         dissolves the cohort before the policy decides, and the policy walks its members one by one."""
         outside = self.outside
-        tokens = self.token_budget
-        if self.n + len(outside) > min(tokens, self.seq_budget):
+        if self.n + len(outside) > self.cap:
             return False
         kv = self.kv
         room = kv.total - kv.used - (0 if self.reserve else self.residues[-self.d % self.bs])  # free - next_blocks()
+        if not outside:  # the usual case: every running request decodes
+            return room >= 0
+        tokens = self.token_budget
         blocks_needed = kv.blocks_needed
         for req in outside:  # at most what each can take: then no preemption can follow
             left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
