@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from servelab.common.errors import ServelabError
+from servelab.common.processes import alive, start_token
 
 # Temporaries from versions before the owner tag (``.NAME.<8 random>.tmp``) count as stale once
 # untouched this long: their owner cannot be known.
@@ -49,12 +50,8 @@ def _host_tag() -> str:
 
 
 def _start_token(pid: int) -> str:
-    """The kernel's start time of ``pid`` (a recycled pid is not taken for the process that made a temporary)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "0"
+    """The process's start time as it appears in temporaries' names ("0": unknown)."""
+    return start_token(pid) or "0"
 
 
 def owner_tag(pid: int | None = None) -> str:
@@ -70,20 +67,7 @@ def _temp_pattern(name: str) -> re.Pattern:
 
 
 def _pid_alive(pid: int, token: str) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:  # a zombie (killed, not yet reaped) is dead too
-        with open(f"/proc/{pid}/stat") as fh:
-            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-    except (OSError, IndexError):
-        pass
-    current = _start_token(pid)
-    return current == "0" or token == "0" or current == token
+    return alive(pid, None if token == "0" else token)
 
 
 def _remove(path: Path) -> None:

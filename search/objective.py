@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from servelab.common.errors import ServelabError
+from servelab.common.processes import start_token
 from servelab.search.spec import SearchSpec
 
 
@@ -36,12 +37,8 @@ def trial_dir(study_dir: Path, number: int) -> Path:
 
 
 def process_start_token(pid: int) -> str:
-    """The kernel's start time of ``pid`` (so a recycled pid is not taken for a live worker)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return "?"
+    """The kernel's start time of ``pid`` as a worker id records it ("?": unknown)."""
+    return start_token(pid) or "?"
 
 
 def worker_id() -> str:

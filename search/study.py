@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
+from servelab.common.processes import alive
 from servelab.search.spec import SearchSpec
 
 SPEC_ATTR = "servelab_spec"
@@ -260,21 +261,7 @@ def open_study(spec: SearchSpec, study_dir: Path, seed: int | None = None, stora
 
 
 def _alive(pid: int, token: str) -> bool:
-    from servelab.search.objective import process_start_token
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:  # a zombie (killed, not yet reaped by its new parent) is dead too
-        with open(f"/proc/{pid}/stat") as fh:
-            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-    except OSError:
-        pass
-    return token == "?" or process_start_token(pid) == token
+    return alive(pid, None if token == "?" else token)
 
 
 def fail_stale_trials(study, study_dir: Path) -> list[int]:

@@ -112,8 +112,9 @@ def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     assert statuses <= {"finished", "unfinished", "throttled", "dropped", "rejected"}
 
 
-def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
-    engines = []
+def _keep_engines(monkeypatch) -> list[Engine]:
+    """Every Engine the replays build from now on, to look at after they ran."""
+    engines: list[Engine] = []
 
     class Keep(Engine):
         def __init__(self, *args, **kwargs):
@@ -121,6 +122,11 @@ def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
             engines.append(self)
 
     monkeypatch.setattr(servelab.api, "Engine", Keep)
+    return engines
+
+
+def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
+    engines = _keep_engines(monkeypatch)
     for policy in policy_names():
         run(synthetic(n=200, rate=40.0), policy=policy, runner="linear:base=0.01,prefill_token=0.0001",
             num_gpu_blocks=500, replicas=2, router="least-outstanding")
@@ -171,14 +177,7 @@ def test_runners_have_every_member_the_engine_uses(spec):
 
 
 def test_without_platform_features_no_platform_component_is_built(monkeypatch):
-    engines = []
-
-    class Keep(Engine):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    engines = _keep_engines(monkeypatch)
     run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01")
     run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01", queue_cap=10)
     assert engines[0].platform is None and engines[1].platform is not None
