@@ -34,7 +34,7 @@ _ENGINE_HELP = {
     "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
     "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
     "replicas": "Identical engine replicas behind the router.",
-    "router": "round-robin or least-outstanding.",
+    "router": "round-robin, least-outstanding, prefix-affinity (cache-aware) or session (sticky).",
     "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
     "seed": "Seed for every random choice (predictors, retries).",
     "quota": "Quota, repeatable: tenant=NAME:rpm=60,tpm=40000,concurrency=8 or tier=NAME:tpm=... (NAME may be *).",

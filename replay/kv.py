@@ -136,6 +136,11 @@ class KVManager:
             return None
         return self.cache.lookup(req)
 
+    def cached_tokens(self, req: Request) -> int:
+        """Tokens of ``req`` this replica's prefix cache would serve if it were admitted now (routers)."""
+        hit = self.lookup(req)
+        return hit.tokens if hit is not None else 0
+
     def claim(self, req: Request, hit: Hit) -> None:
         """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once)."""
         self.used += self.cache.claim(req, hit)
