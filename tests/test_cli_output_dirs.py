@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_trace
 
-from servelab.cli.main import main
 from servelab.traces.bundled import default_trace_path
 from servelab.traces.io import trace_sha256, write_trace
+from helpers_cli import run_main as run
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.001"
 REPLAY = ["--runner", RUNNER, "--num-gpu-blocks", "200"]
@@ -23,14 +23,6 @@ def trace(tmp_path):
     return path
 
 
-def run(argv, capsys):
-    try:
-        main([str(a) for a in argv])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _snapshot(folder):

@@ -6,19 +6,13 @@ import json
 
 import pyarrow.parquet as pq
 from click.testing import CliRunner
-from conftest import make_trace
 
 from servelab.cli.main import cli, main
-from servelab.traces.io import write_trace
+from helpers_cli import write_small_trace as write
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.001"
 
 
-def write(tmp_path, n=20):
-    trace = make_trace([i * 0.1 for i in range(n)], [50] * n, [10] * n)
-    path = tmp_path / "t.arrow"
-    write_trace(trace, path, source="test")
-    return path
 
 
 def test_replay_writes_a_run_and_reports(tmp_path):

@@ -4,21 +4,15 @@ reported with or without -o (issue 16, item 13)."""
 from __future__ import annotations
 
 import pytest
-from conftest import make_trace
 
 from servelab.cli.main import main
 from servelab.common.errors import ServelabError
 from servelab.common.registry import Registry, did_you_mean
-from servelab.traces.io import write_trace
+from helpers_cli import write_small_trace as write
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.001"
 
 
-def write(tmp_path, n=20):
-    trace = make_trace([i * 0.1 for i in range(n)], [50] * n, [10] * n)
-    path = tmp_path / "t.arrow"
-    write_trace(trace, path, source="test")
-    return path
 
 
 def run(args, capsys) -> tuple[int, str, str]:

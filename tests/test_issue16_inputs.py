@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 from helpers_traces import FIXTURES, assert_input_error, good_table, no_files_like
 
-from servelab.cli.main import main
 from servelab.common.errors import InputError, ServelabError
 from servelab.common.textfile import read_text
 from servelab.policies.base import make_policy
@@ -19,17 +18,9 @@ from servelab.replay.config import EngineConfig
 from servelab.traces.importers import import_trace
 from servelab.traces.info import trace_info
 from servelab.traces.io import read_trace, write_trace
+from helpers_cli import run_main as cli
 
 
-def cli(argv, capsys) -> tuple[int, str, str]:
-    """Run the real entry point (its error handling included): exit code, stdout, stderr."""
-    try:
-        main([str(a) for a in argv])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_line_error(code: int, err: str, *needles: str, progress: bool = False) -> None:

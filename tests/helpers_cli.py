@@ -1,0 +1,27 @@
+"""Helpers for CLI tests: run the real entry point, write a small trace file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import make_trace
+from servelab.cli.main import main
+from servelab.traces.io import write_trace
+
+
+def run_main(argv, capsys) -> tuple[int, str, str]:
+    """Run the real entry point (its error handling included): exit code, stdout, stderr."""
+    try:
+        main([str(a) for a in argv])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_small_trace(tmp_path: Path, n: int = 20) -> Path:
+    """``n`` requests 0.1 s apart, 50 prompt and 10 output tokens each, as ``tmp_path/t.arrow``."""
+    path = tmp_path / "t.arrow"
+    write_trace(make_trace([i * 0.1 for i in range(n)], [50] * n, [10] * n), path, source="test")
+    return path
