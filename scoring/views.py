@@ -295,6 +295,22 @@ GROUP BY run_id, replica, k
 ORDER BY run_id, replica, t_s
 """
 
+PREFIX_CACHE = """
+CREATE OR REPLACE VIEW prefix_cache AS
+SELECT run_id,
+    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+    count(*) AS requests,
+    CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+    CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+    -- tokens served from the cache per prompt token (re-admissions after preemption can add more)
+    sum(cached_tokens) / nullif(sum(prompt_tokens), 0) AS hit_rate,
+    count(*) FILTER (WHERE cached_tokens > 0) / count(*) AS requests_with_hit
+FROM requests
+GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
+ORDER BY run_id, scope, name
+"""
+
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
@@ -314,3 +330,6 @@ DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     for _, sql in DERIVED_VIEWS:
         con.execute(sql)
+    columns = {row[0] for row in con.execute("DESCRIBE requests").fetchall()}
+    if "cached_tokens" in columns:  # (runs written before prefix caching have no such column)
+        con.execute(PREFIX_CACHE)

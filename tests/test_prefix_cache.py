@@ -130,3 +130,17 @@ def test_prefix_affinity_routing_beats_round_robin_on_a_multi_turn_trace():
     assert cached["prefix-affinity"] > 1.3 * cached["round-robin"], cached
     assert ttft["prefix-affinity"] < ttft["round-robin"], (ttft, cached)
     assert cached["session"] > cached["round-robin"], cached  # a session's turns find their own history
+
+
+def test_the_prefix_cache_view_gives_hit_rates_overall_per_tenant_and_per_replica(tmp_path):
+    from servelab.api import write_run
+    from servelab.scoring import connect
+
+    trace = hashed([0, 20, 40], [64, 64, 64], [1, 1, 1], [chain(1, 4)] * 3, tenant=["a", "b", "a"])
+    write_run(run(trace, runner=RUNNER, replicas=2, router="prefix-affinity"), tmp_path / "r")
+    con = connect([tmp_path / "r"])
+    rows = con.execute("SELECT scope, name, prompt_tokens, cached_tokens, hit_rate FROM prefix_cache").fetchall()
+    overall = [r for r in rows if r[0] == "overall"]
+    assert overall == [("overall", None, 192, 126, 126 / 192)]  # the 2nd and 3rd reuse 63 tokens each
+    assert {r[1]: r[3] for r in rows if r[0] == "tenant"} == {"a": 63, "b": 63}
+    assert sum(r[3] for r in rows if r[0] == "replica") == 126
