@@ -49,6 +49,9 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     balance = _rows(con, "SELECT * FROM replica_balance WHERE run_id = ?", [run_id])
     fairness = _rows(con, "SELECT * FROM fairness WHERE run_id = ?", [run_id])
     slo = _rows(con, "SELECT * FROM slo_table ORDER BY scope, name")
+    views = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+    cache = _rows(con, "SELECT * FROM prefix_cache WHERE run_id = ? AND scope = 'overall'", [run_id]) \
+        if "prefix_cache" in views else []
     return {
         "run": run[0],
         "slo": slo,
@@ -58,6 +61,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
         "resources": resources[0] if resources else None,
         "replica_balance": balance[0] if balance else None,
         "fairness": fairness[0] if fairness else None,
+        "prefix_cache": cache[0] if cache and cache[0]["cached_tokens"] else None,
     }
 
 
@@ -168,6 +172,10 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(
         f"preemptions {overall['preemptions']} ({overall['preempted_requests']} requests)"
     )
+    cache = data.get("prefix_cache")
+    if cache:  # only when the prefix cache served anything
+        console.print(f"prefix cache: {cache['cached_tokens']:,} of {cache['prompt_tokens']:,} prompt tokens "
+                      f"served from cache ({_pct(cache['hit_rate'])}), {_pct(cache['requests_with_hit'])} of requests hit")
     console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}

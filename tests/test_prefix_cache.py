@@ -144,3 +144,16 @@ def test_the_prefix_cache_view_gives_hit_rates_overall_per_tenant_and_per_replic
     assert overall == [("overall", None, 192, 126, 126 / 192)]  # the 2nd and 3rd reuse 63 tokens each
     assert {r[1]: r[3] for r in rows if r[0] == "tenant"} == {"a": 63, "b": 63}
     assert sum(r[3] for r in rows if r[0] == "replica") == 126
+
+
+def test_the_report_says_what_the_prefix_cache_served(tmp_path):
+    from servelab.api import write_run
+    from servelab.scoring import connect
+    from servelab.scoring.report import render_text
+
+    trace = hashed([0, 20, 40], [64, 64, 64], [1, 1, 1], [chain(1, 4)] * 3)
+    write_run(run(trace, runner=RUNNER), tmp_path / "on")
+    write_run(run(trace, runner=RUNNER, enable_prefix_caching=False), tmp_path / "off")
+    on = render_text(connect([tmp_path / "on"]), width=120)
+    assert "prefix cache: 126 of 192 prompt tokens served from cache" in on
+    assert "prefix cache" not in render_text(connect([tmp_path / "off"]), width=120)
