@@ -492,12 +492,12 @@ def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str 
         # the `search` process is gone (killed): it will not write trials.parquet, so each worker does
         from servelab.search.trials import write_trials
 
-        for attempt in range(4):  # both workers write it at once: one may meet the other's half-done write
+        for attempt in range(3):  # both workers write it at once: one may meet the other's half-done write
             try:
                 write_trials(open_study(spec, Path(study_dir), storage_url=storage_url), Path(study_dir))
                 break
             except Exception:
-                time.sleep(0.2 * (attempt + 1))
+                time.sleep(0.1 * (attempt + 1))
 
 
 def worker_seed(spec: SearchSpec, index: int) -> int:
