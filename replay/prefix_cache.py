@@ -75,6 +75,14 @@ class PrefixCache:
         key = (req.prefix_hashes[((j + 1) * self.block_size - 1) // self.trace_block], j)
         return (req.tenant, *key) if self.per_tenant else key
 
+    def keys(self, req: "Request", start: int, stop: int) -> list:
+        """``key(req, j)`` for j in [start, stop), in one pass (long prompts have thousands)."""
+        hashes, bs, tb = req.prefix_hashes, self.block_size, self.trace_block
+        if self.per_tenant:
+            tenant = req.tenant
+            return [(tenant, hashes[((j + 1) * bs - 1) // tb], j) for j in range(start, stop)]
+        return [(hashes[((j + 1) * bs - 1) // tb], j) for j in range(start, stop)]
+
     # -- the free queue -------------------------------------------------------------------------
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
         if blocks <= 0:
@@ -94,20 +102,20 @@ class PrefixCache:
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
         self.queued -= n
-        queue = self.queue
+        queue, refs = self.queue, self.refs
+        pop = queue.popitem
         while n > 0:
-            head_id = next(iter(queue))
-            entry = queue[head_id]
+            head_id, entry = pop(last=False)
             if entry is None:  # a hashed block: evicted
-                del queue[head_id]
-                del self.refs[head_id]
+                del refs[head_id]
                 n -= 1
                 continue
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
                 entry[1] -= n
+                queue[head_id] = entry
+                queue.move_to_end(head_id, last=False)  # (back at the head, where it was)
                 return
             n -= entry[1]
-            del queue[head_id]
             if entry[0] == OWN:
                 del self.segments[entry[2]]
 
@@ -120,13 +128,19 @@ class PrefixCache:
         refs = self.refs
         keys = []
         claimed = 0
-        for j in range(hashed):
-            key = self.key(req, j)
-            count = refs.get(key)
-            if count is None:
-                break
-            keys.append(key)
-            claimed += count == 0
+        start, chunk = 0, 8
+        while start < hashed:  # keys a chunk at a time (growing): a hit often ends long before the prompt
+            stop = min(hashed, start + chunk)
+            for key in self.keys(req, start, stop):
+                count = refs.get(key)
+                if count is None:
+                    break
+                keys.append(key)
+                claimed += count == 0
+            else:
+                start, chunk = stop, chunk * 4
+                continue
+            break
         own = 0
         seg = self.segments.get(req.index)
         if seg is not None and len(keys) == self.hashed_blocks(req):
@@ -170,9 +184,10 @@ class PrefixCache:
             keys = req.cached_keys = []
         have = len(keys)
         full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
+        if full <= have:
+            return
         refs = self.refs
-        for j in range(have, full):
-            key = self.key(req, j)
+        for key in self.keys(req, have, full):
             if key in refs:  # computed twice at once (both requests were admitted before either had it):
                 return  # this copy stays private (vLLM too caches one of the two)
             refs[key] = 1
@@ -193,8 +208,7 @@ class PrefixCache:
         own = full - max(hashed, shared)
         if own > 0:
             self._push_segment(OWN if may_return else DEAD, own, req.index)
-        for j in range(min(full, hashed) - 1, shared - 1, -1):  # hashed blocks it computed privately
-            key = self.key(req, j)
+        for key in reversed(self.keys(req, shared, min(full, hashed))):  # hashed blocks it computed privately
             if key in refs:
                 self._push_segment(DEAD, 1, None)
             else:
