@@ -15,7 +15,7 @@ from typing import Any
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
-from servelab.common.tiers import parse_tiers
+from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
 from servelab.replay.router import ROUTERS
 from servelab.common.textfile import read_text
 
@@ -49,7 +49,7 @@ class EngineConfig:
     retry_jitter: float = 0.0  # share of each backoff drawn away at random (seeded)
     retry_after: bool = False  # clients retry exactly when the quota will have refilled
     queue_cap: int | None = None  # most requests waiting across replicas; the lowest tier is shed
-    tier_order: str = "priority,standard,flex"  # tiers highest first, for queue-cap shedding
+    tier_order: str = DEFAULT_TIERS  # tiers highest first, for queue-cap shedding
     pause: str | None = None  # "tier=flex,waiting=32[,resume=8]" or "tier=flex,kv=0.9[,resume=0.7]"
     fail: tuple[str, ...] = ()  # "replica=R,at=T[,for=D]": replica failures
     journal: bool = True  # interrupted requests keep their generated tokens (else they start over)

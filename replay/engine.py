@@ -270,12 +270,8 @@ class Engine:
         if summary is None or items is not None:
             summary = self._summarise(kv, batch, items)
         hits = summary.hits
-        if hits is None:
-            for req in summary.admit:
-                swap_s += self._admit(replica, req, now, None)
-        else:
-            for req in summary.admit:
-                swap_s += self._admit(replica, req, now, hits.get(req))
+        for req in summary.admit:
+            swap_s += self._admit(replica, req, now, hits.get(req) if hits is not None else None)
         for req, target in summary.grow:
             kv.grow(req, target)
         if summary.cohort_blocks:

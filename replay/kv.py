@@ -71,11 +71,12 @@ class KVManager:
         extra = target - req.kv_blocks
         return extra if extra > 0 else 0
 
-    def can_ever_fit(self, req: Request) -> bool:
-        return -(-(req.prompt_tokens + req.max_output_tokens) // self.block_size) <= self.total
-
     def blocks_to_finish(self, req: Request) -> int:
+        """Blocks ``req`` holds at its largest (prompt + max output)."""
         return blocks_for(req.prompt_tokens + req.max_output_tokens, self.block_size)
+
+    def can_ever_fit(self, req: Request) -> bool:
+        return self.blocks_to_finish(req) <= self.total
 
     # -- GPU blocks ---------------------------------------------------------------------------
     def grow(self, req: Request, target: int) -> None:

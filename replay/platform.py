@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from servelab.replay.replica import Replica
 
 FAULT = 3  # the engine's event kind for failures and recoveries
+NO_FAULTS = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
+             "tokens_lost": 0, "tokens_recomputed": 0}  # run.json's faults counters before any failure
 
 
 class Platform:
@@ -58,8 +60,7 @@ class Platform:
         self.num_pauses = 0
         self.shedding = any(r.policy.sheds for r in engine.replicas)
         self.orphans: list[Request] = []  # routed nowhere: every replica is down
-        self.fault_stats = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
-                            "tokens_lost": 0, "tokens_recomputed": 0}
+        self.fault_stats = dict(NO_FAULTS)
         self.dropped = 0
         for spec in config.fail:
             f = Failure.parse(spec)

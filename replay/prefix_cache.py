@@ -71,12 +71,10 @@ class PrefixCache:
         covered = min(req.prompt_tokens, len(hashes) * self.trace_block)
         return covered // self.block_size
 
-    def key(self, req: "Request", j: int):
-        key = (req.prefix_hashes[((j + 1) * self.block_size - 1) // self.trace_block], j)
-        return (req.tenant, *key) if self.per_tenant else key
-
     def keys(self, req: "Request", start: int, stop: int) -> list:
-        """``key(req, j)`` for j in [start, stop), in one pass (long prompts have thousands)."""
+        """The keys of ``req``'s hashed blocks j in [start, stop): the trace hash of the trace block
+        holding the block's last token, and j (with the tenant first when the cache is per tenant).
+        One pass for a run of blocks: long prompts have thousands."""
         hashes, bs, tb = req.prefix_hashes, self.block_size, self.trace_block
         if self.per_tenant:
             tenant = req.tenant

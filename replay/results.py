@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from servelab.common.atomic import atomic_dir
 from servelab.replay.engine import Engine
+from servelab.replay.platform import NO_FAULTS
 from servelab.replay.logs import TokenTable
 from servelab.replay.request import Request, Status
 from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
@@ -147,7 +148,7 @@ def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
 def platform_meta(engine: Engine) -> dict:
     """run.json counters of the platform features (throttling, shedding, pausing, faults, journal)."""
     platform = engine.platform.meta() if engine.platform is not None else \
-        {"throttles": 0, "dropped": 0, "pauses": 0, "faults": EMPTY_FAULTS}
+        {"throttles": 0, "dropped": 0, "pauses": 0, "faults": dict(NO_FAULTS)}
     journal = engine.journal
     return {
         "throttles": platform["throttles"],
@@ -159,10 +160,6 @@ def platform_meta(engine: Engine) -> dict:
                     "tokens_lost": journal.tokens_lost, "tokens_recomputed": journal.tokens_recomputed},
         "faults": platform["faults"],
     }
-
-
-EMPTY_FAULTS = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
-                "tokens_lost": 0, "tokens_recomputed": 0}
 
 
 def write_run(result: RunResult, run_dir: str | Path) -> Path:
