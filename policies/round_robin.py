@@ -3,26 +3,37 @@
 Each admitted request runs until it has produced ``quantum`` tokens in its turn (a turn that only
 prefills does not count, so recompute preemption cannot livelock); then, if others wait for a slot, it is
 preempted (the engine's preemption mode: swap keeps its KV, recompute redoes it) and rejoins the
-back of the queue, behind requests that arrived up to that moment. Queue order is kept as a
-per-request ticket, so the engine's own front-of-queue placement of preempted requests is
-overridden.
+back of the queue, behind requests that arrived up to that moment; if nobody waits, a new turn
+begins. Queue order is kept as a per-request ticket, so the engine's own front-of-queue placement
+of preempted requests is overridden. Within an iteration, running requests are scheduled as in
+`sarathi` (decodes first, then prefill chunks, then admissions).
+
+Turns end in O(turns), not O(running requests) per decision: a request produces at most one token
+per iteration, so a turn that began at replica iteration ``i`` with ``u`` tokens used cannot end
+before iteration ``i + quantum - u``. Turns wait in a heap keyed by that bound and are checked only
+when it comes up. The policy reads progress through ``BatchBuilder.generated`` and preempts before
+``schedule_running``, so the engine may keep the decoding requests in aggregate (``decode_cohort``).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase
 from servelab.policies.ordering import KeyedWaiting
-from servelab.replay.batch import Batch
+from servelab.replay.batch import Batch, BatchBuilder
 from servelab.replay.replica import Replica
-from servelab.replay.request import Request, Status
+from servelab.replay.request import Request
 
 
 @dataclass(frozen=True, slots=True)
 class RoundRobinParams:
-    quantum: int = 1  # iterations per turn
+    # Output tokens per turn. Each turn that ends while others wait is a preemption (a recompute of
+    # the context, or a swap out and in), so a small quantum is costly for the served system and for
+    # the replay alike: see docs/engine.md ("round-robin's quantum").
+    quantum: int = 256
 
     def __post_init__(self) -> None:
         if self.quantum < 1:
@@ -30,20 +41,25 @@ class RoundRobinParams:
 
 
 class _Slot:
-    __slots__ = ("ticket", "turn_start")
+    __slots__ = ("ticket", "turn_start", "turn")
 
     def __init__(self, ticket: int):
-        self.ticket = ticket
+        self.ticket = ticket  # its place in the waiting queue
         self.turn_start = 0  # tokens it had generated when its current turn began
+        self.turn = 0  # its current turn's heap entry (older entries are dead)
 
 
 @POLICIES.register("round-robin")
 class RoundRobin(KeyedWaiting, PolicyBase):
     Params = RoundRobinParams
+    decode_cohort = True
 
     def __init__(self, params, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
         self._tickets = 0
+        self._iterations = 0  # iterations this replica has run
+        self._turns: list[tuple[int, int, Request]] = []  # (earliest iteration the turn can end, turn, req)
+        self._turn_seq = 0
 
     def _ticket(self) -> int:
         self._tickets += 1
@@ -56,28 +72,72 @@ class RoundRobin(KeyedWaiting, PolicyBase):
     def waiting_key(self, req: Request) -> int:
         return req.policy_data.ticket  # a preempted request: a new ticket if its turn ended, else its old one
 
-    def _used(self, req: Request) -> int:
-        return req.num_generated_tokens - req.policy_data.turn_start
+    def on_requeue(self, req: Request, replica: Replica) -> None:
+        req.policy_data.turn = 0  # its turn is over (its heap entry is dead)
+        super().on_requeue(req, replica)
+
+    def on_leave(self, req: Request, replica: Replica) -> None:
+        req.policy_data.turn = 0
+        super().on_leave(req, replica)
+
+    def on_step(self, batch: Batch, num_iterations: int) -> None:
+        self._iterations += num_iterations
+
+    def _begin_turn(self, req: Request, generated: int) -> None:
+        slot = req.policy_data
+        slot.turn_start = generated
+        self._turn_seq += 1
+        slot.turn = self._turn_seq
+        heapq.heappush(self._turns, (self._iterations + self.params.quantum, self._turn_seq, req))
+
+    def _ended_turns(self, b: BatchBuilder) -> list[Request]:
+        """Running requests whose turn has ended (used >= quantum), in ticket order."""
+        turns, now, quantum = self._turns, self._iterations, self.params.quantum
+        ended = []
+        while turns and turns[0][0] <= now:
+            _, turn, req = heapq.heappop(turns)
+            if not _current(turn, req):
+                continue
+            used = b.generated(req) - req.policy_data.turn_start
+            if used >= quantum:
+                ended.append(req)
+            else:  # it skipped iterations: not before this
+                heapq.heappush(turns, (now + quantum - used, turn, req))
+        ended.sort(key=lambda r: r.policy_data.ticket)
+        return ended
+
+    def _next_turn_end(self) -> int | None:
+        """The earliest iteration at which a running request's turn can end."""
+        turns = self._turns
+        while turns and not _current(turns[0][1], turns[0][2]):
+            heapq.heappop(turns)
+        return turns[0][0] if turns else None
 
     def schedule(self, replica: Replica) -> Batch:
-        quantum = self.params.quantum
         b = self.builder(replica)
         short = len(replica.waiting) - (replica.config.max_num_seqs - len(replica.running))
-        if short > 0:
-            expired = [r for r in replica.running if self._used(r) >= quantum]
-            expired.sort(key=lambda r: r.policy_data.ticket)
-            for req in expired[:short]:
-                b.preempt(req)
-                req.policy_data.ticket = self._ticket()  # back of the queue
-        b.schedule_running(replica.running)
+        ended = self._ended_turns(b)
+        yielding = ended[:short] if short > 0 else ()
+        for req in yielding:
+            b.preempt(req)
+            req.policy_data.ticket = self._ticket()  # back of the queue
+        for req in ended[len(yielding):]:
+            self._begin_turn(req, b.generated(req))  # nobody waits for its slot: a new turn
+        b.schedule_running(replica.running, decodes_first=True)
         if not b.preempted or short > 0:
             b.admit_waiting(self.waiting_in_order(replica), chunked=True)
+        for req in b.summary.admit:
+            self._begin_turn(req, req.num_generated_tokens)
         self.forget_admitted(b)
-        for req, _ in b.items:
-            if req.status is Status.WAITING or self._used(req) >= quantum:
-                req.policy_data.turn_start = req.num_generated_tokens  # a new turn begins
         repeat = None
-        if replica.waiting or b.preempted:
-            left = [quantum - self._used(r) for r, _ in b.items]
-            repeat = max(1, min(left)) if left else None
+        if replica.waiting or b.preempted:  # run no further than the first turn that may end
+            end = self._next_turn_end()
+            if end is not None:
+                repeat = max(1, end - self._iterations)
         return b.build(repeat=repeat)
+
+
+def _current(turn: int, req: Request) -> bool:
+    """Is ``turn`` the running (or just admitted) request's current turn? Preemption and leaving
+    end a turn (``turn`` 0); finishing ends it too."""
+    return req.policy_data.turn == turn and not req.status.is_terminal

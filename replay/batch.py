@@ -148,7 +148,18 @@ class BatchBuilder:
         self.items.append((req, n))
         self.summary.account(req, n, need, hit, target)
 
+    def generated(self, req: Request) -> int:
+        """Output tokens ``req`` has produced so far, current even while the engine keeps it in the
+        replica's decode cohort (whose members' counters are written back lazily)."""
+        mark = req.cohort_mark
+        return req.num_generated_tokens if mark is None else req.num_generated_tokens + self.replica.cohort.d - mark
+
     def preempt(self, req: Request) -> None:
+        if req.cohort_mark is not None:  # a decode-cohort member: it leaves the aggregate first
+            if self.cohort:
+                raise RuntimeError("a policy with decode_cohort preempts running requests before "
+                                   "schedule_running takes the cohort, not after")
+            self.replica.cohort.remove(req)
         self.free_blocks += self.kv.releasable(req)
         if req.cached_keys:
             refs = self.kv.cache.refs

@@ -15,8 +15,9 @@ running aggregates:
   ``max_itl_s`` is the largest logged since it joined (a suffix maximum kept as a monotonic stack).
 
 A member's fields are real again (``materialize``) before anything else reads them: when it
-finishes, when the policy cannot take the whole cohort into a batch (``dissolve``; then the policy
-walks the requests one by one as usual), and at the end of the replay. The engine treats the
+finishes, when its policy preempts it (``remove``, through ``BatchBuilder.preempt``), when the policy
+cannot take the whole cohort into a batch (``dissolve``; then the policy walks the requests one by
+one as usual), and at the end of the replay. The engine treats the
 cohort as an optimisation only: a run with cohorts and one without are byte-identical (tested).
 """
 
@@ -94,12 +95,20 @@ class DecodeCohort:
         if self.left is not None:
             self.left(req)
 
+    def remove(self, req: Request) -> None:
+        """A member leaves before it is done (its policy preempts it; ``BatchBuilder.preempt``): its
+        counters are made real and it runs outside the cohort until the engine preempts it. Its heap
+        entry stays behind, dead, and is skipped when it comes up (``_live``)."""
+        self._leave(req)
+        self.outside.append(req)
+
     def dissolve(self) -> None:
         """Every member back to per-request bookkeeping (the policy must walk them one by one)."""
         if not self.n:
             return
-        for _, _, req in self.heap:
-            self.materialize(req)
+        for entry in self.heap:
+            if _live(entry):
+                self.materialize(entry[2])
         self.outside = list(self.replica.running)
         self._reset()
 
@@ -127,8 +136,11 @@ class DecodeCohort:
         return self.ctx_base + self.n * (self.d + 1)
 
     def decodes_left(self) -> int:
-        """Fewest tokens any member still has to generate."""
-        return self.heap[0][0] - self.d
+        """Fewest tokens any member still has to generate (dead entries on top are dropped first)."""
+        heap = self.heap
+        while not _live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] - self.d
 
     def next_blocks(self) -> int:
         """KV blocks the members' next token needs (= ``blocks_added(1)``, asked every iteration):
@@ -167,9 +179,13 @@ class DecodeCohort:
         heap = self.heap
         if heap[0][0] > d:
             return ()
-        done = [heapq.heappop(heap)[2]]
+        done = []
         while heap and heap[0][0] <= d:
-            done.append(heapq.heappop(heap)[2])
+            entry = heapq.heappop(heap)
+            if _live(entry):
+                done.append(entry[2])
+        if not done:
+            return ()
         if len(done) > 1:
             done.sort(key=_admitted)
         for req in done:
@@ -186,9 +202,17 @@ class DecodeCohort:
         if self.group is not None:
             self.groups[self.group(req)] -= 1
         self.materialize(req)
-        if not self.n:  # empty again: no member can ask for the gap log
+        if not self.n:  # empty again: no member can ask for the gap log (nor a dead entry be live)
             self.gap_starts.clear()
             self.gap_max.clear()
+            self.heap.clear()
+
+
+def _live(entry: tuple[int, int, Request]) -> bool:
+    """Is this heap entry its request's current membership? (A member that was removed and
+    admitted again has a new ``admitted_seq``.)"""
+    req = entry[2]
+    return req.cohort_mark is not None and req.admitted_seq == entry[1]
 
 
 def _admitted(req: Request) -> int:

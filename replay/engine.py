@@ -392,7 +392,7 @@ class Engine:
         req.status = Status.WAITING
         req.num_preemptions += 1
         replica.running.remove(req)
-        if replica.cohort is not None:  # (a victim is never a member: the cohort dissolved before the walk that chose it)
+        if replica.cohort is not None:  # (a victim is never a member: the builder took it out, or the cohort dissolved)
             replica.cohort.outside.remove(req)
         replica.waiting.appendleft(req)
         if self.platform is not None:

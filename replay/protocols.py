@@ -104,8 +104,10 @@ class Policy(Protocol):
     The engine calls ``schedule`` at every iteration boundary and the ``on_*`` hooks when requests
     join or leave the replica's waiting queue; a policy never mutates requests or the replica (the
     engine applies its decision). ``decode_cohort``: the policy reads running requests only through
-    ``BatchBuilder.schedule_running(replica.running, decodes_first=True)`` and ignores the items
-    ``on_step`` passes, so the engine may keep decoding requests in aggregate (replay/cohort.py).
+    ``BatchBuilder.schedule_running(replica.running, decodes_first=True)`` (before which it may
+    ``preempt`` requests it tracks, reading their progress with ``BatchBuilder.generated``) and
+    ignores the items ``on_step`` passes, so the engine may keep decoding requests in aggregate
+    (replay/cohort.py).
     ``sheds``: the engine calls ``shed`` before each decision and drops what it returns.
     """
 

@@ -79,6 +79,11 @@ CASES = {
     "edf dropping": ("edf", {"drop": True, "ttft_slo_s": 2.0}, {"num_gpu_blocks": 400}),
     "horizon": ("sarathi", {}, {"num_gpu_blocks": 300, "until_s": 6.0}),
     "no prefix cache": ("sarathi", {}, {"num_gpu_blocks": 300, "enable_prefix_caching": False}),
+    # turns end while others wait: cohort members are preempted through the builder
+    "round-robin rotating": ("round-robin", {"quantum": 4}, {"num_gpu_blocks": 400, "max_num_seqs": 8}),
+    "round-robin rotating, swap": ("round-robin", {"quantum": 4}, {"num_gpu_blocks": 400, "max_num_seqs": 8,
+                                                                   "preemption": "swap", "kv_bytes_per_token": 1024,
+                                                                   "swap_space_gb": 0.0002}),
 }
 # traces whose prefix hashes make requests share cached blocks (sessions, tenants' system prompts)
 HASHED = dict(tenants="a=1,b=1,c=1", shared_prefix_tokens=256, turns=3.0, think_s=0.5)
