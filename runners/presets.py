@@ -105,6 +105,9 @@ MODELS: dict[str, ModelPreset] = _models(
     ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064),
     ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064),
     ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064),
+    ModelPreset("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 11008, 32000),
+    ModelPreset("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000),
+    ModelPreset("codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 48, 8192, 64, 8, 128, 22016, 32000),
     ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768),
     # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
     ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
@@ -127,6 +130,25 @@ def get_model(name: str) -> ModelPreset:
         return MODELS[name.lower()]
     except KeyError:
         raise ServelabError(f"unknown model preset '{name}'{did_you_mean(name, MODELS)} (known: {', '.join(MODELS)})") from None
+
+
+def find_model(name: str) -> ModelPreset:
+    """A preset by its name, or by the Hugging Face id it was copied from (``org/Model``, a local path
+    ending in it, with or without an ``-Instruct``/``-hf`` suffix: same shapes)."""
+    if name.lower() in MODELS:
+        return MODELS[name.lower()]
+
+    def base(hf_id: str) -> str:
+        tail = "/".join(hf_id.strip("/").split("/")[-2:]).lower()
+        for suffix in ("-instruct", "-hf", "-chat"):
+            tail = tail.removesuffix(suffix)
+        return tail.removesuffix("-instruct")
+
+    wanted = base(name)
+    for preset in MODELS.values():
+        if base(preset.hf_id) == wanted:
+            return preset
+    return get_model(name)  # the usual unknown-preset error
 
 
 def get_gpu(name: str) -> GpuPreset:
