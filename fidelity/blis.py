@@ -55,6 +55,7 @@ def import_blis(paths: list[Path]) -> Measured:
     scale = UNITS[unit]
     warm = int(header.get("warm_up_requests") or 0)
     rows = Rows(data_path)
+    origin: list[int] = []  # the first row's send time: times are rebased in integers, then scaled
     with open(data_path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
@@ -63,7 +64,7 @@ def import_blis(paths: list[Path]) -> Measured:
         for lineno, rec in enumerate(reader, 1):
             if lineno <= warm:
                 continue
-            _add(rows, rec, data_path, lineno, scale)
+            _add(rows, rec, data_path, lineno, scale, origin)
     server = header.get("server") or {}
     settings = {
         "model": server.get("model"), "tp": server.get("tensor_parallel"),
@@ -78,7 +79,7 @@ def import_blis(paths: list[Path]) -> Measured:
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes))
 
 
-def _add(rows: Rows, rec: dict, path: Path, row: int, scale: float) -> None:
+def _add(rows: Rows, rec: dict, path: Path, row: int, scale: float, origin: list[int]) -> None:
     def num(column: str) -> int:
         raw = (rec.get(column) or "").strip()
         try:
@@ -92,6 +93,9 @@ def _add(rows: Rows, rec: dict, path: Path, row: int, scale: float) -> None:
     ok = status == "ok"
     first, last = num("first_chunk_time_us"), num("last_chunk_time_us")
     reason = None if ok else f"{status or 'failed'}: {(rec.get('error_message') or '').strip()}"[:200]
-    rows.add(row, rec["request_id"], send * scale, prompt, num("output_tokens"),
-             first_token_s=first * scale if first else None, finish_s=last * scale if ok else None,
+    if not origin:
+        origin.append(send)
+    t0 = origin[0]
+    rows.add(row, rec["request_id"], (send - t0) * scale, prompt, num("output_tokens"),
+             first_token_s=(first - t0) * scale if first else None, finish_s=(last - t0) * scale if ok else None,
              ok=ok, reason=reason, tenant=(rec.get("tenant_id") or "").strip() or None)

@@ -50,6 +50,8 @@ def import_otel(paths: list[Path]) -> Measured:
     skipped = 0
     rows = Rows(paths[0])
     services = set()
+    origin: list[int] = []  # the first span's start (ns): times are taken relative to it, in integers,
+    # before becoming float seconds (epoch seconds as a float64 keep only ~0.2 us)
     for path in paths:
         rows.path = path
         for lineno, doc in _documents(path):
@@ -64,13 +66,16 @@ def import_otel(paths: list[Path]) -> Measured:
                         if span.get("name") != SPAN_NAME:
                             skipped += 1
                             continue
-                        _add_span(rows, path, lineno, span)
+                        _add_span(rows, path, lineno, span, origin)
     if skipped:
         notes.append(f"{skipped} spans not named '{SPAN_NAME}' left out")
-    return Measured(rows, clock="server", source={"service": sorted(s for s in services if s)}, notes=tuple(notes))
+    source = {"service": sorted(s for s in services if s)}
+    if origin:
+        source["first_span_start_unix_ns"] = origin[0]
+    return Measured(rows, clock="server", source=source, notes=tuple(notes))
 
 
-def _add_span(rows: Rows, path: Path, lineno: int, span: dict) -> None:
+def _add_span(rows: Rows, path: Path, lineno: int, span: dict, origin: list[int]) -> None:
     attrs = {a.get("key"): _value(a.get("value", {})) for a in span.get("attributes", [])}
     row = len(rows) + 1
 
@@ -80,10 +85,13 @@ def _add_span(rows: Rows, path: Path, lineno: int, span: dict) -> None:
         return attrs[key]
 
     try:
-        start = int(span["startTimeUnixNano"]) / 1e9
+        start_ns = int(span["startTimeUnixNano"])
     except (KeyError, ValueError, TypeError):
         raise InputError(path, f"span on line {lineno} has no valid startTimeUnixNano",
                          column="startTimeUnixNano", row=row) from None
+    if not origin:
+        origin.append(start_ns)
+    start = (start_ns - origin[0]) / 1e9
     failed = (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR")
     prompt = int(need("gen_ai.usage.prompt_tokens"))
     output = int(attrs.get("gen_ai.usage.completion_tokens") or 0)
