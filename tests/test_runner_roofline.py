@@ -54,8 +54,8 @@ def test_kv_bytes_per_token_is_k_and_v_of_every_layer():
 def test_required_presets_exist_and_unknown_names_list_known():
     assert {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b", "mistral-7b", "tiny"} <= set(MODELS)
     assert {"a100-80gb", "h100-80gb", "h200", "l40s", "a40"} <= set(GPUS)
-    with pytest.raises(ServelabError, match="unknown GPU preset 'b200'.*h100-80gb"):
-        get_gpu("b200")
+    with pytest.raises(ServelabError, match="unknown GPU preset 'v100'.*h100-80gb"):  # (b200 is a preset now)
+        get_gpu("v100")
     with pytest.raises(ServelabError, match="unknown model preset 'gpt-5'.*llama-3.1-8b"):
         get_model("gpt-5")
 
