@@ -47,11 +47,13 @@ def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
 def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
     """The recorded settings (run.json ``config``) with ``overrides`` (command-line options) on top.
     The source's model name (a Hugging Face id or path) becomes the preset with that shape."""
+    import os
+
     from servelab.runners.presets import find_model
 
     data = {k: v for k, v in (meta.get("config") or {}).items()}
     data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
-    if "model" in data:
+    if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
         data["model"] = find_model(str(data["model"])).name
     try:
         return ReplayConfig.from_dict(data, source="validate --real")

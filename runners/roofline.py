@@ -18,9 +18,12 @@ from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
-from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, get_model
+from dataclasses import replace as replace_model
+
+from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
+REAL_CALIBRATION_FILE = "real_calibration.json"  # host profiles and GPU scales fitted on real vLLM runs
 
 # vLLM's profile run sizes activations for a full token budget and reserves logits for a full
 # batch before handing the rest of gpu_memory_utilization to the KV cache.
@@ -61,6 +64,21 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
     q = model.q_size / tp
     up = (2 if model.gated_mlp else 1) * model.ffn_size / tp
     f = model.ffn_size / tp
+    if model.is_moe:
+        # Per token, k experts' worth of MLP work (tensor-parallel experts: each shard holds 1/tp of
+        # every expert). fixed_bytes is ONE expert's weights: the step reads those of every expert its
+        # tokens route to (RooflineRunner multiplies by ModelPreset.experts_touched).
+        k = model.experts_per_token
+        return {
+            "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
+            "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
+            "mlp_up": OpWork(2 * h * up * k, h * up * d, (h + up * k) * d),
+            "mlp_act": OpWork(0.0, 0.0, (up + f) * k * d),
+            "mlp_down": OpWork(2 * f * h * k, f * h * d, (f * k + h) * d),
+            "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
+            "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
+            "add": OpWork(0.0, 0.0, 3 * h * d),
+        }
     return {
         "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
         "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
@@ -128,18 +146,40 @@ def load_calibration_file() -> dict:
     return json.loads(resources.files("servelab.runners").joinpath(CALIBRATION_FILE).read_text())
 
 
+def load_real_calibration_file() -> dict:
+    return json.loads(resources.files("servelab.runners").joinpath(REAL_CALIBRATION_FILE).read_text())
+
+
 def load_calibration(key: str) -> GpuCalibration:
+    """A profiled GPU's fit, or a GPU derived from one by real-run scales (real_calibration.json
+    ``derived_gpus``: efficiencies times ``memory_scale`` / ``compute_scale``, capped at 1)."""
     data = load_calibration_file()
+    derived = load_real_calibration_file().get("derived_gpus", {})
+    if key in derived:
+        d = derived[key]
+        base = load_calibration(d["from"])
+        ms, cs = float(d["memory_scale"]), float(d["compute_scale"])
+
+        def scaled(op: OpCalibration) -> OpCalibration:
+            return OpCalibration(min(1.0, op.eff_compute * cs) if op.eff_compute < 1.0 else 1.0,
+                                 min(1.0, op.eff_memory * ms), op.latency_s)
+
+        from dataclasses import replace
+
+        return replace(base, ops={n: scaled(op) for n, op in base.ops.items()},
+                       prefill_attention=scaled(base.prefill_attention),
+                       decode_attention_eff_memory=min(1.0, base.decode_attention_eff_memory * ms))
     try:
         return GpuCalibration.from_json(data["gpus"][key])
     except KeyError:
-        raise ServelabError(f"{CALIBRATION_FILE} has no calibration '{key}' (has: {', '.join(data['gpus'])})") from None
+        known = ", ".join([*data["gpus"], *derived])
+        raise ServelabError(f"{CALIBRATION_FILE} has no calibration '{key}' (has: {known})") from None
 
 
 @dataclass(frozen=True, slots=True)
 class HostProfile:
     """How one engine version spends time outside the GPU kernels' own work (named, versioned, in
-    roofline_calibration.json ``host_profiles``): CPU overhead per step, and how much of each kernel's
+    real_calibration.json ``host_profiles``): CPU overhead per step, and how much of each kernel's
     fitted launch latency remains (CUDA-graph replay hides most of it for small batches)."""
 
     name: str
@@ -153,7 +193,7 @@ class HostProfile:
 
 def load_host_profile(name: str) -> HostProfile | None:
     """None for the GPU calibration's own CPU fit (profile ``vidur-2023``)."""
-    profiles = load_calibration_file().get("host_profiles", {})
+    profiles = load_real_calibration_file().get("host_profiles", {})
     if name == "vidur-2023":
         return None
     try:
@@ -237,6 +277,8 @@ class RooflineRunner(RunnerBase):
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
     _graph_ops: tuple = field(init=False, repr=False)  # the same with the host profile's launch latencies
+    _expert: tuple = field(init=False, repr=False)  # per layer op: priced per expert routed to (MoE)
+    _shared: tuple = field(init=False, repr=False)  # a shared expert's MLP ops (MoE with one)
     _graph_head: tuple = field(init=False, repr=False)
     _rates: _Rates = field(init=False, repr=False)
     # The terms that depend on one count only (tokens, sequences, decodes), memoised per instance:
@@ -265,6 +307,14 @@ class RooflineRunner(RunnerBase):
                 self._fold(lm_head_op(m, tp), self.calibration.ops["mlp_up"]),  # a wide GEMM like mlp_up
             ),
         )
+        expert_ops = {"mlp_up", "mlp_down"} if m.is_moe else set()
+        object.__setattr__(self, "_expert", tuple(n in expert_ops for n in layer_ops(m, tp)))
+        shared = ()
+        if m.shared_ffn_size:
+            sm = replace_model(m, ffn_size=m.shared_ffn_size, num_experts=0, experts_per_token=0, shared_ffn_size=0)
+            shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n])
+                           for n in ("mlp_up", "mlp_act", "mlp_down"))
+        object.__setattr__(self, "_shared", shared)
         scale = self.host_profile.launch_scale if self.host_profile is not None else 1.0
         object.__setattr__(self, "_graph_ops", tuple((c, lat * scale, *rest) for c, lat, *rest in self._ops))
         object.__setattr__(self, "_graph_head", tuple((c, lat * scale, *rest) for c, lat, *rest in self._head))
@@ -300,8 +350,14 @@ class RooflineRunner(RunnerBase):
         graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
         ops, head = (self._graph_ops, self._graph_head) if graphed else (self._ops, self._head)
         emb, final_norm, _ = head
-        return (sum(op(f, tokens) for f in ops), op(emb, tokens) + op(final_norm, tokens),
-                2 * self.all_reduce_s(tokens))
+        if self.model.is_moe:
+            touched = self.model.experts_touched(tokens)
+            layer = sum(c * (lat + max(comp * tokens, fixed * (touched if expert else 1.0) + per * tokens))
+                        for (c, lat, comp, fixed, per), expert in zip(ops, self._expert))
+            layer += sum(op(f, tokens) for f in self._shared)
+        else:
+            layer = sum(op(f, tokens) for f in ops)
+        return (layer, op(emb, tokens) + op(final_norm, tokens), 2 * self.all_reduce_s(tokens))
 
     def _seq_terms(self, seqs: int) -> tuple[float, float]:
         """The LM head (logits at the last position of every sequence) and the CPU overhead."""
@@ -457,7 +513,7 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
             return params[key]
         return context.get(key) if context.get(key) is not None else default
 
-    model = get_model(str(pick("model", DEFAULT_MODEL)))
+    model = resolve_model(str(pick("model", DEFAULT_MODEL)))
     gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
     tp = _int_param("tp", pick("tp", 1))
     try:
@@ -473,5 +529,5 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         for key, name in (("activation_tokens", "max_num_batched_tokens"), ("logit_seqs", "max_num_seqs")):
             if context.get(name) is not None:
                 kv[key] = int(context[name])
-        kv["non_torch_bytes"] = int(load_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
+        kv["non_torch_bytes"] = int(load_real_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
     return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)
