@@ -489,8 +489,8 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host")
-DEFAULT_HOST = "vidur-2023"
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration")
+DEFAULT_HOST = "vllm-v1-cudagraph"
 
 
 def _int_param(key: str, raw: object) -> int:
@@ -523,6 +523,8 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
     if scale < 0:
         raise ServelabError(f"runner 'roofline': cpu_overhead must be >= 0, got {scale}")
     profile = load_host_profile(str(params.get("host", DEFAULT_HOST)))
+    if "calibration" in params:  # another GPU's fitted efficiencies (e.g. to compare calibrations)
+        gpu = replace_model(gpu, calibration=params["calibration"])
     calibration = apply_host_profile(load_calibration(gpu.calibration), profile)
     kv = {}
     if profile is not None:  # vLLM V1 sizes the profiling run by the engine's own limits

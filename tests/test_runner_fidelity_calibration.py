@@ -83,8 +83,8 @@ def test_kv_capacity_as_vllm_derives_it_matches_the_h100_log():
 
 
 def test_host_profile_cuts_small_batch_overheads_only_and_round_trips():
-    old = make_runner("roofline:model=llama-3.1-8b")
-    new = make_runner("roofline:model=llama-3.1-8b,host=vllm-v1-cudagraph")
+    old = make_runner("roofline:model=llama-3.1-8b,host=vidur-2023")
+    new = make_runner("roofline:model=llama-3.1-8b")  # the default profile
     decode = StepPlan(StepShape(decode_seqs=8, decode_context_tokens=8000))
     assert new.step_time(decode) < old.step_time(decode)
     profile = new.host_profile
