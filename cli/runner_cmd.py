@@ -48,7 +48,7 @@ def presets(fmt):
     for g in GPUS.values():
         gpus.add_row(g.name, f"{g.peak_flops / 1e12:g}", f"{g.hbm_bytes_per_s / 1e12:g}",
                      f"{g.memory_bytes / 2**30:.1f}", f"{g.interconnect_bytes_per_s / 1e9:g} ({g.interconnect})",
-                     g.calibration, g.description)
+                     f"{g.calibration} ({'own profile' if g.calibrated else 'borrowed/derived'})", g.description)
     from servelab.common.tables import print_table
 
     print_table(models)  # never cut: the names are what --model and --gpu take

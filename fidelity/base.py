@@ -13,20 +13,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from servelab.common.errors import InputError, ServelabError
 from servelab.common.registry import Registry
 from servelab.replay.results import RunResult
 from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 # format name -> importer(paths: list[Path]) -> Measured
-IMPORTERS: Registry[Callable[..., "Measured"]] = Registry("run import format")
+IMPORTERS: Registry[Callable[..., Measured]] = Registry("run import format")
 FORMAT_MODULES = ("vllm_bench", "guidellm", "otel", "timestamps_jsonl", "blis")
 
 # Engine settings an importer may find in its source, with the type each must have (run.json "config").

@@ -19,7 +19,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.config import ReplayConfig
 
@@ -98,13 +97,13 @@ def _summary(cols: dict[str, np.ndarray]) -> dict[str, Any]:
     out["duration_s"] = float(span)
     out["request_throughput_rps"] = float(len(cols["finish_s"]) / span) if span > 0 else None
     out["output_throughput_tps"] = float(cols["output_tokens"].sum() / span) if span > 0 else None
-    out["finished"] = int(len(cols["finish_s"]))
+    out["finished"] = len(cols["finish_s"])
     return out
 
 
 def _per_request(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]) -> dict[str, Any]:
     common, ri, si = np.intersect1d(real["request_id"], sim["request_id"], return_indices=True)
-    out: dict[str, Any] = {"matched": int(len(common))}
+    out: dict[str, Any] = {"matched": len(common)}
     for m in ("ttft_s", "tpot_s", "e2e_s"):
         r, s = real[m][ri], sim[m][si]
         ok = np.isfinite(r) & np.isfinite(s) & (r > 0)
@@ -164,7 +163,6 @@ def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from servelab.common.atomic import atomic_path
 
     real, sim = _metric_columns(measured), _metric_columns(simulated)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from helpers_cli import run_main
 from servelab.traces.io import read_trace
 
@@ -61,7 +60,7 @@ def test_otel_spans(run_cli, tmp_path):
 
 
 def test_timestamps_jsonl_with_meta(run_cli, tmp_path):
-    meta, rows, out = _import(run_cli, tmp_path, "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl")
+    meta, rows, _ = _import(run_cli, tmp_path, "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl")
     assert len(rows) == 4
     # bench-1: queued 15823.405014459 (bench-0 queued 15823.144060012), first token 15823.528791577,
     # last token 15849.385311748, 769 tokens
@@ -86,12 +85,12 @@ def test_vllm_bench_serve(run_cli, tmp_path):
 
 
 def test_guidellm_both_schemas(run_cli, tmp_path):
-    meta, rows, out = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json")
+    meta, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json")
     assert len(rows) == 4 and meta["counts"]["finished"] == 3
     _check_request(rows[1], 0.4, 0.2, 0.6, 0.4 / 4, 80, 5)  # v0.2 fields
     _check_request(rows[3], 2.0, 0.3, 0.5, 0.2 / 2, 200, 3)  # v0.4 info.timings
     assert rows[2]["status"] == "rejected" and rows[2]["reason"] == "timeout"
-    meta1, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json", extra=["--benchmark", "1"])
+    _, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json", extra=["--benchmark", "1"])
     assert len(rows1) == 1 and rows1[0]["arrival_s"] == 0.0
 
 
@@ -106,7 +105,7 @@ def test_blis_trace_v2(run_cli, tmp_path):
     assert rows[2]["reason"] == "error: connection reset"
     assert meta["config"]["max_num_seqs"] == 128 and meta["config"]["block_size"] == 16
     assert read_trace(out / "trace.arrow").num_rows == 2
-    meta2, rows2, _ = _import(run_cli, tmp_path / "files", "blis", FIX / "blis" / "trace.yaml", FIX / "blis" / "trace.csv")
+    _, rows2, _ = _import(run_cli, tmp_path / "files", "blis", FIX / "blis" / "trace.yaml", FIX / "blis" / "trace.csv")
     assert rows2 == rows
 
 
@@ -159,8 +158,8 @@ def test_settings_from_options_and_vllm_log(run_cli, tmp_path):
      "column 'first token', row 1: times out of order"),
     ("timestamps-jsonl", '{"input_toks": 5, "output_toks": 2, "queued_ts": 1.0}\n',
      "column 'first_token_ts', row 1: missing or not a number"),
-    ("otel", '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "llm_request", "startTimeUnixNano": "5", '
-             '"attributes": [{"key": "gen_ai.usage.prompt_tokens", "value": {"intValue": "3"}}]}]}]}]}',
+    ("otel", ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "llm_request", "startTimeUnixNano": "5", '
+              '"attributes": [{"key": "gen_ai.usage.prompt_tokens", "value": {"intValue": "3"}}]}]}]}]}'),
      "lacks attribute 'gen_ai.latency.time_to_first_token'"),
 ])
 def test_bad_input_is_one_line_naming_file_and_field(run_cli, tmp_path, fmt, text, expected):

@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
-
 from helpers_cli import run_main
 from servelab.fidelity.validate import compare
 from servelab.replay.schema import REQUESTS_SCHEMA
@@ -75,3 +73,17 @@ def test_validate_real_refuses_a_replayed_run(tmp_path, capsys):
     assert code == 0
     code, _, err = run_main(["validate", "--real", tmp_path / "sim"], capsys)
     assert code == 1 and "not a measured run" in err
+
+
+def test_fit_host_grid_reports_fit_and_held_out_halves(tmp_path, capsys):
+    from servelab.fidelity.fit_host import main as fit_main
+
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "otel", FIX / "otel_llm_request.jsonl", "-o", run,
+                             "--setting", "model=llama-2-7b", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    fit_main([str(run), "--launch-scales", "0.5,1.0", "--cpu-base-ms", "0.5", "--compute-scales", "1.0"])
+    out = capsys.readouterr().out
+    assert out.count("objective") == 2 and "held_out run" in out and "fit      run" in out
+    fit_main([str(run), "--gpu-from", "a40", "--memory-scales", "1.0", "--compute-scales", "1.0"])
+    assert "a40 x memory 1.00 x compute 1.00" in capsys.readouterr().out

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from servelab.common.errors import ServelabError
 from servelab.runners.base import StepPlan, StepShape, make_runner
 from servelab.runners.presets import GPUS, MODELS
-from servelab.runners.roofline import RooflineRunner, load_calibration, load_real_calibration_file
+from servelab.runners.roofline import (
+    RooflineRunner,
+    load_calibration,
+    load_real_calibration_file,
+)
 
 HOSTS = ("vidur-2023", *load_real_calibration_file()["host_profiles"])
 
