@@ -113,14 +113,28 @@ def _buckets(text: str) -> tuple[int, ...]:
 
 
 @click.command()
-@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Model JSON to write.")
+@click.argument("profile_path", metavar="[PROFILE]", required=False, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Model JSON to write (PROFILE fits).")
 @click.option("--buckets", default="16,64,256,1024", show_default=True,
               help="Batch-token bucket edges for piecewise coefficients ('none' = one linear model).")
 @click.option("--test-fraction", type=float, default=0.2, show_default=True, help="Held-out share of rows.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the train/test split.")
-def fit(profile_path, output, buckets, test_fraction, seed):
-    """Fit a `fitted` cost model (non-negative least squares) to a profile; use it as --runner fitted:OUT."""
+@click.option("--real", "real_runs", multiple=True, type=click.Path(file_okay=False),
+              help="Fit the roofline's host profile (or, with --gpu-from, a GPU's efficiency scales) to measured "
+                   "run directories by replaying them; repeatable. Grids: see python -m servelab.fidelity.fit_host -h.")
+@click.option("--gpu-from", default=None, help="--real: fit a GPU as this profiled GPU's efficiencies x scales.")
+def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from):
+    """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
+    or, with --real RUN_DIR, fit the roofline's host profile to real runs (held-out half reported)."""
+    if real_runs:
+        if profile_path or output:
+            raise ServelabError("fit --real takes measured run directories only (no PROFILE or -o): it prints the fit")
+        from servelab.fidelity.fit_host import main as fit_host
+
+        fit_host([*real_runs, *(["--gpu-from", gpu_from] if gpu_from else [])])
+        return
+    if not profile_path or not output:
+        raise click.UsageError("fit needs PROFILE and -o (or --real RUN_DIR)")
     from servelab.runners.fitted import fit_profile
 
     model = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)

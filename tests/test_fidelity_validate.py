@@ -87,3 +87,10 @@ def test_fit_host_grid_reports_fit_and_held_out_halves(tmp_path, capsys):
     assert out.count("objective") == 2 and "held_out run" in out and "fit      run" in out
     fit_main([str(run), "--gpu-from", "a40", "--memory-scales", "1.0", "--compute-scales", "1.0"])
     assert "a40 x memory 1.00 x compute 1.00" in capsys.readouterr().out
+
+
+def test_fit_real_takes_run_directories_only(tmp_path, capsys):
+    code, _, err = run_main(["fit", "--real", tmp_path, "-o", tmp_path / "m.json"], capsys)
+    assert code == 1 and "fit --real takes measured run directories only" in err
+    code, _, err = run_main(["fit"], capsys)
+    assert code == 2 and "fit needs PROFILE and -o" in err
