@@ -37,7 +37,8 @@ from servelab.runners.base import make_runner
 
 def build_runner(config: ReplayConfig) -> Runner:
     return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
-                       block_size=config.engine.block_size)
+                       block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
+                       max_num_seqs=config.engine.max_num_seqs)
 
 
 def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:

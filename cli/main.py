@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "plot": "servelab.cli.score_cmd:plot",
     "runs": "servelab.cli.score_cmd:runs",
     "search": "servelab.cli.search_cmd:search",
+    "run": "servelab.cli.run_cmd:run",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -47,7 +48,7 @@ def presets(fmt):
     for g in GPUS.values():
         gpus.add_row(g.name, f"{g.peak_flops / 1e12:g}", f"{g.hbm_bytes_per_s / 1e12:g}",
                      f"{g.memory_bytes / 2**30:.1f}", f"{g.interconnect_bytes_per_s / 1e9:g} ({g.interconnect})",
-                     g.calibration, g.description)
+                     f"{g.calibration} ({'own profile' if g.calibrated else 'borrowed/derived'})", g.description)
     from servelab.common.tables import print_table
 
     print_table(models)  # never cut: the names are what --model and --gpu take
@@ -112,14 +113,28 @@ def _buckets(text: str) -> tuple[int, ...]:
 
 
 @click.command()
-@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Model JSON to write.")
+@click.argument("profile_path", metavar="[PROFILE]", required=False, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Model JSON to write (PROFILE fits).")
 @click.option("--buckets", default="16,64,256,1024", show_default=True,
               help="Batch-token bucket edges for piecewise coefficients ('none' = one linear model).")
 @click.option("--test-fraction", type=float, default=0.2, show_default=True, help="Held-out share of rows.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the train/test split.")
-def fit(profile_path, output, buckets, test_fraction, seed):
-    """Fit a `fitted` cost model (non-negative least squares) to a profile; use it as --runner fitted:OUT."""
+@click.option("--real", "real_runs", multiple=True, type=click.Path(file_okay=False),
+              help="Fit the roofline's host profile (or, with --gpu-from, a GPU's efficiency scales) to measured "
+                   "run directories by replaying them; repeatable. Grids: see python -m servelab.fidelity.fit_host -h.")
+@click.option("--gpu-from", default=None, help="--real: fit a GPU as this profiled GPU's efficiencies x scales.")
+def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from):
+    """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
+    or, with --real RUN_DIR, fit the roofline's host profile to real runs (held-out half reported)."""
+    if real_runs:
+        if profile_path or output:
+            raise ServelabError("fit --real takes measured run directories only (no PROFILE or -o): it prints the fit")
+        from servelab.fidelity.fit_host import main as fit_host
+
+        fit_host([*real_runs, *(["--gpu-from", gpu_from] if gpu_from else [])])
+        return
+    if not profile_path or not output:
+        raise click.UsageError("fit needs PROFILE and -o (or --real RUN_DIR)")
     from servelab.runners.fitted import fit_profile
 
     model = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)
@@ -134,21 +149,42 @@ def fit(profile_path, output, buckets, test_fraction, seed):
 
 
 @click.command()
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
-@click.option("--reference", required=True, help="Runner taken as truth (e.g. torch:..., or a fine cost model).")
-@click.option("--candidate", required=True, help="Runner to judge against it (e.g. roofline, fitted:m.json).")
+@click.argument("trace_path", metavar="[TRACE]", required=False, type=click.Path(dir_okay=False))
+@click.option("--real", "real_run", type=click.Path(file_okay=False, path_type=Path),
+              help="A measured run directory (`servelab run import`): replay its trace with its settings and "
+                   "compare simulated with measured latencies.")
+@click.option("--reference", help="Runner taken as truth (e.g. torch:..., or a fine cost model).")
+@click.option("--candidate", help="Runner to judge against it (e.g. roofline, fitted:m.json); "
+                                  "with --real, the runner that simulates the run (default: roofline).")
 @_model
 @_gpu
 @_tp
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Replay config TOML (engine, policy).")
 @click.option("--policy", default=None, help="Scheduling policy (default: the config's).")
 @click.option("--num-gpu-blocks", type=int, default=None, help="KV blocks per replica (default: from the reference).")
+@click.option("--set", "set_options", multiple=True, metavar="KEY=VALUE",
+              help="--real: an engine setting over the run's (max_num_seqs, max_num_batched_tokens, block_size, "
+                   "gpu_memory_utilization, enable_prefix_caching, ...); repeatable.")
 @click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
 @click.option("--duration-s", type=float, default=None, help="Replay only requests arriving in the first S seconds.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="--real: write the measured and simulated TTFT/TPOT/E2E CDFs (PNG, SVG or PDF).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write the report as JSON (atomically).")
-def validate(trace_path, reference, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks, limit,
-             duration_s, output):
-    """Replay a trace slice with two runners; report step-time and TTFT/TPOT p50/p99 errors."""
+def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks,
+             set_options, limit, duration_s, plot_path, fmt, output):
+    """Replay a trace slice with two runners and report step-time and TTFT/TPOT errors; or, with --real
+    RUN_DIR, replay a measured run and report simulated against measured."""
+    if real_run is not None:
+        if trace_path or reference or limit or duration_s:
+            raise ServelabError("validate --real takes a run directory only: no TRACE, --reference, --limit or --duration-s")
+        _validate_real(real_run, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks, set_options,
+                       plot_path, fmt, output)
+        return
+    if not trace_path or not reference or not candidate:
+        raise click.UsageError("validate needs TRACE, --reference and --candidate (or --real RUN_DIR)")
+    if set_options or plot_path or fmt != "table":
+        raise ServelabError("--set, --plot and --format apply to validate --real")
     from dataclasses import replace
 
     from rich.table import Table
@@ -192,3 +228,65 @@ def validate(trace_path, reference, candidate, model, gpu, tp, config_path, poli
     print_table(table)
     if output:
         console.print(f"wrote {output}")
+
+
+def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu_blocks, set_options, plot_path,
+                   fmt, output):
+    from servelab.fidelity.validate import plot_cdfs, validate_real
+    from servelab.replay.config import ReplayConfig
+    from servelab.runners.validation import write_report
+
+    overrides = ReplayConfig.from_toml(config_path).to_dict() if config_path else {}
+    for item in set_options:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ServelabError(f"--set expects KEY=VALUE, got '{item}'")
+        overrides[key.strip().replace("-", "_")] = value.strip()
+    overrides.update({k: v for k, v in (("runner", runner), ("model", model), ("gpu", gpu), ("tp", tp),
+                                        ("policy", policy), ("num_gpu_blocks", num_gpu_blocks)) if v is not None})
+    report, measured, simulated = validate_real(run_dir, overrides)
+    if plot_path is not None:
+        plot_cdfs(measured, simulated, plot_path, title=f"{run_dir.name}: measured vs {report['config']['runner']}")
+        report["plot"] = str(plot_path)
+    if output:
+        write_report(report, output)
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+        return
+    render_real(report)
+
+
+def render_real(report: dict) -> None:
+    from rich.table import Table
+
+    from servelab.common.tables import print_table
+
+    console = _console()
+    cfg = report["config"]
+    console.print(f"{report['run']}: {report['requests']} requests ({report['clock']}-side times), "
+                  f"{cfg['model']} on {cfg['tp']} x {cfg['gpu']}, runner {cfg['runner']}, policy {cfg['policy']}")
+    console.print(f"KV cache {report['num_gpu_blocks']:,} blocks = {report['kv_capacity_tokens']:,} tokens "
+                  f"({report['kv_blocks_from']}); finished {report['finished']['measured']} measured / "
+                  f"{report['finished']['simulated']} simulated; simulated preemptions {report['preemptions_simulated']}")
+    table = Table(title="measured vs simulated")
+    for col in ("metric", "stat", "measured", "simulated", "error"):
+        table.add_column(col, justify="left" if col in ("metric", "stat") else "right", no_wrap=True)
+
+    def ms(v):
+        return "n/a" if v is None else f"{v * 1000:,.2f} ms"
+
+    def pct(v):
+        return "n/a" if v is None else f"{v:+.1f}%"
+
+    for row in report["latency"]:
+        table.add_row(row["metric"], row["stat"], ms(row["measured_s"]), ms(row["simulated_s"]), pct(row["error_pct"]))
+    for row in report["throughput"]:
+        fmt_v = (lambda v: "n/a" if v is None else f"{v:,.3f}")
+        table.add_row(row["metric"], "", fmt_v(row["measured"]), fmt_v(row["simulated"]), pct(row["error_pct"]))
+    print_table(table)
+    per = report["per_request"]
+    parts = [f"{m.removesuffix('_s')} MAPE {per[m]['mape_pct']:.1f}% (median {per[m]['median_ape_pct']:.1f}%)"
+             for m in ("ttft_s", "tpot_s", "e2e_s") if per[m]["mape_pct"] is not None]
+    console.print(f"per request ({per['matched']} matched): " + ", ".join(parts))
+    if report.get("plot"):
+        console.print(f"wrote {report['plot']}")

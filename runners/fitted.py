@@ -164,6 +164,10 @@ def fit_model(
     if n_test:
         metrics["test"] = score(model.predict(x[test]), y[test])
     info = {k: v for k, v in (meta or {}).items() if k in ("runner", "model", "gpu", "tp", "kv_bytes_per_token")}
+    described = (meta or {}).get("describe") or {}
+    memory = {k: described[k] for k in ("activation_tokens", "logit_seqs", "non_torch_bytes") if k in described}
+    if memory:  # how the profiled runner sized its KV cache, so that the fitted one sizes it the same
+        info["kv_memory"] = memory
     return FittedModel(edges, tuple(coefs), {**info, "source": str(source), "fit": metrics})
 
 
@@ -210,7 +214,7 @@ class FittedRunner(RunnerBase):
         from servelab.runners.roofline import kv_capacity_tokens
 
         model, gpu, tp = self._presets
-        return kv_capacity_tokens(model, gpu, tp, gpu_memory_utilization)
+        return kv_capacity_tokens(model, gpu, tp, gpu_memory_utilization, **self.model.metadata.get("kv_memory", {}))
 
     def step_time(self, plan: StepPlan) -> float:
         s = plan.shape

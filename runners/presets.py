@@ -54,12 +54,31 @@ class ModelPreset(DecoderShape):
     dtype: str = "bfloat16"
     gated_mlp: bool = True  # SwiGLU: up and gate projections, so 3 weight matrices
     tied_embeddings: bool = False
+    # Mixture of experts (0 = dense): every MLP is num_experts experts of ffn_size, experts_per_token
+    # of them run per token (a router picks them); shared_ffn_size is an always-on shared expert.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    shared_ffn_size: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"model preset {self.name}: unknown dtype {self.dtype}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model preset {self.name}: heads must be a multiple of KV heads")
+        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"model preset {self.name}: experts_per_token must be in 1..num_experts")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def experts_touched(self, tokens: float) -> float:
+        """Expected distinct experts a batch of ``tokens`` routes to (uniform routing): E (1 - (1 - k/E)^T);
+        1 for a dense model."""
+        if not self.num_experts:
+            return 1.0
+        e, k = self.num_experts, self.experts_per_token
+        return e * (1.0 - (1.0 - k / e) ** max(tokens, 0))
 
     @property
     def dtype_bytes(self) -> int:
@@ -67,7 +86,14 @@ class ModelPreset(DecoderShape):
 
     @property
     def num_params(self) -> int:
-        return self._count_params(3 if self.gated_mlp else 2, qkv_bias=False)
+        matrices = 3 if self.gated_mlp else 2
+        dense = self._count_params(matrices, qkv_bias=False)
+        if not self.num_experts:
+            return dense
+        h = self.hidden_size
+        experts = self.num_experts * matrices * h * self.ffn_size + matrices * h * self.shared_ffn_size
+        router = h * self.num_experts
+        return dense + self.num_layers * (experts + router - matrices * h * self.ffn_size)
 
     @property
     def weight_bytes(self) -> int:
@@ -89,6 +115,7 @@ class GpuPreset:
     interconnect_bytes_per_s: float  # per direction, per GPU (NVLink, or PCIe when there is none)
     interconnect: str
     calibration: str  # which profiled GPU's efficiencies it uses (see runners/roofline_calibration.json)
+    calibrated: bool = False  # True: its own operator profiles were fitted; False: datasheet + borrowed efficiencies
 
     @property
     def memory_bytes(self) -> int:
@@ -105,6 +132,9 @@ MODELS: dict[str, ModelPreset] = _models(
     ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064),
     ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064),
     ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064),
+    ModelPreset("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 11008, 32000),
+    ModelPreset("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000),
+    ModelPreset("codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 48, 8192, 64, 8, 128, 22016, 32000),
     ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768),
     # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
     ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
@@ -113,11 +143,21 @@ MODELS: dict[str, ModelPreset] = _models(
 GPUS: dict[str, GpuPreset] = {
     g.name: g
     for g in (
-        GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100"),
-        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100"),
+        GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100", True),
+        GpuPreset("a100-40gb", "NVIDIA A100-SXM4-40GB", 312e12, 1.555e12, 40960, 300e9, "NVLink 3", "a100"),
+        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100", True),
+        GpuPreset("h100-pcie", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 81559, 64e9, "PCIe 5.0 x16", "h100"),
         GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100"),
+        GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100"),
         GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40"),
-        GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40"),
+        GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40", True),
+        # GeForce/workstation parts: bf16 tensor rate with fp32 accumulate (what vLLM's kernels use)
+        GpuPreset("rtx-4090", "NVIDIA GeForce RTX 4090 (24GB)", 165.2e12, 1.008e12, 24564, 32e9, "PCIe 4.0 x16",
+                  "rtx4090"),  # A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
+        GpuPreset("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell (96GB)", 503.8e12, 1.792e12, 97887, 64e9,
+                  "PCIe 5.0 x16", "a40"),
+        GpuPreset("mi300x", "AMD Instinct MI300X (192GB)", 1307.4e12, 5.3e12, 196592, 64e9,
+                  "Infinity Fabric (64 GB/s per peer link)", "h100"),
     )
 }
 
@@ -127,6 +167,81 @@ def get_model(name: str) -> ModelPreset:
         return MODELS[name.lower()]
     except KeyError:
         raise ServelabError(f"unknown model preset '{name}'{did_you_mean(name, MODELS)} (known: {', '.join(MODELS)})") from None
+
+
+def model_from_hf_config(path: str) -> ModelPreset:
+    """A model preset from a Hugging Face ``config.json`` (Llama-family dense, GQA/MQA, and MoE:
+    Mixtral ``num_local_experts``, Qwen2/3-MoE ``num_experts`` + ``moe_intermediate_size``)."""
+    import json
+    from pathlib import Path
+
+    from servelab.common.errors import InputError
+
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(p, f"cannot read a config.json ({getattr(err, 'msg', None) or err})") from None
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the decoder here
+        cfg = {**cfg, **cfg["text_config"]}
+
+    def need(key: str, *alternatives: str) -> int:
+        for k in (key, *alternatives):
+            if cfg.get(k) is not None:
+                return int(cfg[k])
+        raise InputError(p, "field missing", column=key)
+
+    hidden, heads = need("hidden_size", "n_embd", "d_model"), need("num_attention_heads", "n_head")
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    ffn = need("moe_intermediate_size") if experts and cfg.get("moe_intermediate_size") else need("intermediate_size")
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    try:
+        return ModelPreset(
+            name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
+            hf_id=str(cfg.get("_name_or_path") or p),
+            num_layers=need("num_hidden_layers", "n_layer"),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),  # absent: multi-head attention
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            ffn_size=ffn,
+            vocab_size=need("vocab_size"),
+            dtype=dtype if dtype in DTYPE_BYTES else "bfloat16",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_experts=experts,
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            shared_ffn_size=int(cfg.get("shared_expert_intermediate_size") or 0) if experts else 0,
+        )
+    except ValueError as err:
+        raise InputError(p, str(err)) from None
+
+
+def resolve_model(name: str) -> ModelPreset:
+    """A preset name or Hugging Face id (``find_model``), or a path to a ``config.json``."""
+    import os
+
+    if name.endswith(".json") or os.path.isfile(name):
+        return model_from_hf_config(name)
+    return find_model(name)
+
+
+def find_model(name: str) -> ModelPreset:
+    """A preset by its name, or by the Hugging Face id it was copied from (``org/Model``, a local path
+    ending in it, with or without an ``-Instruct``/``-hf`` suffix: same shapes)."""
+    if name.lower() in MODELS:
+        return MODELS[name.lower()]
+
+    def base(hf_id: str) -> str:
+        tail = "/".join(hf_id.strip("/").split("/")[-2:]).lower()
+        for suffix in ("-instruct", "-hf", "-chat"):
+            tail = tail.removesuffix(suffix)
+        return tail.removesuffix("-instruct")
+
+    wanted = base(name)
+    for preset in MODELS.values():
+        if base(preset.hf_id) == wanted:
+            return preset
+    return get_model(name)  # the usual unknown-preset error
 
 
 def get_gpu(name: str) -> GpuPreset:

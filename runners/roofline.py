@@ -18,9 +18,12 @@ from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
-from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, get_model
+from dataclasses import replace as replace_model
+
+from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
+REAL_CALIBRATION_FILE = "real_calibration.json"  # host profiles and GPU scales fitted on real vLLM runs
 
 # vLLM's profile run sizes activations for a full token budget and reserves logits for a full
 # batch before handing the rest of gpu_memory_utilization to the KV cache.
@@ -61,6 +64,21 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
     q = model.q_size / tp
     up = (2 if model.gated_mlp else 1) * model.ffn_size / tp
     f = model.ffn_size / tp
+    if model.is_moe:
+        # Per token, k experts' worth of MLP work (tensor-parallel experts: each shard holds 1/tp of
+        # every expert). fixed_bytes is ONE expert's weights: the step reads those of every expert its
+        # tokens route to (RooflineRunner multiplies by ModelPreset.experts_touched).
+        k = model.experts_per_token
+        return {
+            "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
+            "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
+            "mlp_up": OpWork(2 * h * up * k, h * up * d, (h + up * k) * d),
+            "mlp_act": OpWork(0.0, 0.0, (up + f) * k * d),
+            "mlp_down": OpWork(2 * f * h * k, f * h * d, (f * k + h) * d),
+            "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
+            "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
+            "add": OpWork(0.0, 0.0, 3 * h * d),
+        }
     return {
         "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
         "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
@@ -128,12 +146,75 @@ def load_calibration_file() -> dict:
     return json.loads(resources.files("servelab.runners").joinpath(CALIBRATION_FILE).read_text())
 
 
+def load_real_calibration_file() -> dict:
+    return json.loads(resources.files("servelab.runners").joinpath(REAL_CALIBRATION_FILE).read_text())
+
+
 def load_calibration(key: str) -> GpuCalibration:
+    """A profiled GPU's fit, or a GPU derived from one by real-run scales (real_calibration.json
+    ``derived_gpus``: efficiencies times ``memory_scale`` / ``compute_scale``, capped at 1)."""
     data = load_calibration_file()
+    derived = load_real_calibration_file().get("derived_gpus", {})
+    if key in derived:
+        d = derived[key]
+        base = load_calibration(d["from"])
+        ms, cs = float(d["memory_scale"]), float(d["compute_scale"])
+
+        def scaled(op: OpCalibration) -> OpCalibration:
+            return OpCalibration(min(1.0, op.eff_compute * cs) if op.eff_compute < 1.0 else 1.0,
+                                 min(1.0, op.eff_memory * ms), op.latency_s)
+
+        from dataclasses import replace
+
+        return replace(base, ops={n: scaled(op) for n, op in base.ops.items()},
+                       prefill_attention=scaled(base.prefill_attention),
+                       decode_attention_eff_memory=min(1.0, base.decode_attention_eff_memory * ms))
     try:
         return GpuCalibration.from_json(data["gpus"][key])
     except KeyError:
-        raise ServelabError(f"{CALIBRATION_FILE} has no calibration '{key}' (has: {', '.join(data['gpus'])})") from None
+        known = ", ".join([*data["gpus"], *derived])
+        raise ServelabError(f"{CALIBRATION_FILE} has no calibration '{key}' (has: {known})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class HostProfile:
+    """How one engine version spends time outside the GPU kernels' own work (named, versioned, in
+    real_calibration.json ``host_profiles``): CPU overhead per step, and how much of each kernel's
+    fitted launch latency remains (CUDA-graph replay hides most of it for small batches)."""
+
+    name: str
+    cpu_base_s: float
+    cpu_per_seq_s: float
+    cpu_per_extra_worker_s: float
+    launch_scale: float  # multiplies every fitted per-call latency, for steps of <= graph_max_tokens tokens
+    graph_max_tokens: int  # the largest batch CUDA graphs are captured for (0: no graphs)
+    compute_scale: float  # multiplies GEMM compute efficiencies (capped at 1): newer kernels
+
+
+def load_host_profile(name: str) -> HostProfile | None:
+    """None for the GPU calibration's own CPU fit (profile ``vidur-2023``)."""
+    profiles = load_real_calibration_file().get("host_profiles", {})
+    if name == "vidur-2023":
+        return None
+    try:
+        raw = profiles[name]
+    except KeyError:
+        raise ServelabError(f"runner 'roofline': unknown host profile '{name}' "
+                            f"(known: vidur-2023, {', '.join(profiles)})") from None
+    return HostProfile(name=name, **{k: raw[k] for k in HostProfile.__slots__ if k != "name"})
+
+
+def apply_host_profile(cal: GpuCalibration, profile: HostProfile | None) -> GpuCalibration:
+    """The calibration with the profile's CPU overhead and compute efficiency (launch latencies are
+    scaled per step in the runner, since CUDA graphs only cover small batches)."""
+    if profile is None:
+        return cal
+    from dataclasses import replace
+
+    ops = {name: replace(op, eff_compute=min(1.0, op.eff_compute * profile.compute_scale)) if op.eff_compute < 1.0
+           else op for name, op in cal.ops.items()}
+    return replace(cal, ops=ops, cpu_base_s=profile.cpu_base_s, cpu_per_seq_s=profile.cpu_per_seq_s,
+                   cpu_per_extra_worker_s=profile.cpu_per_extra_worker_s)
 
 
 def op_time_s(work: OpWork, cal: OpCalibration, gpu: GpuPreset, tokens: float) -> float:
@@ -145,19 +226,24 @@ def op_time_s(work: OpWork, cal: OpCalibration, gpu: GpuPreset, tokens: float) -
     return work.calls * (cal.latency_s + max(compute, memory))
 
 
-def activation_reserve_bytes(model: ModelPreset, tp: int) -> int:
-    """Per GPU: peak MLP activations for a full token budget, batch logits, non-torch memory."""
+def activation_reserve_bytes(model: ModelPreset, tp: int, activation_tokens: int = ACTIVATION_TOKENS,
+                             logit_seqs: int = LOGIT_SEQS, non_torch_bytes: int = NON_TORCH_BYTES) -> int:
+    """Per GPU: peak MLP activations of the profiling run (a full ``max_num_batched_tokens`` batch),
+    logits for ``max_num_seqs`` sequences, non-torch memory (CUDA context, workspaces, graphs)."""
     up = (2 if model.gated_mlp else 1) * model.ffn_size // tp
-    act = ACTIVATION_TOKENS * (up + model.ffn_size // tp + 2 * model.hidden_size) * model.dtype_bytes
-    logits = LOGIT_SEQS * (model.vocab_size // tp) * 4
-    return act + logits + NON_TORCH_BYTES
+    act = activation_tokens * (up + model.ffn_size // tp + 2 * model.hidden_size) * model.dtype_bytes
+    logits = logit_seqs * (model.vocab_size // tp) * 4
+    return act + logits + non_torch_bytes
 
 
-def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_utilization: float = 0.9) -> int:
+def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_utilization: float = 0.9,
+                       activation_tokens: int = ACTIVATION_TOKENS, logit_seqs: int = LOGIT_SEQS,
+                       non_torch_bytes: int = NON_TORCH_BYTES) -> int:
     """KV tokens one replica of ``tp`` GPUs holds: what vLLM's memory profiling leaves for the cache."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    per_gpu = gpu.memory_bytes * gpu_memory_utilization - model.weight_bytes / tp - activation_reserve_bytes(model, tp)
+    per_gpu = (gpu.memory_bytes * gpu_memory_utilization - model.weight_bytes / tp
+               - activation_reserve_bytes(model, tp, activation_tokens, logit_seqs, non_torch_bytes))
     if per_gpu <= 0:
         raise ServelabError(
             f"{model.name} does not fit on {tp} x {gpu.name} at gpu_memory_utilization="
@@ -183,9 +269,17 @@ class RooflineRunner(RunnerBase):
     calibration: GpuCalibration
     cpu_overhead_scale: float = 1.0  # 0 prices the GPU alone
     name: str = "roofline"
+    host_profile: HostProfile | None = None  # None: the calibration's own (vidur 2023) CPU overhead, no graphs
+    activation_tokens: int = ACTIVATION_TOKENS  # vLLM's profiling batch: max_num_batched_tokens
+    logit_seqs: int = LOGIT_SEQS  # max_num_seqs
+    non_torch_bytes: int = NON_TORCH_BYTES
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
+    _graph_ops: tuple = field(init=False, repr=False)  # the same with the host profile's launch latencies
+    _expert: tuple = field(init=False, repr=False)  # per layer op: priced per expert routed to (MoE)
+    _shared: tuple = field(init=False, repr=False)  # a shared expert's MLP ops (MoE with one)
+    _graph_head: tuple = field(init=False, repr=False)
     _rates: _Rates = field(init=False, repr=False)
     # The terms that depend on one count only (tokens, sequences, decodes), memoised per instance:
     # step_time is then a few lookups plus the prefill attention.
@@ -213,6 +307,17 @@ class RooflineRunner(RunnerBase):
                 self._fold(lm_head_op(m, tp), self.calibration.ops["mlp_up"]),  # a wide GEMM like mlp_up
             ),
         )
+        expert_ops = {"mlp_up", "mlp_down"} if m.is_moe else set()
+        object.__setattr__(self, "_expert", tuple(n in expert_ops for n in layer_ops(m, tp)))
+        shared = ()
+        if m.shared_ffn_size:
+            sm = replace_model(m, ffn_size=m.shared_ffn_size, num_experts=0, experts_per_token=0, shared_ffn_size=0)
+            shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n])
+                           for n in ("mlp_up", "mlp_act", "mlp_down"))
+        object.__setattr__(self, "_shared", shared)
+        scale = self.host_profile.launch_scale if self.host_profile is not None else 1.0
+        object.__setattr__(self, "_graph_ops", tuple((c, lat * scale, *rest) for c, lat, *rest in self._ops))
+        object.__setattr__(self, "_graph_head", tuple((c, lat * scale, *rest) for c, lat, *rest in self._head))
         pa = self.calibration.prefill_attention
         object.__setattr__(self, "_rates", _Rates(self._kv_bytes_per_token_layer_shard, g.peak_flops * pa.eff_compute,
                                                   g.hbm_bytes_per_s * pa.eff_memory, self._decode_s_per_kv_token))
@@ -221,7 +326,8 @@ class RooflineRunner(RunnerBase):
             object.__setattr__(self, name, lru_cache(maxsize=1 << 16)(fn))
 
     def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
-        return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name))
+        return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name,
+                             self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes))
 
     def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
@@ -241,9 +347,17 @@ class RooflineRunner(RunnerBase):
     def _token_terms(self, tokens: int) -> tuple[float, float, float]:
         """One layer's linear ops, embedding + final norm, and one layer's two all-reduces."""
         op = self._op
-        emb, final_norm, _ = self._head
-        return (sum(op(f, tokens) for f in self._ops), op(emb, tokens) + op(final_norm, tokens),
-                2 * self.all_reduce_s(tokens))
+        graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
+        ops, head = (self._graph_ops, self._graph_head) if graphed else (self._ops, self._head)
+        emb, final_norm, _ = head
+        if self.model.is_moe:
+            touched = self.model.experts_touched(tokens)
+            layer = sum(c * (lat + max(comp * tokens, fixed * (touched if expert else 1.0) + per * tokens))
+                        for (c, lat, comp, fixed, per), expert in zip(ops, self._expert))
+            layer += sum(op(f, tokens) for f in self._shared)
+        else:
+            layer = sum(op(f, tokens) for f in ops)
+        return (layer, op(emb, tokens) + op(final_norm, tokens), 2 * self.all_reduce_s(tokens))
 
     def _seq_terms(self, seqs: int) -> tuple[float, float]:
         """The LM head (logits at the last position of every sequence) and the CPU overhead."""
@@ -330,7 +444,8 @@ class RooflineRunner(RunnerBase):
         return self.model.kv_bytes_per_token
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
-        return kv_capacity_tokens(self.model, self.gpu, self.tp, gpu_memory_utilization)
+        return kv_capacity_tokens(self.model, self.gpu, self.tp, gpu_memory_utilization, self.activation_tokens,
+                                  self.logit_seqs, self.non_torch_bytes)
 
     def describe(self) -> dict:
         return {
@@ -339,6 +454,10 @@ class RooflineRunner(RunnerBase):
             "gpu": asdict(self.gpu),
             "tp": self.tp,
             "cpu_overhead_scale": self.cpu_overhead_scale,
+            "host_profile": asdict(self.host_profile) if self.host_profile is not None else None,
+            "activation_tokens": self.activation_tokens,
+            "logit_seqs": self.logit_seqs,
+            "non_torch_bytes": self.non_torch_bytes,
             "calibration_key": self.gpu.calibration,
             "calibration": asdict(self.calibration),
             "kv_bytes_per_token": self.kv_bytes_per_token,
@@ -352,8 +471,13 @@ class RooflineRunner(RunnerBase):
         cal = dict(d["calibration"])
         cal["ops"] = {name: OpCalibration(**v) for name, v in cal["ops"].items()}
         cal["prefill_attention"] = OpCalibration(**cal["prefill_attention"])
+        host = d.get("host_profile")
         return cls(ModelPreset(**d["model"]), GpuPreset(**d["gpu"]), int(d["tp"]), GpuCalibration(**cal),
-                   cpu_overhead_scale=float(d["cpu_overhead_scale"]))
+                   cpu_overhead_scale=float(d["cpu_overhead_scale"]),
+                   host_profile=HostProfile(**host) if host else None,
+                   activation_tokens=int(d.get("activation_tokens", ACTIVATION_TOKENS)),
+                   logit_seqs=int(d.get("logit_seqs", LOGIT_SEQS)),
+                   non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)))
 
     def _fits(self) -> bool:
         try:
@@ -365,7 +489,8 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead")
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration")
+DEFAULT_HOST = "vllm-v1-cudagraph"
 
 
 def _int_param(key: str, raw: object) -> int:
@@ -388,7 +513,7 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
             return params[key]
         return context.get(key) if context.get(key) is not None else default
 
-    model = get_model(str(pick("model", DEFAULT_MODEL)))
+    model = resolve_model(str(pick("model", DEFAULT_MODEL)))
     gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
     tp = _int_param("tp", pick("tp", 1))
     try:
@@ -397,4 +522,14 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         raise ServelabError(f"runner 'roofline': cpu_overhead needs a number, got '{params['cpu_overhead']}'") from None
     if scale < 0:
         raise ServelabError(f"runner 'roofline': cpu_overhead must be >= 0, got {scale}")
-    return RooflineRunner(model, gpu, tp, load_calibration(gpu.calibration), cpu_overhead_scale=scale)
+    profile = load_host_profile(str(params.get("host", DEFAULT_HOST)))
+    if "calibration" in params:  # another GPU's fitted efficiencies (e.g. to compare calibrations)
+        gpu = replace_model(gpu, calibration=params["calibration"])
+    calibration = apply_host_profile(load_calibration(gpu.calibration), profile)
+    kv = {}
+    if profile is not None:  # vLLM V1 sizes the profiling run by the engine's own limits
+        for key, name in (("activation_tokens", "max_num_batched_tokens"), ("logit_seqs", "max_num_seqs")):
+            if context.get(name) is not None:
+                kv[key] = int(context[name])
+        kv["non_torch_bytes"] = int(load_real_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
+    return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)

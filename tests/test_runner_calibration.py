@@ -67,7 +67,8 @@ def test_runner_layer_reproduces_llama3_8b_on_a100():
     columns = ["attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_act", "mlp_down_proj", "input_layernorm",
                "post_attention_layernorm", "attn_rope", "add"]
     measured = sum(df[f"time_stats.{c}.median"].to_numpy() for c in columns) * 1e-3
-    runners = {tp: make_runner(f"roofline:model=llama-3.1-8b,gpu=a100-80gb,tp={tp}") for tp in (1, 2, 4, 8)}
+    # the operator fit itself (host=vidur-2023: no real-run scaling of GEMM efficiencies or launch latencies)
+    runners = {tp: make_runner(f"roofline:model=llama-3.1-8b,gpu=a100-80gb,tp={tp},host=vidur-2023") for tp in (1, 2, 4, 8)}
     pred = [
         sum(runners[tp]._op(f, t) for f in runners[tp]._ops)
         for tp, t in zip(df["num_tensor_parallel_workers"].to_list(), df["num_tokens"].to_list())

@@ -1,0 +1,290 @@
+"""A real benchmark's per-request timings as a run directory in servelab's result schema.
+
+Each format's importer (one file per format, registered in ``IMPORTERS``) parses its source into
+a ``Measured``: one row per request with absolute times on one clock (any origin), the engine
+settings the source records, and which side took the times (``server`` or ``client``).
+``build_run`` rebases the times to the first arrival and derives ttft/tpot/e2e exactly as a replay
+does (replay/results.py), so ``report``, ``query``, ``compare`` and ``plot`` read it unchanged;
+``trace_from`` derives the trace (arrivals, lengths, tenants) that ``validate --real`` replays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from servelab.common.errors import InputError, ServelabError
+from servelab.common.registry import Registry
+from servelab.replay.results import RunResult
+from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+
+# format name -> importer(paths: list[Path]) -> Measured
+IMPORTERS: Registry[Callable[..., Measured]] = Registry("run import format")
+FORMAT_MODULES = ("vllm_bench", "guidellm", "otel", "timestamps_jsonl", "blis")
+
+# Engine settings an importer may find in its source, with the type each must have (run.json "config").
+SETTING_TYPES = {
+    "model": str, "gpu": str, "tp": int, "max_num_seqs": int, "max_num_batched_tokens": int,
+    "block_size": int, "num_gpu_blocks": int, "gpu_memory_utilization": float, "enable_prefix_caching": bool,
+}
+
+
+@dataclass
+class Rows:
+    """Column lists an importer fills row by row (``add``), checked as they come."""
+
+    path: Path
+    request_id: list[str] = field(default_factory=list)
+    tenant: list[str | None] = field(default_factory=list)
+    arrival_s: list[float] = field(default_factory=list)
+    first_scheduled_s: list[float | None] = field(default_factory=list)
+    first_token_s: list[float | None] = field(default_factory=list)
+    finish_s: list[float | None] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    ok: list[bool] = field(default_factory=list)
+    reason: list[str | None] = field(default_factory=list)
+    max_itl_s: list[float | None] = field(default_factory=list)
+
+    def add(self, row: int, request_id: object, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
+            first_token_s: float | None = None, finish_s: float | None = None,
+            first_scheduled_s: float | None = None, ok: bool = True, reason: str | None = None,
+            tenant: str | None = None, max_itl_s: float | None = None) -> None:
+        """One request; ``row`` (1-based) names it in errors. A successful request needs a first token
+        and a finish no earlier than its arrival, in that order."""
+        def bad(column: str, rule: str) -> InputError:
+            return InputError(self.path, rule, column=column, row=row)
+
+        for name, value in (("arrival", arrival_s), ("first token", first_token_s), ("finish", finish_s),
+                            ("first scheduled", first_scheduled_s)):
+            if value is not None and not math.isfinite(value):
+                raise bad(name, "not a finite time")
+        if prompt_tokens is None or prompt_tokens < 0:
+            raise bad("prompt tokens", f"needs a token count >= 0, got {prompt_tokens}")
+        if output_tokens is None or output_tokens < 0:
+            raise bad("output tokens", f"needs a token count >= 0, got {output_tokens}")
+        if ok:
+            if first_token_s is None or finish_s is None:
+                raise bad("first token" if first_token_s is None else "finish", "a successful request needs this time")
+            if prompt_tokens < 1 or output_tokens < 1:
+                raise bad("prompt tokens" if prompt_tokens < 1 else "output tokens",
+                          "a successful request needs >= 1 token")
+            if first_token_s < arrival_s - 1e-6 or finish_s < first_token_s - 1e-6:
+                raise bad("first token" if first_token_s < arrival_s - 1e-6 else "finish",
+                          f"times out of order (arrival {arrival_s}, first token {first_token_s}, finish {finish_s})")
+        self.request_id.append(str(request_id))
+        self.tenant.append(tenant)
+        self.arrival_s.append(float(arrival_s))
+        self.first_scheduled_s.append(first_scheduled_s)
+        self.first_token_s.append(first_token_s)
+        self.finish_s.append(finish_s if ok else None)
+        self.prompt_tokens.append(int(prompt_tokens))
+        self.output_tokens.append(int(output_tokens))
+        self.ok.append(bool(ok))
+        self.reason.append(None if ok else (reason or "failed"))
+        self.max_itl_s.append(max_itl_s)
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+@dataclass(frozen=True)
+class Measured:
+    rows: Rows
+    clock: str  # "server": engine-side timestamps; "client": the benchmark client's
+    settings: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)  # anything else worth keeping (versions, rates)
+    notes: tuple[str, ...] = ()  # what the importer left out or assumed, printed and kept in run.json
+
+
+def check_settings(settings: dict[str, Any], path: Path) -> dict[str, Any]:
+    out = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        want = SETTING_TYPES[key]
+        try:
+            out[key] = want(value) if want is not bool else _as_bool(value)
+        except (TypeError, ValueError):
+            raise InputError(path, f"setting '{key}' is not a {want.__name__}: {value!r}") from None
+    return out
+
+
+def _as_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise InputError(path, "not UTF-8 text (expected JSON)") from None
+    except json.JSONDecodeError as err:
+        raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def import_measured(fmt: str, paths: list[Path], **options) -> Measured:
+    import importlib
+
+    for name in FORMAT_MODULES:
+        importlib.import_module(f"servelab.fidelity.{name}")
+    importer = IMPORTERS.get(fmt)
+    for p in paths:
+        if p.is_dir() and fmt != "blis":
+            raise InputError(p, "is a folder, not a file")
+        if not p.exists():
+            raise InputError(p, "file not found")
+    measured = importer(paths, **options)
+    if len(measured.rows) == 0:
+        raise InputError(paths[0], "no requests found")
+    return measured
+
+
+def _order(rows: Rows) -> np.ndarray:
+    # arrival first, then the source's order: a stable sort keeps the result deterministic
+    return np.argsort(np.asarray(rows.arrival_s, dtype=np.float64), kind="stable")
+
+
+def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResult, pa.Table]:
+    """The requests table (REQUESTS_SCHEMA, times since the first arrival), run.json, and the trace."""
+    rows = measured.rows
+    order = _order(rows)
+    n = len(order)
+    t0 = float(np.asarray(rows.arrival_s, dtype=np.float64)[order[0]])
+
+    def rebased(values: list[float | None]) -> list[float | None]:
+        return [None if values[i] is None else values[i] - t0 for i in order]
+
+    arrival = rebased(rows.arrival_s)
+    first_token = rebased(rows.first_token_s)
+    finish = rebased(rows.finish_s)
+    scheduled = rebased(rows.first_scheduled_s)
+    prompt = [rows.prompt_tokens[i] for i in order]
+    output = [rows.output_tokens[i] for i in order]
+    ok = [rows.ok[i] for i in order]
+    ttft, tpot, e2e = [], [], []
+    for a, f, e, o, good in zip(arrival, first_token, finish, output, ok):
+        ttft.append(f - a if f is not None else None)
+        if good:
+            e2e.append(e - a)
+            tpot.append((e - f) / (o - 1) if o > 1 else 0.0)
+        else:
+            e2e.append(None)
+            tpot.append(None)
+    tenants = [rows.tenant[i] or "default" for i in order]
+    columns = {
+        "request_id": list(range(n)),
+        "tenant": tenants,
+        "tier": ["standard"] * n,
+        "session_id": [None] * n,
+        "replica": [0] * n,
+        "status": ["finished" if good else "rejected" for good in ok],
+        "reason": [rows.reason[i] for i in order],
+        "arrival_s": arrival,
+        "first_scheduled_s": scheduled,
+        "first_token_s": first_token,
+        "finish_s": finish,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "generated_tokens": [o if good else 0 for o, good in zip(output, ok)],
+        "num_preemptions": [None] * n,  # not recorded by any of the formats
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "max_itl_s": [rows.max_itl_s[i] for i in order],
+        "ttft_slo_s": [None] * n,
+        "tpot_slo_s": [None] * n,
+        "cached_tokens": [None] * n,
+    }
+    requests = pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
+                                    schema=REQUESTS_SCHEMA)
+    trace = trace_from(requests, source_ids=[rows.request_id[i] for i in order])
+    from servelab import __version__
+
+    finished = sum(ok)
+    settings = check_settings(measured.settings, paths[0])
+    meta = {
+        "servelab_version": __version__,
+        "measured": True,
+        "clock": measured.clock,
+        "source": dict(measured.source, format=fmt,
+                       files=[{"path": str(p), "sha256": sha256(p)} for p in _files(paths)]),
+        "notes": list(measured.notes),
+        "trace": {"name": paths[0].name, "rows": trace.num_rows, "path": "trace.arrow"},
+        "policy": {"name": "measured", "params": {}},
+        "runner": {"name": "measured", "spec": None, "params": {}},
+        "engine": {k: v for k, v in settings.items() if k not in ("model", "gpu", "tp")},
+        "config": settings,
+        "counts": {"finished": finished, "unfinished": 0, "rejected": n - finished},
+        "measured_span_s": max((e for e in finish if e is not None), default=0.0),
+    }
+    steps = STEPS_SCHEMA.empty_table()
+    return RunResult(requests, steps, meta), trace
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    out = []
+    for p in paths:
+        out.extend(sorted(q for q in p.iterdir() if q.is_file()) if p.is_dir() else [p])
+    return out
+
+
+def trace_from(requests: pa.Table, source_ids: list[str] | None = None) -> pa.Table:
+    """The trace a measured run replays: every request the server saw (arrival, prompt and output
+    lengths, tenant), in the run's request ids. Requests that failed before producing a token
+    (client errors, no output) are left out: the server may never have seen them."""
+    status = requests.column("status").to_pylist()
+    prompt = requests.column("prompt_tokens").to_pylist()
+    output = requests.column("output_tokens").to_pylist()
+    keep = [i for i, (s, p, o) in enumerate(zip(status, prompt, output)) if s == "finished" or (p >= 1 and o >= 1)]
+    if not keep:
+        raise ServelabError("the imported run has no request with a prompt and an output to replay")
+    idx = pa.array(keep, type=pa.int64())
+    trace = pa.table({
+        "request_id": requests.column("request_id").take(idx),
+        "arrival_s": requests.column("arrival_s").take(idx),
+        "prompt_tokens": requests.column("prompt_tokens").take(idx),
+        "output_tokens": requests.column("output_tokens").take(idx),
+        "tenant": requests.column("tenant").take(idx),
+    })
+    from servelab.traces.io import prepare
+
+    return prepare(trace, "imported run", source="measured run")
+
+
+def write_measured_run(result: RunResult, trace: pa.Table, run_dir: Path, trace_out: Path | None = None) -> None:
+    """requests.parquet, steps.parquet (empty: no per-step data), run.json and trace.arrow, all or nothing."""
+    from servelab.common.atomic import atomic_dir
+    from servelab.replay.results import write_parquet
+    from servelab.traces.io import write_trace
+
+    meta = dict(result.meta, run_id=run_dir.name)
+    with atomic_dir(run_dir) as tmp:
+        write_parquet(result.requests, tmp / "requests.parquet")
+        write_parquet(result.steps, tmp / "steps.parquet")
+        write_trace(trace, tmp / "trace.arrow", source="measured run")
+        (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    if trace_out is not None:
+        write_trace(trace, trace_out, source=f"measured run {run_dir.name}")

@@ -1,0 +1,185 @@
+"""How far is the simulator from a real run? Replay a measured run's trace with its settings and
+compare, metric by metric and request by request.
+
+Per metric (TTFT, TPOT, E2E, queueing: mean, p50, p90, p99) the measured value, the simulated one
+and the relative error ``sim / measured - 1``; the pooled ITL (decode time over decode gaps, as
+vLLM's mean ITL with one token per chunk) and throughput; per request, the absolute percentage
+error of TTFT, TPOT and E2E (MAPE and median). Percentiles are numpy's linear interpolation, as
+DuckDB's ``quantile_cont`` in the SQL views and vLLM's benchmark use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from servelab.common.errors import InputError, ServelabError
+from servelab.replay.config import ReplayConfig
+
+STATS = ("mean", "p50", "p90", "p99")
+METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+
+
+def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
+    """run.json, requests.parquet and the trace of a run written by ``servelab run import``."""
+    meta_path = run_dir / "run.json"
+    if not meta_path.is_file():
+        raise InputError(run_dir, "not a run directory (no run.json)")
+    meta = json.loads(meta_path.read_text())
+    if not meta.get("measured"):
+        raise InputError(meta_path, "not a measured run (run.json has no \"measured\": true); "
+                                    "import one with `servelab run import`")
+    trace_path = run_dir / "trace.arrow"
+    if not trace_path.is_file():
+        raise InputError(run_dir, "has no trace.arrow (import it again with this version)")
+    from servelab.traces.io import read_trace
+
+    return meta, pq.read_table(run_dir / "requests.parquet"), read_trace(trace_path)
+
+
+def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
+    """The recorded settings (run.json ``config``) with ``overrides`` (command-line options) on top.
+    The source's model name (a Hugging Face id or path) becomes the preset with that shape."""
+    import os
+
+    from servelab.runners.presets import find_model
+
+    data = {k: v for k, v in (meta.get("config") or {}).items()}
+    data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
+        data["model"] = find_model(str(data["model"])).name
+    try:
+        return ReplayConfig.from_dict(data, source="validate --real")
+    except ServelabError as err:
+        raise ServelabError(f"{err} (settings of the measured run with the options given)") from None
+
+
+def _metric_columns(requests: pa.Table) -> dict[str, np.ndarray]:
+    """Finished requests' metrics by request id (queue only where the source recorded it)."""
+    done = requests.filter(pc.equal(requests.column("status"), "finished"))
+    cols = {name: done.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+            for name in ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+                         "ttft_s", "tpot_s", "e2e_s")}
+    cols["output_tokens"] = done.column("output_tokens").to_numpy().astype(np.float64)
+    cols["queue_s"] = cols["first_scheduled_s"] - cols["arrival_s"]
+    return cols
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return {s: None for s in STATS}
+    return {"mean": float(values.mean()), "p50": float(np.percentile(values, 50)),
+            "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99))}
+
+
+def _err(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return (sim / real - 1.0) * 100
+
+
+def _summary(cols: dict[str, np.ndarray]) -> dict[str, Any]:
+    multi = cols["output_tokens"] > 1
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        values = cols[m][multi] if m == "tpot_s" else cols[m]
+        out[m] = _stats(values)
+    gaps = (cols["output_tokens"] - 1)[multi].sum()
+    out["itl_pooled_s"] = float((cols["finish_s"] - cols["first_token_s"])[multi].sum() / gaps) if gaps else None
+    span = cols["finish_s"].max() - cols["arrival_s"].min() if cols["finish_s"].size else 0.0
+    out["duration_s"] = float(span)
+    out["request_throughput_rps"] = float(len(cols["finish_s"]) / span) if span > 0 else None
+    out["output_throughput_tps"] = float(cols["output_tokens"].sum() / span) if span > 0 else None
+    out["finished"] = len(cols["finish_s"])
+    return out
+
+
+def _per_request(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]) -> dict[str, Any]:
+    common, ri, si = np.intersect1d(real["request_id"], sim["request_id"], return_indices=True)
+    out: dict[str, Any] = {"matched": len(common)}
+    for m in ("ttft_s", "tpot_s", "e2e_s"):
+        r, s = real[m][ri], sim[m][si]
+        ok = np.isfinite(r) & np.isfinite(s) & (r > 0)
+        if m == "tpot_s":
+            ok &= real["output_tokens"][ri] > 1
+        ape = np.abs(s[ok] / r[ok] - 1.0) * 100
+        out[m] = {"mape_pct": float(ape.mean()) if ape.size else None,
+                  "median_ape_pct": float(np.median(ape)) if ape.size else None, "n": int(ape.size)}
+    return out
+
+
+def compare(real_requests: pa.Table, sim_requests: pa.Table) -> dict[str, Any]:
+    real, sim = _metric_columns(real_requests), _metric_columns(sim_requests)
+    rs, ss = _summary(real), _summary(sim)
+    rows = []
+    for m in METRICS:
+        for stat in STATS:
+            rows.append({"metric": m.removesuffix("_s"), "stat": stat, "measured_s": rs[m][stat],
+                         "simulated_s": ss[m][stat], "error_pct": _err(ss[m][stat], rs[m][stat])})
+    rows.append({"metric": "itl", "stat": "pooled mean", "measured_s": rs["itl_pooled_s"],
+                 "simulated_s": ss["itl_pooled_s"], "error_pct": _err(ss["itl_pooled_s"], rs["itl_pooled_s"])})
+    throughput = [{"metric": k, "measured": rs[k], "simulated": ss[k], "error_pct": _err(ss[k], rs[k])}
+                  for k in ("request_throughput_rps", "output_throughput_tps", "duration_s")]
+    return {"finished": {"measured": rs["finished"], "simulated": ss["finished"]},
+            "latency": rows, "throughput": throughput, "per_request": _per_request(real, sim)}
+
+
+def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, Any], pa.Table, pa.Table]:
+    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated)."""
+    from servelab.api import build_runner, replay, resolve_num_gpu_blocks
+
+    meta, measured, trace = load_measured(run_dir)
+    config = config_for(meta, overrides)
+    runner = build_runner(config)
+    blocks = resolve_num_gpu_blocks(config, runner)
+    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))
+    result = replay(trace, config, runner=runner)
+    report = compare(measured, result.requests)
+    report.update({
+        "run": str(run_dir),
+        "clock": meta.get("clock"),
+        "requests": trace.num_rows,
+        "config": config.to_dict(),
+        "num_gpu_blocks": blocks,
+        "kv_capacity_tokens": blocks * config.engine.block_size,
+        "kv_blocks_from": "measured run / option" if (meta.get("config") or {}).get("num_gpu_blocks") is not None
+                          or overrides.get("num_gpu_blocks") is not None else "derived from the model and GPU",
+        "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
+        "runner": result.meta["runner"],
+    })
+    return report, measured, result.requests
+
+
+def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "") -> None:
+    """TTFT, TPOT and E2E CDFs of both runs side by side (PNG/SVG/PDF by suffix), written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from servelab.common.atomic import atomic_path
+
+    real, sim = _metric_columns(measured), _metric_columns(simulated)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, m, label in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT (s)", "TPOT (s)", "E2E (s)")):
+        for cols, name, style in ((real, "measured", "-"), (sim, "simulated", "--")):
+            v = np.sort(cols[m][np.isfinite(cols[m])])
+            if m == "tpot_s":
+                v = np.sort(cols[m][(cols["output_tokens"] > 1) & np.isfinite(cols[m])])
+            ax.plot(v, np.arange(1, len(v) + 1) / max(len(v), 1), style, label=name)
+        ax.set_xlabel(label)
+        ax.set_ylabel("share of requests")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110)
+    plt.close(fig)

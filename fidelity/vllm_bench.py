@@ -1,0 +1,53 @@
+"""vLLM ``vllm bench serve --save-result --save-detailed`` result JSON (client side).
+
+Per request (parallel lists): ``start_times`` (when the client sent it, ``time.perf_counter``),
+``ttfts`` and ``latencies`` (seconds after the send), ``input_lens``, ``output_lens``, ``itls``
+(gaps between streamed chunks) and ``errors`` (empty when it succeeded). ``start_times`` appeared
+in vLLM's benchmark in late 2025; a result without it has no arrival times and cannot be imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servelab.common.errors import InputError
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
+
+LISTS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens")
+
+
+@IMPORTERS.register("vllm-bench")
+def import_vllm_bench(paths: list[Path]) -> Measured:
+    if len(paths) != 1:
+        raise InputError(paths[1], "vllm-bench takes one result JSON")
+    path = paths[0]
+    doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise InputError(path, "not a vLLM benchmark result (expected a JSON object)")
+    if "ttfts" not in doc:
+        raise InputError(path, "no per-request details ('ttfts'): rerun vllm bench serve with --save-detailed",
+                         column="ttfts")
+    if "start_times" not in doc:
+        raise InputError(path, "no per-request send times ('start_times'; vLLM's benchmark writes them since "
+                               "late 2025): arrivals are unknown", column="start_times")
+    n = len(doc["ttfts"])
+    for key in LISTS:
+        if not isinstance(doc.get(key), list) or len(doc[key]) != n:
+            raise InputError(path, f"needs a list of {n} values like 'ttfts'", column=key)
+    errors = doc.get("errors") or [""] * n
+    itls = doc.get("itls") or [None] * n
+    rows = Rows(path)
+    for i in range(n):
+        start = float(doc["start_times"][i])
+        failed = bool(errors[i])
+        gaps = itls[i] or []
+        rows.add(i + 1, i, start, int(doc["input_lens"][i]), int(doc["output_lens"][i] or 0),
+                 first_token_s=None if failed else start + float(doc["ttfts"][i]),
+                 finish_s=None if failed else start + float(doc["latencies"][i]),
+                 ok=not failed, reason=str(errors[i])[:200] if failed else None,
+                 max_itl_s=float(max(gaps)) if gaps and not failed else None)
+    settings = {"model": doc.get("model_id")}
+    source = {k: doc[k] for k in ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate",
+                                  "burstiness", "max_concurrency", "duration") if k in doc}
+    notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation"]
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes))

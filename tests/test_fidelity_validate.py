@@ -1,0 +1,96 @@
+"""`validate --real`: the comparison's arithmetic on hand-built tables, and the command end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from helpers_cli import run_main
+from servelab.fidelity.validate import compare
+from servelab.replay.schema import REQUESTS_SCHEMA
+
+FIX = Path(__file__).parent / "fixtures" / "real_runs"
+
+
+def _requests(arrival, ttft, e2e, out, queue=None) -> pa.Table:
+    n = len(arrival)
+    cols = {f.name: [None] * n for f in REQUESTS_SCHEMA}
+    cols.update(request_id=list(range(n)), tenant=["default"] * n, tier=["standard"] * n, status=["finished"] * n,
+                arrival_s=arrival, first_token_s=[a + t for a, t in zip(arrival, ttft)],
+                finish_s=[a + e for a, e in zip(arrival, e2e)], ttft_s=ttft, e2e_s=e2e, output_tokens=out,
+                tpot_s=[(e - t) / (o - 1) for t, e, o in zip(ttft, e2e, out)],
+                first_scheduled_s=[a + q for a, q in zip(arrival, queue or [0.0] * n)])
+    return pa.Table.from_pydict(cols, schema=REQUESTS_SCHEMA)
+
+
+def test_errors_by_hand():
+    real = _requests([0.0, 1.0, 2.0, 3.0], [0.1, 0.2, 0.3, 0.4], [1.1, 2.2, 3.3, 4.4], [11, 21, 31, 41])
+    # simulated: TTFT 10% longer for every request, decode identical
+    sim = _requests([0.0, 1.0, 2.0, 3.0], [0.11, 0.22, 0.33, 0.44], [1.11, 2.22, 3.33, 4.44], [11, 21, 31, 41])
+    rep = compare(real, sim)
+    rows = {(r["metric"], r["stat"]): r for r in rep["latency"]}
+    assert rows[("ttft", "mean")]["measured_s"] == pytest.approx(0.25)
+    assert rows[("ttft", "mean")]["error_pct"] == pytest.approx(10.0)
+    assert rows[("ttft", "p90")]["measured_s"] == pytest.approx(0.37)  # linear: 0.3 + 0.7 x 0.1
+    assert rows[("tpot", "mean")]["error_pct"] == pytest.approx(0.0, abs=1e-9)
+    # e2e: (11.1 x 1.0 + 0.1) / 11 = 1.009090...: mean error 0.25 x 0.1 / 2.75 = +0.909%
+    assert rows[("e2e", "mean")]["error_pct"] == pytest.approx(100 * 0.025 / 2.75)
+    assert rows[("itl", "pooled mean")]["measured_s"] == pytest.approx(10.0 / 100)
+    assert rep["per_request"]["ttft_s"]["mape_pct"] == pytest.approx(10.0)
+    # throughput: 104 tokens over 3 + 4.4 s measured, 3 + 4.44 s simulated
+    tp = {r["metric"]: r for r in rep["throughput"]}
+    assert tp["output_throughput_tps"]["measured"] == pytest.approx(104 / 7.4)
+    assert tp["output_throughput_tps"]["error_pct"] == pytest.approx((7.4 / 7.44 - 1) * 100)
+
+
+def test_validate_real_end_to_end(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, out, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                               "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["validate", "--real", run, "--format", "json", "--plot", tmp_path / "cdf.png",
+                               "--set", "max_num_seqs=64"], capsys)
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["config"]["model"] == "llama-3.1-8b" and rep["config"]["max_num_seqs"] == 64
+    assert rep["config"]["max_num_batched_tokens"] == 2048  # from meta.json
+    assert rep["finished"] == {"measured": 4, "simulated": 4}
+    mean_ttft = next(r for r in rep["latency"] if r["metric"] == "ttft" and r["stat"] == "mean")
+    expected = (0.244371776 + 0.123777118 + 0.147537068 + 0.206351402) / 4  # first_token_ts - queued_ts
+    assert mean_ttft["measured_s"] == pytest.approx(expected, abs=1e-8)
+    assert (tmp_path / "cdf.png").stat().st_size > 1000
+    code, out, err = run_main(["validate", "--real", run], capsys)
+    assert code == 0 and "measured vs simulated" in out
+
+
+def test_validate_real_refuses_a_replayed_run(tmp_path, capsys):
+    from helpers_cli import write_small_trace
+
+    trace = write_small_trace(tmp_path)
+    code, _, err = run_main(["replay", trace, "-o", tmp_path / "sim"], capsys)
+    assert code == 0
+    code, _, err = run_main(["validate", "--real", tmp_path / "sim"], capsys)
+    assert code == 1 and "not a measured run" in err
+
+
+def test_fit_host_grid_reports_fit_and_held_out_halves(tmp_path, capsys):
+    from servelab.fidelity.fit_host import main as fit_main
+
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "otel", FIX / "otel_llm_request.jsonl", "-o", run,
+                             "--setting", "model=llama-2-7b", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    fit_main([str(run), "--launch-scales", "0.5,1.0", "--cpu-base-ms", "0.5", "--compute-scales", "1.0"])
+    out = capsys.readouterr().out
+    assert out.count("objective") == 2 and "held_out run" in out and "fit      run" in out
+    fit_main([str(run), "--gpu-from", "a40", "--memory-scales", "1.0", "--compute-scales", "1.0"])
+    assert "a40 x memory 1.00 x compute 1.00" in capsys.readouterr().out
+
+
+def test_fit_real_takes_run_directories_only(tmp_path, capsys):
+    code, _, err = run_main(["fit", "--real", tmp_path, "-o", tmp_path / "m.json"], capsys)
+    assert code == 1 and "fit --real takes measured run directories only" in err
+    code, _, err = run_main(["fit"], capsys)
+    assert code == 2 and "fit needs PROFILE and -o" in err
