@@ -310,7 +310,7 @@ class Engine:
             hit = kv.lookup(req) if req.status is Status.WAITING else None
             if hit is not None and hit.tokens + n <= req.num_tokens:  # admitted onto a cached prefix
                 target = -(-(hit.tokens + n) // kv.block_size)
-                summary.account(req, n, target - len(hit.keys) - hit.own + hit.claimed, hit, target)
+                summary.account(req, n, target - hit.blocks + hit.claimed, hit, target)
             else:
                 summary.account(req, n, kv.blocks_needed(req, n))
             if items is not None:

@@ -124,10 +124,9 @@ class KVManager:
 
     def releasable(self, req: Request) -> int:
         """Blocks that preempting ``req`` would make free (not those other running requests share)."""
-        if self.cache is None or not req.cached_keys:
+        if self.cache is None or req.cached_keys is None:
             return req.kv_blocks
-        refs = self.cache.refs
-        return req.kv_blocks - sum(1 for key in req.cached_keys if refs[key] > 1)
+        return req.kv_blocks - self.cache.shared_blocks(req)
 
     # -- prefix caching -----------------------------------------------------------------------
     def lookup(self, req: Request) -> Hit | None:
@@ -145,7 +144,7 @@ class KVManager:
     def claim(self, req: Request, hit: Hit) -> None:
         """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once)."""
         self.used += self.cache.claim(req, hit)
-        req.kv_blocks = len(hit.keys) + hit.own
+        req.kv_blocks = hit.blocks
 
     def _over_committed(self) -> None:
         raise AssertionError(f"KV over-committed: {self.used} > {self.total} blocks")
@@ -199,8 +198,13 @@ class KVManager:
         holders = list(holders)
         held = sum(req.kv_blocks for req in holders)
         if self.cache is not None:  # a block shared by several running requests is held once
-            shared = {key for req in holders for key in req.cached_keys or ()}
-            held += len(shared) - sum(len(req.cached_keys or ()) for req in holders)
+            most: dict = {}  # hashed entry -> the most blocks of it any holder holds
+            for req in holders:
+                if req.cached_keys is not None:
+                    for entry, count in req.cached_keys.counts():
+                        held -= count
+                        most[entry] = max(most.get(entry, 0), count)
+            held += sum(most.values())
         assert self.used == held + self.cohort_held, (self.used, held, self.cohort_held)
         assert 0 <= self.host_used <= self.host_total, (self.host_used, self.host_total)
         assert self.host_used == sum(self.host.values()), (self.host_used, sum(self.host.values()))

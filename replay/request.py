@@ -86,7 +86,7 @@ class Request:
         self.block_table: list[int] | None = None  # real block ids, only for runners that need them
         self.policy_data = None  # a policy's private per-request state (e.g. a predicted length)
         self.cohort_mark: int | None = None  # in its replica's decode cohort since that iteration (replay/cohort.py)
-        self.cached_keys: list | None = None  # prefix-cache blocks it holds (replay/prefix_cache.py)
+        self.cached_keys = None  # the prefix-cache Chain of hashed blocks it holds (replay/prefix_cache.py)
         self.num_cached_tokens = 0  # tokens its admissions reused from the prefix cache
 
     @property

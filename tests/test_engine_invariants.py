@@ -88,6 +88,10 @@ CASES.update({
     "prefix cache, swap": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400, "preemption": "swap",
                                                         "kv_bytes_per_token": 1024, "swap_space_gb": 0.0002},
                            dict(HASHED, prefix_block_tokens=16)),
+    "prefix cache, long hash blocks, small chunks": ("sarathi", {}, {"num_gpu_blocks": 300, "max_num_batched_tokens": 40},
+                                                     dict(HASHED, prefix_block_tokens=128)),
+    "prefix cache, hash blocks below the block size": ("srpt", {"preempt": True}, {"num_gpu_blocks": 350, "max_num_seqs": 8},
+                                                       dict(HASHED, prefix_block_tokens=8)),
     "prefix cache, faults": ("orca", {}, {"replicas": 2, "num_gpu_blocks": 400, "fail": ("replica=0,at=4,for=3",)},
                              dict(HASHED, prefix_block_tokens=64)),
 })
