@@ -29,9 +29,11 @@ from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
 from servelab.replay.results import (
-    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, with_platform_columns, write_run,
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_meta, with_platform_columns,
+    with_tier_columns, write_run,
 )
 from servelab.replay.router import ROUTERS
+from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.runners.base import make_runner
 
 
@@ -84,11 +86,18 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     host_blocks = 0
     if swap and bytes_per_token:
         host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+    tier_specs = parse_tiers(engine_cfg.kv_tiers)
+    if tier_specs and not caching:
+        raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
+                            "allocation and a cost-model runner")
+    stacks = build_stacks(tier_specs, engine_cfg.replicas, bytes_per_token * engine_cfg.block_size,
+                          engine_cfg.kv_tier_write == "through")
     replicas = []
     for rid in range(engine_cfg.replicas):
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
         cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
-                            per_tenant=engine_cfg.prefix_cache_scope == "tenant") if caching else None
+                            per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid],
+                            purge=frozenset(engine_cfg.purge_tenants)) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
                        bytes_per_block=bytes_per_token * engine_cfg.block_size,
@@ -140,6 +149,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         if gc_was_enabled:
             gc.enable()
     requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
+    if engine_cfg.kv_tiers:
+        requests_table = with_tier_columns(requests_table, requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
     steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
@@ -158,6 +169,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         "counts": counts,
         "swap_fallbacks": engine.num_swap_fallbacks,
         "platform": platform_meta(engine),
+        **({"kv_tiers": tier_meta(replicas)} if engine_cfg.kv_tiers else {}),
         "config": config.to_dict(),
     }
     tokens = engine.tokens.finish() if engine.tokens is not None else None

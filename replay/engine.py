@@ -369,13 +369,14 @@ class Engine:
             replica.cohort.outside.append(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
-        if hit is not None:  # the cached prefix counts as computed
-            replica.kv.claim(req, hit)
+        load_s = 0.0
+        if hit is not None:  # the cached prefix counts as computed (loaded first from lower tiers, if there)
+            load_s = replica.kv.claim(req, hit)
             req.num_computed_tokens = hit.tokens
             req.num_cached_tokens += hit.tokens
         if req.swapped:  # bring the KV back from host memory
-            return replica.kv.swap_in(req)
-        return 0.0
+            return load_s + replica.kv.swap_in(req)
+        return load_s
 
     def preempt(self, replica: Replica, req: Request) -> float:
         """Take ``req`` off the GPU; returns the swap-out time it adds to this iteration."""

@@ -141,10 +141,24 @@ class KVManager:
         hit = self.lookup(req)
         return hit.tokens if hit is not None else 0
 
-    def claim(self, req: Request, hit: Hit) -> None:
-        """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once)."""
+    def claim(self, req: Request, hit: Hit) -> float:
+        """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once); returns
+        the seconds loading its blocks from lower tiers takes (0 without a lower-tier hit)."""
         self.used += self.cache.claim(req, hit)
         req.kv_blocks = hit.blocks
+        if not hit.loaded:
+            return 0.0
+        # tokens per tier read (the last token is always computed: a hit ending the prompt has one less)
+        tokens = req.tier_tokens
+        if tokens is None:
+            tokens = req.tier_tokens = [0] * len(self.cache.tiers.tiers)
+        short = (hit.shared + hit.loaded + hit.own) * self.block_size - hit.tokens
+        for level, blocks in hit.reads.items():
+            tokens[level] += blocks * self.block_size
+        tokens[hit.touched[-1][0]] -= short if not hit.own else 0
+        seconds = self.cache.tiers.load(hit.reads, hit.touched)
+        req.kv_load_s += seconds
+        return seconds
 
     def _over_committed(self) -> None:
         raise AssertionError(f"KV over-committed: {self.used} > {self.total} blocks")

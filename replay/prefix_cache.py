@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.replay.request import Request
+    from servelab.replay.tiers import TierStack
 
 FRESH, DEAD, OWN, RUN = 0, 1, 2, 3  # kinds of a queued segment: never used, holds nothing reusable, a request's own,
 # a run of an entry's cached blocks
@@ -113,26 +114,37 @@ class Chain:
 
 class Hit:
     """What an admission reuses: ``keys`` ((entry, blocks of it), in order; ``shared`` hashed blocks
-    in all), ``own`` blocks of its segment; ``blocks`` = ``shared + own``."""
+    in all), ``own`` blocks of its segment; ``blocks`` = ``shared + own``, the GPU blocks it takes
+    over. With offload tiers, the ``loaded`` hashed blocks after the shared ones come from lower
+    tiers (``reads``: tier index -> blocks; ``touched``: (tier index, key) read): they count in
+    ``tokens`` but need new GPU blocks, like computed ones."""
 
-    __slots__ = ("keys", "shared", "own", "blocks", "tokens", "claimed")
+    __slots__ = ("keys", "shared", "own", "blocks", "tokens", "claimed", "loaded", "reads", "touched")
 
-    def __init__(self, keys: list, shared: int, own: int, tokens: int, claimed: int):
+    def __init__(self, keys: list, shared: int, own: int, tokens: int, claimed: int,
+                 loaded: int = 0, reads: dict | None = None, touched: list | None = None):
         self.keys = keys
         self.shared = shared
         self.own = own
         self.blocks = shared + own
         self.tokens = tokens  # prompt (+ generated) tokens it need not compute
         self.claimed = claimed  # of its blocks, how many leave the free queue (were not held by anyone)
+        self.loaded = loaded
+        self.reads = reads
+        self.touched = touched
 
 
 class PrefixCache:
-    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued")
+    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
+                 "tiers", "purge")
 
-    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False):
+    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
+                 tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
         self.block_size = block_size
         self.trace_block = trace_block  # tokens per prefix_hashes entry (None: the trace has no hashes)
         self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
+        self.tiers = tiers  # offload tiers below GPU memory (replay/tiers.py), or None
+        self.purge = purge  # tenants whose blocks are dropped from every tier when their requests end
         # The free queue, head first: segment id -> [kind, blocks, owner] (owner: the request of an OWN
         # segment; a RUN also has its entry as owner, its start and its id)
         self.queue: OrderedDict = OrderedDict()
@@ -198,16 +210,21 @@ class PrefixCache:
         self.queued -= n
         queue = self.queue
         pop = queue.popitem
+        write_back = self.tiers is not None and not self.tiers.write_through
         while n > 0:
             head_id, entry = pop(last=False)
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
                 entry[1] -= n
                 queue[head_id] = entry
                 queue.move_to_end(head_id, last=False)  # (back at the head, where it was)
+                if write_back and entry[0] == RUN:
+                    self.tiers.write(entry[2].key, entry[3] + entry[1], n)
                 return
             n -= entry[1]
             kind = entry[0]
             if kind == RUN:
+                if write_back:
+                    self.tiers.write(entry[2].key, entry[3], entry[1])
                 e = entry[2]
                 e.runs.remove(entry)
                 if not e.top and not e.runs:
@@ -253,14 +270,32 @@ class PrefixCache:
                 shared = lo + got
                 if got < want:
                     break
+        loaded, reads, touched = 0, None, None
+        if self.tiers is not None and shared < hashed:  # the rest of the prefix may be in a lower tier
+            reads, touched = {}, []
+            pos = shared
+            for key, lo, hi in self.groups(req, shared, hashed):
+                start = pos - lo
+                want = (hi if hi < hashed else hashed) - pos
+                level, n = self.tiers.find(key, start, want)
+                if not n:
+                    break
+                reads[level] = reads.get(level, 0) + n
+                touched.append((level, key))
+                pos += n
+                if n < want:
+                    break
+            loaded = pos - shared
         own = 0
         seg = self.segments.get(req.index)
-        if seg is not None and shared == hashed_all:
-            own = min(self.queue[seg][1], -(-limit // bs) - shared)
+        if seg is not None and shared + loaded == hashed_all:
+            own = min(self.queue[seg][1], -(-limit // bs) - shared - loaded)
             claimed += own
-        blocks = shared + own
+        blocks = shared + loaded + own
         if not blocks:
             return None
+        if loaded:
+            return Hit(keys, shared, own, min(blocks * bs, limit), claimed, loaded, reads, touched)
         return Hit(keys, shared, own, min(blocks * bs, limit), claimed)
 
     def claim(self, req: "Request", hit: Hit) -> int:
@@ -321,7 +356,10 @@ class PrefixCache:
             e = entries[-1]
             held = have - e.lo
             if held < e.size:  # its last entry, partly held: extend it
-                if not self._extend(chain, e, held, min(full - e.lo, e.size)):
+                done = self._extend(chain, e, held, min(full - e.lo, e.size))
+                if self.tiers is not None and self.tiers.write_through and chain.blocks > have:
+                    self.tiers.write(e.key, held, chain.blocks - have)
+                if not done:
                     return
                 have = chain.blocks
         cache = self.entries
@@ -339,6 +377,8 @@ class PrefixCache:
             entries.append(e)
             e.hold(got)
             chain.blocks = lo + got
+            if self.tiers is not None and self.tiers.write_through:
+                self.tiers.write(key, 0, got)
             if got < want:
                 return
 
@@ -364,6 +404,8 @@ class PrefixCache:
         shared = chain.blocks if chain is not None else 0
         full = max(min(req.num_computed_tokens // self.block_size, blocks), shared)
         hashed = self.hashed_blocks(req)
+        if self.purge and req.tenant in self.purge and req.status.is_terminal:
+            return self._purge(req, blocks, full, hashed)
         # freed in reverse block order: the partial last block, own blocks, private hashed blocks, shared ones
         self._push_segment(DEAD, blocks - full, None)
         own = full - max(hashed, shared)
@@ -382,6 +424,35 @@ class PrefixCache:
             req.cached_keys = None
         return freed
 
+    def _purge(self, req: "Request", blocks: int, full: int, hashed: int) -> int:
+        """A purged tenant's request ended: none of its blocks stays cached, and every entry of its
+        prompt is forgotten by the lower tiers and, where no running request holds it, by the GPU."""
+        chain = req.cached_keys
+        freed = blocks - (chain.blocks if chain is not None else 0)
+        if chain is not None:
+            for e, count in reversed(list(chain.counts())):
+                e.unhold(count)
+                if count > e.top:
+                    freed += count - e.top
+            req.cached_keys = None
+        self._push_segment(DEAD, freed, None)
+        seg = self.segments.pop(req.index, None)
+        if seg is not None:  # its own blocks of an earlier preemption
+            self.queue[seg][0], self.queue[seg][2] = DEAD, None
+        cache = self.entries
+        for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
+            if self.tiers is not None:
+                self.tiers.drop(key)
+            e = cache.get(key)
+            if e is None:
+                continue
+            for run in e.runs:  # its queued blocks: plain free blocks, in place
+                run[0], run[2] = DEAD, None
+            e.runs = []
+            if not e.top:
+                del cache[key]
+        return freed
+
     def _release_private(self, req: "Request", start: int, stop: int) -> None:
         """Blocks ``[start, stop)`` it computed but did not share: each becomes the cached copy
         unless one is cached already (then it is plainly free), in reverse block order."""
@@ -392,11 +463,13 @@ class PrefixCache:
             if e is None:
                 e = cache[key] = Entry(key, lo, hi - lo)
             cached = [(0, e.top)] + [(run[3], run[3] + run[1]) for run in e.runs]
+            gaps = []
             pos = b
             for c_lo, c_hi in reversed(cached):  # walk down from b: gaps become runs, cached parts dead
                 if c_hi <= a:
                     break
                 if c_hi < pos:
+                    gaps.append((c_hi, pos))
                     self._push_run(e, c_hi, pos - c_hi)
                     pos = c_hi
                 low = max(c_lo, a)
@@ -404,7 +477,11 @@ class PrefixCache:
                     self._push_segment(DEAD, pos - low, None)
                     pos = low
             if pos > a:
+                gaps.append((a, pos))
                 self._push_run(e, a, pos - a)
+            if self.tiers is not None and self.tiers.write_through:  # the copies it caches now
+                for g_lo, g_hi in gaps:
+                    self.tiers.write(key, g_lo, g_hi - g_lo)
 
     # -- questions from the KV manager and the batch builder ----------------------------------
     def shared_blocks(self, req: "Request") -> int:
@@ -469,6 +546,9 @@ class PrefixCache:
                 assert self.entries.get(seg[2].key) is seg[2] and seg in seg[2].runs
         for owner, seg in self.segments.items():
             assert self.queue[seg][0] == OWN and self.queue[seg][2] == owner
+        for tier in self.tiers.tiers if self.tiers is not None else ():
+            assert tier.used == sum(m.bit_count() for m in tier.store.values()) <= max(tier.capacity, 0)
+            assert all(tier.store.values())
 
     def clear(self, total_blocks: int) -> None:
         """Everything lost (the replica failed)."""

@@ -92,6 +92,13 @@ CASES.update({
                                                      dict(HASHED, prefix_block_tokens=128)),
     "prefix cache, hash blocks below the block size": ("srpt", {"preempt": True}, {"num_gpu_blocks": 350, "max_num_seqs": 8},
                                                        dict(HASHED, prefix_block_tokens=8)),
+    "prefix cache, tiers": ("sarathi", {}, {"num_gpu_blocks": 300, "replicas": 2, "router": "prefix-affinity",
+                                             "kv_tiers": ("dram:capacity_gb=0.0005", "remote:capacity_gb=0.002"),
+                                             "kv_bytes_per_token": 1024}, dict(HASHED, prefix_block_tokens=64)),
+    "prefix cache, write-through tiers, purge": ("srpt", {"preempt": True},
+                                                 {"num_gpu_blocks": 350, "kv_tiers": ("dram:capacity_gb=0.0005",),
+                                                  "kv_tier_write": "through", "kv_bytes_per_token": 1024,
+                                                  "purge_tenants": ("a",)}, dict(HASHED, prefix_block_tokens=32)),
     "prefix cache, faults": ("orca", {}, {"replicas": 2, "num_gpu_blocks": 400, "fail": ("replica=0,at=4,for=3",)},
                              dict(HASHED, prefix_block_tokens=64)),
 })
