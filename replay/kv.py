@@ -32,7 +32,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 class KVManager:
     __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
-                 "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s")
+                 "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier")
 
     def __init__(self, total_blocks: int, block_size: int, *, reserve: bool = False, allocator=None,
                  prefix_cache: PrefixCache | None = None, swap: bool = False, host_blocks: int = 0,
@@ -55,6 +55,11 @@ class KVManager:
         self.host: dict[Request, int] = {}  # swapped-out request -> its host blocks
         self.bytes_per_block = bytes_per_block
         self.swap_bytes_per_s = swap_bytes_per_s
+        # with offload tiers whose first is the replica's own (host DRAM), swapping uses it, not a pool
+        tiers = prefix_cache.tiers if prefix_cache is not None else None
+        self.swap_tier = tiers if swap and tiers is not None and not tiers.tiers[0].spec.shared else None
+        if self.swap_tier is not None:
+            self.host_total = tiers.tiers[0].capacity
 
     @property
     def free(self) -> int:
@@ -170,26 +175,32 @@ class KVManager:
         blocks = req.kv_blocks
         if not self.swap or self.reserve or self.host_used + blocks > self.host_total:
             return None
+        if self.swap_tier is not None and not self.swap_tier.reserve(blocks):
+            return None
         self.host_used += blocks
         self.host[req] = blocks
         req.swapped = True
         self.release(req)
-        return self._copy_s(blocks)
+        return self._copy_s(blocks, True)
 
     def swap_in(self, req: Request) -> float:
         """``req`` was admitted again: its host blocks come back (they are counted into GPU blocks
         by the batch that admitted it); returns the copy's seconds."""
         blocks = self.drop_host(req)
-        return self._copy_s(blocks)
+        return self._copy_s(blocks, False)
 
     def drop_host(self, req: Request) -> int:
         """Forget ``req``'s host copy (swapped in, dropped, or lost); returns its blocks."""
         blocks = self.host.pop(req)
         self.host_used -= blocks
+        if self.swap_tier is not None:
+            self.swap_tier.unreserve(blocks)
         req.swapped = False
         return blocks
 
-    def _copy_s(self, blocks: int) -> float:
+    def _copy_s(self, blocks: int, out: bool) -> float:
+        if self.swap_tier is not None:
+            return self.swap_tier.swap_s(blocks, out)
         return blocks * self.bytes_per_block / self.swap_bytes_per_s
 
     def fail(self, running: Iterable[Request]) -> None:
@@ -223,6 +234,8 @@ class KVManager:
         assert 0 <= self.host_used <= self.host_total, (self.host_used, self.host_total)
         assert self.host_used == sum(self.host.values()), (self.host_used, sum(self.host.values()))
         assert all(req.swapped and req.kv_blocks == 0 for req in self.host)
+        if self.swap_tier is not None:
+            assert self.swap_tier.tiers[0].reserved == self.host_used, (self.swap_tier.tiers[0].reserved, self.host_used)
         if self.cache is not None:
             self.cache.check(self.total, self.used, holders)
 

@@ -551,7 +551,9 @@ class PrefixCache:
             assert all(tier.store.values())
 
     def clear(self, total_blocks: int) -> None:
-        """Everything lost (the replica failed)."""
+        """Everything lost (the replica failed), its own lower tiers too."""
+        if self.tiers is not None:
+            self.tiers.lose_local()
         self.queue.clear()
         self.entries.clear()
         self.segments.clear()

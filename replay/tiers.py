@@ -8,7 +8,9 @@ tier (write-back between tiers; the last one drops it). Writes run in the backgr
 bytes but delay nothing. A prefix-cache lookup that stops in GPU memory continues through the tiers
 in order; the blocks it finds there are loaded into GPU memory before the request's prefill
 continues, at ``bytes / read bandwidth + latency`` per tier read from, added to the iteration that
-admits it (as a swap-in is). A lower-tier hit is never free.
+admits it (as a swap-in is). A lower-tier hit is never free. With ``preemption = swap`` and a first
+tier of the replica's own (host DRAM), swapped-out requests' blocks go there instead of a separate
+host pool, beside the cached entries (evicting them if needed), at that tier's bandwidths and latency.
 
 Spec (``EngineConfig.kv_tiers``, one string per tier, top first)::
 
@@ -86,12 +88,13 @@ def parse_tiers(specs: tuple[str, ...], where: str = "kv_tiers") -> tuple[TierSp
 class Tier:
     """One store: entry key -> bit mask of the entry's blocks it holds, least recently used first."""
 
-    __slots__ = ("spec", "capacity", "used", "store", "bytes_read", "bytes_written")
+    __slots__ = ("spec", "capacity", "used", "reserved", "store", "bytes_read", "bytes_written")
 
     def __init__(self, spec: TierSpec, bytes_per_block: int):
         self.spec = spec
         self.capacity = int(spec.capacity_gb * 1e9 // bytes_per_block) if bytes_per_block else 0
-        self.used = 0  # blocks held
+        self.used = 0  # blocks held for the prefix cache
+        self.reserved = 0  # blocks of requests swapped out to it (the first tier, per replica)
         self.store: OrderedDict = OrderedDict()
         self.bytes_read = 0
         self.bytes_written = 0
@@ -107,22 +110,30 @@ class Tier:
     def put(self, key, mask: int) -> list:
         """Hold the blocks of ``mask`` (most recently used now); returns the entries it evicted to
         make room, least recently used first, as (key, mask)."""
-        if self.capacity <= 0:
+        if self.capacity - self.reserved <= 0:
             return [(key, mask)]
         store = self.store
         old = store.pop(key, 0)
         new = old | mask
         self.used += new.bit_count() - old.bit_count()
         store[key] = new
+        return self.make_room()
+
+    def make_room(self) -> list:
+        """Evict least recently used entries until what it holds fits; returns them, as (key, mask)."""
         evicted = []
-        while self.used > self.capacity:
+        store = self.store
+        while self.used + self.reserved > self.capacity:
             k, m = store.popitem(last=False)
             self.used -= m.bit_count()
             evicted.append((k, m))
         return evicted
 
     def touch(self, key) -> None:
-        self.store.move_to_end(key)
+        # (a swap-out of the same iteration may have evicted it since the batch found it: preemptions
+        # come first; the load is still charged here, as if it was read before being overwritten)
+        if key in self.store:
+            self.store.move_to_end(key)
 
     def drop(self, key) -> None:
         mask = self.store.pop(key, None)
@@ -140,9 +151,11 @@ class TierStack:
         self.bytes_per_block = bytes_per_block
         self.write_through = write_through
 
-    def write(self, key, lo: int, blocks: int, level: int = 0) -> None:
-        """Blocks ``[lo, lo + blocks)`` of entry ``key`` go to tier ``level`` (and what it evicts below)."""
-        pending = [(key, ((1 << blocks) - 1) << lo)]
+    def write(self, key, lo: int, blocks: int) -> None:
+        """Blocks ``[lo, lo + blocks)`` of entry ``key`` go to the first tier (and what it evicts below)."""
+        self._write([(key, ((1 << blocks) - 1) << lo)], 0)
+
+    def _write(self, pending: list, level: int) -> None:
         tiers = self.tiers
         while pending and level < len(tiers):
             tier = tiers[level]
@@ -152,6 +165,30 @@ class TierStack:
                 spill.extend(tier.put(k, mask))
             pending = spill
             level += 1
+
+    # -- swap preemption: requests' blocks in the first tier (host DRAM), beside the cached ones ---
+    def reserve(self, blocks: int) -> bool:
+        """Room for a swapped-out request's ``blocks`` in the first tier, evicting cached entries
+        (written back below) if needed; False if even an empty tier could not hold them."""
+        tier = self.tiers[0]
+        if tier.reserved + blocks > tier.capacity:
+            return False
+        tier.reserved += blocks
+        self._write(tier.make_room(), 1)
+        return True
+
+    def unreserve(self, blocks: int) -> None:
+        self.tiers[0].reserved -= blocks
+
+    def swap_s(self, blocks: int, out: bool) -> float:
+        """Seconds to copy ``blocks`` to (``out``) or from the first tier: bytes / bandwidth + latency."""
+        tier = self.tiers[0]
+        nbytes = blocks * self.bytes_per_block
+        if out:
+            tier.bytes_written += nbytes
+        else:
+            tier.bytes_read += nbytes
+        return nbytes / ((tier.spec.write_gbps if out else tier.spec.read_gbps) * 1e9) + tier.spec.latency_ms / 1e3
 
     def find(self, key, start: int, want: int) -> tuple[int, int]:
         """(tier index, blocks) of the first tier holding blocks of entry ``key`` from ``start`` on,
@@ -179,6 +216,13 @@ class TierStack:
         """Forget entry ``key`` in every tier (a purged tenant's blocks)."""
         for tier in self.tiers:
             tier.drop(key)
+
+    def lose_local(self) -> None:
+        """The replica failed: its own tiers' contents are gone (a shared store keeps its own)."""
+        for tier in self.tiers:
+            if not tier.spec.shared:
+                tier.store.clear()
+                tier.used = tier.reserved = 0
 
 
 def build_stacks(specs: tuple[TierSpec, ...], replicas: int, bytes_per_block: int,

@@ -99,6 +99,11 @@ CASES.update({
                                                  {"num_gpu_blocks": 350, "kv_tiers": ("dram:capacity_gb=0.0005",),
                                                   "kv_tier_write": "through", "kv_bytes_per_token": 1024,
                                                   "purge_tenants": ("a",)}, dict(HASHED, prefix_block_tokens=32)),
+    "prefix cache, swap into the DRAM tier, faults": ("srpt", {"preempt": True},
+                                                      {"num_gpu_blocks": 400, "preemption": "swap", "replicas": 2,
+                                                       "kv_bytes_per_token": 1024, "fail": ("replica=0,at=4,for=3",),
+                                                       "kv_tiers": ("dram:capacity_gb=0.002", "ssd:capacity_gb=0.004")},
+                                                      dict(HASHED, prefix_block_tokens=32)),
     "prefix cache, faults": ("orca", {}, {"replicas": 2, "num_gpu_blocks": 400, "fail": ("replica=0,at=4,for=3",)},
                              dict(HASHED, prefix_block_tokens=64)),
 })

@@ -197,3 +197,28 @@ def test_the_report_shows_each_tier_and_the_ttft_breakdown(tmp_path):
     text = render_text(connect([tmp_path / "r"]), width=140)
     assert "by tier: dram 63 (30.4%), gpu 0 (0.0%)" in text, text
     assert "KV load 0.0008" in text  # 2.5 ms / 3 requests
+
+
+def test_swap_preemption_uses_the_dram_tier_at_its_bandwidths_and_latency():
+    """tests/test_engine.py's swap timeline with a DRAM tier instead of the host pool: B holds 3 blocks
+    (48 tokens x 1 MB) when swapped out: 48 MB / 0.5 GB/s + 2 ms out, 48 MB / 1 GB/s + 2 ms back in."""
+    from conftest import make_trace
+
+    trace = make_trace([0, 0.5], [16, 16], [40, 40])
+    dram = "dram:capacity_gb=1,read_gbps=1,write_gbps=0.5,latency_ms=2"
+    r = run(trace, runner="linear:base=1", num_gpu_blocks=6, block_size=16, preemption="swap",
+            kv_tiers=(dram,), **MB_PER_TOKEN)
+    assert column(r, "num_preemptions") == [0, 1]
+    assert sum(r.steps.column("prefill_tokens").to_pylist()) == 32  # nothing recomputed
+    out_s, in_s = 0.048 / 0.5 + 0.002, 0.048 / 1 + 0.002
+    durations = r.steps.column("duration_s").to_pylist()
+    assert any(d == pytest.approx(1 + out_s) for d in durations)
+    iterations = sum(r.steps.column("num_iterations").to_pylist())
+    assert sum(durations) == pytest.approx(iterations + out_s + in_s)
+    assert r.meta["engine"]["swap_host_blocks"] == 62  # the tier's 1 GB of 16 MB blocks, not swap_space_gb
+    (tier,) = r.meta["kv_tiers"]
+    assert tier["bytes_written"] == tier["bytes_read"] == 48_000_000
+    # a tier too small for B's 3 blocks: recompute instead
+    small = run(trace, runner="linear:base=1", num_gpu_blocks=6, block_size=16, preemption="swap",
+                kv_tiers=("dram:capacity_gb=0.04",), **MB_PER_TOKEN)
+    assert sum(small.steps.column("prefill_tokens").to_pylist()) > 32 and small.meta["swap_fallbacks"] == 1
