@@ -50,6 +50,9 @@ class TierSpec:
         name = name.strip()
         if not name:
             raise ServelabError(f"{where}: '{spec}' has no tier name (e.g. dram:capacity_gb=64)")
+        if not name.replace("_", "").isalnum() or not name.isascii() or name == "gpu":
+            raise ServelabError(f"{where}: tier name '{name}' must be letters, digits and _ (and not gpu): "
+                                "it names the cached_tokens_<tier> column")
         values: dict[str, str] = {}
         for part in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = part.partition("=")
