@@ -134,6 +134,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     engine_cfg = config.engine
     num_blocks = resolve_num_gpu_blocks(config, runner)
     replicas = build_replicas(config, runner, num_blocks, trace_block_tokens(trace))
+    if hasattr(runner, "hash_block_tokens"):  # an executing runner derives hashed prompt tokens from the hashes
+        runner.hash_block_tokens = trace_block_tokens(trace)
     router = ROUTERS.get(engine_cfg.router)()
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
