@@ -101,7 +101,8 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
                        bytes_per_block=bytes_per_token * engine_cfg.block_size,
-                       swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9)
+                       swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
+                       overlap_layers=engine_cfg.kv_load_overlap_layers)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
         replicas.append(Replica(rid, engine_cfg, kv, policy))
     return replicas

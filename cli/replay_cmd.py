@@ -31,6 +31,8 @@ _ENGINE_HELP = {
     "kv_tiers": "Offload tier below GPU memory, repeatable, top first: dram:capacity_gb=64 | ssd:capacity_gb=1000 | "
                 "remote:capacity_gb=10000 (shared), with optional read_gbps, write_gbps, latency_ms, shared=0|1.",
     "kv_tier_write": "back (default): blocks reach the first tier when evicted from GPU memory; through: when computed.",
+    "kv_load_overlap_layers": "0 (default): a lower-tier KV load runs before the prefill; N: layer by layer over the "
+                              "model's N layers, under the admitting iteration's compute.",
     "purge_tenants": "Tenant whose cached blocks are dropped from every tier when its requests end; repeatable.",
     "preemption": "recompute or swap, when KV runs out.",
     "swap_space_gb": "Host swap pool per replica, GB.",

@@ -38,6 +38,7 @@ class EngineConfig:
     # latency_ms=..,shared=0|1]. Blocks need their size: the runner's model or kv_bytes_per_token.
     kv_tiers: tuple[str, ...] = ()
     kv_tier_write: str = "back"  # back: blocks reach the first tier when the GPU evicts them; through: when computed
+    kv_load_overlap_layers: int = 0  # 0: a lower-tier load runs before the prefill; N: layer by layer over N layers, under it
     purge_tenants: tuple[str, ...] = ()  # tenants whose cached blocks are dropped from every tier when their requests end
     preemption: str = "recompute"  # recompute | swap
     swap_space_gb: float = 4.0  # host pool for swapped KV, per replica
@@ -72,6 +73,8 @@ class EngineConfig:
         _choice(self, "head_of_line", ("strict", "skip"))
         _choice(self, "prefix_cache_scope", ("global", "tenant"))
         _choice(self, "kv_tier_write", ("back", "through"))
+        if self.kv_load_overlap_layers < 0:
+            raise ServelabError(f"kv_load_overlap_layers must be >= 0, got {self.kv_load_overlap_layers}")
         for name in ("kv_tiers", "purge_tenants"):  # a TOML array or one CLI string -> a tuple of strings
             value = getattr(self, name)
             if isinstance(value, str):

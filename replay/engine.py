@@ -282,10 +282,13 @@ class Engine:
         all_decode = not batch.preempt and not prefill_reqs
         affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
-            duration = affine[0] + affine[1] * decode_ctx + swap_s
+            compute = affine[0] + affine[1] * decode_ctx
         else:
             shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
-            duration = self.runner.step_time(StepPlan(shape, tuple(items) if items else ())) + swap_s
+            compute = self.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
+        if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
+            swap_s += kv.overlap_extra(compute)
+        duration = compute + swap_s
         if not (duration > 0 and math.isfinite(duration)):
             raise ServelabError(f"runner {self.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,

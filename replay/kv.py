@@ -32,11 +32,12 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 class KVManager:
     __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
-                 "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier")
+                 "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier",
+                 "overlap_layers", "pending_load_s")
 
     def __init__(self, total_blocks: int, block_size: int, *, reserve: bool = False, allocator=None,
                  prefix_cache: PrefixCache | None = None, swap: bool = False, host_blocks: int = 0,
-                 bytes_per_block: int = 0, swap_bytes_per_s: float = 1.0):
+                 bytes_per_block: int = 0, swap_bytes_per_s: float = 1.0, overlap_layers: int = 0):
         self.block_size = block_size
         self.total = total_blocks
         self.used = 0
@@ -60,6 +61,10 @@ class KVManager:
         self.swap_tier = tiers if swap and tiers is not None and not tiers.tiers[0].spec.shared else None
         if self.swap_tier is not None:
             self.host_total = tiers.tiers[0].capacity
+        # > 0: loads from lower tiers run layer by layer (over this many layers) under the admitting
+        # iteration's compute instead of before it; their seconds wait here until it is priced
+        self.overlap_layers = overlap_layers
+        self.pending_load_s = 0.0
 
     @property
     def free(self) -> int:
@@ -163,7 +168,18 @@ class KVManager:
         tokens[hit.touched[-1][0]] -= short if not hit.own else 0
         seconds = self.cache.tiers.load(hit.reads, hit.touched)
         req.kv_load_s += seconds
+        if self.overlap_layers:
+            self.pending_load_s += seconds
+            return 0.0
         return seconds
+
+    def overlap_extra(self, compute_s: float) -> float:
+        """Seconds the pending loads add to an iteration computing for ``compute_s`` when loading layer
+        l + 1 runs while layer l computes (L layers, each a 1/L share of both): the longer of the two,
+        plus one layer's share of the shorter (the first layer's load, or the last layer's compute)."""
+        load, layers = self.pending_load_s, self.overlap_layers
+        self.pending_load_s = 0.0
+        return max(load, compute_s) + min(load, compute_s) / layers - compute_s
 
     def _over_committed(self) -> None:
         raise AssertionError(f"KV over-committed: {self.used} > {self.total} blocks")

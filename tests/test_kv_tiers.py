@@ -222,3 +222,20 @@ def test_swap_preemption_uses_the_dram_tier_at_its_bandwidths_and_latency():
     small = run(trace, runner="linear:base=1", num_gpu_blocks=6, block_size=16, preemption="swap",
                 kv_tiers=("dram:capacity_gb=0.04",), **MB_PER_TOKEN)
     assert sum(small.steps.column("prefill_tokens").to_pylist()) > 32 and small.meta["swap_fallbacks"] == 1
+
+
+@pytest.mark.parametrize("spec, load", [
+    (DRAM, load_s(4, 32, 0.5)),  # 2.5 ms, shorter than C's 1.25 s of compute: hidden but for one layer's share
+    ("dram:capacity_gb=1,read_gbps=0.032,latency_ms=0", load_s(4, 0.032, 0)),  # 2 s: the compute hides under it
+])
+def test_an_overlapped_load_costs_the_longer_of_load_and_compute_plus_one_layer_of_the_shorter(spec, load):
+    layers = 4
+    r = run(evicting_trace(), runner=RUNNER, num_gpu_blocks=5, kv_tiers=(spec,), kv_load_overlap_layers=layers,
+            **MB_PER_TOKEN)
+    assert column(r, "cached_tokens_dram") == [0, 0, 63]
+    compute = 1.25
+    expected = max(load, compute) + min(load, compute) / layers
+    assert column(r, "ttft_s")[2] == pytest.approx(expected, rel=1e-12)
+    serial = run(evicting_trace(), runner=RUNNER, num_gpu_blocks=5, kv_tiers=(spec,), **MB_PER_TOKEN)
+    assert column(serial, "ttft_s")[2] == pytest.approx(compute + load, rel=1e-12)
+    assert column(serial, "ttft_s")[2] > column(r, "ttft_s")[2]
