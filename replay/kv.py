@@ -8,7 +8,8 @@ allocator hands out real block ids, kept in ``req.block_table``). Holders:
 - the decode cohort (replay/cohort.py) holds, in aggregate, the blocks its members grew into since
   they joined (``cohort_held``); a member's share is credited to it (``settle``) when it materialises;
 - a request preempted by swapping holds host blocks in the swap pool (``host``) until it is
-  swapped back in, dropped, or its replica fails;
+  swapped back in, dropped, or its replica fails (with offload tiers whose first is the replica's
+  host DRAM, the pool is that tier: replay/tiers.py);
 - with prefix caching, blocks no running request holds may still hold reusable KV: the prefix
   cache (replay/prefix_cache.py) keeps them in a free queue, and a block shared by several running
   requests is counted once in ``used``.
@@ -158,14 +159,15 @@ class KVManager:
         req.kv_blocks = hit.blocks
         if not hit.loaded:
             return 0.0
-        # tokens per tier read (the last token is always computed: a hit ending the prompt has one less)
+        # tokens per tier read (the last token is always computed: a hit that would end the prompt has
+        # one less, taken from its last block: the last tier read, unless own blocks come after)
         tokens = req.tier_tokens
         if tokens is None:
             tokens = req.tier_tokens = [0] * len(self.cache.tiers.tiers)
-        short = (hit.shared + hit.loaded + hit.own) * self.block_size - hit.tokens
         for level, blocks in hit.reads.items():
             tokens[level] += blocks * self.block_size
-        tokens[hit.touched[-1][0]] -= short if not hit.own else 0
+        if not hit.own:
+            tokens[hit.touched[-1][0]] -= (hit.shared + hit.loaded) * self.block_size - hit.tokens
         seconds = self.cache.tiers.load(hit.reads, hit.touched)
         req.kv_load_s += seconds
         if self.overlap_layers:
