@@ -152,6 +152,17 @@ class KVManager:
         hit = self.lookup(req)
         return hit.tokens if hit is not None else 0
 
+    def affinity(self, req: Request) -> tuple[int, int]:
+        """(tokens of ``req`` this replica's cache would serve now, of those the ones already in GPU
+        memory rather than in a lower tier): what a cache-aware router ranks replicas by."""
+        hit = self.lookup(req)
+        if hit is None:
+            return 0, 0
+        if not hit.loaded:
+            return hit.tokens, hit.tokens
+        in_gpu = hit.tokens - hit.loaded * self.block_size if hit.own else min(hit.shared * self.block_size, hit.tokens)
+        return hit.tokens, in_gpu
+
     def claim(self, req: Request, hit: Hit) -> float:
         """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once); returns
         the seconds loading its blocks from lower tiers takes (0 without a lower-tier hit)."""

@@ -239,3 +239,13 @@ def test_an_overlapped_load_costs_the_longer_of_load_and_compute_plus_one_layer_
     serial = run(evicting_trace(), runner=RUNNER, num_gpu_blocks=5, kv_tiers=(spec,), **MB_PER_TOKEN)
     assert column(serial, "ttft_s")[2] == pytest.approx(compute + load, rel=1e-12)
     assert column(serial, "ttft_s")[2] > column(r, "ttft_s")[2]
+
+
+def test_prefix_affinity_prefers_the_replica_holding_the_prefix_in_gpu_memory_over_the_shared_store():
+    # B goes to replica 0, A (arriving while B runs) to replica 1; with write-through A's blocks are in
+    # the shared store too. C = A, both replicas idle: each would serve 63 tokens, replica 1 from its GPU.
+    trace = hashed([0, 0.5, 40], [64, 64, 64], [1] * 3, [chain(2, 4), chain(1, 4), chain(1, 4)])
+    r = run(trace, runner=RUNNER, num_gpu_blocks=64, replicas=2, router="prefix-affinity",
+            kv_tiers=("remote:capacity_gb=1",), kv_tier_write="through", **MB_PER_TOKEN)
+    assert column(r, "replica") == [0, 1, 1]
+    assert column(r, "cached_tokens_gpu") == [0, 0, 63] and column(r, "kv_load_s")[2] == 0.0
