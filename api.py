@@ -29,9 +29,11 @@ from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
 from servelab.replay.results import (
-    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, with_platform_columns, write_run,
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_meta, with_platform_columns,
+    with_tier_columns, write_run,
 )
 from servelab.replay.router import ROUTERS
+from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.runners.base import make_runner
 
 
@@ -85,15 +87,23 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     host_blocks = 0
     if swap and bytes_per_token:
         host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+    tier_specs = parse_tiers(engine_cfg.kv_tiers)
+    if tier_specs and not caching:
+        raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
+                            "allocation and a cost-model runner")
+    stacks = build_stacks(tier_specs, engine_cfg.replicas, bytes_per_token * engine_cfg.block_size,
+                          engine_cfg.kv_tier_write == "through")
     replicas = []
     for rid in range(engine_cfg.replicas):
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
         cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
-                            per_tenant=engine_cfg.prefix_cache_scope == "tenant") if caching else None
+                            per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid],
+                            purge=frozenset(engine_cfg.purge_tenants)) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
                        bytes_per_block=bytes_per_token * engine_cfg.block_size,
-                       swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9)
+                       swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
+                       overlap_layers=engine_cfg.kv_load_overlap_layers)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
         replicas.append(Replica(rid, engine_cfg, kv, policy))
     return replicas
@@ -126,6 +136,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     engine_cfg = config.engine
     num_blocks = resolve_num_gpu_blocks(config, runner)
     replicas = build_replicas(config, runner, num_blocks, trace_block_tokens(trace))
+    if hasattr(runner, "hash_block_tokens"):  # an executing runner derives hashed prompt tokens from the hashes
+        runner.hash_block_tokens = trace_block_tokens(trace)
     router = ROUTERS.get(engine_cfg.router)()
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
@@ -141,6 +153,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         if gc_was_enabled:
             gc.enable()
     requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
+    if engine_cfg.kv_tiers:
+        requests_table = with_tier_columns(requests_table, requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
     steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
@@ -159,6 +173,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         "counts": counts,
         "swap_fallbacks": engine.num_swap_fallbacks,
         "platform": platform_meta(engine),
+        **({"kv_tiers": tier_meta(replicas)} if engine_cfg.kv_tiers else {}),
         "config": config.to_dict(),
     }
     tokens = engine.tokens.finish() if engine.tokens is not None else None

@@ -1,7 +1,7 @@
 """Replay speed and memory: the Azure conv trace on 6 replicas, a 1 M-request synthetic trace, and
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
-Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload|overload200k]
+Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload|overload200k|multiturn]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -57,6 +57,36 @@ def case_1m() -> None:
           f"counts {result.meta['counts']}; peak RSS {peak_rss_mb():.0f} MB")
 
 
+def multiturn_trace():
+    """12 k requests of multi-turn sessions (3 turns on average, each turn's prompt carrying the
+    conversation so far) behind 4 tenants' shared 1 k-token system prompts, 512-token hash blocks as
+    Mooncake's: mean prompt ~6.9 k tokens, two thirds of them reusable."""
+    from servelab.traces.synth import synth_trace
+
+    return synth_trace(n=12_000, rate=1.0, tenants=4, shared_prefix_tokens=1024, turns=3.0, think_s=30.0,
+                       prompt="lognormal:1100:0.9", output="lognormal:300:0.8", prefix_block_tokens=512, seed=1)
+
+
+def case_multiturn(repeat: int) -> None:
+    """Issue #12's long-context case: prefix caching on (routers round-robin and prefix-affinity) and off."""
+    from servelab.api import EngineConfig, ReplayConfig, replay
+
+    trace = multiturn_trace()
+    prompts = trace.column("prompt_tokens").to_numpy()
+    for label, engine in (("caching off", EngineConfig(replicas=4, enable_prefix_caching=False)),
+                          ("caching on, round-robin", EngineConfig(replicas=4)),
+                          ("caching on, prefix-affinity", EngineConfig(replicas=4, router="prefix-affinity"))):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            result = replay(trace, ReplayConfig(engine=engine))
+            times.append(time.perf_counter() - t0)
+        hit = sum(result.requests.column("cached_tokens").to_pylist()) / prompts.sum()
+        print(f"multi-turn 12k (mean prompt {prompts.mean():,.0f} tokens, 4 replicas) {label}: "
+              f"wall best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s; "
+              f"prompt tokens from cache {hit:.1%}; peak RSS {peak_rss_mb():.0f} MB", flush=True)
+
+
 def case_overload() -> None:
     """A queue that builds up: policies that order the waiting queue must not re-sort it per event."""
     from servelab.api import EngineConfig, ReplayConfig, replay
@@ -101,7 +131,7 @@ def case_overload200k_one(n: int, policy: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one"])
+    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one", "multiturn"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
     parser.add_argument("--n", type=int, default=200_000, help="overload200k: requests")
     parser.add_argument("--repeat", type=int, default=3)
@@ -113,12 +143,14 @@ def main() -> None:
         case_1m()
     elif args.case == "overload":
         case_overload()
+    elif args.case == "multiturn":
+        case_multiturn(args.repeat)
     elif args.case == "overload200k":
         case_overload200k(args.n, args.policy or list(OVERLOAD_POLICIES))
     elif args.case == "overload200k-one":
         case_overload200k_one(args.n, args.policy[0])
     else:
-        cases = ["azure", "overload"] + ([] if args.skip_1m else ["1m"])
+        cases = ["azure", "overload", "multiturn"] + ([] if args.skip_1m else ["1m"])
         for case in cases:
             subprocess.run([sys.executable, __file__, "--case", case, "--repeat", str(args.repeat)], check=True)
 

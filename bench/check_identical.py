@@ -47,10 +47,59 @@ MATRIX = {  # engine settings that exercise every path of the engine: KV pressur
 }
 
 
+PREFIX_MATRIX = {  # the prefix cache under KV pressure, preemption (both kinds), scopes and routers
+    "default": {},
+    "kv-recompute": {"num_gpu_blocks": 2500},
+    "kv-swap": {"num_gpu_blocks": 2500, "preemption": "swap", "kv_bytes_per_token": 131072, "swap_space_gb": 2.0},
+    "small-budget": {"num_gpu_blocks": 4000, "max_num_batched_tokens": 300, "max_num_seqs": 8},
+    "tenant-scope": {"num_gpu_blocks": 4000, "prefix_cache_scope": "tenant"},
+    "affinity": {"replicas": 4, "router": "prefix-affinity", "num_gpu_blocks": 3000},
+}
+
+
+def prefix_cases(out: Path) -> None:
+    """Hashed traces: multi-turn sessions with shared system prompts, hash blocks of 512 (32 engine
+    blocks, long contexts), 48 (3, and chunks that end mid hash block), 40 and 8 (not multiples of 16)."""
+    from servelab.replay import EngineConfig, ReplayConfig
+    from servelab.traces.synth import synth_trace
+
+    long = synth_trace(n=600, rate=3.0, tenants="a=1,b=1,c=1,d=1", shared_prefix_tokens=2048, turns=5.0,
+                       think_s=20.0, prompt="lognormal:3000:0.8", output="lognormal:200:0.8",
+                       prefix_block_tokens=512, seed=3)
+    for label, settings in {"default": {"replicas": 4, "router": "prefix-affinity"},
+                            "kv-recompute": {"num_gpu_blocks": 12000},
+                            "kv-swap": {"num_gpu_blocks": 12000, "preemption": "swap", "kv_bytes_per_token": 131072},
+                            "srpt-preempt": {"num_gpu_blocks": 12000, "max_num_batched_tokens": 1000},
+                            "round-robin": {"replicas": 4, "num_gpu_blocks": 9000}}.items():
+        policy, params = ("srpt", {"preempt": True}) if label == "srpt-preempt" else ("sarathi", {})
+        engine = EngineConfig(**{"replicas": 1, **settings})
+        run(out, f"prefix-long-{label}", long, ReplayConfig(engine=engine, policy=policy, policy_params=params))
+    import bench_replay
+
+    multiturn = bench_replay.multiturn_trace()
+    for router in ("round-robin", "prefix-affinity"):
+        run(out, f"prefix-multiturn-{router}", multiturn, ReplayConfig(engine=EngineConfig(replicas=4, router=router)))
+    for tb in (16, 48, 40, 8):
+        short = synth_trace(n=1500, rate=6.0, tenants="a=1,b=1,c=1", shared_prefix_tokens=300, turns=4.0,
+                            think_s=4.0, prompt="lognormal:300:0.6", output="lognormal:40:0.6",
+                            prefix_block_tokens=tb, seed=5)
+        for label, settings in PREFIX_MATRIX.items():
+            engine = EngineConfig(**{"replicas": 1, **settings})
+            run(out, f"prefix-tb{tb}-{label}", short, ReplayConfig(engine=engine))
+        engine = EngineConfig(num_gpu_blocks=2500)
+        run(out, f"prefix-tb{tb}-srpt-preempt", short,
+            ReplayConfig(engine=engine, policy="srpt", policy_params={"preempt": True}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--with-1m", action="store_true", help="also the 1 M-request case (about a minute)")
+    parser.add_argument("--prefix-only", action="store_true", help="only the prefix-caching cases (hashed traces)")
     args = parser.parse_args()
+    if args.prefix_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix_cases(Path(tmp))
+        return
 
     import bench_platform
     from servelab.policies.base import policy_names
@@ -80,6 +129,8 @@ def main() -> None:
                 run(out, f"matrix-{policy}-{label}", slice_, ReplayConfig(engine=engine, policy=policy))
         run(out, "matrix-sarathi-token-log", slice_, ReplayConfig(engine=EngineConfig(num_gpu_blocks=600)),
             token_log=True)
+
+        prefix_cases(out)
 
         platform = out / "platform"
         platform.mkdir()

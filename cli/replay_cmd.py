@@ -28,6 +28,12 @@ _ENGINE_HELP = {
     "kv_allocation": "on-demand (vLLM) or reserve (prompt + max_output reserved at admission).",
     "enable_prefix_caching": "true (default) or false: reuse cached prefix blocks (vLLM v1; docs/engine.md).",
     "prefix_cache_scope": "global (default) or tenant: a tenant's requests hit only its own cached blocks.",
+    "kv_tiers": "Offload tier below GPU memory, repeatable, top first: dram:capacity_gb=64 | ssd:capacity_gb=1000 | "
+                "remote:capacity_gb=10000 (shared), with optional read_gbps, write_gbps, latency_ms, shared=0|1.",
+    "kv_tier_write": "back (default): blocks reach the first tier when evicted from GPU memory; through: when computed.",
+    "kv_load_overlap_layers": "0 (default): a lower-tier KV load runs before the prefill; N: layer by layer over the "
+                              "model's N layers, under the admitting iteration's compute.",
+    "purge_tenants": "Tenant whose cached blocks are dropped from every tier when its requests end; repeatable.",
     "preemption": "recompute or swap, when KV runs out.",
     "swap_space_gb": "Host swap pool per replica, GB.",
     "swap_bandwidth_gbps": "Host<->GPU copy bandwidth, GB/s.",

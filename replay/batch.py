@@ -75,7 +75,7 @@ class BatchSummary:
             if req.status is Status.WAITING:
                 self.admit.append(req)
             return
-        if target > len(hit.keys) + hit.own:
+        if target > hit.blocks:
             self.grow.append((req, target))
         self.admit.append(req)
         if self.hits is None:
@@ -161,11 +161,10 @@ class BatchBuilder:
                                    "schedule_running takes the cohort, not after")
             self.replica.cohort.remove(req)
         self.free_blocks += self.kv.releasable(req)
-        if req.cached_keys:
-            refs = self.kv.cache.refs
+        if req.cached_keys is not None:
             if self._released is None:
-                self._released = set()
-            self._released.update(key for key in req.cached_keys if refs[key] == 1)
+                self._released = {}
+            self.kv.cache.sole_blocks(req, self._released)
         self.preempted.append(req)
         self._chosen.add(req)
 
@@ -364,9 +363,9 @@ class BatchBuilder:
                 need, target = kv.blocks_needed(req, n), 0
             else:  # new blocks past the cached prefix, and the cached blocks nobody holds (they leave the free pool)
                 target = -(-(computed + n) // kv.block_size)
-                need = target - len(hit.keys) - hit.own + hit.claimed
+                need = target - hit.blocks + hit.claimed
                 if self._released:  # blocks a victim of this batch frees, counted free above: taken back
-                    need += sum(1 for key in hit.keys if key in self._released)
+                    need += kv.cache.reclaimed(hit, self._released)
             if too_big or need > self.free_blocks:
                 if self.skip_blocked:
                     continue

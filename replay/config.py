@@ -17,6 +17,7 @@ from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
 from servelab.replay.router import ROUTERS
+from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 from servelab.common.textfile import read_text
 
 
@@ -32,6 +33,13 @@ class EngineConfig:
     # runner; reservation and runners that execute batches (block tables) run without it
     enable_prefix_caching: bool = True
     prefix_cache_scope: str = "global"  # global | tenant: a tenant's requests hit only its own cached blocks
+    # offload tiers below GPU memory, top first (replay/tiers.py): "dram:capacity_gb=64", "ssd:capacity_gb=1000",
+    # "remote:capacity_gb=10000" (shared by the replicas); each NAME:capacity_gb=..[,read_gbps=..,write_gbps=..,
+    # latency_ms=..,shared=0|1]. Blocks need their size: the runner's model or kv_bytes_per_token.
+    kv_tiers: tuple[str, ...] = ()
+    kv_tier_write: str = "back"  # back: blocks reach the first tier when the GPU evicts them; through: when computed
+    kv_load_overlap_layers: int = 0  # 0: a lower-tier load runs before the prefill; N: layer by layer over N layers, under it
+    purge_tenants: tuple[str, ...] = ()  # tenants whose cached blocks are dropped from every tier when their requests end
     preemption: str = "recompute"  # recompute | swap
     swap_space_gb: float = 4.0  # host pool for swapped KV, per replica
     swap_bandwidth_gbps: float = 25.0  # host<->GPU copy bandwidth, GB/s
@@ -64,6 +72,16 @@ class EngineConfig:
         _choice(self, "preemption", ("recompute", "swap"))
         _choice(self, "head_of_line", ("strict", "skip"))
         _choice(self, "prefix_cache_scope", ("global", "tenant"))
+        _choice(self, "kv_tier_write", ("back", "through"))
+        if self.kv_load_overlap_layers < 0:
+            raise ServelabError(f"kv_load_overlap_layers must be >= 0, got {self.kv_load_overlap_layers}")
+        for name in ("kv_tiers", "purge_tenants"):  # a TOML array or one CLI string -> a tuple of strings
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            elif not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(str(v) for v in value))
+        parse_kv_tiers(self.kv_tiers)
         _choice(self, "router", tuple(ROUTERS.names()))
         if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
             raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")

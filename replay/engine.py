@@ -282,10 +282,13 @@ class Engine:
         all_decode = not batch.preempt and not prefill_reqs
         affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
-            duration = affine[0] + affine[1] * decode_ctx + swap_s
+            compute = affine[0] + affine[1] * decode_ctx
         else:
             shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
-            duration = self.runner.step_time(StepPlan(shape, tuple(items) if items else ())) + swap_s
+            compute = self.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
+        if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
+            swap_s += kv.overlap_extra(compute)
+        duration = compute + swap_s
         if not (duration > 0 and math.isfinite(duration)):
             raise ServelabError(f"runner {self.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
@@ -310,7 +313,7 @@ class Engine:
             hit = kv.lookup(req) if req.status is Status.WAITING else None
             if hit is not None and hit.tokens + n <= req.num_tokens:  # admitted onto a cached prefix
                 target = -(-(hit.tokens + n) // kv.block_size)
-                summary.account(req, n, target - len(hit.keys) - hit.own + hit.claimed, hit, target)
+                summary.account(req, n, target - hit.blocks + hit.claimed, hit, target)
             else:
                 summary.account(req, n, kv.blocks_needed(req, n))
             if items is not None:
@@ -369,13 +372,14 @@ class Engine:
             replica.cohort.outside.append(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
-        if hit is not None:  # the cached prefix counts as computed
-            replica.kv.claim(req, hit)
+        load_s = 0.0
+        if hit is not None:  # the cached prefix counts as computed (loaded first from lower tiers, if there)
+            load_s = replica.kv.claim(req, hit)
             req.num_computed_tokens = hit.tokens
             req.num_cached_tokens += hit.tokens
         if req.swapped:  # bring the KV back from host memory
-            return replica.kv.swap_in(req)
-        return 0.0
+            return load_s + replica.kv.swap_in(req)
+        return load_s
 
     def preempt(self, replica: Replica, req: Request) -> float:
         """Take ``req`` off the GPU; returns the swap-out time it adds to this iteration."""

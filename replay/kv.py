@@ -8,7 +8,8 @@ allocator hands out real block ids, kept in ``req.block_table``). Holders:
 - the decode cohort (replay/cohort.py) holds, in aggregate, the blocks its members grew into since
   they joined (``cohort_held``); a member's share is credited to it (``settle``) when it materialises;
 - a request preempted by swapping holds host blocks in the swap pool (``host``) until it is
-  swapped back in, dropped, or its replica fails;
+  swapped back in, dropped, or its replica fails (with offload tiers whose first is the replica's
+  host DRAM, the pool is that tier: replay/tiers.py);
 - with prefix caching, blocks no running request holds may still hold reusable KV: the prefix
   cache (replay/prefix_cache.py) keeps them in a free queue, and a block shared by several running
   requests is counted once in ``used``.
@@ -32,11 +33,12 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 class KVManager:
     __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
-                 "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s")
+                 "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier",
+                 "overlap_layers", "pending_load_s")
 
     def __init__(self, total_blocks: int, block_size: int, *, reserve: bool = False, allocator=None,
                  prefix_cache: PrefixCache | None = None, swap: bool = False, host_blocks: int = 0,
-                 bytes_per_block: int = 0, swap_bytes_per_s: float = 1.0):
+                 bytes_per_block: int = 0, swap_bytes_per_s: float = 1.0, overlap_layers: int = 0):
         self.block_size = block_size
         self.total = total_blocks
         self.used = 0
@@ -55,6 +57,15 @@ class KVManager:
         self.host: dict[Request, int] = {}  # swapped-out request -> its host blocks
         self.bytes_per_block = bytes_per_block
         self.swap_bytes_per_s = swap_bytes_per_s
+        # with offload tiers whose first is the replica's own (host DRAM), swapping uses it, not a pool
+        tiers = prefix_cache.tiers if prefix_cache is not None else None
+        self.swap_tier = tiers if swap and tiers is not None and not tiers.tiers[0].spec.shared else None
+        if self.swap_tier is not None:
+            self.host_total = tiers.tiers[0].capacity
+        # > 0: loads from lower tiers run layer by layer (over this many layers) under the admitting
+        # iteration's compute instead of before it; their seconds wait here until it is priced
+        self.overlap_layers = overlap_layers
+        self.pending_load_s = 0.0
 
     @property
     def free(self) -> int:
@@ -124,10 +135,9 @@ class KVManager:
 
     def releasable(self, req: Request) -> int:
         """Blocks that preempting ``req`` would make free (not those other running requests share)."""
-        if self.cache is None or not req.cached_keys:
+        if self.cache is None or req.cached_keys is None:
             return req.kv_blocks
-        refs = self.cache.refs
-        return req.kv_blocks - sum(1 for key in req.cached_keys if refs[key] > 1)
+        return req.kv_blocks - self.cache.shared_blocks(req)
 
     # -- prefix caching -----------------------------------------------------------------------
     def lookup(self, req: Request) -> Hit | None:
@@ -142,10 +152,47 @@ class KVManager:
         hit = self.lookup(req)
         return hit.tokens if hit is not None else 0
 
-    def claim(self, req: Request, hit: Hit) -> None:
-        """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once)."""
+    def affinity(self, req: Request) -> tuple[int, int]:
+        """(tokens of ``req`` this replica's cache would serve now, of those the ones already in GPU
+        memory rather than in a lower tier): what a cache-aware router ranks replicas by."""
+        hit = self.lookup(req)
+        if hit is None:
+            return 0, 0
+        if not hit.loaded:
+            return hit.tokens, hit.tokens
+        in_gpu = hit.tokens - hit.loaded * self.block_size if hit.own else min(hit.shared * self.block_size, hit.tokens)
+        return hit.tokens, in_gpu
+
+    def claim(self, req: Request, hit: Hit) -> float:
+        """Admission reuses ``hit``: ``req`` holds those blocks (shared ones counted once); returns
+        the seconds loading its blocks from lower tiers takes (0 without a lower-tier hit)."""
         self.used += self.cache.claim(req, hit)
-        req.kv_blocks = len(hit.keys) + hit.own
+        req.kv_blocks = hit.blocks
+        if not hit.loaded:
+            return 0.0
+        # tokens per tier read (the last token is always computed: a hit that would end the prompt has
+        # one less, taken from its last block: the last tier read, unless own blocks come after)
+        tokens = req.tier_tokens
+        if tokens is None:
+            tokens = req.tier_tokens = [0] * len(self.cache.tiers.tiers)
+        for level, blocks in hit.reads.items():
+            tokens[level] += blocks * self.block_size
+        if not hit.own:
+            tokens[hit.touched[-1][0]] -= (hit.shared + hit.loaded) * self.block_size - hit.tokens
+        seconds = self.cache.tiers.load(hit.reads, hit.touched)
+        req.kv_load_s += seconds
+        if self.overlap_layers:
+            self.pending_load_s += seconds
+            return 0.0
+        return seconds
+
+    def overlap_extra(self, compute_s: float) -> float:
+        """Seconds the pending loads add to an iteration computing for ``compute_s`` when loading layer
+        l + 1 runs while layer l computes (L layers, each a 1/L share of both): the longer of the two,
+        plus one layer's share of the shorter (the first layer's load, or the last layer's compute)."""
+        load, layers = self.pending_load_s, self.overlap_layers
+        self.pending_load_s = 0.0
+        return max(load, compute_s) + min(load, compute_s) / layers - compute_s
 
     def _over_committed(self) -> None:
         raise AssertionError(f"KV over-committed: {self.used} > {self.total} blocks")
@@ -157,26 +204,32 @@ class KVManager:
         blocks = req.kv_blocks
         if not self.swap or self.reserve or self.host_used + blocks > self.host_total:
             return None
+        if self.swap_tier is not None and not self.swap_tier.reserve(blocks):
+            return None
         self.host_used += blocks
         self.host[req] = blocks
         req.swapped = True
         self.release(req)
-        return self._copy_s(blocks)
+        return self._copy_s(blocks, True)
 
     def swap_in(self, req: Request) -> float:
         """``req`` was admitted again: its host blocks come back (they are counted into GPU blocks
         by the batch that admitted it); returns the copy's seconds."""
         blocks = self.drop_host(req)
-        return self._copy_s(blocks)
+        return self._copy_s(blocks, False)
 
     def drop_host(self, req: Request) -> int:
         """Forget ``req``'s host copy (swapped in, dropped, or lost); returns its blocks."""
         blocks = self.host.pop(req)
         self.host_used -= blocks
+        if self.swap_tier is not None:
+            self.swap_tier.unreserve(blocks)
         req.swapped = False
         return blocks
 
-    def _copy_s(self, blocks: int) -> float:
+    def _copy_s(self, blocks: int, out: bool) -> float:
+        if self.swap_tier is not None:
+            return self.swap_tier.swap_s(blocks, out)
         return blocks * self.bytes_per_block / self.swap_bytes_per_s
 
     def fail(self, running: Iterable[Request]) -> None:
@@ -199,12 +252,19 @@ class KVManager:
         holders = list(holders)
         held = sum(req.kv_blocks for req in holders)
         if self.cache is not None:  # a block shared by several running requests is held once
-            shared = {key for req in holders for key in req.cached_keys or ()}
-            held += len(shared) - sum(len(req.cached_keys or ()) for req in holders)
+            most: dict = {}  # hashed entry -> the most blocks of it any holder holds
+            for req in holders:
+                if req.cached_keys is not None:
+                    for entry, count in req.cached_keys.counts():
+                        held -= count
+                        most[entry] = max(most.get(entry, 0), count)
+            held += sum(most.values())
         assert self.used == held + self.cohort_held, (self.used, held, self.cohort_held)
         assert 0 <= self.host_used <= self.host_total, (self.host_used, self.host_total)
         assert self.host_used == sum(self.host.values()), (self.host_used, sum(self.host.values()))
         assert all(req.swapped and req.kv_blocks == 0 for req in self.host)
+        if self.swap_tier is not None:
+            assert self.swap_tier.tiers[0].reserved == self.host_used, (self.swap_tier.tiers[0].reserved, self.host_used)
         if self.cache is not None:
             self.cache.check(self.total, self.used, holders)
 

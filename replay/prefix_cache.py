@@ -22,6 +22,16 @@ blocks in order while each is cached, then (if all of them hit) its own segment.
 token is always computed, since the iteration that computes it emits the next token (vLLM v1
 recomputes the whole last block to keep computed tokens block-aligned; we recompute one token,
 as SGLang does). The runner is charged for the tokens computed; attention still reads the context.
+
+**Cost per hash block, not per engine block.** The engine blocks whose last token lies in one trace
+block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
+block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
+entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
+each holder holds (``Entry.held``: blocks held -> holders); the blocks past the largest holding
+that are still cached sit in the free queue as *runs* (contiguous, the highest block first, as the
+per-block queue would have them). Claiming a hit takes runs from below, eviction eats a run from
+the top: the same blocks, in the same order, as one queue entry per block, at a cost that grows
+with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900 blocks).
 """
 
 from __future__ import annotations
@@ -31,32 +41,114 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.replay.request import Request
+    from servelab.replay.tiers import TierStack
 
-FRESH, DEAD, OWN = 0, 1, 2  # kinds of a queued segment: never used, holds nothing reusable, a request's own
+FRESH, DEAD, OWN, RUN = 0, 1, 2, 3  # kinds of a queued segment: never used, holds nothing reusable, a request's own,
+# a run of an entry's cached blocks
+
+
+class Entry:
+    """The cached engine blocks of one trace block (one hash): blocks ``[lo, lo + size)`` of every
+    prompt whose chain has this key. Offsets below are relative to ``lo``. ``held``: blocks held ->
+    how many running requests hold that many (each holds a prefix); ``top``: the most any holds (all
+    blocks below it are cached, with a reference count > 0); ``runs``: the queued (cached, unheld)
+    blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
+
+    __slots__ = ("key", "lo", "size", "held", "top", "runs")
+
+    def __init__(self, key, lo: int, size: int):
+        self.key = key
+        self.lo = lo
+        self.size = size
+        self.held: dict[int, int] = {}
+        self.top = 0
+        self.runs: list[list] = []
+
+    def reach(self) -> int:
+        """How many blocks from the entry's first are cached without a gap."""
+        reach = self.top
+        for run in self.runs:
+            if run[3] != reach:
+                break
+            reach += run[1]
+        return reach
+
+    def hold(self, count: int) -> None:
+        self.held[count] = self.held.get(count, 0) + 1
+        if count > self.top:
+            self.top = count
+
+    def unhold(self, count: int) -> None:
+        left = self.held[count] - 1
+        if left:
+            self.held[count] = left
+        else:
+            del self.held[count]
+            if count == self.top:
+                self.top = max(self.held) if self.held else 0
+
+    def others_max(self, count: int) -> int:
+        """The most blocks held by a holder other than one holding ``count``."""
+        if self.top > count or self.held[count] > 1:
+            return self.top
+        return max((c for c in self.held if c != count), default=0)
+
+
+class Chain:
+    """The hashed blocks a running request holds: its first ``blocks`` blocks, ``entries`` in order
+    (all of each but the last, which may be partly held)."""
+
+    __slots__ = ("entries", "blocks")
+
+    def __init__(self):
+        self.entries: list[Entry] = []
+        self.blocks = 0
+
+    def counts(self):
+        """(entry, blocks of it held), in order."""
+        entries = self.entries
+        last = len(entries) - 1
+        for i, e in enumerate(entries):
+            yield e, (e.size if i < last else self.blocks - e.lo)
 
 
 class Hit:
-    """What an admission reuses: ``keys`` (hashed blocks, in order), ``own`` blocks of its segment."""
+    """What an admission reuses: ``keys`` ((entry, blocks of it), in order; ``shared`` hashed blocks
+    in all), ``own`` blocks of its segment; ``blocks`` = ``shared + own``, the GPU blocks it takes
+    over. With offload tiers, the ``loaded`` hashed blocks after the shared ones come from lower
+    tiers (``reads``: tier index -> blocks; ``touched``: (tier index, key) read): they count in
+    ``tokens`` but need new GPU blocks, like computed ones."""
 
-    __slots__ = ("keys", "own", "tokens", "claimed")
+    __slots__ = ("keys", "shared", "own", "blocks", "tokens", "claimed", "loaded", "reads", "touched")
 
-    def __init__(self, keys: list, own: int, tokens: int, claimed: int):
+    def __init__(self, keys: list, shared: int, own: int, tokens: int, claimed: int,
+                 loaded: int = 0, reads: dict | None = None, touched: list | None = None):
         self.keys = keys
+        self.shared = shared
         self.own = own
+        self.blocks = shared + own
         self.tokens = tokens  # prompt (+ generated) tokens it need not compute
         self.claimed = claimed  # of its blocks, how many leave the free queue (were not held by anyone)
+        self.loaded = loaded
+        self.reads = reads
+        self.touched = touched
 
 
 class PrefixCache:
-    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "refs", "segments", "seq", "queued")
+    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
+                 "tiers", "purge")
 
-    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False):
+    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
+                 tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
         self.block_size = block_size
         self.trace_block = trace_block  # tokens per prefix_hashes entry (None: the trace has no hashes)
         self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
-        # The free queue, head first: a hashed key -> None (one block), or a segment id -> [kind, blocks, owner]
+        self.tiers = tiers  # offload tiers below GPU memory (replay/tiers.py), or None
+        self.purge = purge  # tenants whose blocks are dropped from every tier when their requests end
+        # The free queue, head first: segment id -> [kind, blocks, owner] (owner: the request of an OWN
+        # segment; a RUN also has its entry as owner, its start and its id)
         self.queue: OrderedDict = OrderedDict()
-        self.refs: dict = {}  # cached hashed key -> running requests holding it (0: queued, evictable)
+        self.entries: dict = {}  # key -> Entry holding at least one cached block
         self.segments: dict[int, int] = {}  # request index -> id of its own segment in the queue
         self.seq = 0
         self.queued = 0  # blocks in the queue
@@ -71,15 +163,20 @@ class PrefixCache:
         covered = min(req.prompt_tokens, len(hashes) * self.trace_block)
         return covered // self.block_size
 
-    def keys(self, req: "Request", start: int, stop: int) -> list:
-        """The keys of ``req``'s hashed blocks j in [start, stop): the trace hash of the trace block
-        holding the block's last token, and j (with the tenant first when the cache is per tenant).
-        One pass for a run of blocks: long prompts have thousands."""
+    def groups(self, req: "Request", start: int, stop: int):
+        """(key, lo, hi) of the trace blocks whose engine blocks ``[lo, hi)`` (those whose last token
+        lies in the trace block) meet ``[start, stop)``; trace blocks holding no block's last token
+        are skipped. The key: the trace block's hash and its index (the tenant first when the
+        cache is per tenant)."""
         hashes, bs, tb = req.prefix_hashes, self.block_size, self.trace_block
-        if self.per_tenant:
-            tenant = req.tenant
-            return [(tenant, hashes[((j + 1) * bs - 1) // tb], j) for j in range(start, stop)]
-        return [(hashes[((j + 1) * bs - 1) // tb], j) for j in range(start, stop)]
+        tenant = req.tenant if self.per_tenant else None
+        j = start
+        while j < stop:
+            i = ((j + 1) * bs - 1) // tb
+            lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
+            key = (hashes[i], i) if tenant is None else (tenant, hashes[i], i)
+            yield key, lo, hi
+            j = hi
 
     # -- the free queue -------------------------------------------------------------------------
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
@@ -87,9 +184,8 @@ class PrefixCache:
             return
         self.queued += blocks
         if kind != OWN and self.queue:  # merge with a tail segment of no value
-            tail_id = next(reversed(self.queue))
-            tail = self.queue[tail_id]
-            if tail is not None and tail[0] != OWN:
+            tail = self.queue[next(reversed(self.queue))]
+            if tail[0] < OWN:
                 tail[1] += blocks
                 return
         self.seq += 1
@@ -97,24 +193,43 @@ class PrefixCache:
         if kind == OWN:
             self.segments[owner] = self.seq
 
+    def _push_run(self, e: Entry, start: int, blocks: int) -> None:
+        """Queue blocks ``[start, start + blocks)`` of ``e`` (cached, unheld) at the tail."""
+        self.queued += blocks
+        self.seq += 1
+        run = [RUN, blocks, e, start, self.seq]
+        self.queue[self.seq] = run
+        runs = e.runs
+        k = len(runs)
+        while k and runs[k - 1][3] > start:
+            k -= 1
+        runs.insert(k, run)
+
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
         self.queued -= n
-        queue, refs = self.queue, self.refs
+        queue = self.queue
         pop = queue.popitem
+        write_back = self.tiers is not None and not self.tiers.write_through
         while n > 0:
             head_id, entry = pop(last=False)
-            if entry is None:  # a hashed block: evicted
-                del refs[head_id]
-                n -= 1
-                continue
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
                 entry[1] -= n
                 queue[head_id] = entry
                 queue.move_to_end(head_id, last=False)  # (back at the head, where it was)
+                if write_back and entry[0] == RUN:
+                    self.tiers.write(entry[2].key, entry[3] + entry[1], n)
                 return
             n -= entry[1]
-            if entry[0] == OWN:
+            kind = entry[0]
+            if kind == RUN:
+                if write_back:
+                    self.tiers.write(entry[2].key, entry[3], entry[1])
+                e = entry[2]
+                e.runs.remove(entry)
+                if not e.top and not e.runs:
+                    del self.entries[e.key]
+            elif kind == OWN:
                 del self.segments[entry[2]]
 
     # -- admission ------------------------------------------------------------------------------
@@ -122,46 +237,96 @@ class PrefixCache:
         """The longest cached prefix ``req`` (admitted with nothing computed) can reuse, or None."""
         bs = self.block_size
         limit = req.num_tokens - 1  # the last token is always computed
-        hashed = min(self.hashed_blocks(req), -(-limit // bs))
-        refs = self.refs
+        hashed_all = self.hashed_blocks(req)
+        hashed = min(hashed_all, -(-limit // bs))
         keys = []
-        claimed = 0
-        start, chunk = 0, 8
-        while start < hashed:  # keys a chunk at a time (growing): a hit often ends long before the prompt
-            stop = min(hashed, start + chunk)
-            for key in self.keys(req, start, stop):
-                count = refs.get(key)
-                if count is None:
+        claimed = shared = 0
+        if hashed:
+            get = self.entries.get
+            tb = self.trace_block
+            if tb % bs:
+                groups = self.groups(req, 0, hashed)
+            else:  # aligned (the usual case): entry i is blocks [i * per, (i + 1) * per)
+                per = tb // bs
+                hashes = req.prefix_hashes
+                groups = (((hashes[i], i) if not self.per_tenant else (req.tenant, hashes[i], i), i * per, i * per + per)
+                          for i in range(-(-hashed // per)))
+            for key, lo, hi in groups:
+                e = get(key)
+                if e is None:
                     break
-                keys.append(key)
-                claimed += count == 0
-            else:
-                start, chunk = stop, chunk * 4
-                continue
-            break
+                want = (hi if hi < hashed else hashed) - lo
+                got = e.top
+                if got < want:
+                    got = e.reach()
+                    if got > want:
+                        got = want
+                    if not got:
+                        break
+                    claimed += got - e.top
+                else:
+                    got = want
+                keys.append((e, got))
+                shared = lo + got
+                if got < want:
+                    break
+        loaded, reads, touched = 0, None, None
+        if self.tiers is not None and shared < hashed:  # the rest of the prefix may be in a lower tier
+            reads, touched = {}, []
+            pos = shared
+            for key, lo, hi in self.groups(req, shared, hashed):
+                start = pos - lo
+                want = (hi if hi < hashed else hashed) - pos
+                level, n = self.tiers.find(key, start, want)
+                if not n:
+                    break
+                reads[level] = reads.get(level, 0) + n
+                touched.append((level, key))
+                pos += n
+                if n < want:
+                    break
+            loaded = pos - shared
         own = 0
         seg = self.segments.get(req.index)
-        if seg is not None and len(keys) == self.hashed_blocks(req):
-            own = min(self.queue[seg][1], -(-limit // bs) - len(keys))
+        if seg is not None and shared + loaded == hashed_all:
+            own = min(self.queue[seg][1], -(-limit // bs) - shared - loaded)
             claimed += own
-        blocks = len(keys) + own
+        blocks = shared + loaded + own
         if not blocks:
             return None
-        return Hit(keys, own, min(blocks * bs, limit), claimed)
+        if loaded:
+            return Hit(keys, shared, own, min(blocks * bs, limit), claimed, loaded, reads, touched)
+        return Hit(keys, shared, own, min(blocks * bs, limit), claimed)
 
     def claim(self, req: "Request", hit: Hit) -> int:
-        """Give ``req`` the blocks of ``hit`` (its first ``len(keys) + own`` blocks); returns how many
-        of them left the free queue (a block another request of the same batch claimed first does
+        """Give ``req`` the blocks of ``hit`` (its first ``hit.blocks`` blocks); returns how many of
+        them left the free queue (a block another request of the same batch claimed first does
         not: ``hit.claimed``, counted when the batch was built, is then an overestimate)."""
-        refs, queue = self.refs, self.queue
+        queue = self.queue
         claimed = hit.own
-        for key in hit.keys:
-            if refs[key] == 0:
-                del queue[key]
-                claimed += 1
-            refs[key] += 1
+        chain = None
+        if hit.keys:
+            chain = Chain()
+            for e, got in hit.keys:
+                if got > e.top:  # its blocks [top, got) leave the runs at the bottom of the entry's queued blocks
+                    runs = e.runs
+                    while runs and runs[0][3] < got:
+                        run = runs[0]
+                        end = run[3] + run[1]
+                        if end <= got:
+                            del queue[run[4]]
+                            runs.pop(0)
+                            claimed += run[1]
+                        else:
+                            claimed += got - run[3]
+                            run[1] = end - got
+                            run[3] = got
+                            break
+                e.hold(got)
+                chain.entries.append(e)
+            chain.blocks = hit.shared
         self.queued -= claimed - hit.own
-        req.cached_keys = list(hit.keys)
+        req.cached_keys = chain
         seg = self.segments.pop(req.index, None)
         if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
             entry = queue[seg]
@@ -174,74 +339,223 @@ class PrefixCache:
 
     # -- while running ----------------------------------------------------------------------------
     def register(self, req: "Request") -> None:
-        """``req`` computed more of its prompt: its newly full hashed blocks become cached (shared)."""
-        keys = req.cached_keys
-        if keys is None:
+        """``req`` computed more of its prompt: its newly full hashed blocks become cached (shared),
+        up to the first that is cached already (computed twice at once: both requests were admitted
+        before either had it; this copy stays private, as vLLM too caches one of the two)."""
+        chain = req.cached_keys
+        if chain is None:
             if not req.prefix_hashes:
                 return
-            keys = req.cached_keys = []
-        have = len(keys)
+            chain = req.cached_keys = Chain()
+        have = chain.blocks
         full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
         if full <= have:
             return
-        refs = self.refs
-        for key in self.keys(req, have, full):
-            if key in refs:  # computed twice at once (both requests were admitted before either had it):
-                return  # this copy stays private (vLLM too caches one of the two)
-            refs[key] = 1
-            keys.append(key)
+        entries = chain.entries
+        if entries:
+            e = entries[-1]
+            held = have - e.lo
+            if held < e.size:  # its last entry, partly held: extend it
+                done = self._extend(chain, e, held, min(full - e.lo, e.size))
+                if self.tiers is not None and self.tiers.write_through and chain.blocks > have:
+                    self.tiers.write(e.key, held, chain.blocks - have)
+                if not done:
+                    return
+                have = chain.blocks
+        cache = self.entries
+        for key, lo, hi in self.groups(req, have, full):
+            want = (hi if hi < full else full) - lo
+            e = cache.get(key)
+            if e is None:
+                e = cache[key] = Entry(key, lo, hi - lo)
+                got = want
+            else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
+                runs = e.runs
+                if e.top or runs[0][3] == 0:
+                    return
+                got = runs[0][3] if runs[0][3] < want else want
+            entries.append(e)
+            e.hold(got)
+            chain.blocks = lo + got
+            if self.tiers is not None and self.tiers.write_through:
+                self.tiers.write(key, 0, got)
+            if got < want:
+                return
+
+    @staticmethod
+    def _extend(chain: Chain, e: Entry, held: int, want: int) -> bool:
+        """The chain's holder of ``held`` blocks of ``e`` (its last entry) registers more, up to
+        ``want`` or the first block cached already; True if it got all ``want``."""
+        runs = e.runs
+        if held < e.top or (runs and runs[0][3] == held):
+            return False
+        got = min(want, runs[0][3]) if runs else want
+        e.unhold(held)
+        e.hold(got)
+        chain.blocks = e.lo + got
+        return got == want
 
     # -- release --------------------------------------------------------------------------------
     def release(self, req: "Request", blocks: int, may_return: bool) -> int:
         """``req`` gives back its ``blocks`` blocks; returns how many no running request holds any
         more. Full blocks keep their KV, cached; a request that ``may_return`` (preempted by
         recompute) keeps its own blocks as a segment only it can hit."""
-        keys = req.cached_keys or ()
-        shared = len(keys)
+        chain = req.cached_keys
+        shared = chain.blocks if chain is not None else 0
         full = max(min(req.num_computed_tokens // self.block_size, blocks), shared)
         hashed = self.hashed_blocks(req)
-        refs, queue = self.refs, self.queue
+        if self.purge and req.tenant in self.purge and req.status.is_terminal:
+            return self._purge(req, blocks, full, hashed)
         # freed in reverse block order: the partial last block, own blocks, private hashed blocks, shared ones
         self._push_segment(DEAD, blocks - full, None)
         own = full - max(hashed, shared)
         if own > 0:
             self._push_segment(OWN if may_return else DEAD, own, req.index)
-        for key in reversed(self.keys(req, shared, min(full, hashed))):  # hashed blocks it computed privately
-            if key in refs:
-                self._push_segment(DEAD, 1, None)
-            else:
-                refs[key] = 0
-                queue[key] = None
-                self.queued += 1
+        private = min(full, hashed)
+        if private > shared:
+            self._release_private(req, shared, private)
         freed = blocks - shared
-        for key in reversed(keys):
-            count = refs[key] - 1
-            refs[key] = count
-            if not count:
-                queue[key] = None
-                self.queued += 1
-                freed += 1
-        req.cached_keys = None
+        if chain is not None:
+            for e, count in reversed(list(chain.counts())):
+                e.unhold(count)
+                if count > e.top:  # the blocks only it held: queued, highest first
+                    self._push_run(e, e.top, count - e.top)
+                    freed += count - e.top
+            req.cached_keys = None
         return freed
 
+    def _purge(self, req: "Request", blocks: int, full: int, hashed: int) -> int:
+        """A purged tenant's request ended: none of its blocks stays cached, and every entry of its
+        prompt is forgotten by the lower tiers and, where no running request holds it, by the GPU."""
+        chain = req.cached_keys
+        freed = blocks - (chain.blocks if chain is not None else 0)
+        if chain is not None:
+            for e, count in reversed(list(chain.counts())):
+                e.unhold(count)
+                if count > e.top:
+                    freed += count - e.top
+            req.cached_keys = None
+        self._push_segment(DEAD, freed, None)
+        seg = self.segments.pop(req.index, None)
+        if seg is not None:  # its own blocks of an earlier preemption
+            self.queue[seg][0], self.queue[seg][2] = DEAD, None
+        cache = self.entries
+        for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
+            if self.tiers is not None:
+                self.tiers.drop(key)
+            e = cache.get(key)
+            if e is None:
+                continue
+            for run in e.runs:  # its queued blocks: plain free blocks, in place
+                run[0], run[2] = DEAD, None
+            e.runs = []
+            if not e.top:
+                del cache[key]
+        return freed
+
+    def _release_private(self, req: "Request", start: int, stop: int) -> None:
+        """Blocks ``[start, stop)`` it computed but did not share: each becomes the cached copy
+        unless one is cached already (then it is plainly free), in reverse block order."""
+        cache = self.entries
+        for key, lo, hi in reversed(list(self.groups(req, start, stop))):
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            e = cache.get(key)
+            if e is None:
+                e = cache[key] = Entry(key, lo, hi - lo)
+            cached = [(0, e.top)] + [(run[3], run[3] + run[1]) for run in e.runs]
+            gaps = []
+            pos = b
+            for c_lo, c_hi in reversed(cached):  # walk down from b: gaps become runs, cached parts dead
+                if c_hi <= a:
+                    break
+                if c_hi < pos:
+                    gaps.append((c_hi, pos))
+                    self._push_run(e, c_hi, pos - c_hi)
+                    pos = c_hi
+                low = max(c_lo, a)
+                if low < pos:
+                    self._push_segment(DEAD, pos - low, None)
+                    pos = low
+            if pos > a:
+                gaps.append((a, pos))
+                self._push_run(e, a, pos - a)
+            if self.tiers is not None and self.tiers.write_through:  # the copies it caches now
+                for g_lo, g_hi in gaps:
+                    self.tiers.write(key, g_lo, g_hi - g_lo)
+
+    # -- questions from the KV manager and the batch builder ----------------------------------
+    def shared_blocks(self, req: "Request") -> int:
+        """Of ``req``'s hashed blocks, how many other running requests hold too."""
+        chain = req.cached_keys
+        if chain is None:
+            return 0
+        total = 0
+        for e, count in chain.counts():
+            other = e.others_max(count)
+            total += count if other >= count else other
+        return total
+
+    def sole_blocks(self, req: "Request", into: dict) -> None:
+        """Record in ``into`` (entry -> (start, end)) the hashed blocks only ``req`` holds."""
+        chain = req.cached_keys
+        if chain is None:
+            return
+        for e, count in chain.counts():
+            other = e.others_max(count)
+            if other < count:
+                into[e] = (other, count)
+
+    @staticmethod
+    def reclaimed(hit: Hit, sole: dict) -> int:
+        """How many of ``hit``'s blocks are in ``sole`` (blocks a preempted request alone held)."""
+        total = 0
+        for e, got in hit.keys:
+            span = sole.get(e)
+            if span is not None and span[0] < got:
+                total += min(got, span[1]) - span[0]
+        return total
+
     def check(self, total_blocks: int, used: int, running) -> None:
-        """The free queue holds exactly the blocks no running request holds; references add up."""
+        """The free queue holds exactly the blocks no running request holds; holdings add up."""
         assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
-        assert self.queued == sum(1 if e is None else e[1] for e in self.queue.values())
+        assert self.queued == sum(e[1] for e in self.queue.values())
         held: dict = {}
         for req in running:
-            for key in req.cached_keys or ():
-                held[key] = held.get(key, 0) + 1
-        for key, count in self.refs.items():
-            assert count == held.get(key, 0), (key, count, held.get(key, 0))
-            assert (count == 0) == (key in self.queue)
+            chain = req.cached_keys
+            if chain is None:
+                continue
+            last = chain.entries[-1] if chain.entries else None
+            assert last is None or last.lo < chain.blocks <= last.lo + last.size, (chain.blocks, last.lo)
+            for e, count in chain.counts():
+                assert 0 < count <= e.size
+                held.setdefault(e, []).append(count)
+        for key, e in self.entries.items():
+            assert e.key == key
+            counts = sorted(held.pop(e, []))
+            assert sorted(c for c, k in e.held.items() for _ in range(k)) == counts, (key, e.held, counts)
+            assert e.top == (counts[-1] if counts else 0)
+            assert e.top or e.runs, key  # an entry holds something
+            below = e.top
+            for run in e.runs:  # runs: queued, disjoint, above every holding, within the entry
+                assert self.queue[run[4]] is run and run[1] > 0
+                assert below <= run[3] and run[3] + run[1] <= e.size, (below, run)
+                below = run[3] + run[1]
+        assert not held, held  # every held entry is in the map
+        for seg in self.queue.values():
+            if seg[0] == RUN:
+                assert self.entries.get(seg[2].key) is seg[2] and seg in seg[2].runs
         for owner, seg in self.segments.items():
             assert self.queue[seg][0] == OWN and self.queue[seg][2] == owner
+        for tier in self.tiers.tiers if self.tiers is not None else ():
+            assert tier.used == sum(m.bit_count() for m in tier.store.values()) <= max(tier.capacity, 0)
+            assert all(tier.store.values())
 
     def clear(self, total_blocks: int) -> None:
-        """Everything lost (the replica failed)."""
+        """Everything lost (the replica failed), its own lower tiers too."""
+        if self.tiers is not None:
+            self.tiers.lose_local()
         self.queue.clear()
-        self.refs.clear()
+        self.entries.clear()
         self.segments.clear()
         self.queued = 0
         self._push_segment(FRESH, total_blocks, None)

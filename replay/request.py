@@ -37,7 +37,7 @@ class Request:
         "status", "reason", "replica", "num_computed_tokens", "num_generated_tokens", "kv_blocks",
         "swapped", "num_preemptions", "first_scheduled_s", "first_token_s", "finish_s",
         "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data", "cohort_mark",
-        "cached_keys", "num_cached_tokens",
+        "cached_keys", "num_cached_tokens", "kv_load_s", "tier_tokens",
     )
 
     def __init__(
@@ -86,8 +86,10 @@ class Request:
         self.block_table: list[int] | None = None  # real block ids, only for runners that need them
         self.policy_data = None  # a policy's private per-request state (e.g. a predicted length)
         self.cohort_mark: int | None = None  # in its replica's decode cohort since that iteration (replay/cohort.py)
-        self.cached_keys: list | None = None  # prefix-cache blocks it holds (replay/prefix_cache.py)
-        self.num_cached_tokens = 0  # tokens its admissions reused from the prefix cache
+        self.cached_keys = None  # the prefix-cache Chain of hashed blocks it holds (replay/prefix_cache.py)
+        self.num_cached_tokens = 0  # tokens its admissions reused from the prefix cache (GPU and lower tiers)
+        self.kv_load_s = 0.0  # seconds its admissions spent loading KV from lower tiers (replay/tiers.py)
+        self.tier_tokens: list[int] | None = None  # of num_cached_tokens, those each lower tier served
 
     @property
     def num_tokens(self) -> int:

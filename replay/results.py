@@ -145,6 +145,43 @@ def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
     return table
 
 
+def with_tier_columns(table: pa.Table, requests: list[Request], tier_names: list[str]) -> pa.Table:
+    """With offload tiers (replay/tiers.py): ``kv_load_s`` (seconds loading KV from lower tiers),
+    ``cached_tokens_gpu`` and ``cached_tokens_<tier>`` per tier (of ``cached_tokens``, the tokens
+    each served). ``requests`` in the table's row order."""
+    load = pa.array([r.kv_load_s for r in requests], pa.float64())
+    per_tier = [[0] * len(requests) for _ in tier_names]
+    for i, r in enumerate(requests):
+        if r.tier_tokens is not None:
+            for level, tokens in enumerate(r.tier_tokens):
+                per_tier[level][i] = tokens
+    gpu = [r.num_cached_tokens - (sum(r.tier_tokens) if r.tier_tokens else 0) for r in requests]
+    table = table.append_column(pa.field("kv_load_s", pa.float64()), load)
+    table = table.append_column(pa.field("cached_tokens_gpu", pa.int64()), pa.array(gpu, pa.int64()))
+    for name, values in zip(tier_names, per_tier):
+        table = table.append_column(pa.field(f"cached_tokens_{name}", pa.int64()), pa.array(values, pa.int64()))
+    return table
+
+
+def tier_meta(replicas) -> list[dict]:
+    """run.json: per tier, its capacity and the bytes written to and read from it over the run
+    (a shared tier once, per-replica tiers summed)."""
+    out: dict[str, dict] = {}
+    seen: set[int] = set()
+    for replica in replicas:
+        cache = replica.kv.cache
+        for tier in cache.tiers.tiers if cache is not None and cache.tiers is not None else ():
+            row = out.setdefault(tier.spec.name, {"name": tier.spec.name, "shared": tier.spec.shared,
+                                                  "capacity_blocks": tier.capacity, "bytes_written": 0,
+                                                  "bytes_read": 0})
+            if id(tier) in seen:
+                continue
+            seen.add(id(tier))
+            row["bytes_written"] += tier.bytes_written
+            row["bytes_read"] += tier.bytes_read
+    return list(out.values())
+
+
 def platform_meta(engine: Engine) -> dict:
     """run.json counters of the platform features (throttling, shedding, pausing, faults, journal)."""
     platform = engine.platform.meta() if engine.platform is not None else \

@@ -144,6 +144,23 @@ def synthetic_token_ids(request_ids: np.ndarray, positions: np.ndarray, vocab_si
     return (mixed % np.uint64(vocab_size)).astype(np.int64)
 
 
+HASHED_SEED = np.uint64(0xD1B54A32D192ED03)  # keeps a prefix hash's tokens apart from a request id's
+
+
+def token_seeds(request_id: int, positions: np.ndarray, prompt_len: int, prefix_hashes, hash_block_tokens) -> np.ndarray:
+    """What each token's stand-in id derives from: the trace hash of the block holding it for prompt
+    tokens the trace's ``prefix_hashes`` cover (equal hashes, equal tokens: requests that share a
+    cached prefix share its KV exactly), else the request id."""
+    seeds = np.full(len(positions), request_id, dtype=np.int64).astype(np.uint64)
+    if prefix_hashes is not None and len(prefix_hashes) and hash_block_tokens:
+        covered = min(prompt_len, len(prefix_hashes) * hash_block_tokens)
+        inside = positions < covered
+        if inside.any():
+            hashes = np.asarray(prefix_hashes, dtype=np.int64).astype(np.uint64)
+            seeds[inside] = hashes[positions[inside] // hash_block_tokens] ^ HASHED_SEED
+    return seeds
+
+
 def build_layout(
     request_ids: Sequence[int],
     prompt_lens: Sequence[int],
@@ -155,10 +172,14 @@ def build_layout(
     num_blocks: int,
     vocab_size: int,
     kind: str,
+    prefix_hashes: Sequence | None = None,
+    hash_block_tokens: int | None = None,
 ) -> StepLayout:
     """Index arrays for computing tokens ``[starts[b], starts[b] + counts[b])`` of each item ``b``.
 
     ``block_tables[b]`` must cover the item's ``starts[b] + counts[b]`` tokens with valid block ids.
+    ``prefix_hashes[b]`` (with the trace's ``hash_block_tokens``): the item's hash chain, whose prompt
+    tokens then derive from the hashes (``token_seeds``), so that items may share cached blocks.
     """
     if kind not in ATTENTION_KINDS:
         raise ServelabError(f"unknown attention kind '{kind}' (known: {', '.join(ATTENTION_KINDS)})")
@@ -194,7 +215,8 @@ def build_layout(
     produces = ctx >= np.asarray(prompt_lens, dtype=np.int64)
     layout: dict[str, Any] = dict(
         kind=kind,
-        token_ids=synthetic_token_ids(rid[item], pos, vocab_size),
+        token_ids=synthetic_token_ids(_seeds(rid, prompt_lens, prefix_hashes, hash_block_tokens, item, pos, cu),
+                                      pos, vocab_size),
         positions=pos,
         slots=slots,
         sample_rows=(cu[1:] - 1)[produces],
@@ -213,6 +235,16 @@ def build_layout(
     if kind == "sdpa":
         layout.update(_sdpa_groups(start, count, ctx, need, table, cu))
     return StepLayout(**layout)
+
+
+def _seeds(rid, prompt_lens, prefix_hashes, hash_block_tokens, item, pos, cu) -> np.ndarray:
+    if prefix_hashes is None or not hash_block_tokens or not any(h is not None and len(h) for h in prefix_hashes):
+        return rid[item]
+    seeds = np.empty(len(pos), dtype=np.uint64)
+    for b in range(len(rid)):
+        lo, hi = int(cu[b]), int(cu[b + 1])
+        seeds[lo:hi] = token_seeds(int(rid[b]), pos[lo:hi], int(prompt_lens[b]), prefix_hashes[b], hash_block_tokens)
+    return seeds
 
 
 def _sdpa_groups(start, count, ctx, need, table, cu) -> dict[str, Any]:

@@ -66,6 +66,9 @@ class TorchRunner(RunnerBase):
     varlen_kernel: Any = None  # replaces FlashAttention varlen (tests run the GPU paths on CPU with a reference)
     cuda_graphs: bool = False  # replay pure-decode steps from CUDA graphs (CPU: the same padded path, uncaptured)
     graph_max_batch: int = 256  # larger decode batches run eagerly (launch overhead no longer matters there)
+    # tokens per entry of the trace's prefix_hashes (api.replay sets it): prompt tokens the hashes cover
+    # derive from them, so requests with equal hashes have equal tokens and may share cached KV blocks
+    hash_block_tokens: int | None = None
     name: str = field(default="torch", init=False)
     needs_block_tables: bool = field(default=True, init=False)
 
@@ -324,6 +327,8 @@ class TorchRunner(RunnerBase):
             num_blocks=self.num_blocks,
             vocab_size=self.args.vocab_size,
             kind=kind or self.attention,
+            prefix_hashes=[getattr(it.request, "prefix_hashes", None) for it in items] if self.hash_block_tokens else None,
+            hash_block_tokens=self.hash_block_tokens,
         )
 
     def execute(self, plan: StepPlan, all_logits: bool = False):

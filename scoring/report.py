@@ -52,6 +52,10 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     views = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
     cache = _rows(con, "SELECT * FROM prefix_cache WHERE run_id = ? AND scope = 'overall'", [run_id]) \
         if "prefix_cache" in views else []
+    tiers = _rows(con, "SELECT * FROM kv_tiers WHERE run_id = ? AND scope = 'overall'", [run_id]) \
+        if "kv_tiers" in views else []
+    breakdown = _rows(con, "SELECT * FROM ttft_breakdown WHERE run_id = ? AND scope = 'overall'", [run_id]) \
+        if "ttft_breakdown" in views else []
     return {
         "run": run[0],
         "slo": slo,
@@ -62,6 +66,8 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
         "replica_balance": balance[0] if balance else None,
         "fairness": fairness[0] if fairness else None,
         "prefix_cache": cache[0] if cache and cache[0]["cached_tokens"] else None,
+        "kv_tiers": tiers,
+        "ttft_breakdown": breakdown[0] if breakdown else None,
     }
 
 
@@ -176,6 +182,13 @@ def render(data: dict[str, Any], console: Console) -> None:
     if cache:  # only when the prefix cache served anything
         console.print(f"prefix cache: {cache['cached_tokens']:,} of {cache['prompt_tokens']:,} prompt tokens "
                       f"served from cache ({_pct(cache['hit_rate'])}), {_pct(cache['requests_with_hit'])} of requests hit")
+    if data.get("kv_tiers"):  # with offload tiers: what each served, and where TTFT went
+        console.print("  by tier: " + ", ".join(f"{r['tier']} {r['cached_tokens']:,} ({_pct(r['hit_rate'])})"
+                                               for r in data["kv_tiers"]))
+        b = data.get("ttft_breakdown")
+        if b:
+            console.print(f"  mean TTFT {_f(b['mean_ttft_s'])} s = queue {_f(b['mean_queue_s'])} + KV load "
+                          f"{_f(b['mean_load_s'], 4)} + compute {_f(b['mean_compute_s'])} s")
     console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}

@@ -311,6 +311,45 @@ GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
 ORDER BY run_id, scope, name
 """
 
+# With offload tiers (replay/tiers.py): requests.parquet has kv_load_s and cached_tokens_<tier> per
+# tier (gpu first). Tier names come from the run, so the per-tier columns are unpivoted by pattern.
+KV_TIERS = """
+CREATE OR REPLACE VIEW kv_tiers AS
+WITH t AS (
+    UNPIVOT (SELECT run_id, tenant, replica, prompt_tokens, COLUMNS('^cached_tokens_.+$')
+             FROM requests WHERE kv_load_s IS NOT NULL)
+    ON COLUMNS('^cached_tokens_.+$') INTO NAME tier VALUE tokens
+)
+SELECT run_id, substr(tier, 15) AS tier,
+    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+    CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+    CAST(sum(tokens) AS BIGINT) AS cached_tokens,
+    sum(tokens) / nullif(sum(prompt_tokens), 0) AS hit_rate
+FROM t WHERE tokens IS NOT NULL
+GROUP BY GROUPING SETS ((run_id, tier), (run_id, tier, tenant), (run_id, tier, replica))
+ORDER BY run_id, scope, name, tier
+"""
+
+# Where a first token's time went: waiting, loading KV from lower tiers, the rest (prefill compute
+# and the iterations it shared); finished requests.
+TTFT_BREAKDOWN = """
+CREATE OR REPLACE VIEW ttft_breakdown AS
+SELECT run_id,
+    CASE WHEN grouping(tenant) = 0 THEN 'tenant' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tenant) = 0 THEN tenant END AS name,
+    count(*) AS requests,
+    avg(first_token_s - arrival_s) AS mean_ttft_s,
+    avg(first_scheduled_s - arrival_s) AS mean_queue_s,
+    avg(kv_load_s) AS mean_load_s,
+    avg(first_token_s - first_scheduled_s - kv_load_s) AS mean_compute_s,
+    quantile_cont(first_token_s - arrival_s, 0.99) AS p99_ttft_s,
+    quantile_cont(kv_load_s, 0.99) AS p99_load_s
+FROM requests WHERE status = 'finished' AND kv_load_s IS NOT NULL
+GROUP BY GROUPING SETS ((run_id), (run_id, tenant))
+ORDER BY run_id, scope, name
+"""
+
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
@@ -333,3 +372,6 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     columns = {row[0] for row in con.execute("DESCRIBE requests").fetchall()}
     if "cached_tokens" in columns:  # (runs written before prefix caching have no such column)
         con.execute(PREFIX_CACHE)
+    if "kv_load_s" in columns:  # runs with offload tiers
+        con.execute(KV_TIERS)
+        con.execute(TTFT_BREAKDOWN)

@@ -157,3 +157,26 @@ def test_the_report_says_what_the_prefix_cache_served(tmp_path):
     on = render_text(connect([tmp_path / "on"]), width=120)
     assert "prefix cache: 126 of 192 prompt tokens served from cache" in on
     assert "prefix cache" not in render_text(connect([tmp_path / "off"]), width=120)
+
+
+@pytest.mark.parametrize("tb, settings", [
+    (128, {"num_gpu_blocks": 700, "max_num_batched_tokens": 100}),  # chunks end mid hash block; KV pressure
+    (128, {"num_gpu_blocks": 500, "policy": "srpt", "policy_params": {"preempt": True}, "max_num_seqs": 6}),
+    (48, {"num_gpu_blocks": 500, "preemption": "swap", "kv_bytes_per_token": 1024, "swap_space_gb": 0.0003}),
+    (48, {"replicas": 3, "router": "prefix-affinity", "num_gpu_blocks": 400, "prefix_cache_scope": "tenant"}),
+])
+def test_hash_blocks_of_many_engine_blocks_behave_as_one_hash_per_engine_block(tb, settings):
+    """The cache keeps a trace block's engine blocks together (one entry per hash); giving every engine
+    block its own hash instead (the same equalities, 16-token hash blocks) must not change one result."""
+    trace = synth_trace(n=400, rate=8.0, tenants="a=1,b=1", shared_prefix_tokens=200, turns=4.0, think_s=1.0,
+                        prompt="lognormal:300:0.7", output="lognormal:30:0.7", prefix_block_tokens=tb, seed=9)
+    per = tb // 16
+    fine = [[h * per + k for h in chain_ for k in range(per)] for chain_ in trace.column("prefix_hashes").to_pylist()]
+    table = trace.drop_columns(["prefix_hashes"]).append_column("prefix_hashes", pa.array(fine, pa.list_(pa.int64())))
+    table = table.replace_schema_metadata({**(trace.schema.metadata or {}), b"prefix_block_tokens": b"16"})
+    runner = "linear:base=0.01,prefill_token=0.0004,decode_seq=0.0002"
+    coarse_r, fine_r = run(trace, runner=runner, **settings), run(table, runner=runner, **settings)
+    assert sum(column(coarse_r, "cached_tokens")) > 0
+    assert sum(column(coarse_r, "num_preemptions")) > 0 or settings.get("replicas")
+    for name in ("cached_tokens", "ttft_s", "finish_s", "num_preemptions", "replica"):
+        assert column(coarse_r, name) == column(fine_r, name), name

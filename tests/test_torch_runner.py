@@ -593,3 +593,67 @@ def test_graphs_leave_prefills_and_oversized_batches_to_the_eager_path(torch):
     assert runner._graphs.prepare(plan_of((reqs[0], 0, 3))) is None  # a chunk, not a decode
     assert runner._graphs.prepare(plan_of(*((r, 3, 1) for r in reqs))) is None  # 3 > graph_max_batch
     assert runner._graphs.prepare(plan_of(*((r, 3, 1) for r in reqs[:2]))) is not None
+
+
+# ---- shared cached blocks: requests whose prompts share hashed blocks share their KV ---------------
+
+
+def hashed_request(request_id: int, prompt_tokens: int, hashes: list[int]):
+    return SimpleNamespace(request_id=request_id, prompt_tokens=prompt_tokens, block_table=[], prefix_hashes=hashes)
+
+
+def dense_hashed_logits(runner, req, length: int, hash_block: int):
+    """A plain forward of ``req``'s first ``length`` tokens, its ids built here: prompt tokens covered
+    by hash block i derive from hash i (XOR the runner's constant), the rest from the request id."""
+    import torch
+
+    from servelab.runners.paged_kv import HASHED_SEED
+
+    pos = np.arange(length)
+    seeds = np.full(length, req.request_id, dtype=np.uint64)
+    for p in range(min(length, req.prompt_tokens, len(req.prefix_hashes) * hash_block)):
+        seeds[p] = np.uint64(req.prefix_hashes[p // hash_block]) ^ HASHED_SEED
+    ids = synthetic_token_ids(seeds, pos, runner.args.vocab_size)
+    return runner.model.forward_dense(torch.from_numpy(ids))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "gather"])
+def test_a_batch_whose_requests_share_cached_blocks_matches_dense_forwards(torch, attention):
+    """A computes its 20-token prompt (hash blocks of 8 tokens = 2 engine blocks of 4). B and D share A's
+    first hash block: their block tables start with A's 2 blocks, and one batch computes only the rest
+    of each (a prefix cache hit), beside A's decode and E's unrelated prompt. Every logit row equals a
+    dense forward of the request's whole sequence."""
+    kernel = None if attention == "sdpa" else varlen_reference
+    runner = make_runner(torch, block_size=4, num_blocks=64, attention=attention, warmup=False,
+                         varlen_kernel=kernel, hash_block_tokens=8)
+    alloc = BlockAllocator(64)
+    alloc.allocate(3)
+    a = hashed_request(21, 20, [101, 102])
+    b = hashed_request(22, 18, [101, 203])  # shares A's first hash block
+    d = hashed_request(24, 11, [101])  # shares it too; its last 3 prompt tokens are its own
+    e = hashed_request(25, 6, [])
+    grow(alloc, a, 20, 4)
+    first = runner.execute(plan_of((a, 0, 20)), all_logits=True)
+    torch.testing.assert_close(first, dense_hashed_logits(runner, a, 20, 8), atol=1e-4, rtol=1e-4)
+    for req in (b, d):
+        req.block_table = list(a.block_table[:2])  # the cached prefix: A's blocks, not copies
+    grow(alloc, a, 21, 4)
+    for req, tokens in ((b, 18), (d, 11), (e, 6)):
+        grow(alloc, req, tokens, 4)
+    logits = runner.execute(plan_of((a, 20, 1), (b, 8, 10), (d, 8, 3), (e, 0, 6)), all_logits=True)
+    rows = {21: logits[0:1], 22: logits[1:11], 24: logits[11:14], 25: logits[14:20]}
+    torch.testing.assert_close(rows[21], dense_hashed_logits(runner, a, 21, 8)[20:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[22], dense_hashed_logits(runner, b, 18, 8)[8:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[24], dense_hashed_logits(runner, d, 11, 8)[8:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows[25], dense_hashed_logits(runner, e, 6, 8), atol=1e-4, rtol=1e-4)
+    # and a request that only looks like A (other hashes) computes other logits
+    assert not torch.allclose(dense_hashed_logits(runner, hashed_request(21, 20, [901, 902]), 20, 8), first)
+
+
+def test_requests_without_hashes_keep_their_request_id_tokens(torch):
+    runner = make_runner(torch, warmup=False, hash_block_tokens=8)
+    alloc = BlockAllocator(64)
+    a = fake_request(3, 10)
+    grow(alloc, a, 10, 4)
+    torch.testing.assert_close(runner.execute(plan_of((a, 0, 10)), all_logits=True), dense_logits(runner, a, 10),
+                               atol=1e-4, rtol=1e-4)
