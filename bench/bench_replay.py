@@ -129,11 +129,32 @@ def case_overload200k_one(n: int, policy: str) -> None:
           flush=True)
 
 
+def case_quantum(n: int) -> None:
+    """round-robin's quantum under the overload200k shape (n requests): preemptions, mean E2E and
+    the replay's wall time per quantum, with sarathi for reference (docs/engine.md)."""
+    import pyarrow.compute as pc
+
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=n, rate=160.0, arrival="poisson", prompt="lognormal:800:1.0",
+                        output="lognormal:200:1.0", seed=7)
+    for policy, params in [("round-robin", {"quantum": 16}), ("round-robin", {"quantum": 64}),
+                           ("round-robin", {}), ("sarathi", {})]:
+        t0 = time.perf_counter()
+        result = replay(trace, ReplayConfig(engine=EngineConfig(replicas=1), policy=policy, policy_params=params))
+        wall = time.perf_counter() - t0
+        requests = result.requests
+        print(f"{policy} {params or '(defaults)'}: preemptions {pc.sum(requests['num_preemptions']).as_py():,}; "
+              f"mean e2e {pc.mean(requests['e2e_s']).as_py():,.0f} s; wall {wall:.2f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one", "multiturn"])
+    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one", "multiturn",
+                                                "quantum"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
-    parser.add_argument("--n", type=int, default=200_000, help="overload200k: requests")
+    parser.add_argument("--n", type=int, default=200_000, help="overload200k, quantum: requests")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-1m", action="store_true")
     args = parser.parse_args()
@@ -149,6 +170,8 @@ def main() -> None:
         case_overload200k(args.n, args.policy or list(OVERLOAD_POLICIES))
     elif args.case == "overload200k-one":
         case_overload200k_one(args.n, args.policy[0])
+    elif args.case == "quantum":
+        case_quantum(args.n)
     else:
         cases = ["azure", "overload", "multiturn"] + ([] if args.skip_1m else ["1m"])
         for case in cases:
