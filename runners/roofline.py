@@ -3,7 +3,8 @@
 Each operator group of one transformer layer (QKV/O projections, MLP up/act/down, norms, RoPE,
 residual add, attention) costs ``latency + max(flops / (peak x eff_compute), bytes / (bw x
 eff_memory))`` on one tensor-parallel shard; the step adds the embedding, the LM head for every
-sequence in the batch, two ring all-reduces per layer under TP, and the engine's CPU overhead.
+sequence in the batch, two all-reduces per layer under TP (vLLM's custom one-/two-shot kernels or the
+NCCL ring by message size, runners/all_reduce.py), and the engine's CPU overhead.
 The efficiencies and latencies come from ``roofline_calibration.json`` (fitted to public vidur
 profiles by ``servelab.runners.calibration``), so nothing here is a guessed constant.
 """
@@ -20,6 +21,7 @@ from servelab.common.errors import ServelabError
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
 from dataclasses import replace as replace_model
 
+from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
@@ -273,6 +275,7 @@ class RooflineRunner(RunnerBase):
     activation_tokens: int = ACTIVATION_TOKENS  # vLLM's profiling batch: max_num_batched_tokens
     logit_seqs: int = LOGIT_SEQS  # max_num_seqs
     non_torch_bytes: int = NON_TORCH_BYTES
+    custom_all_reduce: CustomAllReduce | None = None  # None: every all-reduce is the NCCL ring (vLLM before 0.2.7)
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
@@ -327,7 +330,8 @@ class RooflineRunner(RunnerBase):
 
     def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
         return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name,
-                             self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes))
+                             self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes,
+                             self.custom_all_reduce))
 
     def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
@@ -404,12 +408,14 @@ class RooflineRunner(RunnerBase):
         return cal.latency_s + max(compute, memory)
 
     def all_reduce_s(self, tokens: int) -> float:
-        """Ring all-reduce of the hidden states: 2(p-1)/p x bytes over the link, plus a latency."""
+        """All-reduce of the hidden states by the implementation vLLM picks for the message size
+        (runners/all_reduce.py): custom one-shot or two-shot over NVLink, else the NCCL ring."""
         if self.tp == 1 or tokens <= 0:
             return 0.0
-        c, p = self.calibration, self.tp
+        c = self.calibration
         nbytes = tokens * self.model.hidden_size * self.model.dtype_bytes
-        return c.all_reduce_latency_s + 2 * (p - 1) / p * nbytes / (self.gpu.interconnect_bytes_per_s * c.all_reduce_eff)
+        return all_reduce_time_s(nbytes, self.tp, self.gpu.interconnect_bytes_per_s, c.all_reduce_latency_s,
+                                 c.all_reduce_eff, self.gpu.p2p_ranks, self.custom_all_reduce)
 
     def cpu_overhead_s(self, num_seqs: int) -> float:
         c = self.calibration
@@ -458,6 +464,7 @@ class RooflineRunner(RunnerBase):
             "activation_tokens": self.activation_tokens,
             "logit_seqs": self.logit_seqs,
             "non_torch_bytes": self.non_torch_bytes,
+            "custom_all_reduce": asdict(self.custom_all_reduce) if self.custom_all_reduce is not None else None,
             "calibration_key": self.gpu.calibration,
             "calibration": asdict(self.calibration),
             "kv_bytes_per_token": self.kv_bytes_per_token,
@@ -472,12 +479,14 @@ class RooflineRunner(RunnerBase):
         cal["ops"] = {name: OpCalibration(**v) for name, v in cal["ops"].items()}
         cal["prefill_attention"] = OpCalibration(**cal["prefill_attention"])
         host = d.get("host_profile")
+        custom = d.get("custom_all_reduce")
         return cls(ModelPreset(**d["model"]), GpuPreset(**d["gpu"]), int(d["tp"]), GpuCalibration(**cal),
                    cpu_overhead_scale=float(d["cpu_overhead_scale"]),
                    host_profile=HostProfile(**host) if host else None,
                    activation_tokens=int(d.get("activation_tokens", ACTIVATION_TOKENS)),
                    logit_seqs=int(d.get("logit_seqs", LOGIT_SEQS)),
-                   non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)))
+                   non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)),
+                   custom_all_reduce=CustomAllReduce(**custom) if custom else None)
 
     def _fits(self) -> bool:
         try:
@@ -489,8 +498,14 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration")
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce")
+ALL_REDUCE_CHOICES = ("auto", "nccl")
 DEFAULT_HOST = "vllm-v1-cudagraph"
+
+
+def load_custom_all_reduce() -> CustomAllReduce:
+    raw = load_real_calibration_file()["custom_all_reduce"]
+    return CustomAllReduce(**{k: raw[k] for k in CustomAllReduce.__slots__})
 
 
 def _int_param(key: str, raw: object) -> int:
@@ -526,7 +541,13 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
     if "calibration" in params:  # another GPU's fitted efficiencies (e.g. to compare calibrations)
         gpu = replace_model(gpu, calibration=params["calibration"])
     calibration = apply_host_profile(load_calibration(gpu.calibration), profile)
-    kv = {}
+    # auto: vLLM's choice by message size (custom kernels exist since vLLM 0.2.7, so not under the
+    # 2023 profile, whose all-reduce fit is NCCL's); nccl: the ring at every size.
+    all_reduce = str(params.get("all_reduce", "auto" if profile is not None else "nccl"))
+    if all_reduce not in ALL_REDUCE_CHOICES:
+        raise ServelabError(f"runner 'roofline': all_reduce must be one of {', '.join(ALL_REDUCE_CHOICES)}, "
+                            f"got '{all_reduce}'")
+    kv: dict[str, Any] = {"custom_all_reduce": load_custom_all_reduce() if all_reduce == "auto" else None}
     if profile is not None:  # vLLM V1 sizes the profiling run by the engine's own limits
         for key, name in (("activation_tokens", "max_num_batched_tokens"), ("logit_seqs", "max_num_seqs")):
             if context.get(name) is not None:
