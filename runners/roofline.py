@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as replace_model
 from functools import lru_cache
 from importlib import resources
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
-from dataclasses import replace as replace_model
-
 from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
@@ -127,7 +126,7 @@ class GpuCalibration:
     cpu_per_extra_worker_s: float
 
     @classmethod
-    def from_json(cls, raw: dict) -> "GpuCalibration":
+    def from_json(cls, raw: dict) -> GpuCalibration:
         ops = {name: OpCalibration(**vals) for name, vals in raw["ops"].items()}
         dec, ar, cpu = raw["decode_attention"], raw["all_reduce"], raw["cpu_overhead"]
         return cls(
@@ -472,7 +471,7 @@ class RooflineRunner(RunnerBase):
         }
 
     @classmethod
-    def from_describe(cls, d: dict) -> "RooflineRunner":
+    def from_describe(cls, d: dict) -> RooflineRunner:
         """Rebuild the exact runner a run used (run.json keeps ``describe()``), even if presets or the
         packaged calibration have changed since."""
         cal = dict(d["calibration"])

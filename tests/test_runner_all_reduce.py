@@ -6,7 +6,6 @@ constants of real_calibration.json ``custom_all_reduce`` (6 us + (p-1) B / (link
 """
 
 import pytest
-
 from servelab.common.errors import ServelabError
 from servelab.runners.all_reduce import CustomAllReduce, algorithm, all_reduce_time_s
 from servelab.runners.base import make_runner
