@@ -275,6 +275,7 @@ class RooflineRunner(RunnerBase):
     logit_seqs: int = LOGIT_SEQS  # max_num_seqs
     non_torch_bytes: int = NON_TORCH_BYTES
     custom_all_reduce: CustomAllReduce | None = None  # None: every all-reduce is the NCCL ring (vLLM before 0.2.7)
+    ep: int = 1  # MoE: experts split across this many of the tp GPUs (1: every expert tensor-parallel)
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
@@ -295,6 +296,11 @@ class RooflineRunner(RunnerBase):
             raise ServelabError(
                 f"runner 'roofline': tp={tp} must divide the {m.name} head counts "
                 f"({m.num_heads} query heads, {m.num_kv_heads} KV heads)"
+            )
+        if self.ep != 1 and not (m.is_moe and self.ep == tp and m.num_experts % self.ep == 0):
+            raise ServelabError(
+                f"runner 'roofline': ep={self.ep} needs a mixture-of-experts model, ep equal to tp ({tp}) and "
+                f"dividing its {m.num_experts} experts ({m.name})"
             )
         missing = set(LAYER_OPS + ("emb",)) - set(self.calibration.ops)
         if missing:
@@ -330,7 +336,7 @@ class RooflineRunner(RunnerBase):
     def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
         return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name,
                              self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes,
-                             self.custom_all_reduce))
+                             self.custom_all_reduce, self.ep))
 
     def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
@@ -348,7 +354,8 @@ class RooflineRunner(RunnerBase):
         return calls * (lat + max(compute * tokens, fixed + per_token * tokens))
 
     def _token_terms(self, tokens: int) -> tuple[float, float, float]:
-        """One layer's linear ops, embedding + final norm, and one layer's two all-reduces."""
+        """One layer's linear ops, embedding + final norm, and one layer's communication: two
+        all-reduces, or with expert parallelism one all-reduce plus an all-to-all dispatch and combine."""
         op = self._op
         graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
         ops, head = (self._graph_ops, self._graph_head) if graphed else (self._ops, self._head)
@@ -360,7 +367,11 @@ class RooflineRunner(RunnerBase):
             layer += sum(op(f, tokens) for f in self._shared)
         else:
             layer = sum(op(f, tokens) for f in ops)
-        return (layer, op(emb, tokens) + op(final_norm, tokens), 2 * self.all_reduce_s(tokens))
+        if self.ep > 1:
+            comm = self.all_reduce_s(tokens) + 2 * self.all_to_all_s(tokens)
+        else:
+            comm = 2 * self.all_reduce_s(tokens)
+        return (layer, op(emb, tokens) + op(final_norm, tokens), comm)
 
     def _seq_terms(self, seqs: int) -> tuple[float, float]:
         """The LM head (logits at the last position of every sequence) and the CPU overhead."""
@@ -416,6 +427,17 @@ class RooflineRunner(RunnerBase):
         return all_reduce_time_s(nbytes, self.tp, self.gpu.interconnect_bytes_per_s, c.all_reduce_latency_s,
                                  c.all_reduce_eff, self.gpu.p2p_ranks, self.custom_all_reduce)
 
+    def all_to_all_s(self, tokens: int) -> float:
+        """Expert parallelism: one all-to-all (dispatch, or combine) of a layer. Each of the ``ep`` ranks
+        sends its 1/ep of the tokens to the ranks holding their k experts; under uniform routing a
+        share (ep - 1)/ep of those copies leaves the GPU: tokens/ep x k x (ep - 1)/ep x hidden x dtype
+        bytes per rank, priced at the link's bandwidth with the NCCL fit's latency and efficiency."""
+        if self.ep <= 1 or tokens <= 0:
+            return 0.0
+        c, p, m = self.calibration, self.ep, self.model
+        nbytes = tokens / p * m.experts_per_token * (p - 1) / p * m.hidden_size * m.dtype_bytes
+        return c.all_reduce_latency_s + nbytes / (self.gpu.interconnect_bytes_per_s * c.all_reduce_eff)
+
     def cpu_overhead_s(self, num_seqs: int) -> float:
         c = self.calibration
         return self.cpu_overhead_scale * (
@@ -463,6 +485,7 @@ class RooflineRunner(RunnerBase):
             "activation_tokens": self.activation_tokens,
             "logit_seqs": self.logit_seqs,
             "non_torch_bytes": self.non_torch_bytes,
+            "ep": self.ep,
             "custom_all_reduce": asdict(self.custom_all_reduce) if self.custom_all_reduce is not None else None,
             "calibration_key": self.gpu.calibration,
             "calibration": asdict(self.calibration),
@@ -485,7 +508,8 @@ class RooflineRunner(RunnerBase):
                    activation_tokens=int(d.get("activation_tokens", ACTIVATION_TOKENS)),
                    logit_seqs=int(d.get("logit_seqs", LOGIT_SEQS)),
                    non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)),
-                   custom_all_reduce=CustomAllReduce(**custom) if custom else None)
+                   custom_all_reduce=CustomAllReduce(**custom) if custom else None,
+                   ep=int(d.get("ep", 1)))
 
     def _fits(self) -> bool:
         try:
@@ -497,7 +521,7 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce")
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep")
 ALL_REDUCE_CHOICES = ("auto", "nccl")
 DEFAULT_HOST = "vllm-v1-cudagraph"
 
@@ -552,4 +576,6 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
             if context.get(name) is not None:
                 kv[key] = int(context[name])
         kv["non_torch_bytes"] = int(load_real_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
+    if "ep" in params:
+        kv["ep"] = _int_param("ep", params["ep"])
     return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)
