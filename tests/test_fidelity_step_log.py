@@ -131,6 +131,8 @@ def test_fit_steps_options_are_checked(tmp_path, capsys):
     assert code != 0 and "fit --steps takes a step log and -o OUT" in err
     code, _, err = run_main(["fit", "--steps", log, "-o", tmp_path / "m.json", "--block-size", "0"], capsys)
     assert code != 0 and "block size must be a positive integer" in err
+    code, _, err = run_main(["fit", log, "-o", tmp_path / "m.json", "--tp", "4"], capsys)
+    assert code != 0 and "--model, --gpu and --tp apply to fit --steps" in err
 
 
 REAL_LOG = Path(__file__).resolve().parents[2] / "shared/calibration/real_vllm/vllm-v1-h100-steps/steps.parquet"
