@@ -50,7 +50,7 @@ def main() -> None:
     shapes = median_per_shape(table)  # as fit_model splits: one row per distinct shape, same seed
     x, y = feature_matrix(shapes), shapes.column("step_s").to_numpy()
     order = np.random.default_rng(0).permutation(len(y))
-    test = order[: int(round(len(y) * 0.2))]
+    test = order[: round(len(y) * 0.2)]
     fields = ("prefill_tokens", "prefill_seqs", "prefill_context_tokens", "prefill_attention_pairs", "decode_seqs",
               "decode_context_tokens")
     print(f"{table.num_rows} steps with a logged successor, {len(y)} distinct shapes; median step "
