@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import click
-
 from servelab.common.errors import ServelabError
 
 _model = click.option("--model", default=None, help="Model preset for runners that take one (see `servelab presets`).")
@@ -72,7 +71,6 @@ def profile(spec, model, gpu, tp, output, grid, repeats, warmup, max_batched_tok
     from dataclasses import replace
 
     from rich.progress import Progress
-
     from servelab.runners.base import make_runner
     from servelab.runners.profiling import GRIDS
     from servelab.runners.profiling import profile as run_profile
@@ -123,9 +121,30 @@ def _buckets(text: str) -> tuple[int, ...]:
               help="Fit the roofline's host profile (or, with --gpu-from, a GPU's efficiency scales) to measured "
                    "run directories by replaying them; repeatable. Grids: see python -m servelab.fidelity.fit_host -h.")
 @click.option("--gpu-from", default=None, help="--real: fit a GPU as this profiled GPU's efficiencies x scales.")
-def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from):
+@click.option("--steps", "steps_path", type=click.Path(dir_okay=False),
+              help="Fit a `fitted` model to a real engine's per-step log (Parquet/CSV; columns: docs/fidelity.md).")
+@click.option("--block-size", type=int, default=16, show_default=True,
+              help="--steps with a vLLM step trace: tokens per KV block (decode context = blocks in use x this).")
+@_model
+@_gpu
+@_tp
+def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from, steps_path, block_size, model, gpu, tp):
     """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
-    or, with --real RUN_DIR, fit the roofline's host profile to real runs (held-out half reported)."""
+    with --steps LOG, to a real engine's per-step log (held-out steps reported); or, with --real RUN_DIR,
+    fit the roofline's host profile to real runs (held-out half reported)."""
+    if steps_path:
+        if profile_path or real_runs or not output:
+            raise ServelabError("fit --steps takes a step log and -o OUT (no PROFILE or --real)")
+        from servelab.fidelity.step_log import fit_steps
+
+        meta = {k: v for k, v in (("model", model), ("gpu", gpu), ("tp", tp)) if v is not None}
+        fitted = fit_steps(steps_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed,
+                           block_size=block_size, meta=meta)
+        _print_fit(fitted.metadata["fit"])
+        click.echo(f"wrote {output} (use --runner fitted:{output})")
+        return
+    if model or gpu or tp:
+        raise ServelabError("--model, --gpu and --tp apply to fit --steps (a profile records its own)")
     if real_runs:
         if profile_path or output:
             raise ServelabError("fit --real takes measured run directories only (no PROFILE or -o): it prints the fit")
@@ -137,15 +156,18 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from)
         raise click.UsageError("fit needs PROFILE and -o (or --real RUN_DIR)")
     from servelab.runners.fitted import fit_profile
 
-    model = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)
-    fit_info = model.metadata["fit"]
+    fitted = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)
+    _print_fit(fitted.metadata["fit"])
+    click.echo(f"wrote {output} (use --runner fitted:{output})")
+
+
+def _print_fit(fit_info: dict) -> None:
     for split in ("train", "test"):
         if split in fit_info:
             s = fit_info[split]
             r2 = "n/a" if s["r2"] is None else f"{s['r2']:.5f}"
             click.echo(f"{split:5} rows={fit_info[f'{split}_rows']:6}  MAPE {s['mape_pct']:.2f}%  "
                        f"p90 APE {s['p90_ape_pct']:.2f}%  R^2 {r2}")
-    click.echo(f"wrote {output} (use --runner fitted:{output})")
 
 
 @click.command()
@@ -188,7 +210,6 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
     from dataclasses import replace
 
     from rich.table import Table
-
     from servelab.replay.config import ReplayConfig
     from servelab.runners.base import make_runner
     from servelab.runners.validation import slice_trace, write_report
@@ -258,7 +279,6 @@ def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu
 
 def render_real(report: dict) -> None:
     from rich.table import Table
-
     from servelab.common.tables import print_table
 
     console = _console()

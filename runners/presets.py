@@ -116,6 +116,10 @@ class GpuPreset:
     interconnect: str
     calibration: str  # which profiled GPU's efficiencies it uses (see runners/roofline_calibration.json)
     calibrated: bool = False  # True: its own operator profiles were fitted; False: datasheet + borrowed efficiencies
+    # How many of these GPUs can run vLLM's custom (peer-to-peer) all-reduce together: 8 on an
+    # NVLink/NVSwitch node (fully connected), 2 over an NVLink bridge, 0 where there is no NVLink
+    # (PCIe parts: NCCL only; runners/all_reduce.py).
+    p2p_ranks: int = 0
 
     @property
     def memory_bytes(self) -> int:
@@ -143,14 +147,14 @@ MODELS: dict[str, ModelPreset] = _models(
 GPUS: dict[str, GpuPreset] = {
     g.name: g
     for g in (
-        GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100", True),
-        GpuPreset("a100-40gb", "NVIDIA A100-SXM4-40GB", 312e12, 1.555e12, 40960, 300e9, "NVLink 3", "a100"),
-        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100", True),
+        GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100", True, p2p_ranks=8),
+        GpuPreset("a100-40gb", "NVIDIA A100-SXM4-40GB", 312e12, 1.555e12, 40960, 300e9, "NVLink 3", "a100", p2p_ranks=8),
+        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100", True, p2p_ranks=8),
         GpuPreset("h100-pcie", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 81559, 64e9, "PCIe 5.0 x16", "h100"),
-        GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100"),
-        GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100"),
+        GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100", p2p_ranks=8),
+        GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100", p2p_ranks=8),
         GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40"),
-        GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40", True),
+        GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40", True, p2p_ranks=2),
         # GeForce/workstation parts: bf16 tensor rate with fp32 accumulate (what vLLM's kernels use)
         GpuPreset("rtx-4090", "NVIDIA GeForce RTX 4090 (24GB)", 165.2e12, 1.008e12, 24564, 32e9, "PCIe 4.0 x16",
                   "rtx4090"),  # A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)

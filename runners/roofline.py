@@ -3,7 +3,8 @@
 Each operator group of one transformer layer (QKV/O projections, MLP up/act/down, norms, RoPE,
 residual add, attention) costs ``latency + max(flops / (peak x eff_compute), bytes / (bw x
 eff_memory))`` on one tensor-parallel shard; the step adds the embedding, the LM head for every
-sequence in the batch, two ring all-reduces per layer under TP, and the engine's CPU overhead.
+sequence in the batch, two all-reduces per layer under TP (vLLM's custom one-/two-shot kernels or the
+NCCL ring by message size, runners/all_reduce.py), and the engine's CPU overhead.
 The efficiencies and latencies come from ``roofline_calibration.json`` (fitted to public vidur
 profiles by ``servelab.runners.calibration``), so nothing here is a guessed constant.
 """
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as replace_model
 from functools import lru_cache
 from importlib import resources
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
+from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
-from dataclasses import replace as replace_model
-
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
@@ -125,7 +126,7 @@ class GpuCalibration:
     cpu_per_extra_worker_s: float
 
     @classmethod
-    def from_json(cls, raw: dict) -> "GpuCalibration":
+    def from_json(cls, raw: dict) -> GpuCalibration:
         ops = {name: OpCalibration(**vals) for name, vals in raw["ops"].items()}
         dec, ar, cpu = raw["decode_attention"], raw["all_reduce"], raw["cpu_overhead"]
         return cls(
@@ -273,6 +274,8 @@ class RooflineRunner(RunnerBase):
     activation_tokens: int = ACTIVATION_TOKENS  # vLLM's profiling batch: max_num_batched_tokens
     logit_seqs: int = LOGIT_SEQS  # max_num_seqs
     non_torch_bytes: int = NON_TORCH_BYTES
+    custom_all_reduce: CustomAllReduce | None = None  # None: every all-reduce is the NCCL ring (vLLM before 0.2.7)
+    ep: int = 1  # MoE: experts split across this many of the tp GPUs (1: every expert tensor-parallel)
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
@@ -293,6 +296,11 @@ class RooflineRunner(RunnerBase):
             raise ServelabError(
                 f"runner 'roofline': tp={tp} must divide the {m.name} head counts "
                 f"({m.num_heads} query heads, {m.num_kv_heads} KV heads)"
+            )
+        if self.ep != 1 and not (m.is_moe and self.ep == tp and m.num_experts % self.ep == 0):
+            raise ServelabError(
+                f"runner 'roofline': ep={self.ep} needs a mixture-of-experts model, ep equal to tp ({tp}) and "
+                f"dividing its {m.num_experts} experts ({m.name})"
             )
         missing = set(LAYER_OPS + ("emb",)) - set(self.calibration.ops)
         if missing:
@@ -327,7 +335,8 @@ class RooflineRunner(RunnerBase):
 
     def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
         return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name,
-                             self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes))
+                             self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes,
+                             self.custom_all_reduce, self.ep))
 
     def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
@@ -345,7 +354,8 @@ class RooflineRunner(RunnerBase):
         return calls * (lat + max(compute * tokens, fixed + per_token * tokens))
 
     def _token_terms(self, tokens: int) -> tuple[float, float, float]:
-        """One layer's linear ops, embedding + final norm, and one layer's two all-reduces."""
+        """One layer's linear ops, embedding + final norm, and one layer's communication: two
+        all-reduces, or with expert parallelism one all-reduce plus an all-to-all dispatch and combine."""
         op = self._op
         graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
         ops, head = (self._graph_ops, self._graph_head) if graphed else (self._ops, self._head)
@@ -357,7 +367,11 @@ class RooflineRunner(RunnerBase):
             layer += sum(op(f, tokens) for f in self._shared)
         else:
             layer = sum(op(f, tokens) for f in ops)
-        return (layer, op(emb, tokens) + op(final_norm, tokens), 2 * self.all_reduce_s(tokens))
+        if self.ep > 1:
+            comm = self.all_reduce_s(tokens) + 2 * self.all_to_all_s(tokens)
+        else:
+            comm = 2 * self.all_reduce_s(tokens)
+        return (layer, op(emb, tokens) + op(final_norm, tokens), comm)
 
     def _seq_terms(self, seqs: int) -> tuple[float, float]:
         """The LM head (logits at the last position of every sequence) and the CPU overhead."""
@@ -404,12 +418,25 @@ class RooflineRunner(RunnerBase):
         return cal.latency_s + max(compute, memory)
 
     def all_reduce_s(self, tokens: int) -> float:
-        """Ring all-reduce of the hidden states: 2(p-1)/p x bytes over the link, plus a latency."""
+        """All-reduce of the hidden states by the implementation vLLM picks for the message size
+        (runners/all_reduce.py): custom one-shot or two-shot over NVLink, else the NCCL ring."""
         if self.tp == 1 or tokens <= 0:
             return 0.0
-        c, p = self.calibration, self.tp
+        c = self.calibration
         nbytes = tokens * self.model.hidden_size * self.model.dtype_bytes
-        return c.all_reduce_latency_s + 2 * (p - 1) / p * nbytes / (self.gpu.interconnect_bytes_per_s * c.all_reduce_eff)
+        return all_reduce_time_s(nbytes, self.tp, self.gpu.interconnect_bytes_per_s, c.all_reduce_latency_s,
+                                 c.all_reduce_eff, self.gpu.p2p_ranks, self.custom_all_reduce)
+
+    def all_to_all_s(self, tokens: int) -> float:
+        """Expert parallelism: one all-to-all (dispatch, or combine) of a layer. Each of the ``ep`` ranks
+        sends its 1/ep of the tokens to the ranks holding their k experts; under uniform routing a
+        share (ep - 1)/ep of those copies leaves the GPU: tokens/ep x k x (ep - 1)/ep x hidden x dtype
+        bytes per rank, priced at the link's bandwidth with the NCCL fit's latency and efficiency."""
+        if self.ep <= 1 or tokens <= 0:
+            return 0.0
+        c, p, m = self.calibration, self.ep, self.model
+        nbytes = tokens / p * m.experts_per_token * (p - 1) / p * m.hidden_size * m.dtype_bytes
+        return c.all_reduce_latency_s + nbytes / (self.gpu.interconnect_bytes_per_s * c.all_reduce_eff)
 
     def cpu_overhead_s(self, num_seqs: int) -> float:
         c = self.calibration
@@ -458,6 +485,8 @@ class RooflineRunner(RunnerBase):
             "activation_tokens": self.activation_tokens,
             "logit_seqs": self.logit_seqs,
             "non_torch_bytes": self.non_torch_bytes,
+            "ep": self.ep,
+            "custom_all_reduce": asdict(self.custom_all_reduce) if self.custom_all_reduce is not None else None,
             "calibration_key": self.gpu.calibration,
             "calibration": asdict(self.calibration),
             "kv_bytes_per_token": self.kv_bytes_per_token,
@@ -465,19 +494,22 @@ class RooflineRunner(RunnerBase):
         }
 
     @classmethod
-    def from_describe(cls, d: dict) -> "RooflineRunner":
+    def from_describe(cls, d: dict) -> RooflineRunner:
         """Rebuild the exact runner a run used (run.json keeps ``describe()``), even if presets or the
         packaged calibration have changed since."""
         cal = dict(d["calibration"])
         cal["ops"] = {name: OpCalibration(**v) for name, v in cal["ops"].items()}
         cal["prefill_attention"] = OpCalibration(**cal["prefill_attention"])
         host = d.get("host_profile")
+        custom = d.get("custom_all_reduce")
         return cls(ModelPreset(**d["model"]), GpuPreset(**d["gpu"]), int(d["tp"]), GpuCalibration(**cal),
                    cpu_overhead_scale=float(d["cpu_overhead_scale"]),
                    host_profile=HostProfile(**host) if host else None,
                    activation_tokens=int(d.get("activation_tokens", ACTIVATION_TOKENS)),
                    logit_seqs=int(d.get("logit_seqs", LOGIT_SEQS)),
-                   non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)))
+                   non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)),
+                   custom_all_reduce=CustomAllReduce(**custom) if custom else None,
+                   ep=int(d.get("ep", 1)))
 
     def _fits(self) -> bool:
         try:
@@ -489,8 +521,14 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration")
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep")
+ALL_REDUCE_CHOICES = ("auto", "nccl")
 DEFAULT_HOST = "vllm-v1-cudagraph"
+
+
+def load_custom_all_reduce() -> CustomAllReduce:
+    raw = load_real_calibration_file()["custom_all_reduce"]
+    return CustomAllReduce(**{k: raw[k] for k in CustomAllReduce.__slots__})
 
 
 def _int_param(key: str, raw: object) -> int:
@@ -526,10 +564,18 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
     if "calibration" in params:  # another GPU's fitted efficiencies (e.g. to compare calibrations)
         gpu = replace_model(gpu, calibration=params["calibration"])
     calibration = apply_host_profile(load_calibration(gpu.calibration), profile)
-    kv = {}
+    # auto: vLLM's choice by message size (custom kernels exist since vLLM 0.2.7, so not under the
+    # 2023 profile, whose all-reduce fit is NCCL's); nccl: the ring at every size.
+    all_reduce = str(params.get("all_reduce", "auto" if profile is not None else "nccl"))
+    if all_reduce not in ALL_REDUCE_CHOICES:
+        raise ServelabError(f"runner 'roofline': all_reduce must be one of {', '.join(ALL_REDUCE_CHOICES)}, "
+                            f"got '{all_reduce}'")
+    kv: dict[str, Any] = {"custom_all_reduce": load_custom_all_reduce() if all_reduce == "auto" else None}
     if profile is not None:  # vLLM V1 sizes the profiling run by the engine's own limits
         for key, name in (("activation_tokens", "max_num_batched_tokens"), ("logit_seqs", "max_num_seqs")):
             if context.get(name) is not None:
                 kv[key] = int(context[name])
         kv["non_torch_bytes"] = int(load_real_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
+    if "ep" in params:
+        kv["ep"] = _int_param("ep", params["ep"])
     return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)

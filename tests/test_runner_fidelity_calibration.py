@@ -149,3 +149,35 @@ def test_moe_step_reads_the_experts_its_tokens_route_to(tmp_path):
     assert many >= 32 * (attention_bytes + 8 * expert_bytes) / g.hbm_bytes_per_s
     # and a decode of one token reads far less than every expert
     assert one < 32 * (attention_bytes + 8 * expert_bytes) / g.hbm_bytes_per_s
+
+
+def test_expert_parallel_prices_all_to_all_dispatch_and_combine_by_hand(tmp_path):
+    path = _config(tmp_path, MIXTRAL)
+    tp = make_runner(f"roofline:model={path},tp=4")
+    ep = make_runner(f"roofline:model={path},tp=4,ep=4")
+    c = ep.calibration  # the h100 NCCL fit prices the all-to-all: latency + bytes / (450 GB/s x eff)
+    # 256 tokens over 4 ranks: each sends 64 tokens x 2 experts x 3/4 off-GPU x 4096 x 2 B = 786,432 B
+    assert ep.all_to_all_s(256) == pytest.approx(c.all_reduce_latency_s + 786_432 / (450e9 * c.all_reduce_eff),
+                                                 rel=1e-12)
+    assert tp.all_to_all_s(256) == 0.0
+    # Per rank, EP reads touched/4 whole experts and TP 1/4 of each touched expert, and both compute
+    # T k / 4 token-expert pairs at full width: the same expected work. What changes is the
+    # communication: per layer one all-reduce + dispatch + combine instead of two all-reduces.
+    for tokens in (1, 256):
+        plan = StepPlan(StepShape(prefill_tokens=tokens, prefill_seqs=1))
+        expected = 32 * (2 * ep.all_to_all_s(tokens) - tp.all_reduce_s(tokens))
+        assert ep.step_time(plan) - tp.step_time(plan) == pytest.approx(expected, rel=1e-9)
+    # 1 token: 0.25 x 2 x 0.75 x 8192 B = 3,072 B per rank
+    assert ep.all_to_all_s(1) == pytest.approx(c.all_reduce_latency_s + 3072 / (450e9 * c.all_reduce_eff), rel=1e-12)
+
+
+def test_expert_parallel_is_checked(tmp_path):
+    path = _config(tmp_path, MIXTRAL)
+    with pytest.raises(ServelabError, match="ep=2 needs a mixture-of-experts model, ep equal to tp"):
+        make_runner("roofline:model=llama-3.1-8b,tp=2,ep=2")
+    with pytest.raises(ServelabError, match="ep equal to tp"):
+        make_runner(f"roofline:model={path},tp=4,ep=2")
+    from servelab.runners.roofline import RooflineRunner
+
+    r = make_runner(f"roofline:model={path},tp=4,ep=4")
+    assert RooflineRunner.from_describe(r.describe()).ep == 4
