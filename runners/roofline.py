@@ -4,16 +4,17 @@ Each operator group of one transformer layer (QKV/O projections, MLP up/act/down
 residual add, attention) costs ``latency + max(flops / (peak x eff_compute), bytes / (bw x
 eff_memory))`` on one tensor-parallel shard; the step adds the embedding, the LM head for every
 sequence in the batch, two all-reduces per layer under TP (vLLM's custom one-/two-shot kernels or the
-NCCL ring by message size, runners/all_reduce.py), and the engine's CPU overhead.
-The efficiencies and latencies come from ``roofline_calibration.json`` (fitted to public vidur
-profiles by ``servelab.runners.calibration``), so nothing here is a guessed constant.
+NCCL ring by message size, runners/all_reduce.py), and the engine's host overhead (a named,
+versioned profile). The efficiencies and latencies come from ``roofline_calibration.json`` (fitted
+to public vidur profiles by ``servelab.runners.calibration``) and ``real_calibration.json`` (host
+profiles and GPU scales fitted on real vLLM runs, docs/fidelity.md), so nothing here is a guessed
+constant.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from dataclasses import replace as replace_model
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, NamedTuple
@@ -165,8 +166,6 @@ def load_calibration(key: str) -> GpuCalibration:
             return OpCalibration(min(1.0, op.eff_compute * cs) if op.eff_compute < 1.0 else 1.0,
                                  min(1.0, op.eff_memory * ms), op.latency_s)
 
-        from dataclasses import replace
-
         return replace(base, ops={n: scaled(op) for n, op in base.ops.items()},
                        prefill_attention=scaled(base.prefill_attention),
                        decode_attention_eff_memory=min(1.0, base.decode_attention_eff_memory * ms))
@@ -210,8 +209,6 @@ def apply_host_profile(cal: GpuCalibration, profile: HostProfile | None) -> GpuC
     scaled per step in the runner, since CUDA graphs only cover small batches)."""
     if profile is None:
         return cal
-    from dataclasses import replace
-
     ops = {name: replace(op, eff_compute=min(1.0, op.eff_compute * profile.compute_scale)) if op.eff_compute < 1.0
            else op for name, op in cal.ops.items()}
     return replace(cal, ops=ops, cpu_base_s=profile.cpu_base_s, cpu_per_seq_s=profile.cpu_per_seq_s,
@@ -319,7 +316,7 @@ class RooflineRunner(RunnerBase):
         object.__setattr__(self, "_expert", tuple(n in expert_ops for n in layer_ops(m, tp)))
         shared = ()
         if m.shared_ffn_size:
-            sm = replace_model(m, ffn_size=m.shared_ffn_size, num_experts=0, experts_per_token=0, shared_ffn_size=0)
+            sm = replace(m, ffn_size=m.shared_ffn_size, num_experts=0, experts_per_token=0, shared_ffn_size=0)
             shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n])
                            for n in ("mlp_up", "mlp_act", "mlp_down"))
         object.__setattr__(self, "_shared", shared)
@@ -562,7 +559,7 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         raise ServelabError(f"runner 'roofline': cpu_overhead must be >= 0, got {scale}")
     profile = load_host_profile(str(params.get("host", DEFAULT_HOST)))
     if "calibration" in params:  # another GPU's fitted efficiencies (e.g. to compare calibrations)
-        gpu = replace_model(gpu, calibration=params["calibration"])
+        gpu = replace(gpu, calibration=params["calibration"])
     calibration = apply_host_profile(load_calibration(gpu.calibration), profile)
     # auto: vLLM's choice by message size (custom kernels exist since vLLM 0.2.7, so not under the
     # 2023 profile, whose all-reduce fit is NCCL's); nccl: the ring at every size.
