@@ -1,0 +1,40 @@
+"""The server's tokenizer over HTTP: vLLM's ``POST /tokenize`` (also SGLang's), for exact prompt lengths."""
+
+from __future__ import annotations
+
+import httpx
+from servelab.live.client import Target
+
+
+class ServerTokenizer:
+    """Counts tokens with the server's ``/tokenize``: the prompt for completions, one user message
+    (with the chat template and generation prompt) for chat."""
+
+    def __init__(self, http: httpx.AsyncClient, target: Target):
+        self.http = http
+        self.target = target
+
+    def _body(self, text: str) -> dict:
+        if self.target.api == "chat":
+            return {"model": self.target.model, "messages": [{"role": "user", "content": text}],
+                    "add_generation_prompt": True}  # fmt: skip
+        return {"model": self.target.model, "prompt": text}
+
+    async def count(self, text: str) -> int:
+        response = await self.http.post(f"{self.target.root}/tokenize", json=self._body(text),
+                                        headers=self.target.headers(), timeout=30.0)  # fmt: skip
+        response.raise_for_status()
+        data = response.json()
+        if isinstance(data.get("count"), int):
+            return data["count"]
+        return len(data["tokens"])
+
+
+async def server_tokenizer(http: httpx.AsyncClient, target: Target) -> ServerTokenizer | None:
+    """The server's tokenizer when it answers ``/tokenize`` correctly, else None."""
+    tok = ServerTokenizer(http, target)
+    try:
+        one, two = await tok.count(" a"), await tok.count(" a a")
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return tok if two > one else None
