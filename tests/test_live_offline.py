@@ -144,3 +144,18 @@ def test_bench_argument_errors(tmp_path, capsys):
                              "--shape", "closed", "--model", "m"], capsys)  # fmt: skip
     assert code == 1 and err.strip() == "error: the closed load shape needs --users >= 1"
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sweep-rates", "1,2", "--sweep-users", "2"], "give one of --sweep-rates and --sweep-users"),
+    (["--sweep-users", "2,4"], "Invalid value for --sweep-users: goes with --shape closed"),
+    (["--shape", "closed", "--users", "2", "--sweep-rates", "1"], "goes with an open-loop --shape"),
+    (["--sweep-rates", "1,x"], "'x' is not a number"),
+    (["--sweep-rates", "1,0"], "0 must be > 0"),
+    (["--sweep-rates", "2,2.0"], "a level is repeated"),
+])
+def test_bench_sweep_argument_errors(tmp_path, capsys, args, message):
+    code, _, err = run_main(["bench", "http://127.0.0.1:9", tmp_path / "t.arrow", "-o", tmp_path / "o", "--model", "m",
+                             *args], capsys)  # fmt: skip
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "o").exists()

@@ -269,3 +269,18 @@ def test_killing_the_server_mid_run_fails_the_rest(trace200, tmp_path):
     finished, failed = statuses.count("finished"), statuses.count("failed")
     assert f"requests 200: {finished} finished" in report_text(out, None)
     assert f"{failed} failed, 0 timeout, 0 cancelled" in " ".join(report_text(out, None).split())
+
+
+def test_sweep_writes_one_run_per_level(trace200, tmp_path):
+    out = tmp_path / "sweep"
+    proc = cli("bench", ENDPOINT, trace200, "-o", out, "--shape", "closed", "--sweep-users", "1,3",
+               "--num-requests", "15", "--no-report", "--no-metrics")
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [r["run"] for r in sweep["runs"]] == ["users_1", "users_3"]
+    for name, users in (("users_1", 1), ("users_3", 3)):
+        meta = json.loads((out / name / "run.json").read_text())
+        assert meta["load"]["users"] == users and meta["client"]["peak_in_flight"] == users
+        assert meta["counts"] == {"finished": 15, "not_sent": 0}
+    proc = cli("query", out, "SELECT run_id, count(*) FROM requests GROUP BY run_id ORDER BY run_id", "--format", "csv")
+    assert proc.stdout.splitlines()[1:] == ['"users_1",15', '"users_3",15']
