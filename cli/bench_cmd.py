@@ -60,8 +60,9 @@ def _discover_model(url: str, api_key: str | None) -> str:
               help="Also send min_tokens = the trace's output length (vLLM).")
 @click.option("--extensions", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="vLLM's ignore_eos/min_tokens: probe whether the server takes them, always, or never.")
-@click.option("--tokenizer", type=click.Choice(["auto", "server", "approximate"]), default="auto",
-              show_default=True, help="Prompt lengths from the server's /tokenize, or the approximation.")
+@click.option("--tokenizer", default="auto", show_default=True,
+              help="Prompt lengths from the server's /tokenize (auto: when it has one; server: required), a "
+              "local tokenizer.json (a path; --api completions), or 'approximate'.")
 @click.option("--metrics/--no-metrics", default=True, show_default=True,
               help="Sample the server's Prometheus /metrics into metrics.parquet.")
 @click.option("--metrics-interval", type=float, default=1.0, show_default=True, help="Seconds between samples.")
@@ -90,6 +91,9 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
         raise click.BadParameter("must start with http:// or https://", param_hint="URL")
     if metrics_interval <= 0:
         raise click.BadParameter("must be > 0", param_hint="--metrics-interval")
+    if tokenizer not in ("auto", "server", "approximate") and not Path(tokenizer).is_file():
+        raise click.BadParameter(f"{tokenizer}: no such file (give auto, server, approximate or a tokenizer.json)",
+                                 param_hint="--tokenizer")  # fmt: skip
     if timeout_s < 0:
         raise click.BadParameter("must be >= 0", param_hint="--timeout")
     levels = _sweep_levels(sweep_rates, sweep_users, shape)

@@ -23,7 +23,7 @@ from servelab.live.prompts import (
     build_prompt,
     measure_vocabulary,
 )
-from servelab.live.tokenize import server_tokenizer
+from servelab.live.tokenize import LocalTokenizer, server_tokenizer
 
 LAG_WARN_S = 0.010  # warn when the 99th percentile of send lag exceeds this
 PROMPT_CONCURRENCY = 16  # /tokenize calls in flight while building prompts
@@ -33,7 +33,7 @@ PROMPT_CONCURRENCY = 16  # /tokenize calls in flight while building prompts
 class LiveOptions:
     metrics: bool = True  # sample /metrics during the run
     metrics_interval_s: float = 1.0
-    tokenizer: str = "auto"  # auto (server's /tokenize when it answers) | server | approximate
+    tokenizer: str = "auto"  # auto (server's /tokenize when it answers) | server | approximate | a tokenizer.json path
     extensions: str = "auto"  # auto (probe) | on | off: vLLM's ignore_eos + min_tokens
 
 
@@ -64,10 +64,16 @@ async def _probe_extensions(http: httpx.AsyncClient, target: Target) -> tuple[bo
 async def _prompts(http, target, trace: pa.Table, rows: list[int], seed: int, salt: int, mode: str,
                    log: list[str]) -> tuple[list[str], list[int], dict]:  # fmt: skip
     tokenizer = None
+    kind = "server"
     if mode in ("auto", "server"):
         tokenizer = await server_tokenizer(http, target)
         if tokenizer is None and mode == "server":
             raise RuntimeError(f"{target.root}/tokenize did not answer; use --tokenizer approximate")
+    elif mode != "approximate":  # a local tokenizer.json
+        if target.api == "chat":
+            raise RuntimeError("a local tokenizer.json counts completions prompts only (a chat prompt's template "
+                               "is the server's): use --api completions, or the server's /tokenize")  # fmt: skip
+        tokenizer, kind = LocalTokenizer(mode), "local"
     exact = tokenizer is not None
     if not exact:
         log.append("prompt lengths approximate: the server has no /tokenize (real counts come from usage)")
@@ -91,7 +97,7 @@ async def _prompts(http, target, trace: pa.Table, rows: list[int], seed: int, sa
     texts = [b[0] for b in built]
     counts = [b[1] for b in built]
     off = sum(1 for r, c in zip(rows, counts) if c != lengths[r])
-    info = {"tokenizer": "server" if exact else "approximate", "overhead_tokens": vocab.overhead,
+    info = {"tokenizer": kind if exact else "approximate", "tokenizer_file": mode if kind == "local" else None, "overhead_tokens": vocab.overhead,
             "vocabulary_words": len(vocab.words), "length_mismatches": off,
             "prefix_block_tokens": block_tokens, "prefix_sharing": hashes is not None}  # fmt: skip
     if exact and off:

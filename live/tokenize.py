@@ -1,4 +1,5 @@
-"""The server's tokenizer over HTTP: vLLM's ``POST /tokenize`` (also SGLang's), for exact prompt lengths."""
+"""Tokenizers for exact prompt lengths: the server's over HTTP (vLLM's ``POST /tokenize``, also SGLang's),
+or a local ``tokenizer.json`` (Hugging Face ``tokenizers``, the optional extra ``servelab[tokenizer]``)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,22 @@ async def server_tokenizer(http: httpx.AsyncClient, target: Target) -> ServerTok
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
     return tok if two > one else None
+
+
+class LocalTokenizer:
+    """A ``tokenizer.json`` file, counted with its special tokens (BOS) as the server would add them.
+    For ``--api completions`` only: a chat prompt's template is the server's."""
+
+    def __init__(self, path: str):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise RuntimeError("a local tokenizer.json needs the `tokenizers` package "
+                               "(pip install 'servelab[tokenizer]')") from None  # fmt: skip
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # the library raises its own exception type for any bad file
+            raise RuntimeError(f"{path}: not a readable tokenizer.json ({err})") from None
+
+    async def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=True).ids)

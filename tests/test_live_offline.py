@@ -159,3 +159,30 @@ def test_bench_sweep_argument_errors(tmp_path, capsys, args, message):
                              *args], capsys)  # fmt: skip
     assert code == 2 and message in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_local_tokenizer_json_gives_exact_lengths(tmp_path):
+    """A byte-level BPE trained here (with a BOS its post-processor adds) as a local tokenizer.json."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, processors, trainers
+
+    from servelab.live.prompts import CANDIDATES
+    from servelab.live.tokenize import LocalTokenizer
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    corpus = [" ".join(CANDIDATES[(i * 7) % len(CANDIDATES):] + CANDIDATES[:(i * 7) % len(CANDIDATES)])
+              for i in range(200)]  # fmt: skip
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+
+    local = LocalTokenizer(path)
+    vocab = asyncio.run(measure_vocabulary(local, exact=True))
+    assert vocab.overhead == 1 and len(vocab.words) >= 20
+    for length in (5, 33, 200):
+        text, count = asyncio.run(build_prompt(local, vocab, 0, 3, length, [1, 2], 8))
+        assert count == length == len(tok.encode(text).ids)
+    with pytest.raises(RuntimeError, match="not a readable tokenizer.json"):
+        LocalTokenizer(tmp_path / "t.arrow")

@@ -284,3 +284,17 @@ def test_sweep_writes_one_run_per_level(trace200, tmp_path):
         assert meta["counts"] == {"finished": 15, "not_sent": 0}
     proc = cli("query", out, "SELECT run_id, count(*) FROM requests GROUP BY run_id ORDER BY run_id", "--format", "csv")
     assert proc.stdout.splitlines()[1:] == ['"users_1",15', '"users_3",15']
+
+
+def test_local_tokenizer_json_matches_the_server(trace200, tmp_path):
+    model = os.environ.get("SERVELAB_TEST_VLLM_MODEL")
+    if not model:
+        pytest.skip("SERVELAB_TEST_VLLM_MODEL unset: no tokenizer.json of the served model")
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "local-tok"
+    proc = cli("bench", ENDPOINT, trace200, "-o", out, "--num-requests", "20", "--shape", "closed", "--users", "4",
+               "--tokenizer", Path(model) / "tokenizer.json", "--no-report", "--no-metrics")
+    assert proc.returncode == 0, proc.stderr
+    req = pq.read_table(out / "requests.parquet").to_pydict()
+    assert req["prompt_tokens"] == req["trace_prompt_tokens"] and all(req["usage_reported"])
+    assert json.loads((out / "run.json").read_text())["prompts"]["tokenizer"] == "local"
