@@ -53,7 +53,7 @@ class LocalTokenizer:
                                "(pip install 'servelab[tokenizer]')") from None  # fmt: skip
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
-        except Exception as err:  # the library raises its own exception type for any bad file
+        except Exception as err:  # noqa: BLE001 -- tokenizers raises a bare Exception for any unreadable file
             raise RuntimeError(f"{path}: not a readable tokenizer.json ({err})") from None
 
     async def count(self, text: str) -> int:

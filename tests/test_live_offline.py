@@ -164,10 +164,9 @@ def test_bench_sweep_argument_errors(tmp_path, capsys, args, message):
 def test_local_tokenizer_json_gives_exact_lengths(tmp_path):
     """A byte-level BPE trained here (with a BOS its post-processor adds) as a local tokenizer.json."""
     tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import models, pre_tokenizers, processors, trainers
-
     from servelab.live.prompts import CANDIDATES
     from servelab.live.tokenize import LocalTokenizer
+    from tokenizers import models, pre_tokenizers, processors, trainers
 
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -12,7 +12,6 @@ from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 import pytest
-
 from servelab.traces.io import write_trace
 from servelab.traces.synth import synth_trace
 
