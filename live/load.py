@@ -44,6 +44,8 @@ class LoadConfig:
             raise ServelabError("the closed load shape needs --users >= 1")
         if self.shape != "closed" and self.users is not None:
             raise ServelabError("--users goes with --shape closed")
+        if self.shape == "closed" and self.max_in_flight is not None:
+            raise ServelabError("--max-in-flight goes with an open-loop shape (a closed loop has --users in flight)")
         for name in ("time_scale",):
             if not getattr(self, name) > 0:
                 raise ServelabError(f"--{name.replace('_', '-')} must be > 0")

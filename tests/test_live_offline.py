@@ -3,6 +3,7 @@ run directory (read back by `report` and `query`), the bench command's argument 
 
 import asyncio
 import json
+import socket
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -83,6 +84,7 @@ def test_schedules():
     ({"shape": "poisson"}, "needs --rate"),
     ({"shape": "closed"}, "needs --users"),
     ({"users": 3}, "--users goes with --shape closed"),
+    ({"shape": "closed", "users": 2, "max_in_flight": 2}, "--max-in-flight goes with an open-loop shape"),
     ({"max_in_flight": 0}, "--max-in-flight must be >= 1"),
     ({"time_scale": 0}, "--time-scale must be > 0"),
     ({"shape": "burst"}, "load shape must be one of"),
@@ -143,6 +145,18 @@ def test_bench_argument_errors(tmp_path, capsys):
     code, _, err = run_main(["bench", "http://127.0.0.1:9", tmp_path / "t.arrow", "-o", tmp_path / "o",
                              "--shape", "closed", "--model", "m"], capsys)  # fmt: skip
     assert code == 1 and err.strip() == "error: the closed load shape needs --users >= 1"
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_unreachable_server_fails_the_command(tmp_path, capsys):
+    from helpers_cli import write_small_trace
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = run_main(["bench", f"http://127.0.0.1:{port}", write_small_trace(tmp_path), "-o", tmp_path / "o",
+                             "--model", "m"], capsys)  # fmt: skip
+    assert code == 1 and err.splitlines()[-1].startswith(f"error: http://127.0.0.1:{port}: cannot reach the server (ConnectError")
     assert not (tmp_path / "o").exists()
 
 
