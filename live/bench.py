@@ -180,7 +180,8 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=30.0)) as http:
         try:  # any HTTP answer will do: a server that is not there fails the command, not every request
-            await http.get(f"{target.root}/v1/models", headers=target.headers(), timeout=30.0)
+            async with httpx.AsyncClient() as once:  # its own connection: some servers drop one after an error
+                await once.get(f"{target.root}/v1/models", headers=target.headers(), timeout=30.0)
         except httpx.HTTPError as err:
             raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
         extensions, why = (False, "off") if options.extensions == "off" else (True, "on")
