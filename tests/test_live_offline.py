@@ -126,11 +126,47 @@ def test_requests_table_values():
     assert tok["itl_s"][0] is None and tok["itl_s"][1] == pytest.approx(0.05) and tok["itl_s"][3] is None
 
 
-def test_run_directory_reads_back(tmp_path):
-    run = LiveRun(_records(), [0, 1, 2], [12, 20, 30], {"kind": "live", "counts": {}}, None)
+EXPOSITION = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.01",model_name="tiny"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 4.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 4.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 0.125
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 7.0
+"""
+
+
+def test_parse_metrics_keeps_the_servers_families():
+    from servelab.live.prometheus import parse_metrics
+
+    rows = parse_metrics(EXPOSITION)
+    assert rows == [
+        ("vllm:num_requests_running", '{"engine": "0", "model_name": "tiny"}', 3.0),
+        ("vllm:time_to_first_token_seconds_bucket", '{"engine": "0", "le": "0.01", "model_name": "tiny"}', 1.0),
+        ("vllm:time_to_first_token_seconds_bucket", '{"engine": "0", "le": "+Inf", "model_name": "tiny"}', 4.0),
+        ("vllm:time_to_first_token_seconds_count", '{"engine": "0", "model_name": "tiny"}', 4.0),
+        ("vllm:time_to_first_token_seconds_sum", '{"engine": "0", "model_name": "tiny"}', 0.125),
+    ]
+    assert len(parse_metrics(EXPOSITION, prefixes=())) == 6  # python_gc_... too
+
+
+def test_run_directory_reads_back(tmp_path, capsys):
+    from servelab.live.prometheus import METRICS_SCHEMA, parse_metrics
+
+    samples = [(t, *row) for t in (-0.01, 1.0) for row in parse_metrics(EXPOSITION)]
+    metrics = pa.Table.from_pylist([dict(zip(METRICS_SCHEMA.names, r)) for r in samples], schema=METRICS_SCHEMA)
+    run = LiveRun(_records(), [0, 1, 2], [12, 20, 30], {"kind": "live", "counts": {}}, metrics)
     out = write_live_run(run, _trace(), {"path": "t.arrow", "name": "t"}, tmp_path / "live", token_log=True)
-    assert sorted(p.name for p in out.iterdir()) == ["requests.parquet", "run.json", "steps.parquet",
-                                                     "tokens.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.parquet", "requests.parquet", "run.json",
+                                                     "steps.parquet", "tokens.parquet"]
+    sql = "SELECT run_id, time_s, value FROM server_metrics WHERE metric = 'vllm:num_requests_running' ORDER BY time_s"
+    code, stdout, err = run_main(["query", out, "--read-only", "--format", "csv", sql], capsys)
+    assert code == 0 and stdout.splitlines()[1:] == ['"live",-0.01,3', '"live",1,3'], err
     assert pq.read_metadata(out / "steps.parquet").num_rows == 0
     meta = json.loads((out / "run.json").read_text())
     assert meta["run_id"] == "live" and meta["trace"]["rows"] == 3
