@@ -154,10 +154,10 @@ def test_report_query_compare_work_on_a_live_run(trace200, run200, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "sim" in proc.stdout and "live200" in proc.stdout and "ttft_p99_ms" in proc.stdout
     proc = cli("query", run200, "SELECT count(*) AS n, count(DISTINCT request_id) AS ids FROM tokens", "--format", "csv")
-    proc = cli("plot", sim, run200, "-o", tmp_path / "plots")
-    assert proc.returncode == 0 and (tmp_path / "plots" / "ttft_cdf.png").is_file(), proc.stderr
     chunks = pq.read_metadata(run200 / "tokens.parquet").num_rows
     assert proc.returncode == 0 and proc.stdout.splitlines()[1] == f"{chunks},200", proc.stdout
+    proc = cli("plot", sim, run200, "-o", tmp_path / "plots")
+    assert proc.returncode == 0 and (tmp_path / "plots" / "ttft_cdf.png").is_file(), proc.stderr
 
 
 def _run(trace: Path, load: LoadConfig, api: str = "completions") -> object:
