@@ -13,16 +13,19 @@ from servelab.common.errors import ServelabError
 
 
 def _discover_model(url: str, api_key: str | None) -> str:
-    import httpx
+    import json
+    import urllib.error
+    import urllib.request
+
     from servelab.live.client import Target
 
     root = Target(url, "").root
+    request = urllib.request.Request(f"{root}/v1/models",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})  # fmt: skip
     try:
-        response = httpx.get(f"{root}/v1/models", timeout=30.0,
-                             headers={"Authorization": f"Bearer {api_key}"} if api_key else {})  # fmt: skip
-        response.raise_for_status()
-        models = response.json().get("data") or []
-    except (httpx.HTTPError, ValueError) as err:
+        with urllib.request.urlopen(request, timeout=30.0) as response:
+            models = json.loads(response.read()).get("data") or []
+    except (OSError, ValueError, AttributeError) as err:
         raise ServelabError(f"{root}/v1/models: cannot list the server's models ({err}); give --model") from None
     if not models:
         raise ServelabError(f"{root}/v1/models: the server lists no model; give --model")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-import httpx
+import aiohttp
 import numpy as np
 import pyarrow as pa
 from servelab.live.client import Record, Target, send
@@ -48,17 +48,19 @@ class LiveRun:
     log: list[str] = field(default_factory=list)  # warnings for the user
 
 
-async def _probe_extensions(http: httpx.AsyncClient, target: Target) -> tuple[bool, str | None]:
+async def _probe_extensions(http: aiohttp.ClientSession, target: Target) -> tuple[bool, str | None]:
     """Does the server take ignore_eos + min_tokens? One 2-token request says."""
     body = dict(target.payload(" a", 2), stream=False, ignore_eos=True, min_tokens=2)
     body.pop("stream_options", None)
     try:
-        response = await http.post(target.url, json=body, headers=target.headers(), timeout=120.0)
-    except httpx.HTTPError as err:
+        async with http.post(target.url, json=body, headers=target.headers(),
+                             timeout=aiohttp.ClientTimeout(total=120.0)) as response:  # fmt: skip
+            status, text = response.status, await response.text()
+    except (aiohttp.ClientError, TimeoutError) as err:
         return False, f"probe failed: {type(err).__name__}: {err}"
-    if response.status_code == 200:
+    if status == 200:
         return True, None
-    return False, f"HTTP {response.status_code}: {response.text[:200]}"
+    return False, f"HTTP {status}: {text[:200]}"
 
 
 async def _prompts(http, target, trace: pa.Table, rows: list[int], seed: int, salt: int, mode: str,
@@ -177,13 +179,16 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
     total = trace.num_rows if load.num_requests is None else min(load.num_requests, trace.num_rows)
     rows = list(range(total))
     started = time.time()
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=30.0)) as http:
-        try:  # any HTTP answer will do: a server that is not there fails the command, not every request
-            async with httpx.AsyncClient() as once:  # its own connection: some servers drop one after an error
-                await once.get(f"{target.root}/v1/models", headers=target.headers(), timeout=30.0)
-        except httpx.HTTPError as err:
-            raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
+    try:  # any HTTP answer will do: a server that is not there fails the command, not every request
+        async with aiohttp.ClientSession() as once, \
+                once.get(f"{target.root}/v1/models", headers=target.headers(),
+                         timeout=aiohttp.ClientTimeout(total=30.0)):  # fmt: skip
+            pass  # a connection of its own: some servers drop a kept-alive one after an error
+    except (aiohttp.ClientError, TimeoutError) as err:
+        raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
+    connector = aiohttp.TCPConnector(limit=0)  # no cap of its own: --max-in-flight is the cap
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         extensions, why = (False, "off") if options.extensions == "off" else (True, "on")
         if not (target.ignore_eos or target.min_tokens):
             extensions, why = False, "not asked"

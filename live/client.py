@@ -16,11 +16,13 @@ count of text chunks stands in). Outcomes, each with the error text where there 
 from __future__ import annotations
 
 import asyncio
+import codecs
+import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from servelab.live.sse import aparse_lines
 
 ERROR_TEXT_MAX = 500  # characters of a server's error body kept in `reason`
@@ -120,8 +122,31 @@ def _error_text(payload: object) -> str:
     return str(payload)[:ERROR_TEXT_MAX]
 
 
-async def _read_stream(response: httpx.Response, target: Target, record: Record, clock: Callable[[], float]) -> None:
-    async for event in aparse_lines(response.aiter_lines()):
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+async def iter_lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """The body's lines as the event-stream format splits them (``\\r\\n``, ``\\r`` or ``\\n``), decoded as
+    UTF-8 across read boundaries; a last line without a line end is yielded too."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    buffer = ""
+    async for data in content.iter_any():
+        buffer += decoder.decode(data)
+        hold = buffer.endswith("\r")  # maybe the first half of a "\r\n" split between two reads
+        parts = _LINE_END.split(buffer[:-1] if hold else buffer)
+        buffer = parts.pop() + ("\r" if hold else "")
+        for line in parts:
+            yield line
+    parts = _LINE_END.split(buffer + decoder.decode(b"", final=True))
+    for line in parts[:-1]:
+        yield line
+    if parts[-1]:
+        yield parts[-1]
+
+
+async def _read_stream(response: aiohttp.ClientResponse, target: Target, record: Record,
+                       clock: Callable[[], float]) -> None:  # fmt: skip
+    async for event in aparse_lines(iter_lines(response.content)):
         now = clock()
         if event.done:
             record.saw_done = True
@@ -152,17 +177,17 @@ async def _read_stream(response: httpx.Response, target: Target, record: Record,
                 record.usage_cached_tokens = details["cached_tokens"]
 
 
-async def send(http: httpx.AsyncClient, target: Target, record: Record, prompt: str, max_tokens: int,
+async def send(http: aiohttp.ClientSession, target: Target, record: Record, prompt: str, max_tokens: int,
                clock: Callable[[], float] = time.perf_counter) -> Record:  # fmt: skip
     """Send one request and fill ``record``; never raises except CancelledError (after recording it)."""
     record.send_s = clock()
     try:
         async with asyncio.timeout(target.timeout_s):
-            async with http.stream("POST", target.url, json=target.payload(prompt, max_tokens),
-                                   headers=target.headers()) as response:  # fmt: skip
-                if response.status_code != 200:
-                    body = (await response.aread()).decode("utf-8", "replace")
-                    raise StreamError(f"HTTP {response.status_code}: {_error_text(_maybe_json(body))}")
+            async with http.post(target.url, json=target.payload(prompt, max_tokens),
+                                 headers=target.headers()) as response:  # fmt: skip
+                if response.status != 200:
+                    body = (await response.read()).decode("utf-8", "replace")
+                    raise StreamError(f"HTTP {response.status}: {_error_text(_maybe_json(body))}")
                 await _read_stream(response, target, record, clock)
         if not record.token_times:
             raise StreamError("the stream ended without any generated text")
@@ -173,7 +198,7 @@ async def send(http: httpx.AsyncClient, target: Target, record: Record, prompt: 
         record.status, record.reason = "failed", str(err)
     except TimeoutError:
         record.status, record.reason = "timeout", f"no complete response within {target.timeout_s:g} s"
-    except httpx.HTTPError as err:
+    except aiohttp.ClientError as err:
         record.status, record.reason = "failed", f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
     except asyncio.CancelledError:
         record.status, record.reason = "cancelled", "stopped by the run (interrupt or duration limit)"

@@ -13,7 +13,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
-import httpx
+import aiohttp
 import pyarrow as pa
 
 METRICS_SCHEMA = pa.schema([("time_s", pa.float64()), ("metric", pa.string()), ("labels", pa.string()),
@@ -41,7 +41,7 @@ class MetricsSampler:
     started from; its ``time_s`` is slightly negative), every ``interval_s`` while it runs, and
     once after its last request ended."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str, interval_s: float, clock: Callable[[], float],
+    def __init__(self, http: aiohttp.ClientSession, url: str, interval_s: float, clock: Callable[[], float],
                  prefixes: tuple[str, ...] = DEFAULT_PREFIXES):  # fmt: skip
         self.http, self.url, self.interval_s, self.clock, self.prefixes = http, url, interval_s, clock, prefixes
         self.times: list[float] = []
@@ -54,11 +54,12 @@ class MetricsSampler:
 
     async def scrape(self) -> bool:
         try:
-            response = await self.http.get(self.url, timeout=10.0)
-            response.raise_for_status()
+            async with self.http.get(self.url, timeout=aiohttp.ClientTimeout(total=10.0),
+                                     raise_for_status=True) as response:  # fmt: skip
+                text = await response.text()
             t = self.clock()
-            rows = parse_metrics(response.text, self.prefixes)
-        except (httpx.HTTPError, ValueError) as err:
+            rows = parse_metrics(text, self.prefixes)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             self.failures += 1
             self.last_error = f"{type(err).__name__}: {err}"
             return False

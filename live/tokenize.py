@@ -3,7 +3,7 @@ or a local ``tokenizer.json`` (Hugging Face ``tokenizers``, the optional extra `
 
 from __future__ import annotations
 
-import httpx
+import aiohttp
 from servelab.live.client import Target
 
 
@@ -11,7 +11,7 @@ class ServerTokenizer:
     """Counts tokens with the server's ``/tokenize``: the prompt for completions, one user message
     (with the chat template and generation prompt) for chat."""
 
-    def __init__(self, http: httpx.AsyncClient, target: Target):
+    def __init__(self, http: aiohttp.ClientSession, target: Target):
         self.http = http
         self.target = target
 
@@ -22,21 +22,20 @@ class ServerTokenizer:
         return {"model": self.target.model, "prompt": text}
 
     async def count(self, text: str) -> int:
-        response = await self.http.post(f"{self.target.root}/tokenize", json=self._body(text),
-                                        headers=self.target.headers(), timeout=30.0)  # fmt: skip
-        response.raise_for_status()
-        data = response.json()
+        async with self.http.post(f"{self.target.root}/tokenize", json=self._body(text), headers=self.target.headers(),
+                                  timeout=aiohttp.ClientTimeout(total=30.0), raise_for_status=True) as response:  # fmt: skip
+            data = await response.json(content_type=None)
         if isinstance(data.get("count"), int):
             return data["count"]
         return len(data["tokens"])
 
 
-async def server_tokenizer(http: httpx.AsyncClient, target: Target) -> ServerTokenizer | None:
+async def server_tokenizer(http: aiohttp.ClientSession, target: Target) -> ServerTokenizer | None:
     """The server's tokenizer when it answers ``/tokenize`` correctly, else None."""
     tok = ServerTokenizer(http, target)
     try:
         one, two = await tok.count(" a"), await tok.count(" a a")
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
         return None
     return tok if two > one else None
 

@@ -5,7 +5,7 @@ HTTP errors, a dropped connection, a timeout and a cancellation. Against vLLM: t
 import asyncio
 import json
 
-import httpx
+import aiohttp
 import pytest
 from helpers_live_server import FallbackServer, Reply, chunk
 from servelab.live.client import Record, Target, send
@@ -38,7 +38,7 @@ SCENARIOS = {
 
 def _run(prompt: str, api: str = "completions", timeout_s: float = 10.0, cancel_after: float | None = None):
     async def main():
-        async with FallbackServer(SCENARIOS) as server, httpx.AsyncClient() as http:
+        async with FallbackServer(SCENARIOS) as server, aiohttp.ClientSession() as http:
             target = Target(server.url + "/v1", "m", api=api, timeout_s=timeout_s, ignore_eos=True)
             record = Record(0, 42)
             task = asyncio.create_task(send(http, target, record, prompt, 8))

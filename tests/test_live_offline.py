@@ -192,7 +192,8 @@ def test_bench_unreachable_server_fails_the_command(tmp_path, capsys):
         port = s.getsockname()[1]
     code, _, err = run_main(["bench", f"http://127.0.0.1:{port}", write_small_trace(tmp_path), "-o", tmp_path / "o",
                              "--model", "m"], capsys)  # fmt: skip
-    assert code == 1 and err.splitlines()[-1].startswith(f"error: http://127.0.0.1:{port}: cannot reach the server (ConnectError")
+    assert code == 1 and err.splitlines()[-1].startswith(
+        f"error: http://127.0.0.1:{port}: cannot reach the server (ClientConnectorError: Cannot connect to host")
     assert not (tmp_path / "o").exists()
 
 

@@ -1,5 +1,9 @@
 """The SSE parser on hand-written streams (the WHATWG event-stream rules servers rely on)."""
 
+import asyncio
+
+import pytest
+from servelab.live.client import iter_lines
 from servelab.live.sse import Event, parse_lines
 
 
@@ -20,3 +24,36 @@ def test_multiline_data_event_names_and_line_ends():
 
 def test_blank_lines_alone_and_an_event_without_data_yield_nothing():
     assert list(parse_lines(["", "", "event: ping", "", ": c"])) == []
+
+
+class Pieces:
+    """Bytes arriving in the given pieces (what aiohttp's StreamReader.iter_any yields)."""
+
+    def __init__(self, *pieces: bytes):
+        self.pieces = pieces
+
+    async def iter_any(self):
+        for piece in self.pieces:
+            yield piece
+
+
+def _lines(*pieces: bytes) -> list[str]:
+    async def collect():
+        return [line async for line in iter_lines(Pieces(*pieces))]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize("pieces", [
+    (b"a\r\nb\rc\n\nd",),
+    (b"a\r", b"\nb\r", b"c\n", b"\nd"),  # "\r\n" split between reads: one line end, not two
+    (b"a", b"\r\nb", b"\rc\n\n", b"d"),
+])
+def test_line_ends_across_reads(pieces):
+    assert _lines(*pieces) == ["a", "b", "c", "", "d"]
+
+
+def test_utf8_split_across_reads_and_a_last_line_end():
+    text = "é€ ok\n".encode()
+    assert _lines(text[:1], text[1:3], text[3:]) == ["é€ ok"]
+    assert _lines(b"x\r") == ["x"] and _lines(b"") == []
