@@ -248,6 +248,8 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+        if stopped_by is None and load.duration_s is not None and any(r.status == "unsent" for r in records):
+            stopped_by = "duration"  # the rest were due after it (the last sent ones ended before it)
         span = clock()
         if sampling is not None:
             stop_sampling.set()

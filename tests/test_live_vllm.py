@@ -300,3 +300,49 @@ def test_local_tokenizer_json_matches_the_server(trace200, tmp_path):
     req = pq.read_table(out / "requests.parquet").to_pydict()
     assert req["prompt_tokens"] == req["trace_prompt_tokens"] and all(req["usage_reported"])
     assert json.loads((out / "run.json").read_text())["prompts"]["tokenizer"] == "local"
+
+
+def _counter_delta(run, name: str) -> float:
+    rows = [(t, v) for t, m, v in zip(run.metrics.column("time_s").to_pylist(), run.metrics.column("metric").to_pylist(),
+                                      run.metrics.column("value").to_pylist()) if m == name]
+    by_time: dict[float, float] = {}
+    for t, v in rows:  # summed over label sets (e.g. finished_reason)
+        by_time[t] = by_time.get(t, 0.0) + v
+    times = sorted(by_time)
+    assert times[0] < 0
+    return by_time[times[-1]] - by_time[times[0]]
+
+
+def test_warmup_is_left_out(trace200):
+    _, run = _run(trace200, LoadConfig(shape="closed", users=4, num_requests=12, warmup=5))
+    assert len(run.records) == 12 and run.meta["warmup"]["requests"] == 5 and run.meta["warmup"]["finished"] == 5
+    # the server finished exactly the measured requests between the baseline scrape and the last one
+    assert _counter_delta(run, "vllm:request_success_total") == 12
+
+
+def test_duration_limit_and_max_in_flight(trace200):
+    _, run = _run(trace200, LoadConfig(shape="trace", duration_s=2.0, max_in_flight=2))
+    sent = len(run.records)
+    assert 0 < sent < 200 and run.not_sent == 200 - sent and run.meta["counts"]["not_sent"] == 200 - sent
+    assert run.meta["stopped_by"] == "duration"
+    assert all(r.scheduled_s < 2.0 and r.send_s < 2.1 for r in run.records)
+    assert {r.status for r in run.records} <= {"finished", "cancelled"}
+    assert all(r.reason == "in flight when the duration limit was reached" for r in run.records if r.status == "cancelled")
+    events = sorted([(r.send_s, 1) for r in run.records] + [(r.end_s, -1) for r in run.records],
+                    key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak <= 2 and run.meta["client"]["peak_in_flight"] <= 2
+
+
+def test_per_request_timeout(tmp_path):
+    trace = tmp_path / "long.arrow"  # 1,500 output tokens take the tiny CPU server well over 0.2 s
+    write_trace(synth_trace(n=3, rate=100.0, prompt="uniform:20:30", output="uniform:1500:1500", seed=4), trace,
+                source="test")
+    table = read_trace(trace)
+    target = Target(ENDPOINT, "tiny", timeout_s=0.2, ignore_eos=True, min_tokens=True)
+    run = asyncio.run(run_live(table, target, LoadConfig(), LiveOptions(metrics=False)))
+    assert [r.status for r in run.records] == ["timeout"] * 3
+    assert all(0.2 <= r.end_s - r.send_s < 1.0 and r.reason == "no complete response within 0.2 s" for r in run.records)
