@@ -7,6 +7,7 @@ directory in the replay's schema (live/results.py), marked ``"kind": "live"`` in
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -226,6 +227,10 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         if options.metrics:
             sampler = MetricsSampler(http, f"{target.root}/metrics", options.metrics_interval_s, time.perf_counter)
             await sampler.scrape()  # the baseline, before the first request
+        # Everything built so far (the trace, prompts, imported modules) stays put: the cyclic garbage
+        # collector then scans only what the run itself allocates, so its pauses cannot delay a send.
+        gc.collect()
+        gc.freeze()
         t0 = time.perf_counter()
 
         def clock() -> float:
@@ -248,6 +253,7 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+        gc.unfreeze()
         if stopped_by is None and load.duration_s is not None and any(r.status == "unsent" for r in records):
             stopped_by = "duration"  # the rest were due after it (the last sent ones ended before it)
         span = clock()
@@ -268,6 +274,7 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         if load.open_loop and lag["p99_s"] > LAG_WARN_S and not load.max_in_flight:
             log.append(f"the client lagged: p99 send delay {lag['p99_s'] * 1000:.1f} ms behind schedule "
                        f"(max {lag['max_s'] * 1000:.1f} ms); the offered load was lower than asked")  # fmt: skip
+    metrics_table = sampler.table(t0) if sampler is not None else None  # parsed now, after the run
     counts_by_status: dict[str, int] = {}
     for r in sent:
         counts_by_status[r.status] = counts_by_status.get(r.status, 0) + 1
@@ -293,7 +300,7 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
     }
     keep = [k for k, r in enumerate(records) if r.status != "unsent"]
     return LiveRun([records[k] for k in keep], [rows[k] for k in keep], [counts[k] for k in keep], meta,
-                   sampler.table(t0) if sampler is not None else None, len(records) - len(keep), log)  # fmt: skip
+                   metrics_table, len(records) - len(keep), log)  # fmt: skip
 
 
 def _with_extensions(target: Target, on: bool) -> Target:

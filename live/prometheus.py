@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from collections.abc import Callable
 
 import aiohttp
@@ -39,36 +40,30 @@ class MetricsSampler:
 
     The run scrapes once before its first request (the baseline: counters then are what the run
     started from; its ``time_s`` is slightly negative), every ``interval_s`` while it runs, and
-    once after its last request ended."""
+    once after its last request ended. Scrapes are only fetched and kept (zlib-compressed, ~7 kB
+    for vLLM's ~50 kB) while the run goes on, and parsed when ``table()`` is asked for: parsing one
+    takes 7-40 ms of Python, which in the event loop delayed sends by as much (bench/RESULTS_live.md).
+    """
 
     def __init__(self, http: aiohttp.ClientSession, url: str, interval_s: float, clock: Callable[[], float],
                  prefixes: tuple[str, ...] = DEFAULT_PREFIXES):  # fmt: skip
         self.http, self.url, self.interval_s, self.clock, self.prefixes = http, url, interval_s, clock, prefixes
-        self.times: list[float] = []
-        self.names: list[str] = []
-        self.labels: list[str] = []
-        self.values: list[float] = []
-        self.scrapes = 0
+        self.scraped: list[tuple[float, bytes]] = []  # (time on the clock, zlib-compressed exposition text)
         self.failures = 0
         self.last_error: str | None = None
+        self.parsed: int | None = None  # scrapes that parsed, once table() ran
 
     async def scrape(self) -> bool:
         try:
             async with self.http.get(self.url, timeout=aiohttp.ClientTimeout(total=10.0),
                                      raise_for_status=True) as response:  # fmt: skip
-                text = await response.text()
+                body = await response.read()
             t = self.clock()
-            rows = parse_metrics(text, self.prefixes)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        except (aiohttp.ClientError, TimeoutError) as err:
             self.failures += 1
             self.last_error = f"{type(err).__name__}: {err}"
             return False
-        self.scrapes += 1
-        for name, labels, value in rows:
-            self.times.append(t)
-            self.names.append(name)
-            self.labels.append(labels)
-            self.values.append(value)
+        self.scraped.append((t, zlib.compress(body, 1)))
         return True
 
     async def run(self, stop: asyncio.Event, first_after: float = 0.0) -> None:
@@ -83,12 +78,29 @@ class MetricsSampler:
             wait = self.interval_s
 
     def table(self, origin: float = 0.0) -> pa.Table:
-        """The samples, times made relative to ``origin`` (on the sampler's clock)."""
-        times = [t - origin for t in self.times]
-        return pa.table({"time_s": pa.array(times, pa.float64()), "metric": pa.array(self.names, pa.string()),
-                         "labels": pa.array(self.labels, pa.string()), "value": pa.array(self.values, pa.float64())},
+        """The samples, times made relative to ``origin`` (on the sampler's clock). A scrape that is
+        not valid exposition text counts as failed (``meta()``) and adds no rows."""
+        times, names, labels, values = [], [], [], []
+        parsed = 0
+        for t, packed in self.scraped:
+            try:
+                rows = parse_metrics(zlib.decompress(packed).decode("utf-8", "replace"), self.prefixes)
+            except ValueError as err:
+                self.failures += 1
+                self.last_error = f"{type(err).__name__}: {err}"
+                continue
+            parsed += 1
+            for name, label, value in rows:
+                times.append(t - origin)
+                names.append(name)
+                labels.append(label)
+                values.append(value)
+        self.parsed = parsed
+        return pa.table({"time_s": pa.array(times, pa.float64()), "metric": pa.array(names, pa.string()),
+                         "labels": pa.array(labels, pa.string()), "value": pa.array(values, pa.float64())},
                         schema=METRICS_SCHEMA)  # fmt: skip
 
     def meta(self) -> dict:
-        return {"url": self.url, "interval_s": self.interval_s, "scrapes": self.scrapes, "failures": self.failures,
-                "last_error": self.last_error}  # fmt: skip
+        scrapes = len(self.scraped) if self.parsed is None else self.parsed
+        return {"url": self.url, "interval_s": self.interval_s, "scrapes": scrapes,
+                "failures": self.failures, "last_error": self.last_error}  # fmt: skip
