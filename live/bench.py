@@ -173,8 +173,7 @@ async def _drive(http, target: Target, load: LoadConfig, records: list[Record], 
                 group.create_task(user())
 
 
-async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: LiveOptions = LiveOptions(),
-                   on_progress: Callable[[int, int], None] | None = None) -> LiveRun:  # fmt: skip
+async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: LiveOptions = LiveOptions()) -> LiveRun:
     """Run the trace against the server. Ctrl-C (task cancellation) stops the run and keeps what finished."""
     log: list[str] = []
     total = trace.num_rows if load.num_requests is None else min(load.num_requests, trace.num_rows)
@@ -253,7 +252,8 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-        gc.unfreeze()
+        finally:
+            gc.unfreeze()
         if stopped_by is None and load.duration_s is not None and any(r.status == "unsent" for r in records):
             stopped_by = "duration"  # the rest were due after it (the last sent ones ended before it)
         span = clock()
