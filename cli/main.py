@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "replay": "servelab.cli.replay_cmd:replay",
     "policies": "servelab.cli.replay_cmd:policies",
     "demo": "servelab.cli.replay_cmd:demo",
+    "bench": "servelab.cli.bench_cmd:bench",
     "presets": "servelab.cli.runner_cmd:presets",
     "fit": "servelab.cli.runner_cmd:fit",
     "profile": "servelab.cli.runner_cmd:profile",

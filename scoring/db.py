@@ -111,7 +111,7 @@ def connect(
     set_slo(con, slo)
     create_views(con)
     if read_only:
-        restrict(con, [f for r in runs for f in (r.requests_path, r.steps_path, r.tokens_path) if f.exists()])
+        restrict(con, [f for r in runs for f in (r.requests_path, r.steps_path, r.tokens_path, r.metrics_path) if f.exists()])
     return con
 
 

@@ -11,13 +11,13 @@ import os
 from typing import Any
 
 import duckdb
-from rich.console import Console
 from rich import box
+from rich.console import Console
 from rich.table import Table
-
 from servelab.common.tables import available_width, fit_table, print_table
 from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable, as_slo_table
+from servelab.scoring.views import LIVE_STATUSES
 
 REPORT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 MAX_TENANT_ROWS = 20
@@ -170,10 +170,12 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(f"SLO: {_slo_line(data['slo'])}")
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
+    live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
     console.print(
         f"requests {overall['requests']}: {overall['finished']} finished, {overall['unfinished']} unfinished, "
         f"{overall['rejected']} rejected, {overall['throttled']} throttled, {overall['dropped']} dropped"
-        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] else "")
+        + ("".join(f", {overall[s]} {s}" for s in LIVE_STATUSES) if live else "")
+        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live else "")
     )
     console.print(
         f"preemptions {overall['preemptions']} ({overall['preempted_requests']} requests)"

@@ -52,6 +52,10 @@ class RunDir:
     def tokens_path(self) -> Path:
         return self.path / "tokens.parquet"  # only with `servelab replay --token-log`
 
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.parquet"  # only in live runs (`servelab bench`): the server's /metrics
+
 
 def find_runs(patterns: Iterable[str | os.PathLike]) -> list[RunDir]:
     """Expand paths/globs to run directories (a directory holding requests.parquet), in a stable order.
@@ -316,6 +320,15 @@ def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materia
             "quantile_cont(itl_s, 0.5) AS p50_itl_s, quantile_cont(itl_s, 0.9) AS p90_itl_s, "
             "quantile_cont(itl_s, 0.99) AS p99_itl_s, max(itl_s) AS max_itl_s "
             "FROM tokens WHERE itl_s IS NOT NULL GROUP BY run_id"
+        )
+
+    metric_runs = [r for r in runs if r.metrics_path.exists()]
+    if metric_runs:  # live runs: the server's Prometheus samples (docs/live.md)
+        metric_ids = ", ".join(f"({_sql_str(str(r.metrics_path))}, {_sql_str(r.run_id)})" for r in metric_runs)
+        con.execute(
+            "CREATE OR REPLACE VIEW server_metrics AS SELECT f.run_id, t.time_s, t.metric, t.labels, t.value "
+            f"FROM read_parquet([{', '.join(_sql_str(str(r.metrics_path)) for r in metric_runs)}], filename=true) t "
+            f"JOIN (VALUES {metric_ids}) f(file, run_id) ON f.file = t.filename"
         )
 
     step_files = [str(r.steps_path) for r in runs if r.steps_path.exists()]

@@ -13,6 +13,7 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
 END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
+LIVE_STATUSES = ("failed", "timeout", "cancelled")  # live runs (servelab bench; docs/live.md)
 
 # TPOT per metric variant; the other columns are identical.
 TPOT_VARIANTS = {
@@ -101,7 +102,7 @@ _SCOPE = """
     CASE WHEN grouping(tier) = 0 THEN tier WHEN grouping(tenant) = 0 THEN tenant END AS name"""
 _SCOPE_ORDER = "run_id, CASE scope WHEN 'overall' THEN 0 WHEN 'tier' THEN 1 ELSE 2 END, name NULLS FIRST"
 
-_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES)
+_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES + LIVE_STATUSES)
 
 SLO_ATTAINMENT = f"""
 CREATE OR REPLACE VIEW slo_attainment AS

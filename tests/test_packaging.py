@@ -33,9 +33,9 @@ def test_replay_path_does_not_import_torch(tmp_path):
 def test_only_the_servelab_namespace_is_installed(tmp_path):
     proc = run_python("""
         import importlib.util
-        for name in ("search", "replay", "traces", "policies", "runners", "scoring", "cli", "common"):
+        for name in ("search", "replay", "traces", "policies", "runners", "scoring", "live", "cli", "common"):
             assert importlib.util.find_spec(name) is None, name
-        import servelab.search, servelab.replay, servelab.traces
+        import servelab.search, servelab.replay, servelab.traces, servelab.live.bench
         print("ok")
     """, tmp_path)
     assert proc.returncode == 0, proc.stderr

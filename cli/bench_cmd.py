@@ -1,0 +1,207 @@
+"""`servelab bench URL TRACE -o RUN_DIR`: replay a trace against a running OpenAI-compatible server and
+measure it, writing a run directory in the replay's schema (docs/live.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+from servelab.common.errors import ServelabError
+
+
+def _discover_model(url: str, api_key: str | None) -> str:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from servelab.live.client import Target
+
+    root = Target(url, "").root
+    request = urllib.request.Request(f"{root}/v1/models",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30.0) as response:
+            models = json.loads(response.read()).get("data") or []
+    except (OSError, ValueError, AttributeError) as err:
+        raise ServelabError(f"{root}/v1/models: cannot list the server's models ({err}); give --model") from None
+    if not models:
+        raise ServelabError(f"{root}/v1/models: the server lists no model; give --model")
+    return str(models[0]["id"])
+
+
+@click.command()
+@click.argument("url")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, help="Run directory to write.")
+@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--model", help="Model name to request (default: the first of the server's /v1/models).")
+@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
+              help="/v1/completions or /v1/chat/completions.")
+@click.option("--shape", type=click.Choice(["trace", "poisson", "constant", "closed"]), default="trace",
+              show_default=True, help="Load shape: the trace's arrivals, Poisson or constant --rate, or "
+              "a closed loop of --users.")
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="trace shape: multiply the trace's arrival times (0.5 = twice as fast).")
+@click.option("--rate", type=float, help="poisson / constant shapes: requests per second.")
+@click.option("--users", type=int, help="closed shape: concurrent users.")
+@click.option("--think", "think_s", type=float, default=0.0, show_default=True,
+              help="closed shape: seconds a user waits between its requests.")
+@click.option("--max-in-flight", type=int, help="Open loop: most requests outstanding at once.")
+@click.option("--duration", "duration_s", type=float,
+              help="Seconds to send for; requests in flight then are cancelled, the rest not sent.")
+@click.option("--num-requests", type=int, help="Send only the first N requests of the trace.")
+@click.option("--warmup", type=int, default=0, show_default=True,
+              help="Warm-up requests sent (and awaited) first, left out of the results.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Per-request timeout, seconds (0: none).")
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+              help="Ask the server to generate exactly the trace's output length (vLLM's ignore_eos).")
+@click.option("--min-tokens/--no-min-tokens", default=True, show_default=True,
+              help="Also send min_tokens = the trace's output length (vLLM).")
+@click.option("--extensions", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="vLLM's ignore_eos/min_tokens: probe whether the server takes them, always, or never.")
+@click.option("--tokenizer", default="auto", show_default=True,
+              help="Prompt lengths from the server's /tokenize (auto: when it has one; server: required), a "
+              "local tokenizer.json (a path; --api completions), or 'approximate'.")
+@click.option("--metrics/--no-metrics", default=True, show_default=True,
+              help="Sample the server's Prometheus /metrics into metrics.parquet.")
+@click.option("--metrics-interval", type=float, default=1.0, show_default=True, help="Seconds between samples.")
+@click.option("--token-log", is_flag=True, help="Write tokens.parquet: every token's arrival.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token (default: $OPENAI_API_KEY).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts' text and Poisson gaps.")
+@click.option("--sweep-rates", help="Sweep: one run per rate (req/s, comma-separated) into OUT/rate_<r>; with "
+              "--shape trace the trace's arrivals are scaled to each mean rate.")
+@click.option("--sweep-users", help="Sweep: one closed-loop run per user count (comma-separated) into OUT/users_<n>.")
+@click.option("--report/--no-report", "show_report", default=True, show_default=True,
+              help="Print the report of the run (of each run of a sweep).")
+def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float,
+          rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
+          num_requests: int | None, warmup: int, timeout_s: float, ignore_eos: bool, min_tokens: bool,
+          extensions: str, tokenizer: str, metrics: bool, metrics_interval: float, token_log: bool,
+          api_key: str | None, seed: int, sweep_rates: str | None, sweep_users: str | None,
+          show_report: bool) -> None:  # fmt: skip
+    """Send TRACE's requests to the OpenAI-compatible server at URL and measure them (docs/live.md)."""
+    from servelab.cli.replay_cmd import check_replay_output
+    from servelab.live.bench import LiveOptions
+    from servelab.live.client import Target
+    from servelab.live.load import LoadConfig
+    from servelab.traces.io import read_trace, trace_sha256
+
+    if not url.startswith(("http://", "https://")):
+        raise click.BadParameter("must start with http:// or https://", param_hint="URL")
+    if metrics_interval <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--metrics-interval")
+    if tokenizer not in ("auto", "server", "approximate") and not Path(tokenizer).is_file():
+        raise click.BadParameter(f"{tokenizer}: no such file (give auto, server, approximate or a tokenizer.json)",
+                                 param_hint="--tokenizer")  # fmt: skip
+    if timeout_s < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--timeout")
+    levels = _sweep_levels(sweep_rates, sweep_users, shape)
+    load = LoadConfig(shape=shape, time_scale=time_scale, rate=rate if not sweep_rates else levels[0][1],
+                      users=users if not sweep_users else levels[0][1], think_s=think_s,
+                      max_in_flight=max_in_flight, duration_s=duration_s, num_requests=num_requests,
+                      warmup=warmup, seed=seed)  # fmt: skip
+    if levels:
+        from servelab.common.outdir import check_output_dir
+
+        check_output_dir(out_dir, force, "live sweep directory", ("sweep.json",))
+    else:
+        check_replay_output(out_dir, force)
+    table = read_trace(trace)
+    trace_meta = {"path": str(trace), "name": Path(trace).stem, "sha256": trace_sha256(trace)}
+    target = Target(url, model or _discover_model(url, api_key), api=api, timeout_s=timeout_s or None,
+                    ignore_eos=ignore_eos, min_tokens=min_tokens, api_key=api_key)  # fmt: skip
+    options = LiveOptions(metrics=metrics, metrics_interval_s=metrics_interval, tokenizer=tokenizer,
+                          extensions=extensions)  # fmt: skip
+    if not levels:
+        interrupted = _one_run(table, trace_meta, target, load, options, out_dir, token_log, show_report)
+        if interrupted:
+            sys.exit(130)
+        return
+    done = []
+    for name, value in levels:
+        if sweep_rates:
+            level = (dataclasses.replace(load, time_scale=_trace_rate(table, load) / value) if shape == "trace"
+                     else dataclasses.replace(load, rate=value))  # fmt: skip
+        else:
+            level = dataclasses.replace(load, users=value)
+        click.echo(f"sweep level {name}", err=True)
+        interrupted = _one_run(table, trace_meta, target, level, options, str(Path(out_dir) / name), token_log,
+                               show_report)  # fmt: skip
+        done.append({"run": name, "rate_rps" if sweep_rates else "users": value, "interrupted": interrupted})
+        _write_sweep_json(out_dir, done, levels)
+        if interrupted:
+            sys.exit(130)
+
+
+def _sweep_levels(rates: str | None, users: str | None, shape: str) -> list[tuple[str, float | int]]:
+    if rates and users:
+        raise click.UsageError("give one of --sweep-rates and --sweep-users")
+    if not (rates or users):
+        return []
+    if users and shape != "closed":
+        raise click.BadParameter("goes with --shape closed", param_hint="--sweep-users")
+    if rates and shape == "closed":
+        raise click.BadParameter("goes with an open-loop --shape (trace, poisson, constant)", param_hint="--sweep-rates")
+    hint = "--sweep-rates" if rates else "--sweep-users"
+    out = []
+    for part in (rates or users).split(","):
+        try:
+            value = float(part) if rates else int(part)
+        except ValueError:
+            raise click.BadParameter(f"{part.strip()!r} is not a {'number' if rates else 'whole number'}",
+                                     param_hint=hint) from None  # fmt: skip
+        if not value > 0:
+            raise click.BadParameter(f"{part.strip()} must be > 0", param_hint=hint)
+        out.append((f"rate_{value:g}" if rates else f"users_{value}", value))
+    if len({name for name, _ in out}) != len(out):
+        raise click.BadParameter("a level is repeated", param_hint=hint)
+    return out
+
+
+def _trace_rate(table, load) -> float:
+    """Mean arrival rate (req/s) of the requests the run sends: (n - 1) / span."""
+    n = table.num_rows if load.num_requests is None else min(load.num_requests, table.num_rows)
+    arrivals = table.column("arrival_s").to_numpy()[:n]
+    span = float(arrivals[-1] - arrivals[0]) if n > 1 else 0.0
+    if span <= 0:
+        raise ServelabError("--sweep-rates with --shape trace needs a trace whose arrivals span some time")
+    return (n - 1) / span
+
+
+def _write_sweep_json(out_dir: str, done: list[dict], levels) -> None:
+    import json
+
+    from servelab.common.atomic import atomic_path
+
+    with atomic_path(Path(out_dir) / "sweep.json") as tmp:
+        tmp.write_text(json.dumps({"kind": "live-sweep", "levels": [name for name, _ in levels], "runs": done},
+                                  indent=2) + "\n")  # fmt: skip
+
+
+def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: bool, show_report: bool) -> bool:
+    """One live run written to ``out_dir``; True when Ctrl-C stopped it."""
+    from servelab.live.bench import run_live, write_live_run
+
+    n = table.num_rows if load.num_requests is None else min(load.num_requests, table.num_rows)
+    click.echo(f"sending {n:,} requests to {target.url} (model {target.model}, shape {load.shape})", err=True)
+    try:
+        run = asyncio.run(run_live(table, target, load, options))
+    except RuntimeError as err:
+        raise ServelabError(str(err)) from None
+    for line in run.log:
+        click.echo(f"warning: {line}", err=True)
+    write_live_run(run, table, trace_meta, out_dir, token_log=token_log)
+    counts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in run.meta["counts"].items() if v)
+    click.echo(f"measured {run.meta['measured_span_s']:.1f} s: {counts}; wrote {out_dir}", err=True)
+    if show_report:
+        from servelab.scoring.report import report_text
+
+        click.echo(report_text(out_dir, None))
+    if run.meta["stopped_by"] == "interrupt":
+        click.echo("interrupted: the requests that finished are kept", err=True)
+        return True
+    return False

@@ -1,0 +1,59 @@
+"""Tokenizers for exact prompt lengths: the server's over HTTP (vLLM's ``POST /tokenize``, also SGLang's),
+or a local ``tokenizer.json`` (Hugging Face ``tokenizers``, the optional extra ``servelab[tokenizer]``)."""
+
+from __future__ import annotations
+
+import aiohttp
+from servelab.live.client import Target
+
+
+class ServerTokenizer:
+    """Counts tokens with the server's ``/tokenize``: the prompt for completions, one user message
+    (with the chat template and generation prompt) for chat."""
+
+    def __init__(self, http: aiohttp.ClientSession, target: Target):
+        self.http = http
+        self.target = target
+
+    def _body(self, text: str) -> dict:
+        if self.target.api == "chat":
+            return {"model": self.target.model, "messages": [{"role": "user", "content": text}],
+                    "add_generation_prompt": True}  # fmt: skip
+        return {"model": self.target.model, "prompt": text}
+
+    async def count(self, text: str) -> int:
+        async with self.http.post(f"{self.target.root}/tokenize", json=self._body(text), headers=self.target.headers(),
+                                  timeout=aiohttp.ClientTimeout(total=30.0), raise_for_status=True) as response:  # fmt: skip
+            data = await response.json(content_type=None)
+        if isinstance(data.get("count"), int):
+            return data["count"]
+        return len(data["tokens"])
+
+
+async def server_tokenizer(http: aiohttp.ClientSession, target: Target) -> ServerTokenizer | None:
+    """The server's tokenizer when it answers ``/tokenize`` correctly, else None."""
+    tok = ServerTokenizer(http, target)
+    try:
+        one, two = await tok.count(" a"), await tok.count(" a a")
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+        return None
+    return tok if two > one else None
+
+
+class LocalTokenizer:
+    """A ``tokenizer.json`` file, counted with its special tokens (BOS) as the server would add them.
+    For ``--api completions`` only: a chat prompt's template is the server's."""
+
+    def __init__(self, path: str):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise RuntimeError("a local tokenizer.json needs the `tokenizers` package "
+                               "(pip install 'servelab[tokenizer]')") from None  # fmt: skip
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # noqa: BLE001 -- tokenizers raises a bare Exception for any unreadable file
+            raise RuntimeError(f"{path}: not a readable tokenizer.json ({err})") from None
+
+    async def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=True).ids)

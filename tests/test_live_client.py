@@ -1,0 +1,107 @@
+"""The streaming client's tolerance, against the FALLBACK scripted server (tests/helpers_live_server.py):
+comment lines, a stream without [DONE], usage in the last chunk or absent, errors inside the stream,
+HTTP errors, a dropped connection, a timeout and a cancellation. Against vLLM: tests/test_live_vllm.py."""
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from helpers_live_server import FallbackServer, Reply, chunk
+from servelab.live.client import Record, Target, send
+
+USAGE = b'data: {"id": "x", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}\n\n'
+
+SCENARIOS = {
+    # comment lines, no [DONE], no usage: 3 text chunks; an empty-text chunk is not a token
+    "no-done": Reply(pieces=[(0, b": keep-alive\n\n"), (0, chunk("a")), (0.01, chunk("")), (0.01, chunk("b")),
+                             (0.01, chunk("c", "length"))]),
+    # usage in the last chunk (4 chunks but the server says 5 tokens: its count wins), then [DONE]
+    "usage": Reply(pieces=[(0, chunk("a")), (0, chunk("b")), (0, chunk("c")), (0, chunk("d", "length")),
+                           (0, USAGE), (0, b"data: [DONE]\n\n")]),
+    # an error object inside the stream after one token
+    "error": Reply(pieces=[(0, chunk("a")), (0, b'data: {"error": {"message": "engine died", "code": 500}}\n\n')]),
+    "error-event": Reply(pieces=[(0, chunk("a")), (0, b"event: error\ndata: {\"message\": \"overloaded\"}\n\n")]),
+    "http-400": Reply(status=400, content_type="application/json",
+                      pieces=[(0, json.dumps({"error": {"message": "ignore_eos is not supported"}}).encode())]),
+    "drop": Reply(pieces=[(0, chunk("a")), (0, chunk("b"))], drop=True),
+    "slow": Reply(pieces=[(0, chunk("a")), (2.0, chunk("b"))]),
+    "not-json": Reply(pieces=[(0, b"data: hello\n\n")]),
+    "empty": Reply(pieces=[(0, b"data: [DONE]\n\n")]),
+    # chat: the first chunk carries only the role (no token)
+    "chat": Reply(pieces=[(0, b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n'),
+                          (0, chunk("x", chat=True)), (0, chunk("y", "stop", chat=True)), (0, b"data: [DONE]\n\n")]),
+    # \r\n line ends throughout
+    "crlf": Reply(pieces=[(0, chunk("a").replace(b"\n", b"\r\n")), (0, b"data: [DONE]\r\n\r\n")]),
+}
+
+
+def _run(prompt: str, api: str = "completions", timeout_s: float = 10.0, cancel_after: float | None = None):
+    async def main():
+        async with FallbackServer(SCENARIOS) as server, aiohttp.ClientSession() as http:
+            target = Target(server.url + "/v1", "m", api=api, timeout_s=timeout_s, ignore_eos=True)
+            record = Record(0, 42)
+            task = asyncio.create_task(send(http, target, record, prompt, 8))
+            if cancel_after is not None:
+                await asyncio.sleep(cancel_after)
+                task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return record, server.received
+
+    return asyncio.run(main())
+
+
+def test_comments_no_done_no_usage():
+    rec, received = _run("no-done")
+    assert rec.status == "finished" and rec.reason is None
+    assert len(rec.token_times) == 3 and rec.output_tokens == 3 and rec.usage_completion_tokens is None
+    assert not rec.saw_done and rec.finish_reason == "length"
+    assert rec.send_s <= rec.first_token_s <= rec.finish_s <= rec.end_s
+    assert rec.finish_s - rec.first_token_s >= 0.015  # two 10 ms pauses before the last two chunks
+    body = received[0]
+    assert body["stream"] is True and body["max_tokens"] == 8 and body["ignore_eos"] is True
+    assert body["stream_options"] == {"include_usage": True} and body["prompt"] == "no-done"
+
+
+def test_usage_in_last_chunk_gives_the_count():
+    rec, _ = _run("usage")
+    assert rec.status == "finished" and rec.saw_done
+    assert len(rec.token_times) == 4 and rec.output_tokens == 5 and rec.usage_prompt_tokens == 7
+
+
+@pytest.mark.parametrize("prompt, status, text", [
+    ("error", "failed", "error in stream: engine died"),
+    ("error-event", "failed", "error in stream: overloaded"),
+    ("http-400", "failed", "HTTP 400: ignore_eos is not supported"),
+    ("not-json", "failed", "stream event is not JSON: 'hello'"),
+    ("empty", "failed", "the stream ended without any generated text"),
+])
+def test_errors_are_failed_with_their_text(prompt, status, text):
+    rec, _ = _run(prompt)
+    assert (rec.status, rec.reason) == (status, text)
+    assert rec.finish_s is None and rec.end_s is not None
+
+
+def test_dropped_connection_is_failed_and_keeps_the_tokens_seen():
+    rec, _ = _run("drop")
+    assert rec.status == "failed" and rec.reason
+    assert len(rec.token_times) == 2
+
+
+def test_timeout_and_cancel():
+    rec, _ = _run("slow", timeout_s=0.3)
+    assert rec.status == "timeout" and rec.reason == "no complete response within 0.3 s"
+    assert 0.3 <= rec.end_s - rec.send_s < 1.5 and len(rec.token_times) == 1
+    rec, _ = _run("slow", cancel_after=0.3)
+    assert rec.status == "cancelled" and rec.end_s is not None and len(rec.token_times) == 1
+
+
+def test_chat_role_chunk_is_not_a_token_and_crlf_lines():
+    rec, received = _run("chat", api="chat")
+    assert rec.status == "finished" and len(rec.token_times) == 2 and rec.finish_reason == "stop"
+    assert received[0]["messages"] == [{"role": "user", "content": "chat"}]
+    rec, _ = _run("crlf")
+    assert rec.status == "finished" and len(rec.token_times) == 1 and rec.saw_done
