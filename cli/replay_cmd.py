@@ -34,7 +34,8 @@ _ENGINE_HELP = {
     "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
     "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
     "replicas": "Identical engine replicas behind the router.",
-    "router": "round-robin, least-outstanding, prefix-affinity (cache-aware) or session (sticky).",
+    "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware) "
+              "or session (sticky); `servelab routers` lists them.",
     "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
     "seed": "Seed for every random choice (predictors, retries).",
     "quota": "Quota, repeatable: tenant=NAME:rpm=60,tpm=40000,concurrency=8 or tier=NAME:tpm=... (NAME may be *).",
@@ -140,12 +141,15 @@ def check_replay_config(config: ReplayConfig):
     """Build what the replay needs from names (router, a policy with its parameters, the runner and
     its KV size), so that a bad name, spec or parameter fails before anything is read or printed.
     Returns the runner, for the replay to use."""
-    from servelab.api import build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
+    from servelab.api import build_cluster, build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
     from servelab.policies.base import make_policy
-    from servelab.replay.router import ROUTERS
+    from servelab.routers.base import make_router
 
-    ROUTERS.get(config.engine.router)
+    make_router(config.engine.router, config.router_params, config.engine.seed)
     make_policy(config.policy, config.policy_params, config.engine, 0)
+    if config.cluster is not None:  # every pool's parts (each pool brings its own runner)
+        build_cluster(config)
+        return None
     runner = build_runner(config)
     resolve_num_gpu_blocks(config, runner)
     kv_bytes_per_token(config.engine, runner)

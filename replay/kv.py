@@ -147,6 +147,11 @@ class KVManager:
         self.used += self.cache.claim(req, hit)
         req.kv_blocks = len(hit.keys) + hit.own
 
+    def adopt(self, req: Request, holder: Request) -> None:
+        """``req`` takes over the blocks ``holder`` reserved for it here (a KV transfer's landing
+        space on a decode replica, replay/disagg.py); ``req`` held none here before."""
+        req.kv_blocks, holder.kv_blocks = holder.kv_blocks, 0
+
     def _over_committed(self) -> None:
         raise AssertionError(f"KV over-committed: {self.used} > {self.total} blocks")
 
