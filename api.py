@@ -254,6 +254,10 @@ def _check_disaggregated(pools: list[BuiltPool]) -> None:
         if pool.runner.needs_block_tables:
             raise ServelabError(f"cluster pool '{pool.spec.name}': runner '{pool.runner.name}' executes batches; "
                                 "prefill/decode pools need a cost-model runner")
+        if type(pool.replicas[0].policy).cohort_group is not None:
+            raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' charges service per "
+                                "class in state that does not follow a request from a prefill to a decode replica; "
+                                "prefill/decode pools do not support it yet")
         if pool.spec.role == "decode" and pool.replicas[0].policy.sheds:
             raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' drops waiting "
                                 "requests, which on a decode pool hold KV; choose a policy that does not shed")

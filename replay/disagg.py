@@ -5,8 +5,8 @@ token, then its KV moves over the link to a decode replica, where it decodes to 
 The engine calls ``after_step(replica, step, end_s)`` after every applied step (``Engine.handoff``):
 
 - on a prefill replica, every request that has just emitted its first token (and is not finished)
-  leaves the replica's running set and the policy (``on_finish``: the prefill replica is done with
-  it) but **keeps its KV there**, and asks for a decode replica (``handoff``);
+  leaves the replica's running set and its policy (``on_leave``, as when a failure moves a running
+  request away) but **keeps its KV there**, and asks for a decode replica (``_hand_off``);
 - a decode replica has room for it when its free KV blocks cover the context plus the next token
   and its requests (running, waiting and landing) are fewer than ``max_num_seqs``; the decode pool's
   router chooses among those with room. The blocks are reserved there at once (a placeholder holds
@@ -36,6 +36,8 @@ from servelab.replay.kv import blocks_for
 from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
 
+from servelab.replay.engine import SCHEDULE, TIMER
+
 if TYPE_CHECKING:
     from servelab.replay.engine import Engine
     from servelab.replay.protocols import Router
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
 class Disaggregation:
     def __init__(self, engine: "Engine", prefill: list["Replica"], decode: list["Replica"], router: "Router",
                  bytes_per_token: int, bandwidth_gbps: float, latency_s: float):
-        from servelab.replay.engine import TIMER
 
         self.engine = engine
         self.prefill = prefill
@@ -65,6 +66,7 @@ class Disaggregation:
         self.transfer_start_s: dict[int, float] = {}
         self.transfer_end_s: dict[int, float] = {}
         self.max_pending = 0
+        self._applied: "Replica | None" = None
         for replica in prefill:
             replica.cohort = None  # nothing decodes there: every request leaves at its first token
         engine.handoff = self.after_step
@@ -79,12 +81,14 @@ class Disaggregation:
                         and req.num_computed_tokens == req.prompt_tokens:
                     self._hand_off(replica, req, end_s)
         elif self.pending:
+            self._applied = replica  # its step is applied: it promises no more blocks
             self._place_pending(end_s)
+            self._applied = None
 
     def _hand_off(self, replica: "Replica", req: Request, now: float) -> None:
         replica.running.remove(req)
         replica.forgive(req)
-        replica.policy.on_finish(req, replica)
+        replica.policy.on_leave(req, replica)
         self.sending[replica.id].append(req)
         self.source[req] = replica
         self.handoff_s[req.index] = now
@@ -116,12 +120,11 @@ class Disaggregation:
         """Blocks ``req`` holds on landing: its context and its next token (reservation: all of it)."""
         return kv.blocks_to_finish(req) if kv.reserve else blocks_for(req.num_computed_tokens + 1, kv.block_size)
 
-    @staticmethod
-    def _promised(replica: "Replica") -> int:
+    def _promised(self, replica: "Replica") -> int:
         """Free blocks the decode stretch in flight on ``replica`` will still take when it completes
         (a stretch grows its requests' KV at its end; the engine planned it on those blocks being free)."""
         step = replica.inflight
-        if not replica.busy or step is None or step.k == 1:
+        if not replica.busy or step is None or step.k == 1 or replica is self._applied:
             return 0
         k, bs = step.k, replica.kv.block_size
         if replica.kv.reserve:
@@ -163,10 +166,17 @@ class Disaggregation:
         target.running.append(req)
         if target.cohort is not None:
             target.cohort.outside.append(req)
-        if target.busy:
-            engine._cut_stretch(target, now)
-        else:
-            engine._request_schedule(target, now)
+        self._wake(target, now)
+
+    def _wake(self, replica: "Replica", now: float) -> None:
+        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration
+        boundary; an idle one decides at ``now`` after every other landing of this instant (a
+        ``SCHEDULE`` event comes after the ``TIMER`` events of its time)."""
+        if replica.busy:
+            self.engine._cut_stretch(replica, now)
+        elif not replica.schedule_pending:
+            replica.schedule_pending = True
+            self.engine.push(now, SCHEDULE, replica)
 
     def _release_source(self, req: Request, now: float) -> None:
         """The prefill replica frees ``req``'s KV (its prompt blocks stay in its prefix cache); an
@@ -175,7 +185,7 @@ class Disaggregation:
         self.sending[source.id].remove(req)
         source.kv.release(req)
         if not source.busy and source.waiting:
-            self.engine._request_schedule(source, now)
+            self._wake(source, now)
 
     # -- end of the replay, results, checks -----------------------------------------------------
     def strand(self) -> None:
