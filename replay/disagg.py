@@ -148,6 +148,7 @@ class Disaggregation:
             holder = Request(-1, now, 0, 0)  # holds the landing blocks until the KV is there
             kv.grow(holder, self._landing_blocks(req, kv))
             self.landing[target.id][req] = holder
+            target.owe(req)  # its load from now: the decode router sees transfers under way
             self.decode_replica[req.index] = target.id
             self.transfer_start_s[req.index] = now
             self.link.start((req, target), self.bytes_per_token * req.num_computed_tokens, now)
@@ -159,7 +160,6 @@ class Disaggregation:
         target.kv.adopt(req, holder)
         self.transfer_end_s[req.index] = now
         req.replica = target.id
-        target.owe(req)
         engine = self.engine
         engine.admissions += 1  # it joins the running set as if admitted now: it has its KV
         req.admitted_seq = engine.admissions

@@ -49,6 +49,8 @@ def check(engine: Engine) -> None:
             # a cohort member's counters are frozen at joining: add the iterations since then
             lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
             owes += owed(req) - lag
+        if disagg is not None and replica.id in disagg.landing:  # owed from the start of their transfer
+            owes += sum(owed(req) for req in disagg.landing[replica.id])
         assert replica.outstanding_tokens == owes, (replica.id, replica.outstanding_tokens, owes)
 
 
