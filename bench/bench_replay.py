@@ -1,7 +1,8 @@
 """Replay speed and memory: the Azure conv trace on 6 replicas, a 1 M-request synthetic trace, and
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
-Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload|overload200k]
+Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
+[--case azure|azure-disagg|1m|overload|overload200k]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -36,6 +37,36 @@ def case_azure(repeat: int) -> None:
     print(f"azure-conv x6 replicas (roofline llama-3.1-8b/h100, sarathi): {trace.num_rows:,} requests, "
           f"{result.steps.num_rows:,} step rows for {iterations:,} iterations; "
           f"wall best {min(times):.3f} s, median {sorted(times)[len(times) // 2]:.3f} s; "
+          f"peak RSS {peak_rss_mb():.0f} MB")
+
+
+AZURE_DISAGG = {  # 2 prefill + 4 decode replicas, one 50 GB/s link (400 Gb/s), 0.5 ms latency
+    "pools": [{"name": "prefill", "role": "prefill", "replicas": 2},
+              {"name": "decode", "role": "decode", "replicas": 4, "router": "least-outstanding"}],
+    "links": [{"from": "prefill", "to": "decode", "bandwidth_gbps": 50.0, "latency_s": 0.0005}],
+}
+
+
+def case_azure_disagg(repeat: int) -> None:
+    """The azure case disaggregated: the same 6 GPUs as 2 prefill + 4 decode replicas (docs/cluster.md)."""
+    from servelab.api import ReplayConfig, replay
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    colocated = ReplayConfig.from_dict({"replicas": 6})
+    disagg = ReplayConfig.from_dict({"cluster": AZURE_DISAGG})
+    walls = {}
+    for name, config in (("colocated x6", colocated), ("2 prefill + 4 decode", disagg)):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            result = replay(trace, config)
+            times.append(time.perf_counter() - t0)
+        walls[name] = min(times)
+        print(f"azure-conv {name}: {result.steps.num_rows:,} step rows; wall best {min(times):.3f} s, "
+              f"median {sorted(times)[len(times) // 2]:.3f} s; counts {result.meta['counts']}")
+    print(f"disaggregated / colocated wall: {walls['2 prefill + 4 decode'] / walls['colocated x6']:.2f}x; "
           f"peak RSS {peak_rss_mb():.0f} MB")
 
 
@@ -101,7 +132,8 @@ def case_overload200k_one(n: int, policy: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one"])
+    parser.add_argument("--case", choices=["azure", "azure-disagg", "1m", "overload", "overload200k",
+                                           "overload200k-one"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
     parser.add_argument("--n", type=int, default=200_000, help="overload200k: requests")
     parser.add_argument("--repeat", type=int, default=3)
@@ -109,6 +141,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.case == "azure":
         case_azure(args.repeat)
+    elif args.case == "azure-disagg":
+        case_azure_disagg(args.repeat)
     elif args.case == "1m":
         case_1m()
     elif args.case == "overload":

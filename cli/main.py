@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "trace": "servelab.cli.trace_cmd:trace",
     "replay": "servelab.cli.replay_cmd:replay",
     "policies": "servelab.cli.replay_cmd:policies",
+    "routers": "servelab.cli.replay_cmd:routers",
     "demo": "servelab.cli.replay_cmd:demo",
     "presets": "servelab.cli.runner_cmd:presets",
     "fit": "servelab.cli.runner_cmd:fit",

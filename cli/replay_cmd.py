@@ -59,6 +59,8 @@ def replay_options(func: Callable) -> Callable:
         click.option("--policy", help="Scheduling policy (see `servelab policies`). Default: sarathi."),
         click.option("--policy-param", "policy_param", multiple=True, metavar="KEY=VALUE",
                      help="A policy parameter; repeatable."),
+        click.option("--router-param", "router_param", multiple=True, metavar="KEY=VALUE",
+                     help="A router parameter (e.g. weighted's queue=2); repeatable."),
         click.option("--runner", help="Runner spec, e.g. roofline, linear:base=0.01,prefill_token=1e-5, "
                                       "fitted:model.json. Default: roofline."),
         click.option("--model", help="Model preset for the runner (see `servelab presets`)."),
@@ -75,7 +77,8 @@ def replay_options(func: Callable) -> Callable:
     return func
 
 
-def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
+def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (),
+                        router_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
     """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
     base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -93,6 +96,14 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
                 raise ServelabError(f"--policy-param expects KEY=VALUE, got '{item}'")
             params[key.strip()] = value.strip()
         base["policy_params"] = params
+    if router_param:
+        params = dict(base.get("router_params", {}))
+        for item in router_param:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ServelabError(f"--router-param expects KEY=VALUE, got '{item}'")
+            params[key.strip()] = value.strip()
+        base["router_params"] = params
     return ReplayConfig.from_dict(base, source="options")
 
 
@@ -347,5 +358,17 @@ def policies() -> None:
         click.echo(f"{name:14s} {doc}\n{'':14s} parameters: {params}")
 
 
-__all__ = ["replay", "demo", "policies", "replay_options", "config_from_options", "run_replay", "check_replay_output",
+@click.command()
+def routers() -> None:
+    """List the registered routers and their parameters (``--router``, a pool's ``router``)."""
+    from servelab.routers.base import router_class, router_names
+
+    for name in router_names():
+        cls = router_class(name)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
+        click.echo(f"{name:18s} {doc}\n{'':18s} parameters: {params}")
+
+
+__all__ = ["replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
            "parse_slo"]
