@@ -70,9 +70,14 @@ class Link:
         if token != self.token:
             return
         self._advance(now)
-        # the transfers whose last byte is in (to rounding: a millionth of a byte per byte moved)
-        landed = [t for t in self.active if t.left <= 1e-9 * max(t.bytes, 1.0)]
-        self.active = [t for t in self.active if t.left > 1e-9 * max(t.bytes, 1.0)]
+        # This event was planned for the transfers with the fewest bytes left (nothing changed since,
+        # or its token would be stale): they are in, whatever rounding left of them — late in a long
+        # replay ``now + tiny`` can round back to ``now`` and the bytes would never reach zero. Others
+        # within a billionth of their size of the same end land with them.
+        first = min(t.left for t in self.active)
+        due = [t.left <= first + 1e-9 * max(t.bytes, 1.0) for t in self.active]
+        landed = [t for t, d in zip(self.active, due) if d]
+        self.active = [t for t, d in zip(self.active, due) if not d]
         self._plan(now)
         for t in landed:
             self.bytes_moved += t.bytes

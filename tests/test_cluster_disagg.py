@@ -128,3 +128,10 @@ def test_disaggregated_replays_are_deterministic():
     a, b = replay(trace, config), replay(trace, config)
     assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
     assert a.meta["counts"]["finished"] == 300
+
+
+def test_a_transfer_shorter_than_the_clocks_resolution_still_lands():
+    # at t = 1e9 s a 8,000 B transfer at 1e6 GB/s (8e-12 s) ends where the clock cannot move:
+    # it lands at the same instant instead of being planned again and again
+    r = rows(replay(make_trace([1e9], [8], [2]), cluster_config(link={"bandwidth_gbps": 1e6})))[0]
+    assert r["status"] == "finished" and r["finish_s"] == pytest.approx(1e9 + 2.0)
