@@ -111,7 +111,14 @@ class Disaggregation:
             kv = d.kv
             need = self._landing_blocks(req, kv)
             seats = len(d.running) + len(d.waiting) + len(self.landing[d.id])
-            if seats < d.config.max_num_seqs and kv.free - self._promised(d) >= need:
+            if seats >= d.config.max_num_seqs or kv.free < need:
+                continue
+            step = d.inflight
+            # a stretch in flight takes at most k / block_size + 2 blocks per request (the engine's own
+            # bound when it plans one): count exactly only when that bound could matter
+            if not d.busy or step is None or step.k == 1 \
+                    or kv.free - step.decode_requests * (step.k // kv.block_size + 2) >= need \
+                    or kv.free - self._promised(d) >= need:
                 out.append(d)
         return out
 
