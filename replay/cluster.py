@@ -24,7 +24,7 @@ Validated without I/O, like `EngineConfig`; a pool's settings become a whole `Re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from servelab.common.coerce import coerce
@@ -143,7 +143,7 @@ class ClusterConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "config") -> "ClusterConfig":
+    def from_dict(cls, data: Any, source: str = "config") -> ClusterConfig:
         from servelab.replay.config import EngineConfig
 
         where = f"{source}: cluster"
@@ -151,7 +151,7 @@ class ClusterConfig:
             raise ServelabError(f"{where} must be a table")
         unknown = set(data) - {"pools", "links"}
         if unknown:
-            raise ServelabError(f"{where}: unknown key '{sorted(unknown)[0]}' (known: links, pools)")
+            raise ServelabError(f"{where}: unknown key '{min(unknown)}' (known: links, pools)")
         raw_pools = data.get("pools")
         if not isinstance(raw_pools, list) or not raw_pools:
             raise ServelabError(f"{where}.pools must be a non-empty array of tables ([[cluster.pools]])")
@@ -187,7 +187,7 @@ class ClusterConfig:
             raw = {k.replace("-", "_"): v for k, v in raw.items()}
             unknown = set(raw) - {"from", "to", "bandwidth_gbps", "latency_s"}
             if unknown:
-                raise ServelabError(f"{at}: unknown key '{sorted(unknown)[0]}' (known: bandwidth_gbps, from, latency_s, to)")
+                raise ServelabError(f"{at}: unknown key '{min(unknown)}' (known: bandwidth_gbps, from, latency_s, to)")
             for key in ("from", "to"):
                 if key not in raw:
                     raise ServelabError(f"{at}: missing '{key}'")
@@ -197,7 +197,7 @@ class ClusterConfig:
         return cls(tuple(pools), tuple(links))
 
 
-def pool_config(base: "ReplayConfig", pool: PoolConfig) -> "ReplayConfig":
+def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
     """The flat `ReplayConfig` of one pool: the config's top level under the pool's own keys, with
     the pool's replica count (and no cluster)."""
     from servelab.replay.config import ReplayConfig
@@ -215,7 +215,7 @@ def pool_config(base: "ReplayConfig", pool: PoolConfig) -> "ReplayConfig":
     return ReplayConfig.from_dict(data, source=f"cluster pool '{pool.name}'")
 
 
-def one_pool(base: "ReplayConfig") -> ClusterConfig:
+def one_pool(base: ReplayConfig) -> ClusterConfig:
     """Today's flat ``--replicas N --router R``: one mixed pool (what a config without [cluster] is)."""
     return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
 

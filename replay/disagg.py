@@ -32,11 +32,10 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from servelab.replay.engine import SCHEDULE, TIMER
 from servelab.replay.kv import blocks_for
 from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
-
-from servelab.replay.engine import SCHEDULE, TIMER
 
 if TYPE_CHECKING:
     from servelab.replay.engine import Engine
@@ -45,9 +44,8 @@ if TYPE_CHECKING:
 
 
 class Disaggregation:
-    def __init__(self, engine: "Engine", prefill: list["Replica"], decode: list["Replica"], router: "Router",
+    def __init__(self, engine: Engine, prefill: list[Replica], decode: list[Replica], router: Router,
                  bytes_per_token: int, bandwidth_gbps: float, latency_s: float):
-
         self.engine = engine
         self.prefill = prefill
         self.decode = decode
@@ -58,7 +56,7 @@ class Disaggregation:
         self.pending: deque[Request] = deque()  # handed off, waiting for a decode replica with room
         self.sending: dict[int, list[Request]] = {r.id: [] for r in prefill}  # KV held on a prefill replica
         self.landing: dict[int, dict[Request, Request]] = {r.id: {} for r in decode}  # req -> placeholder
-        self.source: dict[Request, "Replica"] = {}
+        self.source: dict[Request, Replica] = {}
         # per request index: its results columns
         self.prefill_replica: dict[int, int] = {}
         self.decode_replica: dict[int, int] = {}
@@ -66,14 +64,14 @@ class Disaggregation:
         self.transfer_start_s: dict[int, float] = {}
         self.transfer_end_s: dict[int, float] = {}
         self.max_pending = 0
-        self._applied: "Replica | None" = None
+        self._applied: Replica | None = None
         for replica in prefill:
             replica.cohort = None  # nothing decodes there: every request leaves at its first token
         engine.handoff = self.after_step
         engine.live = list(prefill)  # arrivals are routed to the prefill pool only
 
     # -- the engine's hook ----------------------------------------------------------------------
-    def after_step(self, replica: "Replica", step, end_s: float) -> None:
+    def after_step(self, replica: Replica, step, end_s: float) -> None:
         if replica.id in self.prefill_ids:
             running = Status.RUNNING
             for req, _ in step.batch.items:
@@ -85,7 +83,7 @@ class Disaggregation:
             self._place_pending(end_s)
             self._applied = None
 
-    def _hand_off(self, replica: "Replica", req: Request, now: float) -> None:
+    def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
         replica.running.remove(req)
         replica.forgive(req)
         replica.policy.on_leave(req, replica)
@@ -105,7 +103,7 @@ class Disaggregation:
         self._place_pending(now)
 
     # -- placing on a decode replica ------------------------------------------------------------
-    def _room(self, req: Request) -> list["Replica"]:
+    def _room(self, req: Request) -> list[Replica]:
         out = []
         for d in self.decode:
             kv = d.kv
@@ -127,7 +125,7 @@ class Disaggregation:
         """Blocks ``req`` holds on landing: its context and its next token (reservation: all of it)."""
         return kv.blocks_to_finish(req) if kv.reserve else blocks_for(req.num_computed_tokens + 1, kv.block_size)
 
-    def _promised(self, replica: "Replica") -> int:
+    def _promised(self, replica: Replica) -> int:
         """Free blocks the decode stretch in flight on ``replica`` will still take when it completes
         (a stretch grows its requests' KV at its end; the engine planned it on those blocks being free)."""
         step = replica.inflight
@@ -175,7 +173,7 @@ class Disaggregation:
             target.cohort.outside.append(req)
         self._wake(target, now)
 
-    def _wake(self, replica: "Replica", now: float) -> None:
+    def _wake(self, replica: Replica, now: float) -> None:
         """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration
         boundary; an idle one decides at ``now`` after every other landing of this instant (a
         ``SCHEDULE`` event comes after the ``TIMER`` events of its time)."""
@@ -202,7 +200,7 @@ class Disaggregation:
                 req.status = Status.UNFINISHED
                 req.reason = "waiting for a decode replica with room when the replay ended"
 
-    def holders(self, replica: "Replica") -> list[Request]:
+    def holders(self, replica: Replica) -> list[Request]:
         """Every request (or landing placeholder) holding GPU blocks on ``replica`` (the KV check)."""
         held = list(replica.running)
         if replica.id in self.sending:

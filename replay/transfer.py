@@ -11,11 +11,12 @@ in flight on the link).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class Transfer:
-    __slots__ = ("payload", "bytes", "left", "start_s")
+    __slots__ = ("bytes", "left", "payload", "start_s")
 
     def __init__(self, payload: Any, num_bytes: float, start_s: float):
         self.payload = payload

@@ -40,7 +40,7 @@ class RouterBase:
         self.params = self.Params() if params is None else params
         self.seed = seed
 
-    def route(self, req: "Request", replicas: list["Replica"]) -> "Replica":
+    def route(self, req: Request, replicas: list[Replica]) -> Replica:
         raise NotImplementedError
 
 
@@ -90,7 +90,7 @@ def make_router(name: str, raw_params: dict[str, Any] | None = None, seed: int =
     return cls(make_params(cls.Params, raw_params or {}, f"router '{name}'"), seed)
 
 
-def least_outstanding(replicas: list["Replica"]) -> "Replica":
+def least_outstanding(replicas: list[Replica]) -> Replica:
     """The replica with the fewest prompt + output tokens still to produce (ties: the first, the lowest id)."""
     return min(replicas, key=lambda r: r.outstanding_tokens)
 

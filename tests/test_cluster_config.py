@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from helpers_engine import synthetic
 from servelab.api import EngineConfig, ReplayConfig, replay, write_run
 from servelab.common.errors import ServelabError

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import make_trace
 from servelab.api import ReplayConfig, replay, write_run
 from servelab.scoring.db import connect

@@ -7,7 +7,6 @@ Every step costs 1 s (``linear:base=1``); KV is 1,000 bytes per token, so an 8-t
 from __future__ import annotations
 
 import pytest
-
 from conftest import make_trace
 from servelab.api import ReplayConfig, replay
 from servelab.common.errors import ServelabError

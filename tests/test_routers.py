@@ -5,7 +5,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import make_trace
 from helpers_engine import run
 from servelab.common.errors import ServelabError
