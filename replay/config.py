@@ -111,6 +111,11 @@ class ReplayConfig:
     router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
 
+    def __post_init__(self) -> None:
+        if self.cluster is not None and self.engine.replicas != 1:
+            raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
+                                "replicas ([[cluster.pools]] replicas = N)")
+
     def to_dict(self) -> dict[str, Any]:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
         out: dict[str, Any] = {"policy": self.policy, "runner": self.runner, "model": self.model,

@@ -90,3 +90,48 @@ def test_cli_replay_takes_a_cluster_config(tmp_path, capsys):
     # both prefill in [0, 1]; each 8,000 B at 4,000 B/s shared -> land at 3; decode [3, 4], [4, 5]
     assert [r["decode_replica"] for r in rows] == [1, 2]
     assert [r["finish_s"] for r in rows] == [5.0, 5.0]
+
+
+def test_flat_replicas_beside_a_cluster_is_an_error_not_ignored():
+    with pytest.raises(ServelabError, match="each pool sets its own replicas"):
+        ReplayConfig.from_dict({"replicas": 4, "cluster": {"pools": [{"name": "a"}]}})
+
+
+def test_a_search_spec_takes_a_cluster_and_its_trials_keep_it(tmp_path):
+    from servelab.search.space import config_for
+    from servelab.search.spec import load_spec
+
+    (tmp_path / "s.toml").write_text(
+        'trace = "t.arrow"\nobjective = "attainment"\nn_trials = 2\n[slo]\nttft_s = 2.0\n'
+        '[replay]\nrunner = "linear:base=1"\nnum_gpu_blocks = 100\nkv_bytes_per_token = 1000\n'
+        '[[replay.cluster.pools]]\nname = "p"\nrole = "prefill"\n'
+        '[[replay.cluster.pools]]\nname = "d"\nrole = "decode"\nreplicas = 2\n'
+        '[[replay.cluster.links]]\nfrom = "p"\nto = "d"\n'
+        '[space]\nmax_num_seqs = { low = 8, high = 64 }\n')
+    spec = load_spec(tmp_path / "s.toml")
+    assert spec.base.cluster.disaggregated
+    trial = config_for(spec.base, spec.space, {"max_num_seqs": 16})
+    assert trial.cluster == spec.base.cluster and trial.engine.max_num_seqs == 16
+
+
+def test_sweep_takes_a_cluster_config(tmp_path, capsys):
+    import json
+
+    from conftest import make_trace
+    from helpers_cli import run_main
+    from servelab.traces.io import write_trace
+
+    trace = tmp_path / "t.arrow"
+    write_trace(make_trace([0, 1, 2, 3], [8] * 4, [3] * 4), trace, "test")
+    (tmp_path / "c.toml").write_text(
+        'runner = "linear:base=1"\nnum_gpu_blocks = 100\nkv_bytes_per_token = 1000\n'
+        '[[cluster.pools]]\nname = "p"\nrole = "prefill"\n'
+        '[[cluster.pools]]\nname = "d"\nrole = "decode"\n'
+        '[[cluster.links]]\nfrom = "p"\nto = "d"\n')
+    code, _, err = run_main(["sweep", trace, "--config", tmp_path / "c.toml", "--rates", "0.5,1",
+                             "--slo", "ttft=2", "-o", tmp_path / "sw"], capsys)
+    assert code == 0, err
+    points = json.loads((tmp_path / "sw" / "sweep.json").read_text())["points"]
+    assert len(points) == 2 and all(p["attainment"] == 1.0 for p in points)
+    meta = json.loads((tmp_path / "sw" / "rate_0.5" / "run.json").read_text())
+    assert meta["cluster"]["transfers"]["transfers"] == 4
