@@ -55,3 +55,14 @@ def test_a_flat_run_has_gpu_time_but_no_price(tmp_path):
     con = connect([str(run_dir)])
     gpus, gpu_s, dollars = con.execute("SELECT gpus, gpu_s, dollars FROM cost WHERE scope = 'overall'").fetchone()
     assert (gpus, gpu_s, dollars) == (4, pytest.approx(4 * 3.0), None)  # 2 replicas x TP 2 over [0, 3]
+
+
+def test_compare_shows_cost_rows_for_priced_runs(tmp_path):
+    from servelab.scoring.compare import run_metrics
+
+    run_dir = fixed_cluster_run(tmp_path)
+    con = connect([str(run_dir)])
+    rows = {r["metric"]: r["value"] for r in run_metrics(con).to_pylist()}
+    assert rows["gpus"] == 4 and rows["dollars"] == pytest.approx(0.0125)
+    assert rows["gpu_hours"] == pytest.approx(20 / 3600)
+    assert rows["dollars_per_million_output_tokens"] == pytest.approx(0.0125 / 6 * 1e6)
