@@ -33,6 +33,7 @@ from servelab.replay.results import (
     with_platform_columns, write_run,
 )
 from servelab.replay.schema import DISAGG_SCHEMA
+from servelab.replay.autoscale import Autoscaler
 from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
 from servelab.replay.disagg import Disaggregation
 from servelab.routers.base import make_router
@@ -130,6 +131,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log)
     disagg = cluster.disaggregate(engine)
+    scalers = cluster.autoscale(engine)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
     # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
@@ -167,7 +169,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         "config": config.to_dict(),
     }
     if config.cluster is not None:
-        meta["cluster"] = cluster.meta(disagg)
+        meta["cluster"] = cluster.meta(disagg, scalers, requests, end_s)
     tokens = engine.tokens.finish() if engine.tokens is not None else None
     return RunResult(requests_table, steps_table, meta, tokens)
 
@@ -182,6 +184,7 @@ class BuiltPool:
 
     def meta(self) -> dict:
         return {"name": self.spec.name, "role": self.spec.role, "replicas": [r.id for r in self.replicas],
+                "initial_replicas": self.spec.replicas,
                 "gpu": self.config.gpu, "tp": self.config.tp, "model": self.config.model,
                 "runner": self.config.runner, "policy": self.config.policy, "router": self.config.engine.router,
                 "num_gpu_blocks": self.num_blocks, "price_per_gpu_hour": self.spec.price_per_gpu_hour}
@@ -205,10 +208,29 @@ class BuiltCluster:
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
                               link.bandwidth_gbps, link.latency_s)
 
-    def meta(self, disagg: Disaggregation | None) -> dict:
+    def autoscale(self, engine: Engine) -> dict[str, Autoscaler]:
+        """An autoscaler per pool that has one (pool name -> Autoscaler)."""
+        scalers = {}
+        for pool in self.pools:
+            if pool.spec.autoscale is not None:
+                scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas)
+        return scalers
+
+    def meta(self, disagg: Disaggregation | None, scalers: dict[str, Autoscaler], requests, end_s: float) -> dict:
         out = {"pools": [p.meta() for p in self.pools], "links": [l.to_dict() for l in self.spec.links]}
         if disagg is not None:
             out["transfers"] = disagg.meta()
+        if scalers:
+            # GPU time over the window the cost view uses: first arrival to last finish (else the end)
+            arrivals = [r.arrival_s for r in requests if r.arrival_s is not None]
+            finishes = [r.finish_s for r in requests if r.status is Status.FINISHED]
+            start = min(arrivals) if arrivals else 0.0
+            stop = max(finishes) if finishes else end_s
+            for pool, built in zip(out["pools"], self.pools):
+                scaler = scalers.get(built.spec.name)
+                if scaler is not None:
+                    pool["autoscale"] = scaler.meta()
+                    pool["replica_seconds"] = scaler.replica_seconds(start, stop)
         return out
 
 
@@ -241,6 +263,8 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         pools.append(BuiltPool(pool, cfg, pool_runner, num_blocks, replicas, router))
     if spec.disaggregated:
         _check_disaggregated(pools)
+    if any(p.autoscale is not None for p in spec.pools) and config.engine.fail:
+        raise ServelabError("cluster: replica failures (fail) are not modelled with autoscaling yet")
     return BuiltCluster(spec, pools, config)
 
 

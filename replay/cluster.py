@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
+from servelab.replay.autoscale import AutoscaleConfig
 
 if TYPE_CHECKING:
     from servelab.replay.config import ReplayConfig
 
 ROLES = ("mixed", "prefill", "decode")
 # what a pool may set besides the engine keys (EngineConfig's fields)
-POOL_TOP = ("name", "role", "replicas", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
+POOL_TOP = ("name", "role", "replicas", "autoscale", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
             "router_params", "price_per_gpu_hour")
 # engine keys that are the cluster's (its front door, horizon, seed), not a pool's
 CLUSTER_WIDE = ("until_s", "seed", "quota", "retries", "retry_backoff_s", "retry_max_backoff_s", "retry_jitter",
@@ -50,6 +51,7 @@ class PoolConfig:
     replicas: int = 1
     price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is tp GPUs)
     settings: tuple[tuple[str, Any], ...] = ()  # the pool's other keys, over the config's top level
+    autoscale: AutoscaleConfig | None = None  # target tracking (replay/autoscale.py); replicas = the initial count
 
     def __post_init__(self) -> None:
         where = f"cluster pool '{self.name}'"
@@ -60,10 +62,18 @@ class PoolConfig:
             raise ServelabError(f"{where}: replicas must be >= 1, got {self.replicas}")
         if not (0 <= self.price_per_gpu_hour < math.inf):
             raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
+        if self.autoscale is not None:
+            self.autoscale.check(where)
+            if not self.autoscale.min <= self.replicas <= self.autoscale.max:
+                raise ServelabError(f"{where}: replicas (the initial count) must be within autoscale min..max, "
+                                    f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "replicas": self.replicas,
-                "price_per_gpu_hour": self.price_per_gpu_hour, **dict(self.settings)}
+        out = {"name": self.name, "role": self.role, "replicas": self.replicas,
+               "price_per_gpu_hour": self.price_per_gpu_hour, **dict(self.settings)}
+        if self.autoscale is not None:
+            out["autoscale"] = self.autoscale.to_dict()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +117,9 @@ class ClusterConfig:
             raise ServelabError(f"cluster: prefill pool '{entry[0].name}' needs exactly one decode pool, got {len(decode)}")
         if entry[0].role == "mixed" and decode:
             raise ServelabError(f"cluster: decode pool '{decode[0].name}' needs a prefill pool, not a mixed one")
+        for pool in self.pools:
+            if pool.autoscale is not None and pool.role != "mixed":
+                raise ServelabError(f"cluster pool '{pool.name}': autoscaling is modelled for mixed pools only (yet)")
         for link in self.links:
             for end, want in ((link.source, "prefill"), (link.target, "decode")):
                 if end not in roles:
@@ -166,7 +179,7 @@ class ClusterConfig:
                 raise ServelabError(f"{at}: missing 'name'")
             settings = []
             for key, value in raw.items():
-                if key in ("name", "role", "replicas", "price_per_gpu_hour"):
+                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale"):
                     continue
                 if key in CLUSTER_WIDE:
                     raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
@@ -178,7 +191,10 @@ class ClusterConfig:
                 name=str(raw["name"]), role=str(raw.get("role", "mixed")),
                 replicas=coerce(raw.get("replicas", 1), "int", f"{at}.replicas"),
                 price_per_gpu_hour=coerce(raw.get("price_per_gpu_hour", 0.0), "float", f"{at}.price_per_gpu_hour"),
-                settings=tuple(sorted(settings))))
+                settings=tuple(sorted(settings)),
+                autoscale=None if "autoscale" not in raw else (
+                    raw["autoscale"] if isinstance(raw["autoscale"], AutoscaleConfig)
+                    else AutoscaleConfig.from_dict(raw["autoscale"], at))))
         links = []
         for i, raw in enumerate(data.get("links", [])):
             at = f"{where}.links[{i}]"
@@ -209,7 +225,7 @@ def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
             data[key] = dict(value)
         else:
             data[key] = value
-    data["replicas"] = pool.replicas
+    data["replicas"] = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
     if pool.settings and "policy" in dict(pool.settings) and "policy_params" not in dict(pool.settings):
         data.pop("policy_params", None)  # another policy: the top level's parameters are not its
     return ReplayConfig.from_dict(data, source=f"cluster pool '{pool.name}'")

@@ -191,6 +191,7 @@ def num_gpus(meta: dict) -> int:
 POOLS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("pool", pa.string()), ("role", pa.string()), ("gpu", pa.string()),
     ("tp", pa.int64()), ("replicas", pa.int64()), ("gpus", pa.int64()), ("price_per_gpu_hour", pa.float64()),
+    ("gpu_s", pa.float64()),  # an autoscaled pool's GPU time (replica-seconds x TP); null: gpus x duration
 ])
 
 
@@ -200,7 +201,9 @@ def pool_rows(meta: dict) -> list[dict]:
     if pools:
         return [{"pool": p.get("name"), "role": p.get("role"), "gpu": p.get("gpu"), "tp": int(p.get("tp") or 1),
                  "replicas": len(p.get("replicas") or ()), "gpus": len(p.get("replicas") or ()) * int(p.get("tp") or 1),
-                 "price_per_gpu_hour": p.get("price_per_gpu_hour")} for p in pools]
+                 "price_per_gpu_hour": p.get("price_per_gpu_hour"),
+                 "gpu_s": None if p.get("replica_seconds") is None else p["replica_seconds"] * int(p.get("tp") or 1)}
+                for p in pools]
     config = meta.get("config") or {}
     engine = meta.get("engine") or {}
     try:
@@ -209,7 +212,7 @@ def pool_rows(meta: dict) -> list[dict]:
     except (TypeError, ValueError):
         replicas, tp = 1, 1
     return [{"pool": "default", "role": "mixed", "gpu": config.get("gpu"), "tp": tp, "replicas": replicas,
-             "gpus": replicas * tp, "price_per_gpu_hour": None}]
+             "gpus": replicas * tp, "price_per_gpu_hour": None, "gpu_s": None}]
 
 
 def pools_table(runs: list[RunDir]) -> pa.Table:

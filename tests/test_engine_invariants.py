@@ -27,7 +27,10 @@ LIVE = (Status.WAITING, Status.RUNNING)
 
 def disaggregation(engine: Engine):
     """The prefill/decode handoff of a cluster replay (replay/disagg.py), or None."""
-    return getattr(engine.handoff, "__self__", None)
+    from servelab.replay.disagg import Disaggregation
+
+    owner = getattr(engine.handoff, "__self__", None)
+    return owner if isinstance(owner, Disaggregation) else None
 
 
 def check(engine: Engine) -> None:
@@ -186,6 +189,27 @@ def test_disaggregated_bookkeeping_adds_up_after_every_event(monkeypatch, case, 
     for replica in engine.replicas:
         assert replica.outstanding_tokens == 0
         assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.cohort_held == 0
+
+
+@pytest.mark.parametrize("signal", ["queue_depth", "running", "pending_prompt_tokens", "kv_use", "request_rate"])
+def test_autoscaled_bookkeeping_adds_up_and_no_request_is_lost(monkeypatch, signal):
+    """Replicas start, drain and stop under a bursty trace; every event keeps KV and outstanding
+    tokens consistent, and every request finishes (draining drops nothing)."""
+    from servelab.api import ReplayConfig, replay
+
+    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    target = {"queue_depth": 2, "running": 4, "pending_prompt_tokens": 1500, "kv_use": 0.3, "request_rate": 10}[signal]
+    config = ReplayConfig.from_dict({
+        "runner": "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", "num_gpu_blocks": 400,
+        "max_num_seqs": 8, "router": "least-outstanding",
+        "cluster": {"pools": [{"name": "a", "replicas": 1, "autoscale": {
+            "min": 1, "max": 4, "signal": signal, "target": target, "interval_s": 0.5, "cooldown_s": 1.0,
+            "startup_s": 0.7}}]}})
+    result = replay(synthetic(n=400, rate=40.0, seed=5), config)
+    assert set(result.requests.column("status").to_pylist()) <= {"finished", "rejected"}
+    timeline = result.meta["cluster"]["pools"][0]["autoscale"]["timeline"]
+    assert max(row[1] for row in timeline) > 1 and any(row[3] for row in timeline)  # it scaled out and drained
+    assert all(1 <= row[1] + row[3] and row[1] + row[2] + row[3] <= 4 for row in timeline)
 
 
 def _keep_engines(monkeypatch) -> list[Engine]:
