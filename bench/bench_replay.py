@@ -2,7 +2,7 @@
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
 Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
-[--case azure|azure-disagg|1m|overload|overload200k]
+[--case azure|azure-disagg|azure-autoscale|1m|overload|overload200k]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -70,6 +70,34 @@ def case_azure_disagg(repeat: int) -> None:
           f"peak RSS {peak_rss_mb():.0f} MB")
 
 
+def case_azure_autoscale(repeat: int) -> None:
+    """The azure case with an autoscaled pool of up to 6 replicas (queue depth 4 per replica, every 10 s,
+    cooldown 60 s, start-up 30 s) against 6 fixed replicas: the autoscaler's cost per replay."""
+    from servelab.api import ReplayConfig, replay
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    scaled = ReplayConfig.from_dict({"cluster": {"pools": [{"name": "web", "replicas": 2, "autoscale": {
+        "min": 2, "max": 6, "signal": "queue_depth", "target": 4, "interval_s": 10, "cooldown_s": 60,
+        "startup_s": 30}}]}})
+    walls = {}
+    for name, config in (("fixed x6", ReplayConfig.from_dict({"replicas": 6})), ("autoscaled 2..6", scaled)):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            result = replay(trace, config)
+            times.append(time.perf_counter() - t0)
+        walls[name] = min(times)
+        extra = ""
+        if "cluster" in result.meta:
+            timeline = result.meta["cluster"]["pools"][0]["autoscale"]["timeline"]
+            extra = f"; {len(timeline)} timeline rows, most active {max(row[1] for row in timeline)}"
+        print(f"azure-conv {name}: {result.steps.num_rows:,} step rows; wall best {min(times):.3f} s, "
+              f"median {sorted(times)[len(times) // 2]:.3f} s{extra}")
+    print(f"autoscaled / fixed wall: {walls['autoscaled 2..6'] / walls['fixed x6']:.2f}x")
+
+
 def case_1m() -> None:
     from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.traces.synth import synth_trace
@@ -132,7 +160,7 @@ def case_overload200k_one(n: int, policy: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "azure-disagg", "1m", "overload", "overload200k",
+    parser.add_argument("--case", choices=["azure", "azure-disagg", "azure-autoscale", "1m", "overload", "overload200k",
                                            "overload200k-one"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
     parser.add_argument("--n", type=int, default=200_000, help="overload200k: requests")
@@ -143,6 +171,8 @@ def main() -> None:
         case_azure(args.repeat)
     elif args.case == "azure-disagg":
         case_azure_disagg(args.repeat)
+    elif args.case == "azure-autoscale":
+        case_azure_autoscale(args.repeat)
     elif args.case == "1m":
         case_1m()
     elif args.case == "overload":
