@@ -73,3 +73,16 @@ def test_bad_autoscale_settings_are_one_line_errors():
         autoscaled(min=2)
     with pytest.raises(ServelabError, match="unknown key 'cooldown'"):
         autoscaled(cooldown=3)
+
+
+def test_an_autoscaler_pinned_at_n_replays_like_n_fixed_replicas():
+    from helpers_engine import synthetic
+
+    trace = synthetic(n=400, rate=40.0)
+    runner = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005"
+    fixed = replay(trace, ReplayConfig.from_dict({"runner": runner, "num_gpu_blocks": 500, "replicas": 3,
+                                                  "router": "least-outstanding"}))
+    pinned = replay(trace, ReplayConfig.from_dict({
+        "runner": runner, "num_gpu_blocks": 500, "router": "least-outstanding",
+        "cluster": {"pools": [{"name": "a", "replicas": 3, "autoscale": {"min": 3, "max": 3, "interval_s": 0.25}}]}}))
+    assert fixed.requests.equals(pinned.requests) and fixed.steps.equals(pinned.steps)
