@@ -58,7 +58,7 @@ class RoundRobin(KeyedWaiting, PolicyBase):
         super().__init__(params, engine, replica_id)
         self._tickets = 0
         self._iterations = 0  # iterations this replica has run
-        self._turns: list[tuple[int, int, Request]] = []  # (earliest iteration the turn can end, turn, req)
+        self._turns: list[tuple[int, int, _Slot, Request]] = []  # (earliest iteration it can end, turn, slot, req)
         self._turn_seq = 0
 
     def _ticket(self) -> int:
@@ -76,10 +76,6 @@ class RoundRobin(KeyedWaiting, PolicyBase):
         req.policy_data.turn = 0  # its turn is over (its heap entry is dead)
         super().on_requeue(req, replica)
 
-    def on_leave(self, req: Request, replica: Replica) -> None:
-        req.policy_data.turn = 0
-        super().on_leave(req, replica)
-
     def on_step(self, batch: Batch, num_iterations: int) -> None:
         self._iterations += num_iterations
 
@@ -88,28 +84,29 @@ class RoundRobin(KeyedWaiting, PolicyBase):
         slot.turn_start = generated
         self._turn_seq += 1
         slot.turn = self._turn_seq
-        heapq.heappush(self._turns, (self._iterations + self.params.quantum, self._turn_seq, req))
+        heapq.heappush(self._turns, (self._iterations + self.params.quantum, self._turn_seq, slot, req))
 
     def _ended_turns(self, b: BatchBuilder) -> list[Request]:
         """Running requests whose turn has ended (used >= quantum), in ticket order."""
         turns, now, quantum = self._turns, self._iterations, self.params.quantum
         ended = []
         while turns and turns[0][0] <= now:
-            _, turn, req = heapq.heappop(turns)
-            if not _current(turn, req):
+            entry = heapq.heappop(turns)
+            if not _current(entry):
                 continue
+            req = entry[3]
             used = b.generated(req) - req.policy_data.turn_start
             if used >= quantum:
                 ended.append(req)
             else:  # it skipped iterations: not before this
-                heapq.heappush(turns, (now + quantum - used, turn, req))
+                heapq.heappush(turns, (now + quantum - used, *entry[1:]))
         ended.sort(key=lambda r: r.policy_data.ticket)
         return ended
 
     def _next_turn_end(self) -> int | None:
         """The earliest iteration at which a running request's turn can end."""
         turns = self._turns
-        while turns and not _current(turns[0][1], turns[0][2]):
+        while turns and not _current(turns[0]):
             heapq.heappop(turns)
         return turns[0][0] if turns else None
 
@@ -137,7 +134,9 @@ class RoundRobin(KeyedWaiting, PolicyBase):
         return b.build(repeat=repeat)
 
 
-def _current(turn: int, req: Request) -> bool:
-    """Is ``turn`` the running (or just admitted) request's current turn? Preemption and leaving
-    end a turn (``turn`` 0); finishing ends it too."""
-    return req.policy_data.turn == turn and not req.status.is_terminal
+def _current(entry: tuple[int, int, _Slot, Request]) -> bool:
+    """Is this heap entry the current turn of a request running here (or just admitted)? A request
+    that was preempted, finished, or left for another replica (which gave it a slot of its own) has
+    none."""
+    _, turn, slot, req = entry
+    return slot.turn == turn and req.policy_data is slot and not req.status.is_terminal
