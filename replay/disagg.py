@@ -19,8 +19,9 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   blocks on the decode replica (``KVManager.adopt``) and joins its running set at once (as vLLM's
   decode instance takes a request whose KV it pulled): its next iteration there decodes, without a
   trip through the waiting queue, where a request holding KV could block admission behind a request
-  waiting for blocks. The decode replica's policy sees it from then on as one of its running
-  requests (it was never ``on_arrival`` there).
+  waiting for blocks. The decode replica's policy is told ``on_arrival`` (its per-request state,
+  e.g. a round-robin slot) then ``on_leave`` (out of its waiting order) and sees it from then on as
+  one of its running requests.
 
 A request whose prompt + max output can never fit a decode replica is rejected at its handoff, with
 the reason. Per-request results (``columns``): the decode replica, the handoff wait (first token to
@@ -168,6 +169,11 @@ class Disaggregation:
         engine = self.engine
         engine.admissions += 1  # it joins the running set as if admitted now: it has its KV
         req.admitted_seq = engine.admissions
+        # the decode replica's policy sets up its own per-request state (``on_arrival``) and takes it
+        # straight back out of its waiting order (``on_leave``): the request runs without queueing
+        policy = target.policy
+        policy.on_arrival(req, target)
+        policy.on_leave(req, target)
         target.running.append(req)
         if target.cohort is not None:
             target.cohort.outside.append(req)
