@@ -75,12 +75,7 @@ class EngineConfig:
         _choice(self, "kv_tier_write", ("back", "through"))
         if self.kv_load_overlap_layers < 0:
             raise ServelabError(f"kv_load_overlap_layers must be >= 0, got {self.kv_load_overlap_layers}")
-        for name in ("kv_tiers", "purge_tenants"):  # a TOML array or one CLI string -> a tuple of strings
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, (value,))
-            elif not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(str(v) for v in value))
+        _as_tuple(self, "kv_tiers", "purge_tenants")
         parse_kv_tiers(self.kv_tiers)
         if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
             raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")
@@ -93,12 +88,7 @@ class EngineConfig:
         from servelab.replay.faults import Failure, check_failures
 
         parse_tiers(self.tier_order, "tier_order")
-        for name in ("quota", "fail"):  # a TOML array or one CLI string -> a tuple of strings
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, (value,))
-            elif not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(str(v) for v in value))
+        _as_tuple(self, "quota", "fail")
         for spec in self.quota:
             Quota.parse(spec)
         check_failures(tuple(Failure.parse(spec) for spec in self.fail), self.replicas)
@@ -209,6 +199,16 @@ def _positive(obj: Any, *names: str) -> None:
     for name in names:
         if getattr(obj, name) < 1:
             raise ServelabError(f"{name} must be >= 1, got {getattr(obj, name)}")
+
+
+def _as_tuple(config, *names: str) -> None:
+    """A TOML array or one CLI string -> a tuple of strings, for each field of ``names``."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, str):
+            object.__setattr__(config, name, (value,))
+        elif not isinstance(value, tuple):
+            object.__setattr__(config, name, tuple(str(v) for v in value))
 
 
 def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:

@@ -17,7 +17,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from servelab.common.registry import Registry
+from servelab.common.registry import ClassRegistry
 from servelab.replay.config import make_params
 
 if TYPE_CHECKING:
@@ -44,20 +44,7 @@ class RouterBase:
         raise NotImplementedError
 
 
-class RouterRegistry(Registry):
-    """Routers by name; registering a class also gives it its ``name``."""
-
-    def register(self, name: str):
-        add = super().register(name)
-
-        def deco(cls):
-            cls.name = name
-            return add(cls)
-
-        return deco
-
-
-ROUTERS: RouterRegistry = RouterRegistry("router")
+ROUTERS: ClassRegistry = ClassRegistry("router")
 _loaded = False
 
 
