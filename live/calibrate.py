@@ -189,7 +189,7 @@ def profile_rows(sweep_dirs: list[str | Path]) -> pa.Table:
     shape = ", ".join(FEATURES)
     con = duckdb.connect()
     con.register("measured", table)
-    return con.sql(f"SELECT {shape}, avg(step_s) AS step_s FROM measured GROUP BY ALL ORDER BY {shape}").fetch_arrow_table()
+    return con.sql(f"SELECT {shape}, avg(step_s) AS step_s FROM measured GROUP BY ALL ORDER BY {shape}").to_arrow_table()
 
 
 def fit_live(sweep_dirs: list[str | Path], output: str | Path, *, buckets: tuple[int, ...] = (),
