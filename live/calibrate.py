@@ -44,8 +44,8 @@ class SweepPlan:
     decode_prompt_tokens: tuple[int, ...] = (32, 256)  # ... at these prompt lengths
     output_tokens: int = 32  # decode levels' output length
     rounds: int = 3  # requests per user per decode level
-    prefill_rounds: int = 6  # requests per prefill level
-    prefill_think_s: float = 0.05  # idle time before each prefill-level request: the server waits idle, as between sparse arrivals
+    prefill_rounds: int = 5  # requests per prefill level
+    prefill_think_s: float = 0.15  # idle time before each prefill-level request: the server waits idle, as between sparse arrivals
     warmup: int = 2  # requests before the first level, left out
 
     def __post_init__(self) -> None:
@@ -163,9 +163,8 @@ FROM read_parquet(?) r WHERE r.status = 'finished' ORDER BY r.request_id
 
 
 def profile_rows(sweep_dirs: list[str | Path]) -> pa.Table:
-    """The sweeps' measured steps as a profile (runners/profiling.py's schema): one row per shape, the
-    mean of its measurements. The mean, not the median: a replay's mean latency is the mean of its
-    step times, and a server's occasional slow step (its own jitter) is part of that mean."""
+    """The sweeps' measured steps as a profile (runners/profiling.py's schema): one row per request and
+    kind (its TTFT; its mean clean decode gap). ``fit_model`` takes each shape's median over requests."""
     rows: dict[str, list] = {name: [] for name in (*FEATURES, "step_s")}
 
     def add(step_s: float, **counts: int) -> None:
@@ -185,11 +184,7 @@ def profile_rows(sweep_dirs: list[str | Path]) -> pa.Table:
                     add(itl, decode_seqs=c, decode_context_tokens=c * (p + out // 2))
     if not rows["step_s"]:
         raise ServelabError("the calibration sweeps hold no finished request to fit")
-    table = pa.table({f.name: pa.array(rows[f.name], f.type) for f in PROFILE_SCHEMA}, schema=PROFILE_SCHEMA)
-    shape = ", ".join(FEATURES)
-    con = duckdb.connect()
-    con.register("measured", table)
-    return con.sql(f"SELECT {shape}, avg(step_s) AS step_s FROM measured GROUP BY ALL ORDER BY {shape}").to_arrow_table()
+    return pa.table({f.name: pa.array(rows[f.name], f.type) for f in PROFILE_SCHEMA}, schema=PROFILE_SCHEMA)
 
 
 def fit_live(sweep_dirs: list[str | Path], output: str | Path, *, buckets: tuple[int, ...] = (),
