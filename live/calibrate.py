@@ -18,8 +18,10 @@ every prompt text new (no prefix cache hits), outputs forced to their length (``
   C x (P + O/2)); the steps left out are the mixed ones, which the replay prices itself. With
   C = 1 the level's TTFTs are prefill rows as well.
 
-``fit_model`` takes the median of each shape's rows (timing noise) and fits non-negative least
-squares on relative error (runners/fitted.py).
+The whole list of levels runs ``passes`` times, one pass after the other, so that a burst of other
+work on the machine spoils one pass of a shape rather than all of them. Each finished request gives
+a row of each kind it measures; ``fit_model`` takes the median of each shape's rows and fits
+non-negative least squares on relative error (runners/fitted.py).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class SweepPlan:
     users: tuple[int, ...] = (1, 2, 4, 8, 16)  # decode levels: decode batch sizes ...
     decode_prompt_tokens: tuple[int, ...] = (32, 256)  # ... at these prompt lengths
     output_tokens: int = 32  # decode levels' output length
-    rounds: int = 3  # requests per user per decode level
-    prefill_rounds: int = 5  # requests per prefill level
+    rounds: int = 1  # requests per user per decode level and pass
+    prefill_rounds: int = 2  # requests per prefill level and pass
     prefill_think_s: float = 0.15  # idle time before each prefill-level request: the server waits idle, as between sparse arrivals
+    passes: int = 3  # the whole list of levels is run this many times, one pass after the other
     warmup: int = 2  # requests before the first level, left out
 
     def __post_init__(self) -> None:
@@ -57,14 +60,16 @@ class SweepPlan:
             raise ServelabError("calibration sweep: needs at least one user count and one decode prompt length")
         if self.output_tokens < 3:
             raise ServelabError(f"calibration sweep: output tokens must be >= 3 (decode gaps), got {self.output_tokens}")
-        if self.rounds < 1 or self.prefill_rounds < 1 or self.warmup < 0 or self.prefill_think_s < 0:
-            raise ServelabError("calibration sweep: rounds must be >= 1, warmup and think time >= 0")
+        if min(self.rounds, self.prefill_rounds, self.passes) < 1 or self.warmup < 0 or self.prefill_think_s < 0:
+            raise ServelabError("calibration sweep: rounds and passes must be >= 1, warmup and think time >= 0")
 
     def levels(self) -> list[tuple[str, int, int, int, int, float]]:
-        """(name, users, prompt tokens, output tokens, rounds, think s) of every level, prefill levels first."""
-        out = [(f"prefill_{p}", 1, p, 2, self.prefill_rounds, self.prefill_think_s) for p in self.prefill_prompt_tokens]
-        return out + [(f"users_{c}_prompt_{p}", c, p, self.output_tokens, self.rounds, 0.0)
-                      for p in self.decode_prompt_tokens for c in self.users]
+        """(name, users, prompt tokens, output tokens, rounds, think s) of every level in the order run:
+        each pass the prefill levels, then the decode levels; names end with the pass."""
+        one = [(f"prefill_{p}", 1, p, 2, self.prefill_rounds, self.prefill_think_s) for p in self.prefill_prompt_tokens]
+        one += [(f"users_{c}_prompt_{p}", c, p, self.output_tokens, self.rounds, 0.0)
+                for p in self.decode_prompt_tokens for c in self.users]
+        return [(f"{name}_pass_{k}", *rest) for k in range(1, self.passes + 1) for name, *rest in one]
 
 
 def level_trace(users: int, prompt: int, output: int, rounds: int, first_id: int) -> pa.Table:
@@ -93,9 +98,11 @@ def run_sweep(target, plan: SweepPlan, out_dir: str | Path, seed: int, options=N
     first_id = 0
     for k, (name, users, prompt, output, rounds, think_s) in enumerate(plan.levels()):
         trace = level_trace(users, prompt, output, rounds, first_id)
-        first_id += trace.num_rows + plan.warmup
-        load = LoadConfig(shape="closed", users=users, think_s=think_s, warmup=plan.warmup if k == 0 else 0,
-                          seed=seed)
+        first_id += trace.num_rows
+        # Each level is a client session of its own: with one user, one warm-up request opens its
+        # connection, or the first TTFT would pay for the TCP connect (a trace's run pays it once).
+        warmup = max(plan.warmup if k == 0 else 0, 1 if users == 1 else 0)
+        load = LoadConfig(shape="closed", users=users, think_s=think_s, warmup=warmup, seed=seed)
         echo(f"calibration level {name}: {trace.num_rows} requests")
         run = asyncio.run(run_live(trace, target, load, options))
         if run.meta["stopped_by"] == "interrupt":

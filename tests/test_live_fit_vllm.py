@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -61,8 +60,8 @@ def test_fitted_model_predicts_a_different_trace_within_15_pct(tmp_path):
                                 "--format", "json").stdout)
         assert report["finished"] == {"measured": 40, "simulated": 40}
         rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
-        for m in measured:
-            measured[m].append(rows[(m, "mean")]["measured_s"])
+        for m, values in measured.items():
+            values.append(rows[(m, "mean")]["measured_s"])
             simulated[m].append(rows[(m, "mean")]["simulated_s"])
     # Each replay is of its own run's send times (trace.arrow), so the simulated means differ by a little too.
     lines, errors = [], {}
