@@ -65,10 +65,10 @@ def test_fitted_model_predicts_a_different_trace_within_15_pct(tmp_path):
             simulated[m].append(rows[(m, "mean")]["simulated_s"])
     # Each replay is of its own run's send times (trace.arrow), so the simulated means differ by a little too.
     lines, errors = [], {}
-    for m in measured:
-        real, sim = statistics.median(measured[m]), statistics.median(simulated[m])
+    for m, values in measured.items():
+        real, sim = statistics.median(values), statistics.median(simulated[m])
         errors[m] = (sim / real - 1) * 100
-        lines.append(f"mean {m}: measured {', '.join(f'{v * 1000:.2f}' for v in measured[m])} ms (median "
+        lines.append(f"mean {m}: measured {', '.join(f'{v * 1000:.2f}' for v in values)} ms (median "
                      f"{real * 1000:.2f}); simulated {', '.join(f'{v * 1000:.2f}' for v in simulated[m])} ms "
                      f"(median {sim * 1000:.2f}); error {errors[m]:+.1f}%")
     print("\n" + "\n".join(lines))
