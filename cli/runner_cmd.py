@@ -113,8 +113,9 @@ def _buckets(text: str) -> tuple[int, ...]:
 @click.command()
 @click.argument("profile_path", metavar="[PROFILE]", required=False, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Model JSON to write (PROFILE fits).")
-@click.option("--buckets", default="16,64,256,1024", show_default=True,
-              help="Batch-token bucket edges for piecewise coefficients ('none' = one linear model).")
+@click.option("--buckets", default=None,
+              help="Batch-token bucket edges for piecewise coefficients ('none' = one linear model; default "
+                   "16,64,256,1024, and none with --live / --endpoint, whose sweeps have few shapes).")
 @click.option("--test-fraction", type=float, default=0.2, show_default=True, help="Held-out share of rows.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the train/test split.")
 @click.option("--real", "real_runs", multiple=True, type=click.Path(file_okay=False),
@@ -125,13 +126,30 @@ def _buckets(text: str) -> tuple[int, ...]:
               help="Fit a `fitted` model to a real engine's per-step log (Parquet/CSV; columns: docs/fidelity.md).")
 @click.option("--block-size", type=int, default=16, show_default=True,
               help="--steps with a vLLM step trace: tokens per KV block (decode context = blocks in use x this).")
+@click.option("--live", "live_sweeps", multiple=True, type=click.Path(file_okay=False),
+              help="Fit a `fitted` model to a live calibration sweep directory (written by --endpoint); repeatable.")
+@click.option("--endpoint", help="Run a calibration sweep against this OpenAI-compatible server (docs/live.md), "
+                                 "write it to --sweep-out and fit a `fitted` model to it.")
+@click.option("--sweep-out", type=click.Path(file_okay=False), help="--endpoint: the sweep directory to write.")
+@click.option("--sweep-seed", type=int, default=None,
+              help="--endpoint: seed of the prompts' text (default: a new one, recorded in sweep.json, so that no "
+                   "prompt is in the server's prefix cache).")
 @_model
 @_gpu
 @_tp
-def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from, steps_path, block_size, model, gpu, tp):
+def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from, steps_path, block_size, live_sweeps,
+        endpoint, sweep_out, sweep_seed, model, gpu, tp):
     """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
-    with --steps LOG, to a real engine's per-step log (held-out steps reported); or, with --real RUN_DIR,
-    fit the roofline's host profile to real runs (held-out half reported)."""
+    with --steps LOG, to a real engine's per-step log (held-out steps reported); with --endpoint URL or
+    --live SWEEP_DIR, to a calibration sweep of a live server; or, with --real RUN_DIR, fit the roofline's
+    host profile to real runs (held-out half reported)."""
+    if endpoint or live_sweeps:
+        _fit_live(endpoint, sweep_out, sweep_seed, live_sweeps, output, buckets, test_fraction, seed, model,
+                  bool(profile_path or real_runs or steps_path or gpu or tp))
+        return
+    if sweep_out or sweep_seed is not None:
+        raise ServelabError("--sweep-out and --sweep-seed go with fit --endpoint URL")
+    buckets = "16,64,256,1024" if buckets is None else buckets
     if steps_path:
         if profile_path or real_runs or not output:
             raise ServelabError("fit --steps takes a step log and -o OUT (no PROFILE or --real)")
@@ -159,6 +177,46 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from,
     fitted = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)
     _print_fit(fitted.metadata["fit"])
     click.echo(f"wrote {output} (use --runner fitted:{output})")
+
+
+def _fit_live(endpoint, sweep_out, sweep_seed, live_sweeps, output, buckets, test_fraction, seed, model, other):
+    """fit --endpoint URL --sweep-out DIR -o OUT (sweep, then fit) or fit --live DIR... -o OUT (fit)."""
+    from servelab.live.calibrate import fit_live
+
+    if other or (endpoint and live_sweeps) or not output:
+        raise ServelabError("fit --endpoint URL --sweep-out DIR -o OUT, or fit --live SWEEP_DIR -o OUT "
+                            "(no PROFILE, --steps, --real, --gpu or --tp)")
+    if endpoint:
+        if not sweep_out:
+            raise ServelabError("fit --endpoint needs --sweep-out DIR (the sweep's runs are kept there)")
+        _run_calibration_sweep(endpoint, sweep_out, sweep_seed, model)
+        live_sweeps = (sweep_out,)
+    elif sweep_out or sweep_seed is not None or model:
+        raise ServelabError("--sweep-out, --sweep-seed and --model go with fit --endpoint URL")
+    fitted = fit_live(list(live_sweeps), output, buckets=_buckets(buckets or "none"), test_fraction=test_fraction,
+                      seed=seed)
+    _print_fit(fitted.metadata["fit"])
+    click.echo(f"wrote {output} (use --runner fitted:{output})")
+
+
+def _run_calibration_sweep(endpoint: str, sweep_out: str, sweep_seed: int | None, model: str | None) -> None:
+    import time
+
+    from servelab.cli.bench_cmd import _discover_model
+    from servelab.common.outdir import check_output_dir
+    from servelab.live.calibrate import SweepPlan, run_sweep
+    from servelab.live.client import Target
+
+    if not endpoint.startswith(("http://", "https://")):
+        raise click.BadParameter("must start with http:// or https://", param_hint="--endpoint")
+    check_output_dir(sweep_out, False, "calibration sweep directory", ("sweep.json",))
+    seed = sweep_seed if sweep_seed is not None else time.time_ns() % 1_000_000_007
+    target = Target(endpoint, model or _discover_model(endpoint, None), ignore_eos=True, min_tokens=True)
+    try:
+        run_sweep(target, SweepPlan(), sweep_out, seed, echo=lambda line: click.echo(line, err=True))
+    except RuntimeError as err:  # the server cannot be reached
+        raise ServelabError(str(err)) from None
+    click.echo(f"wrote the calibration sweep {sweep_out} (seed {seed})", err=True)
 
 
 def _print_fit(fit_info: dict) -> None:

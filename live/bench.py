@@ -317,15 +317,25 @@ def write_live_run(run: LiveRun, trace: pa.Table, trace_meta: dict, run_dir, tok
 
     from servelab import __version__
     from servelab.common.atomic import atomic_dir
-    from servelab.live.results import empty_steps, requests_table, tokens_table
+    from servelab.live.prometheus import server_settings
+    from servelab.live.results import (
+        empty_steps,
+        requests_table,
+        sent_trace,
+        tokens_table,
+    )
     from servelab.replay.results import write_parquet
+    from servelab.traces.io import write_trace
 
     run_dir = Path(run_dir)
     requests = requests_table(run.records, trace, run.rows, run.prompt_tokens)
-    meta = dict(run.meta, servelab_version=__version__, run_id=run_dir.name,
-                trace=dict(trace_meta, rows=trace.num_rows))  # fmt: skip
+    # "config" and "clock" as `servelab run import` writes them: what `validate --real` replays with
+    meta = dict(run.meta, servelab_version=__version__, run_id=run_dir.name, clock="client",
+                config=server_settings(run.metrics), trace=dict(trace_meta, rows=trace.num_rows))  # fmt: skip
     with atomic_dir(run_dir) as tmp:
         write_parquet(requests, tmp / "requests.parquet")
+        if requests.num_rows:
+            write_trace(sent_trace(requests, trace, run.rows), tmp / "trace.arrow", source="servelab bench (as sent)")
         write_parquet(empty_steps(), tmp / "steps.parquet")
         if token_log:
             write_parquet(tokens_table(run.records), tmp / "tokens.parquet")

@@ -104,3 +104,26 @@ class MetricsSampler:
         scrapes = len(self.scraped) if self.parsed is None else self.parsed
         return {"url": self.url, "interval_s": self.interval_s, "scrapes": scrapes,
                 "failures": self.failures, "last_error": self.last_error}  # fmt: skip
+
+
+def server_settings(metrics: pa.Table | None) -> dict:
+    """Engine settings a server publishes in its metrics (vLLM's ``vllm:cache_config_info`` labels:
+    ``block_size``, ``num_gpu_blocks``, ``enable_prefix_caching``) in run.json ``config``'s names, so
+    ``validate --real`` replays a live run with the server's KV cache. Empty when none is published."""
+    if metrics is None or metrics.num_rows == 0:
+        return {}
+    import pyarrow.compute as pc
+
+    info = metrics.filter(pc.equal(metrics.column("metric"), "vllm:cache_config_info"))
+    if info.num_rows == 0:
+        return {}
+    labels = json.loads(info.column("labels")[info.num_rows - 1].as_py())
+    out: dict = {}
+    for name in ("block_size", "num_gpu_blocks"):
+        try:
+            out[name] = int(labels[name])
+        except (KeyError, TypeError, ValueError):  # absent, or "None"
+            pass
+    if labels.get("enable_prefix_caching") in ("True", "False"):
+        out["enable_prefix_caching"] = labels["enable_prefix_caching"] == "True"
+    return out

@@ -113,3 +113,22 @@ def tokens_table(records: Sequence[Record]) -> pa.Table:
 def empty_steps() -> pa.Table:
     """A live run has no engine iterations to show: steps.parquet with no rows (the views need the table)."""
     return STEPS_SCHEMA.empty_table()
+
+
+def sent_trace(requests: pa.Table, trace: pa.Table, rows: Sequence[int]) -> pa.Table:
+    """The trace as the server received it (trace.arrow of a live run, what ``validate --real``
+    replays): the sent requests' trace rows with ``arrival_s`` = the actual send time and the
+    lengths of requests.parquet (the server's prompt count; a finished request's real output)."""
+    import pyarrow.compute as pc
+
+    sent = trace.take(pa.array(rows, pa.int64()))
+    for name in ("arrival_s", "prompt_tokens", "output_tokens"):
+        column = requests.column(name)
+        if name == "arrival_s":  # send times are on the run's clock; a trace starts at >= 0
+            column = pc.max_element_wise(column, 0.0)
+        sent = sent.set_column(sent.column_names.index(name), name, column.cast(sent.schema.field(name).type))
+    if "max_output_tokens" in sent.column_names:
+        sent = sent.set_column(sent.column_names.index("max_output_tokens"), "max_output_tokens",
+                               pc.max_element_wise(sent.column("max_output_tokens"),
+                                                   sent.column("output_tokens")))
+    return sent

@@ -163,7 +163,7 @@ def test_run_directory_reads_back(tmp_path, capsys):
     run = LiveRun(_records(), [0, 1, 2], [12, 20, 30], {"kind": "live", "counts": {}}, metrics)
     out = write_live_run(run, _trace(), {"path": "t.arrow", "name": "t"}, tmp_path / "live", token_log=True)
     assert sorted(p.name for p in out.iterdir()) == ["metrics.parquet", "requests.parquet", "run.json",
-                                                     "steps.parquet", "tokens.parquet"]
+                                                     "steps.parquet", "tokens.parquet", "trace.arrow"]
     sql = "SELECT run_id, time_s, value FROM server_metrics WHERE metric = 'vllm:num_requests_running' ORDER BY time_s"
     code, stdout, err = run_main(["query", out, "--read-only", "--format", "csv", sql], capsys)
     assert code == 0 and stdout.splitlines()[1:] == ['"live",-0.01,3', '"live",1,3'], err
