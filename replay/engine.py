@@ -311,13 +311,15 @@ class Engine:
         summary = BatchSummary()
         for req, n in batch.items:
             hit = kv.lookup(req) if req.status is Status.WAITING else None
+            start = req.num_computed_tokens
             if hit is not None and hit.tokens + n <= req.num_tokens:  # admitted onto a cached prefix
                 target = -(-(hit.tokens + n) // kv.block_size)
                 summary.account(req, n, target - hit.blocks + hit.claimed, hit, target)
+                start = hit.tokens
             else:
                 summary.account(req, n, kv.blocks_needed(req, n))
             if items is not None:
-                items.append(StepItem(req, req.num_computed_tokens, n))
+                items.append(StepItem(req, start, n))
         return summary
 
     def _plan_stretch(self, replica: Replica, step: Step, summary: BatchSummary, affine: tuple[float, float]) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from servelab.replay.block_names import BlockNames
 from servelab.replay.prefix_cache import Hit, PrefixCache
 from servelab.replay.request import Request
 
@@ -51,6 +52,10 @@ class KVManager:
         self.cache = prefix_cache
         # called with each request an iteration computed tokens of (only when the trace has hashes)
         self.register = prefix_cache.register if prefix_cache is not None and prefix_cache.trace_block else None
+        if prefix_cache is not None and allocator is not None:  # cached blocks keep real ids (replay/block_names.py)
+            names = prefix_cache.names = BlockNames(allocator)
+            if self.register is not None:
+                self.register = lambda req: names.register(prefix_cache, req)
         self.swap = swap  # preemption swaps to the host pool while it has room (else recomputes)
         self.host_total = host_blocks
         self.host_used = 0
@@ -124,13 +129,16 @@ class KVManager:
     def release(self, req: Request, may_return: bool = False) -> None:
         """``req`` gives back every GPU block it holds (``may_return``: preempted, it will be admitted
         again: with prefix caching its own blocks stay cached for it)."""
+        if self.allocator is not None and req.block_table is None:
+            req.block_table = []
         if self.cache is not None:
             self.used -= self.cache.release(req, req.kv_blocks, may_return)
         else:
             self.used -= req.kv_blocks
         req.kv_blocks = 0
-        if self.allocator is not None and req.block_table:
-            self.allocator.free(req.block_table)
+        if self.allocator is not None and req.block_table is not None:
+            if self.cache is None:  # (with prefix caching, the cache returned the ids it does not keep)
+                self.allocator.free(req.block_table)
             req.block_table = None
 
     def releasable(self, req: Request) -> int:
@@ -267,6 +275,8 @@ class KVManager:
             assert self.swap_tier.tiers[0].reserved == self.host_used, (self.swap_tier.tiers[0].reserved, self.host_used)
         if self.cache is not None:
             self.cache.check(self.total, self.used, holders)
+            if self.cache.names is not None:
+                self.cache.names.check(self.cache, holders)
 
 
 __all__ = ["KVManager", "blocks_for"]
