@@ -141,6 +141,13 @@ class KVManager:
                 self.allocator.free(req.block_table)
             req.block_table = None
 
+    def forget(self, req: Request) -> None:
+        """``req`` ended while waiting here (it holds no GPU block): a purged tenant's cached blocks
+        (an own segment from a preemption, its prompt's entries) are dropped from every tier."""
+        cache = self.cache
+        if cache is not None and cache.purge and req.tenant in cache.purge:
+            cache.forget(req)
+
     def releasable(self, req: Request) -> int:
         """Blocks that preempting ``req`` would make free (not those other running requests share)."""
         if self.cache is None or req.cached_keys is None:

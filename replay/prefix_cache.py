@@ -445,7 +445,7 @@ class PrefixCache:
         chain = req.cached_keys
         names = self.names
         freed = blocks - (chain.blocks if chain is not None else 0)
-        if names is not None:
+        if names is not None and blocks:
             names.free(req.block_table[blocks - freed:blocks])
         if chain is not None:
             for e, count in reversed(list(chain.counts())):
@@ -476,6 +476,14 @@ class PrefixCache:
             if not e.top:
                 del cache[key]
         return freed
+
+    def forget(self, req: "Request") -> None:
+        """A purged tenant's request ended while waiting (dropped after a preemption, say): it holds
+        no GPU block, but what it cached before stays cached unless purged here: its own segment,
+        and every entry of its prompt, from the lower tiers and (where no running request holds it)
+        the GPU."""
+        hashed = self.hashed_blocks(req)
+        self._purge(req, 0, hashed, hashed)
 
     def _release_private(self, req: "Request", start: int, stop: int) -> None:
         """Blocks ``[start, stop)`` it computed but did not share: each becomes the cached copy

@@ -249,3 +249,39 @@ def test_prefix_affinity_prefers_the_replica_holding_the_prefix_in_gpu_memory_ov
             kv_tiers=("remote:capacity_gb=1",), kv_tier_write="through", **MB_PER_TOKEN)
     assert column(r, "replica") == [0, 1, 1]
     assert column(r, "cached_tokens_gpu") == [0, 0, 63] and column(r, "kv_load_s")[2] == 0.0
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_a_purged_tenants_request_dropped_after_a_preemption_leaves_nothing_cached(purge):
+    """A (tenant "secret", 96 tokens: 4 hashed blocks, then 2 of its own) computes its prompt on a
+    16-block GPU over a write-through DRAM tier, is preempted by recompute (its own 2 blocks stay
+    as a segment only it can hit, its 4 hashed blocks stay cached, in GPU and DRAM) and is then
+    dropped while waiting (``KVManager.forget``, called by Platform.drop). Kept: A would hit 95
+    tokens (all but its last) and B (another tenant, A's 64-token hashed prefix) 63. Purged: nothing
+    is left in any tier; every block is plainly free again."""
+    from servelab.replay.kv import KVManager
+    from servelab.replay.prefix_cache import PrefixCache
+    from servelab.replay.request import Request
+    from servelab.replay.tiers import build_stacks, parse_tiers
+
+    stack = build_stacks(parse_tiers((DRAM,)), 1, 16 * 1_000_000, True)[0]
+    cache = PrefixCache(16, 16, 16, tiers=stack, purge=frozenset({"secret"} if purge else ()))
+    kv = KVManager(16, 16, prefix_cache=cache)
+    a = Request(0, 0.0, 96, 4, tenant="secret", prefix_hashes=chain(1, 4), index=0)
+    b = Request(1, 0.0, 64, 4, tenant="other", prefix_hashes=chain(1, 4), index=1)
+    kv.grow(a, 6)
+    a.num_computed_tokens = 96
+    kv.register(a)
+    assert stack.tiers[0].used == 4  # written through as computed
+    kv.release(a, may_return=True)  # preempted by recompute
+    a.num_computed_tokens = 0
+    kv.check([])
+    assert kv.cached_tokens(a) == 95 and kv.cached_tokens(b) == 63
+    kv.forget(a)  # dropped while waiting
+    kv.check([])
+    if not purge:
+        assert kv.cached_tokens(a) == 95 and kv.cached_tokens(b) == 63 and stack.tiers[0].used == 4
+        return
+    assert kv.cached_tokens(a) == 0 and kv.cached_tokens(b) == 0
+    assert cache.entries == {} and cache.segments == {} and stack.tiers[0].used == 0
+    assert kv.used == 0 and kv.free == 16 and cache.queued == 16
