@@ -285,3 +285,38 @@ def test_a_purged_tenants_request_dropped_after_a_preemption_leaves_nothing_cach
     assert kv.cached_tokens(a) == 0 and kv.cached_tokens(b) == 0
     assert cache.entries == {} and cache.segments == {} and stack.tiers[0].used == 0
     assert kv.used == 0 and kv.free == 16 and cache.queued == 16
+
+
+def test_in_a_replay_a_purged_tenants_preempted_then_dropped_requests_leave_nothing_cached(monkeypatch):
+    """srpt preempting by recompute under KV pressure, edf-style shedding by a queue cap, tenant "a"
+    purged over a write-through DRAM tier: right after each drop of a request of "a" that had been
+    preempted, no own segment of it is left, and none of its prompt's entries is cached in DRAM, nor
+    in GPU memory unless a running request holds it."""
+    from servelab.replay.platform import Platform
+
+    checked = []
+    real_drop = Platform.drop
+
+    def drop(self, replica, req, reason, now):
+        real_drop(self, replica, req, reason, now)
+        if replica is None or req.tenant != "a" or not req.num_preemptions:
+            return
+        cache = replica.kv.cache
+        assert req.index not in cache.segments
+        hashed = cache.hashed_blocks(req)
+        for key, _, _ in cache.groups(req, 0, hashed) if hashed else ():
+            e = cache.entries.get(key)
+            assert e is None or (e.top and not e.runs), key
+            assert all(key not in tier.store for tier in cache.tiers.tiers), key
+        replica.kv.check(replica.running)
+        checked.append(req.request_id)
+
+    monkeypatch.setattr(Platform, "drop", drop)
+    trace = synth_trace(n=300, rate=40.0, tenants="a=1,b=1", shared_prefix_tokens=256, turns=3.0, think_s=0.5,
+                        prompt="lognormal:700:1.0", output="lognormal:150:1.0", prefix_block_tokens=32, seed=2,
+                        tiers="priority=1,standard=1,flex=1")
+    run(trace, policy="srpt", policy_params={"preempt": True},
+        runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", num_gpu_blocks=350, max_num_seqs=8,
+        queue_cap=12, purge_tenants=("a",), kv_tiers=("dram:capacity_gb=0.0005",), kv_tier_write="through",
+        kv_bytes_per_token=1024)
+    assert checked  # the path ran
