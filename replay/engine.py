@@ -440,7 +440,7 @@ class Engine:
         self.steps.append((
             replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
             step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
-            len(batch.preempt),
+            len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
 
     def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):

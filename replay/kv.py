@@ -35,7 +35,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class KVManager:
     __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
                  "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier",
-                 "overlap_layers", "pending_load_s")
+                 "overlap_layers", "pending_load_s", "tier_stack", "tier_mark")
 
     def __init__(self, total_blocks: int, block_size: int, *, reserve: bool = False, allocator=None,
                  prefix_cache: PrefixCache | None = None, swap: bool = False, host_blocks: int = 0,
@@ -71,6 +71,16 @@ class KVManager:
         # iteration's compute instead of before it; their seconds wait here until it is priced
         self.overlap_layers = overlap_layers
         self.pending_load_s = 0.0
+        self.tier_stack = tiers  # (None without offload tiers)
+        self.tier_mark = 0  # the stack's bytes moved when the last step row was logged
+
+    def tier_bytes(self) -> int:
+        """Bytes moved between this replica's GPU memory and its tiers (and between tiers) since the
+        last call (only with tiers): loads, swaps, write-backs and write-throughs alike."""
+        moved = self.tier_stack.moved
+        delta = moved - self.tier_mark
+        self.tier_mark = moved
+        return delta
 
     @property
     def free(self) -> int:

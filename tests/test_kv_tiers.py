@@ -320,3 +320,22 @@ def test_in_a_replay_a_purged_tenants_preempted_then_dropped_requests_leave_noth
         queue_cap=12, purge_tenants=("a",), kv_tiers=("dram:capacity_gb=0.0005",), kv_tier_write="through",
         kv_bytes_per_token=1024)
     assert checked  # the path ran
+
+
+def test_each_step_logs_the_bytes_it_moved_between_tiers():
+    """steps.parquet ``tier_bytes``, hand-traced on the evicting timeline (16 MB blocks, write-back
+    DRAM): A's step moves nothing; B's allocation evicts A's 4 cached blocks, written back (64 MB);
+    C loads them (64 MB read) and its 4 GPU blocks take the free partial block and evict 3 of B's,
+    written back (48 MB). Without tiers the column is null."""
+    trace = evicting_trace()
+    r = run(trace, runner=RUNNER, num_gpu_blocks=5, kv_tiers=(DRAM,), **MB_PER_TOKEN)
+    block = 16_000_000
+    assert r.steps.column("tier_bytes").to_pylist() == [0, 4 * block, 4 * block + 3 * block]
+    (tier,) = r.meta["kv_tiers"]
+    assert sum(r.steps.column("tier_bytes").to_pylist()) == tier["bytes_written"] + tier["bytes_read"]
+    through = run(trace, runner=RUNNER, num_gpu_blocks=5, kv_tiers=(DRAM,), kv_tier_write="through", **MB_PER_TOKEN)
+    # write-through: A's 4 blocks are written as computed (A's step), B's 4 full ones as computed (B's
+    # step); C loads A's 4 (its own blocks are in DRAM already: nothing written back)
+    assert through.steps.column("tier_bytes").to_pylist() == [4 * block, 4 * block, 4 * block]
+    gpu_only = run(trace, runner=RUNNER, num_gpu_blocks=5)
+    assert gpu_only.steps.column("tier_bytes").to_pylist() == [None, None, None]
