@@ -29,11 +29,15 @@ from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
 from servelab.replay.results import (
-    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_meta, with_platform_columns,
-    with_tier_columns, write_run,
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_meta, with_columns,
+    with_platform_columns, with_tier_columns, write_run,
 )
-from servelab.replay.router import ROUTERS
+from servelab.replay.autoscale import Autoscaler
+from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
+from servelab.replay.disagg import Disaggregation
+from servelab.replay.schema import DISAGG_SCHEMA
 from servelab.replay.tiers import build_stacks, parse_tiers
+from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
 
 
@@ -76,7 +80,7 @@ def kv_bytes_per_token(config: EngineConfig, runner: Runner) -> int:
 
 
 def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
-                   trace_block_tokens: int | None = None) -> list[Replica]:
+                   trace_block_tokens: int | None = None, first_id: int = 0) -> list[Replica]:
     """One KV manager and one policy instance per replica (``trace_block_tokens``: tokens per entry of
     the trace's ``prefix_hashes``, None when it has none)."""
     engine_cfg = config.engine
@@ -93,10 +97,10 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     stacks = build_stacks(tier_specs, engine_cfg.replicas, bytes_per_token * engine_cfg.block_size,
                           engine_cfg.kv_tier_write == "through")
     replicas = []
-    for rid in range(engine_cfg.replicas):
+    for rid in range(first_id, first_id + engine_cfg.replicas):
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
         cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
-                            per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid],
+                            per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid - first_id],
                             purge=frozenset(engine_cfg.purge_tenants)) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
@@ -130,16 +134,13 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     wall_start = time.perf_counter()
     if token_log and token_dir is not None and not os.path.isdir(token_dir):
         raise ServelabError(f"token_dir '{token_dir}' is not a directory (where --token-log spills while replaying)")
-    if runner is None:
-        runner = build_runner(config)
-    engine_cfg = config.engine
-    num_blocks = resolve_num_gpu_blocks(config, runner)
-    replicas = build_replicas(config, runner, num_blocks, trace_block_tokens(trace))
-    if hasattr(runner, "hash_block_tokens"):  # an executing runner derives hashed prompt tokens from the hashes
-        runner.hash_block_tokens = trace_block_tokens(trace)
-    router = ROUTERS.get(engine_cfg.router)()
+    cluster = build_cluster(config, runner, trace_block_tokens(trace))
+    entry = cluster.pools[0]
+    runner, engine_cfg, num_blocks, replicas = entry.runner, entry.config.engine, entry.num_blocks, entry.replicas
     requests, followers = requests_from_table(trace)
-    engine = Engine(requests, replicas, router, runner, engine_cfg, followers, token_log=token_log)
+    engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log)
+    disagg = cluster.disaggregate(engine)
+    scalers = cluster.autoscale(engine)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
     # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
@@ -151,9 +152,13 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     finally:
         if gc_was_enabled:
             gc.enable()
+    if disagg is not None:
+        disagg.strand()
     requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
     if engine_cfg.kv_tiers:
         requests_table = with_tier_columns(requests_table, requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
+    if disagg is not None:
+        requests_table = with_columns(requests_table, DISAGG_SCHEMA, disagg.columns(requests_table.num_rows))
     steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
@@ -172,11 +177,128 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         "counts": counts,
         "swap_fallbacks": engine.num_swap_fallbacks,
         "platform": platform_meta(engine),
-        **({"kv_tiers": tier_meta(replicas)} if engine_cfg.kv_tiers else {}),
+        **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
         "config": config.to_dict(),
     }
+    if config.cluster is not None:
+        meta["cluster"] = cluster.meta(disagg, scalers, requests, end_s)
     tokens = engine.tokens.finish() if engine.tokens is not None else None
     return RunResult(requests_table, steps_table, meta, tokens)
+
+
+class BuiltPool:
+    """One pool, built: its flat config, runner, KV size, replicas and router."""
+
+    def __init__(self, spec: PoolConfig, config: ReplayConfig, runner: Runner, num_blocks: int,
+                 replicas: list[Replica], router):
+        self.spec, self.config, self.runner, self.num_blocks = spec, config, runner, num_blocks
+        self.replicas, self.router = replicas, router
+
+    def meta(self) -> dict:
+        return {"name": self.spec.name, "role": self.spec.role, "replicas": [r.id for r in self.replicas],
+                "initial_replicas": self.spec.replicas,
+                "gpu": self.config.gpu, "tp": self.config.tp, "model": self.config.model,
+                "runner": self.config.runner, "policy": self.config.policy, "router": self.config.engine.router,
+                "num_gpu_blocks": self.num_blocks, "price_per_gpu_hour": self.spec.price_per_gpu_hour}
+
+
+class BuiltCluster:
+    def __init__(self, spec: ClusterConfig, pools: list[BuiltPool], config: ReplayConfig):
+        self.spec, self.pools, self.config = spec, pools, config
+        self.replicas = [r for p in pools for r in p.replicas]
+
+    def disaggregate(self, engine: Engine) -> Disaggregation | None:
+        """The prefill -> decode handoff, for a cluster with a decode pool (else None)."""
+        if not self.spec.disaggregated:
+            return None
+        prefill, decode = self.pools[0], next(p for p in self.pools if p.spec.role == "decode")
+        link = self.spec.link()
+        bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
+        if not bytes_per_token:
+            raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
+                                f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
+        return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
+                              link.bandwidth_gbps, link.latency_s)
+
+    def autoscale(self, engine: Engine) -> dict[str, Autoscaler]:
+        """An autoscaler per pool that has one (pool name -> Autoscaler)."""
+        scalers = {}
+        for pool in self.pools:
+            if pool.spec.autoscale is not None:
+                scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas)
+        return scalers
+
+    def meta(self, disagg: Disaggregation | None, scalers: dict[str, Autoscaler], requests, end_s: float) -> dict:
+        out = {"pools": [p.meta() for p in self.pools], "links": [l.to_dict() for l in self.spec.links]}
+        if disagg is not None:
+            out["transfers"] = disagg.meta()
+        if scalers:
+            # GPU time over the window the cost view uses: first arrival to last finish (else the end)
+            arrivals = [r.arrival_s for r in requests if r.arrival_s is not None]
+            finishes = [r.finish_s for r in requests if r.status is Status.FINISHED]
+            start = min(arrivals) if arrivals else 0.0
+            stop = max(finishes) if finishes else end_s
+            for pool, built in zip(out["pools"], self.pools):
+                scaler = scalers.get(built.spec.name)
+                if scaler is not None:
+                    pool["autoscale"] = scaler.meta()
+                    pool["replica_seconds"] = scaler.replica_seconds(start, stop)
+        return out
+
+
+def build_cluster(config: ReplayConfig, runner: Runner | None = None,
+                  block_tokens: int | None = None) -> BuiltCluster:
+    """Build every pool of ``config.cluster`` (one pool of ``engine.replicas`` without one); the
+    arrivals' pool first, then the others in their order, replica ids counting on across pools.
+    ``runner`` (given to ``replay``) serves the pools that keep the top level's runner, model, GPU and TP."""
+    spec = config.cluster or one_pool(config)
+    order = [spec.entry] + [p for p in spec.pools if p is not spec.entry]
+    pools: list[BuiltPool] = []
+    first_id = 0
+    runners: dict[tuple, Runner] = {}
+    base_key = (config.runner, config.model, config.gpu, config.tp, config.engine.block_size)
+    if runner is not None:
+        runners[base_key] = runner
+    for pool in order:
+        cfg = config if config.cluster is None else pool_config(config, pool)
+        key = (cfg.runner, cfg.model, cfg.gpu, cfg.tp, cfg.engine.block_size)
+        if key not in runners:
+            runners[key] = build_runner(cfg)
+        pool_runner = runners[key]
+        if hasattr(pool_runner, "hash_block_tokens"):  # an executing runner derives hashed prompt tokens from the hashes
+            pool_runner.hash_block_tokens = block_tokens
+        num_blocks = resolve_num_gpu_blocks(cfg, pool_runner)
+        replicas = build_replicas(cfg, pool_runner, num_blocks, block_tokens, first_id)
+        for r in replicas:
+            r.pool = pool.name
+            r.runner = pool_runner
+        first_id += len(replicas)
+        router = make_router(cfg.engine.router, cfg.router_params, cfg.engine.seed)
+        pools.append(BuiltPool(pool, cfg, pool_runner, num_blocks, replicas, router))
+    if spec.disaggregated:
+        _check_disaggregated(pools)
+    if any(p.autoscale is not None for p in spec.pools) and config.engine.fail:
+        raise ServelabError("cluster: replica failures (fail) are not modelled with autoscaling yet")
+    return BuiltCluster(spec, pools, config)
+
+
+def _check_disaggregated(pools: list[BuiltPool]) -> None:
+    """What the prefill -> decode handoff does not model (yet): say so before replaying."""
+    engine = pools[0].config.engine
+    if engine.fail or engine.pause is not None:
+        raise ServelabError("cluster: replica failures (fail) and pausing (pause) are not modelled with "
+                            "prefill/decode pools yet")
+    for pool in pools:
+        if pool.runner.needs_block_tables:
+            raise ServelabError(f"cluster pool '{pool.spec.name}': runner '{pool.runner.name}' executes batches; "
+                                "prefill/decode pools need a cost-model runner")
+        if type(pool.replicas[0].policy).cohort_group is not None:
+            raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' charges service per "
+                                "class in state that does not follow a request from a prefill to a decode replica; "
+                                "prefill/decode pools do not support it yet")
+        if pool.spec.role == "decode" and pool.replicas[0].policy.sheds:
+            raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' drops waiting "
+                                "requests, which on a decode pool hold KV; choose a policy that does not shed")
 
 
 def _engine_progress(progress, engine: Engine):

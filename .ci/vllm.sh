@@ -23,6 +23,18 @@ _servelab_vllm_paths() {
   dir="${SERVELAB_VLLM_DIR:-/tmp/servelab-vllm}"
 }
 
+# `_servelab_probe URL MODEL`: the server answers /v1/completions with a 2-token completion (python3,
+# not curl: a CI image need not have curl).
+_servelab_probe() {
+  python3 - "$1" "$2" <<'PY' >/dev/null 2>&1
+import json, sys, urllib.request
+body = json.dumps({"model": sys.argv[2], "prompt": " a b", "max_tokens": 2}).encode()
+request = urllib.request.Request(sys.argv[1] + "/v1/completions", body, {"content-type": "application/json"})
+with urllib.request.urlopen(request, timeout=30) as response:
+    sys.exit(0 if response.status == 200 else 1)
+PY
+}
+
 _servelab_vllm_start() {
   local root venv model dir port pid i t_start
   _servelab_vllm_paths
@@ -51,9 +63,7 @@ _servelab_vllm_start() {
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 30 "$dir/server.log" >&2; echo "vllm.sh: the server exited (log: $dir/server.log)" >&2; return 1
     fi
-    if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 \
-       && curl -sf "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
-            -d '{"model": "tiny", "prompt": " a b", "max_tokens": 2}' >/dev/null 2>&1; then
+    if _servelab_probe "http://127.0.0.1:$port" tiny; then
       export SERVELAB_TEST_ENDPOINT="http://127.0.0.1:$port"
       export SERVELAB_TEST_VLLM_PYTHON="$venv/bin/python"
       export SERVELAB_TEST_VLLM_MODEL="$model"
@@ -79,8 +89,7 @@ _servelab_transformers_start() {
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 30 "$dir/transformers.log" >&2; echo "vllm.sh: transformers serve exited" >&2; return 1
     fi
-    if curl -sf "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
-         -d "{\"model\": \"$model\", \"prompt\": \" a b\", \"max_tokens\": 2}" >/dev/null 2>&1; then
+    if _servelab_probe "http://127.0.0.1:$port" "$model"; then
       export SERVELAB_TEST_TRANSFORMERS_ENDPOINT="http://127.0.0.1:$port"
       echo "vllm.sh: transformers serve pid $pid ready at $SERVELAB_TEST_TRANSFORMERS_ENDPOINT" >&2
       return 0

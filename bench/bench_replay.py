@@ -1,7 +1,8 @@
 """Replay speed and memory: the Azure conv trace on 6 replicas, a 1 M-request synthetic trace, and
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
-Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3] [--case azure|1m|overload|overload200k|multiturn]
+Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
+[--case azure|azure-disagg|azure-autoscale|1m|overload|overload200k|multiturn|quantum]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -37,6 +38,69 @@ def case_azure(repeat: int) -> None:
           f"{result.steps.num_rows:,} step rows for {iterations:,} iterations; "
           f"wall best {min(times):.3f} s, median {sorted(times)[len(times) // 2]:.3f} s; "
           f"peak RSS {peak_rss_mb():.0f} MB")
+
+
+AZURE_DISAGG = {  # 2 prefill + 4 decode replicas, one 50 GB/s link (400 Gb/s), 0.5 ms latency
+    "pools": [{"name": "prefill", "role": "prefill", "replicas": 2},
+              {"name": "decode", "role": "decode", "replicas": 4, "router": "least-outstanding"}],
+    "links": [{"from": "prefill", "to": "decode", "bandwidth_gbps": 50.0, "latency_s": 0.0005}],
+}
+
+
+def case_azure_disagg(repeat: int) -> None:
+    """The azure case disaggregated: the same 6 GPUs as 2 prefill + 4 decode replicas (docs/cluster.md)."""
+    from servelab.api import ReplayConfig, replay
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    colocated = ReplayConfig.from_dict({"replicas": 6})
+    disagg = ReplayConfig.from_dict({"cluster": AZURE_DISAGG})
+    walls = {}
+    for name, config in (("colocated x6", colocated), ("2 prefill + 4 decode", disagg)):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            result = replay(trace, config)
+            times.append(time.perf_counter() - t0)
+        walls[name] = min(times)
+        print(f"azure-conv {name}: {result.steps.num_rows:,} step rows; wall best {min(times):.3f} s, "
+              f"median {sorted(times)[len(times) // 2]:.3f} s; counts {result.meta['counts']}")
+    print(f"disaggregated / colocated wall: {walls['2 prefill + 4 decode'] / walls['colocated x6']:.2f}x; "
+          f"peak RSS {peak_rss_mb():.0f} MB")
+
+
+def case_azure_autoscale(repeat: int) -> None:
+    """The azure case with an autoscaled pool of 2..6 replicas (8 running requests per replica, every 10 s,
+    cooldown 60 s, start-up 30 s) and one pinned at 6 (the autoscaler's own cost: its ticks) against 6 fixed
+    replicas."""
+    from servelab.api import ReplayConfig, replay
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    scaled = ReplayConfig.from_dict({"cluster": {"pools": [{"name": "web", "replicas": 2, "autoscale": {
+        "min": 2, "max": 6, "signal": "running", "target": 8, "interval_s": 10, "cooldown_s": 60,
+        "startup_s": 30}}]}})
+    pinned = ReplayConfig.from_dict({"cluster": {"pools": [{"name": "web", "replicas": 6, "autoscale": {
+        "min": 6, "max": 6, "signal": "running", "target": 8, "interval_s": 10}}]}})
+    walls = {}
+    for name, config in (("fixed x6", ReplayConfig.from_dict({"replicas": 6})),
+                         ("autoscaler pinned at 6 (its ticks only)", pinned), ("autoscaled 2..6", scaled)):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            result = replay(trace, config)
+            times.append(time.perf_counter() - t0)
+        walls[name] = min(times)
+        extra = ""
+        if "cluster" in result.meta:
+            timeline = result.meta["cluster"]["pools"][0]["autoscale"]["timeline"]
+            extra = f"; {len(timeline)} timeline rows, most active {max(row[1] for row in timeline)}"
+        print(f"azure-conv {name}: {result.steps.num_rows:,} step rows; wall best {min(times):.3f} s, "
+              f"median {sorted(times)[len(times) // 2]:.3f} s{extra}")
+    print(f"wall against fixed x6: pinned {walls['autoscaler pinned at 6 (its ticks only)'] / walls['fixed x6']:.2f}x, "
+          f"autoscaled 2..6 {walls['autoscaled 2..6'] / walls['fixed x6']:.2f}x")
 
 
 def case_1m() -> None:
@@ -151,8 +215,8 @@ def case_quantum(n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "1m", "overload", "overload200k", "overload200k-one", "multiturn",
-                                                "quantum"])
+    parser.add_argument("--case", choices=["azure", "azure-disagg", "azure-autoscale", "1m", "overload", "overload200k",
+                                           "overload200k-one", "multiturn", "quantum"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
     parser.add_argument("--n", type=int, default=200_000, help="overload200k, quantum: requests")
     parser.add_argument("--repeat", type=int, default=3)
@@ -160,6 +224,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.case == "azure":
         case_azure(args.repeat)
+    elif args.case == "azure-disagg":
+        case_azure_disagg(args.repeat)
+    elif args.case == "azure-autoscale":
+        case_azure_autoscale(args.repeat)
     elif args.case == "1m":
         case_1m()
     elif args.case == "overload":

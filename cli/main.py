@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "trace": "servelab.cli.trace_cmd:trace",
     "replay": "servelab.cli.replay_cmd:replay",
     "policies": "servelab.cli.replay_cmd:policies",
+    "routers": "servelab.cli.replay_cmd:routers",
     "demo": "servelab.cli.replay_cmd:demo",
     "bench": "servelab.cli.bench_cmd:bench",
     "presets": "servelab.cli.runner_cmd:presets",

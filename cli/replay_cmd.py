@@ -40,7 +40,8 @@ _ENGINE_HELP = {
     "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
     "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
     "replicas": "Identical engine replicas behind the router.",
-    "router": "round-robin, least-outstanding, prefix-affinity (cache-aware) or session (sticky).",
+    "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware) "
+              "or session (sticky); `servelab routers` lists them.",
     "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
     "seed": "Seed for every random choice (predictors, retries).",
     "quota": "Quota, repeatable: tenant=NAME:rpm=60,tpm=40000,concurrency=8 or tier=NAME:tpm=... (NAME may be *).",
@@ -64,6 +65,8 @@ def replay_options(func: Callable) -> Callable:
         click.option("--policy", help="Scheduling policy (see `servelab policies`). Default: sarathi."),
         click.option("--policy-param", "policy_param", multiple=True, metavar="KEY=VALUE",
                      help="A policy parameter; repeatable."),
+        click.option("--router-param", "router_param", multiple=True, metavar="KEY=VALUE",
+                     help="A router parameter (e.g. weighted's queue=2); repeatable."),
         click.option("--runner", help="Runner spec, e.g. roofline, linear:base=0.01,prefill_token=1e-5, "
                                       "fitted:model.json. Default: roofline."),
         click.option("--model", help="Model preset for the runner (see `servelab presets`)."),
@@ -80,7 +83,8 @@ def replay_options(func: Callable) -> Callable:
     return func
 
 
-def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
+def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (),
+                        router_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
     """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
     base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -98,6 +102,14 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
                 raise ServelabError(f"--policy-param expects KEY=VALUE, got '{item}'")
             params[key.strip()] = value.strip()
         base["policy_params"] = params
+    if router_param:
+        params = dict(base.get("router_params", {}))
+        for item in router_param:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ServelabError(f"--router-param expects KEY=VALUE, got '{item}'")
+            params[key.strip()] = value.strip()
+        base["router_params"] = params
     return ReplayConfig.from_dict(base, source="options")
 
 
@@ -146,12 +158,15 @@ def check_replay_config(config: ReplayConfig):
     """Build what the replay needs from names (router, a policy with its parameters, the runner and
     its KV size), so that a bad name, spec or parameter fails before anything is read or printed.
     Returns the runner, for the replay to use."""
-    from servelab.api import build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
+    from servelab.api import build_cluster, build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
     from servelab.policies.base import make_policy
-    from servelab.replay.router import ROUTERS
+    from servelab.routers.base import make_router
 
-    ROUTERS.get(config.engine.router)
+    make_router(config.engine.router, config.router_params, config.engine.seed)
     make_policy(config.policy, config.policy_params, config.engine, 0)
+    if config.cluster is not None:  # every pool's parts (each pool brings its own runner)
+        build_cluster(config)
+        return None
     runner = build_runner(config)
     resolve_num_gpu_blocks(config, runner)
     kv_bytes_per_token(config.engine, runner)
@@ -349,5 +364,17 @@ def policies() -> None:
         click.echo(f"{name:14s} {doc}\n{'':14s} parameters: {params}")
 
 
-__all__ = ["replay", "demo", "policies", "replay_options", "config_from_options", "run_replay", "check_replay_output",
+@click.command()
+def routers() -> None:
+    """List the registered routers and their parameters (``--router``, a pool's ``router``)."""
+    from servelab.routers.base import router_class, router_names
+
+    for name in router_names():
+        cls = router_class(name)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
+        click.echo(f"{name:18s} {doc}\n{'':18s} parameters: {params}")
+
+
+__all__ = ["replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
            "parse_slo"]

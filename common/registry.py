@@ -51,3 +51,16 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+class ClassRegistry(Registry[type]):
+    """A registry of classes (policies, routers): registering one also gives it its ``name``."""
+
+    def register(self, name: str) -> Callable[[type], type]:
+        add = super().register(name)
+
+        def deco(cls: type) -> type:
+            cls.name = name
+            return add(cls)
+
+        return deco

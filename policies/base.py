@@ -14,7 +14,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from servelab.common.registry import Registry
+from servelab.common.registry import ClassRegistry
 from servelab.replay.batch import UNLIMITED, Batch, BatchBuilder
 from servelab.replay.config import EngineConfig, make_params
 from servelab.replay.protocols import Policy
@@ -80,20 +80,7 @@ class PolicyBase:
         return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 
 
-class PolicyRegistry(Registry):
-    """Policies by name; registering a class also gives it its ``name``."""
-
-    def register(self, name: str):
-        add = super().register(name)
-
-        def deco(cls):
-            cls.name = name
-            return add(cls)
-
-        return deco
-
-
-POLICIES: PolicyRegistry = PolicyRegistry("policy")
+POLICIES: ClassRegistry = ClassRegistry("policy")
 
 
 def _load_all() -> None:

@@ -16,7 +16,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
-from servelab.replay.router import ROUTERS
+from servelab.replay.cluster import ClusterConfig
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 from servelab.common.textfile import read_text
 
@@ -46,7 +46,7 @@ class EngineConfig:
     kv_bytes_per_token: int | None = None  # for runners that don't know their model (swap timing)
     head_of_line: str = "strict"  # strict: stop at the first waiting request that does not fit; skip
     replicas: int = 1
-    router: str = "round-robin"  # a name in replay/router.py: round-robin | least-outstanding
+    router: str = "round-robin"  # a router name (routers/; looked up by servelab.api, not here)
     until_s: float | None = None  # horizon; None = replay until drained
     seed: int = 0
     # -- platform (docs/platform.md): all off by default --------------------------------------
@@ -75,14 +75,8 @@ class EngineConfig:
         _choice(self, "kv_tier_write", ("back", "through"))
         if self.kv_load_overlap_layers < 0:
             raise ServelabError(f"kv_load_overlap_layers must be >= 0, got {self.kv_load_overlap_layers}")
-        for name in ("kv_tiers", "purge_tenants"):  # a TOML array or one CLI string -> a tuple of strings
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, (value,))
-            elif not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(str(v) for v in value))
+        _as_tuple(self, "kv_tiers", "purge_tenants")
         parse_kv_tiers(self.kv_tiers)
-        _choice(self, "router", tuple(ROUTERS.names()))
         if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
             raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")
         if self.until_s is not None and not (0 <= self.until_s < math.inf):
@@ -94,12 +88,7 @@ class EngineConfig:
         from servelab.replay.faults import Failure, check_failures
 
         parse_tiers(self.tier_order, "tier_order")
-        for name in ("quota", "fail"):  # a TOML array or one CLI string -> a tuple of strings
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, (value,))
-            elif not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(str(v) for v in value))
+        _as_tuple(self, "quota", "fail")
         for spec in self.quota:
             Quota.parse(spec)
         check_failures(tuple(Failure.parse(spec) for spec in self.fail), self.replicas)
@@ -127,6 +116,13 @@ class ReplayConfig:
     model: str = "llama-3.1-8b"  # defaults handed to runners that take a model preset
     gpu: str = "h100-80gb"
     tp: int = 1
+    router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
+    cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
+
+    def __post_init__(self) -> None:
+        if self.cluster is not None and self.engine.replicas != 1:
+            raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
+                                "replicas ([[cluster.pools]] replicas = N)")
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
@@ -141,6 +137,10 @@ class ReplayConfig:
                 out[f.name] = value
         if self.policy_params:
             out["policy_params"] = dict(self.policy_params)
+        if self.router_params:
+            out["router_params"] = dict(self.router_params)
+        if self.cluster is not None:
+            out["cluster"] = self.cluster.to_dict()
         return out
 
     @classmethod
@@ -157,12 +157,15 @@ class ReplayConfig:
                 top[key_norm] = str(value)
             elif key_norm == "tp":
                 top["tp"] = coerce(value, "int", f"{source}: tp")
-            elif key_norm == "policy_params":
+            elif key_norm in ("policy_params", "router_params"):
                 if not isinstance(value, dict):
-                    raise ServelabError(f"{source}: policy_params must be a table")
-                top["policy_params"] = dict(value)
+                    raise ServelabError(f"{source}: {key_norm} must be a table")
+                top[key_norm] = dict(value)
+            elif key_norm == "cluster":
+                top["cluster"] = value if isinstance(value, ClusterConfig) else ClusterConfig.from_dict(value, source)
             else:
-                known = sorted([*engine_keys, "policy", "policy_params", "runner", "model", "gpu", "tp"])
+                known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
+                                "model", "gpu", "tp"])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
         return cls(engine=EngineConfig(**engine_values), **top)
 
@@ -196,6 +199,16 @@ def _positive(obj: Any, *names: str) -> None:
     for name in names:
         if getattr(obj, name) < 1:
             raise ServelabError(f"{name} must be >= 1, got {getattr(obj, name)}")
+
+
+def _as_tuple(config, *names: str) -> None:
+    """A TOML array or one CLI string -> a tuple of strings, for each field of ``names``."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, str):
+            object.__setattr__(config, name, (value,))
+        elif not isinstance(value, tuple):
+            object.__setattr__(config, name, tuple(str(v) for v in value))
 
 
 def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:

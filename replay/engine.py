@@ -35,6 +35,9 @@ from servelab.replay.request import Request, Status
 from servelab.replay.step import Step
 
 ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
+# A component's own timed event (payload: a function of the time), after the completions at its
+# instant and before the decisions: KV transfers landing on a decode replica (replay/disagg.py).
+TIMER = 1.5
 PROGRESS_STEPS = 4096  # completed steps between two progress reports (besides every 8192 arrivals)
 
 
@@ -68,7 +71,17 @@ class Engine:
         self.ledger = Ledger()
         self.journal = Journal(config.journal, self.ledger)
         # The runner's pure-decode cost line per batch size: a pure function, so cached per engine.
+        # A replica may bring its own runner (a cluster's pools: replay/cluster.py).
         self._decode_affine = lru_cache(maxsize=None)(runner.decode_affine)
+        affines = {id(runner): self._decode_affine}
+        for replica in replicas:
+            if replica.runner is None:
+                replica.runner = runner
+            own = replica.runner
+            if id(own) not in affines:
+                affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
+            replica.decode_affine = affines[id(own)]
+        self.handoff = None  # a component called with (replica, step, end_s) after each applied step
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -136,6 +149,8 @@ class Engine:
                 self._arrive(payload, time_s)
             elif kind == FAULT:
                 self.platform.fault(payload[0], payload[1], time_s)
+            elif kind == TIMER:
+                payload(time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
@@ -280,17 +295,17 @@ class Engine:
         prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
         all_decode = not batch.preempt and not prefill_reqs
-        affine = self._decode_affine(decode_reqs) if all_decode and items is None else None
+        affine = replica.decode_affine(decode_reqs) if all_decode and items is None else None
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             compute = affine[0] + affine[1] * decode_ctx
         else:
             shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
-            compute = self.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
+            compute = replica.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
         if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
             swap_s += kv.overlap_extra(compute)
         duration = compute + swap_s
         if not (duration > 0 and math.isfinite(duration)):
-            raise ServelabError(f"runner {self.runner.name} priced a step at {duration} s; steps must take > 0 s")
+            raise ServelabError(f"runner {replica.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
                     len(replica.waiting), kv.used)
         if affine is not None and swap_s == 0.0:
@@ -442,6 +457,8 @@ class Engine:
             step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
             len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
+        if self.handoff is not None:
+            self.handoff(replica, step, end_s)
 
     def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):
         """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers

@@ -219,6 +219,11 @@ class KVManager:
         self.pending_load_s = 0.0
         return max(load, compute_s) + min(load, compute_s) / layers - compute_s
 
+    def adopt(self, req: Request, holder: Request) -> None:
+        """``req`` takes over the blocks ``holder`` reserved for it here (a KV transfer's landing
+        space on a decode replica, replay/disagg.py); ``req`` held none here before."""
+        req.kv_blocks, holder.kv_blocks = holder.kv_blocks, 0
+
     def _over_committed(self) -> None:
         raise AssertionError(f"KV over-committed: {self.used} > {self.total} blocks")
 

@@ -23,7 +23,8 @@ class Replica:
     """
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
-                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort")
+                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort",
+                 "runner", "decode_affine", "pool")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy: "Policy"):
         self.id = replica_id
@@ -44,6 +45,9 @@ class Replica:
         self.outstanding_tokens = 0
         self.wake_s: float | None = None
         self.cohort = None  # DecodeCohort when the engine keeps this replica's decodes in aggregate
+        self.runner = None  # its pool's runner when it differs from the engine's (set by the engine)
+        self.decode_affine = None  # its runner's cached pure-decode cost line (set by the engine)
+        self.pool = None  # the name of its cluster pool (replay/cluster.py), None outside a cluster
 
     def owe(self, req: Request) -> None:
         self.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \

@@ -182,6 +182,13 @@ def tier_meta(replicas) -> list[dict]:
     return list(out.values())
 
 
+def with_columns(table: pa.Table, schema: pa.Schema, columns: dict[str, list]) -> pa.Table:
+    """Append ``schema``'s columns (values per row, in trace order) to ``table``."""
+    for f in schema:
+        table = table.append_column(f, pa.array(columns[f.name], type=f.type))
+    return table
+
+
 def platform_meta(engine: Engine) -> dict:
     """run.json counters of the platform features (throttling, shedding, pausing, faults, journal)."""
     platform = engine.platform.meta() if engine.platform is not None else \

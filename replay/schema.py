@@ -49,6 +49,18 @@ PLATFORM_SCHEMA = pa.schema(
     ]
 )
 
+# Prefill/decode disaggregation columns (docs/cluster.md), appended after the platform columns
+# only in a replay with a decode pool: null for a request that never got that far (finished at its
+# first token, rejected, still prefilling).
+DISAGG_SCHEMA = pa.schema(
+    [
+        ("prefill_replica", pa.int32()),  # the prefill replica that emitted its first token
+        ("decode_replica", pa.int32()),  # the decode replica its KV moved to (then also `replica`)
+        ("handoff_wait_s", pa.float64()),  # first token -> transfer start: waiting for a decode replica with room
+        ("transfer_s", pa.float64()),  # transfer start -> its KV landed (bytes / shared bandwidth + latency)
+    ]
+)
+
 # One row per stretch of identical iterations on a replica (num_iterations >= 1).
 STEPS_SCHEMA = pa.schema(
     [

@@ -48,6 +48,11 @@ SELECT run_id, sum(batch_requests * duration_s) / nullif(sum(duration_s), 0) AS 
 FROM steps GROUP BY run_id
 """
 _FAIRNESS = "SELECT run_id, jain_service, worst_tenant_attainment, max_wait_s FROM fairness"
+_COST = """
+SELECT run_id, gpus, gpu_s / 3600 AS gpu_hours, dollars, dollars_per_million_output_tokens, dollars_per_request,
+       goodput_requests_per_dollar
+FROM cost WHERE scope = 'overall'
+"""
 
 
 def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
@@ -107,6 +112,11 @@ def run_metrics(con: duckdb.DuckDBPyConnection) -> pa.Table:
             by_metric.setdefault(name, []).append((r["run_id"], value))
     for metric, vals in by_metric.items():
         out += [(rid, metric, v) for rid, v in vals]
+    cost = _records(con, _COST)
+    if any(r["dollars"] is not None for r in cost):  # (priced runs only: docs/cluster.md "Cost")
+        for k in ("gpus", "gpu_hours", "dollars", "dollars_per_million_output_tokens", "dollars_per_request",
+                  "goodput_requests_per_dollar"):
+            out += [(r["run_id"], k, None if r[k] is None else float(r[k])) for r in sorted(cost, key=lambda r: r["run_id"])]
     tiers = _records(con, _TIERS)
     if len({r["tier"] for r in tiers}) < 2:  # one tier: its row would repeat attainment_pct
         tiers = []

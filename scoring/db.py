@@ -22,7 +22,7 @@ VIEW_NAMES = (
     "requests", "steps", "runs", "slo_table", "run_span",
     "request_metrics", "request_metrics_guidellm", "request_metrics_distserve",
     "slo_attainment", "latency_summary", "goodput", "tenant_summary", "fairness",
-    "resource_summary", "replica_balance", "attainment_vs_rate",
+    "resource_summary", "replica_balance", "attainment_vs_rate", "pools", "cost",
 )  # fmt: skip
 
 
@@ -130,6 +130,14 @@ def open_collected(path: str, slo: SloTable | None = None) -> duckdb.DuckDBPyCon
         if name not in tables:
             raise ServelabError(f"{path}: table '{name}' missing (not made by `servelab runs collect`)")
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM collected.{name}")
+    if "pools" in tables:
+        con.execute("CREATE VIEW pools AS SELECT * FROM collected.pools")
+    else:  # collected before clusters: its runs' pools are not known here
+        from servelab.scoring.sources import POOLS_SCHEMA
+
+        con.register("_pools_arrow", POOLS_SCHEMA.empty_table())
+        con.execute("CREATE TABLE pools AS SELECT * FROM _pools_arrow")
+        con.unregister("_pools_arrow")
     if slo is not None or "slo_table" not in tables:
         set_slo(con, slo)
     else:

@@ -48,6 +48,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     resources = _rows(con, "SELECT * FROM resource_summary WHERE run_id = ? AND scope = 'overall'", [run_id])
     balance = _rows(con, "SELECT * FROM replica_balance WHERE run_id = ?", [run_id])
     fairness = _rows(con, "SELECT * FROM fairness WHERE run_id = ?", [run_id])
+    cost = _rows(con, "SELECT * FROM cost WHERE run_id = ? AND scope <> 'gpu'", [run_id])
     slo = _rows(con, "SELECT * FROM slo_table ORDER BY scope, name")
     views = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
     cache = _rows(con, "SELECT * FROM prefix_cache WHERE run_id = ? AND scope = 'overall'", [run_id]) \
@@ -68,6 +69,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
         "prefix_cache": cache[0] if cache and cache[0]["cached_tokens"] else None,
         "kv_tiers": tiers,
         "ttft_breakdown": breakdown[0] if breakdown else None,
+        "cost": cost,
     }
 
 
@@ -255,6 +257,7 @@ def render(data: dict[str, Any], console: Console) -> None:
             f"queue mean {_f(res['mean_waiting'], 1)} max {res['max_waiting']}, busy {_f(res['busy_s'], 2)} s, "
             f"{res['iterations']} iterations"
         )
+    _cost_lines(data.get("cost") or [], console)
     bal = data["replica_balance"]
     if bal and bal["replicas"] > 1:
         console.print(
@@ -271,6 +274,25 @@ def render(data: dict[str, Any], console: Console) -> None:
         )
     elif fair:
         console.print(f"longest wait of any request {_f(fair['max_wait_s'], 2)} s")
+
+
+def _cost_lines(rows: list[dict], console: Console) -> None:
+    """Pools and cost (the ``cost`` view), for a run with several pools or a price."""
+    pools = [r for r in rows if r["scope"] == "pool"]
+    overall = next((r for r in rows if r["scope"] == "overall"), None)
+    if overall is None or (len(pools) < 2 and overall["dollars"] is None):
+        return
+    parts = [f"{r['name']} ({r['role']}) {r['gpus']} GPU, {_f(r['gpu_s'] / 3600, 3)} GPU-h"
+             + (f", ${_f(r['dollars'], 2)}" if r["dollars"] is not None else "") for r in pools]
+    console.print("pools: " + "; ".join(parts))
+    if overall["dollars"] is not None:
+        console.print(
+            f"cost: ${_f(overall['dollars'], 2)} for {_f(overall['gpu_s'] / 3600, 3)} GPU-h; "
+            f"${_f(overall['dollars_per_million_output_tokens'], 3)} per million output tokens, "
+            f"${_f(overall['dollars_per_request'], 5)} per finished request; "
+            f"goodput {_f(overall['goodput_requests_per_dollar'], 1)} requests per $, "
+            f"{_f(overall['goodput_rps_per_gpu'])} req/s per GPU"
+        )
 
 
 DEFAULT_WIDTH = 120

@@ -169,7 +169,11 @@ def flatten_meta(meta: dict) -> dict:
 
 
 def num_gpus(meta: dict) -> int:
-    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1)."""
+    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1);
+    for a cluster, summed over its pools."""
+    pools = pool_rows(meta)
+    if (meta.get("cluster") or {}).get("pools"):
+        return max(1, sum(p["gpus"] for p in pools))
     engine = meta.get("engine") or {}
     params = (meta.get("runner") or {}).get("params") or {}
     tp = (meta.get("config") or {}).get("tp", 1)
@@ -186,6 +190,39 @@ def num_gpus(meta: dict) -> int:
     except (TypeError, ValueError):
         tp = 1
     return max(1, replicas) * max(1, tp)
+
+
+POOLS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("pool", pa.string()), ("role", pa.string()), ("gpu", pa.string()),
+    ("tp", pa.int64()), ("replicas", pa.int64()), ("gpus", pa.int64()), ("price_per_gpu_hour", pa.float64()),
+    ("gpu_s", pa.float64()),  # an autoscaled pool's GPU time (replica-seconds x TP); null: gpus x duration
+])
+
+
+def pool_rows(meta: dict) -> list[dict]:
+    """A run's pools (run.json ``cluster.pools``; a flat run is one mixed pool without a price)."""
+    pools = (meta.get("cluster") or {}).get("pools")
+    if pools:
+        return [{"pool": p.get("name"), "role": p.get("role"), "gpu": p.get("gpu"), "tp": int(p.get("tp") or 1),
+                 "replicas": len(p.get("replicas") or ()), "gpus": len(p.get("replicas") or ()) * int(p.get("tp") or 1),
+                 "price_per_gpu_hour": p.get("price_per_gpu_hour"),
+                 "gpu_s": None if p.get("replica_seconds") is None else p["replica_seconds"] * int(p.get("tp") or 1)}
+                for p in pools]
+    config = meta.get("config") or {}
+    engine = meta.get("engine") or {}
+    try:
+        replicas = max(1, int(engine.get("replicas", 1) or 1))
+        tp = max(1, int(config.get("tp", 1) or 1))
+    except (TypeError, ValueError):
+        replicas, tp = 1, 1
+    return [{"pool": "default", "role": "mixed", "gpu": config.get("gpu"), "tp": tp, "replicas": replicas,
+             "gpus": replicas * tp, "price_per_gpu_hour": None, "gpu_s": None}]
+
+
+def pools_table(runs: list[RunDir]) -> pa.Table:
+    """One row per pool of every run: its GPU type, TP, replicas, GPUs and price (the cost view's input)."""
+    rows = [dict(p, run_id=r.run_id) for r in runs for p in pool_rows(r.meta)]
+    return pa.Table.from_pylist(rows, schema=POOLS_SCHEMA)
 
 
 def runs_table(runs: list[RunDir]) -> pa.Table:
@@ -284,6 +321,9 @@ def register_sources(con: duckdb.DuckDBPyConnection, runs: list[RunDir], materia
     con.register("_runs_arrow", runs_table(runs))
     con.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM _runs_arrow")
     con.unregister("_runs_arrow")
+    con.register("_pools_arrow", pools_table(runs))
+    con.execute("CREATE OR REPLACE TABLE pools AS SELECT * FROM _pools_arrow")
+    con.unregister("_pools_arrow")
     files = pa.table(
         {
             "run_id": [r.run_id for r in runs],

@@ -177,6 +177,36 @@ FROM g JOIN run_span sp USING (run_id)
 ORDER BY {_SCOPE_ORDER}
 """
 
+COST = """
+CREATE OR REPLACE VIEW cost AS
+WITH p AS (
+    SELECT p.* EXCLUDE (gpu_s), coalesce(p.gpu_s, p.gpus * sp.duration_s) AS gpu_s, sp.duration_s,
+           coalesce(p.gpu_s, p.gpus * sp.duration_s) / 3600.0 * p.price_per_gpu_hour AS dollars
+    FROM pools p JOIN run_span sp USING (run_id)
+), c AS (
+    SELECT run_id,
+        CASE WHEN grouping(pool) = 0 THEN 'pool' WHEN grouping(gpu) = 0 THEN 'gpu' ELSE 'overall' END AS scope,
+        CASE WHEN grouping(pool) = 0 THEN pool WHEN grouping(gpu) = 0 THEN gpu END AS name,
+        CASE WHEN grouping(pool) = 0 THEN any_value(role) END AS role,
+        CAST(sum(gpus) AS BIGINT) AS gpus,  -- provisioned: an autoscaled pool's most replicas x TP
+        sum(gpu_s) AS gpu_s,
+        sum(gpu_s) / any_value(duration_s) AS mean_gpus,  -- time-averaged
+        -- NULL unless every pool in the group has a price
+        CASE WHEN count(price_per_gpu_hour) = count(*) THEN sum(dollars) END AS dollars
+    FROM p
+    GROUP BY GROUPING SETS ((run_id), (run_id, pool), (run_id, gpu))
+), t AS (
+    SELECT run_id, CAST(sum(coalesce(generated_tokens, 0)) AS BIGINT) AS output_tokens FROM requests GROUP BY run_id
+)
+SELECT c.*, t.output_tokens, g.completed, g.met_all,
+       c.dollars / nullif(t.output_tokens, 0) * 1e6 AS dollars_per_million_output_tokens,
+       c.dollars / nullif(g.completed, 0) AS dollars_per_request,
+       g.met_all / nullif(c.dollars, 0) AS goodput_requests_per_dollar,
+       g.met_all / g.duration_s / nullif(c.mean_gpus, 0) AS goodput_rps_per_gpu
+FROM c JOIN t USING (run_id) JOIN goodput g ON g.run_id = c.run_id AND g.scope = 'overall'
+ORDER BY c.run_id, CASE c.scope WHEN 'overall' THEN 0 WHEN 'pool' THEN 1 ELSE 2 END, c.name
+"""
+
 TENANT_SUMMARY = """
 CREATE OR REPLACE VIEW tenant_summary AS
 SELECT m.run_id, tenant,
@@ -358,6 +388,7 @@ DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("slo_attainment", SLO_ATTAINMENT),
     ("latency_summary", LATENCY_SUMMARY),
     ("goodput", GOODPUT),
+    ("cost", COST),
     ("tenant_summary", TENANT_SUMMARY),
     ("fairness", FAIRNESS),
     ("resource_summary", RESOURCE_SUMMARY),

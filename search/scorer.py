@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from servelab.scoring.db import new_connection, set_slo
 from servelab.scoring.slo import SloTable
-from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, num_gpus
+from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, POOLS_SCHEMA, num_gpus, pool_rows
 from servelab.scoring.views import create_views
 
 # One pass over `request_metrics` (the view holding every per-request definition: effective SLOs,
@@ -69,6 +69,8 @@ class RunScorer:
         self.con.register("requests", requests)
         self.con.register("steps", steps)
         self.con.register("runs", _runs(run_id, meta))
+        self.con.register("pools", pa.Table.from_pylist([dict(p, run_id=run_id) for p in pool_rows(meta)],
+                                                        schema=POOLS_SCHEMA))
 
     def attainment(self, result, arrived_by_s: float | None = None) -> float:
         """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given."""

@@ -297,6 +297,9 @@ class _Parser:
                 raw[key] = data[key]
         try:
             config = ReplayConfig.from_dict(raw, source=f"{self.path}, [replay]")
+            from servelab.routers.base import make_router
+
+            make_router(config.engine.router, config.router_params, config.engine.seed)
             if config.policy_params:
                 from servelab.policies.base import policy_class
                 from servelab.replay.config import make_params

@@ -42,7 +42,7 @@ def test_registry_suggests_the_nearest_name():
 @pytest.mark.parametrize("args, message", [
     (["--policy", "sarath"], "error: unknown policy 'sarath'; did you mean 'sarathi'?"),
     (["--runner", "roofln"], "error: unknown runner 'roofln'; did you mean 'roofline'?"),
-    (["--router", "least"], "did you mean 'least-outstanding'?"),
+    (["--router", "least-out"], "did you mean 'least-outstanding'?"),  # (least-kv shares "least")
     (["--runner", RUNNER, "--policy-param", "long_prefill_treshold=4"],
      "unknown parameter 'long_prefill_treshold'; did you mean 'long_prefill_threshold'?"),
     (["--runner", RUNNER, "--policy", "srpt", "--policy-param", "preempt=maybe"], "preempt: expected bool"),

@@ -108,7 +108,6 @@ def test_one_token_output_has_zero_tpot_and_no_itl():
 @pytest.mark.parametrize("bad, message", [
     (dict(block_size=0), "block_size must be >= 1"),
     (dict(preemption="evict"), "preemption must be one of recompute, swap"),
-    (dict(router="random"), "router must be one of"),
     (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
 ])
 def test_bad_engine_config_is_a_clear_error(bad, message):

@@ -25,20 +25,35 @@ REPO = Path(__file__).resolve().parents[1]
 LIVE = (Status.WAITING, Status.RUNNING)
 
 
+def disaggregation(engine: Engine):
+    """The prefill/decode handoff of a cluster replay (replay/disagg.py), or None."""
+    from servelab.replay.disagg import Disaggregation
+
+    owner = getattr(engine.handoff, "__self__", None)
+    return owner if isinstance(owner, Disaggregation) else None
+
+
 def check(engine: Engine) -> None:
     held_elsewhere = {id(r) for rs in (engine.platform.paused.values() if engine.platform else ()) for r in rs}
+    disagg = disaggregation(engine)
     for replica in engine.replicas:
-        replica.kv.check(replica.running)
+        # with disaggregation a prefill replica also holds the KV of requests handed off (waiting for
+        # a decode replica or in transfer), and a decode replica the blocks reserved for landing ones
+        replica.kv.check(disagg.holders(replica) if disagg is not None else replica.running)
         cohort = replica.cohort
         owes = 0
         for req in engine.requests:
             if req.replica != replica.id or not (req.status in LIVE or id(req) in held_elsewhere):
                 continue
+            if disagg is not None and req in disagg.source:
+                continue  # handed off: owed to no replica until it lands on a decode replica
             if req.status is Status.PENDING:
                 continue
             # a cohort member's counters are frozen at joining: add the iterations since then
             lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
             owes += owed(req) - lag
+        if disagg is not None and replica.id in disagg.landing:  # owed from the start of their transfer
+            owes += sum(owed(req) for req in disagg.landing[replica.id])
         assert replica.outstanding_tokens == owes, (replica.id, replica.outstanding_tokens, owes)
 
 
@@ -138,6 +153,86 @@ def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     assert statuses <= {"finished", "unfinished", "throttled", "dropped", "rejected"}
 
 
+DISAGG_CASES = {
+    "sarathi, KV pressure on both pools": ("sarathi", {}, {"num_gpu_blocks": 300}, {}),
+    "decode seats short, power-of-two": ("sarathi", {}, {"num_gpu_blocks": 600},
+                                         {"max_num_seqs": 6, "router": "power-of-two"}),
+    "srpt preempting, swap on decode": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400, "preemption": "swap",
+                                                                   "swap_space_gb": 0.0002}, {"router": "least-kv"}),
+    "round-robin rotating": ("round-robin", {"quantum": 4}, {"num_gpu_blocks": 400, "max_num_seqs": 8},
+                             {"router": "weighted"}),
+    "orca, reserve": ("orca", {}, {"num_gpu_blocks": 900, "kv_allocation": "reserve"}, {}),
+    "prefix cache, sessions": ("sarathi", {}, {"num_gpu_blocks": 400}, {}),
+    "horizon": ("sarathi", {}, {"num_gpu_blocks": 300, "until_s": 5.0}, {}),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("case", sorted(DISAGG_CASES))
+def test_disaggregated_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
+    """KV per replica (the prefill replica still holds a handed-off request's KV until its transfer
+    ends; the decode replica holds the blocks reserved for it), outstanding tokens, and every
+    request accounted for at the end; KV drains to zero everywhere."""
+    from servelab.api import ReplayConfig, replay
+
+    policy, params, engine_settings, decode = DISAGG_CASES[case]
+    engines = []
+
+    class Keep(CheckedEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    shape = dict(HASHED, prefix_block_tokens=32) if "prefix" in case else {}
+    trace = synthetic(n=250, rate=40.0, seed=seed, **shape)
+    config = ReplayConfig.from_dict(dict(
+        engine_settings, policy=policy, policy_params=params, kv_bytes_per_token=1024,
+        runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
+        cluster={"pools": [{"name": "p", "role": "prefill", "replicas": 2, "router": "least-outstanding"},
+                           dict({"name": "d", "role": "decode", "replicas": 3}, **decode)],
+                 "links": [{"from": "p", "to": "d", "bandwidth_gbps": 2.0, "latency_s": 0.002}]}))
+    before = CheckedEngine.events
+    result = replay(trace, config)
+    assert CheckedEngine.events - before > 300
+    statuses = result.requests.column("status").to_pylist()
+    assert len(statuses) == trace.num_rows
+    if "horizon" in case:
+        assert set(statuses) <= {"finished", "unfinished", "rejected"} and "unfinished" in statuses
+        return
+    assert set(statuses) <= {"finished", "rejected"}
+    assert sum(result.meta["counts"].values()) == trace.num_rows
+    moved = [d for d in result.requests.column("decode_replica").to_pylist() if d is not None]
+    assert len(moved) > 100 and set(moved) <= {2, 3, 4}
+    (engine,) = engines
+    disagg = disaggregation(engine)
+    assert not disagg.pending and not disagg.source and disagg.meta()["transfers"] == len(moved)
+    for replica in engine.replicas:
+        assert replica.outstanding_tokens == 0
+        assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.cohort_held == 0
+
+
+@pytest.mark.parametrize("signal", ["queue_depth", "running", "pending_prompt_tokens", "kv_use", "request_rate"])
+def test_autoscaled_bookkeeping_adds_up_and_no_request_is_lost(monkeypatch, signal):
+    """Replicas start, drain and stop under a bursty trace; every event keeps KV and outstanding
+    tokens consistent, and every request finishes (draining drops nothing)."""
+    from servelab.api import ReplayConfig, replay
+
+    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    target = {"queue_depth": 2, "running": 4, "pending_prompt_tokens": 1500, "kv_use": 0.3, "request_rate": 10}[signal]
+    config = ReplayConfig.from_dict({
+        "runner": "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", "num_gpu_blocks": 400,
+        "max_num_seqs": 8, "router": "least-outstanding",
+        "cluster": {"pools": [{"name": "a", "replicas": 1, "autoscale": {
+            "min": 1, "max": 4, "signal": signal, "target": target, "interval_s": 0.5, "cooldown_s": 1.0,
+            "startup_s": 0.7}}]}})
+    result = replay(synthetic(n=400, rate=40.0, seed=5), config)
+    assert set(result.requests.column("status").to_pylist()) <= {"finished", "rejected"}
+    timeline = result.meta["cluster"]["pools"][0]["autoscale"]["timeline"]
+    assert max(row[1] for row in timeline) > 1 and any(row[3] for row in timeline)  # it scaled out and drained
+    assert all(1 <= row[1] + row[3] and row[1] + row[2] + row[3] <= 4 for row in timeline)
+
+
 def _keep_engines(monkeypatch) -> list[Engine]:
     """Every Engine the replays build from now on, to look at after they ran."""
     engines: list[Engine] = []
@@ -164,7 +259,7 @@ def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
 
 
 def test_replay_imports_no_concrete_policy_runner_or_layer_above():
-    forbidden = ("servelab.policies", "servelab.runners", "servelab.api", "servelab.cli", "servelab.scoring",
+    forbidden = ("servelab.policies", "servelab.routers", "servelab.runners", "servelab.api", "servelab.cli", "servelab.scoring",
                  "servelab.search")
     for path in sorted((REPO / "replay").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,0 +1,239 @@
+"""A cluster description: pools of replicas, each with a role, runner, engine settings, policy,
+router, replica count and price, and the links that carry KV from prefill pools to decode pools.
+
+One TOML table (``[cluster]``) in a replay config (docs/cluster.md)::
+
+    [[cluster.pools]]
+    name = "prefill"
+    role = "prefill"            # mixed | prefill | decode
+    replicas = 2
+    gpu = "h100-80gb"           # runner, model, gpu, tp, policy, policy_params, router,
+    price_per_gpu_hour = 2.5    # router_params and any engine key override the config's top level
+    max_num_batched_tokens = 8192
+
+    [[cluster.links]]
+    from = "prefill"
+    to = "decode"
+    bandwidth_gbps = 50.0       # GB/s, shared by the transfers in flight on the link
+    latency_s = 0.0005
+
+Validated without I/O, like `EngineConfig`; a pool's settings become a whole `ReplayConfig`
+(``pool_config``) so that each pool is built exactly as a flat replay of that pool would be.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from servelab.common.coerce import coerce
+from servelab.common.errors import ServelabError
+from servelab.common.registry import did_you_mean
+from servelab.replay.autoscale import AutoscaleConfig
+
+if TYPE_CHECKING:
+    from servelab.replay.config import ReplayConfig
+
+ROLES = ("mixed", "prefill", "decode")
+# what a pool may set besides the engine keys (EngineConfig's fields)
+POOL_TOP = ("name", "role", "replicas", "autoscale", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
+            "router_params", "price_per_gpu_hour")
+# engine keys that are the cluster's (its front door, horizon, seed), not a pool's
+CLUSTER_WIDE = ("until_s", "seed", "quota", "retries", "retry_backoff_s", "retry_max_backoff_s", "retry_jitter",
+                "retry_after", "queue_cap", "tier_order", "pause", "fail", "journal")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    role: str = "mixed"
+    replicas: int = 1
+    price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is tp GPUs)
+    settings: tuple[tuple[str, Any], ...] = ()  # the pool's other keys, over the config's top level
+    autoscale: AutoscaleConfig | None = None  # target tracking (replay/autoscale.py); replicas = the initial count
+
+    def __post_init__(self) -> None:
+        where = f"cluster pool '{self.name}'"
+        if self.role not in ROLES:
+            raise ServelabError(f"{where}: role must be one of {', '.join(ROLES)}; got '{self.role}'"
+                                f"{did_you_mean(self.role, ROLES)}")
+        if self.replicas < 1:
+            raise ServelabError(f"{where}: replicas must be >= 1, got {self.replicas}")
+        if not (0 <= self.price_per_gpu_hour < math.inf):
+            raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
+        if self.autoscale is not None:
+            self.autoscale.check(where)
+            if not self.autoscale.min <= self.replicas <= self.autoscale.max:
+                raise ServelabError(f"{where}: replicas (the initial count) must be within autoscale min..max, "
+                                    f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"name": self.name, "role": self.role, "replicas": self.replicas,
+               "price_per_gpu_hour": self.price_per_gpu_hour, **dict(self.settings)}
+        if self.autoscale is not None:
+            out["autoscale"] = self.autoscale.to_dict()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConfig:
+    source: str  # a prefill pool
+    target: str  # a decode pool
+    bandwidth_gbps: float = 50.0  # GB/s, shared equally by the transfers in flight
+    latency_s: float = 0.0  # added to every transfer
+
+    def __post_init__(self) -> None:
+        if not (0 < self.bandwidth_gbps < math.inf):
+            raise ServelabError(f"cluster link {self.source}->{self.target}: bandwidth_gbps must be > 0, "
+                                f"got {self.bandwidth_gbps}")
+        if not (0 <= self.latency_s < math.inf):
+            raise ServelabError(f"cluster link {self.source}->{self.target}: latency_s must be >= 0, got {self.latency_s}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"from": self.source, "to": self.target, "bandwidth_gbps": self.bandwidth_gbps,
+                "latency_s": self.latency_s}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    pools: tuple[PoolConfig, ...]
+    links: tuple[LinkConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ServelabError("cluster: needs at least one pool ([[cluster.pools]])")
+        names = [p.name for p in self.pools]
+        for name in names:
+            if names.count(name) > 1:
+                raise ServelabError(f"cluster: pool name '{name}' is used twice")
+        roles = {p.name: p.role for p in self.pools}
+        entry = [p for p in self.pools if p.role != "decode"]
+        decode = [p for p in self.pools if p.role == "decode"]
+        if len(entry) != 1:
+            raise ServelabError(f"cluster: exactly one pool takes arrivals (role mixed or prefill); got "
+                                f"{len(entry)} ({', '.join(p.name for p in entry) or 'none'})")
+        if entry[0].role == "prefill" and len(decode) != 1:
+            raise ServelabError(f"cluster: prefill pool '{entry[0].name}' needs exactly one decode pool, got {len(decode)}")
+        if entry[0].role == "mixed" and decode:
+            raise ServelabError(f"cluster: decode pool '{decode[0].name}' needs a prefill pool, not a mixed one")
+        for pool in self.pools:
+            if pool.autoscale is not None and pool.role != "mixed":
+                raise ServelabError(f"cluster pool '{pool.name}': autoscaling is modelled for mixed pools only (yet)")
+        for link in self.links:
+            for end, want in ((link.source, "prefill"), (link.target, "decode")):
+                if end not in roles:
+                    raise ServelabError(f"cluster link {link.source}->{link.target}: no pool '{end}'"
+                                        f"{did_you_mean(end, roles)}")
+                if roles[end] != want:
+                    raise ServelabError(f"cluster link {link.source}->{link.target}: '{end}' must be a {want} pool, "
+                                        f"it is {roles[end]}")
+        if decode and not any(l.source == entry[0].name and l.target == decode[0].name for l in self.links):
+            raise ServelabError(f"cluster: no link from prefill pool '{entry[0].name}' to decode pool "
+                                f"'{decode[0].name}' ([[cluster.links]] with from, to, bandwidth_gbps)")
+
+    @property
+    def entry(self) -> PoolConfig:
+        """The pool arrivals are routed to (the mixed or prefill pool)."""
+        return next(p for p in self.pools if p.role != "decode")
+
+    @property
+    def decode(self) -> PoolConfig | None:
+        return next((p for p in self.pools if p.role == "decode"), None)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.decode is not None
+
+    def link(self) -> LinkConfig:
+        entry, decode = self.entry.name, self.decode.name
+        return next(l for l in self.links if l.source == entry and l.target == decode)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pools": [p.to_dict() for p in self.pools]}
+        if self.links:
+            out["links"] = [l.to_dict() for l in self.links]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "config") -> ClusterConfig:
+        from servelab.replay.config import EngineConfig
+
+        where = f"{source}: cluster"
+        if not isinstance(data, dict):
+            raise ServelabError(f"{where} must be a table")
+        unknown = set(data) - {"pools", "links"}
+        if unknown:
+            raise ServelabError(f"{where}: unknown key '{min(unknown)}' (known: links, pools)")
+        raw_pools = data.get("pools")
+        if not isinstance(raw_pools, list) or not raw_pools:
+            raise ServelabError(f"{where}.pools must be a non-empty array of tables ([[cluster.pools]])")
+        engine_keys = {f.name for f in fields(EngineConfig)} - {"replicas", "router"}
+        pools = []
+        for i, raw in enumerate(raw_pools):
+            at = f"{where}.pools[{i}]"
+            if not isinstance(raw, dict):
+                raise ServelabError(f"{at} must be a table")
+            raw = {k.replace("-", "_"): v for k, v in raw.items()}
+            if "name" not in raw:
+                raise ServelabError(f"{at}: missing 'name'")
+            settings = []
+            for key, value in raw.items():
+                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale"):
+                    continue
+                if key in CLUSTER_WIDE:
+                    raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
+                if key not in engine_keys and key not in POOL_TOP:
+                    known = sorted((engine_keys - set(CLUSTER_WIDE)) | set(POOL_TOP))
+                    raise ServelabError(f"{at}: unknown key '{key}'{did_you_mean(key, known)}")
+                settings.append((key, value))
+            pools.append(PoolConfig(
+                name=str(raw["name"]), role=str(raw.get("role", "mixed")),
+                replicas=coerce(raw.get("replicas", 1), "int", f"{at}.replicas"),
+                price_per_gpu_hour=coerce(raw.get("price_per_gpu_hour", 0.0), "float", f"{at}.price_per_gpu_hour"),
+                settings=tuple(sorted(settings)),
+                autoscale=None if "autoscale" not in raw else (
+                    raw["autoscale"] if isinstance(raw["autoscale"], AutoscaleConfig)
+                    else AutoscaleConfig.from_dict(raw["autoscale"], at))))
+        links = []
+        for i, raw in enumerate(data.get("links", [])):
+            at = f"{where}.links[{i}]"
+            if not isinstance(raw, dict):
+                raise ServelabError(f"{at} must be a table")
+            raw = {k.replace("-", "_"): v for k, v in raw.items()}
+            unknown = set(raw) - {"from", "to", "bandwidth_gbps", "latency_s"}
+            if unknown:
+                raise ServelabError(f"{at}: unknown key '{min(unknown)}' (known: bandwidth_gbps, from, latency_s, to)")
+            for key in ("from", "to"):
+                if key not in raw:
+                    raise ServelabError(f"{at}: missing '{key}'")
+            links.append(LinkConfig(str(raw["from"]), str(raw["to"]),
+                                    coerce(raw.get("bandwidth_gbps", 50.0), "float", f"{at}.bandwidth_gbps"),
+                                    coerce(raw.get("latency_s", 0.0), "float", f"{at}.latency_s")))
+        return cls(tuple(pools), tuple(links))
+
+
+def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
+    """The flat `ReplayConfig` of one pool: the config's top level under the pool's own keys, with
+    the pool's replica count (and no cluster)."""
+    from servelab.replay.config import ReplayConfig
+
+    data = base.to_dict()
+    data.pop("cluster", None)
+    for key, value in pool.settings:
+        if key in ("policy_params", "router_params"):
+            data[key] = dict(value)
+        else:
+            data[key] = value
+    data["replicas"] = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
+    if pool.settings and "policy" in dict(pool.settings) and "policy_params" not in dict(pool.settings):
+        data.pop("policy_params", None)  # another policy: the top level's parameters are not its
+    return ReplayConfig.from_dict(data, source=f"cluster pool '{pool.name}'")
+
+
+def one_pool(base: ReplayConfig) -> ClusterConfig:
+    """Today's flat ``--replicas N --router R``: one mixed pool (what a config without [cluster] is)."""
+    return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
+
+
+__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig", "one_pool", "pool_config"]

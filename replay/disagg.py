@@ -1,0 +1,233 @@
+"""Prefill/decode disaggregation: a request prefills on a prefill replica, which emits its first
+token, then its KV moves over the link to a decode replica, where it decodes to the end
+(DistServe, Splitwise; docs/cluster.md).
+
+The engine calls ``after_step(replica, step, end_s)`` after every applied step (``Engine.handoff``):
+
+- on a prefill replica, every request that has just emitted its first token (and is not finished)
+  leaves the replica's running set and its policy (``on_leave``, as when a failure moves a running
+  request away) but **keeps its KV there**, and asks for a decode replica (``_hand_off``);
+- a decode replica has room for it when its free KV blocks cover the context plus the next token
+  and its requests (running, waiting and landing) are fewer than ``max_num_seqs``; the decode pool's
+  router chooses among those with room. The blocks are reserved there at once (a placeholder holds
+  them) and the transfer starts: ``kv_bytes_per_token × context`` bytes over the link
+  (replay/transfer.py);
+- no decode replica has room: the request waits, first come first served, holding its prefill KV
+  (back-pressure: the prefill replica's free KV shrinks); after every step of a decode replica the
+  waiting handoffs are tried again;
+- when the transfer lands, the prefill replica releases the KV, the request takes over its reserved
+  blocks on the decode replica (``KVManager.adopt``) and joins its running set at once (as vLLM's
+  decode instance takes a request whose KV it pulled): its next iteration there decodes, without a
+  trip through the waiting queue, where a request holding KV could block admission behind a request
+  waiting for blocks. The decode replica's policy is told ``on_arrival`` (its per-request state,
+  e.g. a round-robin slot) then ``on_leave`` (out of its waiting order) and sees it from then on as
+  one of its running requests.
+
+A request whose prompt + max output can never fit a decode replica is rejected at its handoff, with
+the reason. Per-request results (``columns``): the decode replica, the handoff wait (first token to
+transfer start) and the transfer time (start to landing).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from servelab.replay.engine import SCHEDULE, TIMER
+from servelab.replay.kv import blocks_for
+from servelab.replay.request import Request, Status
+from servelab.replay.transfer import Link
+
+if TYPE_CHECKING:
+    from servelab.replay.engine import Engine
+    from servelab.replay.protocols import Router
+    from servelab.replay.replica import Replica
+
+
+class Disaggregation:
+    def __init__(self, engine: Engine, prefill: list[Replica], decode: list[Replica], router: Router,
+                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float):
+        self.engine = engine
+        self.prefill = prefill
+        self.decode = decode
+        self.prefill_ids = {r.id for r in prefill}
+        self.router = router
+        self.bytes_per_token = bytes_per_token
+        self.link = Link(bandwidth_gbps * 1e9, latency_s, lambda t, fn: engine.push(t, TIMER, fn), self._land)
+        self.pending: deque[Request] = deque()  # handed off, waiting for a decode replica with room
+        self.sending: dict[int, list[Request]] = {r.id: [] for r in prefill}  # KV held on a prefill replica
+        self.landing: dict[int, dict[Request, Request]] = {r.id: {} for r in decode}  # req -> placeholder
+        self.source: dict[Request, Replica] = {}
+        # per request index: its results columns
+        self.prefill_replica: dict[int, int] = {}
+        self.decode_replica: dict[int, int] = {}
+        self.handoff_s: dict[int, float] = {}
+        self.transfer_start_s: dict[int, float] = {}
+        self.transfer_end_s: dict[int, float] = {}
+        self.max_pending = 0
+        self._applied: Replica | None = None
+        for replica in prefill:
+            replica.cohort = None  # nothing decodes there: every request leaves at its first token
+        engine.handoff = self.after_step
+        engine.live = list(prefill)  # arrivals are routed to the prefill pool only
+
+    # -- the engine's hook ----------------------------------------------------------------------
+    def after_step(self, replica: Replica, step, end_s: float) -> None:
+        if replica.id in self.prefill_ids:
+            running = Status.RUNNING
+            for req, _ in step.batch.items:
+                if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s \
+                        and req.num_computed_tokens == req.prompt_tokens:
+                    self._hand_off(replica, req, end_s)
+        elif self.pending:
+            self._applied = replica  # its step is applied: it promises no more blocks
+            self._place_pending(end_s)
+            self._applied = None
+
+    def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
+        replica.running.remove(req)
+        replica.forgive(req)
+        replica.policy.on_leave(req, replica)
+        self.sending[replica.id].append(req)
+        self.source[req] = replica
+        self.handoff_s[req.index] = now
+        self.prefill_replica[req.index] = replica.id
+        if not any(d.kv.can_ever_fit(req) for d in self.decode):
+            need = self.decode[0].kv.blocks_to_finish(req)
+            self._release_source(req, now)
+            req.status = Status.REJECTED
+            req.reason = f"needs {need} KV blocks for prompt + max output; a decode replica has {self.decode[0].kv.total}"
+            self.engine.ended(req, now)
+            return
+        self.pending.append(req)
+        self.max_pending = max(self.max_pending, len(self.pending))
+        self._place_pending(now)
+
+    # -- placing on a decode replica ------------------------------------------------------------
+    def _room(self, req: Request) -> list[Replica]:
+        out = []
+        for d in self.decode:
+            kv = d.kv
+            need = self._landing_blocks(req, kv)
+            seats = len(d.running) + len(d.waiting) + len(self.landing[d.id])
+            if seats >= d.config.max_num_seqs or kv.free < need:
+                continue
+            step = d.inflight
+            # a stretch in flight takes at most k / block_size + 2 blocks per request (the engine's own
+            # bound when it plans one): count exactly only when that bound could matter
+            if not d.busy or step is None or step.k == 1 \
+                    or kv.free - step.decode_requests * (step.k // kv.block_size + 2) >= need \
+                    or kv.free - self._promised(d) >= need:
+                out.append(d)
+        return out
+
+    @staticmethod
+    def _landing_blocks(req: Request, kv) -> int:
+        """Blocks ``req`` holds on landing: its context and its next token (reservation: all of it)."""
+        return kv.blocks_to_finish(req) if kv.reserve else blocks_for(req.num_computed_tokens + 1, kv.block_size)
+
+    def _promised(self, replica: Replica) -> int:
+        """Free blocks the decode stretch in flight on ``replica`` will still take when it completes
+        (a stretch grows its requests' KV at its end; the engine planned it on those blocks being free)."""
+        step = replica.inflight
+        if not replica.busy or step is None or step.k == 1 or replica is self._applied:
+            return 0
+        k, bs = step.k, replica.kv.block_size
+        if replica.kv.reserve:
+            return 0
+        extra = sum(-(-(r.num_computed_tokens + k) // bs) - r.kv_blocks for r, _ in step.batch.items)
+        if step.batch.cohort:
+            extra += replica.cohort.blocks_added(k) - step.batch.summary.cohort_blocks
+        return max(extra, 0)
+
+    def _place_pending(self, now: float) -> None:
+        """Start the transfers of waiting handoffs in their order while the head finds room."""
+        pending = self.pending
+        while pending:
+            req = pending[0]
+            room = self._room(req)
+            if not room:
+                return
+            pending.popleft()
+            target = self.router.route(req, room)
+            kv = target.kv
+            holder = Request(-1, now, 0, 0)  # holds the landing blocks until the KV is there
+            kv.grow(holder, self._landing_blocks(req, kv))
+            self.landing[target.id][req] = holder
+            target.owe(req)  # its load from now: the decode router sees transfers under way
+            self.decode_replica[req.index] = target.id
+            self.transfer_start_s[req.index] = now
+            self.link.start((req, target), self.bytes_per_token * req.num_computed_tokens, now)
+
+    def _land(self, transfer, now: float) -> None:
+        req, target = transfer.payload
+        self._release_source(req, now)
+        holder = self.landing[target.id].pop(req)
+        target.kv.adopt(req, holder)
+        self.transfer_end_s[req.index] = now
+        req.replica = target.id
+        engine = self.engine
+        engine.admissions += 1  # it joins the running set as if admitted now: it has its KV
+        req.admitted_seq = engine.admissions
+        # the decode replica's policy sets up its own per-request state (``on_arrival``) and takes it
+        # straight back out of its waiting order (``on_leave``): the request runs without queueing
+        policy = target.policy
+        policy.on_arrival(req, target)
+        policy.on_leave(req, target)
+        target.running.append(req)
+        if target.cohort is not None:
+            target.cohort.outside.append(req)
+        self._wake(target, now)
+
+    def _wake(self, replica: Replica, now: float) -> None:
+        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration
+        boundary; an idle one decides at ``now`` after every other landing of this instant (a
+        ``SCHEDULE`` event comes after the ``TIMER`` events of its time)."""
+        if replica.busy:
+            self.engine._cut_stretch(replica, now)
+        elif not replica.schedule_pending:
+            replica.schedule_pending = True
+            self.engine.push(now, SCHEDULE, replica)
+
+    def _release_source(self, req: Request, now: float) -> None:
+        """The prefill replica frees ``req``'s KV (its prompt blocks stay in its prefix cache); an
+        idle one with requests waiting (for that room, perhaps) decides again."""
+        source = self.source.pop(req)
+        self.sending[source.id].remove(req)
+        source.kv.release(req)
+        if not source.busy and source.waiting:
+            self._wake(source, now)
+
+    # -- end of the replay, results, checks -----------------------------------------------------
+    def strand(self) -> None:
+        """Requests still handed off when nothing is left to happen: counted, never lost."""
+        for req in self.pending:
+            if not req.status.is_terminal:
+                req.status = Status.UNFINISHED
+                req.reason = "waiting for a decode replica with room when the replay ended"
+
+    def holders(self, replica: Replica) -> list[Request]:
+        """Every request (or landing placeholder) holding GPU blocks on ``replica`` (the KV check)."""
+        held = list(replica.running)
+        if replica.id in self.sending:
+            held += self.sending[replica.id]
+        else:
+            held += list(self.landing[replica.id].values())
+        return held
+
+    def columns(self, n: int) -> dict[str, list]:
+        return {
+            "prefill_replica": [self.prefill_replica.get(i) for i in range(n)],
+            "decode_replica": [self.decode_replica.get(i) for i in range(n)],
+            "handoff_wait_s": [self.transfer_start_s[i] - self.handoff_s[i] if i in self.transfer_start_s else None
+                               for i in range(n)],
+            "transfer_s": [self.transfer_end_s[i] - self.transfer_start_s[i] if i in self.transfer_end_s else None
+                           for i in range(n)],
+        }
+
+    def meta(self) -> dict:
+        return {"transfers": len(self.transfer_start_s), "bytes_moved": self.link.bytes_moved,
+                "link_busy_s": self.link.busy_s, "max_handoffs_waiting": self.max_pending}
+
+
+__all__ = ["Disaggregation"]

@@ -1,0 +1,85 @@
+"""The routers' side of the seam: a base class, the registry, and lookup by name.
+
+The contract is the engine's (``servelab.replay.protocols.Router``): ``route(req, replicas)`` picks
+the live replica an arriving request joins. A router is one file in this package with a class
+registered by ``@ROUTERS.register("name")``; importing the package registers every module in it
+(and any router another package declares under the ``servelab.routers`` entry point), so adding a
+router edits no other file. Parameters are a frozen dataclass as ``Params`` (TOML
+``router_params``), as for policies. ``replay/`` never imports this package: ``servelab.api`` puts
+the parts together.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from servelab.common.registry import ClassRegistry
+from servelab.replay.config import make_params
+
+if TYPE_CHECKING:
+    from servelab.replay.replica import Replica
+    from servelab.replay.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class NoParams:
+    pass
+
+
+class RouterBase:
+    """``name`` is set by the registry; ``seed`` is the replay's (routers that draw use it)."""
+
+    name: ClassVar[str] = "?"
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: Any = None, seed: int = 0):
+        self.params = self.Params() if params is None else params
+        self.seed = seed
+
+    def route(self, req: Request, replicas: list[Replica]) -> Replica:
+        raise NotImplementedError
+
+
+ROUTERS: ClassRegistry = ClassRegistry("router")
+_loaded = False
+
+
+def _load_all() -> None:
+    """Import every module of this package (each router file registers itself), then the routers
+    other packages declare under the ``servelab.routers`` entry point."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    package = importlib.import_module("servelab.routers")
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        importlib.import_module(f"servelab.routers.{module}")
+    for entry in importlib.metadata.entry_points(group="servelab.routers"):
+        entry.load()
+
+
+def router_class(name: str) -> type[RouterBase]:
+    _load_all()
+    return ROUTERS.get(name)
+
+
+def router_names() -> list[str]:
+    _load_all()
+    return ROUTERS.names()
+
+
+def make_router(name: str, raw_params: dict[str, Any] | None = None, seed: int = 0) -> RouterBase:
+    cls = router_class(name)
+    return cls(make_params(cls.Params, raw_params or {}, f"router '{name}'"), seed)
+
+
+def least_outstanding(replicas: list[Replica]) -> Replica:
+    """The replica with the fewest prompt + output tokens still to produce (ties: the first, the lowest id)."""
+    return min(replicas, key=lambda r: r.outstanding_tokens)
+
+
+__all__ = ["ROUTERS", "NoParams", "RouterBase", "least_outstanding", "make_router", "router_class", "router_names"]
