@@ -84,15 +84,14 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     """One KV manager and one policy instance per replica (``trace_block_tokens``: tokens per entry of
     the trace's ``prefix_hashes``, None when it has none)."""
     engine_cfg = config.engine
-    caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand" \
-        and not runner.needs_block_tables
+    caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
     host_blocks = 0
     if swap and bytes_per_token:
         host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
     tier_specs = parse_tiers(engine_cfg.kv_tiers)
-    if tier_specs and not caching:
+    if tier_specs and (not caching or runner.needs_block_tables):
         raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
                             "allocation and a cost-model runner")
     stacks = build_stacks(tier_specs, engine_cfg.replicas, bytes_per_token * engine_cfg.block_size,

@@ -85,6 +85,7 @@ def synth_run(run_dir: Path, n: int, n_steps: int, seed: int = 0) -> None:
         "kv_blocks_total": pa.array(np.full(n_steps, 28000, dtype=np.int32)),
         "waiting": pa.array(rng.integers(0, 50, n_steps).astype(np.int32)),
         "preemptions": pa.array(rng.poisson(0.01, n_steps).astype(np.int32)),
+        "tier_bytes": pa.nulls(n_steps, pa.int64()),  # (no offload tiers)
     }
     pq.write_table(pa.table(steps, schema=STEPS_SCHEMA), run_dir / "steps.parquet", compression="zstd")
     meta = {"servelab_version": "0.1.0", "run_id": run_dir.name, "policy": {"name": "synthetic", "params": {}},

@@ -326,13 +326,15 @@ class Engine:
         summary = BatchSummary()
         for req, n in batch.items:
             hit = kv.lookup(req) if req.status is Status.WAITING else None
+            start = req.num_computed_tokens
             if hit is not None and hit.tokens + n <= req.num_tokens:  # admitted onto a cached prefix
                 target = -(-(hit.tokens + n) // kv.block_size)
                 summary.account(req, n, target - hit.blocks + hit.claimed, hit, target)
+                start = hit.tokens
             else:
                 summary.account(req, n, kv.blocks_needed(req, n))
             if items is not None:
-                items.append(StepItem(req, req.num_computed_tokens, n))
+                items.append(StepItem(req, start, n))
         return summary
 
     def _plan_stretch(self, replica: Replica, step: Step, summary: BatchSummary, affine: tuple[float, float]) -> None:
@@ -453,7 +455,7 @@ class Engine:
         self.steps.append((
             replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
             step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
-            len(batch.preempt),
+            len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
         if self.handoff is not None:
             self.handoff(replica, step, end_s)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from servelab.replay.block_names import BlockNames
 from servelab.replay.prefix_cache import Hit, PrefixCache
 from servelab.replay.request import Request
 
@@ -34,7 +35,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class KVManager:
     __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
                  "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier",
-                 "overlap_layers", "pending_load_s")
+                 "overlap_layers", "pending_load_s", "tier_stack", "tier_mark")
 
     def __init__(self, total_blocks: int, block_size: int, *, reserve: bool = False, allocator=None,
                  prefix_cache: PrefixCache | None = None, swap: bool = False, host_blocks: int = 0,
@@ -51,6 +52,10 @@ class KVManager:
         self.cache = prefix_cache
         # called with each request an iteration computed tokens of (only when the trace has hashes)
         self.register = prefix_cache.register if prefix_cache is not None and prefix_cache.trace_block else None
+        if prefix_cache is not None and allocator is not None:  # cached blocks keep real ids (replay/block_names.py)
+            names = prefix_cache.names = BlockNames(allocator)
+            if self.register is not None:
+                self.register = lambda req: names.register(prefix_cache, req)
         self.swap = swap  # preemption swaps to the host pool while it has room (else recomputes)
         self.host_total = host_blocks
         self.host_used = 0
@@ -66,6 +71,16 @@ class KVManager:
         # iteration's compute instead of before it; their seconds wait here until it is priced
         self.overlap_layers = overlap_layers
         self.pending_load_s = 0.0
+        self.tier_stack = tiers  # (None without offload tiers)
+        self.tier_mark = 0  # the stack's bytes moved when the last step row was logged
+
+    def tier_bytes(self) -> int:
+        """Bytes moved between this replica's GPU memory and its tiers (and between tiers) since the
+        last call (only with tiers): loads, swaps, write-backs and write-throughs alike."""
+        moved = self.tier_stack.moved
+        delta = moved - self.tier_mark
+        self.tier_mark = moved
+        return delta
 
     @property
     def free(self) -> int:
@@ -124,14 +139,24 @@ class KVManager:
     def release(self, req: Request, may_return: bool = False) -> None:
         """``req`` gives back every GPU block it holds (``may_return``: preempted, it will be admitted
         again: with prefix caching its own blocks stay cached for it)."""
+        if self.allocator is not None and req.block_table is None:
+            req.block_table = []
         if self.cache is not None:
             self.used -= self.cache.release(req, req.kv_blocks, may_return)
         else:
             self.used -= req.kv_blocks
         req.kv_blocks = 0
-        if self.allocator is not None and req.block_table:
-            self.allocator.free(req.block_table)
+        if self.allocator is not None and req.block_table is not None:
+            if self.cache is None:  # (with prefix caching, the cache returned the ids it does not keep)
+                self.allocator.free(req.block_table)
             req.block_table = None
+
+    def forget(self, req: Request) -> None:
+        """``req`` ended while waiting here (it holds no GPU block): a purged tenant's cached blocks
+        (an own segment from a preemption, its prompt's entries) are dropped from every tier."""
+        cache = self.cache
+        if cache is not None and cache.purge and req.tenant in cache.purge:
+            cache.forget(req)
 
     def releasable(self, req: Request) -> int:
         """Blocks that preempting ``req`` would make free (not those other running requests share)."""
@@ -272,6 +297,8 @@ class KVManager:
             assert self.swap_tier.tiers[0].reserved == self.host_used, (self.swap_tier.tiers[0].reserved, self.host_used)
         if self.cache is not None:
             self.cache.check(self.total, self.used, holders)
+            if self.cache.names is not None:
+                self.cache.names.check(self.cache, holders)
 
 
 __all__ = ["KVManager", "blocks_for"]

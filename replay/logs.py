@@ -33,10 +33,16 @@ class StepLog:
 
         import numpy as np
 
-        block = np.array(self.rows, dtype=np.float64)  # every value is exact in a double
-        self.batches.append(pa.RecordBatch.from_arrays(
-            [pa.array(block[:, k].astype(f.type.to_pandas_dtype())) for k, f in enumerate(STEPS_SCHEMA)],
-            schema=STEPS_SCHEMA))
+        block = np.array(self.rows, dtype=np.float64)  # every value is exact in a double (None: NaN)
+        columns = []
+        for k, f in enumerate(STEPS_SCHEMA):
+            values = block[:, k]
+            if f.name == "tier_bytes":  # null without offload tiers
+                null = np.isnan(values)
+                columns.append(pa.array(np.where(null, 0, values).astype(np.int64), mask=null if null.any() else None))
+            else:
+                columns.append(pa.array(values.astype(f.type.to_pandas_dtype())))
+        self.batches.append(pa.RecordBatch.from_arrays(columns, schema=STEPS_SCHEMA))
         self.rows = []
 
     def table(self):

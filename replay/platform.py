@@ -119,6 +119,7 @@ class Platform:
                 self.pause_waiting[replica.id] -= 1
             if req.swapped:
                 replica.kv.drop_host(req)
+            replica.kv.forget(req)  # (a purged tenant's cached blocks)
         req.status = Status.DROPPED
         req.reason = reason
         self.ledger.refused_s[req.index] = now

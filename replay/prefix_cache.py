@@ -54,7 +54,7 @@ class Entry:
     blocks below it are cached, with a reference count > 0); ``runs``: the queued (cached, unheld)
     blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
 
-    __slots__ = ("key", "lo", "size", "held", "top", "runs")
+    __slots__ = ("key", "lo", "size", "held", "top", "runs", "ids")
 
     def __init__(self, key, lo: int, size: int):
         self.key = key
@@ -63,6 +63,7 @@ class Entry:
         self.held: dict[int, int] = {}
         self.top = 0
         self.runs: list[list] = []
+        self.ids: list | None = None  # with real block ids (replay/block_names.py): each cached block's id
 
     def reach(self) -> int:
         """How many blocks from the entry's first are cached without a gap."""
@@ -136,7 +137,7 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
-                 "tiers", "purge")
+                 "tiers", "purge", "names")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
@@ -152,6 +153,8 @@ class PrefixCache:
         self.segments: dict[int, int] = {}  # request index -> id of its own segment in the queue
         self.seq = 0
         self.queued = 0  # blocks in the queue
+        # real block ids (replay/block_names.py), only when the runner executes batches: set by the KV manager
+        self.names = None
         self._push_segment(FRESH, total_blocks, None)
 
     # -- keys -----------------------------------------------------------------------------------
@@ -211,6 +214,7 @@ class PrefixCache:
         queue = self.queue
         pop = queue.popitem
         write_back = self.tiers is not None and not self.tiers.write_through
+        names = self.names
         while n > 0:
             head_id, entry = pop(last=False)
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
@@ -219,9 +223,13 @@ class PrefixCache:
                 queue.move_to_end(head_id, last=False)  # (back at the head, where it was)
                 if write_back and entry[0] == RUN:
                     self.tiers.write(entry[2].key, entry[3] + entry[1], n)
+                if names is not None:
+                    names.evicted(head_id, entry, entry[1], entry[1] + n)
                 return
             n -= entry[1]
             kind = entry[0]
+            if names is not None:
+                names.evicted(head_id, entry, 0, entry[1])
             if kind == RUN:
                 if write_back:
                     self.tiers.write(entry[2].key, entry[3], entry[1])
@@ -328,6 +336,8 @@ class PrefixCache:
         self.queued -= claimed - hit.own
         req.cached_keys = chain
         seg = self.segments.pop(req.index, None)
+        if self.names is not None:
+            req.block_table = self.names.table(hit, seg)
         if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
             entry = queue[seg]
             self.queued -= hit.own
@@ -406,11 +416,16 @@ class PrefixCache:
         hashed = self.hashed_blocks(req)
         if self.purge and req.tenant in self.purge and req.status.is_terminal:
             return self._purge(req, blocks, full, hashed)
+        names = self.names
         # freed in reverse block order: the partial last block, own blocks, private hashed blocks, shared ones
         self._push_segment(DEAD, blocks - full, None)
+        if names is not None:
+            names.free(req.block_table[full:blocks])
         own = full - max(hashed, shared)
         if own > 0:
             self._push_segment(OWN if may_return else DEAD, own, req.index)
+            if names is not None:
+                names.released_own(self.seq if may_return else None, req.block_table[full - own:full])
         private = min(full, hashed)
         if private > shared:
             self._release_private(req, shared, private)
@@ -428,17 +443,24 @@ class PrefixCache:
         """A purged tenant's request ended: none of its blocks stays cached, and every entry of its
         prompt is forgotten by the lower tiers and, where no running request holds it, by the GPU."""
         chain = req.cached_keys
+        names = self.names
         freed = blocks - (chain.blocks if chain is not None else 0)
+        if names is not None and blocks:
+            names.free(req.block_table[blocks - freed:blocks])
         if chain is not None:
             for e, count in reversed(list(chain.counts())):
                 e.unhold(count)
                 if count > e.top:
                     freed += count - e.top
+                    if names is not None:
+                        names.free_cached(e, e.top, count)
             req.cached_keys = None
         self._push_segment(DEAD, freed, None)
         seg = self.segments.pop(req.index, None)
         if seg is not None:  # its own blocks of an earlier preemption
             self.queue[seg][0], self.queue[seg][2] = DEAD, None
+            if names is not None:
+                names.evicted(seg, (OWN,), 0, 0)
         cache = self.entries
         for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
             if self.tiers is not None:
@@ -447,21 +469,34 @@ class PrefixCache:
             if e is None:
                 continue
             for run in e.runs:  # its queued blocks: plain free blocks, in place
+                if names is not None:
+                    names.free_cached(e, run[3], run[3] + run[1])
                 run[0], run[2] = DEAD, None
             e.runs = []
             if not e.top:
                 del cache[key]
         return freed
 
+    def forget(self, req: "Request") -> None:
+        """A purged tenant's request ended while waiting (dropped after a preemption, say): it holds
+        no GPU block, but what it cached before stays cached unless purged here: its own segment,
+        and every entry of its prompt, from the lower tiers and (where no running request holds it)
+        the GPU."""
+        hashed = self.hashed_blocks(req)
+        self._purge(req, 0, hashed, hashed)
+
     def _release_private(self, req: "Request", start: int, stop: int) -> None:
         """Blocks ``[start, stop)`` it computed but did not share: each becomes the cached copy
         unless one is cached already (then it is plainly free), in reverse block order."""
         cache = self.entries
+        names = self.names
         for key, lo, hi in reversed(list(self.groups(req, start, stop))):
             a, b = max(start, lo) - lo, min(stop, hi) - lo
             e = cache.get(key)
             if e is None:
                 e = cache[key] = Entry(key, lo, hi - lo)
+            if names is not None:  # the gaps it caches keep their ids; its copies of cached blocks are freed
+                names.release_private(e, req.block_table, a, b)
             cached = [(0, e.top)] + [(run[3], run[3] + run[1]) for run in e.runs]
             gaps = []
             pos = b
@@ -554,6 +589,8 @@ class PrefixCache:
         """Everything lost (the replica failed), its own lower tiers too."""
         if self.tiers is not None:
             self.tiers.lose_local()
+        if self.names is not None:
+            self.names.clear(self)
         self.queue.clear()
         self.entries.clear()
         self.segments.clear()

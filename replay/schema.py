@@ -76,5 +76,6 @@ STEPS_SCHEMA = pa.schema(
         ("kv_blocks_total", pa.int32()),
         ("waiting", pa.int32()),  # queue length when the batch was chosen
         ("preemptions", pa.int32()),  # preemptions decided for this step
+        ("tier_bytes", pa.int64()),  # bytes moved to/from the offload tiers since the replica's last row (null: no tiers)
     ]
 )

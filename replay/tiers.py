@@ -147,12 +147,15 @@ class Tier:
 class TierStack:
     """A replica's tiers, top first (a shared tier is the same ``Tier`` object in every replica's stack)."""
 
-    __slots__ = ("tiers", "bytes_per_block", "write_through")
+    __slots__ = ("tiers", "bytes_per_block", "write_through", "moved")
 
     def __init__(self, tiers: list[Tier], bytes_per_block: int, write_through: bool = False):
         self.tiers = tiers
         self.bytes_per_block = bytes_per_block
         self.write_through = write_through
+        # bytes this replica's stack copied (written to or read from any of its tiers, a shared one
+        # too), ever: the engine logs the difference per step (steps.parquet ``tier_bytes``)
+        self.moved = 0
 
     def write(self, key, lo: int, blocks: int) -> None:
         """Blocks ``[lo, lo + blocks)`` of entry ``key`` go to the first tier (and what it evicts below)."""
@@ -164,7 +167,9 @@ class TierStack:
             tier = tiers[level]
             spill = []
             for k, mask in pending:  # (blocks it holds already, e.g. loaded from it, are not written again)
-                tier.bytes_written += (mask & ~tier.store.get(k, 0)).bit_count() * self.bytes_per_block
+                nbytes = (mask & ~tier.store.get(k, 0)).bit_count() * self.bytes_per_block
+                tier.bytes_written += nbytes
+                self.moved += nbytes
                 spill.extend(tier.put(k, mask))
             pending = spill
             level += 1
@@ -187,6 +192,7 @@ class TierStack:
         """Seconds to copy ``blocks`` to (``out``) or from the first tier: bytes / bandwidth + latency."""
         tier = self.tiers[0]
         nbytes = blocks * self.bytes_per_block
+        self.moved += nbytes
         if out:
             tier.bytes_written += nbytes
         else:
@@ -210,6 +216,7 @@ class TierStack:
             tier = self.tiers[level]
             nbytes = blocks * self.bytes_per_block
             tier.bytes_read += nbytes
+            self.moved += nbytes
             seconds += nbytes / (tier.spec.read_gbps * 1e9) + tier.spec.latency_ms / 1e3
         for level, key in keys:
             self.tiers[level].touch(key)

@@ -302,3 +302,69 @@ def test_without_platform_features_no_platform_component_is_built(monkeypatch):
     run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01")
     run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01", queue_cap=10)
     assert engines[0].platform is None and engines[1].platform is not None
+
+
+class PagedLinear:
+    """A cost model that asks for block tables, so the KV manager hands out real block ids (as for
+    the torch runner) while the replay stays cheap: the ids' bookkeeping is checked at every event."""
+
+    needs_block_tables = True
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+
+    def make_allocator(self, replica_id, num_blocks):
+        from servelab.runners.paged_kv import BlockAllocator
+
+        return BlockAllocator(num_blocks)
+
+    def step_time(self, plan):
+        assert all(item.request.block_table is not None for item in plan.items)
+        return self.inner.step_time(plan)
+
+    def decode_affine(self, num_seqs):
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+ALLOCATOR_CASES = {
+    "aligned hashes": ("sarathi", {}, {"num_gpu_blocks": 400}, dict(HASHED, prefix_block_tokens=32)),
+    "unaligned hashes, preempting": ("srpt", {"preempt": True}, {"num_gpu_blocks": 350, "max_num_seqs": 8},
+                                     dict(HASHED, prefix_block_tokens=24)),
+    "hash blocks below the block size": ("vllm-v0", {}, {"num_gpu_blocks": 300}, dict(HASHED, prefix_block_tokens=8)),
+    "purge, dropping": ("edf", {"drop": True, "ttft_slo_s": 2.0},
+                        {"num_gpu_blocks": 350, "purge_tenants": ("a",)}, dict(HASHED, prefix_block_tokens=32)),
+    "faults": ("orca", {}, {"replicas": 2, "num_gpu_blocks": 400, "fail": ("replica=0,at=4,for=3",)},
+               dict(HASHED, prefix_block_tokens=64)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALLOCATOR_CASES))
+def test_block_ids_add_up_after_every_event(monkeypatch, case):
+    """With an allocator (a runner that needs block tables) and prefix caching, every block id is in
+    exactly one place (allocator, a cached entry, an own segment, a running request's private
+    blocks), holders' tables start with their entries' ids (replay/block_names.py: ``check``)."""
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.runners.base import make_runner
+
+    policy, params, engine, shape = ALLOCATOR_CASES[case]
+    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    spec = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005"
+    cfg = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=params, runner=spec)
+    runner = PagedLinear(make_runner(spec))
+    engines = []
+    real_init = CheckedEngine.__init__
+
+    def keep(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(CheckedEngine, "__init__", keep)
+    before = CheckedEngine.events
+    result = replay(synthetic(n=250, rate=40.0, seed=1, **shape), cfg, runner=runner)
+    assert CheckedEngine.events - before > 300
+    assert all(r.kv.cache is not None and r.kv.cache.names is not None for e in engines for r in e.replicas)
+    assert sum(result.requests.column("cached_tokens").to_pylist()) > 0  # prefixes were really shared

@@ -249,3 +249,93 @@ def test_prefix_affinity_prefers_the_replica_holding_the_prefix_in_gpu_memory_ov
             kv_tiers=("remote:capacity_gb=1",), kv_tier_write="through", **MB_PER_TOKEN)
     assert column(r, "replica") == [0, 1, 1]
     assert column(r, "cached_tokens_gpu") == [0, 0, 63] and column(r, "kv_load_s")[2] == 0.0
+
+
+@pytest.mark.parametrize("purge", [False, True])
+def test_a_purged_tenants_request_dropped_after_a_preemption_leaves_nothing_cached(purge):
+    """A (tenant "secret", 96 tokens: 4 hashed blocks, then 2 of its own) computes its prompt on a
+    16-block GPU over a write-through DRAM tier, is preempted by recompute (its own 2 blocks stay
+    as a segment only it can hit, its 4 hashed blocks stay cached, in GPU and DRAM) and is then
+    dropped while waiting (``KVManager.forget``, called by Platform.drop). Kept: A would hit 95
+    tokens (all but its last) and B (another tenant, A's 64-token hashed prefix) 63. Purged: nothing
+    is left in any tier; every block is plainly free again."""
+    from servelab.replay.kv import KVManager
+    from servelab.replay.prefix_cache import PrefixCache
+    from servelab.replay.request import Request
+    from servelab.replay.tiers import build_stacks, parse_tiers
+
+    stack = build_stacks(parse_tiers((DRAM,)), 1, 16 * 1_000_000, True)[0]
+    cache = PrefixCache(16, 16, 16, tiers=stack, purge=frozenset({"secret"} if purge else ()))
+    kv = KVManager(16, 16, prefix_cache=cache)
+    a = Request(0, 0.0, 96, 4, tenant="secret", prefix_hashes=chain(1, 4), index=0)
+    b = Request(1, 0.0, 64, 4, tenant="other", prefix_hashes=chain(1, 4), index=1)
+    kv.grow(a, 6)
+    a.num_computed_tokens = 96
+    kv.register(a)
+    assert stack.tiers[0].used == 4  # written through as computed
+    kv.release(a, may_return=True)  # preempted by recompute
+    a.num_computed_tokens = 0
+    kv.check([])
+    assert kv.cached_tokens(a) == 95 and kv.cached_tokens(b) == 63
+    kv.forget(a)  # dropped while waiting
+    kv.check([])
+    if not purge:
+        assert kv.cached_tokens(a) == 95 and kv.cached_tokens(b) == 63 and stack.tiers[0].used == 4
+        return
+    assert kv.cached_tokens(a) == 0 and kv.cached_tokens(b) == 0
+    assert cache.entries == {} and cache.segments == {} and stack.tiers[0].used == 0
+    assert kv.used == 0 and kv.free == 16 and cache.queued == 16
+
+
+def test_in_a_replay_a_purged_tenants_preempted_then_dropped_requests_leave_nothing_cached(monkeypatch):
+    """srpt preempting by recompute under KV pressure, edf-style shedding by a queue cap, tenant "a"
+    purged over a write-through DRAM tier: right after each drop of a request of "a" that had been
+    preempted, no own segment of it is left, and none of its prompt's entries is cached in DRAM, nor
+    in GPU memory unless a running request holds it."""
+    from servelab.replay.platform import Platform
+
+    checked = []
+    real_drop = Platform.drop
+
+    def drop(self, replica, req, reason, now):
+        real_drop(self, replica, req, reason, now)
+        if replica is None or req.tenant != "a" or not req.num_preemptions:
+            return
+        cache = replica.kv.cache
+        assert req.index not in cache.segments
+        hashed = cache.hashed_blocks(req)
+        for key, _, _ in cache.groups(req, 0, hashed) if hashed else ():
+            e = cache.entries.get(key)
+            assert e is None or (e.top and not e.runs), key
+            assert all(key not in tier.store for tier in cache.tiers.tiers), key
+        replica.kv.check(replica.running)
+        checked.append(req.request_id)
+
+    monkeypatch.setattr(Platform, "drop", drop)
+    trace = synth_trace(n=300, rate=40.0, tenants="a=1,b=1", shared_prefix_tokens=256, turns=3.0, think_s=0.5,
+                        prompt="lognormal:700:1.0", output="lognormal:150:1.0", prefix_block_tokens=32, seed=2,
+                        tiers="priority=1,standard=1,flex=1")
+    run(trace, policy="srpt", policy_params={"preempt": True},
+        runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", num_gpu_blocks=350, max_num_seqs=8,
+        queue_cap=12, purge_tenants=("a",), kv_tiers=("dram:capacity_gb=0.0005",), kv_tier_write="through",
+        kv_bytes_per_token=1024)
+    assert checked  # the path ran
+
+
+def test_each_step_logs_the_bytes_it_moved_between_tiers():
+    """steps.parquet ``tier_bytes``, hand-traced on the evicting timeline (16 MB blocks, write-back
+    DRAM): A's step moves nothing; B's allocation evicts A's 4 cached blocks, written back (64 MB);
+    C loads them (64 MB read) and its 4 GPU blocks take the free partial block and evict 3 of B's,
+    written back (48 MB). Without tiers the column is null."""
+    trace = evicting_trace()
+    r = run(trace, runner=RUNNER, num_gpu_blocks=5, kv_tiers=(DRAM,), **MB_PER_TOKEN)
+    block = 16_000_000
+    assert r.steps.column("tier_bytes").to_pylist() == [0, 4 * block, 4 * block + 3 * block]
+    (tier,) = r.meta["kv_tiers"]
+    assert sum(r.steps.column("tier_bytes").to_pylist()) == tier["bytes_written"] + tier["bytes_read"]
+    through = run(trace, runner=RUNNER, num_gpu_blocks=5, kv_tiers=(DRAM,), kv_tier_write="through", **MB_PER_TOKEN)
+    # write-through: A's 4 blocks are written as computed (A's step), B's 4 full ones as computed (B's
+    # step); C loads A's 4 (its own blocks are in DRAM already: nothing written back)
+    assert through.steps.column("tier_bytes").to_pylist() == [4 * block, 4 * block, 4 * block]
+    gpu_only = run(trace, runner=RUNNER, num_gpu_blocks=5)
+    assert gpu_only.steps.column("tier_bytes").to_pylist() == [None, None, None]

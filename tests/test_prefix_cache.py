@@ -180,3 +180,50 @@ def test_hash_blocks_of_many_engine_blocks_behave_as_one_hash_per_engine_block(t
     assert sum(column(coarse_r, "num_preemptions")) > 0 or settings.get("replicas")
     for name in ("cached_tokens", "ttft_s", "finish_s", "num_preemptions", "replica"):
         assert column(coarse_r, name) == column(fine_r, name), name
+
+
+class TableRecorder:
+    """The linear cost model, but asking for block tables: the KV manager then names the cache's
+    blocks with real ids (replay/block_names.py); records each step's (request id, block table)."""
+
+    needs_block_tables = True
+
+    def __init__(self, spec: str):
+        from servelab.runners.base import make_runner
+
+        self.inner = make_runner(spec)
+        self.name = self.inner.name
+        self.tables: dict[int, list[list[int]]] = {}
+
+    def make_allocator(self, replica_id, num_blocks):
+        from servelab.runners.paged_kv import BlockAllocator
+
+        return BlockAllocator(num_blocks)
+
+    def step_time(self, plan):
+        for item in plan.items:
+            self.tables.setdefault(item.request.request_id, []).append(list(item.request.block_table))
+        return self.inner.step_time(plan)
+
+    def decode_affine(self, num_seqs):
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_real_block_ids_follow_the_cache_shared_on_hits_reused_only_after_eviction():
+    """The eviction timeline above, with ids (8 blocks, handed out lowest first). A takes 0-3, B 4-7;
+    both stay cached (queue: A's run, B's run). C's 2 blocks evict A3, A2: C gets ids 2, 3. D = A hits
+    A0, A1 (ids 0, 1: A's) and its 2 new blocks evict B3, B2: ids 6, 7. E = B hits B0, B1 (4, 5) and
+    evicts C's run (2, 3), the head of the queue once B0, B1 left it."""
+    from servelab.api import EngineConfig, ReplayConfig, replay
+
+    trace = hashed([0, 20, 40, 60, 80], [64, 64, 32, 64, 64], [1] * 5,
+                   [chain(1, 4), chain(2, 4), chain(3, 2), chain(1, 4), chain(2, 4)])
+    runner = TableRecorder(RUNNER)
+    cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=8), policy="sarathi", runner=RUNNER)
+    r = replay(trace, cfg, runner=runner)
+    assert column(r, "cached_tokens") == [0, 0, 0, 32, 32]
+    assert column(r, "ttft_s") == [17.0, 17.0, 9.0, 9.0, 9.0]  # the same timeline as without ids
+    assert runner.tables == {0: [[0, 1, 2, 3]], 1: [[4, 5, 6, 7]], 2: [[2, 3]], 3: [[0, 1, 6, 7]], 4: [[4, 5, 2, 3]]}

@@ -657,3 +657,107 @@ def test_requests_without_hashes_keep_their_request_id_tokens(torch):
     grow(alloc, a, 10, 4)
     torch.testing.assert_close(runner.execute(plan_of((a, 0, 10)), all_logits=True), dense_logits(runner, a, 10),
                                atol=1e-4, rtol=1e-4)
+
+
+# ---- a replay on shared cached blocks: the engine names the prefix cache's blocks -----------------
+
+
+class Recorder:
+    """Wraps the torch runner: each step runs for real (all logits kept) and is priced by a fixed
+    line, so the replay is deterministic; records every item with a copy of its block table."""
+
+    needs_block_tables = True
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+        self.steps: list = []
+
+    def step_time(self, plan):
+        logits = self.inner.execute(plan, all_logits=True)
+        rows = 0
+        items = []
+        for it in plan.items:
+            items.append((it.request, it.start, it.num_tokens, list(it.request.block_table),
+                          logits[rows:rows + it.num_tokens]))
+            rows += it.num_tokens
+        self.steps.append(items)
+        return 0.01 + 1e-4 * rows
+
+    def decode_affine(self, num_seqs):
+        return None
+
+    def make_allocator(self, replica, num_blocks):
+        return self.inner.make_allocator(replica, num_blocks)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_replay_with_prefix_caching_shares_real_blocks_and_matches_dense_forwards(torch, monkeypatch):
+    """Sessions of two tenants (a 32-token system prompt each, turns carrying their context) replayed
+    on the torch runner with prefix caching, in a pool small enough to evict: (a) requests that hold
+    the same block id at once hold it at the same position with the same hashed prefix, and some do;
+    (b) every logit row of every step equals a dense forward of the request's whole sequence;
+    (c) the KV manager's checks (ids too) hold after every step; (d) ids are reused after eviction
+    (a block id later holds other content) without breaking (b)."""
+    import servelab.api
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.replay.engine import Engine
+    from servelab.traces.synth import synth_trace
+
+    class Checked(Engine):
+        checks = 0
+
+        def _complete(self, replica, now):
+            super()._complete(replica, now)
+            for rep in self.replicas:
+                rep.kv.check(rep.running)
+                assert rep.kv.cache.names is not None
+            Checked.checks += 1
+
+    monkeypatch.setattr(servelab.api, "Engine", Checked)
+    hb = 16
+    trace = synth_trace(n=30, rate=20.0, prompt="lognormal:24:0.5", output="lognormal:4:0.5", tenants="a=1,b=1",
+                        shared_prefix_tokens=32, turns=3.0, think_s=0.05, prefix_block_tokens=hb, seed=5)
+    inner = make_runner(torch, block_size=4, num_blocks=64, warmup=False)
+    runner = Recorder(inner)
+    inner.hash_block_tokens = hb
+    cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=64, block_size=4, max_num_batched_tokens=64,
+                                           enable_prefix_caching=True),
+                       policy="sarathi", runner="torch")
+    result = replay(trace, cfg, runner=runner)
+    assert Checked.checks > 20
+    assert set(result.requests.column("status").to_pylist()) == {"finished"}
+    assert sum(result.requests.column("cached_tokens").to_pylist()) > 100  # prefixes were really reused
+
+    def content(req, block):  # what block ``block`` of req holds: its hashed prefix, else its own tokens
+        last = (block + 1) * 4 - 1
+        covered = min(req.prompt_tokens, len(req.prefix_hashes or ()) * hb)
+        return tuple(req.prefix_hashes[:last // hb + 1]) if last < covered else (req.request_id, block)
+
+    dense: dict[int, object] = {}
+    shared = 0
+    holds: dict[int, tuple] = {}  # block id -> content, as last seen
+    reused = 0
+    for items in runner.steps:
+        where: dict[int, tuple] = {}
+        for req, start, n, table, logits in items:
+            full = dense.get(req.request_id)
+            if full is None:
+                full = dense[req.request_id] = dense_hashed_logits(inner, req, req.prompt_tokens + req.output_tokens, hb)
+            torch.testing.assert_close(logits, full[start:start + n], atol=1e-4, rtol=1e-4)  # (b)
+            for block, bid in enumerate(table[:-(-(start + n) // 4)]):
+                what = content(req, block)
+                other = where.get(bid)
+                if other is not None:  # (a) one id in two tables at once: the same block of the same prefix
+                    assert other[1] == block and other[2] == what, (bid, other, block, what)
+                    shared += 1
+                where[bid] = (req.request_id, block, what)
+                if block * 4 < start and holds.get(bid) not in (None, what):  # read, not written, yet held else
+                    raise AssertionError(f"block {bid} read as {what} but last held {holds[bid]}")
+                if holds.get(bid) not in (None, what):
+                    reused += 1
+                holds[bid] = what
+    assert shared > 0 and reused > 0
+    assert sum(result.requests.column("num_preemptions").to_pylist()) > 0  # own segments were named too
