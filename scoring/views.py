@@ -381,6 +381,20 @@ GROUP BY GROUPING SETS ((run_id), (run_id, tenant))
 ORDER BY run_id, scope, name
 """
 
+# Bytes each replica moved to and from its offload tiers (steps.parquet tier_bytes: writes of evicted or
+# computed blocks, loads of hits, swaps), and that rate over the span of its steps.
+KV_BYTES_MOVED = """
+CREATE OR REPLACE VIEW kv_bytes_moved AS
+SELECT run_id, replica,
+    CAST(sum(tier_bytes) AS BIGINT) AS bytes_moved,
+    CAST(max(tier_bytes) AS BIGINT) AS max_step_bytes,
+    count(*) FILTER (WHERE tier_bytes > 0) AS steps_moving,
+    sum(tier_bytes) / nullif(max(start_s + duration_s) - min(start_s), 0) AS bytes_per_s
+FROM steps WHERE tier_bytes IS NOT NULL
+GROUP BY run_id, replica
+ORDER BY run_id, replica
+"""
+
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
@@ -407,3 +421,5 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     if "kv_load_s" in columns:  # runs with offload tiers
         con.execute(KV_TIERS)
         con.execute(TTFT_BREAKDOWN)
+    if "tier_bytes" in {row[0] for row in con.execute("DESCRIBE steps").fetchall()}:
+        con.execute(KV_BYTES_MOVED)

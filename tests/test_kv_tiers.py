@@ -186,6 +186,10 @@ def test_views_give_hit_rate_per_tier_and_the_ttft_breakdown(tmp_path):
     assert row[1] == pytest.approx((17 + 20.75 + 1.25 + load) / 3)
     assert row[2] == pytest.approx(0.0) and row[3] == pytest.approx(load / 3)
     assert row[4] == pytest.approx((17 + 20.75 + 1.25) / 3)
+    # bytes moved: B's step wrote back A's 4 cached blocks, C's loaded them and wrote back 3 of B's
+    # (test_each_step_logs_the_bytes_it_moved_between_tiers), 16 MB a block
+    (moved,) = con.execute("SELECT replica, bytes_moved, max_step_bytes, steps_moving FROM kv_bytes_moved").fetchall()
+    assert moved == (0, 11 * 16_000_000, 7 * 16_000_000, 2)
 
 
 def test_the_report_shows_each_tier_and_the_ttft_breakdown(tmp_path):
