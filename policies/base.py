@@ -8,9 +8,6 @@ this package: a class with ``Params`` (a frozen dataclass) registered with ``@PO
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -80,29 +77,10 @@ class PolicyBase:
         return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 
 
-POLICIES: ClassRegistry = ClassRegistry("policy")
-
-
-def _load_all() -> None:
-    """Import every module of this package (each policy file registers itself), then the policies
-    other packages declare under the ``servelab.policies`` entry point: adding a policy edits no
-    other file."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    package = importlib.import_module("servelab.policies")
-    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        importlib.import_module(f"servelab.policies.{module}")
-    for entry in importlib.metadata.entry_points(group="servelab.policies"):
-        entry.load()
-
-
-_loaded = False
+POLICIES: ClassRegistry = ClassRegistry("policy", package="servelab.policies")
 
 
 def policy_class(name: str) -> type[PolicyBase]:
-    _load_all()
     return POLICIES.get(name)
 
 
@@ -113,7 +91,6 @@ def make_policy(name: str, raw_params: dict[str, Any], engine: EngineConfig, rep
 
 
 def policy_names() -> list[str]:
-    _load_all()
     return POLICIES.names()
 
 

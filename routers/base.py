@@ -11,9 +11,6 @@ the parts together.
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -44,31 +41,14 @@ class RouterBase:
         raise NotImplementedError
 
 
-ROUTERS: ClassRegistry = ClassRegistry("router")
-_loaded = False
-
-
-def _load_all() -> None:
-    """Import every module of this package (each router file registers itself), then the routers
-    other packages declare under the ``servelab.routers`` entry point."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    package = importlib.import_module("servelab.routers")
-    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        importlib.import_module(f"servelab.routers.{module}")
-    for entry in importlib.metadata.entry_points(group="servelab.routers"):
-        entry.load()
+ROUTERS: ClassRegistry = ClassRegistry("router", package="servelab.routers")
 
 
 def router_class(name: str) -> type[RouterBase]:
-    _load_all()
     return ROUTERS.get(name)
 
 
 def router_names() -> list[str]:
-    _load_all()
     return ROUTERS.names()
 
 
