@@ -74,3 +74,23 @@ def test_new_routers_replay_every_request(name):
                  router=name, num_gpu_blocks=2000)
     assert set(result.requests.column("status").to_pylist()) == {"finished"}
     assert len(set(result.requests.column("replica").to_pylist())) == 3
+
+
+def test_session_stays_home_until_home_is_overloaded_or_gone():
+    router = make_router("session")
+    turn = SimpleNamespace(prompt_tokens=100, session_id="s")
+    r0, r1 = replica(0, outstanding=100), replica(1, outstanding=50)
+    assert router.route(turn, [r0, r1]).id == 1  # first turn: the least loaded becomes home
+    r1.outstanding_tokens = 1_000  # busier than r0 now, but within 1.5 x 100 + 4096
+    assert router.route(turn, [r0, r1]).id == 1
+    r1.outstanding_tokens = 4_247  # 1.5 x 100 + 4096 = 4246: overloaded, so it moves to r0 ...
+    assert router.route(turn, [r0, r1]).id == 0
+    r1.outstanding_tokens = 0
+    assert router.route(turn, [r0, r1]).id == 0  # ... which is its home from then on
+    assert router.route(turn, [r1]).id == 1  # home gone (failed): the least loaded live one
+    never = make_router("session", {"balance": 0})
+    assert never.route(turn, [r0, r1]).id == 1
+    r1.outstanding_tokens = 10**9
+    assert never.route(turn, [r0, r1]).id == 1  # balance 0: sticky whatever the load
+    with pytest.raises(ServelabError, match="balance and slack_tokens must be >= 0"):
+        make_router("session", {"balance": -1})
