@@ -21,18 +21,26 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def case_azure(repeat: int) -> None:
-    from servelab.api import EngineConfig, ReplayConfig, replay
-    from servelab.traces.bundled import default_trace_path
-    from servelab.traces.io import read_trace
+def timed_replays(trace, config, repeat: int):
+    """The last of ``repeat`` replays of ``trace`` under ``config``, and each one's wall time."""
+    from servelab.api import replay
 
-    trace = read_trace(default_trace_path())
-    config = ReplayConfig(engine=EngineConfig(replicas=6))
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         result = replay(trace, config)
         times.append(time.perf_counter() - t0)
+    return result, times
+
+
+def case_azure(repeat: int) -> None:
+    from servelab.api import EngineConfig, ReplayConfig
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    config = ReplayConfig(engine=EngineConfig(replicas=6))
+    result, times = timed_replays(trace, config, repeat)
     iterations = sum(result.steps.column("num_iterations").to_pylist())
     print(f"azure-conv x6 replicas (roofline llama-3.1-8b/h100, sarathi): {trace.num_rows:,} requests, "
           f"{result.steps.num_rows:,} step rows for {iterations:,} iterations; "
@@ -49,7 +57,7 @@ AZURE_DISAGG = {  # 2 prefill + 4 decode replicas, one 50 GB/s link (400 Gb/s), 
 
 def case_azure_disagg(repeat: int) -> None:
     """The azure case disaggregated: the same 6 GPUs as 2 prefill + 4 decode replicas (docs/cluster.md)."""
-    from servelab.api import ReplayConfig, replay
+    from servelab.api import ReplayConfig
     from servelab.traces.bundled import default_trace_path
     from servelab.traces.io import read_trace
 
@@ -58,11 +66,7 @@ def case_azure_disagg(repeat: int) -> None:
     disagg = ReplayConfig.from_dict({"cluster": AZURE_DISAGG})
     walls = {}
     for name, config in (("colocated x6", colocated), ("2 prefill + 4 decode", disagg)):
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            result = replay(trace, config)
-            times.append(time.perf_counter() - t0)
+        result, times = timed_replays(trace, config, repeat)
         walls[name] = min(times)
         print(f"azure-conv {name}: {result.steps.num_rows:,} step rows; wall best {min(times):.3f} s, "
               f"median {sorted(times)[len(times) // 2]:.3f} s; counts {result.meta['counts']}")
@@ -74,7 +78,7 @@ def case_azure_autoscale(repeat: int) -> None:
     """The azure case with an autoscaled pool of 2..6 replicas (8 running requests per replica, every 10 s,
     cooldown 60 s, start-up 30 s) and one pinned at 6 (the autoscaler's own cost: its ticks) against 6 fixed
     replicas."""
-    from servelab.api import ReplayConfig, replay
+    from servelab.api import ReplayConfig
     from servelab.traces.bundled import default_trace_path
     from servelab.traces.io import read_trace
 
@@ -87,11 +91,7 @@ def case_azure_autoscale(repeat: int) -> None:
     walls = {}
     for name, config in (("fixed x6", ReplayConfig.from_dict({"replicas": 6})),
                          ("autoscaler pinned at 6 (its ticks only)", pinned), ("autoscaled 2..6", scaled)):
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            result = replay(trace, config)
-            times.append(time.perf_counter() - t0)
+        result, times = timed_replays(trace, config, repeat)
         walls[name] = min(times)
         extra = ""
         if "cluster" in result.meta:
@@ -133,18 +133,14 @@ def multiturn_trace():
 
 def case_multiturn(repeat: int) -> None:
     """Issue #12's long-context case: prefix caching on (routers round-robin and prefix-affinity) and off."""
-    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.api import EngineConfig, ReplayConfig
 
     trace = multiturn_trace()
     prompts = trace.column("prompt_tokens").to_numpy()
     for label, engine in (("caching off", EngineConfig(replicas=4, enable_prefix_caching=False)),
                           ("caching on, round-robin", EngineConfig(replicas=4)),
                           ("caching on, prefix-affinity", EngineConfig(replicas=4, router="prefix-affinity"))):
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            result = replay(trace, ReplayConfig(engine=engine))
-            times.append(time.perf_counter() - t0)
+        result, times = timed_replays(trace, ReplayConfig(engine=engine), repeat)
         hit = sum(result.requests.column("cached_tokens").to_pylist()) / prompts.sum()
         print(f"multi-turn 12k (mean prompt {prompts.mean():,.0f} tokens, 4 replicas) {label}: "
               f"wall best {min(times):.2f} s, median {sorted(times)[len(times) // 2]:.2f} s; "

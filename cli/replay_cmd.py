@@ -357,11 +357,7 @@ def policies() -> None:
     """List the registered scheduling policies and their parameters."""
     from servelab.policies.base import policy_class, policy_names
 
-    for name in policy_names():
-        cls = policy_class(name)
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
-        click.echo(f"{name:14s} {doc}\n{'':14s} parameters: {params}")
+    _list_registered(policy_names(), policy_class, 14)
 
 
 @click.command()
@@ -369,11 +365,16 @@ def routers() -> None:
     """List the registered routers and their parameters (``--router``, a pool's ``router``)."""
     from servelab.routers.base import router_class, router_names
 
-    for name in router_names():
-        cls = router_class(name)
+    _list_registered(router_names(), router_class, 18)
+
+
+def _list_registered(names: list[str], class_of, width: int) -> None:
+    """Each name, the first line of its module's docstring, and its parameters with their defaults."""
+    for name in names:
+        cls = class_of(name)
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
-        click.echo(f"{name:18s} {doc}\n{'':18s} parameters: {params}")
+        click.echo(f"{name:{width}s} {doc}\n{'':{width}s} parameters: {params}")
 
 
 __all__ = ["replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
