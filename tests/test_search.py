@@ -307,7 +307,8 @@ def test_changed_spec_is_refused(grid_dir, tmp_path, capsys):
 
 def test_local_workers_share_the_study(grid_dir, tmp_path):
     spec = grid_spec(grid_dir, n_trials=10, name="workers.toml", top="workers = 2\n")
-    _cli("search", str(spec), "-o", str(tmp_path / "s"), "--no-progress")
+    meet = [sys.executable, str(Path(__file__).parent / "sync_workers.py"), str(tmp_path / "met"), "2"]
+    subprocess.run([*meet, "search", str(spec), "-o", str(tmp_path / "s"), "--no-progress"], check=True, timeout=300)
     rows = _table(tmp_path / "s")
     complete = [r for r in rows if r["state"] == "complete"]
     assert len(complete) == 10

@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from helpers_search import grid_spec
 
+SYNC_WORKERS = Path(__file__).parent / "sync_workers.py"
 URL = os.environ.get("SERVELAB_TEST_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="SERVELAB_TEST_POSTGRES_URL is unset (run .ci/postgres.sh to get a server)")
 
@@ -42,7 +44,8 @@ def test_two_workers_share_a_postgres_study(tmp_path, study_name):
     n = 12
     spec = grid_spec(tmp_path, n_trials=n, top=f'storage = "{URL}"\nstudy_name = "{study_name}"\n', trace_n=3000)
     machines = [tmp_path / "machine_a", tmp_path / "machine_b"]
-    procs = [subprocess.Popen([sys.executable, "-m", "servelab", "search", "worker", str(spec), "-o", str(m)],
+    meet = [sys.executable, str(SYNC_WORKERS), str(tmp_path / "met"), "2"]  # each takes a trial before the other ends
+    procs = [subprocess.Popen([*meet, "search", "worker", str(spec), "-o", str(m)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for m in machines]  # fmt: skip
     outputs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outputs):
