@@ -56,7 +56,14 @@ class EarliestDeadlineFirst(PolicyBase):
         self.queues = ClassQueues()
         self.epoch = 0
         self.sheds = params.drop  # the engine asks `shed` before each decision
-        self.timed = False  # some request here has had an SLO: without one every deadline is inf
+        # some request here has had an SLO (a global one applies to all): without, every deadline is inf
+        self.timed = bool(params.ttft_slo_s or params.tpot_slo_s)
+
+    @property
+    def decode_cohort(self) -> bool:
+        """Untimed, running requests are walked in admission order and read only by the builder (the
+        cohort serves); once a request brings an SLO the policy sorts them by deadline and gives it up."""
+        return not self.timed
 
     def _ttft(self, req: Request) -> float | None:
         if req.ttft_slo_s is not None:
@@ -120,10 +127,10 @@ class EarliestDeadlineFirst(PolicyBase):
         # Without any SLO every deadline is inf and victim_key order is admission order, which is
         # running's own: no deadline to compute, no sort, and no earlier deadline to preempt for.
         timed = self.timed
-        if timed and self.params.preempt and replica.waiting and replica.running:
+        running = b.running(for_good=True) if timed else replica.running
+        if timed and self.params.preempt and replica.waiting and running:
             self._preempt_for_waiting(replica, b)
         forced = len(b.preempted)
-        running = replica.running
         if timed and len(running) > 1:
             running = sorted(running, key=self.victim_key)
         b.schedule_running(running)

@@ -59,6 +59,9 @@ class TiersParams:
 @POLICIES.register("tiers")
 class Tiers(PolicyBase):
     Params = TiersParams
+    # running requests are read through schedule_running(replica.running) (one tier running) or
+    # b.running() (several: sorted by tier); victims are chosen by tier and admission order only
+    decode_cohort = True
 
     def __init__(self, params: TiersParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
@@ -78,6 +81,8 @@ class Tiers(PolicyBase):
         shares = parse_named_floats(params.reserve, "policy 'tiers'", "reserve", positive=False, upper=1.0)
         self.reserve = {t: (int(s * engine.max_num_seqs), int(s * engine.max_num_batched_tokens))
                         for t, s in shares.items() if s > 0}
+        if self.reserve:  # the reserved shares count decoding members per tier (batch.cohort_groups)
+            self.cohort_group = _tier
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def on_arrival(self, req: Request, replica: Replica) -> None:
@@ -144,7 +149,7 @@ class Tiers(PolicyBase):
             self._preempt_for_waiting(replica, b, ranks)
         tier_preempted = len(b.preempted)
         if len(ranks) > 1:
-            running = sorted(running, key=_rank)
+            running = sorted(b.running(), key=_rank)
         b.schedule_running(running)
         if len(b.preempted) == tier_preempted and replica.waiting:
             self._admit(replica, b)
@@ -199,6 +204,9 @@ class Tiers(PolicyBase):
         for req, n in b.items:
             used_slots[req.tier] = used_slots.get(req.tier, 0) + 1
             used_tokens[req.tier] = used_tokens.get(req.tier, 0) + n
+        for tier, members in (b.cohort_groups or {}).items():  # decode cohort members: a token each
+            used_slots[tier] = used_slots.get(tier, 0) + members
+            used_tokens[tier] = used_tokens.get(tier, 0) + members
         for tier, (slots, tokens) in self.reserve.items():
             free_slots = slots - used_slots.get(tier, 0)
             free_tokens = tokens - used_tokens.get(tier, 0)
@@ -215,6 +223,10 @@ class Tiers(PolicyBase):
                     break
                 free_slots -= 1
                 free_tokens -= n
+
+
+def _tier(req: Request) -> str:
+    return req.tier
 
 
 def _rank(req: Request):

@@ -197,16 +197,21 @@ class BatchBuilder:
         """Give each running request its next tokens (a decode token, or its next prefill chunk).
 
         ``decodes_first``: every decode before any prefill chunk (Sarathi-Serve), each group in
-        ``order``. A policy that declares ``decode_cohort`` makes this call, with ``replica.running``,
-        its first use of the builder: the replica's decoding requests may then be one aggregate that
-        this call takes whole (the engine dissolved it beforehand if it would not fit).
+        ``order``. A policy that declares ``decode_cohort`` makes this call with ``replica.running``
+        (or with ``self.running()``, see there) and reads running requests' counters only after it
+        (``generated`` aside): the replica's decoding requests may then be one aggregate that this
+        call takes whole (the engine dissolved it beforehand if it would not fit). Without
+        ``decodes_first`` it takes it whole only when the members come first in ``order`` anyway.
         """
         cohort = self.replica.cohort
         if cohort is not None and cohort.n:
-            if not (decodes_first and order is self.replica.running):
-                raise RuntimeError("a policy with decode_cohort must walk replica.running through "
-                                   "schedule_running(replica.running, ..., decodes_first=True)")
-            order = self._take_cohort(cohort)
+            if order is not self.replica.running:
+                raise RuntimeError("a policy with decode_cohort walks replica.running through "
+                                   "schedule_running(replica.running, ...), or the list running() returns")
+            if decodes_first or cohort.leads(self.chosen):
+                order = self._take_cohort(cohort)
+            else:  # the walk's order would give some members their token after others' chunks
+                cohort.dissolve()
         if not decodes_first:
             self._walk(order, chunk_cap, None)
             return
@@ -216,6 +221,19 @@ class BatchBuilder:
         self._walk(order, chunk_cap, prefills)
         if prefills:
             self._walk(prefills, chunk_cap, None)
+
+    def running(self, for_good: bool = False) -> list[Request]:
+        """The replica's running requests with every counter current, for a policy that orders them
+        itself this time (a decode-cohort policy then does without the cohort for this decision, or
+        ``for_good``: for the rest of the replay, when it can no longer keep the cohort's contract)."""
+        replica = self.replica
+        cohort = replica.cohort
+        if cohort is not None:
+            if cohort.n:
+                cohort.dissolve()
+            if for_good:
+                replica.cohort = None
+        return replica.running
 
     def _take_cohort(self, cohort) -> list[Request]:
         """Add every cohort member's decode token at once (the engine checked with ``cohort.fits``

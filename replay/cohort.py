@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 class DecodeCohort:
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "cap", "group", "left", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
-                 "gap_starts", "gap_max", "last_end_s", "outside")
+                 "gap_starts", "gap_max", "last_end_s", "outside", "newest")
 
     def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED,
                  group=None, left=None):
@@ -63,6 +63,7 @@ class DecodeCohort:
         self.gap_max: list[float] = []  # ... and its largest gap (strictly decreasing bottom to top)
         self.last_end_s = 0.0
         self.groups: dict = {}  # cohort_group key -> members
+        self.newest = 0  # the largest admitted_seq any member has had since the reset (it may have left)
 
     # -- membership ---------------------------------------------------------------------------
     def join(self, req: Request) -> None:
@@ -73,6 +74,8 @@ class DecodeCohort:
             self.last_end_s = req.last_token_s
         req.cohort_mark = d
         self.n += 1
+        if req.admitted_seq > self.newest:
+            self.newest = req.admitted_seq
         c = req.num_computed_tokens
         self.ctx_base += c - d
         if not self.reserve:
@@ -129,6 +132,16 @@ class DecodeCohort:
             left = req.prompt_tokens + req.num_generated_tokens - req.num_computed_tokens
             room -= blocks_needed(req, left if left < tokens else tokens)
         return room >= 0
+
+    def leads(self, skip) -> bool:
+        """Does every member come before every other running request (those in ``skip`` aside) in
+        running order (= admission order)? Then a walk of the running requests in that order gives
+        the members their tokens before the others theirs, as a decode-first walk does."""
+        newest = self.newest
+        for req in self.outside:
+            if req.admitted_seq < newest and req not in skip:
+                return False
+        return True
 
     # -- what the next iterations need -----------------------------------------------------
     def decode_ctx(self) -> int:

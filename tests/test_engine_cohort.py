@@ -12,6 +12,7 @@ from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.api import EngineConfig, ReplayConfig, replay
+from servelab.replay.batch import BatchBuilder
 from servelab.replay.cohort import DecodeCohort
 from servelab.replay.config import EngineConfig as Cfg
 from servelab.replay.kv import KVManager
@@ -198,3 +199,87 @@ def test_round_robin_with_cohorts_is_byte_identical(case, quantum, monkeypatch):
     assert with_cohort.requests.equals(without.requests)
     assert with_cohort.steps.equals(without.steps)
     assert sum(with_cohort.requests.column("num_preemptions").to_pylist()) > 0
+
+
+TIERS_CASES = {  # (policy params, trace tiers): one tier (the cohort every decision), or several
+    "one tier": ({}, ("standard",) * 3),
+    "one tier, reserve": ({"reserve": "standard=0.2"}, ("standard",) * 3),
+    "three tiers": ({}, ("priority", "standard", "flex")),
+    "three tiers, preempt": ({"preempt": True}, ("priority", "standard", "flex")),
+    "three tiers, reserve, promotion": ({"reserve": "flex=0.25", "max_wait_s": 5.0}, ("priority", "standard", "flex")),
+}
+
+
+@pytest.mark.parametrize("tiers", list(TIERS_CASES))
+@pytest.mark.parametrize("case", ["plenty of KV, 2 replicas", "KV pressure, recompute", "KV pressure, swap",
+                                  "small token budget", "seq cap and chunk cap", "sessions"])
+def test_tiers_with_cohorts_is_byte_identical(case, tiers, monkeypatch):
+    """tiers walks running requests in tier order, not decodes first: the builder takes the cohort
+    whole only when its members come first in that order anyway (``DecodeCohort.leads``), and the
+    policy dissolves it when several tiers run (``BatchBuilder.running``)."""
+    import pyarrow as pa
+
+    from servelab.policies.tiers import Tiers
+
+    params, names = TIERS_CASES[tiers]
+    spec = CASES[case]
+    trace = synthetic(**spec.get("trace", {}))
+    trace = trace.append_column("tier", pa.array([names[i % 3] for i in range(trace.num_rows)]))
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="tiers", policy_params=params)
+    joins = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+    led = []  # what DecodeCohort.leads answered: False = the walk dissolved the cohort
+    original_leads = DecodeCohort.leads
+    monkeypatch.setattr(DecodeCohort, "leads", lambda self, skip: led.append(original_leads(self, skip)) or led[-1])
+    with_cohort = replay(trace, config)
+    assert joins, "the cohort was never used: the comparison would prove nothing"
+    if (case, tiers) == ("plenty of KV, 2 replicas", "one tier, reserve"):  # reserved chunks come before members
+        assert True in led and False in led
+    monkeypatch.setattr(Tiers, "decode_cohort", False)
+    joins.clear()
+    without = replay(trace, config)
+    assert not joins
+    assert with_cohort.requests.equals(without.requests)
+    assert with_cohort.steps.equals(without.steps)
+    assert with_cohort.meta["counts"] == without.meta["counts"]
+
+
+@pytest.mark.parametrize("variant", ["no SLOs", "SLOs from the middle on", "SLOs from the middle on, preempt"])
+@pytest.mark.parametrize("case", ["plenty of KV, 2 replicas", "KV pressure, recompute", "small token budget",
+                                  "seq cap and chunk cap"])
+def test_edf_with_cohorts_is_byte_identical(case, variant, monkeypatch):
+    """edf without SLOs walks running requests in admission order (the cohort serves, as for
+    `tiers`); when the first request with an SLO arrives it sorts them by deadline and gives the
+    cohort up for good (``BatchBuilder.running(for_good=True)``)."""
+    import pyarrow as pa
+
+    from servelab.policies.edf import EarliestDeadlineFirst
+
+    spec = CASES[case]
+    trace = synthetic(**spec.get("trace", {}))
+    params = {}
+    if variant != "no SLOs":
+        half = trace.num_rows // 2
+        trace = trace.append_column("ttft_slo_s", pa.array([None] * half + [2.0] * (trace.num_rows - half), pa.float64()))
+        trace = trace.append_column("tpot_slo_s", pa.array([None] * half + [0.05] * (trace.num_rows - half), pa.float64()))
+        if "preempt" in variant:
+            params = {"preempt": True}
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="edf", policy_params=params)
+    joins = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+    given_up = []  # replicas whose cohort edf dropped when SLOs began
+    original_running = BatchBuilder.running
+    monkeypatch.setattr(BatchBuilder, "running", lambda self, for_good=False: (
+        given_up.append(self.replica.id) if for_good and self.replica.cohort is not None else None,
+        original_running(self, for_good))[1])
+    with_cohort = replay(trace, config)
+    assert joins, "the cohort was never used: the comparison would prove nothing"
+    assert bool(given_up) == (variant != "no SLOs")
+    monkeypatch.setattr(EarliestDeadlineFirst, "decode_cohort", False)
+    joins.clear()
+    without = replay(trace, config)
+    assert not joins
+    assert with_cohort.requests.equals(without.requests)
+    assert with_cohort.steps.equals(without.steps)
