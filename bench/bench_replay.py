@@ -163,7 +163,11 @@ def case_overload() -> None:
               f"{result.steps.num_rows:,} step rows; longest queue {waiting:,}")
 
 
-OVERLOAD_POLICIES = ("static", "orca", "vllm-v0", "sarathi", "sjf", "srpt", "round-robin", "tiers", "vtc", "drr", "edf")
+def registered_policies() -> list[str]:
+    """Every policy the registry knows (a new one is benchmarked without editing this file)."""
+    from servelab.policies.base import policy_names
+
+    return policy_names()
 
 
 def case_overload200k(n: int, policies: list[str]) -> None:
@@ -231,7 +235,7 @@ def main() -> None:
     elif args.case == "multiturn":
         case_multiturn(args.repeat)
     elif args.case == "overload200k":
-        case_overload200k(args.n, args.policy or list(OVERLOAD_POLICIES))
+        case_overload200k(args.n, args.policy or registered_policies())
     elif args.case == "overload200k-one":
         case_overload200k_one(args.n, args.policy[0])
     elif args.case == "quantum":
