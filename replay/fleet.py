@@ -78,6 +78,8 @@ class Fleet(Autoscaler):
                     victims.append((r, self.state[r.id]))
                     self.state[r.id] = "off"
                     self.reclaimed[k] += 1
+        if victims:
+            self._live()  # (before any request moves: none may land on another replica being reclaimed)
         self._fill(now, at_once=self.fixed)
         platform = self.engine.platform
         for r, was in victims:

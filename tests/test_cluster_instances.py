@@ -121,6 +121,30 @@ def test_an_autoscaled_pool_refills_after_its_start_up_delay_and_requests_wait_m
     assert pool["replica_seconds"] == 13.0
 
 
+def test_an_autoscaler_short_of_capacity_starts_the_rest_when_it_becomes_available():
+    # tests/test_cluster_autoscale.py's load step: eight 10-token requests at 0.5 on replica 0 (queue 7),
+    # A (t=5) and B (t=6) of 40 tokens; queue depth target 2, 1..3 replicas, start-up 2 s. One H100
+    # (replica 0); A100s (replicas 1, 2) only from t=2.
+    trace = make_trace([0.5] * 8 + [5, 6], [1] * 10, [10] * 8 + [40, 40])
+    result = replay(trace, config(
+        [{"gpu": "h100-80gb", "available": 1}, {"gpu": "a100-80gb", "available": [[0, 0], [2, 2]]}], replicas=1,
+        autoscale={"min": 1, "max": 3, "signal": "queue_depth", "target": 2, "interval_s": 1, "cooldown_s": 5,
+                   "startup_s": 2}))
+    # t=1: the queue of 7 wants 3; no room: nothing starts (and no cooldown is spent). t=2: two A100s
+    # become available and start, serving from 4, where A and B find them idle. As in the one-type
+    # case: t=31 (queue 4) replica 2 drains until B ends at 46; t=51 (queue 2) replica 1, idle, stops.
+    pool = result.meta["cluster"]["pools"][0]
+    assert pool["autoscale"]["timeline"] == [
+        [0.0, 1, 0, 0], [2.0, 1, 2, 0], [4.0, 3, 0, 0], [31.0, 2, 0, 1], [46.0, 2, 0, 0], [51.0, 1, 0, 0]]
+    types = instances(result)
+    assert types["a100-80gb"]["timeline"] == [
+        [0.0, 0, 0, 0], [2.0, 0, 2, 0], [4.0, 2, 0, 0], [31.0, 1, 0, 1], [46.0, 1, 0, 0], [51.0, 0, 0, 0]]
+    assert rows(result, "replica", "instance")[7:] == [(0, "h100-80gb"), (1, "a100-80gb"), (2, "a100-80gb")]
+    assert [r for r, _ in rows(result, "replica", "status")] == [0] * 8 + [1, 2]
+    # over [0.5, 80.5]: the H100 80 s; A100s 2 x 2 (starting) + 2 x 27 + 2 x 15 + 1 x 5 = 93 s
+    assert (types["h100-80gb"]["replica_seconds"], types["a100-80gb"]["replica_seconds"]) == (80.0, 93.0)
+
+
 def test_with_nothing_available_requests_wait_and_the_queue_cap_refuses():
     types = [{"gpu": "h100-80gb", "available": [[0, 0], [4, 1]]}]
     # A (t=0) and B (t=1) wait until the H100 arrives at 4: A [4, 6], B [6, 8]
