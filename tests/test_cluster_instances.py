@@ -269,3 +269,18 @@ def test_bookkeeping_adds_up_through_reclaims_and_no_request_is_lost(monkeypatch
     # requests arriving while nothing is available (3.5 .. 4.5) waited and were served afterwards
     rows_ = result.requests.to_pylist()
     assert any(3.5 <= r["arrival_s"] < 4.5 and r["first_scheduled_s"] >= 4.5 for r in rows_)
+
+
+def test_the_example_config_replays():
+    from pathlib import Path
+
+    cfg = ReplayConfig.from_toml(Path(__file__).resolve().parents[1] / "examples" / "clusters" / "spot-fallback.toml")
+    # a request every 25 s for 1,000 s: the H100s drop from 6 to 2 at t=600 (the pool wants 6)
+    result = replay(make_trace([25.0 * i for i in range(40)], [2000] * 40, [400] * 40), cfg)
+    types = instances(result)
+    assert "reference step" in types["l40s"]["skipped"] and types["l40s"]["replicas"] == []
+    assert types["h100-80gb"]["timeline"] == [[0.0, 6, 0, 0], [600.0, 2, 0, 0]]
+    assert types["a100-80gb"]["timeline"] == [[0.0, 0, 0, 0], [600.0, 3, 0, 0]]
+    assert set(result.requests.column("status").to_pylist()) == {"finished"}
+    late = {(r["replica"], r["instance"]) for r in result.requests.to_pylist() if r["arrival_s"] > 600}
+    assert {i for _, i in late} <= {"h100-80gb", "a100-80gb"} and all(rid in (0, 1, 6, 7, 8) for rid, _ in late)
