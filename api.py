@@ -34,8 +34,11 @@ from servelab.replay.results import (
 )
 from servelab.replay.autoscale import Autoscaler
 from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
+from servelab.replay.instances import InstanceType
 from servelab.replay.disagg import Disaggregation
-from servelab.replay.schema import DISAGG_SCHEMA
+from servelab.replay.fleet import Fleet
+from servelab.replay.protocols import StepPlan
+from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
@@ -138,7 +141,8 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     entry = cluster.pools[0]
     runner, engine_cfg, num_blocks, replicas = entry.runner, entry.config.engine, entry.num_blocks, entry.replicas
     requests, followers = requests_from_table(trace)
-    engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log)
+    engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
+                    reclaims=any(p.spec.instances for p in cluster.pools))
     disagg = cluster.disaggregate(engine)
     scalers = cluster.autoscale(engine)
     if engine.tokens is not None:
@@ -159,6 +163,14 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
         requests_table = with_tier_columns(requests_table, requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
     if disagg is not None:
         requests_table = with_columns(requests_table, DISAGG_SCHEMA, disagg.columns(requests_table.num_rows))
+    fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
+    if fleets:  # which instance type served each request (its last replica's)
+        kinds = {rid: f.instance_of(rid) for f in fleets for rid in f.kind}
+        instance = [None] * requests_table.num_rows
+        for req in requests:
+            if req.replica is not None:
+                instance[req.index] = kinds.get(req.replica)
+        requests_table = with_columns(requests_table, INSTANCE_SCHEMA, {"instance": instance})
     steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
@@ -187,19 +199,44 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
 
 
 class BuiltPool:
-    """One pool, built: its flat config, runner, KV size, replicas and router."""
+    """One pool, built: its flat config, runner, KV size, replicas and router (a pool of instance
+    types: those of its first usable type, and ``types`` for each)."""
 
     def __init__(self, spec: PoolConfig, config: ReplayConfig, runner: Runner, num_blocks: int,
-                 replicas: list[Replica], router):
+                 replicas: list[Replica], router, types: list[BuiltType] | None = None):
         self.spec, self.config, self.runner, self.num_blocks = spec, config, runner, num_blocks
         self.replicas, self.router = replicas, router
+        self.types = types or []
 
     def meta(self) -> dict:
-        return {"name": self.spec.name, "role": self.spec.role, "replicas": [r.id for r in self.replicas],
-                "initial_replicas": self.spec.replicas,
-                "gpu": self.config.gpu, "tp": self.config.tp, "model": self.config.model,
-                "runner": self.config.runner, "policy": self.config.policy, "router": self.config.engine.router,
-                "num_gpu_blocks": self.num_blocks, "price_per_gpu_hour": self.spec.price_per_gpu_hour}
+        out = {"name": self.spec.name, "role": self.spec.role, "replicas": [r.id for r in self.replicas],
+               "initial_replicas": self.spec.replicas,
+               "gpu": self.config.gpu, "tp": self.config.tp, "model": self.config.model,
+               "runner": self.config.runner, "policy": self.config.policy, "router": self.config.engine.router,
+               "num_gpu_blocks": self.num_blocks, "price_per_gpu_hour": self.spec.price_per_gpu_hour}
+        if self.types:
+            out.update(gpu=None, price_per_gpu_hour=None, num_gpu_blocks=None,
+                       instances=[t.meta() for t in self.types])
+        return out
+
+
+class BuiltType:
+    """One instance type of a pool: its replicas, KV size and runner, or why it is not used."""
+
+    def __init__(self, spec: InstanceType, config: ReplayConfig | None = None, runner: Runner | None = None,
+                 num_blocks: int | None = None, replicas: list[Replica] | None = None,
+                 skipped: str | None = None, reference_step_s: float | None = None):
+        self.spec, self.config, self.runner, self.num_blocks = spec, config, runner, num_blocks
+        self.replicas, self.skipped, self.reference_step_s = replicas or [], skipped, reference_step_s
+
+    def meta(self) -> dict:
+        out = dict(self.spec.to_dict(), replicas=[r.id for r in self.replicas], num_gpu_blocks=self.num_blocks,
+                   runner=None if self.config is None else self.config.runner)
+        if self.reference_step_s is not None:
+            out["reference_step_s"] = self.reference_step_s
+        if self.skipped is not None:
+            out["skipped"] = self.skipped
+        return out
 
 
 class BuiltCluster:
@@ -221,10 +258,15 @@ class BuiltCluster:
                               link.bandwidth_gbps, link.latency_s)
 
     def autoscale(self, engine: Engine) -> dict[str, Autoscaler]:
-        """An autoscaler per pool that has one (pool name -> Autoscaler)."""
+        """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it)."""
         scalers = {}
         for pool in self.pools:
-            if pool.spec.autoscale is not None:
+            if pool.types:
+                used = [t for t in pool.types if t.replicas]
+                kinds = [k for k, t in enumerate(used) for _ in t.replicas]
+                scalers[pool.spec.name] = Fleet(engine, pool.replicas, tuple(t.spec for t in used), kinds,
+                                                pool.spec.autoscale, pool.spec.replicas)
+            elif pool.spec.autoscale is not None:
                 scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas)
         return scalers
 
@@ -240,9 +282,15 @@ class BuiltCluster:
             stop = max(finishes) if finishes else end_s
             for pool, built in zip(out["pools"], self.pools):
                 scaler = scalers.get(built.spec.name)
-                if scaler is not None:
+                if scaler is None:
+                    continue
+                if built.spec.autoscale is not None:
                     pool["autoscale"] = scaler.meta()
-                    pool["replica_seconds"] = scaler.replica_seconds(start, stop)
+                pool["replica_seconds"] = scaler.replica_seconds(start, stop)
+                if isinstance(scaler, Fleet):  # per instance type (the used ones are the fleet's, in order)
+                    used = [entry for entry, t in zip(pool["instances"], built.types) if t.replicas]
+                    for k, entry in enumerate(used):
+                        entry.update(scaler.type_meta(k, start, stop))
         return out
 
 
@@ -261,6 +309,11 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         runners[base_key] = runner
     for pool in order:
         cfg = config if config.cluster is None else pool_config(config, pool)
+        if pool.instances:
+            built = _build_types(cfg, pool, runners, block_tokens, first_id)
+            first_id += len(built.replicas)
+            pools.append(built)
+            continue
         key = (cfg.runner, cfg.model, cfg.gpu, cfg.tp, cfg.engine.block_size)
         if key not in runners:
             runners[key] = build_runner(cfg)
@@ -279,7 +332,72 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         _check_disaggregated(pools)
     if any(p.autoscale is not None for p in spec.pools) and config.engine.fail:
         raise ServelabError("cluster: replica failures (fail) are not modelled with autoscaling yet")
+    if any(p.instances for p in spec.pools) and config.engine.fail:
+        raise ServelabError("cluster: replica failures (fail) are not modelled with instance types yet "
+                            "(a type's availability dropping reclaims its replicas: docs/cluster.md)")
     return BuiltCluster(spec, pools, config)
+
+
+def _build_types(cfg: ReplayConfig, pool: PoolConfig, runners: dict[tuple, Runner], block_tokens: int | None,
+                 first_id: int) -> BuiltPool:
+    """A pool of instance types: per type in order of preference, its runner and KV size, and as many
+    replicas as it may ever hold (at most the pool's count); a type the model does not fit at the
+    pool's TP, or slower than the floor's reference step, or never available, is skipped with the
+    reason (docs/cluster.md). None usable is an error."""
+    cap = pool.replicas if pool.autoscale is None else pool.autoscale.max
+    where = f"cluster pool '{pool.name}'"
+    types: list[BuiltType] = []
+    replicas: list[Replica] = []
+    for ty in pool.instances:
+        most = ty.most(cap)
+        data = cfg.to_dict()
+        data.update(gpu=ty.gpu, replicas=max(1, most))
+        if ty.runner is not None:
+            data["runner"] = ty.runner
+        if ty.num_gpu_blocks is not None:
+            data["num_gpu_blocks"] = ty.num_gpu_blocks
+        tcfg = ReplayConfig.from_dict(data, source=f"{where} instance '{ty.gpu}'")
+        key = (tcfg.runner, tcfg.model, tcfg.gpu, tcfg.tp, tcfg.engine.block_size)
+        if key not in runners:
+            runners[key] = build_runner(tcfg)
+        runner = runners[key]
+        if hasattr(runner, "hash_block_tokens"):
+            runner.hash_block_tokens = block_tokens
+        try:
+            num_blocks = resolve_num_gpu_blocks(tcfg, runner)
+        except ServelabError as exc:
+            if tcfg.engine.num_gpu_blocks is not None or runner.kv_capacity_tokens is None:
+                raise  # not the type's fault: the config's
+            types.append(BuiltType(ty, tcfg, runner, skipped=f"the model does not fit at tp {tcfg.tp}: {exc}"))
+            continue
+        step_s = None
+        if pool.floor is not None:
+            if runner.needs_block_tables:
+                raise ServelabError(f"{where}: floor needs a cost-model runner to price its reference step; "
+                                    f"runner '{runner.name}' executes batches")
+            step_s = runner.step_time(StepPlan(pool.floor.shape()))
+            if step_s > pool.floor.max_step_s:
+                types.append(BuiltType(ty, tcfg, runner, num_blocks, skipped=(
+                    f"its reference step takes {step_s:.6g} s > floor max_step_s {pool.floor.max_step_s:g}"),
+                    reference_step_s=step_s))
+                continue
+        if most == 0:
+            types.append(BuiltType(ty, tcfg, runner, num_blocks, skipped="never available",
+                                   reference_step_s=step_s))
+            continue
+        built = build_replicas(tcfg, runner, num_blocks, block_tokens, first_id + len(replicas))
+        for r in built:
+            r.pool = pool.name
+            r.runner = runner
+        replicas += built
+        types.append(BuiltType(ty, tcfg, runner, num_blocks, built, reference_step_s=step_s))
+    used = [t for t in types if t.replicas]
+    if not used:
+        raise ServelabError(f"{where}: no instance type is usable: "
+                            + "; ".join(f"{t.spec.gpu}: {t.skipped}" for t in types))
+    first = used[0]
+    router = make_router(cfg.engine.router, cfg.router_params, cfg.engine.seed)
+    return BuiltPool(pool, cfg, first.runner, first.num_blocks, replicas, router, types)
 
 
 def _check_disaggregated(pools: list[BuiltPool]) -> None:

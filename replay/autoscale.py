@@ -81,7 +81,8 @@ class AutoscaleConfig:
 class Autoscaler:
     """Scales ``replicas`` (the pool's, all built; the first ``initial`` start active) by ``config``."""
 
-    def __init__(self, engine: "Engine", replicas: list["Replica"], config: AutoscaleConfig, initial: int):
+    def __init__(self, engine: "Engine", replicas: list["Replica"], config: AutoscaleConfig, initial: int,
+                 ticks: bool = True):
         from servelab.replay.engine import TIMER  # (the engine's module imports the config's, which imports this)
 
         self.push = lambda t, fn: engine.push(t, TIMER, fn)
@@ -95,7 +96,8 @@ class Autoscaler:
         engine.live = [r for r in replicas if self.state[r.id] == "active"]
         engine.handoff = self.after_step
         self._record(0.0)
-        self.push(config.interval_s, self.tick)
+        if ticks:  # (a pool of fixed size whose replicas change only with availability: replay/fleet.py)
+            self.push(config.interval_s, self.tick)
 
     def _count(self, state: str) -> int:
         return sum(1 for s in self.state.values() if s == state)

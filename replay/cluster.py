@@ -31,6 +31,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.replay.autoscale import AutoscaleConfig
+from servelab.replay.instances import InstanceType, PerfFloor, parse_instances
 
 if TYPE_CHECKING:
     from servelab.replay.config import ReplayConfig
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 ROLES = ("mixed", "prefill", "decode")
 # what a pool may set besides the engine keys (EngineConfig's fields)
 POOL_TOP = ("name", "role", "replicas", "autoscale", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
-            "router_params", "price_per_gpu_hour")
+            "router_params", "price_per_gpu_hour", "instances", "floor")
 # engine keys that are the cluster's (its front door, horizon, seed), not a pool's
 CLUSTER_WIDE = ("until_s", "seed", "quota", "retries", "retry_backoff_s", "retry_max_backoff_s", "retry_jitter",
                 "retry_after", "queue_cap", "tier_order", "pause", "fail", "journal")
@@ -52,6 +53,9 @@ class PoolConfig:
     price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is tp GPUs)
     settings: tuple[tuple[str, Any], ...] = ()  # the pool's other keys, over the config's top level
     autoscale: AutoscaleConfig | None = None  # target tracking (replay/autoscale.py); replicas = the initial count
+    # candidate instance types in order of preference, instead of one gpu (replay/instances.py)
+    instances: tuple[InstanceType, ...] = ()
+    floor: PerfFloor | None = None  # a reference step no instance type may be slower than
 
     def __post_init__(self) -> None:
         where = f"cluster pool '{self.name}'"
@@ -67,12 +71,25 @@ class PoolConfig:
             if not self.autoscale.min <= self.replicas <= self.autoscale.max:
                 raise ServelabError(f"{where}: replicas (the initial count) must be within autoscale min..max, "
                                     f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
+        if self.instances:
+            if self.role != "mixed":
+                raise ServelabError(f"{where}: instances (several instance types) are modelled for mixed pools only (yet)")
+            for key in ("gpu", "price_per_gpu_hour"):
+                if key in dict(self.settings) or (key == "price_per_gpu_hour" and self.price_per_gpu_hour):
+                    raise ServelabError(f"{where}: '{key}' is set per instance type when the pool lists instances")
+        elif self.floor is not None:
+            raise ServelabError(f"{where}: floor (a reference step bound) needs instances to choose among")
 
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "role": self.role, "replicas": self.replicas,
                "price_per_gpu_hour": self.price_per_gpu_hour, **dict(self.settings)}
         if self.autoscale is not None:
             out["autoscale"] = self.autoscale.to_dict()
+        if self.instances:
+            del out["price_per_gpu_hour"]
+            out["instances"] = [t.to_dict() for t in self.instances]
+        if self.floor is not None:
+            out["floor"] = self.floor.to_dict()
         return out
 
 
@@ -179,7 +196,7 @@ class ClusterConfig:
                 raise ServelabError(f"{at}: missing 'name'")
             settings = []
             for key, value in raw.items():
-                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale"):
+                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale", "instances", "floor"):
                     continue
                 if key in CLUSTER_WIDE:
                     raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
@@ -194,7 +211,9 @@ class ClusterConfig:
                 settings=tuple(sorted(settings)),
                 autoscale=None if "autoscale" not in raw else (
                     raw["autoscale"] if isinstance(raw["autoscale"], AutoscaleConfig)
-                    else AutoscaleConfig.from_dict(raw["autoscale"], at))))
+                    else AutoscaleConfig.from_dict(raw["autoscale"], at)),
+                instances=() if "instances" not in raw else parse_instances(raw["instances"], f"{at}.instances"),
+                floor=None if "floor" not in raw else PerfFloor.from_dict(raw["floor"], f"{at}.floor")))
         links = []
         for i, raw in enumerate(data.get("links", [])):
             at = f"{where}.links[{i}]"

@@ -50,7 +50,8 @@ class Engine:
     ARRIVAL = ARRIVAL
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
-                 config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False):
+                 config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False,
+                 reclaims: bool = False):
         self.requests = requests
         self.replicas = replicas
         self.live = replicas  # replicas taking work (a new list only while one is down)
@@ -87,7 +88,8 @@ class Engine:
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
         self.next_arrival = 0
         self._check_sorted()
-        self.platform = Platform(self, config) if Platform.wanted(config, replicas) else None
+        # (``reclaims``: replicas may be taken away, replay/fleet.py: the platform moves their requests)
+        self.platform = Platform(self, config, reclaims) if reclaims or Platform.wanted(config, replicas) else None
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running

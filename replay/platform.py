@@ -12,6 +12,7 @@ point and nothing else:
     before a step  ``before_schedule(replica, now)``    sheds and pauses; returns swap-out seconds
     ended          ``ended(req, now)``                  frees its quota
     failure        ``fault(replica, down, now)``        FAULT events from the engine's heap
+    reclaimed      ``evict(replica, now)``              its instance taken away (replay/fleet.py)
     end of replay  ``strand(requests)``                 nothing left to serve what is still held
 
 What an interrupted request keeps (the journal) is core engine behaviour, not a platform feature:
@@ -20,6 +21,7 @@ preemption by recompute follows the same rule.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from servelab.common.tiers import parse_tiers
@@ -43,8 +45,9 @@ class Platform:
         return config.has_front_door or config.pause is not None or bool(config.fail) or \
             any(r.policy.sheds for r in replicas)
 
-    def __init__(self, engine: "Engine", config: EngineConfig):
+    def __init__(self, engine: "Engine", config: EngineConfig, reclaims: bool = False):
         self.engine = engine
+        self.reclaims = reclaims  # replicas may be taken away (instance types with availability: replay/fleet.py)
         self.ledger: Ledger = engine.ledger
         self.admission = None
         if config.has_front_door:
@@ -71,7 +74,7 @@ class Platform:
     @property
     def walks_running(self) -> bool:
         """Features that read running requests' counters directly (so the decode cohort stays off)."""
-        return self.shedding or self.pause is not None or bool(self.engine.config.fail)
+        return self.shedding or self.pause is not None or bool(self.engine.config.fail) or self.reclaims
 
     @property
     def acts_before_schedule(self) -> bool:
@@ -96,18 +99,30 @@ class Platform:
                 Ledger.add(self.ledger.retries, req.index, 1)
                 engine.push(retry_s, engine.ARRIVAL, req)
             return False
-        victim = adm.shed_victim(req, engine.live)
+        # requests waiting for a replica to come back wait too
+        queues = engine.live if not self.orphans else [*engine.live, SimpleNamespace(waiting=self.orphans)]
+        victim = adm.shed_victim(req, queues)
         if victim is not None:
             reason = f"shed: {adm.queue_cap} requests already waiting and it ranks lowest (tier {victim.tier})"
             if victim is req:
                 self.drop(None, req, reason, now)
                 return False
-            self.drop(engine.replicas[victim.replica], victim, reason, now)
+            if victim in self.orphans:
+                self.orphans.remove(victim)
+                self.drop(None, victim, reason, now)
+            else:
+                self.drop(engine.replicas[victim.replica], victim, reason, now)
         return True
 
     def orphan(self, req: Request) -> None:
         """No replica is live: ``req`` waits for one to come back."""
         self.orphans.append(req)
+
+    def adopt_orphans(self, now: float) -> None:
+        """A replica is live again: the requests that waited for one are routed, in their order."""
+        if self.orphans and self.engine.live:
+            orphans, self.orphans = self.orphans, []
+            self.engine.route_all(orphans, now)
 
     def drop(self, replica: "Replica | None", req: Request, reason: str, now: float) -> None:
         """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
@@ -206,8 +221,14 @@ class Platform:
             orphans, self.orphans = self.orphans, []
             engine.route_all(orphans, now)
             return
+        self.fault_stats["failures"] += 1
+        self.evict(replica, now)
+
+    def evict(self, replica: "Replica", now: float) -> None:
+        """``replica`` stops serving at ``now`` (a failure, or its instance reclaimed): the iteration under
+        way is lost and every request on it loses its KV and is routed again (the journal's rule)."""
+        engine = self.engine
         stats = self.fault_stats
-        stats["failures"] += 1
         engine.live = [r for r in engine.live if r is not replica]
         step = replica.inflight
         if step is not None:  # iterations finished by now count; the one under way is lost

@@ -61,6 +61,10 @@ DISAGG_SCHEMA = pa.schema(
     ]
 )
 
+# A pool of several instance types (docs/cluster.md), appended last: the type (GPU) of the replica
+# in `replica` (null when never routed).
+INSTANCE_SCHEMA = pa.schema([("instance", pa.string())])
+
 # One row per stretch of identical iterations on a replica (num_iterations >= 1).
 STEPS_SCHEMA = pa.schema(
     [

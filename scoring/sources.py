@@ -203,11 +203,13 @@ def pool_rows(meta: dict) -> list[dict]:
     """A run's pools (run.json ``cluster.pools``; a flat run is one mixed pool without a price)."""
     pools = (meta.get("cluster") or {}).get("pools")
     if pools:
-        return [{"pool": p.get("name"), "role": p.get("role"), "gpu": p.get("gpu"), "tp": int(p.get("tp") or 1),
-                 "replicas": len(p.get("replicas") or ()), "gpus": len(p.get("replicas") or ()) * int(p.get("tp") or 1),
-                 "price_per_gpu_hour": p.get("price_per_gpu_hour"),
-                 "gpu_s": None if p.get("replica_seconds") is None else p["replica_seconds"] * int(p.get("tp") or 1)}
-                for p in pools]
+        # a pool of several instance types: one row per type it used (its replicas, price, GPU time)
+        parts = [(p, i) for p in pools for i in (p.get("instances") or [p]) if i is p or i.get("replicas")]
+        return [{"pool": p.get("name"), "role": p.get("role"), "gpu": i.get("gpu"), "tp": int(p.get("tp") or 1),
+                 "replicas": len(i.get("replicas") or ()), "gpus": len(i.get("replicas") or ()) * int(p.get("tp") or 1),
+                 "price_per_gpu_hour": i.get("price_per_gpu_hour"),
+                 "gpu_s": None if i.get("replica_seconds") is None else i["replica_seconds"] * int(p.get("tp") or 1)}
+                for p, i in parts]
     config = meta.get("config") or {}
     engine = meta.get("engine") or {}
     try:
