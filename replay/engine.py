@@ -266,6 +266,8 @@ class Engine:
     def _start(self, replica: Replica, now: float) -> None:
         replica.now_s = now
         swap_s = self._before_schedule(replica, now) if self._before_schedule is not None else 0.0
+        if not replica.running and not replica.waiting:  # nothing to decide: it idles until work comes
+            return
         cohort = replica.cohort
         if cohort is not None and cohort.n and not cohort.fits():
             cohort.dissolve()  # the policy must walk its members one by one this time
