@@ -570,7 +570,10 @@ class _Parser:
             others = [p for p in space if p.pool == param.pool and p is not param]
             for v in values(param):
                 error = None
-                for combo in itertools.islice(itertools.product(*(values(o) for o in others)), 256):
+                # alone first (the base's values for the rest): only a value that fails alone is tried
+                # with the others' values, and blamed when none helps
+                combos = itertools.chain([()], itertools.islice(itertools.product(*(values(o) for o in others)), 256))
+                for combo in combos:
                     try:
                         settings = {(o.pool, o.key): w for o, w in zip(others, combo)}
                         config = pool_key_config(base, {**settings, (param.pool, param.key): v}, source=where)
