@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from servelab.common.errors import ServelabError
 from servelab.replay.config import ReplayConfig

@@ -6,13 +6,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_trace
 from helpers_cli import run_main
-from test_cluster_autoscale import TRACE, autoscaled
-from test_cluster_cost import fixed_cluster_run
-
 from servelab.api import EngineConfig, ReplayConfig, replay, write_run
 from servelab.cli.main import cli
 from servelab.common.errors import ServelabError
 from servelab.scoring.cluster_timeline import cumulative, held_at, pool_series
+from test_cluster_autoscale import TRACE, autoscaled
+from test_cluster_cost import fixed_cluster_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

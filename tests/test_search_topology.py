@@ -16,7 +16,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-
 from servelab.api import ReplayConfig, replay
 from servelab.cli.main import cli
 from servelab.common.errors import InputError, ServelabError
@@ -59,20 +58,20 @@ def test_pool_keys_nested_dotted_and_quoted_read_alike(tmp_path):
 
 
 @pytest.mark.parametrize("space,top,message", [
-    ({"pools.prefil.replicas": [1]}, {}, "column 'space.pools.prefil.replicas': no pool 'prefil' in the base cluster; "
-                                         "did you mean 'prefill'"),
+    ({"pools.prefil.replicas": [1]}, {}, ("column 'space.pools.prefil.replicas': no pool 'prefil' in the base cluster; "
+                                         "did you mean 'prefill'")),
     ({"pools.prefill.replica": [1]}, {}, "column 'space.pools.prefill.replica': not a searchable pool key"),
-    ({"pools.prefill.replicas": [0, 1]}, {}, "column 'space.pools.prefill.replicas': value 0: cluster pool 'prefill': "
-                                             "replicas must be >= 1, got 0"),
+    ({"pools.prefill.replicas": [0, 1]}, {}, ("column 'space.pools.prefill.replicas': value 0: cluster pool 'prefill': "
+                                             "replicas must be >= 1, got 0")),
     ({"pools.prefill.router": ["nope"]}, {}, "column 'space.pools.prefill.router': unknown router 'nope'"),
-    ({"pools.prefill.autoscale.max": [2]}, {}, "column 'space.pools.prefill.autoscale.max': pool 'prefill' has no "
-                                               "autoscale table"),
+    ({"pools.prefill.autoscale.max": [2]}, {}, ("column 'space.pools.prefill.autoscale.max': pool 'prefill' has no "
+                                               "autoscale table")),
     ({"pools.decode.replicas": "fill", "pools.decode.tp": [1]}, {}, "column 'space.pools.decode.replicas': \"fill\" needs gpu_budget"),
     ({"pools.decode.replicas": "fill", "pools.prefill.replicas": "fill", "pools.decode.tp": [1]}, {"gpu_budget": 4},
      "only one pool's replicas may be \"fill\""),
     ({"pools.decode.tp": "fill", "pools.prefill.replicas": [1]}, {"gpu_budget": 4}, "\"fill\" is for a pool's replicas only"),
-    ({"replicas": [1, 2]}, {}, "column 'space.replicas': the base config has a [cluster]: search a pool's replicas "
-                               "(\"pools.prefill.replicas\" = ...)"),
+    ({"replicas": [1, 2]}, {}, ("column 'space.replicas': the base config has a [cluster]: search a pool's replicas "
+                               "(\"pools.prefill.replicas\" = ...)")),
     ({"pools.decode.gpu": ["h100-80gb", "a100-80gb"]},
      {"objective": "cost_per_million_tokens", "cost": {"gpu_prices": {"h100-80gb": 2.0, "a100-80gb": 1.0}}},
      "column 'cluster.pools[1].price_per_gpu_hour': pool 'decode' has a fixed price while its gpu is searched"),
@@ -164,7 +163,7 @@ def evaluate(trace, config: dict, slo: dict) -> tuple[float, float]:
     attainment = sum(met_all(r, slo) for r in rows) / len(rows)
     lo = min(r["arrival_s"] for r in rows)
     hi = max(r["finish_s"] for r in rows if r["status"] == "finished")
-    dollars = sum(held_seconds(p, lo, hi) * p["tp"] * p["price_per_gpu_hour"] / 3600
+    dollars = sum(held_seconds(p, lo, hi) * p["tp"] * (p["price_per_gpu_hour"] or 0.0) / 3600
                   for p in result.meta["cluster"]["pools"])  # fmt: skip
     return attainment, dollars / sum(r["generated_tokens"] or 0 for r in rows) * 1e6
 
@@ -258,9 +257,7 @@ def test_split_example_finds_the_split_with_the_most_goodput_per_gpu(tmp_path):
         run = json.loads((tmp_path / "study" / "trials" / f"{t['number']:04d}" / "sweep.json").read_text())
         assert run["goodput_rate_rps"] == pytest.approx(t["attr.goodput"])
         for rate, meets in ((t["attr.goodput"], True), (t["attr.goodput_bracket_hi"], False)):
-            attainment, _ = evaluate(scale_rate(trace, rate / native), dict(config, **{"cluster": {
-                **config["cluster"], "pools": [dict(p, price_per_gpu_hour=1.0) for p in config["cluster"]["pools"]]}}),
-                spec["slo"])  # fmt: skip
+            attainment, _ = evaluate(scale_rate(trace, rate / native), config, spec["slo"])
             assert (attainment >= spec["target"]) is meets, (prefill, rate, attainment)
         assert t["goodput_per_gpu"] == pytest.approx(t["attr.goodput"] / 4)
     best = max(trials, key=lambda t: t["goodput_per_gpu"])
@@ -268,3 +265,22 @@ def test_split_example_finds_the_split_with_the_most_goodput_per_gpu(tmp_path):
     assert out.exit_code == 0, out.output
     pools = ReplayConfig.from_toml(tmp_path / "best.toml").cluster.pools
     assert [p.replicas for p in pools] == [best["param.pools.prefill.replicas"], 4 - best["param.pools.prefill.replicas"]]
+
+
+def test_cost_objective_of_a_cluster_is_dollars_per_hour_of_its_pools(tmp_path):
+    """`cost` ($/hour) counts every pool's GPUs: 1 or 2 prefill replicas on H100 at $2, 1 decode replica of
+    TP 2 at its own $1: 2 + 2 = $4/h or 4 + 2 = $6/h (it used to count one replica of the top level's TP)."""
+    from helpers_search import write_trace_file
+
+    write_trace_file(tmp_path, n=40)
+    lines = ["trace = 'trace.arrow'", "objective = 'cost'", "sampler = 'grid'", "n_trials = 2", "target = 0.01",
+             f"runner = '{TWO_POOLS['runner']}'", "[replay]", "num_gpu_blocks = 4000", "kv_bytes_per_token = 1000",
+             "[cost]", "gpu_prices = { 'h100-80gb' = 2.0 }", "[slo]", "ttft_s = 10.0",
+             "[[cluster.pools]]", "name = 'prefill'", "role = 'prefill'",
+             "[[cluster.pools]]", "name = 'decode'", "role = 'decode'", "tp = 2", "price_per_gpu_hour = 1.0",
+             "[[cluster.links]]", "from = 'prefill'", "to = 'decode'", "bandwidth_gbps = 10.0",
+             "[space]", "'pools.prefill.replicas' = [1, 2]"]  # fmt: skip
+    (tmp_path / "spec.toml").write_text("\n".join(lines) + "\n")
+    trials = search(tmp_path / "spec.toml", tmp_path / "study")
+    got = {t["param.pools.prefill.replicas"]: t["cost"] for t in trials}
+    assert got == {1: pytest.approx(4.0), 2: pytest.approx(6.0)}
