@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 from servelab.common.errors import ServelabError

@@ -191,7 +191,9 @@ def setting_config(spec: dict, setting: dict) -> dict | None:
         else:
             pools[pool][key] = value
     for p in pools.values():
-        p.setdefault("price_per_gpu_hour", spec.get("cost", {}).get("gpu_prices", {}).get(p.get("gpu", spec.get("gpu"))))
+        price = spec.get("cost", {}).get("gpu_prices", {}).get(p.get("gpu", spec.get("gpu")))
+        if price is not None:
+            p.setdefault("price_per_gpu_hour", price)
         scale = p.get("autoscale")
         if scale and not scale["min"] <= p.get("replicas", 1) <= scale["max"]:
             return None
