@@ -656,8 +656,9 @@ class _Parser:
             missing = sorted(g for g in gpus if g not in prices)
             if missing:
                 raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r}")
-        if "cost_per_million_tokens" in objectives or (base.cluster is not None and "cost" in objectives):
-            self._check_prices(dict(out), base, space)
+        priced = bool(out) or (base.cluster is not None and any(p.price_per_gpu_hour > 0 for p in base.cluster.pools))
+        if "cost_per_million_tokens" in objectives or (base.cluster is not None and "cost" in objectives and priced):
+            self._check_prices(dict(out), base, space)  # (`cost` without any price counts GPUs)
         return tuple(sorted(out))
 
     def _check_prices(self, prices: dict[str, float], base: ReplayConfig, space: tuple[Param, ...]) -> None:

@@ -269,9 +269,11 @@ def test_split_example_finds_the_split_with_the_most_goodput_per_gpu(tmp_path):
     assert [p.replicas for p in pools] == [best["param.pools.prefill.replicas"], 4 - best["param.pools.prefill.replicas"]]
 
 
-def test_cost_objective_of_a_cluster_is_dollars_per_hour_of_its_pools(tmp_path):
+@pytest.mark.parametrize("priced", [True, False])
+def test_cost_objective_of_a_cluster_is_dollars_per_hour_of_its_pools(tmp_path, priced):
     """`cost` ($/hour) counts every pool's GPUs: 1 or 2 prefill replicas on H100 at $2, 1 decode replica of
-    TP 2 at its own $1: 2 + 2 = $4/h or 4 + 2 = $6/h (it used to count one replica of the top level's TP)."""
+    TP 2 at its own $1: 2 + 2 = $4/h or 4 + 2 = $6/h (it used to count one replica of the top level's TP);
+    without prices, the GPUs: 1 + 2 or 2 + 2."""
     from helpers_search import write_trace_file
 
     write_trace_file(tmp_path, n=40)
@@ -282,7 +284,9 @@ def test_cost_objective_of_a_cluster_is_dollars_per_hour_of_its_pools(tmp_path):
              "[[cluster.pools]]", "name = 'decode'", "role = 'decode'", "tp = 2", "price_per_gpu_hour = 1.0",
              "[[cluster.links]]", "from = 'prefill'", "to = 'decode'", "bandwidth_gbps = 10.0",
              "[space]", "'pools.prefill.replicas' = [1, 2]"]  # fmt: skip
+    if not priced:
+        lines = [line for line in lines if "price" not in line and not line.startswith("[cost]")]
     (tmp_path / "spec.toml").write_text("\n".join(lines) + "\n")
     trials = search(tmp_path / "spec.toml", tmp_path / "study")
     got = {t["param.pools.prefill.replicas"]: t["cost"] for t in trials}
-    assert got == {1: pytest.approx(4.0), 2: pytest.approx(6.0)}
+    assert got == ({1: pytest.approx(4.0), 2: pytest.approx(6.0)} if priced else {1: pytest.approx(3.0), 2: pytest.approx(4.0)})
