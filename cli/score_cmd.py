@@ -175,11 +175,12 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
 def plot(run_dirs, slo_specs, slo_file, out, cluster_only):
     """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate, replicas and cost."""
     from servelab.scoring.db import connect
-    from servelab.scoring.plots import write_plots
+    from servelab.scoring.plots import plot_clusters, write_plots
 
     con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
     try:
-        written = write_plots(con, out, cluster_only=cluster_only)
+        # --cluster: every run must have pools (checked before anything is drawn)
+        written = plot_clusters(con, out, only=True) if cluster_only else write_plots(con, out)
     finally:
         con.close()
     for path in written:

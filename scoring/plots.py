@@ -267,7 +267,7 @@ def cluster_window(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float, 
     return first, first + (duration or 0.0), end or 0.0
 
 
-def plot_clusters(con: duckdb.DuckDBPyConnection, out_dir: Path, only: bool = False) -> list[Path]:
+def plot_clusters(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike, only: bool = False) -> list[Path]:
     """``cluster_<run>.png`` for each run with cluster pools; ``only``: every run must have them."""
     from servelab.scoring.cluster_timeline import pool_series
 
@@ -280,6 +280,7 @@ def plot_clusters(con: duckdb.DuckDBPyConnection, out_dir: Path, only: bool = Fa
         elif not (meta.get("cluster") or {}).get("pools"):
             continue
         runs.append((run_id, run_path, meta))
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return [plot_cluster(meta, *cluster_window(con, run_id), out_dir / f"cluster_{_safe(run_id)}.png", title=run_id,
                          where=str(run_path))
@@ -297,12 +298,9 @@ def _sweep_info(con: duckdb.DuckDBPyConnection) -> tuple[float | None, float | N
     return None, None
 
 
-def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike, cluster_only: bool = False) -> list[Path]:
-    """Write every chart that the runs have data for into ``out_dir``; returns the files written.
-    ``cluster_only``: just the replicas-and-cost chart of each run, an error for a run without pools."""
+def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike) -> list[Path]:
+    """Write every chart that the runs have data for into ``out_dir``; returns the files written."""
     out = Path(out_dir)
-    if cluster_only:
-        return plot_clusters(con, out, only=True)
     out.mkdir(parents=True, exist_ok=True)
     written = [
         plot_cdf(con, "ttft_s", out / "ttft_cdf.png"),
