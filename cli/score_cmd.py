@@ -170,14 +170,17 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
 @click.argument("run_dirs", nargs=-1, required=True)
 @slo_options
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False), required=True, help="Directory for the PNGs.")
-def plot(run_dirs, slo_specs, slo_file, out):
-    """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate."""
+@click.option("--cluster", "cluster_only", is_flag=True,
+              help="Only the replicas-and-cost chart of each run (runs of a [cluster] config).")
+def plot(run_dirs, slo_specs, slo_file, out, cluster_only):
+    """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate, replicas and cost."""
     from servelab.scoring.db import connect
-    from servelab.scoring.plots import write_plots
+    from servelab.scoring.plots import plot_clusters, write_plots
 
     con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
     try:
-        written = write_plots(con, out)
+        # --cluster: every run must have pools (checked before anything is drawn)
+        written = plot_clusters(con, out, only=True) if cluster_only else write_plots(con, out)
     finally:
         con.close()
     for path in written:

@@ -220,6 +220,73 @@ def plot_timeline(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> Pa
     return _save(fig, path)
 
 
+def plot_cluster(meta: dict, start_s: float, stop_s: float, end_s: float, path: Path, title: str = "run",
+                 where: str = "run") -> Path:
+    """Replicas per pool (held: solid; serving, when it differs: dashed) and cumulative dollars per pool
+    and in all over a cluster run; GPU-hours instead when no pool has a price. ``start_s``..``stop_s``
+    is the window the cost view charges (first arrival to last finish), ``end_s`` the run's end."""
+    from servelab.scoring.cluster_timeline import cumulative, pool_series
+
+    series = pool_series(meta, where)
+    plt = _plt()
+    priced = any(p.price_per_gpu_hour > 0 for p in series)
+    end_s = max(end_s, stop_s, *(p.times[-1] for p in series))
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    grid = sorted({0.0, start_s, stop_s, end_s, *(t for p in series for t in p.times if 0 <= t <= end_s)})
+    total = [0.0] * len(grid)
+    for p in series:
+        label = f"{p.name} ({p.role}, {p.gpu or '?'} x{p.tp})"
+        times = [*p.times, end_s]
+        line, = axes[0].plot(times, [*p.held, p.held[-1]], drawstyle="steps-post", label=label)
+        if p.active != p.held:
+            axes[0].plot(times, [*p.active, p.active[-1]], drawstyle="steps-post", linestyle="--",
+                         color=line.get_color(), label=f"{p.name} serving")
+        values = cumulative(p, start_s, stop_s, grid, p.price_per_gpu_hour if priced else 1.0)
+        total = [a + b for a, b in zip(total, values)]
+        if len(series) > 1:
+            axes[1].plot(grid, values, color=line.get_color(), label=p.name)
+    axes[1].plot(grid, total, color="black", linewidth=1.5, label=f"all pools: {total[-1]:.4g}")
+    axes[0].set_ylabel("replicas")
+    axes[0].set_ylim(bottom=0)
+    axes[0].yaxis.get_major_locator().set_params(integer=True)
+    axes[1].set_ylabel("cumulative $" if priced else "cumulative GPU-hours (no prices)")
+    axes[1].set_xlabel("simulated time (s)")
+    for ax in axes:
+        ax.axvspan(start_s, stop_s, color="grey", alpha=0.08)  # the window the cost view charges
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_title(f"run {title}: replicas per pool and {'cost' if priced else 'GPU time'} over time")
+    return _save(fig, path)
+
+
+def cluster_window(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[float, float, float]:
+    """(first arrival, last finish, end) of a run: the cost view's window and where the run stopped."""
+    first, duration, end = con.execute(
+        "SELECT first_arrival_s, duration_s, end_s FROM run_span WHERE run_id = ?", [run_id]).fetchone()
+    first = first or 0.0
+    return first, first + (duration or 0.0), end or 0.0
+
+
+def plot_clusters(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike, only: bool = False) -> list[Path]:
+    """``cluster_<run>.png`` for each run with cluster pools; ``only``: every run must have them."""
+    from servelab.scoring.cluster_timeline import pool_series
+
+    runs = []
+    for run_id, run_path in con.execute("SELECT run_id, run_path FROM runs ORDER BY run_id").fetchall():
+        meta_path = Path(run_path) / "run.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if only:
+            pool_series(meta, str(run_path))  # every run checked before anything is drawn
+        elif not (meta.get("cluster") or {}).get("pools"):
+            continue
+        runs.append((run_id, run_path, meta))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [plot_cluster(meta, *cluster_window(con, run_id), out_dir / f"cluster_{_safe(run_id)}.png", title=run_id,
+                         where=str(run_path))
+            for run_id, run_path, meta in runs[:MAX_TIMELINES if not only else None]]
+
+
 def _sweep_info(con: duckdb.DuckDBPyConnection) -> tuple[float | None, float | None]:
     """Target and goodput rate from a sweep.json next to the runs, if they came from one sweep."""
     paths = {Path(r[0]).parent for r in con.execute("SELECT run_path FROM runs").fetchall()}
@@ -244,4 +311,5 @@ def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike) -> l
     run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
     for run_id in run_ids[:MAX_TIMELINES]:
         written.append(plot_timeline(con, run_id, out / f"timeline_{_safe(run_id)}.png"))
+    written += plot_clusters(con, out)
     return [p for p in written if p is not None]

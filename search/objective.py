@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from servelab.common.errors import ServelabError
 from servelab.common.processes import start_token
-from servelab.search.spec import SearchSpec
+from servelab.search.spec import CONSTRAINED, SearchSpec
 
 
 def trial_dir(study_dir: Path, number: int) -> Path:
@@ -91,7 +91,10 @@ class Evaluator:
         self.spec = spec
         self.study_dir = Path(study_dir)
         self.trace, self.trace_path, self.trace_meta = prepare_trace(spec, self.study_dir)
-        self.scorer = RunScorer(spec.slo, threads=threads)
+        self.scorer = RunScorer(spec.slo, threads=threads, gpu_prices=dict(spec.gpu_prices))
+        # the cost view's figures are read only when an objective needs them (a query per trial)
+        self.wants_cost = "cost_per_million_tokens" in spec.objectives or (
+            "cost" in spec.objectives and spec.base.cluster is not None)
         self.worker = worker_id()
         arrivals = self.trace.column("arrival_s")
         self.first_s = float(arrivals[0].as_py())
@@ -122,7 +125,9 @@ class Evaluator:
             if self.quota_check is not None:
                 self.quota_check(trial)
             values = suggest(trial, self.spec.space, self.spec.base)
-            config = config_for(self.spec.base, self.spec.space, values, source=f"trial {trial.number}")
+            config = config_for(self.spec.base, self.spec.space, values, source=f"trial {trial.number}",
+                                gpu_budget=self.spec.gpu_budget, fill_pool=self.spec.fill_pool,
+                                gpu_prices=dict(self.spec.gpu_prices))
             trial.set_user_attr("config", config.to_dict())
             result = self._evaluate_interruptibly(trial, config, attrs)
             attrs["eval_s"] = time.perf_counter() - started
@@ -198,6 +203,7 @@ class Evaluator:
             values.append(float(value))
         if "cost" in spec.objectives:
             attrs["cost"] = values[spec.objectives.index("cost")]
+        if any(name in CONSTRAINED for name in spec.objectives):
             # feasible when attainment >= target; Optuna samplers and best_trial read this
             violation = spec.target - scores["attainment"]
             if hasattr(trial, "set_constraint"):
@@ -210,9 +216,19 @@ class Evaluator:
 
     def _objective_value(self, name: str, scores: dict[str, Any], config) -> float | None:
         if name == "cost":
+            if config.cluster is not None:
+                # $/hour of the time-averaged GPUs (the cost view's dollars over the run's duration),
+                # or the time-averaged GPUs when no pool has a price
+                if scores.get("cost_duration_s") is None:
+                    return None
+                if scores.get("dollars"):
+                    return scores["dollars"] / scores["cost_duration_s"] * 3600.0
+                return scores.get("mean_gpus")
             gpus = config.engine.replicas * config.tp
             prices = dict(self.spec.gpu_prices)
             return gpus * prices[config.gpu] if prices else float(gpus)
+        if name == "cost_per_million_tokens":
+            return scores.get("dollars_per_million_output_tokens")
         return scores.get(name)
 
     def _replay_timed(self, config, attrs: dict[str, Any], trace_meta: dict | None = None):
@@ -256,7 +272,7 @@ class Evaluator:
         # Parquet writing and DuckDB both release the GIL: the run is written while it is scored,
         # and both finish before the trial is told complete (a complete trial always has its run).
         writing = self._writing = self._writer.submit(write)
-        scores = self.scorer.score(result)
+        scores = self.scorer.score(result, cost=self.wants_cost)
         t2 = time.perf_counter()
         write_s = writing.result()
         self._writing = None
@@ -266,6 +282,7 @@ class Evaluator:
     def _goodput(self, trial, config, out_dir: Path, attrs: dict[str, Any]) -> dict[str, Any]:
         """Bisect the goodput rate with `servelab sweep`'s own search; trace-rate metrics from its native-rate run."""
         from servelab.replay import RunResult, write_run
+        from servelab.scoring.sources import num_gpus
         from servelab.scoring.sweep import native_rate, run_name, run_sweep
 
         spec = self.spec
@@ -288,9 +305,10 @@ class Evaluator:
             write_run(self._replay_timed(config, attrs), native_dir)
         run = RunResult(pq.read_table(native_dir / "requests.parquet"), pq.read_table(native_dir / "steps.parquet"),
                         json.loads((native_dir / "run.json").read_text()))  # fmt: skip
-        scores = self.scorer.score(run)
+        scores = self.scorer.score(run, cost=self.wants_cost)
         goodput = result.goodput_rate_rps if result.goodput_rate_rps is not None else 0.0
-        gpus = config.engine.replicas * config.tp
+        # GPUs provisioned: replicas x tp summed over a cluster's pools (an autoscaled one at its max)
+        gpus = num_gpus(run.meta)
         scores.update(goodput=goodput, goodput_per_gpu=goodput / gpus, goodput_bracket_hi=result.bracket_rps[1])
         if result.notes:
             scores["goodput_note"] = "; ".join(result.notes)

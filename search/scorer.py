@@ -44,12 +44,16 @@ _SUMMARY = _SUMMARY_SQL.format(select="grouping(tier) = 0 AS by_tier, tier", lat
 _OVERALL = _SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group="")
 _SPAN = "SELECT duration_s, num_gpus FROM run_span"
 _ATTAINMENT = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
+_COST = ("SELECT c.dollars, c.dollars_per_million_output_tokens, c.mean_gpus, c.gpu_s, c.goodput_rps_per_gpu, "
+         "sp.duration_s FROM cost c JOIN run_span sp USING (run_id) WHERE c.scope = 'overall'")
 
 
 class RunScorer:
     """``score(result)`` -> flat dict of attainment, per-tier attainment, latency percentiles, goodput, GPUs."""
 
-    def __init__(self, slo: SloTable | None, threads: int | None = None):
+    def __init__(self, slo: SloTable | None, threads: int | None = None, gpu_prices: dict[str, float] | None = None):
+        # $ per GPU-hour by GPU, for a flat run's pool (a cluster's pools carry their own prices)
+        self.gpu_prices = dict(gpu_prices or {})
         self.con = new_connection(threads=threads)
         self._register(REQUESTS_SCHEMA.empty_table(), STEPS_SCHEMA.empty_table(), {})
         set_slo(self.con, slo)
@@ -69,8 +73,11 @@ class RunScorer:
         self.con.register("requests", requests)
         self.con.register("steps", steps)
         self.con.register("runs", _runs(run_id, meta))
-        self.con.register("pools", pa.Table.from_pylist([dict(p, run_id=run_id) for p in pool_rows(meta)],
-                                                        schema=POOLS_SCHEMA))
+        pools = [dict(p, run_id=run_id) for p in pool_rows(meta)]
+        for p in pools:
+            if p["price_per_gpu_hour"] is None and p["gpu"] in self.gpu_prices:
+                p["price_per_gpu_hour"] = self.gpu_prices[p["gpu"]]
+        self.con.register("pools", pa.Table.from_pylist(pools, schema=POOLS_SCHEMA))
 
     def attainment(self, result, arrived_by_s: float | None = None) -> float:
         """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given."""
@@ -82,7 +89,9 @@ class RunScorer:
         self._register(requests, result.steps, result.meta)
         return float(self.con.execute(_ATTAINMENT).fetchall()[0][0])
 
-    def score(self, result) -> dict[str, Any]:
+    def score(self, result, cost: bool = False) -> dict[str, Any]:
+        """``cost`` adds the cost view's overall row: dollars, dollars_per_million_output_tokens, mean_gpus,
+        gpu_s, goodput_rps_per_gpu (time-averaged GPUs) and cost_duration_s."""
         self._register(result.requests, result.steps, result.meta)
         tiers = pc.unique(result.requests.column("tier")).to_pylist()
         rows = self.con.execute(_SUMMARY if len(tiers) > 1 else _OVERALL).fetchall()
@@ -106,6 +115,11 @@ class RunScorer:
                 duration_s, num_gpus = span[0]
                 out.update(goodput_rps=row["met_all"] / duration_s, throughput=row["completed"] / duration_s,
                            num_gpus=num_gpus)  # fmt: skip
+        if cost:
+            found = self.con.execute(_COST).fetchall()
+            if found:
+                out.update(zip(("dollars", "dollars_per_million_output_tokens", "mean_gpus", "gpu_s",
+                                "cost_goodput_rps_per_gpu", "cost_duration_s"), found[0]))
         return out
 
 

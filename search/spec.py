@@ -28,6 +28,8 @@ OBJECTIVES: dict[str, str] = {
     "goodput": "maximize",  # highest arrival rate (req/s) whose attainment meets the target
     "goodput_per_gpu": "maximize",  # goodput / (replicas x tp)
     "cost": "minimize",  # GPUs, or $/hour with gpu_prices, subject to attainment >= target
+    # $ per million output tokens at the trace's rate (the cost view), subject to attainment >= target
+    "cost_per_million_tokens": "minimize",
     "throughput": "maximize",  # completed requests per second at the trace's rate
     **{f"{m}_{s}": "minimize" for m in LATENCY_METRICS for s in LATENCY_STATS},  # seconds at the trace's rate
 }
@@ -36,10 +38,19 @@ PRUNERS = ("none", "median", "hyperband")
 DEFAULT_CHECKPOINTS = (0.25, 0.5)
 TOP_KEYS = (
     "trace", "objective", "n_trials", "seed", "timeout_s", "timeout", "target", "slo", "space", "replay", "runner", "model",
-    "gpu", "tp", "goodput", "cost", "sampler", "pruner", "storage", "study_name", "workers",
+    "gpu", "tp", "goodput", "cost", "sampler", "pruner", "storage", "study_name", "workers", "cluster", "gpu_budget",
 )  # fmt: skip
 # ReplayConfig keys that are not engine fields; all may be searched.
 TOP_CONFIG_KEYS = ("policy", "runner", "model", "gpu", "tp")
+# Objectives subject to attainment >= target (an Optuna constraint: a trial below it is infeasible).
+CONSTRAINED = ("cost", "cost_per_million_tokens")
+# A cluster pool's searchable keys besides the engine keys (`space.pools.NAME.KEY`), with their types;
+# `autoscale.KEY` takes the autoscale table's keys (replay/autoscale.py).
+POOL_KEYS = {"replicas": "int", "gpu": "str", "tp": "int", "router": "str", "runner": "str", "model": "str",
+             "policy": "str"}
+AUTOSCALE_KEYS = {"min": "int", "max": "int", "signal": "str", "target": "float", "interval_s": "float",
+                  "cooldown_s": "float", "startup_s": "float"}
+FILL = "fill"  # `replicas = "fill"`: the pool takes the GPUs gpu_budget leaves
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +71,7 @@ class Param:
     """One searched dimension. ``name`` is the Optuna parameter name; ``policy`` makes it conditional."""
 
     name: str
-    key: str  # ReplayConfig key ("max_num_seqs", "policy", "tp") or the policy parameter's name
+    key: str  # ReplayConfig key ("max_num_seqs", "policy", "tp"), the policy parameter's name, or a pool's key
     is_policy_param: bool = False
     policy: str | None = None  # sampled only when this policy is the trial's policy
     kind: str = "choice"  # int | float | choice
@@ -69,6 +80,7 @@ class Param:
     log: bool = False
     step: float | None = None
     choices: tuple = ()
+    pool: str | None = None  # a cluster pool's key ("replicas", "autoscale.target") of this pool
 
     def grid_values(self) -> tuple:
         if self.kind == "choice":
@@ -110,6 +122,8 @@ class SearchSpec:
     storage: str | None = None  # None: a journal file inside the study directory
     study_name: str = "servelab"
     workers: int = 1
+    gpu_budget: int | None = None  # GPUs of all pools together: more is infeasible
+    fill_pool: str | None = None  # the pool whose replicas take what gpu_budget leaves
 
     @property
     def directions(self) -> tuple[str, ...]:
@@ -123,13 +137,15 @@ class SearchSpec:
             "base": self.base.to_dict(),
             "slo": self.slo.describe(),
             "target": self.target,
-            "space": [asdict(p) for p in self.space],
+            # (a flat parameter's dict stays as it was before pools could be searched: old studies resume)
+            "space": [{k: v for k, v in asdict(p).items() if k != "pool" or v is not None} for p in self.space],
             "objectives": list(self.objectives),
             "goodput": asdict(self.goodput),
             "gpu_prices": [list(p) for p in self.gpu_prices],
             "sampler": [self.sampler, [list(o) for o in self.sampler_options]],
             "pruner": [self.pruner, [list(o) for o in self.pruner_options], list(self.checkpoints)],
             "seed": self.seed,
+            **({"gpu_budget": self.gpu_budget, "fill_pool": self.fill_pool} if self.gpu_budget is not None else {}),
         }  # fmt: skip
 
     def identity_hash(self) -> str:
@@ -172,6 +188,8 @@ def parse_spec(data: Mapping[str, Any], path: Path) -> SearchSpec:
     objectives = p.objectives(data.get("objective", "attainment"))
     policies = p.policies_in_play(base, data["space"])
     space = p.space(data["space"], base, policies)
+    fill_pool = p.fill_pool(data["space"])
+    gpu_budget = p.gpu_budget(data.get("gpu_budget"), base, fill_pool)
     goodput = p.goodput(data.get("goodput", {}))
     gpu_prices = p.cost(data.get("cost", {}), objectives, base, space)
     sampler, sampler_options = p.named_table(data.get("sampler", "tpe"), "sampler", SAMPLERS)
@@ -218,6 +236,7 @@ def parse_spec(data: Mapping[str, Any], path: Path) -> SearchSpec:
         goodput=goodput, gpu_prices=gpu_prices, sampler=sampler, sampler_options=tuple(sorted(sampler_options.items())),
         pruner=pruner, pruner_options=tuple(sorted(opts.items())), checkpoints=checkpoints, seed=seed,
         n_trials=n_trials, timeout_s=timeout, storage=storage, study_name=study_name, workers=workers,
+        gpu_budget=gpu_budget, fill_pool=fill_pool,
     )  # fmt: skip
 
 
@@ -290,7 +309,7 @@ class _Parser:
 
     def base_config(self, data: Mapping[str, Any]) -> ReplayConfig:
         raw = dict(self.table(data.get("replay", {}), "replay"))
-        for key in ("runner", "model", "gpu", "tp"):
+        for key in ("runner", "model", "gpu", "tp", "cluster"):
             if key in data:
                 if key in raw:
                     raise self.error(key, f"given twice (top level and replay.{key})")
@@ -345,20 +364,24 @@ class _Parser:
         space = self.table(value, "space")
         params: list[Param] = []
         for key, spec in space.items():
+            if key == "pools" or key.startswith("pools."):
+                params += self._pool_params(key, spec, base)
+                continue
             if key == "policy_params" or key.startswith("policy_params."):
                 entries = {key[len("policy_params."):]: spec} if key != "policy_params" else self.table(spec, "space.policy_params")
                 params += self._policy_params(entries, policies)
                 continue
-            params.append(self._engine_param(key, spec))
+            params.append(self._engine_param(key, spec, base))
         if not params:
             raise self.error("space", "no parameters to search")
+        self.check_pool_values(tuple(params), base)
         names = [p.name for p in params]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:
             raise self.error(f"space.{dup}", "given twice")
         return tuple(params)
 
-    def _engine_param(self, key: str, spec: Any) -> Param:
+    def _engine_param(self, key: str, spec: Any, base: ReplayConfig) -> Param:
         where = f"space.{key}"
         if key in self._engine_types:
             base_type = self._engine_types[key]
@@ -366,7 +389,10 @@ class _Parser:
             base_type = "int" if key == "tp" else "str"
         else:
             known = sorted([*self._engine_types, *TOP_CONFIG_KEYS, "policy_params.<name>"])
-            raise self.error(where, f"unknown parameter (known: {', '.join(known)})")
+            raise self.error(where, f"unknown parameter (known: {', '.join(known)}, pools.<pool>.<key>)")
+        if base.cluster is not None and key == "replicas":
+            raise self.error(where, f"the base config has a [cluster]: search a pool's replicas "
+                                    f"(\"pools.{base.cluster.entry.name}.replicas\" = ...)")  # fmt: skip
         param = self._param(key, key, spec, base_type, where)
         self._check_values(param, where)
         return param
@@ -468,6 +494,134 @@ class _Parser:
             elif param.key == "tp" and v < 1:
                 raise self.error(where, f"tp must be >= 1, got {v}")
 
+    # -- cluster pools ---------------------------------------------------------------------------
+
+    def _pool_leaves(self, key: str, spec: Any) -> list[tuple[str, Any]]:
+        """``pools.a.b = spec`` and ``[space.pools.a] b = spec`` alike -> [("pools.a.b", spec)]."""
+        if isinstance(spec, Mapping) and not _is_param_table(spec):
+            if not spec:
+                raise self.error(f"space.{key}", "empty table: no parameters to search")
+            return [leaf for sub, value in spec.items() for leaf in self._pool_leaves(f"{key}.{sub}", value)]
+        return [(key, spec)]
+
+    def _pool_of(self, path: str, base: ReplayConfig) -> tuple[Any, str]:
+        """(the base cluster's pool, the key within it) that ``pools.NAME.KEY`` names."""
+        where = f"space.{path}"
+        if base.cluster is None:
+            raise self.error(where, "the base config has no [cluster] to search over (add [[cluster.pools]] to the "
+                                    "spec, or [[replay.cluster.pools]])")  # fmt: skip
+        rest = path[len("pools."):]
+        names = [p.name for p in base.cluster.pools]
+        matches = [n for n in names if rest.startswith(n + ".")]
+        if not matches:
+            from servelab.common.registry import did_you_mean
+
+            head = rest.split(".")[0]
+            raise self.error(where, f"no pool '{head}' in the base cluster{did_you_mean(head, names)} "
+                                    f"(pools: {', '.join(names)})")  # fmt: skip
+        name = max(matches, key=len)
+        return next(p for p in base.cluster.pools if p.name == name), rest[len(name) + 1:]
+
+    def _pool_key_type(self, pool, key: str, where: str) -> str:
+        from servelab.replay.cluster import CLUSTER_WIDE
+
+        if key.startswith("autoscale."):
+            sub = key[len("autoscale."):]
+            if sub not in AUTOSCALE_KEYS:
+                raise self.error(where, f"unknown autoscale key '{sub}' (known: {', '.join(AUTOSCALE_KEYS)})")
+            if pool.autoscale is None:
+                raise self.error(where, f"pool '{pool.name}' has no autoscale table in the base cluster "
+                                        "([cluster.pools.autoscale] with min, max, ...)")  # fmt: skip
+            return AUTOSCALE_KEYS[sub]
+        if key in POOL_KEYS:
+            return POOL_KEYS[key]
+        if key in self._engine_types and key not in CLUSTER_WIDE:
+            return self._engine_types[key]
+        known = sorted({*POOL_KEYS, *(k for k in self._engine_types if k not in CLUSTER_WIDE)}) + \
+            [f"autoscale.{k}" for k in AUTOSCALE_KEYS]
+        raise self.error(where, f"not a searchable pool key (known: {', '.join(known)})")
+
+    def _pool_params(self, key: str, spec: Any, base: ReplayConfig) -> list[Param]:
+        out = []
+        for path, leaf in self._pool_leaves(key, spec):
+            where = f"space.{path}"
+            pool, pkey = self._pool_of(path, base)
+            kind = self._pool_key_type(pool, pkey, where)
+            if leaf == FILL:
+                if pkey != "replicas":
+                    raise self.error(where, f'"{FILL}" is for a pool\'s replicas only')
+                continue  # fill_pool() records it
+            param = self._param(f"pools.{pool.name}.{pkey}", pkey, leaf, kind, where)
+            out.append(Param(**{**asdict(param), "pool": pool.name}))
+        return out
+
+    def check_pool_values(self, space: tuple[Param, ...], base: ReplayConfig) -> None:
+        """Each endpoint or choice of a pool key must give a valid cluster with some value of the pool's
+        other searched keys (``replicas = 2`` needs ``autoscale.min <= 2`` in some trial)."""
+        import itertools
+
+        from servelab.replay.cluster import pool_config
+
+        def values(p: Param) -> tuple:
+            return p.choices if p.kind == "choice" else (p.low, p.high)
+
+        for param in (p for p in space if p.pool is not None):
+            where = f"space.{param.name}"
+            others = [p for p in space if p.pool == param.pool and p is not param]
+            for v in values(param):
+                error = None
+                # alone first (the base's values for the rest): only a value that fails alone is tried
+                # with the others' values, and blamed when none helps
+                combos = itertools.chain([()], itertools.islice(itertools.product(*(values(o) for o in others)), 256))
+                for combo in combos:
+                    try:
+                        settings = {(o.pool, o.key): w for o, w in zip(others, combo)}
+                        config = pool_key_config(base, {**settings, (param.pool, param.key): v}, source=where)
+                        for pool in config.cluster.pools:
+                            pool_config(config, pool)
+                        error = None
+                        break
+                    except ServelabError as err:
+                        error = error or err
+                if error is not None:
+                    raise self.error(where, f"value {v!r}: {str(error).replace(f'{where}: ', '')}")
+                self._check_pool_name(param, v, where)
+
+    def _check_pool_name(self, param: Param, v: Any, where: str) -> None:
+        if param.key == "router":
+            from servelab.routers.base import router_names
+
+            if v not in router_names():
+                raise self.error(where, f"unknown router {v!r} (known: {', '.join(router_names())})")
+        if param.key == "policy":
+            from servelab.policies.base import policy_names
+
+            if v not in policy_names():
+                raise self.error(where, f"unknown policy {v!r} (known: {', '.join(policy_names())})")
+
+    def fill_pool(self, space: Mapping[str, Any]) -> str | None:
+        fills = [path for key, spec in space.items() if key == "pools" or key.startswith("pools.")
+                 for path, leaf in self._pool_leaves(key, spec) if leaf == FILL]  # fmt: skip
+        if len(fills) > 1:
+            raise self.error(f"space.{fills[1]}", f'only one pool\'s replicas may be "{FILL}" (also {fills[0]})')
+        if not fills:
+            return None
+        return fills[0][len("pools."):-len(".replicas")]
+
+    def gpu_budget(self, value: Any, base: ReplayConfig, fill_pool: str | None) -> int | None:
+        if value is None:
+            if fill_pool is not None:
+                raise self.error(f"space.pools.{fill_pool}.replicas", f'"{FILL}" needs gpu_budget = N (GPUs in all pools)')
+            return None
+        budget = self.integer(value, "gpu_budget", minimum=1)
+        if base.cluster is None:
+            raise self.error("gpu_budget", "applies to a [cluster] base config (GPUs of all pools together)")
+        if fill_pool is not None:
+            pool = next(p for p in base.cluster.pools if p.name == fill_pool)
+            if pool.autoscale is not None:
+                raise self.error(f"space.pools.{fill_pool}.replicas", f'an autoscaled pool cannot "{FILL}" the budget')
+        return budget
+
     def goodput(self, value: Any) -> GoodputSpec:
         raw = self.table(value, "goodput")
         known = ("tolerance", "min_rate", "max_rate")
@@ -497,12 +651,40 @@ class _Parser:
             if not (_is_number(price) and price > 0):
                 raise self.error(f"cost.gpu_prices.{gpu}", f"must be a positive $/GPU-hour, got {price!r}")
             out.append((gpu, float(price)))
-        if out and "cost" in objectives:
+        if out and "cost" in objectives and base.cluster is None:
             gpus = {base.gpu} | {v for p in space if p.key == "gpu" for v in p.choices}
             missing = sorted(g for g in gpus if g not in prices)
             if missing:
                 raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r}")
+        priced = bool(out) or (base.cluster is not None and any(p.price_per_gpu_hour > 0 for p in base.cluster.pools))
+        if "cost_per_million_tokens" in objectives or (base.cluster is not None and "cost" in objectives and priced):
+            self._check_prices(dict(out), base, space)  # (`cost` without any price counts GPUs)
         return tuple(sorted(out))
+
+    def _check_prices(self, prices: dict[str, float], base: ReplayConfig, space: tuple[Param, ...]) -> None:
+        """Every GPU a trial can put in a pool needs a price: the pool's own, else [cost] gpu_prices."""
+        if base.cluster is None:
+            gpus = {base.gpu} | {v for p in space if p.key == "gpu" and p.pool is None for v in p.choices}
+            missing = sorted(g for g in gpus if g not in prices)
+            if missing:
+                raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r} ($ per GPU-hour: the objective "
+                                                    "needs one)")  # fmt: skip
+            return
+        top_gpus = {base.gpu} | {v for p in space if p.key == "gpu" and p.pool is None for v in p.choices}
+        for i, pool in enumerate(base.cluster.pools):
+            own = dict(pool.settings).get("gpu")
+            searched = {v for p in space if p.pool == pool.name and p.key == "gpu" for v in p.choices}
+            gpus = searched or ({own} if own is not None else top_gpus)
+            if pool.price_per_gpu_hour > 0:
+                if searched:
+                    raise self.error(f"cluster.pools[{i}].price_per_gpu_hour",
+                                     f"pool '{pool.name}' has a fixed price while its gpu is searched: give the "
+                                     "prices per GPU in [cost] gpu_prices instead")  # fmt: skip
+                continue
+            missing = sorted(g for g in gpus if g not in prices)
+            if missing:
+                raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r} of pool '{pool.name}' (give "
+                                                    "the pool a price_per_gpu_hour or [cost] gpu_prices)")  # fmt: skip
 
     def named_table(self, value: Any, key: str, known: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
         if isinstance(value, str):
@@ -517,6 +699,29 @@ class _Parser:
         return name, options
 
 
+def pool_key_config(base: ReplayConfig, values: Mapping[tuple[str, str], Any], source: str = "trial",
+                    gpu_prices: Mapping[str, float] | None = None) -> ReplayConfig:
+    """``base`` with pool keys set: ``{(pool, "replicas"): 2, (pool, "autoscale.target"): 4.0}``; pools
+    without a price of their own get ``gpu_prices[their GPU]`` when given."""
+    data = base.to_dict()
+    cluster = data["cluster"]
+    by_name = {p["name"]: p for p in cluster["pools"]}
+    for (pool, key), value in values.items():
+        target = by_name[pool]
+        if key.startswith("autoscale."):
+            target["autoscale"] = dict(target["autoscale"], **{key[len("autoscale."):]: value})
+        else:
+            target[key] = value
+        if key == "policy" and "policy_params" not in target:
+            target.pop("policy_params", None)
+    if gpu_prices:
+        for p in cluster["pools"]:
+            gpu = p.get("gpu", data["gpu"])
+            if not p.get("price_per_gpu_hour") and gpu in gpu_prices:
+                p["price_per_gpu_hour"] = gpu_prices[gpu]
+    return ReplayConfig.from_dict(data, source=source)
+
+
 def _is_param_table(spec: Mapping[str, Any]) -> bool:
     return "low" in spec or "high" in spec or "choices" in spec
 
@@ -528,4 +733,4 @@ def _coerce_checked(parser: _Parser, value: Any, base_type: str, where: str) -> 
     return int(value) if base_type == "int" else value
 
 
-__all__ = ["OBJECTIVES", "Param", "SearchSpec", "TraceSpec", "GoodputSpec", "load_spec", "parse_spec"]
+__all__ = ["CONSTRAINED", "FILL", "OBJECTIVES", "Param", "pool_key_config", "SearchSpec", "TraceSpec", "GoodputSpec", "load_spec", "parse_spec"]

@@ -69,3 +69,39 @@ def test_two_workers_share_a_postgres_study(tmp_path, study_name):
     # may leave while the other finishes the last trial
     done = [pq.read_table(m / "trials.parquet").column("state").to_pylist().count("complete") for m in machines]
     assert max(done) == n and min(done) >= n - 1
+
+
+def test_a_topology_study_runs_on_a_postgres_worker(tmp_path, study_name):
+    """A cluster spec (pool keys, cost per million tokens under the attainment constraint) goes through
+    the same worker path: every trial's config carries its cluster, and the database study's best is
+    the one a local (journal) run of the same spec finds."""
+    import optuna
+
+    from servelab.replay.config import ReplayConfig
+    from servelab.search.study import sqlalchemy_url
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "search_topology_hardware.toml"
+    text = example.read_text().replace('path = "../data/', f'path = "{example.parent.parent / "data"}/')
+    local = tmp_path / "local.toml"
+    local.write_text(text)
+    shared = tmp_path / "shared.toml"
+    shared.write_text(f'storage = "{URL}"\nstudy_name = "{study_name}"\n' + text)
+    run = [sys.executable, "-m", "servelab"]
+    for args in (["search", str(local), "-o", str(tmp_path / "local"), "--no-progress"],
+                 ["search", "worker", str(shared), "-o", str(tmp_path / "machine")]):  # fmt: skip
+        done = subprocess.run([*run, *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    study = optuna.load_study(study_name=study_name, storage=sqlalchemy_url(URL))
+    assert len(study.trials) == 8 and all(t.user_attrs["outcome"] == "ok" for t in study.trials)
+    assert all(len(t.user_attrs["config"]["cluster"]["pools"]) == 2 for t in study.trials)
+    assert sum(t.constraints["attainment"] > 0 for t in study.trials) >= 1  # infeasible trials are in the database
+    bests = []
+    for folder in ("local", "machine"):
+        out = tmp_path / f"{folder}-best.toml"
+        done = subprocess.run([*run, "search", "best", str(tmp_path / folder), "-o", str(out)], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        bests.append(ReplayConfig.from_toml(out).cluster)
+    assert bests[0] == bests[1]
+    assert [(p.name, dict(p.settings)["gpu"], p.replicas) for p in bests[0].pools] == \
+        [("prefill", "h100-80gb", 1), ("decode", "a100-80gb", 1)]
