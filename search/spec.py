@@ -656,7 +656,8 @@ class _Parser:
             missing = sorted(g for g in gpus if g not in prices)
             if missing:
                 raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r}")
-        priced = bool(out) or (base.cluster is not None and any(p.price_per_gpu_hour > 0 for p in base.cluster.pools))
+        priced = bool(out) or (base.cluster is not None and any(
+            p.price_per_gpu_hour > 0 or any(t.price_per_gpu_hour > 0 for t in p.instances) for p in base.cluster.pools))
         if "cost_per_million_tokens" in objectives or (base.cluster is not None and "cost" in objectives and priced):
             self._check_prices(dict(out), base, space)  # (`cost` without any price counts GPUs)
         return tuple(sorted(out))
@@ -672,6 +673,13 @@ class _Parser:
             return
         top_gpus = {base.gpu} | {v for p in space if p.key == "gpu" and p.pool is None for v in p.choices}
         for i, pool in enumerate(base.cluster.pools):
+            if pool.instances:  # priced per instance type (replay/instances.py), else by [cost] gpu_prices
+                for j, kind in enumerate(pool.instances):
+                    if kind.price_per_gpu_hour <= 0 and kind.gpu not in prices:
+                        raise self.error(f"cluster.pools[{i}].instances[{j}].price_per_gpu_hour",
+                                         f"no price for instance type {kind.gpu!r} of pool '{pool.name}' (give it "
+                                         "a price_per_gpu_hour or [cost] gpu_prices)")  # fmt: skip
+                continue
             own = dict(pool.settings).get("gpu")
             searched = {v for p in space if p.pool == pool.name and p.key == "gpu" for v in p.choices}
             gpus = searched or ({own} if own is not None else top_gpus)
@@ -716,6 +724,11 @@ def pool_key_config(base: ReplayConfig, values: Mapping[tuple[str, str], Any], s
             target.pop("policy_params", None)
     if gpu_prices:
         for p in cluster["pools"]:
+            for kind in p.get("instances", ()):  # a pool of instance types is priced per type
+                if not kind.get("price_per_gpu_hour") and kind["gpu"] in gpu_prices:
+                    kind["price_per_gpu_hour"] = gpu_prices[kind["gpu"]]
+            if p.get("instances"):
+                continue
             gpu = p.get("gpu", data["gpu"])
             if not p.get("price_per_gpu_hour") and gpu in gpu_prices:
                 p["price_per_gpu_hour"] = gpu_prices[gpu]

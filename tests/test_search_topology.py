@@ -127,6 +127,30 @@ def test_gpu_prices_price_the_pools_without_one(tmp_path):
     assert [(p.name, p.price_per_gpu_hour) for p in config.cluster.pools] == [("prefill", 1.0), ("decode", 1.0)]
 
 
+def _instances_spec(tmp_path, instances):
+    data = {"trace": "trace.arrow", "runner": "roofline", "model": "llama-3.1-8b", "objective": "cost_per_million_tokens",
+            "cost": {"gpu_prices": {"a100-80gb": 1.25}}, "space": {"pools.web.replicas": [1, 2]},
+            "cluster": {"pools": [{"name": "web", "replicas": 1, "instances": instances}]}}  # fmt: skip
+    return parse_spec(data, tmp_path / "spec.toml")
+
+
+def test_gpu_prices_price_the_instance_types_without_one(tmp_path):
+    """A pool of instance types (replay/instances.py) is priced per type: [cost] gpu_prices fills the
+    types without a price of their own, and the pool itself gets none (it may not have one)."""
+    spec = _instances_spec(tmp_path, [{"gpu": "h100-80gb", "price_per_gpu_hour": 2.5, "available": 1},
+                                      {"gpu": "a100-80gb"}])
+    config = config_for(spec.base, spec.space, {"pools.web.replicas": 2}, gpu_prices=dict(spec.gpu_prices))
+    (pool,) = config.cluster.pools
+    assert pool.price_per_gpu_hour == 0.0 and pool.replicas == 2
+    assert [(t.gpu, t.price_per_gpu_hour) for t in pool.instances] == [("h100-80gb", 2.5), ("a100-80gb", 1.25)]
+
+
+def test_an_instance_type_without_any_price_is_refused(tmp_path):
+    with pytest.raises(InputError, match=r"column 'cluster.pools\[0\].instances\[0\].price_per_gpu_hour': no price "
+                                         r"for instance type 'h100-80gb' of pool 'web'"):
+        _instances_spec(tmp_path, [{"gpu": "h100-80gb"}, {"gpu": "a100-80gb"}])
+
+
 # -- the examples, against exhaustive evaluations ----------------------------------------------------
 
 
