@@ -2,7 +2,7 @@
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
 Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
-[--case azure|azure-disagg|azure-autoscale|1m|overload|overload200k|multiturn|quantum]
+[--case azure|azure-disagg|azure-autoscale|1m|overload|overload200k|multiturn|quantum|vidur70b]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -213,10 +213,52 @@ def case_quantum(n: int) -> None:
               f"mean e2e {pc.mean(requests['e2e_s']).as_py():,.0f} s; wall {wall:.2f} s", flush=True)
 
 
+def clipped_azure(path, max_tokens: int = 4096):
+    """The bundled Azure conversation trace with prompt + output clipped to ``max_tokens`` as Vidur
+    clips them (the prompt first, then the output to what is left, at least one token)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace, write_trace
+
+    trace = read_trace(default_trace_path())
+    prompt = pc.min_element_wise(trace["prompt_tokens"], pa.scalar(max_tokens - 1, trace["prompt_tokens"].type))
+    room = pc.subtract(pa.scalar(max_tokens, prompt.type), prompt)
+    output = pc.max_element_wise(pc.min_element_wise(trace["output_tokens"], room), pa.scalar(1, room.type))
+    trace = trace.set_column(trace.schema.get_field_index("prompt_tokens"), "prompt_tokens", prompt)
+    trace = trace.set_column(trace.schema.get_field_index("output_tokens"), "output_tokens", output.cast(trace["output_tokens"].type))
+    return write_trace(trace, path, "azure-clipped")
+
+
+def case_vidur70b(repeat: int) -> None:
+    """Issue #17's side-by-side with Vidur: the Azure conversation trace clipped to 4,096 tokens,
+    Llama-2-70B at TP 2 on A100-80GB, 6 replicas behind round-robin, timed as a whole `servelab
+    replay` process (start-up, replay, writing the run), per scheduler."""
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = clipped_azure(Path(tmp) / "azure.arrow")
+        for policy in ("vllm-v0", "sarathi"):
+            walls = []
+            for i in range(repeat):
+                cmd = [sys.executable, "-m", "servelab", "replay", str(trace), "--model", "llama-2-70b", "--gpu",
+                       "a100-80gb", "--tp", "2", "--replicas", "6", "--router", "round-robin", "--policy", policy,
+                       "--no-report", "-o", str(Path(tmp) / f"{policy}{i}")]  # fmt: skip
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                walls.append(time.perf_counter() - t0)
+            print(f"vidur70b (azure-conv clipped to 4096, llama-2-70b tp2 a100-80gb x6, round-robin) {policy}: "
+                  f"whole process median {statistics.median(walls):.2f} s of {', '.join(f'{w:.2f}' for w in walls)}",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--case", choices=["azure", "azure-disagg", "azure-autoscale", "1m", "overload", "overload200k",
-                                           "overload200k-one", "multiturn", "quantum"])
+                                           "overload200k-one", "multiturn", "quantum", "vidur70b"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
     parser.add_argument("--n", type=int, default=200_000, help="overload200k, quantum: requests")
     parser.add_argument("--repeat", type=int, default=3)
@@ -240,6 +282,8 @@ def main() -> None:
         case_overload200k_one(args.n, args.policy[0])
     elif args.case == "quantum":
         case_quantum(args.n)
+    elif args.case == "vidur70b":
+        case_vidur70b(args.repeat)
     else:
         cases = ["azure", "overload", "multiturn"] + ([] if args.skip_1m else ["1m"])
         for case in cases:
