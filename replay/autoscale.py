@@ -37,6 +37,18 @@ if TYPE_CHECKING:
 SIGNALS = ("queue_depth", "running", "pending_prompt_tokens", "kv_use", "request_rate")
 
 
+
+def held_seconds(timeline, start_s: float, end_s: float) -> float:
+    """Replicas held (active + starting + draining) integrated over [start_s, end_s], from a
+    timeline of ``(t_s, active, starting, draining)`` rows, each in force until the next."""
+    total = 0.0
+    for i, (t, active, starting, draining) in enumerate(timeline):
+        t_next = timeline[i + 1][0] if i + 1 < len(timeline) else math.inf
+        lo, hi = max(t, start_s), min(t_next, end_s)
+        if hi > lo:
+            total += (active + starting + draining) * (hi - lo)
+    return total
+
 @dataclass(frozen=True, slots=True)
 class AutoscaleConfig:
     min: int = 1
@@ -194,14 +206,7 @@ class Autoscaler:
     # -- results -----------------------------------------------------------------------------------
     def replica_seconds(self, start_s: float, end_s: float) -> float:
         """Replicas held (active, starting or draining) integrated over [start_s, end_s]."""
-        total = 0.0
-        rows = self.timeline
-        for i, (t, active, starting, draining) in enumerate(rows):
-            t_next = rows[i + 1][0] if i + 1 < len(rows) else math.inf
-            lo, hi = max(t, start_s), min(t_next, end_s)
-            if hi > lo:
-                total += (active + starting + draining) * (hi - lo)
-        return total
+        return held_seconds(self.timeline, start_s, end_s)
 
     def meta(self) -> dict:
         return {"config": self.config.to_dict(), "timeline": [list(row) for row in self.timeline]}

@@ -23,10 +23,9 @@ autoscaler's (`Autoscaler`); a pool of fixed size is one whose autoscaler never 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-from servelab.replay.autoscale import AutoscaleConfig, Autoscaler
+from servelab.replay.autoscale import AutoscaleConfig, Autoscaler, held_seconds
 from servelab.replay.engine import TIMER
 from servelab.replay.instances import InstanceType
 
@@ -162,14 +161,7 @@ class Fleet(Autoscaler):
     # -- results -----------------------------------------------------------------------------------
     def type_replica_seconds(self, k: int, start_s: float, end_s: float) -> float:
         """Replicas of type ``k`` held, integrated over [start_s, end_s]."""
-        total = 0.0
-        rows = self.type_timeline[k]
-        for i, (t, active, starting, draining) in enumerate(rows):
-            t_next = rows[i + 1][0] if i + 1 < len(rows) else math.inf
-            lo, hi = max(t, start_s), min(t_next, end_s)
-            if hi > lo:
-                total += (active + starting + draining) * (hi - lo)
-        return total
+        return held_seconds(self.type_timeline[k], start_s, end_s)
 
     def instance_of(self, replica_id: int) -> str:
         return self.types[self.kind[replica_id]].gpu

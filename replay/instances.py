@@ -71,12 +71,7 @@ class InstanceType:
     def from_dict(cls, raw: Any, where: str) -> InstanceType:
         if isinstance(raw, InstanceType):
             return raw
-        if not isinstance(raw, dict):
-            raise ServelabError(f"{where} must be a table, e.g. {{gpu = \"h100-80gb\", price_per_gpu_hour = 2.5}}")
-        raw = {k.replace("-", "_"): v for k, v in raw.items()}
-        for key in raw:
-            if key not in INSTANCE_KEYS:
-                raise ServelabError(f"{where}: unknown key '{key}'{did_you_mean(key, INSTANCE_KEYS)}")
+        raw = _table(raw, where, INSTANCE_KEYS, "{gpu = \"h100-80gb\", price_per_gpu_hour = 2.5}")
         if "gpu" not in raw:
             raise ServelabError(f"{where}: missing 'gpu'")
         price = coerce(raw.get("price_per_gpu_hour", 0.0), "float", f"{where}.price_per_gpu_hour")
@@ -144,13 +139,7 @@ class PerfFloor:
     def from_dict(cls, raw: Any, where: str) -> PerfFloor:
         if isinstance(raw, PerfFloor):
             return raw
-        if not isinstance(raw, dict):
-            raise ServelabError(f"{where} must be a table, e.g. {{decode_batch = 32, context_tokens = 2048, "
-                                "max_step_s = 0.03}")
-        raw = {k.replace("-", "_"): v for k, v in raw.items()}
-        for key in raw:
-            if key not in FLOOR_KEYS:
-                raise ServelabError(f"{where}: unknown key '{key}'{did_you_mean(key, FLOOR_KEYS)}")
+        raw = _table(raw, where, FLOOR_KEYS, "{decode_batch = 32, context_tokens = 2048, max_step_s = 0.03}")
         if "max_step_s" not in raw:
             raise ServelabError(f"{where}: missing 'max_step_s' (the bound on the reference step, in seconds)")
         values = {k: coerce(raw[k], "float" if k == "max_step_s" else "int", f"{where}.{k}") for k in raw}
@@ -162,6 +151,17 @@ class PerfFloor:
         if values.get("decode_batch", 1) == 0 and values.get("prefill_tokens", 0) == 0:
             raise ServelabError(f"{where}: the reference step is empty (decode_batch = 0 and no prefill_tokens)")
         return cls(**values)
+
+
+def _table(raw: Any, where: str, known: tuple[str, ...], example: str) -> dict[str, Any]:
+    """``raw`` as a table of known keys (``-`` read as ``_``), or a one-line error naming ``where``."""
+    if not isinstance(raw, dict):
+        raise ServelabError(f"{where} must be a table, e.g. {example}")
+    raw = {k.replace("-", "_"): v for k, v in raw.items()}
+    for key in raw:
+        if key not in known:
+            raise ServelabError(f"{where}: unknown key '{key}'{did_you_mean(key, known)}")
+    return raw
 
 
 def parse_instances(raw: Any, where: str) -> tuple[InstanceType, ...]:

@@ -141,6 +141,25 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     assert with_cohort.meta["counts"] == without.meta["counts"]
 
 
+def same_without_cohort(trace, config, policy_cls, monkeypatch, check_first=None) -> None:
+    """Replay with cohorts (it must use one), then with ``policy_cls.decode_cohort`` off (it must use
+    none): requests and steps byte-identical. ``check_first`` runs between the two replays."""
+    joins = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+    with_cohort = replay(trace, config)
+    assert joins, "the cohort was never used: the comparison would prove nothing"
+    if check_first is not None:
+        check_first()
+    monkeypatch.setattr(policy_cls, "decode_cohort", False)
+    joins.clear()
+    without = replay(trace, config)
+    assert not joins
+    assert with_cohort.requests.equals(without.requests)
+    assert with_cohort.steps.equals(without.steps)
+    assert with_cohort.meta["counts"] == without.meta["counts"]
+
+
 FAIR_CASES = ["plenty of KV, 2 replicas", "KV pressure, recompute", "small token budget", "horizon", "sessions",
               "quotas, retries and a queue cap"]
 
@@ -157,17 +176,7 @@ def test_fair_sharing_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     shape.setdefault("tenants", (("a", 3.0), ("b", 1.0), ("c", 1.0)))
     trace = synthetic(**shape)
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy)
-    joins = []
-    original_join = DecodeCohort.join
-    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
-    with_cohort = replay(trace, config)
-    assert joins, "the cohort was never used: the comparison would prove nothing"
-    monkeypatch.setattr(_FairShare, "decode_cohort", False)
-    joins.clear()
-    without = replay(trace, config)
-    assert not joins
-    assert with_cohort.requests.equals(without.requests)
-    assert with_cohort.steps.equals(without.steps)
+    same_without_cohort(trace, config, _FairShare, monkeypatch)
 
 
 RR_CASES = ["plenty of KV, 2 replicas", "KV pressure, recompute", "KV pressure, swap", "small token budget",
@@ -226,23 +235,15 @@ def test_tiers_with_cohorts_is_byte_identical(case, tiers, monkeypatch):
     trace = synthetic(**spec.get("trace", {}))
     trace = trace.append_column("tier", pa.array([names[i % 3] for i in range(trace.num_rows)]))
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="tiers", policy_params=params)
-    joins = []
-    original_join = DecodeCohort.join
-    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
     led = []  # what DecodeCohort.leads answered: False = the walk dissolved the cohort
     original_leads = DecodeCohort.leads
     monkeypatch.setattr(DecodeCohort, "leads", lambda self, skip: led.append(original_leads(self, skip)) or led[-1])
-    with_cohort = replay(trace, config)
-    assert joins, "the cohort was never used: the comparison would prove nothing"
-    if (case, tiers) == ("plenty of KV, 2 replicas", "one tier, reserve"):  # reserved chunks come before members
-        assert True in led and False in led
-    monkeypatch.setattr(Tiers, "decode_cohort", False)
-    joins.clear()
-    without = replay(trace, config)
-    assert not joins
-    assert with_cohort.requests.equals(without.requests)
-    assert with_cohort.steps.equals(without.steps)
-    assert with_cohort.meta["counts"] == without.meta["counts"]
+
+    def both_answers() -> None:
+        if (case, tiers) == ("plenty of KV, 2 replicas", "one tier, reserve"):  # reserved chunks come before members
+            assert True in led and False in led
+
+    same_without_cohort(trace, config, Tiers, monkeypatch, both_answers)
 
 
 @pytest.mark.parametrize("variant", ["no SLOs", "SLOs from the middle on", "SLOs from the middle on, preempt"])
@@ -266,20 +267,13 @@ def test_edf_with_cohorts_is_byte_identical(case, variant, monkeypatch):
         if "preempt" in variant:
             params = {"preempt": True}
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="edf", policy_params=params)
-    joins = []
-    original_join = DecodeCohort.join
-    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
     given_up = []  # replicas whose cohort edf dropped when SLOs began
     original_running = BatchBuilder.running
     monkeypatch.setattr(BatchBuilder, "running", lambda self, for_good=False: (
         given_up.append(self.replica.id) if for_good and self.replica.cohort is not None else None,
         original_running(self, for_good))[1])
-    with_cohort = replay(trace, config)
-    assert joins, "the cohort was never used: the comparison would prove nothing"
-    assert bool(given_up) == (variant != "no SLOs")
-    monkeypatch.setattr(EarliestDeadlineFirst, "decode_cohort", False)
-    joins.clear()
-    without = replay(trace, config)
-    assert not joins
-    assert with_cohort.requests.equals(without.requests)
-    assert with_cohort.steps.equals(without.steps)
+
+    def given_up_with_slos() -> None:
+        assert bool(given_up) == (variant != "no SLOs")
+
+    same_without_cohort(trace, config, EarliestDeadlineFirst, monkeypatch, given_up_with_slos)
