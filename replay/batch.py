@@ -108,10 +108,10 @@ class BatchBuilder:
                  token_budget: int | None = None, seq_budget: int | None = None):
         cfg = replica.config
         self.replica = replica
-        self.kv = replica.kv
+        self.kv = kv = replica.kv
         self.token_budget = cfg.max_num_batched_tokens if token_budget is None else token_budget
         self.seq_budget = cfg.max_num_seqs if seq_budget is None else seq_budget
-        self.free_blocks = replica.kv.free
+        self.free_blocks = kv.total - kv.used  # (kv.free, without the property call: once per decision)
         self.items: list[tuple[Request, int]] = []
         self.preempted: list[Request] = []
         self._chosen: set[Request] = set()  # requests in items or preempted (items synced lazily)
@@ -239,14 +239,13 @@ class BatchBuilder:
         """Add every cohort member's decode token at once (the engine checked with ``cohort.fits``
         that the walk would give each one its token); returns the running requests left to walk."""
         n = cohort.n
-        need = cohort.next_blocks()
+        need, ctx, left = cohort.next_iteration()
         self.token_budget -= n
         self.seq_budget -= n
         self.free_blocks -= need
         summary = self.summary
         summary.decode_reqs += n
-        summary.decode_ctx += cohort.decode_ctx()
-        left = cohort.decodes_left()
+        summary.decode_ctx += ctx
         if left < summary.min_decode_left:
             summary.min_decode_left = left
         summary.cohort_blocks = need

@@ -123,7 +123,7 @@ class DecodeCohort:
         if self.n + len(outside) > self.cap:
             return False
         kv = self.kv
-        room = kv.total - kv.used - (0 if self.reserve else self.residues[-self.d % self.bs])  # free - next_blocks()
+        room = kv.total - kv.used - (0 if self.reserve else self.residues[-self.d % self.bs])  # free - next_iteration()[0]
         if not outside:  # the usual case: every running request decodes
             return room >= 0
         tokens = self.token_budget
@@ -144,21 +144,16 @@ class DecodeCohort:
         return True
 
     # -- what the next iterations need -----------------------------------------------------
-    def decode_ctx(self) -> int:
-        """KV tokens the members' next decode iteration reads: sum of (c + 1)."""
-        return self.ctx_base + self.n * (self.d + 1)
-
-    def decodes_left(self) -> int:
-        """Fewest tokens any member still has to generate (dead entries on top are dropped first)."""
+    def next_iteration(self) -> tuple[int, int, int]:
+        """What a decision that takes the cohort whole adds to its batch (asked every iteration): the KV
+        blocks the members' next token needs (one for each member whose last block is full), the KV
+        tokens their decode reads (sum of c + 1), and the fewest tokens any member still has to
+        generate (dead heap entries on top are dropped first)."""
         heap = self.heap
         while not _live(heap[0]):
             heapq.heappop(heap)
-        return heap[0][0] - self.d
-
-    def next_blocks(self) -> int:
-        """KV blocks the members' next token needs (= ``blocks_added(1)``, asked every iteration):
-        one for each member whose last block is full."""
-        return 0 if self.reserve else self.residues[-self.d % self.bs]
+        d = self.d
+        return (0 if self.reserve else self.residues[-d % self.bs], self.ctx_base + self.n * (d + 1), heap[0][0] - d)
 
     def blocks_added(self, j: int) -> int:
         """KV blocks the members add over their next ``j`` tokens (on-demand allocation)."""

@@ -48,10 +48,11 @@ def test_aggregates_equal_a_per_request_count(seed):
         shadow[i] = [req.num_computed_tokens, req.num_generated_tokens, req.kv_blocks, None]
         for j in range(1, 40):  # what the next j iterations would add, before running them
             assert cohort.blocks_added(j) == sum(-(-(c + j) // 16) - b for c, _, b, _ in shadow.values())
-        assert cohort.next_blocks() == cohort.blocks_added(1)
-        assert cohort.decode_ctx() == sum(c + 1 for c, _, _, _ in shadow.values())
-        assert cohort.decodes_left() == min(m.output_tokens - shadow[m.index][1] for m in members)
-        j = rng.randint(1, cohort.decodes_left())
+        next_blocks, decode_ctx, decodes_left = cohort.next_iteration()
+        assert next_blocks == cohort.blocks_added(1)
+        assert decode_ctx == sum(c + 1 for c, _, _, _ in shadow.values())
+        assert decodes_left == min(m.output_tokens - shadow[m.index][1] for m in members)
+        j = rng.randint(1, decodes_left)
         gap = rng.uniform(0.01, 1.0)
         t += 1.0
         done = cohort.advance(j, gap, t)
