@@ -224,7 +224,8 @@ def _sorted(rows):
     """Spill rows ordered by (request_id, token_index, seq). A request's token indices repeat only where
     it started over (its seq orders those): without a repeat, one sort of a key combining request id
     and token index gives the same order as sorting by the three columns, ~3x faster (a third of
-    ``finish()`` on a replay of 6.5 M tokens)."""
+    ``finish()`` on a replay of 6.5 M tokens). ``np.take``, not ``rows[order]``: numpy indexes an
+    array of records ~20x faster through ``take``."""
     import numpy as np
 
     rid, idx = rows["rid"], rows["idx"]
@@ -235,8 +236,8 @@ def _sorted(rows):
             order = np.argsort(key)
             ordered = key[order]
             if not (ordered[1:] == ordered[:-1]).any():
-                return rows[order]
-    return rows[np.lexsort((rows["seq"], idx, rid))]
+                return np.take(rows, order)
+    return np.take(rows, np.lexsort((rows["seq"], idx, rid)))
 
 
 def _overlap(runs: list[tuple[int, int, int, int]]) -> int:
