@@ -11,7 +11,8 @@ count too) and split into:
 - results: packing the step rows (during and after the loop), the requests table, the token log's
   final merge (``--token-log``) and ``write_run`` (Parquet files and run.json).
 
-The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats.
+The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats;
+then the files' sha256 (the last repeat), to compare outputs before and after a change.
 The parts are timed by wrapping these functions (``api.requests_table_from``, ``StepLog._pack``,
 ``TokenLog.finish``, ``Engine.run``) in this process only. Peak RSS: ``resource.getrusage`` (the whole
 process: trace, requests, engine, tables); for a figure without the instrumentation use
@@ -21,6 +22,7 @@ process: trace, requests, engine, tables); for a figure without the instrumentat
 from __future__ import annotations
 
 import argparse
+import hashlib
 import resource
 import statistics
 import tempfile
@@ -88,6 +90,8 @@ def main() -> None:
             replayed = time.process_time()
             api.write_run(result, Path(tmp) / "run")
             end = time.process_time()
+            digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+                       for f in sorted((Path(tmp) / "run").glob("*.parquet"))}
         s = dict(parts.seconds, write=end - replayed, total=end - start)
         s["engine"] -= s.get("steps", 0.0)  # rows packed while the loop runs are the results' work
         s["results"] = sum(s.get(k, 0.0) for k in ("steps", "requests", "tokens", "write"))
@@ -100,6 +104,7 @@ def main() -> None:
     share = statistics.median(r["results"] / r["total"] for r in rows)
     print(f"  results share of the replay: {share:.1%}; peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print("  sha256: " + " ".join(f"{name}={digest}" for name, digest in digests.items()))
 
 
 if __name__ == "__main__":

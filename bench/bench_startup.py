@@ -8,7 +8,9 @@ from just before it is started (fork + exec + interpreter start-up count) to:
 - first event: when ``Engine.run`` is entered (imports, option and config checks, reading and
   validating the trace, building requests and replicas are all before it), as wall seconds and as
   the child's CPU seconds (``time.process_time``, less noisy on a shared machine);
-- exit: the whole process (replay, result tables, writing the run directory), wall and CPU.
+- exit: the whole process (replay, result tables, writing the run directory), wall and CPU; and the
+  CPU seconds from ``Engine.run``'s return to exit (building the result tables, writing the run
+  directory, interpreter shutdown), alone and as a share of the process's.
 
 ``Engine.run`` is timed through an import hook that wraps it as ``servelab.replay.engine`` loads, so
 the child imports exactly what ``servelab replay`` imports. ``--modules`` lists the top-level packages
@@ -52,7 +54,10 @@ class _Hook:
                 wall, cpu = time.time(), time.process_time()
                 mods = sorted(sys.modules) if os.environ.get("BENCH_MODULES") else []
                 sys.stderr.write(f"{MARK} {wall!r} {cpu!r} {' '.join(mods)}\n")
-                return run(engine, *args, **kwargs)
+                try:
+                    return run(engine, *args, **kwargs)
+                finally:
+                    sys.stderr.write(f"@@last-event {time.process_time()!r}\n")
 
             module.Engine.run = timed_run
 
@@ -80,8 +85,9 @@ def one_run(args: list[str], modules: bool) -> dict:
     first = next(line for line in proc.stderr.splitlines() if line.startswith("@@first-event"))
     _, wall, cpu, *mods = first.split(" ")
     exit_cpu = next(line for line in proc.stderr.splitlines() if line.startswith("@@exit")).split(" ")[1]
+    last_cpu = next(line for line in proc.stderr.splitlines() if line.startswith("@@last-event")).split(" ")[1]
     return {"first_wall": float(wall) - start, "first_cpu": float(cpu), "wall": end - start,
-            "cpu": float(exit_cpu), "modules": mods}
+            "cpu": float(exit_cpu), "after_cpu": float(exit_cpu) - float(last_cpu), "modules": mods}
 
 
 def main() -> None:
@@ -97,11 +103,14 @@ def main() -> None:
         one_run(args, False)  # warm-up (not counted): the OS file cache, servelab's .pyc files
         runs = [one_run(args, opts.modules) for _ in range(opts.repeat)]
     print(f"servelab {' '.join(args)}")
+    share = statistics.median(r["after_cpu"] / r["cpu"] for r in runs)
     for key, label in (("first_wall", "start -> first event, wall"), ("first_cpu", "start -> first event, CPU"),
-                       ("wall", "whole process, wall"), ("cpu", "whole process, CPU")):
+                       ("wall", "whole process, wall"), ("cpu", "whole process, CPU"),
+                       ("after_cpu", "last event -> exit, CPU")):
         values = [r[key] for r in runs]
         print(f"{label:28s} median {statistics.median(values) * 1000:7.0f} ms  "
               f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f}, {len(values)} runs)")
+    print(f"after the engine's last event (result tables, writing the run, exit): {share:.1%} of the process's CPU")
     if opts.modules:
         mods = runs[-1]["modules"]
         top = sorted({m.split(".")[0] for m in mods})
