@@ -77,6 +77,16 @@ def main() -> None:
         label = f"synthetic x8 ({trace.num_rows:,} requests)"
 
     parts = Parts()
+    peak_after_loop = []
+    loop = Engine.run
+
+    def run_and_note_peak(engine, *args, **kwargs):
+        try:
+            return loop(engine, *args, **kwargs)
+        finally:
+            peak_after_loop.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+    Engine.run = run_and_note_peak
     parts.wrap(Engine, "run", "engine")
     parts.wrap(StepLog, "_pack", "steps")
     parts.wrap(api, "requests_table_from", "requests")
@@ -103,7 +113,8 @@ def main() -> None:
             print(f"  {key:9s} {statistics.median(values):8.3f}  ({' '.join(f'{v:.3f}' for v in values)})")
     share = statistics.median(r["results"] / r["total"] for r in rows)
     print(f"  results share of the replay: {share:.1%}; peak RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
+          f"(when the first engine loop ended: {peak_after_loop[0]:.0f} MB)")
     print("  sha256: " + " ".join(f"{name}={digest}" for name, digest in digests.items()))
 
 
