@@ -137,6 +137,20 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     wall_start = time.perf_counter()
     if token_log and token_dir is not None and not os.path.isdir(token_dir):
         raise ServelabError(f"token_dir '{token_dir}' is not a directory (where --token-log spills while replaying)")
+    # Building the requests, the loop (many short-lived tuples) and the result tables allocate a lot
+    # but build no reference cycles: the cyclic collector would only rescan the live requests again
+    # and again (~10% of a large replay, and a third of building its results).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _replay(trace, config, runner, trace_meta, token_log, progress, token_dir, wall_start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_meta: dict | None, token_log: bool,
+            progress, token_dir: str | None, wall_start: float) -> RunResult:
     cluster = build_cluster(config, runner, trace_block_tokens(trace))
     entry = cluster.pools[0]
     runner, engine_cfg, num_blocks, replicas = entry.runner, entry.config.engine, entry.num_blocks, entry.replicas
@@ -147,15 +161,7 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     scalers = cluster.autoscale(engine)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
-    # The loop allocates many short-lived tuples but builds no reference cycles: the cyclic
-    # collector would only rescan the live requests again and again (~10% of a large replay).
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        end_s = engine.run(_engine_progress(progress, engine))
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    end_s = engine.run(_engine_progress(progress, engine))
     if disagg is not None:
         disagg.strand()
     requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from servelab.common.errors import ServelabError
 from servelab.common.fields import parse_fields
 from servelab.common.tiers import tier_ranker
@@ -225,6 +223,8 @@ class Admission:
             return now + throttle.retry_in_s
         backoff = min(self.retry_max_backoff_s, self.retry_backoff_s * 2.0 ** attempt)
         if self.retry_jitter > 0:
+            import numpy as np  # here: replay.config imports this module, and a config needs no numpy
+
             rng = np.random.default_rng([self.seed, req.request_id & 0xFFFFFFFF, attempt, 0xBAC0])
             backoff *= 1.0 - self.retry_jitter * rng.random()
         return now + backoff

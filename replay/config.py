@@ -7,7 +7,6 @@ The same keys are accepted on the command line (``--max-num-seqs 64``) and in a 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -171,6 +170,8 @@ class ReplayConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
+        import tomllib  # only with --config: a replay without one starts without it
+
         path = Path(path)
         try:
             data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError

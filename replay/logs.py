@@ -33,10 +33,12 @@ class StepLog:
 
         import numpy as np
 
-        block = np.array(self.rows, dtype=np.float64)  # every value is exact in a double (None: NaN)
+        # Every value is exact in a double (None: NaN). One record per row: numpy converts a list of
+        # tuples into records ~1.7x faster than into a 2-d array (a third of the steps table's cost).
+        block = np.array(self.rows, dtype=[(f.name, np.float64) for f in STEPS_SCHEMA])
         columns = []
-        for k, f in enumerate(STEPS_SCHEMA):
-            values = block[:, k]
+        for f in STEPS_SCHEMA:
+            values = block[f.name]
             if f.name == "tier_bytes":  # null without offload tiers
                 null = np.isnan(values)
                 columns.append(pa.array(np.where(null, 0, values).astype(np.int64), mask=null if null.any() else None))
@@ -151,7 +153,7 @@ class TokenLog:
         self.num_segments += len(segments)
         self.singles, self.segments = [], []
         self.segment_rows, self.room = 0, self.chunk
-        return out[np.lexsort((out["seq"], out["idx"], out["rid"]))]
+        return _sorted(out)
 
     def _temporary(self) -> BinaryIO:
         try:
@@ -216,6 +218,26 @@ class TokenLog:
     def table(self):
         """The token table in memory (``finish().read()``)."""
         return self.finish().read()
+
+
+def _sorted(rows):
+    """Spill rows ordered by (request_id, token_index, seq). A request's token indices repeat only where
+    it started over (its seq orders those): without a repeat, one sort of a key combining request id
+    and token index gives the same order as sorting by the three columns, ~3x faster (a third of
+    ``finish()`` on a replay of 6.5 M tokens). ``np.take``, not ``rows[order]``: numpy indexes an
+    array of records ~20x faster through ``take``."""
+    import numpy as np
+
+    rid, idx = rows["rid"], rows["idx"]
+    if len(rows) > 1:
+        low = int(rid.min())
+        if int(rid.max()) - low < (1 << 31) and int(idx.min()) >= 0 and int(idx.max()) < (1 << 32):
+            key = ((rid - low) << 32) | idx
+            order = np.argsort(key)
+            ordered = key[order]
+            if not (ordered[1:] == ordered[:-1]).any():
+                return np.take(rows, order)
+    return np.take(rows, np.lexsort((rows["seq"], idx, rid)))
 
 
 def _overlap(runs: list[tuple[int, int, int, int]]) -> int:
@@ -290,7 +312,7 @@ def _merge(spill: BinaryIO, runs: list[tuple[int, int, int, int]]) -> Iterator:
                 c.buf = c.buf[k:]
         if pieces:
             rows = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-            yield rows[np.lexsort((rows["seq"], rows["idx"], rows["rid"]))]
+            yield _sorted(rows)
         for c in active:  # refill what ran low; a run stuck on one request reads on past it
             if c.unread and (len(c.buf) < MERGE_BUFFER // 2 or (not pieces and int(c.buf["rid"][-1]) <= bound)):
                 c.fill(MERGE_BUFFER)

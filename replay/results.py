@@ -7,18 +7,19 @@ import json
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from servelab.common.atomic import atomic_dir
-from servelab.replay.engine import Engine
 from servelab.replay.platform import NO_FAULTS
 from servelab.replay.logs import TokenTable
 from servelab.replay.request import Request, Status
 from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
+
+if TYPE_CHECKING:
+    from servelab.replay.engine import Engine
 
 
 @dataclass
@@ -225,6 +226,8 @@ def write_parquet(table: pa.Table, path: Path) -> None:
     """zstd, with dictionary encoding only for the string columns (tenant, tier, status, reason):
     on the numeric columns nearly every value is distinct, and trying a dictionary there doubled the
     write time and grew the files (10 k requests and 43 k step rows: 26 ms, 1.67 MB -> 13 ms, 1.41 MB)."""
+    import pyarrow.parquet as pq  # here, not at the top: a replay starts without it (bench/bench_startup.py)
+
     strings = [f.name for f in table.schema
                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
     pq.write_table(table, path, compression="zstd", use_dictionary=strings or False)

@@ -53,17 +53,22 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip(), params
 
 
+# The module that registers each built-in runner: a replay imports only the one it names (the others
+# bring numpy, pyarrow or torch's layout code); an unknown name imports them all, to list them.
+RUNNER_MODULES = {"linear": "servelab.runners.linear", "roofline": "servelab.runners.roofline",
+                  "fitted": "servelab.runners.fitted", "torch": "servelab.runners.torch_runner"}
+
+
 def make_runner(spec: str, **context) -> Runner:
     """Build a runner from a spec string; ``context`` carries model/gpu/tp defaults from the CLI."""
-    import servelab.runners.linear  # noqa: F401  (registers)
-
-    for optional in ("servelab.runners.roofline", "servelab.runners.fitted", "servelab.runners.torch_runner"):
-        try:
-            __import__(optional)
-        except ModuleNotFoundError as err:
-            if err.name != optional:
-                raise
     name, params = parse_spec(spec)
+    if name not in RUNNERS:
+        for module in [RUNNER_MODULES[name]] if name in RUNNER_MODULES else RUNNER_MODULES.values():
+            try:
+                __import__(module)
+            except ModuleNotFoundError as err:  # a build without that runner
+                if err.name != module:
+                    raise
     return RUNNERS.get(name)(params, **context)
 
 

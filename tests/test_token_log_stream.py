@@ -230,3 +230,23 @@ def make_small_trace():
     from servelab.traces.synth import synth_trace
 
     return synth_trace(n=20, rate=20.0, prompt="lognormal:200:1.0", output="lognormal:60:1.0", seed=5)
+
+
+@pytest.mark.parametrize("case", ["unique", "repeated", "wide-ids"])
+def test_spill_rows_sort_as_by_the_three_keys(case):
+    """``_sorted`` (one combined key when no token index repeats) orders rows as sorting by
+    (request_id, token_index, seq) does: repeats and request ids too far apart for the combined key
+    take the three-key sort."""
+    rng = np.random.default_rng(5)
+    n = 5000
+    rows = np.empty(n, dtype=logs._spill_dtype())
+    rows["rid"] = rng.integers(0, 40, n) * (1 << 33 if case == "wide-ids" else 1) - 7
+    rows["idx"] = rng.permutation(n) if case != "repeated" else rng.integers(0, 300, n)
+    rows["seq"] = rng.permutation(n) + (logs.SEGMENT_SEQ if case == "repeated" else 0) * (rng.random(n) < 0.5)
+    rows["t"] = rng.random(n)
+    keys = sorted(zip(rows["rid"].tolist(), rows["idx"].tolist(), rows["seq"].tolist()))  # Python's own sort
+    got = logs._sorted(rows)
+    assert list(zip(got["rid"].tolist(), got["idx"].tolist(), got["seq"].tolist())) == keys
+    assert sorted(got["t"].tolist()) == sorted(rows["t"].tolist())  # whole rows moved together
+    by_key = {(r, i, s): t for r, i, s, t in zip(*(rows[k].tolist() for k in ("rid", "idx", "seq", "t")))}
+    assert [by_key[k] for k in keys] == got["t"].tolist()

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import InputError, require_file
@@ -37,6 +35,8 @@ def _read_raw(path: Path) -> pa.Table:
         if kind == "arrow":
             with pa.memory_map(str(path)) as source:
                 return ipc.open_file(source).read_all()
+        import pyarrow.parquet as pq  # only for Parquet: an .arrow replay starts without it (~10 ms)
+
         return pq.read_table(path)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
         raise InputError(path, f"not a readable {kind} file ({err})") from None
@@ -87,6 +87,8 @@ def prepare(
     arrival = table.column("arrival_s").to_numpy()
     if not np.all(arrival[1:] >= arrival[:-1]):
         # A stable sort keeps simultaneous arrivals in input order, so output is deterministic.
+        import pyarrow.compute as pc  # only to sort: a replay's start-up goes without it
+
         table = table.take(pc.sort_indices(table, [("arrival_s", "ascending")]))
     table = schema.canonical(table)
     meta = {
@@ -113,6 +115,8 @@ def write_trace(
             with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema, options=options) as w:
                 w.write_table(table, max_chunksize=_BATCH_ROWS)
         else:
+            import pyarrow.parquet as pq
+
             pq.write_table(table, tmp, compression="zstd", row_group_size=_BATCH_ROWS)
     return path
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from servelab.common.errors import InputError
 
@@ -81,6 +80,18 @@ def _numpy(col: pa.ChunkedArray) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def _pc():
+    """pyarrow.compute, imported where a trace needs it (nulls, casts, encoding): a trace already in
+    canonical form never does, and importing it costs a replay's start-up ~30 ms (bench/bench_startup.py)."""
+    import pyarrow.compute
+
+    return pyarrow.compute
+
+
+def _cast(col: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:
+    return col if col.type == type_ else col.cast(type_)
+
+
 def _check(path: object, column: str, mask: np.ndarray, rule: str) -> None:
     row = _first(mask)
     if row is not None:
@@ -90,7 +101,7 @@ def _check(path: object, column: str, mask: np.ndarray, rule: str) -> None:
 def _check_nulls(table: pa.Table, path: object, name: str) -> None:
     col = table.column(name)
     if col.null_count:
-        mask = _numpy(pc.is_null(col))
+        mask = _numpy(_pc().is_null(col))
         _check(path, name, mask, "missing value (null)")
 
 
@@ -153,7 +164,7 @@ def _check_int_range(table: pa.Table, path: object) -> None:
             continue
         hi = int(np.iinfo(want.to_pandas_dtype()).max)
         if not is_list:
-            values = _numpy(pc.fill_null(col, pa.scalar(0, col.type)))
+            values = _numpy(_pc().fill_null(col, pa.scalar(0, col.type)))
             row = _first(values > hi)
             if row is not None:
                 raise InputError(path, f"value {values[row - 1]} is too large (the column is {want}: at most {hi:,})",
@@ -172,19 +183,19 @@ def _check_optional(table: pa.Table, path: object) -> None:
     names = set(table.column_names)
     if "max_output_tokens" in names:
         col = table.column("max_output_tokens")
-        cap = _numpy(pc.fill_null(col, pa.scalar(np.iinfo(np.int32).max, col.type)))
+        cap = _numpy(_pc().fill_null(col, pa.scalar(np.iinfo(np.int32).max, col.type)))
         out = _numpy(table.column("output_tokens"))
         _check(path, "max_output_tokens", cap < out, "max_output_tokens < output_tokens")
     for name in ("think_s", "ttft_slo_s", "tpot_slo_s"):
         if name in names:
-            values = _numpy(pc.fill_null(table.column(name).cast(pa.float64()), 0.0))
+            values = _numpy(_pc().fill_null(table.column(name).cast(pa.float64()), 0.0))
             _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
             _check(path, name, values < 0, "must be >= 0")
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)
     if "prefix_hashes" in names and table.column("prefix_hashes").null_count:
-        mask = _numpy(pc.is_null(table.column("prefix_hashes")))
+        mask = _numpy(_pc().is_null(table.column("prefix_hashes")))
         _check(path, "prefix_hashes", mask, "missing value (null); use an empty list")
 
 
@@ -193,12 +204,14 @@ def _as_dict_string(col: pa.ChunkedArray) -> pa.ChunkedArray:
         return col  # already canonical: no need to materialise millions of strings
     if pa.types.is_dictionary(col.type) and pa.types.is_string(col.type.value_type):
         return col.cast(_DICT_STRING)
-    return pc.dictionary_encode(col.cast(pa.string())).cast(_DICT_STRING)
+    return _pc().dictionary_encode(col.cast(pa.string())).cast(_DICT_STRING)
 
 
 def constant_dict(value: str, n: int) -> pa.DictionaryArray:
     """A dictionary-string column holding one value n times (no per-row Python objects)."""
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], pa.string()))
+    # pa.repeat, not pa.array(np.zeros(...)): the same column, without importing numpy.ma (pa.array
+    # checks ndarrays for masks), which would cost a replay's start-up ~10 ms
+    return pa.DictionaryArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n), pa.array([value], pa.string()))
 
 
 def canonical(table: pa.Table) -> pa.Table:
@@ -225,12 +238,12 @@ def with_defaults(table: pa.Table) -> pa.Table:
     n = table.num_rows
     out = table.column("output_tokens")
     if "max_output_tokens" not in table.column_names:
-        table = table.append_column("max_output_tokens", out.cast(pa.int32()))
+        table = table.append_column("max_output_tokens", _cast(out, pa.int32()))
     else:
         cap = table.column("max_output_tokens")
         if cap.null_count:
             idx = table.column_names.index("max_output_tokens")
-            table = table.set_column(idx, "max_output_tokens", pc.coalesce(cap, out.cast(cap.type)))
+            table = table.set_column(idx, "max_output_tokens", _pc().coalesce(cap, out.cast(cap.type)))
     for name, value in (("tenant", DEFAULT_TENANT), ("tier", DEFAULT_TIER)):
         if name not in table.column_names:
             table = table.append_column(name, constant_dict(value, n))

@@ -1,0 +1,123 @@
+"""A replay's start-up: from process start to the engine's first event, and the whole process.
+
+Usage: .venv/bin/python bench/bench_startup.py [--repeat 5] [--modules] [-- REPLAY ARGS...]
+Default replay: ``servelab replay data/azure_conv_2023.arrow --replicas 6 -o TMP --no-report``
+(the bundled trace, roofline Llama-3.1-8B on H100, sarathi). Each run is a fresh process, timed
+from just before it is started (fork + exec + interpreter start-up count) to:
+
+- first event: when ``Engine.run`` is entered (imports, option and config checks, reading and
+  validating the trace, building requests and replicas are all before it), as wall seconds and as
+  the child's CPU seconds (``time.process_time``, less noisy on a shared machine);
+- exit: the whole process (replay, result tables, writing the run directory), wall and CPU; and the
+  CPU seconds from ``Engine.run``'s return to exit (building the result tables, writing the run
+  directory, interpreter shutdown), alone and as a share of the process's.
+
+``Engine.run`` is timed through an import hook that wraps it as ``servelab.replay.engine`` loads, so
+the child imports exactly what ``servelab replay`` imports. ``--modules`` lists the top-level packages
+and pyarrow's modules imported by the first event (and the heavy ones: polars, duckdb, optuna,
+matplotlib, scipy, rich, torch, pandas).
+The child may write ``__pycache__`` (``PYTHONDONTWRITEBYTECODE`` is dropped from its environment), as
+an installed servelab has compiled modules; one warm-up run precedes the timed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEAVY = ("polars", "duckdb", "optuna", "matplotlib", "scipy", "rich", "torch", "pandas")
+
+# Run in the child: wrap Engine.run when servelab.replay.engine is loaded, then run the CLI.
+CHILD = r"""
+import os, sys, time
+MARK = "@@first-event"
+
+class _Hook:
+    def find_spec(self, name, path, target=None):
+        if name != "servelab.replay.engine":
+            return None
+        sys.meta_path.remove(self)
+        spec = next(s for s in (f.find_spec(name, path, target) for f in sys.meta_path if hasattr(f, "find_spec")) if s)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            run = module.Engine.run
+
+            def timed_run(engine, *args, **kwargs):
+                wall, cpu = time.time(), time.process_time()
+                mods = sorted(sys.modules) if os.environ.get("BENCH_MODULES") else []
+                sys.stderr.write(f"{MARK} {wall!r} {cpu!r} {' '.join(mods)}\n")
+                try:
+                    return run(engine, *args, **kwargs)
+                finally:
+                    sys.stderr.write(f"@@last-event {time.process_time()!r}\n")
+
+            module.Engine.run = timed_run
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+sys.meta_path.insert(0, _Hook())
+from servelab.cli.main import main
+try:
+    main(sys.argv[1:])
+finally:
+    sys.stderr.write(f"@@exit {time.process_time()!r}\n")
+"""
+
+
+def one_run(args: list[str], modules: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if modules:
+        env["BENCH_MODULES"] = "1"
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, check=False)
+    end = time.time()
+    if proc.returncode != 0:
+        sys.exit(f"replay failed ({proc.returncode}):\n{proc.stderr}")
+    first = next(line for line in proc.stderr.splitlines() if line.startswith("@@first-event"))
+    _, wall, cpu, *mods = first.split(" ")
+    exit_cpu = next(line for line in proc.stderr.splitlines() if line.startswith("@@exit")).split(" ")[1]
+    last_cpu = next(line for line in proc.stderr.splitlines() if line.startswith("@@last-event")).split(" ")[1]
+    return {"first_wall": float(wall) - start, "first_cpu": float(cpu), "wall": end - start,
+            "cpu": float(exit_cpu), "after_cpu": float(exit_cpu) - float(last_cpu), "modules": mods}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--modules", action="store_true", help="list the packages imported by the first event")
+    parser.add_argument("replay_args", nargs="*", help="after --: servelab's arguments instead of the default")
+    opts = parser.parse_args()
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        args = opts.replay_args or ["replay", str(root / "data" / "azure_conv_2023.arrow"), "--replicas", "6",
+                                    "-o", str(Path(tmp) / "run"), "--no-report", "--force"]
+        one_run(args, False)  # warm-up (not counted): the OS file cache, servelab's .pyc files
+        runs = [one_run(args, opts.modules) for _ in range(opts.repeat)]
+    print(f"servelab {' '.join(args)}")
+    share = statistics.median(r["after_cpu"] / r["cpu"] for r in runs)
+    for key, label in (("first_wall", "start -> first event, wall"), ("first_cpu", "start -> first event, CPU"),
+                       ("wall", "whole process, wall"), ("cpu", "whole process, CPU"),
+                       ("after_cpu", "last event -> exit, CPU")):
+        values = [r[key] for r in runs]
+        print(f"{label:28s} median {statistics.median(values) * 1000:7.0f} ms  "
+              f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f}, {len(values)} runs)")
+    print(f"after the engine's last event (result tables, writing the run, exit): {share:.1%} of the process's CPU")
+    if opts.modules:
+        mods = runs[-1]["modules"]
+        top = sorted({m.split(".")[0] for m in mods})
+        print(f"heavy packages imported by the first event: {[m for m in HEAVY if m in top] or 'none'}")
+        print(f"pyarrow modules imported by the first event: {[m for m in mods if m.startswith('pyarrow.')]}")
+        print(f"modules imported by the first event: {len(mods)}, of {len(top)} top-level packages: {' '.join(top)}")
+
+
+if __name__ == "__main__":
+    main()
