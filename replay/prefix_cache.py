@@ -212,20 +212,19 @@ class PrefixCache:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
         self.queued -= n
         queue = self.queue
-        pop = queue.popitem
         write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
         while n > 0:
-            head_id, entry = pop(last=False)
+            head_id = next(iter(queue))
+            entry = queue[head_id]
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
-                entry[1] -= n
-                queue[head_id] = entry
-                queue.move_to_end(head_id, last=False)  # (back at the head, where it was)
+                entry[1] -= n  # (it stays at the head)
                 if write_back and entry[0] == RUN:
                     self.tiers.write(entry[2].key, entry[3] + entry[1], n)
                 if names is not None:
                     names.evicted(head_id, entry, entry[1], entry[1] + n)
                 return
+            del queue[head_id]
             n -= entry[1]
             kind = entry[0]
             if names is not None:
