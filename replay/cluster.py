@@ -135,8 +135,9 @@ class ClusterConfig:
         if entry[0].role == "mixed" and decode:
             raise ServelabError(f"cluster: decode pool '{decode[0].name}' needs a prefill pool, not a mixed one")
         for pool in self.pools:
-            if pool.autoscale is not None and pool.role != "mixed":
-                raise ServelabError(f"cluster pool '{pool.name}': autoscaling is modelled for mixed pools only (yet)")
+            if pool.autoscale is not None and pool.autoscale.signal == "handoffs_waiting" and pool.role != "decode":
+                raise ServelabError(f"cluster pool '{pool.name}': autoscale signal 'handoffs_waiting' is a decode "
+                                    f"pool's (requests waiting for a decode replica); this pool is {pool.role}")
         for link in self.links:
             for end, want in ((link.source, "prefill"), (link.target, "decode")):
                 if end not in roles:

@@ -23,6 +23,13 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   e.g. a round-robin slot) then ``on_leave`` (out of its waiting order) and sees it from then on as
   one of its running requests.
 
+Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler publishes its active
+replicas (``publish``): arrivals go to the active prefill replicas, handoffs to the active decode
+replicas with room (a decode replica that starts takes waiting handoffs at once); a draining decode
+replica takes no new handoffs and stops when its running and landing requests are done; a draining
+prefill replica takes no new arrivals and stops when the KV of the requests it handed off has landed
+(``holding``, ``released``).
+
 A request whose prompt + max output can never fit a decode replica is rejected at its handoff, with
 the reason. Per-request results (``columns``): the decode replica, the handoff wait (first token to
 transfer start) and the transfer time (start to landing).
@@ -39,6 +46,7 @@ from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
 
 if TYPE_CHECKING:
+    from servelab.replay.autoscale import Autoscaler
     from servelab.replay.engine import Engine
     from servelab.replay.protocols import Router
     from servelab.replay.replica import Replica
@@ -66,6 +74,9 @@ class Disaggregation:
         self.transfer_end_s: dict[int, float] = {}
         self.max_pending = 0
         self._applied: Replica | None = None
+        self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
+        self.prefill_scaler: Autoscaler | None = None
+        self.decode_scaler: Autoscaler | None = None
         for replica in prefill:
             replica.cohort = None  # nothing decodes there: every request leaves at its first token
         engine.handoff = self.after_step
@@ -79,10 +90,36 @@ class Disaggregation:
                 if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s \
                         and req.num_computed_tokens == req.prompt_tokens:
                     self._hand_off(replica, req, end_s)
-        elif self.pending:
+            if self.prefill_scaler is not None:
+                self.prefill_scaler.after_step(replica, step, end_s)
+            return
+        if self.pending:
             self._applied = replica  # its step is applied: it promises no more blocks
             self._place_pending(end_s)
             self._applied = None
+        if self.decode_scaler is not None:
+            self.decode_scaler.after_step(replica, step, end_s)
+
+    # -- autoscaled pools -----------------------------------------------------------------------
+    def scaled_by(self, scaler: Autoscaler) -> None:
+        """``scaler`` scales the prefill or the decode pool (whichever its replicas are)."""
+        if scaler.replicas[0].id in self.prefill_ids:
+            self.prefill_scaler = scaler
+        else:
+            self.decode_scaler = scaler
+
+    def publish(self, scaler: Autoscaler, live: list[Replica]) -> None:
+        """The replicas of ``scaler``'s pool that take work from now on."""
+        if scaler is self.prefill_scaler:
+            self.engine.live = live
+            return
+        self.decode_live = live
+        if self.pending:  # a decode replica started (or was taken back): handoffs waiting may fit now
+            self._place_pending(self.engine.now_s)
+
+    def holding(self, replica: Replica) -> bool:
+        """``replica`` holds KV of requests in transfer (from it, or to it)."""
+        return bool(self.sending[replica.id] if replica.id in self.sending else self.landing[replica.id])
 
     def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
         replica.running.remove(req)
@@ -106,7 +143,7 @@ class Disaggregation:
     # -- placing on a decode replica ------------------------------------------------------------
     def _room(self, req: Request) -> list[Replica]:
         out = []
-        for d in self.decode:
+        for d in self.decode_live:
             kv = d.kv
             need = self._landing_blocks(req, kv)
             seats = len(d.running) + len(d.waiting) + len(self.landing[d.id])
@@ -197,6 +234,8 @@ class Disaggregation:
         source.kv.release(req)
         if not source.busy and source.waiting:
             self._wake(source, now)
+        if self.prefill_scaler is not None:
+            self.prefill_scaler.released(source, now)
 
     # -- end of the replay, results, checks -----------------------------------------------------
     def strand(self) -> None:
