@@ -255,7 +255,7 @@ class BuiltCluster:
             raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
-                              link.bandwidth_gbps, link.latency_s)
+                              link.bandwidth_gbps, link.latency_s, link.stream_layers)
 
     def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
         """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);

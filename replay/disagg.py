@@ -30,6 +30,15 @@ replica takes no new handoffs and stops when its running and landing requests ar
 prefill replica takes no new arrivals and stops when the KV of the requests it handed off has landed
 (``holding``, ``released``).
 
+Layer-by-layer streaming (``stream_layers = L`` on the link): a request placed on a decode replica
+at its first token has already sent, during its final prefill iteration of length ``d``, the KV of
+its first ``L - 1`` layers as far as the link allowed: ``(L - 1) / L × min(B, share × d)`` of its
+``B`` bytes, ``share`` being the link's bandwidth over the transfers in flight at the first token
+plus the requests of that iteration (a pipeline: layer ``l`` moves while layer ``l + 1`` computes);
+only the rest crosses the link after the first token. A request that waits for room streamed
+nothing (no decode replica had blocks for it while it prefilled). The bytes streamed are not charged
+to the link, so other transfers in flight during that iteration are not slowed (an approximation).
+
 A request whose prompt + max output can never fit a decode replica is rejected at its handoff, with
 the reason. Per-request results (``columns``): the decode replica, the handoff wait (first token to
 transfer start) and the transfer time (start to landing).
@@ -54,7 +63,7 @@ if TYPE_CHECKING:
 
 class Disaggregation:
     def __init__(self, engine: Engine, prefill: list[Replica], decode: list[Replica], router: Router,
-                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float):
+                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float, stream_layers: int = 0):
         self.engine = engine
         self.prefill = prefill
         self.decode = decode
@@ -74,6 +83,9 @@ class Disaggregation:
         self.transfer_end_s: dict[int, float] = {}
         self.max_pending = 0
         self._applied: Replica | None = None
+        self.stream_layers = stream_layers
+        self.bytes_streamed = 0.0
+        self._overlap: dict[Request, float] = {}  # handed off at this instant: bytes the link could carry meanwhile
         self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
         self.prefill_scaler: Autoscaler | None = None
         self.decode_scaler: Autoscaler | None = None
@@ -86,10 +98,15 @@ class Disaggregation:
     def after_step(self, replica: Replica, step, end_s: float) -> None:
         if replica.id in self.prefill_ids:
             running = Status.RUNNING
-            for req, _ in step.batch.items:
-                if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s \
-                        and req.num_computed_tokens == req.prompt_tokens:
-                    self._hand_off(replica, req, end_s)
+            ready = [req for req, _ in step.batch.items
+                     if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s
+                     and req.num_computed_tokens == req.prompt_tokens]
+            if ready and self.stream_layers:  # what the link could carry during this, their final prefill iteration
+                window = (end_s - step.start_s) * self.link.bytes_per_s / (len(self.link.active) + len(ready))
+                self._overlap = dict.fromkeys(ready, window)
+            for req in ready:
+                self._hand_off(replica, req, end_s)
+            self._overlap.clear()
             if self.prefill_scaler is not None:
                 self.prefill_scaler.after_step(replica, step, end_s)
             return
@@ -194,7 +211,13 @@ class Disaggregation:
             target.owe(req)  # its load from now: the decode router sees transfers under way
             self.decode_replica[req.index] = target.id
             self.transfer_start_s[req.index] = now
-            self.link.start((req, target), self.bytes_per_token * req.num_computed_tokens, now)
+            num_bytes = self.bytes_per_token * req.num_computed_tokens
+            if self._overlap and req in self._overlap:  # placed at its first token: its first L - 1 layers streamed
+                layers = self.stream_layers
+                streamed = (layers - 1) / layers * min(num_bytes, self._overlap[req])
+                self.bytes_streamed += streamed
+                num_bytes -= streamed
+            self.link.start((req, target), num_bytes, now)
 
     def _land(self, transfer, now: float) -> None:
         req, target = transfer.payload
@@ -266,7 +289,8 @@ class Disaggregation:
 
     def meta(self) -> dict:
         return {"transfers": len(self.transfer_start_s), "bytes_moved": self.link.bytes_moved,
-                "link_busy_s": self.link.busy_s, "max_handoffs_waiting": self.max_pending}
+                "link_busy_s": self.link.busy_s, "max_handoffs_waiting": self.max_pending,
+                **({"bytes_streamed": self.bytes_streamed} if self.stream_layers else {})}
 
 
 __all__ = ["Disaggregation"]
