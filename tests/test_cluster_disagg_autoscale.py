@@ -177,3 +177,19 @@ def test_an_autoscaled_pair_pinned_at_the_fixed_counts_replays_like_the_fixed_cl
 def test_handoffs_waiting_is_a_decode_pools_signal():
     with pytest.raises(ServelabError, match="'handoffs_waiting' is a decode pool's"):
         config({"autoscale": dict(min=1, max=2, signal="handoffs_waiting")}, {}, 1.0)
+
+
+def test_the_example_config_replays_and_both_pools_scale():
+    from pathlib import Path
+
+    from helpers_engine import synthetic
+
+    cfg = ReplayConfig.from_toml(Path(__file__).resolve().parents[1] / "examples" / "clusters" / "disagg-autoscale.toml")
+    assert cfg.cluster.link().stream_layers == 32
+    # a burst of long prompts: 600 requests at 6 per second, prompts around 4,000 tokens
+    result = replay(synthetic(n=600, rate=6.0, prompt="lognormal:4000:0.5", output="lognormal:200:0.5"), cfg)
+    assert set(result.requests.column("status").to_pylist()) == {"finished"}
+    assert result.meta["cluster"]["transfers"]["bytes_streamed"] > 0
+    for pool in result.meta["cluster"]["pools"]:
+        timeline = pool["autoscale"]["timeline"]
+        assert max(row[1] for row in timeline) > pool["autoscale"]["config"]["min"], pool["name"]
