@@ -174,11 +174,12 @@ class Autoscaler:
 
     def _done(self) -> bool:
         """Nothing can happen any more: the trace is in, no event is pending but the other autoscalers'
-        ticks, every replica is idle."""
+        ticks, every replica is idle. (KV in transfer has its link's event pending; a handoff still
+        waiting then can never be placed, and the replay ends with it unfinished.)"""
         engine = self.engine
         ticks = sum(1 for s in self.siblings if s.ticking)
         return engine.next_arrival >= len(engine.arrivals) and len(engine.heap) <= ticks and \
-            all(not r.busy and not r.running and not r.waiting and not self._holding(r) for r in self.replicas)
+            all(not r.busy and not r.running and not r.waiting for r in self.replicas)
 
     def _scale_out(self, n: int, now: float) -> None:
         self.last_action_s = now

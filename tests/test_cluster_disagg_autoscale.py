@@ -56,6 +56,23 @@ def test_a_decode_pool_scales_out_on_handoffs_waiting_and_drains_a_replica_with_
     assert decode["replica_seconds"] == pytest.approx(10.5)
 
 
+def test_a_draining_decode_replica_gets_no_new_handoffs():
+    # Two decode replicas (ids 1, 2), least-outstanding, scaled on running sequences, target 2, cooldown 0,
+    # every 1 s; the link moves 10,000 B/s (a 1-token prompt: 0.1 s). A (20 tokens) and B (3) prefill
+    # [0, 1] and go to replicas 1 and 2 at 1 (landing at 1.2). At t=1 nothing runs yet -> 1 replica:
+    # replica 2 drains while B is in transfer, serves B [1.2, 3.2] and stops at 3.2. C (3 tokens,
+    # prefill [1.5, 2.5]) goes to replica 1, which owes more than replica 2: only replica 1 takes
+    # handoffs. It lands at 2.6 and joins A's batch at A's next step boundary, 3.2: finishes at 5.2.
+    cfg = config({}, {"replicas": 2, "router": "least-outstanding",
+                      "autoscale": dict(min=1, max=2, signal="running", target=2, interval_s=1, cooldown_s=0)}, 1e-5)
+    result = replay(make_trace([0, 0, 1.5], [1, 1, 1], [20, 3, 3]), cfg)
+    a, b, c = result.requests.to_pylist()
+    assert (a["decode_replica"], b["decode_replica"], c["decode_replica"]) == (1, 2, 1)
+    assert [r["finish_s"] for r in (a, b, c)] == [pytest.approx(x) for x in (20.2, 3.2, 5.2)]
+    timeline = result.meta["cluster"]["pools"][1]["autoscale"]["timeline"]
+    assert timeline == approx_rows([[0, 2, 0, 0], [1, 1, 0, 1], [3.2, 1, 0, 0]])
+
+
 def test_a_prefill_pool_scales_on_queue_depth_and_a_draining_replica_holds_kv_until_it_lands():
     # Prefill replicas (ids 0, 1) prefill one request at a time (max_num_seqs 1), least-outstanding
     # router; the prefill pool scales on its queue depth, target 0.5, every 1 s, cooldown 2 s, start-up
