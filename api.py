@@ -158,7 +158,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
                     reclaims=any(p.spec.instances for p in cluster.pools))
     disagg = cluster.disaggregate(engine)
-    scalers = cluster.autoscale(engine)
+    scalers = cluster.autoscale(engine, disagg)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
     end_s = engine.run(_engine_progress(progress, engine))
@@ -261,10 +261,11 @@ class BuiltCluster:
             raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
-                              link.bandwidth_gbps, link.latency_s)
+                              link.bandwidth_gbps, link.latency_s, link.stream_layers)
 
-    def autoscale(self, engine: Engine) -> dict[str, Autoscaler]:
-        """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it)."""
+    def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
+        """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);
+        a prefill or decode pool's works through the handoff (``disagg``)."""
         scalers = {}
         for pool in self.pools:
             if pool.types:
@@ -273,7 +274,10 @@ class BuiltCluster:
                 scalers[pool.spec.name] = Fleet(engine, pool.replicas, tuple(t.spec for t in used), kinds,
                                                 pool.spec.autoscale, pool.spec.replicas)
             elif pool.spec.autoscale is not None:
-                scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas)
+                scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas,
+                                                     disagg=disagg)
+        for scaler in scalers.values():
+            scaler.siblings = [s for s in scalers.values() if s is not scaler]
         return scalers
 
     def meta(self, disagg: Disaggregation | None, scalers: dict[str, Autoscaler], requests, end_s: float) -> dict:

@@ -2,7 +2,7 @@
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
 Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
-[--case azure|azure-disagg|azure-autoscale|1m|overload|overload200k|multiturn|quantum|vidur70b]
+[--case azure|azure-disagg|azure-autoscale|azure-disagg-autoscale|1m|overload|overload200k|multiturn|quantum|vidur70b]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -15,6 +15,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def peak_rss_mb() -> float:
@@ -101,6 +102,39 @@ def case_azure_autoscale(repeat: int) -> None:
               f"median {sorted(times)[len(times) // 2]:.3f} s{extra}")
     print(f"wall against fixed x6: pinned {walls['autoscaler pinned at 6 (its ticks only)'] / walls['fixed x6']:.2f}x, "
           f"autoscaled 2..6 {walls['autoscaled 2..6'] / walls['fixed x6']:.2f}x")
+
+
+def case_azure_disagg_autoscale(repeat: int) -> None:
+    """The azure-disagg cluster (2 prefill + 4 decode, fixed) against both pools' autoscalers pinned at
+    2 and 4 (their ticks only) and both pools autoscaled (examples/clusters/disagg-autoscale.toml)."""
+    import copy
+
+    from servelab.api import ReplayConfig
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    trace = read_trace(default_trace_path())
+    pinned = copy.deepcopy(AZURE_DISAGG)
+    for pool in pinned["pools"]:
+        n = pool["replicas"]
+        pool["autoscale"] = {"min": n, "max": n, "signal": "running", "target": 8, "interval_s": 5}
+    example = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "disagg-autoscale.toml"
+    walls = {}
+    for name, config in (("fixed 2p+4d", ReplayConfig.from_dict({"cluster": AZURE_DISAGG})),
+                         ("pinned 2p+4d (ticks only)", ReplayConfig.from_dict({"cluster": pinned})),
+                         ("autoscaled 1..4p + 2..8d", ReplayConfig.from_toml(example))):
+        result, times = timed_replays(trace, config, repeat)
+        walls[name] = min(times)
+        extra = ""
+        for pool in result.meta["cluster"]["pools"]:
+            if "autoscale" in pool:
+                timeline = pool["autoscale"]["timeline"]
+                extra += f"; {pool['name']}: {len(timeline)} timeline rows, most active {max(r[1] for r in timeline)}"
+        print(f"azure-conv {name}: {result.steps.num_rows:,} step rows; wall best {min(times):.3f} s, "
+              f"median {sorted(times)[len(times) // 2]:.3f} s{extra}")
+    fixed = walls["fixed 2p+4d"]
+    print(f"wall against fixed 2p+4d: pinned {walls['pinned 2p+4d (ticks only)'] / fixed:.2f}x, "
+          f"autoscaled {walls['autoscaled 1..4p + 2..8d'] / fixed:.2f}x")
 
 
 def case_1m() -> None:
@@ -257,8 +291,9 @@ def case_vidur70b(repeat: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--case", choices=["azure", "azure-disagg", "azure-autoscale", "1m", "overload", "overload200k",
-                                           "overload200k-one", "multiturn", "quantum", "vidur70b"])
+    parser.add_argument("--case", choices=["azure", "azure-disagg", "azure-autoscale", "azure-disagg-autoscale", "1m",
+                                           "overload", "overload200k", "overload200k-one", "multiturn", "quantum",
+                                           "vidur70b"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
     parser.add_argument("--n", type=int, default=200_000, help="overload200k, quantum: requests")
     parser.add_argument("--repeat", type=int, default=3)
@@ -270,6 +305,8 @@ def main() -> None:
         case_azure_disagg(args.repeat)
     elif args.case == "azure-autoscale":
         case_azure_autoscale(args.repeat)
+    elif args.case == "azure-disagg-autoscale":
+        case_azure_disagg_autoscale(args.repeat)
     elif args.case == "1m":
         case_1m()
     elif args.case == "overload":

@@ -122,6 +122,15 @@ def main() -> None:
                               prompt="lognormal:800:1.0", output="lognormal:200:1.0", seed=7)
             run(out, "replay-1m", big, ReplayConfig(engine=EngineConfig(replicas=8)))
 
+        import bench_replay
+
+        run(out, "replay-azure-disagg", azure, ReplayConfig.from_dict({"cluster": bench_replay.AZURE_DISAGG}))
+        # a slow link and small decode KV: transfers share the link, handoffs wait for room (back-pressure)
+        tight = {"pools": [{"name": "prefill", "role": "prefill", "replicas": 2},
+                           {"name": "decode", "role": "decode", "replicas": 2, "num_gpu_blocks": 700}],
+                 "links": [{"from": "prefill", "to": "decode", "bandwidth_gbps": 2.0, "latency_s": 0.001}]}
+        run(out, "replay-azure-disagg-tight", azure.slice(0, 3000), ReplayConfig.from_dict({"cluster": tight}))
+
         slice_ = azure.slice(0, 1500)
         for policy in policy_names():
             for label, settings in MATRIX.items():

@@ -14,7 +14,15 @@ Requests are never moved or dropped by scaling: a request routed to a replica is
 Signals, per active replica: ``queue_depth`` (waiting requests), ``running`` (running requests),
 ``pending_prompt_tokens`` (prompt tokens of waiting requests not yet computed), ``kv_use`` (KV
 blocks used / total), ``request_rate`` (trace arrivals in the last interval / interval_s, summed
-over the pool: one number for all replicas).
+over the pool: one number for all replicas), ``handoffs_waiting`` (a decode pool's: requests
+handed off by the prefill pool and waiting for a decode replica with room; one number for the pool).
+
+In a disaggregated cluster (``disagg``: replay/disagg.py) the prefill and the decode pool each have
+their own autoscaler; the handoff publishes each pool's active replicas (arrivals go to the active
+prefill replicas, handoffs to the active decode ones), calls ``after_step`` after its own work, and
+a replica also holds work while KV moves: a prefill replica until the KV of the requests it handed
+off has landed, a decode replica while transfers to it are under way (``Disaggregation.holding``).
+A draining replica stops once that is done too.
 
 The timeline (``timeline``: one row per change, ``(t_s, active, starting, draining)``) goes to
 run.json, and the pool's GPU time integrates it (``replica_seconds``).
@@ -31,10 +39,11 @@ from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 
 if TYPE_CHECKING:
+    from servelab.replay.disagg import Disaggregation
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
-SIGNALS = ("queue_depth", "running", "pending_prompt_tokens", "kv_use", "request_rate")
+SIGNALS = ("queue_depth", "running", "pending_prompt_tokens", "kv_use", "request_rate", "handoffs_waiting")
 
 
 
@@ -94,19 +103,26 @@ class Autoscaler:
     """Scales ``replicas`` (the pool's, all built; the first ``initial`` start active) by ``config``."""
 
     def __init__(self, engine: "Engine", replicas: list["Replica"], config: AutoscaleConfig, initial: int,
-                 ticks: bool = True):
+                 ticks: bool = True, disagg: "Disaggregation | None" = None):
         from servelab.replay.engine import TIMER  # (the engine's module imports the config's, which imports this)
 
         self.push = lambda t, fn: engine.push(t, TIMER, fn)
         self.engine = engine
         self.replicas = replicas
         self.config = config
+        self.disagg = disagg  # a prefill or decode pool's: the handoff publishes its replicas and calls it
+        self.siblings: list[Autoscaler] = []  # the cluster's other autoscalers (their ticks are not work)
+        self.ticking = ticks  # a tick of this autoscaler is pending
         self.state = {r.id: "active" if i < initial else "off" for i, r in enumerate(replicas)}
         self.last_action_s = -math.inf
         self.arrivals_seen = 0
         self.timeline: list[tuple[float, int, int, int]] = []
-        engine.live = [r for r in replicas if self.state[r.id] == "active"]
-        engine.handoff = self.after_step
+        if disagg is None:
+            engine.live = [r for r in replicas if self.state[r.id] == "active"]
+            engine.handoff = self.after_step
+        else:
+            disagg.scaled_by(self)
+            self._live()
         self._record(0.0)
         if ticks:  # (a pool of fixed size whose replicas change only with availability: replay/fleet.py)
             self.push(config.interval_s, self.tick)
@@ -124,7 +140,15 @@ class Autoscaler:
             self.timeline.append(row)
 
     def _live(self) -> None:
-        self.engine.live = [r for r in self.replicas if self.state[r.id] == "active"]
+        live = [r for r in self.replicas if self.state[r.id] == "active"]
+        if self.disagg is None:
+            self.engine.live = live
+        else:
+            self.disagg.publish(self, live)
+
+    def _holding(self, replica: "Replica") -> bool:
+        """``replica`` still holds KV that is moving (a disaggregated pool's)."""
+        return self.disagg is not None and self.disagg.holding(replica)
 
     # -- the signal --------------------------------------------------------------------------------
     def signal(self, active: list["Replica"]) -> float:
@@ -138,6 +162,8 @@ class Autoscaler:
                              for r in active for req in r.waiting if req.first_token_s is None))
         if name == "kv_use":
             return sum(r.kv.used / r.kv.total for r in active)
+        if name == "handoffs_waiting":
+            return float(len(self.disagg.pending))
         arrived = self.engine.next_arrival - self.arrivals_seen  # request_rate
         self.arrivals_seen = self.engine.next_arrival
         return arrived / self.config.interval_s
@@ -153,13 +179,18 @@ class Autoscaler:
                 self._scale_out(desired - have, now)
             elif desired < len(active):
                 self._scale_in(len(active) - desired, now)
-        if not self._done():
+        if self._done():
+            self.ticking = False
+        else:
             self.push(now + cfg.interval_s, self.tick)
 
     def _done(self) -> bool:
-        """Nothing can happen any more: the trace is in, no event is pending, every replica is idle."""
+        """Nothing can happen any more: the trace is in, no event is pending but the other autoscalers'
+        ticks, every replica is idle. (KV in transfer has its link's event pending; a handoff still
+        waiting then can never be placed, and the replay ends with it unfinished.)"""
         engine = self.engine
-        return engine.next_arrival >= len(engine.arrivals) and not engine.heap and \
+        ticks = sum(1 for s in self.siblings if s.ticking)
+        return engine.next_arrival >= len(engine.arrivals) and len(engine.heap) <= ticks and \
             all(not r.busy and not r.running and not r.waiting for r in self.replicas)
 
     def _scale_out(self, n: int, now: float) -> None:
@@ -193,15 +224,22 @@ class Autoscaler:
         self._record(now)
 
     def _stop_if_drained(self, replica: "Replica") -> bool:
-        if self.state[replica.id] == "draining" and not replica.busy and not replica.running and not replica.waiting:
+        if self.state[replica.id] == "draining" and not replica.busy and not replica.running and not replica.waiting \
+                and not self._holding(replica):
             self.state[replica.id] = "off"
             return True
         return False
 
     def after_step(self, replica: "Replica", step, end_s: float) -> None:
-        if self.state[replica.id] == "draining" and not replica.running and not replica.waiting:
+        if self.state[replica.id] == "draining" and not replica.running and not replica.waiting \
+                and not self._holding(replica):
             self.state[replica.id] = "off"  # (its step is applied: it is idle from end_s)
             self._record(end_s)
+
+    def released(self, replica: "Replica", now: float) -> None:
+        """KV ``replica`` held for a transfer has landed elsewhere: a drained one stops now."""
+        if self._stop_if_drained(replica):
+            self._record(now)
 
     # -- results -----------------------------------------------------------------------------------
     def replica_seconds(self, start_s: float, end_s: float) -> float:

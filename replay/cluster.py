@@ -16,6 +16,7 @@ One TOML table (``[cluster]``) in a replay config (docs/cluster.md)::
     to = "decode"
     bandwidth_gbps = 50.0       # GB/s, shared by the transfers in flight on the link
     latency_s = 0.0005
+    stream_layers = 32          # optional: KV streams layer by layer during the final prefill iteration
 
 Validated without I/O, like `EngineConfig`; a pool's settings become a whole `ReplayConfig`
 (``pool_config``) so that each pool is built exactly as a flat replay of that pool would be.
@@ -99,6 +100,7 @@ class LinkConfig:
     target: str  # a decode pool
     bandwidth_gbps: float = 50.0  # GB/s, shared equally by the transfers in flight
     latency_s: float = 0.0  # added to every transfer
+    stream_layers: int = 0  # L > 0: the KV of the first L - 1 layers streams during the final prefill iteration
 
     def __post_init__(self) -> None:
         if not (0 < self.bandwidth_gbps < math.inf):
@@ -106,10 +108,16 @@ class LinkConfig:
                                 f"got {self.bandwidth_gbps}")
         if not (0 <= self.latency_s < math.inf):
             raise ServelabError(f"cluster link {self.source}->{self.target}: latency_s must be >= 0, got {self.latency_s}")
+        if self.stream_layers < 0:
+            raise ServelabError(f"cluster link {self.source}->{self.target}: stream_layers (the model's layer count; "
+                                f"0: off) must be >= 0, got {self.stream_layers}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"from": self.source, "to": self.target, "bandwidth_gbps": self.bandwidth_gbps,
-                "latency_s": self.latency_s}
+        out = {"from": self.source, "to": self.target, "bandwidth_gbps": self.bandwidth_gbps,
+               "latency_s": self.latency_s}
+        if self.stream_layers:
+            out["stream_layers"] = self.stream_layers
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +143,9 @@ class ClusterConfig:
         if entry[0].role == "mixed" and decode:
             raise ServelabError(f"cluster: decode pool '{decode[0].name}' needs a prefill pool, not a mixed one")
         for pool in self.pools:
-            if pool.autoscale is not None and pool.role != "mixed":
-                raise ServelabError(f"cluster pool '{pool.name}': autoscaling is modelled for mixed pools only (yet)")
+            if pool.autoscale is not None and pool.autoscale.signal == "handoffs_waiting" and pool.role != "decode":
+                raise ServelabError(f"cluster pool '{pool.name}': autoscale signal 'handoffs_waiting' is a decode "
+                                    f"pool's (requests waiting for a decode replica); this pool is {pool.role}")
         for link in self.links:
             for end, want in ((link.source, "prefill"), (link.target, "decode")):
                 if end not in roles:
@@ -220,15 +229,17 @@ class ClusterConfig:
             if not isinstance(raw, dict):
                 raise ServelabError(f"{at} must be a table")
             raw = {k.replace("-", "_"): v for k, v in raw.items()}
-            unknown = set(raw) - {"from", "to", "bandwidth_gbps", "latency_s"}
+            unknown = set(raw) - {"from", "to", "bandwidth_gbps", "latency_s", "stream_layers"}
             if unknown:
-                raise ServelabError(f"{at}: unknown key '{min(unknown)}' (known: bandwidth_gbps, from, latency_s, to)")
+                raise ServelabError(f"{at}: unknown key '{min(unknown)}' "
+                                    "(known: bandwidth_gbps, from, latency_s, stream_layers, to)")
             for key in ("from", "to"):
                 if key not in raw:
                     raise ServelabError(f"{at}: missing '{key}'")
             links.append(LinkConfig(str(raw["from"]), str(raw["to"]),
                                     coerce(raw.get("bandwidth_gbps", 50.0), "float", f"{at}.bandwidth_gbps"),
-                                    coerce(raw.get("latency_s", 0.0), "float", f"{at}.latency_s")))
+                                    coerce(raw.get("latency_s", 0.0), "float", f"{at}.latency_s"),
+                                    coerce(raw.get("stream_layers", 0), "int", f"{at}.stream_layers")))
         return cls(tuple(pools), tuple(links))
 
 

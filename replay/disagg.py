@@ -23,6 +23,22 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   e.g. a round-robin slot) then ``on_leave`` (out of its waiting order) and sees it from then on as
   one of its running requests.
 
+Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler publishes its active
+replicas (``publish``): arrivals go to the active prefill replicas, handoffs to the active decode
+replicas with room (a decode replica that starts takes waiting handoffs at once); a draining decode
+replica takes no new handoffs and stops when its running and landing requests are done; a draining
+prefill replica takes no new arrivals and stops when the KV of the requests it handed off has landed
+(``holding``, ``released``).
+
+Layer-by-layer streaming (``stream_layers = L`` on the link): a request placed on a decode replica
+at its first token has already sent, during its final prefill iteration of length ``d``, the KV of
+its first ``L - 1`` layers as far as the link allowed: ``(L - 1) / L × min(B, share × d)`` of its
+``B`` bytes, ``share`` being the link's bandwidth over the transfers in flight at the first token
+plus the requests of that iteration (a pipeline: layer ``l`` moves while layer ``l + 1`` computes);
+only the rest crosses the link after the first token. A request that waits for room streamed
+nothing (no decode replica had blocks for it while it prefilled). The bytes streamed are not charged
+to the link, so other transfers in flight during that iteration are not slowed (an approximation).
+
 A request whose prompt + max output can never fit a decode replica is rejected at its handoff, with
 the reason. Per-request results (``columns``): the decode replica, the handoff wait (first token to
 transfer start) and the transfer time (start to landing).
@@ -39,6 +55,7 @@ from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
 
 if TYPE_CHECKING:
+    from servelab.replay.autoscale import Autoscaler
     from servelab.replay.engine import Engine
     from servelab.replay.protocols import Router
     from servelab.replay.replica import Replica
@@ -46,7 +63,7 @@ if TYPE_CHECKING:
 
 class Disaggregation:
     def __init__(self, engine: Engine, prefill: list[Replica], decode: list[Replica], router: Router,
-                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float):
+                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float, stream_layers: int = 0):
         self.engine = engine
         self.prefill = prefill
         self.decode = decode
@@ -66,6 +83,12 @@ class Disaggregation:
         self.transfer_end_s: dict[int, float] = {}
         self.max_pending = 0
         self._applied: Replica | None = None
+        self.stream_layers = stream_layers
+        self.bytes_streamed = 0.0
+        self._overlap: dict[Request, float] = {}  # handed off at this instant: bytes the link could carry meanwhile
+        self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
+        self.prefill_scaler: Autoscaler | None = None
+        self.decode_scaler: Autoscaler | None = None
         for replica in prefill:
             replica.cohort = None  # nothing decodes there: every request leaves at its first token
         engine.handoff = self.after_step
@@ -75,14 +98,45 @@ class Disaggregation:
     def after_step(self, replica: Replica, step, end_s: float) -> None:
         if replica.id in self.prefill_ids:
             running = Status.RUNNING
-            for req, _ in step.batch.items:
-                if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s \
-                        and req.num_computed_tokens == req.prompt_tokens:
-                    self._hand_off(replica, req, end_s)
-        elif self.pending:
+            ready = [req for req, _ in step.batch.items
+                     if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s
+                     and req.num_computed_tokens == req.prompt_tokens]
+            if ready and self.stream_layers:  # what the link could carry during this, their final prefill iteration
+                window = (end_s - step.start_s) * self.link.bytes_per_s / (len(self.link.active) + len(ready))
+                self._overlap = dict.fromkeys(ready, window)
+            for req in ready:
+                self._hand_off(replica, req, end_s)
+            self._overlap.clear()
+            if self.prefill_scaler is not None:
+                self.prefill_scaler.after_step(replica, step, end_s)
+            return
+        if self.pending:
             self._applied = replica  # its step is applied: it promises no more blocks
             self._place_pending(end_s)
             self._applied = None
+        if self.decode_scaler is not None:
+            self.decode_scaler.after_step(replica, step, end_s)
+
+    # -- autoscaled pools -----------------------------------------------------------------------
+    def scaled_by(self, scaler: Autoscaler) -> None:
+        """``scaler`` scales the prefill or the decode pool (whichever its replicas are)."""
+        if scaler.replicas[0].id in self.prefill_ids:
+            self.prefill_scaler = scaler
+        else:
+            self.decode_scaler = scaler
+
+    def publish(self, scaler: Autoscaler, live: list[Replica]) -> None:
+        """The replicas of ``scaler``'s pool that take work from now on."""
+        if scaler is self.prefill_scaler:
+            self.engine.live = live
+            return
+        self.decode_live = live
+        if self.pending:  # a decode replica started (or was taken back): handoffs waiting may fit now
+            self._place_pending(self.engine.now_s)
+
+    def holding(self, replica: Replica) -> bool:
+        """``replica`` holds KV of requests in transfer (from it, or to it)."""
+        return bool(self.sending[replica.id] if replica.id in self.sending else self.landing[replica.id])
 
     def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
         replica.running.remove(req)
@@ -106,7 +160,7 @@ class Disaggregation:
     # -- placing on a decode replica ------------------------------------------------------------
     def _room(self, req: Request) -> list[Replica]:
         out = []
-        for d in self.decode:
+        for d in self.decode_live:
             kv = d.kv
             need = self._landing_blocks(req, kv)
             seats = len(d.running) + len(d.waiting) + len(self.landing[d.id])
@@ -157,7 +211,13 @@ class Disaggregation:
             target.owe(req)  # its load from now: the decode router sees transfers under way
             self.decode_replica[req.index] = target.id
             self.transfer_start_s[req.index] = now
-            self.link.start((req, target), self.bytes_per_token * req.num_computed_tokens, now)
+            num_bytes = self.bytes_per_token * req.num_computed_tokens
+            if self._overlap and req in self._overlap:  # placed at its first token: its first L - 1 layers streamed
+                layers = self.stream_layers
+                streamed = (layers - 1) / layers * min(num_bytes, self._overlap[req])
+                self.bytes_streamed += streamed
+                num_bytes -= streamed
+            self.link.start((req, target), num_bytes, now)
 
     def _land(self, transfer, now: float) -> None:
         req, target = transfer.payload
@@ -197,6 +257,8 @@ class Disaggregation:
         source.kv.release(req)
         if not source.busy and source.waiting:
             self._wake(source, now)
+        if self.prefill_scaler is not None:
+            self.prefill_scaler.released(source, now)
 
     # -- end of the replay, results, checks -----------------------------------------------------
     def strand(self) -> None:
@@ -227,7 +289,8 @@ class Disaggregation:
 
     def meta(self) -> dict:
         return {"transfers": len(self.transfer_start_s), "bytes_moved": self.link.bytes_moved,
-                "link_busy_s": self.link.busy_s, "max_handoffs_waiting": self.max_pending}
+                "link_busy_s": self.link.busy_s, "max_handoffs_waiting": self.max_pending,
+                **({"bytes_streamed": self.bytes_streamed} if self.stream_layers else {})}
 
 
 __all__ = ["Disaggregation"]
