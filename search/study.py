@@ -483,21 +483,24 @@ def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str 
     if parent_pid is not None:
         _die_with_parent(parent_pid)
     try:
-        run_worker(spec, Path(study_dir), seed, threads=1, storage_url=storage_url, interrupt=interrupt)
-    except KeyboardInterrupt:
-        pass  # its trial in flight is already marked failed (interrupted)
+        try:
+            run_worker(spec, Path(study_dir), seed, threads=1, storage_url=storage_url, interrupt=interrupt)
+        except KeyboardInterrupt:
+            pass  # its trial in flight is already marked failed (interrupted)
+        if parent_pid is not None and os.getppid() != parent_pid:
+            # the `search` process is gone (killed): it will not write trials.parquet, so each worker
+            # does, with the handler still installed: the parent's death sends SIGTERM twice (the
+            # kernel's, the watcher's), and the second must not kill the worker mid-write
+            from servelab.search.trials import write_trials
+
+            for attempt in range(3):  # both workers write it at once: one may meet the other's half-done write
+                try:
+                    write_trials(open_study(spec, Path(study_dir), storage_url=storage_url), Path(study_dir))
+                    break
+                except Exception:
+                    time.sleep(0.1 * (attempt + 1))
     finally:
         interrupt.restore()
-    if parent_pid is not None and os.getppid() != parent_pid:
-        # the `search` process is gone (killed): it will not write trials.parquet, so each worker does
-        from servelab.search.trials import write_trials
-
-        for attempt in range(3):  # both workers write it at once: one may meet the other's half-done write
-            try:
-                write_trials(open_study(spec, Path(study_dir), storage_url=storage_url), Path(study_dir))
-                break
-            except Exception:
-                time.sleep(0.1 * (attempt + 1))
 
 
 def worker_seed(spec: SearchSpec, index: int) -> int:
