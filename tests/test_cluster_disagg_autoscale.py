@@ -8,7 +8,6 @@ seconds and the autoscalers look at whole seconds, so no tick shares an instant 
 from __future__ import annotations
 
 import pytest
-import servelab.api
 from conftest import make_trace
 from servelab.api import ReplayConfig, replay
 from servelab.common.errors import ServelabError
@@ -128,16 +127,9 @@ def test_scaled_pools_keep_the_books_after_every_event_and_lose_no_request(monke
     add up (tests/test_engine_invariants.py), every request finishes, both pools drained replicas,
     and at the end no KV is held anywhere."""
     from helpers_engine import synthetic
-    from test_engine_invariants import CheckedEngine, disaggregation
+    from test_engine_invariants import CheckedEngine, checked_engines, disaggregation
 
-    engines = []
-
-    class Keep(CheckedEngine):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    engines = checked_engines(monkeypatch)
 
     def scale(signal, target):
         return dict(min=1, max=3, signal=signal, target=target, interval_s=0.5, cooldown_s=1.0, startup_s=0.7)

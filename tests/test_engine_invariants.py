@@ -167,6 +167,20 @@ DISAGG_CASES = {
 }
 
 
+def checked_engines(monkeypatch) -> list:
+    """Replays through ``servelab.api`` use ``CheckedEngine`` (checks after every event); the list
+    fills with the engines they build."""
+    engines = []
+
+    class Keep(CheckedEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    return engines
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("case", sorted(DISAGG_CASES))
 def test_disaggregated_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
@@ -176,14 +190,7 @@ def test_disaggregated_bookkeeping_adds_up_after_every_event(monkeypatch, case, 
     from servelab.api import ReplayConfig, replay
 
     policy, params, engine_settings, decode = DISAGG_CASES[case]
-    engines = []
-
-    class Keep(CheckedEngine):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    engines = checked_engines(monkeypatch)
     shape = dict(HASHED, prefix_block_tokens=32) if "prefix" in case else {}
     trace = synthetic(n=250, rate=40.0, seed=seed, **shape)
     config = ReplayConfig.from_dict(dict(
