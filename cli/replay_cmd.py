@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import click
 
+from servelab.cli.key_values import parse_key_values
 from servelab.common.errors import ServelabError
 from servelab.replay.config import EngineConfig, ReplayConfig
 
@@ -95,21 +96,9 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
     if policy_param:
         if "policy" in options and options["policy"] is not None and options["policy"] != base.get("policy"):
             base.pop("policy_params", None)
-        params = dict(base.get("policy_params", {}))
-        for item in policy_param:
-            key, eq, value = item.partition("=")
-            if not eq or not key:
-                raise ServelabError(f"--policy-param expects KEY=VALUE, got '{item}'")
-            params[key.strip()] = value.strip()
-        base["policy_params"] = params
+        base["policy_params"] = {**base.get("policy_params", {}), **parse_key_values(policy_param, "--policy-param")}
     if router_param:
-        params = dict(base.get("router_params", {}))
-        for item in router_param:
-            key, eq, value = item.partition("=")
-            if not eq or not key:
-                raise ServelabError(f"--router-param expects KEY=VALUE, got '{item}'")
-            params[key.strip()] = value.strip()
-        base["router_params"] = params
+        base["router_params"] = {**base.get("router_params", {}), **parse_key_values(router_param, "--router-param")}
     return ReplayConfig.from_dict(base, source="options")
 
 

@@ -66,14 +66,7 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, f
 
 
 def _parse_settings(items: tuple[str, ...]) -> dict:
-    from servelab.common.errors import ServelabError
+    from servelab.cli.key_values import parse_key_values
     from servelab.fidelity.base import SETTING_TYPES
 
-    out = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or key not in SETTING_TYPES:
-            raise ServelabError(f"--setting expects KEY=VALUE with KEY one of {', '.join(SETTING_TYPES)}; got '{item}'")
-        out[key] = value.strip()
-    return out
+    return parse_key_values(items, "--setting", known=SETTING_TYPES, underscores=True)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import click
+from servelab.cli.key_values import parse_key_values
 from servelab.common.errors import ServelabError
 
 _model = click.option("--model", default=None, help="Model preset for runners that take one (see `servelab presets`).")
@@ -316,11 +317,7 @@ def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu
     from servelab.runners.validation import write_report
 
     overrides = ReplayConfig.from_toml(config_path).to_dict() if config_path else {}
-    for item in set_options:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ServelabError(f"--set expects KEY=VALUE, got '{item}'")
-        overrides[key.strip().replace("-", "_")] = value.strip()
+    overrides.update(parse_key_values(set_options, "--set", underscores=True))
     overrides.update({k: v for k, v in (("runner", runner), ("model", model), ("gpu", gpu), ("tp", tp),
                                         ("policy", policy), ("num_gpu_blocks", num_gpu_blocks)) if v is not None})
     report, measured, simulated = validate_real(run_dir, overrides)
