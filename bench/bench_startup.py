@@ -69,7 +69,8 @@ from servelab.cli.main import main
 try:
     main(sys.argv[1:])
 finally:
-    sys.stderr.write(f"@@exit {time.process_time()!r}\n")
+    mods = sorted(sys.modules) if os.environ.get("BENCH_MODULES") else []
+    sys.stderr.write(f"@@exit {time.process_time()!r} {' '.join(mods)}\n")
 """
 
 

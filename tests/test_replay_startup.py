@@ -4,6 +4,7 @@ trace. Each check runs in a fresh interpreter and reads its ``sys.modules``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -13,43 +14,32 @@ from helpers_cli import write_small_trace
 from servelab.common.errors import ServelabError
 from servelab.common.registry import ClassRegistry
 
-HEAVY = ("polars", "duckdb", "optuna", "matplotlib", "scipy", "rich", "torch", "pandas")
+def _bench_startup():
+    """bench/bench_startup.py as a module: its child program (an import hook that wraps Engine.run as
+    servelab.replay.engine loads, so the import order is the CLI's own) and its list of heavy packages."""
+    import importlib.util
 
-# Runs `servelab ARGS` and prints the modules loaded when Engine.run is entered, then those at exit.
-# Engine.run is wrapped as servelab.replay.engine loads, so the import order is the CLI's own.
-CHILD = r"""
-import sys
-class Hook:
-    def find_spec(self, name, path, target=None):
-        if name != "servelab.replay.engine":
-            return None
-        sys.meta_path.remove(self)
-        spec = next(s for s in (f.find_spec(name, path, target) for f in sys.meta_path if hasattr(f, "find_spec")) if s)
-        exec_module = spec.loader.exec_module
-        def exec_and_wrap(module):
-            exec_module(module)
-            run = module.Engine.run
-            def first_event(engine, *args, **kwargs):
-                print("first-event", " ".join(sorted(sys.modules)))
-                return run(engine, *args, **kwargs)
-            module.Engine.run = first_event
-        spec.loader.exec_module = exec_and_wrap
-        return spec
-sys.meta_path.insert(0, Hook())
-from servelab.cli.main import main
-try:
-    main(sys.argv[1:])
-except SystemExit as exit_:
-    assert not exit_.code, exit_.code
-print("exit", " ".join(sorted(sys.modules)))
-"""
+    spec = importlib.util.spec_from_file_location("bench_startup", REPO / "bench" / "bench_startup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench_startup()
+HEAVY = BENCH.HEAVY
 
 
 def _modules_of(args: list[str], cwd) -> dict[str, set[str]]:
-    out = subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], capture_output=True, text=True,
-                         cwd=cwd, check=True).stdout
-    lines = [line.split(" ") for line in out.splitlines() if line.startswith(("first-event ", "exit "))]
-    return {line[0]: set(line[1:]) for line in lines}
+    """The modules `servelab ARGS` has loaded when Engine.run is entered ("first-event") and at exit."""
+    proc = subprocess.run([sys.executable, "-c", BENCH.CHILD, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, check=True, env={**os.environ, "BENCH_MODULES": "1"})
+    out = {}
+    for line in proc.stderr.splitlines():
+        if line.startswith(("@@first-event ", "@@exit ")):
+            name, *fields = line.split(" ")
+            skip = 2 if name == "@@first-event" else 1  # (wall and CPU time, or CPU time)
+            out[name[2:]] = set(fields[skip:]) - {""}
+    return out
 
 
 def _top_level(modules: set[str]) -> set[str]:
