@@ -7,6 +7,12 @@ compared with the median of the three measured means; every run's figures are pr
 part of the result: bench/RESULTS_live.md). This is a measurement, not a unit test: on a shared
 2-core machine the server's own run-to-run spread often exceeds the tolerance.
 
+By default the calibration sweep and the live runs are interleaved (one pass of the sweep's levels,
+then one live run, three times; the model is fitted to the three passes together), so that the
+machine's load drifting over the minutes of the measurement reaches the sweep and the runs alike,
+the way an A/B benchmark interleaves its two sides. ``--no-interleave`` runs the three-pass sweep
+first and the live runs after it (the method of the first measurements in RESULTS_live.md).
+
     source .ci/vllm.sh   # a vLLM CPU server (exports SERVELAB_TEST_ENDPOINT)
     .venv/bin/python bench/bench_live_fit.py --endpoint "$SERVELAB_TEST_ENDPOINT"
 """
@@ -38,6 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint", required=True, help="a loopback OpenAI-compatible server (vLLM)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-interleave", dest="interleave", action="store_false",
+                        help="sweep first (three passes), then the live runs")
     args = parser.parse_args()
     if urlparse(args.endpoint).hostname not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"--endpoint must be a loopback address, not {args.endpoint}")
@@ -48,22 +56,35 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = tmp / "model.json"
-        cli("fit", "--endpoint", args.endpoint, "--sweep-out", tmp / "sweep", "-o", model)
-        r2 = json.loads(model.read_text())["metadata"]["fit"]["train"]["r2"]
         # A different trace from the sweep's: Poisson arrivals at 5/s, prompts 32..384, outputs 8..48 tokens.
         trace = tmp / "validation.arrow"
         write_trace(synth_trace(n=40, rate=5.0, prompt="uniform:32:384", output="uniform:8:48", seed=2), trace,
                     source="bench_live_fit")
-        measured, simulated = {"ttft": [], "e2e": []}, {"ttft": [], "e2e": []}
-        for k in range(args.runs):
-            run = tmp / f"live{k}"
+        runs = [tmp / f"live{k}" for k in range(args.runs)]
+
+        def live(run: Path) -> None:
             seed = time.time_ns() % 1_000_000_007  # prompts the server has not cached
             cli("bench", args.endpoint, trace, "-o", run, "--no-report", "--seed", seed)
+
+        if args.interleave:
+            sweeps = [tmp / f"sweep{k}" for k in range(args.runs)]
+            for sweep, run in zip(sweeps, runs):
+                cli("fit", "--endpoint", args.endpoint, "--sweep-out", sweep, "--sweep-passes", 1,
+                    "-o", tmp / "pass.json")
+                live(run)
+            cli("fit", *[a for sweep in sweeps for a in ("--live", sweep)], "-o", model)
+        else:
+            cli("fit", "--endpoint", args.endpoint, "--sweep-out", tmp / "sweep", "-o", model)
+            for run in runs:
+                live(run)
+        r2 = json.loads(model.read_text())["metadata"]["fit"]["train"]["r2"]
+        measured, simulated = {"ttft": [], "e2e": []}, {"ttft": [], "e2e": []}
+        for run in runs:
             report = json.loads(cli("validate", "--real", run, "--candidate", f"fitted:{model}",
                                     "--set", "max_num_seqs=16", "--format", "json"))
             rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
-            for m in measured:
-                measured[m].append(rows[(m, "mean")]["measured_s"])
+            for m, values in measured.items():
+                values.append(rows[(m, "mean")]["measured_s"])
                 simulated[m].append(rows[(m, "mean")]["simulated_s"])
     print(f"fit r2 {r2:.3f}")
     for m, values in measured.items():

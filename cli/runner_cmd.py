@@ -135,21 +135,23 @@ def _buckets(text: str) -> tuple[int, ...]:
 @click.option("--sweep-seed", type=int, default=None,
               help="--endpoint: seed of the prompts' text (default: a new one, recorded in sweep.json, so that no "
                    "prompt is in the server's prefix cache).")
+@click.option("--sweep-passes", type=click.IntRange(min=1), default=None,
+              help="--endpoint: how many times the sweep runs its list of levels (default 3).")
 @_model
 @_gpu
 @_tp
 def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from, steps_path, block_size, live_sweeps,
-        endpoint, sweep_out, sweep_seed, model, gpu, tp):
+        endpoint, sweep_out, sweep_seed, sweep_passes, model, gpu, tp):
     """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
     with --steps LOG, to a real engine's per-step log (held-out steps reported); with --endpoint URL or
     --live SWEEP_DIR, to a calibration sweep of a live server; or, with --real RUN_DIR, fit the roofline's
     host profile to real runs (held-out half reported)."""
     if endpoint or live_sweeps:
-        _fit_live(endpoint, sweep_out, sweep_seed, live_sweeps, output, buckets, test_fraction, seed, model,
-                  bool(profile_path or real_runs or steps_path or gpu or tp))
+        _fit_live(endpoint, sweep_out, sweep_seed, sweep_passes, live_sweeps, output, buckets, test_fraction, seed,
+                  model, bool(profile_path or real_runs or steps_path or gpu or tp))
         return
-    if sweep_out or sweep_seed is not None:
-        raise ServelabError("--sweep-out and --sweep-seed go with fit --endpoint URL")
+    if sweep_out or sweep_seed is not None or sweep_passes is not None:
+        raise ServelabError("--sweep-out, --sweep-seed and --sweep-passes go with fit --endpoint URL")
     buckets = "16,64,256,1024" if buckets is None else buckets
     if steps_path:
         if profile_path or real_runs or not output:
@@ -180,7 +182,8 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from,
     click.echo(f"wrote {output} (use --runner fitted:{output})")
 
 
-def _fit_live(endpoint, sweep_out, sweep_seed, live_sweeps, output, buckets, test_fraction, seed, model, other):
+def _fit_live(endpoint, sweep_out, sweep_seed, sweep_passes, live_sweeps, output, buckets, test_fraction, seed, model,
+              other):
     """fit --endpoint URL --sweep-out DIR -o OUT (sweep, then fit) or fit --live DIR... -o OUT (fit)."""
     from servelab.live.calibrate import fit_live
 
@@ -190,17 +193,18 @@ def _fit_live(endpoint, sweep_out, sweep_seed, live_sweeps, output, buckets, tes
     if endpoint:
         if not sweep_out:
             raise ServelabError("fit --endpoint needs --sweep-out DIR (the sweep's runs are kept there)")
-        _run_calibration_sweep(endpoint, sweep_out, sweep_seed, model)
+        _run_calibration_sweep(endpoint, sweep_out, sweep_seed, sweep_passes, model)
         live_sweeps = (sweep_out,)
-    elif sweep_out or sweep_seed is not None or model:
-        raise ServelabError("--sweep-out, --sweep-seed and --model go with fit --endpoint URL")
+    elif sweep_out or sweep_seed is not None or sweep_passes is not None or model:
+        raise ServelabError("--sweep-out, --sweep-seed, --sweep-passes and --model go with fit --endpoint URL")
     fitted = fit_live(list(live_sweeps), output, buckets=_buckets(buckets or "none"), test_fraction=test_fraction,
                       seed=seed)
     _print_fit(fitted.metadata["fit"])
     click.echo(f"wrote {output} (use --runner fitted:{output})")
 
 
-def _run_calibration_sweep(endpoint: str, sweep_out: str, sweep_seed: int | None, model: str | None) -> None:
+def _run_calibration_sweep(endpoint: str, sweep_out: str, sweep_seed: int | None, passes: int | None,
+                           model: str | None) -> None:
     import time
 
     from servelab.cli.bench_cmd import _discover_model
@@ -214,7 +218,8 @@ def _run_calibration_sweep(endpoint: str, sweep_out: str, sweep_seed: int | None
     seed = sweep_seed if sweep_seed is not None else time.time_ns() % 1_000_000_007
     target = Target(endpoint, model or _discover_model(endpoint, None), ignore_eos=True, min_tokens=True)
     try:
-        run_sweep(target, SweepPlan(), sweep_out, seed, echo=lambda line: click.echo(line, err=True))
+        plan = SweepPlan() if passes is None else SweepPlan(passes=passes)
+        run_sweep(target, plan, sweep_out, seed, echo=lambda line: click.echo(line, err=True))
     except RuntimeError as err:  # the server cannot be reached
         raise ServelabError(str(err)) from None
     click.echo(f"wrote the calibration sweep {sweep_out} (seed {seed})", err=True)

@@ -346,3 +346,39 @@ def test_per_request_timeout(tmp_path):
     run = asyncio.run(run_live(table, target, LoadConfig(), LiveOptions(metrics=False)))
     assert [r.status for r in run.records] == ["timeout"] * 3
     assert all(0.2 <= r.end_s - r.send_s < 1.0 and r.reason == "no complete response within 0.2 s" for r in run.records)
+
+
+def test_fit_endpoint_sweeps_the_real_server(tmp_path):
+    """`fit --endpoint` against the real server, one pass of the calibration sweep (6 prefill levels,
+    10 decode levels): every level's requests finish with the plan's output lengths, and the model
+    fitted to them prices a 1536-token prefill above a 16-token one and 16 decoding sequences above
+    one (a CPU server's step grows with both; a sweep that lost its rows or lengths would not say so)."""
+    import numpy as np
+    import pyarrow as pa
+    from servelab.live.calibrate import SweepPlan, read_sweep
+    from servelab.runners.fitted import feature_matrix, load_model
+    from servelab.runners.profiling import FEATURES
+
+    sweep, model = tmp_path / "sweep", tmp_path / "m.json"
+    proc = cli("fit", "--endpoint", ENDPOINT, "--sweep-out", sweep, "--sweep-passes", 1, "-o", model)
+    assert proc.returncode == 0, proc.stderr
+    plan, levels = read_sweep(sweep)
+    assert len(levels) == len(SweepPlan(passes=1).levels()) == 16 and plan["plan"]["passes"] == 1
+    for level, requests, _ in levels:
+        rows = pq.read_table(requests).to_pydict()
+        assert set(rows["status"]) == {"finished"}
+        assert set(rows["output_tokens"]) == {level["output_tokens"]}, level["run"]
+
+    def shape(**counts):
+        return pa.table({f: [counts.get(f, 0)] for f in FEATURES})
+
+    fitted = load_model(model)
+    price = {name: float(fitted.predict(feature_matrix(t))[0]) for name, t in (
+        ("prefill_16", shape(prefill_tokens=16, prefill_seqs=1, prefill_attention_pairs=16 * 17 // 2)),
+        ("prefill_1536", shape(prefill_tokens=1536, prefill_seqs=1, prefill_attention_pairs=1536 * 1537 // 2)),
+        ("decode_1", shape(decode_seqs=1, decode_context_tokens=48)),
+        ("decode_16", shape(decode_seqs=16, decode_context_tokens=16 * 48)))}
+    assert np.isfinite(list(price.values())).all()
+    assert price["prefill_1536"] > 1.5 * price["prefill_16"] and price["decode_16"] > price["decode_1"], price
+    code = cli("fit", "--live", sweep, "--sweep-passes", 2, "-o", tmp_path / "x.json")
+    assert code.returncode != 0 and "--sweep-passes" in code.stderr
