@@ -1,0 +1,98 @@
+"""A/B of two checkouts' engines on the same replay, interleaved in fresh processes.
+
+Usage: .venv/bin/python bench/bench_ab.py A_ROOT B_ROOT [--pairs 8] [--requests N]
+where each ROOT is a directory holding a ``servelab`` package (e.g. a folder with a symlink
+``servelab -> /path/to/checkout``), put first on ``PYTHONPATH`` for its runs.
+
+The replay: the bundled Azure conversation trace (or its first N requests), 6 replicas, sarathi, the
+``linear`` runner (the same step prices in every version), 28,000 KV blocks per replica and prefix
+caching off where the version has it, so that both versions do the same work (the script checks that
+the finish times agree). Each pair runs A then B, the next B then A (ABBA), so that drift in the
+machine's load reaches both alike. Per run: ``Engine.run``'s CPU time (user + system) and the whole
+``replay()`` call's; printed: each run, the medians, and the median of the pairs' B/A ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+CHILD = r"""
+import os, resource, sys, hashlib
+try:
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    engine = dict(enable_prefix_caching=False, num_gpu_blocks=28000)
+except ImportError:  # a version before the api module
+    from servelab.replay import EngineConfig, ReplayConfig, replay
+    engine = dict(num_gpu_blocks=28000)
+from servelab.replay.engine import Engine
+from servelab.traces.bundled import default_trace_path
+from servelab.traces.io import read_trace
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+spent = [0.0]
+run = Engine.run
+def timed(self, *a, **k):
+    t = cpu()
+    try:
+        return run(self, *a, **k)
+    finally:
+        spent[0] += cpu() - t
+Engine.run = timed
+trace = read_trace(default_trace_path())
+n = int(sys.argv[1])
+if n:
+    trace = trace.slice(0, n)
+config = ReplayConfig(engine=EngineConfig(replicas=6, **engine), policy="sarathi",
+                      runner="linear:base=0.004,prefill_token=0.00003,decode_seq=0.0001")
+replay(trace.slice(0, 50), config)  # warm-up: imports and first calls
+spent[0] = 0.0
+t = cpu()
+result = replay(trace, config)
+total = cpu() - t
+finish = hashlib.sha256(str(result.requests.column("finish_s").to_pylist()).encode()).hexdigest()[:16]
+print(spent[0], total, finish)
+"""
+
+
+def one(root: str, requests: int) -> tuple[float, float, str]:
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(requests)], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return float(out[0]), float(out[1]), out[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=0, help="the trace's first N requests (0: all)")
+    args = parser.parse_args()
+    runs: dict[str, list[tuple[float, float, str]]] = {"A": [], "B": []}
+    for k in range(args.pairs):
+        for side in ("A", "B") if k % 2 == 0 else ("B", "A"):
+            runs[side].append(one(args.a if side == "A" else args.b, args.requests))
+            run_s, total_s, _ = runs[side][-1]
+            print(f"pair {k + 1} {side}: Engine.run {run_s:.3f} s, replay() {total_s:.3f} s CPU", flush=True)
+    finishes = {r[2] for side in runs.values() for r in side}
+    if len(finishes) != 1:
+        raise SystemExit(f"the versions' finish times differ ({sorted(finishes)}): not the same work")
+    for i, what in ((0, "Engine.run"), (1, "replay()")):
+        a = [r[i] for r in runs["A"]]
+        b = [r[i] for r in runs["B"]]
+        ratios = sorted(y / x for x, y in zip(a, b))
+        print(f"{what}: A median {statistics.median(a):.3f} s ({min(a):.3f}-{max(a):.3f}), B median "
+              f"{statistics.median(b):.3f} s ({min(b):.3f}-{max(b):.3f}); B/A per pair: median "
+              f"{statistics.median(ratios):.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f})")
+    print(f"same finish times in every run (sha256 {finishes.pop()})")
+
+
+if __name__ == "__main__":
+    main()
