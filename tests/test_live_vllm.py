@@ -88,13 +88,14 @@ def test_every_request_accounted_with_trace_lengths(trace200, run200):
         assert out == generated == want_out[rid]  # ignore_eos: exactly the trace's output length
         assert prompt == want_in[rid]  # the prompt builder hit the trace's length in the server's tokens
     # one token-log row per text chunk: one token each, except where vLLM's output loop fell behind
-    # and sent two or more in one chunk (it does under load: a few dozen of ~3,700 here)
+    # and sent two or more in one chunk (it does under load: a few dozen of ~3,700 on a quiet machine,
+    # 8% at load average 11); a client logging per request rather than per chunk would have ~5%
     tokens = pq.read_table(run200 / "tokens.parquet").to_pydict()
     per_request = {rid: tokens["request_id"].count(rid) for rid in set(tokens["request_id"])}
     assert set(per_request) == set(req["request_id"])
     for rid, generated in zip(req["request_id"], req["generated_tokens"]):
         assert 1 <= per_request[rid] <= generated
-    assert len(tokens["request_id"]) >= 0.95 * sum(req["generated_tokens"])
+    assert len(tokens["request_id"]) >= 0.75 * sum(req["generated_tokens"])
     meta = json.loads((run200 / "run.json").read_text())
     assert meta["kind"] == "live" and meta["measured"] is True and meta["counts"] == {"finished": 200, "not_sent": 0}
     assert meta["prompts"]["tokenizer"] == "server" and meta["prompts"]["length_mismatches"] == 0
