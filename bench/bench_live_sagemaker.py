@@ -49,6 +49,18 @@ async def cpu_per_chunk(n: int = 5_000) -> float:
             return (time.process_time() - c0) / n
 
 
+async def cpu_per_request(n: int = 300) -> float:
+    """One-chunk answers one after the other: botocore's request building, signing and HTTP call."""
+    with SageMakerShim("bench", scenarios=_scenario(1, 0.0), echo=True) as shim:
+        backend = SageMakerBackend(SageMakerEndpoint("bench", endpoint_url=shim.url))
+        async with backend.open(TARGET, 1):
+            c0 = time.process_time()
+            for i in range(n):
+                rec = await backend.send(TARGET, Record(i, i), "x", 1, time.perf_counter)
+                assert rec.status == "finished", rec.reason
+            return (time.process_time() - c0) / n
+
+
 def _serve(tokens: int, urls) -> None:
     with SageMakerShim("bench", scenarios=_scenario(tokens, 0.005), echo=True) as shim:
         urls.put(shim.url)
@@ -101,6 +113,8 @@ async def main() -> None:
     per_chunk = await cpu_per_chunk()
     print(f"CPU per streamed chunk (boto3 client + local SageMaker runtime): {per_chunk * 1e6:.1f} us "
           f"(~{1 / per_chunk:,.0f} chunks/s on one core)")
+    per_request = await cpu_per_request()
+    print(f"CPU per request of one chunk (boto3 client + local SageMaker runtime): {per_request * 1e3:.2f} ms")
     for rate, n in ((20, 200), (50, 500), (100, 1000)):
         for backend in ("sagemaker", "http"):
             lags, ttft = (await send_lag(rate, n, 50, backend)).T
