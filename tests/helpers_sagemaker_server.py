@@ -95,9 +95,10 @@ class Scripted:
 class SageMakerShim:
     def __init__(self, endpoint: str = "test-endpoint", upstream: str | None = None,
                  scenarios: dict[str, Scripted] | None = None, split=awkward_split, carry: int = 0,
-                 jsonlines: bool = False, echo: bool = False):  # fmt: skip
+                 jsonlines: bool = False, echo: bool = False, echo_gap_s: float = 0.0):  # fmt: skip
         self.endpoint, self.upstream, self.scenarios = endpoint, upstream, scenarios or {}
         self.split, self.carry, self.jsonlines, self.echo = split, carry, jsonlines, echo
+        self.echo_gap_s = echo_gap_s  # seconds before each echoed chunk
         self.received: list[dict] = []  # {"path", "headers" (lower-case names), "body" (JSON)} per request
         self.parts = 0  # PayloadParts sent
         self.upstream_pieces = 0  # reads of the upstream stream (forward mode)
@@ -183,7 +184,7 @@ class SageMakerShim:
         key = body.get("prompt") or (body.get("messages") or [{}])[-1].get("content", "")
         reply = self.scenarios.get(key)
         if reply is None and self.echo:
-            reply = _echo(body)
+            reply = _echo(body, self.echo_gap_s)
         if reply.status != 200:
             await self._error(writer, reply.status, reply.error_type, reply.error_body)
             return True
@@ -263,7 +264,7 @@ def _as_jsonline(line: bytes) -> bytes:
     return line[5:].strip() + b"\n"
 
 
-def _echo(body: dict) -> Scripted:
+def _echo(body: dict, gap_s: float = 0.0) -> Scripted:
     """FALLBACK for runs through the CLI: ``max_tokens`` one-letter chunks, then usage and [DONE]
     (the prompt's count is its words plus one). A scripted stand-in, not a model: it shows what the
     client records of a stream, not what a server generates."""
@@ -271,7 +272,7 @@ def _echo(body: dict) -> Scripted:
     chat = "messages" in body
     prompt = body.get("prompt") or body["messages"][-1]["content"]
     usage = {"prompt_tokens": len(prompt.split()) + 1, "completion_tokens": n}
-    items = [(0, sse("x", "length" if k == n - 1 else None, chat)) for k in range(n)]
+    items = [(gap_s, sse("x", "length" if k == n - 1 else None, chat)) for k in range(n)]
     items += [(0, b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode() + b"\n\n"),
               (0, b"data: [DONE]\n\n")]  # fmt: skip
     return Scripted(items)

@@ -245,6 +245,45 @@ def test_unknown_endpoint_fails_the_opening_request(aws_env, shim):
         _send(shim, "one-part", name="nope")
 
 
+def test_client_configuration(aws_env):
+    """No retries, the pool sized to the requests in flight, botocore's read timeout past ours, and
+    the region's public endpoint when no --endpoint-url is given (nothing is sent here)."""
+    backend = SageMakerBackend(SageMakerEndpoint(ENDPOINT, region="us-west-2"))
+    client = backend._make_client(Target(f"sagemaker://{ENDPOINT}", "", timeout_s=30.0), 64)
+    assert client.meta.endpoint_url == "https://runtime.sagemaker.us-west-2.amazonaws.com"
+    assert client.meta.region_name == "us-west-2" and client.meta.service_model.signing_name == "sagemaker"
+    config = client.meta.config
+    assert config.retries["total_max_attempts"] == 1 and config.max_pool_connections == 64
+    assert config.read_timeout == 35.0 and config.connect_timeout == 30.0
+
+
+def test_duration_limit_cancels_the_requests_in_flight(aws_env):
+    """run_live through the backend: 4 requests sent in the first 0.3 s, each 10 chunks 0.2 s apart,
+    a 0.6 s duration: all four in flight at the limit, cancelled with the tokens they had, and
+    their threads gone soon after (their sockets shut), long before the answers would have ended."""
+    from conftest import make_trace
+    from servelab.live.bench import run_live
+    from servelab.live.load import LoadConfig
+
+    trace = make_trace([0.0, 0.1, 0.2, 0.3], [20] * 4, [10] * 4)
+    with SageMakerShim(ENDPOINT, echo=True, echo_gap_s=0.2) as server:
+        backend = SageMakerBackend(SageMakerEndpoint(ENDPOINT, endpoint_url=server.url))
+        target = Target(f"sagemaker://{ENDPOINT}", "", ignore_eos=True)
+        t0 = time.monotonic()
+        run = asyncio.run(run_live(trace, target, LoadConfig(duration_s=0.6), backend=backend))
+        deadline = time.monotonic() + 1.0
+        while _request_threads() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _request_threads() == 0 and time.monotonic() - t0 < 5.0  # the answers would take 2 s more
+    assert [r.status for r in run.records] == ["cancelled"] * 4 and run.meta["stopped_by"] == "duration"
+    assert {r.reason for r in run.records} == {"in flight when the duration limit was reached"}
+    for rec, sent_at in zip(run.records, (0.0, 0.1, 0.2, 0.3)):
+        # chunks come 0.2 s apart after the send: 1 to 3 of the 10 before the limit, none after it
+        assert 1 <= len(rec.token_times) <= 3 and rec.token_times[-1] <= rec.end_s
+        assert 0.6 <= rec.end_s < 1.0 and abs(rec.send_s - sent_at) < 0.05
+    assert run.meta["endpoint"]["backend"] == "sagemaker"
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 def test_bench_sagemaker_runs_the_trace(tmp_path, capsys, aws_env):
