@@ -7,6 +7,7 @@ behind it: tests/test_live_sagemaker_vllm.py. Nothing leaves loopback: fake cred
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import sys
@@ -16,12 +17,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 from helpers_cli import run_main, write_small_trace
-from servelab.common.errors import ServelabError
-from servelab.live.client import Record, Target
-from servelab.live.sse import Event
-
-pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'servelab[sagemaker]')")
-from helpers_sagemaker_server import (  # noqa: E402
+from helpers_sagemaker_server import (
     SageMakerShim,
     Scripted,
     awkward_split,
@@ -29,7 +25,12 @@ from helpers_sagemaker_server import (  # noqa: E402
     sse,
     stream_error,
 )
-from servelab.live.sagemaker import PayloadReader, SageMakerBackend, SageMakerEndpoint  # noqa: E402
+from servelab.common.errors import ServelabError
+from servelab.live.client import Record, Target
+from servelab.live.sagemaker import PayloadReader, SageMakerBackend, SageMakerEndpoint
+from servelab.live.sse import Event
+
+pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'servelab[sagemaker]')")
 
 ENDPOINT = "test-endpoint"
 USAGE = b'data: {"id": "x", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}\n\n'
@@ -126,7 +127,7 @@ def _events(data: bytes, cuts: tuple[int, ...], fmt: str, content_type: str | No
     reader = PayloadReader(fmt, content_type)
     bounds = [0, *cuts, len(data)]
     out = []
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         out += reader.feed(data[a:b])
     return out + reader.close()
 
@@ -191,8 +192,8 @@ def test_streams_finish_with_their_tokens(aws_env, shim, prompt, tokens, usage, 
 @pytest.mark.parametrize("prompt, tokens, reason", [
     ("model-stream-error", 2, "ModelStreamError: Model stream broken"),
     ("internal-failure", 1, "InternalStreamFailure: try again"),
-    ("model-error", 0, "ModelError (HTTP 424): Received client error (400) from primary with message "
-                       "\"max_tokens is too large\""),
+    ("model-error", 0, ("ModelError (HTTP 424): Received client error (400) from primary with message "
+                        "\"max_tokens is too large\"")),
     ("throttled", 0, "ThrottlingException (HTTP 429): Rate exceeded"),
     ("error-in-stream", 1, "error in stream: engine died"),
     ("empty", 0, "the stream ended without any generated text"),
@@ -327,8 +328,8 @@ def _closed_port() -> int:
     (["http://127.0.0.1:9", "--stream-format", "sse"], "Invalid value for --stream-format: goes with a sagemaker://"),
     ([f"sagemaker://{ENDPOINT}", "--metrics"], "Invalid value for --metrics: a SageMaker endpoint has no /metrics"),
     ([f"sagemaker://{ENDPOINT}", "--api-key", "k"], "Invalid value for --api-key: goes with an http(s):// URL"),
-    ([f"sagemaker://{ENDPOINT}", "--tokenizer", "server"], "Invalid value for --tokenizer: a SageMaker endpoint "
-                                                           "has no /tokenize"),
+    ([f"sagemaker://{ENDPOINT}", "--tokenizer", "server"], ("Invalid value for --tokenizer: a SageMaker endpoint "
+                                                            "has no /tokenize")),
     ([f"sagemaker://{ENDPOINT}", "--endpoint-url", "127.0.0.1:9"], "Invalid value for --endpoint-url: must start"),
     (["ftp://x"], "must start with http://, https:// or sagemaker://"),
 ])
@@ -340,11 +341,11 @@ def test_bench_sagemaker_argument_errors(tmp_path, capsys, aws_env, args, messag
 
 
 @pytest.mark.parametrize("unset, message", [
-    ("AWS_DEFAULT_REGION", f"error: sagemaker://{ENDPOINT}: no AWS region: give --region, or set AWS_REGION or "
-                           "AWS_DEFAULT_REGION"),
+    ("AWS_DEFAULT_REGION", (f"error: sagemaker://{ENDPOINT}: no AWS region: give --region, or set AWS_REGION or "
+                            "AWS_DEFAULT_REGION")),
     ("AWS_ACCESS_KEY_ID", f"error: sagemaker://{ENDPOINT}: no AWS credentials found"),
-    (None, f"error: sagemaker://{ENDPOINT}: the endpoint did not answer a 2-token request (EndpointConnectionError: "
-           "Could not connect to the endpoint URL"),
+    (None, (f"error: sagemaker://{ENDPOINT}: the endpoint did not answer a 2-token request (EndpointConnectionError: "
+            "Could not connect to the endpoint URL")),
 ])
 def test_bench_sagemaker_unusable_endpoint_fails_the_command(tmp_path, capsys, aws_env, monkeypatch, unset, message):
     if unset:

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers_sagemaker_server import SageMakerShim
 from prometheus_client.parser import text_string_to_metric_families
 from servelab.traces.io import read_trace, write_trace
 from servelab.traces.synth import synth_trace
@@ -37,7 +38,6 @@ pytestmark = pytest.mark.skipif(not ENDPOINT, reason="SERVELAB_TEST_ENDPOINT is 
 if ENDPOINT:
     assert urlparse(ENDPOINT).hostname in ("127.0.0.1", "localhost", "::1"), f"loopback servers only, not {ENDPOINT}"
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'servelab[sagemaker]')")
-from helpers_sagemaker_server import SageMakerShim  # noqa: E402
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_CONFIG_FILE": "/nonexistent/config", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
