@@ -110,7 +110,8 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
         _no_sagemaker_options(region=region, profile=profile, endpoint_url=endpoint_url,
                               inference_component=inference_component, stream_format=stream_format)  # fmt: skip
     if not (sagemaker or url.startswith(("http://", "https://"))):
-        raise click.BadParameter("must start with http://, https:// or sagemaker://", param_hint="URL")
+        raise click.BadParameter("must start with http:// or https:// (or sagemaker:// for a SageMaker endpoint)",
+                                 param_hint="URL")
     if metrics_interval <= 0:
         raise click.BadParameter("must be > 0", param_hint="--metrics-interval")
     if tokenizer not in ("auto", "server", "approximate") and not Path(tokenizer).is_file():

@@ -181,6 +181,8 @@ class _Call:
             response = client.invoke_endpoint_with_response_stream(**request)
             stream = response["Body"]
             self.raw = getattr(stream, "_raw_stream", None)
+            if self.settled:  # timed out or cancelled while the answer's headers were awaited
+                return
             reader = PayloadReader(self.stream_format, response.get("ContentType"))
             done = False
             for part in stream:

@@ -331,7 +331,7 @@ def _closed_port() -> int:
     ([f"sagemaker://{ENDPOINT}", "--tokenizer", "server"], ("Invalid value for --tokenizer: a SageMaker endpoint "
                                                             "has no /tokenize")),
     ([f"sagemaker://{ENDPOINT}", "--endpoint-url", "127.0.0.1:9"], "Invalid value for --endpoint-url: must start"),
-    (["ftp://x"], "must start with http://, https:// or sagemaker://"),
+    (["ftp://x"], "must start with http:// or https:// (or sagemaker:// for a SageMaker endpoint)"),
 ])
 def test_bench_sagemaker_argument_errors(tmp_path, capsys, aws_env, args, message):
     code, _, err = run_main(["bench", args[0], write_small_trace(tmp_path), "-o", tmp_path / "o", "--model", "m",
