@@ -1,5 +1,6 @@
-"""`servelab bench URL TRACE -o RUN_DIR`: replay a trace against a running OpenAI-compatible server and
-measure it, writing a run directory in the replay's schema (docs/live.md)."""
+"""`servelab bench URL TRACE -o RUN_DIR`: replay a trace against a running OpenAI-compatible server (or an
+Amazon SageMaker endpoint, URL ``sagemaker://NAME``) and measure it, writing a run directory in the
+replay's schema (docs/live.md)."""
 
 from __future__ import annotations
 
@@ -77,21 +78,40 @@ def _discover_model(url: str, api_key: str | None) -> str:
 @click.option("--sweep-users", help="Sweep: one closed-loop run per user count (comma-separated) into OUT/users_<n>.")
 @click.option("--report/--no-report", "show_report", default=True, show_default=True,
               help="Print the report of the run (of each run of a sweep).")
+@click.option("--region", help="sagemaker:// URL: the AWS region (default: boto3's, e.g. $AWS_REGION).")
+@click.option("--profile", help="sagemaker:// URL: the AWS profile of ~/.aws/config (default: boto3's chain).")
+@click.option("--endpoint-url", help="sagemaker:// URL: the SageMaker runtime API's URL (a local or private endpoint).")
+@click.option("--inference-component", help="sagemaker:// URL: the inference component to invoke.")
+@click.option("--stream-format", type=click.Choice(["auto", "sse", "jsonlines"]), default="auto", show_default=True,
+              help="sagemaker:// URL: the container's stream: server-sent events, JSON lines, or by its content "
+              "type.")
 def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float,
           rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
           num_requests: int | None, warmup: int, timeout_s: float, ignore_eos: bool, min_tokens: bool,
           extensions: str, tokenizer: str, metrics: bool, metrics_interval: float, token_log: bool,
           api_key: str | None, seed: int, sweep_rates: str | None, sweep_users: str | None,
-          show_report: bool) -> None:  # fmt: skip
-    """Send TRACE's requests to the OpenAI-compatible server at URL and measure them (docs/live.md)."""
+          show_report: bool, region: str | None, profile: str | None, endpoint_url: str | None,
+          inference_component: str | None, stream_format: str) -> None:  # fmt: skip
+    """Send TRACE's requests to the OpenAI-compatible server at URL (or the Amazon SageMaker endpoint
+    sagemaker://NAME) and measure them (docs/live.md)."""
     from servelab.cli.replay_cmd import check_replay_output
     from servelab.live.bench import LiveOptions
     from servelab.live.client import Target
     from servelab.live.load import LoadConfig
     from servelab.traces.io import read_trace, trace_sha256
 
-    if not url.startswith(("http://", "https://")):
-        raise click.BadParameter("must start with http:// or https://", param_hint="URL")
+    sagemaker = url.startswith("sagemaker://")
+    if sagemaker:
+        backend = _sagemaker_backend(url, region, profile, endpoint_url, inference_component, stream_format,
+                                     tokenizer, metrics, api_key)  # fmt: skip
+        metrics = False
+    else:
+        backend = None
+        _no_sagemaker_options(region=region, profile=profile, endpoint_url=endpoint_url,
+                              inference_component=inference_component, stream_format=stream_format)  # fmt: skip
+    if not (sagemaker or url.startswith(("http://", "https://"))):
+        raise click.BadParameter("must start with http:// or https:// (or sagemaker:// for a SageMaker endpoint)",
+                                 param_hint="URL")
     if metrics_interval <= 0:
         raise click.BadParameter("must be > 0", param_hint="--metrics-interval")
     if tokenizer not in ("auto", "server", "approximate") and not Path(tokenizer).is_file():
@@ -112,12 +132,16 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
         check_replay_output(out_dir, force)
     table = read_trace(trace)
     trace_meta = {"path": str(trace), "name": Path(trace).stem, "sha256": trace_sha256(trace)}
-    target = Target(url, model or _discover_model(url, api_key), api=api, timeout_s=timeout_s or None,
-                    ignore_eos=ignore_eos, min_tokens=min_tokens, api_key=api_key)  # fmt: skip
+    if sagemaker:  # the body names a model only when asked: a SageMaker container serves its own
+        target = Target(backend.endpoint.url, model or "", api=api, timeout_s=timeout_s or None,
+                        ignore_eos=ignore_eos, min_tokens=min_tokens)  # fmt: skip
+    else:
+        target = Target(url, model or _discover_model(url, api_key), api=api, timeout_s=timeout_s or None,
+                        ignore_eos=ignore_eos, min_tokens=min_tokens, api_key=api_key)  # fmt: skip
     options = LiveOptions(metrics=metrics, metrics_interval_s=metrics_interval, tokenizer=tokenizer,
                           extensions=extensions)  # fmt: skip
     if not levels:
-        interrupted = _one_run(table, trace_meta, target, load, options, out_dir, token_log, show_report)
+        interrupted = _one_run(table, trace_meta, target, load, options, out_dir, token_log, show_report, backend)
         if interrupted:
             sys.exit(130)
         return
@@ -130,11 +154,45 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
             level = dataclasses.replace(load, users=value)
         click.echo(f"sweep level {name}", err=True)
         interrupted = _one_run(table, trace_meta, target, level, options, str(Path(out_dir) / name), token_log,
-                               show_report)  # fmt: skip
+                               show_report, backend)  # fmt: skip
         done.append({"run": name, "rate_rps" if sweep_rates else "users": value, "interrupted": interrupted})
         _write_sweep_json(out_dir, done, levels)
         if interrupted:
             sys.exit(130)
+
+
+def _sagemaker_backend(url, region, profile, endpoint_url, inference_component, stream_format, tokenizer, metrics,
+                       api_key):  # fmt: skip
+    """The SageMaker backend of a ``sagemaker://NAME`` URL; refuses the HTTP server's options."""
+    from servelab.live.sagemaker import (
+        SageMakerBackend,
+        SageMakerEndpoint,
+        require_boto3,
+    )
+
+    given = click.get_current_context().get_parameter_source
+    if metrics and given("metrics") == click.core.ParameterSource.COMMANDLINE:
+        raise click.BadParameter("a SageMaker endpoint has no /metrics to sample (its metrics are in CloudWatch)",
+                                 param_hint="--metrics")  # fmt: skip
+    if api_key and given("api_key") == click.core.ParameterSource.COMMANDLINE:
+        raise click.BadParameter("goes with an http(s):// URL (SageMaker requests are signed with AWS "
+                                 "credentials)", param_hint="--api-key")  # fmt: skip
+    if tokenizer == "server":
+        raise click.BadParameter("a SageMaker endpoint has no /tokenize: give a tokenizer.json or 'approximate'",
+                                 param_hint="--tokenizer")  # fmt: skip
+    if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
+        raise click.BadParameter("must start with http:// or https://", param_hint="--endpoint-url")
+    endpoint = SageMakerEndpoint.from_url(url, region=region, profile=profile, endpoint_url=endpoint_url,
+                                          inference_component=inference_component, stream_format=stream_format)  # fmt: skip
+    require_boto3()
+    return SageMakerBackend(endpoint)
+
+
+def _no_sagemaker_options(**options) -> None:
+    given = click.get_current_context().get_parameter_source
+    for name, value in options.items():
+        if value is not None and given(name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.BadParameter("goes with a sagemaker:// URL", param_hint=f"--{name.replace('_', '-')}")
 
 
 def _sweep_levels(rates: str | None, users: str | None, shape: str) -> list[tuple[str, float | int]]:
@@ -182,14 +240,17 @@ def _write_sweep_json(out_dir: str, done: list[dict], levels) -> None:
                                   indent=2) + "\n")  # fmt: skip
 
 
-def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: bool, show_report: bool) -> bool:
+def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: bool, show_report: bool,
+             backend=None) -> bool:  # fmt: skip
     """One live run written to ``out_dir``; True when Ctrl-C stopped it."""
     from servelab.live.bench import run_live, write_live_run
 
     n = table.num_rows if load.num_requests is None else min(load.num_requests, table.num_rows)
-    click.echo(f"sending {n:,} requests to {target.url} (model {target.model}, shape {load.shape})", err=True)
+    where = target.url if backend is None else target.root
+    model = target.model or "the endpoint's own"
+    click.echo(f"sending {n:,} requests to {where} (model {model}, shape {load.shape})", err=True)
     try:
-        run = asyncio.run(run_live(table, target, load, options))
+        run = asyncio.run(run_live(table, target, load, options, backend))
     except RuntimeError as err:
         raise ServelabError(str(err)) from None
     for line in run.log:

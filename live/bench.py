@@ -1,7 +1,9 @@
 """A live run: build the trace's prompts, drive the load against the server, collect the records.
 
 ``run_live`` returns a ``LiveRun`` (records, tables, run.json); ``write_live_run`` writes the run
-directory in the replay's schema (live/results.py), marked ``"kind": "live"`` in run.json.
+directory in the replay's schema (live/results.py), marked ``"kind": "live"`` in run.json. The
+requests go through a ``Backend`` (live/backend.py): an OpenAI-compatible HTTP server by default,
+or Amazon SageMaker runtime streaming (live/sagemaker.py).
 """
 
 from __future__ import annotations
@@ -12,19 +14,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-import aiohttp
 import numpy as np
 import pyarrow as pa
-from servelab.live.client import Record, Target, send
+from servelab.live.backend import Backend, HttpBackend
+from servelab.live.client import Record, Target
 from servelab.live.load import LoadConfig, schedule
-from servelab.live.prometheus import MetricsSampler
 from servelab.live.prompts import (
     Approximate,
     Vocabulary,
     build_prompt,
     measure_vocabulary,
 )
-from servelab.live.tokenize import LocalTokenizer, server_tokenizer
+from servelab.live.tokenize import LocalTokenizer
 
 LAG_WARN_S = 0.010  # warn when the 99th percentile of send lag exceeds this
 PROMPT_CONCURRENCY = 16  # /tokenize calls in flight while building prompts
@@ -49,27 +50,12 @@ class LiveRun:
     log: list[str] = field(default_factory=list)  # warnings for the user
 
 
-async def _probe_extensions(http: aiohttp.ClientSession, target: Target) -> tuple[bool, str | None]:
-    """Does the server take ignore_eos + min_tokens? One 2-token request says."""
-    body = dict(target.payload(" a", 2), stream=False, ignore_eos=True, min_tokens=2)
-    body.pop("stream_options", None)
-    try:
-        async with http.post(target.url, json=body, headers=target.headers(),
-                             timeout=aiohttp.ClientTimeout(total=120.0)) as response:  # fmt: skip
-            status, text = response.status, await response.text()
-    except (aiohttp.ClientError, TimeoutError) as err:
-        return False, f"probe failed: {type(err).__name__}: {err}"
-    if status == 200:
-        return True, None
-    return False, f"HTTP {status}: {text[:200]}"
-
-
-async def _prompts(http, target, trace: pa.Table, rows: list[int], seed: int, salt: int, mode: str,
+async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], seed: int, salt: int, mode: str,
                    log: list[str]) -> tuple[list[str], list[int], dict]:  # fmt: skip
     tokenizer = None
     kind = "server"
     if mode in ("auto", "server"):
-        tokenizer = await server_tokenizer(http, target)
+        tokenizer = await backend.tokenizer(target)
         if tokenizer is None and mode == "server":
             raise RuntimeError(f"{target.root}/tokenize did not answer; use --tokenizer approximate")
     elif mode != "approximate":  # a local tokenizer.json
@@ -123,12 +109,12 @@ class _Flight:
         self.now -= 1
 
 
-async def _drive(http, target: Target, load: LoadConfig, records: list[Record], texts: list[str],
+async def _drive(backend: Backend, target: Target, load: LoadConfig, records: list[Record], texts: list[str],
                  max_tokens: list[int], sched: np.ndarray | None, clock: Callable[[], float], flight: _Flight) -> None:  # fmt: skip
     async def one(i: int) -> None:
         flight.enter()
         try:
-            await send(http, target, records[i], texts[i], max_tokens[i], clock)
+            await backend.send(target, records[i], texts[i], max_tokens[i], clock)
         finally:
             flight.leave()
 
@@ -173,31 +159,27 @@ async def _drive(http, target: Target, load: LoadConfig, records: list[Record], 
                 group.create_task(user())
 
 
-async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: LiveOptions = LiveOptions()) -> LiveRun:
-    """Run the trace against the server. Ctrl-C (task cancellation) stops the run and keeps what finished."""
+async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: LiveOptions = LiveOptions(),
+                   backend: Backend | None = None) -> LiveRun:  # fmt: skip
+    """Run the trace against the server (through ``backend``, default: HTTP to ``target.base_url``).
+    Ctrl-C (task cancellation) stops the run and keeps what finished."""
+    backend = HttpBackend() if backend is None else backend
     log: list[str] = []
     total = trace.num_rows if load.num_requests is None else min(load.num_requests, trace.num_rows)
     rows = list(range(total))
     started = time.time()
-    try:  # any HTTP answer will do: a server that is not there fails the command, not every request
-        async with aiohttp.ClientSession() as once, \
-                once.get(f"{target.root}/v1/models", headers=target.headers(),
-                         timeout=aiohttp.ClientTimeout(total=30.0)):  # fmt: skip
-            pass  # a connection of its own: some servers drop a kept-alive one after an error
-    except (aiohttp.ClientError, TimeoutError) as err:
-        raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
-    connector = aiohttp.TCPConnector(limit=0)  # no cap of its own: --max-in-flight is the cap
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    # the most requests in flight at once (a hint for backends that size a connection pool)
+    concurrency = max(1, load.users or load.max_in_flight or max(total, min(load.warmup, trace.num_rows)))
+    async with backend.open(target, concurrency):
         extensions, why = (False, "off") if options.extensions == "off" else (True, "on")
         if not (target.ignore_eos or target.min_tokens):
             extensions, why = False, "not asked"
         elif options.extensions == "auto":
-            extensions, why = await _probe_extensions(http, target)
+            extensions, why = await backend.probe_extensions(target)
             if not extensions:
                 log.append(f"the server does not take ignore_eos/min_tokens ({why}): outputs may end early")
         target = _with_extensions(target, extensions)
-        texts, counts, prompt_info = await _prompts(http, target, trace, rows, load.seed, 0, options.tokenizer, log)
+        texts, counts, prompt_info = await _prompts(backend, target, trace, rows, load.seed, 0, options.tokenizer, log)
         out_lengths = trace.column("output_tokens").to_pylist()
         max_tokens = [out_lengths[r] for r in rows]
         ids = trace.column("request_id").to_pylist()
@@ -205,13 +187,13 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         warm = {}
         if load.warmup:
             wrows = list(range(min(load.warmup, trace.num_rows)))
-            wtexts, _, _ = await _prompts(http, target, trace, wrows, load.seed, 1_000_003, options.tokenizer, [])
+            wtexts, _, _ = await _prompts(backend, target, trace, wrows, load.seed, 1_000_003, options.tokenizer, [])
             wrecords = [Record(k, ids[r]) for k, r in enumerate(wrows)]
             gate = asyncio.Semaphore(load.users or load.max_in_flight or len(wrows))
 
             async def warm_one(k: int) -> None:
                 async with gate:
-                    await send(http, target, wrecords[k], wtexts[k], out_lengths[wrows[k]])
+                    await backend.send(target, wrecords[k], wtexts[k], out_lengths[wrows[k]], time.perf_counter)
 
             t_warm = time.perf_counter()
             await asyncio.gather(*(warm_one(k) for k in range(len(wrows))))
@@ -224,7 +206,8 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         stop_sampling = asyncio.Event()
         sampling = None
         if options.metrics:
-            sampler = MetricsSampler(http, f"{target.root}/metrics", options.metrics_interval_s, time.perf_counter)
+            sampler = backend.metrics_sampler(target, options.metrics_interval_s, time.perf_counter)
+        if sampler is not None:
             await sampler.scrape()  # the baseline, before the first request
         # Everything built so far (the trace, prompts, imported modules) stays put: the cyclic garbage
         # collector then scans only what the run itself allocates, so its pauses cannot delay a send.
@@ -242,9 +225,9 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         try:
             if load.duration_s is not None:
                 async with asyncio.timeout(load.duration_s):
-                    await _drive(http, target, load, records, texts, max_tokens, sched, clock, flight)
+                    await _drive(backend, target, load, records, texts, max_tokens, sched, clock, flight)
             else:
-                await _drive(http, target, load, records, texts, max_tokens, sched, clock, flight)
+                await _drive(backend, target, load, records, texts, max_tokens, sched, clock, flight)
         except TimeoutError:
             stopped_by = "duration"
         except asyncio.CancelledError:
@@ -283,7 +266,7 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         "measured": True,
         "endpoint": {"url": target.root, "api": target.api, "model": target.model, "timeout_s": target.timeout_s,
                      "ignore_eos": target.ignore_eos, "min_tokens": target.min_tokens,
-                     "include_usage": target.include_usage, "extensions_probe": why},
+                     "include_usage": target.include_usage, "extensions_probe": why, **backend.describe()},
         "load": asdict(load),
         "prompts": prompt_info,
         "runner": {"name": "live", "spec": target.root},

@@ -16,14 +16,12 @@ count of text chunks stands in). Outcomes, each with the error text where there 
 from __future__ import annotations
 
 import asyncio
-import codecs
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from servelab.live.sse import aparse_lines
+from servelab.live.sse import Event, LineSplitter, aparse_lines
 
 ERROR_TEXT_MAX = 500  # characters of a server's error body kept in `reason`
 
@@ -122,59 +120,55 @@ def _error_text(payload: object) -> str:
     return str(payload)[:ERROR_TEXT_MAX]
 
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
 async def iter_lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
     """The body's lines as the event-stream format splits them (``\\r\\n``, ``\\r`` or ``\\n``), decoded as
     UTF-8 across read boundaries; a last line without a line end is yielded too."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    buffer = ""
+    splitter = LineSplitter()
     async for data in content.iter_any():
-        buffer += decoder.decode(data)
-        hold = buffer.endswith("\r")  # maybe the first half of a "\r\n" split between two reads
-        parts = _LINE_END.split(buffer[:-1] if hold else buffer)
-        buffer = parts.pop() + ("\r" if hold else "")
-        for line in parts:
+        for line in splitter.feed(data):
             yield line
-    parts = _LINE_END.split(buffer + decoder.decode(b"", final=True))
-    for line in parts[:-1]:
+    for line in splitter.close():
         yield line
-    if parts[-1]:
-        yield parts[-1]
+
+
+def read_event(event: Event, api: str, record: Record, now: float) -> bool:
+    """Record one stream event (an OpenAI-style chunk) that arrived at ``now``; True for ``[DONE]``.
+    Raises StreamError for an error the server sent, or a payload that is not a JSON object."""
+    if event.done:
+        record.saw_done = True
+        return True
+    try:
+        payload = event.json()
+    except ValueError:
+        raise StreamError(f"stream event is not JSON: {event.data[:200]!r}") from None
+    if event.event == "error" or (isinstance(payload, dict) and "error" in payload and "choices" not in payload):
+        raise StreamError(f"error in stream: {_error_text(payload)}")
+    if not isinstance(payload, dict):
+        raise StreamError(f"stream event is not a JSON object: {event.data[:200]!r}")
+    text, finish = _choice_text(payload, api)
+    if text:
+        if record.first_token_s is None:
+            record.first_token_s = now
+        record.token_times.append(now)
+    if finish:
+        record.finish_reason = str(finish)
+    usage = payload.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("completion_tokens"), int):
+            record.usage_completion_tokens = usage["completion_tokens"]
+        if isinstance(usage.get("prompt_tokens"), int):
+            record.usage_prompt_tokens = usage["prompt_tokens"]
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            record.usage_cached_tokens = details["cached_tokens"]
+    return False
 
 
 async def _read_stream(response: aiohttp.ClientResponse, target: Target, record: Record,
                        clock: Callable[[], float]) -> None:  # fmt: skip
     async for event in aparse_lines(iter_lines(response.content)):
-        now = clock()
-        if event.done:
-            record.saw_done = True
+        if read_event(event, target.api, record, clock()):
             break
-        try:
-            payload = event.json()
-        except ValueError:
-            raise StreamError(f"stream event is not JSON: {event.data[:200]!r}") from None
-        if event.event == "error" or (isinstance(payload, dict) and "error" in payload and "choices" not in payload):
-            raise StreamError(f"error in stream: {_error_text(payload)}")
-        if not isinstance(payload, dict):
-            raise StreamError(f"stream event is not a JSON object: {event.data[:200]!r}")
-        text, finish = _choice_text(payload, target.api)
-        if text:
-            if record.first_token_s is None:
-                record.first_token_s = now
-            record.token_times.append(now)
-        if finish:
-            record.finish_reason = str(finish)
-        usage = payload.get("usage")
-        if isinstance(usage, dict):
-            if isinstance(usage.get("completion_tokens"), int):
-                record.usage_completion_tokens = usage["completion_tokens"]
-            if isinstance(usage.get("prompt_tokens"), int):
-                record.usage_prompt_tokens = usage["prompt_tokens"]
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                record.usage_cached_tokens = details["cached_tokens"]
 
 
 async def send(http: aiohttp.ClientSession, target: Target, record: Record, prompt: str, max_tokens: int,

@@ -9,11 +9,14 @@ report). Nothing here knows about completions: the client (live/client.py) reads
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
 DONE = "[DONE]"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,28 @@ class Event:
     def json(self) -> object:
         """The payload as JSON; raises ValueError (json.JSONDecodeError) when it is not."""
         return json.loads(self.data)
+
+
+class LineSplitter:
+    """Bytes arriving in arbitrary pieces -> the lines the event-stream format splits them into
+    (``\\r\\n``, ``\\r`` or ``\\n``), decoded as UTF-8 across piece boundaries (a character or a
+    ``\\r\\n`` split between two pieces is joined). ``close()`` returns a last line without a line end."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._buffer = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        buffer = self._buffer + self._decoder.decode(data)
+        hold = buffer.endswith("\r")  # maybe the first half of a "\r\n" split between two pieces
+        parts = _LINE_END.split(buffer[:-1] if hold else buffer)
+        self._buffer = parts.pop() + ("\r" if hold else "")
+        return parts
+
+    def close(self) -> list[str]:
+        parts = _LINE_END.split(self._buffer + self._decoder.decode(b"", final=True))
+        self._buffer = ""
+        return parts[:-1] + ([parts[-1]] if parts[-1] else [])
 
 
 class EventParser:

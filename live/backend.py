@@ -1,0 +1,97 @@
+"""Where a live run's requests go and how: the ``Backend`` a run drives (live/bench.py).
+
+A run builds the same request bodies (``Target.payload``: OpenAI-style completions or chat, streamed)
+and keeps the same records whatever carries them. A backend answers five questions:
+
+- ``open(target, concurrency)``: an async context manager that checks the endpoint can be used
+  (raising RuntimeError with a one-line reason when it cannot) and holds the connections;
+- ``probe_extensions(target)``: does the server take vLLM's ``ignore_eos`` + ``min_tokens``?
+- ``tokenizer(target)``: the server's own tokenizer, or None;
+- ``metrics_sampler(target, interval_s, clock)``: a Prometheus sampler, or None;
+- ``send(target, record, prompt, max_tokens, clock)``: one streamed request filling ``record``
+  (never raises but CancelledError, after recording it), as live/client.py's ``send``.
+
+``describe()`` adds the backend's own fields to run.json ``endpoint``. ``HttpBackend`` is an
+OpenAI-compatible HTTP server (aiohttp); live/sagemaker.py is Amazon SageMaker runtime streaming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
+
+import aiohttp
+from servelab.live.client import Record, Target, send
+from servelab.live.prometheus import MetricsSampler
+from servelab.live.prompts import Tokenizer
+from servelab.live.tokenize import server_tokenizer
+
+
+class Backend(Protocol):
+    def describe(self) -> dict: ...
+
+    def open(self, target: Target, concurrency: int) -> AbstractAsyncContextManager[None]: ...
+
+    async def probe_extensions(self, target: Target) -> tuple[bool, str | None]: ...
+
+    async def tokenizer(self, target: Target) -> Tokenizer | None: ...
+
+    def metrics_sampler(self, target: Target, interval_s: float,
+                        clock: Callable[[], float]) -> MetricsSampler | None: ...  # fmt: skip
+
+    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+                   clock: Callable[[], float]) -> Record: ...  # fmt: skip
+
+
+class HttpBackend:
+    """An OpenAI-compatible server over HTTP: one aiohttp session without a connection limit of its
+    own (the load's cap is the cap), ``/v1/models`` as the reachability check, ``/tokenize``, ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.http: aiohttp.ClientSession | None = None
+
+    def describe(self) -> dict:
+        return {}
+
+    @asynccontextmanager
+    async def open(self, target: Target, concurrency: int) -> AsyncIterator[None]:
+        try:  # any HTTP answer will do: a server that is not there fails the command, not every request
+            async with aiohttp.ClientSession() as once, \
+                    once.get(f"{target.root}/v1/models", headers=target.headers(),
+                             timeout=aiohttp.ClientTimeout(total=30.0)):  # fmt: skip
+                pass  # a connection of its own: some servers drop a kept-alive one after an error
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
+        connector = aiohttp.TCPConnector(limit=0)  # no cap of its own: --max-in-flight is the cap
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+            self.http = http
+            try:
+                yield
+            finally:
+                self.http = None
+
+    async def probe_extensions(self, target: Target) -> tuple[bool, str | None]:
+        """Does the server take ignore_eos + min_tokens? One 2-token request says."""
+        body = dict(target.payload(" a", 2), stream=False, ignore_eos=True, min_tokens=2)
+        body.pop("stream_options", None)
+        try:
+            async with self.http.post(target.url, json=body, headers=target.headers(),
+                                      timeout=aiohttp.ClientTimeout(total=120.0)) as response:  # fmt: skip
+                status, text = response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return False, f"probe failed: {type(err).__name__}: {err}"
+        if status == 200:
+            return True, None
+        return False, f"HTTP {status}: {text[:200]}"
+
+    async def tokenizer(self, target: Target) -> Tokenizer | None:
+        return await server_tokenizer(self.http, target)
+
+    def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> MetricsSampler:
+        return MetricsSampler(self.http, f"{target.root}/metrics", interval_s, clock)
+
+    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+                   clock: Callable[[], float]) -> Record:  # fmt: skip
+        return await send(self.http, target, record, prompt, max_tokens, clock)
