@@ -73,8 +73,6 @@ class PoolConfig:
                 raise ServelabError(f"{where}: replicas (the initial count) must be within autoscale min..max, "
                                     f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
         if self.instances:
-            if self.role != "mixed":
-                raise ServelabError(f"{where}: instances (several instance types) are modelled for mixed pools only (yet)")
             for key in ("gpu", "price_per_gpu_hour"):
                 if key in dict(self.settings) or (key == "price_per_gpu_hour" and self.price_per_gpu_hour):
                     raise ServelabError(f"{where}: '{key}' is set per instance type when the pool lists instances")
@@ -250,6 +248,7 @@ def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
 
     data = base.to_dict()
     data.pop("cluster", None)
+    data.pop("fail", None)  # the cluster's: replica ids count across pools (the engine gets them from the top level)
     for key, value in pool.settings:
         if key in ("policy_params", "router_params"):
             data[key] = dict(value)

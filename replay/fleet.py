@@ -30,6 +30,7 @@ from servelab.replay.engine import TIMER
 from servelab.replay.instances import InstanceType
 
 if TYPE_CHECKING:
+    from servelab.replay.disagg import Disaggregation
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
@@ -39,7 +40,7 @@ class Fleet(Autoscaler):
     ``config`` None: a pool of fixed size."""
 
     def __init__(self, engine: Engine, replicas: list[Replica], types: tuple[InstanceType, ...],
-                 kinds: list[int], config: AutoscaleConfig | None, initial: int):
+                 kinds: list[int], config: AutoscaleConfig | None, initial: int, disagg: Disaggregation | None = None):
         self.types = types
         self.kind = {r.id: k for r, k in zip(replicas, kinds)}
         self.fixed = config is None
@@ -49,7 +50,7 @@ class Fleet(Autoscaler):
         self.changes = sorted({t for ty in types for t in ty.change_times() if t > 0})
         self.next_change = 0
         super().__init__(engine, replicas, config or AutoscaleConfig(min=initial, max=initial), 0,
-                         ticks=not self.fixed)
+                         ticks=not self.fixed, disagg=disagg)
         self.wanted = initial
         self._fill(0.0, at_once=True)
         self._push_change()
@@ -134,6 +135,8 @@ class Fleet(Autoscaler):
     def _live(self) -> None:
         super()._live()
         platform = self.engine.platform
+        if self.disagg is not None and self.disagg.prefill_scaler is not self:
+            return  # a decode pool: arrivals (and the requests waiting for a replica) are the prefill pool's
         if platform.orphans and self.engine.live:
             platform.adopt_orphans(self.engine.now_s)
 

@@ -211,10 +211,7 @@ def test_bad_instance_settings_are_one_line_errors_naming_the_field(pool, messag
 
 
 def test_instances_are_refused_where_they_are_not_modelled():
-    with pytest.raises(ServelabError, match="instances .* mixed pools only"):
-        ReplayConfig.from_dict({"runner": "linear:base=1", "num_gpu_blocks": 10, "kv_bytes_per_token": 10, "cluster": {
-            "pools": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode", "instances": [{"gpu": "a"}]}],
-            "links": [{"from": "p", "to": "d"}]}})
+    # (instances on prefill/decode pools are modelled: tests/test_cluster_disagg_loss.py)
     with pytest.raises(ServelabError, match="fail.*not modelled with instance types"):
         replay(make_trace([0], [1], [2]), config([{"gpu": "a"}], fail=["replica=0,at=1"]))
 
