@@ -282,7 +282,8 @@ class BuiltCluster:
                 used = [t for t in pool.types if t.replicas]
                 kinds = [k for k, t in enumerate(used) for _ in t.replicas]
                 scalers[pool.spec.name] = Fleet(engine, pool.replicas, tuple(t.spec for t in used), kinds,
-                                                pool.spec.autoscale, pool.spec.replicas, disagg=disagg)
+                                                pool.spec.autoscale, pool.spec.replicas, disagg=disagg,
+                                                rebalance=pool.spec.rebalance)
             elif pool.spec.autoscale is not None:
                 scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas,
                                                      disagg=disagg)

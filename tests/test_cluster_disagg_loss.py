@@ -210,6 +210,9 @@ def test_decode_replicas_never_pause():
      r"cluster.pools\[1\].instances\[0\].available\[0\]: must be a pair"),
     ([{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode", "instances": [{"gpu": "a", "gpus": 2}]}],
      r"cluster.pools\[1\].instances\[0\]: unknown key 'gpus'"),
+    ([{"name": "p", "role": "prefill", "rebalance": True}], r"pool 'p': rebalance .* needs instances"),
+    ([{"name": "p", "role": "prefill", "rebalance": "maybe", "instances": [{"gpu": "a"}]}],
+     r"cluster.pools\[0\].rebalance"),
 ])
 def test_bad_instances_on_prefill_decode_pools_are_one_line_errors(pools, message):
     with pytest.raises(ServelabError, match=message):
@@ -236,7 +239,8 @@ RANDOM_CASES = {  # pools (prefill, decode) and top-level settings; replicas: pr
                            {"policy": "tiers", "policy_params": {"preempt": True},
                             "pause": "tier=flex,waiting=4,resume=1", "fail": ["replica=1,at=2,for=2", "replica=2,at=3"]}),
     "instance types, reclaims": (
-        {"replicas": 2, "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [1.5, 1], [3, 0], [4, 2]]},
+        {"replicas": 2, "rebalance": True,
+         "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [1.5, 1], [3, 0], [4, 2]]},
                                       {"gpu": "a100-80gb", "available": [[0, 0], [2, 1]], "num_gpu_blocks": 300}]},
         {"replicas": 3, "instances": [{"gpu": "h100-80gb", "available": [[0, 3], [2, 1], [4.5, 2]]},
                                       {"gpu": "l40s", "available": 1, "runner": "linear:base=0.02,decode_seq=0.001"}]},
