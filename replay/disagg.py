@@ -112,7 +112,7 @@ class Disaggregation:
             # a request that has just emitted a token with nothing left to compute: its first token, or
             # the next one after recomputing prompt + generated tokens (it lost its KV: ``lose``)
             ready = [req for req, _ in step.batch.items
-                     if req.status is running and req.last_token_s == end_s
+                     if req.status is running and req.num_generated_tokens and req.last_token_s == end_s
                      and req.num_computed_tokens + 1 == req.prompt_tokens + req.num_generated_tokens]
             if ready and self.stream_layers:  # what the link could carry during this, their final prefill iteration
                 window = (end_s - step.start_s) * self.link.bytes_per_s / (len(self.link.active) + len(ready))
