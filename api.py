@@ -14,7 +14,7 @@ import gc
 import inspect
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pyarrow as pa
 
@@ -36,9 +36,10 @@ from servelab.replay.autoscale import Autoscaler
 from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
 from servelab.replay.instances import InstanceType
 from servelab.replay.disagg import Disaggregation
+from servelab.replay.faults import Failure, check_failures
 from servelab.replay.fleet import Fleet
 from servelab.replay.protocols import StepPlan
-from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA
+from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
@@ -154,6 +155,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     cluster = build_cluster(config, runner, trace_block_tokens(trace))
     entry = cluster.pools[0]
     runner, engine_cfg, num_blocks, replicas = entry.runner, entry.config.engine, entry.num_blocks, entry.replicas
+    if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
+        engine_cfg = replace(engine_cfg, fail=config.engine.fail)
     requests, followers = requests_from_table(trace)
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
                     reclaims=any(p.spec.instances for p in cluster.pools))
@@ -170,13 +173,20 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if disagg is not None:
         requests_table = with_columns(requests_table, DISAGG_SCHEMA, disagg.columns(requests_table.num_rows))
     fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
-    if fleets:  # which instance type served each request (its last replica's)
-        kinds = {rid: f.instance_of(rid) for f in fleets for rid in f.kind}
+    if fleets:  # which instance type served each request (its last replica's: with disaggregation the decoding one)
+        kinds = {r.id: p.config.gpu for p in cluster.pools for r in p.replicas}  # (a pool of one GPU type)
+        kinds.update({rid: f.instance_of(rid) for f in fleets for rid in f.kind})
         instance = [None] * requests_table.num_rows
         for req in requests:
             if req.replica is not None:
                 instance[req.index] = kinds.get(req.replica)
-        requests_table = with_columns(requests_table, INSTANCE_SCHEMA, {"instance": instance})
+        columns = {"instance": instance}
+        schema = INSTANCE_SCHEMA
+        if disagg is not None:  # and the one that prefilled it (for its last handoff)
+            columns["prefill_instance"] = [None if rid is None else kinds[rid]
+                                           for rid in disagg.columns(requests_table.num_rows)["prefill_replica"]]
+            schema = PD_INSTANCE_SCHEMA
+        requests_table = with_columns(requests_table, schema, columns)
     steps_table = engine.steps.table()
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
@@ -265,14 +275,15 @@ class BuiltCluster:
 
     def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
         """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);
-        a prefill or decode pool's works through the handoff (``disagg``)."""
+        a prefill or decode pool's works through the handoff (``disagg``), a `Fleet`'s too."""
         scalers = {}
         for pool in self.pools:
             if pool.types:
                 used = [t for t in pool.types if t.replicas]
                 kinds = [k for k, t in enumerate(used) for _ in t.replicas]
                 scalers[pool.spec.name] = Fleet(engine, pool.replicas, tuple(t.spec for t in used), kinds,
-                                                pool.spec.autoscale, pool.spec.replicas)
+                                                pool.spec.autoscale, pool.spec.replicas, disagg=disagg,
+                                                rebalance=pool.spec.rebalance)
             elif pool.spec.autoscale is not None:
                 scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas,
                                                      disagg=disagg)
@@ -340,6 +351,8 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         pools.append(BuiltPool(pool, cfg, pool_runner, num_blocks, replicas, router))
     if spec.disaggregated:
         _check_disaggregated(pools)
+    if config.engine.fail:  # replica ids count across the pools, in the order built
+        check_failures(tuple(Failure.parse(f) for f in config.engine.fail), len([r for p in pools for r in p.replicas]))
     if any(p.autoscale is not None for p in spec.pools) and config.engine.fail:
         raise ServelabError("cluster: replica failures (fail) are not modelled with autoscaling yet")
     if any(p.instances for p in spec.pools) and config.engine.fail:
@@ -412,14 +425,11 @@ def _build_types(cfg: ReplayConfig, pool: PoolConfig, runners: dict[tuple, Runne
 
 def _check_disaggregated(pools: list[BuiltPool]) -> None:
     """What the prefill -> decode handoff does not model (yet): say so before replaying."""
-    engine = pools[0].config.engine
-    if engine.fail or engine.pause is not None:
-        raise ServelabError("cluster: replica failures (fail) and pausing (pause) are not modelled with "
-                            "prefill/decode pools yet")
     for pool in pools:
-        if pool.runner.needs_block_tables:
-            raise ServelabError(f"cluster pool '{pool.spec.name}': runner '{pool.runner.name}' executes batches; "
-                                "prefill/decode pools need a cost-model runner")
+        for runner in [pool.runner, *(t.runner for t in pool.types if t.replicas)]:
+            if runner.needs_block_tables:
+                raise ServelabError(f"cluster pool '{pool.spec.name}': runner '{runner.name}' executes batches; "
+                                    "prefill/decode pools need a cost-model runner")
         if type(pool.replicas[0].policy).cohort_group is not None:
             raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' charges service per "
                                 "class in state that does not follow a request from a prefill to a decode replica; "

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 ROLES = ("mixed", "prefill", "decode")
 # what a pool may set besides the engine keys (EngineConfig's fields)
 POOL_TOP = ("name", "role", "replicas", "autoscale", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
-            "router_params", "price_per_gpu_hour", "instances", "floor")
+            "router_params", "price_per_gpu_hour", "instances", "floor", "rebalance")
 # engine keys that are the cluster's (its front door, horizon, seed), not a pool's
 CLUSTER_WIDE = ("until_s", "seed", "quota", "retries", "retry_backoff_s", "retry_max_backoff_s", "retry_jitter",
                 "retry_after", "queue_cap", "tier_order", "pause", "fail", "journal")
@@ -57,6 +57,7 @@ class PoolConfig:
     # candidate instance types in order of preference, instead of one gpu (replay/instances.py)
     instances: tuple[InstanceType, ...] = ()
     floor: PerfFloor | None = None  # a reference step no instance type may be slower than
+    rebalance: bool = False  # replace fallback replicas by a preferred type when it has room again (replay/fleet.py)
 
     def __post_init__(self) -> None:
         where = f"cluster pool '{self.name}'"
@@ -73,13 +74,13 @@ class PoolConfig:
                 raise ServelabError(f"{where}: replicas (the initial count) must be within autoscale min..max, "
                                     f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
         if self.instances:
-            if self.role != "mixed":
-                raise ServelabError(f"{where}: instances (several instance types) are modelled for mixed pools only (yet)")
             for key in ("gpu", "price_per_gpu_hour"):
                 if key in dict(self.settings) or (key == "price_per_gpu_hour" and self.price_per_gpu_hour):
                     raise ServelabError(f"{where}: '{key}' is set per instance type when the pool lists instances")
         elif self.floor is not None:
             raise ServelabError(f"{where}: floor (a reference step bound) needs instances to choose among")
+        elif self.rebalance:
+            raise ServelabError(f"{where}: rebalance (back to a preferred instance type) needs instances")
 
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "role": self.role, "replicas": self.replicas,
@@ -91,6 +92,8 @@ class PoolConfig:
             out["instances"] = [t.to_dict() for t in self.instances]
         if self.floor is not None:
             out["floor"] = self.floor.to_dict()
+        if self.rebalance:
+            out["rebalance"] = True
         return out
 
 
@@ -205,7 +208,8 @@ class ClusterConfig:
                 raise ServelabError(f"{at}: missing 'name'")
             settings = []
             for key, value in raw.items():
-                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale", "instances", "floor"):
+                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale", "instances", "floor",
+                           "rebalance"):
                     continue
                 if key in CLUSTER_WIDE:
                     raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
@@ -222,7 +226,8 @@ class ClusterConfig:
                     raw["autoscale"] if isinstance(raw["autoscale"], AutoscaleConfig)
                     else AutoscaleConfig.from_dict(raw["autoscale"], at)),
                 instances=() if "instances" not in raw else parse_instances(raw["instances"], f"{at}.instances"),
-                floor=None if "floor" not in raw else PerfFloor.from_dict(raw["floor"], f"{at}.floor")))
+                floor=None if "floor" not in raw else PerfFloor.from_dict(raw["floor"], f"{at}.floor"),
+                rebalance=coerce(raw.get("rebalance", False), "bool", f"{at}.rebalance")))
         links = []
         for i, raw in enumerate(data.get("links", [])):
             at = f"{where}.links[{i}]"
@@ -250,6 +255,7 @@ def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
 
     data = base.to_dict()
     data.pop("cluster", None)
+    data.pop("fail", None)  # the cluster's: replica ids count across pools (the engine gets them from the top level)
     for key, value in pool.settings:
         if key in ("policy_params", "router_params"):
             data[key] = dict(value)

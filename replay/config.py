@@ -90,7 +90,7 @@ class EngineConfig:
         _as_tuple(self, "quota", "fail")
         for spec in self.quota:
             Quota.parse(spec)
-        check_failures(tuple(Failure.parse(spec) for spec in self.fail), self.replicas)
+        check_failures(tuple(Failure.parse(spec) for spec in self.fail), None)  # (ids: ReplayConfig's check)
         if self.pause is not None:
             PauseRule.parse(self.pause)
         if self.retries < 0 or self.retry_backoff_s < 0 or self.retry_max_backoff_s < 0:
@@ -122,6 +122,10 @@ class ReplayConfig:
         if self.cluster is not None and self.engine.replicas != 1:
             raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
                                 "replicas ([[cluster.pools]] replicas = N)")
+        if self.cluster is None and self.engine.fail:  # (a cluster's replica ids are checked once its pools are built)
+            from servelab.replay.faults import Failure, check_failures
+
+            check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""

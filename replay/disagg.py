@@ -89,6 +89,15 @@ class Disaggregation:
         self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
         self.prefill_scaler: Autoscaler | None = None
         self.decode_scaler: Autoscaler | None = None
+        self.decode_ids = frozenset(r.id for r in decode)
+        self._stopping: Replica | None = None  # a replica being taken down (``lose``): its last work hands off nothing
+        self.cancelled = 0  # transfers whose KV was lost at either end
+        self.kv_lost = 0  # requests whose KV held for, in or after a transfer was lost
+        platform = engine.platform
+        # replicas can be lost (failures, reclaimed instance types): the KV counters go to run.json
+        self.can_lose = platform is not None and (platform.reclaims or bool(engine.config.fail))
+        if platform is not None:
+            platform.disagg = self
         for replica in prefill:
             replica.cohort = None  # nothing decodes there: every request leaves at its first token
         engine.handoff = self.after_step
@@ -96,11 +105,15 @@ class Disaggregation:
 
     # -- the engine's hook ----------------------------------------------------------------------
     def after_step(self, replica: Replica, step, end_s: float) -> None:
+        if replica is self._stopping:
+            return  # (its last iterations, applied as it goes down: nothing is handed off or placed)
         if replica.id in self.prefill_ids:
             running = Status.RUNNING
+            # a request that has just emitted a token with nothing left to compute: its first token, or
+            # the next one after recomputing prompt + generated tokens (it lost its KV: ``lose``)
             ready = [req for req, _ in step.batch.items
-                     if req.status is running and req.num_generated_tokens == 1 and req.last_token_s == end_s
-                     and req.num_computed_tokens == req.prompt_tokens]
+                     if req.status is running and req.num_generated_tokens and req.last_token_s == end_s
+                     and req.num_computed_tokens + 1 == req.prompt_tokens + req.num_generated_tokens]
             if ready and self.stream_layers:  # what the link could carry during this, their final prefill iteration
                 window = (end_s - step.start_s) * self.link.bytes_per_s / (len(self.link.active) + len(ready))
                 self._overlap = dict.fromkeys(ready, window)
@@ -150,7 +163,8 @@ class Disaggregation:
             need = self.decode[0].kv.blocks_to_finish(req)
             self._release_source(req, now)
             req.status = Status.REJECTED
-            req.reason = f"needs {need} KV blocks for prompt + max output; a decode replica has {self.decode[0].kv.total}"
+            req.reason = (f"needs {need} KV blocks for prompt + max output; a decode replica has "
+                          f"{max(d.kv.total for d in self.decode)}")
             self.engine.ended(req, now)
             return
         self.pending.append(req)
@@ -217,12 +231,14 @@ class Disaggregation:
                 streamed = (layers - 1) / layers * min(num_bytes, self._overlap[req])
                 self.bytes_streamed += streamed
                 num_bytes -= streamed
-            self.link.start((req, target), num_bytes, now)
+            self.link.start((req, target, holder), num_bytes, now)
 
     def _land(self, transfer, now: float) -> None:
-        req, target = transfer.payload
+        req, target, holder = transfer.payload
+        if self.landing[target.id].get(req) is not holder:
+            return  # cancelled during its latency: an end of it was lost (``lose``)
+        del self.landing[target.id][req]
         self._release_source(req, now)
-        holder = self.landing[target.id].pop(req)
         target.kv.adopt(req, holder)
         self.transfer_end_s[req.index] = now
         req.replica = target.id
@@ -260,6 +276,88 @@ class Disaggregation:
         if self.prefill_scaler is not None:
             self.prefill_scaler.released(source, now)
 
+    # -- a replica lost (failure, reclaimed instance) -------------------------------------------------
+    def stop(self, replica: Replica) -> None:
+        """``replica`` goes down: it takes no more arrivals or handoffs, and the iterations it finished
+        before going down (applied now) hand off and place nothing; ``lose`` follows."""
+        self._stopping = replica
+        if replica.id in self.decode_ids:
+            self.decode_live = [d for d in self.decode_live if d is not replica]
+        else:
+            self.engine.live = [r for r in self.engine.live if r is not replica]
+
+    def restore(self, replica: Replica, now: float) -> None:
+        """A failed decode replica is back: it takes handoffs again (a prefill one: the platform
+        puts it back among the engine's live replicas)."""
+        self.decode_live = [d for d in self.decode if d is replica or d in self.decode_live]
+        if self.pending:
+            self._place_pending(now)
+
+    def lose(self, replica: Replica, now: float) -> list[Request]:
+        """The KV ``replica`` held for transfers is gone: returns the requests that lose it, in order.
+
+        - a prefill replica: the requests it handed off. One waiting for a decode replica leaves the
+          queue; one in transfer has it cancelled (the link's other transfers share its bandwidth
+          from now) and its landing blocks on the decode replica are freed;
+        - a decode replica: the requests landing on it. Their transfers are cancelled and the prefill
+          replica releases their KV.
+
+        The caller (``Platform.evict``) applies the journal's rule to them with the replica's own
+        requests and routes them all to the prefill pool again: they re-prefill and are handed off
+        anew. Their handoff columns are cleared (they describe the last handoff)."""
+        self._stopping = None
+        lost: list[Request] = []
+        if replica.id in self.sending:
+            for req in self.sending[replica.id]:
+                self.source.pop(req)
+                replica.kv.release(req)
+                target_id = self.decode_replica.get(req.index)
+                holder = self.landing[target_id].pop(req, None) if target_id is not None else None
+                if holder is None:
+                    self.pending.remove(req)
+                else:
+                    target = self.engine.replicas[target_id]
+                    self._cancel(req, now)
+                    target.kv.release(holder)
+                    target.forgive(req)
+                    if self.decode_scaler is not None:
+                        self.decode_scaler.released(target, now)
+                lost.append(req)
+            self.sending[replica.id] = []
+        else:
+            landing, self.landing[replica.id] = self.landing[replica.id], {}
+            for req, holder in landing.items():
+                self._cancel(req, now)
+                replica.kv.release(holder)
+                self._release_source(req, now)
+                lost.append(req)
+        for req in lost:
+            self._forget_handoff(req)
+        self.kv_lost += len(lost)
+        return lost
+
+    def lost_running(self, replica: Replica, moved: list[Request]) -> None:
+        """``moved``, the requests running or waiting on a lost decode replica, go back to the prefill
+        pool: their handoff columns are cleared as for the ones that lost KV in transfer."""
+        if replica.id in self.decode_ids:
+            for req in moved:
+                self._forget_handoff(req)
+
+    def _cancel(self, req: Request, now: float) -> None:
+        self.cancelled += 1
+        self.link.cancel(lambda payload: payload[0] is req, now)
+
+    def _forget_handoff(self, req: Request) -> None:
+        i = req.index
+        for column in (self.prefill_replica, self.decode_replica, self.handoff_s, self.transfer_start_s,
+                       self.transfer_end_s):
+            column.pop(i, None)
+
+    def place_pending(self, now: float) -> None:
+        """Blocks freed on decode replicas outside a step (a lost replica's transfers): try the queue."""
+        if self.pending:
+            self._place_pending(now)
+
     # -- end of the replay, results, checks -----------------------------------------------------
     def strand(self) -> None:
         """Requests still handed off when nothing is left to happen: counted, never lost."""
@@ -290,7 +388,8 @@ class Disaggregation:
     def meta(self) -> dict:
         return {"transfers": len(self.transfer_start_s), "bytes_moved": self.link.bytes_moved,
                 "link_busy_s": self.link.busy_s, "max_handoffs_waiting": self.max_pending,
-                **({"bytes_streamed": self.bytes_streamed} if self.stream_layers else {})}
+                **({"bytes_streamed": self.bytes_streamed} if self.stream_layers else {}),
+                **({"transfers_cancelled": self.cancelled, "requests_lost_kv": self.kv_lost} if self.can_lose else {})}
 
 
 __all__ = ["Disaggregation"]

@@ -45,11 +45,12 @@ class Failure:
         return cls(replica, at_s, for_s)
 
 
-def check_failures(failures: tuple[Failure, ...], replicas: int) -> None:
-    """Failures name existing replicas and do not overlap on one replica."""
+def check_failures(failures: tuple[Failure, ...], replicas: int | None) -> None:
+    """Failures name existing replicas and do not overlap on one replica (``replicas`` None: the
+    count is not known yet, as in a cluster config, whose pools number their replicas on)."""
     by_replica: dict[int, list[Failure]] = {}
     for f in failures:
-        if f.replica >= replicas:
+        if replicas is not None and f.replica >= replicas:
             raise ServelabError(f"fail replica={f.replica}: there are only {replicas} replica(s) (ids 0..{replicas - 1})")
         by_replica.setdefault(f.replica, []).append(f)
     for rid, items in by_replica.items():

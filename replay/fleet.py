@@ -17,6 +17,12 @@ autoscaled one — so the moved requests can land on the replacements. With no r
 wait for one (the platform's orphans; the front door's ``queue_cap`` counts them) and are routed
 when one starts; still waiting at the end they are ``unfinished``.
 
+With ``rebalance`` a pool also moves back to a preferred type when it has room again: at each
+availability change, for each active replica of a less preferred type (the least preferred, highest
+id first) a replica of the most preferred type with room starts (at once for a pool of fixed size,
+after ``startup_s`` for an autoscaled one); once it serves, the fallback replica it replaces drains
+(no new requests; those on it finish there, nothing is moved).
+
 The state machine (off, starting, active, draining), the timeline and the GPU time are the
 autoscaler's (`Autoscaler`); a pool of fixed size is one whose autoscaler never ticks.
 """
@@ -30,6 +36,7 @@ from servelab.replay.engine import TIMER
 from servelab.replay.instances import InstanceType
 
 if TYPE_CHECKING:
+    from servelab.replay.disagg import Disaggregation
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
@@ -39,7 +46,8 @@ class Fleet(Autoscaler):
     ``config`` None: a pool of fixed size."""
 
     def __init__(self, engine: Engine, replicas: list[Replica], types: tuple[InstanceType, ...],
-                 kinds: list[int], config: AutoscaleConfig | None, initial: int):
+                 kinds: list[int], config: AutoscaleConfig | None, initial: int, disagg: Disaggregation | None = None,
+                 rebalance: bool = False):
         self.types = types
         self.kind = {r.id: k for r, k in zip(replicas, kinds)}
         self.fixed = config is None
@@ -48,8 +56,10 @@ class Fleet(Autoscaler):
         self.type_timeline: list[list[tuple[float, int, int, int]]] = [[] for _ in types]
         self.changes = sorted({t for ty in types for t in ty.change_times() if t > 0})
         self.next_change = 0
+        self.rebalance = rebalance
+        self.replacing: dict[int, int] = {}  # a starting replica of a preferred type -> the fallback it replaces
         super().__init__(engine, replicas, config or AutoscaleConfig(min=initial, max=initial), 0,
-                         ticks=not self.fixed)
+                         ticks=not self.fixed, disagg=disagg)
         self.wanted = initial
         self._fill(0.0, at_once=True)
         self._push_change()
@@ -79,7 +89,11 @@ class Fleet(Autoscaler):
                     self.reclaimed[k] += 1
         if victims:
             self._live()  # (before any request moves: none may land on another replica being reclaimed)
+            for r, _ in victims:
+                self.replacing.pop(r.id, None)
         self._fill(now, at_once=self.fixed)
+        if self.rebalance:
+            self._rebalance(now)
         platform = self.engine.platform
         for r, was in victims:
             if was != "starting":  # (a starting replica has no requests yet)
@@ -117,6 +131,38 @@ class Fleet(Autoscaler):
             self._record(now)
         return changed
 
+    def _rebalance(self, now: float) -> None:
+        """Replace active replicas of less preferred types by replicas of a preferred type with room."""
+        state, kind = self.state, self.kind
+        replaced = set(self.replacing.values())
+        changed = False
+        for r in reversed(self.replicas):  # (ids follow the preference: the least preferred first)
+            k = kind[r.id]
+            if state[r.id] != "active" or r.id in replaced:
+                continue
+            new = next((s for s in self.replicas if kind[s.id] < k and state[s.id] == "off"
+                        and self._held(kind[s.id]) < self.types[kind[s.id]].count_at(now)), None)
+            if new is None:
+                continue
+            changed = True
+            replaced.add(r.id)
+            if self.fixed or self.config.startup_s == 0.0:
+                state[new.id] = "active"
+                self._drain(r)
+            else:
+                state[new.id] = "starting"
+                self.replacing[new.id] = r.id
+                self.due[new.id] = now + self.config.startup_s
+                self.push(now + self.config.startup_s, lambda t, s=new: self._started(s, t))
+        if changed:
+            self._live()
+            self._record(now)
+
+    def _drain(self, replica: Replica) -> None:
+        if self.state[replica.id] == "active":
+            self.state[replica.id] = "draining"
+            self._stop_if_drained(replica)
+
     # -- the autoscaler's actions, through the availability --------------------------------------
     def _scale_out(self, n: int, now: float) -> None:
         self.wanted = self._count("active") + self._count("starting") + n
@@ -129,11 +175,16 @@ class Fleet(Autoscaler):
 
     def _started(self, replica: Replica, now: float) -> None:
         if self.due.get(replica.id) == now:  # (not a start-up cut short by a reclaim)
+            old = self.replacing.pop(replica.id, None)
+            if old is not None and self.state[replica.id] == "starting":  # it serves: the fallback it replaces drains
+                self._drain(next(r for r in self.replicas if r.id == old))
             super()._started(replica, now)
 
     def _live(self) -> None:
         super()._live()
         platform = self.engine.platform
+        if self.disagg is not None and self.disagg.prefill_scaler is not self:
+            return  # a decode pool: arrivals (and the requests waiting for a replica) are the prefill pool's
         if platform.orphans and self.engine.live:
             platform.adopt_orphans(self.engine.now_s)
 

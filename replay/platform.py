@@ -65,6 +65,9 @@ class Platform:
         self.orphans: list[Request] = []  # routed nowhere: every replica is down
         self.fault_stats = dict(NO_FAULTS)
         self.dropped = 0
+        # a prefill/decode handoff (replay/disagg.py sets it): a lost replica's transfers and KV held
+        # for them go with it, and decode replicas never pause (their requests hold KV moved to them)
+        self.disagg = None
         for spec in config.fail:
             f = Failure.parse(spec)
             engine.push(f.at_s, FAULT, (engine.replicas[f.replica], True))
@@ -172,7 +175,7 @@ class Platform:
         if self.shedding and replica.policy.sheds:
             for req, reason in replica.policy.shed(replica):
                 self.drop(replica, req, reason, now)
-        if self.pause is not None:
+        if self.pause is not None and (self.disagg is None or replica.id not in self.disagg.decode_ids):
             return self._check_pause(replica, now)
         return 0.0
 
@@ -217,6 +220,9 @@ class Platform:
         """Take ``replica`` down (its work moves to live replicas) or bring it back."""
         engine = self.engine
         if not down:
+            if self.disagg is not None and replica.id in self.disagg.decode_ids:
+                self.disagg.restore(replica, now)  # (arrivals are the prefill pool's: no orphan is for it)
+                return
             engine.live = [r for r in engine.replicas if r is replica or r in engine.live]
             orphans, self.orphans = self.orphans, []
             engine.route_all(orphans, now)
@@ -226,10 +232,18 @@ class Platform:
 
     def evict(self, replica: "Replica", now: float) -> None:
         """``replica`` stops serving at ``now`` (a failure, or its instance reclaimed): the iteration under
-        way is lost and every request on it loses its KV and is routed again (the journal's rule)."""
+        way is lost and every request on it loses its KV and is routed again (the journal's rule).
+
+        With prefill/decode pools (``disagg``) the requests whose KV it held for a transfer, or that
+        were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
+        prefill pool's router (the engine's live replicas): it re-prefills and is handed off again."""
         engine = self.engine
         stats = self.fault_stats
-        engine.live = [r for r in engine.live if r is not replica]
+        disagg = self.disagg
+        if disagg is None:
+            engine.live = [r for r in engine.live if r is not replica]
+        else:
+            disagg.stop(replica)
         step = replica.inflight
         if step is not None:  # iterations finished by now count; the one under way is lost
             j = step.iterations_done_by(now)
@@ -242,13 +256,13 @@ class Platform:
             replica.busy = False
             replica.step_token += 1
         moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
+        lost = disagg.lose(replica, now) if disagg is not None else ()
         replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
         replica.running = []
         replica.waiting.clear()
         replica.outstanding_tokens = 0
         replica.wake_s = None
         self.pause_waiting[replica.id] = 0
-        stats["requests_moved"] += len(moved)
         journal = engine.journal
         before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
         for req in moved:
@@ -258,10 +272,19 @@ class Platform:
                 Ledger.add(self.ledger.paused_s, req.index, now - start)
             journal.interrupt(req)
             req.status = Status.PENDING
+        if disagg is not None:
+            disagg.lost_running(replica, moved)
+            for req in lost:  # (they had left their prefill replica's policy when handed off)
+                journal.interrupt(req)
+                req.status = Status.PENDING
+            moved += lost
+        stats["requests_moved"] += len(moved)
         stats["requests_interrupted"] += journal.requests_interrupted - before[0]
         stats["tokens_lost"] += journal.tokens_lost - before[1]
         stats["tokens_recomputed"] += journal.tokens_recomputed - before[2]
         engine.route_all(moved, now)
+        if disagg is not None:
+            disagg.place_pending(now)  # (landing blocks freed on decode replicas)
 
     def strand(self, requests: list[Request]) -> None:
         """At the end: requests held or routed nowhere had no live replica left to serve them."""

@@ -64,6 +64,8 @@ DISAGG_SCHEMA = pa.schema(
 # A pool of several instance types (docs/cluster.md), appended last: the type (GPU) of the replica
 # in `replica` (null when never routed).
 INSTANCE_SCHEMA = pa.schema([("instance", pa.string())])
+# prefill/decode pools: ``instance`` is the decoding replica's type, ``prefill_instance`` the prefilling one's
+PD_INSTANCE_SCHEMA = pa.schema([("instance", pa.string()), ("prefill_instance", pa.string())])
 
 # One row per stretch of identical iterations on a replica (num_iterations >= 1).
 STEPS_SCHEMA = pa.schema(

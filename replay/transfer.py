@@ -7,6 +7,10 @@ bytes still to move and one pending event, the next time a transfer's last byte 
 events are the engine's ``TIMER`` events (a function of the time), and a stale one (the set of
 transfers changed since it was pushed) is ignored. Cost per transfer start or end: O(transfers
 in flight on the link).
+
+A transfer may be cancelled (``cancel``: an end of it lost its KV, replay/disagg.py): it leaves the
+link at once and the others share the bandwidth from then on; its bytes moved so far are not counted
+in ``bytes_moved`` (the bytes of transfers that arrived).
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ class Link:
         self.active.append(transfer)
         self._plan(now)
         return transfer
+
+    def cancel(self, which: Callable[[Any], bool], now: float) -> bool:
+        """Take the transfer whose payload ``which`` picks off the link at ``now`` (True), if it is still
+        moving bytes (False: not on the link, or only its latency is left: the caller ignores its arrival)."""
+        for t in self.active:
+            if which(t.payload):
+                self._advance(now)
+                self.active.remove(t)
+                self._plan(now)
+                return True
+        return False
 
     def _advance(self, now: float) -> None:
         """Move every transfer in flight forward to ``now``."""

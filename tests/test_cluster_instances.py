@@ -15,8 +15,10 @@ from servelab.common.errors import ServelabError
 from servelab.scoring.db import connect
 
 
-def config(instances, replicas=2, autoscale=None, floor=None, **top):
+def config(instances, replicas=2, autoscale=None, floor=None, rebalance=None, **top):
     pool = {"name": "web", "replicas": replicas, "instances": instances}
+    if rebalance is not None:
+        pool["rebalance"] = rebalance
     if autoscale is not None:
         pool["autoscale"] = autoscale
     if floor is not None:
@@ -211,10 +213,7 @@ def test_bad_instance_settings_are_one_line_errors_naming_the_field(pool, messag
 
 
 def test_instances_are_refused_where_they_are_not_modelled():
-    with pytest.raises(ServelabError, match="instances .* mixed pools only"):
-        ReplayConfig.from_dict({"runner": "linear:base=1", "num_gpu_blocks": 10, "kv_bytes_per_token": 10, "cluster": {
-            "pools": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode", "instances": [{"gpu": "a"}]}],
-            "links": [{"from": "p", "to": "d"}]}})
+    # (instances on prefill/decode pools are modelled: tests/test_cluster_disagg_loss.py)
     with pytest.raises(ServelabError, match="fail.*not modelled with instance types"):
         replay(make_trace([0], [1], [2]), config([{"gpu": "a"}], fail=["replica=0,at=1"]))
 
@@ -284,3 +283,38 @@ def test_the_example_config_replays():
     assert set(result.requests.column("status").to_pylist()) == {"finished"}
     late = {(r["replica"], r["instance"]) for r in result.requests.to_pylist() if r["arrival_s"] > 600}
     assert {i for _, i in late} <= {"h100-80gb", "a100-80gb"} and all(rid in (0, 1, 6, 7, 8) for rid, _ in late)
+
+
+@pytest.mark.parametrize("rebalance", [False, True])
+def test_rebalance_drains_a_fallback_replica_once_the_preferred_type_has_room(rebalance):
+    # One replica wanted; no H100 until t=5: the A100 (replica 1) serves A (t=0, 20 tokens: [0, 20]).
+    # At 5 an H100 is available. Without rebalance the A100 keeps the pool's one seat: B (t=6, 2
+    # tokens) queues behind A and runs [20, 22]. With it, the H100 (replica 0) starts at once, the A100
+    # drains (A finishes there at 20, then it stops) and B runs on the H100 in [6, 8].
+    result = replay(make_trace([0, 6], [1, 1], [20, 2]), config(
+        [{"gpu": "h100-80gb", "available": [[0, 0], [5, 1]]}, {"gpu": "a100-80gb"}], replicas=1,
+        **({"rebalance": True} if rebalance else {})))
+    types = instances(result)
+    if not rebalance:
+        assert rows(result, "replica", "instance", "finish_s") == [(1, "a100-80gb", 20.0), (1, "a100-80gb", 22.0)]
+        assert types["h100-80gb"]["timeline"] == [[0.0, 0, 0, 0]]
+        return
+    assert rows(result, "replica", "instance", "finish_s") == [(1, "a100-80gb", 20.0), (0, "h100-80gb", 8.0)]
+    assert types["h100-80gb"]["timeline"] == [[0.0, 0, 0, 0], [5.0, 1, 0, 0]]
+    assert types["a100-80gb"]["timeline"] == [[0.0, 1, 0, 0], [5.0, 0, 0, 1], [20.0, 0, 0, 0]]
+    # over [0, 20]: the A100 held 20 s (5 serving, 15 draining), the H100 15 s
+    assert (types["a100-80gb"]["replica_seconds"], types["h100-80gb"]["replica_seconds"]) == (20.0, 15.0)
+
+
+def test_an_autoscaled_pool_rebalances_after_the_start_up_delay():
+    # as above, autoscaled (min = max = 1, start-up 3 s): the H100 starts at 5 and serves from 8, when
+    # the A100 drains; B (t=9) runs on the H100 in [9, 11]
+    result = replay(make_trace([0, 9], [1, 1], [20, 2]), config(
+        [{"gpu": "h100-80gb", "available": [[0, 0], [5, 1]]}, {"gpu": "a100-80gb"}], replicas=1, rebalance=True,
+        autoscale={"min": 1, "max": 1, "interval_s": 50, "cooldown_s": 0, "startup_s": 3}))
+    assert rows(result, "replica", "instance", "finish_s") == [(1, "a100-80gb", 20.0), (0, "h100-80gb", 11.0)]
+    types = instances(result)
+    assert types["h100-80gb"]["timeline"] == [[0.0, 0, 0, 0], [5.0, 0, 1, 0], [8.0, 1, 0, 0]]
+    assert types["a100-80gb"]["timeline"] == [[0.0, 1, 0, 0], [8.0, 0, 0, 1], [20.0, 0, 0, 0]]
+    assert result.meta["cluster"]["pools"][0]["autoscale"]["timeline"] == [
+        [0.0, 1, 0, 0], [5.0, 1, 1, 0], [8.0, 1, 0, 1], [20.0, 1, 0, 0]]

@@ -176,8 +176,9 @@ def test_journal_off_restarts_preempted_requests():
     (dict(retry_jitter=2.0), "retry_jitter"),
 ])
 def test_bad_platform_config(bad, message):
+    # (a failure's replica id is checked by the replay's config: in a cluster ids count across its pools)
     with pytest.raises(ServelabError, match=message):
-        EngineConfig(**bad)
+        ReplayConfig(engine=EngineConfig(**bad))
 
 
 def test_toml_round_trip_and_cli(tmp_path):
