@@ -9,14 +9,15 @@ count too) and split into:
 
 - engine: ``Engine.run``, less the step rows packed into Arrow batches while it runs;
 - results: packing the step rows (during and after the loop), the requests table, the token log's
-  final merge (``--token-log``) and ``write_run`` (Parquet files and run.json).
+  spills while the loop runs and its final merge (``--token-log``: "spill" and "tokens") and
+  ``write_run`` (Parquet files and run.json).
 
 The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats;
 then the files' sha256 (the last repeat), to compare outputs before and after a change.
 The parts are timed by wrapping these functions (``api.requests_table_from``, ``StepLog._pack``,
-``TokenLog.finish``, ``Engine.run``) in this process only. Peak RSS: ``resource.getrusage`` (the whole
-process: trace, requests, engine, tables); for a figure without the instrumentation use
-``/usr/bin/time -v``.
+``TokenLog._flush`` outside ``finish``, ``TokenLog.finish``, ``Engine.run``) in this process only.
+Peak RSS: ``resource.getrusage`` (the whole process: trace, requests, engine, tables); for a figure
+without the instrumentation use ``/usr/bin/time -v``.
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ class Parts:
     def __init__(self):
         self.seconds: dict[str, float] = {}
 
-    def wrap(self, owner, name: str, part: str) -> None:
+    def wrap(self, owner, name: str, part: str, unless=None) -> None:
+        """Time ``owner.name`` as ``part`` (not while ``unless()`` is true: a call another part counts)."""
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
+            if unless is not None and unless():
+                return inner(*args, **kwargs)
             start = time.process_time()
             try:
                 return inner(*args, **kwargs)
@@ -91,6 +95,18 @@ def main() -> None:
     parts.wrap(StepLog, "_pack", "steps")
     parts.wrap(api, "requests_table_from", "requests")
     parts.wrap(TokenLog, "finish", "tokens")
+    finishing = []  # non-empty while TokenLog.finish runs (its last spill is the merge's work)
+    finish = TokenLog.finish
+
+    def finish_noted(log, *args, **kwargs):
+        finishing.append(True)
+        try:
+            return finish(log, *args, **kwargs)
+        finally:
+            finishing.pop()
+
+    TokenLog.finish = finish_noted
+    parts.wrap(TokenLog, "_flush", "spill", unless=lambda: bool(finishing))
     rows = []
     for _ in range(args.repeat):
         parts.seconds.clear()
@@ -103,11 +119,11 @@ def main() -> None:
             digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()[:16]
                        for f in sorted((Path(tmp) / "run").glob("*.parquet"))}
         s = dict(parts.seconds, write=end - replayed, total=end - start)
-        s["engine"] -= s.get("steps", 0.0)  # rows packed while the loop runs are the results' work
-        s["results"] = sum(s.get(k, 0.0) for k in ("steps", "requests", "tokens", "write"))
+        s["engine"] -= s.get("steps", 0.0) + s.get("spill", 0.0)  # rows packed, tokens spilled in the loop
+        s["results"] = sum(s.get(k, 0.0) for k in ("steps", "requests", "spill", "tokens", "write"))
         rows.append(s)
     print(f"{label}{', token log' if args.token_log else ''}: CPU seconds, median of {args.repeat}")
-    for key in ("total", "engine", "results", "steps", "requests", "tokens", "write"):
+    for key in ("total", "engine", "results", "steps", "requests", "spill", "tokens", "write"):
         if key in rows[0]:
             values = [r[key] for r in rows]
             print(f"  {key:9s} {statistics.median(values):8.3f}  ({' '.join(f'{v:.3f}' for v in values)})")
