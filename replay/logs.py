@@ -84,9 +84,10 @@ def tokens_schema():
 
 
 def _spill_dtype():
-    """A spilled record: request id, first token index, tie-break sequence number, tokens (0: a
-    single iteration's one token at ``t``; j >= 1: a stretch's j tokens, its step starting at ``t``
-    and priced ``a + b * (ctx0 + i * m)`` for its i-th iteration)."""
+    """A spilled record: request id, first token index, tie-break sequence number and ``j``: 0 for a
+    single iteration's one token, at ``t``; else a decode stretch's j tokens, its step starting at
+    ``t`` with ``m`` decode requests, its first i iterations ending at ``t + i*a + b*(i*ctx0 +
+    m*i*(i-1)/2)`` (``Step.elapsed``)."""
     global SPILL_DTYPE
     if SPILL_DTYPE is None:
         import numpy as np
