@@ -9,8 +9,9 @@ count too) and split into:
 
 - engine: ``Engine.run``, less the step rows packed into Arrow batches while it runs;
 - results: packing the step rows (during and after the loop), the requests table, the token log's
-  spills while the loop runs and its final merge (``--token-log``: "spill" and "tokens") and
-  ``write_run`` (Parquet files and run.json).
+  work while the loop runs (``--token-log``: "spill", converting the records logged to numpy and
+  spilling them as sorted runs; the calls that log each record stay in engine) and its final merge
+  ("tokens"), and ``write_run`` (Parquet files and run.json).
 
 The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats;
 then the files' sha256 (the last repeat), to compare outputs before and after a change.
@@ -37,17 +38,22 @@ class Parts:
     def __init__(self):
         self.seconds: dict[str, float] = {}
 
-    def wrap(self, owner, name: str, part: str, unless=None) -> None:
-        """Time ``owner.name`` as ``part`` (not while ``unless()`` is true: a call another part counts)."""
+    def wrap(self, owner, name: str, part: str, busy: list | None = None) -> None:
+        """Time ``owner.name`` as ``part``; with ``busy`` (a list shared by several wrapped functions),
+        only while it is empty: a call inside another one is that one's work."""
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            if unless is not None and unless():
+            if busy:
                 return inner(*args, **kwargs)
             start = time.process_time()
+            if busy is not None:
+                busy.append(name)
             try:
                 return inner(*args, **kwargs)
             finally:
+                if busy is not None:
+                    busy.pop()
                 self.seconds[part] = self.seconds.get(part, 0.0) + time.process_time() - start
 
         setattr(owner, name, timed)
@@ -94,19 +100,10 @@ def main() -> None:
     parts.wrap(Engine, "run", "engine")
     parts.wrap(StepLog, "_pack", "steps")
     parts.wrap(api, "requests_table_from", "requests")
-    parts.wrap(TokenLog, "finish", "tokens")
-    finishing = []  # non-empty while TokenLog.finish runs (its last spill is the merge's work)
-    finish = TokenLog.finish
-
-    def finish_noted(log, *args, **kwargs):
-        finishing.append(True)
-        try:
-            return finish(log, *args, **kwargs)
-        finally:
-            finishing.pop()
-
-    TokenLog.finish = finish_noted
-    parts.wrap(TokenLog, "_flush", "spill", unless=lambda: bool(finishing))
+    # the token log's spills in the loop and its merge at the end (whose last spill is the merge's)
+    token_log_busy: list = []
+    parts.wrap(TokenLog, "_flush", "spill", token_log_busy)
+    parts.wrap(TokenLog, "finish", "tokens", token_log_busy)
     rows = []
     for _ in range(args.repeat):
         parts.seconds.clear()

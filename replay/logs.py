@@ -115,7 +115,8 @@ class TokenLog:
         self.pending: list[tuple] = []  # records logged since the last spill
         self.steps: list[tuple] = []  # (start_s, a, b, ctx0, decode_requests) of the pending stretches' steps
         self._step = None  # the step of steps[-1] (a stretch logs its requests one after another)
-        self.logged = 0  # records already spilled (their tie-break sequence numbers)
+        self._step_no = 0  # its position in steps
+        self.logged = 0  # records converted so far (their tie-break sequence numbers)
         self.num_singles = 0  # records logged, by kind
         self.num_segments = 0
         self.runs: list[tuple[int, int, int, int]] = []  # (first record, records, min request_id, max request_id)
@@ -131,10 +132,10 @@ class TokenLog:
     def stretch(self, request_id: int, first_index: int, j: int, step: Step) -> None:
         # A step's start and pricing are fixed when it starts; only its end moves (a cut stretch).
         if step is not self._step:
-            self._step = step
+            self._step, self._step_no = step, len(self.steps)
             self.steps.append((step.start_s, step.a, step.b, step.ctx0, step.decode_requests))
         pending = self.pending
-        pending.append((request_id, first_index, j, len(self.steps) - 1))
+        pending.append((request_id, first_index, j, self._step_no))
         if len(pending) >= self.chunk:
             self._flush()
 
