@@ -93,7 +93,7 @@ def requests_table_from(requests: list[Request], chunk: int = 65536, release: bo
 
     ``release``: each chunk's slots of ``requests`` become None once its rows are built, so that
     Request objects nothing else holds are freed as the table grows (a million of them hold
-    ~600 MB after a replay, three times their rows)."""
+    ~500 MB after a replay, more than twice their rows)."""
     batches = []
     for i in range(0, len(requests), chunk):
         batches.append(_requests_batch(requests[i:i + chunk]))
