@@ -29,8 +29,8 @@ from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
 from servelab.replay.results import (
-    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_meta, with_columns,
-    with_platform_columns, with_tier_columns, write_run,
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_columns, tier_meta,
+    with_platform_columns, write_run,
 )
 from servelab.replay.autoscale import Autoscaler
 from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
@@ -167,31 +167,37 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     end_s = engine.run(_engine_progress(progress, engine))
     if disagg is not None:
         disagg.strand()
-    requests_table = with_platform_columns(requests_table_from(requests), engine.ledger)
-    if engine_cfg.kv_tiers:
-        requests_table = with_tier_columns(requests_table, requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
-    if disagg is not None:
-        requests_table = with_columns(requests_table, DISAGG_SCHEMA, disagg.columns(requests_table.num_rows))
-    fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
-    if fleets:  # which instance type served each request (its last replica's: with disaggregation the decoding one)
-        kinds = {r.id: p.config.gpu for p in cluster.pools for r in p.replicas}  # (a pool of one GPU type)
-        kinds.update({rid: f.instance_of(rid) for f in fleets for rid in f.kind})
-        instance = [None] * requests_table.num_rows
-        for req in requests:
-            if req.replica is not None:
-                instance[req.index] = kinds.get(req.replica)
-        columns = {"instance": instance}
-        schema = INSTANCE_SCHEMA
-        if disagg is not None:  # and the one that prefilled it (for its last handoff)
-            columns["prefill_instance"] = [None if rid is None else kinds[rid]
-                                           for rid in disagg.columns(requests_table.num_rows)["prefill_replica"]]
-            schema = PD_INSTANCE_SCHEMA
-        requests_table = with_columns(requests_table, schema, columns)
-    steps_table = engine.steps.table()
+    # Everything that reads the Request objects first: the requests table then frees them as it grows.
     counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
     for req in requests:
         name = req.status.name.lower()
         counts[name] = counts.get(name, 0) + 1
+    extra = []  # (field, column) appended after the platform columns, in order
+    if engine_cfg.kv_tiers:
+        extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
+    if disagg is not None:
+        columns = disagg.columns(len(requests))
+        extra += [(f, pa.array(columns[f.name], type=f.type)) for f in DISAGG_SCHEMA]
+    fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
+    if fleets:  # which instance type served each request (its last replica's: with disaggregation the decoding one)
+        kinds = {r.id: p.config.gpu for p in cluster.pools for r in p.replicas}  # (a pool of one GPU type)
+        kinds.update({rid: f.instance_of(rid) for f in fleets for rid in f.kind})
+        instance = [None] * len(requests)
+        for req in requests:
+            if req.replica is not None:
+                instance[req.index] = kinds.get(req.replica)
+        columns, schema = {"instance": instance}, INSTANCE_SCHEMA
+        if disagg is not None:  # and the one that prefilled it (for its last handoff)
+            columns["prefill_instance"] = [None if rid is None else kinds[rid]
+                                           for rid in disagg.columns(len(requests))["prefill_replica"]]
+            schema = PD_INSTANCE_SCHEMA
+        extra += [(f, pa.array(columns[f.name], type=f.type)) for f in schema]
+    cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
+    _release_requests(engine)
+    requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
+    for f, column in extra:
+        requests_table = requests_table.append_column(f, column)
+    steps_table = engine.steps.table()
     meta = {
         "servelab_version": __version__,
         "trace": dict(trace_meta or {}, rows=trace.num_rows),
@@ -208,10 +214,17 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
         "config": config.to_dict(),
     }
-    if config.cluster is not None:
-        meta["cluster"] = cluster.meta(disagg, scalers, requests, end_s)
+    if cluster_meta is not None:
+        meta["cluster"] = cluster_meta
     tokens = engine.tokens.finish() if engine.tokens is not None else None
     return RunResult(requests_table, steps_table, meta, tokens)
+
+
+def _release_requests(engine: Engine) -> None:
+    """After the run, the engine's other lists of the Request objects (its arrivals, the closed-loop
+    turns) let go of them, so that building the requests table can free each as it is converted."""
+    engine.arrivals.clear()
+    engine.followers.clear()  # (the dict requests_from_table made, shared)
 
 
 class BuiltPool:

@@ -9,14 +9,16 @@ count too) and split into:
 
 - engine: ``Engine.run``, less the step rows packed into Arrow batches while it runs;
 - results: packing the step rows (during and after the loop), the requests table, the token log's
-  final merge (``--token-log``) and ``write_run`` (Parquet files and run.json).
+  work while the loop runs (``--token-log``: "spill", converting the records logged to numpy and
+  spilling them as sorted runs; the calls that log each record stay in engine) and its final merge
+  ("tokens"), and ``write_run`` (Parquet files and run.json).
 
 The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats;
 then the files' sha256 (the last repeat), to compare outputs before and after a change.
 The parts are timed by wrapping these functions (``api.requests_table_from``, ``StepLog._pack``,
-``TokenLog.finish``, ``Engine.run``) in this process only. Peak RSS: ``resource.getrusage`` (the whole
-process: trace, requests, engine, tables); for a figure without the instrumentation use
-``/usr/bin/time -v``.
+``TokenLog._flush`` outside ``finish``, ``TokenLog.finish``, ``Engine.run``) in this process only.
+Peak RSS: ``resource.getrusage`` (the whole process: trace, requests, engine, tables); for a figure
+without the instrumentation use ``/usr/bin/time -v``.
 """
 
 from __future__ import annotations
@@ -36,14 +38,22 @@ class Parts:
     def __init__(self):
         self.seconds: dict[str, float] = {}
 
-    def wrap(self, owner, name: str, part: str) -> None:
+    def wrap(self, owner, name: str, part: str, busy: list | None = None) -> None:
+        """Time ``owner.name`` as ``part``; with ``busy`` (a list shared by several wrapped functions),
+        only while it is empty: a call inside another one is that one's work."""
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
+            if busy:
+                return inner(*args, **kwargs)
             start = time.process_time()
+            if busy is not None:
+                busy.append(name)
             try:
                 return inner(*args, **kwargs)
             finally:
+                if busy is not None:
+                    busy.pop()
                 self.seconds[part] = self.seconds.get(part, 0.0) + time.process_time() - start
 
         setattr(owner, name, timed)
@@ -90,7 +100,10 @@ def main() -> None:
     parts.wrap(Engine, "run", "engine")
     parts.wrap(StepLog, "_pack", "steps")
     parts.wrap(api, "requests_table_from", "requests")
-    parts.wrap(TokenLog, "finish", "tokens")
+    # the token log's spills in the loop and its merge at the end (whose last spill is the merge's)
+    token_log_busy: list = []
+    parts.wrap(TokenLog, "_flush", "spill", token_log_busy)
+    parts.wrap(TokenLog, "finish", "tokens", token_log_busy)
     rows = []
     for _ in range(args.repeat):
         parts.seconds.clear()
@@ -103,11 +116,11 @@ def main() -> None:
             digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()[:16]
                        for f in sorted((Path(tmp) / "run").glob("*.parquet"))}
         s = dict(parts.seconds, write=end - replayed, total=end - start)
-        s["engine"] -= s.get("steps", 0.0)  # rows packed while the loop runs are the results' work
-        s["results"] = sum(s.get(k, 0.0) for k in ("steps", "requests", "tokens", "write"))
+        s["engine"] -= s.get("steps", 0.0) + s.get("spill", 0.0)  # rows packed, tokens spilled in the loop
+        s["results"] = sum(s.get(k, 0.0) for k in ("steps", "requests", "spill", "tokens", "write"))
         rows.append(s)
     print(f"{label}{', token log' if args.token_log else ''}: CPU seconds, median of {args.repeat}")
-    for key in ("total", "engine", "results", "steps", "requests", "tokens", "write"):
+    for key in ("total", "engine", "results", "steps", "requests", "spill", "tokens", "write"):
         if key in rows[0]:
             values = [r[key] for r in rows]
             print(f"  {key:9s} {statistics.median(values):8.3f}  ({' '.join(f'{v:.3f}' for v in values)})")

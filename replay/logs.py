@@ -6,7 +6,9 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from typing import TYPE_CHECKING, BinaryIO, Iterator
+from collections.abc import Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from servelab.replay.step import Step
@@ -27,11 +29,9 @@ class StepLog:
             self._pack()
 
     def _pack(self) -> None:
-        import pyarrow as pa
-
-        from servelab.replay.schema import STEPS_SCHEMA
-
         import numpy as np
+        import pyarrow as pa
+        from servelab.replay.schema import STEPS_SCHEMA
 
         # Every value is exact in a double (None: NaN). One record per row: numpy converts a list of
         # tuples into records ~1.7x faster than into a 2-d array (a third of the steps table's cost).
@@ -49,7 +49,6 @@ class StepLog:
 
     def table(self):
         import pyarrow as pa
-
         from servelab.replay.schema import STEPS_SCHEMA
 
         if self.rows:
@@ -60,17 +59,21 @@ class StepLog:
 # --token-log ------------------------------------------------------------------------------------
 #
 # Tokens are produced in time order but tokens.parquet lists them by request: an external sort.
-# While replaying, every ``chunk`` rows are expanded, sorted and appended to an anonymous spill file
-# as one sorted *run*; at the end the runs are merged into tokens.parquet. Both files are anonymous
+# While replaying, the log keeps *records*, not token rows: a single iteration's token is one record,
+# a decode stretch one record per request (its tokens follow in closed form from the step's pricing).
+# Every ``chunk`` records are sorted by request and appended to an anonymous spill file as one sorted
+# *run*; at the end the runs are merged and expanded into tokens.parquet. Both files are anonymous
 # temporaries (unlinked at creation): a failed or killed replay leaves nothing behind. Memory is
-# bounded by the chunk, the merge's read buffers and one Parquet row group, not by the token count.
+# bounded by the chunk, the merge's read buffers, the expansion's pieces and one Parquet row group,
+# not by the token count.
 
-SPILL_DTYPE = None  # numpy dtype of a spilled row (set on first use: numpy is imported lazily)
+SPILL_DTYPE = None  # numpy dtype of a spilled record (set on first use: numpy is imported lazily)
 SEGMENT_SEQ = 1 << 62  # tie order: tokens of single iterations first, then those of stretches
 ROW_GROUP = 1024 * 1024  # pq.write_table's default: tokens.parquet's bytes stay what they were
-TOKEN_CHUNK = 65536  # token rows held in memory before they are sorted and spilled
-MERGE_FAN_IN = 64  # most runs read at once (each through a buffer of MERGE_BUFFER rows)
-MERGE_BUFFER = 8192
+TOKEN_CHUNK = 65536  # records (a single token, or a stretch's tokens of one request) held before a spill
+MERGE_FAN_IN = 64  # most runs read at once (each through a buffer of MERGE_BUFFER records)
+MERGE_BUFFER = 4096
+EXPAND_ROWS = 1 << 18  # token rows expanded from records at once (more when one request has more)
 
 
 def tokens_schema():
@@ -81,79 +84,90 @@ def tokens_schema():
 
 
 def _spill_dtype():
+    """A spilled record: request id, first token index, tie-break sequence number and ``j``: 0 for a
+    single iteration's one token, at ``t``; else a decode stretch's j tokens, its step starting at
+    ``t`` with ``m`` decode requests, its first i iterations ending at ``t + i*a + b*(i*ctx0 +
+    m*i*(i-1)/2)`` (``Step.elapsed``)."""
     global SPILL_DTYPE
     if SPILL_DTYPE is None:
         import numpy as np
 
-        SPILL_DTYPE = np.dtype([("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("t", "<f8")])
+        SPILL_DTYPE = np.dtype([("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("j", "<i8"), ("t", "<f8"),
+                                ("a", "<f8"), ("b", "<f8"), ("ctx0", "<f8"), ("m", "<f8")])
     return SPILL_DTYPE
 
 
 class TokenLog:
     """Every output token's time (``--token-log``), streamed to disk in bounded memory.
 
-    Single iterations are kept as rows and decode stretches as one segment per request (expanded in
-    closed form with numpy) until ``chunk`` token rows are pending; they are then sorted by request
-    and spilled. ``finish()`` merges the spilled runs into tokens.parquet (a ``TokenTable``). Rows come
-    out ordered by (request_id, token_index), ties (a request that started over) in logging order,
-    singles before stretches: the order of the in-memory table this replaces, so the file is the same.
+    A single iteration's token is logged as ``(request_id, index, 0, time)`` and a decode stretch as
+    ``(request_id, first_index, j, step number)`` per request, the step's pricing kept once per step;
+    every ``chunk`` records they are sorted by request and spilled. ``finish()`` merges the spilled
+    runs, expands each record into its token rows with numpy and writes tokens.parquet (a
+    ``TokenTable``). Rows come out ordered by (request_id, token_index), ties (a request that started
+    over) in logging order, singles before stretches: the order of the in-memory table this replaces,
+    so the file is the same.
     """
 
     def __init__(self, spill_dir: str | os.PathLike | None = None, chunk: int | None = None):
         self.spill_dir = spill_dir  # where the anonymous spill files go (None: the system temp folder)
-        self.chunk = chunk = TOKEN_CHUNK if chunk is None else chunk
-        self.singles: list[tuple[int, int, float]] = []
-        self.segments: list[tuple] = []
-        self.segment_rows = 0  # token rows the pending segments expand to
-        self.room = chunk  # singles that fit before a flush
-        self.num_singles = 0  # tie-break sequence numbers of rows already spilled
+        self.chunk = TOKEN_CHUNK if chunk is None else chunk
+        self.pending: list[tuple] = []  # records logged since the last spill
+        self.steps: list[tuple] = []  # (start_s, a, b, ctx0, decode_requests) of the pending stretches' steps
+        self._step = None  # the step of steps[-1] (a stretch logs its requests one after another)
+        self._step_no = 0  # its position in steps
+        self.logged = 0  # records converted so far (their tie-break sequence numbers)
+        self.num_singles = 0  # records logged, by kind
         self.num_segments = 0
-        self.runs: list[tuple[int, int, int, int]] = []  # (first row, rows, min request_id, max request_id)
-        self.rows = 0
+        self.runs: list[tuple[int, int, int, int]] = []  # (first record, records, min request_id, max request_id)
+        self.rows = 0  # records in the spill file
         self._spill: BinaryIO | None = None
 
     def single(self, request_id: int, index: int, time_s: float) -> None:
-        singles = self.singles
-        singles.append((request_id, index, time_s))
-        if len(singles) >= self.room:
+        pending = self.pending
+        pending.append((request_id, index, 0, time_s))
+        if len(pending) >= self.chunk:
             self._flush()
 
     def stretch(self, request_id: int, first_index: int, j: int, step: Step) -> None:
-        self.segments.append((request_id, first_index, j, step.start_s, step.a, step.b, step.ctx0,
-                              step.decode_requests))
-        self.segment_rows += j
-        self.room = self.chunk - self.segment_rows
-        if len(self.singles) >= self.room:
+        # A step's start and pricing are fixed when it starts; only its end moves (a cut stretch).
+        if step is not self._step:
+            self._step, self._step_no = step, len(self.steps)
+            self.steps.append((step.start_s, step.a, step.b, step.ctx0, step.decode_requests))
+        pending = self.pending
+        pending.append((request_id, first_index, j, self._step_no))
+        if len(pending) >= self.chunk:
             self._flush()
 
-    def _expand(self):
-        """The pending rows as one structured array sorted by (request_id, token_index, seq)."""
+    def _records(self):
+        """The pending records as one structured array sorted by (request_id, first index, seq)."""
         import numpy as np
 
-        singles, segments = self.singles, self.segments
-        out = np.empty(len(singles) + self.segment_rows, dtype=_spill_dtype())
-        n = len(singles)
-        if n:
-            out["rid"][:n] = np.fromiter((r[0] for r in singles), dtype=np.int64, count=n)
-            out["idx"][:n] = np.fromiter((r[1] for r in singles), dtype=np.int64, count=n)
-            out["t"][:n] = np.fromiter((r[2] for r in singles), dtype=np.float64, count=n)
-            out["seq"][:n] = np.arange(self.num_singles, self.num_singles + n, dtype=np.int64)
-        if segments:
-            seg = list(zip(*segments))
-            s_rid, s_first, s_j = (np.array(seg[k], dtype=np.int64) for k in range(3))
-            start, a, b, ctx0, m = (np.array(seg[k], dtype=np.float64) for k in range(3, 8))
-            rep = np.repeat(np.arange(len(s_j)), s_j)
-            i = np.arange(int(s_j.sum())) - np.repeat(np.cumsum(s_j) - s_j, s_j) + 1.0
-            # the i-th iteration of a stretch ends at start + i*a + b*(i*ctx0 + n*i*(i-1)/2)
-            out["t"][n:] = start[rep] + i * a[rep] + b[rep] * (i * ctx0[rep] + m[rep] * i * (i - 1) / 2)
-            out["rid"][n:] = s_rid[rep]
-            out["idx"][n:] = s_first[rep] + i.astype(np.int64) - 1
-            out["seq"][n:] = SEGMENT_SEQ + self.num_segments + rep
-        self.num_singles += n
-        self.num_segments += len(segments)
-        self.singles, self.segments = [], []
-        self.segment_rows, self.room = 0, self.chunk
-        return _sorted(out)
+        pending, n = self.pending, len(self.pending)
+        # (request id, index, j, time or step number) per record: one flat float64 array is numpy's
+        # fastest way in from tuples; exact while request ids stay below 2**53 (else a slower way)
+        flat = np.fromiter(chain.from_iterable(pending), dtype=np.float64, count=4 * n).reshape(n, 4)
+        rid = flat[:, 0].astype(np.int64)
+        if n and np.abs(flat[:, 0]).max() >= 2.0 ** 53:
+            rid = np.array([r[0] for r in pending], dtype=np.int64)
+        idx, j, x = flat[:, 1].astype(np.int64), flat[:, 2].astype(np.int64), flat[:, 3]
+        stretch = j > 0
+        seq = np.arange(self.logged, self.logged + n, dtype=np.int64)
+        seq[stretch] += SEGMENT_SEQ
+        order = _order(rid, idx, seq)
+        out = np.zeros(n, dtype=_spill_dtype())
+        out["rid"], out["idx"], out["seq"], out["j"], out["t"] = (np.take(c, order) for c in (rid, idx, seq, j, x))
+        num_segments = int(np.count_nonzero(stretch))
+        if num_segments:
+            stretch = np.take(stretch, order)
+            params = np.array(self.steps, dtype=np.float64).reshape(-1, 5)[out["t"][stretch].astype(np.int64)]
+            for k, name in enumerate(("t", "a", "b", "ctx0", "m")):
+                out[name][stretch] = params[:, k]
+        self.logged += n
+        self.num_segments += num_segments
+        self.num_singles += n - num_segments
+        self.pending, self.steps, self._step = [], [], None
+        return out
 
     def _temporary(self) -> BinaryIO:
         try:
@@ -168,25 +182,25 @@ class TokenLog:
         return ServelabError(f"--token-log: cannot write its temporary files in {where}: {err.strerror or err}")
 
     def _flush(self) -> None:
-        rows = self._expand()
-        if not len(rows):
+        if not self.pending:
             return
+        records = self._records()
         if self._spill is None:
             self._spill = self._temporary()
         try:
-            rows.tofile(self._spill)
+            records.tofile(self._spill)
         except OSError as err:  # the disk is full
             raise self._error(err) from None
-        self.runs.append((self.rows, len(rows), int(rows["rid"][0]), int(rows["rid"][-1])))
-        self.rows += len(rows)
+        self.runs.append((self.rows, len(records), int(records["rid"][0]), int(records["rid"][-1])))
+        self.rows += len(records)
 
     def finish(self) -> TokenTable:
         """Merge everything logged into tokens.parquet (an anonymous temporary) and free the spill."""
         out = self._temporary()
         try:
             if self._spill is None:  # it all fit in one chunk: no spill
-                rows = self._expand()
-                num_rows = _write_tokens(iter([rows] if len(rows) else []), out)
+                records = self._records() if self.pending else None
+                num_rows = _write_tokens(_expanded(iter([] if records is None else [records])), out)
             else:
                 self._flush()
                 spill, runs = self._spill, self.runs
@@ -203,7 +217,7 @@ class TokenLog:
                     spill.close()
                     spill, runs = merged, new_runs
                 try:
-                    num_rows = _write_tokens(_merge(spill, runs), out)
+                    num_rows = _write_tokens(_expanded(_merge(spill, runs)), out)
                 finally:
                     spill.close()
                     self._spill, self.runs = None, []
@@ -220,24 +234,74 @@ class TokenLog:
         return self.finish().read()
 
 
-def _sorted(rows):
-    """Spill rows ordered by (request_id, token_index, seq). A request's token indices repeat only where
-    it started over (its seq orders those): without a repeat, one sort of a key combining request id
-    and token index gives the same order as sorting by the three columns, ~3x faster (a third of
-    ``finish()`` on a replay of 6.5 M tokens). ``np.take``, not ``rows[order]``: numpy indexes an
-    array of records ~20x faster through ``take``."""
+def _expanded(pieces: Iterator) -> Iterator:
+    """Token rows ``(request_id, token_index, time_s)`` (three arrays) of sorted record pieces, each
+    piece holding all the records of its requests, in tokens.parquet's order, at most about
+    ``EXPAND_ROWS`` rows at a time (cut between requests)."""
     import numpy as np
 
-    rid, idx = rows["rid"], rows["idx"]
-    if len(rows) > 1:
+    for records in pieces:
+        counts = np.maximum(records["j"], 1)
+        ends = np.cumsum(counts)
+        rid = records["rid"]
+        cuts = np.flatnonzero(rid[1:] != rid[:-1]) + 1  # where a request's records begin
+        lo = 0
+        while lo < len(records):
+            done = int(ends[lo - 1]) if lo else 0
+            hi = int(np.searchsorted(ends, done + EXPAND_ROWS, "right"))
+            if hi < len(records):  # move the cut to the next request's first record
+                at = int(np.searchsorted(cuts, max(hi, lo + 1), "left"))
+                hi = int(cuts[at]) if at < len(cuts) else len(records)
+            yield _expand(records[lo:hi], counts[lo:hi])
+            lo = hi
+
+
+def _expand(records, counts):
+    """The token rows of whole requests' sorted records. The i-th token of a stretch ends at
+    ``start + i*a + b*(i*ctx0 + m*i*(i-1)/2)`` (its first i iterations, ``Step.elapsed``)."""
+    import numpy as np
+
+    total = int(counts.sum())
+    rep = np.repeat(np.arange(len(records)), counts)
+    i = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
+    start, a, b = records["t"][rep], records["a"][rep], records["b"][rep]
+    t = start + i * a + b * (i * records["ctx0"][rep] + records["m"][rep] * i * (i - 1) / 2)
+    np.copyto(t, start, where=(records["j"] == 0)[rep])  # a single iteration's token: its time as logged
+    rid = records["rid"][rep]
+    idx = records["idx"][rep] + i.astype(np.int64) - 1
+    # Sorted records give sorted, distinct rows unless a request's records overlap (it started over)
+    same = records["rid"][1:] == records["rid"][:-1]
+    if (same & (records["idx"][1:] < records["idx"][:-1] + counts[:-1])).any():
+        rows = np.empty(total, dtype=[("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("t", "<f8")])
+        rows["rid"], rows["idx"], rows["seq"], rows["t"] = rid, idx, records["seq"][rep], t
+        rows = _sorted(rows)
+        return rows["rid"], rows["idx"], rows["t"]
+    return rid, idx, t
+
+
+def _sorted(rows):
+    """Spill rows (or records) ordered by (request_id, token_index, seq). ``np.take``, not
+    ``rows[order]``: numpy indexes an array of records ~20x faster through ``take``."""
+    import numpy as np
+
+    return np.take(rows, _order(rows["rid"], rows["idx"], rows["seq"]))
+
+
+def _order(rid, idx, seq):
+    """The permutation that sorts by (rid, idx, seq). A request's token indices repeat only where it
+    started over (its seq orders those): without a repeat, one sort of a key combining request id
+    and token index gives the same order as sorting by the three columns, ~3x faster."""
+    import numpy as np
+
+    if len(rid) > 1:
         low = int(rid.min())
         if int(rid.max()) - low < (1 << 31) and int(idx.min()) >= 0 and int(idx.max()) < (1 << 32):
             key = ((rid - low) << 32) | idx
             order = np.argsort(key)
             ordered = key[order]
             if not (ordered[1:] == ordered[:-1]).any():
-                return np.take(rows, order)
-    return np.take(rows, np.lexsort((rows["seq"], idx, rid)))
+                return order
+    return np.lexsort((seq, idx, rid))
 
 
 def _overlap(runs: list[tuple[int, int, int, int]]) -> int:
@@ -325,8 +389,9 @@ def _merge(spill: BinaryIO, runs: list[tuple[int, int, int, int]]) -> Iterator:
 
 
 def _write_tokens(pieces: Iterator, out: BinaryIO) -> int:
-    """Write sorted spill rows as tokens.parquet: the columns and row groups ``write_parquet`` gives
-    the whole table (so the bytes are the same), one row group in memory at a time."""
+    """Write sorted token rows (``(request_id, token_index, time_s)`` arrays, piece by piece) as
+    tokens.parquet: the columns and row groups ``write_parquet`` gives the whole table (so the bytes
+    are the same), one row group in memory at a time."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -356,14 +421,14 @@ def _write_tokens(pieces: Iterator, out: BinaryIO) -> int:
         prev_rid, prev_t = int(rid[n - 1]), float(t[n - 1])
 
     try:
-        for piece in pieces:
-            total += len(piece)
+        for p_rid, p_idx, p_t in pieces:
+            total += len(p_rid)
             at = 0
-            while at < len(piece):
-                k = min(ROW_GROUP - fill, len(piece) - at)
-                rid[fill:fill + k] = piece["rid"][at:at + k]
-                idx[fill:fill + k] = piece["idx"][at:at + k]
-                t[fill:fill + k] = piece["t"][at:at + k]
+            while at < len(p_rid):
+                k = min(ROW_GROUP - fill, len(p_rid) - at)
+                rid[fill:fill + k] = p_rid[at:at + k]
+                idx[fill:fill + k] = p_idx[at:at + k]
+                t[fill:fill + k] = p_t[at:at + k]
                 fill += k
                 at += k
                 if fill == ROW_GROUP:

@@ -35,15 +35,19 @@ class RunResult:
 def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
     """Trace rows -> Request objects (trace order) and the closed-loop follower map.
 
-    Converted in record batches so that a million-row trace never exists as Python lists.
+    Converted in record batches so that a million-row trace never exists as Python lists. A
+    million requests hold ~450 MB of Python objects, so the fields share objects where they can: the
+    token counts repeat (one int object per distinct value, not one per row) and a row's index is
+    its ``request_id`` object when the ids are the row numbers.
     """
     names = set(trace.column_names)
     requests: list[Request] = []
     index = 0
+    counts: dict[int, int] = {}  # each distinct token count once (ints above 256 are not cached by Python)
     for batch in trace.to_batches(max_chunksize=65536):
         n = batch.num_rows
 
-        def col(name: str, default=None):
+        def col(name: str, default=None, shared: dict | None = None):
             if name not in names:
                 return repeat(default, n)
             column = batch.column(name)
@@ -54,13 +58,21 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
                 values = column.to_pylist()
             if default is not None and column.null_count:
                 values = [default if v is None else v for v in values]
+            if shared is not None:
+                values = list(map(shared.setdefault, values, values))
             return values
 
+        ids = col("request_id")
+        rows = range(index, index + n)
+        if "request_id" in names and batch.column("request_id").null_count == 0 and n and ids[0] == index \
+                and ids[-1] == index + n - 1 and np.array_equal(batch.column("request_id").to_numpy(), rows):
+            rows = ids  # the same int objects (an index of its own costs 32 bytes a request)
         # Positional, in Request.__init__'s order: one C-level map instead of a call with keywords per row.
         requests.extend(map(
-            Request, col("request_id"), col("arrival_s"), col("prompt_tokens"), col("output_tokens"),
-            col("max_output_tokens"), col("tenant", "default"), col("tier", "standard"), col("session_id"),
-            col("think_s"), col("ttft_slo_s"), col("tpot_slo_s"), col("prefix_hashes"), range(index, index + n),
+            Request, ids, col("arrival_s"), col("prompt_tokens", shared=counts),
+            col("output_tokens", shared=counts), col("max_output_tokens", shared=counts),
+            col("tenant", "default"), col("tier", "standard"), col("session_id"), col("think_s"),
+            col("ttft_slo_s"), col("tpot_slo_s"), col("prefix_hashes"), rows,
         ))
         index += n
     followers: dict[int, Request] = {}
@@ -76,9 +88,17 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
     return requests, followers
 
 
-def requests_table_from(requests: list[Request], chunk: int = 65536) -> pa.Table:
-    """One row per request in trace order, built a chunk at a time (bounded temporary memory)."""
-    batches = [_requests_batch(requests[i:i + chunk]) for i in range(0, len(requests), chunk)]
+def requests_table_from(requests: list[Request], chunk: int = 65536, release: bool = False) -> pa.Table:
+    """One row per request in trace order, built a chunk at a time (bounded temporary memory).
+
+    ``release``: each chunk's slots of ``requests`` become None once its rows are built, so that
+    Request objects nothing else holds are freed as the table grows (a million of them hold
+    ~500 MB after a replay, more than twice their rows)."""
+    batches = []
+    for i in range(0, len(requests), chunk):
+        batches.append(_requests_batch(requests[i:i + chunk]))
+        if release:
+            requests[i:i + chunk] = repeat(None, min(chunk, len(requests) - i))
     return pa.Table.from_batches(batches, schema=REQUESTS_SCHEMA)
 
 
@@ -150,6 +170,13 @@ def with_tier_columns(table: pa.Table, requests: list[Request], tier_names: list
     """With offload tiers (replay/tiers.py): ``kv_load_s`` (seconds loading KV from lower tiers),
     ``cached_tokens_gpu`` and ``cached_tokens_<tier>`` per tier (of ``cached_tokens``, the tokens
     each served). ``requests`` in the table's row order."""
+    for f, column in tier_columns(requests, tier_names):
+        table = table.append_column(f, column)
+    return table
+
+
+def tier_columns(requests: list[Request], tier_names: list[str]) -> list[tuple[pa.Field, pa.Array]]:
+    """``with_tier_columns``' fields and columns (``requests`` in row order)."""
     load = pa.array([r.kv_load_s for r in requests], pa.float64())
     per_tier = [[0] * len(requests) for _ in tier_names]
     for i, r in enumerate(requests):
@@ -157,11 +184,10 @@ def with_tier_columns(table: pa.Table, requests: list[Request], tier_names: list
             for level, tokens in enumerate(r.tier_tokens):
                 per_tier[level][i] = tokens
     gpu = [r.num_cached_tokens - (sum(r.tier_tokens) if r.tier_tokens else 0) for r in requests]
-    table = table.append_column(pa.field("kv_load_s", pa.float64()), load)
-    table = table.append_column(pa.field("cached_tokens_gpu", pa.int64()), pa.array(gpu, pa.int64()))
-    for name, values in zip(tier_names, per_tier):
-        table = table.append_column(pa.field(f"cached_tokens_{name}", pa.int64()), pa.array(values, pa.int64()))
-    return table
+    return [(pa.field("kv_load_s", pa.float64()), load),
+            (pa.field("cached_tokens_gpu", pa.int64()), pa.array(gpu, pa.int64()))] + \
+        [(pa.field(f"cached_tokens_{name}", pa.int64()), pa.array(values, pa.int64()))
+         for name, values in zip(tier_names, per_tier)]
 
 
 def tier_meta(replicas) -> list[dict]:

@@ -103,6 +103,7 @@ def test_streamed_token_file_is_the_in_memory_table_byte_for_byte(tmp_path, monk
     monkeypatch.setattr(logs, "MERGE_FAN_IN", 3)
     monkeypatch.setattr(logs, "MERGE_BUFFER", 50)
     monkeypatch.setattr(logs, "ROW_GROUP", 5000)  # several row groups (write_parquet's are 1 Mi rows)
+    monkeypatch.setattr(logs, "EXPAND_ROWS", 400)  # records expanded into token rows a few requests at a time
     made = []
 
     def recording_log(*args, **kwargs):
@@ -250,3 +251,19 @@ def test_spill_rows_sort_as_by_the_three_keys(case):
     assert sorted(got["t"].tolist()) == sorted(rows["t"].tolist())  # whole rows moved together
     by_key = {(r, i, s): t for r, i, s, t in zip(*(rows[k].tolist() for k in ("rid", "idx", "seq", "t")))}
     assert [by_key[k] for k in keys] == got["t"].tolist()
+
+
+def test_request_ids_beyond_exact_doubles_are_kept_exactly(tmp_path):
+    """Records pass through float64 on their way into numpy: ids of 2**53 and more take the exact way."""
+    log = logs.TokenLog(chunk=4)
+    step = SimpleNamespace(start_s=1.0, a=0.5, b=0.0, ctx0=0.0, decode_requests=1)
+    big = (1 << 60) + 1
+    log.single(big, 1, 0.25)
+    log.stretch(big, 2, 3, step)
+    log.single(-big, 1, 0.5)
+    log.single(7, 1, 0.75)
+    log.single(big + 2, 1, 0.125)
+    table = log.finish().read().to_pydict()
+    assert table["request_id"] == [-big, 7, big, big, big, big, big + 2]
+    assert table["token_index"] == [1, 1, 1, 2, 3, 4, 1]
+    assert table["time_s"] == [0.5, 0.75, 0.25, 1.5, 2.0, 2.5, 0.125]  # the stretch: 1 + 0.5 i
