@@ -1,10 +1,11 @@
 """A/B of two checkouts' engines on the same replay, interleaved in fresh processes.
 
-Usage: .venv/bin/python bench/bench_ab.py A_ROOT B_ROOT [--pairs 8] [--requests N]
+Usage: .venv/bin/python bench/bench_ab.py A_ROOT B_ROOT [--pairs 8] [--requests N] [--synth N]
 where each ROOT is a directory holding a ``servelab`` package (e.g. a folder with a symlink
 ``servelab -> /path/to/checkout``), put first on ``PYTHONPATH`` for its runs.
 
-The replay: the bundled Azure conversation trace (or its first N requests), 6 replicas, sarathi, the
+The replay: the bundled Azure conversation trace (or its first N requests; or, with ``--synth N``, N
+requests of bench_replay.py's ``1m`` trace on 8 replicas), 6 replicas, sarathi, the
 ``linear`` runner (the same step prices in every version), 28,000 KV blocks per replica and prefix
 caching off where the version has it, so that both versions do the same work (the script checks that
 the finish times agree). Each pair runs A then B, the next B then A (ABBA), so that drift in the
@@ -45,11 +46,16 @@ def timed(self, *a, **k):
     finally:
         spent[0] += cpu() - t
 Engine.run = timed
-trace = read_trace(default_trace_path())
-n = int(sys.argv[1])
+n, synth = int(sys.argv[1]), int(sys.argv[2])
+if synth:
+    from servelab.traces.synth import synth_trace
+    trace = synth_trace(n=synth, rate=40.0, arrival="gamma", cv=2.0, prompt="lognormal:800:1.0",
+                        output="lognormal:200:1.0", seed=7)
+else:
+    trace = read_trace(default_trace_path())
 if n:
     trace = trace.slice(0, n)
-config = ReplayConfig(engine=EngineConfig(replicas=6, **engine), policy="sarathi",
+config = ReplayConfig(engine=EngineConfig(replicas=8 if synth else 6, **engine), policy="sarathi",
                       runner="linear:base=0.004,prefill_token=0.00003,decode_seq=0.0001")
 replay(trace.slice(0, 50), config)  # warm-up: imports and first calls
 spent[0] = 0.0
@@ -61,9 +67,9 @@ print(spent[0], total, finish)
 """
 
 
-def one(root: str, requests: int) -> tuple[float, float, str]:
+def one(root: str, requests: int, synth: int) -> tuple[float, float, str]:
     env = dict(os.environ, PYTHONPATH=root)
-    out = subprocess.run([sys.executable, "-c", CHILD, str(requests)], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, str(requests), str(synth)], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     return float(out[0]), float(out[1]), out[2]
 
@@ -74,11 +80,12 @@ def main() -> None:
     parser.add_argument("b")
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--requests", type=int, default=0, help="the trace's first N requests (0: all)")
+    parser.add_argument("--synth", type=int, default=0, help="N requests of bench_replay.py's 1m trace instead")
     args = parser.parse_args()
     runs: dict[str, list[tuple[float, float, str]]] = {"A": [], "B": []}
     for k in range(args.pairs):
         for side in ("A", "B") if k % 2 == 0 else ("B", "A"):
-            runs[side].append(one(args.a if side == "A" else args.b, args.requests))
+            runs[side].append(one(args.a if side == "A" else args.b, args.requests, args.synth))
             run_s, total_s, _ = runs[side][-1]
             print(f"pair {k + 1} {side}: Engine.run {run_s:.3f} s, replay() {total_s:.3f} s CPU", flush=True)
     finishes = {r[2] for side in runs.values() for r in side}
