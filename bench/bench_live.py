@@ -62,22 +62,28 @@ async def send_lag(rate: float, n: int, tokens: int) -> np.ndarray:
 async def _open_loop(url: str, rate: float, n: int, tokens: int) -> np.ndarray:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         target = Target(url, "m")
-        times = schedule(LoadConfig(shape="constant", rate=rate), np.zeros(n))
-        records = [Record(i, i) for i in range(n)]
-        t0 = time.perf_counter()
-
-        def clock() -> float:
-            return time.perf_counter() - t0
-
-        async with asyncio.TaskGroup() as group:
-            for i, at in enumerate(times):
-                records[i].scheduled_s = float(at)
-                delay = at - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                group.create_task(send(http, target, records[i], "x", tokens, clock))
+        records = await send_at_rate(lambda record, clock: send(http, target, record, "x", tokens, clock), rate, n)
         assert all(r.status == "finished" for r in records)
         return np.array([r.send_s - r.scheduled_s for r in records])
+
+
+async def send_at_rate(send_one, rate: float, n: int) -> list[Record]:
+    """``n`` requests at a constant ``rate``, each ``send_one(record, clock)`` started on schedule."""
+    times = schedule(LoadConfig(shape="constant", rate=rate), np.zeros(n))
+    records = [Record(i, i) for i in range(n)]
+    t0 = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - t0
+
+    async with asyncio.TaskGroup() as group:
+        for i, at in enumerate(times):
+            records[i].scheduled_s = float(at)
+            delay = at - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            group.create_task(send_one(records[i], clock))
+    return records
 
 
 async def main() -> None:

@@ -24,9 +24,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_live import _serve as _serve_http
+from bench_live import send_at_rate
 from helpers_sagemaker_server import SageMakerShim, Scripted, sse
 from servelab.live.client import Record, Target, send
-from servelab.live.load import LoadConfig, schedule
 from servelab.live.sagemaker import SageMakerBackend, SageMakerEndpoint
 
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
@@ -91,20 +91,7 @@ async def send_lag(rate: float, n: int, tokens: int, backend: str) -> np.ndarray
 
 
 async def _open_loop(send_one, rate: float, n: int, tokens: int) -> np.ndarray:
-    times = schedule(LoadConfig(shape="constant", rate=rate), np.zeros(n))
-    records = [Record(i, i) for i in range(n)]
-    t0 = time.perf_counter()
-
-    def clock() -> float:
-        return time.perf_counter() - t0
-
-    async with asyncio.TaskGroup() as group:
-        for i, at in enumerate(times):
-            records[i].scheduled_s = float(at)
-            delay = at - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            group.create_task(send_one(records[i], clock))
+    records = await send_at_rate(send_one, rate, n)
     assert all(r.status == "finished" and len(r.token_times) == tokens for r in records)
     return np.array([[r.send_s - r.scheduled_s, r.first_token_s - r.send_s] for r in records])
 
