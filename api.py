@@ -29,8 +29,8 @@ from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
 from servelab.replay.results import (
-    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, tier_columns, tier_meta,
-    with_platform_columns, write_run,
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, schema_columns, tier_columns,
+    tier_meta, with_platform_columns, write_run,
 )
 from servelab.replay.autoscale import Autoscaler
 from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
@@ -175,9 +175,9 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     extra = []  # (field, column) appended after the platform columns, in order
     if engine_cfg.kv_tiers:
         extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
-    if disagg is not None:
-        columns = disagg.columns(len(requests))
-        extra += [(f, pa.array(columns[f.name], type=f.type)) for f in DISAGG_SCHEMA]
+    handoffs = disagg.columns(len(requests)) if disagg is not None else None
+    if handoffs is not None:
+        extra += schema_columns(DISAGG_SCHEMA, handoffs)
     fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
     if fleets:  # which instance type served each request (its last replica's: with disaggregation the decoding one)
         kinds = {r.id: p.config.gpu for p in cluster.pools for r in p.replicas}  # (a pool of one GPU type)
@@ -187,11 +187,10 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
             if req.replica is not None:
                 instance[req.index] = kinds.get(req.replica)
         columns, schema = {"instance": instance}, INSTANCE_SCHEMA
-        if disagg is not None:  # and the one that prefilled it (for its last handoff)
-            columns["prefill_instance"] = [None if rid is None else kinds[rid]
-                                           for rid in disagg.columns(len(requests))["prefill_replica"]]
+        if handoffs is not None:  # and the one that prefilled it (for its last handoff)
+            columns["prefill_instance"] = [None if rid is None else kinds[rid] for rid in handoffs["prefill_replica"]]
             schema = PD_INSTANCE_SCHEMA
-        extra += [(f, pa.array(columns[f.name], type=f.type)) for f in schema]
+        extra += schema_columns(schema, columns)
     cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
     _release_requests(engine)
     requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
@@ -365,7 +364,7 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
     if spec.disaggregated:
         _check_disaggregated(pools)
     if config.engine.fail:  # replica ids count across the pools, in the order built
-        check_failures(tuple(Failure.parse(f) for f in config.engine.fail), len([r for p in pools for r in p.replicas]))
+        check_failures(tuple(Failure.parse(f) for f in config.engine.fail), sum(len(p.replicas) for p in pools))
     if any(p.autoscale is not None for p in spec.pools) and config.engine.fail:
         raise ServelabError("cluster: replica failures (fail) are not modelled with autoscaling yet")
     if any(p.instances for p in spec.pools) and config.engine.fail:

@@ -144,8 +144,7 @@ class Disaggregation:
             self.engine.live = live
             return
         self.decode_live = live
-        if self.pending:  # a decode replica started (or was taken back): handoffs waiting may fit now
-            self._place_pending(self.engine.now_s)
+        self.place_pending(self.engine.now_s)  # a decode replica started (or was taken back): handoffs may fit now
 
     def holding(self, replica: Replica) -> bool:
         """``replica`` holds KV of requests in transfer (from it, or to it)."""
@@ -290,8 +289,7 @@ class Disaggregation:
         """A failed decode replica is back: it takes handoffs again (a prefill one: the platform
         puts it back among the engine's live replicas)."""
         self.decode_live = [d for d in self.decode if d is replica or d in self.decode_live]
-        if self.pending:
-            self._place_pending(now)
+        self.place_pending(now)
 
     def lose(self, replica: Replica, now: float) -> list[Request]:
         """The KV ``replica`` held for transfers is gone: returns the requests that lose it, in order.
@@ -354,7 +352,8 @@ class Disaggregation:
             column.pop(i, None)
 
     def place_pending(self, now: float) -> None:
-        """Blocks freed on decode replicas outside a step (a lost replica's transfers): try the queue."""
+        """Decode replicas changed outside a step (one started or came back, a lost replica's landing
+        blocks were freed): try the handoffs waiting."""
         if self.pending:
             self._place_pending(now)
 

@@ -166,17 +166,10 @@ def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
     return table
 
 
-def with_tier_columns(table: pa.Table, requests: list[Request], tier_names: list[str]) -> pa.Table:
-    """With offload tiers (replay/tiers.py): ``kv_load_s`` (seconds loading KV from lower tiers),
-    ``cached_tokens_gpu`` and ``cached_tokens_<tier>`` per tier (of ``cached_tokens``, the tokens
-    each served). ``requests`` in the table's row order."""
-    for f, column in tier_columns(requests, tier_names):
-        table = table.append_column(f, column)
-    return table
-
-
 def tier_columns(requests: list[Request], tier_names: list[str]) -> list[tuple[pa.Field, pa.Array]]:
-    """``with_tier_columns``' fields and columns (``requests`` in row order)."""
+    """With offload tiers (replay/tiers.py), the columns appended to the requests table: ``kv_load_s``
+    (seconds loading KV from lower tiers), ``cached_tokens_gpu`` and ``cached_tokens_<tier>`` per tier
+    (of ``cached_tokens``, the tokens each served); ``requests`` in row order."""
     load = pa.array([r.kv_load_s for r in requests], pa.float64())
     per_tier = [[0] * len(requests) for _ in tier_names]
     for i, r in enumerate(requests):
@@ -209,11 +202,9 @@ def tier_meta(replicas) -> list[dict]:
     return list(out.values())
 
 
-def with_columns(table: pa.Table, schema: pa.Schema, columns: dict[str, list]) -> pa.Table:
-    """Append ``schema``'s columns (values per row, in trace order) to ``table``."""
-    for f in schema:
-        table = table.append_column(f, pa.array(columns[f.name], type=f.type))
-    return table
+def schema_columns(schema: pa.Schema, columns: dict[str, list]) -> list[tuple[pa.Field, pa.Array]]:
+    """``schema``'s fields with their columns built from ``columns`` (values per row, in trace order)."""
+    return [(f, pa.array(columns[f.name], type=f.type)) for f in schema]
 
 
 def platform_meta(engine: Engine) -> dict:
