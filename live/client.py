@@ -24,6 +24,13 @@ import aiohttp
 from servelab.live.sse import Event, LineSplitter, aparse_lines
 
 ERROR_TEXT_MAX = 500  # characters of a server's error body kept in `reason`
+# reasons every backend records for the same outcomes
+NO_TEXT = "the stream ended without any generated text"
+CANCELLED = "stopped by the run (interrupt or duration limit)"
+
+
+def timeout_reason(target: Target) -> str:
+    return f"no complete response within {target.timeout_s:g} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,18 +191,17 @@ async def send(http: aiohttp.ClientSession, target: Target, record: Record, prom
                     raise StreamError(f"HTTP {response.status}: {_error_text(_maybe_json(body))}")
                 await _read_stream(response, target, record, clock)
         if not record.token_times:
-            raise StreamError("the stream ended without any generated text")
+            raise StreamError(NO_TEXT)
         record.status = "finished"
-        if record.token_times:
-            record.finish_s = record.token_times[-1]
+        record.finish_s = record.token_times[-1]
     except StreamError as err:
         record.status, record.reason = "failed", str(err)
     except TimeoutError:
-        record.status, record.reason = "timeout", f"no complete response within {target.timeout_s:g} s"
+        record.status, record.reason = "timeout", timeout_reason(target)
     except aiohttp.ClientError as err:
         record.status, record.reason = "failed", f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
     except asyncio.CancelledError:
-        record.status, record.reason = "cancelled", "stopped by the run (interrupt or duration limit)"
+        record.status, record.reason = "cancelled", CANCELLED
         record.end_s = clock()
         raise
     record.end_s = clock()

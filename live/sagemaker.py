@@ -47,7 +47,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 from servelab.common.errors import ServelabError
-from servelab.live.client import ERROR_TEXT_MAX, Record, StreamError, Target, read_event
+from servelab.live.client import (
+    CANCELLED,
+    ERROR_TEXT_MAX,
+    NO_TEXT,
+    Record,
+    StreamError,
+    Target,
+    read_event,
+    timeout_reason,
+)
 from servelab.live.sse import Event, EventParser, LineSplitter
 
 SCHEME = "sagemaker://"
@@ -156,7 +165,7 @@ class _Call:
             self.settled = True
             rec = self.record
             if status == "finished" and not rec.token_times:
-                status, reason = "failed", "the stream ended without any generated text"
+                status, reason = "failed", NO_TEXT
             rec.status, rec.reason = status, reason
             if status == "finished":
                 rec.finish_s = rec.token_times[-1]
@@ -344,9 +353,9 @@ class SageMakerBackend:
             async with asyncio.timeout(target.timeout_s):
                 await ended
         except TimeoutError:
-            call.stop("timeout", f"no complete response within {target.timeout_s:g} s")
+            call.stop("timeout", timeout_reason(target))
         except asyncio.CancelledError:
-            call.stop("cancelled", "stopped by the run (interrupt or duration limit)")
+            call.stop("cancelled", CANCELLED)
             raise
         return record
 
