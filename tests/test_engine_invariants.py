@@ -170,15 +170,7 @@ DISAGG_CASES = {
 def checked_engines(monkeypatch) -> list:
     """Replays through ``servelab.api`` use ``CheckedEngine`` (checks after every event); the list
     fills with the engines they build."""
-    engines = []
-
-    class Keep(CheckedEngine):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    monkeypatch.setattr(servelab.api, "Engine", Keep)
-    return engines
+    return _keep_engines(monkeypatch, CheckedEngine)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -240,11 +232,11 @@ def test_autoscaled_bookkeeping_adds_up_and_no_request_is_lost(monkeypatch, sign
     assert all(1 <= row[1] + row[3] and row[1] + row[2] + row[3] <= 4 for row in timeline)
 
 
-def _keep_engines(monkeypatch) -> list[Engine]:
-    """Every Engine the replays build from now on, to look at after they ran."""
+def _keep_engines(monkeypatch, base: type[Engine] = Engine) -> list[Engine]:
+    """Every Engine (a ``base``) the replays build from now on, to look at after they ran."""
     engines: list[Engine] = []
 
-    class Keep(Engine):
+    class Keep(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             engines.append(self)
