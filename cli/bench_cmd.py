@@ -98,9 +98,10 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     from servelab.live.bench import LiveOptions
     from servelab.live.client import Target
     from servelab.live.load import LoadConfig
+    from servelab.live.sagemaker import is_sagemaker_url
     from servelab.traces.io import read_trace, trace_sha256
 
-    sagemaker = url.startswith("sagemaker://")
+    sagemaker = is_sagemaker_url(url)
     if sagemaker:
         backend = _sagemaker_backend(url, region, profile, endpoint_url, inference_component, stream_format,
                                      tokenizer, metrics, api_key)  # fmt: skip
