@@ -270,7 +270,7 @@ class SageMakerBackend:
         self.client = await asyncio.to_thread(self._make_client, target, concurrency)
         self.region = self.client.meta.region_name
         check = Record(-1, -1)
-        await self._send(replace(target, ignore_eos=False, min_tokens=False, timeout_s=CHECK_TIMEOUT_S), check,
+        await self.send(replace(target, ignore_eos=False, min_tokens=False, timeout_s=CHECK_TIMEOUT_S), check,
                          " a", 2)  # fmt: skip
         if check.status != "finished":
             raise RuntimeError(f"{self.endpoint.url}: the endpoint did not answer a 2-token request "
@@ -319,7 +319,7 @@ class SageMakerBackend:
     async def probe_extensions(self, target: Target) -> tuple[bool, str | None]:
         """One streamed 2-token request with ignore_eos + min_tokens: finished, or why not."""
         probe = Record(-1, -1)
-        await self._send(replace(target, ignore_eos=True, min_tokens=True, timeout_s=CHECK_TIMEOUT_S), probe, " a", 2)
+        await self.send(replace(target, ignore_eos=True, min_tokens=True, timeout_s=CHECK_TIMEOUT_S), probe, " a", 2)
         return (True, None) if probe.status == "finished" else (False, probe.reason)
 
     async def tokenizer(self, target: Target) -> None:
@@ -329,12 +329,7 @@ class SageMakerBackend:
         return None  # the endpoint's metrics are in CloudWatch, not a /metrics to scrape
 
     async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
-                   clock: Callable[[], float]) -> Record:  # fmt: skip
-        return await self._send(target, record, prompt, max_tokens, clock)
-
-    async def _send(self, target: Target, record: Record, prompt: str, max_tokens: int,
-                    clock: Callable[[], float] | None = None) -> Record:  # fmt: skip
-        clock = clock or time.perf_counter
+                   clock: Callable[[], float] = time.perf_counter) -> Record:  # fmt: skip
         request = self._request(target, prompt, max_tokens)
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
