@@ -16,27 +16,18 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers_sagemaker_server import SageMakerShim
+from helpers_vllm_endpoint import vllm_endpoint
 from prometheus_client.parser import text_string_to_metric_families
 from servelab.traces.io import read_trace, write_trace
 from servelab.traces.synth import synth_trace
 
-ENDPOINT = os.environ.get("SERVELAB_TEST_ENDPOINT")
-REQUIRED = os.environ.get("SERVELAB_TEST_REQUIRE_ENDPOINT") == "1"
+ENDPOINT, pytestmark = vllm_endpoint()
 MODEL_DIR = os.environ.get("SERVELAB_TEST_VLLM_MODEL")  # the tiny model: its tokenizer.json gives exact prompts
-
-if not ENDPOINT and REQUIRED:
-    pytest.fail("SERVELAB_TEST_REQUIRE_ENDPOINT=1 but SERVELAB_TEST_ENDPOINT is unset: the vLLM server did not start",
-                pytrace=False)
-pytestmark = pytest.mark.skipif(not ENDPOINT, reason="SERVELAB_TEST_ENDPOINT is unset (source .ci/vllm.sh to start "
-                                                     "a vLLM CPU server)")
-if ENDPOINT:
-    assert urlparse(ENDPOINT).hostname in ("127.0.0.1", "localhost", "::1"), f"loopback servers only, not {ENDPOINT}"
 pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'servelab[sagemaker]')")
 
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",

@@ -17,11 +17,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from helpers_vllm_endpoint import vllm_endpoint
 from servelab.live.bench import LiveOptions, run_live, write_live_run
 from servelab.live.client import Target
 from servelab.live.load import LoadConfig
@@ -29,17 +29,7 @@ from servelab.scoring.report import report_text
 from servelab.traces.io import read_trace, write_trace
 from servelab.traces.synth import synth_trace
 
-ENDPOINT = os.environ.get("SERVELAB_TEST_ENDPOINT")
-REQUIRED = os.environ.get("SERVELAB_TEST_REQUIRE_ENDPOINT") == "1"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-if not ENDPOINT and REQUIRED:
-    pytest.fail("SERVELAB_TEST_REQUIRE_ENDPOINT=1 but SERVELAB_TEST_ENDPOINT is unset: the vLLM server did not start",
-                pytrace=False)
-pytestmark = pytest.mark.skipif(not ENDPOINT, reason="SERVELAB_TEST_ENDPOINT is unset (source .ci/vllm.sh to start "
-                                                     "a vLLM CPU server)")
-if ENDPOINT:
-    assert urlparse(ENDPOINT).hostname in LOOPBACK, f"live tests use loopback servers only, not {ENDPOINT}"
+ENDPOINT, pytestmark = vllm_endpoint()
 
 
 def cli(*args, timeout=300) -> subprocess.CompletedProcess:
