@@ -9,7 +9,8 @@ requests of bench_replay.py's ``1m`` trace on 8 replicas), 6 replicas, sarathi, 
 ``linear`` runner (the same step prices in every version), 28,000 KV blocks per replica and prefix
 caching off where the version has it, so that both versions do the same work (the script checks that
 the finish times agree). Each pair runs A then B, the next B then A (ABBA), so that drift in the
-machine's load reaches both alike. Per run: ``Engine.run``'s CPU time (user + system) and the whole
+machine's load reaches both alike. Per run: ``Engine.run``'s CPU time (user + system, and each apart
+with its minor page faults: kernel time, which instruction counts do not see) and the whole
 ``replay()`` call's; printed: each run, the medians, and the median of the pairs' B/A ratios.
 """
 
@@ -37,14 +38,22 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
+def usage():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime, r.ru_minflt
+
 spent = [0.0]
+split = [0.0, 0.0, 0]  # Engine.run's user s, system s, minor page faults
 run = Engine.run
 def timed(self, *a, **k):
-    t = cpu()
+    u = usage()
     try:
         return run(self, *a, **k)
     finally:
-        spent[0] += cpu() - t
+        v = usage()
+        spent[0] += v[0] + v[1] - u[0] - u[1]
+        for i in range(3):
+            split[i] += v[i] - u[i]
 Engine.run = timed
 n, synth = int(sys.argv[1]), int(sys.argv[2])
 if synth:
@@ -59,19 +68,22 @@ config = ReplayConfig(engine=EngineConfig(replicas=8 if synth else 6, **engine),
                       runner="linear:base=0.004,prefill_token=0.00003,decode_seq=0.0001")
 replay(trace.slice(0, 50), config)  # warm-up: imports and first calls
 spent[0] = 0.0
+split[:] = [0.0, 0.0, 0]
 t = cpu()
 result = replay(trace, config)
 total = cpu() - t
 finish = hashlib.sha256(str(result.requests.column("finish_s").to_pylist()).encode()).hexdigest()[:16]
-print(spent[0], total, finish)
+print(spent[0], total, finish, *split)
 """
 
 
-def one(root: str, requests: int, synth: int) -> tuple[float, float, str]:
+def one(root: str, requests: int, synth: int) -> tuple[float, float, str, float, float, int]:
+    """One run: Engine.run's CPU s, replay()'s CPU s, the finish times' hash, and Engine.run's user s,
+    system s and minor page faults (kernel time is what instruction counts do not see)."""
     env = dict(os.environ, PYTHONPATH=root)
     out = subprocess.run([sys.executable, "-c", CHILD, str(requests), str(synth)], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    return float(out[0]), float(out[1]), out[2]
+    return float(out[0]), float(out[1]), out[2], float(out[3]), float(out[4]), int(out[5])
 
 
 def main() -> None:
@@ -86,17 +98,22 @@ def main() -> None:
     for k in range(args.pairs):
         for side in ("A", "B") if k % 2 == 0 else ("B", "A"):
             runs[side].append(one(args.a if side == "A" else args.b, args.requests, args.synth))
-            run_s, total_s, _ = runs[side][-1]
-            print(f"pair {k + 1} {side}: Engine.run {run_s:.3f} s, replay() {total_s:.3f} s CPU", flush=True)
+            run_s, total_s, _, user_s, sys_s, faults = runs[side][-1]
+            print(f"pair {k + 1} {side}: Engine.run {run_s:.3f} s (user {user_s:.3f}, system {sys_s:.3f}, "
+                  f"{faults} minor faults), replay() {total_s:.3f} s CPU", flush=True)
     finishes = {r[2] for side in runs.values() for r in side}
     if len(finishes) != 1:
         raise SystemExit(f"the versions' finish times differ ({sorted(finishes)}): not the same work")
-    for i, what in ((0, "Engine.run"), (1, "replay()")):
+    for i, what in ((0, "Engine.run"), (1, "replay()"), (3, "Engine.run user"), (4, "Engine.run system"),
+                    (5, "Engine.run minor faults")):
         a = [r[i] for r in runs["A"]]
         b = [r[i] for r in runs["B"]]
-        ratios = sorted(y / x for x, y in zip(a, b))
-        print(f"{what}: A median {statistics.median(a):.3f} s ({min(a):.3f}-{max(a):.3f}), B median "
-              f"{statistics.median(b):.3f} s ({min(b):.3f}-{max(b):.3f}); B/A per pair: median "
+        ratios = sorted(y / x for x, y in zip(a, b) if x)
+        if not ratios:
+            continue
+        unit = "" if i == 5 else " s"
+        print(f"{what}: A median {statistics.median(a):.3f}{unit} ({min(a):.3f}-{max(a):.3f}), B median "
+              f"{statistics.median(b):.3f}{unit} ({min(b):.3f}-{max(b):.3f}); B/A per pair: median "
               f"{statistics.median(ratios):.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f})")
     print(f"same finish times in every run (sha256 {finishes.pop()})")
 
