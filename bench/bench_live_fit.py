@@ -14,6 +14,12 @@ measurement reaches the sweep and the runs alike. Measured, it did not help: a l
 a sweep pass ran slower than one after another live run (RESULTS_live.md, session 6), so the default
 is the sweep first, then the live runs.
 
+Drift diagnostics (not used by the check): a *probe* (six requests one at a time, 256-token
+prompts, 32 output tokens, a fixed seed) runs right after the sweep and right after each live run;
+its mean E2E says how fast the server was at that moment, so a miss can be told apart as the
+server's speed moving between the sweep and the runs. Each live run also records the machine's
+steal time (/proc/stat: CPU taken by the hypervisor for other guests) and load average.
+
     source .ci/vllm.sh   # a vLLM CPU server (exports SERVELAB_TEST_ENDPOINT)
     .venv/bin/python bench/bench_live_fit.py --endpoint "$SERVELAB_TEST_ENDPOINT"
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,6 +46,27 @@ def cli(*args, timeout=300) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"servelab {args[0]} failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, all) jiffies of the machine so far (/proc/stat; None where there is none)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def steal_pct(before, after) -> float | None:
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
+def mean_e2e(run: Path) -> float:
+    import duckdb
+
+    return duckdb.sql(f"SELECT avg(e2e_s) FROM '{run / 'requests.parquet'}' WHERE status = 'finished'").fetchone()[0]
 
 
 def main() -> None:
@@ -62,10 +90,25 @@ def main() -> None:
         write_trace(synth_trace(n=40, rate=5.0, prompt="uniform:32:384", output="uniform:8:48", seed=2), trace,
                     source="bench_live_fit")
         runs = [tmp / f"live{k}" for k in range(args.runs)]
+        probe_trace = tmp / "probe.arrow"
+        write_trace(synth_trace(n=6, rate=1.0, prompt="uniform:256:256", output="uniform:32:32", seed=3), probe_trace,
+                    source="bench_live_fit probe")
+        probes: list[tuple[str, float]] = []  # (when, the probe's mean E2E)
+        conditions: list[tuple[float | None, float]] = []  # per live run: steal %, 1-minute load average after it
+
+        def probe(when: str) -> None:
+            out = tmp / f"probe{len(probes)}"
+            seed = time.time_ns() % 1_000_000_007
+            cli("bench", args.endpoint, probe_trace, "-o", out, "--no-report", "--shape", "closed", "--users", 1,
+                "--no-metrics", "--seed", seed)
+            probes.append((when, mean_e2e(out)))
 
         def live(run: Path) -> None:
             seed = time.time_ns() % 1_000_000_007  # prompts the server has not cached
+            before = cpu_ticks()
             cli("bench", args.endpoint, trace, "-o", run, "--no-report", "--seed", seed)
+            conditions.append((steal_pct(before, cpu_ticks()), os.getloadavg()[0]))
+            probe(f"after live run {len(conditions)}")
 
         if args.interleave:
             sweeps = [tmp / f"sweep{k}" for k in range(args.runs)]
@@ -76,6 +119,7 @@ def main() -> None:
             cli("fit", *[a for sweep in sweeps for a in ("--live", sweep)], "-o", model)
         else:
             cli("fit", "--endpoint", args.endpoint, "--sweep-out", tmp / "sweep", "-o", model)
+            probe("after the sweep")
             for run in runs:
                 live(run)
         r2 = json.loads(model.read_text())["metadata"]["fit"]["train"]["r2"]
@@ -88,6 +132,10 @@ def main() -> None:
                 values.append(rows[(m, "mean")]["measured_s"])
                 simulated[m].append(rows[(m, "mean")]["simulated_s"])
     print(f"fit r2 {r2:.3f}")
+    print("probe (6 requests alone, 256 + 32 tokens), mean E2E: "
+          + "; ".join(f"{when} {e2e * 1000:.1f} ms" for when, e2e in probes))
+    print("live runs' steal time / load average: " + "; ".join(
+        f"{'-' if st is None else f'{st:.1f}%'} / {load:.2f}" for st, load in conditions))
     for m, values in measured.items():
         real, sim = statistics.median(values), statistics.median(simulated[m])
         error = (sim / real - 1) * 100
