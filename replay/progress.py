@@ -86,8 +86,14 @@ def apply_stretch(items: Sequence, step: "Step", j: int, end_s: float, kv: "KVMa
         if target > req.kv_blocks:
             kv.grow(req, target)
         gap = first_end - req.last_token_s
-        emit(req, j, end_s, last_gap if last_gap > gap else gap)
-        if req.num_generated_tokens >= req.output_tokens:
+        if last_gap > gap:
+            gap = last_gap
+        # emit(req, j, end_s, gap), inlined as in apply_iteration: once per item of every stretch
+        req.last_token_s = end_s
+        if req.max_itl_s is None or gap > req.max_itl_s:
+            req.max_itl_s = gap
+        g = req.num_generated_tokens = req.num_generated_tokens + j
+        if g >= req.output_tokens:
             finished.append(req)
     return finished
 
