@@ -291,8 +291,8 @@ class Engine:
         hits = summary.hits
         for req in summary.admit:
             swap_s += self._admit(replica, req, now, hits.get(req) if hits is not None else None)
-        for req, target in summary.grow:
-            kv.grow(req, target)
+        if summary.grow:
+            kv.grow_all(summary.grow)
         if summary.cohort_blocks:
             kv.grow_cohort(summary.cohort_blocks)
         prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs

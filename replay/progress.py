@@ -80,11 +80,12 @@ def apply_stretch(items: Sequence, step: "Step", j: int, end_s: float, kv: "KVMa
         for req, _ in items:
             tokens.stretch(req.request_id, req.num_generated_tokens + 1, j, step)
     finished = []
+    grown = []  # (request, blocks it holds now) for those whose tokens reached new blocks
     for req, _ in items:
         c = req.num_computed_tokens = req.num_computed_tokens + j
         target = -(-c // bs)
         if target > req.kv_blocks:
-            kv.grow(req, target)
+            grown.append((req, target))
         gap = first_end - req.last_token_s
         if last_gap > gap:
             gap = last_gap
@@ -95,6 +96,8 @@ def apply_stretch(items: Sequence, step: "Step", j: int, end_s: float, kv: "KVMa
         g = req.num_generated_tokens = req.num_generated_tokens + j
         if g >= req.output_tokens:
             finished.append(req)
+    if grown:
+        kv.grow_all(grown)
     return finished
 
 
