@@ -6,7 +6,8 @@ next output token. Three shapes of applied work, one update (``emit``):
 
 - ``apply_iteration``: one iteration of any batch (``emit`` inlined: its hottest loop);
 - ``apply_stretch``: ``j`` identical pure-decode iterations (each item computed and emitted ``j``
-  tokens; its KV grows to cover them);
+  tokens; its KV grows to cover them, all items' growth in one ``KVManager.grow_all``; ``emit``
+  inlined too);
 - the decode cohort (replay/cohort.py) applies ``j`` iterations to all its members at once and
   writes each member's counters back through ``emit`` when it materialises.
 
