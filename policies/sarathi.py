@@ -35,6 +35,6 @@ class Sarathi(PolicyBase):
         cap = self.params.long_prefill_threshold or None
         b = self.builder(replica)
         b.schedule_running(replica.running, cap, decodes_first=True)
-        if not b.preempted:
+        if replica.waiting and not b.preempted:
             b.admit_waiting(replica.waiting, chunked=True, chunk_cap=cap)
         return b.build()

@@ -291,8 +291,8 @@ class Engine:
         hits = summary.hits
         for req in summary.admit:
             swap_s += self._admit(replica, req, now, hits.get(req) if hits is not None else None)
-        for req, target in summary.grow:
-            kv.grow(req, target)
+        if summary.grow:
+            kv.grow_all(summary.grow)
         if summary.cohort_blocks:
             kv.grow_cohort(summary.cohort_blocks)
         prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
@@ -308,7 +308,7 @@ class Engine:
         if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
             swap_s += kv.overlap_extra(compute)
         duration = compute + swap_s
-        if not (duration > 0 and math.isfinite(duration)):
+        if not 0.0 < duration < math.inf:  # (nan fails both)
             raise ServelabError(f"runner {replica.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
                     len(replica.waiting), kv.used)
@@ -322,7 +322,8 @@ class Engine:
         replica.busy = True
         replica.inflight = step
         replica.step_token += 1
-        self.push(step.end_s, STEP_DONE, (replica, replica.step_token))
+        self.seq += 1  # (self.push, inline: once per decision)
+        heapq.heappush(self.heap, (step.end_s, STEP_DONE, self.seq, (replica, replica.step_token)))
 
     @staticmethod
     def _summarise(kv: KVManager, batch: Batch, items: list | None) -> BatchSummary:
@@ -349,7 +350,7 @@ class Engine:
         if k <= 1:
             return
         kv = replica.kv
-        if not kv.reserve and kv.free < step.decode_requests * (k // kv.block_size + 2):
+        if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
             # not surely enough free blocks for k more tokens each: find how many iterations fit
             cohort = replica.cohort if step.batch.cohort else None
             k = self._kv_safe_iterations(kv, step.batch.items, k, cohort, summary.cohort_blocks)

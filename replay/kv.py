@@ -121,6 +121,28 @@ class KVManager:
                 req.block_table = []
             req.block_table.extend(self.allocator.allocate(extra))
 
+    def grow_all(self, growth: Iterable[tuple[Request, int]]) -> None:
+        """``grow`` each ``(request, target)`` of ``growth`` (a batch's or a stretch's requests). The prefix
+        cache's free queue gives up the blocks of all of them in one take, the same blocks as one take
+        each, unless blocks are named (an allocator) or evictions write back to a tier: their
+        bookkeeping is per request."""
+        cache = self.cache
+        if self.allocator is not None or (cache is not None and cache.tiers is not None and not cache.tiers.write_through):
+            for req, target in growth:
+                self.grow(req, target)
+            return
+        extra = 0
+        for req, target in growth:
+            if target > req.kv_blocks:
+                extra += target - req.kv_blocks
+                req.kv_blocks = target
+        if extra:
+            self.used += extra
+            if self.used > self.total:
+                self._over_committed()
+            if cache is not None:
+                cache.take(extra)
+
     def grow_cohort(self, blocks: int) -> None:
         """The decode cohort's members take ``blocks`` more, in aggregate (no block tables: the
         cohort is off for runners that need them)."""

@@ -6,7 +6,8 @@ next output token. Three shapes of applied work, one update (``emit``):
 
 - ``apply_iteration``: one iteration of any batch (``emit`` inlined: its hottest loop);
 - ``apply_stretch``: ``j`` identical pure-decode iterations (each item computed and emitted ``j``
-  tokens; its KV grows to cover them);
+  tokens; its KV grows to cover them, all items' growth in one ``KVManager.grow_all``; ``emit``
+  inlined too);
 - the decode cohort (replay/cohort.py) applies ``j`` iterations to all its members at once and
   writes each member's counters back through ``emit`` when it materialises.
 
@@ -80,15 +81,24 @@ def apply_stretch(items: Sequence, step: "Step", j: int, end_s: float, kv: "KVMa
         for req, _ in items:
             tokens.stretch(req.request_id, req.num_generated_tokens + 1, j, step)
     finished = []
+    grown = []  # (request, blocks it holds now) for those whose tokens reached new blocks
     for req, _ in items:
         c = req.num_computed_tokens = req.num_computed_tokens + j
         target = -(-c // bs)
         if target > req.kv_blocks:
-            kv.grow(req, target)
+            grown.append((req, target))
         gap = first_end - req.last_token_s
-        emit(req, j, end_s, last_gap if last_gap > gap else gap)
-        if req.num_generated_tokens >= req.output_tokens:
+        if last_gap > gap:
+            gap = last_gap
+        # emit(req, j, end_s, gap), inlined as in apply_iteration: once per item of every stretch
+        req.last_token_s = end_s
+        if req.max_itl_s is None or gap > req.max_itl_s:
+            req.max_itl_s = gap
+        g = req.num_generated_tokens = req.num_generated_tokens + j
+        if g >= req.output_tokens:
             finished.append(req)
+    if grown:
+        kv.grow_all(grown)
     return finished
 
 
