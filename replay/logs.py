@@ -449,19 +449,23 @@ class _Timeline:
         return t, stretch
 
     def _piece(self, timeline: int, k: int):
+        """Spilled piece ``k`` of ``timeline``, from the cache (least recently used dropped) or read."""
         key = (timeline, k)
-        cached = self.cache.pop(key, None)
-        if cached is None:
-            import numpy as np
-
-            _, rows, counts = self.starts[timeline]
-            dtype = _advance_dtype()
-            self.spill.seek(int(rows[k]) * dtype.itemsize)
-            cached = np.frombuffer(self.spill.read(int(counts[k]) * dtype.itemsize), dtype=dtype)
+        advances = self.cache.pop(key, None)
+        if advances is None:
+            advances = self._read(timeline, k)
             if len(self.cache) >= TIMELINE_CACHE:
-                del self.cache[next(iter(self.cache))]  # the least recently used
-        self.cache[key] = cached  # (re)inserted last: most recently used
-        return cached
+                del self.cache[next(iter(self.cache))]
+        self.cache[key] = advances  # (re)inserted last: the most recently used
+        return advances
+
+    def _read(self, timeline: int, k: int):
+        import numpy as np
+
+        _, rows, counts = self.starts[timeline]
+        dtype = _advance_dtype()
+        self.spill.seek(int(rows[k]) * dtype.itemsize)
+        return np.frombuffer(self.spill.read(int(counts[k]) * dtype.itemsize), dtype=dtype)
 
 
 def _sorted(rows):
