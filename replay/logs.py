@@ -77,9 +77,9 @@ ROW_GROUP = 1024 * 1024  # pq.write_table's default: tokens.parquet's bytes stay
 TOKEN_CHUNK = 65536  # records (a single token, or a stretch's tokens of one request) held before a spill
 MERGE_FAN_IN = 64  # most runs read at once (each through a buffer of MERGE_BUFFER records)
 MERGE_BUFFER = 4096
-EXPAND_ROWS = 1 << 18  # token rows expanded from records at once (more when one request has more)
-TIMELINE_CHUNK = 16384  # cohort advances (all cohorts) held before a spill
-TIMELINE_CACHE = 64  # spilled timeline pieces kept in memory while tokens.parquet is written
+EXPAND_ROWS = 1 << 16  # token rows expanded from records at once (more when one request has more)
+TIMELINE_CHUNK = 4096  # cohort advances (all cohorts) held before a spill
+TIMELINE_CACHE = 16  # spilled timeline pieces kept in memory (and joined at once) while tokens.parquet is written
 
 
 def tokens_schema():
@@ -367,19 +367,25 @@ def _expand(records, counts, timeline: _Timeline | None = None):
     total = int(counts.sum())
     rep = np.repeat(np.arange(len(records)), counts)
     i = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
-    t = _stretch_times(records["t"][rep], records["a"][rep], records["b"][rep], records["ctx0"][rep],
-                       records["m"][rep], i, (records["j"] == 0)[rep])
-    seq = records["seq"][rep]
-    member = records["cohort"][rep] >= 0
-    if member.any():
-        at = records["at"][rep][member] + i[member].astype(np.int64)
-        t[member], stretch = timeline.times(records["cohort"][rep][member], at)
-        seq[np.flatnonzero(member)[stretch]] += SEGMENT_SEQ  # tie as the stretch records it stands for
+    members = bool((records["cohort"] >= 0).any())
+    member = (records["cohort"] >= 0)[rep] if members else None
+    plain = np.flatnonzero(~member) if members else slice(None)  # rows of singles and stretches
+    t = np.empty(total, dtype=np.float64)
+    r = rep[plain]
+    t[plain] = _stretch_times(records["t"][r], records["a"][r], records["b"][r], records["ctx0"][r], records["m"][r],
+                              i[plain], (records["j"] == 0)[r])
+    stretched = np.zeros(total, dtype=bool)  # membership rows of stretch iterations (their ties: as stretches)
+    if members:
+        rows = np.flatnonzero(member)
+        r = rep[rows]
+        t[rows], stretched[rows] = timeline.times(records["cohort"][r], records["at"][r] + i[rows].astype(np.int64))
     rid = records["rid"][rep]
     idx = records["idx"][rep] + i.astype(np.int64) - 1
     # Sorted records give sorted, distinct rows unless a request's records overlap (it started over)
     same = records["rid"][1:] == records["rid"][:-1]
     if (same & (records["idx"][1:] < records["idx"][:-1] + counts[:-1])).any():
+        seq = records["seq"][rep]
+        seq[stretched] += SEGMENT_SEQ  # tie as the stretch records a membership stands for
         rows = np.empty(total, dtype=[("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("t", "<f8")])
         rows["rid"], rows["idx"], rows["seq"], rows["t"] = rid, idx, seq, t
         rows = _sorted(rows)
@@ -428,25 +434,46 @@ class _Timeline:
 
     def times(self, timeline, at):
         """End times of iterations ``at`` (each of its ``timeline``, both arrays), and which were in a
-        stretch."""
+        stretch. Per timeline, the pieces its rows fall in are joined and searched at once, at most
+        ``TIMELINE_CACHE`` pieces at a time (rows are masked, not sorted: a piece of records is
+        ~EXPAND_ROWS rows, a timeline's few thousand advances)."""
         import numpy as np
 
         t = np.empty(len(at), dtype=np.float64)
         stretch = np.empty(len(at), dtype=bool)
-        order = np.lexsort((at, timeline))  # by timeline and position: each piece's rows together
-        timeline, at = timeline[order], at[order]
-        piece = np.empty(len(at), dtype=np.int64)  # the spilled piece holding each iteration
-        for lo, hi in _spans(timeline):
-            piece[lo:hi] = np.searchsorted(self.starts[int(timeline[lo])][0], at[lo:hi], "left") - 1
-        for lo, hi in _spans(timeline, piece):
-            adv = self._piece(int(timeline[lo]), int(piece[lo]))
-            e = np.searchsorted(adv["at"], at[lo:hi], "left") - 1  # the advance holding each iteration
-            single = adv["m"][e] == 0
-            i = (at[lo:hi] - adv["at"][e]).astype(np.float64)
-            t[order[lo:hi]] = _stretch_times(adv["t"][e], adv["a"][e], adv["b"][e], adv["ctx0"][e], adv["m"][e],
-                                             i, single)
-            stretch[order[lo:hi]] = ~single
+        several = len(self.starts) > 1
+        for c in np.unique(timeline).tolist() if several else self.starts:
+            rows = np.flatnonzero(timeline == c) if several else slice(None)
+            self._fill(c, at[rows], rows, t, stretch)
         return t, stretch
+
+    def _fill(self, timeline: int, at, rows, t, stretch) -> None:
+        """``t[rows]`` and ``stretch[rows]`` for iterations ``at`` of ``timeline``."""
+        import numpy as np
+
+        firsts = self.starts[timeline][0]  # a piece holds its timeline's iterations (firsts[k], firsts[k + 1]]
+        lo = int(np.searchsorted(firsts, at.min(), "left")) - 1
+        hi = int(np.searchsorted(firsts, at.max(), "left"))  # pieces lo .. hi - 1 hold them all
+        for k0 in range(lo, hi, TIMELINE_CACHE):
+            k1 = min(k0 + TIMELINE_CACHE, hi)
+            if (k0, k1) == (lo, hi):
+                sel, where = at, rows
+            else:  # a window of the pieces: its rows only
+                inside = at > firsts[k0]
+                if k1 < len(firsts):
+                    inside &= at <= firsts[k1]
+                sel = at[inside]
+                where = np.flatnonzero(inside) if isinstance(rows, slice) else rows[inside]
+                if not len(sel):
+                    continue
+            pieces = [self._piece(timeline, k) for k in range(k0, k1)]
+            adv = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            e = np.searchsorted(adv["at"], sel, "left") - 1  # the advance holding each iteration
+            m = adv["m"][e]
+            single = m == 0
+            i = (sel - adv["at"][e]).astype(np.float64)
+            t[where] = _stretch_times(adv["t"][e], adv["a"][e], adv["b"][e], adv["ctx0"][e], m, i, single)
+            stretch[where] = ~single
 
     def _piece(self, timeline: int, k: int):
         """Spilled piece ``k`` of ``timeline``, from the cache (least recently used dropped) or read."""
