@@ -7,7 +7,8 @@ import shutil
 import tempfile
 from collections import deque
 from collections.abc import Iterator
-from itertools import chain, pairwise
+from itertools import chain, groupby, pairwise
+from operator import itemgetter
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class TokenLog:
         idx, j, x = flat[:, 1].astype(np.int64), flat[:, 2].astype(np.int64), flat[:, 3]
         stretch = j > 0
         seq = np.arange(self.logged, self.logged + n, dtype=np.int64)
-        seq[stretch] += SEGMENT_SEQ  # (a membership's tokens: when it is expanded, each as its iteration)
+        seq[stretch] += SEGMENT_SEQ  # (a membership's stretch tokens get it when expanded: ``_expand``)
         order = _order(rid, idx, seq)
         out = np.zeros(n, dtype=_spill_dtype())
         out["rid"], out["idx"], out["seq"], out["j"], out["t"] = (np.take(c, order) for c in (rid, idx, seq, j, x))
@@ -425,10 +426,9 @@ class _Timeline:
         import numpy as np
 
         self.spill = spill
-        ordered = sorted(pieces)  # by timeline, then position
         self.starts = {}  # timeline -> (first position of each piece, its row in spill, its advances)
-        for timeline in {p[0] for p in ordered}:
-            own = [p for p in ordered if p[0] == timeline]
+        for timeline, own in groupby(sorted(pieces), key=itemgetter(0)):  # by timeline, then position
+            own = list(own)
             self.starts[timeline] = tuple(np.array([p[k] for p in own], dtype=np.int64) for k in (1, 2, 3))
         self.cache: dict[tuple[int, int], object] = {}
 
