@@ -9,14 +9,15 @@ count too) and split into:
 
 - engine: ``Engine.run``, less the step rows packed into Arrow batches while it runs;
 - results: packing the step rows (during and after the loop), the requests table, the token log's
-  work while the loop runs (``--token-log``: "spill", converting the records logged to numpy and
-  spilling them as sorted runs; the calls that log each record stay in engine) and its final merge
+  work while the loop runs (``--token-log``: "spill", converting the records and the decode
+  cohorts' advances logged to numpy and spilling them; the calls that log each one stay in engine)
+  and its final merge
   ("tokens"), and ``write_run`` (Parquet files and run.json).
 
 The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats;
 then the files' sha256 (the last repeat), to compare outputs before and after a change.
 The parts are timed by wrapping these functions (``api.requests_table_from``, ``StepLog._pack``,
-``TokenLog._flush`` outside ``finish``, ``TokenLog.finish``, ``Engine.run``) in this process only.
+``TokenLog._flush`` and ``_flush_timeline`` outside ``finish``, ``TokenLog.finish``, ``Engine.run``) in this process only.
 Peak RSS: ``resource.getrusage`` (the whole process: trace, requests, engine, tables); for a figure
 without the instrumentation use ``/usr/bin/time -v``.
 """
@@ -103,6 +104,7 @@ def main() -> None:
     # the token log's spills in the loop and its merge at the end (whose last spill is the merge's)
     token_log_busy: list = []
     parts.wrap(TokenLog, "_flush", "spill", token_log_busy)
+    parts.wrap(TokenLog, "_flush_timeline", "spill", token_log_busy)  # the decode cohorts' advances
     parts.wrap(TokenLog, "finish", "tokens", token_log_busy)
     rows = []
     for _ in range(args.repeat):

@@ -19,6 +19,11 @@ finishes, when its policy preempts it (``remove``, through ``BatchBuilder.preemp
 cannot take the whole cohort into a batch (``dissolve``; then the policy walks the requests one by
 one as usual), and at the end of the replay. The engine treats the
 cohort as an optimisation only: a run with cohorts and one without are byte-identical (tested).
+
+With the token log (``--token-log``) the cohort logs each applied run of iterations once (its
+*timeline*: ``TokenLog.advance``) and each member's tokens as one record when its counters are made
+real (``TokenLog.membership``): where in the timeline they start and how many; the log expands them
+at the end into the rows the per-request path would have written.
 """
 
 from __future__ import annotations
@@ -32,15 +37,17 @@ from servelab.replay.progress import emit
 from servelab.replay.request import Request
 
 if TYPE_CHECKING:
+    from servelab.replay.logs import TokenLog
     from servelab.replay.replica import Replica
+    from servelab.replay.step import Step
 
 
 class DecodeCohort:
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "cap", "group", "left", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
-                 "gap_starts", "gap_max", "last_end_s", "outside", "newest")
+                 "gap_starts", "gap_max", "last_end_s", "outside", "newest", "tokens", "timeline", "base")
 
     def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED,
-                 group=None, left=None):
+                 group=None, left=None, tokens: TokenLog | None = None):
         self.replica = replica
         self.kv = replica.kv
         self.token_budget = token_budget  # the budgets the replica's policy builds every batch from
@@ -51,6 +58,9 @@ class DecodeCohort:
         self.bs = replica.kv.block_size
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order
+        self.tokens = tokens  # the token log, or None
+        self.timeline = tokens.cohort() if tokens is not None else None  # its number there
+        self.base = 0  # iterations run before the last reset (``d`` restarts at 0; timeline positions do not)
         self._reset()
 
     def _reset(self) -> None:
@@ -89,6 +99,9 @@ class DecodeCohort:
         """Write ``req``'s true counters back; it stays running but is no longer a member."""
         delta = self.d - req.cohort_mark
         if delta:
+            if self.tokens is not None:
+                self.tokens.membership(req.request_id, req.num_generated_tokens + 1, delta, self.timeline,
+                                       self.base + req.cohort_mark)
             c = req.num_computed_tokens = req.num_computed_tokens + delta
             i = bisect_left(self.gap_starts, req.cohort_mark)
             emit(req, delta, self.last_end_s, self.gap_max[i] if i < len(self.gap_max) else None)
@@ -113,6 +126,7 @@ class DecodeCohort:
             if _live(entry):
                 self.materialize(entry[2])
         self.outside = list(self.replica.running)
+        self.base += self.d
         self._reset()
 
     def fits(self) -> bool:
@@ -173,9 +187,11 @@ class DecodeCohort:
         return extra
 
     # -- applying iterations -----------------------------------------------------------------
-    def advance(self, j: int, max_gap: float, end_s: float) -> Sequence[Request]:
-        """The members ran ``j`` more iterations, the last ending at ``end_s``; returns (materialised)
-        the members now done, in admission order."""
+    def advance(self, j: int, max_gap: float, end_s: float, step: Step | None = None) -> Sequence[Request]:
+        """The members ran ``j`` more iterations (of ``step``: needed with a token log), the last
+        ending at ``end_s``; returns (materialised) the members now done, in admission order."""
+        if self.tokens is not None:
+            self.tokens.advance(self.timeline, self.base + self.d, j, step, end_s)
         starts, maxima = self.gap_starts, self.gap_max
         while maxima and maxima[-1] <= max_gap:
             maxima.pop()

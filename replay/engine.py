@@ -93,14 +93,15 @@ class Engine:
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running
-        # requests only through BatchBuilder; per-request views (token log, block tables) and the
-        # platform features that walk running requests keep every request's counters current.
-        if self.tokens is None and not self.needs_items and (self.platform is None or not self.platform.walks_running):
+        # requests only through BatchBuilder (they log their members' tokens to the token log in
+        # aggregate); runners that need block tables and the platform features that walk running
+        # requests keep every request's counters current.
+        if not self.needs_items and (self.platform is None or not self.platform.walks_running):
             for replica in replicas:
                 if replica.policy.decode_cohort:
                     policy = replica.policy
                     replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
-                                                  policy.cohort_left)
+                                                  policy.cohort_left, self.tokens)
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -478,7 +479,7 @@ class Engine:
             if more:
                 replica.kv.grow_cohort(more)
         replica.outstanding_tokens -= j * step.batch.cohort
-        finished = cohort.advance(j, gap, end_s)
+        finished = cohort.advance(j, gap, end_s, step)
         for req in finished:
             self._finish(replica, req, end_s)
         return finished

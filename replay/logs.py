@@ -7,7 +7,8 @@ import shutil
 import tempfile
 from collections import deque
 from collections.abc import Iterator
-from itertools import chain
+from itertools import chain, groupby, pairwise
+from operator import itemgetter
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
@@ -60,12 +61,16 @@ class StepLog:
 #
 # Tokens are produced in time order but tokens.parquet lists them by request: an external sort.
 # While replaying, the log keeps *records*, not token rows: a single iteration's token is one record,
-# a decode stretch one record per request (its tokens follow in closed form from the step's pricing).
-# Every ``chunk`` records are sorted by request and appended to an anonymous spill file as one sorted
-# *run*; at the end the runs are merged and expanded into tokens.parquet. Both files are anonymous
+# a decode stretch one record per request (its tokens follow in closed form from the step's pricing),
+# and a decode cohort member (replay/cohort.py) one record per membership: its tokens follow from its
+# cohort's *timeline*, the cohort's applied advances (one iteration's end time, or a stretch's
+# pricing), logged once per advance for all members. Every ``chunk`` records are sorted by request
+# and appended to an anonymous spill file as one sorted *run*; the timeline is spilled every
+# ``TIMELINE_CHUNK`` advances to a second one. At the end the runs are merged and expanded into
+# tokens.parquet, a membership's tokens looked up in the spilled timeline. All files are anonymous
 # temporaries (unlinked at creation): a failed or killed replay leaves nothing behind. Memory is
-# bounded by the chunk, the merge's read buffers, the expansion's pieces and one Parquet row group,
-# not by the token count.
+# bounded by the chunks, the merge's read buffers, the expansion's pieces, the timeline pieces read
+# back and one Parquet row group, not by the token or step count.
 
 SPILL_DTYPE = None  # numpy dtype of a spilled record (set on first use: numpy is imported lazily)
 SEGMENT_SEQ = 1 << 62  # tie order: tokens of single iterations first, then those of stretches
@@ -73,7 +78,9 @@ ROW_GROUP = 1024 * 1024  # pq.write_table's default: tokens.parquet's bytes stay
 TOKEN_CHUNK = 65536  # records (a single token, or a stretch's tokens of one request) held before a spill
 MERGE_FAN_IN = 64  # most runs read at once (each through a buffer of MERGE_BUFFER records)
 MERGE_BUFFER = 4096
-EXPAND_ROWS = 1 << 18  # token rows expanded from records at once (more when one request has more)
+EXPAND_ROWS = 1 << 16  # token rows expanded from records at once (more when one request has more)
+TIMELINE_CHUNK = 4096  # cohort advances (all cohorts) held before a spill
+TIMELINE_CACHE = 16  # spilled timeline pieces kept in memory (and joined at once) while tokens.parquet is written
 
 
 def tokens_schema():
@@ -85,28 +92,45 @@ def tokens_schema():
 
 def _spill_dtype():
     """A spilled record: request id, first token index, tie-break sequence number and ``j``: 0 for a
-    single iteration's one token, at ``t``; else a decode stretch's j tokens, its step starting at
-    ``t`` with ``m`` decode requests, its first i iterations ending at ``t + i*a + b*(i*ctx0 +
-    m*i*(i-1)/2)`` (``Step.elapsed``)."""
+    single iteration's one token, at ``t``; else j tokens: of a decode stretch (``cohort`` -1), its
+    step starting at ``t`` with ``m`` decode requests, its first i iterations ending at ``t + i*a +
+    b*(i*ctx0 + m*i*(i-1)/2)`` (``Step.elapsed``); or of a decode cohort membership, the tokens of
+    timeline ``cohort``'s iterations ``at + 1 .. at + j`` (``_Timeline``)."""
     global SPILL_DTYPE
     if SPILL_DTYPE is None:
         import numpy as np
 
         SPILL_DTYPE = np.dtype([("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("j", "<i8"), ("t", "<f8"),
-                                ("a", "<f8"), ("b", "<f8"), ("ctx0", "<f8"), ("m", "<f8")])
+                                ("a", "<f8"), ("b", "<f8"), ("ctx0", "<f8"), ("m", "<f8"), ("cohort", "<i8"),
+                                ("at", "<i8")])
     return SPILL_DTYPE
+
+
+def _advance_dtype():
+    """A spilled cohort advance: ``j`` iterations after the cohort's ``at``-th; a single iteration
+    (``m`` 0) ends at ``t``, a stretch's i-th iteration (``m`` decode requests) as in a stretch record."""
+    import numpy as np
+
+    return np.dtype([("at", "<i8"), ("j", "<i8"), ("t", "<f8"), ("a", "<f8"), ("b", "<f8"), ("ctx0", "<f8"),
+                     ("m", "<f8")])
 
 
 class TokenLog:
     """Every output token's time (``--token-log``), streamed to disk in bounded memory.
 
-    A single iteration's token is logged as ``(request_id, index, 0, time)`` and a decode stretch as
-    ``(request_id, first_index, j, step number)`` per request, the step's pricing kept once per step;
-    every ``chunk`` records they are sorted by request and spilled. ``finish()`` merges the spilled
-    runs, expands each record into its token rows with numpy and writes tokens.parquet (a
-    ``TokenTable``). Rows come out ordered by (request_id, token_index), ties (a request that started
-    over) in logging order, singles before stretches: the order of the in-memory table this replaces,
-    so the file is the same.
+    A single iteration's token is logged as ``(request_id, index, 0, time)``, a decode stretch as
+    ``(request_id, first_index, j, step number)`` per request, the step's pricing kept once per step,
+    and a decode cohort member's tokens as ``(request_id, first_index, -count, membership number)``
+    when its counters are made real, its cohort's timeline and first iteration kept per membership
+    (the cohort logs its advances once each: ``cohort``, ``advance``, ``membership``); every
+    ``chunk`` records they are sorted by request and spilled. ``finish()`` merges the spilled runs,
+    expands each record into its token rows with numpy and writes tokens.parquet (a ``TokenTable``).
+    Rows come out ordered by (request_id, token_index), ties (a request that started over) in logging
+    order, singles before stretches: the order of the in-memory table this replaces, so the file is
+    the same. A membership takes the place of the records its member's iterations would have logged
+    one by one: its tokens tie as singles or stretch tokens as their iterations were, in its logging
+    position (after the request's earlier records, before its later ones), so a replay with decode
+    cohorts writes the same file as one without.
     """
 
     def __init__(self, spill_dir: str | os.PathLike | None = None, chunk: int | None = None):
@@ -119,9 +143,16 @@ class TokenLog:
         self.logged = 0  # records converted so far (their tie-break sequence numbers)
         self.num_singles = 0  # records logged, by kind
         self.num_segments = 0
+        self.num_memberships = 0
         self.runs: list[tuple[int, int, int, int]] = []  # (first record, records, min request_id, max request_id)
         self.rows = 0  # records in the spill file
         self._spill: BinaryIO | None = None
+        self.memberships: list[tuple[int, int]] = []  # (timeline, first position) of the pending memberships
+        self.num_timelines = 0
+        self.advances: list[tuple] = []  # (timeline, at, j, t, a, b, ctx0, m) logged since the last timeline spill
+        self.pieces: list[tuple[int, int, int, int]] = []  # spilled timeline pieces: (timeline, first at, row, advances)
+        self.timeline_rows = 0  # advances in the timeline spill file
+        self._timeline: BinaryIO | None = None
 
     def single(self, request_id: int, index: int, time_s: float) -> None:
         pending = self.pending
@@ -139,6 +170,58 @@ class TokenLog:
         if len(pending) >= self.chunk:
             self._flush()
 
+    # -- decode cohorts (replay/cohort.py) ----------------------------------------------------
+    def cohort(self) -> int:
+        """A new decode cohort's timeline: the number it logs its advances and memberships under."""
+        self.num_timelines += 1
+        return self.num_timelines - 1
+
+    def advance(self, timeline: int, at: int, j: int, step: Step, end_s: float) -> None:
+        """A cohort ran ``j`` iterations of ``step`` after its ``at``-th (counted from its start,
+        never reset), the last ending at ``end_s``: what its members' tokens of those iterations
+        need, logged once for all of them (as ``single`` or ``stretch`` would log each one's)."""
+        if step.k == 1:
+            self.advances.append((timeline, at, j, end_s, 0.0, 0.0, 0.0, 0.0))
+        else:
+            self.advances.append((timeline, at, j, step.start_s, step.a, step.b, step.ctx0, step.decode_requests))
+        if len(self.advances) >= TIMELINE_CHUNK:
+            self._flush_timeline()
+
+    def membership(self, request_id: int, first_index: int, count: int, timeline: int, at: int) -> None:
+        """A cohort member produced tokens ``first_index ..`` (``count`` of them) in its timeline's
+        iterations ``at + 1 .. at + count``; logged when its counters are made real."""
+        self.memberships.append((timeline, at))
+        pending = self.pending
+        pending.append((request_id, first_index, -count, len(self.memberships) - 1))
+        if len(pending) >= self.chunk:
+            self._flush()
+
+    def _flush_timeline(self) -> None:
+        """Spill the logged advances, each timeline's as one piece (in position order: the order logged)."""
+        import numpy as np
+
+        n = len(self.advances)
+        if not n:
+            return
+        flat = np.fromiter(chain.from_iterable(self.advances), dtype=np.float64, count=8 * n).reshape(n, 8)
+        timeline = flat[:, 0].astype(np.int64)
+        order = np.argsort(timeline, kind="stable")
+        flat, timeline = flat[order], timeline[order]
+        block = np.zeros(n, dtype=_advance_dtype())
+        block["at"], block["j"] = flat[:, 1].astype(np.int64), flat[:, 2].astype(np.int64)
+        for k, name in enumerate(("t", "a", "b", "ctx0", "m"), start=3):
+            block[name] = flat[:, k]
+        if self._timeline is None:
+            self._timeline = self._temporary()
+        try:
+            block.tofile(self._timeline)
+        except OSError as err:  # the disk is full
+            raise self._error(err) from None
+        for lo, hi in _spans(timeline):
+            self.pieces.append((int(timeline[lo]), int(block["at"][lo]), self.timeline_rows + lo, hi - lo))
+        self.timeline_rows += n
+        self.advances = []
+
     def _records(self):
         """The pending records as one structured array sorted by (request_id, first index, seq)."""
         import numpy as np
@@ -153,20 +236,29 @@ class TokenLog:
         idx, j, x = flat[:, 1].astype(np.int64), flat[:, 2].astype(np.int64), flat[:, 3]
         stretch = j > 0
         seq = np.arange(self.logged, self.logged + n, dtype=np.int64)
-        seq[stretch] += SEGMENT_SEQ
+        seq[stretch] += SEGMENT_SEQ  # (a membership's stretch tokens get it when expanded: ``_expand``)
         order = _order(rid, idx, seq)
         out = np.zeros(n, dtype=_spill_dtype())
         out["rid"], out["idx"], out["seq"], out["j"], out["t"] = (np.take(c, order) for c in (rid, idx, seq, j, x))
+        out["cohort"] = -1
         num_segments = int(np.count_nonzero(stretch))
         if num_segments:
             stretch = np.take(stretch, order)
             params = np.array(self.steps, dtype=np.float64).reshape(-1, 5)[out["t"][stretch].astype(np.int64)]
             for k, name in enumerate(("t", "a", "b", "ctx0", "m")):
                 out[name][stretch] = params[:, k]
+        num_memberships = len(self.memberships)
+        if num_memberships:
+            member = out["j"] < 0
+            where = np.array(self.memberships, dtype=np.int64).reshape(-1, 2)[out["t"][member].astype(np.int64)]
+            out["cohort"][member], out["at"][member] = where[:, 0], where[:, 1]
+            out["j"][member] *= -1
+            out["t"][member] = 0.0
         self.logged += n
         self.num_segments += num_segments
-        self.num_singles += n - num_segments
-        self.pending, self.steps, self._step = [], [], None
+        self.num_memberships += num_memberships
+        self.num_singles += n - num_segments - num_memberships
+        self.pending, self.steps, self._step, self.memberships = [], [], None, []
         return out
 
     def _temporary(self) -> BinaryIO:
@@ -198,9 +290,10 @@ class TokenLog:
         """Merge everything logged into tokens.parquet (an anonymous temporary) and free the spill."""
         out = self._temporary()
         try:
+            timeline = self._timeline_reader()
             if self._spill is None:  # it all fit in one chunk: no spill
                 records = self._records() if self.pending else None
-                num_rows = _write_tokens(_expanded(iter([] if records is None else [records])), out)
+                num_rows = _write_tokens(_expanded(iter([] if records is None else [records]), timeline), out)
             else:
                 self._flush()
                 spill, runs = self._spill, self.runs
@@ -217,7 +310,7 @@ class TokenLog:
                     spill.close()
                     spill, runs = merged, new_runs
                 try:
-                    num_rows = _write_tokens(_expanded(_merge(spill, runs)), out)
+                    num_rows = _write_tokens(_expanded(_merge(spill, runs), timeline), out)
                 finally:
                     spill.close()
                     self._spill, self.runs = None, []
@@ -227,17 +320,27 @@ class TokenLog:
         except BaseException:
             out.close()
             raise
+        finally:
+            if self._timeline is not None:
+                self._timeline.close()
+                self._timeline, self.pieces = None, []
         return TokenTable(out, num_rows)
+
+    def _timeline_reader(self) -> _Timeline | None:
+        """The cohorts' whole timeline, spilled, to read back (None: no cohort logged an advance)."""
+        self._flush_timeline()
+        return _Timeline(self._timeline, self.pieces) if self._timeline is not None else None
 
     def table(self):
         """The token table in memory (``finish().read()``)."""
         return self.finish().read()
 
 
-def _expanded(pieces: Iterator) -> Iterator:
+def _expanded(pieces: Iterator, timeline: _Timeline | None = None) -> Iterator:
     """Token rows ``(request_id, token_index, time_s)`` (three arrays) of sorted record pieces, each
     piece holding all the records of its requests, in tokens.parquet's order, at most about
-    ``EXPAND_ROWS`` rows at a time (cut between requests)."""
+    ``EXPAND_ROWS`` rows at a time (cut between requests). ``timeline``: the cohorts' advances, which
+    time the tokens of memberships."""
     import numpy as np
 
     for records in pieces:
@@ -252,31 +355,144 @@ def _expanded(pieces: Iterator) -> Iterator:
             if hi < len(records):  # move the cut to the next request's first record
                 at = int(np.searchsorted(cuts, max(hi, lo + 1), "left"))
                 hi = int(cuts[at]) if at < len(cuts) else len(records)
-            yield _expand(records[lo:hi], counts[lo:hi])
+            yield _expand(records[lo:hi], counts[lo:hi], timeline)
             lo = hi
 
 
-def _expand(records, counts):
+def _expand(records, counts, timeline: _Timeline | None = None):
     """The token rows of whole requests' sorted records. The i-th token of a stretch ends at
-    ``start + i*a + b*(i*ctx0 + m*i*(i-1)/2)`` (its first i iterations, ``Step.elapsed``)."""
+    ``start + i*a + b*(i*ctx0 + m*i*(i-1)/2)`` (its first i iterations, ``Step.elapsed``); a
+    membership's are looked up in ``timeline``."""
     import numpy as np
 
     total = int(counts.sum())
     rep = np.repeat(np.arange(len(records)), counts)
     i = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
-    start, a, b = records["t"][rep], records["a"][rep], records["b"][rep]
-    t = start + i * a + b * (i * records["ctx0"][rep] + records["m"][rep] * i * (i - 1) / 2)
-    np.copyto(t, start, where=(records["j"] == 0)[rep])  # a single iteration's token: its time as logged
+    members = bool((records["cohort"] >= 0).any())
+    member = (records["cohort"] >= 0)[rep] if members else None
+    plain = np.flatnonzero(~member) if members else slice(None)  # rows of singles and stretches
+    t = np.empty(total, dtype=np.float64)
+    r = rep[plain]
+    t[plain] = _stretch_times(records["t"][r], records["a"][r], records["b"][r], records["ctx0"][r], records["m"][r],
+                              i[plain], (records["j"] == 0)[r])
+    stretched = np.zeros(total, dtype=bool)  # membership rows of stretch iterations (their ties: as stretches)
+    if members:
+        rows = np.flatnonzero(member)
+        r = rep[rows]
+        t[rows], stretched[rows] = timeline.times(records["cohort"][r], records["at"][r] + i[rows].astype(np.int64))
     rid = records["rid"][rep]
     idx = records["idx"][rep] + i.astype(np.int64) - 1
     # Sorted records give sorted, distinct rows unless a request's records overlap (it started over)
     same = records["rid"][1:] == records["rid"][:-1]
     if (same & (records["idx"][1:] < records["idx"][:-1] + counts[:-1])).any():
+        seq = records["seq"][rep]
+        seq[stretched] += SEGMENT_SEQ  # tie as the stretch records a membership stands for
         rows = np.empty(total, dtype=[("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("t", "<f8")])
-        rows["rid"], rows["idx"], rows["seq"], rows["t"] = rid, idx, records["seq"][rep], t
+        rows["rid"], rows["idx"], rows["seq"], rows["t"] = rid, idx, seq, t
         rows = _sorted(rows)
         return rows["rid"], rows["idx"], rows["t"]
     return rid, idx, t
+
+
+def _stretch_times(start, a, b, ctx0, m, i, single):
+    """Token times, elementwise: the i-th iteration of a stretch (``Step.elapsed``), or ``start``
+    where ``single``. One expression for stretch records and cohort advances: the same values give
+    the same bits."""
+    import numpy as np
+
+    t = start + i * a + b * (i * ctx0 + m * i * (i - 1) / 2)
+    np.copyto(t, start, where=single)  # a single iteration's token: its time as logged
+    return t
+
+
+def _spans(*keys) -> Iterator[tuple[int, int]]:
+    """``(lo, hi)`` of each run of rows equal in every one of ``keys`` (arrays of one length)."""
+    import numpy as np
+
+    if not len(keys[0]):
+        return iter(())
+    change = np.zeros(len(keys[0]) - 1, dtype=bool)
+    for key in keys:
+        change |= key[1:] != key[:-1]
+    return pairwise([0, *(np.flatnonzero(change) + 1).tolist(), len(keys[0])])
+
+
+class _Timeline:
+    """The decode cohorts' spilled advances, read back to time their members' tokens: each spilled
+    piece is one timeline's advances in position order; ``TIMELINE_CACHE`` pieces stay in memory
+    (memberships of requests with nearby ids mostly fall in the same pieces)."""
+
+    def __init__(self, spill: BinaryIO, pieces: list[tuple[int, int, int, int]]):
+        import numpy as np
+
+        self.spill = spill
+        self.starts = {}  # timeline -> (first position of each piece, its row in spill, its advances)
+        for timeline, own in groupby(sorted(pieces), key=itemgetter(0)):  # by timeline, then position
+            own = list(own)
+            self.starts[timeline] = tuple(np.array([p[k] for p in own], dtype=np.int64) for k in (1, 2, 3))
+        self.cache: dict[tuple[int, int], object] = {}
+
+    def times(self, timeline, at):
+        """End times of iterations ``at`` (each of its ``timeline``, both arrays), and which were in a
+        stretch. Per timeline, the pieces its rows fall in are joined and searched at once, at most
+        ``TIMELINE_CACHE`` pieces at a time (rows are masked, not sorted: a piece of records is
+        ~EXPAND_ROWS rows, a timeline's few thousand advances)."""
+        import numpy as np
+
+        t = np.empty(len(at), dtype=np.float64)
+        stretch = np.empty(len(at), dtype=bool)
+        several = len(self.starts) > 1
+        for c in np.unique(timeline).tolist() if several else self.starts:
+            rows = np.flatnonzero(timeline == c) if several else slice(None)
+            self._fill(c, at[rows], rows, t, stretch)
+        return t, stretch
+
+    def _fill(self, timeline: int, at, rows, t, stretch) -> None:
+        """``t[rows]`` and ``stretch[rows]`` for iterations ``at`` of ``timeline``."""
+        import numpy as np
+
+        firsts = self.starts[timeline][0]  # a piece holds its timeline's iterations (firsts[k], firsts[k + 1]]
+        lo = int(np.searchsorted(firsts, at.min(), "left")) - 1
+        hi = int(np.searchsorted(firsts, at.max(), "left"))  # pieces lo .. hi - 1 hold them all
+        for k0 in range(lo, hi, TIMELINE_CACHE):
+            k1 = min(k0 + TIMELINE_CACHE, hi)
+            if (k0, k1) == (lo, hi):
+                sel, where = at, rows
+            else:  # a window of the pieces: its rows only
+                inside = at > firsts[k0]
+                if k1 < len(firsts):
+                    inside &= at <= firsts[k1]
+                sel = at[inside]
+                where = np.flatnonzero(inside) if isinstance(rows, slice) else rows[inside]
+                if not len(sel):
+                    continue
+            pieces = [self._piece(timeline, k) for k in range(k0, k1)]
+            adv = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            e = np.searchsorted(adv["at"], sel, "left") - 1  # the advance holding each iteration
+            m = adv["m"][e]
+            single = m == 0
+            i = (sel - adv["at"][e]).astype(np.float64)
+            t[where] = _stretch_times(adv["t"][e], adv["a"][e], adv["b"][e], adv["ctx0"][e], m, i, single)
+            stretch[where] = ~single
+
+    def _piece(self, timeline: int, k: int):
+        """Spilled piece ``k`` of ``timeline``, from the cache (least recently used dropped) or read."""
+        key = (timeline, k)
+        advances = self.cache.pop(key, None)
+        if advances is None:
+            advances = self._read(timeline, k)
+            if len(self.cache) >= TIMELINE_CACHE:
+                del self.cache[next(iter(self.cache))]
+        self.cache[key] = advances  # (re)inserted last: the most recently used
+        return advances
+
+    def _read(self, timeline: int, k: int):
+        import numpy as np
+
+        _, rows, counts = self.starts[timeline]
+        dtype = _advance_dtype()
+        self.spill.seek(int(rows[k]) * dtype.itemsize)
+        return np.frombuffer(self.spill.read(int(counts[k]) * dtype.itemsize), dtype=dtype)
 
 
 def _sorted(rows):
