@@ -211,12 +211,7 @@ class TokenLog:
         block["at"], block["j"] = flat[:, 1].astype(np.int64), flat[:, 2].astype(np.int64)
         for k, name in enumerate(("t", "a", "b", "ctx0", "m"), start=3):
             block[name] = flat[:, k]
-        if self._timeline is None:
-            self._timeline = self._temporary()
-        try:
-            block.tofile(self._timeline)
-        except OSError as err:  # the disk is full
-            raise self._error(err) from None
+        self._timeline = self._append(self._timeline, block)
         for lo, hi in _spans(timeline):
             self.pieces.append((int(timeline[lo]), int(block["at"][lo]), self.timeline_rows + lo, hi - lo))
         self.timeline_rows += n
@@ -273,16 +268,22 @@ class TokenLog:
         where = self.spill_dir if self.spill_dir is not None else tempfile.gettempdir()
         return ServelabError(f"--token-log: cannot write its temporary files in {where}: {err.strerror or err}")
 
+    def _append(self, spill: BinaryIO | None, block) -> BinaryIO:
+        """Write ``block`` (a numpy array) at the end of ``spill``, a new anonymous temporary if None;
+        returns the file."""
+        if spill is None:
+            spill = self._temporary()
+        try:
+            block.tofile(spill)
+        except OSError as err:  # the disk is full
+            raise self._error(err) from None
+        return spill
+
     def _flush(self) -> None:
         if not self.pending:
             return
         records = self._records()
-        if self._spill is None:
-            self._spill = self._temporary()
-        try:
-            records.tofile(self._spill)
-        except OSError as err:  # the disk is full
-            raise self._error(err) from None
+        self._spill = self._append(self._spill, records)
         self.runs.append((self.rows, len(records), int(records["rid"][0]), int(records["rid"][-1])))
         self.rows += len(records)
 
