@@ -81,6 +81,7 @@ MERGE_BUFFER = 4096
 EXPAND_ROWS = 1 << 16  # token rows expanded from records at once (more when one request has more)
 TIMELINE_CHUNK = 4096  # cohort advances (all cohorts) held before a spill
 TIMELINE_CACHE = 16  # spilled timeline pieces kept in memory (and joined at once) while tokens.parquet is written
+WHOLE_TIMELINE_BYTES = 32 << 20  # a spilled timeline up to this size is read back whole (~600 k advances)
 
 
 def tokens_schema():
@@ -432,6 +433,22 @@ class _Timeline:
             own = list(own)
             self.starts[timeline] = tuple(np.array([p[k] for p in own], dtype=np.int64) for k in (1, 2, 3))
         self.cache: dict[tuple[int, int], object] = {}
+        # A small timeline (most replays': a few MB) is read back once, each cohort's advances as one
+        # array in position order: no piece windows, no re-reads.
+        self.whole: dict[int, object] | None = None
+        size = sum(p[3] for p in pieces) * _advance_dtype().itemsize
+        if size <= WHOLE_TIMELINE_BYTES:
+            self.whole = {}
+            for c in self.starts:
+                adv = np.concatenate([self._read(c, k) for k in range(len(self.starts[c][0]))])
+                fields = {name: np.ascontiguousarray(adv[name]) for name in adv.dtype.names}
+                # the advance holding each iteration, by position (an advance holds at + 1 .. at + j)
+                at, j = fields["at"], fields["j"]
+                first, last = int(at[0]), int(at[-1] + j[-1])
+                if last - first <= WHOLE_TIMELINE_BYTES // 8 and np.array_equal(at[1:], at[:-1] + j[:-1]):
+                    fields["holder"] = np.repeat(np.arange(len(adv)), fields["j"])
+                    fields["first"] = first
+                self.whole[c] = fields
 
     def times(self, timeline, at):
         """End times of iterations ``at`` (each of its ``timeline``, both arrays), and which were in a
@@ -443,7 +460,8 @@ class _Timeline:
         t = np.empty(len(at), dtype=np.float64)
         stretch = np.empty(len(at), dtype=bool)
         several = len(self.starts) > 1
-        for c in np.unique(timeline).tolist() if several else self.starts:
+        present = np.flatnonzero(np.bincount(timeline)).tolist() if several else self.starts
+        for c in present:
             rows = np.flatnonzero(timeline == c) if several else slice(None)
             self._fill(c, at[rows], rows, t, stretch)
         return t, stretch
@@ -452,6 +470,9 @@ class _Timeline:
         """``t[rows]`` and ``stretch[rows]`` for iterations ``at`` of ``timeline``."""
         import numpy as np
 
+        if self.whole is not None:
+            _time(self.whole[timeline], at, rows, t, stretch)
+            return
         firsts = self.starts[timeline][0]  # a piece holds its timeline's iterations (firsts[k], firsts[k + 1]]
         lo = int(np.searchsorted(firsts, at.min(), "left")) - 1
         hi = int(np.searchsorted(firsts, at.max(), "left"))  # pieces lo .. hi - 1 hold them all
@@ -468,13 +489,7 @@ class _Timeline:
                 if not len(sel):
                     continue
             pieces = [self._piece(timeline, k) for k in range(k0, k1)]
-            adv = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-            e = np.searchsorted(adv["at"], sel, "left") - 1  # the advance holding each iteration
-            m = adv["m"][e]
-            single = m == 0
-            i = (sel - adv["at"][e]).astype(np.float64)
-            t[where] = _stretch_times(adv["t"][e], adv["a"][e], adv["b"][e], adv["ctx0"][e], m, i, single)
-            stretch[where] = ~single
+            _time(np.concatenate(pieces) if len(pieces) > 1 else pieces[0], sel, where, t, stretch)
 
     def _piece(self, timeline: int, k: int):
         """Spilled piece ``k`` of ``timeline``, from the cache (least recently used dropped) or read."""
@@ -494,6 +509,23 @@ class _Timeline:
         dtype = _advance_dtype()
         self.spill.seek(int(rows[k]) * dtype.itemsize)
         return np.frombuffer(self.spill.read(int(counts[k]) * dtype.itemsize), dtype=dtype)
+
+
+def _time(adv, at, rows, t, stretch) -> None:
+    """``t[rows]``, ``stretch[rows]``: the end times of iterations ``at`` of the advances ``adv`` (one
+    timeline's, in position order, holding them all: a record array, or its fields by name), and
+    whether each was in a stretch."""
+    import numpy as np
+
+    if isinstance(adv, dict) and "holder" in adv:  # positions map to advances by a table
+        e = adv["holder"][at - (adv["first"] + 1)]
+    else:
+        e = np.searchsorted(adv["at"], at, "left") - 1  # the advance holding each iteration
+    m = adv["m"][e]
+    single = m == 0
+    i = (at - adv["at"][e]).astype(np.float64)
+    t[rows] = _stretch_times(adv["t"][e], adv["a"][e], adv["b"][e], adv["ctx0"][e], m, i, single)
+    stretch[rows] = ~single
 
 
 def _sorted(rows):

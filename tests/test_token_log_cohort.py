@@ -92,11 +92,13 @@ def test_token_file_with_cohorts_is_byte_identical(case, policy, monkeypatch, tm
 
 
 # (round-robin without the journal under this KV pressure runs on for minutes, cohort or not: with it)
+@pytest.mark.parametrize("whole", [False, True])
 @pytest.mark.parametrize(("policy", "journal"), [("sarathi", False), ("round-robin", True)])
-def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal, monkeypatch, tmp_path):
+def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal, whole, monkeypatch, tmp_path):
     """Spill chunks, fan-in, buffers, expansion pieces, timeline pieces and the timeline cache all
     tiny, request ids unrelated to arrival order: memberships are timed from pieces read back out of
-    order (and read again after the cache dropped them)."""
+    order (and read again after the cache dropped them); or (``whole``) from the timeline read back
+    once, each piece once, iterations found through the position table."""
     monkeypatch.setattr(logs, "TOKEN_CHUNK", 300)
     monkeypatch.setattr(logs, "MERGE_FAN_IN", 3)
     monkeypatch.setattr(logs, "MERGE_BUFFER", 50)
@@ -104,6 +106,8 @@ def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal,
     monkeypatch.setattr(logs, "EXPAND_ROWS", 400)
     monkeypatch.setattr(logs, "TIMELINE_CHUNK", 40)
     monkeypatch.setattr(logs, "TIMELINE_CACHE", 2)
+    if not whole:  # the windowed reading (small timelines are read whole)
+        monkeypatch.setattr(logs, "WHOLE_TIMELINE_BYTES", 0)
     read = []  # timeline pieces read from the spill
     original_read = logs._Timeline._read
     monkeypatch.setattr(logs._Timeline, "_read", lambda self, timeline, k: (
@@ -116,7 +120,10 @@ def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal,
     with_cohort, without, log = token_files(trace, config, monkeypatch, tmp_path)
     assert with_cohort == without
     assert log.rows > (logs.MERGE_FAN_IN + 1) * logs.TOKEN_CHUNK  # runs enough for a merge pass (ids shuffled)
-    assert len(read) > len(set(read)) > 10  # many pieces, some read more than once
+    if whole:
+        assert len(read) == len(set(read)) > 10  # many pieces, each read once
+    else:
+        assert len(read) > len(set(read)) > 10  # many pieces, some read more than once
 
 
 def _step(start_s, a, b, ctx0, m, k):
