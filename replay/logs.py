@@ -81,8 +81,8 @@ MERGE_BUFFER = 4096
 EXPAND_ROWS = 1 << 16  # token rows expanded from records at once (more when one request has more)
 TIMELINE_CHUNK = 4096  # cohort advances (all cohorts) held before a spill
 TIMELINE_CACHE = 16  # spilled timeline pieces kept in memory (and joined at once) while tokens.parquet is written
-WHOLE_TIMELINE_BYTES = 32 << 20  # a spilled timeline up to this size is read back whole (~600 k advances),
-# with position tables of up to as many bytes in all (one int64 per iteration)
+WHOLE_TIMELINE_BYTES = 8 << 20  # a spilled timeline up to this size is read back whole (~150 k advances) ...
+POSITION_TABLE_BYTES = 16 << 20  # ... with position tables of up to this size in all (4 bytes an iteration)
 
 
 def tokens_schema():
@@ -440,7 +440,7 @@ class _Timeline:
         size = sum(p[3] for p in pieces) * _advance_dtype().itemsize
         if size <= WHOLE_TIMELINE_BYTES:
             self.whole = {}
-            table_room = WHOLE_TIMELINE_BYTES // 8  # positions all timelines' tables may hold together
+            table_room = POSITION_TABLE_BYTES // 4  # positions all timelines' tables may hold together
             for c in self.starts:
                 adv = np.concatenate([self._read(c, k) for k in range(len(self.starts[c][0]))])
                 fields = {name: np.ascontiguousarray(adv[name]) for name in adv.dtype.names}
@@ -448,7 +448,7 @@ class _Timeline:
                 at, j = fields["at"], fields["j"]
                 first, last = int(at[0]), int(at[-1] + j[-1])
                 if last - first <= table_room and np.array_equal(at[1:], at[:-1] + j[:-1]):
-                    fields["holder"] = np.repeat(np.arange(len(adv)), fields["j"])
+                    fields["holder"] = np.repeat(np.arange(len(adv), dtype=np.int32), fields["j"])
                     fields["first"] = first
                     table_room -= last - first
                 self.whole[c] = fields

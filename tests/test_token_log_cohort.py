@@ -92,13 +92,13 @@ def test_token_file_with_cohorts_is_byte_identical(case, policy, monkeypatch, tm
 
 
 # (round-robin without the journal under this KV pressure runs on for minutes, cohort or not: with it)
-@pytest.mark.parametrize("whole", [False, True])
+@pytest.mark.parametrize("reading", ["windowed", "whole", "whole, searched"])
 @pytest.mark.parametrize(("policy", "journal"), [("sarathi", False), ("round-robin", True)])
-def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal, whole, monkeypatch, tmp_path):
+def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal, reading, monkeypatch, tmp_path):
     """Spill chunks, fan-in, buffers, expansion pieces, timeline pieces and the timeline cache all
     tiny, request ids unrelated to arrival order: memberships are timed from pieces read back out of
-    order (and read again after the cache dropped them); or (``whole``) from the timeline read back
-    once, each piece once, iterations found through the position table."""
+    order (and read again after the cache dropped them); or from the timeline read back whole, each
+    piece once, iterations found through the position table (or searched, without room for one)."""
     monkeypatch.setattr(logs, "TOKEN_CHUNK", 300)
     monkeypatch.setattr(logs, "MERGE_FAN_IN", 3)
     monkeypatch.setattr(logs, "MERGE_BUFFER", 50)
@@ -106,8 +106,11 @@ def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal,
     monkeypatch.setattr(logs, "EXPAND_ROWS", 400)
     monkeypatch.setattr(logs, "TIMELINE_CHUNK", 40)
     monkeypatch.setattr(logs, "TIMELINE_CACHE", 2)
-    if not whole:  # the windowed reading (small timelines are read whole)
+    whole = reading != "windowed"
+    if not whole:  # (small timelines are read whole)
         monkeypatch.setattr(logs, "WHOLE_TIMELINE_BYTES", 0)
+    if reading == "whole, searched":
+        monkeypatch.setattr(logs, "POSITION_TABLE_BYTES", 0)
     read = []  # timeline pieces read from the spill
     original_read = logs._Timeline._read
     monkeypatch.setattr(logs._Timeline, "_read", lambda self, timeline, k: (
