@@ -1,14 +1,15 @@
 """`round-robin`: time slicing when demand exceeds ``max_num_seqs``.
 
 Each admitted request runs until it has produced ``quantum`` tokens in its turn (a turn that only
-prefills does not count, so recompute preemption cannot livelock); then, if others wait for a slot, it is
+prefills does not count, so a recompute that keeps its tokens cannot livelock); then, if others wait for a slot, it is
 preempted (the engine's preemption mode: swap keeps its KV, recompute redoes it) and rejoins the
 back of the queue, behind requests that arrived up to that moment; if nobody waits, a new turn
 begins. A turn ends by preemption only if the request keeps its output tokens: with the journal
 off (``journal = false``: a recomputed request starts over) it must be swapped out, or it begins a
 new turn instead. Otherwise a request longer than ``quantum`` would lose its tokens at the end of
-every turn and never finish while others wait (a livelock: the replay would never end). Queue order is kept as a per-request ticket, so the engine's own front-of-queue placement
-of preempted requests is overridden. Within an iteration, running requests are scheduled as in
+every turn and never finish while others wait (a livelock: the replay would never end). Queue
+order is kept as a per-request ticket, so the engine's own front-of-queue placement of preempted
+requests is overridden. Within an iteration, running requests are scheduled as in
 `sarathi` (decodes first, then prefill chunks, then admissions).
 
 Turns end in O(turns), not O(running requests) per decision: a request produces at most one token
