@@ -1,9 +1,9 @@
 """`round-robin`: time slicing when demand exceeds ``max_num_seqs``.
 
 Each admitted request runs until it has produced ``quantum`` tokens in its turn (a turn that only
-prefills does not count, so a recompute that keeps its tokens cannot livelock); then, if others wait for a slot, it is
-preempted (the engine's preemption mode: swap keeps its KV, recompute redoes it) and rejoins the
-back of the queue, behind requests that arrived up to that moment; if nobody waits, a new turn
+prefills does not count, so a recompute that keeps its tokens cannot livelock); then, if others
+wait for a slot, it is preempted (the engine's preemption mode: swap keeps its KV, recompute redoes
+it) and rejoins the back of the queue, behind requests that arrived up to that moment; if nobody waits, a new turn
 begins. A turn ends by preemption only if the request keeps its output tokens: with the journal
 off (``journal = false``: a recomputed request starts over) it must be swapped out, or it begins a
 new turn instead. Otherwise a request longer than ``quantum`` would lose its tokens at the end of
