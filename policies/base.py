@@ -37,6 +37,9 @@ class PolicyBase:
     decode_cohort: ClassVar[bool] = False
     cohort_group: ClassVar = None  # a method req -> key: the cohort counts its members per key (batch.cohort_groups)
     cohort_left: ClassVar = None  # with cohort_group: a method told when a member's counters are real again
+    # a method req -> bool: False keeps a decoding request out of the cohort for now (asked again
+    # after each token it makes outside), when the policy would count its next tokens otherwise
+    cohort_may_join: ClassVar = None
     sheds: ClassVar[bool] = False  # True: the engine calls ``shed`` before each decision
 
     def __init__(self, params: Any, engine: EngineConfig, replica_id: int = 0):

@@ -146,6 +146,13 @@ class _FairShare(PolicyBase):
         """Its tokens as a cohort member were charged to its class through ``batch.cohort_groups``."""
         req.policy_data.charged_out = req.num_generated_tokens
 
+    def cohort_may_join(self, req: Request) -> bool:
+        """Not while it makes again output tokens already charged. ``charged_out`` is a high-water
+        mark: a request that started over (recompute without the journal) is charged only for tokens
+        past it (``on_step``), which the cohort's per-class count (every member, every iteration)
+        cannot tell apart; it joins once past the mark."""
+        return req.num_generated_tokens >= req.policy_data.charged_out
+
     def on_finish(self, req: Request, replica: Replica) -> None:
         self._gone(req)
 

@@ -1,11 +1,15 @@
 """`round-robin`: time slicing when demand exceeds ``max_num_seqs``.
 
 Each admitted request runs until it has produced ``quantum`` tokens in its turn (a turn that only
-prefills does not count, so recompute preemption cannot livelock); then, if others wait for a slot, it is
-preempted (the engine's preemption mode: swap keeps its KV, recompute redoes it) and rejoins the
-back of the queue, behind requests that arrived up to that moment; if nobody waits, a new turn
-begins. Queue order is kept as a per-request ticket, so the engine's own front-of-queue placement
-of preempted requests is overridden. Within an iteration, running requests are scheduled as in
+prefills does not count, so a recompute that keeps its tokens cannot livelock); then, if others
+wait for a slot, it is preempted (the engine's preemption mode: swap keeps its KV, recompute redoes
+it) and rejoins the back of the queue, behind requests that arrived up to that moment; if nobody waits, a new turn
+begins. A turn ends by preemption only if the request keeps its output tokens: with the journal
+off (``journal = false``: a recomputed request starts over) it must be swapped out, or it begins a
+new turn instead. Otherwise a request longer than ``quantum`` would lose its tokens at the end of
+every turn and never finish while others wait (a livelock: the replay would never end). Queue
+order is kept as a per-request ticket, so the engine's own front-of-queue placement of preempted
+requests is overridden. Within an iteration, running requests are scheduled as in
 `sarathi` (decodes first, then prefill chunks, then admissions).
 
 Turns end in O(turns), not O(running requests) per decision: a request produces at most one token
@@ -103,6 +107,24 @@ class RoundRobin(KeyedWaiting, PolicyBase):
         ended.sort(key=lambda r: r.policy_data.ticket)
         return ended
 
+    def _yielding(self, ended: list[Request], short: int, b: BatchBuilder) -> tuple[list[Request], list[Request]]:
+        """Splits the ended turns: the first ``short`` (in ticket order) that may yield their slot
+        without losing their output, and the rest (they begin a new turn)."""
+        yielding: list[Request] = []
+        staying: list[Request] = []
+        swapped = 0  # blocks the yielding requests will swap out (the host pool they share)
+        for req in ended:
+            if len(yielding) >= short:
+                staying.append(req)
+            elif self.engine.journal:  # a recompute resumes from its generated tokens
+                yielding.append(req)
+            elif b.kv.can_swap(blocks := b.kv_blocks(req), swapped):
+                yielding.append(req)
+                swapped += blocks
+            else:  # a recompute would start it over: yielding at each turn's end, it could never finish
+                staying.append(req)
+        return yielding, staying
+
     def _next_turn_end(self) -> int | None:
         """The earliest iteration at which a running request's turn can end."""
         turns = self._turns
@@ -113,13 +135,12 @@ class RoundRobin(KeyedWaiting, PolicyBase):
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)
         short = len(replica.waiting) - (replica.config.max_num_seqs - len(replica.running))
-        ended = self._ended_turns(b)
-        yielding = ended[:short] if short > 0 else ()
+        yielding, staying = self._yielding(self._ended_turns(b), short, b)
         for req in yielding:
             b.preempt(req)
             req.policy_data.ticket = self._ticket()  # back of the queue
-        for req in ended[len(yielding):]:
-            self._begin_turn(req, b.generated(req))  # nobody waits for its slot: a new turn
+        for req in staying:
+            self._begin_turn(req, b.generated(req))  # nobody waits for its slot (or it cannot yield): a new turn
         b.schedule_running(replica.running, decodes_first=True)
         if not b.preempted or short > 0:
             b.admit_waiting(self.waiting_in_order(replica), chunked=True)

@@ -154,6 +154,14 @@ class BatchBuilder:
         mark = req.cohort_mark
         return req.num_generated_tokens if mark is None else req.num_generated_tokens + self.replica.cohort.d - mark
 
+    def kv_blocks(self, req: Request) -> int:
+        """GPU blocks ``req`` holds, current even while it is a decode-cohort member (a member's
+        blocks are settled when it leaves: ``DecodeCohort.materialize``)."""
+        mark = req.cohort_mark
+        if mark is None or self.kv.reserve:
+            return req.kv_blocks
+        return -(-(req.num_computed_tokens + self.replica.cohort.d - mark) // self.kv.block_size)
+
     def preempt(self, req: Request) -> None:
         if req.cohort_mark is not None:  # a decode-cohort member: it leaves the aggregate first
             if self.cohort:

@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 
 
 class DecodeCohort:
-    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "cap", "group", "left", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
+    __slots__ = ("replica", "kv", "token_budget", "seq_budget", "cap", "group", "left", "may_join", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
                  "gap_starts", "gap_max", "last_end_s", "outside", "newest", "tokens", "timeline", "base")
 
     def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED,
-                 group=None, left=None, tokens: TokenLog | None = None):
+                 group=None, left=None, tokens: TokenLog | None = None, may_join=None):
         self.replica = replica
         self.kv = replica.kv
         self.token_budget = token_budget  # the budgets the replica's policy builds every batch from
@@ -55,6 +55,7 @@ class DecodeCohort:
         self.cap = min(token_budget, seq_budget)  # running requests a decision can give a token each
         self.group = group  # the policy's cohort_group: members are counted per key (None: not counted)
         self.left = left  # the policy's cohort_left: told when a member's counters are real again
+        self.may_join = may_join  # the policy's cohort_may_join: False keeps a request outside for now
         self.bs = replica.kv.block_size
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order

@@ -101,7 +101,7 @@ class Engine:
                 if replica.policy.decode_cohort:
                     policy = replica.policy
                     replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
-                                                  policy.cohort_left, self.tokens)
+                                                  policy.cohort_left, self.tokens, policy.cohort_may_join)
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -487,11 +487,14 @@ class Engine:
     @staticmethod
     def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:
         """Requests that emitted a token at ``end_s`` and whose next token is a decode join the cohort
-        (a recompute chunk can stop just short of a token: that request joins after emitting it)."""
+        (a recompute chunk can stop just short of a token: that request joins after emitting it), if
+        the policy lets them (``cohort_may_join``)."""
         running = Status.RUNNING
+        may_join = cohort.may_join
         for req, _ in items:
             if (req.last_token_s == end_s and req.status is running
-                    and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1):
+                    and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1
+                    and (may_join is None or may_join(req))):
                 cohort.join(req)
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:

@@ -254,15 +254,20 @@ class KVManager:
         """Move ``req``'s blocks to the host pool; returns the copy's seconds, or None if swapping is
         off (recompute mode, reservation) or the pool too full: then the caller recomputes and releases."""
         blocks = req.kv_blocks
-        if not self.swap or self.reserve or self.host_used + blocks > self.host_total:
-            return None
-        if self.swap_tier is not None and not self.swap_tier.reserve(blocks):
+        if not self.can_swap(blocks) or (self.swap_tier is not None and not self.swap_tier.reserve(blocks)):
             return None
         self.host_used += blocks
         self.host[req] = blocks
         req.swapped = True
         self.release(req)
         return self._copy_s(blocks, True)
+
+    def can_swap(self, blocks: int, planned: int = 0) -> bool:
+        """Would ``swap_out`` move ``blocks`` more to the host (after ``planned`` blocks this decision
+        already sends there), rather than fall back to recompute? Changes nothing."""
+        if not self.swap or self.reserve or self.host_used + planned + blocks > self.host_total:
+            return False
+        return self.swap_tier is None or self.swap_tier.has_room(planned + blocks)
 
     def swap_in(self, req: Request) -> float:
         """``req`` was admitted again: its host blocks come back (they are counted into GPU blocks

@@ -121,6 +121,9 @@ class Policy(Protocol):
     # cohort dissolved): the tokens it made as a member were in ``batch.cohort_groups``
     cohort_group: Callable[["Request"], Any] | None
     cohort_left: Callable[["Request"], None] | None
+    # with the decode cohort: a function of a decoding request, False to keep it out of the cohort
+    # for now (it is asked again after each token the request makes outside), or None (all may join)
+    cohort_may_join: Callable[["Request"], bool] | None
     sheds: bool
 
     def schedule(self, replica: "Replica") -> "Batch": ...

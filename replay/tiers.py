@@ -178,12 +178,17 @@ class TierStack:
     def reserve(self, blocks: int) -> bool:
         """Room for a swapped-out request's ``blocks`` in the first tier, evicting cached entries
         (written back below) if needed; False if even an empty tier could not hold them."""
-        tier = self.tiers[0]
-        if tier.reserved + blocks > tier.capacity:
+        if not self.has_room(blocks):
             return False
+        tier = self.tiers[0]
         tier.reserved += blocks
         self._write(tier.make_room(), 1)
         return True
+
+    def has_room(self, blocks: int) -> bool:
+        """Would ``reserve(blocks)`` succeed? Changes nothing."""
+        tier = self.tiers[0]
+        return tier.reserved + blocks <= tier.capacity
 
     def unreserve(self, blocks: int) -> None:
         self.tiers[0].reserved -= blocks

@@ -38,9 +38,7 @@ CASES = {
                                  "prefix_block_tokens": 16}},
 }
 EVERY_POLICY = ["2 replicas", "recompute, no journal", "horizon, 3 replicas"]
-PAIRS = ([(case, policy) for policy in COHORT_POLICIES for case in EVERY_POLICY
-          # drr without the journal: steps.parquet differs with cohorts, token log or not (main too)
-          if (case, policy) != ("recompute, no journal", "drr")]
+PAIRS = ([(case, policy) for policy in COHORT_POLICIES for case in EVERY_POLICY]
          + [(case, policy) for policy in ("sarathi", "round-robin", "vtc") for case in CASES if case not in EVERY_POLICY]
          + [("recompute, journal", "drr")])
 
@@ -91,9 +89,8 @@ def test_token_file_with_cohorts_is_byte_identical(case, policy, monkeypatch, tm
         assert len(set(pairs)) < len(pairs)
 
 
-# (round-robin without the journal under this KV pressure runs on for minutes, cohort or not: with it)
 @pytest.mark.parametrize("reading", ["windowed", "whole", "whole, searched"])
-@pytest.mark.parametrize(("policy", "journal"), [("sarathi", False), ("round-robin", True)])
+@pytest.mark.parametrize(("policy", "journal"), [("sarathi", False), ("round-robin", True), ("round-robin", False)])
 def test_tiny_chunks_many_runs_merge_passes_and_timeline_pieces(policy, journal, reading, monkeypatch, tmp_path):
     """Spill chunks, fan-in, buffers, expansion pieces, timeline pieces and the timeline cache all
     tiny, request ids unrelated to arrival order: memberships are timed from pieces read back out of
