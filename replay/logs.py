@@ -422,7 +422,8 @@ def _spans(*keys) -> Iterator[tuple[int, int]]:
 
 class _Timeline:
     """The decode cohorts' spilled advances, read back to time their members' tokens: each spilled
-    piece is one timeline's advances in position order; ``TIMELINE_CACHE`` pieces stay in memory
+    piece is one timeline's advances in position order. Up to ``WHOLE_TIMELINE_BYTES`` they are read
+    back at once (with position tables); beyond, ``TIMELINE_CACHE`` pieces stay in memory
     (memberships of requests with nearby ids mostly fall in the same pieces)."""
 
     def __init__(self, spill: BinaryIO, pieces: list[tuple[int, int, int, int]]):
@@ -455,9 +456,9 @@ class _Timeline:
 
     def times(self, timeline, at):
         """End times of iterations ``at`` (each of its ``timeline``, both arrays), and which were in a
-        stretch. Per timeline, the pieces its rows fall in are joined and searched at once, at most
-        ``TIMELINE_CACHE`` pieces at a time (rows are masked, not sorted: a piece of records is
-        ~EXPAND_ROWS rows, a timeline's few thousand advances)."""
+        stretch. Per timeline (rows are masked, not sorted: a piece of records is ~EXPAND_ROWS rows),
+        from the timeline read whole, or from the pieces its rows fall in, joined and searched at once,
+        at most ``TIMELINE_CACHE`` pieces at a time."""
         import numpy as np
 
         t = np.empty(len(at), dtype=np.float64)
@@ -474,7 +475,9 @@ class _Timeline:
         import numpy as np
 
         if self.whole is not None:
-            _time(self.whole[timeline], at, rows, t, stretch)
+            fields = self.whole[timeline]
+            holder = fields.get("holder")  # the position table, where there was room for it
+            _time(fields, at, rows, t, stretch, None if holder is None else holder[at - (fields["first"] + 1)])
             return
         firsts = self.starts[timeline][0]  # a piece holds its timeline's iterations (firsts[k], firsts[k + 1]]
         lo = int(np.searchsorted(firsts, at.min(), "left")) - 1
@@ -514,16 +517,14 @@ class _Timeline:
         return np.frombuffer(self.spill.read(int(counts[k]) * dtype.itemsize), dtype=dtype)
 
 
-def _time(adv, at, rows, t, stretch) -> None:
+def _time(adv, at, rows, t, stretch, e=None) -> None:
     """``t[rows]``, ``stretch[rows]``: the end times of iterations ``at`` of the advances ``adv`` (one
     timeline's, in position order, holding them all: a record array, or its fields by name), and
-    whether each was in a stretch."""
+    whether each was in a stretch. ``e``: the advance holding each iteration, if known."""
     import numpy as np
 
-    if isinstance(adv, dict) and "holder" in adv:  # positions map to advances by a table
-        e = adv["holder"][at - (adv["first"] + 1)]
-    else:
-        e = np.searchsorted(adv["at"], at, "left") - 1  # the advance holding each iteration
+    if e is None:
+        e = np.searchsorted(adv["at"], at, "left") - 1
     m = adv["m"][e]
     single = m == 0
     i = (at - adv["at"][e]).astype(np.float64)
