@@ -44,6 +44,9 @@ class Backend(Protocol):
                    clock: Callable[[], float]) -> Record: ...  # fmt: skip
 
 
+KEEPALIVE_S = 4.0  # under uvicorn's default 5 s keep-alive timeout
+
+
 class HttpBackend:
     """An OpenAI-compatible server over HTTP: one aiohttp session without a connection limit of its
     own (the load's cap is the cap), ``/v1/models`` as the reachability check, ``/tokenize``, ``/metrics``."""
@@ -63,7 +66,10 @@ class HttpBackend:
                 pass  # a connection of its own: some servers drop a kept-alive one after an error
         except (aiohttp.ClientError, TimeoutError) as err:
             raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
-        connector = aiohttp.TCPConnector(limit=0)  # no cap of its own: --max-in-flight is the cap
+        # No cap of its own (--max-in-flight is the cap). Idle connections are closed after
+        # KEEPALIVE_S, before the server closes them: uvicorn (vLLM, SGLang, `transformers serve`)
+        # closes a connection idle for 5 s, and one reused at that moment drops the request.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             self.http = http

@@ -11,6 +11,11 @@ count of text chunks stands in). Outcomes, each with the error text where there 
   ``event: error`` inside the stream, a payload that is not JSON;
 - ``timeout``: the request took longer than the per-request timeout;
 - ``cancelled``: the run stopped it (Ctrl-C, the duration limit).
+
+A request whose connection drops before any byte of an answer (a kept-alive connection the server
+closed just as it was reused: nothing was served on it) is sent once more on a new connection and
+marked ``resent``; its times still count from the first send. A connection that cannot be opened
+at all (the server is down) is not retried.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ class Record:
     usage_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where given
     finish_reason: str | None = None
     saw_done: bool = False
+    resent: bool = False  # sent a second time: the first connection dropped before any answer
     status: str = "unsent"  # finished | failed | timeout | cancelled (unsent until sent)
     reason: str | None = None
 
@@ -184,8 +190,7 @@ async def send(http: aiohttp.ClientSession, target: Target, record: Record, prom
     record.send_s = clock()
     try:
         async with asyncio.timeout(target.timeout_s):
-            async with http.post(target.url, json=target.payload(prompt, max_tokens),
-                                 headers=target.headers()) as response:  # fmt: skip
+            async with await _post(http, target, record, target.payload(prompt, max_tokens)) as response:
                 if response.status != 200:
                     body = (await response.read()).decode("utf-8", "replace")
                     raise StreamError(f"HTTP {response.status}: {_error_text(_maybe_json(body))}")
@@ -206,6 +211,18 @@ async def send(http: aiohttp.ClientSession, target: Target, record: Record, prom
         raise
     record.end_s = clock()
     return record
+
+
+async def _post(http: aiohttp.ClientSession, target: Target, record: Record, body: dict) -> aiohttp.ClientResponse:
+    """POST ``body``; once more if the connection dropped before any answer came (aiohttp retries
+    only idempotent methods itself). A failure to connect at all is not retried."""
+    try:
+        return await http.post(target.url, json=body, headers=target.headers())
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError):
+        record.resent = True
+        return await http.post(target.url, json=body, headers=target.headers())
 
 
 def _maybe_json(text: str) -> object:

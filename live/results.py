@@ -32,6 +32,7 @@ LIVE_COLUMNS = pa.schema(
         ("usage_reported", pa.bool_()),  # the server reported usage (token counts are the server's)
         ("finish_reason", pa.string()),
         ("saw_done", pa.bool_()),  # the stream ended with data: [DONE]
+        ("resent", pa.bool_()),  # sent twice: the first connection dropped before any answer (live/client.py)
     ]
 )
 
@@ -86,6 +87,7 @@ def requests_table(records: Sequence[Record], trace: pa.Table, rows: Sequence[in
             "usage_reported": rec.usage_completion_tokens is not None,
             "finish_reason": rec.finish_reason,
             "saw_done": rec.saw_done,
+            "resent": rec.resent,
         }
         for name, value in values.items():
             out[name].append(value)

@@ -27,6 +27,7 @@ class Reply:
     status: int = 200
     pieces: list[tuple[float, bytes]] = field(default_factory=list)  # (delay before, bytes) of the body
     drop: bool = False  # close the connection without finishing the chunked body
+    hangup: int = 0  # the first `hangup` times this prompt comes, close the connection without a byte of answer
     content_type: str = "text/event-stream"
 
 
@@ -34,6 +35,7 @@ class FallbackServer:
     def __init__(self, scenarios: dict[str, Reply]):
         self.scenarios = scenarios
         self.received: list[dict] = []
+        self.hung_up: dict[str, int] = {}  # prompt -> times its connection was closed unanswered
         self.server: asyncio.Server | None = None
 
     @property
@@ -63,6 +65,10 @@ class FallbackServer:
                 self.received.append(body)
                 key = body.get("prompt") or (body.get("messages") or [{}])[-1].get("content", "")
                 reply = self.scenarios[key]
+                if self.hung_up.get(key, 0) < reply.hangup:  # as a server closing an idle kept-alive connection
+                    self.hung_up[key] = self.hung_up.get(key, 0) + 1
+                    writer.transport.abort()
+                    return
                 writer.write(f"HTTP/1.1 {reply.status} X\r\ncontent-type: {reply.content_type}\r\n"
                              "transfer-encoding: chunked\r\n\r\n".encode())
                 await writer.drain()

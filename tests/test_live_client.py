@@ -31,6 +31,9 @@ SCENARIOS = {
     # chat: the first chunk carries only the role (no token)
     "chat": Reply(pieces=[(0, b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n'),
                           (0, chunk("x", chat=True)), (0, chunk("y", "stop", chat=True)), (0, b"data: [DONE]\n\n")]),
+    # the connection closed before any answer: once (sent again, finished), or every time (failed after one resend)
+    "hangup-once": Reply(hangup=1, pieces=[(0, chunk("a")), (0, chunk("b", "length")), (0, b"data: [DONE]\n\n")]),
+    "hangup-always": Reply(hangup=99, pieces=[(0, chunk("a", "length"))]),
     # \r\n line ends throughout
     "crlf": Reply(pieces=[(0, chunk("a").replace(b"\n", b"\r\n")), (0, b"data: [DONE]\r\n\r\n")]),
 }
@@ -105,3 +108,44 @@ def test_chat_role_chunk_is_not_a_token_and_crlf_lines():
     assert received[0]["messages"] == [{"role": "user", "content": "chat"}]
     rec, _ = _run("crlf")
     assert rec.status == "finished" and len(rec.token_times) == 1 and rec.saw_done
+
+
+def test_connection_dropped_before_any_answer_is_sent_once_more():
+    rec, received = _run("hangup-once")
+    assert rec.status == "finished" and rec.resent and rec.reason is None
+    assert len(rec.token_times) == 2 and [b["prompt"] for b in received] == ["hangup-once"] * 2  # the second answered
+    rec, received = _run("hangup-always")  # one resend, not a loop
+    assert rec.status == "failed" and rec.resent and "ServerDisconnectedError" in rec.reason
+    assert rec.token_times == [] and len(received) == 2
+
+
+def test_kept_alive_connection_closed_at_reuse_loses_nothing():
+    """The keep-alive race: a connection the server closes as the client reuses it for the next request."""
+    async def main():
+        async with FallbackServer(SCENARIOS) as server, aiohttp.ClientSession() as http:
+            target = Target(server.url, "m", timeout_s=10.0)
+            first, second = Record(0, 1), Record(1, 2)
+            await send(http, target, first, "usage", 8)  # opens the connection, kept alive
+            await send(http, target, second, "hangup-once", 8)  # reuses it: the server closes it unanswered
+            return first, second, server.hung_up
+
+    first, second, hung_up = asyncio.run(main())
+    assert first.status == second.status == "finished" and not first.resent and second.resent
+    assert hung_up == {"hangup-once": 1}
+
+
+def test_a_refused_connection_is_not_sent_again():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            rec = Record(0, 1)
+            await send(http, Target(f"http://127.0.0.1:{port}", "m", timeout_s=5.0), rec, "x", 4)
+            return rec
+
+    rec = asyncio.run(main())
+    assert rec.status == "failed" and not rec.resent and "ClientConnectorError" in rec.reason
