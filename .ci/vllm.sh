@@ -3,7 +3,8 @@
 #
 #   source .ci/vllm.sh          install (once), build the tiny model (once), start the server, export
 #                               SERVELAB_TEST_ENDPOINT (+ SERVELAB_TEST_VLLM_PYTHON / _MODEL, for the
-#                               test that starts a server of its own to kill it); then start
+#                               test that starts a server of its own to kill it) and
+#                               SERVELAB_VLLM_FRONTEND_CPUS (the CPUs off the model worker's); then start
 #                               `transformers serve` on the same model (SERVELAB_TEST_TRANSFORMERS_ENDPOINT)
 #   .ci/vllm.sh stop            stop the servers this script started, by their pids
 #
@@ -67,6 +68,10 @@ _servelab_vllm_start() {
       export SERVELAB_TEST_ENDPOINT="http://127.0.0.1:$port"
       export SERVELAB_TEST_VLLM_PYTHON="$venv/bin/python"
       export SERVELAB_TEST_VLLM_MODEL="$model"
+      # The API server and engine core off the model worker's CPU (.ci/pin_frontend.py says why);
+      # a client that wants steady timings runs there too (bench/bench_live_fit.py --client-cpus).
+      SERVELAB_VLLM_FRONTEND_CPUS="$(python3 "$root/.ci/pin_frontend.py" "$pid")" || return 1
+      export SERVELAB_VLLM_FRONTEND_CPUS
       echo "vllm.sh: server pid $pid ready at $SERVELAB_TEST_ENDPOINT after $(( $(date +%s) - t_start )) s in all" >&2
       _servelab_transformers_start
       return $?
@@ -85,6 +90,7 @@ _servelab_transformers_start() {
     >"$dir/transformers.log" 2>&1 &
   pid=$!
   echo "$pid" >"$dir/transformers.pid"
+  python3 "$root/.ci/pin_frontend.py" "$pid" --cpus "$SERVELAB_VLLM_FRONTEND_CPUS" || return 1
   for i in $(seq 1 120); do
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 30 "$dir/transformers.log" >&2; echo "vllm.sh: transformers serve exited" >&2; return 1

@@ -8,11 +8,12 @@ part of the result: bench/RESULTS_live.md). This is a measurement, not a unit te
 2-core machine the server's own run-to-run spread often exceeds the tolerance (RESULTS_live.md:
 the same 40 requests' mean E2E spread by up to 46% over five runs of one attempt).
 
-``--interleave`` runs the calibration sweep one pass at a time, each pass followed by one live run
-(the model is fitted to all passes together), so that load drifting over the minutes of the
-measurement reaches the sweep and the runs alike. Measured, it did not help: a live run right after
-a sweep pass ran slower than one after another live run (RESULTS_live.md, session 6), so the default
-is the sweep first, then the live runs.
+By default the calibration sweep runs one pass at a time, each pass followed by one live run (the
+model is fitted to all passes together), so that the server's speed, which wanders by +-25% from
+one 13-s pass to the next even on the idle machine, reaches the sweep and the runs alike.
+``--sweep-first`` runs the three-pass sweep first, then the live runs (the default until session
+8: with the server pinned it passed 7 of 10 attempts, interleaved 4 of 4 and more;
+RESULTS_live.md, session 8; unpinned, in session 6, runs right after a sweep pass ran slower).
 
 Drift diagnostics (not used by the check): a *probe* (six requests one at a time, 256-token
 prompts, 32 output tokens, a fixed seed) runs right after the sweep and right after each live run;
@@ -20,13 +21,19 @@ its mean E2E says how fast the server was at that moment, so a miss can be told 
 server's speed moving between the sweep and the runs. Each live run also records the machine's
 steal time (/proc/stat: CPU taken by the hypervisor for other guests) and load average.
 
-    source .ci/vllm.sh   # a vLLM CPU server (exports SERVELAB_TEST_ENDPOINT)
-    .venv/bin/python bench/bench_live_fit.py --endpoint "$SERVELAB_TEST_ENDPOINT"
+    source .ci/vllm.sh   # a vLLM CPU server (exports SERVELAB_TEST_ENDPOINT, SERVELAB_VLLM_FRONTEND_CPUS)
+    .venv/bin/python bench/bench_live_fit.py --endpoint "$SERVELAB_TEST_ENDPOINT" \
+        --client-cpus "$SERVELAB_VLLM_FRONTEND_CPUS"
+
+``--client-cpus`` runs this script and every command it starts on those CPUs: with the vLLM CPU
+server of .ci/vllm.sh, the ones off the model worker's CPU, so that the client does not take the
+worker's CPU from it (.ci/pin_frontend.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -73,16 +80,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint", required=True, help="a loopback OpenAI-compatible server (vLLM)")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--interleave", action="store_true",
-                        help="one sweep pass before each live run (default: the three-pass sweep, then the runs)")
+    parser.add_argument("--keep", metavar="DIR", help="write the sweep, model and runs here (a new directory) and keep them")
+    parser.add_argument("--client-cpus", help="run the client on these CPUs (e.g. 1 or 1,2; Linux)")
+    parser.add_argument("--sweep-first", action="store_true",
+                        help="the three-pass sweep, then the runs (default: one sweep pass before each live run)")
     args = parser.parse_args()
     if urlparse(args.endpoint).hostname not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"--endpoint must be a loopback address, not {args.endpoint}")
+    if args.client_cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})  # inherited by the commands run
 
     from servelab.traces.io import write_trace
     from servelab.traces.synth import synth_trace
 
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True)  # a new directory: an earlier attempt's runs are not mixed in
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = tmp / "model.json"
         # A different trace from the sweep's: Poisson arrivals at 5/s, prompts 32..384, outputs 8..48 tokens.
@@ -110,7 +123,7 @@ def main() -> None:
             conditions.append((steal_pct(before, cpu_ticks()), os.getloadavg()[0]))
             probe(f"after live run {len(conditions)}")
 
-        if args.interleave:
+        if not args.sweep_first:
             sweeps = [tmp / f"sweep{k}" for k in range(args.runs)]
             for sweep, run in zip(sweeps, runs):
                 cli("fit", "--endpoint", args.endpoint, "--sweep-out", sweep, "--sweep-passes", 1,
