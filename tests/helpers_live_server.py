@@ -36,6 +36,7 @@ class FallbackServer:
         self.scenarios = scenarios
         self.received: list[dict] = []
         self.hung_up: dict[str, int] = {}  # prompt -> times its connection was closed unanswered
+        self.connections = 0  # connections accepted
         self.server: asyncio.Server | None = None
 
     @property
@@ -52,6 +53,7 @@ class FallbackServer:
         await self.server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

@@ -127,11 +127,12 @@ def test_kept_alive_connection_closed_at_reuse_loses_nothing():
             first, second = Record(0, 1), Record(1, 2)
             await send(http, target, first, "usage", 8)  # opens the connection, kept alive
             await send(http, target, second, "hangup-once", 8)  # reuses it: the server closes it unanswered
-            return first, second, server.hung_up
+            return first, second, server.hung_up, server.connections
 
-    first, second, hung_up = asyncio.run(main())
+    first, second, hung_up, connections = asyncio.run(main())
     assert first.status == second.status == "finished" and not first.resent and second.resent
     assert hung_up == {"hangup-once": 1}
+    assert connections == 2  # the second request went out on the first's connection, its resend on a new one
 
 
 def test_a_refused_connection_is_not_sent_again():
