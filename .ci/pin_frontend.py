@@ -61,16 +61,10 @@ def main() -> int:
         return 0
     workers = [pid for pid in pids if title(pid).startswith("VLLM::Worker")]
     all_cpus = os.sched_getaffinity(0)
-    if not workers:
-        print(",".join(map(str, sorted(all_cpus))))
-        return 0
-    worker_cpus = set().union(*(os.sched_getaffinity(pid) for pid in workers))
-    rest = all_cpus - worker_cpus
-    if not rest:  # not bound: nothing to keep apart
-        print(",".join(map(str, sorted(all_cpus))))
-        return 0
-    pin([pid for pid in pids if pid not in workers], rest)
-    print(",".join(map(str, sorted(rest))))
+    rest = all_cpus - set().union(*(os.sched_getaffinity(pid) for pid in workers))
+    if workers and rest:  # a bound worker: keep the rest apart from it
+        pin([pid for pid in pids if pid not in workers], rest)
+    print(",".join(map(str, sorted(rest if workers and rest else all_cpus))))
     return 0
 
 

@@ -12,8 +12,8 @@ By default the calibration sweep runs one pass at a time, each pass followed by 
 model is fitted to all passes together), so that the server's speed, which wanders by +-25% from
 one 13-s pass to the next even on the idle machine, reaches the sweep and the runs alike.
 ``--sweep-first`` runs the three-pass sweep first, then the live runs (the default until session
-8: with the server pinned it passed 7 of 10 attempts, interleaved 4 of 4 and more;
-RESULTS_live.md, session 8; unpinned, in session 6, runs right after a sweep pass ran slower).
+8; with the server pinned it passed 7 of 10 attempts, interleaved 12 of 12: RESULTS_live.md,
+session 8).
 
 Drift diagnostics (not used by the check): a *probe* (six requests one at a time, 256-token
 prompts, 32 output tokens, a fixed seed) runs right after the sweep and right after each live run;
