@@ -21,9 +21,10 @@ import pyarrow as pa
 from servelab import __version__
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
-from servelab.replay.config import EngineConfig, ReplayConfig
+from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
 from servelab.replay.engine import Engine
 from servelab.replay.kv import KVManager
+from servelab.replay.platform import Platform
 from servelab.replay.prefix_cache import PrefixCache
 from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
@@ -33,10 +34,10 @@ from servelab.replay.results import (
     tier_meta, with_platform_columns, write_run,
 )
 from servelab.replay.autoscale import Autoscaler
-from servelab.replay.cluster import ClusterConfig, PoolConfig, one_pool, pool_config
+from servelab.replay.cluster import ClusterConfig, PoolConfig
 from servelab.replay.instances import InstanceType
 from servelab.replay.disagg import Disaggregation
-from servelab.replay.faults import Failure, check_failures
+from servelab.replay.specs import Failure, check_failures
 from servelab.replay.fleet import Fleet
 from servelab.replay.protocols import StepPlan
 from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA
@@ -158,8 +159,12 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
         engine_cfg = replace(engine_cfg, fail=config.engine.fail)
     requests, followers = requests_from_table(trace)
+    reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
+    platform = None
+    if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
+        platform = lambda engine: Platform(engine, engine_cfg, reclaims)  # noqa: E731 (built on the engine)
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
-                    reclaims=any(p.spec.instances for p in cluster.pools))
+                    platform=platform)
     disagg = cluster.disaggregate(engine)
     scalers = cluster.autoscale(engine, disagg)
     if engine.tokens is not None:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
+from servelab.replay.engine import TIMER
 
 if TYPE_CHECKING:
     from servelab.replay.disagg import Disaggregation
@@ -104,8 +105,6 @@ class Autoscaler:
 
     def __init__(self, engine: "Engine", replicas: list["Replica"], config: AutoscaleConfig, initial: int,
                  ticks: bool = True, disagg: "Disaggregation | None" = None):
-        from servelab.replay.engine import TIMER  # (the engine's module imports the config's, which imports this)
-
         self.push = lambda t, fn: engine.push(t, TIMER, fn)
         self.engine = engine
         self.replicas = replicas

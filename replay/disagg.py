@@ -47,7 +47,7 @@ transfer start) and the transfer time (start to landing).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from servelab.replay.engine import SCHEDULE, TIMER
 from servelab.replay.kv import blocks_for
@@ -55,10 +55,22 @@ from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
 
 if TYPE_CHECKING:
-    from servelab.replay.autoscale import Autoscaler
     from servelab.replay.engine import Engine
     from servelab.replay.protocols import Router
     from servelab.replay.replica import Replica
+
+
+class PoolWatcher(Protocol):
+    """What the handoff tells the autoscaler of its prefill or decode pool (replay/autoscale.py
+    implements it; the handoff does not import it: the autoscaler sits above the handoff)."""
+
+    replicas: list[Replica]
+
+    def after_step(self, replica: Replica, step, end_s: float) -> None:
+        """A step of one of its replicas was applied (after the handoff's own work)."""
+
+    def released(self, replica: Replica, now: float) -> None:
+        """KV ``replica`` held for a transfer is gone (landed, or lost at the other end)."""
 
 
 class Disaggregation:
@@ -87,8 +99,8 @@ class Disaggregation:
         self.bytes_streamed = 0.0
         self._overlap: dict[Request, float] = {}  # handed off at this instant: bytes the link could carry meanwhile
         self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
-        self.prefill_scaler: Autoscaler | None = None
-        self.decode_scaler: Autoscaler | None = None
+        self.prefill_scaler: PoolWatcher | None = None
+        self.decode_scaler: PoolWatcher | None = None
         self.decode_ids = frozenset(r.id for r in decode)
         self._stopping: Replica | None = None  # a replica being taken down (``lose``): its last work hands off nothing
         self.cancelled = 0  # transfers whose KV was lost at either end
@@ -131,14 +143,14 @@ class Disaggregation:
             self.decode_scaler.after_step(replica, step, end_s)
 
     # -- autoscaled pools -----------------------------------------------------------------------
-    def scaled_by(self, scaler: Autoscaler) -> None:
+    def scaled_by(self, scaler: PoolWatcher) -> None:
         """``scaler`` scales the prefill or the decode pool (whichever its replicas are)."""
         if scaler.replicas[0].id in self.prefill_ids:
             self.prefill_scaler = scaler
         else:
             self.decode_scaler = scaler
 
-    def publish(self, scaler: Autoscaler, live: list[Replica]) -> None:
+    def publish(self, scaler: PoolWatcher, live: list[Replica]) -> None:
         """The replicas of ``scaler``'s pool that take work from now on."""
         if scaler is self.prefill_scaler:
             self.engine.live = live

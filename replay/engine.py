@@ -20,14 +20,12 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.admission import Ledger
 from servelab.replay.batch import Batch, BatchSummary, initial_budgets
 from servelab.replay.cohort import DecodeCohort
-from servelab.replay.config import EngineConfig
-from servelab.replay.faults import Journal
+from servelab.replay.engine_config import EngineConfig
+from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
 from servelab.replay.logs import StepLog, TokenLog
-from servelab.replay.platform import FAULT, Platform
 from servelab.replay.progress import apply_iteration, apply_stretch
 from servelab.replay.protocols import Router, Runner, StepItem, StepPlan, StepShape
 from servelab.replay.replica import Replica, owed
@@ -38,6 +36,7 @@ ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
 # A component's own timed event (payload: a function of the time), after the completions at its
 # instant and before the decisions: KV transfers landing on a decode replica (replay/disagg.py).
 TIMER = 1.5
+FAULT = 3  # a replica failing or coming back (payload: (replica, down)), after everything else at its instant
 PROGRESS_STEPS = 4096  # completed steps between two progress reports (besides every 8192 arrivals)
 
 
@@ -51,7 +50,7 @@ class Engine:
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
                  config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False,
-                 reclaims: bool = False):
+                 platform=None):
         self.requests = requests
         self.replicas = replicas
         self.live = replicas  # replicas taking work (a new list only while one is down)
@@ -88,8 +87,9 @@ class Engine:
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
         self.next_arrival = 0
         self._check_sorted()
-        # (``reclaims``: replicas may be taken away, replay/fleet.py: the platform moves their requests)
-        self.platform = Platform(self, config, reclaims) if reclaims or Platform.wanted(config, replicas) else None
+        # The platform's hooks (replay/platform.py: quotas, pausing, shedding, failures), built on this
+        # engine by ``platform(engine)`` when the assembly wants them (servelab.api), else None.
+        self.platform = platform(self) if platform is not None else None
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running

@@ -25,16 +25,17 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from servelab.common.tiers import parse_tiers
-from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
-from servelab.replay.config import EngineConfig
-from servelab.replay.faults import Failure
+from servelab.replay.admission import Admission, PauseRule, Quota
+from servelab.replay.engine import FAULT
+from servelab.replay.engine_config import EngineConfig
+from servelab.replay.journal import Ledger
+from servelab.replay.specs import Failure
 from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
-FAULT = 3  # the engine's event kind for failures and recoveries
 NO_FAULTS = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
              "tokens_lost": 0, "tokens_recomputed": 0}  # run.json's faults counters before any failure
 
