@@ -173,10 +173,8 @@ class Disaggregation:
         if not any(d.kv.can_ever_fit(req) for d in self.decode):
             need = self.decode[0].kv.blocks_to_finish(req)
             self._release_source(req, now)
-            req.status = Status.REJECTED
-            req.reason = (f"needs {need} KV blocks for prompt + max output; a decode replica has "
-                          f"{max(d.kv.total for d in self.decode)}")
-            self.engine.ended(req, now)
+            self.engine.end(req, Status.REJECTED, f"needs {need} KV blocks for prompt + max output; a decode "
+                            f"replica has {max(d.kv.total for d in self.decode)}", now)
             return
         self.pending.append(req)
         self.max_pending = max(self.max_pending, len(self.pending))
@@ -372,10 +370,7 @@ class Disaggregation:
     # -- end of the replay, results, checks -----------------------------------------------------
     def strand(self) -> None:
         """Requests still handed off when nothing is left to happen: counted, never lost."""
-        for req in self.pending:
-            if not req.status.is_terminal:
-                req.status = Status.UNFINISHED
-                req.reason = "waiting for a decode replica with room when the replay ended"
+        self.engine.strand(self.pending, "waiting for a decode replica with room when the replay ended")
 
     def holders(self, replica: Replica) -> list[Request]:
         """Every request (or landing placeholder) holding GPU blocks on ``replica`` (the KV check)."""

@@ -224,9 +224,7 @@ class Engine:
         else:
             reason = replica.policy.reject_reason(req)
         if reason is not None:
-            req.status = Status.REJECTED
-            req.reason = reason
-            self.ended(req, now)
+            self.end(req, Status.REJECTED, reason, now)
             return
         req.status = Status.WAITING
         replica.owe(req)
@@ -507,6 +505,49 @@ class Engine:
             cohort.outside.remove(req)
         self.ended(req, now)
 
+    # -- the request lifecycle: with the verbs above (_route, _admit, preempt, _finish), the only code
+    # -- that changes a request's status; the cluster and the platform ask these -------------------
+    def end(self, req: Request, status: Status, reason: str, now: float) -> None:
+        """``req`` leaves unserved for good at ``now``: ``status`` is REJECTED (it can never be served),
+        THROTTLED (its quota refused it and its retries ran out) or DROPPED (shed). A request that
+        waited on a replica has been taken off it first."""
+        req.status = status
+        req.reason = reason
+        self.ended(req, now)
+
+    def interrupt(self, req: Request) -> None:
+        """``req`` lost its KV with its replica (a failure, a reclaimed instance, KV in transfer lost):
+        the journal's rule applies (it keeps its generated tokens, or starts over) and it is routed
+        again, as if not arrived yet."""
+        self.journal.interrupt(req)
+        req.status = Status.PENDING
+
+    def strand(self, reqs, reason: str | None = None) -> None:
+        """The replay ends with ``reqs`` not served: those not terminal are ``unfinished`` (``reason``:
+        why, when it is not the horizon)."""
+        for req in reqs:
+            if not req.status.is_terminal:
+                req.status = Status.UNFINISHED
+                if reason is not None:
+                    req.reason = reason
+
+    def truncate(self, replica: Replica, now: float) -> float:
+        """Stop ``replica``'s in-flight step at ``now`` (the horizon, or the replica lost): iterations of
+        a decode stretch finished by ``now`` are applied, the one under way is not. Returns the
+        seconds of work lost (``now`` minus the end of the last finished iteration; 0 when idle)."""
+        step = replica.inflight
+        if step is None:
+            return 0.0
+        j = step.iterations_done_by(now)
+        done_s = step.start_s + step.elapsed(j)
+        if j:
+            step.k = j
+            self.apply(replica, step, j, done_s)
+        replica.inflight = None
+        replica.busy = False
+        replica.step_token += 1  # (its completion event, still in the heap, is stale)
+        return now - done_s
+
     def ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any."""
         if self.platform is not None:
@@ -519,15 +560,5 @@ class Engine:
     # -- horizon --------------------------------------------------------------------------------
     def _stop_at_horizon(self, until: float) -> None:
         for replica in self.replicas:
-            step = replica.inflight
-            if step is not None:
-                j = step.iterations_done_by(until)
-                if j:  # a decode stretch partly done by the horizon
-                    end = step.start_s + step.elapsed(j)
-                    step.k = j
-                    self.apply(replica, step, j, end)
-                replica.inflight = None
-                replica.busy = False
-        for req in self.requests:
-            if not req.status.is_terminal:
-                req.status = Status.UNFINISHED
+            self.truncate(replica, until)  # (a decode stretch partly done by the horizon counts so far)
+        self.strand(self.requests)

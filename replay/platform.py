@@ -95,10 +95,8 @@ class Platform:
         if throttle is not None:
             retry_s = adm.retry_at(req, self.ledger.retries.get(req.index, 0), throttle, now)
             if retry_s is None:
-                req.status = Status.THROTTLED
-                req.reason = throttle.reason
                 self.ledger.refused_s[req.index] = now
-                engine.ended(req, now)
+                engine.end(req, Status.THROTTLED, throttle.reason, now)
             else:  # the client comes back; its latency still counts from its first arrival
                 Ledger.add(self.ledger.retries, req.index, 1)
                 engine.push(retry_s, engine.ARRIVAL, req)
@@ -139,11 +137,9 @@ class Platform:
             if req.swapped:
                 replica.kv.drop_host(req)
             replica.kv.forget(req)  # (a purged tenant's cached blocks)
-        req.status = Status.DROPPED
-        req.reason = reason
         self.ledger.refused_s[req.index] = now
         self.dropped += 1
-        self.engine.ended(req, now)
+        self.engine.end(req, Status.DROPPED, reason, now)
 
     def ended(self, req: Request, now: float) -> None:
         if self.admission is not None:
@@ -245,17 +241,8 @@ class Platform:
             engine.live = [r for r in engine.live if r is not replica]
         else:
             disagg.stop(replica)
-        step = replica.inflight
-        if step is not None:  # iterations finished by now count; the one under way is lost
-            j = step.iterations_done_by(now)
-            done_s = step.start_s + step.elapsed(j)
-            if j:
-                step.k = j
-                engine.apply(replica, step, j, done_s)
-            stats["work_lost_s"] += now - done_s
-            replica.inflight = None
-            replica.busy = False
-            replica.step_token += 1
+        if replica.inflight is not None:  # iterations finished by now count; the one under way is lost
+            stats["work_lost_s"] += engine.truncate(replica, now)
         moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
         lost = disagg.lose(replica, now) if disagg is not None else ()
         replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
@@ -271,13 +258,11 @@ class Platform:
             start = self.pause_start.pop(req.index, None)
             if start is not None:  # held on the failed replica: it was paused until now
                 Ledger.add(self.ledger.paused_s, req.index, now - start)
-            journal.interrupt(req)
-            req.status = Status.PENDING
+            engine.interrupt(req)
         if disagg is not None:
             disagg.lost_running(replica, moved)
             for req in lost:  # (they had left their prefill replica's policy when handed off)
-                journal.interrupt(req)
-                req.status = Status.PENDING
+                engine.interrupt(req)
             moved += lost
         stats["requests_moved"] += len(moved)
         stats["requests_interrupted"] += journal.requests_interrupted - before[0]
@@ -291,10 +276,7 @@ class Platform:
         """At the end: requests held or routed nowhere had no live replica left to serve them."""
         if not (self.orphans or self.paused):
             return
-        for req in requests:
-            if not req.status.is_terminal:
-                req.status = Status.UNFINISHED
-                req.reason = "no live replica to serve it"
+        self.engine.strand(requests, "no live replica to serve it")
 
     # -- run.json -----------------------------------------------------------------------------
     def meta(self) -> dict:
