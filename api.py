@@ -370,11 +370,6 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         _check_disaggregated(pools)
     if config.engine.fail:  # replica ids count across the pools, in the order built
         check_failures(tuple(Failure.parse(f) for f in config.engine.fail), sum(len(p.replicas) for p in pools))
-    if any(p.autoscale is not None for p in spec.pools) and config.engine.fail:
-        raise ServelabError("cluster: replica failures (fail) are not modelled with autoscaling yet")
-    if any(p.instances for p in spec.pools) and config.engine.fail:
-        raise ServelabError("cluster: replica failures (fail) are not modelled with instance types yet "
-                            "(a type's availability dropping reclaims its replicas: docs/cluster.md)")
     return BuiltCluster(spec, pools, config)
 
 

@@ -37,6 +37,7 @@ ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
 # instant and before the decisions: KV transfers landing on a decode replica (replay/disagg.py).
 TIMER = 1.5
 FAULT = 3  # a replica failing or coming back (payload: (replica, down)), after everything else at its instant
+ENTRY, DECODE = "entry", "decode"  # the pools a router picks from: arrivals', and prefill/decode handoffs'
 PROGRESS_STEPS = 4096  # completed steps between two progress reports (besides every 8192 arrivals)
 
 
@@ -53,7 +54,16 @@ class Engine:
                  platform=None):
         self.requests = requests
         self.replicas = replicas
-        self.live = replicas  # replicas taking work (a new list only while one is down)
+        # Replica membership, owned here: which replicas take new work. A pool's controller (an
+        # autoscaler, a fleet of instance types) says which of its replicas it wants serving
+        # (``publish``), a failure takes one down and back (``fail``, ``restore``); a replica serves
+        # when its pool wants it and it is up. ``live`` is the arrivals' pool's (the routers' list).
+        self.live = replicas
+        self.wanted: dict[str, list[Replica]] = {ENTRY: replicas}
+        self.down: set[int] = set()  # ids of failed replicas not back yet
+        self.role: dict[int, str] = {}  # replica id -> its pool (ENTRY when absent)
+        self.on_serving = {}  # pool -> called with (live, grew) when its serving replicas change (not ENTRY's)
+        self.on_failed: list = []  # called with (replica, now) when a replica fails (its pool's controller)
         self.router = router
         self.runner = runner
         self.config = config
@@ -81,7 +91,9 @@ class Engine:
             if id(own) not in affines:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
-        self.handoff = None  # a component called with (replica, step, end_s) after each applied step
+        # Components called with (replica, step, end_s) after each applied step, in order: the
+        # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
+        self.step_listeners: list = []
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -461,8 +473,8 @@ class Engine:
             step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
             len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
-        if self.handoff is not None:
-            self.handoff(replica, step, end_s)
+        for listener in self.step_listeners:
+            listener(replica, step, end_s)
 
     def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):
         """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers
@@ -547,6 +559,44 @@ class Engine:
         replica.busy = False
         replica.step_token += 1  # (its completion event, still in the heap, is stale)
         return now - done_s
+
+    # -- replica membership: the only code that changes which replicas take work -------------------
+    def add_pool(self, role: str, replicas: list[Replica], on_serving) -> None:
+        """``replicas`` form the pool ``role`` (not the arrivals'), all wanted at first; ``on_serving(live,
+        grew)`` hears when its serving replicas change (``grew``: some may have joined)."""
+        self.wanted[role] = list(replicas)
+        self.on_serving[role] = on_serving
+        for r in replicas:
+            self.role[r.id] = role
+
+    def publish(self, role: str, replicas: list[Replica]) -> None:
+        """The replicas of pool ``role`` its controller wants serving from now on."""
+        self.wanted[role] = replicas
+        self._serve(role, grew=True)
+
+    def fail(self, replica: Replica, now: float) -> None:
+        """``replica`` goes down at ``now``: it takes no new work until ``restore``, and its pool's
+        controller hears it (an autoscaler counts it out, a fleet refills) before the platform moves
+        what it held (``Platform.evict``), so that the moved requests can land on a replacement."""
+        self.down.add(replica.id)
+        self._serve(self.role.get(replica.id, ENTRY), grew=False)
+        for listener in self.on_failed:
+            listener(replica, now)
+
+    def restore(self, replica: Replica) -> str:
+        """``replica`` is back: it serves again if its pool still wants it. Returns its pool."""
+        self.down.discard(replica.id)
+        role = self.role.get(replica.id, ENTRY)
+        self._serve(role, grew=True)
+        return role
+
+    def _serve(self, role: str, grew: bool) -> None:
+        down = self.down
+        live = [r for r in self.wanted[role] if r.id not in down] if down else list(self.wanted[role])
+        if role == ENTRY:
+            self.live = live
+        else:
+            self.on_serving[role](live, grew)
 
     def ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from servelab.common.tiers import parse_tiers
 from servelab.replay.admission import Admission, PauseRule, Quota
-from servelab.replay.engine import FAULT
+from servelab.replay.engine import ENTRY, FAULT
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.journal import Ledger
 from servelab.replay.specs import Failure
@@ -217,19 +217,19 @@ class Platform:
         """Take ``replica`` down (its work moves to live replicas) or bring it back."""
         engine = self.engine
         if not down:
-            if self.disagg is not None and replica.id in self.disagg.decode_ids:
-                self.disagg.restore(replica, now)  # (arrivals are the prefill pool's: no orphan is for it)
-                return
-            engine.live = [r for r in engine.replicas if r is replica or r in engine.live]
+            if engine.restore(replica) != ENTRY:
+                return  # (a decode replica: arrivals are the prefill pool's, no orphan is for it)
             orphans, self.orphans = self.orphans, []
             engine.route_all(orphans, now)
             return
         self.fault_stats["failures"] += 1
+        engine.fail(replica, now)
         self.evict(replica, now)
 
     def evict(self, replica: "Replica", now: float) -> None:
-        """``replica`` stops serving at ``now`` (a failure, or its instance reclaimed): the iteration under
-        way is lost and every request on it loses its KV and is routed again (the journal's rule).
+        """``replica`` has stopped serving at ``now`` (failed: ``Engine.fail``; or its instance reclaimed:
+        its fleet no longer wants it): the iteration under way is lost and every request on it loses
+        its KV and is routed again (the journal's rule).
 
         With prefill/decode pools (``disagg``) the requests whose KV it held for a transfer, or that
         were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
@@ -237,9 +237,7 @@ class Platform:
         engine = self.engine
         stats = self.fault_stats
         disagg = self.disagg
-        if disagg is None:
-            engine.live = [r for r in engine.live if r is not replica]
-        else:
+        if disagg is not None:
             disagg.stop(replica)
         if replica.inflight is not None:  # iterations finished by now count; the one under way is lost
             stats["work_lost_s"] += engine.truncate(replica, now)

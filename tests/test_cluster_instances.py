@@ -212,12 +212,6 @@ def test_bad_instance_settings_are_one_line_errors_naming_the_field(pool, messag
                                 "cluster": {"pools": [{"name": "web", **pool}]}}, source="c.toml")
 
 
-def test_instances_are_refused_where_they_are_not_modelled():
-    # (instances on prefill/decode pools are modelled: tests/test_cluster_disagg_loss.py)
-    with pytest.raises(ServelabError, match="fail.*not modelled with instance types"):
-        replay(make_trace([0], [1], [2]), config([{"gpu": "a"}], fail=["replica=0,at=1"]))
-
-
 def test_the_config_round_trips_and_a_toml_file_reads(tmp_path):
     cfg = config([{"gpu": "h100-80gb", "price_per_gpu_hour": 2.5, "available": [[0, 8], [1800, 4]]},
                   {"gpu": "a100-80gb", "price_per_gpu_hour": 1.6, "runner": "linear:base=2", "num_gpu_blocks": 50}],

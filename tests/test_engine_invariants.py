@@ -29,8 +29,8 @@ def disaggregation(engine: Engine):
     """The prefill/decode handoff of a cluster replay (replay/disagg.py), or None."""
     from servelab.replay.disagg import Disaggregation
 
-    owner = getattr(engine.handoff, "__self__", None)
-    return owner if isinstance(owner, Disaggregation) else None
+    owners = [getattr(listener, "__self__", None) for listener in engine.step_listeners]
+    return next((o for o in owners if isinstance(o, Disaggregation)), None)
 
 
 def check(engine: Engine) -> None:
