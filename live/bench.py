@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 from servelab.live.backend import Backend, HttpBackend
 from servelab.live.client import Record, Target
+from servelab.live.counts import check_counts
 from servelab.live.load import LoadConfig, schedule
 from servelab.live.prompts import (
     Approximate,
@@ -249,6 +250,7 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
             if rec.status == "cancelled":
                 rec.reason = "in flight when the duration limit was reached"
     sent = [r for r in records if r.status != "unsent"]
+    check_counts(sent, [max_tokens[r.index] for r in sent], log)
     lags = np.array([r.send_s - r.scheduled_s for r in sent if r.scheduled_s is not None])
     lag = {}
     if len(lags):

@@ -95,6 +95,7 @@ class Record:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     usage_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where given
+    usage_rejected_tokens: int | None = None  # a completion count set aside as implausible (live/counts.py)
     finish_reason: str | None = None
     saw_done: bool = False
     resent: bool = False  # sent a second time: the first connection dropped before any answer
