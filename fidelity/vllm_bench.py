@@ -45,7 +45,7 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
                  first_token_s=None if failed else start + float(doc["ttfts"][i]),
                  finish_s=None if failed else start + float(doc["latencies"][i]),
                  ok=not failed, reason=str(errors[i])[:200] if failed else None,
-                 max_itl_s=float(max(gaps)) if gaps and not failed else None)
+                 itls_s=None if failed else [float(g) for g in gaps])
     settings = {"model": doc.get("model_id")}
     source = {k: doc[k] for k in ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate",
                                   "burstiness", "max_concurrency", "duration") if k in doc}

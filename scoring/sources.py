@@ -27,6 +27,7 @@ OPTIONAL_REQUEST_COLUMNS = pa.schema(
         ("paused_s", pa.float64()),
         ("e2e_slo_s", pa.float64()),
         ("max_stall_slo_s", pa.float64()),
+        ("source_request_id", pa.string()),  # imported runs: the source's own id of the request
     ]
 )
 # Without these a requests.parquet cannot be scored at all.

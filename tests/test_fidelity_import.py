@@ -180,3 +180,25 @@ def test_blis_missing_column(run_cli, tmp_path):
     csv.write_text("\n".join([lines[0].replace("send_time_us", "sent_us")] + lines[1:]) + "\n")
     r = run_cli(["run", "import", "--format", "blis", str(folder), "-o", str(tmp_path / "run")])
     assert r.exit_code == 1 and "column 'send_time_us': required column is missing" in r.output
+
+
+REAL_VLLM = FIX / "vllm_bench_serve_real_40req.json"
+
+
+def test_vllm_bench_itl_percentiles_are_vllms_own(run_cli, tmp_path):
+    """A real `vllm bench serve --save-detailed` file: the imported run's itl_summary gives vLLM's own
+    ITL mean and p50/p90/p99 (np.percentile, linear, over every successful request's chunk gaps)."""
+    from servelab.scoring.db import query
+
+    doc = json.loads(REAL_VLLM.read_text())
+    meta, rows, out = _import(run_cli, tmp_path, "vllm-bench", REAL_VLLM)
+    got = query([out], "SELECT * FROM itl_summary").to_pylist()[0]
+    assert got["gaps"] == sum(len(g) for g in doc["itls"])
+    for key, ours in (("mean_itl_ms", "mean_itl_s"), ("p50_itl_ms", "p50_itl_s"), ("p90_itl_ms", "p90_itl_s"),
+                      ("p99_itl_ms", "p99_itl_s")):
+        assert got[ours] * 1000 == pytest.approx(doc[key], rel=1e-12), key
+    # every gap is the source's own, in the source's order; max_itl_s is each request's largest
+    tokens = pq.read_table(out / "tokens.parquet").to_pylist()
+    first = [t["itl_s"] for t in tokens if t["request_id"] == 0][1:]
+    assert first == doc["itls"][0] and rows[0]["max_itl_s"] == max(doc["itls"][0])
+    assert [r["source_request_id"] for r in rows] == [str(i) for i in range(40)]  # a vLLM-bench row's list index
