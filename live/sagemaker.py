@@ -57,7 +57,7 @@ from servelab.live.client import (
     read_event,
     timeout_reason,
 )
-from servelab.live.sse import Event, EventParser, LineSplitter
+from servelab.live.sse import Event, EventParser, LineSplitter, LineTooLong
 
 SCHEME = "sagemaker://"
 FORMATS = ("auto", "sse", "jsonlines")
@@ -208,7 +208,7 @@ class _Call:
                     pass
         except _Settled:
             pass
-        except StreamError as err:
+        except (StreamError, LineTooLong) as err:
             self.settle("failed", str(err))
         except EventStreamError as err:  # ModelStreamError, InternalStreamFailure inside the stream
             error = err.response.get("Error", {})
