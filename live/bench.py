@@ -243,8 +243,14 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         span = clock()
         if sampling is not None:
             stop_sampling.set()
-            await sampling
-            await sampler.scrape()  # the final state, after the last request
+            try:
+                await sampling
+                await sampler.scrape()  # the final state, after the last request
+            except asyncio.CancelledError:  # stopped while sampling the end: the run is kept without it
+                stopped_by = stopped_by or "interrupt"
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
     if stopped_by == "duration":
         for rec in records:
             if rec.status == "cancelled":

@@ -23,7 +23,7 @@ class ServerTokenizer:
 
     async def count(self, text: str) -> int:
         async with self.http.post(f"{self.target.root}/tokenize", json=self._body(text), headers=self.target.headers(),
-                                  timeout=aiohttp.ClientTimeout(total=30.0), raise_for_status=True) as response:  # fmt: skip
+                                  timeout=aiohttp.ClientTimeout(total=self.target.timeout_s), raise_for_status=True) as response:  # fmt: skip
             data = await response.json(content_type=None)
         if isinstance(data.get("count"), int):
             return data["count"]

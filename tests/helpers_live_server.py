@@ -6,7 +6,8 @@ It is not vLLM and stands in for nothing: what the client does against a real se
 tests/test_live_vllm.py. Scenarios are picked by the request's prompt (or its one chat message);
 ``default`` answers any other prompt, so a whole ``servelab bench`` run can be scripted. GET
 ``/v1/models`` lists one model ``m``; ``/tokenize`` counts whitespace-separated words (+1 for a BOS)
-unless ``tokenize`` is given (a function of the request body -> the JSON answer); ``/metrics`` is 404.
+unless ``tokenize`` is given (a function of the request body -> the JSON answer); ``/metrics`` is 404
+unless ``metrics_delay_s`` is given (then one gauge, after that delay).
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ class Reply:
 
 
 class FallbackServer:
-    def __init__(self, scenarios: dict[str, Reply], default: Reply | None = None, tokenize=None):
+    def __init__(self, scenarios: dict[str, Reply], default: Reply | None = None, tokenize=None,
+                 metrics_delay_s: float | None = None, models_delay_s: float = 0.0):
         self.scenarios = scenarios
+        self.metrics_delay_s = metrics_delay_s  # None: /metrics is 404; else answered after this delay
+        self.models_delay_s = models_delay_s  # /v1/models answers after this delay
         self.default = default
         self.tokenize = tokenize
         self.completions = 0  # POSTs to /v1/completions or /v1/chat/completions answered
@@ -103,7 +107,15 @@ class FallbackServer:
             writer.close()
 
     async def _service(self, writer: asyncio.StreamWriter, method: str, path: str, body: dict) -> None:
+        if path == "/metrics" and self.metrics_delay_s is not None:
+            await asyncio.sleep(self.metrics_delay_s)
+            data = b"vllm:num_requests_running 0\n"
+            writer.write(f"HTTP/1.1 200 X\r\ncontent-type: text/plain\r\ncontent-length: {len(data)}\r\n\r\n"
+                         .encode() + data)
+            await writer.drain()
+            return
         if path == "/v1/models":
+            await asyncio.sleep(self.models_delay_s)
             status, answer = 200, {"data": [{"id": "m"}]}
         elif path == "/tokenize":
             if self.tokenize is not None:
@@ -150,6 +162,14 @@ class ServerThread:
         return self.server
 
     def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.__aexit__(), self._loop).result(10)
+        async def shutdown() -> None:  # the server, then every connection's handler still running
+            self.server.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()

@@ -56,3 +56,74 @@ def test_a_sweep_keeps_a_level_with_bad_usage(tmp_path, capsys):
     assert code == 0, err
     for level in ("rate_50", "rate_100"):
         assert pq.read_table(out / level / "requests.parquet").num_rows == 3
+
+
+SLOW = Reply(pieces=[(0, chunk("a")), (30.0, chunk("b", "length")), (0, DONE)])  # one token, then a long wait
+
+
+def _bench_process(tmp_path, server, *args):
+    import subprocess
+    import sys
+
+    trace = write_small_trace(tmp_path, 5)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "servelab", "bench", server.url, str(trace), "-o", str(out), "--no-report",
+           "--extensions", "off", "--model", "m", *args]  # fmt: skip
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True), out
+
+
+def _wait_for(predicate, timeout_s: float = 30.0) -> None:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("signals, code", [(["SIGTERM"], 143), (["SIGINT", "SIGINT"], 130),
+                                           (["SIGTERM", "SIGTERM"], 143)])
+def test_a_signal_stops_the_run_and_keeps_it_even_when_repeated(tmp_path, signals, code):
+    """SIGTERM stops `bench` as Ctrl-C does (the run is written); a second signal while the run winds
+    down (here: during the final /metrics scrape, 1.5 s) is acknowledged, not obeyed."""
+    import signal
+    import time
+
+    with ServerThread({}, default=SLOW, metrics_delay_s=1.5) as server:
+        proc, out = _bench_process(tmp_path, server)
+        _wait_for(lambda: server.completions >= 2)
+        for k, name in enumerate(signals):
+            if k:
+                time.sleep(0.5)
+            proc.send_signal(getattr(signal, name))
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["stopped_by"] == "interrupt" and meta["signal"] == signals[0]
+    req = pq.read_table(out / "requests.parquet").to_pylist()
+    assert {r["status"] for r in req} == {"cancelled"} and len(req) >= 2
+    assert "Traceback" not in err and f"stopped by {signals[0]}" in err
+
+
+@pytest.mark.parametrize("option, value", [("--timeout", "nan"), ("--timeout", "inf"), ("--metrics-interval", "nan"),
+                                           ("--duration", "inf"), ("--rate", "inf")])
+def test_non_finite_numbers_are_refused(tmp_path, capsys, option, value):
+    trace = write_small_trace(tmp_path, 3)
+    args = ["--shape", "poisson"] + (["--rate", "5"] if option != "--rate" else [])
+    code, _, err = run_main(["bench", "http://127.0.0.1:9", trace, "-o", tmp_path / "r", "--model", "m", *args,
+                             option, value], capsys)  # fmt: skip
+    assert code == 2 and f"Invalid value for {option}: must be a finite number" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_server_check_waits_as_long_as_timeout_says(tmp_path, capsys):
+    """A server that accepts connections but does not answer fails the command after --timeout, not a fixed 30 s."""
+    import time
+
+    trace = write_small_trace(tmp_path, 3)
+    with ServerThread({}, default=SLOW, models_delay_s=20.0) as server:
+        t0 = time.perf_counter()
+        code, _, err = run_main(["bench", server.url, trace, "-o", tmp_path / "r", "--model", "m", "--no-metrics",
+                                 "--timeout", "1"], capsys)  # fmt: skip
+        wall_s = time.perf_counter() - t0
+    assert code == 1 and "cannot reach the server" in err and wall_s < 8.0, (wall_s, err)
