@@ -56,5 +56,8 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
     settings = {"model": doc.get("model_id")}
     source = {k: doc[k] for k in ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate",
                                   "burstiness", "max_concurrency", "duration") if k in doc}
+    duration = number(path, doc.get("duration"), "duration", optional=True)
+    if duration is not None and duration > 0:  # vLLM's, from before its first Poisson gap: its throughputs' divisor
+        source["duration_s"] = duration
     notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation"]
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes))

@@ -41,9 +41,12 @@ WITH r AS (
 SELECT r.run_id, r.requests, r.first_arrival_s, r.last_arrival_s, r.last_finish_s,
        -- where the replay stopped (a horizon may cut it before the last arrival), else the last event
        coalesce(u.simulated_span_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s))) AS end_s,
-       -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished)
+       -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished);
+       -- an imported run keeps its source's own (vLLM's runs from before its first Poisson gap)
+       coalesce(u.source_duration_s, nullif(coalesce(r.last_finish_s, greatest(r.last_event_s,
+                coalesce(s.last_step_end_s, r.last_event_s))) - r.first_arrival_s, 0.0)) AS duration_s,
        nullif(coalesce(r.last_finish_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)))
-              - r.first_arrival_s, 0.0) AS duration_s,
+              - r.first_arrival_s, 0.0) AS measured_duration_s,
        CASE WHEN r.requests > 1 AND r.last_arrival_s > r.first_arrival_s
             THEN (r.requests - 1) / (r.last_arrival_s - r.first_arrival_s) END AS offered_rate_rps,
        coalesce(u.num_gpus, 1) AS num_gpus
@@ -299,7 +302,9 @@ SELECT a.run_id, sp.offered_rate_rps, a.requests, a.attainment, g.goodput_rps, g
 FROM slo_attainment a
 JOIN goodput g ON g.run_id = a.run_id AND g.scope = 'overall'
 JOIN run_span sp ON sp.run_id = a.run_id
-WHERE a.scope = 'overall'
+JOIN runs u ON u.run_id = a.run_id
+-- a run stopped by Ctrl-C/SIGTERM (an interrupted sweep level) measured less than its level: no point
+WHERE a.scope = 'overall' AND u.stopped_by IS DISTINCT FROM 'interrupt'
 ORDER BY sp.offered_rate_rps NULLS LAST, a.run_id
 """
 

@@ -202,3 +202,22 @@ def test_vllm_bench_itl_percentiles_are_vllms_own(run_cli, tmp_path):
     first = [t["itl_s"] for t in tokens if t["request_id"] == 0][1:]
     assert first == doc["itls"][0] and rows[0]["max_itl_s"] == max(doc["itls"][0])
     assert [r["source_request_id"] for r in rows] == [str(i) for i in range(40)]  # a vLLM-bench row's list index
+
+
+def test_vllm_bench_throughputs_are_vllms_own(run_cli, tmp_path):
+    """vLLM's duration runs from before its first Poisson gap (not from the first send): the imported run
+    keeps it, so its throughputs are vLLM's figure for figure; the send-to-finish span is kept beside it."""
+    from servelab.scoring.db import query
+
+    doc = json.loads(REAL_VLLM.read_text())
+    _, _, out = _import(run_cli, tmp_path, "vllm-bench", REAL_VLLM)
+    g = query([out], "SELECT * FROM goodput WHERE scope = 'overall'").to_pylist()[0]
+    assert g["request_throughput_rps"] == pytest.approx(doc["request_throughput"], rel=1e-12)
+    assert g["output_throughput_tps"] == pytest.approx(doc["output_throughput"], rel=1e-12)
+    assert g["total_token_throughput_tps"] == pytest.approx(doc["total_token_throughput"], rel=1e-12)
+    span = query([out], "SELECT duration_s, measured_duration_s FROM run_span").to_pylist()[0]
+    first_send = min(doc["start_times"])
+    last_end = max(s + e for s, e in zip(doc["start_times"], doc["latencies"]))
+    assert span["duration_s"] == doc["duration"]
+    assert span["measured_duration_s"] == pytest.approx(last_end - first_send, abs=1e-9)
+    assert doc["duration"] / span["measured_duration_s"] - 1 == pytest.approx(0.0173, abs=5e-4)  # the 1.7%
