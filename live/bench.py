@@ -173,9 +173,11 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
     concurrency = max(1, load.users or load.max_in_flight or max(total, min(load.warmup, trace.num_rows)))
     async with backend.open(target, concurrency):
         extensions, why = (False, "off") if options.extensions == "off" else (True, "on")
+        probes = 0  # generation requests sent before the run (the server's own counters include them)
         if not (target.ignore_eos or target.min_tokens):
             extensions, why = False, "not asked"
         elif options.extensions == "auto":
+            probes += 1
             extensions, why = await backend.probe_extensions(target)
             if not extensions:
                 log.append(f"the server does not take ignore_eos/min_tokens ({why}): outputs may end early")
@@ -274,7 +276,8 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         "measured": True,
         "endpoint": {"url": target.root, "api": target.api, "model": target.model, "timeout_s": target.timeout_s,
                      "ignore_eos": target.ignore_eos, "min_tokens": target.min_tokens,
-                     "include_usage": target.include_usage, "extensions_probe": why, **backend.describe()},
+                     "include_usage": target.include_usage, "extensions_probe": why, "probe_requests": probes,
+                     **backend.describe()},
         "load": asdict(load),
         "prompts": prompt_info,
         "runner": {"name": "live", "spec": target.root},

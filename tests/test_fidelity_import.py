@@ -221,3 +221,13 @@ def test_vllm_bench_throughputs_are_vllms_own(run_cli, tmp_path):
     assert span["duration_s"] == doc["duration"]
     assert span["measured_duration_s"] == pytest.approx(last_end - first_send, abs=1e-9)
     assert doc["duration"] / span["measured_duration_s"] - 1 == pytest.approx(0.0173, abs=5e-4)  # the 1.7%
+
+
+def test_guidellm_request_ids_are_kept(run_cli, tmp_path):
+    _, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json")
+    assert [r["source_request_id"] for r in rows] == ["a", "b", "c", "d"]
+
+
+def test_query_help_lists_the_token_views(capsys):
+    code, out, _ = run_main(["query", "--help"], capsys)
+    assert code == 0 and "itl_summary" in out and "tokens" in out

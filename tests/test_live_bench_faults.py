@@ -127,3 +127,17 @@ def test_the_server_check_waits_as_long_as_timeout_says(tmp_path, capsys):
                                  "--timeout", "1"], capsys)  # fmt: skip
         wall_s = time.perf_counter() - t0
     assert code == 1 and "cannot reach the server" in err and wall_s < 8.0, (wall_s, err)
+
+
+@pytest.mark.parametrize("extensions, probes", [("auto", 1), ("off", 0)])
+def test_the_extensions_probe_is_recorded(tmp_path, capsys, extensions, probes):
+    """The probe is a generation request the server counts (41 against 40 in its own counters): run.json says so."""
+    trace = write_small_trace(tmp_path, 3)
+    out = tmp_path / "run"
+    with ServerThread({}, default=eight(8)) as srv:
+        code, _, err = run_main(["bench", srv.url, trace, "-o", out, "--no-metrics", "--no-report",
+                                 "--extensions", extensions], capsys)  # fmt: skip
+        completions = srv.completions
+    assert code == 0, err
+    assert completions == 3 + probes
+    assert json.loads((out / "run.json").read_text())["endpoint"]["probe_requests"] == probes
