@@ -400,6 +400,38 @@ GROUP BY run_id, replica
 ORDER BY run_id, replica
 """
 
+# GuideLLM 0.8's summary statistics of the finished ("successful") requests, beside ours (docs/metrics.md
+# "GuideLLM's definitions"): each request's value with a weight (ITL: output tokens - 1; TPOT, which
+# includes TTFT: output tokens; TTFT and E2E: 1); equal values merged; the mean weighted; a
+# percentile p is the first value whose cumulative weight share reaches p (nearest rank, no
+# interpolation). Times in seconds here, in ms in GuideLLM.
+GUIDELLM_SUMMARY = """
+CREATE OR REPLACE VIEW guidellm_summary AS
+WITH f AS (SELECT * FROM request_metrics WHERE finished), v AS (
+    SELECT run_id, 'ttft_s' AS metric, ttft_s AS value, 1 AS weight FROM f WHERE ttft_s IS NOT NULL
+    UNION ALL
+    SELECT run_id, 'itl_s', (finish_s - first_token_s) / (output_tokens - 1), output_tokens - 1 FROM f
+    WHERE output_tokens > 1
+    UNION ALL
+    SELECT run_id, 'tpot_s', (finish_s - arrival_s) / output_tokens, output_tokens FROM f WHERE output_tokens > 0
+    UNION ALL
+    SELECT run_id, 'e2e_s', e2e_s, 1 FROM f
+), merged AS (
+    SELECT run_id, metric, value, CAST(sum(weight) AS DOUBLE) AS weight, count(*) AS requests
+    FROM v WHERE weight > 0 GROUP BY run_id, metric, value
+), cdf AS (
+    SELECT *, sum(weight) OVER (PARTITION BY run_id, metric ORDER BY value ROWS UNBOUNDED PRECEDING)
+              / sum(weight) OVER (PARTITION BY run_id, metric) AS share
+    FROM merged
+)
+SELECT run_id, metric, CAST(sum(requests) AS BIGINT) AS requests, sum(weight) AS weight,
+       sum(value * weight) / sum(weight) AS mean,
+       min(value) FILTER (WHERE share >= 0.5) AS p50, min(value) FILTER (WHERE share >= 0.9) AS p90,
+       min(value) FILTER (WHERE share >= 0.95) AS p95, min(value) FILTER (WHERE share >= 0.99) AS p99,
+       min(value) AS min, max(value) AS max
+FROM cdf GROUP BY run_id, metric ORDER BY run_id, metric
+"""
+
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
@@ -420,6 +452,7 @@ DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     for _, sql in DERIVED_VIEWS:
         con.execute(sql)
+    con.execute(GUIDELLM_SUMMARY)
     columns = {row[0] for row in con.execute("DESCRIBE requests").fetchall()}
     if "cached_tokens" in columns:  # (runs written before prefix caching have no such column)
         con.execute(PREFIX_CACHE)
