@@ -40,7 +40,7 @@ class Backend(Protocol):
     def metrics_sampler(self, target: Target, interval_s: float,
                         clock: Callable[[], float]) -> MetricsSampler | None: ...  # fmt: skip
 
-    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+    async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float]) -> Record: ...  # fmt: skip
 
 
@@ -99,6 +99,6 @@ class HttpBackend:
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> MetricsSampler:
         return MetricsSampler(self.http, f"{target.root}/metrics", interval_s, clock)
 
-    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+    async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float]) -> Record:  # fmt: skip
         return await send(self.http, target, record, prompt, max_tokens, clock)

@@ -22,9 +22,12 @@ from servelab.live.counts import check_counts
 from servelab.live.load import LoadConfig, schedule
 from servelab.live.prompts import (
     Approximate,
+    FewWords,
     Vocabulary,
     build_prompt,
+    id_prompt,
     measure_vocabulary,
+    token_id_vocabulary,
 )
 from servelab.live.tokenize import LocalTokenizer
 
@@ -68,7 +71,14 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
     if not exact:
         log.append("prompt lengths approximate: the server has no /tokenize (real counts come from usage)")
         tokenizer = Approximate()
-    vocab: Vocabulary = await measure_vocabulary(tokenizer, exact)
+    token_ids = False
+    try:
+        vocab: Vocabulary = await measure_vocabulary(tokenizer, exact)
+    except FewWords as err:
+        if target.api != "completions":  # a chat message is text: no way round it
+            raise RuntimeError(f"{err}; token-id prompts need --api completions") from None
+        vocab, token_ids = await token_id_vocabulary(tokenizer), True
+        log.append(f"{err}: prompts are token ids instead ({len(vocab.words)} distinct ids; exact lengths)")
     block_tokens = None
     meta_bytes = trace.schema.metadata or {}
     if b"prefix_block_tokens" in meta_bytes:
@@ -78,7 +88,9 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
     hashes = trace.column("prefix_hashes").to_pylist() if "prefix_hashes" in trace.column_names else None
     gate = asyncio.Semaphore(PROMPT_CONCURRENCY)
 
-    async def one(row: int) -> tuple[str, int]:
+    async def one(row: int) -> tuple[str | list[int], int]:
+        if token_ids:
+            return id_prompt(vocab, seed + salt, ids[row], lengths[row], hashes[row] if hashes else None, block_tokens)
         async with gate:
             return await build_prompt(tokenizer, vocab, seed + salt, ids[row], lengths[row],
                                       hashes[row] if hashes else None, block_tokens)  # fmt: skip
@@ -88,7 +100,7 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
     counts = [b[1] for b in built]
     off = sum(1 for r, c in zip(rows, counts) if c != lengths[r])
     info = {"tokenizer": kind if exact else "approximate", "tokenizer_file": mode if kind == "local" else None, "overhead_tokens": vocab.overhead,
-            "vocabulary_words": len(vocab.words), "length_mismatches": off,
+            "vocabulary_words": len(vocab.words), "length_mismatches": off, "token_ids": token_ids,
             "prefix_block_tokens": block_tokens, "prefix_sharing": hashes is not None}  # fmt: skip
     if exact and off:
         log.append(f"{off} prompts could not be made exactly the trace's length (shorter than the overhead)")

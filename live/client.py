@@ -66,7 +66,7 @@ class Target:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def payload(self, prompt: str, max_tokens: int) -> dict:
+    def payload(self, prompt: str | list[int], max_tokens: int) -> dict:  # a list: token ids (completions)
         body: dict = {"model": self.model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -200,7 +200,7 @@ async def _read_stream(response: aiohttp.ClientResponse, target: Target, record:
         raise StreamError(f"the answer is not an event stream ({kind}): {' '.join(head)[:200]!r}")
 
 
-async def send(http: aiohttp.ClientSession, target: Target, record: Record, prompt: str, max_tokens: int,
+async def send(http: aiohttp.ClientSession, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                clock: Callable[[], float] = time.perf_counter) -> Record:  # fmt: skip
     """Send one request and fill ``record``; never raises except CancelledError (after recording it)."""
     record.send_s = clock()

@@ -328,7 +328,7 @@ class SageMakerBackend:
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> None:
         return None  # the endpoint's metrics are in CloudWatch, not a /metrics to scrape
 
-    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+    async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float] = time.perf_counter) -> Record:  # fmt: skip
         request = self._request(target, prompt, max_tokens)
         loop = asyncio.get_running_loop()

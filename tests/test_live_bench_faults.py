@@ -141,3 +141,38 @@ def test_the_extensions_probe_is_recorded(tmp_path, capsys, extensions, probes):
     assert code == 0, err
     assert completions == 3 + probes
     assert json.loads((out / "run.json").read_text())["endpoint"]["probe_requests"] == probes
+
+
+def _characters(body: dict) -> dict:
+    """A character-level tokenizer with a BOS (id 1): no English word is one token."""
+    text = body.get("prompt") or "".join(m["content"] for m in body.get("messages") or [])
+    ids = [ord(c) for c in text]
+    if body.get("add_special_tokens", True):
+        ids = [1] + ids
+    return {"count": len(ids), "tokens": ids}
+
+
+def test_a_tokenizer_without_single_token_words_gets_token_id_prompts(tmp_path, capsys):
+    reply = Reply(pieces=[(0, chunk("a")), (0, chunk("b", "length")), (0, DONE)])  # no usage: our counts stand
+    trace = write_small_trace(tmp_path, 3)
+    out = tmp_path / "run"
+    with ServerThread({}, default=reply, tokenize=_characters) as srv:
+        code, _, err = run_main(["bench", srv.url, trace, "-o", out, "--no-metrics", "--no-report",
+                                 "--extensions", "off"], capsys)  # fmt: skip
+        received = list(srv.received)
+    assert code == 0, err
+    assert "prompts are token ids instead" in err
+    prompts = [b["prompt"] for b in received]
+    letters = {ord(c) for c in "abcdefghijklmnopqrstuvwxyz"}
+    assert all(isinstance(p, list) and len(p) == 50 and set(p) <= letters | {ord(" ")} for p in prompts)
+    assert len({tuple(p) for p in prompts}) == 3  # each request its own text
+    assert [r["prompt_tokens"] for r in pq.read_table(out / "requests.parquet").to_pylist()] == [50] * 3
+    assert json.loads((out / "run.json").read_text())["prompts"]["token_ids"] is True
+
+
+def test_token_id_prompts_need_the_completions_api(tmp_path, capsys):
+    trace = write_small_trace(tmp_path, 2)
+    with ServerThread({}, default=eight(8), tokenize=_characters) as srv:
+        code, _, err = run_main(["bench", srv.url, trace, "-o", tmp_path / "r", "--no-metrics", "--api", "chat"],
+                                capsys)  # fmt: skip
+    assert code == 1 and "token-id prompts need --api completions" in err
