@@ -81,6 +81,9 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--sweep-users", help="Sweep: one closed-loop run per user count (comma-separated) into OUT/users_<n>.")
 @click.option("--report/--no-report", "show_report", default=True, show_default=True,
               help="Print the report of the run (of each run of a sweep).")
+@click.option("--slo", multiple=True, metavar="SPEC",
+              help="SLO for the report (as replay's), e.g. ttft=0.5,tpot=0.05 or tier=priority:ttft=0.2; a "
+              "sweep keeps it in sweep.json for later scoring.")
 @click.option("--region", help="sagemaker:// URL: the AWS region (default: boto3's, e.g. $AWS_REGION).")
 @click.option("--profile", help="sagemaker:// URL: the AWS profile of ~/.aws/config (default: boto3's chain).")
 @click.option("--endpoint-url", help="sagemaker:// URL: the SageMaker runtime API's URL (a local or private endpoint).")
@@ -93,11 +96,11 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
           num_requests: int | None, warmup: int, timeout_s: float, ignore_eos: bool, min_tokens: bool,
           extensions: str, tokenizer: str, metrics: bool, metrics_interval: float, token_log: bool,
           api_key: str | None, seed: int, sweep_rates: str | None, sweep_users: str | None,
-          show_report: bool, region: str | None, profile: str | None, endpoint_url: str | None,
+          show_report: bool, slo: tuple[str, ...], region: str | None, profile: str | None, endpoint_url: str | None,
           inference_component: str | None, stream_format: str) -> None:  # fmt: skip
     """Send TRACE's requests to the OpenAI-compatible server at URL (or the Amazon SageMaker endpoint
     sagemaker://NAME) and measure them (docs/live.md)."""
-    from servelab.cli.replay_cmd import check_replay_output
+    from servelab.cli.replay_cmd import check_replay_output, parse_slo
     from servelab.live.bench import LiveOptions
     from servelab.live.client import Target
     from servelab.live.load import LoadConfig
@@ -128,6 +131,7 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     if timeout_s < 0:
         raise click.BadParameter("must be >= 0", param_hint="--timeout")
     levels = _sweep_levels(sweep_rates, sweep_users, shape)
+    slo_table = parse_slo(slo)  # before anything is sent: a bad SPEC costs no run
     load = LoadConfig(shape=shape, time_scale=time_scale, rate=rate if not sweep_rates else levels[0][1],
                       users=users if not sweep_users else levels[0][1], think_s=think_s,
                       max_in_flight=max_in_flight, duration_s=duration_s, num_requests=num_requests,
@@ -149,7 +153,8 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     options = LiveOptions(metrics=metrics, metrics_interval_s=metrics_interval, tokenizer=tokenizer,
                           extensions=extensions)  # fmt: skip
     if not levels:
-        code = _one_run(table, trace_meta, target, load, options, out_dir, token_log, show_report, backend)
+        code = _one_run(table, trace_meta, target, load, options, out_dir, token_log, show_report, backend,
+                        slo_table)  # fmt: skip
         if code:
             sys.exit(code)
         return
@@ -162,9 +167,9 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
             level = dataclasses.replace(load, users=value)
         click.echo(f"sweep level {name}", err=True)
         code = _one_run(table, trace_meta, target, level, options, str(Path(out_dir) / name), token_log,
-                        show_report, backend)  # fmt: skip
+                        show_report, backend, slo_table)  # fmt: skip
         done.append({"run": name, "rate_rps" if sweep_rates else "users": value, "interrupted": bool(code)})
-        _write_sweep_json(out_dir, done, levels)
+        _write_sweep_json(out_dir, done, levels, slo_table)
         if code:
             sys.exit(code)
 
@@ -238,18 +243,20 @@ def _trace_rate(table, load) -> float:
     return (n - 1) / span
 
 
-def _write_sweep_json(out_dir: str, done: list[dict], levels) -> None:
+def _write_sweep_json(out_dir: str, done: list[dict], levels, slo=None) -> None:
     import json
 
     from servelab.common.atomic import atomic_path
 
+    data = {"kind": "live-sweep", "levels": [name for name, _ in levels], "runs": done}
+    if slo is not None:  # what `report`/`plot` of the sweep then score with (scoring/sweep.py sweep_slo)
+        data["slo"] = slo.to_dict()
     with atomic_path(Path(out_dir) / "sweep.json") as tmp:
-        tmp.write_text(json.dumps({"kind": "live-sweep", "levels": [name for name, _ in levels], "runs": done},
-                                  indent=2) + "\n")  # fmt: skip
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: bool, show_report: bool,
-             backend=None) -> int:  # fmt: skip
+             backend=None, slo=None) -> int:  # fmt: skip
     """One live run written to ``out_dir``; the exit code when a signal stopped it (130 Ctrl-C, 143
     SIGTERM), else 0. The first SIGINT or SIGTERM stops sending and keeps what finished; a later
     one while the run winds down or is written is acknowledged, not obeyed (it would lose the run)."""
@@ -278,7 +285,7 @@ def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: 
     if show_report:
         from servelab.scoring.report import report_text
 
-        click.echo(report_text(out_dir, None))
+        click.echo(report_text(out_dir, slo))
     if signals:
         click.echo(f"stopped by {signals[0]}: the requests that finished are kept", err=True)
         return _exit_code(signals[0])

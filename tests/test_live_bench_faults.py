@@ -176,3 +176,23 @@ def test_token_id_prompts_need_the_completions_api(tmp_path, capsys):
         code, _, err = run_main(["bench", srv.url, trace, "-o", tmp_path / "r", "--no-metrics", "--api", "chat"],
                                 capsys)  # fmt: skip
     assert code == 1 and "token-id prompts need --api completions" in err
+
+
+def test_bench_slo_scores_the_report_and_a_sweep_keeps_it(tmp_path, capsys):
+    trace = write_small_trace(tmp_path, 3)
+    with ServerThread({}, default=eight(8)) as srv:
+        code, out, err = run_main(["bench", srv.url, trace, "-o", tmp_path / "one", "--no-metrics",
+                                   "--slo", "ttft=0.5,tpot=0.05"], capsys)  # fmt: skip
+        assert code == 0, err
+        assert "SLO: global: ttft_s=0.5, tpot_s=0.05" in out
+        code, out, err = run_main(["bench", srv.url, trace, "-o", tmp_path / "sw", "--no-metrics", "--no-report",
+                                   "--shape", "poisson", "--sweep-rates", "50,100", "--slo", "e2e=2"], capsys)  # fmt: skip
+        assert code == 0, err
+        sent = srv.completions
+        code, _, err = run_main(["bench", srv.url, trace, "-o", tmp_path / "bad", "--no-metrics", "--slo", "ttft"],
+                                capsys)  # fmt: skip
+        assert code != 0 and "--slo 'ttft': 'ttft' is not key=value" in err
+        assert srv.completions == sent and not (tmp_path / "bad").exists()  # refused before anything was sent
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["slo"] == {"e2e_s": 2.0}
+    code, out, err = run_main(["report", tmp_path / "sw" / "rate_50"], capsys)
+    assert "SLO: global: e2e_s=2" in out
