@@ -30,6 +30,9 @@ OPTIONAL_REQUEST_COLUMNS = pa.schema(
         ("source_request_id", pa.string()),  # imported runs: the source's own id of the request
     ]
 )
+# `runs` columns the views read that runs_table adds for every run, with their DuckDB types: a file
+# collected before they existed gets them as NULL (scoring/db.py open_collected).
+RUNS_VIEW_COLUMNS = (("source_duration_s", "DOUBLE"), ("stopped_by", "VARCHAR"), ("not_sent", "BIGINT"))
 # Without these a requests.parquet cannot be scored at all.
 REQUIRED_REQUEST_COLUMNS = ("request_id", "status", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens")
 REQUIRED_STEP_COLUMNS = ("start_s", "duration_s")

@@ -51,3 +51,17 @@ def test_an_interrupted_sweep_level_is_not_a_point_of_the_curve(tmp_path, capsys
     code, out, err = run_main(["query", sweep, "SELECT run_id, stopped_by, not_sent FROM runs ORDER BY run_id",
                                "--format", "csv"], capsys)  # fmt: skip
     assert out.replace("\"", "").strip().splitlines()[1:] == ["rate_2,,0", "rate_4,,0", "rate_8,interrupt,30"]
+
+
+def test_a_file_collected_before_the_new_runs_columns_still_scores(tmp_path, capsys):
+    import duckdb
+
+    run = write_run(tmp_path / "r", _requests(4, 0.5))
+    db = tmp_path / "c.duckdb"
+    code, _, err = run_main(["runs", "collect", run, "-o", db], capsys)
+    assert code == 0, err
+    with duckdb.connect(str(db)) as con:  # as an older servelab wrote it
+        for column in ("source_duration_s", "stopped_by", "not_sent"):
+            con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    code, out, err = run_main(["query", db, "SELECT count(*) AS n FROM attainment_vs_rate", "--format", "csv"], capsys)
+    assert code == 0 and out.strip().splitlines()[-1] == "1", err
