@@ -29,17 +29,6 @@ def prefix_options(fn):
     return fn
 
 
-def prefix_spec(shared_prefix_tokens, prefix_groups, prompt_pool):
-    from servelab.common.errors import ServelabError
-    from servelab.traces.prefixes import PrefixSpec
-
-    if prefix_groups is not None and not shared_prefix_tokens:
-        raise ServelabError("--prefix-groups needs --shared-prefix-tokens")
-    if shared_prefix_tokens is None and prompt_pool is None:
-        return None
-    return PrefixSpec(shared_prefix_tokens or 0, prefix_groups or 1, prompt_pool or 0, origin="options")
-
-
 @run.command("import")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Source format (docs/fidelity.md describes each); detected from the files when omitted.")
@@ -75,7 +64,9 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, s
         if fmt not in ("guidellm", None):
             raise ServelabError("--benchmark applies to --format guidellm only")
         options["benchmark"] = benchmark
-    spec = prefix_spec(shared_prefix_tokens, prefix_groups, prompt_pool)
+    from servelab.traces.prefixes import spec_from_options
+
+    spec = spec_from_options(shared_prefix_tokens, prefix_groups, prompt_pool)
     done = run_import(list(sources), fmt, options=options, vllm_log=vllm_log, given=_parse_settings(settings),
                       prefix=spec, prefix_from_hit_rate=prefix_from_hit_rate)
     if done.fmt != "guidellm" and benchmark is not None:

@@ -101,6 +101,15 @@ class PrefixSpec:
         return " and ".join(parts) or "no sharing"
 
 
+def spec_from_options(prefix_tokens: int | None, groups: int | None, pool: int | None) -> PrefixSpec | None:
+    """The sharing given by ``--shared-prefix-tokens``, ``--prefix-groups`` and ``--prompt-pool`` (None: none given)."""
+    if groups is not None and not prefix_tokens:
+        raise ServelabError("--prefix-groups needs --shared-prefix-tokens")
+    if prefix_tokens is None and pool is None:
+        return None
+    return PrefixSpec(prefix_tokens or 0, groups or 1, pool or 0, origin="options")
+
+
 def spec_hashes(prompt_tokens: Sequence[int], spec: PrefixSpec, block_tokens: int,
                 groups: Sequence[int | None] | None = None,
                 lengths: Sequence[int | None] | None = None) -> list[list[int]]:
@@ -198,3 +207,18 @@ def spec_from_generator(args: object, origin: str) -> PrefixSpec | None:
     spec = PrefixSpec(found.get("prefix_tokens", 0), max(1, found.get("prefix_groups", 1)),
                       found.get("prompt_pool", 0), origin=origin)
     return spec if spec.active else None
+
+
+def add_sharing(table: pa.Table, spec: PrefixSpec, block_tokens: int) -> pa.Table:
+    """``table`` (a trace in arrival order) with ``prefix_hashes`` built from ``spec``; a trace that
+    has hashes already is refused (they record the real sharing)."""
+    from servelab.traces import schema
+
+    if "prefix_hashes" in table.column_names:
+        raise ServelabError("the trace already has prefix_hashes (the source records its sharing); "
+                            "drop --shared-prefix-tokens/--prompt-pool")
+    prompt = table.column("prompt_tokens").to_pylist()
+    table = table.append_column("prefix_hashes", hashes_column(spec_hashes(prompt, spec, block_tokens)))
+    meta = dict(table.schema.metadata or {})
+    meta[schema.META_BLOCK_TOKENS] = str(block_tokens).encode()
+    return table.replace_schema_metadata(meta)
