@@ -162,3 +162,26 @@ def test_options_describe_sharing_no_file_records(tmp_path, capsys):
     assert "format: lengths (detected" in err
     t = read_trace(tmp_path / "t.arrow")
     assert t.column("prefix_hashes").to_pylist()[0] == prefixes.spec_hashes([100], prefixes.PrefixSpec(0, 1, 2), 16)[0]
+
+
+def test_guidellm_generator_args_and_prompt_text(tmp_path, capsys):
+    doc = json.loads((FIX / "guidellm_report.json").read_text())
+    doc["args"] = {"data": ["prompt_tokens=80,output_tokens=5,prefix_tokens=32,prefix_count=1"]}
+    src = tmp_path / "report.json"
+    src.write_text(json.dumps(doc))
+    given = ["--setting", "model=llama-3.1-8b", "--setting", "gpu=h100-80gb"]
+    code, out, err = run_main(["run", "import", src, "-o", tmp_path / "a", *given], capsys)
+    assert code == 0, err
+    assert "generator settings in report.json: a 32-token shared prefix in 1 group(s)" in out
+    hashes = read_trace(tmp_path / "a" / "trace.arrow").column("prefix_hashes").to_pylist()
+    assert all(len(h) == 2 and h == hashes[0] for h in hashes)
+    # prompt text wins over the generator's settings: equal leading text, equal leading blocks
+    for i, req in enumerate(r for b in doc["benchmarks"] for s in ("successful", "errored", "incomplete")
+                            for r in b["requests"].get(s) or []):
+        req["prompt"] = "You are a helpful assistant. " * 40 + f"question {i} " * 30
+    src.write_text(json.dumps(doc))
+    code, out, err = run_main(["run", "import", src, "-o", tmp_path / "b", *given], capsys)
+    assert code == 0, err
+    assert "the prompts' text" in out
+    hashes = read_trace(tmp_path / "b" / "trace.arrow").column("prefix_hashes").to_pylist()
+    assert hashes[0][0] == hashes[1][0] == hashes[2][0]
