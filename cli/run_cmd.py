@@ -40,6 +40,9 @@ def prefix_options(fn):
 @click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path),
               help="The vLLM server log (default: vllm.log beside the source, or the file vllm_logging.json names): "
                    "engine settings, KV block count, prefix-cache hit rate.")
+@click.option("--vllm-metrics", type=click.Path(dir_okay=False, path_type=Path),
+              help="A scrape of the server's /metrics after the run (default: metrics.txt or metrics.prom beside "
+                   "the source): its prefix-cache hit rate.")
 @click.option("--setting", "settings", multiple=True, metavar="KEY=VALUE",
               help="An engine setting the source does not record (model, gpu, tp, max_num_seqs, "
                    "max_num_batched_tokens, block_size, num_gpu_blocks, gpu_memory_utilization, "
@@ -49,7 +52,7 @@ def prefix_options(fn):
               help="When the run records no prompt sharing but the server log reports a prefix-cache hit rate: "
                    "share one prefix whose length reproduces it.")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
-def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, shared_prefix_tokens, prefix_groups,
+def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metrics, settings, shared_prefix_tokens, prefix_groups,
                prompt_pool, prefix_from_hit_rate, force):
     """Turn a real benchmark's per-request timings (SRC) into a run directory that report, query,
     compare, plot and validate --real read."""
@@ -67,7 +70,7 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, s
     from servelab.traces.prefixes import spec_from_options
 
     spec = spec_from_options(shared_prefix_tokens, prefix_groups, prompt_pool)
-    done = run_import(list(sources), fmt, options=options, vllm_log=vllm_log, given=_parse_settings(settings),
+    done = run_import(list(sources), fmt, options=options, vllm_log=vllm_log, vllm_metrics=vllm_metrics, given=_parse_settings(settings),
                       prefix=spec, prefix_from_hit_rate=prefix_from_hit_rate)
     if done.fmt != "guidellm" and benchmark is not None:
         raise ServelabError("--benchmark applies to --format guidellm only")

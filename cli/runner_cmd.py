@@ -355,8 +355,11 @@ def render_real(report: dict) -> None:
 
         def share(v):
             return "n/a" if v is None else f"{v:.1%}"
-        console.print(f"prefix-cache hits (share of prompt tokens): measured {share(p['measured'])} (server log), "
-                      f"simulated {share(p['simulated'])}, ideal {share(p['ideal'])}; sharing from {p['origin']}")
+        console.print(f"prefix-cache hits (share of prompt tokens): measured {share(p['measured'])} "
+                      f"({p.get('measured_from') or 'not reported'}), simulated {share(p['simulated'])}, "
+                      f"ideal {share(p['ideal'])}; sharing from {p['origin']}")
+        if p.get("warning"):
+            console.print(f"[bold red]warning:[/] {p['warning']}")
     table = Table(title="measured vs simulated")
     for col in ("metric", "stat", "measured", "simulated", "error"):
         table.add_column(col, justify="left" if col in ("metric", "stat") else "right", no_wrap=True)

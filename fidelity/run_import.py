@@ -44,7 +44,7 @@ def missing_setting_error(key: str, where: str) -> ServelabError:
 
 
 def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | None = None,
-               vllm_log: Path | None = None, given: dict[str, Any] | None = None,
+               vllm_log: Path | None = None, vllm_metrics: Path | None = None, given: dict[str, Any] | None = None,
                prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False) -> ImportedRun:
     from servelab.fidelity.sidecars import discover, gpu_preset
 
@@ -52,7 +52,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     if fmt is None:
         fmt = detect_format(sources)
     measured = import_measured(fmt, sources, **(options or {}))
-    found = discover(sources, vllm_log)
+    found = discover(sources, vllm_log, vllm_metrics)
     settings: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for key, value in measured.settings.items():
@@ -83,7 +83,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     result, trace = build_run(measured, fmt, sources, choice.hashes, block if choice.hashes is not None else None)
     meta = dict(result.meta)
     meta["config_sources"] = {k: origin[k] for k in settings}
-    meta["prefix"] = dict(choice.record(), measured_hit_rate=hit_rate)
+    meta["prefix"] = dict(choice.record(), measured_hit_rate=hit_rate,
+                          measured_hit_rate_from=source.get("prefix_cache_hit_rate_from"))
     warnings = tuple(meta.get("warnings", [])) + choice.warnings
     meta["warnings"] = list(warnings)
     if detected:

@@ -3,7 +3,9 @@
 Looked for in each source's folder: ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU),
 ``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
 ``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing),
-``vllm_logging.json`` (vLLM's logging config: names the server log file) and ``vllm.log``.
+``vllm_logging.json`` (vLLM's logging config: names the server log file), ``vllm.log`` and a
+``/metrics`` scrape taken after the run (``metrics.txt``, ``metrics.prom``: the prefix-cache hit and
+query counters give the run's hit rate over the server's life, preferred to the log's last window).
 Each setting remembers the file it came from; the server log wins over the other files, since it
 is what the server actually ran.
 """
@@ -105,8 +107,35 @@ def _kwargs(found: Found, kwargs: dict, path: Path) -> None:
         found.source["data_parallel_size"] = kwargs["data_parallel_size"]
 
 
-def discover(paths: list[Path], log: Path | None = None) -> Found:
-    """Settings from the run's own files beside ``paths`` (and ``log``, the server log, if given)."""
+METRICS_FILES = ("metrics.txt", "metrics.prom", "vllm_metrics.txt")
+_COUNTER = re.compile(r"^(vllm:(?:gpu_)?prefix_cache_(hits|queries)(?:_total)?|vllm:gpu_prefix_cache_hit_rate)"
+                      r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
+
+
+def hit_rate_from_metrics(path: Path) -> float | None:
+    """The prefix-cache hit rate a Prometheus text scrape of vLLM's ``/metrics`` reports: hits over
+    queries summed over engines (V1 counters), else V0's ``gpu_prefix_cache_hit_rate`` gauge."""
+    hits = queries = 0.0
+    gauge = None
+    for line in path.read_text(errors="replace").splitlines():
+        m = _COUNTER.match(line.strip())
+        if not m:
+            continue
+        value = float(m.group(3))
+        if m.group(2) == "hits":
+            hits += value
+        elif m.group(2) == "queries":
+            queries += value
+        else:
+            gauge = value
+    if queries > 0:
+        return hits / queries
+    return gauge
+
+
+def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = None) -> Found:
+    """Settings from the run's own files beside ``paths`` (and ``log``, the server log, and
+    ``metrics``, a /metrics scrape, if given)."""
     found = Found()
     folders = []
     for p in paths:
@@ -141,6 +170,8 @@ def discover(paths: list[Path], log: Path | None = None) -> Found:
                 found.source["generator_data"] = data.get("data")
         if log is None:
             log = _log_in(folder)
+        if metrics is None:
+            metrics = next((folder / n for n in METRICS_FILES if (folder / n).is_file()), None)
     if log is not None:
         from servelab.fidelity.vllm_log import read_log
 
@@ -149,6 +180,12 @@ def discover(paths: list[Path], log: Path | None = None) -> Found:
             found.put(key, value, origin.get(key, log.name))
         found.source.update(source)
         found.log = log
+    if metrics is not None:
+        if not metrics.is_file():
+            raise InputError(metrics, "file not found")
+        rate = hit_rate_from_metrics(metrics)
+        if rate is not None:
+            found.source.update(prefix_cache_hit_rate=rate, prefix_cache_hit_rate_from=metrics.name)
     if "gpu" in found.settings:
         raw = found.settings["gpu"]
         preset = gpu_preset(raw)

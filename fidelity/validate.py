@@ -197,9 +197,14 @@ def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, 
         measured = (meta.get("source") or {}).get("prefix_cache_hit_rate")
     prompt = pc.sum(simulated.column("prompt_tokens")).as_py() or 0
     cached = pc.sum(simulated.column("cached_tokens")).as_py() or 0
-    return {"measured": measured, "simulated": cached / prompt if prompt else None,
-            "ideal": info.get("ideal_hit_share"), "hashes": "prefix_hashes" in trace.column_names,
-            "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
+    hashes = "prefix_hashes" in trace.column_names
+    out = {"measured": measured, "measured_from": info.get("measured_hit_rate_from"),
+           "simulated": cached / prompt if prompt else None, "ideal": info.get("ideal_hit_share"), "hashes": hashes,
+           "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
+    if measured is not None and measured > 0.01 and not hashes:
+        out["warning"] = (f"the server reported {measured:.1%} prefix-cache hits but the trace shares no prefix: "
+                          "import it again with --prefix-from-hit-rate or --shared-prefix-tokens/--prompt-pool")
+    return out
 
 
 def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "") -> None:

@@ -57,7 +57,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             except (ValueError, SyntaxError):
                 raise InputError(path, "cannot read the non-default args", row=lineno) from None
             settings, origin, kv_tokens = {}, {}, None  # a new server start: forget the previous one's
-            for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "engine_version"):
+            for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
@@ -89,7 +89,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             source["vllm_version"] = m.group(1)
         if (m := _HIT.search(line)) and _busy(line):
             source["prefix_cache_hit_rate"] = float(m.group(1)) / 100
-            source["prefix_cache_hit_rate_line"] = lineno
+            source["prefix_cache_hit_rate_from"] = f"{path.name} line {lineno}"
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
         # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
         settings["num_gpu_blocks"] = kv_tokens[0] // int(settings.get("block_size") or 16)

@@ -185,3 +185,23 @@ def test_guidellm_generator_args_and_prompt_text(tmp_path, capsys):
     assert "the prompts' text" in out
     hashes = read_trace(tmp_path / "b" / "trace.arrow").column("prefix_hashes").to_pylist()
     assert hashes[0][0] == hashes[1][0] == hashes[2][0]
+
+
+def test_hit_rate_from_a_metrics_scrape(tmp_path, capsys):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(FIX / "vllm_bench_serve.json", folder / "res.json")
+    (folder / "metrics.txt").write_text(
+        "# HELP vllm:prefix_cache_queries Prefix cache queries\n# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 3000.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 400.0\n'
+        'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 800.0\n')
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", folder / "res.json", "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    assert "prefix-cache hit rate of 30.0%" in err
+    code, out, err = run_main(["validate", "--real", run], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "measured 30.0% (metrics.txt)" in text and "shares no prefix" in text

@@ -173,9 +173,12 @@ def hit_rate_prefix(prompt_tokens: Sequence[int], hit_rate: float, block_tokens:
     return lo * block_tokens
 
 
+# GuideLLM (prefix_tokens, prefix_count), vLLM's bench (random_prefix_len, prefix_repetition_*), ours
 _SPEC_KEYS = {"prefix_tokens": "prefix_tokens", "shared_prefix_tokens": "prefix_tokens",
               "system_prompt_tokens": "prefix_tokens", "prefix_len": "prefix_tokens",
+              "random_prefix_len": "prefix_tokens", "prefix_repetition_prefix_len": "prefix_tokens",
               "prefix_count": "prefix_groups", "prefix_groups": "prefix_groups", "num_prefixes": "prefix_groups",
+              "prefix_repetition_num_prefixes": "prefix_groups",
               "prompt_pool": "prompt_pool", "prompt_pool_size": "prompt_pool", "num_unique_prompts": "prompt_pool"}
 _KV = re.compile(r"(\w+)\s*[=:]\s*(\d+)")
 
