@@ -39,7 +39,9 @@ def choose(measured: Measured, block_tokens: int, option: PrefixSpec | None = No
     if option is not None and option.active:
         hashes, origin = prefixes.spec_hashes(prompt, option, block_tokens), f"options: {option.describe()}"
     elif any(t is not None for t in rows.token_ids):
-        hashes = [[] if t is None else prefixes.token_hashes(t, block_tokens) for t in rows.token_ids]
+        # at most the prompt's full blocks: ids beyond the counted prompt are not the server's KV
+        hashes = [[] if t is None else prefixes.token_hashes(t, block_tokens)[:p // block_tokens]
+                  for t, p in zip(rows.token_ids, prompt)]
         origin = "the prompts' token ids (vLLM's block hash chain)"
     elif any(t for t in rows.prompt_text):
         hashes = prefixes.text_hashes(rows.prompt_text, prompt, block_tokens)
@@ -52,7 +54,8 @@ def choose(measured: Measured, block_tokens: int, option: PrefixSpec | None = No
         hashes = prefixes.spec_hashes(prompt, measured.prefix, block_tokens)
         origin = f"generator settings in {measured.prefix.origin}: {measured.prefix.describe()}"
     warnings = []
-    if hashes is None and hit_rate is not None and hit_rate > WARN_HIT_RATE:
+    caching = measured.settings.get("enable_prefix_caching", True) is not False
+    if hashes is None and caching and hit_rate is not None and hit_rate > WARN_HIT_RATE:
         length = prefixes.hit_rate_prefix(_served(rows), hit_rate, block_tokens)
         if apply_hit_rate:
             spec = PrefixSpec(length, 1, 0, origin="the reported hit rate")

@@ -89,5 +89,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     meta["warnings"] = list(warnings)
     if detected:
         meta["notes"] = [f"format detected: {fmt}", *meta["notes"]]
+    if source.get("enable_expert_parallel"):
+        meta["notes"].append("the server ran expert parallel (enable_expert_parallel): the replay prices the "
+                             "model's experts as its runner does, not vLLM's EP all-to-all")
     result = dataclasses.replace(result, meta=meta)
     return ImportedRun(result, trace, measured, fmt, detected, choice, warnings)

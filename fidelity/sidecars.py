@@ -210,7 +210,13 @@ def _log_in(folder: Path) -> Path | None:
             if name and (folder / Path(name).name).is_file():
                 return folder / Path(name).name
     plain = folder / "vllm.log"
-    return plain if plain.is_file() else None
+    if plain.is_file():
+        return plain
+    for path in sorted(folder.glob("*.log")):  # server.log, vllm_server.log, ...: one that vLLM wrote
+        with open(path, "rb") as f:
+            if b"non-default args" in f.read(1 << 16):
+                return path
+    return None
 
 
 def _read_json(path: Path) -> Any:
