@@ -52,8 +52,9 @@ def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
 
     data = {k: v for k, v in (meta.get("config") or {}).items()}
     data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    fitted = str(data.get("runner") or "").startswith("fitted")  # prices with its own profile, not these
     for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
-        if key not in data:  # a default would replay another model or GPU without a word
+        if key not in data and not fitted:  # a default would replay another model or GPU without a word
             raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
                                 f"pass {option} (or import it again with --setting {key}=...)")
     if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
@@ -176,7 +177,10 @@ def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, b
     out = []
     for key in SHOWN:
         value = blocks if key == "num_gpu_blocks" else flat.get(key)
-        if overrides.get(key) is not None:
+        if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
+                and overrides.get(key) is None:
+            value, origin = None, "not used: the fitted runner prices and sizes with its own profile"
+        elif overrides.get(key) is not None:
             origin = "option"
         elif key in recorded:
             origin = f"run: {sources.get(key, 'the source')}"
