@@ -71,5 +71,7 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
     # the data generator's settings (--data 'prefix_tokens=...,prefix_count=...') give the prompt sharing
     from servelab.traces.prefixes import spec_from_generator
 
-    prefix = spec_from_generator([doc.get("args"), [b.get("args") for b in benches]], origin=path.name)
+    settings = [{k: v for k, v in doc.items() if k != "benchmarks"},
+                [{k: v for k, v in b.items() if k != "requests"} for b in benches]]
+    prefix = spec_from_generator(settings, origin=path.name)
     return Measured(rows, clock="client", source={"benchmarks": len(benches)}, notes=tuple(notes), prefix=prefix)

@@ -69,13 +69,20 @@ def choose(measured: Measured, block_tokens: int, option: PrefixSpec | None = No
                 f"--prefix-from-hit-rate to share a {length:,}-token prefix that reproduces it, or describe "
                 f"the generator with --shared-prefix-tokens N [--prefix-groups G] [--prompt-pool K]")
     share = None
-    if hashes is not None:
-        total = sum(prompt)
-        share = prefixes.shared_tokens(hashes, prompt, block_tokens) / total if total else None
+    if hashes is not None:  # over the requests the trace keeps, in arrival order (as a replay sees them)
+        kept = _kept(rows)
+        total = sum(prompt[i] for i in kept)
+        share = prefixes.shared_tokens([hashes[i] for i in kept], [prompt[i] for i in kept],
+                                       block_tokens) / total if total else None
     return PrefixChoice(hashes, block_tokens, origin, share, tuple(warnings))
+
+
+def _kept(rows) -> list[int]:
+    """Rows the trace keeps (fidelity/base.py trace_from), in arrival order."""
+    order = sorted(range(len(rows)), key=lambda i: rows.arrival_s[i])
+    return [i for i in order if rows.ok[i] or (rows.prompt_tokens[i] >= 1 and rows.output_tokens[i] >= 1)]
 
 
 def _served(rows) -> list[int]:
     """Prompt lengths of the requests the trace keeps, in arrival order (what the hit rate covers)."""
-    order = sorted(range(len(rows)), key=lambda i: rows.arrival_s[i])
-    return [rows.prompt_tokens[i] for i in order if rows.ok[i] or (rows.prompt_tokens[i] >= 1 and rows.output_tokens[i] >= 1)]
+    return [rows.prompt_tokens[i] for i in _kept(rows)]

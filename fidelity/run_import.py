@@ -66,8 +66,10 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     if "gpu" in settings and origin["gpu"] != "--setting":
         preset = gpu_preset(str(settings["gpu"]))
         if preset is None:
-            raise missing_setting_error("gpu", f"{sources[0]}: the recorded GPU '{settings['gpu']}' matches no "
-                                               "preset, and the run")
+            from servelab.runners.presets import GPUS
+
+            raise ServelabError(f"{sources[0]}: the recorded GPU '{settings['gpu']}' ({origin['gpu']}) matches no "
+                                f"GPU preset; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
         if preset != settings["gpu"]:
             source["gpu_recorded"] = settings["gpu"]
             settings["gpu"] = preset

@@ -205,3 +205,8 @@ def test_hit_rate_from_a_metrics_scrape(tmp_path, capsys):
     assert code == 0, err
     text = " ".join(out.split())
     assert "measured 30.0% (metrics.txt)" in text and "shares no prefix" in text
+
+
+def test_generator_settings_in_json_text():
+    spec = prefixes.spec_from_generator('{"prompt_tokens": 256, "prefix_tokens": 1024, "prompt_pool": 100}', "x")
+    assert (spec.prefix_tokens, spec.prefix_groups, spec.prompt_pool) == (1024, 1, 100)

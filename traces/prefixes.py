@@ -180,7 +180,7 @@ _SPEC_KEYS = {"prefix_tokens": "prefix_tokens", "shared_prefix_tokens": "prefix_
               "prefix_count": "prefix_groups", "prefix_groups": "prefix_groups", "num_prefixes": "prefix_groups",
               "prefix_repetition_num_prefixes": "prefix_groups",
               "prompt_pool": "prompt_pool", "prompt_pool_size": "prompt_pool", "num_unique_prompts": "prompt_pool"}
-_KV = re.compile(r"(\w+)\s*[=:]\s*(\d+)")
+_KV = re.compile(r"(\w+)[\"']?\s*[=:]\s*(\d+)")
 
 
 def spec_from_generator(args: object, origin: str) -> PrefixSpec | None:
