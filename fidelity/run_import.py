@@ -89,8 +89,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
                           measured_hit_rate_from=source.get("prefix_cache_hit_rate_from"))
     warnings = tuple(meta.get("warnings", [])) + choice.warnings
     meta["warnings"] = list(warnings)
-    if detected:
-        meta["notes"] = [f"format detected: {fmt}", *meta["notes"]]
+    meta["source"] = dict(meta["source"], format_detected=detected)
     if source.get("enable_expert_parallel"):
         meta["notes"].append("the server ran expert parallel (enable_expert_parallel): the replay prices the "
                              "model's experts as its runner does, not vLLM's EP all-to-all")

@@ -186,17 +186,6 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
         rate = hit_rate_from_metrics(metrics)
         if rate is not None:
             found.source.update(prefix_cache_hit_rate=rate, prefix_cache_hit_rate_from=metrics.name)
-    if "gpu" in found.settings:
-        raw = found.settings["gpu"]
-        preset = gpu_preset(raw)
-        if preset is None:
-            from servelab.runners.presets import GPUS
-
-            raise InputError(Path(found.origin["gpu"]), f"the recorded GPU '{raw}' matches no GPU preset; pass "
-                                                        f"--setting gpu=GPU (one of {', '.join(GPUS)})")
-        if preset != raw:
-            found.source["gpu_recorded"] = raw
-            found.settings["gpu"] = preset
     return found
 
 

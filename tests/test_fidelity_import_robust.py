@@ -158,3 +158,16 @@ def test_trace_import_detects_formats(tmp_path):
         p.write_text(text)
         assert detect_format([p]) == fmt
     assert detect_format([tmp_path]) == "servegen"
+
+
+def test_unknown_recorded_gpu_is_an_error_unless_given(tmp_path, capsys):
+    folder = tmp_path / "src"
+    shutil.copytree(FIX / "rtx4090", folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["gpu_name"] = "Acme Tensor 9000"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    code, _, err = run_main(["run", "import", folder / "requests.jsonl", "-o", tmp_path / "a"], capsys)
+    assert code == 1 and "recorded GPU 'Acme Tensor 9000' (meta.json) matches no GPU preset" in err
+    code, _, err = run_main(["run", "import", folder / "requests.jsonl", "-o", tmp_path / "a",
+                             "--setting", "gpu=a40"], capsys)
+    assert code == 0, err
