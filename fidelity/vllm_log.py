@@ -27,7 +27,7 @@ _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
             "gpu_memory_utilization": "gpu_memory_utilization", "enable_prefix_caching": "enable_prefix_caching",
-            "num_gpu_blocks_override": "num_gpu_blocks"}
+            "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
 # fields of the engine config line: key=value up to the next ", key="
 _ENGINE_FIELD = re.compile(r"(?:^|, )(\w+)=(.*?)(?=, \w+=|$)")
 ENGINE_KEYS = {"tensor_parallel_size": "tp", "enable_prefix_caching": "enable_prefix_caching",

@@ -171,3 +171,22 @@ def test_unknown_recorded_gpu_is_an_error_unless_given(tmp_path, capsys):
     code, _, err = run_main(["run", "import", folder / "requests.jsonl", "-o", tmp_path / "a",
                              "--setting", "gpu=a40"], capsys)
     assert code == 0, err
+
+
+def test_server_log_v0_block_line_and_restarts(tmp_path):
+    from servelab.fidelity.vllm_log import read_log
+
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "a INFO non-default args: {'model': 'm1', 'max_num_seqs': 8}\n"
+        "a INFO # GPU blocks: 99, # CPU blocks: 2048\n"
+        "a INFO Prefix cache hit rate: 50.0%\n"
+        "b INFO non-default args: {'model': 'm2', 'block_size': 32, 'data_parallel_size': 2}\n"
+        "b INFO GPU KV cache size: 64,000 tokens\n")
+    settings, source, origin = read_log(log)
+    # the second start only: no blocks line, so KV tokens / its block size; the first start's hit rate is gone
+    assert settings == {"model": "m2", "block_size": 32, "replicas": 2, "num_gpu_blocks": 2000}
+    assert origin["model"] == "vllm.log line 4" and "prefix_cache_hit_rate" not in source
+    assert source["data_parallel_size"] == 2
+    log.write_text("a INFO non-default args: {'model': 'm1'}\na INFO # GPU blocks: 99, # CPU blocks: 2048\n")
+    assert read_log(log)[0]["num_gpu_blocks"] == 99
