@@ -80,7 +80,8 @@ def scoreboard(data: Path) -> tuple[list[str], list[str]]:
                 args += ["--setting", f"gpu={GPUS[folder.name]}"]
             run(args)
             report = json.loads(run(["validate", "--real", str(run_dir), "--format", "json"]))
-            shown = " ".join(shlex.quote(a) for a in args).replace(str(data), "$DATA").replace(str(run_dir), f"runs/{folder.name}")
+            shown = " ".join(shlex.quote(a) for a in args)
+            shown = shown.replace(str(data), "$DATA").replace(str(run_dir), f"runs/{folder.name}")
             commands += [f"servelab {shown}", f"servelab validate --real runs/{folder.name}"]
             meta = json.loads((run_dir / "run.json").read_text())
             counts = meta["counts"]
@@ -88,11 +89,12 @@ def scoreboard(data: Path) -> tuple[list[str], list[str]]:
             p = report["prefix"]
             cfg = report["config"]
             kv = "run" if report["kv_blocks_from"].startswith("measured") else "derived"
-            rows.append(f"| {folder.name} | {report['requests']} | {cfg['gpu']}, {report['num_gpu_blocks']:,} blocks ({kv}) | "
-                        + " | ".join(f"{_stat(report, m, 'mean')} / {_stat(report, m, 'p99')}" for m in ("ttft", "tpot", "e2e"))
-                        + f" | {_share(p['measured'])} / {_share(p['ideal'])} / {_share(p['simulated'])} | {failed:.1%} |")
-    table = ["| run | requests | GPU, KV | TTFT mean / p99 | TPOT mean / p99 | E2E mean / p99 | prefix hits: server / ideal / sim | failed |",
-             "|---|---:|---|---:|---:|---:|---:|---:|", *rows]
+            errors = [f"{_stat(report, m, 'mean')} / {_stat(report, m, 'p99')}" for m in ("ttft", "tpot", "e2e")]
+            shares = " / ".join(_share(p[k]) for k in ("measured", "ideal", "simulated"))
+            rows.append(f"| {folder.name} | {report['requests']} | {cfg['gpu']}, {report['num_gpu_blocks']:,} blocks "
+                        f"({kv}) | " + " | ".join(errors) + f" | {shares} | {failed:.1%} |")
+    table = ["| run | requests | GPU, KV | TTFT mean / p99 | TPOT mean / p99 | E2E mean / p99 "
+             "| prefix hits: server / ideal / sim | failed |", "|---|---:|---|---:|---:|---:|---:|---:|", *rows]
     return table, commands
 
 

@@ -52,8 +52,8 @@ def prefix_options(fn):
               help="When the run records no prompt sharing but the server log reports a prefix-cache hit rate: "
                    "share one prefix whose length reproduces it.")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
-def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metrics, settings, shared_prefix_tokens, prefix_groups,
-               prompt_pool, prefix_from_hit_rate, force):
+def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metrics, settings, shared_prefix_tokens,
+               prefix_groups, prompt_pool, prefix_from_hit_rate, force):
     """Turn a real benchmark's per-request timings (SRC) into a run directory that report, query,
     compare, plot and validate --real read."""
     from servelab.cli.replay_cmd import check_replay_output
@@ -70,8 +70,8 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
     from servelab.traces.prefixes import spec_from_options
 
     spec = spec_from_options(shared_prefix_tokens, prefix_groups, prompt_pool)
-    done = run_import(list(sources), fmt, options=options, vllm_log=vllm_log, vllm_metrics=vllm_metrics, given=_parse_settings(settings),
-                      prefix=spec, prefix_from_hit_rate=prefix_from_hit_rate)
+    done = run_import(list(sources), fmt, options=options, vllm_log=vllm_log, vllm_metrics=vllm_metrics,
+                      given=_parse_settings(settings), prefix=spec, prefix_from_hit_rate=prefix_from_hit_rate)
     if done.fmt != "guidellm" and benchmark is not None:
         raise ServelabError("--benchmark applies to --format guidellm only")
     result, trace = done.result, done.trace
