@@ -5,7 +5,10 @@ a ``Measured``: one row per request with absolute times on one clock (any origin
 settings the source records, and which side took the times (``server`` or ``client``).
 ``build_run`` rebases the times to the first arrival and derives ttft/tpot/e2e exactly as a replay
 does (replay/results.py), so ``report``, ``query``, ``compare`` and ``plot`` read it unchanged;
-``trace_from`` derives the trace (arrivals, lengths, tenants) that ``validate --real`` replays.
+``trace_from`` derives the trace (arrivals, lengths, tenants, prefix hashes when given) that
+``validate --real`` replays; ``detect_format`` tells the format from the files. Settings from the
+run's other files and the prompt sharing are gathered by run_import.py, sidecars.py and
+prefix_sharing.py.
 """
 
 from __future__ import annotations
