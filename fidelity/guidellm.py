@@ -67,8 +67,15 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
                 output = integer(path, req.get("output_tokens"), f"{where}.output_tokens", row, optional=not ok)
                 rows.add(row, req.get("request_id") or where, start, prompt or 0, output or 0,
                          first_token_s=first, finish_s=last, ok=ok,
-                         reason=None if ok else (str(req.get("error") or status))[:200])
+                         reason=None if ok else (str(req.get("error") or status))[:200],
+                         prompt_text=req.get("prompt") if isinstance(req.get("prompt"), str) else None)
     notes = ["client-side times: TTFT and E2E include the HTTP round trip"]
     if sampled:
         notes.append("the report kept a sample of the requests (sampled_size): arrivals between them are missing")
-    return Measured(rows, clock="client", source={"benchmarks": len(benches)}, notes=tuple(notes))
+    # the data generator's settings (--data 'prefix_tokens=...,prefix_count=...') give the prompt sharing
+    from servelab.traces.prefixes import spec_from_generator
+
+    settings = [{k: v for k, v in doc.items() if k != "benchmarks"},
+                [{k: v for k, v in b.items() if k != "requests"} for b in benches]]
+    prefix = spec_from_generator(settings, origin=path.name)
+    return Measured(rows, clock="client", source={"benchmarks": len(benches)}, notes=tuple(notes), prefix=prefix)

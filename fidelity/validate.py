@@ -52,6 +52,11 @@ def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
 
     data = {k: v for k, v in (meta.get("config") or {}).items()}
     data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    fitted = str(data.get("runner") or "").startswith("fitted")  # prices with its own profile, not these
+    for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
+        if key not in data and not fitted:  # a default would replay another model or GPU without a word
+            raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
+                                f"pass {option} (or import it again with --setting {key}=...)")
     if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
         data["model"] = find_model(str(data["model"])).name
     try:
@@ -143,6 +148,8 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
     result = replay(trace, config, runner=runner)
     report = compare(measured, result.requests)
     report.update({
+        "settings": settings_used(meta, overrides, config, blocks),
+        "prefix": prefix_share(meta, trace, result.requests),
         "run": str(run_dir),
         "clock": meta.get("clock"),
         "requests": trace.num_rows,
@@ -155,6 +162,53 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
         "runner": result.meta["runner"],
     })
     return report, measured, result.requests
+
+
+SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+         "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy")
+
+
+def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, blocks: int) -> list[dict]:
+    """Each setting the replay used, its value and where it came from: an option, the run (with the
+    file run import read it from), derived, or the default."""
+    recorded = meta.get("config") or {}
+    sources = meta.get("config_sources") or {}
+    flat = config.to_dict()
+    out = []
+    for key in SHOWN:
+        value = blocks if key == "num_gpu_blocks" else flat.get(key)
+        if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
+                and overrides.get(key) is None:
+            value, origin = None, "not used: the fitted runner prices and sizes with its own profile"
+        elif overrides.get(key) is not None:
+            origin = "option"
+        elif key in recorded:
+            origin = f"run: {sources.get(key, 'the source')}"
+        elif key == "num_gpu_blocks":
+            origin = "derived from the model, GPU and gpu_memory_utilization"
+        else:
+            origin = "default"
+        out.append({"setting": key, "value": value, "from": origin})
+    return out
+
+
+def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, Any]:
+    """Prefix-cache hits as a share of prompt tokens: what the server reported, what the trace's
+    hashes allow (an unlimited cache) and what the replay served (``cached_tokens``)."""
+    info = meta.get("prefix") or {}
+    measured = info.get("measured_hit_rate")
+    if measured is None:
+        measured = (meta.get("source") or {}).get("prefix_cache_hit_rate")
+    prompt = pc.sum(simulated.column("prompt_tokens")).as_py() or 0
+    cached = pc.sum(simulated.column("cached_tokens")).as_py() or 0
+    hashes = "prefix_hashes" in trace.column_names
+    out = {"measured": measured, "measured_from": info.get("measured_hit_rate_from"),
+           "simulated": cached / prompt if prompt else None, "ideal": info.get("ideal_hit_share"), "hashes": hashes,
+           "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
+    if measured is not None and measured > 0.01 and not hashes:
+        out["warning"] = (f"the server reported {measured:.1%} prefix-cache hits but the trace shares no prefix: "
+                          "import it again with --prefix-from-hit-rate or --shared-prefix-tokens/--prompt-pool")
+    return out
 
 
 def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "") -> None:

@@ -3,7 +3,7 @@
 Per request (parallel lists): ``start_times`` (when the client sent it, ``time.perf_counter``),
 ``ttfts`` and ``latencies`` (seconds after the send), ``input_lens``, ``output_lens``, ``itls``
 (gaps between streamed chunks) and ``errors`` (empty when it succeeded). ``start_times`` appeared
-in vLLM's benchmark in late 2025; a result without it has no arrivals and cannot be imported.
+in vLLM's benchmark in late 2025; a result without it has no arrival times and cannot be imported.
 """
 
 from __future__ import annotations
@@ -60,4 +60,7 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
     if duration is not None and duration > 0:  # vLLM's, from before its first Poisson gap: its throughputs' divisor
         source["duration_s"] = duration
     notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation"]
-    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes))
+    from servelab.traces.prefixes import spec_from_generator  # --random-prefix-len and the like, if saved
+
+    prefix = spec_from_generator({k: v for k, v in doc.items() if not isinstance(v, list)}, origin=path.name)
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix)
