@@ -95,7 +95,8 @@ def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
     RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
     collect`. Views: requests, steps, runs, request_metrics (+ _guidellm, _distserve), slo_attainment,
     latency_summary, goodput, tenant_summary, fairness, resource_summary, replica_balance,
-    attainment_vs_rate, slo_table, run_span.
+    attainment_vs_rate, guidellm_summary (GuideLLM's statistics), slo_table, run_span; with per-token times (replay --token-log, bench
+    --token-log, imported vLLM bench runs) tokens and itl_summary; with live metrics server_metrics.
 
     The SQL is DuckDB's, with your user's rights: it can read and write any file you can (COPY ...
     TO, read_csv), fetch URLs and install extensions. Give --read-only to run SQL you did not write.

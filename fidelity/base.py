@@ -57,6 +57,7 @@ class Rows:
     ok: list[bool] = field(default_factory=list)
     reason: list[str | None] = field(default_factory=list)
     max_itl_s: list[float | None] = field(default_factory=list)
+    itls_s: list[list[float] | None] = field(default_factory=list)  # the source's gaps between streamed chunks
     # what the source says about each prompt's content, for prefix hashes (traces/prefixes.py)
     token_ids: list[Any] = field(default_factory=list)  # the prompt's token ids, or None
     prompt_text: list[str | None] = field(default_factory=list)
@@ -69,7 +70,7 @@ class Rows:
             first_scheduled_s: float | None = None, ok: bool = True, reason: str | None = None,
             tenant: str | None = None, max_itl_s: float | None = None, token_ids: Any = None,
             prompt_text: str | None = None, prefix_group: int | None = None,
-            prefix_length: int | None = None) -> None:
+            prefix_length: int | None = None, itls_s: list[float] | None = None) -> None:
         """One request; ``row`` (1-based) names it in errors. A successful request needs a first token
         and a finish no earlier than its arrival, in that order."""
         def bad(column: str, rule: str) -> InputError:
@@ -102,7 +103,14 @@ class Rows:
         self.output_tokens.append(int(output_tokens))
         self.ok.append(bool(ok))
         self.reason.append(None if ok else (reason or "failed"))
+        if itls_s is not None:
+            for k, gap in enumerate(itls_s):
+                if not math.isfinite(gap) or gap < 0:
+                    raise bad("itls", f"gap {k} is not a time >= 0: {gap}")
+            if max_itl_s is None and itls_s:
+                max_itl_s = max(itls_s)
         self.max_itl_s.append(max_itl_s)
+        self.itls_s.append(itls_s)
         self.token_ids.append(token_ids)
         self.prompt_text.append(prompt_text)
         self.prefix_group.append(prefix_group)
@@ -269,9 +277,14 @@ def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: li
     }
     requests = pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
                                     schema=REQUESTS_SCHEMA)
+    # the source's own request id (a GuideLLM UUID, a span's gen_ai.request.id, a vLLM-bench list
+    # index), so a row can be matched back to its source without relying on order
+    requests = requests.append_column(pa.field("source_request_id", pa.string()),
+                                      pa.array([rows.request_id[i] for i in order], pa.string()))
     hashes = None if prefix_hashes is None else [prefix_hashes[i] for i in order]
     trace = trace_from(requests, source_ids=[rows.request_id[i] for i in order], prefix_hashes=hashes,
                        prefix_block_tokens=prefix_block_tokens)
+    tokens = _token_gaps(rows, order, first_token)
     from servelab import __version__
 
     finished = sum(ok)
@@ -293,7 +306,35 @@ def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: li
         "measured_span_s": max((e for e in finish if e is not None), default=0.0),
     }
     steps = STEPS_SCHEMA.empty_table()
-    return RunResult(requests, steps, meta), trace
+    return RunResult(requests, steps, meta, tokens=tokens), trace
+
+
+def _token_gaps(rows: Rows, order: np.ndarray, first_token: list[float | None]) -> pa.Table | None:
+    """tokens.parquet of a source that records the gaps between streamed chunks (vLLM bench's
+    ``itls``): one row per chunk, the first at the request's first token, each ``itl_s`` the
+    source's own gap (not a difference of rebased times), so ITL percentiles are the source's."""
+    if not any(g for g in rows.itls_s):
+        return None
+    from servelab.replay.logs import tokens_schema
+
+    rid, index, times, itl = [], [], [], []
+    for new_id, i in enumerate(order):
+        gaps, t = rows.itls_s[i], first_token[new_id]
+        if gaps is None or t is None or not rows.ok[i]:
+            continue
+        rid.append(new_id)
+        index.append(1)
+        times.append(t)
+        itl.append(None)
+        for k, gap in enumerate(gaps, start=2):
+            t += gap
+            rid.append(new_id)
+            index.append(k)
+            times.append(t)
+            itl.append(float(gap))
+    schema = tokens_schema()
+    return pa.table({"request_id": pa.array(rid, pa.int64()), "token_index": pa.array(index, pa.int32()),
+                     "time_s": pa.array(times, pa.float64()), "itl_s": pa.array(itl, pa.float64())}, schema=schema)
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -345,6 +386,8 @@ def write_measured_run(result: RunResult, trace: pa.Table, run_dir: Path, trace_
         write_parquet(result.requests, tmp / "requests.parquet")
         write_parquet(result.steps, tmp / "steps.parquet")
         write_trace(trace, tmp / "trace.arrow", source="measured run", prefix_block_tokens=block_tokens)
+        if isinstance(result.tokens, pa.Table):
+            write_parquet(result.tokens, tmp / "tokens.parquet")
         (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     if trace_out is not None:
         write_trace(trace, trace_out, source=f"measured run {run_dir.name}", prefix_block_tokens=block_tokens)

@@ -179,6 +179,10 @@ def render(data: dict[str, Any], console: Console) -> None:
         + ("".join(f", {overall[s]} {s}" for s in LIVE_STATUSES) if live else "")
         + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live else "")
     )
+    if run.get("stopped_by") or run.get("not_sent"):  # a live run stopped early: say so, and what was never sent
+        why = f"stopped by {run.get('stopped_by') or 'its end'}" + (f" ({run['signal']})" if run.get("signal") else "")
+        console.print(why + (f": {run['not_sent']} requests of the trace never sent (not counted above)"
+                             if run.get("not_sent") else ""))
     console.print(
         f"preemptions {overall['preemptions']} ({overall['preempted_requests']} requests)"
     )

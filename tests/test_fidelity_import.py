@@ -192,3 +192,54 @@ def test_blis_missing_column(run_cli, tmp_path):
     csv.write_text("\n".join([lines[0].replace("send_time_us", "sent_us")] + lines[1:]) + "\n")
     r = run_cli(["run", "import", "--format", "blis", str(folder), "-o", str(tmp_path / "run"), *GIVEN["blis"]])
     assert r.exit_code == 1 and "column 'send_time_us': required column is missing" in r.output
+
+
+REAL_VLLM = FIX / "vllm_bench_serve_real_40req.json"
+
+
+def test_vllm_bench_itl_percentiles_are_vllms_own(run_cli, tmp_path):
+    """A real `vllm bench serve --save-detailed` file: the imported run's itl_summary gives vLLM's own
+    ITL mean and p50/p90/p99 (np.percentile, linear, over every successful request's chunk gaps)."""
+    from servelab.scoring.db import query
+
+    doc = json.loads(REAL_VLLM.read_text())
+    meta, rows, out = _import(run_cli, tmp_path, "vllm-bench", REAL_VLLM)
+    got = query([out], "SELECT * FROM itl_summary").to_pylist()[0]
+    assert got["gaps"] == sum(len(g) for g in doc["itls"])
+    for key, ours in (("mean_itl_ms", "mean_itl_s"), ("p50_itl_ms", "p50_itl_s"), ("p90_itl_ms", "p90_itl_s"),
+                      ("p99_itl_ms", "p99_itl_s")):
+        assert got[ours] * 1000 == pytest.approx(doc[key], rel=1e-12), key
+    # every gap is the source's own, in the source's order; max_itl_s is each request's largest
+    tokens = pq.read_table(out / "tokens.parquet").to_pylist()
+    first = [t["itl_s"] for t in tokens if t["request_id"] == 0][1:]
+    assert first == doc["itls"][0] and rows[0]["max_itl_s"] == max(doc["itls"][0])
+    assert [r["source_request_id"] for r in rows] == [str(i) for i in range(40)]  # a vLLM-bench row's list index
+
+
+def test_vllm_bench_throughputs_are_vllms_own(run_cli, tmp_path):
+    """vLLM's duration runs from before its first Poisson gap (not from the first send): the imported run
+    keeps it, so its throughputs are vLLM's figure for figure; the send-to-finish span is kept beside it."""
+    from servelab.scoring.db import query
+
+    doc = json.loads(REAL_VLLM.read_text())
+    _, _, out = _import(run_cli, tmp_path, "vllm-bench", REAL_VLLM)
+    g = query([out], "SELECT * FROM goodput WHERE scope = 'overall'").to_pylist()[0]
+    assert g["request_throughput_rps"] == pytest.approx(doc["request_throughput"], rel=1e-12)
+    assert g["output_throughput_tps"] == pytest.approx(doc["output_throughput"], rel=1e-12)
+    assert g["total_token_throughput_tps"] == pytest.approx(doc["total_token_throughput"], rel=1e-12)
+    span = query([out], "SELECT duration_s, measured_duration_s FROM run_span").to_pylist()[0]
+    first_send = min(doc["start_times"])
+    last_end = max(s + e for s, e in zip(doc["start_times"], doc["latencies"]))
+    assert span["duration_s"] == doc["duration"]
+    assert span["measured_duration_s"] == pytest.approx(last_end - first_send, abs=1e-9)
+    assert doc["duration"] / span["measured_duration_s"] - 1 == pytest.approx(0.0173, abs=5e-4)  # the 1.7%
+
+
+def test_guidellm_request_ids_are_kept(run_cli, tmp_path):
+    _, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json")
+    assert [r["source_request_id"] for r in rows] == ["a", "b", "c", "d"]
+
+
+def test_query_help_lists_the_token_views(capsys):
+    code, out, _ = run_main(["query", "--help"], capsys)
+    assert code == 0 and "itl_summary" in out and "tokens" in out
