@@ -73,6 +73,12 @@ def replay_options(func: Callable) -> Callable:
         click.option("--model", help="Model preset for the runner (see `servelab presets`)."),
         click.option("--gpu", help="GPU preset for the runner."),
         click.option("--tp", type=int, help="Tensor-parallel degree per replica."),
+        # Parallelism beyond TP, named as vLLM's flags (docs/runners.md "Parallelism").
+        click.option("--dp", "--data-parallel-size", "dp", type=int,
+                     help="Data-parallel ranks per replica: engines of tp x pp GPUs each (MoE: experts shared)."),
+        click.option("--pp", "--pipeline-parallel-size", "pp", type=int, help="Pipeline-parallel stages per replica."),
+        click.option("--enable-expert-parallel/--no-enable-expert-parallel", "enable_expert_parallel", default=None,
+                     help="MoE: split the experts over the dp x tp GPUs (all-to-all dispatch and combine)."),
     ]
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + ("until" if f.name == "until_s" else f.name.replace("_", "-"))
@@ -89,7 +95,7 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
     """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
     base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
-    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp"]:
+    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", "dp", "pp", "enable_expert_parallel"]:
         value = options.get(key)
         if value is not None and value != ():  # a repeatable option not given is ()
             base[key] = value

@@ -60,6 +60,7 @@ def _meta(path: Path) -> tuple[dict, dict, tuple[str, ...]]:
         "gpu_memory_utilization": kw.get("gpu_memory_utilization"),
         "enable_prefix_caching": kw.get("enable_prefix_caching"),
         "num_gpu_blocks": meta.get("num_gpu_blocks"),
+        **{k: kw.get(k) for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")},
     }
     source = {k: meta[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path") if k in meta}
     source["meta_json"] = str(path)

@@ -100,6 +100,12 @@ class ModelPreset(DecoderShape):
         return self.num_params * self.dtype_bytes
 
     @property
+    def expert_params(self) -> int:
+        """Parameters of the routed experts (0 for a dense model): what expert parallelism shards."""
+        matrices = 3 if self.gated_mlp else 2
+        return self.num_layers * self.num_experts * matrices * self.hidden_size * self.ffn_size
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token, over the whole model (all TP shards together)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
@@ -120,6 +126,15 @@ class GpuPreset:
     # NVLink/NVSwitch node (fully connected), 2 over an NVLink bridge, 0 where there is no NVLink
     # (PCIe parts: NCCL only; runners/all_reduce.py).
     p2p_ranks: int = 0
+    # What the GPUs talk over (runners/all_reduce.py LINKS): nvlink (NVLink/NVSwitch, or a direct
+    # fabric), pcie (PCIe with peer-to-peer access), pcie-host (PCIe without it: through host memory).
+    link: str = "nvlink"
+
+    def __post_init__(self) -> None:
+        from servelab.runners.all_reduce import LINKS
+
+        if self.link not in LINKS:
+            raise ValueError(f"GPU preset {self.name}: unknown link '{self.link}' (known: {', '.join(LINKS)})")
 
     @property
     def memory_bytes(self) -> int:
@@ -150,16 +165,16 @@ GPUS: dict[str, GpuPreset] = {
         GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100", True, p2p_ranks=8),
         GpuPreset("a100-40gb", "NVIDIA A100-SXM4-40GB", 312e12, 1.555e12, 40960, 300e9, "NVLink 3", "a100", p2p_ranks=8),
         GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100", True, p2p_ranks=8),
-        GpuPreset("h100-pcie", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 81559, 64e9, "PCIe 5.0 x16", "h100"),
+        GpuPreset("h100-pcie", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 81559, 64e9, "PCIe 5.0 x16", "h100", link="pcie"),
         GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100", p2p_ranks=8),
         GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100", p2p_ranks=8),
-        GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40"),
+        GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40", link="pcie"),
         GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40", True, p2p_ranks=2),
         # GeForce/workstation parts: bf16 tensor rate with fp32 accumulate (what vLLM's kernels use)
         GpuPreset("rtx-4090", "NVIDIA GeForce RTX 4090 (24GB)", 165.2e12, 1.008e12, 24564, 32e9, "PCIe 4.0 x16",
-                  "rtx4090"),  # A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
+                  "rtx4090", link="pcie-host"),  # no P2P on GeForce; A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
         GpuPreset("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell (96GB)", 503.8e12, 1.792e12, 97887, 64e9,
-                  "PCIe 5.0 x16", "a40"),
+                  "PCIe 5.0 x16", "a40", link="pcie"),
         GpuPreset("mi300x", "AMD Instinct MI300X (192GB)", 1307.4e12, 5.3e12, 196592, 64e9,
                   "Infinity Fabric (64 GB/s per peer link)", "h100"),
     )
