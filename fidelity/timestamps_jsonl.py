@@ -60,7 +60,9 @@ def _meta(path: Path) -> tuple[dict, dict, tuple[str, ...]]:
         "gpu_memory_utilization": kw.get("gpu_memory_utilization"),
         "enable_prefix_caching": kw.get("enable_prefix_caching"),
         "num_gpu_blocks": meta.get("num_gpu_blocks"),
-        **{k: kw.get(k) for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")},
+        # parallelism beyond TP, where not vLLM's default (1, 1, false): docs/runners.md "Parallelism"
+        **{k: kw[k] for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
+           if str(kw.get(k)).lower() not in ("none", "1", "false")},
     }
     source = {k: meta[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path") if k in meta}
     source["meta_json"] = str(path)
