@@ -48,6 +48,10 @@ from servelab.runners.base import make_runner
 def build_runner(config: ReplayConfig) -> Runner:
     parallel = ({"dp": config.dp, "pp": config.pp, "enable_expert_parallel": config.enable_expert_parallel}
                 if config.engines_per_replica > 1 or config.enable_expert_parallel else {})
+    if config.quantization is not None:  # vLLM's --quantization / --kv-cache-dtype (runners/quant.py)
+        parallel["quantization"] = config.quantization
+    if config.kv_cache_dtype != "auto":
+        parallel["kv_cache_dtype"] = config.kv_cache_dtype
     return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
                        block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
                        max_num_seqs=config.engine.max_num_seqs, **parallel)

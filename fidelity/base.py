@@ -34,6 +34,7 @@ SETTING_TYPES = {
     "model": str, "gpu": str, "tp": int, "max_num_seqs": int, "max_num_batched_tokens": int,
     "block_size": int, "num_gpu_blocks": int, "gpu_memory_utilization": float, "enable_prefix_caching": bool,
     "data_parallel_size": int, "pipeline_parallel_size": int, "enable_expert_parallel": bool,  # vLLM's names
+    "quantization": str, "kv_cache_dtype": str,
 }
 
 

@@ -60,9 +60,11 @@ def _meta(path: Path) -> tuple[dict, dict, tuple[str, ...]]:
         "gpu_memory_utilization": kw.get("gpu_memory_utilization"),
         "enable_prefix_caching": kw.get("enable_prefix_caching"),
         "num_gpu_blocks": meta.get("num_gpu_blocks"),
-        # parallelism beyond TP, where not vLLM's default (1, 1, false): docs/runners.md "Parallelism"
-        **{k: kw[k] for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
-           if str(kw.get(k)).lower() not in ("none", "1", "false")},
+        # parallelism beyond TP and quantisation, where not vLLM's default (1, 1, false, none, auto):
+        # docs/runners.md "Parallelism" and "Quantisation"
+        **{k: kw[k] for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
+                              "quantization", "kv_cache_dtype")
+           if str(kw.get(k)).lower() not in ("none", "1", "false", "auto")},
     }
     source = {k: meta[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path") if k in meta}
     source["meta_json"] = str(path)

@@ -20,7 +20,8 @@ _VERSION = re.compile(r"vLLM (?:API server )?version (\S+)")
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
             "gpu_memory_utilization": "gpu_memory_utilization", "enable_prefix_caching": "enable_prefix_caching",
-            **{k: k for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")}}
+            **{k: k for k in ("data_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
+                              "quantization", "kv_cache_dtype")}}
 
 
 def settings_from_log(path: Path) -> tuple[dict, dict]:

@@ -120,6 +120,9 @@ class ReplayConfig:
     dp: int = 1
     pp: int = 1
     enable_expert_parallel: bool = False
+    # Quantisation as vLLM's --quantization / --kv-cache-dtype (None/auto: the checkpoint's own; runners/quant.py)
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
 
@@ -150,7 +153,7 @@ class ReplayConfig:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
         out: dict[str, Any] = {"policy": self.policy, "runner": self.runner, "model": self.model,
                                "gpu": self.gpu, "tp": self.tp}
-        for key, default in PARALLEL_DEFAULTS.items():  # only when set: runs without them keep their form
+        for key, default in RUNNER_DEFAULTS.items():  # only when set: runs without them keep their form
             if getattr(self, key) != default:
                 out[key] = getattr(self, key)
         for f in fields(EngineConfig):
@@ -182,9 +185,9 @@ class ReplayConfig:
                 top[key_norm] = str(value)
             elif key_norm == "tp":
                 top["tp"] = coerce(value, "int", f"{source}: tp")
-            elif key_norm in PARALLEL_KEYS:  # dp, pp, and vLLM's names for them (a measured run's settings)
-                name = PARALLEL_KEYS[key_norm]
-                top[name] = coerce(value, "bool" if name == "enable_expert_parallel" else "int", f"{source}: {key}")
+            elif key_norm in RUNNER_KEYS:  # dp, pp, quantization, and vLLM's names (a measured run's settings)
+                name = RUNNER_KEYS[key_norm]
+                top[name] = coerce(value, RUNNER_TYPES[name], f"{source}: {key}")
             elif key_norm in ("policy_params", "router_params"):
                 if not isinstance(value, dict):
                     raise ServelabError(f"{source}: {key_norm} must be a table")
@@ -193,7 +196,7 @@ class ReplayConfig:
                 top["cluster"] = value if isinstance(value, ClusterConfig) else ClusterConfig.from_dict(value, source)
             else:
                 known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
-                                "model", "gpu", "tp", *PARALLEL_KEYS])
+                                "model", "gpu", "tp", *RUNNER_KEYS])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
         return cls(engine=EngineConfig(**engine_values), **top)
 
@@ -212,9 +215,11 @@ class ReplayConfig:
         return cls.from_dict(data, source=str(path))
 
 
-PARALLEL_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False}
-PARALLEL_KEYS = {"dp": "dp", "pp": "pp", "enable_expert_parallel": "enable_expert_parallel",
-                 "data_parallel_size": "dp", "pipeline_parallel_size": "pp"}
+# Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
+RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": None, "kv_cache_dtype": "auto"}
+RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str | None",
+                "kv_cache_dtype": "str"}
+RUNNER_KEYS = {**{k: k for k in RUNNER_DEFAULTS}, "data_parallel_size": "dp", "pipeline_parallel_size": "pp"}
 
 
 def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:

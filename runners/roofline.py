@@ -60,11 +60,18 @@ VIDUR_OP_COLUMNS = {
 }
 
 
+LINEAR_OPS = ("qkv_proj", "o_proj", "mlp_up", "mlp_down")  # the GEMMs a quantisation format applies to
+
+
 def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
-    """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out)."""
-    h, d = model.hidden_size, model.dtype_bytes
+    """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out).
+    Weights are read at the linear layers' bytes per weight (a quantisation format's, else the dtype's)."""
+    h, d, wb = model.hidden_size, model.dtype_bytes, model.linear_weight_bytes
     qkv = (model.q_size + 2 * model.kv_size) / tp
-    q = model.q_size / tp
+    q = o_in = model.q_size / tp
+    if model.is_mla:  # latent down-projections on every rank, up-projections and output split over TP
+        down, up_proj, out = model.mla_projection_params()
+        qkv, o_in = (down + up_proj / tp) / h, out / h / tp
     up = (2 if model.gated_mlp else 1) * model.ffn_size / tp
     f = model.ffn_size / tp
     if model.is_moe:
@@ -73,21 +80,21 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
         # tokens route to (RooflineRunner multiplies by ModelPreset.experts_touched).
         k = model.experts_per_token
         return {
-            "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
-            "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
-            "mlp_up": OpWork(2 * h * up * k, h * up * d, (h + up * k) * d),
+            "qkv_proj": OpWork(2 * h * qkv, h * qkv * wb, (h + qkv) * d),
+            "o_proj": OpWork(2 * o_in * h, o_in * h * wb, (o_in + h) * d),
+            "mlp_up": OpWork(2 * h * up * k, h * up * wb, (h + up * k) * d),
             "mlp_act": OpWork(0.0, 0.0, (up + f) * k * d),
-            "mlp_down": OpWork(2 * f * h * k, f * h * d, (f * k + h) * d),
+            "mlp_down": OpWork(2 * f * h * k, f * h * wb, (f * k + h) * d),
             "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
             "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
             "add": OpWork(0.0, 0.0, 3 * h * d),
         }
     return {
-        "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
-        "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
-        "mlp_up": OpWork(2 * h * up, h * up * d, (h + up) * d),
+        "qkv_proj": OpWork(2 * h * qkv, h * qkv * wb, (h + qkv) * d),
+        "o_proj": OpWork(2 * o_in * h, o_in * h * wb, (o_in + h) * d),
+        "mlp_up": OpWork(2 * h * up, h * up * wb, (h + up) * d),
         "mlp_act": OpWork(0.0, 0.0, (up + f) * d),
-        "mlp_down": OpWork(2 * f * h, f * h * d, (f + h) * d),
+        "mlp_down": OpWork(2 * f * h, f * h * wb, (f + h) * d),
         # vLLM fuses the residual add into the two RMSNorms; vidur times them apart (one add).
         "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
         "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
@@ -241,7 +248,7 @@ def weight_bytes_per_gpu(model: ModelPreset, tp: int, dp: int = 1, pp: int = 1) 
     expert TP), while attention and the other dense weights are copied into every DP rank."""
     if dp == 1 and pp == 1:
         return model.weight_bytes / tp
-    experts = model.expert_params * model.dtype_bytes
+    experts = model.expert_weight_bytes
     return ((model.weight_bytes - experts) / tp + experts / (tp * dp)) / pp
 
 
@@ -261,9 +268,10 @@ def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_u
             f"{model.name} does not fit on {layout} at gpu_memory_utilization="
             f"{gpu_memory_utilization}: weights alone need {weights / 2**30:.1f} GiB per GPU"
         )
+    shards = 1 if model.is_mla else tp  # MLA's latent is not split by heads: every TP rank holds all of it
     if pp == 1:
-        return int(per_gpu * tp // model.kv_bytes_per_token)
-    return int(per_gpu * tp * pp // model.kv_bytes_per_token)
+        return int(per_gpu * shards // model.kv_bytes_per_token)
+    return int(per_gpu * shards * pp // model.kv_bytes_per_token)
 
 
 class _Rates(NamedTuple):
@@ -323,7 +331,9 @@ class RooflineRunner(RunnerBase):
         missing = set(LAYER_OPS + ("emb",)) - set(self.calibration.ops)
         if missing:
             raise ServelabError(f"{CALIBRATION_FILE}: calibration '{g.calibration}' lacks ops {sorted(missing)}")
-        object.__setattr__(self, "_ops", tuple(self._fold(w, self.calibration.ops[n]) for n, w in layer_ops(m, tp).items()))
+        speedup = self._gemm_speedup
+        object.__setattr__(self, "_ops", tuple(self._fold(w, self.calibration.ops[n], speedup=speedup if n in LINEAR_OPS else 1.0)
+                                               for n, w in layer_ops(m, tp).items()))
         object.__setattr__(
             self,
             "_head",
@@ -338,7 +348,8 @@ class RooflineRunner(RunnerBase):
         shared = ()
         if m.shared_ffn_size:
             sm = replace(m, ffn_size=m.shared_ffn_size, num_experts=0, experts_per_token=0, shared_ffn_size=0)
-            shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n])
+            shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n],
+                                      speedup=speedup if n in LINEAR_OPS else 1.0)
                            for n in ("mlp_up", "mlp_act", "mlp_down"))
         object.__setattr__(self, "_shared", shared)
         scale = self.host_profile.launch_scale if self.host_profile is not None else 1.0
@@ -356,12 +367,23 @@ class RooflineRunner(RunnerBase):
                              self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes,
                              self.custom_all_reduce, self.ep, self.dp, self.pp))
 
-    def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
+    @property
+    def _gemm_speedup(self) -> float:
+        """How much faster than bf16 the linear layers' tensor cores run the model's weight format."""
+        if not self.model.quantization:
+            return 1.0
+        from servelab.runners.quant import compute_speedup, weight_format
+
+        return compute_speedup(weight_format(self.model.quantization), self.gpu.fp8, self.gpu.fp4)
+
+    def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None,
+              speedup: float = 1.0) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
+        peak = self.gpu.peak_flops if speedup == 1.0 else self.gpu.peak_flops * speedup
         return (
             float(work.calls if calls is None else calls),
             cal.latency_s,
-            work.flops_per_token / (self.gpu.peak_flops * cal.eff_compute),
+            work.flops_per_token / (peak * cal.eff_compute),
             work.fixed_bytes / bw,
             work.bytes_per_token / bw,
         )
@@ -404,7 +426,10 @@ class RooflineRunner(RunnerBase):
     # --- per-shard attention work per layer -------------------------------------------------
     @property
     def _kv_bytes_per_token_layer_shard(self) -> float:
-        return 2 * self.model.kv_size / self.tp * self.model.dtype_bytes
+        m = self.model
+        if m.is_mla:  # the latent is read whole on every rank
+            return float(m.kv_bytes_per_token_layer)
+        return 2 * m.kv_size / self.tp * m.kv_dtype_bytes
 
     @property
     def _layers_priced(self) -> int:
@@ -594,7 +619,8 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep", "dp", "pp")
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep", "dp", "pp", "quantization",
+          "kv_cache_dtype")
 ALL_REDUCE_CHOICES = ("auto", "nccl")
 DEFAULT_HOST = "vllm-v1-cudagraph"
 
@@ -625,6 +651,15 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         return context.get(key) if context.get(key) is not None else default
 
     model = resolve_model(str(pick("model", DEFAULT_MODEL)))
+    # vLLM's --quantization / --kv-cache-dtype over the checkpoint's own (runners/quant.py)
+    quant = {key: str(pick(key, "")) for key in ("quantization", "kv_cache_dtype") if pick(key, None) is not None}
+    if quant.get("quantization", "").lower() in ("none", "auto"):
+        quant["quantization"] = ""
+    if quant:
+        try:
+            model = replace(model, **quant)
+        except ValueError as err:
+            raise ServelabError(f"runner 'roofline': {err}") from None
     gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
     tp = _int_param("tp", pick("tp", 1))
     try:
