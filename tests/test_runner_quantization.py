@@ -81,9 +81,9 @@ def test_replay_runs_deepseek_v3_on_eight_h200(tmp_path):
     assert res.requests.column("status").to_pylist() == ["finished"] * 3
 
 
-@pytest.mark.parametrize("fmt, fp8_gpu, no_fp8_gpu, speedup", [
-    ("fp8", "h100-80gb", "a100-80gb", 2.0), ("fp8", "l40s", "a40", 2.0), ("fp8", "rtx-4090", "a100-80gb", 2.0),
-    ("nvfp4", "b200", "h100-80gb", 4.0),
+@pytest.mark.parametrize("fmt, fp8_gpu, no_fp8_gpu, speedup", [  # peak ratio x 1.73/2 measured on an H200
+    ("fp8", "h100-80gb", "a100-80gb", 1.73), ("fp8", "l40s", "a40", 1.73), ("fp8", "rtx-4090", "a100-80gb", 1.73),
+    ("nvfp4", "b200", "h100-80gb", 3.46),
 ])
 def test_gemm_throughput_follows_the_gpus_tensor_cores(fmt, fp8_gpu, no_fp8_gpu, speedup):
     for gpu, expected in ((fp8_gpu, speedup), (no_fp8_gpu, 1.0)):
@@ -105,7 +105,8 @@ def test_no_gemm_beats_its_flops_at_the_formats_peak_or_its_weight_bytes(gpu, fm
     model = f"roofline:model=llama-3.1-70b,gpu={gpu.name},tp=8" + (f",quantization={fmt}" if fmt else "")
     r = make_runner(model)
     speedup = compute_speedup(weight_format(fmt), gpu.fp8, gpu.fp4) if fmt else 1.0
-    assert speedup <= 4.0
+    assert speedup <= {"": 1, "fp8": 2 if gpu.fp8 else 1, "int8": 2, "fp4": 4 if gpu.fp4 else 1,
+                       "bf16": 1}[WEIGHT_FORMATS[fmt].compute if fmt else ""]  # never above the datasheet ratio
     works = layer_ops(r.model, 8)
     for i, (name, work) in enumerate(works.items()):
         if name not in LINEAR_OPS:
