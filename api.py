@@ -48,7 +48,7 @@ from servelab.runners.base import make_runner
 def build_runner(config: ReplayConfig) -> Runner:
     parallel = ({"dp": config.dp, "pp": config.pp, "enable_expert_parallel": config.enable_expert_parallel}
                 if config.engines_per_replica > 1 or config.enable_expert_parallel else {})
-    if config.quantization is not None:  # vLLM's --quantization / --kv-cache-dtype (runners/quant.py)
+    if config.quantization:  # vLLM's --quantization / --kv-cache-dtype (runners/quant.py)
         parallel["quantization"] = config.quantization
     if config.kv_cache_dtype != "auto":
         parallel["kv_cache_dtype"] = config.kv_cache_dtype

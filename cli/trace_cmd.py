@@ -104,7 +104,8 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 
 
 @trace.command("import")
-@click.option("--format", "fmt", required=True, type=click.Choice(sorted(_FORMAT_OPTIONS)), help="Source format.")
+@click.option("--format", "fmt", default=None, type=click.Choice(sorted(_FORMAT_OPTIONS)),
+              help="Source format (detected from the first file when omitted).")
 @click.argument("sources", nargs=-1, required=True, type=_EXISTING)
 @click.option("-o", "--output", "out", required=True, type=_PATH, help="Trace to write (.arrow or .parquet).")
 @click.option("--drop-zero", is_flag=True, help="azure/vidur: drop rows with 0 tokens instead of failing.")
@@ -121,12 +122,25 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--skip-missing", is_flag=True,
               help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
 @_arrival_options
+@click.option("--shared-prefix-tokens", type=int, default=None,
+              help="Every request starts with a shared prefix of N tokens (per group): sharing the source does not record.")
+@click.option("--prefix-groups", type=int, default=None, help="With --shared-prefix-tokens: G prefixes, request i in group i mod G.")
+@click.option("--prompt-pool", type=int, default=None, help="Requests cycle through a pool of K prompts (request i sends i mod K).")
+@click.option("--prefix-block-tokens", type=int, default=16, show_default=True,
+              help="Block size of the prefix hashes the three options above add.")
 @click.pass_context
-def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Path, **kw) -> None:
+def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], out: Path, **kw) -> None:
     """Convert public trace files (SRC...) of one FORMAT into a servelab trace; several files merge."""
-    from servelab.traces.importers import import_trace
+    from servelab.traces.importers import detect_format, import_trace
     from servelab.traces.io import write_trace
 
+    from servelab.traces.prefixes import spec_from_options
+
+    spec = spec_from_options(kw.pop("shared_prefix_tokens"), kw.pop("prefix_groups"), kw.pop("prompt_pool"))
+    block_tokens = kw.pop("prefix_block_tokens")
+    if fmt is None:
+        fmt = detect_format(list(sources))
+        click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
     allowed = _FORMAT_OPTIONS[fmt]
     for name in sorted(_ALL_FORMAT_OPTIONS - allowed):
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
@@ -143,7 +157,12 @@ def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Pat
             options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
     with _status(f"importing {len(sources)} {fmt} source(s)"):
         result = import_trace(fmt, list(sources), **options)
-        write_trace(result.table, out, result.source, result.prefix_block_tokens)
+        table, block = result.table, result.prefix_block_tokens
+        if spec is not None:
+            from servelab.traces.prefixes import add_sharing
+
+            table, block = add_sharing(table, spec, block_tokens), block_tokens
+        write_trace(table, out, result.source + (f"; prefixes: {spec.describe()}" if spec else ""), block)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"{out}: {result.summary()}")
@@ -167,7 +186,12 @@ def import_cmd(ctx: click.Context, fmt: str, sources: tuple[Path, ...], out: Pat
 @click.option("--think-s", type=float, default=0.0, show_default=True, help="Mean think time between turns (s).")
 @click.option("--session-context/--no-session-context", default=True, show_default=True,
               help="Later turns' prompts include the conversation so far.")
-@click.option("--shared-prefix-tokens", type=int, default=0, show_default=True, help="Per-tenant system prompt length.")
+@click.option("--shared-prefix-tokens", type=int, default=0, show_default=True,
+              help="Shared prefix length: per tenant (a system prompt), or per group with --prefix-groups.")
+@click.option("--prefix-groups", type=int, default=0, show_default=True,
+              help="G shared prefixes, request i in group i mod G (0: one per tenant).")
+@click.option("--prompt-pool", type=int, default=0, show_default=True,
+              help="Requests cycle through a pool of K prompts (request i sends prompt i mod K); 0: no pool.")
 @click.option("--prefix-block-tokens", type=int, default=None, help="Add prefix_hashes with this block size.")
 @click.option("--model", default=None, help="Model name to store in the model column.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -195,6 +219,8 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
         think_s=kw["think_s"],
         session_context=kw["session_context"],
         shared_prefix_tokens=kw["shared_prefix_tokens"],
+        prefix_groups=kw["prefix_groups"],
+        prompt_pool=kw["prompt_pool"],
         prefix_block_tokens=kw["prefix_block_tokens"],
         model=kw["model"],
         seed=kw["seed"],

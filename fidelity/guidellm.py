@@ -63,8 +63,15 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
                 rows.add(len(rows) + 1, req.get("request_id") or where, float(start), int(prompt or 0),
                          int(output or 0), first_token_s=None if first is None else float(first),
                          finish_s=None if last is None else float(last), ok=ok,
-                         reason=None if ok else (str(req.get("error") or status))[:200])
+                         reason=None if ok else (str(req.get("error") or status))[:200],
+                         prompt_text=req.get("prompt") if isinstance(req.get("prompt"), str) else None)
     notes = ["client-side times: TTFT and E2E include the HTTP round trip"]
     if sampled:
         notes.append("the report kept a sample of the requests (sampled_size): arrivals between them are missing")
-    return Measured(rows, clock="client", source={"benchmarks": len(benches)}, notes=tuple(notes))
+    # the data generator's settings (--data 'prefix_tokens=...,prefix_count=...') give the prompt sharing
+    from servelab.traces.prefixes import spec_from_generator
+
+    settings = [{k: v for k, v in doc.items() if k != "benchmarks"},
+                [{k: v for k, v in b.items() if k != "requests"} for b in benches]]
+    prefix = spec_from_generator(settings, origin=path.name)
+    return Measured(rows, clock="client", source={"benchmarks": len(benches)}, notes=tuple(notes), prefix=prefix)

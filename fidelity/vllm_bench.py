@@ -50,4 +50,7 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
     source = {k: doc[k] for k in ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate",
                                   "burstiness", "max_concurrency", "duration") if k in doc}
     notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation"]
-    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes))
+    from servelab.traces.prefixes import spec_from_generator  # --random-prefix-len and the like, if saved
+
+    prefix = spec_from_generator({k: v for k, v in doc.items() if not isinstance(v, list)}, origin=path.name)
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix)

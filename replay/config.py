@@ -120,8 +120,9 @@ class ReplayConfig:
     dp: int = 1
     pp: int = 1
     enable_expert_parallel: bool = False
-    # Quantisation as vLLM's --quantization / --kv-cache-dtype (None/auto: the checkpoint's own; runners/quant.py)
-    quantization: str | None = None
+    # Quantisation as vLLM's --quantization / --kv-cache-dtype ("" / auto: the checkpoint's own; "none": the
+    # model dtype whatever the checkpoint says; runners/quant.py)
+    quantization: str = ""
     kv_cache_dtype: str = "auto"
     router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
@@ -216,8 +217,8 @@ class ReplayConfig:
 
 
 # Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
-RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": None, "kv_cache_dtype": "auto"}
-RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str | None",
+RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
+RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
                 "kv_cache_dtype": "str"}
 RUNNER_KEYS = {**{k: k for k in RUNNER_DEFAULTS}, "data_parallel_size": "dp", "pipeline_parallel_size": "pp"}
 

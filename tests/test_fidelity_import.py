@@ -25,9 +25,17 @@ def run_cli(capsys):
     return lambda argv: Result(*run_main(argv, capsys))
 
 
-def _import(run_cli, tmp_path: Path, fmt: str, *sources, extra=()) -> tuple[dict, list[dict], Path]:
+# what the fixtures do not record (run import refuses to guess a model or a GPU)
+GIVEN = {"otel": ["--setting", "model=llama-2-7b", "--setting", "gpu=h100-80gb"],
+         "guidellm": ["--setting", "model=llama-3.1-8b", "--setting", "gpu=h100-80gb"],
+         "timestamps-jsonl": ["--setting", "gpu=rtx-4090"], "vllm-bench": ["--setting", "gpu=h100-80gb"],
+         "blis": ["--setting", "gpu=h100-80gb"]}
+
+
+def _import(run_cli, tmp_path: Path, fmt: str, *sources, extra=None) -> tuple[dict, list[dict], Path]:
     out = tmp_path / fmt
-    r = run_cli(["run", "import", "--format", fmt, *map(str, sources), "-o", str(out), *extra])
+    r = run_cli(["run", "import", "--format", fmt, *map(str, sources), "-o", str(out),
+                 *(GIVEN[fmt] if extra is None else extra)])
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "run.json").read_text())
     rows = pq.read_table(out / "requests.parquet").to_pylist()
@@ -67,7 +75,8 @@ def test_timestamps_jsonl_with_meta(run_cli, tmp_path):
     _check_request(rows[1], 15823.405014459 - 15823.144060012, 15823.528791577 - 15823.405014459,
                    15849.385311748 - 15823.405014459, (15849.385311748 - 15823.528791577) / 768, 1034, 769)
     assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B", "tp": 1, "max_num_seqs": 128,
-                              "max_num_batched_tokens": 2048}
+                              "max_num_batched_tokens": 2048, "replicas": 1, "gpu": "rtx-4090"}
+    assert meta["config_sources"]["max_num_seqs"] == "meta.json" and meta["config_sources"]["gpu"] == "--setting"
     assert meta["source"]["vllm_version"] == "0.19.0"
 
 
@@ -81,7 +90,7 @@ def test_vllm_bench_serve(run_cli, tmp_path):
     failed = rows[2]
     assert failed["status"] == "rejected" and failed["reason"] == "Bad Request" and failed["e2e_s"] is None
     assert read_trace(out / "trace.arrow").num_rows == 3  # the failed request produced nothing to replay
-    assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "h100-80gb"}
 
 
 def test_guidellm_both_schemas(run_cli, tmp_path):
@@ -90,7 +99,7 @@ def test_guidellm_both_schemas(run_cli, tmp_path):
     _check_request(rows[1], 0.4, 0.2, 0.6, 0.4 / 4, 80, 5)  # v0.2 fields
     _check_request(rows[3], 2.0, 0.3, 0.5, 0.2 / 2, 200, 3)  # v0.4 info.timings
     assert rows[2]["status"] == "rejected" and rows[2]["reason"] == "timeout"
-    _, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json", extra=["--benchmark", "1"])
+    _, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json", extra=["--benchmark", "1", *GIVEN["guidellm"]])
     assert len(rows1) == 1 and rows1[0]["arrival_s"] == 0.0
 
 
@@ -123,7 +132,8 @@ def test_imported_run_works_with_report_query_compare(run_cli, tmp_path):
 
 
 def test_import_is_deterministic_and_writes_trace_out(run_cli, tmp_path):
-    _, _, a = _import(run_cli, tmp_path / "1", "blis", FIX / "blis", extra=["--trace-out", str(tmp_path / "t.parquet")])
+    _, _, a = _import(run_cli, tmp_path / "1", "blis", FIX / "blis",
+                      extra=["--trace-out", str(tmp_path / "t.parquet"), *GIVEN["blis"]])
     _, _, b = _import(run_cli, tmp_path / "2", "blis", FIX / "blis")
     assert (a / "requests.parquet").read_bytes() == (b / "requests.parquet").read_bytes()
     assert read_trace(tmp_path / "t.parquet").num_rows == 2
@@ -156,8 +166,10 @@ def test_settings_from_options_and_vllm_log(run_cli, tmp_path):
     ("guidellm", '{"benchmarks": []}', "not a GuideLLM report"),
     ("timestamps-jsonl", '{"input_toks": 5, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 0.5, "last_token_ts": 2.0}',
      "column 'first token', row 1: times out of order"),
-    ("timestamps-jsonl", '{"input_toks": 5, "output_toks": 2, "queued_ts": 1.0}\n',
-     "column 'first_token_ts', row 1: missing or not a number"),
+    ("timestamps-jsonl", '{"input_toks": 5, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": "x"}\n',
+     "column 'first_token_ts', row 1: not a number"),
+    ("timestamps-jsonl", '{"input_toks": 5, "output_toks": 2, "first_token_ts": 1.0}\n',
+     "column 'queued_ts', row 1: missing or not a number"),
     ("otel", ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "llm_request", "startTimeUnixNano": "5", '
               '"attributes": [{"key": "gen_ai.usage.prompt_tokens", "value": {"intValue": "3"}}]}]}]}]}'),
      "lacks attribute 'gen_ai.latency.time_to_first_token'"),
@@ -166,7 +178,7 @@ def test_bad_input_is_one_line_naming_file_and_field(run_cli, tmp_path, fmt, tex
     src = tmp_path / "src.json"
     src.write_text(text)
     out = tmp_path / "run"
-    r = run_cli(["run", "import", "--format", fmt, str(src), "-o", str(out)])
+    r = run_cli(["run", "import", "--format", fmt, str(src), "-o", str(out), *GIVEN[fmt]])
     assert r.exit_code == 1
     assert str(src) in r.output and expected in r.output, r.output
     assert not out.exists()  # nothing half-written
@@ -178,5 +190,5 @@ def test_blis_missing_column(run_cli, tmp_path):
     csv = folder / "trace.csv"
     lines = csv.read_text().splitlines()
     csv.write_text("\n".join([lines[0].replace("send_time_us", "sent_us")] + lines[1:]) + "\n")
-    r = run_cli(["run", "import", "--format", "blis", str(folder), "-o", str(tmp_path / "run")])
+    r = run_cli(["run", "import", "--format", "blis", str(folder), "-o", str(tmp_path / "run"), *GIVEN["blis"]])
     assert r.exit_code == 1 and "column 'send_time_us': required column is missing" in r.output

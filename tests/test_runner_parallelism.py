@@ -282,17 +282,42 @@ def test_cluster_refuses_dp_and_pp():
 def test_validate_real_reads_the_runs_parallel_settings():
     from servelab.fidelity.validate import config_for
 
-    meta = {"config": {"model": "meta-llama/Llama-3.1-8B", "tp": 1, "data_parallel_size": 2,
+    meta = {"config": {"model": "meta-llama/Llama-3.1-8B", "gpu": "h100-80gb", "tp": 1, "data_parallel_size": 2,
                        "enable_expert_parallel": True, "pipeline_parallel_size": 1}}
     c = config_for(meta, {})
     assert (c.dp, c.pp, c.enable_expert_parallel) == (2, 1, True)
     assert config_for(meta, {"dp": 1}).dp == 1  # an option wins over the run's setting
 
 
-def test_timestamps_import_records_dp_and_ep_from_engine_kwargs(tmp_path):
-    from servelab.fidelity.timestamps_jsonl import _meta
+def test_a_dp_ep_run_imported_and_validated_replays_as_dp_ranks(tmp_path, capsys):
+    # a vLLM run with --data-parallel-size 2 --enable-expert-parallel, as its meta.json records it:
+    # run import counts the ranks as replicas and keeps vLLM's arguments; validate --real replays one
+    # replica of two DP ranks with the experts spread over both GPUs
+    import shutil
+    from pathlib import Path
 
-    (tmp_path / "meta.json").write_text(json.dumps({"model": "Qwen/Qwen3-30B-A3B", "engine_kwargs": {
-        "tensor_parallel_size": 1, "data_parallel_size": 2, "enable_expert_parallel": True}}))
-    settings, _, _ = _meta(tmp_path / "meta.json")
-    assert (settings["data_parallel_size"], settings["enable_expert_parallel"]) == (2, True)
+    from helpers_cli import run_main
+    from servelab.fidelity.validate import config_for, validate_real
+
+    fixture = Path(__file__).parent / "fixtures" / "real_runs" / "rtx4090"
+    src = tmp_path / "run"
+    src.mkdir()
+    shutil.copy(fixture / "requests.jsonl", src / "requests.jsonl")
+    meta = json.loads((fixture / "meta.json").read_text())
+    meta["model"] = meta["engine_kwargs"]["model"] = _moe(tmp_path)
+    meta["engine_kwargs"].update(data_parallel_size=2, enable_expert_parallel=True, kv_cache_dtype="fp8")
+    (src / "meta.json").write_text(json.dumps(meta))
+    out = tmp_path / "imported"
+    code, stdout, err = run_main(["run", "import", "--format", "timestamps-jsonl", str(src / "requests.jsonl"),
+                                  "-o", str(out), "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, stdout + err
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["replicas"] == 2 and run["source"]["enable_expert_parallel"] is True
+    c = config_for(run, {})
+    assert (c.engine.replicas, c.dp, c.enable_expert_parallel, c.kv_cache_dtype) == (1, 2, True, "fp8")
+    assert config_for(run, {"replicas": 2}).dp == 1  # an option wins: two replicas as given
+    report, _, simulated = validate_real(out, {})
+    assert set(simulated.column("replica").to_pylist()) <= {0, 1}
+    used = {row["setting"]: row for row in report["settings"]}
+    assert used["dp"]["value"] == 2 and used["dp"]["from"] == "run: vLLM's arguments (run.json source)"
+    assert used["replicas"]["value"] == 1 and "pp" not in used  # listed only when set

@@ -174,16 +174,13 @@ def test_replay_options_and_unquantised_results_unchanged():
     assert plain.model == make_runner("roofline").model and plain.model.quantization == ""
 
 
-def test_a_measured_runs_quantisation_reaches_validate_real(tmp_path):
-    from servelab.fidelity.timestamps_jsonl import _meta
+def test_a_measured_runs_quantisation_reaches_validate_real():
     from servelab.fidelity.validate import config_for
 
-    (tmp_path / "meta.json").write_text(json.dumps({"model": "meta-llama/Llama-3.1-8B", "engine_kwargs": {
-        "tensor_parallel_size": 1, "quantization": "fp8", "kv_cache_dtype": "fp8", "data_parallel_size": 1}}))
-    settings, _, _ = _meta(tmp_path / "meta.json")
-    assert (settings["quantization"], settings["kv_cache_dtype"]) == ("fp8", "fp8")
-    assert "data_parallel_size" not in settings  # vLLM's default is not recorded
-    from servelab.fidelity.base import check_settings
-
-    c = config_for({"config": check_settings(settings, tmp_path / "meta.json")}, {})
+    meta = {"config": {"model": "llama-3.1-8b", "gpu": "h100-80gb"},
+            "source": {"quantization": "fp8", "kv_cache_dtype": "fp8"}}  # vLLM's arguments, as run import keeps them
+    c = config_for(meta, {})
     assert (c.quantization, c.kv_cache_dtype) == ("fp8", "fp8")
+    assert config_for(meta, {"quantization": "none"}).quantization == "none"  # an option wins
+    # a method only the checkpoint's config.json resolves is not guessed
+    assert config_for({**meta, "source": {"quantization": "compressed-tensors"}}, {}).quantization == ""
