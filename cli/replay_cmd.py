@@ -98,8 +98,8 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
     """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
     base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
-    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", "dp", "pp", "enable_expert_parallel", "quantization",
-                "kv_cache_dtype"]:
+    runner_keys = ["dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype"]
+    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", *runner_keys]:
         value = options.get(key)
         if value is not None and value != ():  # a repeatable option not given is ()
             base[key] = value

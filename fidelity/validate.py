@@ -90,7 +90,7 @@ def _recorded_runner_settings(meta: dict, data: dict[str, Any], overrides: dict[
         if value in (None, "", "auto", False) or given & {key, name} or name in data:
             continue
         if key == "quantization" and str(value).lower() not in {*WEIGHT_FORMATS, *ALIASES}:
-            continue  # a method whose format only the checkpoint states (compressed-tensors, modelopt): --model config.json
+            continue  # a method only the checkpoint's config.json resolves (compressed-tensors, modelopt)
         data[name] = value
 
 

@@ -131,7 +131,10 @@ class ModelPreset(DecoderShape):
         matrices = 3 if self.gated_mlp else 2
         if self.is_mla or self.dense_layers:
             h = self.hidden_size
-            attention = sum(self.mla_projection_params()) if self.is_mla else h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+            if self.is_mla:
+                attention = sum(self.mla_projection_params())
+            else:
+                attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
             sparse = self.num_layers - self.dense_layers
             mlp = self.dense_layers * matrices * h * self.dense_ffn_size
             if self.num_experts:
@@ -263,7 +266,8 @@ GPUS: dict[str, GpuPreset] = {
         GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40", True, p2p_ranks=2),
         # GeForce/workstation parts: bf16 tensor rate with fp32 accumulate (what vLLM's kernels use)
         GpuPreset("rtx-4090", "NVIDIA GeForce RTX 4090 (24GB)", 165.2e12, 1.008e12, 24564, 32e9, "PCIe 4.0 x16",
-                  "rtx4090", link="pcie-host", fp8=True),  # no P2P on GeForce; A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
+                  # no P2P on GeForce; A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
+                  "rtx4090", link="pcie-host", fp8=True),
         GpuPreset("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell (96GB)", 503.8e12, 1.792e12, 97887, 64e9,
                   "PCIe 5.0 x16", "a40", link="pcie", fp8=True, fp4=True),
         GpuPreset("mi300x", "AMD Instinct MI300X (192GB)", 1307.4e12, 5.3e12, 196592, 64e9,

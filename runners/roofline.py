@@ -332,8 +332,9 @@ class RooflineRunner(RunnerBase):
         if missing:
             raise ServelabError(f"{CALIBRATION_FILE}: calibration '{g.calibration}' lacks ops {sorted(missing)}")
         speedup = self._gemm_speedup
-        object.__setattr__(self, "_ops", tuple(self._fold(w, self.calibration.ops[n], speedup=speedup if n in LINEAR_OPS else 1.0)
-                                               for n, w in layer_ops(m, tp).items()))
+        object.__setattr__(self, "_ops", tuple(
+            self._fold(w, self.calibration.ops[n], speedup=speedup if n in LINEAR_OPS else 1.0)
+            for n, w in layer_ops(m, tp).items()))
         object.__setattr__(
             self,
             "_head",
