@@ -73,6 +73,15 @@ def replay_options(func: Callable) -> Callable:
         click.option("--model", help="Model preset for the runner (see `servelab presets`)."),
         click.option("--gpu", help="GPU preset for the runner."),
         click.option("--tp", type=int, help="Tensor-parallel degree per replica."),
+        # Parallelism beyond TP, named as vLLM's flags (docs/runners.md "Parallelism").
+        click.option("--dp", "--data-parallel-size", "dp", type=int,
+                     help="Data-parallel ranks per replica: engines of tp x pp GPUs each (MoE: experts shared)."),
+        click.option("--pp", "--pipeline-parallel-size", "pp", type=int, help="Pipeline-parallel stages per replica."),
+        click.option("--enable-expert-parallel/--no-enable-expert-parallel", "enable_expert_parallel", default=None,
+                     help="MoE: split the experts over the dp x tp GPUs (all-to-all dispatch and combine)."),
+        click.option("--quantization", "quantization",
+                     help="Weight format over the checkpoint's: fp8, int8, awq, gptq, nvfp4, mxfp4, none."),
+        click.option("--kv-cache-dtype", "kv_cache_dtype", help="KV cache dtype: auto (the model's) or fp8."),
     ]
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + ("until" if f.name == "until_s" else f.name.replace("_", "-"))
@@ -89,7 +98,8 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
     """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
     base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
-    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp"]:
+    runner_keys = ["dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype"]
+    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", *runner_keys]:
         value = options.get(key)
         if value is not None and value != ():  # a repeatable option not given is ()
             base[key] = value

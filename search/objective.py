@@ -224,7 +224,7 @@ class Evaluator:
                 if scores.get("dollars"):
                     return scores["dollars"] / scores["cost_duration_s"] * 3600.0
                 return scores.get("mean_gpus")
-            gpus = config.engine.replicas * config.tp
+            gpus = config.engine.replicas * config.gpus_per_replica
             prices = dict(self.spec.gpu_prices)
             return gpus * prices[config.gpu] if prices else float(gpus)
         if name == "cost_per_million_tokens":
