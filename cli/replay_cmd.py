@@ -179,6 +179,8 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
+    if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
+        meta["slo"] = slo_table.to_dict()
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
                f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
     if out_dir:

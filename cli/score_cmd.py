@@ -55,24 +55,39 @@ def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = Non
 
 
 def runs_slo(run_dirs, slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
-    """The SLO to score ``run_dirs`` with: the options' if any were given, else the sweep's own.
+    """The SLO to score ``run_dirs`` with (see ``resolve_runs_slo``), its source said on stderr."""
+    slo, source = resolve_runs_slo(run_dirs, slo_specs, slo_file)
+    if slo is not None and source not in (None, "given"):
+        click.echo(f"scoring with {source} ({slo.describe()}); --slo or --slo-file replaces it", err=True)
+    return slo
 
-    A sweep stores the SLO its points were scored with in sweep.json; its runs scored without
-    --slo/--slo-file use that SLO (said on stderr), so a plot or report of a sweep shows the
-    attainment the sweep found.
+
+def resolve_runs_slo(run_dirs, slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
+    """``(SloTable or None, source)``: the SLO to score ``run_dirs`` with and where it came from.
+
+    The options' SLO if any was given (source ``"given"``); else the sweep's own, stored in sweep.json
+    ("the sweep's SLO"); else the one the runs recorded in run.json when they were replayed or searched
+    ("the SLO recorded in run.json"); else None. Runs that recorded different SLOs are all scored with the
+    first one's, and the source says so: one SLO scores every run of a connection.
     """
     slo = slo_from_options(slo_specs, slo_file)
-    if slo is not None or slo_specs or slo_file or any(str(d).endswith(".duckdb") for d in run_dirs):
-        return slo
+    if slo is not None or slo_specs or slo_file:
+        return slo, "given"
+    if any(str(d).endswith(".duckdb") for d in run_dirs):
+        return None, None
     from servelab.scoring.sweep import sweep_slo
 
     try:
         slo = sweep_slo(run_dirs)
     except ServelabError:  # a missing run directory is reported by connect() with its own message
-        return None
+        return None, None
     if slo is not None:
-        click.echo(f"scoring with the sweep's SLO ({slo.describe()}); --slo or --slo-file replaces it", err=True)
-    return slo
+        return slo, "the sweep's SLO"
+    from servelab.scoring.slo import recorded_slo
+
+    return recorded_slo(run_dirs)
+
+
 
 
 _format = click.option(
@@ -127,13 +142,14 @@ def report(run_dirs, slo_specs, slo_file, fmt, out, width):
     from servelab.scoring.db import connect
     from servelab.scoring.report import render_text, report_data
 
-    con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
+    slo, source = resolve_runs_slo(run_dirs, slo_specs, slo_file)  # the header says which SLO and whence
+    con = connect(run_dirs, slo, read_only=True)
     try:
         if fmt == "json":
             ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
-            text = json.dumps([report_data(con, i) for i in ids], indent=1, default=str) + "\n"
+            text = json.dumps([report_data(con, i, slo_source=source) for i in ids], indent=1, default=str) + "\n"
         else:
-            text = render_text(con, width=width)
+            text = render_text(con, width=width, slo_source=source)
     finally:
         con.close()
     if out:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from servelab.common.tables import available_width, fit_table, print_table
 from servelab.scoring.db import connect
-from servelab.scoring.slo import SloTable, as_slo_table
+from servelab.scoring.slo import SloTable, as_slo_table, recorded_slo
 from servelab.scoring.views import LIVE_STATUSES
 
 REPORT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
@@ -29,8 +29,11 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) 
     return [dict(zip(cols, r)) for r in rel.fetchall()]
 
 
-def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
-    """Everything the report shows for one run, as plain Python values (JSON-serialisable)."""
+def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | None = None) -> dict[str, Any]:
+    """Everything the report shows for one run, as plain Python values (JSON-serialisable).
+
+    ``slo_source`` says where the connection's SLO came from ("given", "the SLO recorded in
+    run.json", ...), for the header."""
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", [run_id])
     if not run:
         from servelab.common.errors import ServelabError
@@ -60,6 +63,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     return {
         "run": run[0],
         "slo": slo,
+        "slo_source": (slo_source or "given") if slo else None,
         "attainment": attainment,
         "latency": latency,
         "goodput": goodput,
@@ -120,12 +124,15 @@ def _label(row: dict) -> str:
     return "overall" if row["scope"] == "overall" else f"{row['scope']}={row['name']}"
 
 
-def _slo_line(slo_rows: list[dict]) -> str:
+def _slo_line(slo_rows: list[dict], source: str | None = None) -> str:
     parts = []
     for r in slo_rows:
         fields = ", ".join(f"{k}={r[k]:g}" for k in ("ttft_s", "tpot_s", "e2e_s", "max_stall_s") if r[k] is not None)
         parts.append(f"{r['scope']}{'=' + r['name'] if r['name'] else ''}: {fields}")
-    return "; ".join(parts) if parts else "none given (attainment = share finished)"
+    if not parts:
+        return "none given or recorded, so no attainment: 'finished' below is the share of requests that finished"
+    said = {"given": "given with --slo/--slo-file"}.get(source or "given", source)
+    return "; ".join(parts) + f" ({said})"
 
 
 _ATTAINMENT_COLUMNS = ("requests", "finished", "unfin.", "refused", "joint", "ttft", "tpot", "e2e", "stall",
@@ -169,7 +176,7 @@ def render(data: dict[str, Any], console: Console) -> None:
     note = output_length_note(run.get("policy_name"), params)
     if note:
         console.print(f"policy {run.get('policy_name')}: {note}")
-    console.print(f"SLO: {_slo_line(data['slo'])}")
+    console.print(f"SLO: {_slo_line(data['slo'], data.get('slo_source'))}")
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
     live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
@@ -298,7 +305,8 @@ def _cost_lines(rows: list[dict], console: Console) -> None:
 DEFAULT_WIDTH = 120
 
 
-def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int | None = None) -> str:
+def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int | None = None,
+                slo_source: str | None = None) -> str:
     """The report as text, lines wrapped at ``width`` (None: ``COLUMNS`` or the terminal's, else 120).
 
     Tables never cut a name or a number: they wrap their headers to fit, and are printed wider when
@@ -313,7 +321,7 @@ def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None
     for i, run_id in enumerate(run_ids):
         if i:
             console.print()
-        render(report_data(con, run_id), console)
+        render(report_data(con, run_id, slo_source), console)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
@@ -322,10 +330,14 @@ def report_text(
 ) -> str:
     """The report of one run directory (or several, one after another) as plain text.
 
-    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)``.
+    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)``; without one, the SLO
+    the runs recorded in run.json (if any), as `servelab report` does.
     """
-    con = connect(run_dir, as_slo_table(slo))
+    table, source = as_slo_table(slo), "given"
+    if table is None:
+        table, source = recorded_slo(run_dir)
+    con = connect(run_dir, table)
     try:
-        return render_text(con, width=width)
+        return render_text(con, width=width, slo_source=source)
     finally:
         con.close()

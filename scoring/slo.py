@@ -8,6 +8,7 @@ Precedence for each field separately: the request's own override (trace column `
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
@@ -265,6 +266,35 @@ def _parse_one(spec: str) -> SloTable:
     if scope == "tier":
         return SloTable(tiers=((name, slo),))
     return SloTable(tenants=((name, slo),))
+
+
+def recorded_slo(run_dirs):
+    """``(SloTable or None, source)`` from the ``slo`` field the runs' run.json files carry."""
+    from servelab.scoring.sources import find_runs
+
+    if isinstance(run_dirs, (str, os.PathLike)):
+        run_dirs = [run_dirs]
+    try:
+        runs = find_runs([str(d) for d in run_dirs])
+    except ServelabError:
+        return None, None
+    tables = {}
+    for r in runs:
+        data = r.meta.get("slo")
+        if isinstance(data, dict) and data:
+            table = SloTable.from_toml(data, str(r.path / "run.json"))
+            if not table.is_empty:
+                tables[r.run_id] = table
+    if not tables:
+        return None, None
+    first_id, first = next(iter(tables.items()))
+    if len(set(tables.values())) > 1:
+        others = sorted(i for i, t in tables.items() if t != first)
+        return first, (f"the SLO recorded in run.json of {first_id} (runs {', '.join(others)} recorded other "
+                       "SLOs: give --slo to choose one)")
+    if len(tables) < len(runs):
+        return first, f"the SLO recorded in run.json of {len(tables)} of the {len(runs)} runs"
+    return first, "the SLO recorded in run.json"
 
 
 def as_slo_table(slo: "SloTable | list[str] | tuple[str, ...] | None") -> "SloTable | None":

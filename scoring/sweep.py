@@ -109,6 +109,8 @@ def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | Non
 
     trace = scale_rate(read_trace(trace_path), scale)
     result = replay(trace, config, trace_meta=dict(trace_meta, rate_scale=scale, rate_rps=rate))
+    if slo is not None and not slo.is_empty:  # each run keeps the SLO the sweep scored it with
+        result.meta["slo"] = slo.to_dict()
     write_run(result, run_dir)
     con = connect(run_dir, slo)
     try:

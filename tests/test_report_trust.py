@@ -1,0 +1,70 @@
+"""Issue #26: results a user can trust at first sight (a run keeps its SLO, overload is flagged,
+SLO units, vLLM-style booleans, cluster labels, report header and units, progress bar)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_trace
+from helpers_cli import run_main
+from helpers_search import grid_spec, write_trace_file
+from servelab.traces.io import write_trace
+
+
+def _trace(folder: Path, n: int, gap_s: float, prompt: int = 200, output: int = 20, name: str = "t.arrow") -> Path:
+    path = Path(folder) / name
+    write_trace(make_trace([i * gap_s for i in range(n)], [prompt] * n, [output] * n), path, source="test")
+    return path
+
+
+def _ok(argv, capsys) -> tuple[str, str]:
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    return out, err
+
+
+# --- 1. a run keeps the SLO it was judged by -------------------------------------------------
+
+
+def test_a_replays_slo_survives_into_a_later_report_query_and_compare(tmp_path, capsys):
+    trace = _trace(tmp_path, 40, 0.01, prompt=2000)
+    run = tmp_path / "r"
+    out, _ = _ok(["replay", trace, "-o", run, "--slo", "ttft=50ms"], capsys)
+    judged = next(line for line in out.splitlines() if line.startswith("overall"))
+    assert json.loads((run / "run.json").read_text())["slo"] == {"ttft_s": 0.05}
+    later, _ = _ok(["report", run], capsys)
+    assert "SLO: global: ttft_s=0.05 (the SLO recorded in run.json)" in later
+    assert next(line for line in later.splitlines() if line.startswith("overall")) == judged
+    assert "100.0%" not in judged  # the SLO matters here: the share finished would be 100%
+    out, err = _ok(["query", run, "SELECT attainment FROM slo_attainment WHERE scope = 'overall'", "--format", "json"],
+                   capsys)
+    assert json.loads(out)[0]["attainment"] < 1.0
+    assert "scoring with the SLO recorded in run.json (global: ttft_s=0.05)" in err
+    given, _ = _ok(["report", run, "--slo", "ttft=10s"], capsys)  # told otherwise: the flags win, and it says so
+    assert "SLO: global: ttft_s=10 (given with --slo/--slo-file)" in given
+
+
+def test_compare_of_runs_with_different_recorded_slos_says_which_it_used(tmp_path, capsys):
+    trace = _trace(tmp_path, 20, 0.05)
+    _ok(["replay", trace, "-o", tmp_path / "a", "--slo", "ttft=50ms", "--no-report"], capsys)
+    _ok(["replay", trace, "-o", tmp_path / "b", "--slo", "ttft=1s", "--no-report"], capsys)
+    _, err = _ok(["compare", tmp_path / "a", tmp_path / "b"], capsys)
+    assert "the SLO recorded in run.json of a (runs b recorded other SLOs: give --slo to choose one)" in err
+
+
+def test_a_search_trials_report_shows_the_studys_slo(tmp_path, capsys):
+    write_trace_file(tmp_path)
+    spec = grid_spec(tmp_path, n_trials=2)
+    _ok(["search", spec, "-o", tmp_path / "s", "--no-progress"], capsys)
+    trials = pq.read_table(tmp_path / "s" / "trials.parquet").to_pylist()
+    trial = tmp_path / "s" / "trials" / "0000"
+    out, _ = _ok(["report", trial, "--format", "json"], capsys)
+    data = json.loads(out)[0]
+    assert data["slo_source"] == "the SLO recorded in run.json"
+    overall = next(r for r in data["attainment"] if r["scope"] == "overall")
+    assert overall["attainment"] == pytest.approx(trials[0]["attainment"])
+    assert overall["attainment"] < overall["finished"] / overall["requests"]  # not the share finished
