@@ -29,6 +29,55 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) 
     return [dict(zip(cols, r)) for r in rel.fetchall()]
 
 
+# Overload: the signs that a run was offered more than it could serve (docs/metrics.md "Overload").
+# Waits are medians of `wait_s` (queue time, or time until the run ended for a request never
+# scheduled); a request's service time is its e2e minus its queue time.
+_OVERLOAD = """
+WITH m AS (SELECT * FROM request_metrics WHERE run_id = ?),
+     span AS (SELECT min(arrival_s) AS a0, max(arrival_s) AS a1 FROM m)
+SELECT quantile_cont(wait_s, 0.5) AS wait_p50_s,
+       quantile_cont(e2e_s - queue_s, 0.5) FILTER (WHERE finished) AS service_p50_s,
+       quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s <= a0 + 0.25 * (a1 - a0)) AS wait_first_quarter_s,
+       quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s >= a1 - 0.25 * (a1 - a0)) AS wait_last_quarter_s,
+       max(wait_s) AS max_wait_s
+FROM m, span
+"""
+RATE_RATIO = 1.2  # offered / served at or above this, while requests wait at least their service time
+GROWTH_RATIO = 3.0  # the last quarter's median wait >= this x the first quarter's ...
+GROWTH_SERVICES = 2.0  # ... and >= this many median service times
+DWARF_RATIO = 10.0  # the median wait >= this many median service times
+
+
+def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | None) -> dict[str, Any]:
+    """Whether the run was overloaded, and why: ``{"overloaded": bool, "reasons": [...], figures}``.
+
+    Three signs, any one enough: the offered rate exceeds the served rate by ``RATE_RATIO`` while
+    the median wait is at least the median service time (without waiting, a lower served rate is only
+    a short trace's tail); the queue grows (late arrivals wait ``GROWTH_RATIO`` times longer than early
+    ones, and at least ``GROWTH_SERVICES`` service times); the median wait is ``DWARF_RATIO`` service
+    times or more. A run without queue times (a live run) is judged by the rates alone, at 1.5x.
+    """
+    row = _rows(con, _OVERLOAD, [run_id])[0]
+    g = goodput_row or {}
+    offered, served = g.get("offered_rate_rps"), g.get("request_throughput_rps")
+    wait, service = row["wait_p50_s"], row["service_p50_s"]
+    early, late = row["wait_first_quarter_s"], row["wait_last_quarter_s"]
+    reasons = []
+    timed = wait is not None and service is not None
+    if offered and served is not None and offered >= RATE_RATIO * served and (
+            wait >= service if timed else offered >= 1.5 * served):
+        reasons.append(f"offered {offered:,.1f} req/s but served {served:,.1f} req/s")
+    if timed and early is not None and late is not None and late >= GROWTH_RATIO * early \
+            and late >= GROWTH_SERVICES * service and late > 0:
+        reasons.append(f"the queue grew: the median wait was {_ms_text(early)} for the first quarter of arrivals "
+                       f"and {_ms_text(late)} for the last")
+    if timed and service > 0 and wait >= DWARF_RATIO * service:
+        reasons.append(f"the median wait {_ms_text(wait)} is {wait / service:,.0f}x the median service time "
+                       f"{_ms_text(service)}")
+    return {"overloaded": bool(reasons), "reasons": reasons, "offered_rate_rps": offered, "served_rate_rps": served,
+            **row}
+
+
 def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | None = None) -> dict[str, Any]:
     """Everything the report shows for one run, as plain Python values (JSON-serialisable).
 
@@ -74,6 +123,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         "kv_tiers": tiers,
         "ttft_breakdown": breakdown[0] if breakdown else None,
         "cost": cost,
+        "overload": overload(con, run_id, next((g for g in goodput if g["scope"] == "overall"), None)),
     }
 
 
@@ -86,7 +136,13 @@ def _f(value: Any, digits: int = 3) -> str:
 
 
 def _ms(value: float | None) -> str:
+    """Seconds shown as milliseconds, the report's one latency unit."""
     return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _ms_text(value: float | None) -> str:
+    """Milliseconds for a line of prose: thousands separated, the unit written."""
+    return "-" if value is None else f"{value * 1e3:,.0f} ms"
 
 
 def _pct(value: float | None) -> str:
@@ -177,6 +233,10 @@ def render(data: dict[str, Any], console: Console) -> None:
     if note:
         console.print(f"policy {run.get('policy_name')}: {note}")
     console.print(f"SLO: {_slo_line(data['slo'], data.get('slo_source'))}")
+    over = data.get("overload") or {}
+    if over.get("overloaded"):  # latencies then measure the backlog, not the server
+        console.print("OVERLOADED: " + "; ".join(over["reasons"]) + ". The latencies below are mostly queueing; "
+                      "lower the rate or add replicas.")
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
     live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
@@ -221,21 +281,27 @@ def render(data: dict[str, Any], console: Console) -> None:
         ))  # fmt: skip
     labels = [_label(r) for r in shown + tenant_rows]
 
-    def table(title: str, columns: range, fold: bool = True) -> Table:
+    names = list(_ATTAINMENT_COLUMNS)
+    if data["slo"]:
+        title, every, rates = "SLO attainment (joint and per SLO) and goodput", list(range(len(names))), 4
+    else:  # no SLO: the share finished, never shown as an attainment, and no goodput
+        names[4] = "finished %"
+        title, every, rates = "Requests finished (no SLO given: no attainment, no goodput)", [0, 1, 2, 3, 4, 10], 4
+
+    def table(title: str, columns: list[int], fold: bool = True) -> Table:
         t = _table(title)
         _group_column(t, rows, fold)
         for i in columns:
-            t.add_column(_ATTAINMENT_COLUMNS[i], justify="right", no_wrap=True)
+            t.add_column(names[i], justify="right", no_wrap=True)
         for label, row in zip(labels, cells):
             t.add_row(label, *(row[i] for i in columns))
         return t
 
-    title, every = "SLO attainment (joint and per SLO) and goodput", range(len(_ATTAINMENT_COLUMNS))
     if fit_table(table(title, every, fold=False), console.width, console) <= console.width:
         _print(table(title, every), console)
     else:  # too narrow for one table: counts, then attainment and rates (no name or number is cut)
-        _print(table("Requests", range(4)), console)
-        _print(table(title, range(4, len(_ATTAINMENT_COLUMNS))), console)
+        _print(table("Requests", every[:rates]), console)
+        _print(table(title, every[rates:]), console)
     if hidden:
         console.print(f"({hidden} more tenants with higher attainment: servelab query ... \"SELECT * FROM slo_attainment\")")
 
@@ -253,8 +319,8 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(
         f"duration (first arrival to last finish) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
         f"{_f(g['output_throughput_tps'], 1)} output tok/s, {_f(g['total_token_throughput_tps'], 1)} total tok/s; "
-        f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); "
-        f"offered rate {_f(g['offered_rate_rps'])} req/s"
+        + (f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); " if data["slo"] else "")
+        + f"offered rate {_f(g['offered_rate_rps'])} req/s"
     )
     res = data["resources"]
     if res:

@@ -68,3 +68,24 @@ def test_a_search_trials_report_shows_the_studys_slo(tmp_path, capsys):
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     assert overall["attainment"] == pytest.approx(trials[0]["attainment"])
     assert overall["attainment"] < overall["finished"] / overall["requests"]  # not the share finished
+
+
+# --- 2. overload is not reported as success ---------------------------------------------------
+
+
+def test_an_overloaded_run_without_slo_says_it_is_overloaded(tmp_path, capsys):
+    trace = _trace(tmp_path, 1500, 0.0025, prompt=500, output=100)  # 400 req/s to one replica
+    out, _ = _ok(["replay", trace, "-o", tmp_path / "r"], capsys)
+    assert "OVERLOADED: offered 400.0 req/s but served" in out
+    assert "the queue grew" in out
+    assert "joint" not in out and "SLO attainment" not in out  # the share finished is not shown as attainment
+    assert "finished %" in out
+    data = json.loads(_ok(["report", tmp_path / "r", "--format", "json"], capsys)[0])[0]
+    assert data["overload"]["overloaded"] is True
+
+
+def test_a_run_within_capacity_is_not_called_overloaded(tmp_path, capsys):
+    trace = _trace(tmp_path, 300, 0.1, prompt=500, output=100)  # 10 req/s
+    out, _ = _ok(["replay", trace, "--slo", "ttft=200ms"], capsys)
+    assert "OVERLOADED" not in out
+    assert "SLO attainment (joint and per SLO) and goodput" in out
