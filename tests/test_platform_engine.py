@@ -218,7 +218,7 @@ def test_scoring_counts_refused_requests_as_misses(tmp_path):
     r = run(trace, runner=UNIT, policy="tiers", quota=("tenant=a:rpm=2",), queue_cap=1, max_num_seqs=1)
     assert column(r, "status") == ["finished", "dropped", "throttled", "dropped", "finished"]
     write_run(r, tmp_path / "run")
-    con = connect([tmp_path / "run"], slo=SloTable.parse_cli(["ttft=100"]))
+    con = connect([tmp_path / "run"], slo=SloTable.parse_cli(["ttft=100s"]))
     rows = con.sql("SELECT scope, name, requests, throttled, dropped, attainment FROM slo_attainment "
                    "ORDER BY scope, name").fetchall()
     assert ("overall", None, 5, 1, 2, 0.4) in rows

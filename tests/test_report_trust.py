@@ -89,3 +89,42 @@ def test_a_run_within_capacity_is_not_called_overloaded(tmp_path, capsys):
     out, _ = _ok(["replay", trace, "--slo", "ttft=200ms"], capsys)
     assert "OVERLOADED" not in out
     assert "SLO attainment (joint and per SLO) and goodput" in out
+
+
+# --- 5. SLO units -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["replay", "report", "query", "compare", "sweep"])
+def test_a_bare_implausible_slo_is_refused_by_every_command(tmp_path, capsys, command):
+    trace = _trace(tmp_path, 10, 0.1)
+    _ok(["replay", trace, "-o", tmp_path / "r", "--no-report"], capsys)
+    _ok(["replay", trace, "-o", tmp_path / "q", "--no-report"], capsys)
+    argv = {"replay": ["replay", trace], "report": ["report", tmp_path / "r"],
+            "query": ["query", tmp_path / "r", "SELECT 1"], "compare": ["compare", tmp_path / "r", tmp_path / "q"],
+            "sweep": ["sweep", trace, "--rates", "1", "-o", tmp_path / "sw"]}[command]
+    code, _, err = run_main([*argv, "--slo", "ttft=500"], capsys)
+    assert code == 1
+    assert "a bare 500 is read as seconds, which is implausible for ttft; write ttft=500ms" in err
+    assert not (tmp_path / "sw").exists()
+
+
+def test_slo_times_take_units_on_the_command_line_and_in_toml(tmp_path, capsys):
+    from servelab.common.errors import ServelabError
+    from servelab.scoring.slo import SloTable
+
+    assert SloTable.parse_cli(["ttft=500ms,tpot=0.05s,e2e=30"]).global_.ttft_s == pytest.approx(0.5)
+    assert SloTable.parse_cli(["ttft=500s"]).global_.ttft_s == 500.0  # a unit says it is meant
+    assert SloTable.from_toml({"ttft": "500ms", "tpot_s": 0.05}).global_.ttft_s == pytest.approx(0.5)
+    assert SloTable.from_toml({"ttft_s": 90}).global_.ttft_s == 90.0  # the key names its unit
+    with pytest.raises(ServelabError, match="implausible for tpot"):
+        SloTable.from_toml({"tier": {"gold": {"tpot": 50}}}, "spec.toml")
+    with pytest.raises(ServelabError, match="implausible for tpot"):
+        SloTable.parse_cli(["tier=gold:tpot=50"])
+
+
+def test_a_search_spec_with_a_bare_implausible_slo_is_refused(tmp_path, capsys):
+    write_trace_file(tmp_path)
+    spec = grid_spec(tmp_path, n_trials=1)
+    spec.write_text(spec.read_text().replace("[slo]\n", "[slo]\ne2e = 5000\n"))
+    code, _, err = run_main(["search", spec, "-o", tmp_path / "s", "--no-progress"], capsys)
+    assert code == 1 and "implausible for e2e" in err
