@@ -27,7 +27,7 @@ _ENGINE_HELP = {
     "max_num_seqs": "Most requests in one iteration.",
     "max_num_batched_tokens": "Most tokens computed in one iteration (chunked-prefill budget).",
     "kv_allocation": "on-demand (vLLM) or reserve (prompt + max_output reserved at admission).",
-    "enable_prefix_caching": "true (default) or false: reuse cached prefix blocks (vLLM v1; docs/engine.md).",
+    "enable_prefix_caching": "Reuse cached prefix blocks (vLLM v1; docs/engine.md).",
     "prefix_cache_scope": "global (default) or tenant: a tenant's requests hit only its own cached blocks.",
     "kv_tiers": "Offload tier below GPU memory, repeatable, top first: dram:capacity_gb=64 | ssd:capacity_gb=1000 | "
                 "remote:capacity_gb=10000 (shared), with optional read_gbps, write_gbps, latency_ms, shared=0|1.",
@@ -55,8 +55,37 @@ _ENGINE_HELP = {
     "tier_order": "Tiers highest first, for queue-cap shedding.",
     "pause": "Pause a tier under load: tier=flex,waiting=32[,resume=8] or tier=flex,kv=0.9[,resume=0.7].",
     "fail": "Replica failure, repeatable: replica=R,at=T[,for=D] (seconds; without for it stays down).",
-    "journal": "on: interrupted requests keep their generated tokens; off: they start over.",
+    "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
 }
+
+
+_BOOL_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def _bool_flags() -> tuple[str, ...]:
+    return tuple("--" + f.name.replace("_", "-") for f in dataclasses.fields(EngineConfig) if str(f.type) == "bool")
+
+
+class ReplayCommand(click.Command):
+    """A command with the replay options: the old value form of a boolean (``--journal off``,
+    ``--enable-prefix-caching=false``) still works, as ``--no-journal``, with a note that it is deprecated."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        flags, out, i = _bool_flags(), [], 0
+        while i < len(args):
+            arg = args[i]
+            name, eq, value = arg.partition("=")
+            if name in flags and (eq or (i + 1 < len(args) and args[i + 1].lower() in _BOOL_WORDS)):
+                if not eq:
+                    value, i = args[i + 1], i + 1
+                if value.lower() not in _BOOL_WORDS:
+                    raise click.BadParameter(f"expects no value (or true/false), got '{value}'", ctx, param_hint=name)
+                new = name if _BOOL_WORDS[value.lower()] else "--no-" + name[2:]
+                click.echo(f"note: '{arg}{'' if eq else ' ' + value}' is deprecated; write {new}", err=True)
+                arg = new
+            out.append(arg)
+            i += 1
+        return super().parse_args(ctx, out)
 
 
 def replay_options(func: Callable) -> Callable:
@@ -77,6 +106,11 @@ def replay_options(func: Callable) -> Callable:
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + ("until" if f.name == "until_s" else f.name.replace("_", "-"))
         repeatable = str(f.type).startswith("tuple")
+        if str(f.type) == "bool":  # vLLM's --x/--no-x; None when neither is given (the config file decides)
+            on_off = "on" if f.default else "off"
+            options.append(click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None,
+                                        help=f"{_ENGINE_HELP.get(f.name, '')} [default: {on_off}]"))
+            continue
         options.append(click.option(flag, f.name, default=None, multiple=repeatable,
                                     help=_ENGINE_HELP.get(f.name, "")))
     for option in reversed(options):
@@ -293,15 +327,15 @@ def _slo_option(func: Callable) -> Callable:
                         help="SLO for the report, e.g. ttft=0.5,tpot=0.05 or tier=priority:ttft=0.2.")(func)
 
 
-_force_option = click.option("--force", is_flag=True, help="Replace the run directory -o names if it already holds a run.")
+_force_option = click.option("--force/--no-force", default=False, help="Replace the run directory -o names if it already holds a run.")
 
 
-@click.command()
+@click.command(cls=ReplayCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Run directory to write.")
 @_force_option
 @click.option("--report/--no-report", default=True, help="Print the report after the replay.")
-@click.option("--token-log", is_flag=True, help="Also write tokens.parquet: every output token's time.")
+@click.option("--token-log/--no-token-log", default=False, help="Also write tokens.parquet: every output token's time.")
 @_slo_option
 @replay_options
 def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log: bool, slo: tuple[str, ...],
@@ -325,9 +359,9 @@ def _is_demo_run(out_dir: str, trace_path: Path) -> bool:
         return False
 
 
-@click.command()
+@click.command(cls=ReplayCommand)
 @click.option("-o", "--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
-@click.option("--force", is_flag=True, help="Replace -o even if it holds a run of another trace.")
+@click.option("--force/--no-force", default=False, help="Replace -o even if it holds a run of another trace.")
 @_slo_option
 @replay_options
 def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> None:
@@ -346,9 +380,9 @@ def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> Non
 @click.command()
 def policies() -> None:
     """List the registered scheduling policies and their parameters."""
-    from servelab.policies.base import policy_class, policy_names
+    from servelab.policies.base import POLICIES, policy_class, policy_names
 
-    _list_registered(policy_names(), policy_class, 14)
+    _list_registered(policy_names(), policy_class, 14, POLICIES.aliases_of)
 
 
 @click.command()
@@ -359,14 +393,16 @@ def routers() -> None:
     _list_registered(router_names(), router_class, 18)
 
 
-def _list_registered(names: list[str], class_of, width: int) -> None:
+def _list_registered(names: list[str], class_of, width: int, aliases_of=None) -> None:
     """Each name, the first line of its module's docstring, and its parameters with their defaults."""
     for name in names:
         cls = class_of(name)
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
-        click.echo(f"{name:{width}s} {doc}\n{'':{width}s} parameters: {params}")
+        aliases = aliases_of(name) if aliases_of else []
+        also = f"\n{'':{width}s} also named: {', '.join(aliases)}" if aliases else ""
+        click.echo(f"{name:{width}s} {doc}\n{'':{width}s} parameters: {params}{also}")
 
 
-__all__ = ["replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
+__all__ = ["ReplayCommand", "replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
            "parse_slo"]

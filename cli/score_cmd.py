@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from servelab.cli.replay_cmd import config_from_options, replay_options  # the replay flags sweep shares
+from servelab.cli.replay_cmd import ReplayCommand, config_from_options, replay_options  # the replay flags sweep shares
 from servelab.common.errors import ServelabError
 
 
@@ -102,7 +102,7 @@ _out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), he
 @_format
 @_out
 @click.option("--limit", type=int, default=200, show_default=True, help="Rows shown by --format table (0 = all).")
-@click.option("--read-only", is_flag=True,
+@click.option("--read-only/--no-read-only", default=False,
               help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs.")
 def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
     """Run SQL over one or more runs: servelab query RUN_DIR [RUN_DIR ...] "SQL".
@@ -186,7 +186,7 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
 @click.argument("run_dirs", nargs=-1, required=True)
 @slo_options
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False), required=True, help="Directory for the PNGs.")
-@click.option("--cluster", "cluster_only", is_flag=True,
+@click.option("--cluster/--no-cluster", "cluster_only", default=False,
               help="Only the replicas-and-cost chart of each run (runs of a [cluster] config).")
 def plot(run_dirs, slo_specs, slo_file, out, cluster_only):
     """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate, replicas and cost."""
@@ -229,7 +229,7 @@ def _floats(text: str | None, name: str) -> list[float] | None:
         raise ServelabError(f"{name} expects comma-separated numbers, got '{text}'") from None
 
 
-@click.command()
+@click.command(cls=ReplayCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--rates", help="Comma-separated offered arrival rates to replay, req/s (e.g. 1,2,4,8).")
 @click.option("--scales", help="Comma-separated multipliers of the trace's own rate (arrival_s divided by each).")
@@ -239,7 +239,7 @@ def _floats(text: str | None, name: str) -> list[float] | None:
 @click.option("--max-rate", type=float, help="Highest rate the search may try, req/s.")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Replays run in parallel processes.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Sweep directory to write.")
-@click.option("--force", is_flag=True, help="Replace the sweep directory -o names if it already holds a sweep.")
+@click.option("--force/--no-force", default=False, help="Replace the sweep directory -o names if it already holds a sweep.")
 @slo_options
 @replay_options
 def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, force, slo_specs, slo_file, **options):

@@ -196,7 +196,7 @@ def test_toml_round_trip_and_cli(tmp_path):
     result = CliRunner().invoke(cli, [
         "replay", str(trace_path), "-o", str(out), "--no-report", "--runner", UNIT, "--num-gpu-blocks", "100",
         "--replicas", "2", "--fail", "replica=1,at=2", "--quota", "tenant=a:rpm=1", "--retries", "1",
-        "--retry-backoff-s", "90", "--journal", "off"])
+        "--retry-backoff-s", "90", "--no-journal"])
     assert result.exit_code == 0, result.output
     meta = json.loads((out / "run.json").read_text())
     assert meta["platform"]["faults"]["failures"] == 1 and meta["engine"]["journal"] is False

@@ -128,3 +128,50 @@ def test_a_search_spec_with_a_bare_implausible_slo_is_refused(tmp_path, capsys):
     spec.write_text(spec.read_text().replace("[slo]\n", "[slo]\ne2e = 5000\n"))
     code, _, err = run_main(["search", spec, "-o", tmp_path / "s", "--no-progress"], capsys)
     assert code == 1 and "implausible for e2e" in err
+
+
+# --- 6. booleans are vLLM's --x/--no-x; vllm-v1 names the default policy ---------------------
+
+
+def test_no_enable_prefix_caching_works_and_the_old_value_form_is_deprecated(tmp_path, capsys):
+    trace = _trace(tmp_path, 10, 0.1)
+    _ok(["replay", trace, "-o", tmp_path / "off", "--no-enable-prefix-caching", "--no-report"], capsys)
+    assert json.loads((tmp_path / "off" / "run.json").read_text())["engine"]["enable_prefix_caching"] is False
+    _ok(["replay", trace, "-o", tmp_path / "on", "--enable-prefix-caching", "--no-journal", "--retry-after",
+         "--no-report"], capsys)
+    engine = json.loads((tmp_path / "on" / "run.json").read_text())["engine"]
+    assert (engine["enable_prefix_caching"], engine["journal"], engine["retry_after"]) == (True, False, True)
+    _, err = _ok(["replay", trace, "-o", tmp_path / "old", "--journal", "off", "--no-report"], capsys)
+    assert "'--journal off' is deprecated; write --no-journal" in err
+    assert json.loads((tmp_path / "old" / "run.json").read_text())["engine"]["journal"] is False
+
+
+def test_a_config_files_boolean_holds_unless_a_flag_is_given(tmp_path, capsys):
+    trace = _trace(tmp_path, 10, 0.1)
+    config = tmp_path / "c.toml"
+    config.write_text("enable_prefix_caching = false\n")
+    _ok(["replay", trace, "--config", config, "-o", tmp_path / "a", "--no-report"], capsys)
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["engine"]["enable_prefix_caching"] is False
+    _ok(["replay", trace, "--config", config, "-o", tmp_path / "b", "--enable-prefix-caching", "--no-report"], capsys)
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["engine"]["enable_prefix_caching"] is True
+
+
+def test_every_boolean_of_replay_report_and_sweep_has_a_no_form(capsys):
+    import click
+
+    from servelab.cli.replay_cmd import demo, replay
+    from servelab.cli.score_cmd import compare, plot, query, report, sweep
+
+    for command in (replay, demo, sweep, query, report, compare, plot):
+        for param in command.params:
+            if isinstance(param, click.Option) and param.is_flag and param.name != "help":
+                assert param.secondary_opts, f"{command.name} {param.opts[0]} has no --no- form"
+
+
+def test_vllm_v1_names_the_default_policy(tmp_path, capsys):
+    trace = _trace(tmp_path, 20, 0.05)
+    _ok(["replay", trace, "-o", tmp_path / "a", "--policy", "vllm-v1", "--no-report"], capsys)
+    _ok(["replay", trace, "-o", tmp_path / "b", "--policy", "sarathi", "--no-report"], capsys)
+    assert pq.read_table(tmp_path / "a" / "requests.parquet").equals(pq.read_table(tmp_path / "b" / "requests.parquet"))
+    out, _ = _ok(["policies"], capsys)
+    assert "also named: vllm-v1" in out
