@@ -207,22 +207,42 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     check_replay_output(out_dir, force, may_replace)
     runner = check_replay_config(config)
     trace = _load_trace(trace_path)
-    click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
-               f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
+    click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with {_serving(config)}", err=True)
     with _progress_bar(trace) as progress:
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
     if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
         meta["slo"] = slo_table.to_dict()
-    click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
-               f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
+    pools = (meta.get("cluster") or {}).get("pools") or []
+    blocks = (", ".join(f"{p['num_gpu_blocks']:,} per {p['name']} replica" for p in pools) if pools
+              else f"{meta['engine']['num_gpu_blocks']:,} per replica")
+    click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall (KV blocks: {blocks})",
+               err=True)
     if out_dir:
         write_run(result, out_dir)
         click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
                    "run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo_table))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _serving(config: ReplayConfig) -> str:
+    """What serves the trace, for the progress line: policy, runner and replicas, counted per pool
+    for a cluster (``pool prefill: 1 replica ...; pool decode: 1 replica ...; 2 replicas in all``)."""
+    if config.cluster is None:
+        return f"policy {config.policy}, runner {config.runner}, {_plural(config.engine.replicas, 'replica')}"
+    pools = "; ".join(
+        f"pool {p.name} ({p.role}): {_plural(p.replicas, 'replica')}"
+        + (f" (autoscaled {p.autoscale.min}..{p.autoscale.max})" if p.autoscale is not None else "")
+        for p in config.cluster.pools)
+    total = sum(p.replicas for p in config.cluster.pools)
+    start = " at the start" if any(p.autoscale is not None for p in config.cluster.pools) else ""
+    return f"{pools}; {_plural(total, 'replica')} in all{start}"
 
 
 def _spill_dir(out_dir: str | None) -> str | None:

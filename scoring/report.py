@@ -78,6 +78,49 @@ def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | No
             **row}
 
 
+_PER_REPLICA = """
+WITH req AS (SELECT replica, count(*) AS requests FROM requests WHERE run_id = $1 AND replica IS NOT NULL GROUP BY replica),
+     busy AS (SELECT replica, sum(duration_s) AS busy_s FROM steps WHERE run_id = $1 GROUP BY replica)
+SELECT replica, coalesce(req.requests, 0) AS requests, coalesce(busy.busy_s, 0.0) AS busy_s
+FROM req FULL OUTER JOIN busy USING (replica) ORDER BY replica
+"""
+
+
+def cluster_pools(run: dict) -> list[dict]:
+    """The pools of a cluster run (run.json's ``cluster.pools``), or [] for a run of one engine config."""
+    import json
+
+    raw = run.get("cluster_pools")
+    try:
+        pools = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return []
+    return [p for p in pools or [] if isinstance(p, dict)]
+
+
+def pool_balance(con: duckdb.DuckDBPyConnection, run_id: str, pools: list[dict]) -> list[dict]:
+    """Replica balance within each pool (a prefill replica is never compared with a decode one):
+    replicas, requests min..max (pools whose replicas record requests), busy max/mean, Jain's index of busy time."""
+    per = {r["replica"]: r for r in _rows(con, _PER_REPLICA, [run_id])}
+    out = []
+    for p in pools:
+        rows = [per.get(i, {"requests": 0, "busy_s": 0.0}) for i in p.get("replicas") or []]
+        if not rows:
+            continue
+        busy = [float(r["busy_s"]) for r in rows]
+        requests = [int(r["requests"]) for r in rows]
+        mean = sum(busy) / len(busy)
+        squares = sum(b * b for b in busy)
+        out.append({
+            "pool": p.get("name"), "role": p.get("role"), "replicas": len(rows),
+            "min_requests": min(requests) if any(requests) else None,
+            "max_requests": max(requests) if any(requests) else None,
+            "busy_max_over_mean": max(busy) / mean if mean else None,
+            "jain_busy": sum(busy) ** 2 / (len(busy) * squares) if squares else None,
+        })  # fmt: skip
+    return out
+
+
 def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | None = None) -> dict[str, Any]:
     """Everything the report shows for one run, as plain Python values (JSON-serialisable).
 
@@ -123,6 +166,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         "kv_tiers": tiers,
         "ttft_breakdown": breakdown[0] if breakdown else None,
         "cost": cost,
+        "pool_balance": pool_balance(con, run_id, cluster_pools(run[0])),
         "overload": overload(con, run_id, next((g for g in goodput if g["scope"] == "overall"), None)),
     }
 
@@ -219,15 +263,29 @@ def render(data: dict[str, Any], console: Console) -> None:
     run = data["run"]
     console.print(f"[bold]run {run['run_id']}[/bold]  ({run.get('run_path', '')})")
     line = []
-    for key, label in (("trace_name", "trace"), ("policy_name", "policy"), ("runner_name", "runner")):
+    pools = cluster_pools(run)
+    keys = [("trace_name", "trace")]
+    if not pools:  # a cluster names these per pool, below
+        keys += [("config_model", "model"), ("config_gpu", "GPU"), ("config_tp", "TP"), ("policy_name", "policy"),
+                 ("runner_name", "runner")]
+    for key, label in keys:
         if run.get(key) is not None:
             line.append(f"{label} {run[key]}")
-    if run.get("engine_replicas") is not None:
+    if pools:
+        line.append(f"replicas {sum(len(p.get('replicas') or []) for p in pools)}, GPUs {run['num_gpus']}")
+    elif run.get("engine_replicas") is not None:
         line.append(f"replicas {run['engine_replicas']}, GPUs {run['num_gpus']}")
     if run.get("simulated_span_s") is not None:
         line.append(f"simulated {run['simulated_span_s']:.1f} s")
     if line:
         console.print("  ".join(line))
+    for p in pools:
+        n = len(p.get("replicas") or [])
+        start = p.get("initial_replicas")
+        count = f"{n} replica{'' if n == 1 else 's'}" + (f" (from {start})" if start not in (None, n) else "")
+        parts = [f"{label} {p[key]}" for key, label in (("model", "model"), ("gpu", "GPU"), ("tp", "TP"),
+                                                         ("policy", "policy"), ("runner", "runner")) if p.get(key)]
+        console.print(f"pool {p.get('name')} ({p.get('role')}): {count}, " + "  ".join(parts))
     params = {k.removeprefix("policy_"): v for k, v in run.items() if k.startswith("policy_") and k != "policy_name"}
     note = output_length_note(run.get("policy_name"), params)
     if note:
@@ -330,9 +388,16 @@ def render(data: dict[str, Any], console: Console) -> None:
             f"queue mean {_f(res['mean_waiting'], 1)} max {res['max_waiting']}, busy {_f(res['busy_s'], 2)} s, "
             f"{res['iterations']} iterations"
         )
-    _cost_lines(data.get("cost") or [], console)
+    _cost_lines(data.get("cost") or [], console, bool(data["slo"]))
     bal = data["replica_balance"]
-    if bal and bal["replicas"] > 1:
+    pool_bal = [b for b in data.get("pool_balance") or [] if b["replicas"] > 1]
+    if data.get("pool_balance"):  # a cluster: balance within each pool, never across them
+        if pool_bal:
+            console.print("replica balance per pool: " + "; ".join(
+                f"{b['pool']} {b['replicas']} replicas"
+                + (f", requests {b['min_requests']}..{b['max_requests']}" if b["min_requests"] is not None else "")
+                + f", busy max/mean {_f(b['busy_max_over_mean'])}, Jain (busy) {_f(b['jain_busy'])}" for b in pool_bal))
+    elif bal and bal["replicas"] > 1:
         console.print(
             f"replica balance: {bal['replicas']} replicas, requests {bal['min_requests']}..{bal['max_requests']}, "
             f"busy max/mean {_f(bal['busy_max_over_mean'])}, Jain (busy) {_f(bal['jain_busy'])}"
@@ -349,7 +414,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         console.print(f"longest wait of any request {_f(fair['max_wait_s'], 2)} s")
 
 
-def _cost_lines(rows: list[dict], console: Console) -> None:
+def _cost_lines(rows: list[dict], console: Console, has_slo: bool = True) -> None:
     """Pools and cost (the ``cost`` view), for a run with several pools or a price."""
     pools = [r for r in rows if r["scope"] == "pool"]
     overall = next((r for r in rows if r["scope"] == "overall"), None)
@@ -362,9 +427,9 @@ def _cost_lines(rows: list[dict], console: Console) -> None:
         console.print(
             f"cost: ${_f(overall['dollars'], 2)} for {_f(overall['gpu_s'] / 3600, 3)} GPU-h; "
             f"${_f(overall['dollars_per_million_output_tokens'], 3)} per million output tokens, "
-            f"${_f(overall['dollars_per_request'], 5)} per finished request; "
-            f"goodput {_f(overall['goodput_requests_per_dollar'], 1)} requests per $, "
-            f"{_f(overall['goodput_rps_per_gpu'])} req/s per GPU"
+            f"${_f(overall['dollars_per_request'], 5)} per finished request"
+            + (f"; goodput {_f(overall['goodput_requests_per_dollar'], 1)} requests per $, "
+               f"{_f(overall['goodput_rps_per_gpu'])} req/s per GPU" if has_slo else "")
         )
 
 

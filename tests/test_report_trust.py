@@ -175,3 +175,44 @@ def test_vllm_v1_names_the_default_policy(tmp_path, capsys):
     assert pq.read_table(tmp_path / "a" / "requests.parquet").equals(pq.read_table(tmp_path / "b" / "requests.parquet"))
     out, _ = _ok(["policies"], capsys)
     assert "also named: vllm-v1" in out
+
+
+# --- 7. clusters are counted and labelled per pool ---------------------------------------------
+
+PD_CLUSTER = """
+[[cluster.pools]]
+name = "prefill"
+role = "prefill"
+replicas = 1
+
+[[cluster.pools]]
+name = "decode"
+role = "decode"
+replicas = 2
+
+[[cluster.links]]
+from = "prefill"
+to = "decode"
+bandwidth_gbps = 50.0
+"""
+
+
+def test_a_pd_clusters_progress_line_and_report_count_every_pool(tmp_path, capsys):
+    trace = _trace(tmp_path, 60, 0.05)
+    config = tmp_path / "pd.toml"
+    config.write_text(PD_CLUSTER)
+    out, err = _ok(["replay", trace, "--config", config, "-o", tmp_path / "r"], capsys)
+    assert "pool prefill (prefill): 1 replica; pool decode (decode): 2 replicas; 3 replicas in all" in err
+    assert "1 replica(s)" not in err
+    assert "replicas 3, GPUs 3" in out
+    assert "pool prefill (prefill): 1 replica, model llama-3.1-8b  GPU h100-80gb  TP 1" in out
+    assert "pool decode (decode): 2 replicas" in out
+    balance = next(line for line in out.splitlines() if line.startswith("replica balance"))
+    assert balance.startswith("replica balance per pool: decode 2 replicas, requests ")  # prefill has one: no balance
+    assert "3 replicas" not in balance
+
+
+def test_the_report_header_names_model_gpu_tp_and_policy(tmp_path, capsys):
+    trace = _trace(tmp_path, 10, 0.1)
+    out, _ = _ok(["replay", trace, "--tp", "2", "--model", "llama-3.1-70b", "--policy", "vllm-v0"], capsys)
+    assert "model llama-3.1-70b  GPU h100-80gb  TP 2  policy vllm-v0  runner roofline  replicas 1, GPUs 2" in out
