@@ -212,6 +212,9 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
+    reuse = _ideal_reuse(trace)
+    if reuse is not None and isinstance(meta.get("trace"), dict):  # the report explains a hit share above it
+        meta["trace"]["prefix_reuse_share"] = reuse
     if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
         meta["slo"] = slo_table.to_dict()
     pools = (meta.get("cluster") or {}).get("pools") or []
@@ -225,6 +228,13 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
                    "run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo_table))
+
+
+def _ideal_reuse(trace) -> float | None:
+    """The trace's ideal prefix reuse (what an unlimited cache would serve), or None without prefix hashes."""
+    from servelab.traces.info import prefix_reuse_share
+
+    return prefix_reuse_share(trace)
 
 
 def _plural(n: int, word: str) -> str:

@@ -159,6 +159,9 @@ def report(run_dirs, slo_specs, slo_file, fmt, out, width):
         click.echo(text, nl=False)
 
 
+COMPARE_DIGITS = 4  # significant digits of the text table: a metric's change shows, no six-digit noise
+
+
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True)
 @slo_options
@@ -179,7 +182,7 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
         table = compare_table(con, [r.run_id for r in runs])
     finally:
         con.close()
-    write_result(table, fmt, out)
+    write_result(table, fmt, out, significant=COMPARE_DIGITS)
 
 
 @click.command()
@@ -218,6 +221,10 @@ def collect_cmd(run_dirs, slo_specs, slo_file, out):
 
     n = collect(list(run_dirs), out, runs_slo(run_dirs, slo_specs, slo_file))
     click.echo(f"collected {n} run(s) into {out}")
+
+
+def _scaled(value, factor: float | None):
+    return value if factor is None or value is None else value * factor
 
 
 def _floats(text: str | None, name: str) -> list[float] | None:
@@ -263,7 +270,12 @@ def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out
     )  # fmt: skip
     cols = ("rate_rps", "scale", "attainment", "attainment_ttft", "attainment_tpot", "goodput_rps",
             "request_throughput_rps", "ttft_p99_s", "tpot_p99_s", "unfinished", "refused", "run_dir")  # fmt: skip
-    table = pa.table({c: [getattr(p, c) for p in result.points] for c in cols})
+    # latencies in ms, shares in %, as in report and compare (sweep.json keeps seconds and fractions)
+    shown = {"attainment": ("attainment_pct", 100.0), "attainment_ttft": ("attainment_ttft_pct", 100.0),
+             "attainment_tpot": ("attainment_tpot_pct", 100.0), "ttft_p99_s": ("ttft_p99_ms", 1e3),
+             "tpot_p99_s": ("tpot_p99_ms", 1e3)}
+    table = pa.table({shown.get(c, (c,))[0]: [_scaled(getattr(p, c), shown.get(c, (c, None))[1]) for p in result.points]
+                      for c in cols})
     click.echo(f"trace rate {result.native_rate_rps:.6g} req/s; {len(result.points)} replays in {out_dir}")
     click.echo(render_table(table), nl=False)
     for note in result.notes:

@@ -311,13 +311,19 @@ def render(data: dict[str, Any], console: Console) -> None:
     if cache:  # only when the prefix cache served anything
         console.print(f"prefix cache: {cache['cached_tokens']:,} of {cache['prompt_tokens']:,} prompt tokens "
                       f"served from cache ({_pct(cache['hit_rate'])}), {_pct(cache['requests_with_hit'])} of requests hit")
+        ideal = run.get("trace_prefix_reuse_share")
+        if isinstance(ideal, (int, float)) and cache["hit_rate"] is not None and cache["hit_rate"] > ideal + 5e-4:
+            console.print(
+                f"  that is above the trace's ideal reuse of {_pct(ideal)} (what an unlimited cache serves to first "
+                f"admissions): requests re-admitted after a preemption ({overall['preempted_requests']} here) hit "
+                "their own blocks again, as in vLLM")
     if data.get("kv_tiers"):  # with offload tiers: what each served, and where TTFT went
         console.print("  by tier: " + ", ".join(f"{r['tier']} {r['cached_tokens']:,} ({_pct(r['hit_rate'])})"
                                                for r in data["kv_tiers"]))
         b = data.get("ttft_breakdown")
         if b:
-            console.print(f"  mean TTFT {_f(b['mean_ttft_s'])} s = queue {_f(b['mean_queue_s'])} + KV load "
-                          f"{_f(b['mean_load_s'], 4)} + compute {_f(b['mean_compute_s'])} s")
+            console.print(f"  mean TTFT {_ms(b['mean_ttft_s'])} ms = queue {_ms(b['mean_queue_s'])} + KV load "
+                          f"{_ms(b['mean_load_s'])} + compute {_ms(b['mean_compute_s'])} ms")
     console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}
@@ -407,11 +413,11 @@ def render(data: dict[str, Any], console: Console) -> None:
         console.print(
             f"fairness over {fair['tenants']} tenants: Jain service {_f(fair['jain_service'])}, "
             f"Jain attainment {_f(fair['jain_attainment'])}, worst tenant {fair['worst_tenant']} "
-            f"({_pct(fair['worst_tenant_attainment'])}), longest wait {_f(fair['max_wait_s'], 2)} s "
+            f"({_pct(fair['worst_tenant_attainment'])}), longest wait {_ms_text(fair['max_wait_s'])} "
             f"({fair['longest_wait_tenant']})"
         )
     elif fair:
-        console.print(f"longest wait of any request {_f(fair['max_wait_s'], 2)} s")
+        console.print(f"longest wait of any request {_ms_text(fair['max_wait_s'])}")
 
 
 def _cost_lines(rows: list[dict], console: Console, has_slo: bool = True) -> None:

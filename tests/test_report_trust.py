@@ -216,3 +216,36 @@ def test_the_report_header_names_model_gpu_tp_and_policy(tmp_path, capsys):
     trace = _trace(tmp_path, 10, 0.1)
     out, _ = _ok(["replay", trace, "--tp", "2", "--model", "llama-3.1-70b", "--policy", "vllm-v0"], capsys)
     assert "model llama-3.1-70b  GPU h100-80gb  TP 2  policy vllm-v0  runner roofline  replicas 1, GPUs 2" in out
+
+
+# --- 10. one unit per metric; compare without six-digit noise -----------------------------------
+
+
+def test_latencies_are_ms_in_report_compare_and_sweep(tmp_path, capsys):
+    trace = _trace(tmp_path, 30, 0.05)
+    out, _ = _ok(["replay", trace, "-o", tmp_path / "a"], capsys)
+    wait = next(line for line in out.splitlines() if line.startswith("longest wait"))
+    assert wait.endswith(" ms") and " s" not in wait
+    _ok(["replay", trace, "-o", tmp_path / "b", "--max-num-seqs", "4", "--no-report"], capsys)
+    out, _ = _ok(["compare", tmp_path / "a", tmp_path / "b", "--format", "json"], capsys)
+    metrics = {r["metric"] for r in json.loads(out)}
+    assert "max_wait_ms" in metrics and "max_wait_s" not in metrics
+    text, _ = _ok(["compare", tmp_path / "a", tmp_path / "b"], capsys)
+    row = next(line.split() for line in text.splitlines() if line.strip().startswith("ttft_mean_ms"))
+    assert all(len(cell.replace("-", "").replace(".", "").lstrip("0")) <= 4 for cell in row[1:])  # 4 significant digits
+    out, _ = _ok(["sweep", trace, "--rates", "5", "-o", tmp_path / "sw", "--slo", "ttft=1s"], capsys)
+    assert "ttft_p99_ms" in out and "attainment_pct" in out and "ttft_p99_s" not in out
+
+
+# --- 12. a prefix-cache hit share above the trace's ideal reuse is explained ---------------------
+
+
+def test_a_hit_share_above_the_ideal_reuse_is_explained(tmp_path, capsys):
+    from servelab.traces.synth import synth_trace
+
+    trace = write_trace(synth_trace(n=300, rate=40, prompt="1000", output="200", seed=3, prefix_block_tokens=16),
+                        tmp_path / "p.arrow", "synth")
+    out, _ = _ok(["replay", trace, "--num-gpu-blocks", "400", "-o", tmp_path / "r"], capsys)
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["trace"]["prefix_reuse_share"] == 0.0
+    assert "above the trace's ideal reuse of 0.0%" in out
+    assert "re-admitted after a preemption" in out
