@@ -265,29 +265,38 @@ def _spill_dir(out_dir: str | None) -> str | None:
     return str(parent)
 
 
+PROGRESS_DELAY_S = 2.0  # wall seconds before the bar appears: a replay quicker than that shows none
+
+
 @contextlib.contextmanager
-def _progress_bar(trace, console=None):
+def _progress_bar(trace, console=None, delay_s: float = PROGRESS_DELAY_S):
     """The replay's progress on stderr when it is a terminal (else nothing: no line to be cut in a
-    log), for traces of 50,000 requests or more; ``console`` (tests) is taken for a terminal."""
-    if trace.num_rows < 50_000 or (console is None and not sys.stderr.isatty()):
+    log), once the replay has run ``delay_s`` wall seconds, whatever the trace's size; ``console``
+    (tests) is taken for a terminal."""
+    if console is None and not sys.stderr.isatty():
         yield None
         return
     import pyarrow.compute as pc
     from rich.console import Console
 
-    span_s = pc.max(trace["arrival_s"]).as_py() or 0.0
-    bar = ReplayProgress(span_s, console or Console(stderr=True))
-    with bar.progress:
+    span_s = (pc.max(trace["arrival_s"]).as_py() or 0.0) if trace.num_rows else 0.0
+    bar = ReplayProgress(span_s, console or Console(stderr=True), delay_s=delay_s)
+    try:
         yield bar
+    finally:
+        bar.stop()
 
 
 class ReplayProgress:
     """``progress(now_s, ended, total)`` as a rich bar: simulated time against the trace's last
     arrival, then, while the queue drains, the requests done of those still in flight; with the
     elapsed time and an ETA. Everything but the bar is one text that wraps between words when the
-    terminal is narrow: no number is ever cut."""
+    terminal is narrow: no number is ever cut. The bar appears at the first call ``delay_s`` wall
+    seconds or more after it was made (0: at once), so a quick replay prints nothing."""
 
-    def __init__(self, span_s: float, console):
+    def __init__(self, span_s: float, console, delay_s: float = 0.0):
+        import time
+
         from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
         from rich.table import Column
         from rich.text import Text
@@ -308,9 +317,20 @@ class ReplayProgress:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), Detail(),
                                  console=console, transient=True)
         self.task = self.progress.add_task("replay", total=max(span_s, 1e-9), detail="starting")
+        self._clock = time.monotonic
+        self._show_at = self._clock() + delay_s
+        self.started = False
+
+    def stop(self) -> None:
+        if self.started:
+            self.progress.stop()
+            self.started = False
 
     def __call__(self, now_s: float, ended: int, total: int) -> None:
         bar = self.progress
+        if not self.started and self._clock() >= self._show_at:
+            bar.start()
+            self.started = True
         if self.drain_from is None and now_s >= self.span_s:  # every trace arrival is in: the queue drains
             self.drain_from = ended
             bar.reset(self.task, total=max(total - ended, 1), completed=0, description="draining")

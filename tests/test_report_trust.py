@@ -249,3 +249,26 @@ def test_a_hit_share_above_the_ideal_reuse_is_explained(tmp_path, capsys):
     assert json.loads((tmp_path / "r" / "run.json").read_text())["trace"]["prefix_reuse_share"] == 0.0
     assert "above the trace's ideal reuse of 0.0%" in out
     assert "re-admitted after a preemption" in out
+
+
+# --- 11. a progress bar for every replay longer than a few seconds ------------------------------
+
+
+def test_a_small_slow_replay_gets_a_progress_bar_and_a_quick_one_none(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from servelab.cli.replay_cmd import PROGRESS_DELAY_S, _progress_bar
+    from servelab.traces.io import read_trace
+
+    assert PROGRESS_DELAY_S <= 5.0  # "a few seconds"
+    trace = read_trace(_trace(tmp_path, 100, 0.1))  # 100 requests, far below the old 50,000
+    with _progress_bar(trace, Console(file=io.StringIO(), width=80), delay_s=0.0) as bar:
+        assert bar is not None
+        bar(5.0, 10, 100)  # the replay has run past the delay: the bar shows
+        assert bar.started and bar.progress.live.is_started
+    assert not bar.started  # stopped (and cleared: transient) when the replay ends
+    with _progress_bar(trace, Console(file=io.StringIO(), width=80), delay_s=60.0) as bar:
+        bar(5.0, 10, 100)  # within the delay: nothing shown yet
+        assert not bar.started
