@@ -109,10 +109,15 @@ def replay_options(func: Callable) -> Callable:
         if str(f.type) == "bool":  # vLLM's --x/--no-x; None when neither is given (the config file decides)
             on_off = "on" if f.default else "off"
             options.append(click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None,
-                                        help=f"{_ENGINE_HELP.get(f.name, '')} [default: {on_off}]"))
+                                        help=f"{_ENGINE_HELP.get(f.name, '')}  [default: {on_off}]"))
             continue
-        options.append(click.option(flag, f.name, default=None, multiple=repeatable,
-                                    help=_ENGINE_HELP.get(f.name, "")))
+        # parsed as text (the config's own checks give the errors), shown with its kind and default
+        kind = str(f.type).split(" | ")[0]
+        metavar = {"int": "INTEGER", "float": "FLOAT"}.get(kind, "SPEC" if repeatable else "TEXT")
+        shown = f.default if f.default not in (None, (), dataclasses.MISSING) else False
+        default = f"  [default: {shown}]" if shown is not False else ""
+        options.append(click.option(flag, f.name, default=None, multiple=repeatable, metavar=metavar,
+                                    help=_ENGINE_HELP.get(f.name, "") + default))
     for option in reversed(options):
         func = option(func)
     return func

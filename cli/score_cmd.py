@@ -223,6 +223,13 @@ def collect_cmd(run_dirs, slo_specs, slo_file, out):
     click.echo(f"collected {n} run(s) into {out}")
 
 
+def _deprecated(value, old: str, new: str):
+    """An old option name still works, with a note that names the new one."""
+    if value is not None:
+        click.echo(f"note: {old} is deprecated; write {new}", err=True)
+    return value
+
+
 def _scaled(value, factor: float | None):
     return value if factor is None or value is None else value * factor
 
@@ -239,7 +246,9 @@ def _floats(text: str | None, name: str) -> list[float] | None:
 @click.command(cls=ReplayCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--rates", help="Comma-separated offered arrival rates to replay, req/s (e.g. 1,2,4,8).")
-@click.option("--scales", help="Comma-separated multipliers of the trace's own rate (arrival_s divided by each).")
+@click.option("--rate-scales", "scales", help="Comma-separated multipliers of the trace's own rate (arrival_s divided by each).")
+@click.option("--scales", "old_scales", hidden=True,
+              callback=lambda ctx, param, value: _deprecated(value, "--scales", "--rate-scales"))
 @click.option("--goodput-target", "target", type=float, help="Search the highest rate whose joint SLO attainment >= this (e.g. 0.9).")
 @click.option("--tolerance", type=float, default=0.02, show_default=True, help="Stop the search when hi/lo - 1 <= this.")
 @click.option("--min-rate", type=float, help="Lowest rate the search may try, req/s.")
@@ -249,7 +258,7 @@ def _floats(text: str | None, name: str) -> list[float] | None:
 @click.option("--force/--no-force", default=False, help="Replace the sweep directory -o names if it already holds a sweep.")
 @slo_options
 @replay_options
-def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, force, slo_specs, slo_file, **options):
+def sweep(trace, rates, scales, old_scales, target, tolerance, min_rate, max_rate, jobs, out_dir, force, slo_specs, slo_file, **options):
     """Replay TRACE at several arrival rates (one run dir each) and find the goodput rate."""
     import pyarrow as pa
 
@@ -265,7 +274,8 @@ def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out
         click.echo(f"  rate {p.rate_rps:.6g} req/s (x{p.scale:.4g}): attainment {p.attainment:.3f}", err=True)
 
     result = run_sweep(
-        trace, config, out_dir, slo=slo, rates=_floats(rates, "--rates"), scales=_floats(scales, "--scales"),
+        trace, config, out_dir, slo=slo, rates=_floats(rates, "--rates"),
+        scales=_floats(scales or old_scales, "--rate-scales" if scales else "--scales"),
         target=target, tolerance=tolerance, jobs=jobs, min_rate=min_rate, max_rate=max_rate, progress=progress,
     )  # fmt: skip
     cols = ("rate_rps", "scale", "attainment", "attainment_ttft", "attainment_tpot", "goodput_rps",

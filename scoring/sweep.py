@@ -270,14 +270,14 @@ def run_sweep(
     from servelab.traces.io import read_trace, trace_sha256
 
     if not rates and not scales and target is None:
-        raise ServelabError("sweep needs --rates, --scales or --goodput-target")
+        raise ServelabError("sweep needs --rates, --rate-scales or --goodput-target")
     if target is not None and not 0 < target <= 1:
         raise ServelabError(f"--goodput-target must be in (0, 1], got {target}")
     if target is not None and not 1e-4 <= tolerance < 1:
         raise ServelabError(f"--tolerance must be in [0.0001, 1), got {tolerance}")
     if jobs < 1:
         raise ServelabError(f"--jobs must be >= 1, got {jobs}")
-    for name, values in (("--rates", rates), ("--scales", scales)):
+    for name, values in (("--rates", rates), ("--rate-scales", scales)):
         if values and any(not (v > 0 and math.isfinite(v)) for v in values):
             raise ServelabError(f"{name} must all be positive numbers")
     if min_rate is not None and max_rate is not None and min_rate >= max_rate:

@@ -272,3 +272,29 @@ def test_a_small_slow_replay_gets_a_progress_bar_and_a_quick_one_none(tmp_path):
     with _progress_bar(trace, Console(file=io.StringIO(), width=80), delay_s=60.0) as bar:
         bar(5.0, 10, 100)  # within the delay: nothing shown yet
         assert not bar.started
+
+
+# --- 8. help shows kinds and defaults; one rate vocabulary -------------------------------------
+
+
+def test_replay_help_shows_each_numbers_kind_and_default(capsys):
+    out, _ = _ok(["replay", "--help"], capsys)
+    flat = " ".join(out.split())
+    assert "--block-size INTEGER Tokens per KV block. [default: 16]" in flat
+    assert "--gpu-memory-utilization FLOAT" in flat and "[default: 0.9]" in flat
+    assert "--max-num-seqs TEXT" not in flat
+
+
+def test_rate_scale_is_one_name_and_the_old_names_still_work(tmp_path, capsys):
+    from servelab.traces.io import read_trace
+
+    src = _trace(tmp_path, 20, 0.1)
+    _ok(["trace", "transform", src, "-o", tmp_path / "new.arrow", "--rate-scale", "2"], capsys)
+    _, err = _ok(["trace", "transform", src, "-o", tmp_path / "old.arrow", "--scale-rate", "2"], capsys)
+    assert "--scale-rate is deprecated; write --rate-scale" in err
+    assert read_trace(tmp_path / "new.arrow")["arrival_s"].equals(read_trace(tmp_path / "old.arrow")["arrival_s"])
+    assert read_trace(tmp_path / "new.arrow")["arrival_s"][-1].as_py() == pytest.approx(0.95)
+    out, _ = _ok(["sweep", src, "--rate-scales", "2", "-o", tmp_path / "sw", "--slo", "ttft=1s"], capsys)
+    assert "rate_20" in out
+    _, err = _ok(["sweep", src, "--scales", "2", "-o", tmp_path / "sw2", "--slo", "ttft=1s"], capsys)
+    assert "--scales is deprecated; write --rate-scales" in err
