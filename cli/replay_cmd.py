@@ -203,7 +203,7 @@ def check_replay_config(config: ReplayConfig):
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
                slo: Any = (), token_log: bool = False, force: bool = False,
-               may_replace: bool = False) -> None:  # fmt: skip
+               may_replace: bool = False, slo_source: str = "given") -> None:  # fmt: skip
     """Replay and write/report; every option is checked (SLO, output directory, policy, runner, trace)
     before the replay starts. ``slo``: ``--slo`` specs or an SloTable."""
     from servelab.api import replay, write_run
@@ -232,7 +232,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
                    "run.json", err=True)
     if show_report:
-        click.echo(_report(result, out_dir, slo_table))
+        click.echo(_report(result, out_dir, slo_table, slo_source))
 
 
 def _ideal_reuse(trace) -> float | None:
@@ -347,7 +347,7 @@ class ReplayProgress:
                        detail=f"{total - ended:,} in flight, {ended:,} of {total:,} done")
 
 
-def _report(result, out_dir: str | None, slo) -> str:
+def _report(result, out_dir: str | None, slo, slo_source: str = "given") -> str:
     """The report `servelab report` prints; without -o, of the run written to a temporary folder
     (so that --slo attainment is reported too). A build without scoring prints percentiles only."""
     try:
@@ -355,7 +355,7 @@ def _report(result, out_dir: str | None, slo) -> str:
     except ImportError:
         report_text = None
     if report_text is not None and out_dir:
-        return report_text(out_dir, slo)
+        return report_text(out_dir, slo, slo_source=slo_source)
     if report_text is not None:
         import dataclasses
         import tempfile
@@ -365,7 +365,7 @@ def _report(result, out_dir: str | None, slo) -> str:
         name = str((result.meta.get("trace") or {}).get("name") or "run")
         with tempfile.TemporaryDirectory(prefix="servelab-report.") as tmp:
             run_dir = write_run(dataclasses.replace(result, tokens=None), Path(tmp) / name)
-            return report_text(run_dir, slo).replace(f"({run_dir})", "(not saved: add -o RUN_DIR to keep it)", 1)
+            return report_text(run_dir, slo, slo_source=slo_source).replace(f"({run_dir})", "(not saved: add -o RUN_DIR to keep it)", 1)
     import pyarrow.compute as pc
 
     req = result.requests
@@ -427,9 +427,11 @@ def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> Non
     from servelab.traces.bundled import default_trace_path
 
     config = config_from_options(**options)
-    slo = parse_slo(slo, options.get("config_file")) or parse_slo(("ttft=2,tpot=0.1",))
+    given = parse_slo(slo, options.get("config_file"))
+    slo = given or parse_slo(("ttft=2,tpot=0.1",))
     trace_path = default_trace_path()
-    run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path))
+    run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path),
+               slo_source="given" if given else "the demo's default SLO; --slo replaces it")
 
 
 @click.command()

@@ -463,14 +463,16 @@ def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None
 
 
 def report_text(
-    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int | None = None
+    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int | None = None,
+    slo_source: str = "given",
 ) -> str:
     """The report of one run directory (or several, one after another) as plain text.
 
-    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)``; without one, the SLO
-    the runs recorded in run.json (if any), as `servelab report` does.
+    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)`` (``slo_source`` says
+    whence, for the header); without one, the SLO the runs recorded in run.json (if any), as
+    `servelab report` does.
     """
-    table, source = as_slo_table(slo), "given"
+    table, source = as_slo_table(slo), slo_source
     if table is None:
         table, source = recorded_slo(run_dir)
     con = connect(run_dir, table)
