@@ -217,7 +217,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
-    reuse = _ideal_reuse(trace)
+    reuse = _ideal_reuse(trace, result.requests)
     if reuse is not None and isinstance(meta.get("trace"), dict):  # the report explains a hit share above it
         meta["trace"]["prefix_reuse_share"] = reuse
     if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
@@ -235,10 +235,18 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         click.echo(_report(result, out_dir, slo_table, slo_source))
 
 
-def _ideal_reuse(trace) -> float | None:
-    """The trace's ideal prefix reuse (what an unlimited cache would serve), or None without prefix hashes."""
+def _ideal_reuse(trace, requests) -> float | None:
+    """The trace's ideal prefix reuse (what an unlimited cache would serve to first admissions), or None
+    without prefix hashes. Only a run with preemptions and cache hits can exceed it (re-admitted
+    requests hit their own blocks), so only such a run pays for it (seconds for 10^7 hashes)."""
+    import pyarrow.compute as pc
+
     from servelab.traces.info import prefix_reuse_share
 
+    if "prefix_hashes" not in trace.column_names or "cached_tokens" not in requests.column_names:
+        return None
+    if not (pc.sum(requests["num_preemptions"]).as_py() or 0) or not (pc.sum(requests["cached_tokens"]).as_py() or 0):
+        return None
     return prefix_reuse_share(trace)
 
 
