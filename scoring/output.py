@@ -63,7 +63,7 @@ def render_table(table: pa.Table, limit: int | None = None, width: int | None | 
 
     from servelab.common.tables import available_width, table_text
 
-    t = Table(box=box.SIMPLE_HEAD)
+    t = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)  # the report's style
     for field in table.schema:
         numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
         t.add_column(field.name, justify="right" if numeric else "left", no_wrap=numeric)

@@ -298,3 +298,18 @@ def test_rate_scale_is_one_name_and_the_old_names_still_work(tmp_path, capsys):
     assert "rate_20" in out
     _, err = _ok(["sweep", src, "--scales", "2", "-o", tmp_path / "sw2", "--slo", "ttft=1s"], capsys)
     assert "--scales is deprecated; write --rate-scales" in err
+
+
+def test_query_compare_and_report_tables_share_one_style(tmp_path, capsys):
+    trace = _trace(tmp_path, 10, 0.1)
+    report, _ = _ok(["replay", trace, "-o", tmp_path / "a", "--slo", "ttft=1s"], capsys)
+    _ok(["replay", trace, "-o", tmp_path / "b", "--no-report"], capsys)
+    query, _ = _ok(["query", tmp_path / "a", "SELECT scope, attainment FROM slo_attainment"], capsys)
+    compare, _ = _ok(["compare", tmp_path / "a", tmp_path / "b"], capsys)
+
+    def rule_and_header(text):  # the line above the first rule: flush left, as is the rule
+        lines = text.splitlines()
+        i = next(i for i, line in enumerate(lines) if line.lstrip().startswith("─"))
+        return lines[i - 1][:1] != " ", lines[i][:1]
+
+    assert rule_and_header(report) == rule_and_header(query) == rule_and_header(compare) == (True, "─")
