@@ -23,7 +23,8 @@ def slo_options(func):
         "slo_specs",
         multiple=True,
         metavar="SPEC",
-        help="SLO in seconds: 'ttft=0.5,tpot=0.05', 'tier=priority:ttft=0.2', 'tenant=acme:e2e=10'. Repeatable.",
+        help="SLO: 'ttft=500ms,tpot=50ms', 'tier=priority:ttft=0.2s', 'tenant=acme:e2e=10' (a bare number is seconds; "
+             "one implausible as seconds is refused). Default: the SLO the runs recorded. Repeatable.",
     )(func)
     return func
 
