@@ -252,19 +252,28 @@ def _mapping(text: str) -> dict[str, str]:
     return pairs
 
 
+def _deprecated(value, old: str, new: str):
+    """An old option name still works, with a note that names the new one."""
+    if value is not None and value != ():
+        click.echo(f"note: {old} is deprecated; write {new}", err=True)
+    return value
+
+
 @trace.command("transform")
 @click.argument("src", type=_EXISTING)
 @click.option("-o", "--output", "out", required=True, type=_PATH)
 @click.option("--window", default=None, help="Keep arrivals in START_S:END_S, re-based to 0 (sessions whole).")
 @click.option("--head", type=int, default=None, help="Keep the first N requests.")
 @click.option("--sample", default=None, help="Random subset: a count N or a fraction 0<F<1 (sessions whole).")
-@click.option("--scale-rate", type=float, default=None, help="Multiply the arrival rate by K (times / K).")
+@click.option("--rate-scale", type=float, default=None, help="Multiply the arrival rate by K (arrival times / K).")
+@click.option("--scale-rate", type=float, default=None, hidden=True,
+              callback=lambda ctx, param, value: _deprecated(value, "--scale-rate", "--rate-scale"))
 @click.option("--tier-by-tenant", default=None, help="Set tiers from tenants: 'tenantA=priority,tenantB=flex'.")
 @click.option("--tier-default", default=None, help="With --tier-by-tenant: tier of unlisted tenants.")
 @click.option("--tier-fractions", default=None, help="Random tiers: 'priority=0.1,standard=0.6,flex=0.3'.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample and --tier-fractions.")
 def transform_cmd(src: Path, out: Path, **kw) -> None:
-    """Reshape a trace. Steps run in this order: window, head, sample, scale-rate, tiers."""
+    """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers."""
     from servelab.traces import transforms
     from servelab.traces.io import read_trace, trace_metadata, write_trace
     from servelab.traces.synth import parse_weights
@@ -289,9 +298,10 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         else:
             raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)")
         steps.append(f"sample {kw['sample']} seed {kw['seed']}")
-    if kw["scale_rate"] is not None:
-        table = transforms.scale_rate(table, kw["scale_rate"])
-        steps.append(f"rate x{kw['scale_rate']:g}")
+    scale = kw["rate_scale"] if kw["rate_scale"] is not None else kw["scale_rate"]
+    if scale is not None:
+        table = transforms.scale_rate(table, scale)
+        steps.append(f"rate x{scale:g}")
     if kw["tier_by_tenant"] and kw["tier_fractions"]:
         raise ServelabError("use one of --tier-by-tenant and --tier-fractions")
     if kw["tier_default"] and not kw["tier_by_tenant"]:
@@ -303,7 +313,7 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         table = transforms.tier_by_fraction(table, parse_weights(kw["tier_fractions"], "tiers"), kw["seed"])
         steps.append(f"tier fractions seed {kw['seed']}")
     if not steps:
-        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --scale-rate, --tier-*")
+        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*")
     meta = trace_metadata(table)
     source = f"{meta.get('source', src.name)} | {'; '.join(steps)}"
     write_trace(table, out, source)

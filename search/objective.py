@@ -263,6 +263,8 @@ class Evaluator:
         result = self._replay_timed(config, attrs)
         t1 = time.perf_counter()
         result.meta["search"] = {"study": self.spec.study_name, "trial": trial.number, "params": dict(trial.params)}
+        if not self.spec.slo.is_empty:  # the trial's report then shows the SLO the study ranked it under
+            result.meta["slo"] = self.spec.slo.to_dict()
 
         def write() -> float:
             start = time.perf_counter()
