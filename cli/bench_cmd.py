@@ -279,6 +279,8 @@ def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: 
     with _held_signals(signals):
         if signals:
             run.meta["signal"] = signals[0]
+        if slo is not None:  # a later `report`/`query`/`compare` of the run scores it as this one did
+            run.meta["slo"] = slo.to_dict()
         write_live_run(run, table, trace_meta, out_dir, token_log=token_log)
     counts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in run.meta["counts"].items() if v)
     click.echo(f"measured {run.meta['measured_span_s']:.1f} s: {counts}; wrote {out_dir}", err=True)

@@ -194,5 +194,8 @@ def test_bench_slo_scores_the_report_and_a_sweep_keeps_it(tmp_path, capsys):
         assert code != 0 and "--slo 'ttft': 'ttft' is not key=value" in err
         assert srv.completions == sent and not (tmp_path / "bad").exists()  # refused before anything was sent
     assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["slo"] == {"e2e_s": 2.0}
+    assert json.loads((tmp_path / "one" / "run.json").read_text())["slo"] == {"ttft_s": 0.5, "tpot_s": 0.05}
+    code, out, err = run_main(["report", tmp_path / "one"], capsys)  # a later report scores as the run did
+    assert code == 0 and "SLO: global: ttft_s=0.5, tpot_s=0.05" in out and "recorded in run.json" in out, out
     code, out, err = run_main(["report", tmp_path / "sw" / "rate_50"], capsys)
     assert "SLO: global: e2e_s=2" in out
