@@ -40,7 +40,7 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.argument("url")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", required=True, help="Run directory to write.")
-@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--force/--no-force", default=False, help="Replace an existing run directory.")
 @click.option("--model", help="Model name to request (default: the first of the server's /v1/models).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
               help="/v1/completions or /v1/chat/completions.")
@@ -73,7 +73,7 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--metrics/--no-metrics", default=True, show_default=True,
               help="Sample the server's Prometheus /metrics into metrics.parquet.")
 @click.option("--metrics-interval", type=float, default=1.0, show_default=True, help="Seconds between samples.")
-@click.option("--token-log", is_flag=True, help="Write tokens.parquet: every token's arrival.")
+@click.option("--token-log/--no-token-log", default=False, help="Write tokens.parquet: every token's arrival.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token (default: $OPENAI_API_KEY).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts' text and Poisson gaps.")
 @click.option("--sweep-rates", help="Sweep: one run per rate (req/s, comma-separated) into OUT/rate_<r>; with "

@@ -108,18 +108,18 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
               help="Source format (detected from the first file when omitted).")
 @click.argument("sources", nargs=-1, required=True, type=_EXISTING)
 @click.option("-o", "--output", "out", required=True, type=_PATH, help="Trace to write (.arrow or .parquet).")
-@click.option("--drop-zero", is_flag=True, help="azure/vidur: drop rows with 0 tokens instead of failing.")
-@click.option("--tenant-from-file", is_flag=True, help="Tag each source file's requests with tenant = file stem.")
+@click.option("--drop-zero/--no-drop-zero", default=False, help="azure/vidur: drop rows with 0 tokens instead of failing.")
+@click.option("--tenant-from-file/--no-tenant-from-file", default=False, help="Tag each source file's requests with tenant = file stem.")
 @click.option("--log-type-as", default="tenant", show_default=True, type=click.Choice(["tenant", "tier", "none"]),
               help="burstgpt: where the Log Type goes.")
 @click.option("--block-tokens", type=int, default=512, show_default=True, help="mooncake: tokens per hash_ids block.")
 @click.option("--seed", type=int, default=0, show_default=True, help="lengths/servegen: random seed.")
 @click.option("--limit", type=int, default=None, help="lengths: use only the first N pairs (after --shuffle).")
-@click.option("--shuffle", is_flag=True, help="lengths: shuffle the pairs (seeded) before use.")
+@click.option("--shuffle/--no-shuffle", default=False, help="lengths: shuffle the pairs (seeded) before use.")
 @click.option("--start", type=float, default=0.0, show_default=True, help="servegen: window start (s of the day).")
 @click.option("--duration", type=float, default=3600.0, show_default=True, help="servegen: window length (s).")
 @click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
-@click.option("--skip-missing", is_flag=True,
+@click.option("--skip-missing/--no-skip-missing", default=False,
               help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
 @_arrival_options
 @click.option("--shared-prefix-tokens", type=int, default=None,
@@ -361,7 +361,7 @@ def _top(counts: dict[str, int], rows: int, k: int = 8) -> str:
 
 @trace.command("info")
 @click.argument("path", type=_EXISTING)
-@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.option("--json/--no-json", "as_json", default=False, help="Print the statistics as JSON.")
 def info_cmd(path: Path, as_json: bool) -> None:
     """Statistics of a trace: size, rate, burstiness, lengths, tenants, tiers, prefix reuse."""
     from servelab.traces.info import trace_info

@@ -156,16 +156,25 @@ def test_a_config_files_boolean_holds_unless_a_flag_is_given(tmp_path, capsys):
     assert json.loads((tmp_path / "b" / "run.json").read_text())["engine"]["enable_prefix_caching"] is True
 
 
-def test_every_boolean_of_replay_report_and_sweep_has_a_no_form(capsys):
+def test_every_boolean_of_every_command_has_a_no_form():
     import click
 
-    from servelab.cli.replay_cmd import demo, replay
-    from servelab.cli.score_cmd import compare, plot, query, report, sweep
+    from servelab.cli.main import cli
 
-    for command in (replay, demo, sweep, query, report, compare, plot):
+    def walk(command, path):
+        yield path, command
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                yield from walk(command.get_command(ctx, name), f"{path} {name}")
+
+    seen = 0
+    for path, command in walk(cli, "servelab"):
         for param in command.params:
-            if isinstance(param, click.Option) and param.is_flag and param.name != "help":
-                assert param.secondary_opts, f"{command.name} {param.opts[0]} has no --no- form"
+            if isinstance(param, click.Option) and param.is_flag and param.name not in ("help", "version"):
+                seen += 1
+                assert param.secondary_opts, f"{path} {param.opts[0]} has no --no- form"
+    assert seen >= 20  # the walk reached the sub-commands' flags, not only the group's
 
 
 def test_vllm_v1_names_the_default_policy(tmp_path, capsys):
