@@ -47,9 +47,13 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--shape", type=click.Choice(["trace", "poisson", "constant", "closed"]), default="trace",
               show_default=True, help="Load shape: the trace's arrivals, Poisson or constant --rate, or "
               "a closed loop of --users.")
-@click.option("--time-scale", type=float, default=1.0, show_default=True,
-              help="trace shape: multiply the trace's arrival times (0.5 = twice as fast).")
-@click.option("--rate", type=float, help="poisson / constant shapes: requests per second.")
+@click.option("--time-scale", type=float, default=None,
+              help="trace shape: multiply the trace's arrival times (0.5 = twice as fast); 1 / --rate-scale.  [default: 1]")
+@click.option("--rate-scale", type=float, default=None,
+              help="trace shape: multiply the trace's own request rate (arrival times / K), as `trace transform "
+              "--rate-scale` and `sweep --rate-scales`.")
+@click.option("--rate", "--request-rate", "rate", type=float,
+              help="poisson / constant shapes: requests per second (vLLM bench's --request-rate).")
 @click.option("--users", type=int, help="closed shape: concurrent users.")
 @click.option("--think", "think_s", type=float, default=0.0, show_default=True,
               help="closed shape: seconds a user waits between its requests.")
@@ -91,8 +95,8 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--stream-format", type=click.Choice(["auto", "sse", "jsonlines"]), default="auto", show_default=True,
               help="sagemaker:// URL: the container's stream: server-sent events, JSON lines, or by its content "
               "type.")
-def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float,
-          rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
+def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float | None,
+          rate_scale: float | None, rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
           num_requests: int | None, warmup: int, timeout_s: float, ignore_eos: bool, min_tokens: bool,
           extensions: str, tokenizer: str, metrics: bool, metrics_interval: float, token_log: bool,
           api_key: str | None, seed: int, sweep_rates: str | None, sweep_users: str | None,
@@ -119,6 +123,14 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     if not (sagemaker or url.startswith(("http://", "https://"))):
         raise click.BadParameter("must start with http:// or https:// (or sagemaker:// for a SageMaker endpoint)",
                                  param_hint="URL")
+    if time_scale is not None and rate_scale is not None:
+        raise click.BadParameter("give --rate-scale or --time-scale (its inverse), not both", param_hint="--rate-scale")
+    if rate_scale is not None:
+        if not (math.isfinite(rate_scale) and rate_scale > 0):
+            raise click.BadParameter(f"must be a finite number > 0, got {rate_scale}", param_hint="--rate-scale")
+        time_scale = 1.0 / rate_scale
+    elif time_scale is None:
+        time_scale = 1.0
     for hint, value in (("--timeout", timeout_s), ("--time-scale", time_scale), ("--rate", rate),
                         ("--think", think_s), ("--duration", duration_s), ("--metrics-interval", metrics_interval)):
         if value is not None and not math.isfinite(value):  # nan/inf: run.json would not be valid JSON
