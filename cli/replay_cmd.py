@@ -251,12 +251,12 @@ def _ideal_reuse(trace, requests) -> float | None:
     requests hit their own blocks), so only such a run pays for it (seconds for 10^7 hashes)."""
     import pyarrow.compute as pc
 
-    from servelab.traces.info import prefix_reuse_share
-
     if "prefix_hashes" not in trace.column_names or "cached_tokens" not in requests.column_names:
         return None
     if not (pc.sum(requests["num_preemptions"]).as_py() or 0) or not (pc.sum(requests["cached_tokens"]).as_py() or 0):
         return None
+    from servelab.traces.info import prefix_reuse_share  # polars: only for a run that needs the figure
+
     return prefix_reuse_share(trace)
 
 
