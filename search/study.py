@@ -29,10 +29,12 @@ from urllib.parse import urlsplit, urlunsplit
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
 from servelab.common.processes import alive
-from servelab.search.spec import SearchSpec
+from servelab.search.spec import SearchSpec, comparable_identity
+from servelab.traces.io import trace_sha256
 
 SPEC_ATTR = "servelab_spec"
 HASH_ATTR = "servelab_spec_hash"
+TRACE_SHA_ATTR = "servelab_trace_sha256"  # the spec's trace file when the study began: a resume must replay the same
 MAX_ERRORS_IN_A_ROW = 5
 # A live worker records itself on a trial as the objective's first step, milliseconds after Optuna
 # creates it; a RUNNING trial still unclaimed this long after its start lost its worker in between.
@@ -246,16 +248,29 @@ def open_study(spec: SearchSpec, study_dir: Path, seed: int | None = None, stora
                                 sampler=sampler, pruner=make_pruner(spec), load_if_exists=True)  # fmt: skip
     attrs = study.user_attrs
     digest = spec.identity_hash()
+    where = redact(spec.storage) if spec.storage else study_dir
+    trace_sha = trace_sha256(spec.trace.path)
     if HASH_ATTR not in attrs:
         study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.identity(), default=str)))
         study.set_user_attr(HASH_ATTR, digest)
         study.set_user_attr("objectives", list(spec.objectives))
     elif attrs[HASH_ATTR] != digest:
-        old = attrs.get(SPEC_ATTR, {})
-        changed = sorted(k for k, v in json.loads(json.dumps(spec.identity(), default=str)).items() if old.get(k) != v)
+        # the stored hash may be of an older identity form (one with the trace's path): compare the identities
+        old = comparable_identity(attrs.get(SPEC_ATTR, {}))
+        changed = sorted(k for k, v in comparable_identity(spec.identity()).items() if old.get(k) != v)
+        if changed or not old:
+            raise ServelabError(
+                f"study '{spec.study_name}' in {where} was made from a different spec (changed: "
+                f"{', '.join(changed) or 'unknown'}); use another -o STUDY_DIR or study_name, or restore the spec"
+            )
+    before = attrs.get(TRACE_SHA_ATTR)
+    if before is None:  # a new study (or one begun before servelab recorded the digest)
+        study.set_user_attr(TRACE_SHA_ATTR, trace_sha)
+    elif before != trace_sha:
         raise ServelabError(
-            f"study '{spec.study_name}' in {redact(spec.storage) if spec.storage else study_dir} was made from a different "
-            f"spec (changed: {', '.join(changed) or 'unknown'}); use another -o STUDY_DIR or study_name, or restore the spec"
+            f"study '{spec.study_name}' in {where} was made from another trace: {spec.trace.path} has changed "
+            f"since (sha256 {before[:12]}... then, {trace_sha[:12]}... now); restore the trace, or use another "
+            f"-o STUDY_DIR or study_name for the new one"
         )
     return study
 
