@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from servelab.common.errors import ServelabError
 from servelab.traces import schema
-from servelab.traces.arrivals import ArrivalConfig, arrival_times
+from servelab.traces.arrivals import MAX_REQUESTS, ArrivalConfig, arrival_times
 from servelab.traces.lengths import LengthDist, parse_length
 
 Weights = tuple[tuple[str, float], ...]
@@ -96,6 +96,8 @@ class SynthConfig:
             raise ServelabError("give exactly one of n (requests) and duration_s")
         if self.n is not None and self.n < 1:
             raise ServelabError(f"n must be >= 1 (got {self.n})")
+        if self.n is not None and self.n > MAX_REQUESTS:
+            raise ServelabError(f"n = {self.n:,} requests is more than one trace holds here (at most {MAX_REQUESTS:,})")
         if not self.turns >= 1:
             raise ServelabError(f"turns (mean per session) must be >= 1 (got {self.turns})")
         if not self.think_s >= 0:
