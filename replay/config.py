@@ -22,6 +22,7 @@ from servelab.common.textfile import read_text
 # Most replicas in one pool: a replica costs ~3 KB and a policy instance when built, so 100,000 take
 # ~300 MB; a hundred million would end in a MemoryError rather than a result.
 MAX_REPLICAS = 100_000
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,14 @@ class EngineConfig:
             raise ServelabError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ServelabError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        # counts written to int32 columns (steps.kv_blocks_total, ...): a larger one would wrap negative
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "queue_cap"):
+            value = getattr(self, name)
+            if value is not None and value > INT32_MAX:
+                raise ServelabError(f"{name} = {value:,} is too large (at most {INT32_MAX:,})")
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
+            raise ServelabError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _choice(self, "kv_allocation", ("on-demand", "reserve"))

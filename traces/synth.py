@@ -49,6 +49,22 @@ def parse_weights(spec: str | dict | Weights | None, what: str = "tenants") -> W
     return tuple((n, float(w)) for n, w in items)
 
 
+def parse_fractions(spec: str | None, option: str) -> Weights:
+    """``priority=0.1,standard=0.9`` given as fractions (a CLI option says so): each in [0, 1], summing to 1.
+
+    ``parse_weights`` takes any weights and normalises them; an option documented as fractions must
+    not quietly turn ``priority=2`` into 100%.
+    """
+    weights = parse_weights(spec, option)
+    for name, share in weights:
+        if share > 1:
+            raise ServelabError(f"{option}: the fraction of '{name}' is {share:g}; fractions are in [0, 1]")
+    total = sum(w for _, w in weights)
+    if weights and abs(total - 1.0) > 1e-6:
+        raise ServelabError(f"{option}: fractions sum to {total:g}, not 1 (in '{spec}')")
+    return weights
+
+
 def zipf_tenants(count: int, exponent: float = 0.0) -> Weights:
     """``count`` tenants ``tenant-0..`` with weights 1/(rank+1)^exponent (0 = equal shares)."""
     if count < 1:
