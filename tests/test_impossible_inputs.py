@@ -46,8 +46,10 @@ def test_nanosecond_epoch_arrivals_are_refused_with_row_and_reason(tmp_path):
 
 def test_kv_beyond_gpu_memory_is_refused():
     trace = synth_trace(n=5, rate=5.0, seed=0)
-    with pytest.raises(ServelabError, match=r"num_gpu_blocks = 99,999,999,999 does not fit: llama-3.1-8b on 1 x "
-                                            r"h100-80gb .* holds at most [\d,]+ blocks"):
+    with pytest.raises(ServelabError, match=r"num_gpu_blocks = 1,000,000 does not fit: llama-3.1-8b on 1 x "
+                                            r"h100-80gb .* holds at most 32,617 blocks"):
+        replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=1_000_000)))
+    with pytest.raises(ServelabError, match=r"num_gpu_blocks = 99,999,999,999 is too large"):  # the figure
         replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=99_999_999_999)))
     replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=20_000)))  # within memory: runs as before
 
@@ -56,10 +58,10 @@ def test_a_search_marks_kv_beyond_gpu_memory_infeasible(tmp_path):
     write_trace(synth_trace(n=30, rate=5.0, prompt="uniform:64:512", output="uniform:8:32", seed=1),
                 tmp_path / "trace.arrow", "synth")  # fmt: skip
     spec = write_spec(tmp_path, 'trace = "trace.arrow"\nn_trials = 2\nsampler = "grid"\n'
-                                "[space]\nnum_gpu_blocks = [2000, 99999999999]\n")  # fmt: skip
+                                "[space]\nnum_gpu_blocks = [2000, 1000000]\n")  # fmt: skip
     assert _cli("search", spec, "-o", tmp_path / "S", "--no-progress") == 0
     rows = {r["param.num_gpu_blocks"]: r for r in pq.read_table(tmp_path / "S" / "trials.parquet").to_pylist()}
-    assert rows[99999999999]["outcome"] == "infeasible" and "does not fit" in rows[99999999999]["reason"]
+    assert rows[1000000]["outcome"] == "infeasible" and "does not fit" in rows[1000000]["reason"]
     assert rows[2000]["outcome"] == "ok"
 
 
