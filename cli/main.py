@@ -79,7 +79,7 @@ def _present(target: str) -> bool:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="servelab")
-@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.option("--debug/--no-debug", default=False, help="Show full tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """Replay LLM-serving traces against scheduling policies, cost models and real GPUs."""

@@ -348,6 +348,18 @@ def render_real(report: dict) -> None:
     console.print(f"KV cache {report['num_gpu_blocks']:,} blocks = {report['kv_capacity_tokens']:,} tokens "
                   f"({report['kv_blocks_from']}); finished {report['finished']['measured']} measured / "
                   f"{report['finished']['simulated']} simulated; simulated preemptions {report['preemptions_simulated']}")
+    if report.get("settings"):
+        console.print("settings: " + ", ".join(f"{s['setting']}={s['value']} ({s['from']})" for s in report["settings"]))
+    if report.get("prefix"):
+        p = report["prefix"]
+
+        def share(v):
+            return "n/a" if v is None else f"{v:.1%}"
+        console.print(f"prefix-cache hits (share of prompt tokens): measured {share(p['measured'])} "
+                      f"({p.get('measured_from') or 'not reported'}), simulated {share(p['simulated'])}, "
+                      f"ideal {share(p['ideal'])}; sharing from {p['origin']}")
+        if p.get("warning"):
+            console.print(f"[bold red]warning:[/] {p['warning']}")
     table = Table(title="measured vs simulated")
     for col in ("metric", "stat", "measured", "simulated", "error"):
         table.add_column(col, justify="left" if col in ("metric", "stat") else "right", no_wrap=True)

@@ -52,12 +52,46 @@ def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
 
     data = {k: v for k, v in (meta.get("config") or {}).items()}
     data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    fitted = str(data.get("runner") or "").startswith("fitted")  # prices with its own profile, not these
+    for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
+        if key not in data and not fitted:  # a default would replay another model or GPU without a word
+            raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
+                                f"pass {option} (or import it again with --setting {key}=...)")
     if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
         data["model"] = find_model(str(data["model"])).name
+    _recorded_runner_settings(meta, data, overrides)
     try:
         return ReplayConfig.from_dict(data, source="validate --real")
     except ServelabError as err:
         raise ServelabError(f"{err} (settings of the measured run with the options given)") from None
+
+
+# vLLM's arguments run import keeps in run.json "source" that the runner prices (docs/runners.md
+# "Parallelism" and "Quantisation"), with the replay config key each sets
+RECORDED_RUNNER_KEYS = {"pipeline_parallel_size": "pp", "enable_expert_parallel": "enable_expert_parallel",
+                        "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype"}
+
+
+def _recorded_runner_settings(meta: dict, data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Fill ``data`` with the run's parallelism and quantisation as vLLM recorded them, where no option
+    or config key sets them. Run import counts each of ``data_parallel_size`` ranks as a replica;
+    they are one server's DP ranks, so the replay gets ``dp`` ranks of one replica (the same engines
+    and GPUs, and an MoE model's experts spread over the ranks)."""
+    from servelab.runners.quant import WEIGHT_FORMATS, ALIASES
+
+    source = meta.get("source") or {}
+    given = {k for k, v in overrides.items() if v is not None and v != ()}
+    dp = source.get("data_parallel_size")
+    if (dp and int(dp) > 1 and not given & {"dp", "data_parallel_size", "replicas"}
+            and int(data.get("replicas", 1) or 1) == int(dp)):
+        data["replicas"], data["dp"] = 1, int(dp)
+    for key, name in RECORDED_RUNNER_KEYS.items():
+        value = source.get(key)
+        if value in (None, "", "auto", False) or given & {key, name} or name in data:
+            continue
+        if key == "quantization" and str(value).lower() not in {*WEIGHT_FORMATS, *ALIASES}:
+            continue  # a method only the checkpoint's config.json resolves (compressed-tensors, modelopt)
+        data[name] = value
 
 
 def _metric_columns(requests: pa.Table) -> dict[str, np.ndarray]:
@@ -143,6 +177,8 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
     result = replay(trace, config, runner=runner)
     report = compare(measured, result.requests)
     report.update({
+        "settings": settings_used(meta, overrides, config, blocks),
+        "prefix": prefix_share(meta, trace, result.requests),
         "run": str(run_dir),
         "clock": meta.get("clock"),
         "requests": trace.num_rows,
@@ -155,6 +191,58 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
         "runner": result.meta["runner"],
     })
     return report, measured, result.requests
+
+
+RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set
+SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+         "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
+
+
+def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, blocks: int) -> list[dict]:
+    """Each setting the replay used, its value and where it came from: an option, the run (with the
+    file run import read it from), derived, or the default."""
+    recorded = meta.get("config") or {}
+    sources = meta.get("config_sources") or {}
+    flat = config.to_dict()
+    out = []
+    for key in SHOWN:
+        if key in RUNNER_SHOWN and key not in flat:
+            continue
+        value = blocks if key == "num_gpu_blocks" else flat.get(key)
+        if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
+                and overrides.get(key) is None:
+            value, origin = None, "not used: the fitted runner prices and sizes with its own profile"
+        elif overrides.get(key) is not None:
+            origin = "option"
+        elif key in recorded:
+            origin = f"run: {sources.get(key, 'the source')}"
+        elif key in RUNNER_SHOWN:
+            origin = "run: vLLM's arguments (run.json source)"
+        elif key == "num_gpu_blocks":
+            origin = "derived from the model, GPU and gpu_memory_utilization"
+        else:
+            origin = "default"
+        out.append({"setting": key, "value": value, "from": origin})
+    return out
+
+
+def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, Any]:
+    """Prefix-cache hits as a share of prompt tokens: what the server reported, what the trace's
+    hashes allow (an unlimited cache) and what the replay served (``cached_tokens``)."""
+    info = meta.get("prefix") or {}
+    measured = info.get("measured_hit_rate")
+    if measured is None:
+        measured = (meta.get("source") or {}).get("prefix_cache_hit_rate")
+    prompt = pc.sum(simulated.column("prompt_tokens")).as_py() or 0
+    cached = pc.sum(simulated.column("cached_tokens")).as_py() or 0
+    hashes = "prefix_hashes" in trace.column_names
+    out = {"measured": measured, "measured_from": info.get("measured_hit_rate_from"),
+           "simulated": cached / prompt if prompt else None, "ideal": info.get("ideal_hit_share"), "hashes": hashes,
+           "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
+    if measured is not None and measured > 0.01 and not hashes:
+        out["warning"] = (f"the server reported {measured:.1%} prefix-cache hits but the trace shares no prefix: "
+                          "import it again with --prefix-from-hit-rate or --shared-prefix-tokens/--prompt-pool")
+    return out
 
 
 def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "") -> None:

@@ -157,7 +157,14 @@ def open_collected(path: str, slo: SloTable | None = None) -> duckdb.DuckDBPyCon
     for name in ("requests", "steps", "runs"):
         if name not in tables:
             raise ServelabError(f"{path}: table '{name}' missing (not made by `servelab runs collect`)")
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM collected.{name}")
+        extra = ""
+        if name == "runs":  # collected before the views read these: NULL
+            from servelab.scoring.sources import RUNS_VIEW_COLUMNS
+
+            have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = "
+                                              "'collected' AND table_name = 'runs'").fetchall()}  # fmt: skip
+            extra = "".join(f", CAST(NULL AS {t}) AS {c}" for c, t in RUNS_VIEW_COLUMNS if c not in have)
+        con.execute(f"CREATE VIEW {name} AS SELECT *{extra} FROM collected.{name}")
     if "pools" in tables:
         con.execute("CREATE VIEW pools AS SELECT * FROM collected.pools")
     else:  # collected before clusters: its runs' pools are not known here

@@ -230,7 +230,7 @@ class Evaluator:
                 if scores.get("dollars"):
                     return scores["dollars"] / scores["cost_duration_s"] * 3600.0
                 return scores.get("mean_gpus")
-            gpus = config.engine.replicas * config.tp
+            gpus = config.engine.replicas * config.gpus_per_replica
             prices = dict(self.spec.gpu_prices)
             return gpus * prices[config.gpu] if prices else float(gpus)
         if name == "cost_per_million_tokens":
@@ -269,6 +269,8 @@ class Evaluator:
         result = self._replay_timed(config, attrs)
         t1 = time.perf_counter()
         result.meta["search"] = {"study": self.spec.study_name, "trial": trial.number, "params": dict(trial.params)}
+        if not self.spec.slo.is_empty:  # the trial's report then shows the SLO the study ranked it under
+            result.meta["slo"] = self.spec.slo.to_dict()
 
         def write() -> float:
             start = time.perf_counter()

@@ -130,7 +130,9 @@ def _runs(run_id: str, meta: dict) -> pa.Table:
     span = float(span) if isinstance(span, (int, float)) and not isinstance(span, bool) else None
     return pa.table({"run_id": pa.array([run_id], pa.string()), "run_path": pa.array([run_id], pa.string()),
                      "num_gpus": pa.array([num_gpus(meta)], pa.int64()),
-                     "simulated_span_s": pa.array([span], pa.float64())})
+                     "simulated_span_s": pa.array([span], pa.float64()),
+                     # a replay has no source duration and is never stopped by a signal
+                     "source_duration_s": pa.array([None], pa.float64()), "stopped_by": pa.array([None], pa.string())})
 
 
 __all__ = ["RunScorer"]

@@ -103,6 +103,8 @@ class SynthConfig:
     think_s: float = 0.0
     session_context: bool = True
     shared_prefix_tokens: int = 0
+    prefix_groups: int = 0  # > 0: the shared prefix belongs to group i mod G, not to the tenant
+    prompt_pool: int = 0  # > 0: request i sends pool prompt i mod K (the same text, the same length)
     prefix_block_tokens: int | None = None
     model: str | None = None
     seed: int = 0
@@ -122,6 +124,10 @@ class SynthConfig:
             raise ServelabError("shared prefix tokens must be >= 0")
         if self.prefix_block_tokens is not None and self.prefix_block_tokens < 1:
             raise ServelabError("prefix block tokens must be >= 1")
+        if self.prefix_groups < 0 or self.prompt_pool < 0:
+            raise ServelabError("prefix groups and prompt pool must be >= 0")
+        if (self.prefix_groups or self.prompt_pool) and self.turns > 1:
+            raise ServelabError("prefix groups and a prompt pool describe single-turn generators; use turns = 1")
         self.arrival_config  # validates the arrival fields now, not at generation time
 
     @property
@@ -229,6 +235,8 @@ def generate(config: SynthConfig) -> pa.Table:
     turn_idx = np.arange(n) - np.repeat(first_row, turns)
 
     new_prompt, output = _lengths(config, length_rng, n)
+    if config.prompt_pool:
+        new_prompt = new_prompt[np.arange(n) % config.prompt_pool]  # the first K draws are the pool's prompts
     think = session_rng.exponential(config.think_s, n) if config.think_s > 0 else np.zeros(n)
     think[turn_idx == 0] = 0.0
     # Later turns arrive after their predecessor finishes; arrival_s only orders them, so use the
@@ -255,7 +263,14 @@ def generate(config: SynthConfig) -> pa.Table:
     if sessions_on:
         cols["session_id"] = pa.array(session)
         cols["think_s"] = pa.array(think, mask=turn_idx == 0)
-    if config.prefix_block_tokens is not None:
+    block_tokens = config.prefix_block_tokens
+    if config.prefix_groups or config.prompt_pool:
+        from servelab.traces.prefixes import DEFAULT_BLOCK_TOKENS, PrefixSpec, hashes_column, spec_hashes
+
+        block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS
+        spec = PrefixSpec(config.shared_prefix_tokens, max(1, config.prefix_groups), config.prompt_pool)
+        cols["prefix_hashes"] = hashes_column(spec_hashes(prompt, spec, block_tokens))
+    elif config.prefix_block_tokens is not None:
         # Without carried context, turns of one session share only the system prompt.
         owner = session if sessions_on and config.session_context else np.arange(n, dtype=np.int64)
         cols["prefix_hashes"] = _prefix_hashes(config, prompt, owner, cols.get("tenant"))
@@ -267,8 +282,8 @@ def generate(config: SynthConfig) -> pa.Table:
         table = table.take(pa.array(order))
         table = table.set_column(0, "request_id", pa.array(np.arange(n, dtype=np.int64)))
     meta = {schema.META_SOURCE: config.source.encode()}
-    if config.prefix_block_tokens is not None:
-        meta[schema.META_BLOCK_TOKENS] = str(config.prefix_block_tokens).encode()
+    if block_tokens is not None:
+        meta[schema.META_BLOCK_TOKENS] = str(block_tokens).encode()
     return table.replace_schema_metadata(meta)
 
 
