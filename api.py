@@ -59,9 +59,17 @@ def build_runner(config: ReplayConfig) -> Runner:
 
 def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
     engine = config.engine
-    if engine.num_gpu_blocks is not None:
-        return engine.num_gpu_blocks
     capacity = runner.kv_capacity_tokens
+    if engine.num_gpu_blocks is not None:
+        if capacity is not None and not runner.needs_block_tables:  # (an executing runner sizes its own pool)
+            # weights and KV beyond the GPUs' memory would not start on a real server: refuse, not price it
+            most = capacity(1.0) // engine.block_size
+            if engine.num_gpu_blocks > most:
+                raise ServelabError(
+                    f"num_gpu_blocks = {engine.num_gpu_blocks:,} does not fit: {config.model} on {config.tp} x {config.gpu} "
+                    f"(runner '{runner.name}') holds at most {most:,} blocks of {engine.block_size} tokens beside "
+                    f"the weights, with all of GPU memory")
+        return engine.num_gpu_blocks
     if capacity is None:
         raise ServelabError(
             f"runner '{runner.name}' does not know a model or GPU, so the KV size cannot be derived: "
@@ -100,6 +108,10 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         num_blocks //= config.pp
         if num_blocks < 1:
             raise ServelabError(f"pp={config.pp}: fewer KV blocks than pipeline stages (each stage's engine needs one)")
+    if engine_cfg.max_model_len is None:  # the model's own context, as vLLM defaults max_model_len
+        context = getattr(getattr(runner, "model", None), "max_position_embeddings", None)
+        if context is not None:
+            engine_cfg = replace(engine_cfg, max_model_len=context)
     caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)

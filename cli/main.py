@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
         why = err.strerror or str(err) or type(err).__name__
         click.echo(f"error: {err.filename}: {why}" if err.filename is not None else f"error: {why}", err=True)
         sys.exit(1)
+    except MemoryError as err:  # a size no check caught: one line, not a numpy traceback
+        if debug:
+            raise
+        click.echo(f"error: out of memory ({type(err).__name__}: {err or 'no detail'}); ask for less", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -26,6 +26,7 @@ _ENGINE_HELP = {
     "gpu_memory_utilization": "Share of GPU memory for weights + KV when deriving num_gpu_blocks.",
     "max_num_seqs": "Most requests in one iteration.",
     "max_num_batched_tokens": "Most tokens computed in one iteration (chunked-prefill budget).",
+    "max_model_len": "Longest prompt + max output; longer requests are rejected (default: the model's context).",
     "kv_allocation": "on-demand (vLLM) or reserve (prompt + max_output reserved at admission).",
     "enable_prefix_caching": "Reuse cached prefix blocks (vLLM v1; docs/engine.md).",
     "prefix_cache_scope": "global (default) or tenant: a tenant's requests hit only its own cached blocks.",

@@ -104,8 +104,15 @@ _out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), he
 @_out
 @click.option("--limit", type=int, default=200, show_default=True, help="Rows shown by --format table (0 = all).")
 @click.option("--read-only/--no-read-only", default=False,
-              help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs.")
-def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
+              help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs; "
+                   "and it is capped by the four limits below.")
+@click.option("--memory-limit", default="2GB", show_default=True, help="--read-only: DuckDB memory_limit.")
+@click.option("--max-temp-size", default="4GB", show_default=True,
+              help="--read-only: DuckDB max_temp_directory_size (disk a query may spill to).")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="--read-only: DuckDB threads.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="--read-only: stop the query after this many seconds.")
+def query(args, slo_specs, slo_file, fmt, out, limit, read_only, memory_limit, max_temp_size, threads, timeout_s):
     """Run SQL over one or more runs: servelab query RUN_DIR [RUN_DIR ...] "SQL".
 
     RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
@@ -117,15 +124,16 @@ def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
     The SQL is DuckDB's, with your user's rights: it can read and write any file you can (COPY ...
     TO, read_csv), fetch URLs and install extensions. Give --read-only to run SQL you did not write.
     """
-    from servelab.scoring.db import connect, query_arrow
+    from servelab.scoring.db import QueryLimits, connect, query_arrow
     from servelab.scoring.output import write_result
 
     if len(args) < 2:
         raise ServelabError('query needs at least one RUN_DIR and the SQL, e.g. servelab query runs/a "SELECT * FROM goodput"')
     *dirs, sql = args
-    con = connect(dirs, runs_slo(dirs, slo_specs, slo_file), read_only=read_only)
+    limits = QueryLimits(memory_limit, max_temp_size, threads, timeout_s) if read_only else None
+    con = connect(dirs, runs_slo(dirs, slo_specs, slo_file), read_only=read_only, limits=limits)
     try:
-        table = query_arrow(con, sql)
+        table = query_arrow(con, sql, timeout_s=limits.timeout_s if limits else None)
     finally:
         con.close()
     write_result(table, fmt, out, limit=limit or None)

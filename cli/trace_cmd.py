@@ -198,7 +198,7 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
     """Generate a seeded synthetic trace."""
     from servelab.traces.io import write_trace
-    from servelab.traces.synth import generate, make_config
+    from servelab.traces.synth import generate, make_config, parse_fractions
 
     if n is None and duration_s is None:
         n = 1000
@@ -214,7 +214,7 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
         lengths_from=kw["lengths_from"],
         tenants=tenants,
         tenant_zipf=kw["tenant_zipf"],
-        tiers=kw["tiers"],
+        tiers=parse_fractions(kw["tiers"], "--tiers") if kw["tiers"] else None,
         turns=kw["turns"],
         think_s=kw["think_s"],
         session_context=kw["session_context"],
@@ -276,7 +276,7 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
     """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers."""
     from servelab.traces import transforms
     from servelab.traces.io import read_trace, trace_metadata, write_trace
-    from servelab.traces.synth import parse_weights
+    from servelab.traces.synth import parse_fractions
 
     table = read_trace(src)
     steps = []
@@ -310,7 +310,7 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         table = transforms.tier_by_tenant(table, _mapping(kw["tier_by_tenant"]), kw["tier_default"])
         steps.append("tier by tenant")
     if kw["tier_fractions"]:
-        table = transforms.tier_by_fraction(table, parse_weights(kw["tier_fractions"], "tiers"), kw["seed"])
+        table = transforms.tier_by_fraction(table, parse_fractions(kw["tier_fractions"], "--tier-fractions"), kw["seed"])
         steps.append(f"tier fractions seed {kw['seed']}")
     if not steps:
         raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*")
@@ -371,8 +371,9 @@ def info_cmd(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from servelab.common.tables import print_table
 
     t = Table(title=str(path), show_header=False)
     t.add_column("stat", style="bold")
@@ -393,7 +394,7 @@ def info_cmd(path: Path, as_json: bool) -> None:
     share = info["prefix_reuse_share"]
     t.add_row("ideal prefix reuse", "-" if share is None else f"{share:.1%} of prompt tokens")
     t.add_row("source", _fmt(info["source"]))
-    Console().print(t)
+    print_table(t)  # names from the data printed literally: no markup, control characters escaped
 
 
 @trace.command("validate")

@@ -19,6 +19,11 @@ from servelab.replay.cluster import ClusterConfig
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 from servelab.common.textfile import read_text
 
+# Most replicas in one pool: a replica costs ~3 KB and a policy instance when built, so 100,000 take
+# ~300 MB; a hundred million would end in a MemoryError rather than a result.
+MAX_REPLICAS = 100_000
+INT32_MAX = 2**31 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -27,6 +32,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use (weights + KV)
     max_num_seqs: int = 256  # requests in one iteration
     max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
+    # vLLM's --max-model-len: a request whose prompt + max output exceeds it is rejected (vLLM answers
+    # 400); None = the runner's model's context (max_position_embeddings), no limit when it knows none
+    max_model_len: int | None = None
     kv_allocation: str = "on-demand"  # on-demand (vLLM) | reserve (prompt + max_output at admission)
     # vLLM v1 prefix caching (replay/prefix_cache.py): with on-demand allocation and a cost-model
     # runner; reservation and runners that execute batches (block tables) run without it
@@ -63,8 +71,21 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
+        if self.replicas > MAX_REPLICAS:
+            raise ServelabError(f"replicas = {self.replicas:,} is more than servelab models in one pool "
+                                f"(at most {MAX_REPLICAS:,}: each replica is an engine of its own, ~3 KB built)")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ServelabError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ServelabError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        # counts written to int32 columns (steps.kv_blocks_total, ...): a larger one would wrap negative
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "queue_cap"):
+            value = getattr(self, name)
+            if value is not None and value > INT32_MAX:
+                raise ServelabError(f"{name} = {value:,} is too large (at most {INT32_MAX:,})")
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
+            raise ServelabError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _choice(self, "kv_allocation", ("on-demand", "reserve"))

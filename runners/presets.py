@@ -73,6 +73,9 @@ class ModelPreset(DecoderShape):
     # The first dense_layers layers have a dense MLP of dense_ffn_size (DeepSeek's first_k_dense_replace).
     dense_layers: int = 0
     dense_ffn_size: int = 0
+    # Longest prompt + output the model takes (config.json's max_position_embeddings: vLLM's default
+    # max_model_len, beyond which it answers 400); None: not known
+    max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
         from servelab.runners.quant import kv_cache_bytes, weight_format
@@ -235,15 +238,24 @@ def _models(*presets: ModelPreset) -> dict[str, ModelPreset]:
 
 
 MODELS: dict[str, ModelPreset] = _models(
-    ModelPreset("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 128, 14336, 128256),
-    ModelPreset("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256),
-    ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064),
-    ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064),
-    ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064),
-    ModelPreset("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 11008, 32000),
-    ModelPreset("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000),
-    ModelPreset("codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 48, 8192, 64, 8, 128, 22016, 32000),
-    ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768),
+    ModelPreset("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 128, 14336, 128256,
+                max_position_embeddings=131072),
+    ModelPreset("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256,
+                max_position_embeddings=131072),
+    ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 11008, 32000,
+                max_position_embeddings=4096),
+    ModelPreset("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000,
+                max_position_embeddings=4096),
+    ModelPreset("codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 48, 8192, 64, 8, 128, 22016, 32000,
+                max_position_embeddings=16384),
+    ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768,
+                max_position_embeddings=32768),
     # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
     ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
 )
@@ -344,6 +356,7 @@ def model_from_hf_config(path: str) -> ModelPreset:
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=experts,
             experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            max_position_embeddings=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
             shared_ffn_size=shared if experts else 0,
             **extra,
         )
