@@ -56,6 +56,8 @@ _ENGINE_HELP = {
     "pause": "Pause a tier under load: tier=flex,waiting=32[,resume=8] or tier=flex,kv=0.9[,resume=0.7].",
     "fail": "Replica failure, repeatable: replica=R,at=T[,for=D] (seconds; without for it stays down).",
     "journal": "on: interrupted requests keep their generated tokens; off: they start over.",
+    "client_timeout_s": "Client timeout in seconds for requests without a trace timeout_s: the client abandons "
+                        "the request then ('aborted', its KV freed).",
 }
 
 
