@@ -44,6 +44,13 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, f
             raise ServelabError("--benchmark applies to --format guidellm only")
         options["benchmark"] = benchmark
     extra = _parse_settings(settings)
+    if fmt == "guidellm" and benchmark is None and len(sources) == 1:
+        from servelab.fidelity.guidellm import count_benchmarks
+
+        count = count_benchmarks(Path(sources[0]))
+        if count > 1:  # a sweep: each benchmark (strategy) is a run of its own
+            _import_sweep(count, fmt, sources, output, vllm_log, extra)
+            return
     measured = import_measured(fmt, list(sources), **options)
     merged, source = dict(measured.settings), dict(measured.source)
     if vllm_log is not None:
@@ -63,6 +70,34 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, f
         click.echo(f"note: {note}")
     if trace_out is not None:
         click.echo(f"wrote {trace_out}")
+
+
+def _import_sweep(count, fmt, sources, output, vllm_log, extra) -> None:
+    """A GuideLLM report of several benchmarks: OUTPUT/benchmark_<i> for each and OUTPUT/sweep.json."""
+    import json
+
+    from servelab.common.atomic import atomic_dir
+    from servelab.fidelity.base import build_run, import_measured, write_measured_run
+
+    levels = []
+    with atomic_dir(output) as tmp:
+        for i in range(count):
+            measured = import_measured(fmt, list(sources), benchmark=i)
+            merged = dict(measured.settings)
+            if vllm_log is not None:
+                from servelab.fidelity.vllm_log import settings_from_log
+
+                merged.update(settings_from_log(vllm_log)[0])
+            merged.update(extra)
+            result, trace = build_run(dataclasses.replace(measured, settings=merged), fmt, list(sources))
+            name = f"benchmark_{i}"
+            write_measured_run(result, trace, tmp / name)
+            levels.append({"name": name, "benchmark": i, "load": result.meta.get("load", {}),
+                           "requests": result.requests.num_rows})
+        (tmp / "sweep.json").write_text(json.dumps({"source": str(sources[0]), "format": fmt,
+                                                    "runs": levels}, indent=2, sort_keys=True) + "\n")
+    click.echo(f"wrote {output}: {count} benchmarks of a sweep, each a run directory (benchmark_0 .. "
+               f"benchmark_{count - 1}) and sweep.json")
 
 
 def _parse_settings(items: tuple[str, ...]) -> dict:

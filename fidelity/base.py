@@ -102,6 +102,9 @@ class Measured:
     settings: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)  # anything else worth keeping (versions, rates)
     notes: tuple[str, ...] = ()  # what the importer left out or assumed, printed and kept in run.json
+    # how the client sent (run.json "load"): {"shape": "open"|"closed", "users": C, "request_rate": r, ...};
+    # a closed loop's trace gets sessions (fidelity/load_shape.py)
+    load: dict[str, Any] = field(default_factory=dict)
 
 
 def check_settings(settings: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -221,6 +224,10 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
     requests = pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
                                     schema=REQUESTS_SCHEMA)
     trace = trace_from(requests, source_ids=[rows.request_id[i] for i in order])
+    if measured.load.get("shape") == "closed":
+        from servelab.fidelity.load_shape import closed_loop
+
+        trace = closed_loop(trace, requests, int(measured.load["users"]))
     from servelab import __version__
 
     finished = sum(ok)
@@ -232,6 +239,7 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
         "source": dict(measured.source, format=fmt,
                        files=[{"path": str(p), "sha256": sha256(p)} for p in _files(paths)]),
         "notes": list(measured.notes),
+        **({"load": dict(measured.load)} if measured.load else {}),
         "trace": {"name": paths[0].name, "rows": trace.num_rows, "path": "trace.arrow"},
         "policy": {"name": "measured", "params": {}},
         "runner": {"name": "measured", "spec": None, "params": {}},
