@@ -65,7 +65,7 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, settings, f
     write_measured_run(result, trace, output, trace_out)
     counts = result.meta["counts"]
     click.echo(f"wrote {output}: {result.requests.num_rows} requests ({counts['finished']} finished, "
-               f"{counts['rejected']} failed), {measured.clock}-side times, trace of {trace.num_rows} requests")
+               f"{result.requests.num_rows - counts['finished']} failed, timed out or cancelled), {measured.clock}-side times, trace of {trace.num_rows} requests")
     for note in measured.notes:
         click.echo(f"note: {note}")
     if trace_out is not None:

@@ -203,7 +203,7 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
         "tier": ["standard"] * n,
         "session_id": [None] * n,
         "replica": [0] * n,
-        "status": ["finished" if good else "rejected" for good in ok],
+        "status": [failure_status(good, rows.reason[i]) for good, i in zip(ok, order)],
         "reason": [rows.reason[i] for i in order],
         "arrival_s": arrival,
         "first_scheduled_s": scheduled,
@@ -245,11 +245,32 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
         "runner": {"name": "measured", "spec": None, "params": {}},
         "engine": {k: v for k, v in settings.items() if k not in ("model", "gpu", "tp")},
         "config": settings,
-        "counts": {"finished": finished, "unfinished": 0, "rejected": n - finished},
+        "counts": _counts(requests),
         "measured_span_s": max((e for e in finish if e is not None), default=0.0),
     }
     steps = STEPS_SCHEMA.empty_table()
     return RunResult(requests, steps, meta), trace
+
+
+def failure_status(ok: bool, reason: str | None) -> str:
+    """A request's status as its client recorded it, in the live runs' words (docs/live.md): ``finished``;
+    ``timeout`` where the error says it timed out; ``cancelled`` for a request still in flight when the
+    benchmark stopped (GuideLLM's ``incomplete``); otherwise ``failed``."""
+    if ok:
+        return "finished"
+    text = (reason or "").lower()
+    if "timeout" in text or "timed out" in text:
+        return "timeout"
+    if "incomplete" in text or "cancel" in text:
+        return "cancelled"
+    return "failed"
+
+
+def _counts(requests: pa.Table) -> dict[str, int]:
+    counts = {"finished": 0, "unfinished": 0}
+    for status in requests.column("status").to_pylist():
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def _files(paths: list[Path]) -> list[Path]:

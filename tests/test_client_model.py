@@ -152,3 +152,43 @@ def test_observations_from_a_live_run_with_vllm_metrics(tmp_path):
     assert obs["server_ttft_s"] == pytest.approx(0.004) and obs["client_ttft_s"] == pytest.approx(0.010)
     assert obs["client_decode_s"] == pytest.approx(0.020) and obs["server_decode_s"] == pytest.approx(0.018)
     assert obs["prompt_tokens"] == 100 and obs["weight"] == 2
+
+
+def test_replay_adds_client_columns_only_when_asked(tmp_path, capsys):
+    import pyarrow.parquet as pq
+    from conftest import make_trace
+
+    from servelab.traces.io import write_trace
+
+    write_trace(make_trace([0.0, 0.5], [100, 200], [4, 4]), tmp_path / "t.arrow", source="test")
+    base = ["replay", str(tmp_path / "t.arrow"), "--runner", "linear:base=0.01", "--num-gpu-blocks", "1000",
+            "--no-report"]
+    assert run_main([*base, "-o", str(tmp_path / "plain")], capsys)[0] == 0
+    assert run_main([*base, "-o", str(tmp_path / "client"), "--client-model", "vllm"], capsys)[0] == 0
+    plain = pq.read_table(tmp_path / "plain" / "requests.parquet")
+    client = pq.read_table(tmp_path / "client" / "requests.parquet")
+    assert not set(cm.CLIENT_COLUMNS) & set(plain.column_names)
+    assert client.select(plain.column_names).equals(plain)  # the engine-side columns are the same
+    model = cm.DEFAULTS["vllm"]
+    assert client.column("client_ttft_s").to_pylist() == pytest.approx(
+        [t + model.request_s + p * model.prompt_token_s for t, p in zip(plain.column("ttft_s").to_pylist(), (100, 200))])
+    meta = json.loads((tmp_path / "client" / "run.json").read_text())
+    assert meta["client_model"]["server"] == "vllm"
+
+
+def test_validate_compares_error_shares_with_client_timeouts(tmp_path, capsys):
+    (tmp_path / "src.json").write_text("{}")
+    rows = Rows(tmp_path / "src.json")
+    for i in range(4):  # four requests, one the client gave up on
+        ok = i != 3
+        rows.add(i + 1, i, float(i), 100, 5, first_token_s=i + 0.010, finish_s=i + 0.030 if ok else None,
+                 ok=ok, reason=None if ok else "Timeout on reading data from socket")
+    result, trace = build_run(Measured(rows, clock="client", settings={"num_gpu_blocks": 1000}), "vllm-bench",
+                              [tmp_path / "src.json"])
+    assert result.requests.column("status").to_pylist()[3] == "timeout"
+    write_measured_run(result, trace, tmp_path / "run")
+    base = ["validate", "--real", str(tmp_path / "run"), "--candidate", "linear:base=0.002", "--format", "json"]
+    report = json.loads(run_main(base, capsys)[1])
+    assert report["errors"]["measured"] == pytest.approx(0.25) and report["errors"]["simulated"] == 0.0
+    report = json.loads(run_main([*base, "--set", "client_timeout_s=0.005"], capsys)[1])
+    assert report["errors"]["simulated"] == 1.0  # every request needs 10 ms of engine time: all aborted
