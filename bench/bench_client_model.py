@@ -11,8 +11,15 @@ Against a running vLLM server (`source .ci/vllm.sh`), with `/metrics` scraped in
    per gap at C sequences (`vllm:request_decode_time_seconds`): the model's per-step and
    per-sequence decode terms;
 3. `--runs` live runs of one validation trace (40 Poisson requests at 5/s, prompts 32-384, outputs
-   8-48: bench/bench_live_fit.py's) are replayed with that engine-only model and compared with
-   `validate --real`, with the fitted client model and without one (`--client-model none`).
+   8-48: bench/bench_live_fit.py's) are replayed with that engine-only model (a `fitted` runner priced
+   from those means) and compared with `validate --real`: with the client model fitted on the lone
+   levels, with one fitted on the lone levels and the first half of the live runs (judged on the
+   second half), and without one (`--client-model none`).
+
+Run the server and this script in one session (bench/RESULTS_live.md session 8: a client in another
+session than the server's saw every token of a request arrive at its end), with the server's API
+process and engine core kept off the model worker's CPU and the script there too
+(`.ci/pin_frontend.py`, `taskset`).
 
     python bench/bench_client_model.py --endpoint http://127.0.0.1:8000 [--runs 12] [--keep DIR]
 
@@ -97,43 +104,61 @@ def main() -> None:
         decode.append((c, o["server_decode_s"] / (o["output_tokens"] - 1)))
     cs, gaps = np.array([d[0] for d in decode]), np.array([d[1] for d in decode])
     d_slope, d_intercept = np.polyfit(cs, gaps, 1)
-    base = max(d_intercept, 0.0)
-    seq = max(intercept - base, 0.0)
-    decode_seq = max(d_slope - seq, 0.0)
-    runner = (f"linear:base={base:.6g},prefill_token={max(slope, 0.0):.6g},seq={seq:.6g},"
-              f"decode_seq={decode_seq:.6g}")
+    # a `fitted` runner (runners/fitted.py) priced by hand: a decode step = intercept + per sequence;
+    # a lone prefill step = intercept + per prefill sequence + per prompt token
+    intercept_s = max(d_intercept, 0.0)
+    coef = {"intercept": intercept_s, "prefill_tokens": max(slope, 0.0),
+            "prefill_seqs": max(intercept - intercept_s, 0.0), "prefill_context_tokens": 0.0,
+            "prefill_attention_pairs": 0.0, "decode_seqs": max(d_slope, 0.0), "decode_context_tokens": 0.0}
+    model_path = root / "engine.json"
+    model_path.write_text(json.dumps({"format": 1, "kind": "servelab-fitted-runner", "terms": list(coef),
+                                      "bucket_edges_tokens": [], "coefficients_s": [coef],
+                                      "metadata": {"fit": "bench_client_model.py: vLLM engine-side /metrics"}}))
+    runner = f"fitted:{model_path}"
     print(f"client model: {client['request_s'] * 1e3:.2f} ms + {client['prompt_token_s'] * 1e6:.2f} us/prompt token, "
           f"token_s {client['token_s'] * 1e6:.1f} us")
     print("prefill levels (P, client TTFT ms, engine ms): "
           + ", ".join(f"{o['prompt_tokens']:.0f}: {o['client_ttft_s'] * 1e3:.2f} / {o['server_ttft_s'] * 1e3:.2f}"
                       for o in prefill))
     print("decode levels (C, engine ms per gap): " + ", ".join(f"{c}: {g * 1e3:.2f}" for c, g in decode))
-    print(f"engine-only runner: {runner}")
+    print("engine-only model: " + ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in coef.items() if v), flush=True)
     # 3. validation runs
     from servelab.traces.io import write_trace
     from servelab.traces.synth import synth_trace
 
     vt = root / "v.arrow"
     write_trace(synth_trace(n=40, rate=5.0, prompt="uniform:32:384", output="uniform:8:48", seed=2), vt, source="v")
-    hits = {"client": 0, "none": 0}
-    print("run | measured TTFT ms | sim client | err | sim engine | err | measured E2E ms | sim client | err")
+    runs = []
     for k in range(args.runs):
         seed += 1
-        run = bench(args.endpoint, vt, root / f"live_{k}", seed)
+        runs.append(bench(args.endpoint, vt, root / f"live_{k}", seed))
+    # a second client model: the lone levels plus the first half of the loaded runs (their vLLM
+    # /metrics give the engine-side TTFT), judged on the second half only
+    half = args.runs // 2
+    cli("fit", *[a for r in [*(root / f"prefill_{p}" for p in (16, 256, 768, 1536)), *runs[:half]]
+                 for a in ("--client", r)], "-o", root / "client_loaded.json")
+    hits = {"client": 0, "none": 0, "loaded": 0}
+    print("run | measured TTFT ms | engine TTFT (vLLM) | sim, lone-fitted client model | err | "
+          "sim, +loaded runs | err | engine-only | err | measured E2E ms | sim | err")
+    for k, run in enumerate(runs):
         rows = {}
-        for mode in ("client", "none"):
-            spec = root / "client.json" if mode == "client" else "none"
+        for mode, spec in (("client", root / "client.json"), ("loaded", root / "client_loaded.json"),
+                           ("none", "none")):
             report = json.loads(cli("validate", "--real", run, "--candidate", runner, "--set", "max_num_seqs=16",
                                     "--client-model", spec, "--format", "json"))
             rows[mode] = {(r["metric"], r["stat"]): r for r in report["latency"]}
-        t_c, t_n = rows["client"][("ttft", "mean")], rows["none"][("ttft", "mean")]
+        t = {mode: rows[mode][("ttft", "mean")] for mode in rows}
         e_c = rows["client"][("e2e", "mean")]
-        for mode, r in (("client", t_c), ("none", t_n)):
-            hits[mode] += abs(r["error_pct"]) <= 10.0
-        print(f"{k} | {t_c['measured_s'] * 1e3:.2f} | {t_c['simulated_s'] * 1e3:.2f} | {t_c['error_pct']:+.1f}% | "
-              f"{t_n['simulated_s'] * 1e3:.2f} | {t_n['error_pct']:+.1f}% | {e_c['measured_s'] * 1e3:.2f} | "
+        for mode in hits:
+            hits[mode] += abs(t[mode]["error_pct"]) <= 10.0 and (mode != "loaded" or k >= half)
+        engine_ttft = engine_means(run)["server_ttft_s"]
+        print(f"{k} | {t['client']['measured_s'] * 1e3:.2f} | {engine_ttft * 1e3:.2f} | "
+              f"{t['client']['simulated_s'] * 1e3:.2f} | {t['client']['error_pct']:+.1f}% | "
+              f"{t['loaded']['simulated_s'] * 1e3:.2f} | {t['loaded']['error_pct']:+.1f}%{' (fit)' if k < half else ''} | "
+              f"{t['none']['simulated_s'] * 1e3:.2f} | {t['none']['error_pct']:+.1f}% | {e_c['measured_s'] * 1e3:.2f} | "
               f"{e_c['simulated_s'] * 1e3:.2f} | {e_c['error_pct']:+.1f}%", flush=True)
-    print(f"mean TTFT within 10%: {hits['client']} of {args.runs} with the client model, "
+    print(f"mean TTFT within 10%: {hits['client']} of {args.runs} with the lone-fitted client model, "
+          f"{hits['loaded']} of {args.runs - half} held-out runs with the one fitted on loaded runs too, "
           f"{hits['none']} of {args.runs} engine-only")
     print(f"run directories: {root}")
 
