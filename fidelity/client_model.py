@@ -59,19 +59,10 @@ class ClientModel:
         return asdict(self)
 
 
-# The calibrated model per server kind. vllm: fitted by ``fit_client`` on the two level means of
-# bench/RESULTS_live.md, session 8 ("What a TTFT is made of"): vLLM 0.32 CPU, the tiny CI model, a
-# lone request's client TTFT against vLLM's own engine-side time (queue + prefill from /metrics):
-# 16-token prompts 12.1-12.8 ms of which 5.8-6.4 ms in the engine (outside 6.2-6.4 ms), 1,536-token
-# prompts 41-45 ms of which 33-35 ms (outside 8-9.5 ms); the midpoints of those ranges.
+# The calibrated model per server kind, fitted when this module loads on the observations shipped
+# beside it (client_calibration_<kind>.json, with where they come from).
 DEFAULTS: dict[str, ClientModel] = {}
-
-
-def _observations_vllm_session8() -> list[dict]:
-    return [
-        {"prompt_tokens": 16, "client_ttft_s": (12.1 + 12.8) / 2e3, "server_ttft_s": (5.8 + 6.4) / 2e3},
-        {"prompt_tokens": 1536, "client_ttft_s": (41 + 45) / 2e3, "server_ttft_s": (33 + 35) / 2e3},
-    ]
+CALIBRATION = Path(__file__).with_name("client_calibration_vllm.json")
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -125,11 +116,11 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
 
 
 DEFAULTS["vllm"] = fit_client(
-    _observations_vllm_session8(), "vllm",
-    provenance="vLLM 0.32 CPU (the tiny CI model, 2-vCPU VM): bench/RESULTS_live.md session 8, a lone request's "
-               "client TTFT against vLLM's engine-side queue + prefill time (/metrics) at 16- and 1,536-token "
-               "prompts (midpoints of the measured ranges); token_s not measured (no run here has engine-side "
-               "per-token times under load)")
+    json.loads(CALIBRATION.read_text())["observations"], "vllm",
+    provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a 2-vCPU VM), "
+               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 12 runs of "
+               "40 Poisson requests at 5/s, client times against vLLM's engine-side /metrics (bench/RESULTS_fidelity.md, "
+               "attempt a4); token_s: the client's decode was never slower than the engine's there")
 
 
 def resolve(spec: str) -> ClientModel:
