@@ -1,11 +1,16 @@
-"""The fidelity table of bench/RESULTS_fidelity.md: every calibration run, measured vs simulated,
-before (the 2023 host profile) and after (the shipped defaults) calibration.
+"""The fidelity tables: every real run we have, measured vs simulated.
 
-    python bench/bench_fidelity.py [--shared ../shared] [-o table.md]
+    python bench/bench_fidelity.py [--shared ../shared] [-o table.md]      # per-run variant tables
+    python bench/bench_fidelity.py --scoreboard [--write-docs]             # one row per run
 
 Imports the real runs in ``shared/calibration/real_vllm`` into a temporary folder with
-``servelab run import`` (the exact commands are printed), replays each with ``validate --real`` for
-each variant and prints one markdown table per run.
+``servelab run import`` (the exact commands are printed), replays each with ``validate --real``.
+The default prints one markdown table per run and variant (before/after calibration, for
+bench/RESULTS_fidelity.md). ``--scoreboard`` finds every run folder (format detected, settings from
+the run's own files; only the GPU, which no file records, comes from ``GPUS``), replays each with
+the shipped defaults and prints one table: mean and p99 error of TTFT, TPOT and E2E, the
+prefix-cache hit share (server log, simulated), the failed-request share; ``--write-docs``
+replaces the table in docs/fidelity.md (between the scoreboard markers).
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ RUNS = {
 }
 
 
+# The GPU of each run folder: the only setting their files do not record (see each folder's README).
+GPUS = {"vllm-0.11-h100-llama2-7b": "h100-80gb", "vllm-0.19-rtx4090-llama31-8b": "rtx-4090"}
+SOURCES = ("traces.json", "requests.jsonl", "trace.yaml", "report.json", "results.json")
+MARK_BEGIN, MARK_END = "<!-- scoreboard: begin -->", "<!-- scoreboard: end -->"
+
+
 def run(args: list[str]) -> str:
     print("$ servelab " + " ".join(shlex.quote(a) for a in args), file=sys.stderr)
     out = subprocess.run(SERVELAB + args, capture_output=True, text=True, check=False)
@@ -45,12 +56,67 @@ def run(args: list[str]) -> str:
     return out.stdout
 
 
+def _stat(report: dict, metric: str, stat: str) -> str:
+    row = next(r for r in report["latency"] if r["metric"] == metric and r["stat"] == stat)
+    return "n/a" if row["error_pct"] is None else f"{row['error_pct']:+.1f}%"
+
+
+def _share(v) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def scoreboard(data: Path) -> tuple[list[str], list[str]]:
+    """(table lines, the commands run): every run folder under ``data`` with a per-request file."""
+    commands, rows = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+            source = next((folder / name for name in SOURCES if (folder / name).is_file()), None)
+            if source is None:
+                continue
+            src = folder if source.name == "trace.yaml" else source
+            run_dir = Path(tmp) / folder.name
+            args = ["run", "import", str(src), "-o", str(run_dir)]
+            if folder.name in GPUS:
+                args += ["--setting", f"gpu={GPUS[folder.name]}"]
+            run(args)
+            report = json.loads(run(["validate", "--real", str(run_dir), "--format", "json"]))
+            shown = " ".join(shlex.quote(a) for a in args)
+            shown = shown.replace(str(data), "$DATA").replace(str(run_dir), f"runs/{folder.name}")
+            commands += [f"servelab {shown}", f"servelab validate --real runs/{folder.name}"]
+            meta = json.loads((run_dir / "run.json").read_text())
+            counts = meta["counts"]
+            failed = 1 - counts.get("finished", 0) / max(1, sum(counts.values()))  # failed, timed out, cancelled
+            p = report["prefix"]
+            cfg = report["config"]
+            kv = "run" if report["kv_blocks_from"].startswith("measured") else "derived"
+            errors = [f"{_stat(report, m, 'mean')} / {_stat(report, m, 'p99')}" for m in ("ttft", "tpot", "e2e")]
+            shares = " / ".join(_share(p[k]) for k in ("measured", "ideal", "simulated"))
+            rows.append(f"| {folder.name} | {report['requests']} | {cfg['gpu']}, {report['num_gpu_blocks']:,} blocks "
+                        f"({kv}) | " + " | ".join(errors) + f" | {shares} | {failed:.1%} |")
+    table = ["| run | requests | GPU, KV | TTFT mean / p99 | TPOT mean / p99 | E2E mean / p99 "
+             "| prefix hits: server / ideal / sim | failed |", "|---|---:|---|---:|---:|---:|---:|---:|", *rows]
+    return table, commands
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))
     ap.add_argument("-o", "--output")
+    ap.add_argument("--scoreboard", action="store_true", help="one row per run, shipped defaults")
+    ap.add_argument("--write-docs", action="store_true", help="with --scoreboard: update docs/fidelity.md")
     args = ap.parse_args()
     data = Path(args.shared) / "calibration" / "real_vllm"
+    if args.scoreboard:
+        table, commands = scoreboard(data)
+        block = "\n".join([MARK_BEGIN, *table, "", "Reproduce (DATA = shared/calibration/real_vllm):", "",
+                           *[f"    {c}" for c in commands], MARK_END])
+        print(block)
+        if args.write_docs:
+            doc = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
+            text = doc.read_text()
+            start, end = text.index(MARK_BEGIN), text.index(MARK_END) + len(MARK_END)
+            doc.write_text(text[:start] + block + text[end:])
+        return
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for title, (import_args, variants) in RUNS.items():

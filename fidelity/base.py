@@ -5,7 +5,10 @@ a ``Measured``: one row per request with absolute times on one clock (any origin
 settings the source records, and which side took the times (``server`` or ``client``).
 ``build_run`` rebases the times to the first arrival and derives ttft/tpot/e2e exactly as a replay
 does (replay/results.py), so ``report``, ``query``, ``compare`` and ``plot`` read it unchanged;
-``trace_from`` derives the trace (arrivals, lengths, tenants) that ``validate --real`` replays.
+``trace_from`` derives the trace (arrivals, lengths, tenants, prefix hashes when given) that
+``validate --real`` replays; ``detect_format`` tells the format from the files. Settings from the
+run's other files and the prompt sharing are gathered by run_import.py, sidecars.py and
+prefix_sharing.py.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from servelab.common.errors import InputError, ServelabError
 from servelab.common.registry import Registry
 from servelab.replay.results import RunResult
 from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.traces.prefixes import PrefixSpec
 
 # format name -> importer(paths: list[Path]) -> Measured
 IMPORTERS: Registry[Callable[..., Measured]] = Registry("run import format")
@@ -33,6 +37,7 @@ FORMAT_MODULES = ("vllm_bench", "guidellm", "otel", "timestamps_jsonl", "blis")
 SETTING_TYPES = {
     "model": str, "gpu": str, "tp": int, "max_num_seqs": int, "max_num_batched_tokens": int,
     "block_size": int, "num_gpu_blocks": int, "gpu_memory_utilization": float, "enable_prefix_caching": bool,
+    "replicas": int,  # vLLM's data_parallel_size: engines with a KV cache each
 }
 
 
@@ -52,11 +57,20 @@ class Rows:
     ok: list[bool] = field(default_factory=list)
     reason: list[str | None] = field(default_factory=list)
     max_itl_s: list[float | None] = field(default_factory=list)
+    itls_s: list[list[float] | None] = field(default_factory=list)  # the source's gaps between streamed chunks
+    # what the source says about each prompt's content, for prefix hashes (traces/prefixes.py)
+    token_ids: list[Any] = field(default_factory=list)  # the prompt's token ids, or None
+    prompt_text: list[str | None] = field(default_factory=list)
+    prefix_group: list[int | None] = field(default_factory=list)  # TraceV2 prefix_group (as an index)
+    prefix_length: list[int | None] = field(default_factory=list)  # TraceV2 prefix_length
+    warnings: list[str] = field(default_factory=list)  # rows kept as failed requests, and why
 
     def add(self, row: int, request_id: object, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
             first_token_s: float | None = None, finish_s: float | None = None,
             first_scheduled_s: float | None = None, ok: bool = True, reason: str | None = None,
-            tenant: str | None = None, max_itl_s: float | None = None) -> None:
+            tenant: str | None = None, max_itl_s: float | None = None, token_ids: Any = None,
+            prompt_text: str | None = None, prefix_group: int | None = None,
+            prefix_length: int | None = None, itls_s: list[float] | None = None) -> None:
         """One request; ``row`` (1-based) names it in errors. A successful request needs a first token
         and a finish no earlier than its arrival, in that order."""
         def bad(column: str, rule: str) -> InputError:
@@ -89,7 +103,18 @@ class Rows:
         self.output_tokens.append(int(output_tokens))
         self.ok.append(bool(ok))
         self.reason.append(None if ok else (reason or "failed"))
+        if itls_s is not None:
+            for k, gap in enumerate(itls_s):
+                if not math.isfinite(gap) or gap < 0:
+                    raise bad("itls", f"gap {k} is not a time >= 0: {gap}")
+            if max_itl_s is None and itls_s:
+                max_itl_s = max(itls_s)
         self.max_itl_s.append(max_itl_s)
+        self.itls_s.append(itls_s)
+        self.token_ids.append(token_ids)
+        self.prompt_text.append(prompt_text)
+        self.prefix_group.append(prefix_group)
+        self.prefix_length.append(prefix_length)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -102,6 +127,10 @@ class Measured:
     settings: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)  # anything else worth keeping (versions, rates)
     notes: tuple[str, ...] = ()  # what the importer left out or assumed, printed and kept in run.json
+    prefix: PrefixSpec | None = None  # the generator's prompt sharing, where the source records it
+    # how the client sent (run.json "load"): {"shape": "open"|"closed", "users": C, "request_rate": r, ...};
+    # a closed loop's trace gets sessions (fidelity/load_shape.py)
+    load: dict[str, Any] = field(default_factory=dict)
 
 
 def check_settings(settings: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -145,6 +174,35 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def detect_format(paths: list[Path]) -> str:
+    """The import format of ``paths`` from their names and first bytes, or an error naming the first file."""
+    first = paths[0]
+    if first.is_dir():
+        if (first / "trace.yaml").is_file() or (first / "trace.csv").is_file():
+            return "blis"
+        raise InputError(first, "is a folder, not a file (a TraceV2 folder holds trace.yaml and trace.csv)")
+    if first.suffix in (".yaml", ".yml", ".csv"):
+        return "blis"
+    if not first.is_file():
+        raise InputError(first, "file not found")
+    with open(first, "rb") as f:
+        raw = f.read(1 << 16)
+    head = raw.decode("utf-8", errors="replace")
+    line = next((x for x in head.splitlines() if x.strip()), "")
+    if "resourceSpans" in head[:4096] or '"llm_request"' in head:
+        return "otel"
+    if '"queued_ts"' in line or '"first_token_ts"' in line:
+        return "timestamps-jsonl"
+    if '"benchmarks"' in head:
+        return "guidellm"
+    if head.lstrip().startswith("{") and len(raw) == 1 << 16:  # a big JSON document: its keys may come later
+        head = first.read_text(errors="replace")
+    if any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"')):
+        return "vllm-bench"
+    raise InputError(first, "cannot tell the format (not an OTel, GuideLLM, vllm bench, timestamps JSONL or "
+                            "TraceV2 file); pass --format")
+
+
 def import_measured(fmt: str, paths: list[Path], **options) -> Measured:
     import importlib
 
@@ -167,8 +225,10 @@ def _order(rows: Rows) -> np.ndarray:
     return np.argsort(np.asarray(rows.arrival_s, dtype=np.float64), kind="stable")
 
 
-def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResult, pa.Table]:
-    """The requests table (REQUESTS_SCHEMA, times since the first arrival), run.json, and the trace."""
+def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: list[list[int]] | None = None,
+              prefix_block_tokens: int | None = None) -> tuple[RunResult, pa.Table]:
+    """The requests table (REQUESTS_SCHEMA, times since the first arrival), run.json, and the trace
+    (with ``prefix_hashes``, one list per row of ``measured.rows``, when given)."""
     rows = measured.rows
     order = _order(rows)
     n = len(order)
@@ -200,7 +260,7 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
         "tier": ["standard"] * n,
         "session_id": [None] * n,
         "replica": [0] * n,
-        "status": ["finished" if good else "rejected" for good in ok],
+        "status": [failure_status(good, rows.reason[i]) for good, i in zip(ok, order)],
         "reason": [rows.reason[i] for i in order],
         "arrival_s": arrival,
         "first_scheduled_s": scheduled,
@@ -220,7 +280,18 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
     }
     requests = pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in REQUESTS_SCHEMA],
                                     schema=REQUESTS_SCHEMA)
-    trace = trace_from(requests, source_ids=[rows.request_id[i] for i in order])
+    # the source's own request id (a GuideLLM UUID, a span's gen_ai.request.id, a vLLM-bench list
+    # index), so a row can be matched back to its source without relying on order
+    requests = requests.append_column(pa.field("source_request_id", pa.string()),
+                                      pa.array([rows.request_id[i] for i in order], pa.string()))
+    hashes = None if prefix_hashes is None else [prefix_hashes[i] for i in order]
+    trace = trace_from(requests, source_ids=[rows.request_id[i] for i in order], prefix_hashes=hashes,
+                       prefix_block_tokens=prefix_block_tokens)
+    if measured.load.get("shape") == "closed":
+        from servelab.fidelity.load_shape import closed_loop
+
+        trace = closed_loop(trace, requests, int(measured.load["users"]))
+    tokens = _token_gaps(rows, order, first_token)
     from servelab import __version__
 
     finished = sum(ok)
@@ -232,16 +303,67 @@ def build_run(measured: Measured, fmt: str, paths: list[Path]) -> tuple[RunResul
         "source": dict(measured.source, format=fmt,
                        files=[{"path": str(p), "sha256": sha256(p)} for p in _files(paths)]),
         "notes": list(measured.notes),
+        "warnings": list(rows.warnings),
+        **({"load": dict(measured.load)} if measured.load else {}),
         "trace": {"name": paths[0].name, "rows": trace.num_rows, "path": "trace.arrow"},
         "policy": {"name": "measured", "params": {}},
         "runner": {"name": "measured", "spec": None, "params": {}},
         "engine": {k: v for k, v in settings.items() if k not in ("model", "gpu", "tp")},
         "config": settings,
-        "counts": {"finished": finished, "unfinished": 0, "rejected": n - finished},
+        "counts": _counts(requests),
         "measured_span_s": max((e for e in finish if e is not None), default=0.0),
     }
     steps = STEPS_SCHEMA.empty_table()
-    return RunResult(requests, steps, meta), trace
+    return RunResult(requests, steps, meta, tokens=tokens), trace
+
+
+def _token_gaps(rows: Rows, order: np.ndarray, first_token: list[float | None]) -> pa.Table | None:
+    """tokens.parquet of a source that records the gaps between streamed chunks (vLLM bench's
+    ``itls``): one row per chunk, the first at the request's first token, each ``itl_s`` the
+    source's own gap (not a difference of rebased times), so ITL percentiles are the source's."""
+    if not any(g for g in rows.itls_s):
+        return None
+    from servelab.replay.logs import tokens_schema
+
+    rid, index, times, itl = [], [], [], []
+    for new_id, i in enumerate(order):
+        gaps, t = rows.itls_s[i], first_token[new_id]
+        if gaps is None or t is None or not rows.ok[i]:
+            continue
+        rid.append(new_id)
+        index.append(1)
+        times.append(t)
+        itl.append(None)
+        for k, gap in enumerate(gaps, start=2):
+            t += gap
+            rid.append(new_id)
+            index.append(k)
+            times.append(t)
+            itl.append(float(gap))
+    schema = tokens_schema()
+    return pa.table({"request_id": pa.array(rid, pa.int64()), "token_index": pa.array(index, pa.int32()),
+                     "time_s": pa.array(times, pa.float64()), "itl_s": pa.array(itl, pa.float64())}, schema=schema)
+
+
+def failure_status(ok: bool, reason: str | None) -> str:
+    """A request's status as its client recorded it, in the live runs' words (docs/live.md): ``finished``;
+    ``timeout`` where the error says it timed out; ``cancelled`` for a request still in flight when the
+    benchmark stopped (GuideLLM's ``incomplete``); otherwise ``failed``."""
+    if ok:
+        return "finished"
+    text = (reason or "").lower()
+    if "timeout" in text or "timed out" in text:
+        return "timeout"
+    if "incomplete" in text or "cancel" in text:
+        return "cancelled"
+    return "failed"
+
+
+def _counts(requests: pa.Table) -> dict[str, int]:
+    counts = {"finished": 0, "unfinished": 0}
+    for status in requests.column("status").to_pylist():
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -251,7 +373,8 @@ def _files(paths: list[Path]) -> list[Path]:
     return out
 
 
-def trace_from(requests: pa.Table, source_ids: list[str] | None = None) -> pa.Table:
+def trace_from(requests: pa.Table, source_ids: list[str] | None = None, prefix_hashes: list[list[int]] | None = None,
+               prefix_block_tokens: int | None = None) -> pa.Table:
     """The trace a measured run replays: every request the server saw (arrival, prompt and output
     lengths, tenant), in the run's request ids. Requests that failed before producing a token
     (client errors, no output) are left out: the server may never have seen them."""
@@ -262,16 +385,21 @@ def trace_from(requests: pa.Table, source_ids: list[str] | None = None) -> pa.Ta
     if not keep:
         raise ServelabError("the imported run has no request with a prompt and an output to replay")
     idx = pa.array(keep, type=pa.int64())
-    trace = pa.table({
+    columns = {
         "request_id": requests.column("request_id").take(idx),
         "arrival_s": requests.column("arrival_s").take(idx),
         "prompt_tokens": requests.column("prompt_tokens").take(idx),
         "output_tokens": requests.column("output_tokens").take(idx),
         "tenant": requests.column("tenant").take(idx),
-    })
+    }
+    if prefix_hashes is not None:
+        from servelab.traces.prefixes import hashes_column
+
+        columns["prefix_hashes"] = hashes_column([prefix_hashes[i] for i in keep])
     from servelab.traces.io import prepare
 
-    return prepare(trace, "imported run", source="measured run")
+    return prepare(pa.table(columns), "imported run", source="measured run",
+                   prefix_block_tokens=prefix_block_tokens if prefix_hashes is not None else None)
 
 
 def write_measured_run(result: RunResult, trace: pa.Table, run_dir: Path, trace_out: Path | None = None) -> None:
@@ -281,10 +409,14 @@ def write_measured_run(result: RunResult, trace: pa.Table, run_dir: Path, trace_
     from servelab.traces.io import write_trace
 
     meta = dict(result.meta, run_id=run_dir.name)
+    raw = (trace.schema.metadata or {}).get(b"prefix_block_tokens")
+    block_tokens = int(raw) if raw else None
     with atomic_dir(run_dir) as tmp:
         write_parquet(result.requests, tmp / "requests.parquet")
         write_parquet(result.steps, tmp / "steps.parquet")
-        write_trace(trace, tmp / "trace.arrow", source="measured run")
+        write_trace(trace, tmp / "trace.arrow", source="measured run", prefix_block_tokens=block_tokens)
+        if isinstance(result.tokens, pa.Table):
+            write_parquet(result.tokens, tmp / "tokens.parquet")
         (tmp / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     if trace_out is not None:
-        write_trace(trace, trace_out, source=f"measured run {run_dir.name}")
+        write_trace(trace, trace_out, source=f"measured run {run_dir.name}", prefix_block_tokens=block_tokens)

@@ -14,21 +14,26 @@ from pathlib import Path
 
 from servelab.common.errors import InputError
 from servelab.fidelity.base import IMPORTERS, Measured, Rows
+from servelab.fidelity.fields import array, integer, mapping, number
 
 SPAN_NAME = "llm_request"
 
 
-def _value(v: dict):
+def _value(v: object):
+    if not isinstance(v, dict):
+        return v  # not an OTLP AnyValue: the caller's typed read reports it
     for key in ("doubleValue", "intValue", "stringValue", "boolValue"):
         if key in v:
-            raw = v[key]
-            return int(raw) if key == "intValue" else raw
+            return v[key]  # OTLP writes an intValue as a string: the typed reads convert it
     return None
 
 
 def _documents(path: Path) -> list[tuple[int, dict]]:
     """(line number, document): the whole file, or one document per non-empty line."""
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise InputError(path, "not UTF-8 text (expected OTLP JSON)") from None
     try:
         return [(1, json.loads(text))]
     except json.JSONDecodeError:
@@ -57,12 +62,19 @@ def import_otel(paths: list[Path]) -> Measured:
         for lineno, doc in _documents(path):
             if not isinstance(doc, dict) or "resourceSpans" not in doc:
                 raise InputError(path, f"line {lineno}: not an OTLP JSON export (no 'resourceSpans')")
-            for rs in doc["resourceSpans"]:
-                for attr in (rs.get("resource") or {}).get("attributes", []):
+            for r, rs in enumerate(array(path, doc["resourceSpans"], f"line {lineno}: resourceSpans")):
+                at = f"line {lineno}: resourceSpans[{r}]"
+                rs = mapping(path, rs, at)
+                resource = mapping(path, rs.get("resource"), f"{at}.resource", optional=True)
+                for attr in _attributes(path, resource.get("attributes"), f"{at}.resource.attributes"):
                     if attr.get("key") == "service.name":
-                        services.add(_value(attr.get("value", {})))
-                for ss in rs.get("scopeSpans", []):
-                    for span in ss.get("spans", []):
+                        name = _value(attr.get("value", {}))
+                        if isinstance(name, str):
+                            services.add(name)
+                for k, ss in enumerate(array(path, rs.get("scopeSpans"), f"{at}.scopeSpans", optional=True)):
+                    ss = mapping(path, ss, f"{at}.scopeSpans[{k}]")
+                    for m, span in enumerate(array(path, ss.get("spans"), f"{at}.scopeSpans[{k}].spans", optional=True)):
+                        span = mapping(path, span, f"{at}.scopeSpans[{k}].spans[{m}]", len(rows) + 1)
                         if span.get("name") != SPAN_NAME:
                             skipped += 1
                             continue
@@ -75,14 +87,29 @@ def import_otel(paths: list[Path]) -> Measured:
     return Measured(rows, clock="server", source=source, notes=tuple(notes))
 
 
+def _attributes(path: Path, value: object, field: str, row: int | None = None) -> list[dict]:
+    out = array(path, value, field, row, optional=True)
+    for a in out:
+        if not isinstance(a, dict):
+            raise InputError(path, f"needs key/value objects, got {a!r}"[:120], column=field, row=row)
+    return out
+
+
 def _add_span(rows: Rows, path: Path, lineno: int, span: dict, origin: list[int]) -> None:
-    attrs = {a.get("key"): _value(a.get("value", {})) for a in span.get("attributes", [])}
     row = len(rows) + 1
+    attrs = {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, span.get("attributes"),
+                                                                          "attributes", row)}  # fmt: skip
 
     def need(key: str):
         if attrs.get(key) is None:
             raise InputError(path, f"span on line {lineno} lacks attribute '{key}'", column=key, row=row)
         return attrs[key]
+
+    def num(key: str, optional: bool = False) -> float | None:
+        return number(path, need(key) if not optional else attrs.get(key), key, row, optional=optional)
+
+    def count(key: str, optional: bool = False) -> int | None:
+        return integer(path, need(key) if not optional else attrs.get(key), key, row, optional=optional)
 
     try:
         start_ns = int(span["startTimeUnixNano"])
@@ -92,18 +119,19 @@ def _add_span(rows: Rows, path: Path, lineno: int, span: dict, origin: list[int]
     if not origin:
         origin.append(start_ns)
     start = (start_ns - origin[0]) / 1e9
-    failed = (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR")
-    prompt = int(need("gen_ai.usage.prompt_tokens"))
-    output = int(attrs.get("gen_ai.usage.completion_tokens") or 0)
+    status = mapping(path, span.get("status"), "status", row, optional=True)
+    failed = status.get("code") in (2, "STATUS_CODE_ERROR")
+    prompt = count("gen_ai.usage.prompt_tokens")
     if failed:
-        ttft = attrs.get("gen_ai.latency.time_to_first_token")
+        output = count("gen_ai.usage.completion_tokens", optional=True) or 0
+        ttft = num("gen_ai.latency.time_to_first_token", optional=True)
         rows.add(row, attrs.get("gen_ai.request.id", row), start, prompt, output, ok=False,
-                 first_token_s=None if ttft is None else start + float(ttft),
-                 reason=(span.get("status") or {}).get("message") or "span status ERROR")
+                 first_token_s=None if ttft is None else start + ttft,
+                 reason=str(status.get("message") or "span status ERROR"))
         return
-    ttft = float(need("gen_ai.latency.time_to_first_token"))
-    e2e = float(need("gen_ai.latency.e2e"))
-    queue = attrs.get("gen_ai.latency.time_in_queue")
-    rows.add(row, attrs.get("gen_ai.request.id", row), start, prompt, int(need("gen_ai.usage.completion_tokens")),
+    ttft = num("gen_ai.latency.time_to_first_token")
+    e2e = num("gen_ai.latency.e2e")
+    queue = num("gen_ai.latency.time_in_queue", optional=True)
+    rows.add(row, attrs.get("gen_ai.request.id", row), start, prompt, count("gen_ai.usage.completion_tokens"),
              first_token_s=start + ttft, finish_s=start + e2e,
-             first_scheduled_s=None if queue is None else start + float(queue))
+             first_scheduled_s=None if queue is None else start + queue)

@@ -52,12 +52,46 @@ def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
 
     data = {k: v for k, v in (meta.get("config") or {}).items()}
     data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    fitted = str(data.get("runner") or "").startswith("fitted")  # prices with its own profile, not these
+    for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
+        if key not in data and not fitted:  # a default would replay another model or GPU without a word
+            raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
+                                f"pass {option} (or import it again with --setting {key}=...)")
     if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
         data["model"] = find_model(str(data["model"])).name
+    _recorded_runner_settings(meta, data, overrides)
     try:
         return ReplayConfig.from_dict(data, source="validate --real")
     except ServelabError as err:
         raise ServelabError(f"{err} (settings of the measured run with the options given)") from None
+
+
+# vLLM's arguments run import keeps in run.json "source" that the runner prices (docs/runners.md
+# "Parallelism" and "Quantisation"), with the replay config key each sets
+RECORDED_RUNNER_KEYS = {"pipeline_parallel_size": "pp", "enable_expert_parallel": "enable_expert_parallel",
+                        "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype"}
+
+
+def _recorded_runner_settings(meta: dict, data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Fill ``data`` with the run's parallelism and quantisation as vLLM recorded them, where no option
+    or config key sets them. Run import counts each of ``data_parallel_size`` ranks as a replica;
+    they are one server's DP ranks, so the replay gets ``dp`` ranks of one replica (the same engines
+    and GPUs, and an MoE model's experts spread over the ranks)."""
+    from servelab.runners.quant import WEIGHT_FORMATS, ALIASES
+
+    source = meta.get("source") or {}
+    given = {k for k, v in overrides.items() if v is not None and v != ()}
+    dp = source.get("data_parallel_size")
+    if (dp and int(dp) > 1 and not given & {"dp", "data_parallel_size", "replicas"}
+            and int(data.get("replicas", 1) or 1) == int(dp)):
+        data["replicas"], data["dp"] = 1, int(dp)
+    for key, name in RECORDED_RUNNER_KEYS.items():
+        value = source.get(key)
+        if value in (None, "", "auto", False) or given & {key, name} or name in data:
+            continue
+        if key == "quantization" and str(value).lower() not in {*WEIGHT_FORMATS, *ALIASES}:
+            continue  # a method only the checkpoint's config.json resolves (compressed-tensors, modelopt)
+        data[name] = value
 
 
 def _metric_columns(requests: pa.Table) -> dict[str, np.ndarray]:
@@ -131,18 +165,57 @@ def compare(real_requests: pa.Table, sim_requests: pa.Table) -> dict[str, Any]:
             "latency": rows, "throughput": throughput, "per_request": _per_request(real, sim)}
 
 
-def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, Any], pa.Table, pa.Table]:
-    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated)."""
+def error_shares(measured: pa.Table, simulated: pa.Table) -> dict[str, Any]:
+    """Share of requests that did not finish (failed, timed out, aborted, refused), measured over every
+    request of the run (the trace leaves out those that failed before any output) and simulated."""
+    def share(table: pa.Table) -> float | None:
+        n = table.num_rows
+        done = int(pc.sum(pc.equal(table.column("status"), "finished")).as_py() or 0)
+        return (n - done) / n if n else None
+
+    m, s = share(measured), share(simulated)
+    return {"measured": m, "simulated": s, "difference_pct_points": None if m is None or s is None else (s - m) * 100}
+
+
+def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | None = "auto"
+                  ) -> tuple[dict[str, Any], pa.Table, pa.Table]:
+    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated).
+
+    A client-side run (``clock: client``) is compared with the simulated times as its client would
+    have seen them (fidelity/client_model.py): ``client_model`` ``auto`` (the calibrated model of the
+    run's server kind, vLLM's unless the source says otherwise), a server kind, a model JSON, or None
+    to compare engine-side times. The engine-side comparison is kept in the report (``latency_engine``)."""
     from servelab.api import build_runner, replay, resolve_num_gpu_blocks
+    from servelab.fidelity import client_model as cm
 
     meta, measured, trace = load_measured(run_dir)
     config = config_for(meta, overrides)
     runner = build_runner(config)
     blocks = resolve_num_gpu_blocks(config, runner)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))
-    result = replay(trace, config, runner=runner)
-    report = compare(measured, result.requests)
+    model = None
+    # a model fitted to a live server's calibration sweep (fit --endpoint / --live) has the outside time
+    # in its prefill terms already (docs/live.md): auto leaves it out rather than count it twice
+    live_fitted = (getattr(getattr(runner, "model", None), "metadata", None) or {}).get("runner") == "live"
+    if client_model is not None and meta.get("clock") == "client" and not (client_model == "auto" and live_fitted):
+        model = cm.resolve("vllm" if client_model == "auto" else client_model)
+    result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0)
+    simulated = result.requests
+    engine_side = None
+    if model is not None:
+        tokens = result.tokens.read() if hasattr(result.tokens, "read") else result.tokens
+        simulated = cm.with_client_columns(simulated, model, tokens)
+        engine_side = compare(measured, simulated)["latency"]
+        report = compare(measured, cm.as_client_side(simulated))
+    else:
+        report = compare(measured, simulated)
+    report["errors"] = error_shares(measured, simulated)
+    report["client_model"] = None if model is None else model.to_dict()
+    if engine_side is not None:
+        report["latency_engine"] = engine_side
     report.update({
+        "settings": settings_used(meta, overrides, config, blocks),
+        "prefix": prefix_share(meta, trace, result.requests),
         "run": str(run_dir),
         "clock": meta.get("clock"),
         "requests": trace.num_rows,
@@ -154,7 +227,59 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
         "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
         "runner": result.meta["runner"],
     })
-    return report, measured, result.requests
+    return report, measured, simulated
+
+
+RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set
+SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+         "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
+
+
+def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, blocks: int) -> list[dict]:
+    """Each setting the replay used, its value and where it came from: an option, the run (with the
+    file run import read it from), derived, or the default."""
+    recorded = meta.get("config") or {}
+    sources = meta.get("config_sources") or {}
+    flat = config.to_dict()
+    out = []
+    for key in SHOWN:
+        if key in RUNNER_SHOWN and key not in flat:
+            continue
+        value = blocks if key == "num_gpu_blocks" else flat.get(key)
+        if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
+                and overrides.get(key) is None:
+            value, origin = None, "not used: the fitted runner prices and sizes with its own profile"
+        elif overrides.get(key) is not None:
+            origin = "option"
+        elif key in recorded:
+            origin = f"run: {sources.get(key, 'the source')}"
+        elif key in RUNNER_SHOWN:
+            origin = "run: vLLM's arguments (run.json source)"
+        elif key == "num_gpu_blocks":
+            origin = "derived from the model, GPU and gpu_memory_utilization"
+        else:
+            origin = "default"
+        out.append({"setting": key, "value": value, "from": origin})
+    return out
+
+
+def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, Any]:
+    """Prefix-cache hits as a share of prompt tokens: what the server reported, what the trace's
+    hashes allow (an unlimited cache) and what the replay served (``cached_tokens``)."""
+    info = meta.get("prefix") or {}
+    measured = info.get("measured_hit_rate")
+    if measured is None:
+        measured = (meta.get("source") or {}).get("prefix_cache_hit_rate")
+    prompt = pc.sum(simulated.column("prompt_tokens")).as_py() or 0
+    cached = pc.sum(simulated.column("cached_tokens")).as_py() or 0
+    hashes = "prefix_hashes" in trace.column_names
+    out = {"measured": measured, "measured_from": info.get("measured_hit_rate_from"),
+           "simulated": cached / prompt if prompt else None, "ideal": info.get("ideal_hit_share"), "hashes": hashes,
+           "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
+    if measured is not None and measured > 0.01 and not hashes:
+        out["warning"] = (f"the server reported {measured:.1%} prefix-cache hits but the trace shares no prefix: "
+                          "import it again with --prefix-from-hit-rate or --shared-prefix-tokens/--prompt-pool")
+    return out
 
 
 def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "") -> None:

@@ -1,8 +1,12 @@
-"""Engine settings from a vLLM server log: the non-default arguments and the KV cache it allocated.
+"""Engine settings from a vLLM server log: the arguments, the engine config, the KV cache and the hit rate.
 
-Reads the last ``non-default args: {...}`` line (the server that served the run, when the log holds
-several restarts) and, after it, ``num_gpu_blocks is: N`` (V1 metrics logger) or ``GPU KV cache
-size: N tokens`` and the ``vLLM ... version`` line.
+Reads, for the last server start in the log (a log often holds several restarts; the last
+``non-default args: {...}`` line begins the one that served the run): the non-default args, the
+``Initializing a V1 LLM engine (vX) with config: ...`` line (``tensor_parallel_size``,
+``data_parallel_size``, ``enable_prefix_caching``, ``served_model_name``), the KV cache vLLM
+allocated (``num_gpu_blocks is: N``, ``# GPU blocks: N``, else ``GPU KV cache size: N tokens``
+divided by the block size), the version, and the last ``Prefix cache hit rate: X%`` the metrics
+logger printed. Each setting remembers the line it came from.
 """
 
 from __future__ import annotations
@@ -14,36 +18,102 @@ from pathlib import Path
 from servelab.common.errors import InputError
 
 _ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
-_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)")
+_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)|# GPU blocks: (\d+)")
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _VERSION = re.compile(r"vLLM (?:API server )?version (\S+)")
+_ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with config: (.*)$")
+_HIT = re.compile(r"Prefix cache hit rate: ([\d.]+)%")
+_PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
-            "gpu_memory_utilization": "gpu_memory_utilization", "enable_prefix_caching": "enable_prefix_caching"}
+            "gpu_memory_utilization": "gpu_memory_utilization", "enable_prefix_caching": "enable_prefix_caching",
+            "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
+# fields of the engine config line: key=value up to the next ", key="
+_ENGINE_FIELD = re.compile(r"(?:^|, )(\w+)=(.*?)(?=, \w+=|$)")
+ENGINE_KEYS = {"tensor_parallel_size": "tp", "enable_prefix_caching": "enable_prefix_caching",
+               "served_model_name": "model"}
+SOURCE_KEYS = {"data_parallel_size": "data_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size",
+               "dtype": "dtype", "max_seq_len": "max_model_len", "kv_cache_dtype": "kv_cache_dtype",
+               "quantization": "quantization"}
 
 
-def settings_from_log(path: Path) -> tuple[dict, dict]:
-    """(settings for run.json's config, facts for run.json's source)."""
+def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
+    """(settings for run.json's config, facts for its source, setting -> 'file line N')."""
     if not path.is_file():
         raise InputError(path, "file not found")
     settings: dict = {}
+    origin: dict[str, str] = {}
     source: dict = {"vllm_log": str(path)}
+    kv_tokens = None
+
+    def put(key: str, value, lineno: int) -> None:
+        settings[key] = value
+        origin[key] = f"{path.name} line {lineno}"
+
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        m = _ARGS.search(line)
-        if m:
+        if (m := _ARGS.search(line)):
             try:
                 args = ast.literal_eval(m.group(1))
             except (ValueError, SyntaxError):
                 raise InputError(path, "cannot read the non-default args", row=lineno) from None
-            settings = {ARG_KEYS[k]: v for k, v in args.items() if k in ARG_KEYS}
+            settings, origin, kv_tokens = {}, {}, None  # a new server start: forget the previous one's
+            for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version"):
+                source.pop(k, None)
+            for k, v in args.items():
+                if k in ARG_KEYS:
+                    put(ARG_KEYS[k], v, lineno)
             served = args.get("served_model_name")
-            settings["model"] = (served[0] if isinstance(served, list) and served else served) or args.get("model")
-            source.pop("kv_cache_tokens", None)
-            continue
-        if (m := _BLOCKS.search(line)):
-            settings["num_gpu_blocks"] = int(m.group(1))
+            model = (served[0] if isinstance(served, list) and served else served) or args.get("model")
+            if model:
+                put("model", model, lineno)
+            if args.get("data_parallel_size"):
+                source["data_parallel_size"] = args["data_parallel_size"]
+            if args.get("enable_expert_parallel"):
+                source["enable_expert_parallel"] = True
+        elif (m := _ENGINE.search(line)):
+            source["engine_version"] = m.group(1)
+            for key, raw in _ENGINE_FIELD.findall(m.group(2)):
+                value = _literal(raw)
+                if key in ENGINE_KEYS and key not in ("served_model_name",) and ENGINE_KEYS[key] not in settings:
+                    put(ENGINE_KEYS[key], value, lineno)
+                elif key == "served_model_name" and "model" not in settings and value not in (None, "None"):
+                    put("model", value, lineno)
+                elif key in SOURCE_KEYS:
+                    source[SOURCE_KEYS[key]] = value
+        elif (m := _BLOCKS.search(line)):
+            put("num_gpu_blocks", int(m.group(1) or m.group(2)), lineno)
         elif (m := _KV_TOKENS.search(line)):
-            source["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+            kv_tokens = (int(m.group(1).replace(",", "")), lineno)
+            source["kv_cache_tokens"] = kv_tokens[0]
         elif (m := _VERSION.search(line)):
             source["vllm_version"] = m.group(1)
+        if (m := _HIT.search(line)) and _busy(line):
+            source["prefix_cache_hit_rate"] = float(m.group(1)) / 100
+            source["prefix_cache_hit_rate_from"] = f"{path.name} line {lineno}"
+    if "num_gpu_blocks" not in settings and kv_tokens is not None:
+        # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
+        settings["num_gpu_blocks"] = kv_tokens[0] // int(settings.get("block_size") or 16)
+        origin["num_gpu_blocks"] = f"{path.name} line {kv_tokens[1]} (KV cache tokens / block size)"
+    return settings, source, origin
+
+
+def _busy(line: str) -> bool:
+    """A metrics line logged while prompts were being served (idle lines repeat the last window)."""
+    m = _PROMPT_TPUT.search(line)
+    return m is None or float(m.group(1)) > 0
+
+
+def _literal(raw: str):
+    raw = raw.strip()
+    if raw in ("True", "False"):
+        return raw == "True"
+    try:
+        return int(raw)
+    except ValueError:
+        return raw.strip("'\"")
+
+
+def settings_from_log(path: Path) -> tuple[dict, dict]:
+    """(settings for run.json's config, facts for run.json's source)."""
+    settings, source, _ = read_log(path)
     return settings, source

@@ -40,7 +40,7 @@ class Backend(Protocol):
     def metrics_sampler(self, target: Target, interval_s: float,
                         clock: Callable[[], float]) -> MetricsSampler | None: ...  # fmt: skip
 
-    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+    async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float]) -> Record: ...  # fmt: skip
 
 
@@ -59,10 +59,11 @@ class HttpBackend:
 
     @asynccontextmanager
     async def open(self, target: Target, concurrency: int) -> AsyncIterator[None]:
+        # every call here waits as long as a request may (--timeout), no fixed time of its own
         try:  # any HTTP answer will do: a server that is not there fails the command, not every request
             async with aiohttp.ClientSession() as once, \
                     once.get(f"{target.root}/v1/models", headers=target.headers(),
-                             timeout=aiohttp.ClientTimeout(total=30.0)):  # fmt: skip
+                             timeout=aiohttp.ClientTimeout(total=target.timeout_s)):  # fmt: skip
                 pass  # a connection of its own: some servers drop a kept-alive one after an error
         except (aiohttp.ClientError, TimeoutError) as err:
             raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
@@ -70,7 +71,7 @@ class HttpBackend:
         # KEEPALIVE_S, before the server closes them: uvicorn (vLLM, SGLang, `transformers serve`)
         # closes a connection idle for 5 s, and one reused at that moment drops the request.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=target.timeout_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             self.http = http
             try:
@@ -84,7 +85,7 @@ class HttpBackend:
         body.pop("stream_options", None)
         try:
             async with self.http.post(target.url, json=body, headers=target.headers(),
-                                      timeout=aiohttp.ClientTimeout(total=120.0)) as response:  # fmt: skip
+                                      timeout=aiohttp.ClientTimeout(total=target.timeout_s)) as response:  # fmt: skip
                 status, text = response.status, await response.text()
         except (aiohttp.ClientError, TimeoutError) as err:
             return False, f"probe failed: {type(err).__name__}: {err}"
@@ -98,6 +99,6 @@ class HttpBackend:
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> MetricsSampler:
         return MetricsSampler(self.http, f"{target.root}/metrics", interval_s, clock)
 
-    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+    async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float]) -> Record:  # fmt: skip
         return await send(self.http, target, record, prompt, max_tokens, clock)

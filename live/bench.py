@@ -18,12 +18,16 @@ import numpy as np
 import pyarrow as pa
 from servelab.live.backend import Backend, HttpBackend
 from servelab.live.client import Record, Target
+from servelab.live.counts import check_counts
 from servelab.live.load import LoadConfig, schedule
 from servelab.live.prompts import (
     Approximate,
+    FewWords,
     Vocabulary,
     build_prompt,
+    id_prompt,
     measure_vocabulary,
+    token_id_vocabulary,
 )
 from servelab.live.tokenize import LocalTokenizer
 
@@ -67,7 +71,14 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
     if not exact:
         log.append("prompt lengths approximate: the server has no /tokenize (real counts come from usage)")
         tokenizer = Approximate()
-    vocab: Vocabulary = await measure_vocabulary(tokenizer, exact)
+    token_ids = False
+    try:
+        vocab: Vocabulary = await measure_vocabulary(tokenizer, exact)
+    except FewWords as err:
+        if target.api != "completions":  # a chat message is text: no way round it
+            raise RuntimeError(f"{err}; token-id prompts need --api completions") from None
+        vocab, token_ids = await token_id_vocabulary(tokenizer), True
+        log.append(f"{err}: prompts are token ids instead ({len(vocab.words)} distinct ids; exact lengths)")
     block_tokens = None
     meta_bytes = trace.schema.metadata or {}
     if b"prefix_block_tokens" in meta_bytes:
@@ -77,7 +88,9 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
     hashes = trace.column("prefix_hashes").to_pylist() if "prefix_hashes" in trace.column_names else None
     gate = asyncio.Semaphore(PROMPT_CONCURRENCY)
 
-    async def one(row: int) -> tuple[str, int]:
+    async def one(row: int) -> tuple[str | list[int], int]:
+        if token_ids:
+            return id_prompt(vocab, seed + salt, ids[row], lengths[row], hashes[row] if hashes else None, block_tokens)
         async with gate:
             return await build_prompt(tokenizer, vocab, seed + salt, ids[row], lengths[row],
                                       hashes[row] if hashes else None, block_tokens)  # fmt: skip
@@ -87,7 +100,7 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
     counts = [b[1] for b in built]
     off = sum(1 for r, c in zip(rows, counts) if c != lengths[r])
     info = {"tokenizer": kind if exact else "approximate", "tokenizer_file": mode if kind == "local" else None, "overhead_tokens": vocab.overhead,
-            "vocabulary_words": len(vocab.words), "length_mismatches": off,
+            "vocabulary_words": len(vocab.words), "length_mismatches": off, "token_ids": token_ids,
             "prefix_block_tokens": block_tokens, "prefix_sharing": hashes is not None}  # fmt: skip
     if exact and off:
         log.append(f"{off} prompts could not be made exactly the trace's length (shorter than the overhead)")
@@ -172,9 +185,11 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
     concurrency = max(1, load.users or load.max_in_flight or max(total, min(load.warmup, trace.num_rows)))
     async with backend.open(target, concurrency):
         extensions, why = (False, "off") if options.extensions == "off" else (True, "on")
+        probes = 0  # generation requests sent before the run (the server's own counters include them)
         if not (target.ignore_eos or target.min_tokens):
             extensions, why = False, "not asked"
         elif options.extensions == "auto":
+            probes += 1
             extensions, why = await backend.probe_extensions(target)
             if not extensions:
                 log.append(f"the server does not take ignore_eos/min_tokens ({why}): outputs may end early")
@@ -242,13 +257,20 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         span = clock()
         if sampling is not None:
             stop_sampling.set()
-            await sampling
-            await sampler.scrape()  # the final state, after the last request
+            try:
+                await sampling
+                await sampler.scrape()  # the final state, after the last request
+            except asyncio.CancelledError:  # stopped while sampling the end: the run is kept without it
+                stopped_by = stopped_by or "interrupt"
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
     if stopped_by == "duration":
         for rec in records:
             if rec.status == "cancelled":
                 rec.reason = "in flight when the duration limit was reached"
     sent = [r for r in records if r.status != "unsent"]
+    check_counts(sent, [max_tokens[r.index] for r in sent], log)
     lags = np.array([r.send_s - r.scheduled_s for r in sent if r.scheduled_s is not None])
     lag = {}
     if len(lags):
@@ -266,7 +288,8 @@ async def run_live(trace: pa.Table, target: Target, load: LoadConfig, options: L
         "measured": True,
         "endpoint": {"url": target.root, "api": target.api, "model": target.model, "timeout_s": target.timeout_s,
                      "ignore_eos": target.ignore_eos, "min_tokens": target.min_tokens,
-                     "include_usage": target.include_usage, "extensions_probe": why, **backend.describe()},
+                     "include_usage": target.include_usage, "extensions_probe": why, "probe_requests": probes,
+                     **backend.describe()},
         "load": asdict(load),
         "prompts": prompt_info,
         "runner": {"name": "live", "spec": target.root},

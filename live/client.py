@@ -8,7 +8,9 @@ count of text chunks stands in). Outcomes, each with the error text where there 
 - ``finished``: the stream ended normally (``[DONE]`` or the connection closed after a chunk with a
   ``finish_reason``, or simply closed: a stream without ``[DONE]`` is not an error);
 - ``failed``: an HTTP error status, a refused or dropped connection, an ``error`` object or
-  ``event: error`` inside the stream, a payload that is not JSON;
+  ``event: error`` inside the stream, a payload that is not JSON, an answer that is not an event
+  stream at all (a non-streamed JSON body, an HTML page: the reason says what came), a stream line
+  longer than live/sse.py's MAX_LINE_CHARS;
 - ``timeout``: the request took longer than the per-request timeout;
 - ``cancelled``: the run stopped it (Ctrl-C, the duration limit).
 
@@ -26,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from servelab.live.sse import Event, LineSplitter, aparse_lines
+from servelab.live.sse import Event, LineSplitter, LineTooLong, aparse_lines
 
 ERROR_TEXT_MAX = 500  # characters of a server's error body kept in `reason`
 # reasons every backend records for the same outcomes
@@ -64,7 +66,7 @@ class Target:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def payload(self, prompt: str, max_tokens: int) -> dict:
+    def payload(self, prompt: str | list[int], max_tokens: int) -> dict:  # a list: token ids (completions)
         body: dict = {"model": self.model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -95,6 +97,7 @@ class Record:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     usage_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where given
+    usage_rejected_tokens: int | None = None  # a completion count set aside as implausible (live/counts.py)
     finish_reason: str | None = None
     saw_done: bool = False
     resent: bool = False  # sent a second time: the first connection dropped before any answer
@@ -179,12 +182,25 @@ def read_event(event: Event, api: str, record: Record, now: float) -> bool:
 
 async def _read_stream(response: aiohttp.ClientResponse, target: Target, record: Record,
                        clock: Callable[[], float]) -> None:  # fmt: skip
-    async for event in aparse_lines(iter_lines(response.content)):
+    head: list[str] = []  # the first non-blank lines, to say what came when no event did
+
+    async def lines() -> AsyncIterator[str]:
+        async for line in iter_lines(response.content):
+            if len(head) < 3 and line.strip():
+                head.append(line.strip()[:100])
+            yield line
+
+    events = 0
+    async for event in aparse_lines(lines()):
+        events += 1
         if read_event(event, target.api, record, clock()):
             break
+    if not events and head:
+        kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+        raise StreamError(f"the answer is not an event stream ({kind}): {' '.join(head)[:200]!r}")
 
 
-async def send(http: aiohttp.ClientSession, target: Target, record: Record, prompt: str, max_tokens: int,
+async def send(http: aiohttp.ClientSession, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                clock: Callable[[], float] = time.perf_counter) -> Record:  # fmt: skip
     """Send one request and fill ``record``; never raises except CancelledError (after recording it)."""
     record.send_s = clock()
@@ -199,7 +215,7 @@ async def send(http: aiohttp.ClientSession, target: Target, record: Record, prom
             raise StreamError(NO_TEXT)
         record.status = "finished"
         record.finish_s = record.token_times[-1]
-    except StreamError as err:
+    except (StreamError, LineTooLong) as err:
         record.status, record.reason = "failed", str(err)
     except TimeoutError:
         record.status, record.reason = "timeout", timeout_reason(target)

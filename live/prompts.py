@@ -16,6 +16,13 @@ With a tokenizer (the server's ``/tokenize``), every prompt is then counted and 
 adjusted until it has exactly the trace's length. Without one (``Approximate``), each word is
 assumed to be one token and the overhead one token (a BOS); the real count is recorded from the
 server's usage report.
+
+A tokenizer with fewer than MIN_WORDS single-token words among the candidates (a byte or character
+level one, a tokenizer trained on another language) cannot be driven with words. For
+``/v1/completions`` the prompt is then a list of token ids (vLLM and the OpenAI completions API
+take one): ids drawn from those the tokenizer gives the candidate words (without special tokens),
+by the same seeded generators, so prefix sharing holds too and every length is exact by
+construction (``token_id_vocabulary``).
 """
 
 from __future__ import annotations
@@ -34,9 +41,14 @@ FIX_ROUNDS = 4  # count-and-adjust rounds per prompt
 
 
 class Tokenizer(Protocol):
-    """Counts tokens the way the server will (prompt text for completions, one user message for chat)."""
+    """Counts tokens the way the server will (prompt text for completions, one user message for chat).
+    An exact tokenizer may also give a text's token ids without special tokens (``ids``)."""
 
     async def count(self, text: str) -> int: ...
+
+
+class FewWords(RuntimeError):
+    """The tokenizer has fewer than MIN_WORDS single-token candidate words."""
 
 
 class Approximate:
@@ -48,7 +60,7 @@ class Approximate:
 
 @dataclass(frozen=True, slots=True)
 class Vocabulary:
-    words: tuple[str, ...]  # each one token with its leading space
+    words: tuple  # each one token with its leading space (token ids: ``token_id_vocabulary``)
     overhead: int  # tokens a prompt has besides its words (BOS, chat template)
     exact: bool  # measured with the server's tokenizer (False: the approximation)
 
@@ -61,12 +73,35 @@ async def measure_vocabulary(tokenizer: Tokenizer, exact: bool) -> Vocabulary:
     twos = await asyncio.gather(*(tokenizer.count(w + w) for w in words))
     keep = [(w, one) for w, one, two in zip(words, ones, twos) if two - one == 1]
     if len(keep) < MIN_WORDS:
-        raise RuntimeError(f"the server's tokenizer has only {len(keep)} single-token words among "
+        raise FewWords(f"the server's tokenizer has only {len(keep)} single-token words among "
                            f"{len(words)} candidates (need {MIN_WORDS})")  # fmt: skip
     overheads = {one - 1 for _, one in keep}
     if len(overheads) != 1:
         raise RuntimeError(f"the server's tokenizer adds a varying number of tokens ({sorted(overheads)})")
     return Vocabulary(tuple(w for w, _ in keep), overheads.pop(), True)
+
+
+async def token_id_vocabulary(tokenizer: Tokenizer) -> Vocabulary:
+    """Token-id "words" for a tokenizer without enough single-token words: the ids of the candidate
+    words' text, less any id every text gets (a BOS the server adds anyway), no overhead: a prompt
+    of N ids is N tokens."""
+    ids_of = getattr(tokenizer, "ids", None)
+    if ids_of is None:
+        raise FewWords("the tokenizer gives no token ids")
+    texts = [" " + " ".join(CANDIDATES), " the", " of", " x"]
+    got = await asyncio.gather(*(ids_of(t) for t in texts))
+    always = set(got[1]) & set(got[2]) & set(got[3])
+    pool = sorted(set(got[0]) - always)
+    if len(pool) < 2:
+        raise FewWords(f"the tokenizer gives only {len(pool)} distinct token ids for the candidate words")
+    return Vocabulary(tuple(pool), 0, True)
+
+
+def id_prompt(vocab: Vocabulary, seed: int, request_id: int, prompt_tokens: int,
+              prefix_hashes: Sequence[int] | None = None, block_tokens: int | None = None) -> tuple[list[int], int]:  # fmt: skip
+    """(token ids, their count) of ``token_id_vocabulary``: exactly ``prompt_tokens`` (at least one)."""
+    ids, _ = draft(vocab, seed, request_id, prompt_tokens, prefix_hashes, block_tokens)
+    return [int(i) for i in ids], len(ids)
 
 
 def _words(rng: np.random.Generator, vocab: Vocabulary, n: int) -> list[str]:

@@ -30,6 +30,7 @@ LIVE_COLUMNS = pa.schema(
         ("trace_prompt_tokens", pa.int32()),
         ("trace_output_tokens", pa.int32()),
         ("usage_reported", pa.bool_()),  # the server reported usage (token counts are the server's)
+        ("usage_output_tokens", pa.int64()),  # the server's completion count as sent, even one set aside
         ("finish_reason", pa.string()),
         ("saw_done", pa.bool_()),  # the stream ended with data: [DONE]
         ("resent", pa.bool_()),  # sent twice: the first connection dropped before any answer (live/client.py)
@@ -85,6 +86,8 @@ def requests_table(records: Sequence[Record], trace: pa.Table, rows: Sequence[in
             "trace_prompt_tokens": trace_value("prompt_tokens", row),
             "trace_output_tokens": trace_out,
             "usage_reported": rec.usage_completion_tokens is not None,
+            "usage_output_tokens": rec.usage_completion_tokens if rec.usage_completion_tokens is not None
+            else rec.usage_rejected_tokens,
             "finish_reason": rec.finish_reason,
             "saw_done": rec.saw_done,
             "resent": rec.resent,

@@ -57,7 +57,7 @@ from servelab.live.client import (
     read_event,
     timeout_reason,
 )
-from servelab.live.sse import Event, EventParser, LineSplitter
+from servelab.live.sse import Event, EventParser, LineSplitter, LineTooLong
 
 SCHEME = "sagemaker://"
 FORMATS = ("auto", "sse", "jsonlines")
@@ -208,7 +208,7 @@ class _Call:
                     pass
         except _Settled:
             pass
-        except StreamError as err:
+        except (StreamError, LineTooLong) as err:
             self.settle("failed", str(err))
         except EventStreamError as err:  # ModelStreamError, InternalStreamFailure inside the stream
             error = err.response.get("Error", {})
@@ -328,7 +328,7 @@ class SageMakerBackend:
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> None:
         return None  # the endpoint's metrics are in CloudWatch, not a /metrics to scrape
 
-    async def send(self, target: Target, record: Record, prompt: str, max_tokens: int,
+    async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float] = time.perf_counter) -> Record:  # fmt: skip
         request = self._request(target, prompt, max_tokens)
         loop = asyncio.get_running_loop()

@@ -21,9 +21,20 @@ class ServerTokenizer:
                     "add_generation_prompt": True}  # fmt: skip
         return {"model": self.target.model, "prompt": text}
 
+    async def ids(self, text: str) -> list[int]:
+        """The prompt's token ids without special tokens (vLLM: add_special_tokens false)."""
+        body = dict(self._body(text), add_special_tokens=False)
+        async with self.http.post(f"{self.target.root}/tokenize", json=body, headers=self.target.headers(),
+                                  timeout=aiohttp.ClientTimeout(total=self.target.timeout_s), raise_for_status=True) as response:  # fmt: skip
+            data = await response.json(content_type=None)
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise RuntimeError(f"{self.target.root}/tokenize gave no token ids")
+        return tokens
+
     async def count(self, text: str) -> int:
         async with self.http.post(f"{self.target.root}/tokenize", json=self._body(text), headers=self.target.headers(),
-                                  timeout=aiohttp.ClientTimeout(total=30.0), raise_for_status=True) as response:  # fmt: skip
+                                  timeout=aiohttp.ClientTimeout(total=self.target.timeout_s), raise_for_status=True) as response:  # fmt: skip
             data = await response.json(content_type=None)
         if isinstance(data.get("count"), int):
             return data["count"]
@@ -57,3 +68,6 @@ class LocalTokenizer:
 
     async def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
+
+    async def ids(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)

@@ -14,9 +14,8 @@ from typing import Any
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.replay.cluster import ClusterConfig, PoolConfig
-from servelab.replay.engine_config import EngineConfig, make_params
+from servelab.replay.engine_config import INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params
 from servelab.common.textfile import read_text
-
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
@@ -27,10 +26,22 @@ class ReplayConfig:
     model: str = "llama-3.1-8b"  # defaults handed to runners that take a model preset
     gpu: str = "h100-80gb"
     tp: int = 1
+    # Parallelism beyond TP, as vLLM names it (docs/runners.md "Parallelism"): each of dp data-parallel
+    # ranks is an engine of tp x pp GPUs; pp pipeline stages; MoE experts over all dp x tp GPUs.
+    dp: int = 1
+    pp: int = 1
+    enable_expert_parallel: bool = False
+    # Quantisation as vLLM's --quantization / --kv-cache-dtype ("" / auto: the checkpoint's own; "none": the
+    # model dtype whatever the checkpoint says; runners/quant.py)
+    quantization: str = ""
+    kv_cache_dtype: str = "auto"
     router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
 
     def __post_init__(self) -> None:
+        _positive(self, "dp", "pp")
+        if self.cluster is not None and (self.dp != 1 or self.pp != 1):
+            raise ServelabError("dp and pp apply to a replay without a [cluster] (pools set tp only)")
         if self.cluster is not None and self.engine.replicas != 1:
             raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
                                 "replicas ([[cluster.pools]] replicas = N)")
@@ -39,10 +50,24 @@ class ReplayConfig:
 
             check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
 
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one replica (one vLLM server): tp x pp x dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def engines_per_replica(self) -> int:
+        """Schedulers the engine model runs per replica: one per DP rank, and per pipeline stage one
+        virtual engine with 1/pp of the KV blocks (docs/runners.md "Parallelism")."""
+        return self.dp * self.pp
+
     def to_dict(self) -> dict[str, Any]:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
         out: dict[str, Any] = {"policy": self.policy, "runner": self.runner, "model": self.model,
                                "gpu": self.gpu, "tp": self.tp}
+        for key, default in RUNNER_DEFAULTS.items():  # only when set: runs without them keep their form
+            if getattr(self, key) != default:
+                out[key] = getattr(self, key)
         for f in fields(EngineConfig):
             value = getattr(self.engine, f.name)
             if isinstance(value, tuple):
@@ -72,6 +97,9 @@ class ReplayConfig:
                 top[key_norm] = str(value)
             elif key_norm == "tp":
                 top["tp"] = coerce(value, "int", f"{source}: tp")
+            elif key_norm in RUNNER_KEYS:  # dp, pp, quantization, and vLLM's names (a measured run's settings)
+                name = RUNNER_KEYS[key_norm]
+                top[name] = coerce(value, RUNNER_TYPES[name], f"{source}: {key}")
             elif key_norm in ("policy_params", "router_params"):
                 if not isinstance(value, dict):
                     raise ServelabError(f"{source}: {key_norm} must be a table")
@@ -80,7 +108,7 @@ class ReplayConfig:
                 top["cluster"] = value if isinstance(value, ClusterConfig) else ClusterConfig.from_dict(value, source)
             else:
                 known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
-                                "model", "gpu", "tp"])
+                                "model", "gpu", "tp", *RUNNER_KEYS])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
         return cls(engine=EngineConfig(**engine_values), **top)
 
@@ -97,6 +125,13 @@ class ReplayConfig:
             raise ServelabError(f"{path}: invalid TOML: {err}") from None
         data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
         return cls.from_dict(data, source=str(path))
+
+
+# Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
+RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
+RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
+                "kv_cache_dtype": "str"}
+RUNNER_KEYS = {**{k: k for k in RUNNER_DEFAULTS}, "data_parallel_size": "dp", "pipeline_parallel_size": "pp"}
 
 
 def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
@@ -121,4 +156,4 @@ def one_pool(base: ReplayConfig) -> ClusterConfig:
     return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
 
 
-__all__ = ["EngineConfig", "ReplayConfig", "make_params", "one_pool", "pool_config"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "make_params", "one_pool", "pool_config"]

@@ -94,6 +94,7 @@ class Engine:
         # Components called with (replica, step, end_s) after each applied step, in order: the
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
+        self.aborts = None  # client timeouts (replay/abort.py), when any request has one
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -231,7 +232,11 @@ class Engine:
         replica = self.router.route(req, live)
         req.replica = replica.id
         kv = replica.kv
-        if not kv.can_ever_fit(req):
+        context = replica.config.max_model_len
+        if context is not None and req.prompt_tokens + req.max_output_tokens > context:
+            reason = (f"prompt {req.prompt_tokens} + max output {req.max_output_tokens} tokens exceed max_model_len "
+                      f"{context} (vLLM answers 400)")
+        elif not kv.can_ever_fit(req):
             reason = f"needs {kv.blocks_to_finish(req)} KV blocks for prompt + max output; a replica has {kv.total}"
         else:
             reason = replica.policy.reject_reason(req)
@@ -508,6 +513,9 @@ class Engine:
                 cohort.join(req)
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
+        if req.status is Status.ABORTED:  # its client gave up while this step ran: it leaves, unfinished
+            self.aborts.release(replica, req, now, finished=True)
+            return
         req.status = Status.FINISHED
         req.finish_s = now
         replica.kv.release(req)
@@ -521,8 +529,8 @@ class Engine:
     # -- that changes a request's status; the cluster and the platform ask these -------------------
     def end(self, req: Request, status: Status, reason: str, now: float) -> None:
         """``req`` leaves unserved for good at ``now``: ``status`` is REJECTED (it can never be served),
-        THROTTLED (its quota refused it and its retries ran out) or DROPPED (shed). A request that
-        waited on a replica has been taken off it first."""
+        THROTTLED (its quota refused it and its retries ran out), DROPPED (shed) or ABORTED (its
+        client gave up: replay/abort.py). A request that waited on a replica has been taken off it first."""
         req.status = status
         req.reason = reason
         self.ended(req, now)
@@ -606,6 +614,8 @@ class Engine:
         if follower is not None:
             follower.arrival_s = now + (follower.think_s or 0.0)
             self.push(follower.arrival_s, ARRIVAL, follower)
+            if self.aborts is not None:
+                self.aborts.arm(follower)
 
     # -- horizon --------------------------------------------------------------------------------
     def _stop_at_horizon(self, until: float) -> None:

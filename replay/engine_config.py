@@ -20,6 +20,12 @@ from servelab.replay.specs import Failure, PauseRule, Quota, check_failures
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 
 
+# Most replicas in one pool: a replica costs ~3 KB and a policy instance when built, so 100,000 take
+# ~300 MB; a hundred million would end in a MemoryError rather than a result.
+MAX_REPLICAS = 100_000
+INT32_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     block_size: int = 16  # tokens per KV block
@@ -27,6 +33,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use (weights + KV)
     max_num_seqs: int = 256  # requests in one iteration
     max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
+    # vLLM's --max-model-len: a request whose prompt + max output exceeds it is rejected (vLLM answers
+    # 400); None = the runner's model's context (max_position_embeddings), no limit when it knows none
+    max_model_len: int | None = None
     kv_allocation: str = "on-demand"  # on-demand (vLLM) | reserve (prompt + max_output at admission)
     # vLLM v1 prefix caching (replay/prefix_cache.py): with on-demand allocation and a cost-model
     # runner; reservation and runners that execute batches (block tables) run without it
@@ -60,11 +69,26 @@ class EngineConfig:
     pause: str | None = None  # "tier=flex,waiting=32[,resume=8]" or "tier=flex,kv=0.9[,resume=0.7]"
     fail: tuple[str, ...] = ()  # "replica=R,at=T[,for=D]": replica failures
     journal: bool = True  # interrupted requests keep their generated tokens (else they start over)
+    # a client timeout for every request without its own (trace column timeout_s): replay/abort.py
+    client_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
+        if self.replicas > MAX_REPLICAS:
+            raise ServelabError(f"replicas = {self.replicas:,} is more than servelab models in one pool "
+                                f"(at most {MAX_REPLICAS:,}: each replica is an engine of its own, ~3 KB built)")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ServelabError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ServelabError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        # counts written to int32 columns (steps.kv_blocks_total, ...): a larger one would wrap negative
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "queue_cap"):
+            value = getattr(self, name)
+            if value is not None and value > INT32_MAX:
+                raise ServelabError(f"{name} = {value:,} is too large (at most {INT32_MAX:,})")
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
+            raise ServelabError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _choice(self, "kv_allocation", ("on-demand", "reserve"))
@@ -94,6 +118,8 @@ class EngineConfig:
             raise ServelabError("retries, retry_backoff_s and retry_max_backoff_s must be >= 0")
         if not 0 <= self.retry_jitter <= 1:
             raise ServelabError(f"retry_jitter must be in [0, 1], got {self.retry_jitter}")
+        if self.client_timeout_s is not None and not (0 < self.client_timeout_s < math.inf):
+            raise ServelabError(f"client_timeout_s must be a finite number of seconds > 0, got {self.client_timeout_s}")
         if self.queue_cap is not None and self.queue_cap < 1:
             raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
 
@@ -138,4 +164,4 @@ def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:
         raise ServelabError(f"{name} must be one of {', '.join(options)}; got '{got}'{did_you_mean(got, options)}")
 
 
-__all__ = ["EngineConfig", "make_params"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "make_params"]

@@ -27,8 +27,12 @@ OPTIONAL_REQUEST_COLUMNS = pa.schema(
         ("paused_s", pa.float64()),
         ("e2e_slo_s", pa.float64()),
         ("max_stall_slo_s", pa.float64()),
+        ("source_request_id", pa.string()),  # imported runs: the source's own id of the request
     ]
 )
+# `runs` columns the views read that runs_table adds for every run, with their DuckDB types: a file
+# collected before they existed gets them as NULL (scoring/db.py open_collected).
+RUNS_VIEW_COLUMNS = (("source_duration_s", "DOUBLE"), ("stopped_by", "VARCHAR"), ("not_sent", "BIGINT"))
 # Without these a requests.parquet cannot be scored at all.
 REQUIRED_REQUEST_COLUMNS = ("request_id", "status", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens")
 REQUIRED_STEP_COLUMNS = ("start_s", "duration_s")
@@ -100,8 +104,9 @@ def find_runs(patterns: Iterable[str | os.PathLike]) -> list[RunDir]:
 
 def _read_meta(d: Path) -> dict:
     path = d / "run.json"
-    if not path.exists():
-        return {}
+    if not path.exists():  # every writer writes run.json with the tables, all or nothing: this folder is a
+        # leftover or hand-made, and reading it would default its GPUs (to 1), duration and settings
+        raise InputError(path, "missing: an incomplete run folder (its GPUs, duration and settings are unknown)")
     try:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -189,7 +194,17 @@ def num_gpus(meta: dict) -> int:
         tp = int(tp)
     except (TypeError, ValueError):
         tp = 1
-    return max(1, replicas) * max(1, tp)
+    return max(1, replicas) * max(1, tp) * _dp_pp(meta.get("config") or {})
+
+
+def _dp_pp(config: dict) -> int:
+    """GPUs per tensor-parallel group of a replica beyond TP: data-parallel ranks x pipeline stages."""
+    try:
+        dp = config.get("dp", config.get("data_parallel_size", 1))
+        pp = config.get("pp", config.get("pipeline_parallel_size", 1))
+        return max(1, int(dp or 1)) * max(1, int(pp or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 POOLS_SCHEMA = pa.schema([
@@ -218,7 +233,7 @@ def pool_rows(meta: dict) -> list[dict]:
     except (TypeError, ValueError):
         replicas, tp = 1, 1
     return [{"pool": "default", "role": "mixed", "gpu": config.get("gpu"), "tp": tp, "replicas": replicas,
-             "gpus": replicas * tp, "price_per_gpu_hour": None, "gpu_s": None}]
+             "gpus": replicas * tp * _dp_pp(config), "price_per_gpu_hour": None, "gpu_s": None}]
 
 
 def pools_table(runs: list[RunDir]) -> pa.Table:
@@ -235,6 +250,14 @@ def runs_table(runs: list[RunDir]) -> pa.Table:
         row.update(flatten_meta(r.meta))
         span = row.get("simulated_span_s")  # the views read it; always a float column
         row["simulated_span_s"] = float(span) if isinstance(span, (int, float)) and not isinstance(span, bool) else None
+        # an imported run's own benchmark duration (run.json source.duration_s), the duration of its throughput
+        source = r.meta.get("source") if isinstance(r.meta.get("source"), dict) else {}
+        dur = source.get("duration_s")
+        row["source_duration_s"] = float(dur) if isinstance(dur, (int, float)) and not isinstance(dur, bool) and dur > 0 else None
+        # a live run stopped early (stopped_by: interrupt, duration) and the requests it never sent
+        row["stopped_by"] = str(r.meta["stopped_by"]) if r.meta.get("stopped_by") is not None else None
+        not_sent = (r.meta.get("counts") or {}).get("not_sent") if isinstance(r.meta.get("counts"), dict) else None
+        row["not_sent"] = int(not_sent) if isinstance(not_sent, int) and not isinstance(not_sent, bool) else 0
         rows.append(row)
     keys: list[str] = []
     for row in rows:
@@ -245,7 +268,9 @@ def runs_table(runs: list[RunDir]) -> pa.Table:
     for k in keys:
         values = [row.get(k) for row in rows]
         try:
-            arr = pa.array(values, pa.float64() if k == "simulated_span_s" else None)
+            arr = pa.array(values, {"simulated_span_s": pa.float64(), "source_duration_s": pa.float64(),
+                                    "stopped_by": pa.string(),
+                                    "not_sent": pa.int64()}.get(k))
             if pa.types.is_null(arr.type):
                 arr = arr.cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowTypeError):

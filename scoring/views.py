@@ -13,7 +13,8 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
 END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
-LIVE_STATUSES = ("failed", "timeout", "cancelled")  # live runs (servelab bench; docs/live.md)
+# live runs (servelab bench; docs/live.md), and a replay's client timeouts (aborted: replay/abort.py)
+LIVE_STATUSES = ("failed", "timeout", "cancelled", "aborted")
 
 # TPOT per metric variant; the other columns are identical.
 TPOT_VARIANTS = {
@@ -41,9 +42,12 @@ WITH r AS (
 SELECT r.run_id, r.requests, r.first_arrival_s, r.last_arrival_s, r.last_finish_s,
        -- where the replay stopped (a horizon may cut it before the last arrival), else the last event
        coalesce(u.simulated_span_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s))) AS end_s,
-       -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished)
+       -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished);
+       -- an imported run keeps its source's own (vLLM's runs from before its first Poisson gap)
+       coalesce(u.source_duration_s, nullif(coalesce(r.last_finish_s, greatest(r.last_event_s,
+                coalesce(s.last_step_end_s, r.last_event_s))) - r.first_arrival_s, 0.0)) AS duration_s,
        nullif(coalesce(r.last_finish_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)))
-              - r.first_arrival_s, 0.0) AS duration_s,
+              - r.first_arrival_s, 0.0) AS measured_duration_s,
        CASE WHEN r.requests > 1 AND r.last_arrival_s > r.first_arrival_s
             THEN (r.requests - 1) / (r.last_arrival_s - r.first_arrival_s) END AS offered_rate_rps,
        coalesce(u.num_gpus, 1) AS num_gpus
@@ -202,7 +206,10 @@ SELECT c.*, t.output_tokens, g.completed, g.met_all,
        c.dollars / nullif(t.output_tokens, 0) * 1e6 AS dollars_per_million_output_tokens,
        c.dollars / nullif(g.completed, 0) AS dollars_per_request,
        g.met_all / nullif(c.dollars, 0) AS goodput_requests_per_dollar,
-       g.met_all / g.duration_s / nullif(c.mean_gpus, 0) AS goodput_rps_per_gpu
+       -- one definition of goodput per GPU (the goodput view's): per GPU provisioned (runs.num_gpus)
+       CASE WHEN c.scope = 'overall' THEN g.goodput_rps_per_gpu ELSE g.met_all / g.duration_s / nullif(c.gpus, 0) END
+           AS goodput_rps_per_gpu,
+       g.met_all / g.duration_s / nullif(c.mean_gpus, 0) AS goodput_rps_per_mean_gpu  -- per GPU held on average
 FROM c JOIN t USING (run_id) JOIN goodput g ON g.run_id = c.run_id AND g.scope = 'overall'
 ORDER BY c.run_id, CASE c.scope WHEN 'overall' THEN 0 WHEN 'pool' THEN 1 ELSE 2 END, c.name
 """
@@ -299,7 +306,9 @@ SELECT a.run_id, sp.offered_rate_rps, a.requests, a.attainment, g.goodput_rps, g
 FROM slo_attainment a
 JOIN goodput g ON g.run_id = a.run_id AND g.scope = 'overall'
 JOIN run_span sp ON sp.run_id = a.run_id
-WHERE a.scope = 'overall'
+JOIN runs u ON u.run_id = a.run_id
+-- a run stopped by Ctrl-C/SIGTERM (an interrupted sweep level) measured less than its level: no point
+WHERE a.scope = 'overall' AND u.stopped_by IS DISTINCT FROM 'interrupt'
 ORDER BY sp.offered_rate_rps NULLS LAST, a.run_id
 """
 
@@ -395,6 +404,38 @@ GROUP BY run_id, replica
 ORDER BY run_id, replica
 """
 
+# GuideLLM 0.8's summary statistics of the finished ("successful") requests, beside ours (docs/metrics.md
+# "GuideLLM's definitions"): each request's value with a weight (ITL: output tokens - 1; TPOT, which
+# includes TTFT: output tokens; TTFT and E2E: 1); equal values merged; the mean weighted; a
+# percentile p is the first value whose cumulative weight share reaches p (nearest rank, no
+# interpolation). Times in seconds here, in ms in GuideLLM.
+GUIDELLM_SUMMARY = """
+CREATE OR REPLACE VIEW guidellm_summary AS
+WITH f AS (SELECT * FROM request_metrics WHERE finished), v AS (
+    SELECT run_id, 'ttft_s' AS metric, ttft_s AS value, 1 AS weight FROM f WHERE ttft_s IS NOT NULL
+    UNION ALL
+    SELECT run_id, 'itl_s', (finish_s - first_token_s) / (output_tokens - 1), output_tokens - 1 FROM f
+    WHERE output_tokens > 1
+    UNION ALL
+    SELECT run_id, 'tpot_s', (finish_s - arrival_s) / output_tokens, output_tokens FROM f WHERE output_tokens > 0
+    UNION ALL
+    SELECT run_id, 'e2e_s', e2e_s, 1 FROM f
+), merged AS (
+    SELECT run_id, metric, value, CAST(sum(weight) AS DOUBLE) AS weight, count(*) AS requests
+    FROM v WHERE weight > 0 GROUP BY run_id, metric, value
+), cdf AS (
+    SELECT *, sum(weight) OVER (PARTITION BY run_id, metric ORDER BY value ROWS UNBOUNDED PRECEDING)
+              / sum(weight) OVER (PARTITION BY run_id, metric) AS share
+    FROM merged
+)
+SELECT run_id, metric, CAST(sum(requests) AS BIGINT) AS requests, sum(weight) AS weight,
+       sum(value * weight) / sum(weight) AS mean,
+       min(value) FILTER (WHERE share >= 0.5) AS p50, min(value) FILTER (WHERE share >= 0.9) AS p90,
+       min(value) FILTER (WHERE share >= 0.95) AS p95, min(value) FILTER (WHERE share >= 0.99) AS p99,
+       min(value) AS min, max(value) AS max
+FROM cdf GROUP BY run_id, metric ORDER BY run_id, metric
+"""
+
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
@@ -415,6 +456,7 @@ DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     for _, sql in DERIVED_VIEWS:
         con.execute(sql)
+    con.execute(GUIDELLM_SUMMARY)
     columns = {row[0] for row in con.execute("DESCRIBE requests").fetchall()}
     if "cached_tokens" in columns:  # (runs written before prefix caching have no such column)
         con.execute(PREFIX_CACHE)

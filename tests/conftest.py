@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from skip_summary import pytest_terminal_summary  # noqa: F401  (the one-line skip-reason summary)
+import sampled_suites
+import skip_summary
+from sampled_suites import pytest_collection_modifyitems  # noqa: F401  (the sampled long suites)
 
 REPO = Path(__file__).resolve().parents[1]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist gives its workers COLUMNS=80; the tests expect a plain run's width rules (COLUMNS
+    # unset: no terminal, reports at their default width), the same with or without -n
+    os.environ.pop("COLUMNS", None)
 SHARED = REPO.parent / "shared"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Before pytest's closing line: why tests were skipped, and whether the long suites were sampled."""
+    skip_summary.pytest_terminal_summary(terminalreporter, exitstatus, config)
+    sampled_suites.pytest_terminal_summary(terminalreporter, exitstatus, config)
 
 
 @pytest.fixture

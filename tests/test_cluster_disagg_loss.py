@@ -306,6 +306,7 @@ def every_event_engine(monkeypatch) -> list:
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("case", sorted(RANDOM_CASES))
+@pytest.mark.sampled(keep=3)
 def test_losses_keep_the_bookkeeping_after_every_event_and_lose_no_request(monkeypatch, case, seed):
     """KV per replica (with the KV held for and reserved by transfers), outstanding tokens, every
     request accounted for; at the end nothing waits, nothing is held, KV is back to zero."""

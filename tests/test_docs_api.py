@@ -38,3 +38,11 @@ def test_readme_links_the_api_page():
     assert "docs/api.md" in readme
     # the README's first two commands stay as they were
     assert ".venv/bin/servelab demo" in readme and ".venv/bin/pytest" in readme
+
+
+def test_ci_runs_the_readmes_two_commands_verbatim():
+    readme = README.read_text()
+    commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && ")][:2]
+    assert len(commands) == 2 and commands[1].endswith("pytest -n auto --dist loadfile")
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert all(command in ci for command in commands), commands

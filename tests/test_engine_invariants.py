@@ -136,6 +136,7 @@ CASES.update({
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.sampled(keep=8)
 def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     policy, params, engine, *shape = CASES[case]
     monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
@@ -175,6 +176,7 @@ def checked_engines(monkeypatch) -> list:
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("case", sorted(DISAGG_CASES))
+@pytest.mark.sampled(keep=4)
 def test_disaggregated_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     """KV per replica (the prefill replica still holds a handed-off request's KV until its transfer
     ends; the decode replica holds the blocks reserved for it), outstanding tokens, and every
@@ -342,6 +344,7 @@ ALLOCATOR_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(ALLOCATOR_CASES))
+@pytest.mark.sampled(keep=2)
 def test_block_ids_add_up_after_every_event(monkeypatch, case):
     """With an allocator (a runner that needs block tables) and prefix caching, every block id is in
     exactly one place (allocator, a cached entry, an own segment, a running request's private

@@ -29,7 +29,7 @@ REPLAY_LAYERS = {
     "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv", "engine_config",
              "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort", "engine"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "fleet"],
-    "platform": ["admission", "platform"],
+    "platform": ["admission", "platform", "abort"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)
 }
 REPLAY_RANK = {"core": 0, "cluster": 1, "platform": 1, "assembly": 2}

@@ -34,6 +34,12 @@ SCENARIOS = {
     # the connection closed before any answer: once (sent again, finished), or every time (failed after one resend)
     "hangup-once": Reply(hangup=1, pieces=[(0, chunk("a")), (0, chunk("b", "length")), (0, b"data: [DONE]\n\n")]),
     "hangup-always": Reply(hangup=99, pieces=[(0, chunk("a", "length"))]),
+    # one 20 MB line (a broken or hostile server), in 64 KiB pieces
+    "huge-line": Reply(pieces=[(0, chunk("a"))] + [(0, b"data: " + b"x" * (1 << 16))] * 320 + [(0, b"\n\n")]),
+    # not an event stream: a non-streamed JSON completion, an HTML error page
+    "not-streamed": Reply(content_type="application/json",
+                          pieces=[(0, json.dumps({"id": "x", "choices": [{"index": 0, "text": "hello"}]}).encode())]),
+    "html": Reply(content_type="text/html", pieces=[(0, b"<html><body>502 Bad Gateway</body></html>")]),
     # \r\n line ends throughout
     "crlf": Reply(pieces=[(0, chunk("a").replace(b"\n", b"\r\n")), (0, b"data: [DONE]\r\n\r\n")]),
 }
@@ -150,3 +156,41 @@ def test_a_refused_connection_is_not_sent_again():
 
     rec = asyncio.run(main())
     assert rec.status == "failed" and not rec.resent and "ClientConnectorError" in rec.reason
+
+
+@pytest.mark.parametrize("prompt, text", [
+    ("not-streamed", "the answer is not an event stream (application/json): '{\"id\": \"x\", \"choices\""),
+    ("html", "the answer is not an event stream (text/html): '<html><body>502 Bad Gateway</body></html>'"),
+])
+def test_an_answer_that_is_not_an_event_stream_says_what_came(prompt, text):
+    rec, _ = _run(prompt)
+    assert rec.status == "failed" and rec.reason.startswith(text), rec.reason
+
+
+def test_a_huge_stream_line_fails_that_request_only():
+    """A 20 MB line fails its request at the line cap (4 Mi characters) without stalling another."""
+    import time
+
+    async def main():
+        async with FallbackServer(SCENARIOS) as server, aiohttp.ClientSession() as http:
+            target = Target(server.url, "m", timeout_s=30.0)
+            huge, other = Record(0, 1), Record(1, 2)
+            t0 = time.perf_counter()
+            await asyncio.gather(send(http, target, huge, "huge-line", 8), send(http, target, other, "usage", 8))
+            return huge, other, time.perf_counter() - t0
+
+    huge, other, wall_s = asyncio.run(main())
+    assert huge.status == "failed" and "a stream line longer than 4,194,304 characters" in huge.reason
+    assert len(huge.token_times) == 1 and other.status == "finished"
+    assert wall_s < 5.0
+
+
+def test_line_splitter_is_linear_and_capped():
+    from servelab.live.sse import LineSplitter, LineTooLong
+
+    splitter = LineSplitter(max_chars=100)
+    assert splitter.feed(b"ab") == [] and splitter.feed(b"c\r") == [] and splitter.feed(b"\nd\re") == ["abc", "d"]
+    assert splitter.feed(b"f\r") == [] and splitter.feed(b"g") == ["ef"] and splitter.close() == ["g"]
+    with pytest.raises(LineTooLong):
+        for _ in range(11):
+            splitter.feed(b"x" * 10)

@@ -78,6 +78,7 @@ def test_every_cohort_policy_is_covered():
 
 
 @pytest.mark.parametrize(("case", "policy"), PAIRS)
+@pytest.mark.sampled(keep=8)
 def test_token_file_with_cohorts_is_byte_identical(case, policy, monkeypatch, tmp_path):
     spec = CASES[case]
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy)

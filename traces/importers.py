@@ -77,6 +77,31 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     return IMPORTERS.get(fmt)(list(map(Path, paths)), **options)
 
 
+def detect_format(paths: list[Path]) -> str:
+    """The trace format of ``paths`` from the first one's name, header or first line."""
+    import re
+
+    first = Path(paths[0])
+    if first.is_dir() or re.fullmatch(r"chunk-\d+-trace\.csv", first.name):
+        return "servegen"
+    if not first.is_file():
+        raise InputError(first, "file not found")
+    with open(first, "rb") as f:
+        head = f.read(1 << 14).decode("utf-8", errors="replace").lstrip("\ufeff")
+    line = next((x for x in head.splitlines() if x.strip()), "")
+    if line.lstrip().startswith("{"):
+        if '"hash_ids"' in line or '"input_length"' in line:
+            return "mooncake"
+    else:
+        cols = {c.strip().strip('"').strip().lower() for c in line.split(",")}
+        for fmt, need in (("azure", {"timestamp", "contexttokens"}), ("vidur", {"arrived_at", "num_prefill_tokens"}),
+                          ("burstgpt", {"request tokens", "response tokens"}),
+                          ("lengths", {"num_prefill_tokens", "num_decode_tokens"})):
+            if need <= cols:
+                return fmt
+    raise InputError(first, "cannot tell the trace format from its first line; pass --format")
+
+
 MAX_TOKENS = int(np.iinfo(np.int32).max)  # token counts are int32 in the trace schema
 
 

@@ -23,6 +23,10 @@ DEFAULT_TENANT = "default"
 DEFAULT_TIER = "standard"
 
 _DICT_STRING = pa.dictionary(pa.int32(), pa.string())
+# Largest arrival_s: float64 seconds keep microseconds up to 2**32 s (136 years, past any Unix epoch
+# in seconds); beyond, times round to whole seconds and more (256 s at a nanosecond epoch, 1.7e18),
+# so every TTFT would come out exactly 0.
+MAX_ARRIVAL_S = float(2**32)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("ttft_slo_s", pa.float64(), False, "per-request TTFT SLO override"),
     Column("tpot_slo_s", pa.float64(), False, "per-request TPOT SLO override"),
     Column("model", _DICT_STRING, False, "model name"),
+    Column("timeout_s", pa.float64(), False, "client timeout: the client abandons the request this long after it arrives"),
 )
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
 REQUIRED = tuple(c.name for c in COLUMNS if c.required)
@@ -136,6 +141,12 @@ def validate(table: pa.Table, path: object, require_sorted: bool = True) -> None
     arrival = _numpy(table.column("arrival_s")).astype(np.float64)
     _check(path, "arrival_s", ~np.isfinite(arrival), "not a finite number (NaN or infinite)")
     _check(path, "arrival_s", arrival < 0, "negative arrival time")
+    row = _first(arrival > MAX_ARRIVAL_S)
+    if row is not None:
+        value = arrival[row - 1]
+        raise InputError(path, f"arrival {value:.4g} s is too large: float64 seconds resolve only {np.spacing(value):.3g} s "
+                               f"there (at most {MAX_ARRIVAL_S:,.0f} s keeps microseconds); nanoseconds or milliseconds? "
+                               "give seconds since the trace start", column="arrival_s", row=row)  # fmt: skip
     if require_sorted:
         unsorted = np.zeros(len(arrival), dtype=bool)
         unsorted[1:] = arrival[1:] < arrival[:-1]
@@ -191,6 +202,10 @@ def _check_optional(table: pa.Table, path: object) -> None:
             values = _numpy(_pc().fill_null(table.column(name).cast(pa.float64()), 0.0))
             _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
             _check(path, name, values < 0, "must be >= 0")
+    if "timeout_s" in names:
+        values = _numpy(_pc().fill_null(table.column("timeout_s").cast(pa.float64()), 1.0))
+        _check(path, "timeout_s", ~np.isfinite(values), "not a finite number (NaN or infinite)")
+        _check(path, "timeout_s", values <= 0, "must be > 0 (null: no timeout)")
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from servelab.common.errors import ServelabError
 from servelab.traces import schema
-from servelab.traces.arrivals import ArrivalConfig, arrival_times
+from servelab.traces.arrivals import MAX_REQUESTS, ArrivalConfig, arrival_times
 from servelab.traces.lengths import LengthDist, parse_length
 
 Weights = tuple[tuple[str, float], ...]
@@ -47,6 +47,22 @@ def parse_weights(spec: str | dict | Weights | None, what: str = "tenants") -> W
     if any(not (w >= 0 and math.isfinite(w)) for _, w in items) or sum(w for _, w in items) <= 0:
         raise ServelabError(f"{what} weights must be >= 0 and not all 0 (got '{spec}')")
     return tuple((n, float(w)) for n, w in items)
+
+
+def parse_fractions(spec: str | None, option: str) -> Weights:
+    """``priority=0.1,standard=0.9`` given as fractions (a CLI option says so): each in [0, 1], summing to 1.
+
+    ``parse_weights`` takes any weights and normalises them; an option documented as fractions must
+    not quietly turn ``priority=2`` into 100%.
+    """
+    weights = parse_weights(spec, option)
+    for name, share in weights:
+        if share > 1:
+            raise ServelabError(f"{option}: the fraction of '{name}' is {share:g}; fractions are in [0, 1]")
+    total = sum(w for _, w in weights)
+    if weights and abs(total - 1.0) > 1e-6:
+        raise ServelabError(f"{option}: fractions sum to {total:g}, not 1 (in '{spec}')")
+    return weights
 
 
 def zipf_tenants(count: int, exponent: float = 0.0) -> Weights:
@@ -87,6 +103,8 @@ class SynthConfig:
     think_s: float = 0.0
     session_context: bool = True
     shared_prefix_tokens: int = 0
+    prefix_groups: int = 0  # > 0: the shared prefix belongs to group i mod G, not to the tenant
+    prompt_pool: int = 0  # > 0: request i sends pool prompt i mod K (the same text, the same length)
     prefix_block_tokens: int | None = None
     model: str | None = None
     seed: int = 0
@@ -96,6 +114,8 @@ class SynthConfig:
             raise ServelabError("give exactly one of n (requests) and duration_s")
         if self.n is not None and self.n < 1:
             raise ServelabError(f"n must be >= 1 (got {self.n})")
+        if self.n is not None and self.n > MAX_REQUESTS:
+            raise ServelabError(f"n = {self.n:,} requests is more than one trace holds here (at most {MAX_REQUESTS:,})")
         if not self.turns >= 1:
             raise ServelabError(f"turns (mean per session) must be >= 1 (got {self.turns})")
         if not self.think_s >= 0:
@@ -104,6 +124,10 @@ class SynthConfig:
             raise ServelabError("shared prefix tokens must be >= 0")
         if self.prefix_block_tokens is not None and self.prefix_block_tokens < 1:
             raise ServelabError("prefix block tokens must be >= 1")
+        if self.prefix_groups < 0 or self.prompt_pool < 0:
+            raise ServelabError("prefix groups and prompt pool must be >= 0")
+        if (self.prefix_groups or self.prompt_pool) and self.turns > 1:
+            raise ServelabError("prefix groups and a prompt pool describe single-turn generators; use turns = 1")
         self.arrival_config  # validates the arrival fields now, not at generation time
 
     @property
@@ -211,6 +235,8 @@ def generate(config: SynthConfig) -> pa.Table:
     turn_idx = np.arange(n) - np.repeat(first_row, turns)
 
     new_prompt, output = _lengths(config, length_rng, n)
+    if config.prompt_pool:
+        new_prompt = new_prompt[np.arange(n) % config.prompt_pool]  # the first K draws are the pool's prompts
     think = session_rng.exponential(config.think_s, n) if config.think_s > 0 else np.zeros(n)
     think[turn_idx == 0] = 0.0
     # Later turns arrive after their predecessor finishes; arrival_s only orders them, so use the
@@ -237,7 +263,14 @@ def generate(config: SynthConfig) -> pa.Table:
     if sessions_on:
         cols["session_id"] = pa.array(session)
         cols["think_s"] = pa.array(think, mask=turn_idx == 0)
-    if config.prefix_block_tokens is not None:
+    block_tokens = config.prefix_block_tokens
+    if config.prefix_groups or config.prompt_pool:
+        from servelab.traces.prefixes import DEFAULT_BLOCK_TOKENS, PrefixSpec, hashes_column, spec_hashes
+
+        block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS
+        spec = PrefixSpec(config.shared_prefix_tokens, max(1, config.prefix_groups), config.prompt_pool)
+        cols["prefix_hashes"] = hashes_column(spec_hashes(prompt, spec, block_tokens))
+    elif config.prefix_block_tokens is not None:
         # Without carried context, turns of one session share only the system prompt.
         owner = session if sessions_on and config.session_context else np.arange(n, dtype=np.int64)
         cols["prefix_hashes"] = _prefix_hashes(config, prompt, owner, cols.get("tenant"))
@@ -249,8 +282,8 @@ def generate(config: SynthConfig) -> pa.Table:
         table = table.take(pa.array(order))
         table = table.set_column(0, "request_id", pa.array(np.arange(n, dtype=np.int64)))
     meta = {schema.META_SOURCE: config.source.encode()}
-    if config.prefix_block_tokens is not None:
-        meta[schema.META_BLOCK_TOKENS] = str(config.prefix_block_tokens).encode()
+    if block_tokens is not None:
+        meta[schema.META_BLOCK_TOKENS] = str(block_tokens).encode()
     return table.replace_schema_metadata(meta)
 
 

@@ -1,0 +1,98 @@
+"""`servelab run import` as a function: parse the source, gather its settings, choose its prefix sharing.
+
+Settings are merged in this order, each later one winning: what the per-request source records,
+the run's files beside it (fidelity/sidecars.py; the server log last among them), then
+``--setting``. Every setting remembers where it came from (run.json ``config_sources``). A run
+whose model or GPU is neither recorded nor given is refused with the option to pass: a silent
+default would replay another model or another GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from servelab.common.errors import ServelabError
+from servelab.fidelity.base import Measured, build_run, check_settings, detect_format, import_measured
+from servelab.fidelity.prefix_sharing import PrefixChoice, choose
+from servelab.replay.results import RunResult
+from servelab.traces.prefixes import DEFAULT_BLOCK_TOKENS, PrefixSpec
+
+
+@dataclass(frozen=True)
+class ImportedRun:
+    result: RunResult
+    trace: pa.Table
+    measured: Measured
+    fmt: str
+    detected: bool  # the format was detected, not given
+    prefix: PrefixChoice
+    warnings: tuple[str, ...]
+
+
+def missing_setting_error(key: str, where: str) -> ServelabError:
+    from servelab.runners.presets import GPUS, MODELS
+
+    if key == "model":
+        return ServelabError(f"{where} names no model; pass --setting model=MODEL (a Hugging Face id such as "
+                             f"meta-llama/Llama-3.1-8B, or a preset: {', '.join(MODELS)})")
+    return ServelabError(f"{where} names no GPU; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
+
+
+def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | None = None,
+               vllm_log: Path | None = None, vllm_metrics: Path | None = None, given: dict[str, Any] | None = None,
+               prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False) -> ImportedRun:
+    from servelab.fidelity.sidecars import discover, gpu_preset
+
+    detected = fmt is None
+    if fmt is None:
+        fmt = detect_format(sources)
+    measured = import_measured(fmt, sources, **(options or {}))
+    found = discover(sources, vllm_log, vllm_metrics)
+    settings: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for key, value in measured.settings.items():
+        if value is not None:
+            settings[key], origin[key] = value, f"{sources[0].name} ({fmt})"
+    settings.update(found.settings)
+    origin.update(found.origin)
+    for key, value in (given or {}).items():
+        settings[key], origin[key] = value, "--setting"
+    source = {**measured.source, **found.source}
+    if "gpu" in settings and origin["gpu"] != "--setting":
+        preset = gpu_preset(str(settings["gpu"]))
+        if preset is None:
+            from servelab.runners.presets import GPUS
+
+            raise ServelabError(f"{sources[0]}: the recorded GPU '{settings['gpu']}' ({origin['gpu']}) matches no "
+                                f"GPU preset; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
+        if preset != settings["gpu"]:
+            source["gpu_recorded"] = settings["gpu"]
+            settings["gpu"] = preset
+    for key in ("model", "gpu"):
+        if key not in settings:
+            raise missing_setting_error(key, f"{sources[0]}: the run")
+    settings = check_settings(settings, sources[0])
+    generator = measured.prefix or found.prefix
+    measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)
+    block = int(settings.get("block_size") or DEFAULT_BLOCK_TOKENS)
+    hit_rate = source.get("prefix_cache_hit_rate")
+    choice = choose(measured, block, prefix, hit_rate, prefix_from_hit_rate)
+    result, trace = build_run(measured, fmt, sources, choice.hashes, block if choice.hashes is not None else None)
+    meta = dict(result.meta)
+    meta["config_sources"] = {k: origin[k] for k in settings}
+    meta["prefix"] = dict(choice.record(), measured_hit_rate=hit_rate,
+                          measured_hit_rate_from=source.get("prefix_cache_hit_rate_from"))
+    warnings = tuple(meta.get("warnings", [])) + choice.warnings
+    meta["warnings"] = list(warnings)
+    meta["source"] = dict(meta["source"], format_detected=detected)
+    if source.get("enable_expert_parallel"):
+        meta["notes"].append("the server ran expert parallel (enable_expert_parallel): validate --real spreads "
+                             "the experts over the DP x TP GPUs with all-to-all dispatch and combine "
+                             "(docs/runners.md \"Parallelism\")")
+    result = dataclasses.replace(result, meta=meta)
+    return ImportedRun(result, trace, measured, fmt, detected, choice, warnings)

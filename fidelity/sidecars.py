@@ -1,0 +1,218 @@
+"""Engine settings from the files a run leaves beside its per-request output.
+
+Looked for in each source's folder: ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU),
+``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
+``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing),
+``vllm_logging.json`` (vLLM's logging config: names the server log file), ``vllm.log`` and a
+``/metrics`` scrape taken after the run (``metrics.txt``, ``metrics.prom``: the prefix-cache hit and
+query counters give the run's hit rate over the server's life, preferred to the log's last window).
+Each setting remembers the file it came from; the server log wins over the other files, since it
+is what the server actually ran.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.common.errors import InputError
+from servelab.traces.prefixes import PrefixSpec, spec_from_generator
+
+# meta.json engine_kwargs / exp-config.yaml keys -> run.json config keys
+KWARG_KEYS = {"model": "model", "tensor_parallel_size": "tp", "tensor_parallelism": "tp", "tp": "tp",
+              "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+              "block_size": "block_size", "gpu_memory_utilization": "gpu_memory_utilization",
+              "enable_prefix_caching": "enable_prefix_caching", "num_gpu_blocks": "num_gpu_blocks",
+              "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
+GPU_KEYS = ("gpu", "gpu_name", "gpu_model", "gpu_type", "device_name", "accelerator", "hardware", "hardware_name")
+# recorded GPU names -> presets (runners/presets.py GPUS), first match wins
+_GPU_PATTERNS = (("rtx-4090", r"4090"), ("rtx-pro-6000", r"pro ?6000"), ("h100-pcie", r"h100.*pcie"),
+                 ("h200", r"h200"), ("h100-80gb", r"h100"), ("b200", r"b200"), ("l40s", r"l40s"),
+                 ("a100-40gb", r"a100.*40 ?gb"), ("a100-80gb", r"a100"), ("a40", r"\ba40\b"), ("mi300x", r"mi300x"))
+
+
+@dataclass
+class Found:
+    settings: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    prefix: PrefixSpec | None = None
+    log: Path | None = None
+
+    def put(self, key: str, value: Any, where: str) -> None:
+        if value is None:
+            return
+        self.settings[key] = value
+        self.origin[key] = where
+
+
+def gpu_preset(name: str) -> str | None:
+    """The GPU preset a recorded device name means (``NVIDIA GeForce RTX 4090`` -> ``rtx-4090``)."""
+    from servelab.runners.presets import GPUS
+
+    text = str(name).strip().lower()
+    if text in GPUS:
+        return text
+    for preset, pattern in _GPU_PATTERNS:
+        if re.search(pattern, text):
+            return preset
+    return None
+
+
+def _gpu_in(obj: Any) -> str | None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if str(key).lower() in GPU_KEYS:
+                if isinstance(value, str) and value.strip():
+                    return value
+                if isinstance(value, dict):
+                    inner = _gpu_in(value) or value.get("name") or value.get("model")
+                    if isinstance(inner, str):
+                        return inner
+        for value in obj.values():
+            if isinstance(value, dict) and (hit := _gpu_in(value)):
+                return hit
+    return None
+
+
+def _blocks_in(obj: Any) -> int | None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key == "num_gpu_blocks" and isinstance(value, int):
+                return value
+            if isinstance(value, dict) and (hit := _blocks_in(value)) is not None:
+                return hit
+    return None
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(path, f"not valid YAML ({str(err).splitlines()[0]})") from None
+
+
+def _kwargs(found: Found, kwargs: dict, path: Path) -> None:
+    for key, value in kwargs.items():
+        if key in KWARG_KEYS and not isinstance(value, (dict, list)):
+            found.put(KWARG_KEYS[key], value, path.name)
+    if kwargs.get("enable_expert_parallel"):
+        found.source["enable_expert_parallel"] = True
+    if kwargs.get("data_parallel_size"):
+        found.source["data_parallel_size"] = kwargs["data_parallel_size"]
+    for key in ("pipeline_parallel_size", "quantization", "kv_cache_dtype"):  # what validate --real prices
+        if str(kwargs.get(key)).lower() not in ("none", "auto", "1"):
+            found.source[key] = kwargs[key]
+
+
+METRICS_FILES = ("metrics.txt", "metrics.prom", "vllm_metrics.txt")
+_COUNTER = re.compile(r"^(vllm:(?:gpu_)?prefix_cache_(hits|queries)(?:_total)?|vllm:gpu_prefix_cache_hit_rate)"
+                      r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
+
+
+def hit_rate_from_metrics(path: Path) -> float | None:
+    """The prefix-cache hit rate a Prometheus text scrape of vLLM's ``/metrics`` reports: hits over
+    queries summed over engines (V1 counters), else V0's ``gpu_prefix_cache_hit_rate`` gauge."""
+    hits = queries = 0.0
+    gauge = None
+    for line in path.read_text(errors="replace").splitlines():
+        m = _COUNTER.match(line.strip())
+        if not m:
+            continue
+        value = float(m.group(3))
+        if m.group(2) == "hits":
+            hits += value
+        elif m.group(2) == "queries":
+            queries += value
+        else:
+            gauge = value
+    if queries > 0:
+        return hits / queries
+    return gauge
+
+
+def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = None) -> Found:
+    """Settings from the run's own files beside ``paths`` (and ``log``, the server log, and
+    ``metrics``, a /metrics scrape, if given)."""
+    found = Found()
+    folders = []
+    for p in paths:
+        folder = p if p.is_dir() else p.parent
+        if folder not in folders:
+            folders.append(folder)
+    for folder in folders:
+        exp = folder / "exp-config.yaml"
+        if exp.is_file():
+            data = _read_yaml(exp) or {}
+            if isinstance(data, dict):
+                _kwargs(found, data, exp)
+                if (gpu := _gpu_in(data)):
+                    found.put("gpu", gpu, exp.name)
+        meta = folder / "meta.json"
+        if meta.is_file():
+            data = _read_json(meta)
+            if isinstance(data, dict):
+                found.put("model", data.get("model"), meta.name)
+                _kwargs(found, data.get("engine_kwargs") or {}, meta)
+                found.put("num_gpu_blocks", _blocks_in(data), meta.name)
+                if (gpu := _gpu_in(data)):
+                    found.put("gpu", gpu, meta.name)
+                found.source.update({k: data[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path")
+                                     if k in data})
+                found.source["meta_json"] = str(meta)
+        profile = folder / "profile.yaml"
+        if profile.is_file() and found.prefix is None:
+            data = _read_yaml(profile)
+            if isinstance(data, dict):
+                found.prefix = spec_from_generator(data.get("data") or {}, origin=profile.name)
+                found.source["generator_data"] = data.get("data")
+        if log is None:
+            log = _log_in(folder)
+        if metrics is None:
+            metrics = next((folder / n for n in METRICS_FILES if (folder / n).is_file()), None)
+    if log is not None:
+        from servelab.fidelity.vllm_log import read_log
+
+        settings, source, origin = read_log(log)
+        for key, value in settings.items():
+            found.put(key, value, origin.get(key, log.name))
+        found.source.update(source)
+        found.log = log
+    if metrics is not None:
+        if not metrics.is_file():
+            raise InputError(metrics, "file not found")
+        rate = hit_rate_from_metrics(metrics)
+        if rate is not None:
+            found.source.update(prefix_cache_hit_rate=rate, prefix_cache_hit_rate_from=metrics.name)
+    return found
+
+
+def _log_in(folder: Path) -> Path | None:
+    """``vllm.log`` in the folder, or the file ``vllm_logging.json``'s handler writes to (by name, here)."""
+    config = folder / "vllm_logging.json"
+    if config.is_file():
+        data = _read_json(config)
+        for handler in ((data or {}).get("handlers") or {}).values() if isinstance(data, dict) else ():
+            name = handler.get("filename") if isinstance(handler, dict) else None
+            if name and (folder / Path(name).name).is_file():
+                return folder / Path(name).name
+    plain = folder / "vllm.log"
+    if plain.is_file():
+        return plain
+    for path in sorted(folder.glob("*.log")):  # server.log, vllm_server.log, ...: one that vLLM wrote
+        with open(path, "rb") as f:
+            if b"non-default args" in f.read(1 << 16):
+                return path
+    return None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(path, f"not valid JSON ({getattr(err, 'msg', err)})") from None

@@ -1,0 +1,35 @@
+"""The sample of a long suite is fixed: the same cases on every run and machine, whatever the collection order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import REPO
+from sampled_suites import FULL_ENV, sample
+
+
+def test_sample_is_fixed_and_independent_of_order():
+    ids = [f"t.py::test_x[{i}]" for i in range(20)]
+    kept = sample(ids, 5, "t.py::test_x")
+    assert len(kept) == 5 and kept <= set(ids)
+    assert sample(list(reversed(ids)), 5, "t.py::test_x") == kept
+    assert sample(ids, 50, "t.py::test_x") == set(ids)  # a suite smaller than its sample runs whole
+
+
+def _collected(env_value: str | None) -> list[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != FULL_ENV}
+    if env_value is not None:
+        env[FULL_ENV] = env_value
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider",
+                          "tests/test_policy_queues.py"], cwd=REPO, env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    return [line for line in out.stdout.splitlines() if "::test_incremental_waiting_order_equals_a_full_sort" in line]
+
+
+def test_full_suites_run_every_case_and_the_default_a_fixed_sample():
+    full = _collected("1")
+    sampled = _collected(None)
+    assert len(full) == 17 and len(sampled) == 5 and set(sampled) < set(full)
+    assert _collected(None) == sampled
