@@ -42,11 +42,6 @@ KNOWN_UPWARD = {
     ("fidelity.fit_host", "api"),
     ("search.objective", "api"),
 }
-KNOWN_CIRCLES: set[frozenset[str]] = {
-    frozenset({"cli.replay_cmd", "cli.score_cmd"}),
-    frozenset({"search.study", "search.trials"}),
-    frozenset({"traces.importers", "traces.servegen"}),
-}
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -186,10 +181,9 @@ def test_replay_has_no_import_circle(graph) -> None:
     assert not found, f"import circles in replay/: {[sorted(c) for c in found]}"
 
 
-def test_no_new_import_circle(graph) -> None:
-    found = set(circles(graph))
-    assert found <= KNOWN_CIRCLES, f"new import circles: {[sorted(c) for c in found - KNOWN_CIRCLES]}"
-    assert KNOWN_CIRCLES <= found, f"circles gone (drop them from KNOWN_CIRCLES): {[sorted(c) for c in KNOWN_CIRCLES - found]}"
+def test_no_import_circle_anywhere(graph) -> None:
+    found = circles(graph)
+    assert not found, f"import circles: {[sorted(c) for c in found]}"
 
 
 def test_every_replay_file_has_a_layer(graph) -> None:
