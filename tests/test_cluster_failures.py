@@ -106,3 +106,18 @@ def test_a_decode_replica_fails_in_an_autoscaled_decode_pool():
     assert (b["num_resumes"], b["recomputed_tokens"], b["generated_tokens"]) == (1, 1, 4)
     assert faults(result) == (1, 1, 1, pytest.approx(0.8))
     assert result.meta["cluster"]["pools"][1]["autoscale"]["timeline"] == [[0.0, 2, 0, 0], [2.0, 1, 0, 0]]
+
+
+def test_a_replica_failing_while_it_starts_is_counted_out_and_started_again_once_back():
+    # One replica active (0), one off (1); target 0.5 waiting requests per replica, start-up 2 s.
+    # A and B at 0 both go to replica 0 (the only live one); B waits. Tick at 1: 1 waiting -> 2
+    # replicas: replica 1 starts (due at 3). It fails at 2 (for 0.5 s): counted out, its start-up
+    # forgotten. Tick at 3: 1 waiting, 1 held -> it starts again (back since 2.5), due at 5. A ends
+    # at 4 and B runs on replica 0 (tokens at 5..8). At 5 replica 1 serves, and the tick at 5 (nothing
+    # waits) drains it at once: one row at 5.
+    scale = dict(SCALE, signal="queue_depth", target=0.5, startup_s=2)
+    result = replay(TRACE, config({"replicas": 1, "autoscale": scale}, fail=["replica=1,at=2,for=0.5"]))
+    assert rows(result, "replica", "status", "finish_s") == [(0, "finished", 4.0), (0, "finished", 8.0)]
+    assert faults(result) == (1, 0, 0, 0.0)
+    assert result.meta["cluster"]["pools"][0]["autoscale"]["timeline"] == [
+        [0.0, 1, 0, 0], [1.0, 1, 1, 0], [2.0, 1, 0, 0], [3.0, 1, 1, 0], [5.0, 1, 0, 0]]
