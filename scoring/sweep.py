@@ -102,7 +102,7 @@ def run_name(rate: float) -> str:
 def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | None, scale: float, rate: float,
                   run_dir: str) -> dict:
     """Worker: replay at one scale, write the run, score it. Top-level so processes can import it."""
-    from servelab.api import replay, write_run
+    from servelab.assembly import replay, write_run
     from servelab.scoring.db import connect
     from servelab.traces.io import read_trace
     from servelab.traces.transforms import scale_rate

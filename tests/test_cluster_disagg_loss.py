@@ -272,7 +272,7 @@ RANDOM_CASES = {  # pools (prefill, decode) and top-level settings; replicas: pr
 def every_event_engine(monkeypatch) -> list:
     """Engines that also check the invariants after every timed event (transfers, availability
     changes, autoscaler ticks) and every failure or recovery, not only after arrivals and steps."""
-    import servelab.api
+    import servelab.assembly
     from servelab.replay.engine import TIMER
     from test_engine_invariants import CheckedEngine
 
@@ -300,7 +300,7 @@ def every_event_engine(monkeypatch) -> list:
 
             super().push(time_s, kind, payload)
 
-    monkeypatch.setattr(servelab.api, "Engine", EveryEvent)
+    monkeypatch.setattr(servelab.assembly, "Engine", EveryEvent)
     return engines
 
 

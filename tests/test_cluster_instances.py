@@ -235,11 +235,11 @@ def test_bookkeeping_adds_up_through_reclaims_and_no_request_is_lost(monkeypatch
     """Availability rises and falls under a bursty trace (down to nothing for a while): after every
     event KV and outstanding tokens add up (tests/test_engine_invariants.py), every request
     finishes, and the pool never holds more of a type than is available."""
-    import servelab.api
+    import servelab.assembly
     from helpers_engine import synthetic
     from test_engine_invariants import CheckedEngine
 
-    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     types = [{"gpu": "h100-80gb", "available": [[0, 3], [2, 1], [4, 0], [6, 2]]},
              {"gpu": "a100-80gb", "available": [[0, 0], [3, 1], [3.5, 0], [4.5, 2]]}]
     cfg = ReplayConfig.from_dict({
