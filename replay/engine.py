@@ -45,7 +45,11 @@ class Engine:
     """The event loop. Reading order: ``run`` (events), ``_route`` (an arrival joins a replica),
     ``_start`` (a policy decision becomes an iteration), ``apply`` (finished iterations become request
     progress), ``_finish`` / ``ended`` (a request leaves). KV state is the replicas' `KVManager`s,
-    request progress `replay.progress`, platform features `replay.platform` (hooks, off by default)."""
+    request progress `replay.progress`, platform features `replay.platform` (hooks, off by default).
+
+    The engine is the one owner of a request's status (``_route``, ``_admit``, ``preempt``,
+    ``_finish``, and for the layers above ``end``, ``interrupt``, ``strand``, ``truncate``) and of
+    which replicas serve (``publish``, ``fail``, ``restore``): the cluster and the platform ask."""
 
     ARRIVAL = ARRIVAL
 
