@@ -1,4 +1,4 @@
-"""The package's layers (docs/engine.md "Layers"): no import circles, and no file imports a layer above its own.
+"""The package's layers (docs/engine.md "Layers and one owner"): no import circles, and no file imports a layer above its own.
 
 The import graph is read from the source with ``ast`` (every import anywhere in a file counts: module
 level, under TYPE_CHECKING or inside a function, since each is a design tie whether or not it bites at
@@ -166,7 +166,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_reader_sees_a_known_circle() -> None:
-    """The checker itself: a two-file circle, a relative import and a TYPE_CHECKING one are all seen."""
+    """The checker itself: a circle of three is found, and a module-level and a TYPE_CHECKING import are both read."""
     g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(g) == [frozenset({"a", "b", "c"})]
     graph = import_graph()
