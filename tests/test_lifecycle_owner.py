@@ -62,3 +62,18 @@ def test_the_in_flight_step_is_truncated_in_one_place() -> None:
                             and isinstance(node.ctx, ast.Load) and fn.name != "iterations_done_by":
                         calls.append((rel, fn.name))
     assert calls == [("replay/engine.py", "truncate")]
+
+
+def test_only_the_engine_sets_which_replicas_take_arrivals() -> None:
+    """``Engine.live`` (the replicas arrivals are routed to) is assigned in replay/engine.py only: the
+    autoscalers, fleets, the PD handoff and failures go through ``publish``/``fail``/``restore``."""
+    writers = set()
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "live"
+                                                    for t in node.targets):
+                writers.add(rel)
+    assert writers == {"replay/engine.py"}
