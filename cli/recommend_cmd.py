@@ -218,7 +218,7 @@ def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text
                if not any(c.meets_slo for c in cands) else
                "the configurations that meet the SLO are over --available or --budget")  # fmt: skip
         best_seen = f"; the closest reaches {near[0].attainment:.1%}" if near else ""
-        raise ServelabError(f"{why}{best_seen} ({len(cands)} tried; nothing written but the studies in {study_dir})")
+        raise ServelabError(f"{why}{best_seen} ({len(cands)} tried; no config written; the studies and pareto.png are in {study_dir})")
     rows = [rec.with_latency(c, setup.slo) for c in best[:top]]
     sampled = [p.topology for p in plans if not p.exhaustive]
     out.print(_table(f"cheapest configurations meeting {setup.slo.describe()} for {target:.0%} of requests "
@@ -230,8 +230,8 @@ def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text
     path = rec.write_config(best[0], setup, Path(config_out) if config_out else study_dir / "recommended.toml",
                             exhaustive)  # fmt: skip
     if front_png is not None:
-        err.print(f"wrote {front_png}")
-    err.print(f"wrote {path}: servelab replay {trace} --config {path}")
+        click.echo(f"wrote {front_png}", err=True)
+    click.echo(f"wrote {path}: servelab replay {trace} --config {path}", err=True)
 
 
 __all__ = ["recommend"]

@@ -95,7 +95,10 @@ def check_setup(setup: RecommendSetup) -> None:
     if not setup.offers:
         raise ServelabError("recommend needs at least one GPU type with its price: --gpu h100-80gb=2.49")
     for offer in setup.offers:
-        get_gpu(offer.gpu)  # unknown GPU preset '...'; did you mean ...
+        try:
+            get_gpu(offer.gpu)
+        except ServelabError as err:  # unknown GPU preset '...'; did you mean ...
+            raise ServelabError(f"--gpu {offer.gpu}: {err}") from None
     if setup.slo is None or setup.slo.is_empty:
         raise ServelabError("recommend needs an SLO: --slo ttft=1,tpot=0.05 (the format of `servelab replay --slo`)")
     for name in setup.topologies:
@@ -203,8 +206,9 @@ def plan(setup: RecommendSetup, study_dir: Path) -> list[TopologyPlan]:
         try:
             spec = parse_spec(data, path)
         except InputError as err:  # a --vary value or a --config key: name the option, not the generated file
-            where = f"{err.column}: " if err.column else ""
-            raise ServelabError(f"recommend ({topology}): {where}{err.rule}") from None
+            key = (err.column or "").removeprefix("space.")
+            where = f"--vary {key}" if key in dict(setup.vary) else f"recommend ({topology}), {err.column or 'spec'}"
+            raise ServelabError(f"{where}: {err.rule}") from None
         out.append(TopologyPlan(topology, spec, path, data, size, exhaustive))
     return out
 
