@@ -363,6 +363,8 @@ def with_latency(c: Candidate, slo: SloTable) -> Candidate:
 
     from servelab.scoring.db import query
 
+    if not (c.run_dir / "requests.parquet").is_file():  # a trial another machine ran (a shared database study)
+        return c
     qs = ", ".join(str(q) for q in PERCENTILES)
     sql = ", ".join(f"quantile_cont({m}_s, [{qs}]) FILTER (WHERE finished) AS {m}" for m in ("ttft", "tpot", "e2e"))
     row = query([str(c.run_dir)], f"SELECT {sql} FROM request_metrics", slo).to_pylist()[0]

@@ -187,3 +187,16 @@ def test_a_disaggregated_recommendation_replays_as_written(trace, tmp_path, caps
     cli("replay", str(trace), "--config", str(study / "recommended.toml"), "-o", str(run), "--no-report", capsys=capsys)
     rows = pq.read_table(run / "requests.parquet").to_pylist()
     assert sum(met_all(r) for r in rows) / len(rows) >= TARGET
+
+
+def test_two_workers_enumerate_the_whole_grid_once(trace, brute, tmp_path, capsys):
+    """-j 2: a grid trial's number picks its point in the grid's seeded order, so every worker must order
+    it alike (they once used their own seeds and evaluated duplicates, leaving points untried)."""
+    study = tmp_path / "study"
+    cli(*recommend_args(trace, study, "-j", "2"), capsys=capsys)
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    points = {(r["param.pools.serve.gpu"], r["param.pools.serve.tp"], r["param.pools.serve.replicas"]) for r in rows}
+    assert len(rows) == 12 and points == set(brute)
+    (pool,) = tomllib.loads((study / "recommended.toml").read_text())["cluster"]["pools"]
+    meets = {k: v for k, v in brute.items() if v[0] >= TARGET}
+    assert (pool["gpu"], pool["tp"], pool["replicas"]) == min(meets, key=lambda k: meets[k][1])
