@@ -141,6 +141,8 @@ def _table(title: str, rows, target: float):
               help="Replica counts to try (per pool: prefill and decode alike).")
 @click.option("--topology", "topology_text", default="colocated,disagg", show_default=True,
               help="colocated (one pool) and/or disagg (prefill + decode pools).")
+@click.option("--link-gbps", type=float, default=50.0, show_default=True,
+              help="Bandwidth of the prefill -> decode KV link (GB/s), disagg.")
 @click.option("--vary", multiple=True, metavar="KEY=V1,V2",
               help="An engine setting to search in every pool, e.g. max_num_seqs=64,256. Repeatable.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
@@ -157,8 +159,8 @@ def _table(title: str, rows, target: float):
               help="Where to write the recommended config (default: STUDY_DIR/recommended.toml).")
 @click.option("--top", type=int, default=5, show_default=True, help="Configurations to list.")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
-def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text, replicas_text, topology_text, vary,
-              config_file, grid_limit, n_trials, jobs, storage, seed, study_dir, config_out, top, progress) -> None:
+def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text, replicas_text, topology_text, link_gbps,
+              vary, config_file, grid_limit, n_trials, jobs, storage, seed, study_dir, config_out, top, progress) -> None:
     """The cheapest configurations (GPU type, TP, replicas, colocated or prefill/decode pools, settings)
     that meet the SLO on TRACE, their latency and $ per million output tokens; writes the best as a
     config for `servelab replay --config` and the Pareto front as pareto.png (docs/search.md)."""
@@ -175,6 +177,8 @@ def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text
     for name, value in (("--grid-limit", grid_limit), ("--n-trials", n_trials), ("--jobs", jobs), ("--top", top)):
         if value < 1:
             raise ServelabError(f"{name} must be >= 1, got {value}")
+    if not link_gbps > 0:
+        raise ServelabError(f"--link-gbps must be > 0, got {link_gbps:g}")
     if budget is not None and not budget > 0:
         raise ServelabError(f"--budget must be a positive $ per hour, got {budget:g}")
     varied = tuple((k, tuple(_value(v) for v in vals.split(","))) for k, vals in parse_key_values(vary, "--vary").items())
@@ -186,7 +190,7 @@ def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text
         tps=_ints(tp_text, "--tp"), replicas=_ints(replicas_text, "--replicas"),
         topologies=tuple(t.strip() for t in topology_text.split(",") if t.strip()), vary=varied,
         base=tuple(sorted((k, v) for k, v in base_dict.items() if k not in ("runner", "model"))),
-        budget_per_hour=budget, grid_limit=grid_limit, n_trials=n_trials, seed=seed, workers=jobs, storage=storage,
+        budget_per_hour=budget, link_gbps=link_gbps, grid_limit=grid_limit, n_trials=n_trials, seed=seed, workers=jobs, storage=storage,
     )  # fmt: skip
     rec.check_setup(setup)
     study_dir = Path(study_dir)

@@ -307,12 +307,17 @@ def candidates(setup: RecommendSetup, plans: list[TopologyPlan]) -> list[Candida
     from servelab.search.study import open_study
 
     out = []
+    seen: set[str] = set()
     for p in plans:
         study = open_study(p.spec, p.spec_path.parent, storage_url=setup.storage)
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
             config = t.user_attrs.get("config")
             if not config or t.values is None:
                 continue
+            key = json.dumps(config, sort_keys=True)
+            if key in seen:  # a sampler may propose a configuration again: the replay is deterministic, list it once
+                continue
+            seen.add(key)
             cost, attainment = t.values
             gpus: dict[str, int] = {}
             per_hour = 0.0
