@@ -7,6 +7,8 @@ seconds."""
 from __future__ import annotations
 
 import itertools
+import os
+import uuid
 import tomllib
 from pathlib import Path
 
@@ -200,3 +202,31 @@ def test_two_workers_enumerate_the_whole_grid_once(trace, brute, tmp_path, capsy
     (pool,) = tomllib.loads((study / "recommended.toml").read_text())["cluster"]["pools"]
     meets = {k: v for k, v in brute.items() if v[0] >= TARGET}
     assert (pool["gpu"], pool["tp"], pool["replicas"]) == min(meets, key=lambda k: meets[k][1])
+
+
+@pytest.mark.skipif(not os.environ.get("SERVELAB_TEST_POSTGRES_URL"),
+                    reason="SERVELAB_TEST_POSTGRES_URL is unset (run .ci/postgres.sh to get a server)")  # fmt: skip
+def test_a_postgres_study_is_shared_by_machines(trace, brute, tmp_path, capsys):
+    """--storage: the studies live in PostgreSQL; a second machine (another -o) with the same question
+    finds them finished, runs nothing and gives the same answer (latencies '-': its trial runs are elsewhere)."""
+    import optuna
+
+    from servelab.search.study import sqlalchemy_url
+
+    url = os.environ["SERVELAB_TEST_POSTGRES_URL"]
+    seed = str(uuid.uuid4().int % 10**6)  # a fresh question: its own studies in the shared database
+    first, second = tmp_path / "a", tmp_path / "b"
+    try:
+        cli(*recommend_args(trace, first, "--storage", url, "--seed", seed), capsys=capsys)
+        out, _ = cli(*recommend_args(trace, second, "--storage", url, "--seed", seed), capsys=capsys)
+        assert not (second / "colocated" / "trials").exists()  # nothing replayed on the second machine
+        a, b = ([x for x in (d / "recommended.toml").read_text().splitlines() if not x.startswith("# every")]
+                for d in (first, second))  # (that line names the study folder)
+        assert a == b
+        (pool,) = tomllib.loads((first / "recommended.toml").read_text())["cluster"]["pools"]
+        meets = {k: v for k, v in brute.items() if v[0] >= TARGET}
+        assert (pool["gpu"], pool["tp"], pool["replicas"]) == min(meets, key=lambda k: meets[k][1])
+        assert "-/-/-" in out
+    finally:
+        name = tomllib.loads((first / "colocated" / "spec.toml").read_text())["study_name"]
+        optuna.delete_study(study_name=name, storage=sqlalchemy_url(url))
