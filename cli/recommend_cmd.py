@@ -90,9 +90,10 @@ def _base(config_file: str | None) -> tuple[tuple[str, Any], ...]:
     except tomllib.TOMLDecodeError as err:
         raise InputError(config_file, f"invalid TOML: {err}") from None
     data.pop("slo", None)
-    if "cluster" in data:
-        raise InputError(config_file, "recommend builds the cluster itself (GPUs, TP, replicas, topology): "
-                                      "leave [cluster] out", column="cluster")  # fmt: skip
+    for key in ("cluster", "gpu", "tp", "replicas"):
+        if key in data:
+            raise InputError(config_file, "recommend chooses the GPUs, TP, replicas and topology itself: leave "
+                                          f"'{key}' out (--gpu, --tp, --replicas, --topology)", column=key)  # fmt: skip
     ReplayConfig.from_dict(dict(data), source=config_file)  # bad keys fail here, named
     return tuple(sorted(data.items()))
 

@@ -230,3 +230,25 @@ def test_a_postgres_study_is_shared_by_machines(trace, brute, tmp_path, capsys):
     finally:
         name = tomllib.loads((first / "colocated" / "spec.toml").read_text())["study_name"]
         optuna.delete_study(study_name=name, storage=sqlalchemy_url(url))
+
+
+def test_engine_settings_are_searched_and_a_config_file_is_the_start(trace, tmp_path, capsys):
+    """--vary max_num_seqs=1,256: one running request at a time cannot keep up, so the answer runs 256;
+    the --config file's settings reach every configuration and the written one."""
+    base = tmp_path / "base.toml"
+    base.write_text('max_num_batched_tokens = 4096\nmodel = "llama-3.1-8b"\n[slo]\nttft_s = 99.0\n')
+    study = tmp_path / "study"
+    args = recommend_args(trace, study, "--tp", "1", "--replicas", "1-2", "--vary", "max_num_seqs=1,256",
+                          "--config", str(base))  # fmt: skip
+    out, err = cli(*args, capsys=capsys)
+    assert "8 configurations, trying all of them (grid)" in err
+    data = tomllib.loads((study / "recommended.toml").read_text())
+    assert data["max_num_seqs"] == 256 and data["max_num_batched_tokens"] == 4096
+    assert data["slo"] == SLO  # --slo, not the base file's [slo]
+    assert "max_num_seqs=256" in out
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    assert {r["param.max_num_seqs"] for r in rows} == {1, 256}
+    assert all(r["attainment"] < TARGET for r in rows if r["param.max_num_seqs"] == 1)
+    base.write_text("tp = 2\n")
+    _out, err = cli(*args, expect=1, capsys=capsys)
+    assert f"error: {base}, column 'tp': recommend chooses the GPUs" in err
