@@ -252,3 +252,17 @@ def test_engine_settings_are_searched_and_a_config_file_is_the_start(trace, tmp_
     base.write_text("tp = 2\n")
     _out, err = cli(*args, expect=1, capsys=capsys)
     assert f"error: {base}, column 'tp': recommend chooses the GPUs" in err
+
+
+def test_every_type_limited_refuses_configurations_over_all_gpus_before_replaying(trace, brute, tmp_path, capsys):
+    """--available for every type: their sum is the spec's gpu_budget, so 6-GPU configurations are infeasible
+    trials that never replay; those within the sum but over their own type's count are never recommended."""
+    study = tmp_path / "study"
+    cli(*recommend_args(trace, study, "--available", "h100-80gb=1", "--available", "a100-80gb=4"), capsys=capsys)
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    over = [r for r in rows if r["param.pools.serve.tp"] * r["param.pools.serve.replicas"] > 5]
+    assert len(over) == 2 and all(r["outcome"] == "infeasible" for r in over)
+    assert not any((study / "colocated" / "trials" / f"{r['number']:04d}").exists() for r in over)
+    (pool,) = tomllib.loads((study / "recommended.toml").read_text())["cluster"]["pools"]
+    allowed = {k: v for k, v in brute.items() if v[0] >= TARGET and k[1] * k[2] <= (1 if k[0] == "h100-80gb" else 4)}
+    assert (pool["gpu"], pool["tp"], pool["replicas"]) == min(allowed, key=lambda k: allowed[k][1])
