@@ -266,3 +266,17 @@ def test_every_type_limited_refuses_configurations_over_all_gpus_before_replayin
     (pool,) = tomllib.loads((study / "recommended.toml").read_text())["cluster"]["pools"]
     allowed = {k: v for k, v in brute.items() if v[0] >= TARGET and k[1] * k[2] <= (1 if k[0] == "h100-80gb" else 4)}
     assert (pool["gpu"], pool["tp"], pool["replicas"]) == min(allowed, key=lambda k: allowed[k][1])
+
+
+def test_a_resumed_grid_search_tries_the_points_not_yet_tried(tmp_path, capsys):
+    """`servelab search` with sampler = "grid" over 6 points, 3 trials then 6: all six points (the resumed
+    run once took another seed, so another grid order, and repeated points of the first run)."""
+    from helpers_search import grid_spec
+
+    space = '[space]\nmax_num_seqs = [1, 2, 4, 8, 16, 32]\n'
+    spec = grid_spec(tmp_path, n_trials=3, top='sampler = "grid"\n', space=space, name="grid.toml")
+    out = tmp_path / "S"
+    cli("search", str(spec), "-o", str(out), "--no-progress", capsys=capsys)
+    cli("search", str(spec), "-o", str(out), "--no-progress", "--n-trials", "6", capsys=capsys)
+    rows = pq.read_table(out / "trials.parquet").to_pylist()
+    assert sorted(r["param.max_num_seqs"] for r in rows) == [1, 2, 4, 8, 16, 32]
