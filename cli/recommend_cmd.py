@@ -199,7 +199,7 @@ def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text
     err = Console(stderr=True)
     for p in plans:
         how = "all of them (grid)" if p.exhaustive else f"{p.trials} sampled (TPE)"
-        err.print(f"{p.topology}: {p.configurations} configurations, trying {how}")
+        err.print(f"{p.topology}: {p.configurations} configuration{'s' if p.configurations != 1 else ''}, trying {how}")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("[bold]recommend"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -238,6 +238,10 @@ def run(setup: RecommendSetup, study_dir: Path, progress=None) -> list[TopologyP
     plans = plan(setup, study_dir)
     for p in plans:  # a folder holding another study is refused before anything is written
         check_study_dir(p.spec, p.spec_path.parent, setup.storage)
+    if setup.storage is not None:  # so is a database that cannot be opened (before spec.toml is written)
+        from servelab.search.study import rdb_storage
+
+        rdb_storage(setup.storage)
     total = sum(p.trials for p in plans)
     done_before = 0
     for p in plans:
