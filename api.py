@@ -46,16 +46,30 @@ from servelab.runners.base import make_runner
 
 
 def build_runner(config: ReplayConfig) -> Runner:
+    parallel = ({"dp": config.dp, "pp": config.pp, "enable_expert_parallel": config.enable_expert_parallel}
+                if config.engines_per_replica > 1 or config.enable_expert_parallel else {})
+    if config.quantization:  # vLLM's --quantization / --kv-cache-dtype (runners/quant.py)
+        parallel["quantization"] = config.quantization
+    if config.kv_cache_dtype != "auto":
+        parallel["kv_cache_dtype"] = config.kv_cache_dtype
     return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
                        block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
-                       max_num_seqs=config.engine.max_num_seqs)
+                       max_num_seqs=config.engine.max_num_seqs, **parallel)
 
 
 def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
     engine = config.engine
-    if engine.num_gpu_blocks is not None:
-        return engine.num_gpu_blocks
     capacity = runner.kv_capacity_tokens
+    if engine.num_gpu_blocks is not None:
+        if capacity is not None and not runner.needs_block_tables:  # (an executing runner sizes its own pool)
+            # weights and KV beyond the GPUs' memory would not start on a real server: refuse, not price it
+            most = capacity(1.0) // engine.block_size
+            if engine.num_gpu_blocks > most:
+                raise ServelabError(
+                    f"num_gpu_blocks = {engine.num_gpu_blocks:,} does not fit: {config.model} on {config.tp} x {config.gpu} "
+                    f"(runner '{runner.name}') holds at most {most:,} blocks of {engine.block_size} tokens beside "
+                    f"the weights, with all of GPU memory")
+        return engine.num_gpu_blocks
     if capacity is None:
         raise ServelabError(
             f"runner '{runner.name}' does not know a model or GPU, so the KV size cannot be derived: "
@@ -86,8 +100,18 @@ def kv_bytes_per_token(config: EngineConfig, runner: Runner) -> int:
 def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
                    trace_block_tokens: int | None = None, first_id: int = 0) -> list[Replica]:
     """One KV manager and one policy instance per replica (``trace_block_tokens``: tokens per entry of
-    the trace's ``prefix_hashes``, None when it has none)."""
+    the trace's ``prefix_hashes``, None when it has none). A replica of dp data-parallel ranks and pp
+    pipeline stages is dp x pp engines behind the router, each stage's with 1/pp of the rank's blocks."""
     engine_cfg = config.engine
+    engines = engine_cfg.replicas * config.engines_per_replica
+    if config.pp > 1:
+        num_blocks //= config.pp
+        if num_blocks < 1:
+            raise ServelabError(f"pp={config.pp}: fewer KV blocks than pipeline stages (each stage's engine needs one)")
+    if engine_cfg.max_model_len is None:  # the model's own context, as vLLM defaults max_model_len
+        context = getattr(getattr(runner, "model", None), "max_position_embeddings", None)
+        if context is not None:
+            engine_cfg = replace(engine_cfg, max_model_len=context)
     caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
@@ -98,10 +122,10 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     if tier_specs and (not caching or runner.needs_block_tables):
         raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
                             "allocation and a cost-model runner")
-    stacks = build_stacks(tier_specs, engine_cfg.replicas, bytes_per_token * engine_cfg.block_size,
+    stacks = build_stacks(tier_specs, engines, bytes_per_token * engine_cfg.block_size,
                           engine_cfg.kv_tier_write == "through")
     replicas = []
-    for rid in range(first_id, first_id + engine_cfg.replicas):
+    for rid in range(first_id, first_id + engines):
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
         cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
                             per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid - first_id],

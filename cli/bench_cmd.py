@@ -40,16 +40,20 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.argument("url")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", required=True, help="Run directory to write.")
-@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--force/--no-force", default=False, help="Replace an existing run directory.")
 @click.option("--model", help="Model name to request (default: the first of the server's /v1/models).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
               help="/v1/completions or /v1/chat/completions.")
 @click.option("--shape", type=click.Choice(["trace", "poisson", "constant", "closed"]), default="trace",
               show_default=True, help="Load shape: the trace's arrivals, Poisson or constant --rate, or "
               "a closed loop of --users.")
-@click.option("--time-scale", type=float, default=1.0, show_default=True,
-              help="trace shape: multiply the trace's arrival times (0.5 = twice as fast).")
-@click.option("--rate", type=float, help="poisson / constant shapes: requests per second.")
+@click.option("--time-scale", type=float, default=None,
+              help="trace shape: multiply the trace's arrival times (0.5 = twice as fast); 1 / --rate-scale.  [default: 1]")
+@click.option("--rate-scale", type=float, default=None,
+              help="trace shape: multiply the trace's own request rate (arrival times / K), as `trace transform "
+              "--rate-scale` and `sweep --rate-scales`.")
+@click.option("--rate", "--request-rate", "rate", type=float,
+              help="poisson / constant shapes: requests per second (vLLM bench's --request-rate).")
 @click.option("--users", type=int, help="closed shape: concurrent users.")
 @click.option("--think", "think_s", type=float, default=0.0, show_default=True,
               help="closed shape: seconds a user waits between its requests.")
@@ -73,7 +77,7 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--metrics/--no-metrics", default=True, show_default=True,
               help="Sample the server's Prometheus /metrics into metrics.parquet.")
 @click.option("--metrics-interval", type=float, default=1.0, show_default=True, help="Seconds between samples.")
-@click.option("--token-log", is_flag=True, help="Write tokens.parquet: every token's arrival.")
+@click.option("--token-log/--no-token-log", default=False, help="Write tokens.parquet: every token's arrival.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token (default: $OPENAI_API_KEY).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts' text and Poisson gaps.")
 @click.option("--sweep-rates", help="Sweep: one run per rate (req/s, comma-separated) into OUT/rate_<r>; with "
@@ -91,8 +95,8 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--stream-format", type=click.Choice(["auto", "sse", "jsonlines"]), default="auto", show_default=True,
               help="sagemaker:// URL: the container's stream: server-sent events, JSON lines, or by its content "
               "type.")
-def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float,
-          rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
+def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float | None,
+          rate_scale: float | None, rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
           num_requests: int | None, warmup: int, timeout_s: float, ignore_eos: bool, min_tokens: bool,
           extensions: str, tokenizer: str, metrics: bool, metrics_interval: float, token_log: bool,
           api_key: str | None, seed: int, sweep_rates: str | None, sweep_users: str | None,
@@ -119,6 +123,14 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     if not (sagemaker or url.startswith(("http://", "https://"))):
         raise click.BadParameter("must start with http:// or https:// (or sagemaker:// for a SageMaker endpoint)",
                                  param_hint="URL")
+    if time_scale is not None and rate_scale is not None:
+        raise click.BadParameter("give --rate-scale or --time-scale (its inverse), not both", param_hint="--rate-scale")
+    if rate_scale is not None:
+        if not (math.isfinite(rate_scale) and rate_scale > 0):
+            raise click.BadParameter(f"must be a finite number > 0, got {rate_scale}", param_hint="--rate-scale")
+        time_scale = 1.0 / rate_scale
+    elif time_scale is None:
+        time_scale = 1.0
     for hint, value in (("--timeout", timeout_s), ("--time-scale", time_scale), ("--rate", rate),
                         ("--think", think_s), ("--duration", duration_s), ("--metrics-interval", metrics_interval)):
         if value is not None and not math.isfinite(value):  # nan/inf: run.json would not be valid JSON
@@ -279,6 +291,8 @@ def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: 
     with _held_signals(signals):
         if signals:
             run.meta["signal"] = signals[0]
+        if slo is not None:  # a later `report`/`query`/`compare` of the run scores it as this one did
+            run.meta["slo"] = slo.to_dict()
         write_live_run(run, table, trace_meta, out_dir, token_log=token_log)
     counts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in run.meta["counts"].items() if v)
     click.echo(f"measured {run.meta['measured_span_s']:.1f} s: {counts}; wrote {out_dir}", err=True)

@@ -80,7 +80,7 @@ def _present(target: str) -> bool:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="servelab")
-@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.option("--debug/--no-debug", default=False, help="Show full tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """Replay LLM-serving traces against scheduling policies, cost models and real GPUs."""
@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         why = err.strerror or str(err) or type(err).__name__
         click.echo(f"error: {err.filename}: {why}" if err.filename is not None else f"error: {why}", err=True)
+        sys.exit(1)
+    except MemoryError as err:  # a size no check caught: one line, not a numpy traceback
+        if debug:
+            raise
+        click.echo(f"error: out of memory ({type(err).__name__}: {err or 'no detail'}); ask for less", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

@@ -26,8 +26,9 @@ _ENGINE_HELP = {
     "gpu_memory_utilization": "Share of GPU memory for weights + KV when deriving num_gpu_blocks.",
     "max_num_seqs": "Most requests in one iteration.",
     "max_num_batched_tokens": "Most tokens computed in one iteration (chunked-prefill budget).",
+    "max_model_len": "Longest prompt + max output; longer requests are rejected (default: the model's context).",
     "kv_allocation": "on-demand (vLLM) or reserve (prompt + max_output reserved at admission).",
-    "enable_prefix_caching": "true (default) or false: reuse cached prefix blocks (vLLM v1; docs/engine.md).",
+    "enable_prefix_caching": "Reuse cached prefix blocks (vLLM v1; docs/engine.md).",
     "prefix_cache_scope": "global (default) or tenant: a tenant's requests hit only its own cached blocks.",
     "kv_tiers": "Offload tier below GPU memory, repeatable, top first: dram:capacity_gb=64 | ssd:capacity_gb=1000 | "
                 "remote:capacity_gb=10000 (shared), with optional read_gbps, write_gbps, latency_ms, shared=0|1.",
@@ -55,8 +56,37 @@ _ENGINE_HELP = {
     "tier_order": "Tiers highest first, for queue-cap shedding.",
     "pause": "Pause a tier under load: tier=flex,waiting=32[,resume=8] or tier=flex,kv=0.9[,resume=0.7].",
     "fail": "Replica failure, repeatable: replica=R,at=T[,for=D] (seconds; without for it stays down).",
-    "journal": "on: interrupted requests keep their generated tokens; off: they start over.",
+    "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
 }
+
+
+_BOOL_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def _bool_flags() -> tuple[str, ...]:
+    return tuple("--" + f.name.replace("_", "-") for f in dataclasses.fields(EngineConfig) if str(f.type) == "bool")
+
+
+class ReplayCommand(click.Command):
+    """A command with the replay options: the old value form of a boolean (``--journal off``,
+    ``--enable-prefix-caching=false``) still works, as ``--no-journal``, with a note that it is deprecated."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        flags, out, i = _bool_flags(), [], 0
+        while i < len(args):
+            arg = args[i]
+            name, eq, value = arg.partition("=")
+            if name in flags and (eq or (i + 1 < len(args) and args[i + 1].lower() in _BOOL_WORDS)):
+                if not eq:
+                    value, i = args[i + 1], i + 1
+                if value.lower() not in _BOOL_WORDS:
+                    raise click.BadParameter(f"expects no value (or true/false), got '{value}'", ctx, param_hint=name)
+                new = name if _BOOL_WORDS[value.lower()] else "--no-" + name[2:]
+                click.echo(f"note: '{arg}{'' if eq else ' ' + value}' is deprecated; write {new}", err=True)
+                arg = new
+            out.append(arg)
+            i += 1
+        return super().parse_args(ctx, out)
 
 
 def replay_options(func: Callable) -> Callable:
@@ -73,12 +103,31 @@ def replay_options(func: Callable) -> Callable:
         click.option("--model", help="Model preset for the runner (see `servelab presets`)."),
         click.option("--gpu", help="GPU preset for the runner."),
         click.option("--tp", type=int, help="Tensor-parallel degree per replica."),
+        # Parallelism beyond TP, named as vLLM's flags (docs/runners.md "Parallelism").
+        click.option("--dp", "--data-parallel-size", "dp", type=int,
+                     help="Data-parallel ranks per replica: engines of tp x pp GPUs each (MoE: experts shared)."),
+        click.option("--pp", "--pipeline-parallel-size", "pp", type=int, help="Pipeline-parallel stages per replica."),
+        click.option("--enable-expert-parallel/--no-enable-expert-parallel", "enable_expert_parallel", default=None,
+                     help="MoE: split the experts over the dp x tp GPUs (all-to-all dispatch and combine)."),
+        click.option("--quantization", "quantization",
+                     help="Weight format over the checkpoint's: fp8, int8, awq, gptq, nvfp4, mxfp4, none."),
+        click.option("--kv-cache-dtype", "kv_cache_dtype", help="KV cache dtype: auto (the model's) or fp8."),
     ]
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + ("until" if f.name == "until_s" else f.name.replace("_", "-"))
         repeatable = str(f.type).startswith("tuple")
-        options.append(click.option(flag, f.name, default=None, multiple=repeatable,
-                                    help=_ENGINE_HELP.get(f.name, "")))
+        if str(f.type) == "bool":  # vLLM's --x/--no-x; None when neither is given (the config file decides)
+            on_off = "on" if f.default else "off"
+            options.append(click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None,
+                                        help=f"{_ENGINE_HELP.get(f.name, '')}  [default: {on_off}]"))
+            continue
+        # parsed as text (the config's own checks give the errors), shown with its kind and default
+        kind = str(f.type).split(" | ")[0]
+        metavar = {"int": "INTEGER", "float": "FLOAT"}.get(kind, "SPEC" if repeatable else "TEXT")
+        shown = f.default if f.default not in (None, (), dataclasses.MISSING) else False
+        default = f"  [default: {shown}]" if shown is not False else ""
+        options.append(click.option(flag, f.name, default=None, multiple=repeatable, metavar=metavar,
+                                    help=_ENGINE_HELP.get(f.name, "") + default))
     for option in reversed(options):
         func = option(func)
     return func
@@ -89,7 +138,8 @@ def config_from_options(config_file: str | None = None, policy_param: tuple[str,
     """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
     base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
-    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp"]:
+    runner_keys = ["dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype"]
+    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", *runner_keys]:
         value = options.get(key)
         if value is not None and value != ():  # a repeatable option not given is ()
             base[key] = value
@@ -164,7 +214,7 @@ def check_replay_config(config: ReplayConfig):
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
                slo: Any = (), token_log: bool = False, force: bool = False,
-               may_replace: bool = False) -> None:  # fmt: skip
+               may_replace: bool = False, slo_source: str = "given") -> None:  # fmt: skip
     """Replay and write/report; every option is checked (SLO, output directory, policy, runner, trace)
     before the replay starts. ``slo``: ``--slo`` specs or an SloTable."""
     from servelab.api import replay, write_run
@@ -173,20 +223,60 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     check_replay_output(out_dir, force, may_replace)
     runner = check_replay_config(config)
     trace = _load_trace(trace_path)
-    click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with policy {config.policy}, "
-               f"runner {config.runner}, {config.engine.replicas} replica(s)", err=True)
+    click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with {_serving(config)}", err=True)
     with _progress_bar(trace) as progress:
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
     meta = result.meta
-    click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall "
-               f"({meta['engine']['num_gpu_blocks']:,} KV blocks per replica)", err=True)
+    reuse = _ideal_reuse(trace, result.requests)
+    if reuse is not None and isinstance(meta.get("trace"), dict):  # the report explains a hit share above it
+        meta["trace"]["prefix_reuse_share"] = reuse
+    if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
+        meta["slo"] = slo_table.to_dict()
+    pools = (meta.get("cluster") or {}).get("pools") or []
+    blocks = (", ".join(f"{p['num_gpu_blocks']:,} per {p['name']} replica" for p in pools) if pools
+              else f"{meta['engine']['num_gpu_blocks']:,} per replica")
+    click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall (KV blocks: {blocks})",
+               err=True)
     if out_dir:
         write_run(result, out_dir)
         click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
                    "run.json", err=True)
     if show_report:
-        click.echo(_report(result, out_dir, slo_table))
+        click.echo(_report(result, out_dir, slo_table, slo_source))
+
+
+def _ideal_reuse(trace, requests) -> float | None:
+    """The trace's ideal prefix reuse (what an unlimited cache would serve to first admissions), or None
+    without prefix hashes. Only a run with preemptions and cache hits can exceed it (re-admitted
+    requests hit their own blocks), so only such a run pays for it (seconds for 10^7 hashes)."""
+    import pyarrow.compute as pc
+
+    if "prefix_hashes" not in trace.column_names or "cached_tokens" not in requests.column_names:
+        return None
+    if not (pc.sum(requests["num_preemptions"]).as_py() or 0) or not (pc.sum(requests["cached_tokens"]).as_py() or 0):
+        return None
+    from servelab.traces.info import prefix_reuse_share  # polars: only for a run that needs the figure
+
+    return prefix_reuse_share(trace)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _serving(config: ReplayConfig) -> str:
+    """What serves the trace, for the progress line: policy, runner and replicas, counted per pool
+    for a cluster (``pool prefill: 1 replica ...; pool decode: 1 replica ...; 2 replicas in all``)."""
+    if config.cluster is None:
+        return f"policy {config.policy}, runner {config.runner}, {_plural(config.engine.replicas, 'replica')}"
+    pools = "; ".join(
+        f"pool {p.name} ({p.role}): {_plural(p.replicas, 'replica')}"
+        + (f" (autoscaled {p.autoscale.min}..{p.autoscale.max})" if p.autoscale is not None else "")
+        for p in config.cluster.pools)
+    total = sum(p.replicas for p in config.cluster.pools)
+    start = " at the start" if any(p.autoscale is not None for p in config.cluster.pools) else ""
+    return f"{pools}; {_plural(total, 'replica')} in all{start}"
 
 
 def _spill_dir(out_dir: str | None) -> str | None:
@@ -199,29 +289,38 @@ def _spill_dir(out_dir: str | None) -> str | None:
     return str(parent)
 
 
+PROGRESS_DELAY_S = 2.0  # wall seconds before the bar appears: a replay quicker than that shows none
+
+
 @contextlib.contextmanager
-def _progress_bar(trace, console=None):
+def _progress_bar(trace, console=None, delay_s: float = PROGRESS_DELAY_S):
     """The replay's progress on stderr when it is a terminal (else nothing: no line to be cut in a
-    log), for traces of 50,000 requests or more; ``console`` (tests) is taken for a terminal."""
-    if trace.num_rows < 50_000 or (console is None and not sys.stderr.isatty()):
+    log), once the replay has run ``delay_s`` wall seconds, whatever the trace's size; ``console``
+    (tests) is taken for a terminal."""
+    if console is None and not sys.stderr.isatty():
         yield None
         return
     import pyarrow.compute as pc
     from rich.console import Console
 
-    span_s = pc.max(trace["arrival_s"]).as_py() or 0.0
-    bar = ReplayProgress(span_s, console or Console(stderr=True))
-    with bar.progress:
+    span_s = (pc.max(trace["arrival_s"]).as_py() or 0.0) if trace.num_rows else 0.0
+    bar = ReplayProgress(span_s, console or Console(stderr=True), delay_s=delay_s)
+    try:
         yield bar
+    finally:
+        bar.stop()
 
 
 class ReplayProgress:
     """``progress(now_s, ended, total)`` as a rich bar: simulated time against the trace's last
     arrival, then, while the queue drains, the requests done of those still in flight; with the
     elapsed time and an ETA. Everything but the bar is one text that wraps between words when the
-    terminal is narrow: no number is ever cut."""
+    terminal is narrow: no number is ever cut. The bar appears at the first call ``delay_s`` wall
+    seconds or more after it was made (0: at once), so a quick replay prints nothing."""
 
-    def __init__(self, span_s: float, console):
+    def __init__(self, span_s: float, console, delay_s: float = 0.0):
+        import time
+
         from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
         from rich.table import Column
         from rich.text import Text
@@ -242,9 +341,20 @@ class ReplayProgress:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), Detail(),
                                  console=console, transient=True)
         self.task = self.progress.add_task("replay", total=max(span_s, 1e-9), detail="starting")
+        self._clock = time.monotonic
+        self._show_at = self._clock() + delay_s
+        self.started = False
+
+    def stop(self) -> None:
+        if self.started:
+            self.progress.stop()
+            self.started = False
 
     def __call__(self, now_s: float, ended: int, total: int) -> None:
         bar = self.progress
+        if not self.started and self._clock() >= self._show_at:
+            bar.start()
+            self.started = True
         if self.drain_from is None and now_s >= self.span_s:  # every trace arrival is in: the queue drains
             self.drain_from = ended
             bar.reset(self.task, total=max(total - ended, 1), completed=0, description="draining")
@@ -256,7 +366,7 @@ class ReplayProgress:
                        detail=f"{total - ended:,} in flight, {ended:,} of {total:,} done")
 
 
-def _report(result, out_dir: str | None, slo) -> str:
+def _report(result, out_dir: str | None, slo, slo_source: str = "given") -> str:
     """The report `servelab report` prints; without -o, of the run written to a temporary folder
     (so that --slo attainment is reported too). A build without scoring prints percentiles only."""
     try:
@@ -264,7 +374,7 @@ def _report(result, out_dir: str | None, slo) -> str:
     except ImportError:
         report_text = None
     if report_text is not None and out_dir:
-        return report_text(out_dir, slo)
+        return report_text(out_dir, slo, slo_source=slo_source)
     if report_text is not None:
         import dataclasses
         import tempfile
@@ -274,7 +384,7 @@ def _report(result, out_dir: str | None, slo) -> str:
         name = str((result.meta.get("trace") or {}).get("name") or "run")
         with tempfile.TemporaryDirectory(prefix="servelab-report.") as tmp:
             run_dir = write_run(dataclasses.replace(result, tokens=None), Path(tmp) / name)
-            return report_text(run_dir, slo).replace(f"({run_dir})", "(not saved: add -o RUN_DIR to keep it)", 1)
+            return report_text(run_dir, slo, slo_source=slo_source).replace(f"({run_dir})", "(not saved: add -o RUN_DIR to keep it)", 1)
     import pyarrow.compute as pc
 
     req = result.requests
@@ -288,18 +398,19 @@ def _report(result, out_dir: str | None, slo) -> str:
 
 def _slo_option(func: Callable) -> Callable:
     return click.option("--slo", multiple=True, metavar="SPEC",
-                        help="SLO for the report, e.g. ttft=0.5,tpot=0.05 or tier=priority:ttft=0.2.")(func)
+                        help="SLO for the report, kept in run.json, e.g. ttft=500ms,tpot=50ms or tier=priority:ttft=0.2s "
+                             "(a bare number is seconds).")(func)
 
 
-_force_option = click.option("--force", is_flag=True, help="Replace the run directory -o names if it already holds a run.")
+_force_option = click.option("--force/--no-force", default=False, help="Replace the run directory -o names if it already holds a run.")
 
 
-@click.command()
+@click.command(cls=ReplayCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Run directory to write.")
 @_force_option
 @click.option("--report/--no-report", default=True, help="Print the report after the replay.")
-@click.option("--token-log", is_flag=True, help="Also write tokens.parquet: every output token's time.")
+@click.option("--token-log/--no-token-log", default=False, help="Also write tokens.parquet: every output token's time.")
 @_slo_option
 @replay_options
 def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log: bool, slo: tuple[str, ...],
@@ -323,9 +434,9 @@ def _is_demo_run(out_dir: str, trace_path: Path) -> bool:
         return False
 
 
-@click.command()
+@click.command(cls=ReplayCommand)
 @click.option("-o", "--out", "out_dir", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
-@click.option("--force", is_flag=True, help="Replace -o even if it holds a run of another trace.")
+@click.option("--force/--no-force", default=False, help="Replace -o even if it holds a run of another trace.")
 @_slo_option
 @replay_options
 def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> None:
@@ -336,17 +447,19 @@ def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> Non
     from servelab.traces.bundled import default_trace_path
 
     config = config_from_options(**options)
-    slo = parse_slo(slo, options.get("config_file")) or parse_slo(("ttft=2,tpot=0.1",))
+    given = parse_slo(slo, options.get("config_file"))
+    slo = given or parse_slo(("ttft=2,tpot=0.1",))
     trace_path = default_trace_path()
-    run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path))
+    run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path),
+               slo_source="given" if given else "the demo's default SLO; --slo replaces it")
 
 
 @click.command()
 def policies() -> None:
     """List the registered scheduling policies and their parameters."""
-    from servelab.policies.base import policy_class, policy_names
+    from servelab.policies.base import POLICIES, policy_class, policy_names
 
-    _list_registered(policy_names(), policy_class, 14)
+    _list_registered(policy_names(), policy_class, 14, POLICIES.aliases_of)
 
 
 @click.command()
@@ -357,14 +470,16 @@ def routers() -> None:
     _list_registered(router_names(), router_class, 18)
 
 
-def _list_registered(names: list[str], class_of, width: int) -> None:
+def _list_registered(names: list[str], class_of, width: int, aliases_of=None) -> None:
     """Each name, the first line of its module's docstring, and its parameters with their defaults."""
     for name in names:
         cls = class_of(name)
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
-        click.echo(f"{name:{width}s} {doc}\n{'':{width}s} parameters: {params}")
+        aliases = aliases_of(name) if aliases_of else []
+        also = f"\n{'':{width}s} also named: {', '.join(aliases)}" if aliases else ""
+        click.echo(f"{name:{width}s} {doc}\n{'':{width}s} parameters: {params}{also}")
 
 
-__all__ = ["replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
+__all__ = ["ReplayCommand", "replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
            "parse_slo"]

@@ -51,7 +51,7 @@ def prefix_options(fn):
 @click.option("--prefix-from-hit-rate/--no-prefix-from-hit-rate", default=False, show_default=True,
               help="When the run records no prompt sharing but the server log reports a prefix-cache hit rate: "
                    "share one prefix whose length reproduces it.")
-@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--force/--no-force", default=False, help="Replace an existing run directory.")
 def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metrics, settings, shared_prefix_tokens,
                prefix_groups, prompt_pool, prefix_from_hit_rate, force):
     """Turn a real benchmark's per-request timings (SRC) into a run directory that report, query,

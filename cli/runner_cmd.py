@@ -295,7 +295,7 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
     console = _console()
     console.print(f"{report['requests']} requests, policy {report['policy']}, {report['num_gpu_blocks']} KV blocks; "
                   f"finished {report['finished']['reference']} (reference) / {report['finished']['candidate']} (candidate)")
-    console.print(f"step time over {step['steps_priced']} reference batches: MAPE {step['mape_pct']:.2f}%, "
+    console.print(f"step time over all {step['iterations']:,} iterations of the reference replay, each priced by both: MAPE {step['mape_pct']:.2f}%, "
                   f"median {step['median_ape_pct']:.2f}%, p90 {step['p90_ape_pct']:.2f}%, "
                   f"mean signed {step['mean_signed_pct']:+.2f}%")
     table = Table(title=f"{candidate} vs {reference}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from servelab.cli.replay_cmd import config_from_options, replay_options  # the replay flags sweep shares
+from servelab.cli.replay_cmd import ReplayCommand, config_from_options, replay_options  # the replay flags sweep shares
 from servelab.common.errors import ServelabError
 
 
@@ -23,7 +23,8 @@ def slo_options(func):
         "slo_specs",
         multiple=True,
         metavar="SPEC",
-        help="SLO in seconds: 'ttft=0.5,tpot=0.05', 'tier=priority:ttft=0.2', 'tenant=acme:e2e=10'. Repeatable.",
+        help="SLO: 'ttft=500ms,tpot=50ms', 'tier=priority:ttft=0.2s', 'tenant=acme:e2e=10' (a bare number is seconds; "
+             "one implausible as seconds is refused). Default: the SLO the runs recorded. Repeatable.",
     )(func)
     return func
 
@@ -55,24 +56,39 @@ def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = Non
 
 
 def runs_slo(run_dirs, slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
-    """The SLO to score ``run_dirs`` with: the options' if any were given, else the sweep's own.
+    """The SLO to score ``run_dirs`` with (see ``resolve_runs_slo``), its source said on stderr."""
+    slo, source = resolve_runs_slo(run_dirs, slo_specs, slo_file)
+    if slo is not None and source not in (None, "given"):
+        click.echo(f"scoring with {source} ({slo.describe()}); --slo or --slo-file replaces it", err=True)
+    return slo
 
-    A sweep stores the SLO its points were scored with in sweep.json; its runs scored without
-    --slo/--slo-file use that SLO (said on stderr), so a plot or report of a sweep shows the
-    attainment the sweep found.
+
+def resolve_runs_slo(run_dirs, slo_specs: tuple[str, ...] = (), slo_file: str | None = None):
+    """``(SloTable or None, source)``: the SLO to score ``run_dirs`` with and where it came from.
+
+    The options' SLO if any was given (source ``"given"``); else the sweep's own, stored in sweep.json
+    ("the sweep's SLO"); else the one the runs recorded in run.json when they were replayed or searched
+    ("the SLO recorded in run.json"); else None. Runs that recorded different SLOs are all scored with the
+    first one's, and the source says so: one SLO scores every run of a connection.
     """
     slo = slo_from_options(slo_specs, slo_file)
-    if slo is not None or slo_specs or slo_file or any(str(d).endswith(".duckdb") for d in run_dirs):
-        return slo
+    if slo is not None or slo_specs or slo_file:
+        return slo, "given"
+    if any(str(d).endswith(".duckdb") for d in run_dirs):
+        return None, None
     from servelab.scoring.sweep import sweep_slo
 
     try:
         slo = sweep_slo(run_dirs)
     except ServelabError:  # a missing run directory is reported by connect() with its own message
-        return None
+        return None, None
     if slo is not None:
-        click.echo(f"scoring with the sweep's SLO ({slo.describe()}); --slo or --slo-file replaces it", err=True)
-    return slo
+        return slo, "the sweep's SLO"
+    from servelab.scoring.slo import recorded_slo
+
+    return recorded_slo(run_dirs)
+
+
 
 
 _format = click.option(
@@ -87,9 +103,16 @@ _out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), he
 @_format
 @_out
 @click.option("--limit", type=int, default=200, show_default=True, help="Rows shown by --format table (0 = all).")
-@click.option("--read-only", is_flag=True,
-              help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs.")
-def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
+@click.option("--read-only/--no-read-only", default=False,
+              help="The SQL may read the runs only: no other file, no COPY ... TO, no network, no extension installs; "
+                   "and it is capped by the four limits below.")
+@click.option("--memory-limit", default="2GB", show_default=True, help="--read-only: DuckDB memory_limit.")
+@click.option("--max-temp-size", default="4GB", show_default=True,
+              help="--read-only: DuckDB max_temp_directory_size (disk a query may spill to).")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True, help="--read-only: DuckDB threads.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="--read-only: stop the query after this many seconds.")
+def query(args, slo_specs, slo_file, fmt, out, limit, read_only, memory_limit, max_temp_size, threads, timeout_s):
     """Run SQL over one or more runs: servelab query RUN_DIR [RUN_DIR ...] "SQL".
 
     RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
@@ -101,15 +124,16 @@ def query(args, slo_specs, slo_file, fmt, out, limit, read_only):
     The SQL is DuckDB's, with your user's rights: it can read and write any file you can (COPY ...
     TO, read_csv), fetch URLs and install extensions. Give --read-only to run SQL you did not write.
     """
-    from servelab.scoring.db import connect, query_arrow
+    from servelab.scoring.db import QueryLimits, connect, query_arrow
     from servelab.scoring.output import write_result
 
     if len(args) < 2:
         raise ServelabError('query needs at least one RUN_DIR and the SQL, e.g. servelab query runs/a "SELECT * FROM goodput"')
     *dirs, sql = args
-    con = connect(dirs, runs_slo(dirs, slo_specs, slo_file), read_only=read_only)
+    limits = QueryLimits(memory_limit, max_temp_size, threads, timeout_s) if read_only else None
+    con = connect(dirs, runs_slo(dirs, slo_specs, slo_file), read_only=read_only, limits=limits)
     try:
-        table = query_arrow(con, sql)
+        table = query_arrow(con, sql, timeout_s=limits.timeout_s if limits else None)
     finally:
         con.close()
     write_result(table, fmt, out, limit=limit or None)
@@ -128,13 +152,14 @@ def report(run_dirs, slo_specs, slo_file, fmt, out, width):
     from servelab.scoring.db import connect
     from servelab.scoring.report import render_text, report_data
 
-    con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
+    slo, source = resolve_runs_slo(run_dirs, slo_specs, slo_file)  # the header says which SLO and whence
+    con = connect(run_dirs, slo, read_only=True)
     try:
         if fmt == "json":
             ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
-            text = json.dumps([report_data(con, i) for i in ids], indent=1, default=str) + "\n"
+            text = json.dumps([report_data(con, i, slo_source=source) for i in ids], indent=1, default=str) + "\n"
         else:
-            text = render_text(con, width=width)
+            text = render_text(con, width=width, slo_source=source)
     finally:
         con.close()
     if out:
@@ -142,6 +167,9 @@ def report(run_dirs, slo_specs, slo_file, fmt, out, width):
             Path(tmp).write_text(text)
     else:
         click.echo(text, nl=False)
+
+
+COMPARE_DIGITS = 4  # significant digits of the text table: a metric's change shows, no six-digit noise
 
 
 @click.command()
@@ -164,14 +192,14 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
         table = compare_table(con, [r.run_id for r in runs])
     finally:
         con.close()
-    write_result(table, fmt, out)
+    write_result(table, fmt, out, significant=COMPARE_DIGITS)
 
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True)
 @slo_options
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False), required=True, help="Directory for the PNGs.")
-@click.option("--cluster", "cluster_only", is_flag=True,
+@click.option("--cluster/--no-cluster", "cluster_only", default=False,
               help="Only the replicas-and-cost chart of each run (runs of a [cluster] config).")
 def plot(run_dirs, slo_specs, slo_file, out, cluster_only):
     """PNG charts: TTFT/TPOT CDFs per tier, timelines, per-tenant attainment, attainment vs rate, replicas and cost."""
@@ -205,6 +233,17 @@ def collect_cmd(run_dirs, slo_specs, slo_file, out):
     click.echo(f"collected {n} run(s) into {out}")
 
 
+def _deprecated(value, old: str, new: str):
+    """An old option name still works, with a note that names the new one."""
+    if value is not None:
+        click.echo(f"note: {old} is deprecated; write {new}", err=True)
+    return value
+
+
+def _scaled(value, factor: float | None):
+    return value if factor is None or value is None else value * factor
+
+
 def _floats(text: str | None, name: str) -> list[float] | None:
     if not text:
         return None
@@ -214,20 +253,22 @@ def _floats(text: str | None, name: str) -> list[float] | None:
         raise ServelabError(f"{name} expects comma-separated numbers, got '{text}'") from None
 
 
-@click.command()
+@click.command(cls=ReplayCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--rates", help="Comma-separated offered arrival rates to replay, req/s (e.g. 1,2,4,8).")
-@click.option("--scales", help="Comma-separated multipliers of the trace's own rate (arrival_s divided by each).")
+@click.option("--rate-scales", "scales", help="Comma-separated multipliers of the trace's own rate (arrival_s divided by each).")
+@click.option("--scales", "old_scales", hidden=True,
+              callback=lambda ctx, param, value: _deprecated(value, "--scales", "--rate-scales"))
 @click.option("--goodput-target", "target", type=float, help="Search the highest rate whose joint SLO attainment >= this (e.g. 0.9).")
 @click.option("--tolerance", type=float, default=0.02, show_default=True, help="Stop the search when hi/lo - 1 <= this.")
 @click.option("--min-rate", type=float, help="Lowest rate the search may try, req/s.")
 @click.option("--max-rate", type=float, help="Highest rate the search may try, req/s.")
 @click.option("-j", "--jobs", type=int, default=1, show_default=True, help="Replays run in parallel processes.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Sweep directory to write.")
-@click.option("--force", is_flag=True, help="Replace the sweep directory -o names if it already holds a sweep.")
+@click.option("--force/--no-force", default=False, help="Replace the sweep directory -o names if it already holds a sweep.")
 @slo_options
 @replay_options
-def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out_dir, force, slo_specs, slo_file, **options):
+def sweep(trace, rates, scales, old_scales, target, tolerance, min_rate, max_rate, jobs, out_dir, force, slo_specs, slo_file, **options):
     """Replay TRACE at several arrival rates (one run dir each) and find the goodput rate."""
     import pyarrow as pa
 
@@ -243,12 +284,18 @@ def sweep(trace, rates, scales, target, tolerance, min_rate, max_rate, jobs, out
         click.echo(f"  rate {p.rate_rps:.6g} req/s (x{p.scale:.4g}): attainment {p.attainment:.3f}", err=True)
 
     result = run_sweep(
-        trace, config, out_dir, slo=slo, rates=_floats(rates, "--rates"), scales=_floats(scales, "--scales"),
+        trace, config, out_dir, slo=slo, rates=_floats(rates, "--rates"),
+        scales=_floats(scales or old_scales, "--rate-scales" if scales else "--scales"),
         target=target, tolerance=tolerance, jobs=jobs, min_rate=min_rate, max_rate=max_rate, progress=progress,
     )  # fmt: skip
     cols = ("rate_rps", "scale", "attainment", "attainment_ttft", "attainment_tpot", "goodput_rps",
             "request_throughput_rps", "ttft_p99_s", "tpot_p99_s", "unfinished", "refused", "run_dir")  # fmt: skip
-    table = pa.table({c: [getattr(p, c) for p in result.points] for c in cols})
+    # latencies in ms, shares in %, as in report and compare (sweep.json keeps seconds and fractions)
+    shown = {"attainment": ("attainment_pct", 100.0), "attainment_ttft": ("attainment_ttft_pct", 100.0),
+             "attainment_tpot": ("attainment_tpot_pct", 100.0), "ttft_p99_s": ("ttft_p99_ms", 1e3),
+             "tpot_p99_s": ("tpot_p99_ms", 1e3)}
+    table = pa.table({shown.get(c, (c,))[0]: [_scaled(getattr(p, c), shown.get(c, (c, None))[1]) for p in result.points]
+                      for c in cols})
     click.echo(f"trace rate {result.native_rate_rps:.6g} req/s; {len(result.points)} replays in {out_dir}")
     click.echo(render_table(table), nl=False)
     for note in result.notes:

@@ -108,18 +108,18 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
               help="Source format (detected from the first file when omitted).")
 @click.argument("sources", nargs=-1, required=True, type=_EXISTING)
 @click.option("-o", "--output", "out", required=True, type=_PATH, help="Trace to write (.arrow or .parquet).")
-@click.option("--drop-zero", is_flag=True, help="azure/vidur: drop rows with 0 tokens instead of failing.")
-@click.option("--tenant-from-file", is_flag=True, help="Tag each source file's requests with tenant = file stem.")
+@click.option("--drop-zero/--no-drop-zero", default=False, help="azure/vidur: drop rows with 0 tokens instead of failing.")
+@click.option("--tenant-from-file/--no-tenant-from-file", default=False, help="Tag each source file's requests with tenant = file stem.")
 @click.option("--log-type-as", default="tenant", show_default=True, type=click.Choice(["tenant", "tier", "none"]),
               help="burstgpt: where the Log Type goes.")
 @click.option("--block-tokens", type=int, default=512, show_default=True, help="mooncake: tokens per hash_ids block.")
 @click.option("--seed", type=int, default=0, show_default=True, help="lengths/servegen: random seed.")
 @click.option("--limit", type=int, default=None, help="lengths: use only the first N pairs (after --shuffle).")
-@click.option("--shuffle", is_flag=True, help="lengths: shuffle the pairs (seeded) before use.")
+@click.option("--shuffle/--no-shuffle", default=False, help="lengths: shuffle the pairs (seeded) before use.")
 @click.option("--start", type=float, default=0.0, show_default=True, help="servegen: window start (s of the day).")
 @click.option("--duration", type=float, default=3600.0, show_default=True, help="servegen: window length (s).")
 @click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
-@click.option("--skip-missing", is_flag=True,
+@click.option("--skip-missing/--no-skip-missing", default=False,
               help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
 @_arrival_options
 @click.option("--shared-prefix-tokens", type=int, default=None,
@@ -198,7 +198,7 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
     """Generate a seeded synthetic trace."""
     from servelab.traces.io import write_trace
-    from servelab.traces.synth import generate, make_config
+    from servelab.traces.synth import generate, make_config, parse_fractions
 
     if n is None and duration_s is None:
         n = 1000
@@ -214,7 +214,7 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
         lengths_from=kw["lengths_from"],
         tenants=tenants,
         tenant_zipf=kw["tenant_zipf"],
-        tiers=kw["tiers"],
+        tiers=parse_fractions(kw["tiers"], "--tiers") if kw["tiers"] else None,
         turns=kw["turns"],
         think_s=kw["think_s"],
         session_context=kw["session_context"],
@@ -252,22 +252,31 @@ def _mapping(text: str) -> dict[str, str]:
     return pairs
 
 
+def _deprecated(value, old: str, new: str):
+    """An old option name still works, with a note that names the new one."""
+    if value is not None and value != ():
+        click.echo(f"note: {old} is deprecated; write {new}", err=True)
+    return value
+
+
 @trace.command("transform")
 @click.argument("src", type=_EXISTING)
 @click.option("-o", "--output", "out", required=True, type=_PATH)
 @click.option("--window", default=None, help="Keep arrivals in START_S:END_S, re-based to 0 (sessions whole).")
 @click.option("--head", type=int, default=None, help="Keep the first N requests.")
 @click.option("--sample", default=None, help="Random subset: a count N or a fraction 0<F<1 (sessions whole).")
-@click.option("--scale-rate", type=float, default=None, help="Multiply the arrival rate by K (times / K).")
+@click.option("--rate-scale", type=float, default=None, help="Multiply the arrival rate by K (arrival times / K).")
+@click.option("--scale-rate", type=float, default=None, hidden=True,
+              callback=lambda ctx, param, value: _deprecated(value, "--scale-rate", "--rate-scale"))
 @click.option("--tier-by-tenant", default=None, help="Set tiers from tenants: 'tenantA=priority,tenantB=flex'.")
 @click.option("--tier-default", default=None, help="With --tier-by-tenant: tier of unlisted tenants.")
 @click.option("--tier-fractions", default=None, help="Random tiers: 'priority=0.1,standard=0.6,flex=0.3'.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample and --tier-fractions.")
 def transform_cmd(src: Path, out: Path, **kw) -> None:
-    """Reshape a trace. Steps run in this order: window, head, sample, scale-rate, tiers."""
+    """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers."""
     from servelab.traces import transforms
     from servelab.traces.io import read_trace, trace_metadata, write_trace
-    from servelab.traces.synth import parse_weights
+    from servelab.traces.synth import parse_fractions
 
     table = read_trace(src)
     steps = []
@@ -289,9 +298,10 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         else:
             raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)")
         steps.append(f"sample {kw['sample']} seed {kw['seed']}")
-    if kw["scale_rate"] is not None:
-        table = transforms.scale_rate(table, kw["scale_rate"])
-        steps.append(f"rate x{kw['scale_rate']:g}")
+    scale = kw["rate_scale"] if kw["rate_scale"] is not None else kw["scale_rate"]
+    if scale is not None:
+        table = transforms.scale_rate(table, scale)
+        steps.append(f"rate x{scale:g}")
     if kw["tier_by_tenant"] and kw["tier_fractions"]:
         raise ServelabError("use one of --tier-by-tenant and --tier-fractions")
     if kw["tier_default"] and not kw["tier_by_tenant"]:
@@ -300,10 +310,10 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         table = transforms.tier_by_tenant(table, _mapping(kw["tier_by_tenant"]), kw["tier_default"])
         steps.append("tier by tenant")
     if kw["tier_fractions"]:
-        table = transforms.tier_by_fraction(table, parse_weights(kw["tier_fractions"], "tiers"), kw["seed"])
+        table = transforms.tier_by_fraction(table, parse_fractions(kw["tier_fractions"], "--tier-fractions"), kw["seed"])
         steps.append(f"tier fractions seed {kw['seed']}")
     if not steps:
-        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --scale-rate, --tier-*")
+        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*")
     meta = trace_metadata(table)
     source = f"{meta.get('source', src.name)} | {'; '.join(steps)}"
     write_trace(table, out, source)
@@ -351,7 +361,7 @@ def _top(counts: dict[str, int], rows: int, k: int = 8) -> str:
 
 @trace.command("info")
 @click.argument("path", type=_EXISTING)
-@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.option("--json/--no-json", "as_json", default=False, help="Print the statistics as JSON.")
 def info_cmd(path: Path, as_json: bool) -> None:
     """Statistics of a trace: size, rate, burstiness, lengths, tenants, tiers, prefix reuse."""
     from servelab.traces.info import trace_info
@@ -361,8 +371,9 @@ def info_cmd(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from servelab.common.tables import print_table
 
     t = Table(title=str(path), show_header=False)
     t.add_column("stat", style="bold")
@@ -383,7 +394,7 @@ def info_cmd(path: Path, as_json: bool) -> None:
     share = info["prefix_reuse_share"]
     t.add_row("ideal prefix reuse", "-" if share is None else f"{share:.1%} of prompt tokens")
     t.add_row("source", _fmt(info["source"]))
-    Console().print(t)
+    print_table(t)  # names from the data printed literally: no markup, control characters escaped
 
 
 @trace.command("validate")

@@ -9,7 +9,8 @@ moment therefore leaves either the old or the new result at ``NAME`` (or, in the
 between its two renames, the old one aside, which the next write to ``NAME`` moves back).
 
 Temporaries of processes that died (kill -9, power loss) are removed the next time anything is
-written to the same destination; those of live processes are left alone.
+written to the same destination, with what a writer kept beside its temporary (DuckDB's ``.wal``);
+those of live processes are left alone.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def owner_tag(pid: int | None = None) -> str:
 def _temp_pattern(name: str) -> re.Pattern:
     return re.compile(
         rf"^\.{re.escape(name)}\.(?:h(?P<host>[0-9a-f]{{8}})p(?P<pid>\d+)s(?P<token>\d+)\.[A-Za-z0-9_]+(?P<old>\.old)?"
-        rf"|(?P<legacy>[a-z0-9_]{{8}}))\.tmp$"
+        rf"|(?P<legacy>[a-z0-9_]{{8}}))\.tmp(?:\.wal)?$"  # (.wal: DuckDB's write-ahead log beside a database temporary)
     )
 
 

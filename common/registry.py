@@ -30,6 +30,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}  # another name -> the registered one (vllm-v1 -> sarathi)
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
@@ -40,9 +41,18 @@ class Registry(Generic[T]):
 
         return deco
 
+    def alias(self, name: str, target: str) -> None:
+        """``name`` is another name for the registered ``target`` (not listed by ``names``)."""
+        if name in self._items or name in self._aliases:
+            raise ValueError(f"{self.kind} '{name}' registered twice")
+        self._aliases[name] = target
+
+    def aliases_of(self, target: str) -> list[str]:
+        return sorted(a for a, t in self._aliases.items() if t == target)
+
     def get(self, name: str) -> T:
         try:
-            return self._items[name]
+            return self._items[self._aliases.get(name, name)]
         except KeyError:
             known = ", ".join(sorted(self._items))
             hint = did_you_mean(name, self._items)
@@ -52,7 +62,7 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._items
+        return self._aliases.get(name, name) in self._items
 
 
 class ClassRegistry(Registry[type]):
@@ -85,7 +95,7 @@ class ClassRegistry(Registry[type]):
 
     def get(self, name: str) -> type:
         self.load()
-        if name not in self._items:
+        if self._aliases.get(name, name) not in self._items:
             self.load(plugins=True)
         return super().get(name)
 
@@ -95,7 +105,7 @@ class ClassRegistry(Registry[type]):
 
     def __contains__(self, name: str) -> bool:
         self.load()
-        if name not in self._items:
+        if self._aliases.get(name, name) not in self._items:
             self.load(plugins=True)
         return super().__contains__(name)
 

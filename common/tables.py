@@ -106,14 +106,41 @@ def fit_table(table: Table, width: int | None, console: Console) -> int:
     return sum(widths) + overhead
 
 
+# C0/C1 control characters but the newline (a cell may hold several lines): a tenant named with an
+# escape sequence would otherwise reach the terminal raw, and recolour or retitle it
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x0A), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with its control characters (ESC, BEL, CR, ..., not the newline) written as ``\\xNN``."""
+    return text.translate(_CONTROLS)
+
+
+def _escape_cells(table: Table) -> None:
+    from rich.text import Text
+
+    for column in table.columns:
+        cells = column._cells
+        for i, cell in enumerate(cells):
+            if isinstance(cell, str):
+                cells[i] = escape_controls(cell)
+            elif isinstance(cell, Text) and escape_controls(cell.plain) != cell.plain:
+                cells[i] = Text(escape_controls(cell.plain), style=cell.style)
+    for column in table.columns:
+        if isinstance(column.header, str):
+            column.header = escape_controls(column.header)
+
+
 def print_table(table: Table, console: Console | None = None, width: int | None | str = "auto") -> None:
-    """Print ``table`` with nothing cut, to ``console``'s file (default stdout).
+    """Print ``table`` with nothing cut, to ``console``'s file (default stdout); control characters in
+    cells (from names in the data) are printed escaped.
 
     ``width`` is the room to fit in: "auto" takes ``available_width()`` of that file (piped output:
     no limit). A table that does not fit loses its frame (2 spaces between columns); one that still
     cannot fit without cutting a word is printed wider.
     """
     file = console.file if console is not None else sys.stdout
+    _escape_cells(table)
     if width == "auto":
         width = available_width(file)
     out = _plain_console(file, _HUGE, console)
@@ -134,4 +161,4 @@ def table_text(table: Table, width: int | None = None) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
-__all__ = ["available_width", "fit_table", "print_table", "table_text"]
+__all__ = ["available_width", "escape_controls", "fit_table", "print_table", "table_text"]

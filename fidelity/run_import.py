@@ -91,7 +91,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     meta["warnings"] = list(warnings)
     meta["source"] = dict(meta["source"], format_detected=detected)
     if source.get("enable_expert_parallel"):
-        meta["notes"].append("the server ran expert parallel (enable_expert_parallel): the replay prices the "
-                             "model's experts as its runner does, not vLLM's EP all-to-all")
+        meta["notes"].append("the server ran expert parallel (enable_expert_parallel): validate --real spreads "
+                             "the experts over the DP x TP GPUs with all-to-all dispatch and combine "
+                             "(docs/runners.md \"Parallelism\")")
     result = dataclasses.replace(result, meta=meta)
     return ImportedRun(result, trace, measured, fmt, detected, choice, warnings)

@@ -105,6 +105,9 @@ def _kwargs(found: Found, kwargs: dict, path: Path) -> None:
         found.source["enable_expert_parallel"] = True
     if kwargs.get("data_parallel_size"):
         found.source["data_parallel_size"] = kwargs["data_parallel_size"]
+    for key in ("pipeline_parallel_size", "quantization", "kv_cache_dtype"):  # what validate --real prices
+        if str(kwargs.get(key)).lower() not in ("none", "auto", "1"):
+            found.source[key] = kwargs[key]
 
 
 METRICS_FILES = ("metrics.txt", "metrics.prom", "vllm_metrics.txt")

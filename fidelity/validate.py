@@ -59,10 +59,39 @@ def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
                                 f"pass {option} (or import it again with --setting {key}=...)")
     if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
         data["model"] = find_model(str(data["model"])).name
+    _recorded_runner_settings(meta, data, overrides)
     try:
         return ReplayConfig.from_dict(data, source="validate --real")
     except ServelabError as err:
         raise ServelabError(f"{err} (settings of the measured run with the options given)") from None
+
+
+# vLLM's arguments run import keeps in run.json "source" that the runner prices (docs/runners.md
+# "Parallelism" and "Quantisation"), with the replay config key each sets
+RECORDED_RUNNER_KEYS = {"pipeline_parallel_size": "pp", "enable_expert_parallel": "enable_expert_parallel",
+                        "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype"}
+
+
+def _recorded_runner_settings(meta: dict, data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Fill ``data`` with the run's parallelism and quantisation as vLLM recorded them, where no option
+    or config key sets them. Run import counts each of ``data_parallel_size`` ranks as a replica;
+    they are one server's DP ranks, so the replay gets ``dp`` ranks of one replica (the same engines
+    and GPUs, and an MoE model's experts spread over the ranks)."""
+    from servelab.runners.quant import WEIGHT_FORMATS, ALIASES
+
+    source = meta.get("source") or {}
+    given = {k for k, v in overrides.items() if v is not None and v != ()}
+    dp = source.get("data_parallel_size")
+    if (dp and int(dp) > 1 and not given & {"dp", "data_parallel_size", "replicas"}
+            and int(data.get("replicas", 1) or 1) == int(dp)):
+        data["replicas"], data["dp"] = 1, int(dp)
+    for key, name in RECORDED_RUNNER_KEYS.items():
+        value = source.get(key)
+        if value in (None, "", "auto", False) or given & {key, name} or name in data:
+            continue
+        if key == "quantization" and str(value).lower() not in {*WEIGHT_FORMATS, *ALIASES}:
+            continue  # a method only the checkpoint's config.json resolves (compressed-tensors, modelopt)
+        data[name] = value
 
 
 def _metric_columns(requests: pa.Table) -> dict[str, np.ndarray]:
@@ -164,8 +193,9 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
     return report, measured, result.requests
 
 
+RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set
 SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
-         "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy")
+         "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
 
 
 def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, blocks: int) -> list[dict]:
@@ -176,6 +206,8 @@ def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, b
     flat = config.to_dict()
     out = []
     for key in SHOWN:
+        if key in RUNNER_SHOWN and key not in flat:
+            continue
         value = blocks if key == "num_gpu_blocks" else flat.get(key)
         if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
                 and overrides.get(key) is None:
@@ -184,6 +216,8 @@ def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, b
             origin = "option"
         elif key in recorded:
             origin = f"run: {sources.get(key, 'the source')}"
+        elif key in RUNNER_SHOWN:
+            origin = "run: vLLM's arguments (run.json source)"
         elif key == "num_gpu_blocks":
             origin = "derived from the model, GPU and gpu_memory_utilization"
         else:

@@ -38,3 +38,6 @@ class Sarathi(PolicyBase):
         if replica.waiting and not b.preempted:
             b.admit_waiting(replica.waiting, chunked=True, chunk_cap=cap)
         return b.build()
+
+
+POLICIES.alias("vllm-v1", "sarathi")  # the name a vLLM user looks for: vLLM v1's default scheduler is this one

@@ -19,6 +19,11 @@ from servelab.replay.cluster import ClusterConfig
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 from servelab.common.textfile import read_text
 
+# Most replicas in one pool: a replica costs ~3 KB and a policy instance when built, so 100,000 take
+# ~300 MB; a hundred million would end in a MemoryError rather than a result.
+MAX_REPLICAS = 100_000
+INT32_MAX = 2**31 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -27,6 +32,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use (weights + KV)
     max_num_seqs: int = 256  # requests in one iteration
     max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
+    # vLLM's --max-model-len: a request whose prompt + max output exceeds it is rejected (vLLM answers
+    # 400); None = the runner's model's context (max_position_embeddings), no limit when it knows none
+    max_model_len: int | None = None
     kv_allocation: str = "on-demand"  # on-demand (vLLM) | reserve (prompt + max_output at admission)
     # vLLM v1 prefix caching (replay/prefix_cache.py): with on-demand allocation and a cost-model
     # runner; reservation and runners that execute batches (block tables) run without it
@@ -63,8 +71,21 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
+        if self.replicas > MAX_REPLICAS:
+            raise ServelabError(f"replicas = {self.replicas:,} is more than servelab models in one pool "
+                                f"(at most {MAX_REPLICAS:,}: each replica is an engine of its own, ~3 KB built)")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ServelabError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ServelabError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        # counts written to int32 columns (steps.kv_blocks_total, ...): a larger one would wrap negative
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "queue_cap"):
+            value = getattr(self, name)
+            if value is not None and value > INT32_MAX:
+                raise ServelabError(f"{name} = {value:,} is too large (at most {INT32_MAX:,})")
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
+            raise ServelabError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         _choice(self, "kv_allocation", ("on-demand", "reserve"))
@@ -115,10 +136,22 @@ class ReplayConfig:
     model: str = "llama-3.1-8b"  # defaults handed to runners that take a model preset
     gpu: str = "h100-80gb"
     tp: int = 1
+    # Parallelism beyond TP, as vLLM names it (docs/runners.md "Parallelism"): each of dp data-parallel
+    # ranks is an engine of tp x pp GPUs; pp pipeline stages; MoE experts over all dp x tp GPUs.
+    dp: int = 1
+    pp: int = 1
+    enable_expert_parallel: bool = False
+    # Quantisation as vLLM's --quantization / --kv-cache-dtype ("" / auto: the checkpoint's own; "none": the
+    # model dtype whatever the checkpoint says; runners/quant.py)
+    quantization: str = ""
+    kv_cache_dtype: str = "auto"
     router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
 
     def __post_init__(self) -> None:
+        _positive(self, "dp", "pp")
+        if self.cluster is not None and (self.dp != 1 or self.pp != 1):
+            raise ServelabError("dp and pp apply to a replay without a [cluster] (pools set tp only)")
         if self.cluster is not None and self.engine.replicas != 1:
             raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
                                 "replicas ([[cluster.pools]] replicas = N)")
@@ -127,10 +160,24 @@ class ReplayConfig:
 
             check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
 
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one replica (one vLLM server): tp x pp x dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def engines_per_replica(self) -> int:
+        """Schedulers the engine model runs per replica: one per DP rank, and per pipeline stage one
+        virtual engine with 1/pp of the KV blocks (docs/runners.md "Parallelism")."""
+        return self.dp * self.pp
+
     def to_dict(self) -> dict[str, Any]:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
         out: dict[str, Any] = {"policy": self.policy, "runner": self.runner, "model": self.model,
                                "gpu": self.gpu, "tp": self.tp}
+        for key, default in RUNNER_DEFAULTS.items():  # only when set: runs without them keep their form
+            if getattr(self, key) != default:
+                out[key] = getattr(self, key)
         for f in fields(EngineConfig):
             value = getattr(self.engine, f.name)
             if isinstance(value, tuple):
@@ -160,6 +207,9 @@ class ReplayConfig:
                 top[key_norm] = str(value)
             elif key_norm == "tp":
                 top["tp"] = coerce(value, "int", f"{source}: tp")
+            elif key_norm in RUNNER_KEYS:  # dp, pp, quantization, and vLLM's names (a measured run's settings)
+                name = RUNNER_KEYS[key_norm]
+                top[name] = coerce(value, RUNNER_TYPES[name], f"{source}: {key}")
             elif key_norm in ("policy_params", "router_params"):
                 if not isinstance(value, dict):
                     raise ServelabError(f"{source}: {key_norm} must be a table")
@@ -168,7 +218,7 @@ class ReplayConfig:
                 top["cluster"] = value if isinstance(value, ClusterConfig) else ClusterConfig.from_dict(value, source)
             else:
                 known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
-                                "model", "gpu", "tp"])
+                                "model", "gpu", "tp", *RUNNER_KEYS])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
         return cls(engine=EngineConfig(**engine_values), **top)
 
@@ -185,6 +235,13 @@ class ReplayConfig:
             raise ServelabError(f"{path}: invalid TOML: {err}") from None
         data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
         return cls.from_dict(data, source=str(path))
+
+
+# Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
+RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
+RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
+                "kv_cache_dtype": "str"}
+RUNNER_KEYS = {**{k: k for k in RUNNER_DEFAULTS}, "data_parallel_size": "dp", "pipeline_parallel_size": "pp"}
 
 
 def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:

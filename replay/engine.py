@@ -219,7 +219,11 @@ class Engine:
         replica = self.router.route(req, live)
         req.replica = replica.id
         kv = replica.kv
-        if not kv.can_ever_fit(req):
+        context = replica.config.max_model_len
+        if context is not None and req.prompt_tokens + req.max_output_tokens > context:
+            reason = (f"prompt {req.prompt_tokens} + max output {req.max_output_tokens} tokens exceed max_model_len "
+                      f"{context} (vLLM answers 400)")
+        elif not kv.can_ever_fit(req):
             reason = f"needs {kv.blocks_to_finish(req)} KV blocks for prompt + max output; a replica has {kv.total}"
         else:
             reason = replica.policy.reject_reason(req)

@@ -59,10 +59,32 @@ class ModelPreset(DecoderShape):
     num_experts: int = 0
     experts_per_token: int = 0
     shared_ffn_size: int = 0
+    # Quantisation (runners/quant.py): the linear layers' weight format ("": the model dtype) and the
+    # KV cache dtype, as vLLM's --quantization and --kv-cache-dtype name them.
+    quantization: str = ""
+    kv_cache_dtype: str = "auto"
+    # Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one latent of kv_lora_rank plus
+    # the rotary key part per token and layer, shared by all heads (and copied on every TP rank).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # 0: queries projected directly
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # The first dense_layers layers have a dense MLP of dense_ffn_size (DeepSeek's first_k_dense_replace).
+    dense_layers: int = 0
+    dense_ffn_size: int = 0
+    # Longest prompt + output the model takes (config.json's max_position_embeddings: vLLM's default
+    # max_model_len, beyond which it answers 400); None: not known
+    max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
+        from servelab.runners.quant import kv_cache_bytes, weight_format
+
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"model preset {self.name}: unknown dtype {self.dtype}")
+        if self.quantization:
+            weight_format(self.quantization)
+        kv_cache_bytes(self.kv_cache_dtype, DTYPE_BYTES[self.dtype])
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model preset {self.name}: heads must be a multiple of KV heads")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
@@ -85,8 +107,44 @@ class ModelPreset(DecoderShape):
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def mla_projection_params(self) -> tuple[int, int, int]:
+        """Per layer: the latent down-projections (replicated on every TP rank), the up-projections
+        to every head (split over TP), and the output projection (split over TP)."""
+        h, heads = self.hidden_size, self.num_heads
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        down = h * (self.kv_lora_rank + self.qk_rope_head_dim) + (h * self.q_lora_rank if self.q_lora_rank else 0)
+        up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        up += self.q_lora_rank * heads * qk if self.q_lora_rank else h * heads * qk
+        return down, up, heads * self.v_head_dim * h
+
+    @property
+    def _non_linear_params(self) -> int:
+        """Parameters outside the linear layers (embeddings, norms, router), kept in the model dtype."""
+        h = self.hidden_size
+        moe_layers = self.num_layers - self.dense_layers if self.num_experts else 0
+        per_layer_norms = 2 * h + (self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0)
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return embeddings + h + self.num_layers * per_layer_norms + moe_layers * h * self.num_experts
+
+    @property
     def num_params(self) -> int:
         matrices = 3 if self.gated_mlp else 2
+        if self.is_mla or self.dense_layers:
+            h = self.hidden_size
+            if self.is_mla:
+                attention = sum(self.mla_projection_params())
+            else:
+                attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+            sparse = self.num_layers - self.dense_layers
+            mlp = self.dense_layers * matrices * h * self.dense_ffn_size
+            if self.num_experts:
+                mlp += sparse * matrices * h * (self.num_experts * self.ffn_size + self.shared_ffn_size)
+            else:
+                mlp += sparse * matrices * h * self.ffn_size
+            return self.num_layers * attention + mlp + self._non_linear_params
         dense = self._count_params(matrices, qkv_bias=False)
         if not self.num_experts:
             return dense
@@ -96,12 +154,50 @@ class ModelPreset(DecoderShape):
         return dense + self.num_layers * (experts + router - matrices * h * self.ffn_size)
 
     @property
+    def linear_weight_bytes(self) -> float:
+        """Bytes per weight of the linear layers: the quantisation format's (with its scales), else the dtype's."""
+        if not self.quantization:
+            return self.dtype_bytes
+        from servelab.runners.quant import weight_format
+
+        return weight_format(self.quantization).bytes_per_weight
+
+    @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        if not self.quantization:
+            return self.num_params * self.dtype_bytes
+        other = self._non_linear_params
+        return int((self.num_params - other) * self.linear_weight_bytes + other * self.dtype_bytes)
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of the routed experts (0 for a dense model): what expert parallelism shards."""
+        matrices = 3 if self.gated_mlp else 2
+        layers = self.num_layers - self.dense_layers
+        return layers * self.num_experts * matrices * self.hidden_size * self.ffn_size
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        return self.expert_params * self.linear_weight_bytes
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        from servelab.runners.quant import kv_cache_bytes
+
+        return kv_cache_bytes(self.kv_cache_dtype, self.dtype_bytes)
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """KV bytes of one token in one layer, whole model: K and V of every KV head, or MLA's latent."""
+        if self.is_mla:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_dtype_bytes
+        return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token, over the whole model (all TP shards together)."""
+        if self.is_mla or self.kv_cache_dtype != "auto":
+            return self.num_layers * self.kv_bytes_per_token_layer
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
 
@@ -120,6 +216,17 @@ class GpuPreset:
     # NVLink/NVSwitch node (fully connected), 2 over an NVLink bridge, 0 where there is no NVLink
     # (PCIe parts: NCCL only; runners/all_reduce.py).
     p2p_ranks: int = 0
+    # What the GPUs talk over (runners/all_reduce.py LINKS): nvlink (NVLink/NVSwitch, or a direct
+    # fabric), pcie (PCIe with peer-to-peer access), pcie-host (PCIe without it: through host memory).
+    link: str = "nvlink"
+    fp8: bool = False  # FP8 tensor cores (Hopper, Ada, Blackwell, CDNA3) at twice the bf16 rate
+    fp4: bool = False  # FP4 tensor cores (Blackwell) at four times the bf16 rate
+
+    def __post_init__(self) -> None:
+        from servelab.runners.all_reduce import LINKS
+
+        if self.link not in LINKS:
+            raise ValueError(f"GPU preset {self.name}: unknown link '{self.link}' (known: {', '.join(LINKS)})")
 
     @property
     def memory_bytes(self) -> int:
@@ -131,15 +238,24 @@ def _models(*presets: ModelPreset) -> dict[str, ModelPreset]:
 
 
 MODELS: dict[str, ModelPreset] = _models(
-    ModelPreset("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 128, 14336, 128256),
-    ModelPreset("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256),
-    ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064),
-    ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064),
-    ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064),
-    ModelPreset("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 11008, 32000),
-    ModelPreset("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000),
-    ModelPreset("codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 48, 8192, 64, 8, 128, 22016, 32000),
-    ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768),
+    ModelPreset("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 32, 4096, 32, 8, 128, 14336, 128256,
+                max_position_embeddings=131072),
+    ModelPreset("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256,
+                max_position_embeddings=131072),
+    ModelPreset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 28, 3584, 28, 4, 128, 18944, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 64, 5120, 40, 8, 128, 27648, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 80, 8192, 64, 8, 128, 29568, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 11008, 32000,
+                max_position_embeddings=4096),
+    ModelPreset("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000,
+                max_position_embeddings=4096),
+    ModelPreset("codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 48, 8192, 64, 8, 128, 22016, 32000,
+                max_position_embeddings=16384),
+    ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768,
+                max_position_embeddings=32768),
     # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
     ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
 )
@@ -149,19 +265,25 @@ GPUS: dict[str, GpuPreset] = {
     for g in (
         GpuPreset("a100-80gb", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920, 300e9, "NVLink 3", "a100", True, p2p_ranks=8),
         GpuPreset("a100-40gb", "NVIDIA A100-SXM4-40GB", 312e12, 1.555e12, 40960, 300e9, "NVLink 3", "a100", p2p_ranks=8),
-        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100", True, p2p_ranks=8),
-        GpuPreset("h100-pcie", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 81559, 64e9, "PCIe 5.0 x16", "h100"),
-        GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100", p2p_ranks=8),
-        GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100", p2p_ranks=8),
-        GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40"),
+        GpuPreset("h100-80gb", "NVIDIA H100-SXM5-80GB", 989e12, 3.35e12, 81559, 450e9, "NVLink 4", "h100", True, p2p_ranks=8,
+                  fp8=True),
+        GpuPreset("h100-pcie", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 81559, 64e9, "PCIe 5.0 x16", "h100", link="pcie",
+                  fp8=True),
+        GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100", p2p_ranks=8,
+                  fp8=True),
+        GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100", p2p_ranks=8,
+                  fp8=True, fp4=True),
+        GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40", link="pcie",
+                  fp8=True),
         GpuPreset("a40", "NVIDIA A40 (48GB)", 149.7e12, 0.696e12, 46068, 56.25e9, "NVLink bridge", "a40", True, p2p_ranks=2),
         # GeForce/workstation parts: bf16 tensor rate with fp32 accumulate (what vLLM's kernels use)
         GpuPreset("rtx-4090", "NVIDIA GeForce RTX 4090 (24GB)", 165.2e12, 1.008e12, 24564, 32e9, "PCIe 4.0 x16",
-                  "rtx4090"),  # A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
+                  # no P2P on GeForce; A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
+                  "rtx4090", link="pcie-host", fp8=True),
         GpuPreset("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell (96GB)", 503.8e12, 1.792e12, 97887, 64e9,
-                  "PCIe 5.0 x16", "a40"),
+                  "PCIe 5.0 x16", "a40", link="pcie", fp8=True, fp4=True),
         GpuPreset("mi300x", "AMD Instinct MI300X (192GB)", 1307.4e12, 5.3e12, 196592, 64e9,
-                  "Infinity Fabric (64 GB/s per peer link)", "h100"),
+                  "Infinity Fabric (64 GB/s per peer link)", "h100", fp8=True),
     )
 }
 
@@ -199,6 +321,26 @@ def model_from_hf_config(path: str) -> ModelPreset:
     experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
     ffn = need("moe_intermediate_size") if experts and cfg.get("moe_intermediate_size") else need("intermediate_size")
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    extra: dict = {}
+    if cfg.get("kv_lora_rank"):  # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2)
+        extra.update(kv_lora_rank=need("kv_lora_rank"), q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                     qk_rope_head_dim=need("qk_rope_head_dim"), qk_nope_head_dim=need("qk_nope_head_dim"),
+                     v_head_dim=need("v_head_dim"))
+    if experts and cfg.get("first_k_dense_replace"):
+        extra.update(dense_layers=int(cfg["first_k_dense_replace"]), dense_ffn_size=need("intermediate_size"))
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    if experts and not shared and cfg.get("n_shared_experts"):  # DeepSeek: shared experts of the routed size
+        shared = int(cfg["n_shared_experts"]) * ffn
+    if isinstance(cfg.get("quantization_config"), dict):
+        from servelab.runners.quant import from_hf_quantization_config
+
+        try:
+            extra["quantization"] = from_hf_quantization_config(cfg["quantization_config"])
+        except ValueError as err:
+            raise InputError(p, str(err), column="quantization_config") from None
+    head_dim = cfg.get("head_dim") or hidden // heads
+    if extra.get("kv_lora_rank"):
+        head_dim = extra["qk_nope_head_dim"] + extra["qk_rope_head_dim"]  # what a query head attends with
     try:
         return ModelPreset(
             name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
@@ -207,14 +349,16 @@ def model_from_hf_config(path: str) -> ModelPreset:
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),  # absent: multi-head attention
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=int(head_dim),
             ffn_size=ffn,
             vocab_size=need("vocab_size"),
             dtype=dtype if dtype in DTYPE_BYTES else "bfloat16",
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=experts,
             experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-            shared_ffn_size=int(cfg.get("shared_expert_intermediate_size") or 0) if experts else 0,
+            max_position_embeddings=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
+            shared_ffn_size=shared if experts else 0,
+            **extra,
         )
     except ValueError as err:
         raise InputError(p, str(err)) from None

@@ -14,13 +14,14 @@ constant.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
-from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s
+from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s, all_to_all_time_s, nccl_time_s, send_time_s
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
@@ -59,11 +60,18 @@ VIDUR_OP_COLUMNS = {
 }
 
 
+LINEAR_OPS = ("qkv_proj", "o_proj", "mlp_up", "mlp_down")  # the GEMMs a quantisation format applies to
+
+
 def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
-    """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out)."""
-    h, d = model.hidden_size, model.dtype_bytes
+    """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out).
+    Weights are read at the linear layers' bytes per weight (a quantisation format's, else the dtype's)."""
+    h, d, wb = model.hidden_size, model.dtype_bytes, model.linear_weight_bytes
     qkv = (model.q_size + 2 * model.kv_size) / tp
-    q = model.q_size / tp
+    q = o_in = model.q_size / tp
+    if model.is_mla:  # latent down-projections on every rank, up-projections and output split over TP
+        down, up_proj, out = model.mla_projection_params()
+        qkv, o_in = (down + up_proj / tp) / h, out / h / tp
     up = (2 if model.gated_mlp else 1) * model.ffn_size / tp
     f = model.ffn_size / tp
     if model.is_moe:
@@ -72,21 +80,21 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
         # tokens route to (RooflineRunner multiplies by ModelPreset.experts_touched).
         k = model.experts_per_token
         return {
-            "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
-            "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
-            "mlp_up": OpWork(2 * h * up * k, h * up * d, (h + up * k) * d),
+            "qkv_proj": OpWork(2 * h * qkv, h * qkv * wb, (h + qkv) * d),
+            "o_proj": OpWork(2 * o_in * h, o_in * h * wb, (o_in + h) * d),
+            "mlp_up": OpWork(2 * h * up * k, h * up * wb, (h + up * k) * d),
             "mlp_act": OpWork(0.0, 0.0, (up + f) * k * d),
-            "mlp_down": OpWork(2 * f * h * k, f * h * d, (f * k + h) * d),
+            "mlp_down": OpWork(2 * f * h * k, f * h * wb, (f * k + h) * d),
             "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
             "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
             "add": OpWork(0.0, 0.0, 3 * h * d),
         }
     return {
-        "qkv_proj": OpWork(2 * h * qkv, h * qkv * d, (h + qkv) * d),
-        "o_proj": OpWork(2 * q * h, q * h * d, (q + h) * d),
-        "mlp_up": OpWork(2 * h * up, h * up * d, (h + up) * d),
+        "qkv_proj": OpWork(2 * h * qkv, h * qkv * wb, (h + qkv) * d),
+        "o_proj": OpWork(2 * o_in * h, o_in * h * wb, (o_in + h) * d),
+        "mlp_up": OpWork(2 * h * up, h * up * wb, (h + up) * d),
         "mlp_act": OpWork(0.0, 0.0, (up + f) * d),
-        "mlp_down": OpWork(2 * f * h, f * h * d, (f + h) * d),
+        "mlp_down": OpWork(2 * f * h, f * h * wb, (f + h) * d),
         # vLLM fuses the residual add into the two RMSNorms; vidur times them apart (one add).
         "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
         "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
@@ -234,20 +242,36 @@ def activation_reserve_bytes(model: ModelPreset, tp: int, activation_tokens: int
     return act + logits + non_torch_bytes
 
 
+def weight_bytes_per_gpu(model: ModelPreset, tp: int, dp: int = 1, pp: int = 1) -> float:
+    """Weights one GPU holds: 1/tp of every layer, of 1/pp of the layers; with data parallelism an MoE
+    model's routed experts are spread over all dp x tp GPUs (expert parallel, or vLLM's flattened
+    expert TP), while attention and the other dense weights are copied into every DP rank."""
+    if dp == 1 and pp == 1:
+        return model.weight_bytes / tp
+    experts = model.expert_weight_bytes
+    return ((model.weight_bytes - experts) / tp + experts / (tp * dp)) / pp
+
+
 def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_utilization: float = 0.9,
                        activation_tokens: int = ACTIVATION_TOKENS, logit_seqs: int = LOGIT_SEQS,
-                       non_torch_bytes: int = NON_TORCH_BYTES) -> int:
-    """KV tokens one replica of ``tp`` GPUs holds: what vLLM's memory profiling leaves for the cache."""
+                       non_torch_bytes: int = NON_TORCH_BYTES, dp: int = 1, pp: int = 1) -> int:
+    """KV tokens one engine of ``tp`` x ``pp`` GPUs holds (one DP rank; every stage of a pipeline
+    together): what vLLM's memory profiling leaves for the cache."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    per_gpu = (gpu.memory_bytes * gpu_memory_utilization - model.weight_bytes / tp
+    weights = weight_bytes_per_gpu(model, tp, dp, pp)
+    per_gpu = (gpu.memory_bytes * gpu_memory_utilization - weights
                - activation_reserve_bytes(model, tp, activation_tokens, logit_seqs, non_torch_bytes))
     if per_gpu <= 0:
+        layout = f"{tp} x {gpu.name}" if dp == 1 and pp == 1 else f"tp {tp} x dp {dp} x pp {pp} {gpu.name}"
         raise ServelabError(
-            f"{model.name} does not fit on {tp} x {gpu.name} at gpu_memory_utilization="
-            f"{gpu_memory_utilization}: weights alone need {model.weight_bytes / tp / 2**30:.1f} GiB per GPU"
+            f"{model.name} does not fit on {layout} at gpu_memory_utilization="
+            f"{gpu_memory_utilization}: weights alone need {weights / 2**30:.1f} GiB per GPU"
         )
-    return int(per_gpu * tp // model.kv_bytes_per_token)
+    shards = 1 if model.is_mla else tp  # MLA's latent is not split by heads: every TP rank holds all of it
+    if pp == 1:
+        return int(per_gpu * shards // model.kv_bytes_per_token)
+    return int(per_gpu * shards * pp // model.kv_bytes_per_token)
 
 
 class _Rates(NamedTuple):
@@ -272,7 +296,9 @@ class RooflineRunner(RunnerBase):
     logit_seqs: int = LOGIT_SEQS  # max_num_seqs
     non_torch_bytes: int = NON_TORCH_BYTES
     custom_all_reduce: CustomAllReduce | None = None  # None: every all-reduce is the NCCL ring (vLLM before 0.2.7)
-    ep: int = 1  # MoE: experts split across this many of the tp GPUs (1: every expert tensor-parallel)
+    ep: int = 1  # MoE: experts split across this many GPUs, tp x dp (1: every expert tensor-parallel)
+    dp: int = 1  # data-parallel ranks: engines of tp x pp GPUs each (docs/runners.md "Parallelism")
+    pp: int = 1  # pipeline stages
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
@@ -294,15 +320,21 @@ class RooflineRunner(RunnerBase):
                 f"runner 'roofline': tp={tp} must divide the {m.name} head counts "
                 f"({m.num_heads} query heads, {m.num_kv_heads} KV heads)"
             )
-        if self.ep != 1 and not (m.is_moe and self.ep == tp and m.num_experts % self.ep == 0):
+        if self.dp < 1 or not 1 <= self.pp <= m.num_layers:
+            raise ServelabError(f"runner 'roofline': dp={self.dp} must be >= 1 and pp={self.pp} in 1..{m.num_layers} "
+                                f"(the {m.name} layers)")
+        if self.ep != 1 and not (m.is_moe and self.ep == tp * self.dp and m.num_experts % self.ep == 0):
             raise ServelabError(
-                f"runner 'roofline': ep={self.ep} needs a mixture-of-experts model, ep equal to tp ({tp}) and "
-                f"dividing its {m.num_experts} experts ({m.name})"
+                f"runner 'roofline': ep={self.ep} needs a mixture-of-experts model, ep equal to tp x dp "
+                f"({tp} x {self.dp}) and dividing its {m.num_experts} experts ({m.name})"
             )
         missing = set(LAYER_OPS + ("emb",)) - set(self.calibration.ops)
         if missing:
             raise ServelabError(f"{CALIBRATION_FILE}: calibration '{g.calibration}' lacks ops {sorted(missing)}")
-        object.__setattr__(self, "_ops", tuple(self._fold(w, self.calibration.ops[n]) for n, w in layer_ops(m, tp).items()))
+        speedup = self._gemm_speedup
+        object.__setattr__(self, "_ops", tuple(
+            self._fold(w, self.calibration.ops[n], speedup=speedup if n in LINEAR_OPS else 1.0)
+            for n, w in layer_ops(m, tp).items()))
         object.__setattr__(
             self,
             "_head",
@@ -317,7 +349,8 @@ class RooflineRunner(RunnerBase):
         shared = ()
         if m.shared_ffn_size:
             sm = replace(m, ffn_size=m.shared_ffn_size, num_experts=0, experts_per_token=0, shared_ffn_size=0)
-            shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n])
+            shared = tuple(self._fold(layer_ops(sm, tp)[n], self.calibration.ops[n],
+                                      speedup=speedup if n in LINEAR_OPS else 1.0)
                            for n in ("mlp_up", "mlp_act", "mlp_down"))
         object.__setattr__(self, "_shared", shared)
         scale = self.host_profile.launch_scale if self.host_profile is not None else 1.0
@@ -333,14 +366,25 @@ class RooflineRunner(RunnerBase):
     def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
         return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name,
                              self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes,
-                             self.custom_all_reduce, self.ep))
+                             self.custom_all_reduce, self.ep, self.dp, self.pp))
 
-    def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None) -> tuple[float, ...]:
+    @property
+    def _gemm_speedup(self) -> float:
+        """How much faster than bf16 the linear layers' tensor cores run the model's weight format."""
+        if not self.model.quantization:
+            return 1.0
+        from servelab.runners.quant import compute_speedup, weight_format
+
+        return compute_speedup(weight_format(self.model.quantization), self.gpu.fp8, self.gpu.fp4)
+
+    def _fold(self, work: OpWork, cal: OpCalibration, calls: int | None = None,
+              speedup: float = 1.0) -> tuple[float, ...]:
         bw = self.gpu.hbm_bytes_per_s * cal.eff_memory
+        peak = self.gpu.peak_flops if speedup == 1.0 else self.gpu.peak_flops * speedup
         return (
             float(work.calls if calls is None else calls),
             cal.latency_s,
-            work.flops_per_token / (self.gpu.peak_flops * cal.eff_compute),
+            work.flops_per_token / (peak * cal.eff_compute),
             work.fixed_bytes / bw,
             work.bytes_per_token / bw,
         )
@@ -350,15 +394,18 @@ class RooflineRunner(RunnerBase):
         calls, lat, compute, fixed, per_token = folded
         return calls * (lat + max(compute * tokens, fixed + per_token * tokens))
 
-    def _token_terms(self, tokens: int) -> tuple[float, float, float]:
+    def _token_terms(self, tokens: int) -> tuple[float, float, float, float, float]:
         """One layer's linear ops, embedding + final norm, and one layer's communication: two
-        all-reduces, or with expert parallelism one all-reduce plus an all-to-all dispatch and combine."""
+        all-reduces, or with expert parallelism one all-reduce plus an all-to-all dispatch and combine;
+        then the embedding and the final norm apart (pipeline stages hold one each)."""
         op = self._op
         graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
         ops, head = (self._graph_ops, self._graph_head) if graphed else (self._ops, self._head)
         emb, final_norm, _ = head
         if self.model.is_moe:
-            touched = self.model.experts_touched(tokens)
+            # Under DP every rank's experts see the tokens of all dp ranks (assumed as many as this
+            # rank's), and hold 1/dp of the experts this rank's folded weights assume.
+            touched = self.model.experts_touched(tokens * self.dp) / self.dp
             layer = sum(c * (lat + max(comp * tokens, fixed * (touched if expert else 1.0) + per * tokens))
                         for (c, lat, comp, fixed, per), expert in zip(ops, self._expert))
             layer += sum(op(f, tokens) for f in self._shared)
@@ -366,9 +413,12 @@ class RooflineRunner(RunnerBase):
             layer = sum(op(f, tokens) for f in ops)
         if self.ep > 1:
             comm = self.all_reduce_s(tokens) + 2 * self.all_to_all_s(tokens)
+        elif self.dp > 1 and self.model.is_moe:
+            comm = self.all_reduce_s(tokens) + self.dp_expert_all_reduce_s(tokens)
         else:
             comm = 2 * self.all_reduce_s(tokens)
-        return (layer, op(emb, tokens) + op(final_norm, tokens), comm)
+        emb_s, norm_s = op(emb, tokens), op(final_norm, tokens)
+        return (layer, emb_s + norm_s, comm, emb_s, norm_s)
 
     def _seq_terms(self, seqs: int) -> tuple[float, float]:
         """The LM head (logits at the last position of every sequence) and the CPU overhead."""
@@ -377,13 +427,23 @@ class RooflineRunner(RunnerBase):
     # --- per-shard attention work per layer -------------------------------------------------
     @property
     def _kv_bytes_per_token_layer_shard(self) -> float:
-        return 2 * self.model.kv_size / self.tp * self.model.dtype_bytes
+        m = self.model
+        if m.is_mla:  # the latent is read whole on every rank
+            return float(m.kv_bytes_per_token_layer)
+        return 2 * m.kv_size / self.tp * m.kv_dtype_bytes
+
+    @property
+    def _layers_priced(self) -> int:
+        """Layers a step pays for: all of them, or under PP every stage at the largest stage's count."""
+        if self.pp == 1:
+            return self.model.num_layers
+        return self.pp * math.ceil(self.model.num_layers / self.pp)
 
     @property
     def _decode_s_per_kv_token(self) -> float:
         """Seconds per KV token a decode reads, whole model: the slope ``b`` of decode_affine."""
         bw = self.gpu.hbm_bytes_per_s * self.calibration.decode_attention_eff_memory
-        return self.model.num_layers * self._kv_bytes_per_token_layer_shard / bw
+        return self._layers_priced * self._kv_bytes_per_token_layer_shard / bw
 
     def _decode_attention_fixed_s(self, num_seqs: int) -> float:
         """Per layer, the part of decode attention that does not depend on the KV read."""
@@ -398,7 +458,7 @@ class RooflineRunner(RunnerBase):
         """Per layer. Memory-bound by construction: linear in the KV tokens read (docs/runners.md)."""
         if num_seqs <= 0:
             return 0.0
-        return self._decode_attention_fixed_s(num_seqs) + context_tokens * self._decode_s_per_kv_token / self.model.num_layers
+        return self._decode_attention_fixed_s(num_seqs) + context_tokens * self._decode_s_per_kv_token / self._layers_priced
 
     def prefill_attention_s(self, shape: StepShape) -> float:
         if shape.prefill_tokens <= 0:
@@ -422,23 +482,56 @@ class RooflineRunner(RunnerBase):
         c = self.calibration
         nbytes = tokens * self.model.hidden_size * self.model.dtype_bytes
         return all_reduce_time_s(nbytes, self.tp, self.gpu.interconnect_bytes_per_s, c.all_reduce_latency_s,
-                                 c.all_reduce_eff, self.gpu.p2p_ranks, self.custom_all_reduce)
+                                 c.all_reduce_eff, self.gpu.p2p_ranks, self.custom_all_reduce, self.gpu.link)
+
+    def all_to_all_bytes(self, tokens: int) -> float:
+        """Bytes one GPU sends in one all-to-all (dispatch, or combine) of a layer under expert
+        parallelism: its 1/tp of its DP rank's ``tokens``, each to the ranks of its k experts, of which
+        under uniform routing a share (ep - 1)/ep lives on other GPUs."""
+        p, m = self.ep, self.model
+        return tokens / self.tp * m.experts_per_token * (p - 1) / p * m.hidden_size * m.dtype_bytes
 
     def all_to_all_s(self, tokens: int) -> float:
-        """Expert parallelism: one all-to-all (dispatch, or combine) of a layer. Each of the ``ep`` ranks
-        sends its 1/ep of the tokens to the ranks holding their k experts; under uniform routing a
-        share (ep - 1)/ep of those copies leaves the GPU: tokens/ep x k x (ep - 1)/ep x hidden x dtype
-        bytes per rank, priced at the link's bandwidth with the NCCL fit's latency and efficiency."""
+        """Expert parallelism: one all-to-all of a layer, ``all_to_all_bytes`` over the GPU's link with
+        the NCCL fit's latency and efficiency (and the link's terms: runners/all_reduce.py)."""
         if self.ep <= 1 or tokens <= 0:
             return 0.0
-        c, p, m = self.calibration, self.ep, self.model
-        nbytes = tokens / p * m.experts_per_token * (p - 1) / p * m.hidden_size * m.dtype_bytes
-        return c.all_reduce_latency_s + nbytes / (self.gpu.interconnect_bytes_per_s * c.all_reduce_eff)
+        c = self.calibration
+        return all_to_all_time_s(self.all_to_all_bytes(tokens), self.ep, self.gpu.interconnect_bytes_per_s,
+                                 c.all_reduce_latency_s, c.all_reduce_eff, self.gpu.link)
+
+    def dp_expert_all_reduce_s(self, tokens: int) -> float:
+        """MoE under DP without expert parallelism: vLLM gathers every DP rank's tokens and runs the
+        experts tensor-parallel over all dp x tp GPUs, then reduce-scatters the results; an all-gather
+        plus a reduce-scatter move one ring all-reduce's bytes of the dp ranks' tokens."""
+        ranks = self.dp * self.tp
+        nbytes = tokens * self.dp * self.model.hidden_size * self.model.dtype_bytes
+        c = self.calibration
+        return nccl_time_s(2 * (ranks - 1) / ranks * nbytes, 2 * (ranks - 1), self.gpu.interconnect_bytes_per_s,
+                           c.all_reduce_latency_s, c.all_reduce_eff, self.gpu.link)
+
+    def stage_send_bytes(self, tokens: int) -> float:
+        """Bytes each GPU of a pipeline stage sends to the next: vLLM passes the hidden states and the
+        residual (2 x tokens x hidden), split over the stage's tp ranks (the receivers all-gather)."""
+        return 2 * tokens * self.model.hidden_size * self.model.dtype_bytes / self.tp
+
+    def stage_send_s(self, tokens: int) -> float:
+        """Pipeline parallelism: activations from one stage to the next (send, then the receiving
+        stage's all-gather of the tp pieces)."""
+        if self.pp <= 1 or tokens <= 0:
+            return 0.0
+        c, g = self.calibration, self.gpu
+        nbytes = self.stage_send_bytes(tokens)
+        t = send_time_s(nbytes, g.interconnect_bytes_per_s, c.all_reduce_latency_s, c.all_reduce_eff, g.link)
+        if self.tp > 1:
+            t += nccl_time_s((self.tp - 1) * nbytes, self.tp - 1, g.interconnect_bytes_per_s, c.all_reduce_latency_s,
+                             c.all_reduce_eff, g.link)
+        return t
 
     def cpu_overhead_s(self, num_seqs: int) -> float:
         c = self.calibration
         return self.cpu_overhead_scale * (
-            c.cpu_base_s + c.cpu_per_seq_s * num_seqs + c.cpu_per_extra_worker_s * (self.tp - 1)
+            c.cpu_base_s + c.cpu_per_seq_s * num_seqs + c.cpu_per_extra_worker_s * (self.tp * self.pp - 1)
         )
 
     # --- the Runner protocol ----------------------------------------------------------------
@@ -448,11 +541,18 @@ class RooflineRunner(RunnerBase):
         if tokens <= 0:
             return 0.0
         seqs = s.prefill_seqs + s.decode_seqs
-        layer, head, all_reduce = self._by_tokens(tokens)
+        layer, head, all_reduce, emb, final_norm = self._by_tokens(tokens)
         layer += self.prefill_attention_s(s) + all_reduce
         layer += self._by_decodes(s.decode_seqs)
         # vLLM computes logits at the last scheduled position of every sequence, partial prefills too.
         lm_head, cpu = self._by_seqs(seqs)
+        if self.pp > 1:
+            # A batch passes every stage in turn, each priced as the largest (ceil(L/pp) layers plus the
+            # heavier of the first stage's embedding and the last's norm + LM head; a smaller stage's
+            # slack is the bubble), with the activations sent between stages.
+            stage = math.ceil(self.model.num_layers / self.pp) * layer + max(emb, final_norm + lm_head)
+            fixed = self.pp * stage + (self.pp - 1) * self.stage_send_s(tokens) + cpu
+            return fixed + self._rates.decode_s_per_kv_token * s.decode_context_tokens
         once = head + lm_head
         fixed = self.model.num_layers * layer + once + cpu
         # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
@@ -469,7 +569,7 @@ class RooflineRunner(RunnerBase):
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
         return kv_capacity_tokens(self.model, self.gpu, self.tp, gpu_memory_utilization, self.activation_tokens,
-                                  self.logit_seqs, self.non_torch_bytes)
+                                  self.logit_seqs, self.non_torch_bytes, self.dp, self.pp)
 
     def describe(self) -> dict:
         return {
@@ -483,6 +583,8 @@ class RooflineRunner(RunnerBase):
             "logit_seqs": self.logit_seqs,
             "non_torch_bytes": self.non_torch_bytes,
             "ep": self.ep,
+            "dp": self.dp,
+            "pp": self.pp,
             "custom_all_reduce": asdict(self.custom_all_reduce) if self.custom_all_reduce is not None else None,
             "calibration_key": self.gpu.calibration,
             "calibration": asdict(self.calibration),
@@ -506,7 +608,7 @@ class RooflineRunner(RunnerBase):
                    logit_seqs=int(d.get("logit_seqs", LOGIT_SEQS)),
                    non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)),
                    custom_all_reduce=CustomAllReduce(**custom) if custom else None,
-                   ep=int(d.get("ep", 1)))
+                   ep=int(d.get("ep", 1)), dp=int(d.get("dp", 1)), pp=int(d.get("pp", 1)))
 
     def _fits(self) -> bool:
         try:
@@ -518,7 +620,8 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep")
+PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep", "dp", "pp", "quantization",
+          "kv_cache_dtype")
 ALL_REDUCE_CHOICES = ("auto", "nccl")
 DEFAULT_HOST = "vllm-v1-cudagraph"
 
@@ -549,6 +652,15 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         return context.get(key) if context.get(key) is not None else default
 
     model = resolve_model(str(pick("model", DEFAULT_MODEL)))
+    # vLLM's --quantization / --kv-cache-dtype over the checkpoint's own (runners/quant.py)
+    quant = {key: str(pick(key, "")) for key in ("quantization", "kv_cache_dtype") if pick(key, None) is not None}
+    if quant.get("quantization", "").lower() in ("none", "auto"):
+        quant["quantization"] = ""
+    if quant:
+        try:
+            model = replace(model, **quant)
+        except ValueError as err:
+            raise ServelabError(f"runner 'roofline': {err}") from None
     gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
     tp = _int_param("tp", pick("tp", 1))
     try:
@@ -573,6 +685,14 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
             if context.get(name) is not None:
                 kv[key] = int(context[name])
         kv["non_torch_bytes"] = int(load_real_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
+    dp = _int_param("dp", pick("dp", 1))
+    pp = _int_param("pp", pick("pp", 1))
+    if dp != 1:
+        kv["dp"] = dp
+    if pp != 1:
+        kv["pp"] = pp
     if "ep" in params:
         kv["ep"] = _int_param("ep", params["ep"])
+    elif context.get("enable_expert_parallel") and model.is_moe and tp * dp > 1:
+        kv["ep"] = tp * dp  # vLLM --enable-expert-parallel: experts over every GPU of the DP x TP group
     return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)

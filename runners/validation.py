@@ -1,10 +1,10 @@
 """Compare a candidate runner with a reference one: per-step error on identical batches, and TTFT/TPOT.
 
-Two measures, because they answer different questions. Step-time error prices every batch of
-the reference replay with both runners (same batch, so a pure cost-model error). TTFT/TPOT
-percentile errors come from two full replays of the same trace slice, so they include how a
-different step time changes batching and queueing downstream. Both replays use the reference's
-KV size, so memory does not differ between them.
+Two measures, because they answer different questions. Step-time error prices every iteration
+of the reference replay with both runners (same batch, so a pure cost-model error). TTFT/TPOT
+percentile errors come from each runner's own full replay of the same trace slice, so they
+include how a different step time changes batching and queueing downstream. All replays use the
+reference's KV size, so memory does not differ between them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ PERCENTILES = (50, 99)
 
 
 class PairedRunner:
-    """Acts as ``reference`` for the engine; prices each plan with ``candidate`` too and keeps both."""
+    """Acts as ``reference`` for the engine; prices each plan with ``candidate`` too and keeps both.
+
+    It promises no ``decode_affine`` line, so the engine prices every iteration through
+    ``step_time`` instead of advancing a decode stretch in closed form (which only the reference
+    would have priced): both runners price every iteration of the reference replay.
+    """
 
     def __init__(self, reference: Runner, candidate: Runner):
         self._reference = reference
@@ -39,8 +44,11 @@ class PairedRunner:
         self.candidate_s.append(self._candidate.step_time(plan))
         return ref
 
+    def decode_affine(self, num_seqs: int) -> None:
+        return None
+
     def __getattr__(self, name: str):
-        # name, decode_affine, describe, kv_capacity_tokens, needs_block_tables, make_allocator, ...
+        # name, describe, kv_capacity_tokens, needs_block_tables, make_allocator, ...
         return getattr(self._reference, name)
 
 
@@ -91,15 +99,22 @@ def validate(trace: pa.Table, config, reference: Runner, candidate: Runner, *,
     blocks = resolve_num_gpu_blocks(config, reference)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))
     paired = PairedRunner(reference, candidate)
-    ref_result = replay(trace, config, runner=paired)
+    # step times: the reference's batches one iteration at a time; latencies: each runner's own replay
+    # (decode stretches in closed form, as `servelab replay` runs it), so a runner against itself is 0% off
+    paired_steps = replay(trace, config, runner=paired).steps
+    ref_result = replay(trace, config, runner=reference)
     cand_result = replay(trace, config, runner=candidate)
     ref_s, cand_s = np.asarray(paired.reference_s), np.asarray(paired.candidate_s)
     if len(ref_s) == 0:
         raise ServelabError("validate: the reference replay ran no steps")
     signed = (cand_s / ref_s - 1.0) * 100
     ape = np.abs(signed)
+    iterations = int(pc.sum(paired_steps.column("num_iterations")).as_py() or 0)
+    if len(ref_s) != iterations:  # every iteration is a step_time call (PairedRunner has no decode_affine)
+        raise ServelabError(f"validate: priced {len(ref_s)} steps of a replay of {iterations} iterations")
     step = {
         "steps_priced": int(len(ref_s)),
+        "iterations": iterations,
         "mape_pct": float(ape.mean()),
         "median_ape_pct": float(np.median(ape)),
         "p90_ape_pct": float(np.percentile(ape, 90)),

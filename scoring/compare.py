@@ -73,6 +73,7 @@ _SHOWN = {
     "tpot_mean": ("tpot_mean_ms", 1e3),
     "e2e_mean": ("e2e_mean_ms", 1e3),
     "queue_p99": ("queue_p99_ms", 1e3),
+    "max_wait_s": ("max_wait_ms", 1e3),  # a latency like the others: ms
     "mean_kv_util": ("mean_kv_util_pct", 100.0),
     "worst_tenant_attainment": ("worst_tenant_attainment_pct", 100.0),
     **{f"{m}_{q}": (f"{m}_{q}_ms", 1e3) for m in ("ttft", "tpot", "e2e") for q in _Q_NAMES},

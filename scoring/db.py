@@ -7,6 +7,8 @@ which ``SELECT * FROM slo_attainment`` works. A collected ``.duckdb`` file can b
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -57,13 +59,37 @@ READ_ONLY_SETTINGS = (
 )
 
 
-def restrict(con: duckdb.DuckDBPyConnection, allowed_paths: Iterable[str | os.PathLike] = ()) -> None:
+@dataclass(frozen=True, slots=True)
+class QueryLimits:
+    """What SQL someone else wrote may use (`servelab query --read-only`): DuckDB's own limits, set
+    before the configuration is locked, and a wall-clock limit servelab enforces (DuckDB has none).
+
+    Defaults suit a shared machine; DuckDB's own would be 80% of RAM, every core and temporary files
+    up to 90% of the free disk. Each is an option of `query` (docs/results.md).
+    """
+
+    memory_limit: str = "2GB"  # DuckDB memory_limit: beyond it a query spills to temporary files, then fails
+    max_temp_directory_size: str = "4GB"  # DuckDB max_temp_directory_size: the spill's disk
+    threads: int = 2  # DuckDB threads
+    timeout_s: float | None = 60.0  # the query is interrupted after this long (None: no limit)
+
+
+def restrict(con: duckdb.DuckDBPyConnection, allowed_paths: Iterable[str | os.PathLike] = (),
+             limits: QueryLimits | None = None) -> None:  # fmt: skip
     """Make ``con`` read-only towards the outside: only ``allowed_paths`` (the run files its views read) stay readable.
 
     Call it last: tables registered from Python, ATTACH and views are made before; once locked, the
-    settings cannot be changed back from SQL.
+    settings cannot be changed back from SQL. ``limits`` caps memory, temporary disk and threads.
     """
     paths = sorted({str(p) for p in allowed_paths})
+    if limits is not None:
+        for option, setting, value in (("--memory-limit", "memory_limit", limits.memory_limit),
+                                       ("--max-temp-size", "max_temp_directory_size", limits.max_temp_directory_size),
+                                       ("--threads", "threads", limits.threads)):  # fmt: skip
+            try:
+                con.execute(f"SET {setting} = ?", [value])
+            except duckdb.Error as err:
+                raise ServelabError(f"{option} {value}: {str(err).splitlines()[0]}") from None
     try:
         if paths:
             listed = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
@@ -92,18 +118,19 @@ def connect(
     slo: SloTable | None = None,
     threads: int | None = None,
     read_only: bool = False,
+    limits: QueryLimits | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory connection over run directories (paths or globs), or a collected .duckdb file.
 
     ``read_only=True`` then locks it (``restrict``): SQL on it can read the runs and nothing else,
     write no file, reach no network and install no extension (`servelab report`/`compare`, and
-    `servelab query --read-only`).
+    `servelab query --read-only`); ``limits`` also caps what its queries use.
     """
     paths = _as_list(run_dirs)
     if len(paths) == 1 and paths[0].endswith(".duckdb") and Path(paths[0]).is_file():
         con = open_collected(paths[0], slo)
         if read_only:
-            restrict(con)
+            restrict(con, limits=limits)
         return con
     runs = find_runs(paths)
     con = new_connection(threads=threads)
@@ -111,7 +138,8 @@ def connect(
     set_slo(con, slo)
     create_views(con)
     if read_only:
-        restrict(con, [f for r in runs for f in (r.requests_path, r.steps_path, r.tokens_path, r.metrics_path) if f.exists()])
+        restrict(con, [f for r in runs for f in (r.requests_path, r.steps_path, r.tokens_path, r.metrics_path) if f.exists()],
+                 limits)  # fmt: skip
     return con
 
 
@@ -153,12 +181,24 @@ def open_collected(path: str, slo: SloTable | None = None) -> duckdb.DuckDBPyCon
     return con
 
 
-def query_arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, timeout_s: float | None = None) -> pa.Table:
+    """Run ``sql``; with ``timeout_s``, interrupt it after that many seconds (a one-line error)."""
+    timer = threading.Timer(timeout_s, con.interrupt) if timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
         rel = con.sql(sql)
         return rel.to_arrow_table() if rel is not None else pa.table({})
+    except duckdb.InterruptException:
+        if timer is not None and not timer.is_alive():
+            raise ServelabError(f"query stopped after {timeout_s:g} s (--timeout-s)") from None
+        raise KeyboardInterrupt from None
     except duckdb.Error as err:
         raise ServelabError(f"query failed: {err}") from None
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def query_polars(con: duckdb.DuckDBPyConnection, sql: str):

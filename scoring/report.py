@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from servelab.common.tables import available_width, fit_table, print_table
 from servelab.scoring.db import connect
-from servelab.scoring.slo import SloTable, as_slo_table
+from servelab.scoring.slo import SloTable, as_slo_table, recorded_slo
 from servelab.scoring.views import LIVE_STATUSES
 
 REPORT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
@@ -29,8 +29,103 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) 
     return [dict(zip(cols, r)) for r in rel.fetchall()]
 
 
-def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
-    """Everything the report shows for one run, as plain Python values (JSON-serialisable)."""
+# Overload: the signs that a run was offered more than it could serve (docs/metrics.md "Overload").
+# Waits are medians of `wait_s` (queue time, or time until the run ended for a request never
+# scheduled); a request's service time is its e2e minus its queue time.
+_OVERLOAD = """
+WITH m AS (SELECT * FROM request_metrics WHERE run_id = ?),
+     span AS (SELECT min(arrival_s) AS a0, max(arrival_s) AS a1 FROM m)
+SELECT quantile_cont(wait_s, 0.5) AS wait_p50_s,
+       quantile_cont(e2e_s - queue_s, 0.5) FILTER (WHERE finished) AS service_p50_s,
+       quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s <= a0 + 0.25 * (a1 - a0)) AS wait_first_quarter_s,
+       quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s >= a1 - 0.25 * (a1 - a0)) AS wait_last_quarter_s,
+       max(wait_s) AS max_wait_s
+FROM m, span
+"""
+RATE_RATIO = 1.2  # offered / served at or above this, while requests wait at least their service time
+GROWTH_RATIO = 3.0  # the last quarter's median wait >= this x the first quarter's ...
+GROWTH_SERVICES = 2.0  # ... and >= this many median service times
+DWARF_RATIO = 10.0  # the median wait >= this many median service times
+
+
+def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | None) -> dict[str, Any]:
+    """Whether the run was overloaded, and why: ``{"overloaded": bool, "reasons": [...], figures}``.
+
+    Three signs, any one enough: the offered rate exceeds the served rate by ``RATE_RATIO`` while
+    the median wait is at least the median service time (without waiting, a lower served rate is only
+    a short trace's tail); the queue grows (late arrivals wait ``GROWTH_RATIO`` times longer than early
+    ones, and at least ``GROWTH_SERVICES`` service times); the median wait is ``DWARF_RATIO`` service
+    times or more. A run without queue times (a live run) is judged by the rates alone, at 1.5x.
+    """
+    row = _rows(con, _OVERLOAD, [run_id])[0]
+    g = goodput_row or {}
+    offered, served = g.get("offered_rate_rps"), g.get("request_throughput_rps")
+    wait, service = row["wait_p50_s"], row["service_p50_s"]
+    early, late = row["wait_first_quarter_s"], row["wait_last_quarter_s"]
+    reasons = []
+    timed = wait is not None and service is not None
+    if offered and served is not None and offered >= RATE_RATIO * served and (
+            wait >= service if timed else offered >= 1.5 * served):
+        reasons.append(f"offered {offered:,.1f} req/s but served {served:,.1f} req/s")
+    if timed and early is not None and late is not None and late >= GROWTH_RATIO * early \
+            and late >= GROWTH_SERVICES * service and late > 0:
+        reasons.append(f"the queue grew: the median wait was {_ms_text(early)} for the first quarter of arrivals "
+                       f"and {_ms_text(late)} for the last")
+    if timed and service > 0 and wait >= DWARF_RATIO * service:
+        reasons.append(f"the median wait {_ms_text(wait)} is {wait / service:,.0f}x the median service time "
+                       f"{_ms_text(service)}")
+    return {"overloaded": bool(reasons), "reasons": reasons, "offered_rate_rps": offered, "served_rate_rps": served,
+            **row}
+
+
+_PER_REPLICA = """
+WITH req AS (SELECT replica, count(*) AS requests FROM requests WHERE run_id = $1 AND replica IS NOT NULL GROUP BY replica),
+     busy AS (SELECT replica, sum(duration_s) AS busy_s FROM steps WHERE run_id = $1 GROUP BY replica)
+SELECT replica, coalesce(req.requests, 0) AS requests, coalesce(busy.busy_s, 0.0) AS busy_s
+FROM req FULL OUTER JOIN busy USING (replica) ORDER BY replica
+"""
+
+
+def cluster_pools(run: dict) -> list[dict]:
+    """The pools of a cluster run (run.json's ``cluster.pools``), or [] for a run of one engine config."""
+    import json
+
+    raw = run.get("cluster_pools")
+    try:
+        pools = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return []
+    return [p for p in pools or [] if isinstance(p, dict)]
+
+
+def pool_balance(con: duckdb.DuckDBPyConnection, run_id: str, pools: list[dict]) -> list[dict]:
+    """Replica balance within each pool (a prefill replica is never compared with a decode one):
+    replicas, requests min..max (pools whose replicas record requests), busy max/mean, Jain's index of busy time."""
+    per = {r["replica"]: r for r in _rows(con, _PER_REPLICA, [run_id])}
+    out = []
+    for p in pools:
+        rows = [per.get(i, {"requests": 0, "busy_s": 0.0}) for i in p.get("replicas") or []]
+        if not rows:
+            continue
+        busy = [float(r["busy_s"]) for r in rows]
+        requests = [int(r["requests"]) for r in rows]
+        mean = sum(busy) / len(busy)
+        squares = sum(b * b for b in busy)
+        out.append({
+            "pool": p.get("name"), "role": p.get("role"), "replicas": len(rows),
+            "min_requests": min(requests) if any(requests) else None,
+            "max_requests": max(requests) if any(requests) else None,
+            "busy_max_over_mean": max(busy) / mean if mean else None,
+            "jain_busy": sum(busy) ** 2 / (len(busy) * squares) if squares else None,
+        })  # fmt: skip
+    return out
+
+
+def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | None = None) -> dict[str, Any]:
+    """Everything the report shows for one run, as plain Python values (JSON-serialisable).
+
+    ``slo_source`` says where the connection's SLO came from ("given", "the SLO recorded in
+    run.json", ...), for the header."""
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", [run_id])
     if not run:
         from servelab.common.errors import ServelabError
@@ -60,6 +155,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     return {
         "run": run[0],
         "slo": slo,
+        "slo_source": (slo_source or "given") if slo else None,
         "attainment": attainment,
         "latency": latency,
         "goodput": goodput,
@@ -70,6 +166,8 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
         "kv_tiers": tiers,
         "ttft_breakdown": breakdown[0] if breakdown else None,
         "cost": cost,
+        "pool_balance": pool_balance(con, run_id, cluster_pools(run[0])),
+        "overload": overload(con, run_id, next((g for g in goodput if g["scope"] == "overall"), None)),
     }
 
 
@@ -82,7 +180,13 @@ def _f(value: Any, digits: int = 3) -> str:
 
 
 def _ms(value: float | None) -> str:
+    """Seconds shown as milliseconds, the report's one latency unit."""
     return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _ms_text(value: float | None) -> str:
+    """Milliseconds for a line of prose: thousands separated, the unit written."""
+    return "-" if value is None else f"{value * 1e3:,.0f} ms"
 
 
 def _pct(value: float | None) -> str:
@@ -120,12 +224,15 @@ def _label(row: dict) -> str:
     return "overall" if row["scope"] == "overall" else f"{row['scope']}={row['name']}"
 
 
-def _slo_line(slo_rows: list[dict]) -> str:
+def _slo_line(slo_rows: list[dict], source: str | None = None) -> str:
     parts = []
     for r in slo_rows:
         fields = ", ".join(f"{k}={r[k]:g}" for k in ("ttft_s", "tpot_s", "e2e_s", "max_stall_s") if r[k] is not None)
         parts.append(f"{r['scope']}{'=' + r['name'] if r['name'] else ''}: {fields}")
-    return "; ".join(parts) if parts else "none given (attainment = share finished)"
+    if not parts:
+        return "none given or recorded, so no attainment: 'finished' below is the share of requests that finished"
+    said = {"given": "given with --slo/--slo-file"}.get(source or "given", source)
+    return "; ".join(parts) + f" ({said})"
 
 
 _ATTAINMENT_COLUMNS = ("requests", "finished", "unfin.", "refused", "joint", "ttft", "tpot", "e2e", "stall",
@@ -156,20 +263,38 @@ def render(data: dict[str, Any], console: Console) -> None:
     run = data["run"]
     console.print(f"[bold]run {run['run_id']}[/bold]  ({run.get('run_path', '')})")
     line = []
-    for key, label in (("trace_name", "trace"), ("policy_name", "policy"), ("runner_name", "runner")):
+    pools = cluster_pools(run)
+    keys = [("trace_name", "trace")]
+    if not pools:  # a cluster names these per pool, below
+        keys += [("config_model", "model"), ("config_gpu", "GPU"), ("config_tp", "TP"), ("policy_name", "policy"),
+                 ("runner_name", "runner")]
+    for key, label in keys:
         if run.get(key) is not None:
             line.append(f"{label} {run[key]}")
-    if run.get("engine_replicas") is not None:
+    if pools:
+        line.append(f"replicas {sum(len(p.get('replicas') or []) for p in pools)}, GPUs {run['num_gpus']}")
+    elif run.get("engine_replicas") is not None:
         line.append(f"replicas {run['engine_replicas']}, GPUs {run['num_gpus']}")
     if run.get("simulated_span_s") is not None:
         line.append(f"simulated {run['simulated_span_s']:.1f} s")
     if line:
         console.print("  ".join(line))
+    for p in pools:
+        n = len(p.get("replicas") or [])
+        start = p.get("initial_replicas")
+        count = f"{n} replica{'' if n == 1 else 's'}" + (f" (from {start})" if start not in (None, n) else "")
+        parts = [f"{label} {p[key]}" for key, label in (("model", "model"), ("gpu", "GPU"), ("tp", "TP"),
+                                                         ("policy", "policy"), ("runner", "runner")) if p.get(key)]
+        console.print(f"pool {p.get('name')} ({p.get('role')}): {count}, " + "  ".join(parts))
     params = {k.removeprefix("policy_"): v for k, v in run.items() if k.startswith("policy_") and k != "policy_name"}
     note = output_length_note(run.get("policy_name"), params)
     if note:
         console.print(f"policy {run.get('policy_name')}: {note}")
-    console.print(f"SLO: {_slo_line(data['slo'])}")
+    console.print(f"SLO: {_slo_line(data['slo'], data.get('slo_source'))}")
+    over = data.get("overload") or {}
+    if over.get("overloaded"):  # latencies then measure the backlog, not the server
+        console.print("OVERLOADED: " + "; ".join(over["reasons"]) + ". The latencies below are mostly queueing; "
+                      "lower the rate or add replicas.")
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
     live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
@@ -190,13 +315,19 @@ def render(data: dict[str, Any], console: Console) -> None:
     if cache:  # only when the prefix cache served anything
         console.print(f"prefix cache: {cache['cached_tokens']:,} of {cache['prompt_tokens']:,} prompt tokens "
                       f"served from cache ({_pct(cache['hit_rate'])}), {_pct(cache['requests_with_hit'])} of requests hit")
+        ideal = run.get("trace_prefix_reuse_share")
+        if isinstance(ideal, (int, float)) and cache["hit_rate"] is not None and cache["hit_rate"] > ideal + 5e-4:
+            console.print(
+                f"  that is above the trace's ideal reuse of {_pct(ideal)} (what an unlimited cache serves to first "
+                f"admissions): requests re-admitted after a preemption ({overall['preempted_requests']} here) hit "
+                "their own blocks again, as in vLLM")
     if data.get("kv_tiers"):  # with offload tiers: what each served, and where TTFT went
         console.print("  by tier: " + ", ".join(f"{r['tier']} {r['cached_tokens']:,} ({_pct(r['hit_rate'])})"
                                                for r in data["kv_tiers"]))
         b = data.get("ttft_breakdown")
         if b:
-            console.print(f"  mean TTFT {_f(b['mean_ttft_s'])} s = queue {_f(b['mean_queue_s'])} + KV load "
-                          f"{_f(b['mean_load_s'], 4)} + compute {_f(b['mean_compute_s'])} s")
+            console.print(f"  mean TTFT {_ms(b['mean_ttft_s'])} ms = queue {_ms(b['mean_queue_s'])} + KV load "
+                          f"{_ms(b['mean_load_s'])} + compute {_ms(b['mean_compute_s'])} ms")
     console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}
@@ -218,21 +349,27 @@ def render(data: dict[str, Any], console: Console) -> None:
         ))  # fmt: skip
     labels = [_label(r) for r in shown + tenant_rows]
 
-    def table(title: str, columns: range, fold: bool = True) -> Table:
+    names = list(_ATTAINMENT_COLUMNS)
+    if data["slo"]:
+        title, every, rates = "SLO attainment (joint and per SLO) and goodput", list(range(len(names))), 4
+    else:  # no SLO: the share finished, never shown as an attainment, and no goodput
+        names[4] = "finished %"
+        title, every, rates = "Requests finished (no SLO given: no attainment, no goodput)", [0, 1, 2, 3, 4, 10], 4
+
+    def table(title: str, columns: list[int], fold: bool = True) -> Table:
         t = _table(title)
         _group_column(t, rows, fold)
         for i in columns:
-            t.add_column(_ATTAINMENT_COLUMNS[i], justify="right", no_wrap=True)
+            t.add_column(names[i], justify="right", no_wrap=True)
         for label, row in zip(labels, cells):
             t.add_row(label, *(row[i] for i in columns))
         return t
 
-    title, every = "SLO attainment (joint and per SLO) and goodput", range(len(_ATTAINMENT_COLUMNS))
     if fit_table(table(title, every, fold=False), console.width, console) <= console.width:
         _print(table(title, every), console)
     else:  # too narrow for one table: counts, then attainment and rates (no name or number is cut)
-        _print(table("Requests", range(4)), console)
-        _print(table(title, range(4, len(_ATTAINMENT_COLUMNS))), console)
+        _print(table("Requests", every[:rates]), console)
+        _print(table(title, every[rates:]), console)
     if hidden:
         console.print(f"({hidden} more tenants with higher attainment: servelab query ... \"SELECT * FROM slo_attainment\")")
 
@@ -250,8 +387,8 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(
         f"duration (first arrival to last finish) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
         f"{_f(g['output_throughput_tps'], 1)} output tok/s, {_f(g['total_token_throughput_tps'], 1)} total tok/s; "
-        f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); "
-        f"offered rate {_f(g['offered_rate_rps'])} req/s"
+        + (f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); " if data["slo"] else "")
+        + f"offered rate {_f(g['offered_rate_rps'])} req/s"
     )
     res = data["resources"]
     if res:
@@ -261,9 +398,16 @@ def render(data: dict[str, Any], console: Console) -> None:
             f"queue mean {_f(res['mean_waiting'], 1)} max {res['max_waiting']}, busy {_f(res['busy_s'], 2)} s, "
             f"{res['iterations']} iterations"
         )
-    _cost_lines(data.get("cost") or [], console)
+    _cost_lines(data.get("cost") or [], console, bool(data["slo"]))
     bal = data["replica_balance"]
-    if bal and bal["replicas"] > 1:
+    pool_bal = [b for b in data.get("pool_balance") or [] if b["replicas"] > 1]
+    if data.get("pool_balance"):  # a cluster: balance within each pool, never across them
+        if pool_bal:
+            console.print("replica balance per pool: " + "; ".join(
+                f"{b['pool']} {b['replicas']} replicas"
+                + (f", requests {b['min_requests']}..{b['max_requests']}" if b["min_requests"] is not None else "")
+                + f", busy max/mean {_f(b['busy_max_over_mean'])}, Jain (busy) {_f(b['jain_busy'])}" for b in pool_bal))
+    elif bal and bal["replicas"] > 1:
         console.print(
             f"replica balance: {bal['replicas']} replicas, requests {bal['min_requests']}..{bal['max_requests']}, "
             f"busy max/mean {_f(bal['busy_max_over_mean'])}, Jain (busy) {_f(bal['jain_busy'])}"
@@ -273,14 +417,14 @@ def render(data: dict[str, Any], console: Console) -> None:
         console.print(
             f"fairness over {fair['tenants']} tenants: Jain service {_f(fair['jain_service'])}, "
             f"Jain attainment {_f(fair['jain_attainment'])}, worst tenant {fair['worst_tenant']} "
-            f"({_pct(fair['worst_tenant_attainment'])}), longest wait {_f(fair['max_wait_s'], 2)} s "
+            f"({_pct(fair['worst_tenant_attainment'])}), longest wait {_ms_text(fair['max_wait_s'])} "
             f"({fair['longest_wait_tenant']})"
         )
     elif fair:
-        console.print(f"longest wait of any request {_f(fair['max_wait_s'], 2)} s")
+        console.print(f"longest wait of any request {_ms_text(fair['max_wait_s'])}")
 
 
-def _cost_lines(rows: list[dict], console: Console) -> None:
+def _cost_lines(rows: list[dict], console: Console, has_slo: bool = True) -> None:
     """Pools and cost (the ``cost`` view), for a run with several pools or a price."""
     pools = [r for r in rows if r["scope"] == "pool"]
     overall = next((r for r in rows if r["scope"] == "overall"), None)
@@ -293,16 +437,17 @@ def _cost_lines(rows: list[dict], console: Console) -> None:
         console.print(
             f"cost: ${_f(overall['dollars'], 2)} for {_f(overall['gpu_s'] / 3600, 3)} GPU-h; "
             f"${_f(overall['dollars_per_million_output_tokens'], 3)} per million output tokens, "
-            f"${_f(overall['dollars_per_request'], 5)} per finished request; "
-            f"goodput {_f(overall['goodput_requests_per_dollar'], 1)} requests per $, "
-            f"{_f(overall['goodput_rps_per_gpu'])} req/s per GPU"
+            f"${_f(overall['dollars_per_request'], 5)} per finished request"
+            + (f"; goodput {_f(overall['goodput_requests_per_dollar'], 1)} requests per $, "
+               f"{_f(overall['goodput_rps_per_gpu'])} req/s per GPU" if has_slo else "")
         )
 
 
 DEFAULT_WIDTH = 120
 
 
-def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int | None = None) -> str:
+def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None, width: int | None = None,
+                slo_source: str | None = None) -> str:
     """The report as text, lines wrapped at ``width`` (None: ``COLUMNS`` or the terminal's, else 120).
 
     Tables never cut a name or a number: they wrap their headers to fit, and are printed wider when
@@ -317,19 +462,25 @@ def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None
     for i, run_id in enumerate(run_ids):
         if i:
             console.print()
-        render(report_data(con, run_id), console)
+        render(report_data(con, run_id, slo_source), console)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
 def report_text(
-    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int | None = None
+    run_dir: str | os.PathLike, slo: SloTable | list[str] | tuple[str, ...] | None = None, width: int | None = None,
+    slo_source: str = "given",
 ) -> str:
     """The report of one run directory (or several, one after another) as plain text.
 
-    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)``.
+    ``slo`` is an SloTable or ``--slo`` strings such as ``("ttft=2,tpot=0.1",)`` (``slo_source`` says
+    whence, for the header); without one, the SLO the runs recorded in run.json (if any), as
+    `servelab report` does.
     """
-    con = connect(run_dir, as_slo_table(slo))
+    table, source = as_slo_table(slo), slo_source
+    if table is None:
+        table, source = recorded_slo(run_dir)
+    con = connect(run_dir, table)
     try:
-        return render_text(con, width=width)
+        return render_text(con, width=width, slo_source=source)
     finally:
         con.close()

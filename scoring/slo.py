@@ -8,6 +8,7 @@ Precedence for each field separately: the request's own override (trace column `
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
@@ -190,23 +191,53 @@ def _merge_named(a, b, kind, merge) -> tuple[tuple[str, Slo], ...]:
     return tuple(sorted(out.items()))
 
 
-def _parse_value(raw: str) -> float:
-    """Seconds, or with an ``ms``/``s`` suffix."""
+# The one rule for SLO times (docs/metrics.md "Units"): a number with a unit (``500ms``, ``0.5s``)
+# means what it says; a bare number is seconds, unless it is at or above this bound for its field,
+# where it is far likelier to be vLLM's milliseconds (``--goodput ttft:500``) and is refused.
+BARE_SECONDS_LIMIT = {"ttft_s": 60.0, "tpot_s": 5.0, "e2e_s": 600.0, "max_stall_s": 60.0}
+
+
+def _parse_value(raw: str) -> tuple[float, bool]:
+    """``(seconds, bare)`` of ``500ms``, ``0.5s`` or a bare number (seconds); ``bare``: it had no unit."""
     text = raw.strip().lower()
-    scale = 1.0
+    scale, bare = 1.0, False
     if text.endswith("ms"):
         text, scale = text[:-2], 1e-3
     elif text.endswith("s"):
         text = text[:-1]
-    return float(text) * scale
+    else:
+        bare = True
+    return float(text) * scale, bare
 
 
-def _check_value(value: Any, path: str, where: str | None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def implausible_bare(field: str, value: float) -> str | None:
+    """Why a bare (unit-less) ``value`` for ``field`` is refused, or None when it is plausible seconds."""
+    limit = BARE_SECONDS_LIMIT.get(field)
+    if limit is None or value < limit:
+        return None
+    short = field.removesuffix("_s")
+    return (f"a bare {value:g} is read as seconds, which is implausible for {short}; write {short}={value:g}ms "
+            f"(milliseconds, as vLLM's --goodput) or {short}={value:g}s if you mean seconds")
+
+
+def _check_value(value: Any, path: str, where: str | None, field: str | None = None, bare_ok: bool = True) -> float:
+    """A TOML value: a number of seconds, or a string with a unit (``"500ms"``, ``"0.5s"``); a bare
+    number under a short key (``ttft``, not ``ttft_s``) must be plausible seconds."""
+    if isinstance(value, str):
+        try:
+            seconds, bare = _parse_value(value)
+        except ValueError:
+            raise InputError(path, f"needs a number of seconds, got {value!r} (or a time with a unit: \"500ms\", "
+                             "\"0.5s\")", column=where) from None
+        value, bare_ok = seconds, bare_ok or not bare
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(path, f"needs a number of seconds, got {value!r}", column=where)
     value = float(value)
     if not math.isfinite(value) or value <= 0:
         raise InputError(path, f"must be a positive number of seconds, got {value:g}", column=where)
+    why = None if bare_ok or field is None else implausible_bare(field, value)
+    if why:
+        raise InputError(path, why, column=where)
     return value
 
 
@@ -220,7 +251,8 @@ def _slo_from_mapping(entry: Mapping[str, Any], path: str, where: str | None) ->
         field = _KEYS[key]
         if field in values:
             raise InputError(path, f"'{field}' given twice", column=column)
-        values[field] = _check_value(value, path, column)
+        # a key that names its unit (ttft_s) takes any number of seconds; a short one (ttft) is checked
+        values[field] = _check_value(value, path, column, field, bare_ok=key.endswith("_s"))
     return Slo(**values)
 
 
@@ -248,12 +280,15 @@ def _parse_one(spec: str) -> SloTable:
             hint = did_you_mean(key, ("ttft", "tpot", "e2e", "max_stall"))
             raise ServelabError(f"--slo '{spec}': unknown SLO field '{key}'{hint} (known: ttft, tpot, e2e, max_stall)")
         try:
-            value = _parse_value(raw)
+            value, bare = _parse_value(raw)
         except ValueError:
-            raise ServelabError(f"--slo '{spec}': '{key}' needs a number of seconds, got '{raw}'") from None
+            raise ServelabError(f"--slo '{spec}': '{key}' needs a number of seconds, got '{raw}' (or a time with a unit: 500ms, 0.5s)") from None
         if not math.isfinite(value) or value <= 0:
             raise ServelabError(f"--slo '{spec}': '{key}' must be a positive number of seconds")
         field = _KEYS[key]
+        why = implausible_bare(field, value) if bare else None
+        if why:
+            raise ServelabError(f"--slo '{spec}': {why}")
         if field in values:
             raise ServelabError(f"--slo '{spec}': '{field}' given twice")
         values[field] = value
@@ -265,6 +300,35 @@ def _parse_one(spec: str) -> SloTable:
     if scope == "tier":
         return SloTable(tiers=((name, slo),))
     return SloTable(tenants=((name, slo),))
+
+
+def recorded_slo(run_dirs):
+    """``(SloTable or None, source)`` from the ``slo`` field the runs' run.json files carry."""
+    from servelab.scoring.sources import find_runs
+
+    if isinstance(run_dirs, (str, os.PathLike)):
+        run_dirs = [run_dirs]
+    try:
+        runs = find_runs([str(d) for d in run_dirs])
+    except ServelabError:
+        return None, None
+    tables = {}
+    for r in runs:
+        data = r.meta.get("slo")
+        if isinstance(data, dict) and data:
+            table = SloTable.from_toml(data, str(r.path / "run.json"))
+            if not table.is_empty:
+                tables[r.run_id] = table
+    if not tables:
+        return None, None
+    first_id, first = next(iter(tables.items()))
+    if len(set(tables.values())) > 1:
+        others = sorted(i for i, t in tables.items() if t != first)
+        return first, (f"the SLO recorded in run.json of {first_id} (runs {', '.join(others)} recorded other "
+                       "SLOs: give --slo to choose one)")
+    if len(tables) < len(runs):
+        return first, f"the SLO recorded in run.json of {len(tables)} of the {len(runs)} runs"
+    return first, "the SLO recorded in run.json"
 
 
 def as_slo_table(slo: "SloTable | list[str] | tuple[str, ...] | None") -> "SloTable | None":

@@ -194,7 +194,17 @@ def num_gpus(meta: dict) -> int:
         tp = int(tp)
     except (TypeError, ValueError):
         tp = 1
-    return max(1, replicas) * max(1, tp)
+    return max(1, replicas) * max(1, tp) * _dp_pp(meta.get("config") or {})
+
+
+def _dp_pp(config: dict) -> int:
+    """GPUs per tensor-parallel group of a replica beyond TP: data-parallel ranks x pipeline stages."""
+    try:
+        dp = config.get("dp", config.get("data_parallel_size", 1))
+        pp = config.get("pp", config.get("pipeline_parallel_size", 1))
+        return max(1, int(dp or 1)) * max(1, int(pp or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 POOLS_SCHEMA = pa.schema([
@@ -223,7 +233,7 @@ def pool_rows(meta: dict) -> list[dict]:
     except (TypeError, ValueError):
         replicas, tp = 1, 1
     return [{"pool": "default", "role": "mixed", "gpu": config.get("gpu"), "tp": tp, "replicas": replicas,
-             "gpus": replicas * tp, "price_per_gpu_hour": None, "gpu_s": None}]
+             "gpus": replicas * tp * _dp_pp(config), "price_per_gpu_hour": None, "gpu_s": None}]
 
 
 def pools_table(runs: list[RunDir]) -> pa.Table:

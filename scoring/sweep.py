@@ -109,6 +109,8 @@ def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | Non
 
     trace = scale_rate(read_trace(trace_path), scale)
     result = replay(trace, config, trace_meta=dict(trace_meta, rate_scale=scale, rate_rps=rate))
+    if slo is not None and not slo.is_empty:  # each run keeps the SLO the sweep scored it with
+        result.meta["slo"] = slo.to_dict()
     write_run(result, run_dir)
     con = connect(run_dir, slo)
     try:
@@ -268,14 +270,14 @@ def run_sweep(
     from servelab.traces.io import read_trace, trace_sha256
 
     if not rates and not scales and target is None:
-        raise ServelabError("sweep needs --rates, --scales or --goodput-target")
+        raise ServelabError("sweep needs --rates, --rate-scales or --goodput-target")
     if target is not None and not 0 < target <= 1:
         raise ServelabError(f"--goodput-target must be in (0, 1], got {target}")
     if target is not None and not 1e-4 <= tolerance < 1:
         raise ServelabError(f"--tolerance must be in [0.0001, 1), got {tolerance}")
     if jobs < 1:
         raise ServelabError(f"--jobs must be >= 1, got {jobs}")
-    for name, values in (("--rates", rates), ("--scales", scales)):
+    for name, values in (("--rates", rates), ("--rate-scales", scales)):
         if values and any(not (v > 0 and math.isfinite(v)) for v in values):
             raise ServelabError(f"{name} must all be positive numbers")
     if min_rate is not None and max_rate is not None and min_rate >= max_rate:

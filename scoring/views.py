@@ -205,7 +205,10 @@ SELECT c.*, t.output_tokens, g.completed, g.met_all,
        c.dollars / nullif(t.output_tokens, 0) * 1e6 AS dollars_per_million_output_tokens,
        c.dollars / nullif(g.completed, 0) AS dollars_per_request,
        g.met_all / nullif(c.dollars, 0) AS goodput_requests_per_dollar,
-       g.met_all / g.duration_s / nullif(c.mean_gpus, 0) AS goodput_rps_per_gpu
+       -- one definition of goodput per GPU (the goodput view's): per GPU provisioned (runs.num_gpus)
+       CASE WHEN c.scope = 'overall' THEN g.goodput_rps_per_gpu ELSE g.met_all / g.duration_s / nullif(c.gpus, 0) END
+           AS goodput_rps_per_gpu,
+       g.met_all / g.duration_s / nullif(c.mean_gpus, 0) AS goodput_rps_per_mean_gpu  -- per GPU held on average
 FROM c JOIN t USING (run_id) JOIN goodput g ON g.run_id = c.run_id AND g.scope = 'overall'
 ORDER BY c.run_id, CASE c.scope WHEN 'overall' THEN 0 WHEN 'pool' THEN 1 ELSE 2 END, c.name
 """

@@ -131,7 +131,12 @@ class Evaluator:
             trial.set_user_attr("config", config.to_dict())
             result = self._evaluate_interruptibly(trial, config, attrs)
             attrs["eval_s"] = time.perf_counter() - started
-            _set_attrs(trial, attrs, outcome="ok")
+            violation = attrs.pop("constraint_violation", None)
+            if violation is not None and violation > 0:  # complete, with its values, but below the target
+                _set_attrs(trial, attrs, outcome="infeasible", reason=(
+                    f"infeasible: attainment {attrs['attainment']:.4f} < target {self.spec.target:g}"))
+            else:
+                _set_attrs(trial, attrs, outcome="ok")
             return result
         except QuotaReached:
             raise
@@ -206,6 +211,7 @@ class Evaluator:
         if any(name in CONSTRAINED for name in spec.objectives):
             # feasible when attainment >= target; Optuna samplers and best_trial read this
             violation = spec.target - scores["attainment"]
+            attrs["constraint_violation"] = violation
             if hasattr(trial, "set_constraint"):
                 trial.set_constraint("attainment", violation)
             else:  # Optuna < 5: the list form of the same system attribute
@@ -224,7 +230,7 @@ class Evaluator:
                 if scores.get("dollars"):
                     return scores["dollars"] / scores["cost_duration_s"] * 3600.0
                 return scores.get("mean_gpus")
-            gpus = config.engine.replicas * config.tp
+            gpus = config.engine.replicas * config.gpus_per_replica
             prices = dict(self.spec.gpu_prices)
             return gpus * prices[config.gpu] if prices else float(gpus)
         if name == "cost_per_million_tokens":
@@ -263,6 +269,8 @@ class Evaluator:
         result = self._replay_timed(config, attrs)
         t1 = time.perf_counter()
         result.meta["search"] = {"study": self.spec.study_name, "trial": trial.number, "params": dict(trial.params)}
+        if not self.spec.slo.is_empty:  # the trial's report then shows the SLO the study ranked it under
+            result.meta["slo"] = self.spec.slo.to_dict()
 
         def write() -> float:
             start = time.perf_counter()

@@ -44,7 +44,7 @@ _SUMMARY = _SUMMARY_SQL.format(select="grouping(tier) = 0 AS by_tier, tier", lat
 _OVERALL = _SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group="")
 _SPAN = "SELECT duration_s, num_gpus FROM run_span"
 _ATTAINMENT = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
-_COST = ("SELECT c.dollars, c.dollars_per_million_output_tokens, c.mean_gpus, c.gpu_s, c.goodput_rps_per_gpu, "
+_COST = ("SELECT c.dollars, c.dollars_per_million_output_tokens, c.mean_gpus, c.gpu_s, c.goodput_rps_per_mean_gpu, "
          "sp.duration_s FROM cost c JOIN run_span sp USING (run_id) WHERE c.scope = 'overall'")
 
 
@@ -91,7 +91,7 @@ class RunScorer:
 
     def score(self, result, cost: bool = False) -> dict[str, Any]:
         """``cost`` adds the cost view's overall row: dollars, dollars_per_million_output_tokens, mean_gpus,
-        gpu_s, goodput_rps_per_gpu (time-averaged GPUs) and cost_duration_s."""
+        gpu_s, goodput_rps_per_mean_gpu (at the trace's rate, per GPU held on average) and cost_duration_s."""
         self._register(result.requests, result.steps, result.meta)
         tiers = pc.unique(result.requests.column("tier")).to_pylist()
         rows = self.con.execute(_SUMMARY if len(tiers) > 1 else _OVERALL).fetchall()
@@ -119,7 +119,7 @@ class RunScorer:
             found = self.con.execute(_COST).fetchall()
             if found:
                 out.update(zip(("dollars", "dollars_per_million_output_tokens", "mean_gpus", "gpu_s",
-                                "cost_goodput_rps_per_gpu", "cost_duration_s"), found[0]))
+                                "goodput_rps_per_mean_gpu", "cost_duration_s"), found[0]))
         return out
 
 

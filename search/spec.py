@@ -149,8 +149,17 @@ class SearchSpec:
         }  # fmt: skip
 
     def identity_hash(self) -> str:
-        text = json.dumps(self.identity(), sort_keys=True, default=str)
+        text = json.dumps(comparable_identity(self.identity()), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def comparable_identity(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity a resume must match: without the trace's path, which depends on the working
+    directory the spec was named from (the trace's content is checked by its SHA-256 instead)."""
+    out = json.loads(json.dumps(dict(identity), default=str))
+    if isinstance(out.get("trace"), dict):
+        out["trace"].pop("path", None)
+    return out
 
 
 def load_spec(path: str | Path) -> SearchSpec:

@@ -29,10 +29,12 @@ from urllib.parse import urlsplit, urlunsplit
 from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
 from servelab.common.processes import alive
-from servelab.search.spec import SearchSpec
+from servelab.search.spec import SearchSpec, comparable_identity
+from servelab.traces.io import trace_sha256
 
 SPEC_ATTR = "servelab_spec"
 HASH_ATTR = "servelab_spec_hash"
+TRACE_SHA_ATTR = "servelab_trace_sha256"  # the spec's trace file when the study began: a resume must replay the same
 MAX_ERRORS_IN_A_ROW = 5
 # A live worker records itself on a trial as the objective's first step, milliseconds after Optuna
 # creates it; a RUNNING trial still unclaimed this long after its start lost its worker in between.
@@ -79,19 +81,81 @@ def _quiet_optuna() -> None:
             handler.addFilter(_DROP_INTERRUPTED)
 
 
-def journal_storage(path: Path):
-    """A journal file; its lock is held for milliseconds, so one older than LOCK_GRACE_S was left by a killed worker."""
+def journal_storage(path: Path, repair: bool = False):
+    """A journal file; its lock is held for milliseconds, so one older than LOCK_GRACE_S was left by a killed worker.
+
+    ``repair`` (for a process that will append): first cut a torn last record, see `repair_journal`.
+    """
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
 
     lock = JournalFileSymlinkLock(str(path), grace_period=LOCK_GRACE_S)
-    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+    if repair:
+        repair_journal(Path(path), lock)
+    try:
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+    except ValueError as err:  # (json.JSONDecodeError too) a record broken in the middle of the file
+        raise ServelabError(f"{path}: {journal_damage(Path(path)) or err}; it cannot be read as a study journal") from None
+
+
+def repair_journal(path: Path, lock) -> int:
+    """Cut a torn last record (a worker killed mid-write) so nothing is appended behind it; returns the bytes cut.
+
+    Optuna's JournalFileBackend skips a last line without its newline when it reads (it may be a write
+    in progress), but appends after it, which glues the next record onto the fragment: from then on
+    the journal cannot be read. Under the journal's lock no write is in progress (Optuna appends
+    holding it), so a torn tail then is a dead writer's and is cut.
+    """
+    if not path.is_file():
+        return 0
+    lock.acquire()
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return 0
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return 0
+            end = size
+            while end > 0:  # back to the last newline, a block at a time
+                start = max(0, end - (1 << 16))
+                f.seek(start)
+                block = f.read(end - start)
+                at = block.rfind(b"\n")
+                if at >= 0:
+                    end = start + at + 1
+                    break
+                end = start
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+            return size - end
+    finally:
+        lock.release()
+
+
+def journal_damage(path: Path) -> str | None:
+    """Where a journal is broken: the first record (1-based line) that is not JSON before the last line."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    for number, line in enumerate(lines, start=1):
+        last = number == len(lines)
+        try:
+            json.loads(line)
+        except ValueError:
+            if not (last and not line.endswith(b"\n")):
+                return f"line {number} is not a whole record (a torn write with more appended behind it)"
+    return None
 
 
 def make_storage(spec: SearchSpec, study_dir: Path, url: str | None = None):
     url = url or spec.storage
     if url is None:
         Path(study_dir).mkdir(parents=True, exist_ok=True)
-        return journal_storage(Path(study_dir) / "study.journal")
+        return journal_storage(Path(study_dir) / "study.journal", repair=True)
     return rdb_storage(url, heartbeat=True)
 
 
@@ -248,16 +312,29 @@ def open_study(spec: SearchSpec, study_dir: Path, seed: int | None = None, stora
                                 sampler=sampler, pruner=make_pruner(spec), load_if_exists=True)  # fmt: skip
     attrs = study.user_attrs
     digest = spec.identity_hash()
+    where = redact(spec.storage) if spec.storage else study_dir
+    trace_sha = trace_sha256(spec.trace.path)
     if HASH_ATTR not in attrs:
         study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.identity(), default=str)))
         study.set_user_attr(HASH_ATTR, digest)
         study.set_user_attr("objectives", list(spec.objectives))
     elif attrs[HASH_ATTR] != digest:
-        old = attrs.get(SPEC_ATTR, {})
-        changed = sorted(k for k, v in json.loads(json.dumps(spec.identity(), default=str)).items() if old.get(k) != v)
+        # the stored hash may be of an older identity form (one with the trace's path): compare the identities
+        old = comparable_identity(attrs.get(SPEC_ATTR, {}))
+        changed = sorted(k for k, v in comparable_identity(spec.identity()).items() if old.get(k) != v)
+        if changed or not old:
+            raise ServelabError(
+                f"study '{spec.study_name}' in {where} was made from a different spec (changed: "
+                f"{', '.join(changed) or 'unknown'}); use another -o STUDY_DIR or study_name, or restore the spec"
+            )
+    before = attrs.get(TRACE_SHA_ATTR)
+    if before is None:  # a new study (or one begun before servelab recorded the digest)
+        study.set_user_attr(TRACE_SHA_ATTR, trace_sha)
+    elif before != trace_sha:
         raise ServelabError(
-            f"study '{spec.study_name}' in {redact(spec.storage) if spec.storage else study_dir} was made from a different "
-            f"spec (changed: {', '.join(changed) or 'unknown'}); use another -o STUDY_DIR or study_name, or restore the spec"
+            f"study '{spec.study_name}' in {where} was made from another trace: {spec.trace.path} has changed "
+            f"since (sha256 {before[:12]}... then, {trace_sha[:12]}... now); restore the trace, or use another "
+            f"-o STUDY_DIR or study_name for the new one"
         )
     return study
 

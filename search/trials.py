@@ -32,6 +32,9 @@ def trials_table(study) -> pa.Table:
         "state": pa.array([t.state.name.lower() for t in trials], pa.string()),
         "outcome": pa.array([t.user_attrs.get("outcome") for t in trials], pa.string()),
         "reason": pa.array([t.user_attrs.get("reason") for t in trials], pa.string()),
+        # a constrained objective's verdict (attainment >= target), as Optuna's samplers and best_trial
+        # read it; null where the study has no constraint or the trial did not complete
+        "feasible": pa.array([_feasible(t) for t in trials], pa.bool_()),
         "datetime_start": pa.array([t.datetime_start for t in trials], pa.timestamp("us")),
         "datetime_complete": pa.array([t.datetime_complete for t in trials], pa.timestamp("us")),
         "duration_s": pa.array([(t.datetime_complete - t.datetime_start).total_seconds()
@@ -60,6 +63,15 @@ def trials_table(study) -> pa.Table:
         pa.list_(pa.struct([("step", pa.int64()), ("value", pa.float64())])),
     )
     return pa.table(cols)
+
+
+def _feasible(trial) -> bool | None:
+    # Optuna >= 5.1's trial.set_constraint(name, v) stores "constraints:NAME"; before, one "constraints" list
+    attrs = trial.system_attrs
+    constraints = list(attrs.get("constraints") or []) + [v for k, v in attrs.items() if k.startswith("constraints:")]
+    if not constraints or trial.state.name != "COMPLETE":
+        return None
+    return all(c <= 0 for c in constraints)
 
 
 def _flat_attrs(attrs: dict[str, Any]) -> dict[str, Any]:

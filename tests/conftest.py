@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +12,11 @@ import skip_summary
 from sampled_suites import pytest_collection_modifyitems  # noqa: F401  (the sampled long suites)
 
 REPO = Path(__file__).resolve().parents[1]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist gives its workers COLUMNS=80; the tests expect a plain run's width rules (COLUMNS
+    # unset: no terminal, reports at their default width), the same with or without -n
+    os.environ.pop("COLUMNS", None)
 SHARED = REPO.parent / "shared"
 
 

@@ -86,3 +86,22 @@ def test_an_autoscaler_pinned_at_n_replays_like_n_fixed_replicas():
         "runner": runner, "num_gpu_blocks": 500, "router": "least-outstanding",
         "cluster": {"pools": [{"name": "a", "replicas": 3, "autoscale": {"min": 3, "max": 3, "interval_s": 0.25}}]}}))
     assert fixed.requests.equals(pinned.requests) and fixed.steps.equals(pinned.steps)
+
+
+def test_goodput_per_gpu_has_one_definition_in_every_view(tmp_path):
+    """Issue #26 item 8: the report printed goodput per GPU twice, from the goodput view (per GPU
+    provisioned) and the cost view (per GPU held on average): 3 and 2.19 GPUs here. One name, one
+    definition (per GPU provisioned, as DistServe's per-GPU goodput and the search objective);
+    the time-averaged figure has its own name."""
+    from servelab.api import write_run
+    from servelab.scoring.db import connect
+
+    con = connect([str(write_run(replay(TRACE, autoscaled()), tmp_path / "run"))])
+    goodput_view, num_gpus = con.execute(
+        "SELECT goodput_rps_per_gpu, num_gpus FROM goodput WHERE scope = 'overall'").fetchone()
+    cost_view, per_mean_gpu, mean_gpus, met = con.execute(
+        "SELECT goodput_rps_per_gpu, goodput_rps_per_mean_gpu, mean_gpus, met_all FROM cost WHERE scope = 'overall'"
+    ).fetchone()
+    assert num_gpus == 3 and mean_gpus == pytest.approx(175.0 / 80.0)
+    assert cost_view == goodput_view == pytest.approx(met / 80.0 / 3)
+    assert per_mean_gpu == pytest.approx(met / 80.0 / mean_gpus)

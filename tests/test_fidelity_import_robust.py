@@ -63,7 +63,9 @@ def test_timestamps_meta_json_gives_gpu_kv_blocks_and_data_parallel(tmp_path, ca
     code, out, err = run_main(["validate", "--real", run, "--format", "json"], capsys)
     assert code == 0, err
     rep = json.loads(out)
-    assert rep["num_gpu_blocks"] == 2588 and rep["config"]["gpu"] == "rtx-4090" and rep["config"]["replicas"] == 2
+    assert rep["num_gpu_blocks"] == 2588 and rep["config"]["gpu"] == "rtx-4090"
+    # the two DP ranks of one server: one replica of dp = 2 engines (docs/runners.md "Parallelism")
+    assert (rep["config"]["replicas"], rep["config"]["dp"]) == (1, 2)
 
 
 def test_server_log_and_sidecars_beside_the_run(tmp_path, capsys):

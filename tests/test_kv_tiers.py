@@ -200,7 +200,7 @@ def test_the_report_shows_each_tier_and_the_ttft_breakdown(tmp_path):
     write_run(run(evicting_trace(), runner=RUNNER, num_gpu_blocks=5, kv_tiers=(DRAM,), **MB_PER_TOKEN), tmp_path / "r")
     text = render_text(connect([tmp_path / "r"]), width=140)
     assert "by tier: dram 63 (30.4%), gpu 0 (0.0%)" in text, text
-    assert "KV load 0.0008" in text  # 2.5 ms / 3 requests
+    assert "KV load 0.8 + compute" in text  # 2.5 ms / 3 requests, in ms as every latency of the report
 
 
 def test_swap_preemption_uses_the_dram_tier_at_its_bandwidths_and_latency():

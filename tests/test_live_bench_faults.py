@@ -194,5 +194,27 @@ def test_bench_slo_scores_the_report_and_a_sweep_keeps_it(tmp_path, capsys):
         assert code != 0 and "--slo 'ttft': 'ttft' is not key=value" in err
         assert srv.completions == sent and not (tmp_path / "bad").exists()  # refused before anything was sent
     assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["slo"] == {"e2e_s": 2.0}
+    assert json.loads((tmp_path / "one" / "run.json").read_text())["slo"] == {"ttft_s": 0.5, "tpot_s": 0.05}
+    code, out, err = run_main(["report", tmp_path / "one"], capsys)  # a later report scores as the run did
+    assert code == 0 and "SLO: global: ttft_s=0.5, tpot_s=0.05" in out and "recorded in run.json" in out, out
     code, out, err = run_main(["report", tmp_path / "sw" / "rate_50"], capsys)
     assert "SLO: global: e2e_s=2" in out
+
+
+def test_rate_scale_is_the_inverse_time_scale_and_request_rate_names_rate(tmp_path, capsys):
+    trace = write_small_trace(tmp_path, 3)
+    with ServerThread({}, default=eight(8)) as srv:
+        for name, args in (("scaled", ["--rate-scale", "4"]), ("timed", ["--time-scale", "0.25"]),
+                           ("poisson", ["--shape", "poisson", "--request-rate", "50"])):  # fmt: skip
+            code, _, err = run_main(["bench", srv.url, trace, "-o", tmp_path / name, "--no-metrics", "--no-report",
+                                     "--extensions", "off", *args], capsys)  # fmt: skip
+            assert code == 0, err
+        code, _, err = run_main(["bench", srv.url, trace, "-o", tmp_path / "both", "--no-metrics",
+                                 "--rate-scale", "2", "--time-scale", "0.5"], capsys)  # fmt: skip
+        assert code == 2 and "--rate-scale" in err and not (tmp_path / "both").exists()
+
+    def load(name):
+        return json.loads((tmp_path / name / "run.json").read_text())["load"]
+
+    assert load("scaled")["time_scale"] == load("timed")["time_scale"] == 0.25
+    assert load("poisson")["rate"] == 50.0

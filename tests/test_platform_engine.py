@@ -196,7 +196,7 @@ def test_toml_round_trip_and_cli(tmp_path):
     result = CliRunner().invoke(cli, [
         "replay", str(trace_path), "-o", str(out), "--no-report", "--runner", UNIT, "--num-gpu-blocks", "100",
         "--replicas", "2", "--fail", "replica=1,at=2", "--quota", "tenant=a:rpm=1", "--retries", "1",
-        "--retry-backoff-s", "90", "--journal", "off"])
+        "--retry-backoff-s", "90", "--no-journal"])
     assert result.exit_code == 0, result.output
     meta = json.loads((out / "run.json").read_text())
     assert meta["platform"]["faults"]["failures"] == 1 and meta["engine"]["journal"] is False
@@ -218,7 +218,7 @@ def test_scoring_counts_refused_requests_as_misses(tmp_path):
     r = run(trace, runner=UNIT, policy="tiers", quota=("tenant=a:rpm=2",), queue_cap=1, max_num_seqs=1)
     assert column(r, "status") == ["finished", "dropped", "throttled", "dropped", "finished"]
     write_run(r, tmp_path / "run")
-    con = connect([tmp_path / "run"], slo=SloTable.parse_cli(["ttft=100"]))
+    con = connect([tmp_path / "run"], slo=SloTable.parse_cli(["ttft=100s"]))
     rows = con.sql("SELECT scope, name, requests, throttled, dropped, attainment FROM slo_attainment "
                    "ORDER BY scope, name").fetchall()
     assert ("overall", None, 5, 1, 2, 0.4) in rows

@@ -126,7 +126,22 @@ def test_paired_runner_prices_the_same_plan_with_both():
     assert paired.step_time(p) == a.step_time(p)
     assert paired.candidate_s == [b.step_time(p)]
     assert paired.kv_capacity_tokens() == a.kv_capacity_tokens()  # everything else is the reference's
-    assert paired.decode_affine(4) == a.decode_affine(4)
+    # no closed-form decode stretch: the engine asks step_time (so both runners) for every iteration
+    assert a.decode_affine(4) is not None and paired.decode_affine(4) is None
+
+
+def test_validate_prices_every_iteration_of_the_reference_replay():
+    """Issue #26 item 3: decode stretches were priced by the reference alone (574 of 9,790 iterations)."""
+    from servelab.api import replay
+
+    ref = make_runner("roofline")
+    cand = make_runner("linear:base=0.005,prefill_token=0.00002,decode_seq=0.0002")
+    trace, config = small_trace(80), ReplayConfig()
+    iterations = pa.compute.sum(replay(trace, config, runner=ref).steps.column("num_iterations")).as_py()
+    plain_rows = replay(trace, config, runner=ref).steps.num_rows
+    assert plain_rows < iterations / 2  # stretches: most iterations are not a row of their own
+    report = validate(trace, config, ref, cand)
+    assert report["step_time"]["steps_priced"] == report["step_time"]["iterations"] == iterations
 
 
 def test_validate_a_runner_against_itself_has_zero_error():
@@ -207,6 +222,7 @@ def test_cli_profile_fit_validate_chain(tmp_path):
     data = json.loads(report.read_text())
     assert data["requests"] == 20 and data["step_time"]["median_ape_pct"] < 3
     assert "ttft_p99_s" in r.output
+    assert f"step time over all {data['step_time']['iterations']:,} iterations of the reference replay" in r.output
 
 
 def test_cli_fit_bad_profile_exits_1_with_one_line(tmp_path, capsys):

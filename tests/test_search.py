@@ -201,6 +201,12 @@ def test_cost_objective_picks_the_cheapest_config_meeting_the_target(grid_dir, t
     feasible = [r for r in rows if r["attr.attainment"] >= 0.99]
     infeasible = [r for r in rows if r["attr.attainment"] < 0.99]
     assert feasible and infeasible  # the target splits the space
+    # each says so: a `feasible` column and an outcome (it used to be `ok` for both)
+    assert all(r["feasible"] is True and r["outcome"] == "ok" and r["reason"] is None for r in feasible)
+    for r in infeasible:
+        assert r["state"] == "complete" and r["feasible"] is False and r["outcome"] == "infeasible", r
+        assert r["reason"] == f"infeasible: attainment {r['attr.attainment']:.4f} < target 0.99"
+        assert "attr.constraint_violation" not in r
     cheapest = min(r["cost"] for r in feasible)
     assert cheapest > min(r["cost"] for r in rows)  # the cheapest overall misses the target
     _cli("search", "best", str(tmp_path / "s"), "-o", str(tmp_path / "best.toml"))

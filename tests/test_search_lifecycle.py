@@ -84,6 +84,58 @@ def test_a_changed_spec_leaves_study_json_alone(grid_dir, tmp_path, capsys):
     assert (out / "study.json").read_bytes() == info  # it used to be rewritten with the refused spec
 
 
+def test_a_resume_over_a_replaced_trace_is_refused(tmp_path, capsys):
+    """The trace file replaced at the same path: its trials would mix two workloads in one study."""
+    spec = grid_spec(tmp_path, n_trials=2, name="traced.toml")
+    out = tmp_path / "S"
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    trials = load_study_dir(out).get_trials()
+    write_trace_file(tmp_path, n=150, rate=40.0)  # another workload, same file name
+    capsys.readouterr()
+    for command in (["search", spec, "--no-progress", "--n-trials", "4"], ["search", "worker", spec]):
+        assert _cli(*command, "-o", out) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "was made from another trace" in err and "trace.arrow has changed" in err, err
+        assert load_study_dir(out).get_trials() == trials  # refused before a trial was begun
+    assert sum(r["state"] == "complete" for r in _table(out)) == 2
+
+
+def test_a_resume_from_another_working_directory_is_accepted(tmp_path, monkeypatch, capsys):
+    """A relative spec path names the same trace from elsewhere: the study is the same one."""
+    grid_spec(tmp_path, n_trials=2, name="cwd.toml")
+    monkeypatch.chdir(tmp_path)
+    assert _cli("search", "cwd.toml", "-o", "S", "--no-progress") == 0
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert _cli("search", "../cwd.toml", "-o", "../S", "--no-progress", "--n-trials", "3") == 0, capsys.readouterr().err
+    assert sum(r["state"] == "complete" for r in _table(tmp_path / "S")) == 3
+
+
+def test_a_torn_last_journal_record_is_cut_before_a_resume_appends(grid_dir, tmp_path, capsys):
+    """A worker killed mid-write leaves a record without its newline; appending behind it glued the
+    next record onto it, and from then on nothing could read the journal (Optuna's reader skips a
+    torn last line only while it is the last)."""
+    spec = grid_spec(grid_dir, n_trials=2, name="torn.toml")
+    out = tmp_path / "S"
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    journal = out / "study.journal"
+    whole = journal.read_bytes()
+    with open(journal, "ab") as f:
+        f.write(b'{"op_code":5,"worker_id":"dead-wor')  # what a kill -9 mid-append leaves
+    assert _cli("search", spec, "-o", out, "--no-progress", "--n-trials", "4") == 0, capsys.readouterr().err
+    assert journal.read_bytes().startswith(whole)
+    assert all(line.endswith("}") for line in journal.read_text().splitlines())
+    assert sum(r["state"] == "complete" for r in _table(out)) == 4
+    assert _cli("search", "best", out, "-o", tmp_path / "best.toml") == 0
+    # a journal broken before this fix (a torn record with more behind it): one line naming the record
+    with open(journal, "ab") as f:
+        f.write(b'{"op_code":5,"wor\n{"op_code":5}\n')
+    capsys.readouterr()
+    assert _cli("search", "best", out, "-o", tmp_path / "best2.toml") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {journal}: line ") and "is not a whole record" in err and "\n" not in err, err
+
+
 # -- a resumed sampler continues ------------------------------------------------------------------
 
 

@@ -250,7 +250,9 @@ def test_cost_examples_pick_the_cheapest_setting_that_meets_the_target(tmp_path,
         if want is None:
             assert trial["outcome"] == "infeasible" and "must be within autoscale min..max" in trial["reason"]
             continue
-        assert trial["outcome"] == "ok"
+        below = want[0] < spec["target"]  # complete, with its values, but below the target: says so
+        assert trial["state"] == "complete" and trial["feasible"] is (not below)
+        assert trial["outcome"] == ("infeasible" if below else "ok")
         assert trial["attr.attainment"] == pytest.approx(want[0])
         assert trial["cost_per_million_tokens"] == pytest.approx(want[1], rel=1e-9)
     feasible = {k: v for k, v in expected.items() if v is not None and v[0] >= spec["target"]}

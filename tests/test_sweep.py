@@ -134,7 +134,7 @@ def test_target_never_met_and_always_met(trace_path, tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({}, "sweep needs --rates, --scales or --goodput-target"),
+        ({}, "sweep needs --rates, --rate-scales or --goodput-target"),
         ({"target": 1.5}, "--goodput-target must be in (0, 1]"),
         ({"target": 0.9, "tolerance": 0.0}, "--tolerance must be in"),
         ({"rates": [1.0, -2.0]}, "--rates must all be positive numbers"),

@@ -167,6 +167,11 @@ class ArrivalConfig:
         return np.interp(lam, self.cumulative_rate(grid_t), grid_t)
 
 
+# Most requests one generated trace may hold: each costs ~40 bytes in the trace and more while it is
+# generated, so a billion already needs tens of GB; far beyond it, numpy fails with a MemoryError.
+MAX_REQUESTS = 1_000_000_000
+
+
 def arrival_times(
     config: ArrivalConfig, rng: np.random.Generator, n: int | None = None, duration_s: float | None = None
 ) -> np.ndarray:
@@ -176,12 +181,17 @@ def arrival_times(
     if n is not None:
         if n < 1:
             raise ServelabError(f"need at least one request (got n={n})")
+        if n > MAX_REQUESTS:
+            raise ServelabError(f"{n:,} requests is more than one trace holds here (at most {MAX_REQUESTS:,})")
         gaps = unit_gaps(config.process, config.cv, n - 1, rng)
         op = np.concatenate([[0.0], np.cumsum(gaps)])
     else:
         if not duration_s > 0:
             raise ServelabError(f"duration must be > 0 s (got {duration_s})")
         lam_end = float(config.cumulative_rate(np.array([duration_s]))[0])
+        if not lam_end <= MAX_REQUESTS:  # (a NaN too) the arrays below would not fit in memory
+            raise ServelabError(f"{duration_s:g} s at these rates is about {lam_end:.3g} requests, more than one "
+                                f"trace holds here (at most {MAX_REQUESTS:,}); shorten the duration or lower the rate")
         chunks, total = [np.zeros(1)], 0.0
         while total <= lam_end:
             m = max(1024, int(lam_end - total) + 64)

@@ -23,6 +23,10 @@ DEFAULT_TENANT = "default"
 DEFAULT_TIER = "standard"
 
 _DICT_STRING = pa.dictionary(pa.int32(), pa.string())
+# Largest arrival_s: float64 seconds keep microseconds up to 2**32 s (136 years, past any Unix epoch
+# in seconds); beyond, times round to whole seconds and more (256 s at a nanosecond epoch, 1.7e18),
+# so every TTFT would come out exactly 0.
+MAX_ARRIVAL_S = float(2**32)
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,12 @@ def validate(table: pa.Table, path: object, require_sorted: bool = True) -> None
     arrival = _numpy(table.column("arrival_s")).astype(np.float64)
     _check(path, "arrival_s", ~np.isfinite(arrival), "not a finite number (NaN or infinite)")
     _check(path, "arrival_s", arrival < 0, "negative arrival time")
+    row = _first(arrival > MAX_ARRIVAL_S)
+    if row is not None:
+        value = arrival[row - 1]
+        raise InputError(path, f"arrival {value:.4g} s is too large: float64 seconds resolve only {np.spacing(value):.3g} s "
+                               f"there (at most {MAX_ARRIVAL_S:,.0f} s keeps microseconds); nanoseconds or milliseconds? "
+                               "give seconds since the trace start", column="arrival_s", row=row)  # fmt: skip
     if require_sorted:
         unsorted = np.zeros(len(arrival), dtype=bool)
         unsorted[1:] = arrival[1:] < arrival[:-1]

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from servelab.common.errors import ServelabError
 from servelab.traces import schema
-from servelab.traces.arrivals import ArrivalConfig, arrival_times
+from servelab.traces.arrivals import MAX_REQUESTS, ArrivalConfig, arrival_times
 from servelab.traces.lengths import LengthDist, parse_length
 
 Weights = tuple[tuple[str, float], ...]
@@ -47,6 +47,22 @@ def parse_weights(spec: str | dict | Weights | None, what: str = "tenants") -> W
     if any(not (w >= 0 and math.isfinite(w)) for _, w in items) or sum(w for _, w in items) <= 0:
         raise ServelabError(f"{what} weights must be >= 0 and not all 0 (got '{spec}')")
     return tuple((n, float(w)) for n, w in items)
+
+
+def parse_fractions(spec: str | None, option: str) -> Weights:
+    """``priority=0.1,standard=0.9`` given as fractions (a CLI option says so): each in [0, 1], summing to 1.
+
+    ``parse_weights`` takes any weights and normalises them; an option documented as fractions must
+    not quietly turn ``priority=2`` into 100%.
+    """
+    weights = parse_weights(spec, option)
+    for name, share in weights:
+        if share > 1:
+            raise ServelabError(f"{option}: the fraction of '{name}' is {share:g}; fractions are in [0, 1]")
+    total = sum(w for _, w in weights)
+    if weights and abs(total - 1.0) > 1e-6:
+        raise ServelabError(f"{option}: fractions sum to {total:g}, not 1 (in '{spec}')")
+    return weights
 
 
 def zipf_tenants(count: int, exponent: float = 0.0) -> Weights:
@@ -98,6 +114,8 @@ class SynthConfig:
             raise ServelabError("give exactly one of n (requests) and duration_s")
         if self.n is not None and self.n < 1:
             raise ServelabError(f"n must be >= 1 (got {self.n})")
+        if self.n is not None and self.n > MAX_REQUESTS:
+            raise ServelabError(f"n = {self.n:,} requests is more than one trace holds here (at most {MAX_REQUESTS:,})")
         if not self.turns >= 1:
             raise ServelabError(f"turns (mean per session) must be >= 1 (got {self.turns})")
         if not self.think_s >= 0:
