@@ -110,24 +110,30 @@ def check_setup(setup: RecommendSetup) -> None:
         if not values or any(v < 1 for v in values):
             raise ServelabError(f"{key} needs positive integers, got {', '.join(map(str, values)) or 'none'}")
     cheapest = min(cheapest_per_hour(setup, t) for t in setup.topologies)
-    if cheapest is None or math.isinf(cheapest[0]):
-        raise ServelabError("no configuration fits the GPUs available (--available): every GPU type has too few "
-                            f"for {min(setup.tps)} GPU(s) a replica")  # fmt: skip
+    if math.isinf(cheapest[0]):
+        raise ServelabError("no configuration fits the GPUs --available allows: the smallest needs "
+                            f"{min(setup.tps) * min(setup.replicas)} GPU(s) of one type per pool")  # fmt: skip
     if setup.budget_per_hour is not None and cheapest[0] > setup.budget_per_hour:
         raise ServelabError(f"--budget ${setup.budget_per_hour:g}/h is below every configuration searched: the "
                             f"cheapest, {cheapest[1]}, costs ${cheapest[0]:.4g}/h")  # fmt: skip
 
 
 def cheapest_per_hour(setup: RecommendSetup, topology: str) -> tuple[float, str]:
-    """($/h, description) of the topology's least expensive configuration the availability allows."""
+    """($/h, description) of the topology's least expensive configuration the availability allows
+    (each pool at the fewest replicas and the smallest TP, on any GPU type with room for it)."""
+    import itertools
+
     best = (math.inf, "")
     tp, replicas = min(setup.tps), min(setup.replicas)
-    for offer in setup.offers:
-        gpus = tp * replicas
-        if offer.available_gpus is not None and gpus * len(POOLS[topology]) > offer.available_gpus:
+    pools = POOLS[topology]
+    for types in itertools.product(setup.offers, repeat=len(pools)):
+        used: dict[str, int] = {}
+        for offer in types:
+            used[offer.gpu] = used.get(offer.gpu, 0) + tp * replicas
+        if any(o.available_gpus is not None and used[o.gpu] > o.available_gpus for o in types):
             continue
-        per_hour = gpus * offer.price_per_gpu_hour * len(POOLS[topology])
-        text = " + ".join(f"{replicas}x {offer.gpu} TP{tp} ({pool})" for pool, _ in POOLS[topology])
+        per_hour = sum(tp * replicas * o.price_per_gpu_hour for o in types)
+        text = " + ".join(f"{replicas}x {o.gpu} TP{tp} ({pool})" for o, (pool, _) in zip(types, pools))
         best = min(best, (per_hour, text))
     return best
 

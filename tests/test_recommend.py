@@ -152,6 +152,7 @@ def test_an_slo_nobody_meets_says_so_and_shows_the_closest(trace, tmp_path, caps
     (("--available", "b200=4"), "--available b200: not among the --gpu types"),
     (("--topology", "ring"), "--topology: unknown topology 'ring'"),
     (("--vary", "max_num_seqs=0,8"), "--vary max_num_seqs: value 0: max_num_seqs must be >= 1"),
+    (("--available", "h100-80gb=0", "--available", "a100-80gb=0"), "no configuration fits the GPUs --available allows"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(trace, tmp_path, capsys, extra, message):
     study = tmp_path / "study"
