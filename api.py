@@ -21,6 +21,7 @@ import pyarrow as pa
 from servelab import __version__
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
+from servelab.replay.abort import Aborts, check_supported, client_timeouts
 from servelab.replay.config import EngineConfig, ReplayConfig
 from servelab.replay.engine import Engine
 from servelab.replay.kv import KVManager
@@ -186,6 +187,11 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
                     reclaims=any(p.spec.instances for p in cluster.pools))
     disagg = cluster.disaggregate(engine)
     scalers = cluster.autoscale(engine, disagg)
+    timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
+    if timeouts:
+        check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
+        engine.aborts = Aborts(engine, timeouts)
+        engine.aborts.arm_all(requests)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
     end_s = engine.run(_engine_progress(progress, engine))
@@ -234,6 +240,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         "counts": counts,
         "swap_fallbacks": engine.num_swap_fallbacks,
         "platform": platform_meta(engine),
+        **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
         "config": config.to_dict(),
     }

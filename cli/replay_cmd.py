@@ -57,6 +57,8 @@ _ENGINE_HELP = {
     "pause": "Pause a tier under load: tier=flex,waiting=32[,resume=8] or tier=flex,kv=0.9[,resume=0.7].",
     "fail": "Replica failure, repeatable: replica=R,at=T[,for=D] (seconds; without for it stays down).",
     "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
+    "client_timeout_s": "Client timeout in seconds for requests without a trace timeout_s: the client abandons "
+                        "the request then ('aborted', its KV freed).",
 }
 
 
@@ -214,7 +216,7 @@ def check_replay_config(config: ReplayConfig):
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
                slo: Any = (), token_log: bool = False, force: bool = False,
-               may_replace: bool = False, slo_source: str = "given") -> None:  # fmt: skip
+               may_replace: bool = False, slo_source: str = "given", client_model: str | None = None) -> None:  # fmt: skip
     """Replay and write/report; every option is checked (SLO, output directory, policy, runner, trace)
     before the replay starts. ``slo``: ``--slo`` specs or an SloTable."""
     from servelab.api import replay, write_run
@@ -222,11 +224,23 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     slo_table = parse_slo(slo)
     check_replay_output(out_dir, force, may_replace)
     runner = check_replay_config(config)
+    if client_model is not None:
+        from servelab.fidelity.client_model import resolve
+
+        client = resolve(client_model)
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with {_serving(config)}", err=True)
     with _progress_bar(trace) as progress:
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
                         progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
+    if client_model is not None:  # the client-side times as their own columns (fidelity/client_model.py)
+        import dataclasses
+
+        from servelab.fidelity.client_model import with_client_columns
+
+        tokens = result.tokens.read() if hasattr(result.tokens, "read") else result.tokens
+        result = dataclasses.replace(result, requests=with_client_columns(result.requests, client, tokens),
+                                     meta=dict(result.meta, client_model=client.to_dict()))
     meta = result.meta
     reuse = _ideal_reuse(trace, result.requests)
     if reuse is not None and isinstance(meta.get("trace"), dict):  # the report explains a hit share above it
@@ -411,14 +425,17 @@ _force_option = click.option("--force/--no-force", default=False, help="Replace 
 @_force_option
 @click.option("--report/--no-report", default=True, help="Print the report after the replay.")
 @click.option("--token-log/--no-token-log", default=False, help="Also write tokens.parquet: every output token's time.")
+@click.option("--client-model", default=None,
+              help="Add client-side times (client_ttft_s, client_e2e_s, ...) with this client/API-server model: "
+                   "a server kind (vllm) or a JSON from fit --client (docs/fidelity.md).")
 @_slo_option
 @replay_options
 def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log: bool, slo: tuple[str, ...],
-           **options: Any) -> None:
+           client_model: str | None = None, **options: Any) -> None:
     """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o (--force to replace one)."""
     config = config_from_options(**options)
     slo_table = parse_slo(slo, options.get("config_file"))
-    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force)
+    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force, client_model=client_model)
 
 
 def _is_demo_run(out_dir: str, trace_path: Path) -> bool:

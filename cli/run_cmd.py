@@ -67,20 +67,32 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
         if fmt not in ("guidellm", None):
             raise ServelabError("--benchmark applies to --format guidellm only")
         options["benchmark"] = benchmark
+    from servelab.fidelity.base import detect_format
     from servelab.traces.prefixes import spec_from_options
 
     spec = spec_from_options(shared_prefix_tokens, prefix_groups, prompt_pool)
-    done = run_import(list(sources), fmt, options=options, vllm_log=vllm_log, vllm_metrics=vllm_metrics,
-                      given=_parse_settings(settings), prefix=spec, prefix_from_hit_rate=prefix_from_hit_rate)
-    if done.fmt != "guidellm" and benchmark is not None:
+    kwargs = dict(vllm_log=vllm_log, vllm_metrics=vllm_metrics, given=_parse_settings(settings), prefix=spec,
+                  prefix_from_hit_rate=prefix_from_hit_rate)
+    detected = fmt is None
+    fmt = fmt or detect_format(list(sources))
+    if fmt != "guidellm" and benchmark is not None:
         raise ServelabError("--benchmark applies to --format guidellm only")
+    if fmt == "guidellm" and benchmark is None and len(sources) == 1:
+        from servelab.fidelity.guidellm import count_benchmarks
+
+        count = count_benchmarks(Path(sources[0]))
+        if count > 1:  # a sweep: each benchmark (strategy) is a run of its own
+            _import_sweep(count, sources, output, kwargs)
+            return
+    done = run_import(list(sources), fmt, options=options, **kwargs)
     result, trace = done.result, done.trace
     write_measured_run(result, trace, output, trace_out)
-    if done.detected:
+    if detected:
         click.echo(f"format: {done.fmt} (detected; --format to choose)", err=True)
     counts = result.meta["counts"]
     click.echo(f"wrote {output}: {result.requests.num_rows} requests ({counts['finished']} finished, "
-               f"{counts['rejected']} failed), {done.measured.clock}-side times, trace of {trace.num_rows} requests")
+               f"{result.requests.num_rows - counts['finished']} failed, timed out or cancelled), "
+               f"{done.measured.clock}-side times, trace of {trace.num_rows} requests")
     prefix = result.meta["prefix"]
     share = prefix["ideal_hit_share"]
     click.echo(f"prefix sharing: {done.prefix.origin}"
@@ -91,6 +103,34 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
         click.echo(f"warning: {warning}", err=True)
     if trace_out is not None:
         click.echo(f"wrote {trace_out}")
+
+
+def _import_sweep(count: int, sources, output, kwargs: dict) -> None:
+    """A GuideLLM report of several benchmarks: OUTPUT/benchmark_<i> for each and OUTPUT/sweep.json."""
+    import json
+
+    from servelab.common.atomic import atomic_dir
+    from servelab.fidelity.base import import_measured, write_measured_run
+    from servelab.fidelity.run_import import import_run as run_import
+
+    import_measured("guidellm", list(sources))  # the whole file parsed first: a bad row anywhere is the error
+    levels = []
+    with atomic_dir(output) as tmp:
+        for i in range(count):
+            done = run_import(list(sources), "guidellm", options={"benchmark": i}, **kwargs)
+            result = done.result
+            name = f"benchmark_{i}"
+            write_measured_run(result, done.trace, tmp / name)
+            levels.append({"name": name, "benchmark": i, "load": result.meta.get("load", {}),
+                           "requests": result.requests.num_rows})
+            click.echo(f"{name}: {result.requests.num_rows} requests ({result.meta['counts']['finished']} finished), "
+                       f"prefix sharing: {done.prefix.origin}")
+            for warning in done.warnings:
+                click.echo(f"warning: {name}: {warning}", err=True)
+        (tmp / "sweep.json").write_text(json.dumps({"source": str(sources[0]), "format": "guidellm",
+                                                    "runs": levels}, indent=2, sort_keys=True) + "\n")
+    click.echo(f"wrote {output}: {count} benchmarks of a sweep, each a run directory (benchmark_0 .. "
+               f"benchmark_{count - 1}) and sweep.json")
 
 
 def _parse_settings(items: tuple[str, ...]) -> dict:

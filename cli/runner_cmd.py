@@ -137,15 +137,22 @@ def _buckets(text: str) -> tuple[int, ...]:
                    "prompt is in the server's prefix cache).")
 @click.option("--sweep-passes", type=click.IntRange(min=1), default=None,
               help="--endpoint: how many times the sweep runs its list of levels (default 3).")
+@click.option("--client", "client_sources", multiple=True, type=click.Path(exists=True),
+              help="Fit a client/API-server model (fidelity/client_model.py) to live run directories with vLLM's "
+                   "/metrics (metrics.parquet) or observation JSON files with client and engine times; repeatable.")
+@click.option("--server-kind", default="vllm", show_default=True, help="--client: the server kind it describes.")
 @_model
 @_gpu
 @_tp
 def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from, steps_path, block_size, live_sweeps,
-        endpoint, sweep_out, sweep_seed, sweep_passes, model, gpu, tp):
+        endpoint, sweep_out, sweep_seed, sweep_passes, client_sources, server_kind, model, gpu, tp):
     """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
     with --steps LOG, to a real engine's per-step log (held-out steps reported); with --endpoint URL or
     --live SWEEP_DIR, to a calibration sweep of a live server; or, with --real RUN_DIR, fit the roofline's
-    host profile to real runs (held-out half reported)."""
+    host profile to real runs (held-out half reported); with --client SRC, a client/API-server model."""
+    if client_sources:
+        _fit_client(client_sources, server_kind, output)
+        return
     if endpoint or live_sweeps:
         _fit_live(endpoint, sweep_out, sweep_seed, sweep_passes, live_sweeps, output, buckets, test_fraction, seed,
                   model, bool(profile_path or real_runs or steps_path or gpu or tp))
@@ -180,6 +187,21 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from,
     fitted = fit_profile(profile_path, output, buckets=_buckets(buckets), test_fraction=test_fraction, seed=seed)
     _print_fit(fitted.metadata["fit"])
     click.echo(f"wrote {output} (use --runner fitted:{output})")
+
+
+def _fit_client(sources, server_kind, output):
+    """fit --client SRC... -o OUT: the client model's terms (docs/fidelity.md), printed and written."""
+    from servelab.fidelity.client_model import fit_client, observations_from, save
+
+    if not output:
+        raise ServelabError("fit --client SRC... needs -o OUT (the client model JSON)")
+    observations = [o for src in sources for o in observations_from(Path(src))]
+    model = fit_client(observations, server_kind, provenance="servelab fit --client " + " ".join(map(str, sources)))
+    save(model, output)
+    click.echo(f"client model ({server_kind}): {model.request_s * 1e3:.3f} ms + {model.prompt_token_s * 1e6:.3f} us "
+               f"per prompt token outside the engine, {model.token_s * 1e6:.3f} us per streamed token; "
+               f"{model.provenance}")
+    click.echo(f"wrote {output} (use validate --real RUN --client-model {output})")
 
 
 def _fit_live(endpoint, sweep_out, sweep_seed, sweep_passes, live_sweeps, output, buckets, test_fraction, seed, model,
@@ -257,15 +279,18 @@ def _print_fit(fit_info: dict) -> None:
               help="--real: write the measured and simulated TTFT/TPOT/E2E CDFs (PNG, SVG or PDF).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write the report as JSON (atomically).")
+@click.option("--client-model", default="auto", show_default=True,
+              help="--real, a client-side run: the client/API-server model added to simulated times "
+                   "(auto: the calibrated one of the server kind; vllm; a JSON from fit --client; none).")
 def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks,
-             set_options, limit, duration_s, plot_path, fmt, output):
+             set_options, limit, duration_s, plot_path, fmt, output, client_model):
     """Replay a trace slice with two runners and report step-time and TTFT/TPOT errors; or, with --real
     RUN_DIR, replay a measured run and report simulated against measured."""
     if real_run is not None:
         if trace_path or reference or limit or duration_s:
             raise ServelabError("validate --real takes a run directory only: no TRACE, --reference, --limit or --duration-s")
         _validate_real(real_run, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks, set_options,
-                       plot_path, fmt, output)
+                       plot_path, fmt, output, None if client_model == "none" else client_model)
         return
     if not trace_path or not reference or not candidate:
         raise click.UsageError("validate needs TRACE, --reference and --candidate (or --real RUN_DIR)")
@@ -316,7 +341,7 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
 
 
 def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu_blocks, set_options, plot_path,
-                   fmt, output):
+                   fmt, output, client_model="auto"):
     from servelab.fidelity.validate import plot_cdfs, validate_real
     from servelab.replay.config import ReplayConfig
     from servelab.runners.validation import write_report
@@ -325,7 +350,7 @@ def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu
     overrides.update(parse_key_values(set_options, "--set", underscores=True))
     overrides.update({k: v for k, v in (("runner", runner), ("model", model), ("gpu", gpu), ("tp", tp),
                                         ("policy", policy), ("num_gpu_blocks", num_gpu_blocks)) if v is not None})
-    report, measured, simulated = validate_real(run_dir, overrides)
+    report, measured, simulated = validate_real(run_dir, overrides, client_model)
     if plot_path is not None:
         plot_cdfs(measured, simulated, plot_path, title=f"{run_dir.name}: measured vs {report['config']['runner']}")
         report["plot"] = str(plot_path)
@@ -370,12 +395,30 @@ def render_real(report: dict) -> None:
     def pct(v):
         return "n/a" if v is None else f"{v:+.1f}%"
 
+    engine = {(r["metric"], r["stat"]): r for r in report.get("latency_engine") or ()}
+    if engine:
+        table.add_column("engine-side", justify="right", no_wrap=True)
+        table.add_column("error", justify="right", no_wrap=True)
     for row in report["latency"]:
-        table.add_row(row["metric"], row["stat"], ms(row["measured_s"]), ms(row["simulated_s"]), pct(row["error_pct"]))
+        cells = [row["metric"], row["stat"], ms(row["measured_s"]), ms(row["simulated_s"]), pct(row["error_pct"])]
+        if engine:
+            e = engine.get((row["metric"], row["stat"]))
+            cells += [ms(e["simulated_s"]), pct(e["error_pct"])] if e else ["", ""]
+        table.add_row(*cells)
     for row in report["throughput"]:
         fmt_v = (lambda v: "n/a" if v is None else f"{v:,.3f}")
         table.add_row(row["metric"], "", fmt_v(row["measured"]), fmt_v(row["simulated"]), pct(row["error_pct"]))
     print_table(table)
+    model = report.get("client_model")
+    if model:
+        console.print(f"client model ({model['server']}): {model['request_s'] * 1e3:.2f} ms + "
+                      f"{model['prompt_token_s'] * 1e6:.2f} us per prompt token outside the engine, "
+                      f"{model['token_s'] * 1e6:.2f} us per streamed token in the API server's queue; "
+                      f"simulated = client-side, engine-side beside it. {model['provenance']}")
+    errors = report.get("errors")
+    if errors and errors["measured"] is not None and errors["simulated"] is not None:
+        console.print(f"not finished: {errors['measured'] * 100:.1f}% measured, {errors['simulated'] * 100:.1f}% "
+                      f"simulated ({errors['difference_pct_points']:+.1f} points)")
     per = report["per_request"]
     parts = [f"{m.removesuffix('_s')} MAPE {per[m]['mape_pct']:.1f}% (median {per[m]['median_ape_pct']:.1f}%)"
              for m in ("ttft_s", "tpot_s", "e2e_s") if per[m]["mape_pct"] is not None]

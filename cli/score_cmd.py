@@ -130,6 +130,12 @@ def query(args, slo_specs, slo_file, fmt, out, limit, read_only, memory_limit, m
     if len(args) < 2:
         raise ServelabError('query needs at least one RUN_DIR and the SQL, e.g. servelab query runs/a "SELECT * FROM goodput"')
     *dirs, sql = args
+    if not read_only:  # the limits are --read-only's: given alone they would silently do nothing
+        ctx = click.get_current_context()
+        for name, flag in (("memory_limit", "--memory-limit"), ("max_temp_size", "--max-temp-size"),
+                           ("threads", "--threads"), ("timeout_s", "--timeout-s")):  # fmt: skip
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"{flag} limits a --read-only query: add --read-only")
     limits = QueryLimits(memory_limit, max_temp_size, threads, timeout_s) if read_only else None
     con = connect(dirs, runs_slo(dirs, slo_specs, slo_file), read_only=read_only, limits=limits)
     try:

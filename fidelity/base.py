@@ -128,6 +128,9 @@ class Measured:
     source: dict[str, Any] = field(default_factory=dict)  # anything else worth keeping (versions, rates)
     notes: tuple[str, ...] = ()  # what the importer left out or assumed, printed and kept in run.json
     prefix: PrefixSpec | None = None  # the generator's prompt sharing, where the source records it
+    # how the client sent (run.json "load"): {"shape": "open"|"closed", "users": C, "request_rate": r, ...};
+    # a closed loop's trace gets sessions (fidelity/load_shape.py)
+    load: dict[str, Any] = field(default_factory=dict)
 
 
 def check_settings(settings: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -257,7 +260,7 @@ def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: li
         "tier": ["standard"] * n,
         "session_id": [None] * n,
         "replica": [0] * n,
-        "status": ["finished" if good else "rejected" for good in ok],
+        "status": [failure_status(good, rows.reason[i]) for good, i in zip(ok, order)],
         "reason": [rows.reason[i] for i in order],
         "arrival_s": arrival,
         "first_scheduled_s": scheduled,
@@ -284,6 +287,10 @@ def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: li
     hashes = None if prefix_hashes is None else [prefix_hashes[i] for i in order]
     trace = trace_from(requests, source_ids=[rows.request_id[i] for i in order], prefix_hashes=hashes,
                        prefix_block_tokens=prefix_block_tokens)
+    if measured.load.get("shape") == "closed":
+        from servelab.fidelity.load_shape import closed_loop
+
+        trace = closed_loop(trace, requests, int(measured.load["users"]))
     tokens = _token_gaps(rows, order, first_token)
     from servelab import __version__
 
@@ -297,12 +304,13 @@ def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: li
                        files=[{"path": str(p), "sha256": sha256(p)} for p in _files(paths)]),
         "notes": list(measured.notes),
         "warnings": list(rows.warnings),
+        **({"load": dict(measured.load)} if measured.load else {}),
         "trace": {"name": paths[0].name, "rows": trace.num_rows, "path": "trace.arrow"},
         "policy": {"name": "measured", "params": {}},
         "runner": {"name": "measured", "spec": None, "params": {}},
         "engine": {k: v for k, v in settings.items() if k not in ("model", "gpu", "tp")},
         "config": settings,
-        "counts": {"finished": finished, "unfinished": 0, "rejected": n - finished},
+        "counts": _counts(requests),
         "measured_span_s": max((e for e in finish if e is not None), default=0.0),
     }
     steps = STEPS_SCHEMA.empty_table()
@@ -335,6 +343,27 @@ def _token_gaps(rows: Rows, order: np.ndarray, first_token: list[float | None]) 
     schema = tokens_schema()
     return pa.table({"request_id": pa.array(rid, pa.int64()), "token_index": pa.array(index, pa.int32()),
                      "time_s": pa.array(times, pa.float64()), "itl_s": pa.array(itl, pa.float64())}, schema=schema)
+
+
+def failure_status(ok: bool, reason: str | None) -> str:
+    """A request's status as its client recorded it, in the live runs' words (docs/live.md): ``finished``;
+    ``timeout`` where the error says it timed out; ``cancelled`` for a request still in flight when the
+    benchmark stopped (GuideLLM's ``incomplete``); otherwise ``failed``."""
+    if ok:
+        return "finished"
+    text = (reason or "").lower()
+    if "timeout" in text or "timed out" in text:
+        return "timeout"
+    if "incomplete" in text or "cancel" in text:
+        return "cancelled"
+    return "failed"
+
+
+def _counts(requests: pa.Table) -> dict[str, int]:
+    counts = {"finished": 0, "unfinished": 0}
+    for status in requests.column("status").to_pylist():
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def _files(paths: list[Path]) -> list[Path]:

@@ -78,4 +78,36 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
     settings = [{k: v for k, v in doc.items() if k != "benchmarks"},
                 [{k: v for k, v in b.items() if k != "requests"} for b in benches]]
     prefix = spec_from_generator(settings, origin=path.name)
-    return Measured(rows, clock="client", source={"benchmarks": len(benches)}, notes=tuple(notes), prefix=prefix)
+    load = load_of(benches[0], path) if len(benches) == 1 else {}
+    if load.get("shape") == "closed":
+        notes.append(f"GuideLLM {load['strategy']} profile: replayed as a closed loop of {load['users']} users")
+    source = {"benchmarks": len(benches), **({"strategy": load["strategy"]} if load else {})}
+    return Measured(rows, clock="client", source=source, notes=tuple(notes), prefix=prefix, load=load)
+
+
+def count_benchmarks(path: Path) -> int:
+    """How many benchmarks a report holds (a sweep's strategies: each is imported as a run of its own)."""
+    doc = read_json(path)
+    benches = doc.get("benchmarks") if isinstance(doc, dict) else None
+    return len(benches) if isinstance(benches, list) else 0
+
+
+def load_of(bench: dict, path: Path) -> dict:
+    """A benchmark's load shape from its scheduling strategy (``config.strategy`` in GuideLLM >= 0.4,
+    ``args.strategy`` in v0.2): ``synchronous`` is one user, ``concurrent`` ``streams`` users and
+    ``throughput`` with ``max_concurrency`` that many (closed loops); ``constant`` and ``poisson``
+    send at ``rate`` (open). Empty when the report does not say."""
+    holder = bench.get("config") if isinstance(bench.get("config"), dict) else bench.get("args")
+    strategy = holder.get("strategy") if isinstance(holder, dict) else None
+    if not isinstance(strategy, dict):
+        return {}
+    kind = strategy.get("type_") or strategy.get("type")
+    users = {"synchronous": 1, "concurrent": strategy.get("streams"),
+             "throughput": strategy.get("max_concurrency")}.get(kind)
+    if users is not None:
+        if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+            raise InputError(path, f"strategy {kind}: the number of streams must be a whole number >= 1, got {users!r}",
+                             column="streams")
+        return {"shape": "closed", "users": users, "strategy": kind, "request_rate": None}
+    rate = strategy.get("rate")
+    return {"shape": "open", "strategy": str(kind), "request_rate": float(rate) if isinstance(rate, (int, float)) else None}

@@ -165,17 +165,54 @@ def compare(real_requests: pa.Table, sim_requests: pa.Table) -> dict[str, Any]:
             "latency": rows, "throughput": throughput, "per_request": _per_request(real, sim)}
 
 
-def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, Any], pa.Table, pa.Table]:
-    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated)."""
+def error_shares(measured: pa.Table, simulated: pa.Table) -> dict[str, Any]:
+    """Share of requests that did not finish (failed, timed out, aborted, refused), measured over every
+    request of the run (the trace leaves out those that failed before any output) and simulated."""
+    def share(table: pa.Table) -> float | None:
+        n = table.num_rows
+        done = int(pc.sum(pc.equal(table.column("status"), "finished")).as_py() or 0)
+        return (n - done) / n if n else None
+
+    m, s = share(measured), share(simulated)
+    return {"measured": m, "simulated": s, "difference_pct_points": None if m is None or s is None else (s - m) * 100}
+
+
+def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | None = "auto"
+                  ) -> tuple[dict[str, Any], pa.Table, pa.Table]:
+    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated).
+
+    A client-side run (``clock: client``) is compared with the simulated times as its client would
+    have seen them (fidelity/client_model.py): ``client_model`` ``auto`` (the calibrated model of the
+    run's server kind, vLLM's unless the source says otherwise), a server kind, a model JSON, or None
+    to compare engine-side times. The engine-side comparison is kept in the report (``latency_engine``)."""
     from servelab.api import build_runner, replay, resolve_num_gpu_blocks
+    from servelab.fidelity import client_model as cm
 
     meta, measured, trace = load_measured(run_dir)
     config = config_for(meta, overrides)
     runner = build_runner(config)
     blocks = resolve_num_gpu_blocks(config, runner)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))
-    result = replay(trace, config, runner=runner)
-    report = compare(measured, result.requests)
+    model = None
+    # a model fitted to a live server's calibration sweep (fit --endpoint / --live) has the outside time
+    # in its prefill terms already (docs/live.md): auto leaves it out rather than count it twice
+    live_fitted = (getattr(getattr(runner, "model", None), "metadata", None) or {}).get("runner") == "live"
+    if client_model is not None and meta.get("clock") == "client" and not (client_model == "auto" and live_fitted):
+        model = cm.resolve("vllm" if client_model == "auto" else client_model)
+    result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0)
+    simulated = result.requests
+    engine_side = None
+    if model is not None:
+        tokens = result.tokens.read() if hasattr(result.tokens, "read") else result.tokens
+        simulated = cm.with_client_columns(simulated, model, tokens)
+        engine_side = compare(measured, simulated)["latency"]
+        report = compare(measured, cm.as_client_side(simulated))
+    else:
+        report = compare(measured, simulated)
+    report["errors"] = error_shares(measured, simulated)
+    report["client_model"] = None if model is None else model.to_dict()
+    if engine_side is not None:
+        report["latency_engine"] = engine_side
     report.update({
         "settings": settings_used(meta, overrides, config, blocks),
         "prefix": prefix_share(meta, trace, result.requests),
@@ -190,7 +227,7 @@ def validate_real(run_dir: Path, overrides: dict[str, Any]) -> tuple[dict[str, A
         "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
         "runner": result.meta["runner"],
     })
-    return report, measured, result.requests
+    return report, measured, simulated
 
 
 RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set

@@ -63,4 +63,27 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
     from servelab.traces.prefixes import spec_from_generator  # --random-prefix-len and the like, if saved
 
     prefix = spec_from_generator({k: v for k, v in doc.items() if not isinstance(v, list)}, origin=path.name)
-    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix)
+    load = _load(doc, path)
+    if load["shape"] == "closed":
+        notes.append(f"--max-concurrency {load['users']}: replayed as a closed loop of {load['users']} users "
+                     "(each request sent when one of theirs ends; think times from the recorded gaps)")
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,
+                    load=load)
+
+
+def _load(doc: dict, path: Path) -> dict:
+    """How the benchmark sent: ``request_rate`` (``inf``: all at once; vLLM writes it as the string
+    "inf" or as Infinity) and ``max_concurrency`` (null: no cap, an open loop)."""
+    rate = doc.get("request_rate")
+    try:
+        rate = None if rate is None else float(rate)
+    except (TypeError, ValueError):
+        raise InputError(path, f"request_rate is not a number: {rate!r}", column="request_rate") from None
+    load = {"request_rate": None if rate is None or rate == float("inf") else rate}
+    cap = doc.get("max_concurrency")
+    if cap is None:
+        return dict(load, shape="open")
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap != int(cap) or cap < 1:
+        raise InputError(path, f"max_concurrency must be a whole number >= 1 or null, got {cap!r}",
+                         column="max_concurrency")
+    return dict(load, shape="closed", users=int(cap))

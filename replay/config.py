@@ -68,6 +68,8 @@ class EngineConfig:
     pause: str | None = None  # "tier=flex,waiting=32[,resume=8]" or "tier=flex,kv=0.9[,resume=0.7]"
     fail: tuple[str, ...] = ()  # "replica=R,at=T[,for=D]": replica failures
     journal: bool = True  # interrupted requests keep their generated tokens (else they start over)
+    # a client timeout for every request without its own (trace column timeout_s): replay/abort.py
+    client_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -118,6 +120,8 @@ class EngineConfig:
             raise ServelabError("retries, retry_backoff_s and retry_max_backoff_s must be >= 0")
         if not 0 <= self.retry_jitter <= 1:
             raise ServelabError(f"retry_jitter must be in [0, 1], got {self.retry_jitter}")
+        if self.client_timeout_s is not None and not (0 < self.client_timeout_s < math.inf):
+            raise ServelabError(f"client_timeout_s must be a finite number of seconds > 0, got {self.client_timeout_s}")
         if self.queue_cap is not None and self.queue_cap < 1:
             raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
 

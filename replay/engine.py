@@ -83,6 +83,7 @@ class Engine:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
         self.handoff = None  # a component called with (replica, step, end_s) after each applied step
+        self.aborts = None  # client timeouts (replay/abort.py), when any request has one
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -502,6 +503,9 @@ class Engine:
                 cohort.join(req)
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
+        if req.status is Status.ABORTED:  # its client gave up while this step ran: it leaves, unfinished
+            self.aborts.release(replica, req, now, finished=True)
+            return
         req.status = Status.FINISHED
         req.finish_s = now
         replica.kv.release(req)
@@ -519,6 +523,8 @@ class Engine:
         if follower is not None:
             follower.arrival_s = now + (follower.think_s or 0.0)
             self.push(follower.arrival_s, ARRIVAL, follower)
+            if self.aborts is not None:
+                self.aborts.arm(follower)
 
     # -- horizon --------------------------------------------------------------------------------
     def _stop_at_horizon(self, until: float) -> None:

@@ -89,6 +89,8 @@ class Platform:
         adm = self.admission
         if adm is None:
             return True
+        if req.status.is_terminal:  # a throttled client's retry, after its client timeout ended it
+            return False
         engine = self.engine
         throttle = adm.check(req, now)
         if throttle is not None:
@@ -130,19 +132,23 @@ class Platform:
     def drop(self, replica: "Replica | None", req: Request, reason: str, now: float) -> None:
         """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
         if replica is not None:
-            replica.waiting.remove(req)
-            replica.policy.on_leave(req, replica)
-            replica.forgive(req)
-            if self.pause is not None and req.tier == self.pause.tier:
-                self.pause_waiting[replica.id] -= 1
-            if req.swapped:
-                replica.kv.drop_host(req)
-            replica.kv.forget(req)  # (a purged tenant's cached blocks)
+            self.take_off(replica, req)
         req.status = Status.DROPPED
         req.reason = reason
         self.ledger.refused_s[req.index] = now
         self.dropped += 1
         self.engine.ended(req, now)
+
+    def take_off(self, replica: "Replica", req: Request) -> None:
+        """Take ``req`` out of ``replica``'s waiting queue for good (a drop, a client's abort)."""
+        replica.waiting.remove(req)
+        replica.policy.on_leave(req, replica)
+        replica.forgive(req)
+        if self.pause is not None and req.tier == self.pause.tier:
+            self.pause_waiting[replica.id] -= 1
+        if req.swapped:
+            replica.kv.drop_host(req)
+        replica.kv.forget(req)  # (a purged tenant's cached blocks)
 
     def ended(self, req: Request, now: float) -> None:
         if self.admission is not None:

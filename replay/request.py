@@ -22,6 +22,7 @@ class Status(IntEnum):
     UNFINISHED = 5  # still in flight when the horizon ended the replay
     THROTTLED = 6  # refused by a quota and never retried successfully
     DROPPED = 7  # shed by an admission policy (e.g. deadline can no longer be met)
+    ABORTED = 8  # its client gave up (a client timeout: replay/abort.py)
 
     @property
     def is_terminal(self) -> bool:

@@ -14,7 +14,7 @@ import duckdb
 from rich import box
 from rich.console import Console
 from rich.table import Table
-from servelab.common.tables import available_width, fit_table, print_table
+from servelab.common.tables import available_width, escape_controls, fit_table, print_table
 from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable, as_slo_table, recorded_slo
 from servelab.scoring.views import LIVE_STATUSES
@@ -463,7 +463,8 @@ def render_text(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None
         if i:
             console.print()
         render(report_data(con, run_id, slo_source), console)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+    # prose lines name tenants too (worst tenant, longest wait): no control character reaches the terminal raw
+    return escape_controls("\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n")
 
 
 def report_text(

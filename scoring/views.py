@@ -13,7 +13,8 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
 END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
-LIVE_STATUSES = ("failed", "timeout", "cancelled")  # live runs (servelab bench; docs/live.md)
+# live runs (servelab bench; docs/live.md), and a replay's client timeouts (aborted: replay/abort.py)
+LIVE_STATUSES = ("failed", "timeout", "cancelled", "aborted")
 
 # TPOT per metric variant; the other columns are identical.
 TPOT_VARIANTS = {

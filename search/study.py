@@ -526,6 +526,7 @@ def _fail_own_running(study, worker: str) -> None:
 
 
 PARENT_POLL_S = 0.5
+TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
 _PR_SET_PDEATHSIG = 1
 
 
@@ -572,12 +573,19 @@ def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str 
             # kernel's, the watcher's), and the second must not kill the worker mid-write
             from servelab.search.trials import write_trials
 
-            for attempt in range(3):  # both workers write it at once: one may meet the other's half-done write
+            # both workers write it at once: one may meet the other's half-done write or the journal's
+            # lock, for longer on a loaded machine; keep trying for a while, and say it if all failed
+            deadline, pause = time.monotonic() + TRIALS_WRITE_S, 0.1
+            while True:
                 try:
                     write_trials(open_study(spec, Path(study_dir), storage_url=storage_url), Path(study_dir))
                     break
-                except Exception:
-                    time.sleep(0.1 * (attempt + 1))
+                except Exception as err:
+                    if time.monotonic() + pause > deadline:
+                        print(f"servelab search worker: could not write trials.parquet: {err}", file=sys.stderr)
+                        break
+                    time.sleep(pause)
+                    pause = min(2 * pause, 2.0)
     finally:
         interrupt.restore()
 

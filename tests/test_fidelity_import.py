@@ -55,7 +55,7 @@ def test_otel_spans(run_cli, tmp_path):
     meta, rows, out = _import(run_cli, tmp_path, "otel", FIX / "otel_llm_request.jsonl")
     assert meta["measured"] is True and meta["clock"] == "server"
     # 4 export lines holding 1, 1, 2 and 2 spans
-    assert len(rows) == 6 and meta["counts"] == {"finished": 6, "unfinished": 0, "rejected": 0}
+    assert len(rows) == 6 and meta["counts"] == {"finished": 6, "unfinished": 0}
     # second span: start 1769021453850741760 ns, the first 1769021450278127360 ns
     second = rows[1]
     _check_request(second, 3.5726144, 0.0355076789855957, 3.3592677116394043,
@@ -83,30 +83,33 @@ def test_timestamps_jsonl_with_meta(run_cli, tmp_path):
 def test_vllm_bench_serve(run_cli, tmp_path):
     meta, rows, out = _import(run_cli, tmp_path, "vllm-bench", FIX / "vllm_bench_serve.json")
     assert meta["clock"] == "client"
-    assert len(rows) == 4 and meta["counts"]["finished"] == 3 and meta["counts"]["rejected"] == 1
+    assert len(rows) == 4 and meta["counts"]["finished"] == 3 and meta["counts"]["failed"] == 1
     # request 1: sent at 100.5 (first at 100.0), ttft 0.08, latency 2.08, 21 tokens, longest gap 0.25
     _check_request(rows[1], 0.5, 0.08, 2.08, 2.0 / 20, 200, 21)
     assert rows[1]["max_itl_s"] == pytest.approx(0.25)
     failed = rows[2]
-    assert failed["status"] == "rejected" and failed["reason"] == "Bad Request" and failed["e2e_s"] is None
+    assert failed["status"] == "failed" and failed["reason"] == "Bad Request" and failed["e2e_s"] is None
     assert read_trace(out / "trace.arrow").num_rows == 3  # the failed request produced nothing to replay
     assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "h100-80gb"}
 
 
 def test_guidellm_both_schemas(run_cli, tmp_path):
-    meta, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json")
-    assert len(rows) == 4 and meta["counts"]["finished"] == 3
+    # a report of two benchmarks is a sweep: each is a run of its own (tests/test_fidelity_load_shape.py)
+    meta, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json",
+                           extra=["--benchmark", "0", *GIVEN["guidellm"]])
+    assert len(rows) == 3 and meta["counts"]["finished"] == 2
     _check_request(rows[1], 0.4, 0.2, 0.6, 0.4 / 4, 80, 5)  # v0.2 fields
-    _check_request(rows[3], 2.0, 0.3, 0.5, 0.2 / 2, 200, 3)  # v0.4 info.timings
-    assert rows[2]["status"] == "rejected" and rows[2]["reason"] == "timeout"
-    _, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json", extra=["--benchmark", "1", *GIVEN["guidellm"]])
-    assert len(rows1) == 1 and rows1[0]["arrival_s"] == 0.0
+    assert rows[2]["status"] == "timeout" and rows[2]["reason"] == "timeout"  # kept as the client recorded it
+    _, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json",
+                          extra=["--benchmark", "1", *GIVEN["guidellm"]])
+    assert len(rows1) == 1
+    _check_request(rows1[0], 0.0, 0.3, 0.5, 0.2 / 2, 200, 3)  # v0.4 info.timings
 
 
 def test_blis_trace_v2(run_cli, tmp_path):
     meta, rows, out = _import(run_cli, tmp_path, "blis", FIX / "blis")
     assert len(rows) == 3  # the warm-up row is left out
-    assert meta["counts"] == {"finished": 2, "unfinished": 0, "rejected": 1}
+    assert meta["counts"] == {"finished": 2, "unfinished": 0, "failed": 1}
     # request 1: sent 1000200 us, first chunk 1120200, last 2720200, server prompt 515, 17 tokens
     _check_request(rows[0], 0.0, 0.12, 1.72, 1.6 / 16, 515, 17)
     _check_request(rows[1], 0.4999, 0.1, 0.4, 0.3 / 3, 256, 4)
@@ -236,8 +239,11 @@ def test_vllm_bench_throughputs_are_vllms_own(run_cli, tmp_path):
 
 
 def test_guidellm_request_ids_are_kept(run_cli, tmp_path):
-    _, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json")
-    assert [r["source_request_id"] for r in rows] == ["a", "b", "c", "d"]
+    _, rows, _ = _import(run_cli, tmp_path, "guidellm", FIX / "guidellm_report.json",
+                         extra=["--benchmark", "0", *GIVEN["guidellm"]])
+    _, rows1, _ = _import(run_cli, tmp_path / "one", "guidellm", FIX / "guidellm_report.json",
+                          extra=["--benchmark", "1", *GIVEN["guidellm"]])
+    assert [r["source_request_id"] for r in rows + rows1] == ["a", "b", "c", "d"]
 
 
 def test_query_help_lists_the_token_views(capsys):

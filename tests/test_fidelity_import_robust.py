@@ -109,9 +109,9 @@ def test_blis_cut_last_row_is_a_failed_request(tmp_path, capsys):
     assert code == 0, err
     assert "row 5: row cut short" in err
     rows = pq.read_table(run / "requests.parquet").to_pylist()
-    assert len(rows) == 4 and rows[-1]["status"] == "rejected" and "cut short" in rows[-1]["reason"]
+    assert len(rows) == 4 and rows[-1]["status"] == "failed" and "cut short" in rows[-1]["reason"]
     meta = json.loads((run / "run.json").read_text())
-    assert meta["measured_span_s"] < 10 and meta["counts"]["rejected"] == 2
+    assert meta["measured_span_s"] < 10 and meta["counts"]["failed"] == 2
     # an ok row whose chunk times never came is failed too, not a request finishing at time 0
     csv.write_text(text + "4,c1,t2,standard,,0,,0,true,128,9,128,0,0,0,0,,0,0,1800000,1800050,0,0,0,ok,,\n")
     code, out, err = run_main(["run", "import", folder, "-o", tmp_path / "run2", "--setting", "gpu=h100-80gb"], capsys)
@@ -131,7 +131,7 @@ def test_timestamps_cut_lines(tmp_path, capsys):
     assert code == 0, err
     assert "line 4: cut short" in err and "line 2: no last_token_ts" in err
     rows = pq.read_table(run / "requests.parquet").to_pylist()
-    assert [r["status"] for r in rows] == ["finished", "rejected", "finished"]
+    assert [r["status"] for r in rows] == ["finished", "failed", "finished"]
     # a cut line in the middle is still an error naming it
     src.write_text("\n".join([lines[0], lines[1][:40], lines[2]]) + "\n")
     code, out, err = run_main(["run", "import", "--format", "timestamps-jsonl", src, "-o", tmp_path / "r2",

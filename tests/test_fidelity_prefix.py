@@ -171,9 +171,9 @@ def test_guidellm_generator_args_and_prompt_text(tmp_path, capsys):
     src.write_text(json.dumps(doc))
     given = ["--setting", "model=llama-3.1-8b", "--setting", "gpu=h100-80gb"]
     code, out, err = run_main(["run", "import", src, "-o", tmp_path / "a", *given], capsys)
-    assert code == 0, err
-    assert "generator settings in report.json: a 32-token shared prefix in 1 group(s)" in out
-    hashes = read_trace(tmp_path / "a" / "trace.arrow").column("prefix_hashes").to_pylist()
+    assert code == 0, err  # two benchmarks: a sweep, one run each
+    assert "benchmark_0: 3 requests (2 finished), prefix sharing: generator settings in report.json: a 32-token shared prefix in 1 group(s)" in out, out
+    hashes = read_trace(tmp_path / "a" / "benchmark_0" / "trace.arrow").column("prefix_hashes").to_pylist()
     assert all(len(h) == 2 and h == hashes[0] for h in hashes)
     # prompt text wins over the generator's settings: equal leading text, equal leading blocks
     for i, req in enumerate(r for b in doc["benchmarks"] for s in ("successful", "errored", "incomplete")
@@ -183,8 +183,8 @@ def test_guidellm_generator_args_and_prompt_text(tmp_path, capsys):
     code, out, err = run_main(["run", "import", src, "-o", tmp_path / "b", *given], capsys)
     assert code == 0, err
     assert "the prompts' text" in out
-    hashes = read_trace(tmp_path / "b" / "trace.arrow").column("prefix_hashes").to_pylist()
-    assert hashes[0][0] == hashes[1][0] == hashes[2][0]
+    hashes = read_trace(tmp_path / "b" / "benchmark_0" / "trace.arrow").column("prefix_hashes").to_pylist()
+    assert len(hashes) == 2 and hashes[0][0] == hashes[1][0] and hashes[0][-1] != hashes[1][-1]
 
 
 def test_hit_rate_from_a_metrics_scrape(tmp_path, capsys):

@@ -155,7 +155,7 @@ def test_validate_real_replays_a_live_run(tmp_path, capsys):
     model.write_text(json.dumps({"format": 1, "kind": "servelab-fitted-runner", "terms": list(terms),
                                  "bucket_edges_tokens": [], "coefficients_s": [coef], "metadata": {}}))
     code, stdout, err = run_main(["validate", "--real", str(out), "--candidate", f"fitted:{model}",
-                                  "--format", "json"], capsys)
+                                  "--format", "json", "--client-model", "none"], capsys)
     assert code == 0, err
     report = json.loads(stdout)
     rows = {(r["metric"], r["stat"]): r for r in report["latency"]}

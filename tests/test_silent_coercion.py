@@ -77,3 +77,24 @@ def test_read_only_query_is_capped_in_memory_disk_threads_and_time(tmp_path, cap
     assert capsys.readouterr().err.strip() == "error: query stopped after 0.5 s (--timeout-s)"
     assert _cli("query", run, "--read-only", "SET memory_limit = '100GB'") == 1  # locked: the SQL cannot lift them
     assert "locked" in capsys.readouterr().err
+
+
+def test_control_characters_in_tenant_names_are_escaped_in_the_reports_prose(tmp_path, capsys):
+    evil = "evil\x1b[31mred"
+    trace = write_trace(synth_trace(n=40, rate=20.0, tenants={evil: 3, evil + "2": 1}, seed=0), tmp_path / "t.arrow", "synth")
+    assert _cli("replay", trace, "-o", tmp_path / "run", "--no-report", "--runner", "linear:base=0.02", "--num-gpu-blocks", "1000") == 0
+    capsys.readouterr()
+    assert _cli("report", tmp_path / "run", "--slo", "ttft=50ms") == 0
+    out = capsys.readouterr().out
+    assert "worst tenant evil\\x1b[31mred" in out and "\x1b" not in out, out
+
+
+def test_query_limits_without_read_only_are_refused_not_ignored(tmp_path, capsys):
+    from servelab.api import replay, write_run
+    from servelab.replay.config import ReplayConfig
+
+    run = write_run(replay(synth_trace(n=5, rate=5.0, seed=0), ReplayConfig(
+        runner="linear:base=0.01", engine=EngineConfig(num_gpu_blocks=1000))), tmp_path / "run")  # fmt: skip
+    assert _cli("query", run, "--timeout-s", "5", "SELECT 1") == 2
+    assert "--timeout-s limits a --read-only query: add --read-only" in capsys.readouterr().err
+    assert _cli("query", run, "SELECT 1") == 0

@@ -51,6 +51,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("ttft_slo_s", pa.float64(), False, "per-request TTFT SLO override"),
     Column("tpot_slo_s", pa.float64(), False, "per-request TPOT SLO override"),
     Column("model", _DICT_STRING, False, "model name"),
+    Column("timeout_s", pa.float64(), False, "client timeout: the client abandons the request this long after it arrives"),
 )
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
 REQUIRED = tuple(c.name for c in COLUMNS if c.required)
@@ -201,6 +202,10 @@ def _check_optional(table: pa.Table, path: object) -> None:
             values = _numpy(_pc().fill_null(table.column(name).cast(pa.float64()), 0.0))
             _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
             _check(path, name, values < 0, "must be >= 0")
+    if "timeout_s" in names:
+        values = _numpy(_pc().fill_null(table.column("timeout_s").cast(pa.float64()), 1.0))
+        _check(path, "timeout_s", ~np.isfinite(values), "not a finite number (NaN or infinite)")
+        _check(path, "timeout_s", values <= 0, "must be > 0 (null: no timeout)")
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)

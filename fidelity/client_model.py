@@ -1,0 +1,309 @@
+"""A model of what lies between a benchmark client and the engine, applied after a replay (docs/fidelity.md).
+
+A replay's times are the engine's: arrival at the engine, first and last token out of it. A run
+timed at the client (``clock: client``: ``vllm bench serve``, GuideLLM, ``servelab bench``) also
+holds the HTTP round trip, the API server's parsing and tokenisation, and each token's way back
+(detokenisation, the server-sent event). The client model adds them to simulated per-request times:
+
+- ``request_s + prompt_token_s * prompt_tokens``: the time of a lone request outside the engine
+  (HTTP, tokenisation, the first token's way back), which delays its first and last token alike;
+- ``token_s``: the API server's own work per streamed token. One API server process streams every
+  response, so the tokens of all requests queue for it: a single-server FIFO queue whose arrivals are
+  the engine's token times and whose service takes ``token_s`` each. A token's extra delay is its
+  wait in that queue; at low load there is none (``token_s`` itself is already inside the lone
+  request's time above), under many concurrent streams the queue grows and the API server's
+  throughput (1 / ``token_s`` tokens a second) caps the output the client sees.
+
+It is a post-pass over the replay's per-request times (and its token log, when there is one: else a
+request's tokens are spread evenly between its first and last), not part of the engine's loop: the
+engine still sees each request at its send time (the outside time is not taken off its arrival) and
+a closed loop's next turn leaves when the engine finished the last (not when the client read it).
+``fit_client`` fits the terms to observations with both client and engine times; ``DEFAULTS``
+holds the calibrated model per server kind, with where its numbers come from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from servelab.common.errors import InputError, ServelabError
+
+CLIENT_COLUMNS = ("client_first_token_s", "client_finish_s", "client_ttft_s", "client_tpot_s", "client_e2e_s")
+
+
+@dataclass(frozen=True)
+class ClientModel:
+    server: str  # the server kind it describes ("vllm")
+    request_s: float  # a lone request's time outside the engine, constant part (seconds)
+    prompt_token_s: float  # ... and per prompt token (tokenisation)
+    token_s: float = 0.0  # the API server's work per streamed token (its single-server queue)
+    provenance: str = ""  # where the numbers come from and how they were fitted
+
+    def __post_init__(self) -> None:
+        for name in ("request_s", "prompt_token_s", "token_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise ServelabError(f"client model {name} must be a finite number of seconds >= 0, got {value!r}")
+
+    def outside_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        return self.request_s + self.prompt_token_s * prompt_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The calibrated model per server kind, fitted when this module loads on the observations shipped
+# beside it (client_calibration_<kind>.json, with where they come from).
+DEFAULTS: dict[str, ClientModel] = {}
+CALIBRATION = Path(__file__).with_name("client_calibration_vllm.json")
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Least squares of two non-negative coefficients: the free fit, else the better of the fits
+    with one of them held at 0 (the exact answer for two unknowns)."""
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    if (x >= 0).all():
+        return float(x[0]), float(x[1])
+    best = (0.0, 0.0)
+    best_err = float(np.sum(b ** 2))
+    for j in (0, 1):
+        col = a[:, j]
+        c = max(0.0, float(col @ b / (col @ col))) if col @ col > 0 else 0.0
+        err = float(np.sum((b - c * col) ** 2))
+        if err < best_err:
+            best, best_err = ((c, 0.0) if j == 0 else (0.0, c)), err
+    return best
+
+
+def fit_client(observations: list[dict], server: str = "vllm", provenance: str = "") -> ClientModel:
+    """Least squares (non-negative) of the client-minus-engine TTFT on ``1, prompt_tokens`` for
+    ``request_s`` and ``prompt_token_s``; ``token_s`` is the mean, over observations that have decode
+    times, of the client-minus-engine decode time per gap (``(client_decode_s - server_decode_s) /
+    (output_tokens - 1)``, at least 0): the delay the API server adds per streamed token beyond the
+    engine, which only shows under load. Each observation may carry a ``weight`` (requests behind a mean)."""
+    rows, target, weights = [], [], []
+    for i, obs in enumerate(observations):
+        try:
+            p, c, s = float(obs["prompt_tokens"]), float(obs["client_ttft_s"]), float(obs["server_ttft_s"])
+        except (KeyError, TypeError, ValueError):
+            raise ServelabError(f"client observation {i} needs prompt_tokens, client_ttft_s and server_ttft_s: {obs}") \
+                from None
+        w = float(obs.get("weight", 1.0))
+        rows.append([1.0, p])
+        target.append(c - s)
+        weights.append(np.sqrt(w))
+    if len(rows) < 2 or len({r[1] for r in rows}) < 2:
+        raise ServelabError("fitting a client model needs observations at two prompt lengths or more")
+    a, b = np.asarray(rows), np.asarray(target)
+    w = np.asarray(weights)
+    (request_s, prompt_token_s) = _nonnegative_lstsq(a * w[:, None], b * w)
+    per_gap = [max(0.0, (float(o["client_decode_s"]) - float(o["server_decode_s"])) / (float(o["output_tokens"]) - 1))
+               for o in observations if o.get("client_decode_s") is not None and o.get("server_decode_s") is not None
+               and float(o.get("output_tokens") or 0) > 1]
+    token_s = float(np.mean(per_gap)) if per_gap else 0.0
+    residual = b - a @ np.array([request_s, prompt_token_s])
+    fit = (f"fitted on {len(rows)} observations (outside time residual max {np.abs(residual).max() * 1e3:.2f} ms)"
+           + ("" if per_gap else "; token_s: no observation with decode times, set to 0"))
+    return ClientModel(server, float(request_s), float(prompt_token_s), token_s,
+                       provenance=f"{provenance}; {fit}" if provenance else fit)
+
+
+DEFAULTS["vllm"] = fit_client(
+    json.loads(CALIBRATION.read_text())["observations"], "vllm",
+    provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a 2-vCPU VM), "
+               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 12 runs of "
+               "40 Poisson requests at 5/s, client times against vLLM's engine-side /metrics (bench/RESULTS_fidelity.md, "
+               "attempt a4); token_s: the client's decode was never slower than the engine's there")
+
+
+def resolve(spec: str) -> ClientModel:
+    """A server kind of ``DEFAULTS`` (``vllm``) or a JSON file written by ``servelab fit --client``."""
+    if spec in DEFAULTS:
+        return DEFAULTS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ServelabError(f"client model '{spec}': neither a server kind ({', '.join(sorted(DEFAULTS))}) nor a file")
+    try:
+        data = json.loads(path.read_text())
+        return ClientModel(**{k: data[k] for k in ("server", "request_s", "prompt_token_s", "token_s", "provenance")
+                              if k in data})
+    except (json.JSONDecodeError, TypeError) as err:
+        raise InputError(path, f"not a client model JSON ({err})") from None
+
+
+def save(model: ClientModel, path: str | Path) -> None:
+    from servelab.common.atomic import atomic_path
+
+    with atomic_path(Path(path)) as tmp:
+        Path(tmp).write_text(json.dumps(model.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+# -- the post-pass -------------------------------------------------------------------------------
+def api_server_waits(token_times: np.ndarray, token_s: float) -> np.ndarray:
+    """Each token's wait in one FIFO server of service ``token_s`` (tokens in arrival order; Lindley:
+    departure_i = max(arrival_i, departure_{i-1}) + s, in closed form with a running maximum)."""
+    if token_times.size == 0 or token_s == 0:
+        return np.zeros_like(token_times)
+    order = np.argsort(token_times, kind="stable")
+    t = token_times[order]
+    k = np.arange(t.size, dtype=np.float64)
+    departure = token_s * (k + 1) + np.maximum.accumulate(t - token_s * k)
+    waits = np.empty_like(t)
+    waits[order] = departure - t - token_s
+    return waits
+
+
+def with_client_columns(requests: pa.Table, model: ClientModel, tokens: pa.Table | None = None) -> pa.Table:
+    """``requests`` (a replay's table) with the simulated client-side times appended (CLIENT_COLUMNS):
+    the first and last token as the client would read them, and TTFT / TPOT / E2E from them (null
+    where the engine-side value is null). ``tokens``: the replay's token log (request_id, token_index,
+    time_s), else each request's tokens are spread evenly over its decode."""
+    rid = requests.column("request_id").to_numpy(zero_copy_only=False)
+    arrival = _f(requests, "arrival_s")
+    first = _f(requests, "first_token_s")
+    finish = _f(requests, "finish_s")
+    out_tokens = requests.column("generated_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+    outside = model.outside_s(requests.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64))
+    wait_first = np.zeros(len(rid))
+    wait_last = np.zeros(len(rid))
+    if model.token_s > 0:
+        owner, times, is_first, is_last = _token_times(rid, first, finish, out_tokens, tokens)
+        waits = api_server_waits(times, model.token_s)
+        row = {r: i for i, r in enumerate(rid.tolist())}
+        rows = np.fromiter((row[o] for o in owner.tolist()), dtype=np.int64, count=owner.size)
+        wait_first[rows[is_first]] = waits[is_first]
+        wait_last[rows[is_last]] = waits[is_last]
+    c_first = first + outside + wait_first
+    c_finish = finish + outside + wait_last
+    n_out = requests.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n_out > 1, (c_finish - c_first) / (n_out - 1), 0.0)
+    tpot[~np.isfinite(finish)] = np.nan
+    columns = {"client_first_token_s": c_first, "client_finish_s": c_finish, "client_ttft_s": c_first - arrival,
+               "client_tpot_s": tpot, "client_e2e_s": c_finish - arrival}
+    for name in CLIENT_COLUMNS:
+        values = columns[name]
+        requests = requests.append_column(pa.field(name, pa.float64()),
+                                          pa.array(values, pa.float64(), mask=~np.isfinite(values)))
+    return requests
+
+
+def _f(table: pa.Table, name: str) -> np.ndarray:
+    return pc.fill_null(table.column(name).cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
+
+
+def _token_times(rid, first, finish, out_tokens, tokens):
+    """Every output token's engine time: (owner request id, time, is first token, is last token)."""
+    if tokens is not None and tokens.num_rows:
+        owner = tokens.column("request_id").to_numpy(zero_copy_only=False)
+        times = tokens.column("time_s").to_numpy(zero_copy_only=False).astype(np.float64)
+        index = tokens.column("token_index").to_numpy(zero_copy_only=False)
+        counts = dict(zip(rid.tolist(), out_tokens.tolist()))
+        last = np.fromiter((counts.get(o, -1) for o in owner.tolist()), dtype=np.int64, count=owner.size)
+        return owner, times, index == 1, index == last
+    owners, times, firsts, lasts = [], [], [], []
+    for r, f, e, n in zip(rid.tolist(), first.tolist(), finish.tolist(), out_tokens.tolist()):
+        if not np.isfinite(f) or n < 1:
+            continue
+        if n == 1 or not np.isfinite(e):
+            owners.append([r])
+            times.append([f])
+            firsts.append([True])
+            lasts.append([n == 1])
+            continue
+        owners.append([r] * n)
+        times.append(np.linspace(f, e, n).tolist())
+        firsts.append([True] + [False] * (n - 1))
+        lasts.append([False] * (n - 1) + [True])
+    flat = lambda xs, dtype: np.asarray([v for x in xs for v in x], dtype=dtype)  # noqa: E731
+    return flat(owners, rid.dtype), flat(times, np.float64), flat(firsts, bool), flat(lasts, bool)
+
+
+def as_client_side(requests: pa.Table) -> pa.Table:
+    """``requests`` with its client-side columns taking the place of the engine-side times (what a
+    client-side measurement is compared with)."""
+    out = requests
+    for engine, client in (("first_token_s", "client_first_token_s"), ("finish_s", "client_finish_s"),
+                           ("ttft_s", "client_ttft_s"), ("tpot_s", "client_tpot_s"), ("e2e_s", "client_e2e_s")):
+        out = out.set_column(out.column_names.index(engine), engine, out.column(client))
+    return out
+
+
+# -- observations from live runs -----------------------------------------------------------------
+def observations_from(path: Path) -> list[dict]:
+    """Observations with client and engine times: a JSON file (``{"observations": [...]}``: each
+    ``prompt_tokens``, ``client_ttft_s``, ``server_ttft_s``, optionally ``output_tokens``,
+    ``client_decode_s``, ``server_decode_s``, ``weight``), or a live run directory (``servelab bench``
+    with ``/metrics`` scraped) whose metrics.parquet holds vLLM's engine-side histograms: one
+    observation of the run's means (engine TTFT = queue + prefill time, engine decode time)."""
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise InputError(path, f"not valid JSON: {err.msg}") from None
+        obs = data.get("observations") if isinstance(data, dict) else None
+        if not isinstance(obs, list):
+            raise InputError(path, "no 'observations' list", column="observations")
+        return obs
+    metrics_path, requests_path = path / "metrics.parquet", path / "requests.parquet"
+    if not metrics_path.is_file() or not requests_path.is_file():
+        raise InputError(path, "neither an observations JSON nor a live run directory with metrics.parquet "
+                               "(servelab bench scrapes it from vLLM's /metrics)")
+    import pyarrow.parquet as pq
+
+    metrics = pq.read_table(metrics_path)
+    increase = _counter_increases(metrics)
+
+    def mean(name: str) -> float | None:
+        count = increase.get(f"vllm:{name}_count")
+        total = increase.get(f"vllm:{name}_sum")
+        return total / count if count and total is not None else None
+
+    queue, prefill, decode = (mean("request_queue_time_seconds"), mean("request_prefill_time_seconds"),
+                              mean("request_decode_time_seconds"))
+    if queue is None or prefill is None:
+        raise InputError(metrics_path, "no vllm:request_queue_time_seconds / request_prefill_time_seconds "
+                                       "histograms (a vLLM server's engine-side times)", column="metric")
+    req = pq.read_table(requests_path)
+    done = req.filter(pc.equal(req.column("status"), "finished"))
+    if done.num_rows == 0:
+        raise InputError(requests_path, "no finished request")
+    ttft = _f(done, "ttft_s")
+    first, finish = _f(done, "first_token_s"), _f(done, "finish_s")
+    out = done.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    obs = {"prompt_tokens": float(done.column("prompt_tokens").to_numpy(zero_copy_only=False).mean()),
+           "client_ttft_s": float(ttft.mean()), "server_ttft_s": queue + prefill, "weight": done.num_rows,
+           "source": str(path)}
+    if decode is not None:
+        obs.update(output_tokens=float(out.mean()), client_decode_s=float((finish - first).mean()),
+                   server_decode_s=decode)
+    return [obs]
+
+
+def _counter_increases(metrics: pa.Table) -> dict[str, float]:
+    """Per metric name: last value minus the first (the baseline scrape), summed over label sets
+    (the histograms' ``_sum`` / ``_count`` over engines and models)."""
+    names = metrics.column("metric").to_pylist()
+    labels = metrics.column("labels").to_pylist()
+    times = metrics.column("time_s").to_pylist()
+    values = metrics.column("value").to_pylist()
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for n, lab, t, v in zip(names, labels, times, values):
+        if n.endswith(("_sum", "_count")):
+            series.setdefault((n, lab), []).append((t, v))
+    out: dict[str, float] = {}
+    for (n, _), points in series.items():
+        points.sort()
+        out[n] = out.get(n, 0.0) + points[-1][1] - points[0][1]
+    return out
+
+
+__all__ = ["CLIENT_COLUMNS", "ClientModel", "DEFAULTS", "api_server_waits", "as_client_side", "fit_client",
+           "observations_from", "resolve", "save", "with_client_columns"]

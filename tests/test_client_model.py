@@ -1,0 +1,196 @@
+"""The client/API-server model (fidelity/client_model.py): outside time per request, the API server's
+per-token queue, its fit, and how validate --real shows it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from helpers_cli import run_main
+
+from servelab.common.errors import ServelabError
+from servelab.fidelity import client_model as cm
+from servelab.fidelity.base import Measured, Rows, build_run, write_measured_run
+from servelab.fidelity.client_model import ClientModel, api_server_waits, fit_client, with_client_columns
+
+
+def test_the_api_server_queue_by_hand():
+    # four tokens reach one server of 0.1 s per token: three at once, one later
+    waits = api_server_waits(np.array([0.0, 0.0, 0.0, 1.0]), 0.1)
+    assert waits.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.0])
+    # out of order in, in order of arrival served
+    assert api_server_waits(np.array([0.5, 0.0]), 1.0).tolist() == pytest.approx([0.5, 0.0])
+
+
+def requests(first, finish, prompt=(100, 100), out=(3, 3)):
+    n = len(first)
+    return pa.table({"request_id": pa.array(range(n), pa.int64()), "arrival_s": [0.0] * n,
+                     "first_token_s": first, "finish_s": finish, "prompt_tokens": pa.array(prompt, pa.int32()),
+                     "output_tokens": pa.array(out, pa.int32()), "generated_tokens": pa.array(out, pa.int32())})
+
+
+def test_outside_time_adds_to_ttft_and_e2e_but_not_tpot():
+    model = ClientModel("vllm", request_s=0.005, prompt_token_s=1e-5)
+    r = with_client_columns(requests([0.1, 0.2], [0.3, None], out=(3, 3)), model)
+    assert r.column("client_ttft_s").to_pylist() == pytest.approx([0.1 + 0.006, 0.2 + 0.006])
+    assert r.column("client_e2e_s").to_pylist()[0] == pytest.approx(0.3 + 0.006)
+    assert r.column("client_e2e_s").to_pylist()[1] is None  # not finished: no E2E
+    assert r.column("client_tpot_s").to_pylist()[0] == pytest.approx(0.1)
+
+
+def test_many_streams_queue_for_one_api_server():
+    # two requests whose tokens leave the engine at the same instants 0.1, 0.2, 0.3 (evenly spread):
+    # the server streams one token per 0.05 s, so the second request's tokens wait 0.05 s each
+    model = ClientModel("vllm", request_s=0.0, prompt_token_s=0.0, token_s=0.05)
+    r = with_client_columns(requests([0.1, 0.1], [0.3, 0.3]), model)
+    assert r.column("client_ttft_s").to_pylist() == pytest.approx([0.1, 0.15])
+    assert r.column("client_e2e_s").to_pylist() == pytest.approx([0.3, 0.35])
+    # 20 streams of 10 tokens in lockstep, 1 ms apart in the engine: the server's 1/0.005 = 200 tokens/s
+    # (not the engine's 20,000) sets the pace; the last token leaves 200 x 5 ms after the first arrived
+    n = 20
+    r = with_client_columns(requests([0.001] * n, [0.010] * n, prompt=[1] * n, out=[10] * n),
+                            ClientModel("vllm", 0.0, 0.0, token_s=0.005))
+    assert max(r.column("client_finish_s").to_pylist()) == pytest.approx(0.001 + 200 * 0.005 - 0.005)
+
+
+def test_the_token_log_gives_the_queue_its_arrivals():
+    tokens = pa.table({"request_id": pa.array([0, 0, 1, 1], pa.int64()), "token_index": pa.array([1, 2, 1, 2], pa.int32()),
+                       "time_s": [0.1, 0.5, 0.1, 0.2]})
+    r = with_client_columns(requests([0.1, 0.1], [0.5, 0.2], out=(2, 2)), ClientModel("v", 0.0, 0.0, 0.1), tokens)
+    # tokens in order: (0, 0.1) served [0.1, 0.2], (1, 0.1) [0.2, 0.3], (1, 0.2) waits to 0.3 -> [0.3, 0.4]
+    assert r.column("client_first_token_s").to_pylist() == pytest.approx([0.1, 0.2])
+    assert r.column("client_finish_s").to_pylist() == pytest.approx([0.5, 0.3])
+
+
+def test_fit_recovers_the_terms():
+    truth = ClientModel("vllm", 0.004, 3e-6, 0.0)
+    obs = [{"prompt_tokens": p, "server_ttft_s": 0.01 + p * 1e-5,
+            "client_ttft_s": 0.01 + p * 1e-5 + truth.request_s + truth.prompt_token_s * p} for p in (16, 256, 1024)]
+    obs[0].update(output_tokens=11, server_decode_s=0.05, client_decode_s=0.05 + 10 * 2e-4)
+    model = fit_client(obs)
+    assert model.request_s == pytest.approx(0.004) and model.prompt_token_s == pytest.approx(3e-6)
+    assert model.token_s == pytest.approx(2e-4)
+    with pytest.raises(ServelabError, match="two prompt lengths"):
+        fit_client(obs[:1])
+    with pytest.raises(ServelabError, match=">= 0"):
+        ClientModel("vllm", -1.0, 0.0)
+
+
+def test_the_shipped_vllm_default_is_fitted_on_the_shipped_observations():
+    data = json.loads(cm.CALIBRATION.read_text())
+    assert len(data["observations"]) == 16 and "vLLM 0.32" in data["about"]
+    model = cm.DEFAULTS["vllm"]
+    assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0])
+    assert "attempt a4" in model.provenance and model.token_s == 0.0
+    # the lone 16-token level: 10.98 ms at the client, 4.41 in the engine; the model says 5.5 outside
+    assert model.request_s + 16 * model.prompt_token_s == pytest.approx(0.0055, abs=5e-4)
+
+
+def _live_like_run(tmp_path):
+    """A client-side run of two requests at 0 and 1 s, prompt 100, 5 tokens, TTFT 10 ms, E2E 30 ms."""
+    rows = Rows(tmp_path / "src.json")
+    for i in range(2):
+        rows.add(i + 1, i, float(i), 100, 5, first_token_s=i + 0.010, finish_s=i + 0.030)
+    result, trace = build_run(Measured(rows, clock="client", settings={"num_gpu_blocks": 1000, "model": "llama-3.1-8b", "gpu": "h100-80gb"}), "vllm-bench",
+                              [tmp_path / "src.json"])
+    (tmp_path / "src.json").write_text("{}")
+    out = tmp_path / "run"
+    write_measured_run(result, trace, out)
+    return out
+
+
+def test_validate_real_compares_client_side_times_and_keeps_the_engine_side(tmp_path, capsys):
+    (tmp_path / "src.json").write_text("{}")
+    run = _live_like_run(tmp_path)
+    base = ["validate", "--real", str(run), "--candidate", "linear:base=0.002", "--format", "json"]
+    code, out, err = run_main(base, capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
+    engine = {(r["metric"], r["stat"]): r for r in report["latency_engine"]}
+    outside = cm.DEFAULTS["vllm"].request_s + 100 * cm.DEFAULTS["vllm"].prompt_token_s
+    assert engine[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002)  # one 2 ms prefill step
+    assert rows[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002 + outside)
+    assert rows[("e2e", "mean")]["simulated_s"] == pytest.approx(0.010 + outside)  # 5 steps
+    assert report["client_model"]["server"] == "vllm" and report["errors"]["measured"] == 0.0
+    code, out, _ = run_main([*base, "--client-model", "none"], capsys)
+    none = json.loads(out)
+    assert none["client_model"] is None and "latency_engine" not in none
+    assert {(r["metric"], r["stat"]): r for r in none["latency"]}[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002)
+    code, out, _ = run_main(base[:-2], capsys)  # the table shows both columns and the model's terms
+    assert code == 0 and "engine-side" in out and "client model (vllm)" in out
+
+
+def test_fit_client_cli_writes_a_model_validate_reads(tmp_path, capsys):
+    obs = {"observations": [{"prompt_tokens": 10, "client_ttft_s": 0.011, "server_ttft_s": 0.005},
+                            {"prompt_tokens": 1010, "client_ttft_s": 0.015, "server_ttft_s": 0.007}]}
+    src = tmp_path / "obs.json"
+    src.write_text(json.dumps(obs))
+    code, out, err = run_main(["fit", "--client", str(src), "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 0, err
+    model = cm.resolve(str(tmp_path / "c.json"))
+    assert model.request_s + 10 * model.prompt_token_s == pytest.approx(0.006)
+    assert model.prompt_token_s == pytest.approx(2e-6)
+    with pytest.raises(ServelabError, match="neither a server kind"):
+        cm.resolve(str(tmp_path / "missing.json"))
+
+
+def test_observations_from_a_live_run_with_vllm_metrics(tmp_path):
+    (tmp_path / "src.json").write_text("{}")
+    run = _live_like_run(tmp_path)
+    rows = []
+    for t, scale in ((-0.1, 0.0), (2.0, 1.0)):  # baseline, then after the two requests
+        for name, value in (("queue", 0.001), ("prefill", 0.003), ("decode", 0.018)):
+            rows.append({"time_s": t, "metric": f"vllm:request_{name}_time_seconds_sum", "labels": "{}",
+                         "value": 10.0 + 2 * value * scale})
+            rows.append({"time_s": t, "metric": f"vllm:request_{name}_time_seconds_count", "labels": "{}",
+                         "value": 5.0 + 2 * scale})
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), run / "metrics.parquet")
+    (obs,) = cm.observations_from(run)
+    assert obs["server_ttft_s"] == pytest.approx(0.004) and obs["client_ttft_s"] == pytest.approx(0.010)
+    assert obs["client_decode_s"] == pytest.approx(0.020) and obs["server_decode_s"] == pytest.approx(0.018)
+    assert obs["prompt_tokens"] == 100 and obs["weight"] == 2
+
+
+def test_replay_adds_client_columns_only_when_asked(tmp_path, capsys):
+    import pyarrow.parquet as pq
+    from conftest import make_trace
+
+    from servelab.traces.io import write_trace
+
+    write_trace(make_trace([0.0, 0.5], [100, 200], [4, 4]), tmp_path / "t.arrow", source="test")
+    base = ["replay", str(tmp_path / "t.arrow"), "--runner", "linear:base=0.01", "--num-gpu-blocks", "1000",
+            "--no-report"]
+    assert run_main([*base, "-o", str(tmp_path / "plain")], capsys)[0] == 0
+    assert run_main([*base, "-o", str(tmp_path / "client"), "--client-model", "vllm"], capsys)[0] == 0
+    plain = pq.read_table(tmp_path / "plain" / "requests.parquet")
+    client = pq.read_table(tmp_path / "client" / "requests.parquet")
+    assert not set(cm.CLIENT_COLUMNS) & set(plain.column_names)
+    assert client.select(plain.column_names).equals(plain)  # the engine-side columns are the same
+    model = cm.DEFAULTS["vllm"]
+    assert client.column("client_ttft_s").to_pylist() == pytest.approx(
+        [t + model.request_s + p * model.prompt_token_s for t, p in zip(plain.column("ttft_s").to_pylist(), (100, 200))])
+    meta = json.loads((tmp_path / "client" / "run.json").read_text())
+    assert meta["client_model"]["server"] == "vllm"
+
+
+def test_validate_compares_error_shares_with_client_timeouts(tmp_path, capsys):
+    (tmp_path / "src.json").write_text("{}")
+    rows = Rows(tmp_path / "src.json")
+    for i in range(4):  # four requests, one the client gave up on
+        ok = i != 3
+        rows.add(i + 1, i, float(i), 100, 5, first_token_s=i + 0.010, finish_s=i + 0.030 if ok else None,
+                 ok=ok, reason=None if ok else "Timeout on reading data from socket")
+    result, trace = build_run(Measured(rows, clock="client", settings={"num_gpu_blocks": 1000, "model": "llama-3.1-8b", "gpu": "h100-80gb"}), "vllm-bench",
+                              [tmp_path / "src.json"])
+    assert result.requests.column("status").to_pylist()[3] == "timeout"
+    write_measured_run(result, trace, tmp_path / "run")
+    base = ["validate", "--real", str(tmp_path / "run"), "--candidate", "linear:base=0.002", "--format", "json"]
+    report = json.loads(run_main(base, capsys)[1])
+    assert report["errors"]["measured"] == pytest.approx(0.25) and report["errors"]["simulated"] == 0.0
+    report = json.loads(run_main([*base, "--set", "client_timeout_s=0.005"], capsys)[1])
+    assert report["errors"]["simulated"] == 1.0  # every request needs 10 ms of engine time: all aborted
