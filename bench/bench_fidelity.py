@@ -85,7 +85,7 @@ def scoreboard(data: Path) -> tuple[list[str], list[str]]:
             commands += [f"servelab {shown}", f"servelab validate --real runs/{folder.name}"]
             meta = json.loads((run_dir / "run.json").read_text())
             counts = meta["counts"]
-            failed = counts["rejected"] / max(1, sum(counts.values()))
+            failed = 1 - counts.get("finished", 0) / max(1, sum(counts.values()))  # failed, timed out, cancelled
             p = report["prefix"]
             cfg = report["config"]
             kv = "run" if report["kv_blocks_from"].startswith("measured") else "derived"
