@@ -30,7 +30,7 @@ from servelab.common.errors import ServelabError
 from servelab.common.processes import alive
 from servelab.search.spec import SearchSpec, comparable_identity
 from servelab.search.storage import HASH_ATTR, SPEC_ATTR, TRACE_SHA_ATTR, journal_storage, make_storage, redact
-from servelab.search.storage import sqlalchemy_url  # noqa: F401  (re-exported: its home was here)
+from servelab.search.storage import rdb_storage, sqlalchemy_url  # noqa: F401  (re-exported: their home was here)
 from servelab.traces.io import trace_sha256
 
 MAX_ERRORS_IN_A_ROW = 5
