@@ -38,11 +38,17 @@ SELECT {select},
 FROM request_metrics
 {group}
 """
-_SUMMARY = _SUMMARY_SQL.format(select="grouping(tier) = 0 AS by_tier, tier", lat=_LAT,
-                               group="GROUP BY GROUPING SETS ((), (tier)) ORDER BY by_tier, tier")
+# The run's span rides along on every row: a second query for it cost ~2-4 ms a trial, mostly
+# DuckDB binding the views again (issue #31); the values are the same expressions either way.
+_WITH_SPAN = """
+SELECT q.*, sp.duration_s AS span_duration_s, sp.num_gpus AS span_num_gpus
+FROM ({summary}) q LEFT JOIN (SELECT duration_s, num_gpus FROM run_span) sp ON true
+ORDER BY q.by_tier, q.tier
+"""
+_SUMMARY = _WITH_SPAN.format(summary=_SUMMARY_SQL.format(
+    select="grouping(tier) = 0 AS by_tier, tier", lat=_LAT, group="GROUP BY GROUPING SETS ((), (tier))"))
 # One tier (the common case): its row would repeat the overall one, so the second pass is skipped.
-_OVERALL = _SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group="")
-_SPAN = "SELECT duration_s, num_gpus FROM run_span"
+_OVERALL = _WITH_SPAN.format(summary=_SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group=""))
 _ATTAINMENT = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
 _COST = ("SELECT c.dollars, c.dollars_per_million_output_tokens, c.mean_gpus, c.gpu_s, c.goodput_rps_per_mean_gpu, "
          "sp.duration_s FROM cost c JOIN run_span sp USING (run_id) WHERE c.scope = 'overall'")
@@ -96,7 +102,6 @@ class RunScorer:
         tiers = pc.unique(result.requests.column("tier")).to_pylist()
         rows = self.con.execute(_SUMMARY if len(tiers) > 1 else _OVERALL).fetchall()
         cols = [d[0] for d in self.con.description]
-        span = self.con.execute(_SPAN).fetchall()
         out: dict[str, Any] = {}
         for values in rows:
             row = dict(zip(cols, values))
@@ -111,8 +116,8 @@ class RunScorer:
                 q = row[f"{metric}_q"] or [None, None, None]
                 out.update({f"{metric}_mean": row[f"{metric}_mean"], f"{metric}_p50": q[0], f"{metric}_p90": q[1],
                             f"{metric}_p99": q[2]})  # fmt: skip
-            if span and span[0][0]:
-                duration_s, num_gpus = span[0]
+            if row["span_duration_s"]:
+                duration_s, num_gpus = row["span_duration_s"], row["span_num_gpus"]
                 out.update(goodput_rps=row["met_all"] / duration_s, throughput=row["completed"] / duration_s,
                            num_gpus=num_gpus)  # fmt: skip
         if cost:
