@@ -1,8 +1,8 @@
 """Score one replay result in memory with the scoring views (the SQL `servelab report` runs), on one reused DuckDB connection.
 
 A search scores hundreds of runs; opening a connection and creating the views costs more than the
-queries, so each worker process keeps one connection and swaps the run's Arrow tables in. The
-numbers are those `servelab query` gives on the written run directory (a test checks it).
+queries, so each worker process keeps one connection (scoring/memory.py) and swaps the run's Arrow
+tables in. The numbers are those `servelab query` gives on the written run directory (a test checks it).
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-from servelab.scoring.db import new_connection, set_slo
+from servelab.scoring.memory import RunConnection
 from servelab.scoring.slo import SloTable
-from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, POOLS_SCHEMA, num_gpus, pool_rows
-from servelab.scoring.views import create_views
 
 # One pass over `request_metrics` (the view holding every per-request definition: effective SLOs,
 # met_* flags, TPOT): the same aggregates as slo_attainment, latency_summary (finished requests) and
@@ -58,32 +55,14 @@ class RunScorer:
     """``score(result)`` -> flat dict of attainment, per-tier attainment, latency percentiles, goodput, GPUs."""
 
     def __init__(self, slo: SloTable | None, threads: int | None = None, gpu_prices: dict[str, float] | None = None):
-        # $ per GPU-hour by GPU, for a flat run's pool (a cluster's pools carry their own prices)
-        self.gpu_prices = dict(gpu_prices or {})
-        self.con = new_connection(threads=threads)
-        self._register(REQUESTS_SCHEMA.empty_table(), STEPS_SCHEMA.empty_table(), {})
-        set_slo(self.con, slo)
-        create_views(self.con)
+        self.run = RunConnection(slo, threads=threads, gpu_prices=gpu_prices)
+        self.con = self.run.con
 
     def close(self) -> None:
-        self.con.close()
+        self.run.close()
 
     def _register(self, requests: pa.Table, steps: pa.Table, meta: dict) -> None:
-        run_id = "trial"
-        n = requests.num_rows
-        requests = requests.add_column(0, "run_id", pa.array([run_id] * n, pa.string()))
-        for f in OPTIONAL_REQUEST_COLUMNS:
-            if f.name not in requests.column_names:
-                requests = requests.append_column(f, pa.nulls(n, f.type))
-        steps = steps.add_column(0, "run_id", pa.array([run_id] * steps.num_rows, pa.string()))
-        self.con.register("requests", requests)
-        self.con.register("steps", steps)
-        self.con.register("runs", _runs(run_id, meta))
-        pools = [dict(p, run_id=run_id) for p in pool_rows(meta)]
-        for p in pools:
-            if p["price_per_gpu_hour"] is None and p["gpu"] in self.gpu_prices:
-                p["price_per_gpu_hour"] = self.gpu_prices[p["gpu"]]
-        self.con.register("pools", pa.Table.from_pylist(pools, schema=POOLS_SCHEMA))
+        self.run.register(requests, steps, meta)
 
     def attainment(self, result, arrived_by_s: float | None = None) -> float:
         """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given."""
@@ -126,18 +105,6 @@ class RunScorer:
                 out.update(zip(("dollars", "dollars_per_million_output_tokens", "mean_gpus", "gpu_s",
                                 "goodput_rps_per_mean_gpu", "cost_duration_s"), found[0]))
         return out
-
-
-def _runs(run_id: str, meta: dict) -> pa.Table:
-    """The `runs` columns the scoring views read. scoring.sources.runs_table flattens all of run.json
-    (~100 columns, ~1 ms a trial); the views need only these, and were created against them."""
-    span = meta.get("simulated_span_s")
-    span = float(span) if isinstance(span, (int, float)) and not isinstance(span, bool) else None
-    return pa.table({"run_id": pa.array([run_id], pa.string()), "run_path": pa.array([run_id], pa.string()),
-                     "num_gpus": pa.array([num_gpus(meta)], pa.int64()),
-                     "simulated_span_s": pa.array([span], pa.float64()),
-                     # a replay has no source duration and is never stopped by a signal
-                     "source_duration_s": pa.array([None], pa.float64()), "stopped_by": pa.array([None], pa.string())})
 
 
 __all__ = ["RunScorer"]
