@@ -102,8 +102,10 @@ def journal_storage(path: Path, repair: bool = False):
 
 def sync_storage(study) -> None:
     """fsync a journal study's file once (its appends skip it: search/journal_file.py); a database needs nothing."""
-    backend = getattr(study._storage, "_backend", None)
-    if hasattr(backend, "sync"):
+    from servelab.search.journal_file import CachedJournalFileBackend
+
+    backend = getattr(study._storage, "_backend", None)  # (a database's cache wrapper has one too)
+    if isinstance(backend, CachedJournalFileBackend):
         backend.sync()
 
 
