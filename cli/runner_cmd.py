@@ -238,7 +238,7 @@ def _run_calibration_sweep(endpoint: str, sweep_out: str, sweep_seed: int | None
         raise click.BadParameter("must start with http:// or https://", param_hint="--endpoint")
     check_output_dir(sweep_out, False, "calibration sweep directory", ("sweep.json",))
     seed = sweep_seed if sweep_seed is not None else time.time_ns() % 1_000_000_007
-    target = Target(endpoint, model or _discover_model(endpoint, None), ignore_eos=True, min_tokens=True)
+    target = Target(endpoint, model or _discover_model(endpoint, None, 30.0), ignore_eos=True, min_tokens=True)
     try:
         plan = SweepPlan() if passes is None else SweepPlan(passes=passes)
         run_sweep(target, plan, sweep_out, seed, echo=lambda line: click.echo(line, err=True))
