@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("servelab.cli.score_cmd:plot", "PNG charts of one or more runs."),
     "runs": ("servelab.cli.score_cmd:runs", "Work with many run directories at once."),
     "search": ("servelab.cli.search_cmd:search", "Search engine settings with Optuna."),
+    "recommend": ("servelab.cli.recommend_cmd:recommend", "The cheapest GPUs, topology and settings that meet an SLO."),
     "run": ("servelab.cli.run_cmd:run", "Work with run directories from outside a replay (real runs)."),
 }
 

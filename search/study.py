@@ -224,7 +224,9 @@ def make_sampler(spec: SearchSpec, seed: int):
             return optuna.samplers.NSGAIISampler(seed=seed, **opts)
         if spec.sampler == "grid":
             grid = {p.name: list(p.grid_values()) for p in spec.space}
-            return optuna.samplers.GridSampler(grid, seed=seed, **opts)
+            # the spec's seed, not the worker's: the seed orders the grid, and a trial's number picks its
+            # point in that order, so workers (and resumed runs) with other seeds evaluated duplicates
+            return optuna.samplers.GridSampler(grid, seed=spec.seed, **opts)
         if spec.sampler == "cmaes":
             import importlib.util
 
