@@ -86,15 +86,27 @@ def journal_storage(path: Path, repair: bool = False):
 
     ``repair`` (for a process that will append): first cut a torn last record, see `repair_journal`.
     """
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+    from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
+
+    from servelab.search.journal_file import CachedJournalFileBackend
 
     lock = JournalFileSymlinkLock(str(path), grace_period=LOCK_GRACE_S)
     if repair:
         repair_journal(Path(path), lock)
     try:
-        return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+        # no fsync per record (a dozen a trial), one when the worker is done: search/journal_file.py
+        return JournalStorage(CachedJournalFileBackend(str(path), lock_obj=lock))
     except ValueError as err:  # (json.JSONDecodeError too) a record broken in the middle of the file
         raise ServelabError(f"{path}: {journal_damage(Path(path)) or err}; it cannot be read as a study journal") from None
+
+
+def sync_storage(study) -> None:
+    """fsync a journal study's file once (its appends skip it: search/journal_file.py); a database needs nothing."""
+    from servelab.search.journal_file import CachedJournalFileBackend
+
+    backend = getattr(study._storage, "_backend", None)  # (a database's cache wrapper has one too)
+    if isinstance(backend, CachedJournalFileBackend):
+        backend.sync()
 
 
 def repair_journal(path: Path, lock) -> int:
@@ -447,7 +459,7 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
 
     own_interrupt = interrupt is None
     interrupt = (interrupt or Interrupt()).install()
-    evaluator = None
+    evaluator = study = None
     try:
         study = open_study(spec, study_dir, seed=seed, storage_url=storage_url)
         before = len(study.get_trials(deepcopy=False))
@@ -509,6 +521,8 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
             interrupt.restore()
         if evaluator is not None:
             evaluator.close()
+        if study is not None:
+            sync_storage(study)
 
 
 def _fail_own_running(study, worker: str) -> None:
