@@ -1,6 +1,6 @@
 """A replay's start-up: from process start to the engine's first event, and the whole process.
 
-Usage: .venv/bin/python bench/bench_startup.py [--repeat 5] [--modules] [-- REPLAY ARGS...]
+Usage: .venv/bin/python bench/bench_startup.py [--repeat 5] [--modules] [--compare ROOT] [-- REPLAY ARGS...]
 Default replay: ``servelab replay data/azure_conv_2023.arrow --replicas 6 -o TMP --no-report``
 (the bundled trace, roofline Llama-3.1-8B on H100, sarathi). Each run is a fresh process, timed
 from just before it is started (fork + exec + interpreter start-up count) to:
@@ -16,6 +16,9 @@ from just before it is started (fork + exec + interpreter start-up count) to:
 the child imports exactly what ``servelab replay`` imports. ``--modules`` lists the top-level packages
 and pyarrow's modules imported by the first event (and the heavy ones: polars, duckdb, optuna,
 matplotlib, scipy, rich, torch, pandas).
+``--compare ROOT`` also runs another checkout (ROOT holds a ``servelab`` package, e.g. ``git archive``
+of main's commit unpacked into ROOT/servelab; put first on ``PYTHONPATH`` for its runs), interleaved
+with this one (A B, then B A, ...; give the replay's paths absolute), and prints both sides' figures: an A/B in one run on a shared machine.
 The child may write ``__pycache__`` (``PYTHONDONTWRITEBYTECODE`` is dropped from its environment), as
 an installed servelab has compiled modules; one warm-up run precedes the timed ones.
 """
@@ -74,12 +77,15 @@ finally:
 """
 
 
-def one_run(args: list[str], modules: bool) -> dict:
+def one_run(args: list[str], modules: bool, root: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if root is not None:  # the other checkout's servelab first on the path
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     if modules:
         env["BENCH_MODULES"] = "1"
     start = time.time()
-    proc = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, check=False,
+                          cwd=tempfile.gettempdir() if root else None)  # (a servelab/ in the cwd would shadow ROOT's)
     end = time.time()
     if proc.returncode != 0:
         sys.exit(f"replay failed ({proc.returncode}):\n{proc.stderr}")
@@ -91,19 +97,7 @@ def one_run(args: list[str], modules: bool) -> dict:
             "cpu": float(exit_cpu), "after_cpu": float(exit_cpu) - float(last_cpu), "modules": mods}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--modules", action="store_true", help="list the packages imported by the first event")
-    parser.add_argument("replay_args", nargs="*", help="after --: servelab's arguments instead of the default")
-    opts = parser.parse_args()
-    root = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory() as tmp:
-        args = opts.replay_args or ["replay", str(root / "data" / "azure_conv_2023.arrow"), "--replicas", "6",
-                                    "-o", str(Path(tmp) / "run"), "--no-report", "--force"]
-        one_run(args, False)  # warm-up (not counted): the OS file cache, servelab's .pyc files
-        runs = [one_run(args, opts.modules) for _ in range(opts.repeat)]
-    print(f"servelab {' '.join(args)}")
+def _summary(runs: list[dict]) -> None:
     share = statistics.median(r["after_cpu"] / r["cpu"] for r in runs)
     for key, label in (("first_wall", "start -> first event, wall"), ("first_cpu", "start -> first event, CPU"),
                        ("wall", "whole process, wall"), ("cpu", "whole process, CPU"),
@@ -112,6 +106,33 @@ def main() -> None:
         print(f"{label:28s} median {statistics.median(values) * 1000:7.0f} ms  "
               f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f}, {len(values)} runs)")
     print(f"after the engine's last event (result tables, writing the run, exit): {share:.1%} of the process's CPU")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--modules", action="store_true", help="list the packages imported by the first event")
+    parser.add_argument("--compare", metavar="ROOT", help="also run the servelab package in ROOT, interleaved (A = ROOT, B = this checkout)")
+    parser.add_argument("replay_args", nargs="*", help="after --: servelab's arguments instead of the default")
+    opts = parser.parse_args()
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        args = opts.replay_args or ["replay", str(root / "data" / "azure_conv_2023.arrow"), "--replicas", "6",
+                                    "-o", str(Path(tmp) / "run"), "--no-report", "--force"]
+        sides = {"this checkout": None} if not opts.compare else {"A " + opts.compare: opts.compare, "B this checkout": None}
+        for side_root in sides.values():
+            one_run(args, False, side_root)  # warm-up (not counted): the OS file cache, servelab's .pyc files
+        runs: dict[str, list[dict]] = {name: [] for name in sides}
+        for i in range(opts.repeat):
+            order = list(sides.items()) if i % 2 == 0 else list(sides.items())[::-1]
+            for name, side_root in order:
+                runs[name].append(one_run(args, opts.modules, side_root))
+    print(f"servelab {' '.join(args)}")
+    for name, side_runs in runs.items():
+        if len(runs) > 1:
+            print(f"== {name}")
+        _summary(side_runs)
+    runs = runs[list(sides)[-1]]
     if opts.modules:
         mods = runs[-1]["modules"]
         top = sorted({m.split(".")[0] for m in mods})

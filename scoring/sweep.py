@@ -18,13 +18,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import pyarrow as pa
 
 from servelab.common.atomic import atomic_dir, atomic_path
 from servelab.common.errors import ServelabError
 from servelab.scoring.slo import SloTable
+
+if TYPE_CHECKING:
+    from servelab.scoring.memory import RunConnection
 
 MAX_EXPANSIONS = 20  # doublings/halvings before giving up on a bracket
 MAX_POINTS = 200
@@ -100,10 +103,14 @@ def run_name(rate: float) -> str:
 
 
 def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | None, scale: float, rate: float,
-                  run_dir: str) -> dict:
-    """Worker: replay at one scale, write the run, score it. Top-level so processes can import it."""
+                  run_dir: str, scores: RunConnection | None = None) -> dict:
+    """Worker: replay at one scale, write the run, score it. Top-level so processes can import it.
+
+    The run is scored from its tables in memory, not read back from the files just written: on
+    ``scores`` (the sweep's connection, reused point after point) or, in a worker process, on a
+    connection of its own."""
     from servelab.assembly import replay, write_run
-    from servelab.scoring.db import connect
+    from servelab.scoring.memory import RunConnection
     from servelab.traces.io import read_trace
     from servelab.traces.transforms import scale_rate
 
@@ -112,7 +119,11 @@ def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | Non
     if slo is not None and not slo.is_empty:  # each run keeps the SLO the sweep scored it with
         result.meta["slo"] = slo.to_dict()
     write_run(result, run_dir)
-    con = connect(run_dir, slo)
+    own = scores is None
+    if own:
+        scores = RunConnection(slo)
+    scores.register(result.requests, result.steps, result.meta)
+    con = scores.con
     try:
         rel = con.execute("SELECT * FROM slo_attainment WHERE scope = 'overall'")
         cols = [d[0] for d in rel.description]
@@ -122,7 +133,8 @@ def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | Non
             "SELECT metric, p99 FROM latency_summary WHERE scope = 'overall' AND metric IN ('ttft_s', 'tpot_s')"
         ).fetchall())  # fmt: skip
     finally:
-        con.close()
+        if own:
+            scores.close()
     return {
         "requests": att["requests"],
         "attainment": att["attainment"],
@@ -149,16 +161,23 @@ class _Evaluator:
         self.progress = progress
         self.points: dict[float, SweepPoint] = {}
         self.pool = None
+        self.scores = None  # one scoring connection for the points replayed in this process
 
     def __enter__(self):
         if self.jobs > 1:
             # spawn, not fork: a forked child would inherit the parent's DuckDB/Arrow thread pools
             self.pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=get_context("spawn"))
+        else:
+            from servelab.scoring.memory import RunConnection
+
+            self.scores = RunConnection(self.args[3])
         return self
 
     def __exit__(self, *exc):
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+        if self.scores is not None:
+            self.scores.close()
 
     def evaluate(self, rates: list[float]) -> list[SweepPoint]:
         todo = sorted({r for r in rates if r not in self.points})
@@ -172,7 +191,7 @@ class _Evaluator:
                 raise ServelabError(f"rates too close to tell apart ({name}); loosen --tolerance")
             jobs.append((rate, scale, name, (*self.args, scale, rate, str(self.work_dir / name))))
         if self.pool is None:
-            results = [_replay_point(*a) for *_, a in jobs]
+            results = [_replay_point(*a, scores=self.scores) for *_, a in jobs]
         else:
             futures = [self.pool.submit(_replay_point, *a) for *_, a in jobs]
             results = [f.result() for f in futures]

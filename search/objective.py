@@ -78,6 +78,12 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
     return read_trace(path), path, meta
 
 
+# Up to this many requests a trial is scored on one DuckDB thread: on 2,000 requests the scoring
+# query took ~10 ms on one thread against ~18 ms on two (starting and joining the threads costs more
+# than the work they share; bench/RESULTS.md, issue #31). Larger runs keep DuckDB's default.
+ONE_THREAD_ROWS = 100_000
+
+
 class QuotaReached(Exception):
     """The study already has n_trials finished (or running) trials: this one is surplus."""
 
@@ -91,6 +97,8 @@ class Evaluator:
         self.spec = spec
         self.study_dir = Path(study_dir)
         self.trace, self.trace_path, self.trace_meta = prepare_trace(spec, self.study_dir)
+        if threads is None and self.trace.num_rows <= ONE_THREAD_ROWS:
+            threads = 1
         self.scorer = RunScorer(spec.slo, threads=threads, gpu_prices=dict(spec.gpu_prices))
         # the cost view's figures are read only when an objective needs them (a query per trial)
         self.wants_cost = "cost_per_million_tokens" in spec.objectives or (

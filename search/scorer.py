@@ -1,8 +1,8 @@
 """Score one replay result in memory with the scoring views (the SQL `servelab report` runs), on one reused DuckDB connection.
 
 A search scores hundreds of runs; opening a connection and creating the views costs more than the
-queries, so each worker process keeps one connection and swaps the run's Arrow tables in. The
-numbers are those `servelab query` gives on the written run directory (a test checks it).
+queries, so each worker process keeps one connection (scoring/memory.py) and swaps the run's Arrow
+tables in. The numbers are those `servelab query` gives on the written run directory (a test checks it).
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
-from servelab.scoring.db import new_connection, set_slo
+from servelab.scoring.memory import RunConnection
 from servelab.scoring.slo import SloTable
-from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, POOLS_SCHEMA, num_gpus, pool_rows
-from servelab.scoring.views import create_views
 
 # One pass over `request_metrics` (the view holding every per-request definition: effective SLOs,
 # met_* flags, TPOT): the same aggregates as slo_attainment, latency_summary (finished requests) and
@@ -38,11 +35,17 @@ SELECT {select},
 FROM request_metrics
 {group}
 """
-_SUMMARY = _SUMMARY_SQL.format(select="grouping(tier) = 0 AS by_tier, tier", lat=_LAT,
-                               group="GROUP BY GROUPING SETS ((), (tier)) ORDER BY by_tier, tier")
+# The run's span rides along on every row: a second query for it cost ~2-4 ms a trial, mostly
+# DuckDB binding the views again (issue #31); the values are the same expressions either way.
+_WITH_SPAN = """
+SELECT q.*, sp.duration_s AS span_duration_s, sp.num_gpus AS span_num_gpus
+FROM ({summary}) q LEFT JOIN (SELECT duration_s, num_gpus FROM run_span) sp ON true
+ORDER BY q.by_tier, q.tier
+"""
+_SUMMARY = _WITH_SPAN.format(summary=_SUMMARY_SQL.format(
+    select="grouping(tier) = 0 AS by_tier, tier", lat=_LAT, group="GROUP BY GROUPING SETS ((), (tier))"))
 # One tier (the common case): its row would repeat the overall one, so the second pass is skipped.
-_OVERALL = _SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group="")
-_SPAN = "SELECT duration_s, num_gpus FROM run_span"
+_OVERALL = _WITH_SPAN.format(summary=_SUMMARY_SQL.format(select="false AS by_tier, NULL AS tier", lat=_LAT, group=""))
 _ATTAINMENT = "SELECT attainment FROM slo_attainment WHERE scope = 'overall'"
 _COST = ("SELECT c.dollars, c.dollars_per_million_output_tokens, c.mean_gpus, c.gpu_s, c.goodput_rps_per_mean_gpu, "
          "sp.duration_s FROM cost c JOIN run_span sp USING (run_id) WHERE c.scope = 'overall'")
@@ -52,32 +55,14 @@ class RunScorer:
     """``score(result)`` -> flat dict of attainment, per-tier attainment, latency percentiles, goodput, GPUs."""
 
     def __init__(self, slo: SloTable | None, threads: int | None = None, gpu_prices: dict[str, float] | None = None):
-        # $ per GPU-hour by GPU, for a flat run's pool (a cluster's pools carry their own prices)
-        self.gpu_prices = dict(gpu_prices or {})
-        self.con = new_connection(threads=threads)
-        self._register(REQUESTS_SCHEMA.empty_table(), STEPS_SCHEMA.empty_table(), {})
-        set_slo(self.con, slo)
-        create_views(self.con)
+        self.run = RunConnection(slo, threads=threads, gpu_prices=gpu_prices)
+        self.con = self.run.con
 
     def close(self) -> None:
-        self.con.close()
+        self.run.close()
 
     def _register(self, requests: pa.Table, steps: pa.Table, meta: dict) -> None:
-        run_id = "trial"
-        n = requests.num_rows
-        requests = requests.add_column(0, "run_id", pa.array([run_id] * n, pa.string()))
-        for f in OPTIONAL_REQUEST_COLUMNS:
-            if f.name not in requests.column_names:
-                requests = requests.append_column(f, pa.nulls(n, f.type))
-        steps = steps.add_column(0, "run_id", pa.array([run_id] * steps.num_rows, pa.string()))
-        self.con.register("requests", requests)
-        self.con.register("steps", steps)
-        self.con.register("runs", _runs(run_id, meta))
-        pools = [dict(p, run_id=run_id) for p in pool_rows(meta)]
-        for p in pools:
-            if p["price_per_gpu_hour"] is None and p["gpu"] in self.gpu_prices:
-                p["price_per_gpu_hour"] = self.gpu_prices[p["gpu"]]
-        self.con.register("pools", pa.Table.from_pylist(pools, schema=POOLS_SCHEMA))
+        self.run.register(requests, steps, meta)
 
     def attainment(self, result, arrived_by_s: float | None = None) -> float:
         """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given."""
@@ -96,7 +81,6 @@ class RunScorer:
         tiers = pc.unique(result.requests.column("tier")).to_pylist()
         rows = self.con.execute(_SUMMARY if len(tiers) > 1 else _OVERALL).fetchall()
         cols = [d[0] for d in self.con.description]
-        span = self.con.execute(_SPAN).fetchall()
         out: dict[str, Any] = {}
         for values in rows:
             row = dict(zip(cols, values))
@@ -111,8 +95,8 @@ class RunScorer:
                 q = row[f"{metric}_q"] or [None, None, None]
                 out.update({f"{metric}_mean": row[f"{metric}_mean"], f"{metric}_p50": q[0], f"{metric}_p90": q[1],
                             f"{metric}_p99": q[2]})  # fmt: skip
-            if span and span[0][0]:
-                duration_s, num_gpus = span[0]
+            if row["span_duration_s"]:
+                duration_s, num_gpus = row["span_duration_s"], row["span_num_gpus"]
                 out.update(goodput_rps=row["met_all"] / duration_s, throughput=row["completed"] / duration_s,
                            num_gpus=num_gpus)  # fmt: skip
         if cost:
@@ -121,18 +105,6 @@ class RunScorer:
                 out.update(zip(("dollars", "dollars_per_million_output_tokens", "mean_gpus", "gpu_s",
                                 "goodput_rps_per_mean_gpu", "cost_duration_s"), found[0]))
         return out
-
-
-def _runs(run_id: str, meta: dict) -> pa.Table:
-    """The `runs` columns the scoring views read. scoring.sources.runs_table flattens all of run.json
-    (~100 columns, ~1 ms a trial); the views need only these, and were created against them."""
-    span = meta.get("simulated_span_s")
-    span = float(span) if isinstance(span, (int, float)) and not isinstance(span, bool) else None
-    return pa.table({"run_id": pa.array([run_id], pa.string()), "run_path": pa.array([run_id], pa.string()),
-                     "num_gpus": pa.array([num_gpus(meta)], pa.int64()),
-                     "simulated_span_s": pa.array([span], pa.float64()),
-                     # a replay has no source duration and is never stopped by a signal
-                     "source_duration_s": pa.array([None], pa.float64()), "stopped_by": pa.array([None], pa.string())})
 
 
 __all__ = ["RunScorer"]

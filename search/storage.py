@@ -29,15 +29,27 @@ def journal_storage(path: Path, repair: bool = False):
 
     ``repair`` (for a process that will append): first cut a torn last record, see `repair_journal`.
     """
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+    from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
+
+    from servelab.search.journal_file import CachedJournalFileBackend
 
     lock = JournalFileSymlinkLock(str(path), grace_period=LOCK_GRACE_S)
     if repair:
         repair_journal(Path(path), lock)
     try:
-        return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+        # no fsync per record (a dozen a trial), one when the worker is done: search/journal_file.py
+        return JournalStorage(CachedJournalFileBackend(str(path), lock_obj=lock))
     except ValueError as err:  # (json.JSONDecodeError too) a record broken in the middle of the file
         raise ServelabError(f"{path}: {journal_damage(Path(path)) or err}; it cannot be read as a study journal") from None
+
+
+def sync_storage(study) -> None:
+    """fsync a journal study's file once (its appends skip it: search/journal_file.py); a database needs nothing."""
+    from servelab.search.journal_file import CachedJournalFileBackend
+
+    backend = getattr(study._storage, "_backend", None)  # (a database's cache wrapper has one too)
+    if isinstance(backend, CachedJournalFileBackend):
+        backend.sync()
 
 
 def repair_journal(path: Path, lock) -> int:
@@ -143,4 +155,4 @@ def redact(url: str) -> str:
 
 
 __all__ = ["HASH_ATTR", "SPEC_ATTR", "TRACE_SHA_ATTR", "journal_damage", "journal_storage", "make_storage",
-           "rdb_storage", "redact", "repair_journal", "sqlalchemy_url"]
+           "rdb_storage", "redact", "repair_journal", "sqlalchemy_url", "sync_storage"]

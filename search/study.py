@@ -29,7 +29,9 @@ from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
 from servelab.common.processes import alive
 from servelab.search.spec import SearchSpec, comparable_identity
-from servelab.search.storage import HASH_ATTR, SPEC_ATTR, TRACE_SHA_ATTR, journal_storage, make_storage, redact
+from servelab.search.storage import (
+    HASH_ATTR, SPEC_ATTR, TRACE_SHA_ATTR, journal_storage, make_storage, redact, sync_storage,
+)
 from servelab.search.storage import rdb_storage, sqlalchemy_url  # noqa: F401  (re-exported: their home was here)
 from servelab.traces.io import trace_sha256
 
@@ -325,7 +327,7 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
 
     own_interrupt = interrupt is None
     interrupt = (interrupt or Interrupt()).install()
-    evaluator = None
+    evaluator = study = None
     try:
         study = open_study(spec, study_dir, seed=seed, storage_url=storage_url)
         before = len(study.get_trials(deepcopy=False))
@@ -387,6 +389,8 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
             interrupt.restore()
         if evaluator is not None:
             evaluator.close()
+        if study is not None:
+            sync_storage(study)
 
 
 def _fail_own_running(study, worker: str) -> None:
