@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     mark = Marks()
     mark("start")
-    from servelab import api
+    from servelab import assembly as api  # (the module that runs the replay: its functions are wrapped)
     from servelab.replay import results
     from servelab.replay.engine import Engine
     from servelab.replay.logs import StepLog

@@ -16,7 +16,7 @@ count too) and split into:
 
 The share printed is results / (engine + results + the rest of ``replay()``), median of the repeats;
 then the files' sha256 (the last repeat), to compare outputs before and after a change.
-The parts are timed by wrapping these functions (``api.requests_table_from``, ``StepLog._pack``,
+The parts are timed by wrapping these functions (``assembly.requests_table_from``, ``StepLog._pack``,
 ``TokenLog._flush`` and ``_flush_timeline`` outside ``finish``, ``TokenLog.finish``, ``Engine.run``) in this process only.
 Peak RSS: ``resource.getrusage`` (the whole process: trace, requests, engine, tables); for a figure
 without the instrumentation use ``/usr/bin/time -v``.
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from servelab import api
+    from servelab import assembly as api  # (the module that runs the replay: its functions are wrapped)
     from servelab.replay.engine import Engine
     from servelab.replay.logs import StepLog, TokenLog
 

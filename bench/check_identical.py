@@ -1,6 +1,6 @@
 """Fingerprint the replay's outputs: sha256 of requests.parquet and steps.parquet (and tokens.parquet)
-for every case of bench_replay.py and bench_platform.py, plus every policy over a matrix of engine
-settings on a slice of the bundled trace. A refactor of the engine must leave every line unchanged.
+for every case of bench_replay.py and bench_platform.py, every replay config in examples/, plus every
+policy over a matrix of engine settings on a slice of the bundled trace. A refactor of the engine must leave every line unchanged.
 
     .venv/bin/python bench/check_identical.py [--with-1m] > before.txt
     ... change the engine ...
@@ -91,11 +91,30 @@ def prefix_cases(out: Path) -> None:
             ReplayConfig(engine=engine, policy="srpt", policy_params={"preempt": True}))
 
 
+def example_cases(out: Path) -> None:
+    """Every replay config in examples/ (the KV-tier ones and examples/clusters/) on the bundled trace:
+    the first 3,000 requests, ten minutes for the spot pool (its availability drops at 600 s)."""
+    from servelab.replay import ReplayConfig
+    from servelab.traces.bundled import default_trace_path
+    from servelab.traces.io import read_trace
+
+    azure = read_trace(default_trace_path())
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    for path in sorted([*examples.glob("kv_*.toml"), *(examples / "clusters").glob("*.toml")]):
+        n = azure.num_rows if path.stem == "spot-fallback" else 3000
+        run(out, f"example-{path.stem}", azure.slice(0, n), ReplayConfig.from_toml(path))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--with-1m", action="store_true", help="also the 1 M-request case (about a minute)")
     parser.add_argument("--prefix-only", action="store_true", help="only the prefix-caching cases (hashed traces)")
+    parser.add_argument("--examples-only", action="store_true", help="only the example configs (examples/)")
     args = parser.parse_args()
+    if args.examples_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            example_cases(Path(tmp))
+        return
     if args.prefix_only:
         with tempfile.TemporaryDirectory() as tmp:
             prefix_cases(Path(tmp))
@@ -140,6 +159,7 @@ def main() -> None:
             token_log=True)
 
         prefix_cases(out)
+        example_cases(out)
 
         platform = out / "platform"
         platform.mkdir()

@@ -187,7 +187,7 @@ def parse_slo(slo: "tuple[str, ...] | Any" = (), config_file: str | None = None)
     if not slo and not config_file:
         return None
     try:
-        from servelab.cli.score_cmd import slo_from_options
+        from servelab.cli.slo_options import slo_from_options
     except ImportError:  # a build without scoring: its plain report has no SLO columns
         if slo:
             raise ServelabError("--slo needs servelab's scoring package, which this installation lacks") from None

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from servelab.cli.replay_cmd import ReplayCommand, config_from_options, replay_options  # the replay flags sweep shares
+from servelab.cli.slo_options import slo_from_options
 from servelab.common.errors import ServelabError
 
 
@@ -27,32 +28,6 @@ def slo_options(func):
              "one implausible as seconds is refused). Default: the SLO the runs recorded. Repeatable.",
     )(func)
     return func
-
-
-def slo_from_options(slo_specs: tuple[str, ...] = (), slo_file: str | None = None, config_file: str | None = None):
-    """The SloTable the options describe (None if none was given).
-
-    Precedence, field by field: ``--slo`` flags > ``--slo-file`` > an ``[slo]`` table in the replay
-    ``--config`` file.
-    """
-    from servelab.scoring.slo import SloTable
-
-    table = SloTable()
-    if config_file:
-        import tomllib
-
-        try:
-            with open(config_file, "rb") as fh:
-                data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError):
-            data = {}  # config_from_options reports a bad config file with its own message
-        if isinstance(data.get("slo"), dict):
-            table = SloTable.from_toml({"slo": data["slo"]}, config_file)
-    if slo_file:
-        table = table.overridden_by(SloTable.from_toml_file(slo_file))
-    if slo_specs:
-        table = table.overridden_by(SloTable.parse_cli(list(slo_specs)))
-    return None if table.is_empty else table
 
 
 def runs_slo(run_dirs, slo_specs: tuple[str, ...] = (), slo_file: str | None = None):

@@ -45,7 +45,7 @@ def scaled_calibration(base: str, memory_scale: float, compute_scale: float):
 def score(run_dirs: list[Path], profile: str, launch_scale: float, cpu_base_s: float, compute_scale: float,
           overrides: dict, gpu_from: str | None = None, memory_scale: float = 1.0, gpu_compute_scale: float = 1.0,
           metrics: tuple[str, ...] = ("ttft", "tpot")) -> dict:
-    from servelab.api import replay
+    from servelab.assembly import replay
     from servelab.runners import roofline
 
     base = roofline.load_host_profile(profile)
@@ -54,7 +54,7 @@ def score(run_dirs: list[Path], profile: str, launch_scale: float, cpu_base_s: f
     for run_dir in run_dirs:
         meta, measured, trace = load_measured(run_dir)
         config = config_for(meta, dict(overrides, runner=f"roofline:host={profile}"))
-        from servelab.api import build_runner, resolve_num_gpu_blocks
+        from servelab.assembly import build_runner, resolve_num_gpu_blocks
 
         runner = build_runner(config)
         base = (scaled_calibration(gpu_from, memory_scale, gpu_compute_scale) if gpu_from

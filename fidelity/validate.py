@@ -185,7 +185,7 @@ def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | 
     have seen them (fidelity/client_model.py): ``client_model`` ``auto`` (the calibrated model of the
     run's server kind, vLLM's unless the source says otherwise), a server kind, a model JSON, or None
     to compare engine-side times. The engine-side comparison is kept in the report (``latency_engine``)."""
-    from servelab.api import build_runner, replay, resolve_num_gpu_blocks
+    from servelab.assembly import build_runner, replay, resolve_num_gpu_blocks
     from servelab.fidelity import client_model as cm
 
     meta, measured, trace = load_measured(run_dir)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from servelab.common.registry import ClassRegistry
 from servelab.replay.batch import UNLIMITED, Batch, BatchBuilder
-from servelab.replay.config import EngineConfig, make_params
+from servelab.replay.engine_config import EngineConfig, make_params
 from servelab.replay.protocols import Policy
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request

@@ -20,13 +20,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from servelab.common.errors import ServelabError
+from servelab.replay.engine import TIMER
 from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
-TIMER = 1.5  # the engine's kind for a component's timed events (replay/engine.py; not imported: no cycle)
 
 
 class Aborts:
@@ -66,12 +66,10 @@ class Aborts:
             platform = engine.platform
             if platform is not None and req in platform.orphans:
                 platform.orphans.remove(req)
-        req.status = Status.ABORTED
-        req.reason = f"client timeout after {self.timeouts[req.index]:g} s"
         engine.ledger.refused_s[req.index] = now
         self.aborted_at[req.index] = now
         self.count += 1
-        engine.ended(req, now)
+        engine.end(req, Status.ABORTED, f"client timeout after {self.timeouts[req.index]:g} s", now)
         if in_flight:  # it leaves at the first iteration boundary at or after now
             engine._cut_stretch(replica, now)
             end_s = replica.inflight.end_s

@@ -15,48 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servelab.common.errors import ServelabError
-from servelab.common.fields import parse_fields
 from servelab.common.tiers import tier_ranker
+from servelab.replay.journal import Ledger
 from servelab.replay.request import Request
-
-QUOTA_FIELDS = ("rpm", "tpm", "concurrency")
-
-
-@dataclass(frozen=True, slots=True)
-class Quota:
-    """One line of ``--quota``: limits for a tenant or a tier (``*``: each one separately)."""
-
-    scope: str  # tenant | tier
-    name: str  # a name, or * for "every tenant/tier, each its own bucket"
-    rpm: float | None = None  # requests per minute
-    tpm: float | None = None  # prompt + max-output tokens per minute
-    concurrency: int | None = None  # requests in flight (tenant scope only)
-
-    @classmethod
-    def parse(cls, spec: str) -> "Quota":
-        """``tenant=acme:rpm=60,tpm=40000``, ``tenant=*:concurrency=8``, ``tier=flex:tpm=1e5``."""
-        where = f"quota '{spec}'"
-        head, colon, body = spec.partition(":")
-        scope, eq, name = head.partition("=")
-        scope, name = scope.strip(), name.strip()
-        if not colon or not eq or scope not in ("tenant", "tier") or not name:
-            raise ServelabError(f"{where}: expected tenant=NAME:FIELD=VALUE,... or tier=NAME:... (NAME may be *)")
-        values: dict = {}
-        for key, raw in parse_fields(body, QUOTA_FIELDS, where).items():
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ServelabError(f"{where}: '{key}' needs a number, got '{raw}'") from None
-            if not math.isfinite(value) or value <= 0:
-                raise ServelabError(f"{where}: '{key}' must be > 0, got {raw}")
-            values[key] = int(value) if key == "concurrency" else value
-        if not values:
-            raise ServelabError(f"{where}: no limits (fields: {', '.join(QUOTA_FIELDS)})")
-        if scope == "tier" and "concurrency" in values:
-            raise ServelabError(f"{where}: concurrency is a tenant limit")
-        return cls(scope, name, **values)
-
+from servelab.replay.specs import PauseRule, Quota
 
 class TokenBucket:
     """Holds up to one minute of its rate; starts full; refills continuously."""
@@ -88,24 +50,6 @@ class TokenBucket:
     def give_back(self, amount: float, now: float) -> None:
         self.refill(now)
         self.level = min(self.capacity, self.level + amount)
-
-
-class Ledger:
-    """Per-request platform counters the requests table reports (kept off `Request`, sparse)."""
-
-    __slots__ = ("retries", "paused_s", "resumes", "tokens_lost", "refused_s", "recomputed")
-
-    def __init__(self) -> None:
-        self.retries: dict[int, int] = {}  # request index -> client retries after throttling
-        self.paused_s: dict[int, float] = {}  # time held while its tier was paused
-        self.resumes: dict[int, int] = {}  # times resumed from the journal after an interruption
-        self.tokens_lost: dict[int, int] = {}  # generated tokens thrown away (restarts without journal)
-        self.refused_s: dict[int, float] = {}  # when it was throttled for good or dropped
-        self.recomputed: dict[int, int] = {}  # KV tokens recomputed after losing KV (journal resumes)
-
-    @staticmethod
-    def add(table: dict, index: int, amount) -> None:
-        table[index] = table.get(index, 0) + amount
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,39 +190,6 @@ class Admission:
                 if key > worst_key:
                     worst, worst_key = other, key
         return worst
-
-
-@dataclass(frozen=True, slots=True)
-class PauseRule:
-    """``tier=flex,waiting=32,resume=8`` or ``tier=flex,kv=0.9,resume=0.7``: pause a tier on a replica
-    when the other tiers' waiting requests (or the KV share in use) exceed the first number, resume
-    when they fall to ``resume`` (default: half of it)."""
-
-    tier: str
-    metric: str  # waiting | kv
-    above: float
-    resume: float
-
-    @classmethod
-    def parse(cls, spec: str) -> "PauseRule":
-        where = f"pause '{spec}'"
-        values = parse_fields(spec, ("tier", "waiting", "kv", "resume"), where)
-        if "tier" not in values or ("waiting" in values) == ("kv" in values):
-            raise ServelabError(f"{where}: give tier= and exactly one of waiting= or kv=")
-        metric = "waiting" if "waiting" in values else "kv"
-        try:
-            above = float(values[metric])
-            resume = float(values["resume"]) if "resume" in values else above / 2
-        except ValueError:
-            raise ServelabError(f"{where}: thresholds must be numbers") from None
-        if metric == "kv" and not 0 < above <= 1:
-            raise ServelabError(f"{where}: kv must be a share in (0, 1], got {above:g}")
-        if above <= 0 or resume < 0 or resume > above:
-            raise ServelabError(f"{where}: need 0 <= resume <= threshold and threshold > 0")
-        return cls(values["tier"], metric, above, resume)
-
-    def load(self, replica, others_waiting: int) -> float:
-        return others_waiting if self.metric == "waiting" else replica.kv.used / replica.kv.total
 
 
 __all__ = ["Admission", "Ledger", "PauseRule", "Quota", "Throttle", "TokenBucket"]

@@ -18,11 +18,14 @@ over the pool: one number for all replicas), ``handoffs_waiting`` (a decode pool
 handed off by the prefill pool and waiting for a decode replica with room; one number for the pool).
 
 In a disaggregated cluster (``disagg``: replay/disagg.py) the prefill and the decode pool each have
-their own autoscaler; the handoff publishes each pool's active replicas (arrivals go to the active
-prefill replicas, handoffs to the active decode ones), calls ``after_step`` after its own work, and
-a replica also holds work while KV moves: a prefill replica until the KV of the requests it handed
+their own autoscaler, each publishing its pool's active replicas to the engine, which owns who serves
+(arrivals go to the active prefill replicas, handoffs to the active decode ones); the engine calls
+``after_step`` after the handoff's own work; a replica also holds work while KV moves: a prefill replica until the KV of the requests it handed
 off has landed, a decode replica while transfers to it are under way (``Disaggregation.holding``).
 A draining replica stops once that is done too.
+
+A replica that fails (``failed``: the engine's ``fail``) is counted out at once, before its requests
+move; a later tick may start another, or this one once it is back (a failed one is never started).
 
 The timeline (``timeline``: one row per change, ``(t_s, active, starting, draining)``) goes to
 run.json, and the pool's GPU time integrates it (``replica_seconds``).
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
+from servelab.replay.engine import DECODE, ENTRY, TIMER
 
 if TYPE_CHECKING:
     from servelab.replay.disagg import Disaggregation
@@ -104,8 +108,6 @@ class Autoscaler:
 
     def __init__(self, engine: "Engine", replicas: list["Replica"], config: AutoscaleConfig, initial: int,
                  ticks: bool = True, disagg: "Disaggregation | None" = None):
-        from servelab.replay.engine import TIMER  # (the engine's module imports the config's, which imports this)
-
         self.push = lambda t, fn: engine.push(t, TIMER, fn)
         self.engine = engine
         self.replicas = replicas
@@ -117,9 +119,11 @@ class Autoscaler:
         self.last_action_s = -math.inf
         self.arrivals_seen = 0
         self.timeline: list[tuple[float, int, int, int]] = []
+        self.pool = DECODE if disagg is not None and replicas[0].id in disagg.decode_ids else ENTRY
+        engine.step_listeners.append(self.after_step)
+        engine.on_failed.append(self.failed)
         if disagg is None:
-            engine.live = [r for r in replicas if self.state[r.id] == "active"]
-            engine.handoff = self.after_step
+            engine.publish(ENTRY, [r for r in replicas if self.state[r.id] == "active"])
         else:
             disagg.scaled_by(self)
             self._live()
@@ -140,11 +144,8 @@ class Autoscaler:
             self.timeline.append(row)
 
     def _live(self) -> None:
-        live = [r for r in self.replicas if self.state[r.id] == "active"]
-        if self.disagg is None:
-            self.engine.live = live
-        else:
-            self.disagg.publish(self, live)
+        """Tell the engine which replicas of the pool are wanted serving (the active ones)."""
+        self.engine.publish(self.pool, [r for r in self.replicas if self.state[r.id] == "active"])
 
     def _holding(self, replica: "Replica") -> bool:
         """``replica`` still holds KV that is moving (a disaggregated pool's)."""
@@ -199,8 +200,9 @@ class Autoscaler:
             if n and self.state[r.id] == "draining":
                 self.state[r.id] = "active"
                 n -= 1
+        down = self.engine.down
         for r in self.replicas:
-            if n and self.state[r.id] == "off":
+            if n and self.state[r.id] == "off" and r.id not in down:  # (a failed machine does not start)
                 self.state[r.id] = "starting"
                 self.push(now + self.config.startup_s, lambda t, r=r: self._started(r, t))
                 n -= 1
@@ -231,10 +233,20 @@ class Autoscaler:
         return False
 
     def after_step(self, replica: "Replica", step, end_s: float) -> None:
-        if self.state[replica.id] == "draining" and not replica.running and not replica.waiting \
+        if self.state.get(replica.id) == "draining" and not replica.running and not replica.waiting \
                 and not self._holding(replica):
             self.state[replica.id] = "off"  # (its step is applied: it is idle from end_s)
             self._record(end_s)
+
+    def failed(self, replica: "Replica", now: float) -> bool:
+        """A replica of the pool failed: it is gone (no longer counted or held); the next tick may start
+        another in its stead, or this one once it is back. Returns whether it was the pool's."""
+        if self.state.get(replica.id, "off") == "off":
+            return False
+        self.state[replica.id] = "off"
+        self._live()
+        self._record(now)
+        return True
 
     def released(self, replica: "Replica", now: float) -> None:
         """KV ``replica`` held for a transfer has landed elsewhere: a drained one stops now."""

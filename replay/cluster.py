@@ -19,23 +19,21 @@ One TOML table (``[cluster]``) in a replay config (docs/cluster.md)::
     stream_layers = 32          # optional: KV streams layer by layer during the final prefill iteration
 
 Validated without I/O, like `EngineConfig`; a pool's settings become a whole `ReplayConfig`
-(``pool_config``) so that each pool is built exactly as a flat replay of that pool would be.
+(``pool_config`` in replay/config.py) so that each pool is built exactly as a flat replay of that pool would be.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.replay.autoscale import AutoscaleConfig
+from servelab.replay.engine_config import EngineConfig
 from servelab.replay.instances import InstanceType, PerfFloor, parse_instances
-
-if TYPE_CHECKING:
-    from servelab.replay.config import ReplayConfig
 
 ROLES = ("mixed", "prefill", "decode")
 # what a pool may set besides the engine keys (EngineConfig's fields)
@@ -186,8 +184,6 @@ class ClusterConfig:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "config") -> ClusterConfig:
-        from servelab.replay.config import EngineConfig
-
         where = f"{source}: cluster"
         if not isinstance(data, dict):
             raise ServelabError(f"{where} must be a table")
@@ -248,28 +244,4 @@ class ClusterConfig:
         return cls(tuple(pools), tuple(links))
 
 
-def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
-    """The flat `ReplayConfig` of one pool: the config's top level under the pool's own keys, with
-    the pool's replica count (and no cluster)."""
-    from servelab.replay.config import ReplayConfig
-
-    data = base.to_dict()
-    data.pop("cluster", None)
-    data.pop("fail", None)  # the cluster's: replica ids count across pools (the engine gets them from the top level)
-    for key, value in pool.settings:
-        if key in ("policy_params", "router_params"):
-            data[key] = dict(value)
-        else:
-            data[key] = value
-    data["replicas"] = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
-    if pool.settings and "policy" in dict(pool.settings) and "policy_params" not in dict(pool.settings):
-        data.pop("policy_params", None)  # another policy: the top level's parameters are not its
-    return ReplayConfig.from_dict(data, source=f"cluster pool '{pool.name}'")
-
-
-def one_pool(base: ReplayConfig) -> ClusterConfig:
-    """Today's flat ``--replicas N --router R``: one mixed pool (what a config without [cluster] is)."""
-    return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
-
-
-__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig", "one_pool", "pool_config"]
+__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig"]

@@ -2,7 +2,7 @@
 token, then its KV moves over the link to a decode replica, where it decodes to the end
 (DistServe, Splitwise; docs/cluster.md).
 
-The engine calls ``after_step(replica, step, end_s)`` after every applied step (``Engine.handoff``):
+The engine calls ``after_step(replica, step, end_s)`` after every applied step (its first step listener):
 
 - on a prefill replica, every request that has just emitted its first token (and is not finished)
   leaves the replica's running set and its policy (``on_leave``, as when a failure moves a running
@@ -24,8 +24,9 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   one of its running requests.
 
 Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler publishes its active
-replicas (``publish``): arrivals go to the active prefill replicas, handoffs to the active decode
-replicas with room (a decode replica that starts takes waiting handoffs at once); a draining decode
+replicas to the engine, which owns who serves (``Engine.publish``; failures: ``Engine.fail``) and
+tells the handoff the decode pool's (``_decode_serving``): arrivals go to the active prefill
+replicas, handoffs to the active decode replicas with room (a decode replica that starts takes waiting handoffs at once); a draining decode
 replica takes no new handoffs and stops when its running and landing requests are done; a draining
 prefill replica takes no new arrivals and stops when the KV of the requests it handed off has landed
 (``holding``, ``released``).
@@ -47,18 +48,27 @@ transfer start) and the transfer time (start to landing).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from servelab.replay.engine import SCHEDULE, TIMER
+from servelab.replay.engine import DECODE, ENTRY, SCHEDULE, TIMER
 from servelab.replay.kv import blocks_for
 from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
 
 if TYPE_CHECKING:
-    from servelab.replay.autoscale import Autoscaler
     from servelab.replay.engine import Engine
     from servelab.replay.protocols import Router
     from servelab.replay.replica import Replica
+
+
+class PoolWatcher(Protocol):
+    """What the handoff tells the autoscaler of its prefill or decode pool (replay/autoscale.py
+    implements it; the handoff does not import it: the autoscaler sits above the handoff)."""
+
+    replicas: list[Replica]
+
+    def released(self, replica: Replica, now: float) -> None:
+        """KV ``replica`` held for a transfer is gone (landed, or lost at the other end)."""
 
 
 class Disaggregation:
@@ -87,8 +97,8 @@ class Disaggregation:
         self.bytes_streamed = 0.0
         self._overlap: dict[Request, float] = {}  # handed off at this instant: bytes the link could carry meanwhile
         self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
-        self.prefill_scaler: Autoscaler | None = None
-        self.decode_scaler: Autoscaler | None = None
+        self.prefill_scaler: PoolWatcher | None = None
+        self.decode_scaler: PoolWatcher | None = None
         self.decode_ids = frozenset(r.id for r in decode)
         self._stopping: Replica | None = None  # a replica being taken down (``lose``): its last work hands off nothing
         self.cancelled = 0  # transfers whose KV was lost at either end
@@ -100,8 +110,9 @@ class Disaggregation:
             platform.disagg = self
         for replica in prefill:
             replica.cohort = None  # nothing decodes there: every request leaves at its first token
-        engine.handoff = self.after_step
-        engine.live = list(prefill)  # arrivals are routed to the prefill pool only
+        engine.step_listeners.append(self.after_step)  # (first: the pools' autoscalers come after it)
+        engine.publish(ENTRY, list(prefill))  # arrivals are routed to the prefill pool only
+        engine.add_pool(DECODE, decode, self._decode_serving)
 
     # -- the engine's hook ----------------------------------------------------------------------
     def after_step(self, replica: Replica, step, end_s: float) -> None:
@@ -120,31 +131,26 @@ class Disaggregation:
             for req in ready:
                 self._hand_off(replica, req, end_s)
             self._overlap.clear()
-            if self.prefill_scaler is not None:
-                self.prefill_scaler.after_step(replica, step, end_s)
             return
         if self.pending:
             self._applied = replica  # its step is applied: it promises no more blocks
             self._place_pending(end_s)
             self._applied = None
-        if self.decode_scaler is not None:
-            self.decode_scaler.after_step(replica, step, end_s)
 
     # -- autoscaled pools -----------------------------------------------------------------------
-    def scaled_by(self, scaler: Autoscaler) -> None:
+    def scaled_by(self, scaler: PoolWatcher) -> None:
         """``scaler`` scales the prefill or the decode pool (whichever its replicas are)."""
         if scaler.replicas[0].id in self.prefill_ids:
             self.prefill_scaler = scaler
         else:
             self.decode_scaler = scaler
 
-    def publish(self, scaler: Autoscaler, live: list[Replica]) -> None:
-        """The replicas of ``scaler``'s pool that take work from now on."""
-        if scaler is self.prefill_scaler:
-            self.engine.live = live
-            return
+    def _decode_serving(self, live: list[Replica], grew: bool) -> None:
+        """The decode replicas that take handoffs from now on (the engine's membership: the decode
+        pool's autoscaler, failures)."""
         self.decode_live = live
-        self.place_pending(self.engine.now_s)  # a decode replica started (or was taken back): handoffs may fit now
+        if grew:  # a decode replica started, came back or was taken back: handoffs may fit now
+            self.place_pending(self.engine.now_s)
 
     def holding(self, replica: Replica) -> bool:
         """``replica`` holds KV of requests in transfer (from it, or to it)."""
@@ -161,10 +167,8 @@ class Disaggregation:
         if not any(d.kv.can_ever_fit(req) for d in self.decode):
             need = self.decode[0].kv.blocks_to_finish(req)
             self._release_source(req, now)
-            req.status = Status.REJECTED
-            req.reason = (f"needs {need} KV blocks for prompt + max output; a decode replica has "
-                          f"{max(d.kv.total for d in self.decode)}")
-            self.engine.ended(req, now)
+            self.engine.end(req, Status.REJECTED, f"needs {need} KV blocks for prompt + max output; a decode "
+                            f"replica has {max(d.kv.total for d in self.decode)}", now)
             return
         self.pending.append(req)
         self.max_pending = max(self.max_pending, len(self.pending))
@@ -277,19 +281,10 @@ class Disaggregation:
 
     # -- a replica lost (failure, reclaimed instance) -------------------------------------------------
     def stop(self, replica: Replica) -> None:
-        """``replica`` goes down: it takes no more arrivals or handoffs, and the iterations it finished
-        before going down (applied now) hand off and place nothing; ``lose`` follows."""
+        """``replica`` goes down (it already takes no arrivals or handoffs: the engine's membership):
+        the iterations it finished before going down (applied now) hand off and place nothing;
+        ``lose`` follows."""
         self._stopping = replica
-        if replica.id in self.decode_ids:
-            self.decode_live = [d for d in self.decode_live if d is not replica]
-        else:
-            self.engine.live = [r for r in self.engine.live if r is not replica]
-
-    def restore(self, replica: Replica, now: float) -> None:
-        """A failed decode replica is back: it takes handoffs again (a prefill one: the platform
-        puts it back among the engine's live replicas)."""
-        self.decode_live = [d for d in self.decode if d is replica or d in self.decode_live]
-        self.place_pending(now)
 
     def lose(self, replica: Replica, now: float) -> list[Request]:
         """The KV ``replica`` held for transfers is gone: returns the requests that lose it, in order.
@@ -360,10 +355,7 @@ class Disaggregation:
     # -- end of the replay, results, checks -----------------------------------------------------
     def strand(self) -> None:
         """Requests still handed off when nothing is left to happen: counted, never lost."""
-        for req in self.pending:
-            if not req.status.is_terminal:
-                req.status = Status.UNFINISHED
-                req.reason = "waiting for a decode replica with room when the replay ended"
+        self.engine.strand(self.pending, "waiting for a decode replica with room when the replay ended")
 
     def holders(self, replica: Replica) -> list[Request]:
         """Every request (or landing placeholder) holding GPU blocks on ``replica`` (the KV check)."""

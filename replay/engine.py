@@ -20,14 +20,12 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.admission import Ledger
 from servelab.replay.batch import Batch, BatchSummary, initial_budgets
 from servelab.replay.cohort import DecodeCohort
-from servelab.replay.config import EngineConfig
-from servelab.replay.faults import Journal
+from servelab.replay.engine_config import EngineConfig
+from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
 from servelab.replay.logs import StepLog, TokenLog
-from servelab.replay.platform import FAULT, Platform
 from servelab.replay.progress import apply_iteration, apply_stretch
 from servelab.replay.protocols import Router, Runner, StepItem, StepPlan, StepShape
 from servelab.replay.replica import Replica, owed
@@ -38,6 +36,8 @@ ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
 # A component's own timed event (payload: a function of the time), after the completions at its
 # instant and before the decisions: KV transfers landing on a decode replica (replay/disagg.py).
 TIMER = 1.5
+FAULT = 3  # a replica failing or coming back (payload: (replica, down)), after everything else at its instant
+ENTRY, DECODE = "entry", "decode"  # the pools a router picks from: arrivals', and prefill/decode handoffs'
 PROGRESS_STEPS = 4096  # completed steps between two progress reports (besides every 8192 arrivals)
 
 
@@ -45,16 +45,29 @@ class Engine:
     """The event loop. Reading order: ``run`` (events), ``_route`` (an arrival joins a replica),
     ``_start`` (a policy decision becomes an iteration), ``apply`` (finished iterations become request
     progress), ``_finish`` / ``ended`` (a request leaves). KV state is the replicas' `KVManager`s,
-    request progress `replay.progress`, platform features `replay.platform` (hooks, off by default)."""
+    request progress `replay.progress`, platform features `replay.platform` (hooks, off by default).
+
+    The engine is the one owner of a request's status (``_route``, ``_admit``, ``preempt``,
+    ``_finish``, and for the layers above ``end``, ``interrupt``, ``strand``, ``truncate``) and of
+    which replicas serve (``publish``, ``fail``, ``restore``): the cluster and the platform ask."""
 
     ARRIVAL = ARRIVAL
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
                  config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False,
-                 reclaims: bool = False):
+                 platform=None):
         self.requests = requests
         self.replicas = replicas
-        self.live = replicas  # replicas taking work (a new list only while one is down)
+        # Replica membership, owned here: which replicas take new work. A pool's controller (an
+        # autoscaler, a fleet of instance types) says which of its replicas it wants serving
+        # (``publish``), a failure takes one down and back (``fail``, ``restore``); a replica serves
+        # when its pool wants it and it is up. ``live`` is the arrivals' pool's (the routers' list).
+        self.live = replicas
+        self.wanted: dict[str, list[Replica]] = {ENTRY: replicas}
+        self.down: set[int] = set()  # ids of failed replicas not back yet
+        self.role: dict[int, str] = {}  # replica id -> its pool (ENTRY when absent)
+        self.on_serving = {}  # pool -> called with (live, grew) when its serving replicas change (not ENTRY's)
+        self.on_failed: list = []  # called with (replica, now) when a replica fails (its pool's controller)
         self.router = router
         self.runner = runner
         self.config = config
@@ -82,15 +95,18 @@ class Engine:
             if id(own) not in affines:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
-        self.handoff = None  # a component called with (replica, step, end_s) after each applied step
+        # Components called with (replica, step, end_s) after each applied step, in order: the
+        # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
+        self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
         self.next_arrival = 0
         self._check_sorted()
-        # (``reclaims``: replicas may be taken away, replay/fleet.py: the platform moves their requests)
-        self.platform = Platform(self, config, reclaims) if reclaims or Platform.wanted(config, replicas) else None
+        # The platform's hooks (replay/platform.py: quotas, pausing, shedding, failures), built on this
+        # engine by ``platform(engine)`` when the assembly wants them (servelab.api), else None.
+        self.platform = platform(self) if platform is not None else None
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running
@@ -229,9 +245,7 @@ class Engine:
         else:
             reason = replica.policy.reject_reason(req)
         if reason is not None:
-            req.status = Status.REJECTED
-            req.reason = reason
-            self.ended(req, now)
+            self.end(req, Status.REJECTED, reason, now)
             return
         req.status = Status.WAITING
         replica.owe(req)
@@ -468,8 +482,8 @@ class Engine:
             step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
             len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
-        if self.handoff is not None:
-            self.handoff(replica, step, end_s)
+        for listener in self.step_listeners:
+            listener(replica, step, end_s)
 
     def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):
         """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers
@@ -515,6 +529,87 @@ class Engine:
             cohort.outside.remove(req)
         self.ended(req, now)
 
+    # -- the request lifecycle: with the verbs above (_route, _admit, preempt, _finish), the only code
+    # -- that changes a request's status; the cluster and the platform ask these -------------------
+    def end(self, req: Request, status: Status, reason: str, now: float) -> None:
+        """``req`` leaves unserved for good at ``now``: ``status`` is REJECTED (it can never be served),
+        THROTTLED (its quota refused it and its retries ran out), DROPPED (shed) or ABORTED (its
+        client gave up: replay/abort.py). A request that waited on a replica has been taken off it first."""
+        req.status = status
+        req.reason = reason
+        self.ended(req, now)
+
+    def interrupt(self, req: Request) -> None:
+        """``req`` lost its KV with its replica (a failure, a reclaimed instance, KV in transfer lost):
+        the journal's rule applies (it keeps its generated tokens, or starts over) and it is routed
+        again, as if not arrived yet."""
+        self.journal.interrupt(req)
+        req.status = Status.PENDING
+
+    def strand(self, reqs, reason: str | None = None) -> None:
+        """The replay ends with ``reqs`` not served: those not terminal are ``unfinished`` (``reason``:
+        why, when it is not the horizon)."""
+        for req in reqs:
+            if not req.status.is_terminal:
+                req.status = Status.UNFINISHED
+                if reason is not None:
+                    req.reason = reason
+
+    def truncate(self, replica: Replica, now: float) -> float:
+        """Stop ``replica``'s in-flight step at ``now`` (the horizon, or the replica lost): iterations of
+        a decode stretch finished by ``now`` are applied, the one under way is not. Returns the
+        seconds of work lost (``now`` minus the end of the last finished iteration; 0 when idle)."""
+        step = replica.inflight
+        if step is None:
+            return 0.0
+        j = step.iterations_done_by(now)
+        done_s = step.start_s + step.elapsed(j)
+        if j:
+            step.k = j
+            self.apply(replica, step, j, done_s)
+        replica.inflight = None
+        replica.busy = False
+        replica.step_token += 1  # (its completion event, still in the heap, is stale)
+        return now - done_s
+
+    # -- replica membership: the only code that changes which replicas take work -------------------
+    def add_pool(self, role: str, replicas: list[Replica], on_serving) -> None:
+        """``replicas`` form the pool ``role`` (not the arrivals'), all wanted at first; ``on_serving(live,
+        grew)`` hears when its serving replicas change (``grew``: some may have joined)."""
+        self.wanted[role] = list(replicas)
+        self.on_serving[role] = on_serving
+        for r in replicas:
+            self.role[r.id] = role
+
+    def publish(self, role: str, replicas: list[Replica]) -> None:
+        """The replicas of pool ``role`` its controller wants serving from now on."""
+        self.wanted[role] = replicas
+        self._serve(role, grew=True)
+
+    def fail(self, replica: Replica, now: float) -> None:
+        """``replica`` goes down at ``now``: it takes no new work until ``restore``, and its pool's
+        controller hears it (an autoscaler counts it out, a fleet refills) before the platform moves
+        what it held (``Platform.evict``), so that the moved requests can land on a replacement."""
+        self.down.add(replica.id)
+        self._serve(self.role.get(replica.id, ENTRY), grew=False)
+        for listener in self.on_failed:
+            listener(replica, now)
+
+    def restore(self, replica: Replica) -> str:
+        """``replica`` is back: it serves again if its pool still wants it. Returns its pool."""
+        self.down.discard(replica.id)
+        role = self.role.get(replica.id, ENTRY)
+        self._serve(role, grew=True)
+        return role
+
+    def _serve(self, role: str, grew: bool) -> None:
+        down = self.down
+        live = [r for r in self.wanted[role] if r.id not in down] if down else list(self.wanted[role])
+        if role == ENTRY:
+            self.live = live
+        else:
+            self.on_serving[role](live, grew)
+
     def ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any."""
         if self.platform is not None:
@@ -529,15 +624,5 @@ class Engine:
     # -- horizon --------------------------------------------------------------------------------
     def _stop_at_horizon(self, until: float) -> None:
         for replica in self.replicas:
-            step = replica.inflight
-            if step is not None:
-                j = step.iterations_done_by(until)
-                if j:  # a decode stretch partly done by the horizon
-                    end = step.start_s + step.elapsed(j)
-                    step.k = j
-                    self.apply(replica, step, j, end)
-                replica.inflight = None
-                replica.busy = False
-        for req in self.requests:
-            if not req.status.is_terminal:
-                req.status = Status.UNFINISHED
+            self.truncate(replica, until)  # (a decode stretch partly done by the horizon counts so far)
+        self.strand(self.requests)

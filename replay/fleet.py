@@ -116,7 +116,7 @@ class Fleet(Autoscaler):
             if have >= self.wanted:
                 break
             k = self.kind[r.id]
-            if state[r.id] == "off" and self._held(k) < self.types[k].count_at(now):
+            if state[r.id] == "off" and r.id not in self.engine.down and self._held(k) < self.types[k].count_at(now):
                 have += 1
                 changed = True
                 startup = 0.0 if at_once else self.config.startup_s
@@ -141,6 +141,7 @@ class Fleet(Autoscaler):
             if state[r.id] != "active" or r.id in replaced:
                 continue
             new = next((s for s in self.replicas if kind[s.id] < k and state[s.id] == "off"
+                        and s.id not in self.engine.down
                         and self._held(kind[s.id]) < self.types[kind[s.id]].count_at(now)), None)
             if new is None:
                 continue
@@ -157,6 +158,15 @@ class Fleet(Autoscaler):
         if changed:
             self._live()
             self._record(now)
+
+    def failed(self, replica: Replica, now: float) -> bool:
+        """A replica of the pool failed: the pool refills from the types with room (at once for a pool
+        of fixed size, after ``startup_s`` for an autoscaled one), as after a reclaim."""
+        if not super().failed(replica, now):
+            return False
+        self.replacing.pop(replica.id, None)
+        self._fill(now, at_once=self.fixed)
+        return True
 
     def _drain(self, replica: Replica) -> None:
         if self.state[replica.id] == "active":

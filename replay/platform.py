@@ -25,16 +25,17 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from servelab.common.tiers import parse_tiers
-from servelab.replay.admission import Admission, Ledger, PauseRule, Quota
-from servelab.replay.config import EngineConfig
-from servelab.replay.faults import Failure
+from servelab.replay.admission import Admission, PauseRule, Quota
+from servelab.replay.engine import ENTRY, FAULT
+from servelab.replay.engine_config import EngineConfig
+from servelab.replay.journal import Ledger
+from servelab.replay.specs import Failure
 from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
-FAULT = 3  # the engine's event kind for failures and recoveries
 NO_FAULTS = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
              "tokens_lost": 0, "tokens_recomputed": 0}  # run.json's faults counters before any failure
 
@@ -96,10 +97,8 @@ class Platform:
         if throttle is not None:
             retry_s = adm.retry_at(req, self.ledger.retries.get(req.index, 0), throttle, now)
             if retry_s is None:
-                req.status = Status.THROTTLED
-                req.reason = throttle.reason
                 self.ledger.refused_s[req.index] = now
-                engine.ended(req, now)
+                engine.end(req, Status.THROTTLED, throttle.reason, now)
             else:  # the client comes back; its latency still counts from its first arrival
                 Ledger.add(self.ledger.retries, req.index, 1)
                 engine.push(retry_s, engine.ARRIVAL, req)
@@ -133,11 +132,9 @@ class Platform:
         """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
         if replica is not None:
             self.take_off(replica, req)
-        req.status = Status.DROPPED
-        req.reason = reason
         self.ledger.refused_s[req.index] = now
         self.dropped += 1
-        self.engine.ended(req, now)
+        self.engine.end(req, Status.DROPPED, reason, now)
 
     def take_off(self, replica: "Replica", req: Request) -> None:
         """Take ``req`` out of ``replica``'s waiting queue for good (a drop, a client's abort)."""
@@ -226,19 +223,19 @@ class Platform:
         """Take ``replica`` down (its work moves to live replicas) or bring it back."""
         engine = self.engine
         if not down:
-            if self.disagg is not None and replica.id in self.disagg.decode_ids:
-                self.disagg.restore(replica, now)  # (arrivals are the prefill pool's: no orphan is for it)
-                return
-            engine.live = [r for r in engine.replicas if r is replica or r in engine.live]
+            if engine.restore(replica) != ENTRY:
+                return  # (a decode replica: arrivals are the prefill pool's, no orphan is for it)
             orphans, self.orphans = self.orphans, []
             engine.route_all(orphans, now)
             return
         self.fault_stats["failures"] += 1
+        engine.fail(replica, now)
         self.evict(replica, now)
 
     def evict(self, replica: "Replica", now: float) -> None:
-        """``replica`` stops serving at ``now`` (a failure, or its instance reclaimed): the iteration under
-        way is lost and every request on it loses its KV and is routed again (the journal's rule).
+        """``replica`` has stopped serving at ``now`` (failed: ``Engine.fail``; or its instance reclaimed:
+        its fleet no longer wants it): the iteration under way is lost and every request on it loses
+        its KV and is routed again (the journal's rule).
 
         With prefill/decode pools (``disagg``) the requests whose KV it held for a transfer, or that
         were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
@@ -246,21 +243,10 @@ class Platform:
         engine = self.engine
         stats = self.fault_stats
         disagg = self.disagg
-        if disagg is None:
-            engine.live = [r for r in engine.live if r is not replica]
-        else:
+        if disagg is not None:
             disagg.stop(replica)
-        step = replica.inflight
-        if step is not None:  # iterations finished by now count; the one under way is lost
-            j = step.iterations_done_by(now)
-            done_s = step.start_s + step.elapsed(j)
-            if j:
-                step.k = j
-                engine.apply(replica, step, j, done_s)
-            stats["work_lost_s"] += now - done_s
-            replica.inflight = None
-            replica.busy = False
-            replica.step_token += 1
+        if replica.inflight is not None:  # iterations finished by now count; the one under way is lost
+            stats["work_lost_s"] += engine.truncate(replica, now)
         moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
         lost = disagg.lose(replica, now) if disagg is not None else ()
         replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
@@ -276,13 +262,11 @@ class Platform:
             start = self.pause_start.pop(req.index, None)
             if start is not None:  # held on the failed replica: it was paused until now
                 Ledger.add(self.ledger.paused_s, req.index, now - start)
-            journal.interrupt(req)
-            req.status = Status.PENDING
+            engine.interrupt(req)
         if disagg is not None:
             disagg.lost_running(replica, moved)
             for req in lost:  # (they had left their prefill replica's policy when handed off)
-                journal.interrupt(req)
-                req.status = Status.PENDING
+                engine.interrupt(req)
             moved += lost
         stats["requests_moved"] += len(moved)
         stats["requests_interrupted"] += journal.requests_interrupted - before[0]
@@ -296,10 +280,7 @@ class Platform:
         """At the end: requests held or routed nowhere had no live replica left to serve them."""
         if not (self.orphans or self.paused):
             return
-        for req in requests:
-            if not req.status.is_terminal:
-                req.status = Status.UNFINISHED
-                req.reason = "no live replica to serve it"
+        self.engine.strand(requests, "no live replica to serve it")
 
     # -- run.json -----------------------------------------------------------------------------
     def meta(self) -> dict:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from servelab.replay.config import EngineConfig
+from servelab.replay.engine_config import EngineConfig
 from servelab.replay.kv import KVManager
 from servelab.replay.queue import RequestQueue
 from servelab.replay.request import Request
-
-if TYPE_CHECKING:
-    from servelab.replay.protocols import Policy
 
 
 class Replica:
@@ -26,7 +21,9 @@ class Replica:
                  "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort",
                  "runner", "decode_affine", "pool")
 
-    def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy: "Policy"):
+    def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy):
+        # ``policy`` is a `Policy` (replay/protocols.py); not imported here: the protocol is written in
+        # terms of the replica it schedules, so the replica sits below it
         self.id = replica_id
         self.config = config
         self.kv = kv

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servelab.common.registry import ClassRegistry
-from servelab.replay.config import make_params
+from servelab.replay.engine_config import make_params
 
 if TYPE_CHECKING:
     from servelab.replay.replica import Replica

@@ -102,7 +102,7 @@ def batches(grid: Grid) -> Iterator[Batch]:
 
 def plan_for(batch: Batch, runner: Runner, allocator=None, block_size: int = 16) -> tuple[StepPlan, list]:
     """A StepPlan with stand-in requests (progress counters set) for runners that execute items."""
-    from servelab.replay.request import Request, Status
+    from servelab.replay.request import Request
 
     items: list[StepItem] = []
     requests = []
@@ -119,8 +119,7 @@ def plan_for(batch: Batch, runner: Runner, allocator=None, block_size: int = 16)
         req.num_computed_tokens = t - 1
         items.append(StepItem(req, t - 1, 1))
         requests.append(req)
-    for req in requests:
-        req.status = Status.RUNNING
+    for req in requests:  # (stand-ins: a runner reads their counters and block tables, never their status)
         if allocator is not None:
             needed = req.num_computed_tokens + next(it.num_tokens for it in items if it.request is req)
             req.block_table = allocator.allocate(math.ceil(needed / block_size))

@@ -94,7 +94,7 @@ def _rel_error_pct(candidate: float | None, reference: float | None) -> float | 
 def validate(trace: pa.Table, config, reference: Runner, candidate: Runner, *,
              reference_spec: str = "", candidate_spec: str = "") -> dict:
     """Replay ``trace`` with each runner under ``config`` and report how far the candidate is."""
-    from servelab.api import replay, resolve_num_gpu_blocks
+    from servelab.assembly import replay, resolve_num_gpu_blocks
 
     blocks = resolve_num_gpu_blocks(config, reference)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))

@@ -109,7 +109,7 @@ def _replay_point(trace_path: str, trace_meta: dict, config, slo: SloTable | Non
     The run is scored from its tables in memory, not read back from the files just written: on
     ``scores`` (the sweep's connection, reused point after point) or, in a worker process, on a
     connection of its own."""
-    from servelab.api import replay, write_run
+    from servelab.assembly import replay, write_run
     from servelab.scoring.memory import RunConnection
     from servelab.traces.io import read_trace
     from servelab.traces.transforms import scale_rate

@@ -246,7 +246,7 @@ class Evaluator:
         return scores.get(name)
 
     def _replay_timed(self, config, attrs: dict[str, Any], trace_meta: dict | None = None):
-        from servelab.api import replay
+        from servelab.assembly import replay
 
         t0 = time.perf_counter()
         result = replay(self.trace, config, trace_meta=trace_meta or self.trace_meta)

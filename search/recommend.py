@@ -245,7 +245,7 @@ def run(setup: RecommendSetup, study_dir: Path, progress=None) -> list[TopologyP
     for p in plans:  # a folder holding another study is refused before anything is written
         check_study_dir(p.spec, p.spec_path.parent, setup.storage)
     if setup.storage is not None:  # so is a database that cannot be opened (before spec.toml is written)
-        from servelab.search.study import rdb_storage
+        from servelab.search.storage import rdb_storage
 
         rdb_storage(setup.storage)
     total = sum(p.trials for p in plans)

@@ -569,7 +569,7 @@ class _Parser:
         other searched keys (``replicas = 2`` needs ``autoscale.min <= 2`` in some trial)."""
         import itertools
 
-        from servelab.replay.cluster import pool_config
+        from servelab.replay.config import pool_config
 
         def values(p: Param) -> tuple:
             return p.choices if p.kind == "choice" else (p.low, p.high)

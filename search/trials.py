@@ -140,7 +140,7 @@ def scored_trace(study, study_dir: Path | None) -> tuple[str | None, str | None]
     A spec with window/head/rate transforms replays STUDY_DIR/trace.arrow, written once by the
     study; without transforms, the spec's trace itself.
     """
-    from servelab.search.study import SPEC_ATTR
+    from servelab.search.storage import SPEC_ATTR
 
     trace = ((study.user_attrs.get(SPEC_ATTR) or {}).get("trace")) or {}
     steps = ", ".join(f"{k} {json.dumps(v)}" for k in ("window_s", "head", "rate_scale", "rate_rps")
@@ -198,14 +198,14 @@ def load_study_dir(study_dir: Path, storage_url: str | None = None):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url or info["storage"]
     if url.startswith("journal:"):
-        from servelab.search.study import journal_storage
+        from servelab.search.storage import journal_storage
 
         journal = study_dir / url.removeprefix("journal:")
         if not journal.is_file():
             raise ServelabError(f"{journal}: no such study journal")
         storage = journal_storage(journal)
     else:
-        from servelab.search.study import rdb_storage
+        from servelab.search.storage import rdb_storage
 
         storage = rdb_storage(url)
     try:

@@ -12,7 +12,7 @@ import pytest
 from conftest import make_trace
 from helpers_engine import column, run, synthetic
 
-import servelab.api
+import servelab.assembly
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.abort import Aborts
@@ -163,7 +163,7 @@ class Checked(Engine):
                                   "pause": "tier=flex,waiting=8,resume=2"}),
 ])
 def test_bookkeeping_adds_up_with_aborts_after_every_event(monkeypatch, policy, params, engine):
-    monkeypatch.setattr(servelab.api, "Engine", Checked)
+    monkeypatch.setattr(servelab.assembly, "Engine", Checked)
     fire = Aborts.fire
 
     def checked_fire(self, req, now):

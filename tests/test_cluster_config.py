@@ -36,7 +36,7 @@ def test_pool_settings_override_the_top_level_and_round_trip():
         "pools": [{"name": "p", "role": "prefill", "replicas": 2, "max_num_seqs": 8, "price_per_gpu_hour": 2.5},
                   {"name": "d", "role": "decode", "replicas": 4, "policy": "sarathi", "gpu": "a100-80gb", "tp": 2}],
         "links": [{"from": "p", "to": "d", "bandwidth_gbps": 25, "latency_s": 0.001}]}})
-    from servelab.replay.cluster import pool_config
+    from servelab.replay.config import pool_config
 
     p, d = config.cluster.pools
     pc, dc = pool_config(config, p), pool_config(config, d)

@@ -113,9 +113,6 @@ def test_disaggregation_needs_the_kv_size_and_refuses_what_it_does_not_model():
     config = cluster_config()
     with pytest.raises(ServelabError, match="kv_bytes_per_token"):
         replay(make_trace([0], [8], [3]), ReplayConfig.from_dict(dict(config.to_dict(), kv_bytes_per_token=None)))
-    with pytest.raises(ServelabError, match="fail.*not modelled with autoscaling"):  # (without: test_cluster_disagg_loss.py)
-        replay(make_trace([0], [8], [3]), cluster_config(prefill={"autoscale": {"min": 1, "max": 2}},
-                                                         fail=["replica=0,at=1"]))
 
 
 def test_disaggregated_replays_are_deterministic():

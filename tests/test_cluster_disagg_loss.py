@@ -224,9 +224,6 @@ def test_failures_name_replicas_across_the_pools():
     # prefill replica 0, decode replica 1: replica=2 does not exist
     with pytest.raises(ServelabError, match=r"fail replica=2: there are only 2 replica\(s\)"):
         replay(make_trace([0], [8], [3]), config({"replicas": 1}, {"replicas": 1}, 1e-6, fail=["replica=2,at=1"]))
-    with pytest.raises(ServelabError, match="fail.*not modelled with instance types"):
-        replay(make_trace([0], [8], [3]), config({"replicas": 1, "instances": [{"gpu": "a"}]}, {"replicas": 1}, 1e-6,
-                                                 fail=["replica=0,at=1"]))
 
 
 RANDOM_CASES = {  # pools (prefill, decode) and top-level settings; replicas: prefill 0, 1, decode 2, 3, 4
@@ -253,13 +250,29 @@ RANDOM_CASES = {  # pools (prefill, decode) and top-level settings; replicas: pr
                                       "interval_s": 0.5, "cooldown_s": 1.0, "startup_s": 0.4},
          "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [3, 1]]}, {"gpu": "a100-80gb", "available": 1}]},
         {"journal": False}),
+    # failures where an autoscaler or a fleet changes membership too (replica ids: prefill 0, 1; decode 2, 3, 4)
+    "failures, autoscaled pools": (
+        {"replicas": 1, "autoscale": {"min": 1, "max": 2, "signal": "queue_depth", "target": 2, "interval_s": 0.5,
+                                      "cooldown_s": 1.0, "startup_s": 0.3}},
+        {"replicas": 2, "autoscale": {"min": 1, "max": 3, "signal": "handoffs_waiting", "target": 1,
+                                      "interval_s": 0.5, "cooldown_s": 1.0, "startup_s": 0.4}},
+        {"fail": ["replica=0,at=1,for=1.5", "replica=3,at=1.5,for=1", "replica=2,at=2.5"]}),
+    # (prefill h100 0, 1, a100 2, 3, 4; decode h100 5, 6, a100 7)
+    "failures, instance types, autoscaled": (
+        {"replicas": 1, "autoscale": {"min": 1, "max": 3, "signal": "queue_depth", "target": 2, "interval_s": 0.5,
+                                      "cooldown_s": 1.0, "startup_s": 0.3},
+         "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [2.5, 0], [4, 1]]}, {"gpu": "a100-80gb"}]},
+        {"replicas": 2, "autoscale": {"min": 1, "max": 3, "signal": "handoffs_waiting", "target": 1,
+                                      "interval_s": 0.5, "cooldown_s": 1.0, "startup_s": 0.4},
+         "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [3, 1]]}, {"gpu": "a100-80gb", "available": 1}]},
+        {"fail": ["replica=0,at=1.2,for=1", "replica=5,at=2,for=1.5", "replica=7,at=2.2,for=0.5"]}),
 }
 
 
 def every_event_engine(monkeypatch) -> list:
     """Engines that also check the invariants after every timed event (transfers, availability
     changes, autoscaler ticks) and every failure or recovery, not only after arrivals and steps."""
-    import servelab.api
+    import servelab.assembly
     from servelab.replay.engine import TIMER
     from test_engine_invariants import CheckedEngine
 
@@ -287,7 +300,7 @@ def every_event_engine(monkeypatch) -> list:
 
             super().push(time_s, kind, payload)
 
-    monkeypatch.setattr(servelab.api, "Engine", EveryEvent)
+    monkeypatch.setattr(servelab.assembly, "Engine", EveryEvent)
     return engines
 
 

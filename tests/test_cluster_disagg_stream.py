@@ -88,11 +88,11 @@ def test_streaming_keeps_the_books_after_every_event_and_moves_less_after_the_fi
     KV and outstanding tokens add up after every event (tests/test_engine_invariants.py), every
     request is served, and with streaming the bytes moved after the first token plus those streamed
     are all the KV, while the mean transfer after the first token is shorter than without."""
-    import servelab.api
+    import servelab.assembly
     from helpers_engine import synthetic
     from test_engine_invariants import CheckedEngine
 
-    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     trace = synthetic(n=300, rate=40.0, seed=4)
 
     def run(layers):

@@ -212,12 +212,6 @@ def test_bad_instance_settings_are_one_line_errors_naming_the_field(pool, messag
                                 "cluster": {"pools": [{"name": "web", **pool}]}}, source="c.toml")
 
 
-def test_instances_are_refused_where_they_are_not_modelled():
-    # (instances on prefill/decode pools are modelled: tests/test_cluster_disagg_loss.py)
-    with pytest.raises(ServelabError, match="fail.*not modelled with instance types"):
-        replay(make_trace([0], [1], [2]), config([{"gpu": "a"}], fail=["replica=0,at=1"]))
-
-
 def test_the_config_round_trips_and_a_toml_file_reads(tmp_path):
     cfg = config([{"gpu": "h100-80gb", "price_per_gpu_hour": 2.5, "available": [[0, 8], [1800, 4]]},
                   {"gpu": "a100-80gb", "price_per_gpu_hour": 1.6, "runner": "linear:base=2", "num_gpu_blocks": 50}],
@@ -241,11 +235,11 @@ def test_bookkeeping_adds_up_through_reclaims_and_no_request_is_lost(monkeypatch
     """Availability rises and falls under a bursty trace (down to nothing for a while): after every
     event KV and outstanding tokens add up (tests/test_engine_invariants.py), every request
     finishes, and the pool never holds more of a type than is available."""
-    import servelab.api
+    import servelab.assembly
     from helpers_engine import synthetic
     from test_engine_invariants import CheckedEngine
 
-    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     types = [{"gpu": "h100-80gb", "available": [[0, 3], [2, 1], [4, 0], [6, 2]]},
              {"gpu": "a100-80gb", "available": [[0, 0], [3, 1], [3.5, 0], [4.5, 2]]}]
     cfg = ReplayConfig.from_dict({

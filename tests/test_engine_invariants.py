@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import servelab.api
+import servelab.assembly
 from helpers_engine import run, synthetic
 from servelab.policies.base import POLICIES, policy_names
 from servelab.replay.engine import Engine
@@ -29,8 +29,8 @@ def disaggregation(engine: Engine):
     """The prefill/decode handoff of a cluster replay (replay/disagg.py), or None."""
     from servelab.replay.disagg import Disaggregation
 
-    owner = getattr(engine.handoff, "__self__", None)
-    return owner if isinstance(owner, Disaggregation) else None
+    owners = [getattr(listener, "__self__", None) for listener in engine.step_listeners]
+    return next((o for o in owners if isinstance(o, Disaggregation)), None)
 
 
 def check(engine: Engine) -> None:
@@ -139,7 +139,7 @@ CASES.update({
 @pytest.mark.sampled(keep=8)
 def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     policy, params, engine, *shape = CASES[case]
-    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     trace = synthetic(n=250, rate=40.0, seed=seed, **(shape[0] if shape else {}))
     if policy == "tiers":
         import pyarrow as pa
@@ -219,7 +219,7 @@ def test_autoscaled_bookkeeping_adds_up_and_no_request_is_lost(monkeypatch, sign
     tokens consistent, and every request finishes (draining drops nothing)."""
     from servelab.api import ReplayConfig, replay
 
-    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     target = {"queue_depth": 2, "running": 4, "pending_prompt_tokens": 1500, "kv_use": 0.3, "request_rate": 10}[signal]
     config = ReplayConfig.from_dict({
         "runner": "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", "num_gpu_blocks": 400,
@@ -243,7 +243,7 @@ def _keep_engines(monkeypatch, base: type[Engine] = Engine) -> list[Engine]:
             super().__init__(*args, **kwargs)
             engines.append(self)
 
-    monkeypatch.setattr(servelab.api, "Engine", Keep)
+    monkeypatch.setattr(servelab.assembly, "Engine", Keep)
     return engines
 
 
@@ -260,7 +260,7 @@ def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
 
 
 def test_replay_imports_no_concrete_policy_runner_or_layer_above():
-    forbidden = ("servelab.policies", "servelab.routers", "servelab.runners", "servelab.api", "servelab.cli", "servelab.scoring",
+    forbidden = ("servelab.policies", "servelab.routers", "servelab.runners", "servelab.api", "servelab.assembly", "servelab.cli", "servelab.scoring",
                  "servelab.search")
     for path in sorted((REPO / "replay").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -353,7 +353,7 @@ def test_block_ids_add_up_after_every_event(monkeypatch, case):
     from servelab.runners.base import make_runner
 
     policy, params, engine, shape = ALLOCATOR_CASES[case]
-    monkeypatch.setattr(servelab.api, "Engine", CheckedEngine)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     spec = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005"
     cfg = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=params, runner=spec)
     runner = PagedLinear(make_runner(spec))

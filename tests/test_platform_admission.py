@@ -8,7 +8,8 @@ import pytest
 
 from servelab.common.errors import ServelabError
 from servelab.replay.admission import Admission, Ledger, PauseRule, Quota, TokenBucket
-from servelab.replay.faults import Failure, Journal, check_failures
+from servelab.replay.journal import Journal
+from servelab.replay.specs import Failure, check_failures
 from servelab.replay.request import Request
 
 

@@ -66,7 +66,7 @@ def live_requests() -> int:
 def test_a_replay_frees_its_requests_while_building_the_table(monkeypatch, closed_loop):
     """Nothing but the list being converted holds the finished requests (not the engine's arrivals,
     nor its closed-loop turns): each chunk converted frees its Request objects."""
-    from servelab import api
+    from servelab import assembly as api  # (the module that runs the replay: its requests_table_from is patched)
     from servelab.traces.synth import synth_trace
 
     kwargs = {"turns": 3.0, "think_s": 2.0} if closed_loop else {}

@@ -701,7 +701,7 @@ def test_replay_with_prefix_caching_shares_real_blocks_and_matches_dense_forward
     (b) every logit row of every step equals a dense forward of the request's whole sequence;
     (c) the KV manager's checks (ids too) hold after every step; (d) ids are reused after eviction
     (a block id later holds other content) without breaking (b)."""
-    import servelab.api
+    import servelab.assembly
     from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.replay.engine import Engine
     from servelab.traces.synth import synth_trace
@@ -716,7 +716,7 @@ def test_replay_with_prefix_caching_shares_real_blocks_and_matches_dense_forward
                 assert rep.kv.cache.names is not None
             Checked.checks += 1
 
-    monkeypatch.setattr(servelab.api, "Engine", Checked)
+    monkeypatch.setattr(servelab.assembly, "Engine", Checked)
     hb = 16
     trace = synth_trace(n=30, rate=20.0, prompt="lognormal:24:0.5", output="lognormal:4:0.5", tenants="a=1,b=1",
                         shared_prefix_tokens=32, turns=3.0, think_s=0.05, prefix_block_tokens=hb, seed=5)

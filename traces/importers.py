@@ -19,10 +19,10 @@ import polars as pl
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError, require_file
-from servelab.common.registry import Registry
 from servelab.traces import schema
 from servelab.traces.arrivals import ArrivalConfig, arrival_times
 from servelab.traces.csvscan import COUNT, SECONDS, TEXT, TIMESTAMP, Want, read_columns
+from servelab.traces.imported import IMPORTERS, Imported
 
 
 @dataclass(frozen=True)
@@ -36,36 +36,6 @@ class Part:
     extra: dict[str, pa.Array] = field(default_factory=dict)
     rows_read: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Imported:
-    """An import's result: the trace table (sorted, ids from 0) plus what the summary reports."""
-
-    table: pa.Table
-    source: str
-    prefix_block_tokens: int | None
-    rows_read: int
-    dropped: dict[str, int]
-    files: tuple[str, ...]
-    read_unit: str = "rows"  # what rows_read counts ("clients" for ServeGen)
-    warnings: tuple[str, ...] = ()  # things a user should know (the CLI prints each as "warning: ...")
-
-    @property
-    def span_s(self) -> float:
-        arrival = self.table.column("arrival_s")
-        return float(arrival[-1].as_py() - arrival[0].as_py()) if len(arrival) else 0.0
-
-    def summary(self) -> str:
-        dropped = ", ".join(f"{n} {why}" for why, n in self.dropped.items() if n) or "none"
-        return (
-            f"{self.table.num_rows} requests from {self.rows_read} {self.read_unit} in {len(self.files)} source(s); "
-            f"dropped: {dropped}; span {self.span_s:.1f} s"
-        )
-
-
-Importer = Callable[..., Imported]
-IMPORTERS: Registry[Importer] = Registry("trace format")
 
 
 def import_trace(fmt: str, paths: list[Path], **options) -> Imported:

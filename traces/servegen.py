@@ -26,7 +26,7 @@ from servelab.common.errors import InputError, ServelabError, require_file
 from servelab.common.textfile import read_text
 from servelab.traces import schema
 from servelab.traces.arrivals import stationary_first_gap, unit_gaps
-from servelab.traces.importers import IMPORTERS, Imported
+from servelab.traces.imported import IMPORTERS, Imported
 
 _CHUNK = re.compile(r"^chunk-(\d+)-trace\.csv$")
 _FAMILIES = {"gamma": "gamma", "weibull": "weibull", "": "gamma"}

@@ -1,0 +1,509 @@
+"""Assemble a replay from a config and run it: runner, policies and router looked up by name, the pools
+of a cluster, the platform, the handoff and the autoscalers built on the engine; the results tables.
+
+This is where names become parts: ``make_runner`` and ``make_policy`` look them up in their
+registries, and the engine (``servelab.replay``) receives built objects only. The public entry point
+is ``servelab.api``, which re-exports what a user needs; the packages that replay as part of their
+own work (scoring's sweep, fidelity, search) import this module, below the API.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+import time
+from dataclasses import asdict, replace
+
+import pyarrow as pa
+
+from servelab import __version__
+from servelab.common.errors import ServelabError
+from servelab.policies.base import make_policy
+from servelab.replay.abort import Aborts, check_supported, client_timeouts
+from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
+from servelab.replay.engine import Engine
+from servelab.replay.kv import KVManager
+from servelab.replay.platform import Platform
+from servelab.replay.prefix_cache import PrefixCache
+from servelab.replay.protocols import Runner
+from servelab.replay.replica import Replica
+from servelab.replay.request import Status
+from servelab.replay.results import (
+    RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, schema_columns, tier_columns,
+    tier_meta, with_platform_columns, write_run,
+)
+from servelab.replay.autoscale import Autoscaler
+from servelab.replay.cluster import ClusterConfig, PoolConfig
+from servelab.replay.instances import InstanceType
+from servelab.replay.disagg import Disaggregation
+from servelab.replay.specs import Failure, check_failures
+from servelab.replay.fleet import Fleet
+from servelab.replay.protocols import StepPlan
+from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA
+from servelab.replay.tiers import build_stacks, parse_tiers
+from servelab.routers.base import make_router
+from servelab.runners.base import make_runner
+
+
+def build_runner(config: ReplayConfig) -> Runner:
+    parallel = ({"dp": config.dp, "pp": config.pp, "enable_expert_parallel": config.enable_expert_parallel}
+                if config.engines_per_replica > 1 or config.enable_expert_parallel else {})
+    if config.quantization:  # vLLM's --quantization / --kv-cache-dtype (runners/quant.py)
+        parallel["quantization"] = config.quantization
+    if config.kv_cache_dtype != "auto":
+        parallel["kv_cache_dtype"] = config.kv_cache_dtype
+    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
+                       block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
+                       max_num_seqs=config.engine.max_num_seqs, **parallel)
+
+
+def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
+    engine = config.engine
+    capacity = runner.kv_capacity_tokens
+    if engine.num_gpu_blocks is not None:
+        if capacity is not None and not runner.needs_block_tables:  # (an executing runner sizes its own pool)
+            # weights and KV beyond the GPUs' memory would not start on a real server: refuse, not price it
+            most = capacity(1.0) // engine.block_size
+            if engine.num_gpu_blocks > most:
+                raise ServelabError(
+                    f"num_gpu_blocks = {engine.num_gpu_blocks:,} does not fit: {config.model} on {config.tp} x {config.gpu} "
+                    f"(runner '{runner.name}') holds at most {most:,} blocks of {engine.block_size} tokens beside "
+                    f"the weights, with all of GPU memory")
+        return engine.num_gpu_blocks
+    if capacity is None:
+        raise ServelabError(
+            f"runner '{runner.name}' does not know a model or GPU, so the KV size cannot be derived: "
+            "set num_gpu_blocks (--num-gpu-blocks)"
+        )
+    tokens = capacity(engine.gpu_memory_utilization)
+    blocks = tokens // engine.block_size
+    if blocks < 1:
+        raise ServelabError(f"no room for KV cache: the model does not fit the GPU memory ({runner.describe()})")
+    return blocks
+
+
+def kv_bytes_per_token(config: EngineConfig, runner: Runner) -> int:
+    """The runner's KV bytes per token, else the config's; swapping needs one of them."""
+    value = runner.kv_bytes_per_token
+    if value is None:
+        value = config.kv_bytes_per_token
+    if value is None:
+        if config.preemption == "swap":
+            raise ServelabError(
+                f"preemption 'swap' needs the KV size per token: runner '{runner.name}' does not know its "
+                "model, so set kv_bytes_per_token (e.g. --kv-bytes-per-token 131072 for Llama-3.1-8B)"
+            )
+        return 0
+    return int(value)
+
+
+def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
+                   trace_block_tokens: int | None = None, first_id: int = 0) -> list[Replica]:
+    """One KV manager and one policy instance per replica (``trace_block_tokens``: tokens per entry of
+    the trace's ``prefix_hashes``, None when it has none). A replica of dp data-parallel ranks and pp
+    pipeline stages is dp x pp engines behind the router, each stage's with 1/pp of the rank's blocks."""
+    engine_cfg = config.engine
+    engines = engine_cfg.replicas * config.engines_per_replica
+    if config.pp > 1:
+        num_blocks //= config.pp
+        if num_blocks < 1:
+            raise ServelabError(f"pp={config.pp}: fewer KV blocks than pipeline stages (each stage's engine needs one)")
+    if engine_cfg.max_model_len is None:  # the model's own context, as vLLM defaults max_model_len
+        context = getattr(getattr(runner, "model", None), "max_position_embeddings", None)
+        if context is not None:
+            engine_cfg = replace(engine_cfg, max_model_len=context)
+    caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
+    swap = engine_cfg.preemption == "swap"
+    bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
+    host_blocks = 0
+    if swap and bytes_per_token:
+        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+    tier_specs = parse_tiers(engine_cfg.kv_tiers)
+    if tier_specs and (not caching or runner.needs_block_tables):
+        raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
+                            "allocation and a cost-model runner")
+    stacks = build_stacks(tier_specs, engines, bytes_per_token * engine_cfg.block_size,
+                          engine_cfg.kv_tier_write == "through")
+    replicas = []
+    for rid in range(first_id, first_id + engines):
+        allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
+        cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
+                            per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid - first_id],
+                            purge=frozenset(engine_cfg.purge_tenants)) if caching else None
+        kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
+                       allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
+                       bytes_per_block=bytes_per_token * engine_cfg.block_size,
+                       swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
+                       overlap_layers=engine_cfg.kv_load_overlap_layers)
+        policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
+        replicas.append(Replica(rid, engine_cfg, kv, policy))
+    return replicas
+
+
+def trace_block_tokens(trace: pa.Table) -> int | None:
+    """Tokens per ``prefix_hashes`` entry (the trace's ``prefix_block_tokens``), None without hashes."""
+    if "prefix_hashes" not in trace.column_names:
+        return None
+    value = (trace.schema.metadata or {}).get(b"prefix_block_tokens")
+    return int(value) if value else None
+
+
+def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, trace_meta: dict | None = None,
+           token_log: bool = False, progress=None, token_dir: str | None = None) -> RunResult:
+    """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
+
+    ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet),
+    streamed to anonymous temporary files in ``token_dir`` (default: the system's temporary folder)
+    while replaying, so that memory stays bounded however many tokens there are;
+    ``progress(now_s, ended, total)`` is called now and then during the replay (the simulated time
+    reached, the requests ended so far, all requests; ``Engine.run``); a callback that takes two
+    arguments gets ``(arrived, total)`` at every 8192nd trace arrival instead, as before.
+    """
+    wall_start = time.perf_counter()
+    if token_log and token_dir is not None and not os.path.isdir(token_dir):
+        raise ServelabError(f"token_dir '{token_dir}' is not a directory (where --token-log spills while replaying)")
+    # Building the requests, the loop (many short-lived tuples) and the result tables allocate a lot
+    # but build no reference cycles: the cyclic collector would only rescan the live requests again
+    # and again (~10% of a large replay, and a third of building its results).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _replay(trace, config, runner, trace_meta, token_log, progress, token_dir, wall_start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_meta: dict | None, token_log: bool,
+            progress, token_dir: str | None, wall_start: float) -> RunResult:
+    cluster = build_cluster(config, runner, trace_block_tokens(trace))
+    entry = cluster.pools[0]
+    runner, engine_cfg, num_blocks, replicas = entry.runner, entry.config.engine, entry.num_blocks, entry.replicas
+    if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
+        engine_cfg = replace(engine_cfg, fail=config.engine.fail)
+    requests, followers = requests_from_table(trace)
+    reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
+    platform = None
+    if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
+        platform = lambda engine: Platform(engine, engine_cfg, reclaims)  # noqa: E731 (built on the engine)
+    engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
+                    platform=platform)
+    disagg = cluster.disaggregate(engine)
+    scalers = cluster.autoscale(engine, disagg)
+    timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
+    if timeouts:
+        check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
+        engine.aborts = Aborts(engine, timeouts)
+        engine.aborts.arm_all(requests)
+    if engine.tokens is not None:
+        engine.tokens.spill_dir = token_dir
+    end_s = engine.run(_engine_progress(progress, engine))
+    if disagg is not None:
+        disagg.strand()
+    # Everything that reads the Request objects first: the requests table then frees them as it grows.
+    counts = {s.name.lower(): 0 for s in (Status.FINISHED, Status.UNFINISHED, Status.REJECTED)}
+    for req in requests:
+        name = req.status.name.lower()
+        counts[name] = counts.get(name, 0) + 1
+    extra = []  # (field, column) appended after the platform columns, in order
+    if engine_cfg.kv_tiers:
+        extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
+    handoffs = disagg.columns(len(requests)) if disagg is not None else None
+    if handoffs is not None:
+        extra += schema_columns(DISAGG_SCHEMA, handoffs)
+    fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
+    if fleets:  # which instance type served each request (its last replica's: with disaggregation the decoding one)
+        kinds = {r.id: p.config.gpu for p in cluster.pools for r in p.replicas}  # (a pool of one GPU type)
+        kinds.update({rid: f.instance_of(rid) for f in fleets for rid in f.kind})
+        instance = [None] * len(requests)
+        for req in requests:
+            if req.replica is not None:
+                instance[req.index] = kinds.get(req.replica)
+        columns, schema = {"instance": instance}, INSTANCE_SCHEMA
+        if handoffs is not None:  # and the one that prefilled it (for its last handoff)
+            columns["prefill_instance"] = [None if rid is None else kinds[rid] for rid in handoffs["prefill_replica"]]
+            schema = PD_INSTANCE_SCHEMA
+        extra += schema_columns(schema, columns)
+    cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
+    _release_requests(engine)
+    requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
+    for f, column in extra:
+        requests_table = requests_table.append_column(f, column)
+    steps_table = engine.steps.table()
+    meta = {
+        "servelab_version": __version__,
+        "trace": dict(trace_meta or {}, rows=trace.num_rows),
+        "policy": {"name": config.policy, "params": _jsonable(asdict(replicas[0].policy.params))},
+        "engine": dict(_jsonable(asdict(engine_cfg)), num_gpu_blocks=num_blocks,
+                       swap_host_blocks=replicas[0].kv.host_total),
+        "runner": {"name": runner.name, "spec": config.runner, "params": _jsonable(runner.describe())},
+        "seed": engine_cfg.seed,
+        "simulated_span_s": end_s,
+        "wall_time_s": time.perf_counter() - wall_start,
+        "counts": counts,
+        "swap_fallbacks": engine.num_swap_fallbacks,
+        "platform": platform_meta(engine),
+        **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
+        **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
+        "config": config.to_dict(),
+    }
+    if cluster_meta is not None:
+        meta["cluster"] = cluster_meta
+    tokens = engine.tokens.finish() if engine.tokens is not None else None
+    return RunResult(requests_table, steps_table, meta, tokens)
+
+
+def _release_requests(engine: Engine) -> None:
+    """After the run, the engine's other lists of the Request objects (its arrivals, the closed-loop
+    turns) let go of them, so that building the requests table can free each as it is converted."""
+    engine.arrivals.clear()
+    engine.followers.clear()  # (the dict requests_from_table made, shared)
+
+
+class BuiltPool:
+    """One pool, built: its flat config, runner, KV size, replicas and router (a pool of instance
+    types: those of its first usable type, and ``types`` for each)."""
+
+    def __init__(self, spec: PoolConfig, config: ReplayConfig, runner: Runner, num_blocks: int,
+                 replicas: list[Replica], router, types: list[BuiltType] | None = None):
+        self.spec, self.config, self.runner, self.num_blocks = spec, config, runner, num_blocks
+        self.replicas, self.router = replicas, router
+        self.types = types or []
+
+    def meta(self) -> dict:
+        out = {"name": self.spec.name, "role": self.spec.role, "replicas": [r.id for r in self.replicas],
+               "initial_replicas": self.spec.replicas,
+               "gpu": self.config.gpu, "tp": self.config.tp, "model": self.config.model,
+               "runner": self.config.runner, "policy": self.config.policy, "router": self.config.engine.router,
+               "num_gpu_blocks": self.num_blocks, "price_per_gpu_hour": self.spec.price_per_gpu_hour}
+        if self.types:
+            out.update(gpu=None, price_per_gpu_hour=None, num_gpu_blocks=None,
+                       instances=[t.meta() for t in self.types])
+        return out
+
+
+class BuiltType:
+    """One instance type of a pool: its replicas, KV size and runner, or why it is not used."""
+
+    def __init__(self, spec: InstanceType, config: ReplayConfig | None = None, runner: Runner | None = None,
+                 num_blocks: int | None = None, replicas: list[Replica] | None = None,
+                 skipped: str | None = None, reference_step_s: float | None = None):
+        self.spec, self.config, self.runner, self.num_blocks = spec, config, runner, num_blocks
+        self.replicas, self.skipped, self.reference_step_s = replicas or [], skipped, reference_step_s
+
+    def meta(self) -> dict:
+        out = dict(self.spec.to_dict(), replicas=[r.id for r in self.replicas], num_gpu_blocks=self.num_blocks,
+                   runner=None if self.config is None else self.config.runner)
+        if self.reference_step_s is not None:
+            out["reference_step_s"] = self.reference_step_s
+        if self.skipped is not None:
+            out["skipped"] = self.skipped
+        return out
+
+
+class BuiltCluster:
+    def __init__(self, spec: ClusterConfig, pools: list[BuiltPool], config: ReplayConfig):
+        self.spec, self.pools, self.config = spec, pools, config
+        self.replicas = [r for p in pools for r in p.replicas]
+
+    def disaggregate(self, engine: Engine) -> Disaggregation | None:
+        """The prefill -> decode handoff, for a cluster with a decode pool (else None)."""
+        if not self.spec.disaggregated:
+            return None
+        prefill, decode = self.pools[0], next(p for p in self.pools if p.spec.role == "decode")
+        link = self.spec.link()
+        bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
+        if not bytes_per_token:
+            raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
+                                f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
+        return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
+                              link.bandwidth_gbps, link.latency_s, link.stream_layers)
+
+    def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
+        """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);
+        a prefill or decode pool's works through the handoff (``disagg``), a `Fleet`'s too."""
+        scalers = {}
+        for pool in self.pools:
+            if pool.types:
+                used = [t for t in pool.types if t.replicas]
+                kinds = [k for k, t in enumerate(used) for _ in t.replicas]
+                scalers[pool.spec.name] = Fleet(engine, pool.replicas, tuple(t.spec for t in used), kinds,
+                                                pool.spec.autoscale, pool.spec.replicas, disagg=disagg,
+                                                rebalance=pool.spec.rebalance)
+            elif pool.spec.autoscale is not None:
+                scalers[pool.spec.name] = Autoscaler(engine, pool.replicas, pool.spec.autoscale, pool.spec.replicas,
+                                                     disagg=disagg)
+        for scaler in scalers.values():
+            scaler.siblings = [s for s in scalers.values() if s is not scaler]
+        return scalers
+
+    def meta(self, disagg: Disaggregation | None, scalers: dict[str, Autoscaler], requests, end_s: float) -> dict:
+        out = {"pools": [p.meta() for p in self.pools], "links": [l.to_dict() for l in self.spec.links]}
+        if disagg is not None:
+            out["transfers"] = disagg.meta()
+        if scalers:
+            # GPU time over the window the cost view uses: first arrival to last finish (else the end)
+            arrivals = [r.arrival_s for r in requests if r.arrival_s is not None]
+            finishes = [r.finish_s for r in requests if r.status is Status.FINISHED]
+            start = min(arrivals) if arrivals else 0.0
+            stop = max(finishes) if finishes else end_s
+            for pool, built in zip(out["pools"], self.pools):
+                scaler = scalers.get(built.spec.name)
+                if scaler is None:
+                    continue
+                if built.spec.autoscale is not None:
+                    pool["autoscale"] = scaler.meta()
+                pool["replica_seconds"] = scaler.replica_seconds(start, stop)
+                if isinstance(scaler, Fleet):  # per instance type (the used ones are the fleet's, in order)
+                    used = [entry for entry, t in zip(pool["instances"], built.types) if t.replicas]
+                    for k, entry in enumerate(used):
+                        entry.update(scaler.type_meta(k, start, stop))
+        return out
+
+
+def build_cluster(config: ReplayConfig, runner: Runner | None = None,
+                  block_tokens: int | None = None) -> BuiltCluster:
+    """Build every pool of ``config.cluster`` (one pool of ``engine.replicas`` without one); the
+    arrivals' pool first, then the others in their order, replica ids counting on across pools.
+    ``runner`` (given to ``replay``) serves the pools that keep the top level's runner, model, GPU and TP."""
+    spec = config.cluster or one_pool(config)
+    order = [spec.entry] + [p for p in spec.pools if p is not spec.entry]
+    pools: list[BuiltPool] = []
+    first_id = 0
+    runners: dict[tuple, Runner] = {}
+    base_key = (config.runner, config.model, config.gpu, config.tp, config.engine.block_size)
+    if runner is not None:
+        runners[base_key] = runner
+    for pool in order:
+        cfg = config if config.cluster is None else pool_config(config, pool)
+        if pool.instances:
+            built = _build_types(cfg, pool, runners, block_tokens, first_id)
+            first_id += len(built.replicas)
+            pools.append(built)
+            continue
+        key = (cfg.runner, cfg.model, cfg.gpu, cfg.tp, cfg.engine.block_size)
+        if key not in runners:
+            runners[key] = build_runner(cfg)
+        pool_runner = runners[key]
+        if hasattr(pool_runner, "hash_block_tokens"):  # an executing runner derives hashed prompt tokens from the hashes
+            pool_runner.hash_block_tokens = block_tokens
+        num_blocks = resolve_num_gpu_blocks(cfg, pool_runner)
+        replicas = build_replicas(cfg, pool_runner, num_blocks, block_tokens, first_id)
+        for r in replicas:
+            r.pool = pool.name
+            r.runner = pool_runner
+        first_id += len(replicas)
+        router = make_router(cfg.engine.router, cfg.router_params, cfg.engine.seed)
+        pools.append(BuiltPool(pool, cfg, pool_runner, num_blocks, replicas, router))
+    if spec.disaggregated:
+        _check_disaggregated(pools)
+    if config.engine.fail:  # replica ids count across the pools, in the order built
+        check_failures(tuple(Failure.parse(f) for f in config.engine.fail), sum(len(p.replicas) for p in pools))
+    return BuiltCluster(spec, pools, config)
+
+
+def _build_types(cfg: ReplayConfig, pool: PoolConfig, runners: dict[tuple, Runner], block_tokens: int | None,
+                 first_id: int) -> BuiltPool:
+    """A pool of instance types: per type in order of preference, its runner and KV size, and as many
+    replicas as it may ever hold (at most the pool's count); a type the model does not fit at the
+    pool's TP, or slower than the floor's reference step, or never available, is skipped with the
+    reason (docs/cluster.md). None usable is an error."""
+    cap = pool.replicas if pool.autoscale is None else pool.autoscale.max
+    where = f"cluster pool '{pool.name}'"
+    types: list[BuiltType] = []
+    replicas: list[Replica] = []
+    for ty in pool.instances:
+        most = ty.most(cap)
+        data = cfg.to_dict()
+        data.update(gpu=ty.gpu, replicas=max(1, most))
+        if ty.runner is not None:
+            data["runner"] = ty.runner
+        if ty.num_gpu_blocks is not None:
+            data["num_gpu_blocks"] = ty.num_gpu_blocks
+        tcfg = ReplayConfig.from_dict(data, source=f"{where} instance '{ty.gpu}'")
+        key = (tcfg.runner, tcfg.model, tcfg.gpu, tcfg.tp, tcfg.engine.block_size)
+        if key not in runners:
+            runners[key] = build_runner(tcfg)
+        runner = runners[key]
+        if hasattr(runner, "hash_block_tokens"):
+            runner.hash_block_tokens = block_tokens
+        try:
+            num_blocks = resolve_num_gpu_blocks(tcfg, runner)
+        except ServelabError as exc:
+            if tcfg.engine.num_gpu_blocks is not None or runner.kv_capacity_tokens is None:
+                raise  # not the type's fault: the config's
+            types.append(BuiltType(ty, tcfg, runner, skipped=f"the model does not fit at tp {tcfg.tp}: {exc}"))
+            continue
+        step_s = None
+        if pool.floor is not None:
+            if runner.needs_block_tables:
+                raise ServelabError(f"{where}: floor needs a cost-model runner to price its reference step; "
+                                    f"runner '{runner.name}' executes batches")
+            step_s = runner.step_time(StepPlan(pool.floor.shape()))
+            if step_s > pool.floor.max_step_s:
+                types.append(BuiltType(ty, tcfg, runner, num_blocks, skipped=(
+                    f"its reference step takes {step_s:.6g} s > floor max_step_s {pool.floor.max_step_s:g}"),
+                    reference_step_s=step_s))
+                continue
+        if most == 0:
+            types.append(BuiltType(ty, tcfg, runner, num_blocks, skipped="never available",
+                                   reference_step_s=step_s))
+            continue
+        built = build_replicas(tcfg, runner, num_blocks, block_tokens, first_id + len(replicas))
+        for r in built:
+            r.pool = pool.name
+            r.runner = runner
+        replicas += built
+        types.append(BuiltType(ty, tcfg, runner, num_blocks, built, reference_step_s=step_s))
+    used = [t for t in types if t.replicas]
+    if not used:
+        raise ServelabError(f"{where}: no instance type is usable: "
+                            + "; ".join(f"{t.spec.gpu}: {t.skipped}" for t in types))
+    first = used[0]
+    router = make_router(cfg.engine.router, cfg.router_params, cfg.engine.seed)
+    return BuiltPool(pool, cfg, first.runner, first.num_blocks, replicas, router, types)
+
+
+def _check_disaggregated(pools: list[BuiltPool]) -> None:
+    """What the prefill -> decode handoff does not model (yet): say so before replaying."""
+    for pool in pools:
+        for runner in [pool.runner, *(t.runner for t in pool.types if t.replicas)]:
+            if runner.needs_block_tables:
+                raise ServelabError(f"cluster pool '{pool.spec.name}': runner '{runner.name}' executes batches; "
+                                    "prefill/decode pools need a cost-model runner")
+        if type(pool.replicas[0].policy).cohort_group is not None:
+            raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' charges service per "
+                                "class in state that does not follow a request from a prefill to a decode replica; "
+                                "prefill/decode pools do not support it yet")
+        if pool.spec.role == "decode" and pool.replicas[0].policy.sheds:
+            raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' drops waiting "
+                                "requests, which on a decode pool hold KV; choose a policy that does not shed")
+
+
+def _engine_progress(progress, engine: Engine):
+    """``progress`` as the engine calls it, ``(now_s, ended, total)``; one of two arguments gets the
+    ``(arrived, total)`` of every 8192nd trace arrival it always got."""
+    if progress is None:
+        return None
+    try:
+        inspect.signature(progress).bind(0.0, 0, 0)
+        return progress
+    except TypeError:
+        pass
+    except ValueError:  # no signature to read (a builtin): the current contract
+        return progress
+    total = len(engine.arrivals)
+    due = 0  # the next multiple of 8192 to report once that many arrivals are in
+
+    def arrivals(now_s: float, ended: int, _total: int) -> None:
+        nonlocal due
+        while due < engine.next_arrival:
+            progress(due, total)
+            due += 8192
+
+    return arrivals
+
+
+__all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "replay", "requests_from_table",
+           "resolve_num_gpu_blocks", "write_run"]

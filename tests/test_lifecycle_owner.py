@@ -1,0 +1,79 @@
+"""One owner for a request's lifecycle (docs/engine.md "Layers and one owner"): across the package, a
+request's status is written only by the Request type and by the engine's verbs (route, admit, preempt,
+finish, end, interrupt, strand, truncate); the cluster and the platform ask them. And "stop the in-flight
+step at a time" is written once (``Engine.truncate``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OWNERS = {"replay/request.py", "replay/engine.py"}
+
+
+def _mentions_status(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "Status" for n in ast.walk(node))
+
+
+def status_writes(root: Path = ROOT) -> dict[str, list[int]]:
+    """File -> lines that assign a `Status` to an attribute named ``status`` (or setattr it)."""
+    out: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            hit = False
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                hit = any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets) \
+                    and node.value is not None and _mentions_status(node.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                hit = len(node.args) == 3 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "status"
+            if hit:
+                out.setdefault(rel, []).append(node.lineno)
+    return out
+
+
+def test_the_scan_sees_a_status_write(tmp_path) -> None:
+    (tmp_path / "a.py").write_text("req.status = Status.DROPPED\nrecord.status = 'finished'\n")
+    (tmp_path / "b.py").write_text("setattr(req, 'status', x)\n")
+    assert status_writes(tmp_path) == {"a.py": [1], "b.py": [1]}
+
+
+def test_only_the_request_and_the_engine_write_a_status() -> None:
+    writes = status_writes()
+    assert set(writes) <= OWNERS, {f: lines for f, lines in writes.items() if f not in OWNERS}
+
+
+def test_the_in_flight_step_is_truncated_in_one_place() -> None:
+    """``iterations_done_by`` (how much of a step is done at a time) is called by ``Engine.truncate`` only."""
+    calls = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Attribute) and node.attr == "iterations_done_by" \
+                            and isinstance(node.ctx, ast.Load) and fn.name != "iterations_done_by":
+                        calls.append((rel, fn.name))
+    assert calls == [("replay/engine.py", "truncate")]
+
+
+def test_only_the_engine_sets_which_replicas_take_arrivals() -> None:
+    """``Engine.live`` (the replicas arrivals are routed to) is assigned in replay/engine.py only: the
+    autoscalers, fleets, the PD handoff and failures go through ``publish``/``fail``/``restore``."""
+    writers = set()
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "live"
+                                                    for t in node.targets):
+                writers.add(rel)
+    assert writers == {"replay/engine.py"}
