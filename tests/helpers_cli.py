@@ -20,6 +20,15 @@ def run_main(argv, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def cli_code(*args) -> int:
+    """Run the real entry point on ``args`` (paths allowed) and return its exit code."""
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exit_:
+        return exit_.code or 0
+    return 0
+
+
 def write_small_trace(tmp_path: Path, n: int = 20) -> Path:
     """``n`` requests 0.1 s apart, 50 prompt and 10 output tokens each, as ``tmp_path/t.arrow``."""
     path = tmp_path / "t.arrow"

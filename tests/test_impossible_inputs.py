@@ -13,19 +13,14 @@ import pytest
 
 from helpers_search import write_spec
 from servelab.api import replay
-from servelab.cli.main import main
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.config import EngineConfig, ReplayConfig
 from servelab.traces.io import read_trace, write_trace
 from servelab.traces.synth import synth_trace
+from helpers_cli import cli_code
 
 
-def _cli(*args) -> int:
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exit_:
-        return exit_.code or 0
-    return 0
+_cli = cli_code
 
 
 def test_nanosecond_epoch_arrivals_are_refused_with_row_and_reason(tmp_path):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from helpers_cli import cli_code
 from helpers_search import grid_spec, write_trace_file
-from servelab.cli.main import main
 from servelab.search.spec import load_spec
 from servelab.search.study import resumed_seed, run_worker
 from servelab.search.trials import load_study_dir
@@ -24,12 +24,7 @@ from servelab.search.trials import load_study_dir
 SERVELAB = [sys.executable, "-m", "servelab"]
 
 
-def _cli(*args) -> int:
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exit_:
-        return exit_.code or 0
-    return 0
+_cli = cli_code
 
 
 def _table(study_dir: Path) -> list[dict]:

@@ -7,19 +7,14 @@ import re
 
 import pytest
 
-from servelab.cli.main import main
 from servelab.common.errors import ServelabError
 from servelab.replay.config import EngineConfig
 from servelab.traces.io import write_trace
 from servelab.traces.synth import synth_trace
+from helpers_cli import cli_code
 
 
-def _cli(*args) -> int:
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exit_:
-        return exit_.code or 0
-    return 0
+_cli = cli_code
 
 
 @pytest.mark.parametrize("kwargs, says", [
