@@ -257,16 +257,12 @@ RANDOM_CASES = {  # pools (prefill, decode) and top-level settings; replicas: pr
         {"replicas": 2, "autoscale": {"min": 1, "max": 3, "signal": "handoffs_waiting", "target": 1,
                                       "interval_s": 0.5, "cooldown_s": 1.0, "startup_s": 0.4}},
         {"fail": ["replica=0,at=1,for=1.5", "replica=3,at=1.5,for=1", "replica=2,at=2.5"]}),
-    # (prefill h100 0, 1, a100 2, 3, 4; decode h100 5, 6, a100 7)
-    "failures, instance types, autoscaled": (
-        {"replicas": 1, "autoscale": {"min": 1, "max": 3, "signal": "queue_depth", "target": 2, "interval_s": 0.5,
-                                      "cooldown_s": 1.0, "startup_s": 0.3},
-         "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [2.5, 0], [4, 1]]}, {"gpu": "a100-80gb"}]},
-        {"replicas": 2, "autoscale": {"min": 1, "max": 3, "signal": "handoffs_waiting", "target": 1,
-                                      "interval_s": 0.5, "cooldown_s": 1.0, "startup_s": 0.4},
-         "instances": [{"gpu": "h100-80gb", "available": [[0, 2], [3, 1]]}, {"gpu": "a100-80gb", "available": 1}]},
-        {"fail": ["replica=0,at=1.2,for=1", "replica=5,at=2,for=1.5", "replica=7,at=2.2,for=0.5"]}),
 }
+# the autoscaled instance-type pools above, with failures on top (prefill h100 0, 1, a100 2, 3, 4;
+# decode h100 5, 6, a100 7)
+RANDOM_CASES["failures, instance types, autoscaled"] = (
+    *RANDOM_CASES["instance types, autoscaled, reclaims"][:2],
+    {"fail": ["replica=0,at=1.2,for=1", "replica=5,at=2,for=1.5", "replica=7,at=2.2,for=0.5"]})
 
 
 def every_event_engine(monkeypatch) -> list:
