@@ -298,11 +298,13 @@ def render(data: dict[str, Any], console: Console) -> None:
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
     live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
+    skipped = overall.get("skipped") or 0  # dependent requests never sent (replay/depends.py)
     console.print(
         f"requests {overall['requests']}: {overall['finished']} finished, {overall['unfinished']} unfinished, "
         f"{overall['rejected']} rejected, {overall['throttled']} throttled, {overall['dropped']} dropped"
         + ("".join(f", {overall[s]} {s}" for s in LIVE_STATUSES) if live else "")
-        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live else "")
+        + (f", {skipped} skipped" if skipped else "")
+        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live + skipped else "")
     )
     if run.get("stopped_by") or run.get("not_sent"):  # a live run stopped early: say so, and what was never sent
         why = f"stopped by {run.get('stopped_by') or 'its end'}" + (f" ({run['signal']})" if run.get("signal") else "")

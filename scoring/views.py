@@ -15,6 +15,9 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
 END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
 # live runs (servelab bench; docs/live.md), and a replay's client timeouts (aborted: replay/abort.py)
 LIVE_STATUSES = ("failed", "timeout", "cancelled", "aborted")
+# never sent: a request it depends on did not finish (trace schema v2; replay/depends.py). A miss, as
+# every status but finished is.
+DEPENDENT_STATUSES = ("skipped",)
 
 # TPOT per metric variant; the other columns are identical.
 TPOT_VARIANTS = {
@@ -106,7 +109,7 @@ _SCOPE = """
     CASE WHEN grouping(tier) = 0 THEN tier WHEN grouping(tenant) = 0 THEN tenant END AS name"""
 _SCOPE_ORDER = "run_id, CASE scope WHEN 'overall' THEN 0 WHEN 'tier' THEN 1 ELSE 2 END, name NULLS FIRST"
 
-_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES + LIVE_STATUSES)
+_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES + LIVE_STATUSES + DEPENDENT_STATUSES)
 
 SLO_ATTAINMENT = f"""
 CREATE OR REPLACE VIEW slo_attainment AS
