@@ -15,7 +15,7 @@ _EXISTING = click.Path(path_type=Path, exists=False)
 
 @click.group()
 def trace() -> None:
-    """Work with request traces (Arrow IPC / Parquet, schema version 1)."""
+    """Work with request traces (Arrow IPC / Parquet, schema version 2; version 1 files read too)."""
 
 
 # ------------------------------------------------------------------ shared option groups
@@ -195,11 +195,32 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 @click.option("--prefix-block-tokens", type=int, default=None, help="Add prefix_hashes with this block size.")
 @click.option("--model", default=None, help="Model name to store in the model column.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
-    """Generate a seeded synthetic trace."""
+@click.option("--shape", default=None, type=click.Choice(["react", "fanout", "chat", "mix"]),
+              help="Agentic tasks of dependent calls (schema v2): ReAct loops, fan-out then aggregate, multi-turn "
+                   "chats, or a mix; the arrival options then give task starts.")
+@click.option("--tasks", type=int, default=100, show_default=True, help="--shape: number of tasks.")
+@click.option("--mix", default=None, help="--shape mix: weights 'react=2,fanout=1,chat=1' (default equal).")
+@click.option("--calls", default="4", show_default=True, help="--shape react: calls per task (a length spec).")
+@click.option("--branches", default="4", show_default=True, help="--shape fanout: parallel branches (a length spec).")
+@click.option("--chat-turns", default="3", show_default=True, help="--shape chat: turns per chat (a length spec).")
+@click.option("--tool-s", default="1", show_default=True,
+              help="--shape: tool time before a dependent call: S | exp:MEAN | uniform:LO:HI | lognormal:MEDIAN:SIGMA.")
+@click.option("--user-think-s", default="5", show_default=True, help="--shape chat: user think time (same forms).")
+@click.option("--new-tokens", default="256", show_default=True,
+              help="--shape: tokens a tool result, branch or user message adds to the context (a length spec).")
+@click.option("--task-deadline-s", type=float, default=None, help="--shape: deadline of every task (task_deadline_s).")
+@click.pass_context
+def synth_cmd(ctx: click.Context, out: Path, n: int | None, duration_s: float | None, **kw) -> None:
+    """Generate a seeded synthetic trace (with --shape: agentic tasks of dependent calls)."""
     from servelab.traces.io import write_trace
     from servelab.traces.synth import generate, make_config, parse_fractions
 
+    if kw["shape"] is not None:
+        _synth_agentic(ctx, out, n, duration_s, kw)
+        return
+    for name in _AGENT_ONLY:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise ServelabError(f"--{name.replace('_', '-')} needs --shape")
     if n is None and duration_s is None:
         n = 1000
     tenants = kw.pop("tenants")
@@ -229,6 +250,44 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
         table = generate(config)
         write_trace(table, out, config.source, config.prefix_block_tokens)
     click.echo(f"{out}: {table.num_rows} requests ({config.source})")
+
+
+_AGENT_ONLY = ("tasks", "mix", "calls", "branches", "chat_turns", "tool_s", "user_think_s", "new_tokens",
+               "task_deadline_s")
+_NOT_AGENTIC = ("lengths_from", "tiers", "tenant_zipf", "turns", "think_s", "session_context", "shared_prefix_tokens",
+                "prefix_groups", "prompt_pool", "model")
+
+
+def _synth_agentic(ctx: click.Context, out: Path, n: int | None, duration_s: float | None, kw: dict) -> None:
+    from servelab.traces.agentic_synth import generate_agentic, make_agent_config
+    from servelab.traces.io import write_trace
+
+    if n is not None or duration_s is not None:
+        raise ServelabError("--shape counts tasks: use --tasks, not -n / --duration-s")
+    for name in _NOT_AGENTIC:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise ServelabError(f"--{name.replace('_', '-')} does not apply to --shape")
+    if kw["mix"] is not None and kw["shape"] != "mix":
+        raise ServelabError("--mix needs --shape mix")
+    tenants = kw["tenants"]
+    if tenants is not None and tenants.strip().isdigit():
+        from servelab.traces.synth import zipf_tenants
+
+        tenants = zipf_tenants(int(tenants))
+    arrival = _arrival_config(kw)
+    options = dict(shape=kw["shape"], tasks=kw["tasks"], arrival=arrival, prompt=kw["prompt"], output=kw["output_len"],
+                   new_tokens=kw["new_tokens"], calls=kw["calls"], branches=kw["branches"], chat_turns=kw["chat_turns"],
+                   tool_s=kw["tool_s"], user_think_s=kw["user_think_s"], task_deadline_s=kw["task_deadline_s"],
+                   prefix_block_tokens=kw["prefix_block_tokens"] or 16, seed=kw["seed"])
+    if kw["mix"] is not None:
+        options["mix"] = kw["mix"]
+    if tenants is not None:
+        options["tenants"] = tenants
+    config = make_agent_config(**options)
+    with _status("generating"):
+        table = generate_agentic(config)
+        write_trace(table, out, config.source, config.prefix_block_tokens)
+    click.echo(f"{out}: {table.num_rows} requests in {config.tasks} tasks ({config.source})")
 
 
 # ------------------------------------------------------------------ transform / merge
