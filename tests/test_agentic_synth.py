@@ -126,3 +126,47 @@ def test_ten_thousand_tasks_accounted_once_and_byte_identical(tmp_path):
         assert (x["arrival_s"] is None) == parent_failed  # a skipped request was never sent
     assert r.meta["dependencies"]["skipped"] == counts["skipped"]
     assert r.meta["dependencies"]["released"] + counts["skipped"] == sum(1 for d in parents if d)
+
+
+# ---- transforms keep dependencies consistent
+
+
+def test_merge_renumbers_dependencies():
+    from servelab.traces import transforms
+
+    a = generate_agentic(make_agent_config(shape="react", tasks=20, calls="3", arrival={"rate_per_s": 1.0}, seed=1))
+    b = generate_agentic(make_agent_config(shape="fanout", tasks=20, branches="2", arrival={"rate_per_s": 1.0}, seed=2))
+    plain = pa.table({"request_id": pa.array([0, 1], pa.int64()), "arrival_s": [0.5, 3.0],
+                      "prompt_tokens": pa.array([8, 8], pa.int32()), "output_tokens": pa.array([2, 2], pa.int32())})
+    m = transforms.merge([a, plain, b])
+    schema.validate(m, "merged")
+    assert m.num_rows == a.num_rows + 2 + b.num_rows
+    # each request still waits for requests of its own task (sessions renumbered apart), of equal prompts
+    sid = m.column("session_id").to_pylist()
+    prompt = m.column("prompt_tokens").to_pylist()
+    for row, deps in enumerate(m.column("depends_on").to_pylist()):
+        for p in deps or ():
+            assert sid[p] == sid[row] and p < row and prompt[p] < prompt[row]
+    assert m.column("depends_on").null_count == 2  # the plain trace's rows
+    # the merged trace replays with the same dependency structure: as many dependents released
+    r = run(m, runner="linear:base=0.01,prefill_token=0.00001", num_gpu_blocks=10_000)
+    assert set(r.requests.column("status").to_pylist()) == {"finished"}
+    assert r.meta["dependencies"]["released"] == 20 * 2 + 20 * 3
+
+
+def test_cuts_that_orphan_a_request_are_refused():
+    from servelab.traces import transforms
+
+    t = generate_agentic(make_agent_config(shape="react", tasks=4, calls="3", arrival={"rate_per_s": 1.0}, seed=1))
+    assert transforms.head(t, 5).num_rows == 5  # cuts tasks short, but every kept parent is there
+    assert transforms.sample(t, 0, n=2).num_rows == 6  # whole tasks
+    # a trace whose dependency crosses tasks: a whole-session sample can orphan it
+    deps = t.column("depends_on").to_pylist()
+    deps[3] = [2]  # task 1's first call waits for task 0's last
+    crossed = t.set_column(t.column_names.index("depends_on"), "depends_on", pa.array(deps, pa.list_(pa.int64())))
+    with pytest.raises(ServelabError, match=r"the sample keeps request 3 but drops request 2, which it depends on"):
+        for seed in range(50):  # some seed keeps task 1 without task 0
+            transforms.sample(crossed, seed, n=1)
+    swapped = crossed.take(pa.array([0, 1, 3, 2] + list(range(4, crossed.num_rows))))  # tie: a parent on a later row
+    with pytest.raises(ServelabError, match="head 3 keeps request 3 but drops request 2"):
+        transforms.head(swapped, 3)
