@@ -176,3 +176,38 @@ def test_v2_files_round_trip_and_v1_files_stay_v1(tmp_path):
     v1 = make_trace([0.0], [8], [2])
     assert trace_metadata(read_trace(write_trace(v1, tmp_path / "v1.arrow", source="unit")))[
         "servelab.schema_version"] == "1"
+
+
+# ---- the KV bookkeeping with output blocks cached (keep_outputs) under pressure
+
+
+AGENT_CASES = {
+    "recompute": ("sarathi", {}, {"num_gpu_blocks": 300}),
+    "swap": ("srpt", {"preempt": True}, {"num_gpu_blocks": 300, "preemption": "swap", "kv_bytes_per_token": 1024,
+                                         "swap_space_gb": 0.0002}),
+    "small chunks": ("vllm-v0", {}, {"num_gpu_blocks": 300, "max_num_batched_tokens": 40}),
+    "tiers, two replicas": ("sarathi", {}, {"num_gpu_blocks": 300, "replicas": 2, "router": "prefix-affinity",
+                                            "kv_tiers": ("dram:capacity_gb=0.0005",), "kv_bytes_per_token": 1024}),
+}
+
+
+@pytest.mark.parametrize("block", [16, 24])
+@pytest.mark.parametrize("case", sorted(AGENT_CASES))
+def test_kv_bookkeeping_adds_up_with_dependent_requests(monkeypatch, case, block):
+    import servelab.assembly
+    from test_engine_invariants import CheckedEngine
+
+    from servelab.traces.agentic_synth import generate_agentic, make_agent_config
+
+    policy, params, engine = AGENT_CASES[case]
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    trace = generate_agentic(make_agent_config(shape="mix", tasks=60, arrival={"rate_per_s": 8.0},
+                                               prompt="lognormal:200:0.5", output="lognormal:40:0.5",
+                                               new_tokens="lognormal:60:0.5", tool_s="exp:0.2", user_think_s="exp:0.3",
+                                               prefix_block_tokens=block, seed=block))
+    before = CheckedEngine.events
+    r = run(trace, policy=policy, policy_params=params,
+            runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", **engine)
+    assert CheckedEngine.events - before > 300
+    assert set(column(r, "status")) == {"finished"}
+    assert sum(column(r, "cached_tokens")) > 0
