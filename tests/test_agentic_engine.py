@@ -211,3 +211,17 @@ def test_kv_bookkeeping_adds_up_with_dependent_requests(monkeypatch, case, block
     assert CheckedEngine.events - before > 300
     assert set(column(r, "status")) == {"finished"}
     assert sum(column(r, "cached_tokens")) > 0
+
+
+def test_skipped_requests_count_as_misses_in_the_views(tmp_path):
+    from servelab.api import write_run
+    from servelab.scoring.db import query
+    from servelab.scoring.slo import SloTable
+
+    trace = make_trace([0.0, 0.0, 0.0], [4000, 16, 16], [2, 2, 2], session_id=[1, 1, 2],
+                       depends_on=pa.array([[], [0], []], pa.list_(pa.int64())),
+                       think_s=pa.array([None, 1.0, None], pa.float64()))
+    run_dir = write_run(run(trace, runner=RUNNER, num_gpu_blocks=64), tmp_path / "r")
+    row = query(run_dir, "SELECT requests, finished, rejected, skipped, met_all FROM slo_attainment "
+                         "WHERE scope = 'overall'", slo=SloTable.parse_cli(["ttft=10s"])).to_pylist()[0]
+    assert row == {"requests": 3, "finished": 1, "rejected": 1, "skipped": 1, "met_all": 1}
