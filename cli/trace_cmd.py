@@ -450,6 +450,9 @@ def info_cmd(path: Path, as_json: bool) -> None:
     if "models" in info:
         t.add_row("models", _top(info["models"], info["rows"]))
     t.add_row("sessions", _fmt(info["sessions"]))
+    if "dependent_requests" in info:
+        t.add_row("dependent requests", f"{_fmt(info['dependent_requests'])} (sent when their parents finish: "
+                                        "the rate above counts them at their task's start)")
     share = info["prefix_reuse_share"]
     t.add_row("ideal prefix reuse", "-" if share is None else f"{share:.1%} of prompt tokens")
     t.add_row("source", _fmt(info["source"]))

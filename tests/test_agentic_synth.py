@@ -87,6 +87,12 @@ def test_cli_synth_shape(tmp_path, capsys):
     t = read_trace(out)
     assert t.schema.metadata[b"servelab.schema_version"] == b"2"
     assert t.column("session_id").to_pylist()[-1] == 49
+    code, stdout, _ = run_main(["trace", "info", out, "--json"], capsys)
+    import json
+
+    info = json.loads(stdout)
+    assert code == 0 and info["sessions"] == 50
+    assert info["dependent_requests"] == sum(1 for d in t.column("depends_on").to_pylist() if d) > 0
     code, _, err = run_main(["trace", "synth", "--calls", "3", "-o", tmp_path / "x.arrow"], capsys)
     assert code != 0 and "--calls needs --shape" in err
     code, _, err = run_main(["trace", "synth", "--shape", "react", "--turns", "3", "-o", tmp_path / "x.arrow"], capsys)
