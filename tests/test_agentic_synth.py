@@ -176,3 +176,12 @@ def test_cuts_that_orphan_a_request_are_refused():
     swapped = crossed.take(pa.array([0, 1, 3, 2] + list(range(4, crossed.num_rows))))  # tie: a parent on a later row
     with pytest.raises(ServelabError, match="head 3 keeps request 3 but drops request 2"):
         transforms.head(swapped, 3)
+
+
+def test_live_bench_refuses_dependent_requests(tmp_path, capsys):
+    """A dependent request's arrival_s is a placeholder: a live client sending at it would be wrong."""
+    out = tmp_path / "agents.arrow"
+    assert run_main(["trace", "synth", "--shape", "react", "--tasks", "3", "-o", out], capsys)[0] == 0
+    code, _, err = run_main(["bench", "http://127.0.0.1:9", out, "--model", "m", "-o", tmp_path / "live"], capsys)
+    assert code == 1 and "depend on others (depends_on) cannot be sent by servelab bench" in err
+    assert not (tmp_path / "live").exists()
