@@ -5,8 +5,6 @@ accounted once, byte-identically."""
 from __future__ import annotations
 
 import hashlib
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -17,8 +15,6 @@ from servelab.common.errors import ServelabError
 from servelab.traces import schema
 from servelab.traces.agentic_synth import generate_agentic, make_agent_config, parse_time
 from servelab.traces.io import read_trace
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 def rows(table: pa.Table) -> list[dict]:
