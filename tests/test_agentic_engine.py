@@ -225,3 +225,31 @@ def test_skipped_requests_count_as_misses_in_the_views(tmp_path):
     row = query(run_dir, "SELECT requests, finished, rejected, skipped, met_all FROM slo_attainment "
                          "WHERE scope = 'overall'", slo=SloTable.parse_cli(["ttft=10s"])).to_pylist()[0]
     assert row == {"requests": 3, "finished": 1, "rejected": 1, "skipped": 1, "met_all": 1}
+
+
+@pytest.mark.parametrize("shape", ["react", "chat"])
+def test_synthetic_chains_on_an_idle_engine_match_a_hand_computation(shape):
+    """Chains of calls (tasks 1,000 s apart: the engine is idle for each): every call arrives its
+    delay after its parent finished, is served in exactly its closed-form time, and finds its
+    parent's computed context cached: all full 16-token blocks of the parent's prompt and output but
+    the never-computed last token."""
+    from servelab.traces.agentic_synth import generate_agentic, make_agent_config
+
+    trace = generate_agentic(make_agent_config(
+        shape=shape, tasks=6, arrival={"process": "constant", "rate_per_s": 0.001}, calls="uniform:2:5",
+        chat_turns="uniform:2:5", prompt="lognormal:300:0.5", output="lognormal:40:0.8",
+        new_tokens="lognormal:80:0.5", tool_s="exp:2", user_think_s="exp:4", seed=7))
+    r = run(trace, runner=RUNNER, max_num_batched_tokens=8192)
+    got = {x["request_id"]: x for x in r.requests.to_pylist()}
+    for row in trace.to_pylist():
+        x = got[row["request_id"]]
+        assert x["status"] == "finished"
+        if row["depends_on"]:
+            (p,) = row["depends_on"]
+            parent = got[p]
+            assert x["arrival_s"] == pytest.approx(parent["finish_s"] + row["think_s"], rel=1e-12, abs=1e-9)
+            assert x["cached_tokens"] == (parent["prompt_tokens"] + parent["output_tokens"] - 1) // 16 * 16
+        else:
+            assert x["arrival_s"] == row["arrival_s"] and x["cached_tokens"] == 0
+        expected = service_s(row["prompt_tokens"], row["output_tokens"], x["cached_tokens"])
+        assert x["finish_s"] - x["arrival_s"] == pytest.approx(expected, rel=1e-12, abs=1e-9)
