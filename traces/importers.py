@@ -40,6 +40,7 @@ class Part:
 
 def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     """Run the named importer over one or more source files."""
+    import servelab.traces.agentic_importers  # noqa: F401  (registers llmservingsim, mooncake-chains, sharegpt)
     import servelab.traces.servegen  # noqa: F401  (registers the servegen format)
 
     if not paths:
@@ -59,7 +60,11 @@ def detect_format(paths: list[Path]) -> str:
     with open(first, "rb") as f:
         head = f.read(1 << 14).decode("utf-8", errors="replace").lstrip("\ufeff")
     line = next((x for x in head.splitlines() if x.strip()), "")
-    if line.lstrip().startswith("{"):
+    if line.lstrip().startswith(("{", "[")):
+        if '"sub_requests"' in head or '"input_toks"' in line:
+            return "llmservingsim"
+        if any(f'"{k}"' in head for k in ("conversations", "conversation", "messages")):
+            return "sharegpt"
         if '"hash_ids"' in line or '"input_length"' in line:
             return "mooncake"
     else:
