@@ -173,3 +173,65 @@ def test_runs_without_sessions_have_no_tasks(tmp_path):
     con = connect(write_run(tmp_path / "plain", [req(0, arrival=0.0, first_token=0.1, finish=0.2)]))
     assert con.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
     assert con.execute("SELECT count(*) FROM task_summary").fetchone() == (0,)
+
+
+# ---- report, compare, plots and the CLI
+
+
+def test_report_shows_tasks_and_deadline_attainment(agent_run):
+    from servelab.scoring.report import report_text
+
+    text = report_text(agent_run, ["task=8.5s"], width=200)
+    assert "SLO: global: task_s=8.5" in text
+    assert "tasks 4: 3 complete, 1 with skipped requests (1 never sent), 1 with failed requests" in text
+    assert "job completion time p50 8.00 s" in text
+    # critical-path shares of the complete tasks' 20 s: LLM 13.8, waits 4.5, queue 1.2, start 0.5
+    assert "LLM 69.0%, tool/think waits 22.5%, queueing 6.0%, later first calls 2.5%" in text
+    assert "task deadline met by 2 of 4 tasks (50.0%" in text
+    plain = report_text(agent_run, width=200)
+    assert "tasks 4:" in plain and "task deadline met by 0 of 1 tasks (0.0%" in plain  # task 1's own deadline
+
+
+def test_report_without_tasks_has_no_task_lines(tmp_path):
+    from servelab.scoring.report import report_text
+
+    run = write_run(tmp_path / "plain", [req(0, arrival=0.0, first_token=0.1, finish=0.2)])
+    assert "\ntasks " not in report_text(run, width=200)
+
+
+def test_compare_lists_task_metrics(agent_run, tmp_path):
+    from servelab.scoring.compare import compare_table
+
+    rows = agent_rows()
+    rows[2]["finish_s"] = 9.0  # task 0 now ends at 9: JCT 9, mean (9 + 8 + 4) / 3 = 7
+    other = write_run(tmp_path / "slower", rows, schema=AGENT_SCHEMA)
+    con = connect([agent_run, other], SloTable.parse_cli(["task=8.5"]))
+    table = {r["metric"]: r for r in compare_table(con, ["agents", "slower"]).to_pylist()}
+    assert table["task_jct_mean_s"]["agents"] == pytest.approx(20 / 3)
+    assert table["task_jct_mean_s"]["slower"] == pytest.approx(7.0)
+    assert table["task_deadline_attainment_pct"]["agents"] == pytest.approx(50.0)
+    assert table["task_deadline_attainment_pct"]["slower"] == pytest.approx(25.0)  # task 0 missed now
+    assert table["requests_skipped"]["agents"] == 1.0
+
+
+def test_plot_task_jct_cdf(agent_run, tmp_path):
+    from servelab.scoring.plots import plot_task_jct_cdf, write_plots
+
+    con = connect(agent_run, SloTable.parse_cli(["task=8.5"]))
+    assert plot_task_jct_cdf(con, tmp_path / "jct.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "task_jct_cdf.png") in write_plots(con, tmp_path / "out")
+    plain = connect(write_run(tmp_path / "plain", [req(0, arrival=0.0, first_token=0.1, finish=0.2)]))
+    assert plot_task_jct_cdf(plain, tmp_path / "none.png") is None
+
+
+def test_cli_query_and_report_take_a_task_slo(agent_run):
+    from click.testing import CliRunner
+
+    from servelab.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["query", str(agent_run), "--slo", "task=8.5s", "--format", "csv",
+                                   "SELECT task_id, met_deadline FROM tasks ORDER BY task_id"])
+    assert res.exit_code == 0, res.output
+    assert res.output.split() == ['"task_id","met_deadline"', "0,true", "1,false", "2,false", "3,true"]
+    res = CliRunner().invoke(cli, ["query", str(agent_run), "--slo", "tsak=1", "SELECT 1"])
+    assert res.exit_code != 0 and "did you mean 'task'" in str(res.exception)
