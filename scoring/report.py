@@ -443,7 +443,11 @@ def _task_lines(t: dict | None, console: Console) -> None:
         f"{_seconds(t['jct_p50_s'])}, p90 {_seconds(t['jct_p90_s'])}, p99 {_seconds(t['jct_p99_s'])}, "
         f"max {_seconds(t['jct_max_s'])}"
     )
-    if t["complete"]:
+    if t["complete"] and not t["links"] and t["requests"] > t["tasks"]:  # (a run written without depends_on)
+        console.print("  critical paths unknown: the run's requests.parquet records no dependencies (depends_on, "
+                      f"think_s); reused {t['reused_tokens'] or 0:,} of {t['prompt_tokens'] or 0:,} prompt tokens "
+                      f"({_pct(t['reuse_rate'])})")
+    elif t["complete"]:
         console.print(
             f"  along the critical paths: LLM {_pct(t['cp_llm_share'])}, tool/think waits {_pct(t['cp_wait_share'])}, "
             f"queueing {_pct(t['cp_queue_share'])}, later first calls {_pct(t['cp_start_share'])}; reused "

@@ -54,6 +54,9 @@ WITH RECURSIVE r AS (
     JOIN r q ON q.run_id = p.run_id AND q.request_id = p.request_id
     LEFT JOIN gate g ON g.run_id = p.run_id AND g.request_id = p.request_id
     GROUP BY p.run_id, p.task_id
+), links AS (
+    SELECT e.run_id, q.task_id, count(*) AS links
+    FROM edge e JOIN r q ON q.run_id = e.run_id AND q.request_id = e.request_id GROUP BY e.run_id, q.task_id
 ), t AS (
     SELECT run_id, task_id, min(tenant) AS tenant, min(tier) AS tier,
            count(*) AS requests,
@@ -70,16 +73,18 @@ WITH RECURSIVE r AS (
            max(task_deadline_s) AS trace_deadline_s
     FROM r GROUP BY run_id, task_id
 ), d AS (
-    SELECT t.*, cp.critical_path_requests, cp.cp_first_arrival_s, cp.cp_queue_s, cp.cp_llm_s, cp.cp_wait_s,
+    SELECT t.*, coalesce(l.links, 0) AS links,
+           cp.critical_path_requests, cp.cp_first_arrival_s, cp.cp_queue_s, cp.cp_llm_s, cp.cp_wait_s,
            t.finished = t.requests AS complete,
            -- the trace's own deadline wins over the SLO table's (tenant > tier > global)
            coalesce(t.trace_deadline_s, te.task_s, ti.task_s, g.task_s) AS deadline_s
     FROM t LEFT JOIN cp ON cp.run_id = t.run_id AND cp.task_id = t.task_id
+    LEFT JOIN links l ON l.run_id = t.run_id AND l.task_id = t.task_id
     LEFT JOIN slo_table g ON g.scope = 'global'
     LEFT JOIN slo_table ti ON ti.scope = 'tier' AND ti.name = t.tier
     LEFT JOIN slo_table te ON te.scope = 'tenant' AND te.name = t.tenant
 )
-SELECT run_id, task_id, tenant, tier, requests, finished, skipped, unfinished, failed, complete,
+SELECT run_id, task_id, tenant, tier, requests, finished, skipped, unfinished, failed, complete, links,
        first_arrival_s, last_finish_s,
        CASE WHEN complete THEN last_finish_s - first_arrival_s END AS jct_s,
        critical_path_requests,
@@ -107,6 +112,7 @@ WITH a AS (
         count(*) FILTER (WHERE skipped > 0) AS with_skipped,
         count(*) FILTER (WHERE failed > 0) AS with_failed,
         CAST(sum(requests) AS BIGINT) AS requests,
+        CAST(sum(links) AS BIGINT) AS links,
         CAST(sum(finished) AS BIGINT) AS finished,
         CAST(sum(skipped) AS BIGINT) AS skipped,
         CAST(sum(unfinished) AS BIGINT) AS unfinished,

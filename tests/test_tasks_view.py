@@ -235,3 +235,18 @@ def test_cli_query_and_report_take_a_task_slo(agent_run):
     assert res.output.split() == ['"task_id","met_deadline"', "0,true", "1,false", "2,false", "3,true"]
     res = CliRunner().invoke(cli, ["query", str(agent_run), "--slo", "tsak=1", "SELECT 1"])
     assert res.exit_code != 0 and "did you mean 'task'" in str(res.exception)
+
+
+def test_links_count_dependencies_and_the_report_says_when_none_are_recorded(agent_run, tmp_path):
+    from servelab.scoring.report import report_text
+
+    t = _tasks(connect(agent_run))
+    assert [t[i]["links"] for i in range(4)] == [2, 8, 2, 0]  # the aggregator waits for 4 branches
+    rows = [_r(0, 0, 0.0, 0.0, 1.0), _r(1, 0, 2.0, 2.0, 3.0)]  # a run written without depends_on/think_s
+    for r in rows:
+        for name in ("depends_on", "think_s", "task_deadline_s"):
+            r.pop(name)
+    run = write_run(tmp_path / "unlinked", rows)
+    text = report_text(run, width=200)
+    assert "critical paths unknown: the run's requests.parquet records no dependencies" in text
+    assert "along the critical paths" not in text
