@@ -16,32 +16,39 @@ SKIPPED = "skipped"
 
 TASKS = """
 CREATE OR REPLACE VIEW tasks AS
-WITH RECURSIVE r AS (
-    SELECT run_id, request_id, session_id AS task_id, tenant, tier, status, arrival_s, first_scheduled_s, finish_s,
-           prompt_tokens, output_tokens, coalesce(cached_tokens, 0) AS cached_tokens, {depends_on} AS depends_on,
-           {think_s} AS think_s, {task_deadline_s} AS task_deadline_s
-    FROM requests WHERE session_id IS NOT NULL
-), edge AS (
-    SELECT run_id, request_id, unnest(depends_on) AS parent_id FROM r WHERE len(depends_on) > 0
+WITH RECURSIVE ids AS (  -- a run's number, so that (run, request) is one integer key k
+    SELECT run_id, CAST(row_number() OVER (ORDER BY run_id) AS BIGINT) * 1099511627776 AS base FROM runs
+), r AS MATERIALIZED (
+    SELECT q.run_id, q.request_id, ids.base + q.request_id AS k, session_id AS task_id, tenant, tier, status,
+           arrival_s, first_scheduled_s, finish_s, prompt_tokens, output_tokens,
+           coalesce(cached_tokens, 0) AS cached_tokens, {depends_on} AS depends_on, {think_s} AS think_s,
+           {task_deadline_s} AS task_deadline_s
+    FROM requests q JOIN ids ON ids.run_id = q.run_id WHERE session_id IS NOT NULL
+), edge AS MATERIALIZED (
+    SELECT k, base + parent_id AS parent_k, parents FROM (
+        SELECT k, k - request_id AS base, len(depends_on) AS parents, unnest(depends_on) AS parent_id
+        FROM r WHERE len(depends_on) > 0)
     UNION ALL
     -- a closed-loop session without depends_on: each turn with a think time waits for the turn before
-    SELECT run_id, request_id, parent_id FROM (
-        SELECT run_id, request_id, depends_on, think_s,
-               lag(request_id) OVER (PARTITION BY run_id, task_id ORDER BY request_id) AS parent_id FROM r
-    ) WHERE depends_on IS NULL AND think_s IS NOT NULL AND parent_id IS NOT NULL
-), gate AS (
-    -- the parent that finished last released the request (ties: the lowest id)
-    SELECT e.run_id, e.request_id, p.request_id AS parent_id, p.finish_s AS parent_finish_s
-    FROM edge e JOIN r p ON p.run_id = e.run_id AND p.request_id = e.parent_id
-    QUALIFY row_number() OVER (PARTITION BY e.run_id, e.request_id ORDER BY p.finish_s DESC NULLS LAST, p.request_id) = 1
-), last AS (
-    SELECT run_id, task_id, request_id FROM r WHERE status = 'finished'
-    QUALIFY row_number() OVER (PARTITION BY run_id, task_id ORDER BY finish_s DESC, request_id) = 1
-), path(run_id, task_id, request_id, depth) AS (
-    SELECT run_id, task_id, request_id, 0 FROM last
+    SELECT k, parent_k, 1 FROM (
+        SELECT k, think_s, lag(k) OVER (PARTITION BY run_id, task_id ORDER BY request_id) AS parent_k
+        FROM r WHERE depends_on IS NULL
+    ) WHERE think_s IS NOT NULL AND parent_k IS NOT NULL
+), gate AS MATERIALIZED (
+    -- the parent that finished last released the request (ties: the lowest id); one parent needs no choice
+    SELECT e.k, p.k AS parent_k, p.finish_s AS parent_finish_s FROM edge e JOIN r p ON p.k = e.parent_k
+    WHERE e.parents = 1
     UNION ALL
-    SELECT p.run_id, p.task_id, g.parent_id, p.depth + 1
-    FROM path p JOIN gate g ON g.run_id = p.run_id AND g.request_id = p.request_id
+    SELECT e.k, arg_max(p.k, (coalesce(p.finish_s, -1e308), -p.k)) AS parent_k, max(p.finish_s) AS parent_finish_s
+    FROM edge e JOIN r p ON p.k = e.parent_k WHERE e.parents > 1
+    GROUP BY e.k
+), last AS (
+    SELECT run_id, task_id, arg_max(k, (finish_s, -k)) AS k FROM r WHERE status = 'finished' GROUP BY run_id, task_id
+), path(run_id, task_id, k, depth) AS (
+    SELECT run_id, task_id, k, 0 FROM last
+    UNION ALL
+    SELECT p.run_id, p.task_id, g.parent_k, p.depth + 1
+    FROM path p JOIN gate g ON g.k = p.k
     WHERE p.depth < 10000000  -- a dependency cycle (which a valid trace cannot hold) must not run forever
 ), cp AS (
     SELECT p.run_id, p.task_id,
@@ -51,12 +58,11 @@ WITH RECURSIVE r AS (
            sum(q.finish_s - q.first_scheduled_s) AS cp_llm_s,
            coalesce(sum(q.arrival_s - g.parent_finish_s), 0.0) AS cp_wait_s
     FROM path p
-    JOIN r q ON q.run_id = p.run_id AND q.request_id = p.request_id
-    LEFT JOIN gate g ON g.run_id = p.run_id AND g.request_id = p.request_id
+    JOIN r q ON q.k = p.k
+    LEFT JOIN gate g ON g.k = p.k
     GROUP BY p.run_id, p.task_id
 ), links AS (
-    SELECT e.run_id, q.task_id, count(*) AS links
-    FROM edge e JOIN r q ON q.run_id = e.run_id AND q.request_id = e.request_id GROUP BY e.run_id, q.task_id
+    SELECT q.run_id, q.task_id, count(*) AS links FROM edge e JOIN r q ON q.k = e.k GROUP BY q.run_id, q.task_id
 ), t AS (
     SELECT run_id, task_id, min(tenant) AS tenant, min(tier) AS tier,
            count(*) AS requests,
