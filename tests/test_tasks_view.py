@@ -250,3 +250,20 @@ def test_links_count_dependencies_and_the_report_says_when_none_are_recorded(age
     text = report_text(run, width=200)
     assert "critical paths unknown: the run's requests.parquet records no dependencies" in text
     assert "along the critical paths" not in text
+
+
+def test_a_file_collected_before_task_deadlines_still_opens(agent_run, tmp_path):
+    import duckdb
+
+    old = tmp_path / "old.duckdb"
+    src = connect(agent_run, SloTable.parse_cli(["ttft=1"]))
+    con = duckdb.connect(str(old))
+    for name in ("requests", "steps", "runs", "pools"):
+        con.register("_t", src.execute(f"SELECT * FROM {name}").to_arrow_table())
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _t")
+        con.unregister("_t")
+    con.register("_t", src.execute("SELECT * EXCLUDE (task_s) FROM slo_table").to_arrow_table())
+    con.execute("CREATE TABLE slo_table AS SELECT * FROM _t")  # the SLO table as collected before task_s
+    con.close()
+    reopened = connect(str(old))
+    assert reopened.execute("SELECT count(*), count(deadline_s) FROM tasks").fetchone() == (4, 1)  # task 1's own
