@@ -2,8 +2,9 @@
 
 Every importer parses each source file, checks its rows (reporting file, column and 1-based data
 row), and hands the parts to ``merge``, which rebases times to the earliest arrival over all files,
-sorts stably and renumbers request ids from 0. ServeGen lives in ``servegen.py`` (registered here
-on first use).
+sorts stably and renumbers request ids from 0. ServeGen lives in ``servegen.py`` and the agentic and
+multi-turn formats (llmservingsim, mooncake-chains, sharegpt) in ``agentic_importers.py`` (both
+registered here on first use).
 """
 
 from __future__ import annotations
