@@ -99,6 +99,10 @@ _FORMAT_OPTIONS = {
     "lengths": {"seed", "limit", "shuffle", "tenant_from_file", "arrival", "rate", "cv", "profile", "schedule",
                 "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
     "servegen": {"seed", "start", "duration", "clients", "skip_missing"},
+    "llmservingsim": {"block_tokens", "task_deadline_s"},
+    "mooncake-chains": {"block_tokens", "think_s", "task_deadline_s"},
+    "sharegpt": {"seed", "limit", "think_s", "think", "chars_per_token", "block_tokens", "task_deadline_s", "arrival",
+                 "rate", "cv", "profile", "schedule", "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
 }
 _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 
@@ -112,7 +116,9 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--tenant-from-file/--no-tenant-from-file", default=False, help="Tag each source file's requests with tenant = file stem.")
 @click.option("--log-type-as", default="tenant", show_default=True, type=click.Choice(["tenant", "tier", "none"]),
               help="burstgpt: where the Log Type goes.")
-@click.option("--block-tokens", type=int, default=512, show_default=True, help="mooncake: tokens per hash_ids block.")
+@click.option("--block-tokens", type=int, default=None,
+              help="mooncake, mooncake-chains: tokens per hash_ids block (512); llmservingsim, sharegpt: tokens per "
+                   "prefix-hash block (16).")
 @click.option("--seed", type=int, default=0, show_default=True, help="lengths/servegen: random seed.")
 @click.option("--limit", type=int, default=None, help="lengths: use only the first N pairs (after --shuffle).")
 @click.option("--shuffle/--no-shuffle", default=False, help="lengths: shuffle the pairs (seeded) before use.")
@@ -121,6 +127,15 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
 @click.option("--skip-missing/--no-skip-missing", default=False,
               help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
+@click.option("--think-s", type=float, default=None,
+              help="sharegpt: user think time between turns (s, default 0); mooncake-chains: wait after the parent "
+                   "finishes (default: the recorded gap between the two arrivals).")
+@click.option("--think", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True,
+              help="sharegpt: --think-s for every turn, or exponential with that mean (seeded).")
+@click.option("--chars-per-token", type=float, default=4.0, show_default=True,
+              help="sharegpt: characters per token (the source has text, not token counts).")
+@click.option("--task-deadline-s", type=float, default=None,
+              help="llmservingsim, mooncake-chains, sharegpt: every task's deadline (task_deadline_s column).")
 @_arrival_options
 @click.option("--shared-prefix-tokens", type=int, default=None,
               help="Every request starts with a shared prefix of N tokens (per group): sharing the source does not record.")
@@ -146,10 +161,11 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} does not apply to --format {fmt}")
     options = {}
-    if fmt == "lengths":
+    if fmt in ("lengths", "sharegpt"):
         options["arrival"] = _arrival_config(kw)
-    for name in ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle"):
-        if name in allowed:
+    for name in ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle",
+                 "think_s", "think", "chars_per_token", "task_deadline_s"):
+        if name in allowed and kw[name] is not None:
             options[name] = kw[name]
     if fmt == "servegen":
         options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"])

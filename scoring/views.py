@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import duckdb
 
+from servelab.scoring.tasks import create_task_views
+
 # Percentiles every latency summary reports (DuckDB quantile_cont: linear interpolation, like numpy/vLLM).
 QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
@@ -461,6 +463,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(sql)
     con.execute(GUIDELLM_SUMMARY)
     columns = {row[0] for row in con.execute("DESCRIBE requests").fetchall()}
+    create_task_views(con, columns)
     if "cached_tokens" in columns:  # (runs written before prefix caching have no such column)
         con.execute(PREFIX_CACHE)
     if "kv_load_s" in columns:  # runs with offload tiers
