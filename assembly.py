@@ -216,6 +216,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     extra = []  # (field, column) appended after the platform columns, in order
     if engine_cfg.kv_tiers:
         extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
+    if parents:  # what the `tasks` view walks (scoring/tasks.py): each request's parents, delay and deadline
+        extra += _dependency_columns(trace)
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
     if handoffs is not None:
         extra += schema_columns(DISAGG_SCHEMA, handoffs)
@@ -515,3 +517,15 @@ def _engine_progress(progress, engine: Engine):
 
 __all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "replay", "requests_from_table",
            "resolve_num_gpu_blocks", "write_run"]
+
+
+def _dependency_columns(trace: pa.Table) -> list[tuple[pa.Field, pa.Array]]:
+    """The trace's ``depends_on``, ``think_s`` and ``task_deadline_s``, one value per request in row
+    order, for the requests table of a replay whose trace has dependencies (schema v2)."""
+    out = []
+    for name, type_ in (("depends_on", pa.list_(pa.int64())), ("think_s", pa.float64()),
+                        ("task_deadline_s", pa.float64())):
+        column = trace.column(name).combine_chunks().cast(type_) if name in trace.column_names \
+            else pa.nulls(trace.num_rows, type_)
+        out.append((pa.field(name, type_), column))
+    return out
