@@ -52,6 +52,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("tpot_slo_s", pa.float64(), False, "per-request TPOT SLO override"),
     Column("model", _DICT_STRING, False, "model name"),
     Column("timeout_s", pa.float64(), False, "client timeout: the client abandons the request this long after it arrives"),
+    Column("spec_acceptance", pa.float64(), False,
+           "speculative decoding: each draft token's acceptance probability in [0, 1] (null: the engine's spec_acceptance)"),
 )
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
 REQUIRED = tuple(c.name for c in COLUMNS if c.required)
@@ -207,6 +209,10 @@ def _check_optional(table: pa.Table, path: object) -> None:
         values = _numpy(_pc().fill_null(table.column("timeout_s").cast(pa.float64()), 1.0))
         _check(path, "timeout_s", ~np.isfinite(values), "not a finite number (NaN or infinite)")
         _check(path, "timeout_s", values <= 0, "must be > 0 (null: no timeout)")
+    if "spec_acceptance" in names:
+        values = _numpy(_pc().fill_null(table.column("spec_acceptance").cast(pa.float64()), 0.0))
+        _check(path, "spec_acceptance", ~np.isfinite(values), "not a finite number (NaN or infinite)")
+        _check(path, "spec_acceptance", (values < 0) | (values > 1), "an acceptance rate must be in [0, 1]")
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)

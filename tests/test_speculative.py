@@ -1,0 +1,340 @@
+"""Speculative decoding (replay/speculative.py, runners/speculative.py): the acceptance golden, the
+token budget and KV the drafts take, the policy contract with speculation on, determinism, pricing."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pyarrow as pa
+import pytest
+from conftest import make_trace
+from helpers_engine import run
+from test_policy_contract import ENGINE, RUNNER, check_invariants, workload
+
+from servelab.api import EngineConfig, ReplayConfig, replay
+from servelab.common.errors import ServelabError
+from servelab.policies.base import policy_class, policy_names
+from servelab.replay.protocols import StepPlan, StepShape
+from servelab.replay.speculative import accepted_length, expected_tokens_per_step, parse_speculative_config
+from servelab.runners.base import make_runner
+from servelab.runners.speculative import SpeculativeRunner, speculative_runner
+
+LINEAR = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005,decode_context_token=0.000001"
+
+
+class Recording(SpeculativeRunner):
+    """A linear runner with n-gram speculation that keeps every shape the engine handed it."""
+
+    def __init__(self, spec: str = LINEAR):
+        super().__init__(make_runner(spec), "ngram", 0)
+        self.shapes: list[StepShape] = []
+
+    def step_time(self, plan):
+        self.shapes.append(plan.shape)
+        return super().step_time(plan)
+
+
+def spec_run(trace, runner=None, policy="sarathi", **engine):
+    engine.setdefault("num_gpu_blocks", 100_000)
+    cfg = ReplayConfig(engine=EngineConfig(**engine), policy=policy, runner=LINEAR)
+    return replay(trace, cfg, runner=runner if runner is not None else make_runner(LINEAR))
+
+
+# -- the acceptance golden ----------------------------------------------------------------------------
+def test_closed_form_value():
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx(3.3616)
+    assert expected_tokens_per_step(0.0, 4) == 1.0
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+
+
+@pytest.mark.parametrize("rate,k", [(0.8, 4), (0.5, 2), (0.9, 7), (0.3, 1)])
+def test_sampler_mean_matches_closed_form(rate, k):
+    rng = random.Random(7)
+    steps = 10_000
+    tokens = sum(1 + accepted_length(1.0 - rng.random(), rate, k) for _ in range(steps))
+    assert tokens / steps == pytest.approx(expected_tokens_per_step(rate, k), rel=0.02)
+
+
+@pytest.mark.parametrize("rate,k", [(0.8, 4), (0.6, 3)])
+def test_engine_mean_tokens_per_step_golden(rate, k):
+    """One request decoding alone for ~10,000 steps: output tokens per decode step, counted from the
+    steps table (not from the spec counters), approach (1 - a^(k+1)) / (1 - a) within 2%."""
+    expected = expected_tokens_per_step(rate, k)
+    output = int(10_000 * expected) + 1
+    trace = make_trace([0.0], [64], [output])
+    result = spec_run(trace, spec_method="ngram", spec_k=k, spec_acceptance=str(rate), max_num_batched_tokens=4096)
+    steps = result.steps.to_pydict()
+    decode_steps = sum(n for n, d, p in zip(steps["num_iterations"], steps["decode_requests"], steps["prefill_requests"])
+                       if d == 1 and p == 0)
+    assert 9_500 < decode_steps < 10_500
+    # the last step may be cut by the trace's length: it counts as a step with fewer tokens (< 0.01%)
+    assert (output - 1) / decode_steps == pytest.approx(expected, rel=0.02)
+    req = result.requests.to_pylist()[0]
+    assert req["status"] == "finished" and req["generated_tokens"] == output
+    assert req["spec_num_drafts"] == decode_steps
+    assert req["spec_num_draft_tokens"] == k * decode_steps
+    assert req["spec_mean_acceptance_length"] == pytest.approx(expected, rel=0.02)
+    assert req["spec_acceptance_rate"] == pytest.approx((expected - 1) / k, rel=0.03)
+    assert result.meta["spec_decode"]["num_drafts"] == decode_steps
+
+
+@pytest.mark.parametrize("rate,per_step", [("0", 1), ("1", 5)])
+def test_extreme_rates_are_exact(rate, per_step):
+    trace = make_trace([0.0], [16], [401])
+    result = spec_run(trace, spec_method="ngram", spec_k=4, spec_acceptance=rate)
+    steps = result.steps.to_pydict()
+    decodes = sum(n for n, p in zip(steps["num_iterations"], steps["prefill_requests"]) if p == 0)
+    assert decodes == 400 // per_step
+
+
+# -- the token budget and the KV drafts take ---------------------------------------------------------
+def test_drafts_count_against_the_token_budget_and_are_trimmed():
+    """vLLM v1: a decode is scheduled for 1 + k tokens; the last one the budget reaches gets what is left."""
+    trace = make_trace([0.0, 0.0, 0.0], [4, 4, 4], [60, 60, 60])
+    rec = Recording()
+    spec_run(trace, runner=rec, spec_method="ngram", spec_k=4, spec_acceptance="0.5", max_num_batched_tokens=12)
+    decode_shapes = [s for s in rec.shapes if s.decode_seqs and not s.prefill_seqs]
+    assert decode_shapes
+    for s in rec.shapes:
+        assert s.prefill_tokens + s.decode_seqs + s.spec_tokens <= 12
+    # three decodes: 1 + 4, 1 + 4, then 1 + 1 (the budget's last 2 tokens)
+    assert any(s.decode_seqs == 3 and s.spec_tokens == 9 for s in decode_shapes)
+    # without speculation the same trace schedules one token per decode
+    rec_off = Recording()
+    spec_run(trace, runner=rec_off, max_num_batched_tokens=12)
+    assert all(s.spec_tokens == 0 for s in rec_off.shapes)
+
+
+def test_budget_limits_how_many_decodes_a_step_takes():
+    trace = make_trace([0.0] * 4, [4] * 4, [30] * 4, max_output_tokens=[100] * 4)
+    rec = Recording()
+    spec_run(trace, runner=rec, spec_method="ngram", spec_k=4, spec_acceptance="0", max_num_batched_tokens=10)
+    assert max(s.decode_seqs for s in rec.shapes) == 2  # 5 + 5 tokens fill the budget
+
+
+def test_kv_blocks_cover_the_proposed_tokens():
+    """With acceptance 0 each decode step advances one token, and the request holds KV blocks for its
+    KV so far plus the token and the k drafts scheduled: ceil((c + 1 + k) / block_size), the slots of
+    rejected drafts being written again by the next step."""
+    bs, k, prompt = 4, 4, 4
+    trace = make_trace([0.0], [prompt], [40])
+    on = spec_run(trace, spec_method="ngram", spec_k=k, spec_acceptance="0", block_size=bs).steps.to_pydict()
+    used = on["kv_blocks_used"]
+    assert on["prefill_requests"][0] == 1 and used[0] == 1
+    for j in range(1, len(used)):  # decode step j: computed c = prompt + j - 1 before it
+        c = prompt + j - 1
+        assert used[j] == math.ceil(min(c + 1 + k, prompt + 40) / bs), j  # (drafts stop at prompt + max output)
+    assert sum(used[j] > math.ceil((prompt + j) / bs) for j in range(1, len(used))) >= 30  # more than without drafts
+
+
+def test_drafts_preempt_when_their_kv_does_not_fit():
+    """Two requests of at most 24 tokens (6 blocks of 4) fit 12 blocks without speculation; with 4 drafts
+    each may hold 7 blocks near its end (max_output_tokens 40 leaves room for drafts), so one is preempted."""
+    trace = make_trace([0.0, 0.0], [4, 4], [20, 20], max_output_tokens=[40, 40])
+    kw = dict(block_size=4, num_gpu_blocks=12)
+    off = spec_run(trace, **kw).requests.to_pydict()
+    on = spec_run(trace, spec_method="ngram", spec_k=4, spec_acceptance="0", **kw).requests.to_pydict()
+    assert sum(off["num_preemptions"]) == 0
+    assert set(on["status"]) == {"finished"} and sum(on["num_preemptions"]) >= 1
+
+
+def test_drafts_never_outgrow_the_largest_request():
+    """A request that fits the cache alone keeps fitting with drafts: they stop at prompt + max output."""
+    trace = make_trace([0.0], [4], [20])
+    on = spec_run(trace, spec_method="ngram", spec_k=4, spec_acceptance="0", block_size=4, num_gpu_blocks=6)
+    assert on.requests.column("status").to_pylist() == ["finished"]
+    assert max(on.steps.column("kv_blocks_used").to_pylist()) == 6
+
+
+# -- trace column, options --------------------------------------------------------------------------------
+def test_trace_column_sets_each_requests_rate():
+    trace = make_trace([0.0, 0.0], [16, 16], [3001, 3001], spec_acceptance=[0.9, None])
+    result = spec_run(trace, spec_method="ngram", spec_k=3, spec_acceptance="0.2")
+    rows = result.requests.to_pylist()
+    assert [r["spec_acceptance"] for r in rows] == [0.9, 0.2]
+    assert rows[0]["spec_mean_acceptance_length"] == pytest.approx(expected_tokens_per_step(0.9, 3), rel=0.03)
+    assert rows[1]["spec_mean_acceptance_length"] == pytest.approx(expected_tokens_per_step(0.2, 3), rel=0.03)
+
+
+def test_trace_column_out_of_range_names_column_and_row(tmp_path):
+    from servelab.common.errors import InputError
+    from servelab.traces.schema import validate
+
+    trace = make_trace([0.0, 1.0], [16, 16], [4, 4], spec_acceptance=[0.5, 1.5])
+    with pytest.raises(InputError) as err:
+        validate(trace, "t.parquet")
+    assert "spec_acceptance" in str(err.value) and "row 2" in str(err.value)
+
+
+def test_workload_distribution_draws_per_request_and_is_seeded():
+    trace = make_trace([0.0] * 20, [16] * 20, [50] * 20)
+    a = spec_run(trace, spec_method="ngram", spec_acceptance="uniform:0.2,0.9").requests.column("spec_acceptance")
+    b = spec_run(trace, spec_method="ngram", spec_acceptance="uniform:0.2,0.9").requests.column("spec_acceptance")
+    assert a.to_pylist() == b.to_pylist()
+    values = a.to_pylist()
+    assert len(set(values)) == 20 and all(0.2 <= v <= 0.9 for v in values)
+    c = spec_run(trace, spec_method="ngram", spec_acceptance="uniform:0.2,0.9", seed=1).requests.column("spec_acceptance")
+    assert c.to_pylist() != values
+
+
+def test_speculative_config_json_mirrors_vllm():
+    cfg = EngineConfig(speculative_config='{"method": "eagle", "num_speculative_tokens": 5}')
+    assert (cfg.spec_method, cfg.spec_k) == ("eagle", 5)
+    cfg = EngineConfig(speculative_config='{"model": "llama-3.2-1b", "num_speculative_tokens": 2}')
+    assert (cfg.spec_method, cfg.spec_k, cfg.spec_draft_model) == ("draft_model", 2, "llama-3.2-1b")
+    assert EngineConfig(speculative_config='{"method": "deepseek_mtp", "num_speculative_tokens": 1}').spec_method == "mtp"
+    assert parse_speculative_config('{"model": "[ngram]", "num_speculative_tokens": 3}')["spec_method"] == "ngram"
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(spec_method="medusa2"), "spec_method must be one of"),
+    (dict(spec_method="ngram", spec_k=0), "spec_k"),
+    (dict(spec_method="ngram", spec_acceptance="1.2"), "spec_acceptance"),
+    (dict(spec_method="ngram", spec_acceptance="beta:0,1"), "beta"),
+    (dict(spec_method="eagle", spec_draft_model="llama-3.2-1b"), "spec_draft_model"),
+    (dict(speculative_config='{"method": "eagle"}'), "num_speculative_tokens"),
+    (dict(speculative_config='{"method": "eagle", "num_speculative_tokens": 2, "temp": 1}'), "unknown key 'temp'"),
+    (dict(speculative_config="{eagle"), "not JSON"),
+])
+def test_bad_options_are_refused(bad, message):
+    with pytest.raises(ServelabError, match=message):
+        EngineConfig(**bad)
+
+
+# -- the policy contract with speculation on ----------------------------------------------------------------
+@pytest.mark.parametrize("policy", policy_names())
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_policy_contract_with_speculation(policy, preemption):
+    rec = Recording(RUNNER)
+    cfg = ReplayConfig(engine=EngineConfig(preemption=preemption, kv_bytes_per_token=1024, spec_method="ngram",
+                                           spec_k=3, spec_acceptance="uniform:0.3,0.9", **ENGINE),
+                       policy=policy, runner=RUNNER)
+    result = replay(workload(), cfg, runner=rec)
+    assert set(result.requests.column("status").to_pylist()) == {"finished"}, policy
+    check_invariants(result, policy)
+    if policy_class(policy).uses_token_budget:
+        for s in rec.shapes:
+            if s.prefill_seqs + s.decode_seqs > 1:
+                assert s.prefill_tokens + s.decode_seqs + s.spec_tokens <= ENGINE["max_num_batched_tokens"], policy
+    assert sum(result.requests.column("spec_num_accepted_tokens").to_pylist()) > 0
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "fcfs" if "fcfs" in policy_names() else "vllm-v0", "srpt"])
+def test_byte_identical_reruns(policy, tmp_path):
+    from servelab.replay import write_run
+
+    digests = []
+    for i in range(2):
+        result = run(workload(seed=3), policy=policy, runner=RUNNER, replicas=2, spec_method="ngram", spec_k=4,
+                     spec_acceptance="beta:6,2", **{**ENGINE, "num_gpu_blocks": 200})
+        out = write_run(result, tmp_path / str(i))
+        digests.append([(out / f).read_bytes() for f in ("requests.parquet", "steps.parquet")])
+    assert digests[0] == digests[1]
+
+
+def test_speculation_turns_off_the_decode_cohort_and_stretches():
+    """Both advance every decode by one token per iteration in closed form; with speculation every
+    step is priced and applied alone (the speed cost is measured in bench/RESULTS_runners.md)."""
+    from servelab.assembly import build_cluster
+    from servelab.replay.engine import Engine
+
+    cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000, spec_method="ngram"), policy="sarathi", runner=LINEAR)
+    cluster = build_cluster(cfg, None, None)
+    entry = cluster.pools[0]
+    engine = Engine([], cluster.replicas, entry.router, entry.runner, cfg.engine)
+    assert all(r.cohort is None and r.decode_affine(4) is None for r in engine.replicas)
+    off = ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000), policy="sarathi", runner=LINEAR)
+    cluster = build_cluster(off, None, None)
+    engine = Engine([], cluster.replicas, cluster.pools[0].router, cluster.pools[0].runner, off.engine)
+    assert all(r.cohort is not None and r.decode_affine(4) is not None for r in engine.replicas)
+
+
+def test_speculation_shortens_decoding():
+    trace = workload(n=60)
+    off = run(trace, runner=RUNNER, **ENGINE).requests.to_pydict()
+    on = run(trace, runner=RUNNER, spec_method="ngram", spec_k=4, spec_acceptance="0.8", **ENGINE).requests.to_pydict()
+    assert sum(on["e2e_s"]) < sum(off["e2e_s"])
+    assert on["generated_tokens"] == off["generated_tokens"]
+
+
+# -- pricing ------------------------------------------------------------------------------------------------
+def roofline():
+    return make_runner("roofline:model=llama-3.1-8b,gpu=h100-80gb")
+
+
+def engine_cfg(**kw):
+    return EngineConfig(**kw)
+
+
+def test_verification_is_the_target_pricing_chunks_of_one_plus_k():
+    target = roofline()
+    spec = speculative_runner(target, engine_cfg(spec_method="ngram", spec_k=4))
+    shape = StepShape(decode_seqs=8, decode_context_tokens=8 * 1000, spec_tokens=32)
+    chunks = StepShape(prefill_tokens=40, prefill_seqs=8, prefill_context_tokens=8 * 1004,
+                       prefill_attention_pairs=8 * (5 * 999 + 15))
+    assert spec.step_time(StepPlan(shape)) == target.step_time(StepPlan(chunks))  # n-gram: proposing is free
+    plain = StepShape(decode_seqs=8, decode_context_tokens=8000)
+    assert spec.step_time(StepPlan(plain)) == target.step_time(StepPlan(plain))
+    assert spec.step_time(StepPlan(shape)) > target.step_time(StepPlan(plain))
+    assert spec.decode_affine(8) is None
+
+
+def test_proposer_costs_rank_ngram_eagle_draft():
+    target = roofline()
+    shape = StepShape(decode_seqs=16, decode_context_tokens=16 * 2000, spec_tokens=16 * 4)
+    times = {m: speculative_runner(target, engine_cfg(spec_method=m, spec_k=4)).step_time(StepPlan(shape))
+             for m in ("ngram", "eagle", "mtp", "draft_model")}
+    assert times["ngram"] < times["eagle"] == times["mtp"] < times["draft_model"]
+    # a one-layer head's 4 forwards cost about 4 layers of the 32-layer target, not 4 whole steps
+    assert times["eagle"] - times["ngram"] < 0.5 * target.step_time(StepPlan(StepShape(decode_seqs=16,
+                                                                                       decode_context_tokens=32000)))
+
+
+def test_proposer_memory_shrinks_kv_capacity():
+    target = roofline()
+    draft = speculative_runner(target, engine_cfg(spec_method="draft_model", spec_k=4))
+    eagle = speculative_runner(target, engine_cfg(spec_method="eagle", spec_k=4))
+    ngram = speculative_runner(target, engine_cfg(spec_method="ngram", spec_k=4))
+    base = target.kv_capacity_tokens(0.9)
+    assert ngram.kv_capacity_tokens(0.9) == base
+    assert draft.kv_capacity_tokens(0.9) < eagle.kv_capacity_tokens(0.9) < base
+    # llama-3.2-1b: 16 layers x 8 KV heads x 64 x 2 (K, V) x 2 bytes = 32 KiB per token besides the target's 128 KiB
+    assert draft.kv_bytes_per_token == target.kv_bytes_per_token + 16 * 8 * 64 * 2 * 2
+    assert eagle.kv_bytes_per_token == target.kv_bytes_per_token + target.kv_bytes_per_token // 32
+    assert draft.describe()["speculative"]["method"] == "draft_model"
+
+
+def test_head_and_draft_methods_need_a_model():
+    with pytest.raises(ServelabError, match="roofline"):
+        speculative_runner(make_runner(LINEAR), engine_cfg(spec_method="eagle"))
+    assert isinstance(speculative_runner(make_runner(LINEAR), engine_cfg(spec_method="ngram")), SpeculativeRunner)
+
+
+def test_roofline_replay_with_eagle_runs_and_reports(tmp_path):
+    trace = workload(n=40)
+    cfg = ReplayConfig(engine=EngineConfig(spec_method="eagle", spec_k=3, spec_acceptance="0.7"), policy="sarathi",
+                       runner="roofline:model=llama-3.1-8b,gpu=h100-80gb")
+    result = replay(trace, cfg)
+    assert set(result.requests.column("status").to_pylist()) == {"finished"}
+    assert result.meta["runner"]["name"] == "roofline+eagle"
+    assert result.meta["spec_decode"]["mean_acceptance_length"] > 1
+
+
+def test_spec_decode_view(tmp_path):
+    from servelab.replay import write_run
+    from servelab.scoring.db import connect, query_arrow
+
+    trace = make_trace([0.0, 0.0, 0.0], [16, 16, 16], [400, 400, 1], tenant=["a", "b", "b"])
+    result = spec_run(trace, spec_method="ngram", spec_k=4, spec_acceptance="0.8")
+    out = write_run(result, tmp_path / "run")
+    con = connect([str(out)])
+    rows = query_arrow(con, "SELECT * FROM spec_decode ORDER BY scope, name").to_pylist()
+    req = result.requests.to_pydict()
+    overall = next(r for r in rows if r["scope"] == "overall")
+    assert overall["requests"] == 2  # the one-token request never verified drafts
+    assert overall["num_drafts"] == sum(req["spec_num_drafts"])
+    assert overall["num_accepted_tokens"] == sum(req["spec_num_accepted_tokens"])
+    assert overall["mean_acceptance_length"] == pytest.approx(
+        1 + sum(req["spec_num_accepted_tokens"]) / sum(req["spec_num_drafts"]))
+    assert {r["name"] for r in rows if r["scope"] == "tenant"} == {"a", "b"}
