@@ -338,3 +338,18 @@ def test_spec_decode_view(tmp_path):
     assert overall["mean_acceptance_length"] == pytest.approx(
         1 + sum(req["spec_num_accepted_tokens"]) / sum(req["spec_num_drafts"]))
     assert {r["name"] for r in rows if r["scope"] == "tenant"} == {"a", "b"}
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle", "eagle3", "mtp", "draft_model"])
+def test_speculative_runner_contract(method):
+    """As for every pricing runner (tests/test_runner_contract.py): positive, finite, repeatable, and
+    more work never cheaper: more drafts, more decodes, longer contexts, added prefill."""
+    runner = speculative_runner(roofline(), engine_cfg(spec_method=method, spec_k=4))
+    base = StepShape(prefill_tokens=128, prefill_seqs=1, prefill_context_tokens=128, prefill_attention_pairs=128 * 129 // 2,
+                     decode_seqs=8, decode_context_tokens=8 * 500, spec_tokens=8 * 2)
+    t = runner.step_time(StepPlan(base))
+    assert 0 < t < math.inf and t == runner.step_time(StepPlan(base))
+    for more in (base._replace(spec_tokens=8 * 4), base._replace(decode_seqs=9, decode_context_tokens=9 * 500, spec_tokens=18),
+                 base._replace(decode_context_tokens=8 * 5000), base._replace(prefill_tokens=256, prefill_context_tokens=256,
+                                                                             prefill_attention_pairs=256 * 257 // 2)):
+        assert runner.step_time(StepPlan(more)) >= t, more
