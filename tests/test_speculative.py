@@ -353,3 +353,29 @@ def test_speculative_runner_contract(method):
                  base._replace(decode_context_tokens=8 * 5000), base._replace(prefill_tokens=256, prefill_context_tokens=256,
                                                                              prefill_attention_pairs=256 * 257 // 2)):
         assert runner.step_time(StepPlan(more)) >= t, more
+
+
+def test_token_log_has_every_accepted_token_at_its_steps_end():
+    """tokens.parquet: one row per output token; a verified step's tokens share its end time."""
+    trace = make_trace([0.0, 0.5], [32, 16], [200, 150])
+    cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=10_000, spec_method="ngram", spec_k=4,
+                                           spec_acceptance="0.8"), policy="sarathi", runner=LINEAR)
+    result = replay(trace, cfg, token_log=True)
+    tokens = result.tokens.read().to_pydict()
+    for rid, n in ((0, 200), (1, 150)):
+        idx = [i for i, r in zip(tokens["token_index"], tokens["request_id"]) if r == rid]
+        assert sorted(idx) == list(range(1, n + 1))
+    times = [t for r, t in zip(tokens["request_id"], tokens["time_s"]) if r == 0]
+    assert len(set(times)) < len(times) / 2  # several tokens per step (3.36 on average)
+
+
+def test_disaggregated_decode_pool_speculates():
+    """Prefill and decode pools: the decode replica verifies drafts (the engine's spec settings apply)."""
+    data = dict(runner="linear:base=1", num_gpu_blocks=1000, kv_bytes_per_token=1000, max_num_batched_tokens=4096,
+                spec_method="ngram", spec_k=3, spec_acceptance="1")
+    data["cluster"] = {"pools": [dict(name="p", role="prefill", replicas=1), dict(name="d", role="decode", replicas=1)],
+                       "links": [{"from": "p", "to": "d", "bandwidth_gbps": 1e-6, "latency_s": 0.0}]}
+    r = replay(make_trace([0], [8], [9]), ReplayConfig.from_dict(data)).requests.to_pylist()[0]
+    # prefill [0, 1] (token 1), 8,000 B land at 9, then two steps of 1 + 3 tokens: [9, 10], [10, 11]
+    assert r["status"] == "finished" and r["finish_s"] == pytest.approx(11.0)
+    assert r["spec_num_drafts"] == 2 and r["spec_num_accepted_tokens"] == 6
