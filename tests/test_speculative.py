@@ -338,6 +338,10 @@ def test_spec_decode_view(tmp_path):
     assert overall["mean_acceptance_length"] == pytest.approx(
         1 + sum(req["spec_num_accepted_tokens"]) / sum(req["spec_num_drafts"]))
     assert {r["name"] for r in rows if r["scope"] == "tenant"} == {"a", "b"}
+    from servelab.scoring.report import report_data
+
+    run_id = query_arrow(con, "SELECT run_id FROM runs").column(0)[0].as_py()
+    assert report_data(con, run_id)["spec_decode"]["num_drafts"] == overall["num_drafts"]
 
 
 @pytest.mark.parametrize("method", ["ngram", "eagle", "eagle3", "mtp", "draft_model"])
