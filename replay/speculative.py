@@ -31,7 +31,7 @@ from servelab.common.errors import ServelabError
 from servelab.replay.batch import BatchBuilder, BatchSummary
 from servelab.replay.progress import apply_iteration
 from servelab.replay.protocols import StepShape
-from servelab.replay.request import Request
+from servelab.replay.request import Request, Status
 from servelab.replay.spec_config import METHODS, Acceptance, canonical_method, parse_speculative_config
 
 if TYPE_CHECKING:
@@ -134,6 +134,62 @@ class SpecBatchBuilder(BatchBuilder):
             summary.spec_tokens += d
 
     def _walk(self, order: Iterable[Request], chunk_cap: int | None, prefills: list[Request] | None) -> None:
+        # The common case inlined (a decode whose KV fits: what ``add_running(req, 1)`` does, without
+        # its calls); preemption and prefill chunks take the general path. ``_walk_each`` is the same
+        # walk through the general path only (the tests compare the two).
+        chosen, items, summary = self.chosen, self.items, self.summary
+        drafts, grow, admit = summary.drafts, summary.grow, summary.admit
+        bs, reserve, k = self.kv.block_size, self.kv.reserve, self.spec_k
+        waiting = Status.WAITING
+        for req in order:
+            if req in chosen:
+                continue
+            tokens = self.token_budget
+            if tokens <= 0 or self.seq_budget <= 0:
+                break
+            c = req.num_computed_tokens
+            g = req.num_generated_tokens
+            n = req.prompt_tokens + g - c
+            if n == 1 and g:
+                d = k  # (_drafts, inlined)
+                if tokens - 1 < d:
+                    d = tokens - 1
+                room = req.prompt_tokens + req.max_output_tokens - c - 1
+                if room < d:
+                    d = room
+                if d < 0:
+                    d = 0
+                need = -(-(c + 1 + d) // bs) - req.kv_blocks if not reserve else 0
+                if need > self.free_blocks:
+                    self.add_running(req, 1)
+                    continue
+                if need > 0:
+                    self.free_blocks -= need
+                    grow.append((req, req.kv_blocks + need))
+                self.token_budget = tokens - 1 - d
+                self.seq_budget -= 1
+                items.append((req, 1))  # `chosen` picks it up lazily: `order` has no repeats
+                summary.decode_reqs += 1
+                summary.decode_ctx += c + 1
+                if req.output_tokens - g < summary.min_decode_left:
+                    summary.min_decode_left = req.output_tokens - g
+                if req.status is waiting:
+                    admit.append(req)
+                if d:
+                    drafts[req] = d
+                    summary.spec_tokens += d
+                continue
+            if prefills is not None:
+                prefills.append(req)
+                continue
+            if chunk_cap is not None and n > chunk_cap:
+                n = chunk_cap
+            if n > tokens:
+                n = tokens
+            self.add_running(req, n)
+
+    def _walk_each(self, order: Iterable[Request], chunk_cap: int | None, prefills: list[Request] | None) -> None:
+        """``_walk`` through ``add_running`` for every request (the reference the tests hold it to)."""
         for req in order:
             if req in self.chosen:
                 continue

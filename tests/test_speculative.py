@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 
-import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import make_trace
 from helpers_engine import run
@@ -383,3 +383,20 @@ def test_disaggregated_decode_pool_speculates():
     # prefill [0, 1] (token 1), 8,000 B land at 9, then two steps of 1 + 3 tokens: [9, 10], [10, 11]
     assert r["status"] == "finished" and r["finish_s"] == pytest.approx(11.0)
     assert r["spec_num_drafts"] == 2 and r["spec_num_accepted_tokens"] == 6
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm-v0", "srpt", "round-robin", "orca"])
+def test_inlined_walk_equals_the_general_path(policy, monkeypatch, tmp_path):
+    """SpecBatchBuilder._walk inlines a decode's drafts, budget and KV; walking every request through
+    add_running instead gives byte-identical results (KV pressure and preemption included)."""
+    from servelab.replay import write_run
+    from servelab.replay.speculative import SpecBatchBuilder
+
+    kw = dict(policy=policy, runner=RUNNER, spec_method="ngram", spec_k=4, spec_acceptance="uniform:0.2,0.9",
+              **{**ENGINE, "num_gpu_blocks": 48})
+    fast = write_run(run(workload(seed=5), **kw), tmp_path / "fast")
+    monkeypatch.setattr(SpecBatchBuilder, "_walk", SpecBatchBuilder._walk_each)
+    slow = write_run(run(workload(seed=5), **kw), tmp_path / "slow")
+    for f in ("requests.parquet", "steps.parquet"):
+        assert (fast / f).read_bytes() == (slow / f).read_bytes(), f
+    assert sum(pq.read_table(fast / "requests.parquet").column("num_preemptions").to_pylist()) > 0
