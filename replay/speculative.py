@@ -37,6 +37,7 @@ from servelab.replay.spec_config import METHODS, Acceptance, canonical_method, p
 if TYPE_CHECKING:
     from servelab.replay.logs import TokenLog
 
+
 def accepted_length(u: float, rate: float, k: int) -> int:
     """Drafts accepted out of ``k`` for a uniform draw ``u`` in (0, 1]: each is accepted with
     probability ``rate`` once all before it were, so ``P(A >= i) = rate**i`` (inverse transform of the

@@ -400,3 +400,14 @@ def test_inlined_walk_equals_the_general_path(policy, monkeypatch, tmp_path):
     for f in ("requests.parquet", "steps.parquet"):
         assert (fast / f).read_bytes() == (slow / f).read_bytes(), f
     assert sum(pq.read_table(fast / "requests.parquet").column("num_preemptions").to_pylist()) > 0
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+def test_trace_column_round_trips(tmp_path, suffix):
+    from servelab.traces.io import read_trace, write_trace
+
+    path = tmp_path / f"t.{suffix}"
+    write_trace(make_trace([0.0, 1.0], [16, 16], [4, 4], spec_acceptance=[0.75, None]), path, "test")
+    back = read_trace(path)
+    assert back.column("spec_acceptance").to_pylist() == [0.75, None]
+    assert str(back.schema.field("spec_acceptance").type) == "double"
