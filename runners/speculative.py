@@ -12,8 +12,8 @@ decides them). The step then costs
 - **proposing** the next drafts, by method:
 
   - ``draft_model``: a smaller model (``spec_draft_model``, default ``llama-3.2-1b``) runs over the
-    step's prefill tokens and decodes once, then ``d - 1`` more single-token decode forwards, each
-    priced by a roofline of that model on the target's GPU;
+    step's tokens once (prefill chunks too, in every step: it keeps its own KV), then ``d - 1`` more
+    single-token decode forwards, each priced by a roofline of that model on the target's GPU;
   - ``eagle`` / ``eagle3`` / ``mtp``: a head of one decoder layer of the target's shape (with the
     target's embedding and LM head, shared) does the same ``d`` forwards;
   - ``ngram``: prompt lookup on the CPU, priced 0.
@@ -82,25 +82,24 @@ class SpeculativeRunner(RunnerBase):
                          s.prefill_attention_pairs + round(pairs), 0, 0, 0)
 
     def proposer_s(self, s: StepShape) -> float:
-        """Seconds the proposer takes to draft the next tokens of this step's decodes (0: n-gram, or no
-        drafts)."""
-        n = s.decode_seqs
-        if self.proposer is None or not s.spec_tokens or not n:
+        """Seconds the proposer takes after the step (0: n-gram): one forward over the step's tokens
+        (prefill chunks too: the draft builds its own KV, a head reads the target's hidden states),
+        then one single-token forward per further draft of the decodes."""
+        if self.proposer is None:
             return 0.0
-        forwards = math.ceil(s.spec_tokens / n)
-        first = self.proposer.step_time(StepPlan(s._replace(spec_tokens=0)))  # over the prefill tokens too
-        rest = 0.0
-        if forwards > 1:
-            a, b = self.proposer.decode_affine(n)
-            ctx = s.decode_context_tokens
-            rest = sum(a + b * (ctx + i * n) for i in range(1, forwards))
-        return first + rest
+        first = self.proposer.step_time(StepPlan(s._replace(spec_tokens=0)))
+        n = s.decode_seqs
+        forwards = -(-s.spec_tokens // n) if n else 0
+        if forwards <= 1:
+            return first
+        a, b = self.proposer.decode_affine(n)
+        ctx = s.decode_context_tokens
+        return first + sum(a + b * (ctx + i * n) for i in range(1, forwards))
 
     def step_time(self, plan: StepPlan) -> float:
         s = plan.shape
-        if not s.spec_tokens:
-            return self.target.step_time(plan)
-        return self.target.step_time(StepPlan(self.verification_shape(s), plan.items)) + self.proposer_s(s)
+        verify = self.target.step_time(StepPlan(self.verification_shape(s), plan.items) if s.spec_tokens else plan)
+        return verify + self.proposer_s(s)
 
     def decode_affine(self, num_seqs: int) -> None:
         return None

@@ -286,6 +286,12 @@ def test_proposer_costs_rank_ngram_eagle_draft():
     times = {m: speculative_runner(target, engine_cfg(spec_method=m, spec_k=4)).step_time(StepPlan(shape))
              for m in ("ngram", "eagle", "mtp", "draft_model")}
     assert times["ngram"] < times["eagle"] == times["mtp"] < times["draft_model"]
+    # a prefill-only step: the head and the draft run over its tokens too; n-gram costs nothing
+    prefill = StepPlan(StepShape(prefill_tokens=512, prefill_seqs=1, prefill_context_tokens=512,
+                                 prefill_attention_pairs=512 * 513 // 2))
+    alone = {m: speculative_runner(target, engine_cfg(spec_method=m, spec_k=4)).step_time(prefill)
+             for m in ("ngram", "eagle", "draft_model")}
+    assert alone["ngram"] == target.step_time(prefill) < alone["eagle"] < alone["draft_model"]
     # a one-layer head's 4 forwards cost about 4 layers of the 32-layer target, not 4 whole steps
     assert times["eagle"] - times["ngram"] < 0.5 * target.step_time(StepPlan(StepShape(decode_seqs=16,
                                                                                        decode_context_tokens=32000)))
