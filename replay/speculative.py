@@ -3,7 +3,8 @@
 vLLM v1's semantics, which the replay follows: a decoding request that has ``k`` proposed (draft)
 tokens is scheduled for ``1 + k`` tokens in one step (its last sampled token plus the drafts), so
 the drafts count against ``max_num_batched_tokens`` and get KV slots like any scheduled token; when
-the budget is short, the drafts are trimmed to what is left (vLLM's scheduler does the same). The
+the budget is short, the drafts are trimmed to what is left (vLLM's scheduler does the same, and
+trims them to ``max_model_len``; it does not trim them to the request's ``max_tokens``). The
 target model verifies all ``1 + k`` positions in that step; the first ``A`` drafts agree with it
 and it emits them plus one token of its own, so the request advances by ``A + 1`` tokens (the KV
 slots of the rejected drafts stay with the request and are written again by its next step).
@@ -75,22 +76,26 @@ def _is_decode(req: Request, n: int) -> bool:
 
 class SpecBatchBuilder(BatchBuilder):
     """`BatchBuilder` when speculation is on: a decode takes ``1 + drafts`` tokens of the budget and KV
-    slots for them; ``drafts`` is ``spec_k``, trimmed to the budget left (``_drafts``). Prefill chunks are
-    unchanged. Walks requests one by one (no inlined decode path: the decode cohort is off)."""
+    slots for them; ``drafts`` is ``spec_k``, trimmed to the budget left and to ``max_model_len``
+    (``_drafts``, as vLLM's scheduler). Prefill chunks are unchanged. When the drafts' KV does not fit
+    and there is nobody left to preempt but the request itself, it decodes without drafts this step
+    (rather than never: a request that fits the cache alone keeps fitting)."""
 
-    __slots__ = ("spec_k",)
+    __slots__ = ("spec_k", "context")
 
     def __init__(self, replica, victim_key, token_budget: int | None = None, seq_budget: int | None = None):
         super().__init__(replica, victim_key, token_budget, seq_budget)
         self.spec_k = replica.config.spec_k
+        context = replica.config.max_model_len
+        self.context = context if context is not None else 1 << 62
         self.summary = SpecSummary()
 
     def _drafts(self, req: Request) -> int:
-        """``spec_k``, trimmed to the token budget left (vLLM) and to the request's largest size (prompt
-        + max output: a request that fits the cache alone always fits with its drafts)."""
+        """``spec_k``, trimmed to the token budget left and so that ``1 + drafts`` new positions stay
+        below ``max_model_len`` (vLLM: ``num_new_tokens <= max_model_len - 1 - num_computed_tokens``)."""
         d = self.spec_k
         left = self.token_budget - 1
-        room = req.prompt_tokens + req.max_output_tokens - req.num_computed_tokens - 1
+        room = self.context - 2 - req.num_computed_tokens
         if left < d:
             d = left
         if room < d:
@@ -117,6 +122,10 @@ class SpecBatchBuilder(BatchBuilder):
         while need > self.free_blocks:  # vLLM preempts for the drafts' slots too
             victim = self.pick_victim()
             if victim is None or victim is req:
+                one = self.kv.blocks_needed(req, 1)
+                if d and one <= self.free_blocks:  # nobody else to preempt: this step without drafts
+                    d, need = 0, one
+                    break
                 self.preempt(req)
                 return False
             self.preempt(victim)
@@ -140,7 +149,7 @@ class SpecBatchBuilder(BatchBuilder):
         # walk through the general path only (the tests compare the two).
         chosen, items, summary = self.chosen, self.items, self.summary
         drafts, grow, admit = summary.drafts, summary.grow, summary.admit
-        bs, reserve, k = self.kv.block_size, self.kv.reserve, self.spec_k
+        bs, reserve, k, context = self.kv.block_size, self.kv.reserve, self.spec_k, self.context
         waiting = Status.WAITING
         for req in order:
             if req in chosen:
@@ -155,9 +164,8 @@ class SpecBatchBuilder(BatchBuilder):
                 d = k  # (_drafts, inlined)
                 if tokens - 1 < d:
                     d = tokens - 1
-                room = req.prompt_tokens + req.max_output_tokens - c - 1
-                if room < d:
-                    d = room
+                if context - 2 - c < d:
+                    d = context - 2 - c
                 if d < 0:
                     d = 0
                 need = -(-(c + 1 + d) // bs) - req.kv_blocks if not reserve else 0
