@@ -117,8 +117,15 @@ class EngineConfig:
         self._check_speculative()
 
     def _check_speculative(self) -> None:
-        if self.speculative_config is not None:
+        if self.speculative_config is not None:  # sets the spec_ fields; one given apart must agree
+            defaults = {f.name: f.default for f in fields(self)}
             for name, value in parse_speculative_config(self.speculative_config).items():
+                given = getattr(self, name)
+                if name == "spec_method":
+                    value = canonical_method(value)
+                    given = canonical_method(given) if given is not None else None
+                if given != defaults[name] and given != value:
+                    raise ServelabError(f"{name} = {given!r} disagrees with speculative_config's {value!r}: give one")
                 object.__setattr__(self, name, value)
         if not isinstance(self.spec_acceptance, str):  # (a number from a TOML file)
             object.__setattr__(self, "spec_acceptance", str(self.spec_acceptance))

@@ -186,6 +186,10 @@ def test_speculative_config_json_mirrors_vllm():
     assert (cfg.spec_method, cfg.spec_k, cfg.spec_draft_model) == ("draft_model", 2, "llama-3.2-1b")
     assert EngineConfig(speculative_config='{"method": "deepseek_mtp", "num_speculative_tokens": 1}').spec_method == "mtp"
     assert parse_speculative_config('{"model": "[ngram]", "num_speculative_tokens": 3}')["spec_method"] == "ngram"
+    # a run.json's config holds both the JSON and the fields it set: it loads again
+    again = EngineConfig(speculative_config='{"method": "deepseek_mtp", "num_speculative_tokens": 2}',
+                         spec_method="mtp", spec_k=2)
+    assert (again.spec_method, again.spec_k) == ("mtp", 2)
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -197,6 +201,8 @@ def test_speculative_config_json_mirrors_vllm():
     (dict(speculative_config='{"method": "eagle"}'), "num_speculative_tokens"),
     (dict(speculative_config='{"method": "eagle", "num_speculative_tokens": 2, "temp": 1}'), "unknown key 'temp'"),
     (dict(speculative_config="{eagle"), "not JSON"),
+    (dict(speculative_config='{"method": "eagle", "num_speculative_tokens": 2}', spec_k=5), "disagrees"),
+    (dict(speculative_config='{"method": "eagle", "num_speculative_tokens": 2}', spec_method="ngram"), "disagrees"),
 ])
 def test_bad_options_are_refused(bad, message):
     with pytest.raises(ServelabError, match=message):
