@@ -445,3 +445,15 @@ def test_drafts_stop_below_max_model_len():
     assert result.requests.column("status").to_pylist() == ["finished"]
     assert max(result.steps.column("kv_blocks_used").to_pylist()) == 29
     assert result.requests.column("spec_num_draft_tokens").to_pylist()[0] < 4 * 19
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm-v0", "round-robin"])
+def test_horizon_with_speculation_keeps_every_request(policy):
+    trace = workload()
+    result = run(trace, policy=policy, runner=RUNNER, until_s=2.0, spec_method="ngram", spec_k=3,
+                 spec_acceptance="0.7", **ENGINE)
+    req = result.requests.to_pydict()
+    assert result.requests.num_rows == trace.num_rows
+    assert set(req["status"]) == {"finished", "unfinished"}
+    for status, gen, out in zip(req["status"], req["generated_tokens"], req["output_tokens"]):
+        assert gen == out if status == "finished" else gen < out
