@@ -149,7 +149,7 @@ class SpecBatchBuilder(BatchBuilder):
         # walk through the general path only (the tests compare the two).
         chosen, items, summary = self.chosen, self.items, self.summary
         drafts, grow, admit = summary.drafts, summary.grow, summary.admit
-        bs, reserve, k, context = self.kv.block_size, self.kv.reserve, self.spec_k, self.context
+        blocks_needed, k, context = self.kv.blocks_needed, self.spec_k, self.context
         waiting = Status.WAITING
         for req in order:
             if req in chosen:
@@ -168,7 +168,7 @@ class SpecBatchBuilder(BatchBuilder):
                     d = context - 2 - c
                 if d < 0:
                     d = 0
-                need = -(-(c + 1 + d) // bs) - req.kv_blocks if not reserve else 0
+                need = blocks_needed(req, 1 + d)  # (the KV manager's rule, whatever its layout)
                 if need > self.free_blocks:
                     self.add_running(req, 1)
                     continue
