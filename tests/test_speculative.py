@@ -316,6 +316,11 @@ def test_proposer_memory_shrinks_kv_capacity():
     assert draft.kv_bytes_per_token == target.kv_bytes_per_token + 16 * 8 * 64 * 2 * 2
     assert eagle.kv_bytes_per_token == target.kv_bytes_per_token + target.kv_bytes_per_token // 32
     assert draft.describe()["speculative"]["method"] == "draft_model"
+    import pickle  # (sweeps and searches send runners to worker processes)
+
+    again = pickle.loads(pickle.dumps(draft))
+    plan = StepPlan(StepShape(decode_seqs=4, decode_context_tokens=4000, spec_tokens=16))
+    assert again.step_time(plan) == draft.step_time(plan) and again.kv_capacity_tokens(0.9) == draft.kv_capacity_tokens(0.9)
 
 
 def test_head_and_draft_methods_need_a_model():
