@@ -41,7 +41,7 @@ from servelab.replay.disagg import Disaggregation
 from servelab.replay.specs import Failure, check_failures
 from servelab.replay.fleet import Fleet
 from servelab.replay.protocols import StepPlan
-from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA
+from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
@@ -54,9 +54,19 @@ def build_runner(config: ReplayConfig) -> Runner:
         parallel["quantization"] = config.quantization
     if config.kv_cache_dtype != "auto":
         parallel["kv_cache_dtype"] = config.kv_cache_dtype
-    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
-                       block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
-                       max_num_seqs=config.engine.max_num_seqs, **parallel)
+    runner = make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
+                         block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
+                         max_num_seqs=config.engine.max_num_seqs, **parallel)
+    return _speculative(runner, config.engine)
+
+
+def _speculative(runner: Runner, engine: EngineConfig) -> Runner:
+    """``runner`` with the proposer's cost and memory when speculative decoding is on (runners/speculative.py)."""
+    if engine.spec_method is None:
+        return runner
+    from servelab.runners.speculative import speculative_runner
+
+    return speculative_runner(runner, engine)
 
 
 def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
@@ -190,6 +200,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         platform = lambda engine: Platform(engine, engine_cfg, reclaims)  # noqa: E731 (built on the engine)
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
                     platform=platform)
+    if engine.spec is not None and "spec_acceptance" in trace.column_names:  # per-request acceptance rates
+        engine.spec.set_trace_rates(trace.column("spec_acceptance").to_pylist())
     disagg = cluster.disaggregate(engine)
     scalers = cluster.autoscale(engine, disagg)
     timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
@@ -234,6 +246,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
             columns["prefill_instance"] = [None if rid is None else kinds[rid] for rid in handoffs["prefill_replica"]]
             schema = PD_INSTANCE_SCHEMA
         extra += schema_columns(schema, columns)
+    if engine.spec is not None:  # speculative decoding's counters per request (vLLM's spec-decode metrics)
+        extra += schema_columns(SPEC_SCHEMA, engine.spec.columns(len(requests)))
     cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
     _release_requests(engine)
     requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
@@ -256,6 +270,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
         **({"dependencies": engine.depends.meta()} if engine.depends is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
+        **({"spec_decode": engine.spec.meta()} if engine.spec is not None else {}),
         "config": config.to_dict(),
     }
     if cluster_meta is not None:
@@ -384,7 +399,7 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
     runners: dict[tuple, Runner] = {}
     base_key = (config.runner, config.model, config.gpu, config.tp, config.engine.block_size)
     if runner is not None:
-        runners[base_key] = runner
+        runners[base_key] = _speculative(runner, config.engine)
     for pool in order:
         cfg = config if config.cluster is None else pool_config(config, pool)
         if pool.instances:

@@ -30,6 +30,7 @@ from servelab.replay.progress import apply_iteration, apply_stretch
 from servelab.replay.protocols import Router, Runner, StepItem, StepPlan, StepShape
 from servelab.replay.replica import Replica, owed
 from servelab.replay.request import Request, Status
+from servelab.replay.speculative import SpecDecode
 from servelab.replay.step import Step
 
 ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
@@ -108,13 +109,19 @@ class Engine:
         # The platform's hooks (replay/platform.py: quotas, pausing, shedding, failures), built on this
         # engine by ``platform(engine)`` when the assembly wants them (servelab.api), else None.
         self.platform = platform(self) if platform is not None else None
+        # Speculative decoding (replay/speculative.py): a decode advances by a drawn number of tokens per
+        # step, so steps are priced and applied one by one (no decode stretch, no decode cohort).
+        self.spec = SpecDecode(config, requests) if config.spec_method is not None else None
+        if self.spec is not None:
+            for replica in replicas:
+                replica.decode_affine = _no_affine
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running
         # requests only through BatchBuilder (they log their members' tokens to the token log in
         # aggregate); runners that need block tables and the platform features that walk running
         # requests keep every request's counters current.
-        if not self.needs_items and (self.platform is None or not self.platform.walks_running):
+        if not self.needs_items and (self.platform is None or not self.platform.walks_running) and self.spec is None:
             for replica in replicas:
                 if replica.policy.decode_cohort:
                     policy = replica.policy
@@ -325,6 +332,8 @@ class Engine:
             compute = affine[0] + affine[1] * decode_ctx
         else:
             shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
+            if self.spec is not None:  # the drafts its decodes verify
+                shape = self.spec.shape(shape, summary)
             compute = replica.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
         if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
             swap_s += kv.overlap_extra(compute)
@@ -464,7 +473,10 @@ class Engine:
         finished = self._apply_cohort(replica, step, j, end_s) if batch.cohort else ()
         if items:
             if step.k == 1:
-                produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
+                if self.spec is None:
+                    produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
+                else:  # decodes advance by their accepted drafts too
+                    produced, done = self.spec.apply(items, batch.summary, end_s, self.tokens, replica.kv.register)
             else:  # a decode stretch: every item produced j tokens
                 produced, done = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
             replica.outstanding_tokens -= produced
@@ -641,3 +653,8 @@ class Engine:
         for replica in self.replicas:
             self.truncate(replica, until)  # (a decode stretch partly done by the horizon counts so far)
         self.strand(self.requests)
+
+
+def _no_affine(num_seqs: int) -> None:
+    """A replica's decode cost line under speculative decoding: none (every step is priced alone)."""
+    return None

@@ -256,6 +256,10 @@ MODELS: dict[str, ModelPreset] = _models(
                 max_position_embeddings=16384),
     ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768,
                 max_position_embeddings=32768),
+    # A draft model for speculative decoding (runners/speculative.py) beside the Llama 3.1 targets
+    # (same tokenizer); its config.json ties the input and output embeddings.
+    ModelPreset("llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct", 16, 2048, 32, 8, 64, 8192, 128256,
+                tied_embeddings=True, max_position_embeddings=131072),
     # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
     ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
 )
