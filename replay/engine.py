@@ -73,7 +73,8 @@ class Engine:
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
         self.tokens = TokenLog() if token_log else None
-        self.needs_items = runner.needs_block_tables
+        # (a runner that prices each request's context, not only the batch's counts: a hybrid layout's)
+        self.needs_items = runner.needs_block_tables or getattr(runner, "prices_items", False)
         self.heap: list[tuple] = []
         self.seq = 0
         self.admissions = 0
@@ -464,6 +465,8 @@ class Engine:
         if items:
             if step.k == 1:
                 produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
+                if replica.kv.layout is not None:  # sliding-window groups free what left the window
+                    replica.kv.slide(items)
             else:  # a decode stretch: every item produced j tokens
                 produced, done = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
             replica.outstanding_tokens -= produced
