@@ -40,7 +40,9 @@ def window_terms(start: int, n: int, window: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class HybridRoofline(RooflineRunner):
-    block_size: int = 16  # the engine's tokens per KV block (vLLM --block-size)
+    # the engine's tokens per KV block (vLLM --block-size); 0: vLLM's own pick, 16 or, with state
+    # layers, the smallest multiple of 16 whose page holds a state
+    block_size: int = 0
     prices_items: ClassVar[bool] = True
     kv_layout: KVLayout = field(init=False, repr=False)
 
@@ -49,8 +51,11 @@ class HybridRoofline(RooflineRunner):
             raise ServelabError(f"runner 'roofline': pp={self.pp} with a hybrid-attention model ({self.model.name}) is "
                                 "not modelled (its layer groups per pipeline stage)")
         RooflineRunner.__post_init__(self)
+        kinds = self.model.layer_kinds(self.tp)
+        if not self.block_size:
+            object.__setattr__(self, "block_size", max(16, KVLayout.min_block_size(kinds) if kinds.state else 16))
         try:
-            layout = KVLayout(self.model.layer_kinds(self.tp), self.block_size, self.activation_tokens)
+            layout = KVLayout(kinds, self.block_size, self.activation_tokens)
         except ValueError as err:
             raise ServelabError(f"runner 'roofline': {self.model.name}: {err}") from None
         object.__setattr__(self, "kv_layout", layout)
@@ -147,4 +152,6 @@ def _rebuild(args: tuple, block_size: int) -> HybridRoofline:
                           block_size=block_size)
 
 
-__all__ = ["HybridRoofline", "window_terms"]
+RUNNER_CLASS = HybridRoofline  # what roofline's factory builds for a hybrid model (roofline.VARIANT_MODULES)
+
+__all__ = ["RUNNER_CLASS", "HybridRoofline", "window_terms"]

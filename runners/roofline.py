@@ -653,6 +653,17 @@ def load_custom_all_reduce() -> CustomAllReduce:
     return CustomAllReduce(**{k: raw[k] for k in CustomAllReduce.__slots__})
 
 
+# Runner classes for models the plain roofline does not price alone, each a subclass in its own file
+# imported by name when a model needs it (as base.RUNNER_MODULES imports runners): hybrid attention.
+VARIANT_MODULES = {"hybrid": "servelab.runners.hybrid"}
+
+
+def _variant(name: str) -> type:
+    import importlib
+
+    return importlib.import_module(VARIANT_MODULES[name]).RUNNER_CLASS
+
+
 def _int_param(key: str, raw: object) -> int:
     try:
         value = int(str(raw))
@@ -718,10 +729,8 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         kv["ep"] = _int_param("ep", params["ep"])
     elif context.get("enable_expert_parallel") and model.is_moe and tp * dp > 1:
         kv["ep"] = tp * dp  # vLLM --enable-expert-parallel: experts over every GPU of the DP x TP group
-    if hybrid:  # sliding-window or state layers: KV and attention per layer group (runners/hybrid.py)
-        from servelab.runners.hybrid import HybridRoofline
-
+    if hybrid:  # sliding-window or state layers: KV and attention per layer group
         if context.get("block_size") is not None:
             kv["block_size"] = int(context["block_size"])
-        return HybridRoofline(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)
+        return _variant("hybrid")(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)
     return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)
