@@ -249,3 +249,34 @@ def test_presets_equal_their_configs_read(tmp_path):
     for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size",
                 "sliding_window", "sliding_layers"):
         assert getattr(g, key) == getattr(pg, key), key
+
+
+# -- the engine's bookkeeping with a hybrid layout -------------------------------------------------
+HYBRID_CASES = {
+    "sarathi, KV pressure": ("sarathi", {}, {"num_gpu_blocks": 400}),
+    "srpt preempting, swap": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400, "preemption": "swap",
+                                                          "swap_space_gb": 0.05}),
+    "orca, reserve": ("orca", {}, {"num_gpu_blocks": 2000, "kv_allocation": "reserve"}),
+    "vllm-v0, small chunks": ("vllm-v0", {}, {"num_gpu_blocks": 400, "max_num_batched_tokens": 256}),
+}
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b"])
+@pytest.mark.parametrize("case", sorted(HYBRID_CASES))
+def test_bookkeeping_adds_up_after_every_event_with_layer_groups(monkeypatch, case, model):
+    """KVManager.check after every event (used == the blocks the running requests hold over their
+    groups) while sliding groups free blocks and state groups hold their slots, under preemption."""
+    import servelab.assembly
+    from helpers_engine import run, synthetic
+    from test_engine_invariants import CheckedEngine
+
+    policy, params, engine = HYBRID_CASES[case]
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    trace = synthetic(n=120, rate=40.0, seed=5)
+    gpu, bs = ("h100-80gb", 16) if model == "gpt-oss-120b" else ("h200", 544)
+    blocks = engine["num_gpu_blocks"] if bs == 16 else engine["num_gpu_blocks"] // 8
+    before = CheckedEngine.events
+    result = run(trace, policy=policy, runner=f"roofline:model={model},gpu={gpu},tp=2", policy_params=params,
+                 **{**engine, "num_gpu_blocks": blocks, "block_size": bs, "enable_prefix_caching": False})
+    assert CheckedEngine.events - before > 300
+    assert set(result.requests.column("status").to_pylist()) <= {"finished", "rejected"}
