@@ -117,7 +117,7 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     layout = getattr(runner, "kv_layout", None)  # a hybrid model's KV layer groups (replay/kv_groups.py)
     if layout is not None and caching:
         raise ServelabError(
-            f"prefix caching with a hybrid-attention model ({runner.name}: {layout.kinds.sliding} sliding-window and "
+            f"prefix caching with a hybrid-attention model ({runner.model.name}: {layout.kinds.sliding} sliding-window and "
             f"{layout.kinds.state} state layers) is not modelled: a hit must hold every group's blocks (a sliding "
             "group's last window, a state group's state at the hit), so turn it off (--no-enable-prefix-caching)")
     swap = engine_cfg.preemption == "swap"

@@ -142,7 +142,7 @@ class HybridRoofline(RooflineRunner):
 
     @classmethod
     def from_describe(cls, d: dict) -> HybridRoofline:
-        base = RooflineRunner.from_describe(d)
+        base = RooflineRunner.from_describe({k: v for k, v in d.items() if k != "kv_layout"})
         return _rebuild(RooflineRunner.__reduce__(base)[1], int(d.get("block_size", 16)))
 
 

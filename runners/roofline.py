@@ -618,6 +618,8 @@ class RooflineRunner(RunnerBase):
     def from_describe(cls, d: dict) -> RooflineRunner:
         """Rebuild the exact runner a run used (run.json keeps ``describe()``), even if presets or the
         packaged calibration have changed since."""
+        if cls is RooflineRunner and "kv_layout" in d:  # a hybrid-attention model's runner
+            return _variant("hybrid").from_describe(d)
         cal = dict(d["calibration"])
         cal["ops"] = {name: OpCalibration(**v) for name, v in cal["ops"].items()}
         cal["prefill_attention"] = OpCalibration(**cal["prefill_attention"])

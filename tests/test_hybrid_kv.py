@@ -280,3 +280,22 @@ def test_bookkeeping_adds_up_after_every_event_with_layer_groups(monkeypatch, ca
                  **{**engine, "num_gpu_blocks": blocks, "block_size": bs, "enable_prefix_caching": False})
     assert CheckedEngine.events - before > 300
     assert set(result.requests.column("status").to_pylist()) <= {"finished", "rejected"}
+
+
+def test_a_hybrid_runner_is_rebuilt_from_its_description():
+    from servelab.runners.roofline import RooflineRunner
+
+    r = make_runner("roofline:model=qwen3-next-80b-a3b,gpu=h200,tp=2")
+    back = RooflineRunner.from_describe(json.loads(json.dumps(r.describe())))
+    assert type(back) is type(r) and back.block_size == r.block_size == 544
+    assert back.kv_layout == r.kv_layout and back.kv_capacity_tokens(0.9) == r.kv_capacity_tokens(0.9)
+    plan = StepPlan(StepShape(prefill_tokens=300, prefill_seqs=1, prefill_context_tokens=300,
+                              prefill_attention_pairs=300 * 301 // 2, decode_seqs=4, decode_context_tokens=9000))
+    assert back.step_time(plan) == r.step_time(plan)
+
+
+def test_nemotron_h_pattern_is_refused_naming_the_field(tmp_path):
+    cfg = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512,
+           "vocab_size": 1000, "hybrid_override_pattern": "M-M*"}
+    with pytest.raises(InputError, match="hybrid_override_pattern"):
+        model_from_hf_config(_config(tmp_path, cfg))
