@@ -96,6 +96,8 @@ class Engine:
             if id(own) not in affines:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
+        if not self.needs_items and any(getattr(r.runner, "prices_items", False) for r in replicas):
+            self.needs_items = True  # a cluster pool's runner prices each request's context (hybrid attention)
         # Components called with (replica, step, end_s) after each applied step, in order: the
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []

@@ -97,7 +97,7 @@ class KVManager:
         """Blocks ``req`` must add to compute ``num_new_tokens`` more tokens (0 if it holds enough)."""
         if self.layout is not None:
             if self.reserve:
-                target = self.layout.peak(req.prompt_tokens + req.max_output_tokens)
+                target = self.blocks_to_finish(req)
             else:
                 target = self.layout.held(req.num_computed_tokens, num_new_tokens)
             extra = target - req.kv_blocks
@@ -111,8 +111,11 @@ class KVManager:
 
     def blocks_to_finish(self, req: Request) -> int:
         """Blocks ``req`` holds at its largest (prompt + max output)."""
-        if self.layout is not None:
-            return self.layout.peak(req.prompt_tokens + req.max_output_tokens)
+        if self.layout is not None:  # (a policy that does not chunk computes the whole prompt in one step)
+            layout = self.layout
+            most = layout.peak(req.prompt_tokens + req.max_output_tokens)
+            whole = layout.held(0, req.prompt_tokens)
+            return most if most > whole else whole
         return blocks_for(req.prompt_tokens + req.max_output_tokens, self.block_size)
 
     def can_ever_fit(self, req: Request) -> bool:

@@ -299,3 +299,16 @@ def test_nemotron_h_pattern_is_refused_naming_the_field(tmp_path):
            "vocab_size": 1000, "hybrid_override_pattern": "M-M*"}
     with pytest.raises(InputError, match="hybrid_override_pattern"):
         model_from_hf_config(_config(tmp_path, cfg))
+
+
+def test_blocks_to_finish_covers_a_whole_prompt_in_one_step_and_the_window_after():
+    from servelab.replay.kv import KVManager
+    from servelab.replay.request import Request
+
+    layout = KVLayout(LayerKinds(full=18, sliding=18, state=0, window=128, token_bytes=1024), 16, 8192)
+    kv = KVManager(100_000, 16, layout=layout)
+    # a 10,000-token prompt computed in one step (a policy that does not chunk): 625 blocks in each group
+    assert kv.blocks_to_finish(Request(0, 0.0, 10_000, 100)) == 625 + 625
+    # a short prompt with a long output: the full group grows, the window stays ceil((127 + 8192) / 16) + 1
+    assert kv.blocks_to_finish(Request(1, 0.0, 100, 20_000)) == 1257 + 521
+    assert kv.can_ever_fit(Request(2, 0.0, 100, 20_000))
