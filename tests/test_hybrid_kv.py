@@ -133,7 +133,7 @@ def test_qwen3_next_capacity_and_one_state_slot_per_sequence_by_hand(tmp_path):
     assert layout.between(0) == 0
 
 
-def test_state_slots_over_a_replay_of_qwen3_next():
+def test_state_slots_over_a_replay_of_qwen3_next(monkeypatch):
     """Every running sequence holds its 3 state blocks and ceil(tokens / 544) full-attention blocks."""
     from conftest import make_trace
     from servelab.api import replay
@@ -141,26 +141,21 @@ def test_state_slots_over_a_replay_of_qwen3_next():
     from servelab.replay.kv import KVManager
 
     seen = []
-    original = KVManager.check
-
-    trace = make_trace([i * 0.05 for i in range(20)], [300 + 97 * i for i in range(20)], [50 + 13 * i for i in range(20)])
-    cfg = ReplayConfig.from_dict({"model": "qwen3-next-80b-a3b", "gpu": "h200", "tp": 2, "block_size": 544,
-                                  "enable_prefix_caching": False})
+    original = KVManager.slide
 
     def slide(self, items):
-        KVManager_slide(self, items)
+        original(self, items)
         for req, _ in items:
             if req.num_computed_tokens:
                 assert req.kv_blocks == -(-req.num_computed_tokens // 544) + 3
                 seen.append(req)
 
-    KVManager_slide = KVManager.slide
-    KVManager.slide = slide
-    try:
-        res = replay(trace, cfg)
-    finally:
-        KVManager.slide = KVManager_slide
-    assert original is KVManager.check and seen
+    monkeypatch.setattr(KVManager, "slide", slide)
+    trace = make_trace([i * 0.05 for i in range(20)], [300 + 97 * i for i in range(20)], [50 + 13 * i for i in range(20)])
+    cfg = ReplayConfig.from_dict({"model": "qwen3-next-80b-a3b", "gpu": "h200", "tp": 2, "block_size": 544,
+                                  "enable_prefix_caching": False})
+    res = replay(trace, cfg)
+    assert len(seen) > 100
     assert res.requests.column("status").to_pylist() == ["finished"] * 20
 
 
