@@ -122,9 +122,12 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
             "group's last window, a state group's state at the hit), so turn it off (--no-enable-prefix-caching)")
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
+    block_bytes = bytes_per_token * engine_cfg.block_size
+    if layout is not None:  # a pool block: one page in each layer of a group, on every GPU of the engine
+        block_bytes = runner.kv_block_bytes
     host_blocks = 0
     if swap and bytes_per_token:
-        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // block_bytes)
     tier_specs = parse_tiers(engine_cfg.kv_tiers)
     if tier_specs and (not caching or runner.needs_block_tables):
         raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
@@ -139,7 +142,7 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
                             purge=frozenset(engine_cfg.purge_tenants)) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
-                       bytes_per_block=bytes_per_token * engine_cfg.block_size,
+                       bytes_per_block=block_bytes,
                        swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
                        overlap_layers=engine_cfg.kv_load_overlap_layers, layout=layout)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)

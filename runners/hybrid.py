@@ -69,6 +69,12 @@ class HybridRoofline(RooflineRunner):
                                   self.logit_seqs, self.non_torch_bytes, self.dp, self.pp)
         return self.kv_layout.pool_blocks(per_gpu) * self.block_size
 
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one pool block over the whole engine (what a swap moves): a page in each of the
+        group size's layers on every GPU (MLA's latent is copied on every GPU, counted once)."""
+        return self.kv_layout.block_bytes * (1 if self.model.is_mla else self.tp)
+
     # --- pricing -------------------------------------------------------------------------------
     def decode_affine(self, num_seqs: int):
         return None  # a sliding window's reads are not linear in the batch's total context

@@ -307,3 +307,16 @@ def test_blocks_to_finish_covers_a_whole_prompt_in_one_step_and_the_window_after
     # a short prompt with a long output: the full group grows, the window stays ceil((127 + 8192) / 16) + 1
     assert kv.blocks_to_finish(Request(1, 0.0, 100, 20_000)) == 1257 + 521
     assert kv.can_ever_fit(Request(2, 0.0, 100, 20_000))
+
+
+def test_a_swap_moves_a_pool_blocks_bytes():
+    """Swapping with layer groups: a pool block is a page in each of group_size layers on every GPU."""
+    from servelab.assembly import build_replicas
+    from servelab.replay.config import ReplayConfig
+
+    r = make_runner("roofline:model=gemma-3-27b,gpu=h100-80gb,tp=2", block_size=16)
+    assert r.kv_block_bytes == 65_536 * 10 * 2
+    cfg = ReplayConfig.from_dict({"model": "gemma-3-27b", "tp": 2, "enable_prefix_caching": False,
+                                  "preemption": "swap", "swap_space_gb": 1.0})
+    kv = build_replicas(cfg, r, 1000)[0].kv
+    assert kv.bytes_per_block == 1_310_720 and kv.host_total == int(1e9 // 1_310_720)
