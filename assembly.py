@@ -125,11 +125,20 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         if context is not None:
             engine_cfg = replace(engine_cfg, max_model_len=context)
     caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
+    layout = getattr(runner, "kv_layout", None)  # a hybrid model's KV layer groups (replay/kv_groups.py)
+    if layout is not None and caching:
+        raise ServelabError(
+            f"prefix caching with a hybrid-attention model ({runner.model.name}: {layout.kinds.sliding} sliding-window and "
+            f"{layout.kinds.state} state layers) is not modelled: a hit must hold every group's blocks (a sliding "
+            "group's last window, a state group's state at the hit), so turn it off (--no-enable-prefix-caching)")
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
+    block_bytes = bytes_per_token * engine_cfg.block_size
+    if layout is not None:  # a pool block: one page in each layer of a group, on every GPU of the engine
+        block_bytes = runner.kv_block_bytes
     host_blocks = 0
     if swap and bytes_per_token:
-        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // block_bytes)
     tier_specs = parse_tiers(engine_cfg.kv_tiers)
     if tier_specs and (not caching or runner.needs_block_tables):
         raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
@@ -144,9 +153,9 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
                             purge=frozenset(engine_cfg.purge_tenants)) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
-                       bytes_per_block=bytes_per_token * engine_cfg.block_size,
+                       bytes_per_block=block_bytes,
                        swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
-                       overlap_layers=engine_cfg.kv_load_overlap_layers)
+                       overlap_layers=engine_cfg.kv_load_overlap_layers, layout=layout)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
         replicas.append(Replica(rid, engine_cfg, kv, policy))
     return replicas
@@ -339,6 +348,9 @@ class BuiltCluster:
         prefill, decode = self.pools[0], next(p for p in self.pools if p.spec.role == "decode")
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
+        if any(getattr(p.runner, "kv_layout", None) is not None for p in (prefill, decode)):
+            raise ServelabError(f"cluster: disaggregated prefill/decode with a hybrid-attention model ({prefill.runner.name}: "
+                                "sliding-window or state layers) is not modelled: its KV moves per layer group")
         if not bytes_per_token:
             raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")

@@ -74,7 +74,8 @@ class Engine:
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
         self.tokens = TokenLog() if token_log else None
-        self.needs_items = runner.needs_block_tables
+        # (a runner that prices each request's context, not only the batch's counts: a hybrid layout's)
+        self.needs_items = runner.needs_block_tables or getattr(runner, "prices_items", False)
         self.heap: list[tuple] = []
         self.seq = 0
         self.admissions = 0
@@ -96,6 +97,8 @@ class Engine:
             if id(own) not in affines:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
+        if not self.needs_items and any(getattr(r.runner, "prices_items", False) for r in replicas):
+            self.needs_items = True  # a cluster pool's runner prices each request's context (hybrid attention)
         # Components called with (replica, step, end_s) after each applied step, in order: the
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
@@ -477,6 +480,8 @@ class Engine:
                     produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
                 else:  # decodes advance by their accepted drafts too
                     produced, done = self.spec.apply(items, batch.summary, end_s, self.tokens, replica.kv.register)
+                if replica.kv.layout is not None:  # sliding-window groups free what left the window
+                    replica.kv.slide(items)
             else:  # a decode stretch: every item produced j tokens
                 produced, done = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
             replica.outstanding_tokens -= produced
