@@ -24,6 +24,7 @@ from servelab.replay.abort import Aborts, check_supported, client_timeouts
 from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
 from servelab.replay.engine import Engine
 from servelab.replay.kv import KVManager
+from servelab.replay.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
 from servelab.replay.platform import Platform
 from servelab.replay.prefix_cache import PrefixCache
 from servelab.replay.protocols import Runner
@@ -77,6 +78,8 @@ def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
             "set num_gpu_blocks (--num-gpu-blocks)"
         )
     tokens = capacity(engine.gpu_memory_utilization)
+    if engine.max_loras:  # the adapter slots' GPU memory comes out of the KV cache (replay/lora.py)
+        tokens -= reserved_tokens(engine, runner, kv_bytes_per_token(engine, runner))
     blocks = tokens // engine.block_size
     if blocks < 1:
         raise ServelabError(f"no room for KV cache: the model does not fit the GPU memory ({runner.describe()})")
@@ -137,7 +140,9 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
                        swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
                        overlap_layers=engine_cfg.kv_load_overlap_layers)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
-        replicas.append(Replica(rid, engine_cfg, kv, policy))
+        replica = Replica(rid, engine_cfg, kv, policy)
+        replica.lora = make_slots(engine_cfg, runner)
+        replicas.append(replica)
     return replicas
 
 
@@ -183,6 +188,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
         engine_cfg = replace(engine_cfg, fail=config.engine.fail)
     requests, followers = requests_from_table(trace)
+    if "lora_adapter" in trace.column_names:
+        check_trace_adapters([r.lora_adapter for r in requests], engine_cfg)
     reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
     platform = None
     if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
@@ -246,6 +253,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         "platform": platform_meta(engine),
         **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
+        **({"lora": lora_meta(cluster.replicas)} if engine_cfg.max_loras else {}),
         "config": config.to_dict(),
     }
     if cluster_meta is not None:
@@ -312,6 +320,9 @@ class BuiltCluster:
         if not self.spec.disaggregated:
             return None
         prefill, decode = self.pools[0], next(p for p in self.pools if p.spec.role == "decode")
+        if any(p.config.engine.max_loras for p in self.pools):
+            raise ServelabError("cluster: LoRA adapters (max_loras) are not modelled with disaggregated prefill and "
+                                "decode (a handed-off request would join its decode replica's batch past the adapter cap)")
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
         if not bytes_per_token:

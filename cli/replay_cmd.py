@@ -42,8 +42,8 @@ _ENGINE_HELP = {
     "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
     "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
     "replicas": "Identical engine replicas behind the router.",
-    "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware) "
-              "or session (sticky); `servelab routers` lists them.",
+    "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware), "
+              "lora-affinity (adapter-aware) or session (sticky); `servelab routers` lists them.",
     "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
     "seed": "Seed for every random choice (predictors, retries).",
     "quota": "Quota, repeatable: tenant=NAME:rpm=60,tpm=40000,concurrency=8 or tier=NAME:tpm=... (NAME may be *).",
@@ -59,6 +59,12 @@ _ENGINE_HELP = {
     "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
     "client_timeout_s": "Client timeout in seconds for requests without a trace timeout_s: the client abandons "
                         "the request then ('aborted', its KV freed).",
+    "max_loras": "LoRA adapter slots per replica = most distinct adapters in one batch (vLLM --max-loras); 0: LoRA off.",
+    "max_cpu_loras": "LoRA adapters cached in host memory per replica (vLLM --max-cpu-loras; default: max_loras).",
+    "lora_rank": "Rank of every LoRA adapter not named in lora_ranks.",
+    "lora_ranks": "An adapter's own rank, repeatable: NAME=RANK.",
+    "lora_host_gbps": "Host -> GPU bandwidth loading a LoRA adapter cached in host memory, GB/s.",
+    "lora_disk_gbps": "Disk -> host bandwidth loading a LoRA adapter not cached, GB/s.",
 }
 
 

@@ -115,7 +115,7 @@ class Engine:
         # requests keep every request's counters current.
         if not self.needs_items and (self.platform is None or not self.platform.walks_running):
             for replica in replicas:
-                if replica.policy.decode_cohort:
+                if replica.policy.decode_cohort and replica.lora is None:  # (LoRA prices each batch's adapters)
                     policy = replica.policy
                     replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
                                                   policy.cohort_left, self.tokens, policy.cohort_may_join)
@@ -320,11 +320,17 @@ class Engine:
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
         all_decode = not batch.preempt and not prefill_reqs
         affine = replica.decode_affine(decode_reqs) if all_decode and items is None else None
+        if replica.lora is not None:  # the adapters' shrink/expand kernels, the same in every iteration of a stretch
+            lora_s = replica.runner.lora_step_s(*replica.lora.batch_work(batch.items))
+            if affine is not None:
+                affine = (affine[0] + lora_s, affine[1])
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             compute = affine[0] + affine[1] * decode_ctx
         else:
             shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
             compute = replica.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
+            if replica.lora is not None:
+                compute += lora_s
         if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
             swap_s += kv.overlap_extra(compute)
         duration = compute + swap_s
@@ -419,6 +425,8 @@ class Engine:
             load_s = replica.kv.claim(req, hit)
             req.num_computed_tokens = hit.tokens
             req.num_cached_tokens += hit.tokens
+        if req.lora_adapter is not None and replica.lora is not None:  # its adapter into a GPU slot, if not there
+            load_s += replica.lora.activate(req.lora_adapter, replica.running)
         if req.swapped:  # bring the KV back from host memory
             return load_s + replica.kv.swap_in(req)
         return load_s

@@ -74,6 +74,9 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
             col("tenant", "default"), col("tier", "standard"), col("session_id"), col("think_s"),
             col("ttft_slo_s"), col("tpot_slo_s"), col("prefix_hashes"), rows,
         ))
+        if "lora_adapter" in names:  # (set apart: a trace without adapters pays nothing)
+            for req, adapter in zip(requests[index:], col("lora_adapter")):
+                req.lora_adapter = adapter
         index += n
     followers: dict[int, Request] = {}
     last_in_session: dict[int, Request] = {}

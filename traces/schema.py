@@ -52,6 +52,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("tpot_slo_s", pa.float64(), False, "per-request TPOT SLO override"),
     Column("model", _DICT_STRING, False, "model name"),
     Column("timeout_s", pa.float64(), False, "client timeout: the client abandons the request this long after it arrives"),
+    Column("lora_adapter", _DICT_STRING, False, "LoRA adapter the request runs with (null: the base model)"),
 )
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
 REQUIRED = tuple(c.name for c in COLUMNS if c.required)
