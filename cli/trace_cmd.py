@@ -194,6 +194,11 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
               help="Requests cycle through a pool of K prompts (request i sends prompt i mod K); 0: no pool.")
 @click.option("--prefix-block-tokens", type=int, default=None, help="Add prefix_hashes with this block size.")
 @click.option("--model", default=None, help="Model name to store in the model column.")
+@click.option("--lora-adapters", type=int, default=None,
+              help="Assign N LoRA adapters (lora-0..) to the requests, Zipf popularity (per session).")
+@click.option("--lora-zipf", type=float, default=1.0, show_default=True, help="With --lora-adapters: weight 1/rank^s.")
+@click.option("--lora-base-fraction", type=float, default=0.0, show_default=True,
+              help="With --lora-adapters: share of requests on the base model (no adapter).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
     """Generate a seeded synthetic trace."""
@@ -227,7 +232,13 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
     )
     with _status("generating"):
         table = generate(config)
-        write_trace(table, out, config.source, config.prefix_block_tokens)
+        if kw["lora_adapters"] is not None:
+            from servelab.traces.transforms import lora_adapters
+
+            table = lora_adapters(table, kw["lora_adapters"], kw["lora_zipf"], kw["lora_base_fraction"], kw["seed"])
+            source = f"{config.source} | {kw['lora_adapters']} LoRA adapters zipf {kw['lora_zipf']:g}"
+        write_trace(table, out, source if kw["lora_adapters"] is not None else config.source,
+                    config.prefix_block_tokens)
     click.echo(f"{out}: {table.num_rows} requests ({config.source})")
 
 
@@ -271,9 +282,14 @@ def _deprecated(value, old: str, new: str):
 @click.option("--tier-by-tenant", default=None, help="Set tiers from tenants: 'tenantA=priority,tenantB=flex'.")
 @click.option("--tier-default", default=None, help="With --tier-by-tenant: tier of unlisted tenants.")
 @click.option("--tier-fractions", default=None, help="Random tiers: 'priority=0.1,standard=0.6,flex=0.3'.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample and --tier-fractions.")
+@click.option("--lora-adapters", type=int, default=None,
+              help="Assign N LoRA adapters (lora-0..) to the requests, Zipf popularity (per session).")
+@click.option("--lora-zipf", type=float, default=1.0, show_default=True, help="With --lora-adapters: weight 1/rank^s.")
+@click.option("--lora-base-fraction", type=float, default=0.0, show_default=True,
+              help="With --lora-adapters: share of requests on the base model (no adapter).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample, --tier-fractions, --lora-adapters.")
 def transform_cmd(src: Path, out: Path, **kw) -> None:
-    """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers."""
+    """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers, LoRA adapters."""
     from servelab.traces import transforms
     from servelab.traces.io import read_trace, trace_metadata, write_trace
     from servelab.traces.synth import parse_fractions
@@ -312,8 +328,12 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
     if kw["tier_fractions"]:
         table = transforms.tier_by_fraction(table, parse_fractions(kw["tier_fractions"], "--tier-fractions"), kw["seed"])
         steps.append(f"tier fractions seed {kw['seed']}")
+    if kw["lora_adapters"] is not None:
+        table = transforms.lora_adapters(table, kw["lora_adapters"], kw["lora_zipf"], kw["lora_base_fraction"], kw["seed"])
+        steps.append(f"{kw['lora_adapters']} LoRA adapters zipf {kw['lora_zipf']:g} seed {kw['seed']}")
     if not steps:
-        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*")
+        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*, "
+                            "--lora-adapters")
     meta = trace_metadata(table)
     source = f"{meta.get('source', src.name)} | {'; '.join(steps)}"
     write_trace(table, out, source)

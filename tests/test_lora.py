@@ -158,3 +158,45 @@ def test_lora_affinity_sends_requests_where_their_adapter_is_resident():
         meta = result.meta["lora"]
         loads[router] = meta["loads_from_disk"] + meta["loads_from_host"]
     assert loads["lora-affinity"] < loads["least-outstanding"]
+
+
+def test_adapters_are_assigned_with_zipf_popularity_per_session():
+    from servelab.traces.synth import synth_trace
+    from servelab.traces.transforms import lora_adapters
+
+    trace = synth_trace(n=6000, rate=10.0, seed=1)
+    names = lora_adapters(trace, 4, zipf_s=1.0, seed=2).column("lora_adapter").to_pylist()
+    counts = [names.count(f"lora-{k}") for k in range(4)]
+    share = [c / len(names) for c in counts]
+    harmonic = 1 + 1 / 2 + 1 / 3 + 1 / 4
+    assert share == pytest.approx([1 / harmonic / (k + 1) for k in range(4)], abs=0.02)
+    assert lora_adapters(trace, 4, zipf_s=1.0, seed=2).equals(lora_adapters(trace, 4, zipf_s=1.0, seed=2))
+    base = lora_adapters(trace, 4, base_fraction=0.25, seed=2).column("lora_adapter").null_count / trace.num_rows
+    assert base == pytest.approx(0.25, abs=0.02)
+    sessions = synth_trace(n=600, rate=10.0, seed=1, turns=4, think_s=1.0)
+    table = lora_adapters(sessions, 8, seed=3)
+    by_session = {}
+    for sid, name in zip(table.column("session_id").to_pylist(), table.column("lora_adapter").to_pylist()):
+        by_session.setdefault(sid, set()).add(name)
+    assert all(len(v) == 1 for v in by_session.values())  # a conversation keeps its adapter
+    with pytest.raises(ServelabError, match="count must be >= 1"):
+        lora_adapters(trace, 0)
+
+
+def test_the_cli_synthesises_adapters_and_replays_them(tmp_path):
+    from click.testing import CliRunner
+
+    from servelab.cli.main import cli
+
+    runner_ = CliRunner()
+    path = tmp_path / "t.parquet"
+    done = runner_.invoke(cli, ["trace", "synth", "-o", str(path), "-n", "80", "--rate", "20", "--lora-adapters", "6"])
+    assert done.exit_code == 0, done.output
+    out = tmp_path / "run"
+    done = runner_.invoke(cli, ["replay", str(path), "-o", str(out), "--model", MODEL, "--gpu", GPU,
+                                "--max-loras", "2", "--router", "lora-affinity", "--replicas", "2"])
+    assert done.exit_code == 0, done.output
+    import json
+
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["lora"]["loads_from_disk"] >= 6 and meta["engine"]["max_loras"] == 2
