@@ -23,6 +23,7 @@ from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
 from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
 from servelab.replay.engine import Engine
+from servelab.replay.encoder import MM_COLUMNS, EncoderStage, encoder_meta
 from servelab.replay.kv import KVManager
 from servelab.replay.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
 from servelab.replay.platform import Platform
@@ -45,6 +46,7 @@ from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_S
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
+from servelab.runners.encoders import EncoderPricer
 
 
 def build_runner(config: ReplayConfig) -> Runner:
@@ -142,8 +144,33 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
         replica = Replica(rid, engine_cfg, kv, policy)
         replica.lora = make_slots(engine_cfg, runner)
+        replica.encoder = encoder_stage(engine_cfg, runner)
         replicas.append(replica)
     return replicas
+
+
+def encoder_stage(engine: EngineConfig, runner: Runner) -> EncoderStage | None:
+    """A replica's multimodal encoder (replay/encoder.py), priced on its runner's GPU; None when no
+    encoder is named."""
+    if engine.vision_encoder is None and engine.audio_encoder is None:
+        return None
+    cache = engine.encoder_cache_tokens if engine.encoder_cache_tokens is not None else engine.max_num_batched_tokens
+    return EncoderStage(EncoderPricer(runner, engine.vision_encoder, engine.audio_encoder), cache)
+
+
+def check_encoders(requests, engine: EngineConfig) -> None:
+    """Every modality the trace holds needs its encoder: images and video the vision one, audio the audio one."""
+    for req in requests:
+        mm = req.mm
+        if mm is None:
+            continue
+        if (mm.images or mm.image_tokens or mm.video_tokens) and engine.vision_encoder is None:
+            raise ServelabError(f"trace row {req.index + 1}: request {req.request_id} has images or video "
+                                "(columns images/image_tokens/video_tokens) but no encoder prices them: "
+                                "set vision_encoder (--vision-encoder qwen2.5-vl-vit)")
+        if mm.audio_tokens and engine.audio_encoder is None:
+            raise ServelabError(f"trace row {req.index + 1}: request {req.request_id} has audio (column audio_tokens) "
+                                "but no encoder prices it: set audio_encoder (--audio-encoder whisper-large-v3-encoder)")
 
 
 def trace_block_tokens(trace: pa.Table) -> int | None:
@@ -190,6 +217,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     requests, followers = requests_from_table(trace)
     if "lora_adapter" in trace.column_names:
         check_trace_adapters([r.lora_adapter for r in requests], engine_cfg)
+    if any(name in trace.column_names for name in MM_COLUMNS):
+        check_encoders(requests, engine_cfg)
     reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
     platform = None
     if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
@@ -254,6 +283,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
         **({"lora": lora_meta(cluster.replicas)} if engine_cfg.max_loras else {}),
+        **({"encoder": encoder_meta(cluster.replicas)}
+           if engine_cfg.vision_encoder is not None or engine_cfg.audio_encoder is not None else {}),
         "config": config.to_dict(),
     }
     if cluster_meta is not None:

@@ -65,6 +65,9 @@ _ENGINE_HELP = {
     "lora_ranks": "An adapter's own rank, repeatable: NAME=RANK.",
     "lora_host_gbps": "Host -> GPU bandwidth loading a LoRA adapter cached in host memory, GB/s.",
     "lora_disk_gbps": "Disk -> host bandwidth loading a LoRA adapter not cached, GB/s.",
+    "vision_encoder": "Encoder preset pricing images and video (qwen2.5-vl-vit, siglip-so400m); none: multimodal off.",
+    "audio_encoder": "Encoder preset pricing audio (whisper-large-v3-encoder).",
+    "encoder_cache_tokens": "Embedding tokens the encoder cache holds per replica (default: max_num_batched_tokens).",
 }
 
 

@@ -427,6 +427,8 @@ class Engine:
             req.num_cached_tokens += hit.tokens
         if req.lora_adapter is not None and replica.lora is not None:  # its adapter into a GPU slot, if not there
             load_s += replica.lora.activate(req.lora_adapter, replica.running)
+        if req.mm is not None and replica.encoder is not None:  # its images, video, audio through the encoder
+            load_s += replica.encoder.admit(req)
         if req.swapped:  # bring the KV back from host memory
             return load_s + replica.kv.swap_in(req)
         return load_s

@@ -79,6 +79,10 @@ class EngineConfig:
     lora_ranks: tuple[str, ...] = ()  # "NAME=RANK": an adapter's own rank
     lora_host_gbps: float = 25.0  # host -> GPU copy of an adapter cached in host memory, GB/s
     lora_disk_gbps: float = 2.0  # disk -> host read of an adapter not cached, GB/s
+    # -- multimodal (replay/encoder.py): off while no encoder is named ---------------------------
+    vision_encoder: str | None = None  # encoder preset for images and video (runners/encoders.py), e.g. qwen2.5-vl-vit
+    audio_encoder: str | None = None  # encoder preset for audio, e.g. whisper-large-v3-encoder
+    encoder_cache_tokens: int | None = None  # embeddings the encoder cache holds, tokens (None: max_num_batched_tokens)
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -141,6 +145,8 @@ class EngineConfig:
         if not (self.lora_host_gbps > 0 and self.lora_disk_gbps > 0):
             raise ServelabError("lora_host_gbps and lora_disk_gbps must be > 0")
         parse_ranks(self.lora_ranks)
+        if self.encoder_cache_tokens is not None and self.encoder_cache_tokens < 0:
+            raise ServelabError(f"encoder_cache_tokens must be >= 0, got {self.encoder_cache_tokens}")
 
     @property
     def has_front_door(self) -> bool:
