@@ -22,7 +22,8 @@ from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
 from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
-from servelab.replay.engine import Engine
+from servelab.replay.engine import ENTRY, Engine
+from servelab.replay.encode_pool import ENCODE_SCHEMA, EncodePool
 from servelab.replay.encoder import MM_COLUMNS, EncoderStage, encoder_meta
 from servelab.replay.kv import KVManager
 from servelab.replay.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
@@ -218,7 +219,9 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if "lora_adapter" in trace.column_names:
         check_trace_adapters([r.lora_adapter for r in requests], engine_cfg)
     if any(name in trace.column_names for name in MM_COLUMNS):
-        check_encoders(requests, engine_cfg)
+        encode_spec = cluster.spec.encode
+        check_encoders(requests, engine_cfg if encode_spec is None else
+                       next(p for p in cluster.pools if p.spec is encode_spec).config.engine)
     reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
     platform = None
     if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
@@ -226,8 +229,11 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
                     platform=platform)
     disagg = cluster.disaggregate(engine)
+    encode = cluster.encode_pool(engine)
     scalers = cluster.autoscale(engine, disagg)
     timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
+    if timeouts and encode is not None:
+        raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with an encode pool yet")
     if timeouts:
         check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
         engine.aborts = Aborts(engine, timeouts)
@@ -246,6 +252,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if engine_cfg.kv_tiers:
         extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
+    if encode is not None:
+        extra += schema_columns(ENCODE_SCHEMA, encode.columns(len(requests)))
     if handoffs is not None:
         extra += schema_columns(DISAGG_SCHEMA, handoffs)
     fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
@@ -262,6 +270,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
             schema = PD_INSTANCE_SCHEMA
         extra += schema_columns(schema, columns)
     cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
+    if encode is not None:
+        cluster_meta["encode"] = encode.meta()
     _release_requests(engine)
     requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
     for f, column in extra:
@@ -361,6 +371,24 @@ class BuiltCluster:
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
                               link.bandwidth_gbps, link.latency_s, link.stream_layers)
+
+    def encode_pool(self, engine: Engine) -> EncodePool | None:
+        """The encode pool's stage before the arrivals' pool (replay/encode_pool.py), or None without one."""
+        spec = self.spec.encode
+        if spec is None:
+            return None
+        pool = next(p for p in self.pools if p.spec is spec)
+        if pool.replicas[0].encoder is None:
+            raise ServelabError(f"cluster pool '{spec.name}': an encode pool needs an encoder "
+                                "(vision_encoder or audio_encoder, in the pool or at the top level)")
+        model = getattr(self.pools[0].runner, "model", None)
+        if model is None or not hasattr(model, "hidden_size"):
+            raise ServelabError(f"cluster: the embeddings an encode pool sends are sized by the language model's hidden "
+                                f"size: runner '{self.pools[0].runner.name}' of pool '{self.pools[0].spec.name}' knows no model")
+        if not self.spec.disaggregated:  # (a prefill pool was published by the handoff)
+            engine.publish(ENTRY, list(self.pools[0].replicas))
+        link = self.spec.encode_link()
+        return EncodePool(engine, pool.replicas, model.hidden_size * model.dtype_bytes, link.bandwidth_gbps, link.latency_s)
 
     def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
         """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);

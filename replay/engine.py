@@ -99,6 +99,7 @@ class Engine:
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
+        self.encode = None  # a cluster's encode pool (replay/encode_pool.py): multimodal arrivals go there first
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -225,6 +226,9 @@ class Engine:
     def _arrive(self, req: Request, now: float) -> None:
         # arrival_s is already the arrival (trace, closed-loop turn, or the original one of a retry)
         if self.platform is not None and not self.platform.arrive(req, now):
+            return
+        if req.mm is not None and self.encode is not None:  # encoded first, routed when its embeddings land
+            self.encode.arrive(req, now)
             return
         self._route(req, now)
 

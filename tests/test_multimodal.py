@@ -135,3 +135,57 @@ def test_the_cli_replays_a_multimodal_trace(tmp_path):
     assert done.exit_code == 0, done.output
     meta = json.loads((out / "run.json").read_text())
     assert meta["encoder"]["items_encoded"] == 2 and meta["encoder"]["cache_hits"] == 1
+
+
+def encode_cluster(encode_replicas: int = 1, bandwidth_gbps: float = 10.0, latency_s: float = 0.001, **top):
+    from servelab.replay.cluster import ClusterConfig
+
+    cluster = ClusterConfig.from_dict({
+        "pools": [{"name": "llm", "role": "mixed"},
+                  {"name": "enc", "role": "encode", "replicas": encode_replicas, "vision_encoder": "qwen2.5-vl-vit"}],
+        "links": [{"from": "enc", "to": "llm", "bandwidth_gbps": bandwidth_gbps, "latency_s": latency_s}]})
+    engine = dict(num_gpu_blocks=20_000, **top)
+    return ReplayConfig(engine=EngineConfig(**engine), model=MODEL, gpu=GPU, cluster=cluster)
+
+
+def test_an_encode_pool_encodes_first_then_the_embeddings_cross_the_link_then_the_prefill():
+    r = runner()
+    trace = mm_trace([0, 100], [1500, 1500], [4, 4], images=[1, 0], image_tokens=[1024, 0])
+    result = replay(trace, encode_cluster(), runner=r)
+    encode = EncoderPricer(r, "qwen2.5-vl-vit", None)("image", 1024)
+    transfer = 0.001 + 1024 * 3584 * 2 / 10e9  # Qwen2.5-7B's hidden size, bf16 embeddings
+    ttft = column(result, "ttft_s")
+    assert ttft[0] == pytest.approx(encode + transfer + prefill_s(r, 1500), rel=1e-12)  # no second encode
+    assert ttft[1] == pytest.approx(prefill_s(r, 1500), rel=1e-12)  # text only: straight to the LLM pool
+    assert column(result, "encode_replica") == [1, None] and column(result, "replica") == [0, 0]
+    assert column(result, "encode_s") == [pytest.approx(encode), None]
+    assert column(result, "embedding_transfer_s") == [pytest.approx(transfer), None]
+    assert result.meta["cluster"]["encode"]["requests"] == 1
+
+
+def test_an_encode_replica_takes_one_request_at_a_time_and_the_pool_spreads_them():
+    r = runner()
+    trace = mm_trace([0, 0], [1500, 1500], [4, 4], hashes=[[1], [2]], images=[1, 1], image_tokens=[1024, 1024])
+    encode = EncoderPricer(r, "qwen2.5-vl-vit", None)("image", 1024)
+    one = replay(trace, encode_cluster(1), runner=r)
+    assert column(one, "encode_wait_s") == [0.0, pytest.approx(encode)]  # the second waits for the first
+    two = replay(trace, encode_cluster(2), runner=r)
+    assert column(two, "encode_wait_s") == [0.0, 0.0] and column(two, "encode_replica") == [1, 2]
+
+
+def test_encode_pool_configs_are_checked():
+    from servelab.replay.cluster import ClusterConfig
+
+    pools = [{"name": "llm", "role": "mixed"}, {"name": "enc", "role": "encode"}]
+    with pytest.raises(ServelabError, match="no link from encode pool 'enc'"):
+        ClusterConfig.from_dict({"pools": pools})
+    with pytest.raises(ServelabError, match="at most one encode pool"):
+        ClusterConfig.from_dict({"pools": pools + [{"name": "enc2", "role": "encode"}]})
+    with pytest.raises(ServelabError, match="nothing flows into an encode pool"):
+        ClusterConfig.from_dict({"pools": pools, "links": [{"from": "enc", "to": "llm"}, {"from": "llm", "to": "enc"}]})
+    cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000), model=MODEL, gpu=GPU,
+                       cluster=ClusterConfig.from_dict({"pools": pools, "links": [{"from": "enc", "to": "llm"}]}))
+    with pytest.raises(ServelabError, match="vision_encoder"):
+        replay(mm_trace([0], [1500], [4], images=[1], image_tokens=[1024]), cfg, runner=runner())
+    with pytest.raises(ServelabError, match="an encode pool needs an encoder"):
+        replay(mm_trace([0], [1500], [4]), cfg, runner=runner())
