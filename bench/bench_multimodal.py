@@ -1,7 +1,8 @@
 """What multimodal requests' encoder stage does to step time and a replay (roofline, Qwen2.5-7B on one
 H100-80GB with Qwen2.5-VL's ViT): one item's encoder time by preset and size, and a replay where half
 the requests carry an image drawn from a Zipf-popular pool, under encoder caches of several sizes
-(docs/engine.md "Multimodal requests").
+(docs/engine.md "Multimodal requests"), and the same trace at 24 req/s with the encoder in the LLM
+replicas' steps or on an encode pool (docs/cluster.md "Encode pools").
 
     .venv/bin/python bench/bench_multimodal.py
 
@@ -38,8 +39,8 @@ def encoder_table(runner) -> None:
             print(f"| {name} | {tokens:,} | {flops / 1e12:.2f} | {price(kind, tokens) * 1e3:.2f} | {prefill * 1e3:.2f} |")
 
 
-def mm_trace(seed: int = 11) -> tuple[pa.Table, pa.Table]:
-    base = synth_trace(n=2000, rate=6.0, prompt="lognormal:600:0.8", output="lognormal:150:0.8", seed=seed)
+def mm_trace(seed: int = 11, rate: float = 6.0) -> tuple[pa.Table, pa.Table]:
+    base = synth_trace(n=2000, rate=rate, prompt="lognormal:600:0.8", output="lognormal:150:0.8", seed=seed)
     rng = np.random.default_rng(seed)
     n = base.num_rows
     has = rng.random(n) < 0.5
@@ -74,11 +75,36 @@ def replay_table(runner) -> None:
               f"{ttft.mean() * 1e3:.1f} | {np.percentile(ttft, 99) * 1e3:.1f} | {tpot.mean() * 1e3:.2f} |")
 
 
+def cluster_table(runner) -> None:
+    from servelab.replay.cluster import ClusterConfig
+
+    _, mm = mm_trace(rate=24.0)
+    print("| topology (GPUs) | mean TTFT (ms) | p99 TTFT (ms) | mean TPOT (ms) | p99 TPOT (ms) | mean encode wait (ms) |")
+    print("|---|---|---|---|---|---|")
+    enc = {"vision_encoder": "qwen2.5-vl-vit", "encoder_cache_tokens": 0}
+    cases = [("2 mixed, encoder in the admitting step (2)", {"replicas": 2, "router": "least-outstanding", **enc}, None),
+             ("3 mixed, encoder in the admitting step (3)", {"replicas": 3, "router": "least-outstanding", **enc}, None),
+             ("2 mixed + 1 encode, 25 GB/s link (3)", {"router": "least-outstanding"}, ClusterConfig.from_dict({
+                 "pools": [{"name": "llm", "role": "mixed", "replicas": 2},
+                           {"name": "enc", "role": "encode", **enc}],
+                 "links": [{"from": "enc", "to": "llm", "bandwidth_gbps": 25.0, "latency_s": 0.0005}]}))]
+    for label, engine, cluster in cases:
+        r = replay(mm, ReplayConfig(engine=EngineConfig(**engine), model=MODEL, gpu=GPU, cluster=cluster),
+                   runner=runner)
+        ttft = np.array(r.requests.column("ttft_s").to_pylist(), dtype=float)
+        tpot = np.array([v for v in r.requests.column("tpot_s").to_pylist() if v is not None], dtype=float)
+        wait = r.meta.get("cluster", {}).get("encode", {}).get("mean_wait_s")
+        print(f"| {label} | {ttft.mean() * 1e3:.1f} | {np.percentile(ttft, 99) * 1e3:.1f} | {tpot.mean() * 1e3:.2f} | "
+              f"{np.percentile(tpot, 99) * 1e3:.2f} | {'-' if wait is None else f'{wait * 1e3:.2f}'} |")
+
+
 def main() -> None:
     runner = make_runner("roofline", model=MODEL, gpu=GPU)
     encoder_table(runner)
     print()
     replay_table(runner)
+    print()
+    cluster_table(runner)
 
 
 if __name__ == "__main__":
