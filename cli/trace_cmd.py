@@ -98,7 +98,7 @@ _FORMAT_OPTIONS = {
     "mooncake": {"block_tokens", "tenant_from_file"},
     "lengths": {"seed", "limit", "shuffle", "tenant_from_file", "arrival", "rate", "cv", "profile", "schedule",
                 "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
-    "servegen": {"seed", "start", "duration", "clients", "skip_missing"},
+    "servegen": {"seed", "start", "duration", "clients", "skip_missing", "modalities"},
 }
 _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 
@@ -121,6 +121,8 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
 @click.option("--skip-missing/--no-skip-missing", default=False,
               help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
+@click.option("--modalities/--no-modalities", default=False,
+              help="servegen: also write image_tokens, audio_tokens, video_tokens columns (a replay with an encoder).")
 @_arrival_options
 @click.option("--shared-prefix-tokens", type=int, default=None,
               help="Every request starts with a shared prefix of N tokens (per group): sharing the source does not record.")
@@ -152,7 +154,8 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
         if name in allowed:
             options[name] = kw[name]
     if fmt == "servegen":
-        options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"])
+        options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"],
+                       modalities=kw["modalities"])
         if kw["clients"]:
             options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
     with _status(f"importing {len(sources)} {fmt} source(s)"):

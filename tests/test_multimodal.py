@@ -189,3 +189,23 @@ def test_encode_pool_configs_are_checked():
         replay(mm_trace([0], [1500], [4], images=[1], image_tokens=[1024]), cfg, runner=runner())
     with pytest.raises(ServelabError, match="an encode pool needs an encoder"):
         replay(mm_trace([0], [1500], [4]), cfg, runner=runner())
+
+
+def test_servegen_can_keep_each_modalitys_tokens_with_the_same_draws():
+    from pathlib import Path
+
+    from servelab.traces.importers import import_trace
+
+    folder = Path(__file__).parent / "fixtures" / "traces" / "servegen" / "mm-image"
+    plain = import_trace("servegen", [folder], start_s=0, duration_s=86400, seed=2).table
+    mm = import_trace("servegen", [folder], start_s=0, duration_s=86400, seed=2, modalities=True).table
+    assert mm.select(plain.column_names).equals(plain)  # the same requests, lengths and prompts
+    assert {"image_tokens"} <= set(mm.column_names) - set(plain.column_names)
+    prompt = mm.column("prompt_tokens").to_pylist()
+    parts = [sum(v) for v in zip(*(mm.column(c).to_pylist() for c in ("image_tokens", "audio_tokens",
+                                                                        "video_tokens") if c in mm.column_names))]
+    assert all(p <= q for p, q in zip(parts, prompt)) and any(p > 0 for p in parts)
+    result = replay(prepare(mm.slice(0, 40), "test", "test"), config(vision_encoder="qwen2.5-vl-vit",
+                                                                      audio_encoder="whisper-large-v3-encoder"),
+                    runner=runner())
+    assert result.meta["encoder"]["items_encoded"] > 0
