@@ -52,6 +52,10 @@ class Engine:
     which replicas serve (``publish``, ``fail``, ``restore``): the cluster and the platform ask."""
 
     ARRIVAL = ARRIVAL
+    # A cluster's encode pool (replay/encode_pool.py), set on the instance when there is one: multimodal
+    # arrivals go there first. A class default, not set in __init__: one more instance attribute would
+    # cost every attribute read of the engine (CPython keeps up to 30 of them inline; past that, a dict).
+    encode = None
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
                  config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False,
@@ -99,7 +103,6 @@ class Engine:
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
-        self.encode = None  # a cluster's encode pool (replay/encode_pool.py): multimodal arrivals go there first
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
