@@ -23,8 +23,11 @@ from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
 from servelab.replay.depends import Dependencies, parents_of
 from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
-from servelab.replay.engine import Engine
+from servelab.replay.engine import ENTRY, Engine
+from servelab.replay.encode_pool import ENCODE_SCHEMA, EncodePool
+from servelab.replay.encoder import MM_COLUMNS, EncoderStage, encoder_meta
 from servelab.replay.kv import KVManager
+from servelab.replay.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
 from servelab.replay.platform import Platform
 from servelab.replay.prefix_cache import PrefixCache
 from servelab.replay.protocols import Runner
@@ -45,6 +48,7 @@ from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_S
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
+from servelab.runners.encoders import EncoderPricer
 
 
 def build_runner(config: ReplayConfig) -> Runner:
@@ -88,6 +92,8 @@ def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
             "set num_gpu_blocks (--num-gpu-blocks)"
         )
     tokens = capacity(engine.gpu_memory_utilization)
+    if engine.max_loras:  # the adapter slots' GPU memory comes out of the KV cache (replay/lora.py)
+        tokens -= reserved_tokens(engine, runner, kv_bytes_per_token(engine, runner))
     blocks = tokens // engine.block_size
     if blocks < 1:
         raise ServelabError(f"no room for KV cache: the model does not fit the GPU memory ({runner.describe()})")
@@ -157,8 +163,35 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
                        swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
                        overlap_layers=engine_cfg.kv_load_overlap_layers, layout=layout)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
-        replicas.append(Replica(rid, engine_cfg, kv, policy))
+        replica = Replica(rid, engine_cfg, kv, policy)
+        replica.lora = make_slots(engine_cfg, runner)
+        replica.encoder = encoder_stage(engine_cfg, runner)
+        replicas.append(replica)
     return replicas
+
+
+def encoder_stage(engine: EngineConfig, runner: Runner) -> EncoderStage | None:
+    """A replica's multimodal encoder (replay/encoder.py), priced on its runner's GPU; None when no
+    encoder is named."""
+    if engine.vision_encoder is None and engine.audio_encoder is None:
+        return None
+    cache = engine.encoder_cache_tokens if engine.encoder_cache_tokens is not None else engine.max_num_batched_tokens
+    return EncoderStage(EncoderPricer(runner, engine.vision_encoder, engine.audio_encoder), cache)
+
+
+def check_encoders(requests, engine: EngineConfig) -> None:
+    """Every modality the trace holds needs its encoder: images and video the vision one, audio the audio one."""
+    for req in requests:
+        mm = req.mm
+        if mm is None:
+            continue
+        if (mm.images or mm.image_tokens or mm.video_tokens) and engine.vision_encoder is None:
+            raise ServelabError(f"trace row {req.index + 1}: request {req.request_id} has images or video "
+                                "(columns images/image_tokens/video_tokens) but no encoder prices them: "
+                                "set vision_encoder (--vision-encoder qwen2.5-vl-vit)")
+        if mm.audio_tokens and engine.audio_encoder is None:
+            raise ServelabError(f"trace row {req.index + 1}: request {req.request_id} has audio (column audio_tokens) "
+                                "but no encoder prices it: set audio_encoder (--audio-encoder whisper-large-v3-encoder)")
 
 
 def trace_block_tokens(trace: pa.Table) -> int | None:
@@ -203,6 +236,12 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
         engine_cfg = replace(engine_cfg, fail=config.engine.fail)
     requests, followers = requests_from_table(trace)
+    if "lora_adapter" in trace.column_names:
+        check_trace_adapters([r.lora_adapter for r in requests], engine_cfg)
+    if any(name in trace.column_names for name in MM_COLUMNS):
+        encode_spec = cluster.spec.encode
+        check_encoders(requests, engine_cfg if encode_spec is None else
+                       next(p for p in cluster.pools if p.spec is encode_spec).config.engine)
     reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
     platform = None
     if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
@@ -212,8 +251,11 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if engine.spec is not None and "spec_acceptance" in trace.column_names:  # per-request acceptance rates
         engine.spec.set_trace_rates(trace.column("spec_acceptance").to_pylist())
     disagg = cluster.disaggregate(engine)
+    encode = cluster.encode_pool(engine)
     scalers = cluster.autoscale(engine, disagg)
     timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
+    if timeouts and encode is not None:
+        raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with an encode pool yet")
     if timeouts:
         check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
         engine.aborts = Aborts(engine, timeouts)
@@ -240,6 +282,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if parents:  # what the `tasks` view walks (scoring/tasks.py): each request's parents, delay and deadline
         extra += _dependency_columns(trace)
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
+    if encode is not None:
+        extra += schema_columns(ENCODE_SCHEMA, encode.columns(len(requests)))
     if handoffs is not None:
         extra += schema_columns(DISAGG_SCHEMA, handoffs)
     fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
@@ -258,6 +302,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if engine.spec is not None:  # speculative decoding's counters per request (vLLM's spec-decode metrics)
         extra += schema_columns(SPEC_SCHEMA, engine.spec.columns(len(requests)))
     cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
+    if encode is not None:
+        cluster_meta["encode"] = encode.meta()
     _release_requests(engine)
     requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
     for f, column in extra:
@@ -280,6 +326,9 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         **({"dependencies": engine.depends.meta()} if engine.depends is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
         **({"spec_decode": engine.spec.meta()} if engine.spec is not None else {}),
+        **({"lora": lora_meta(cluster.replicas)} if engine_cfg.max_loras else {}),
+        **({"encoder": encoder_meta(cluster.replicas)}
+           if engine_cfg.vision_encoder is not None or engine_cfg.audio_encoder is not None else {}),
         "config": config.to_dict(),
     }
     if cluster_meta is not None:
@@ -346,6 +395,9 @@ class BuiltCluster:
         if not self.spec.disaggregated:
             return None
         prefill, decode = self.pools[0], next(p for p in self.pools if p.spec.role == "decode")
+        if any(p.config.engine.max_loras for p in self.pools):
+            raise ServelabError("cluster: LoRA adapters (max_loras) are not modelled with disaggregated prefill and "
+                                "decode (a handed-off request would join its decode replica's batch past the adapter cap)")
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
         if any(getattr(p.runner, "kv_layout", None) is not None for p in (prefill, decode)):
@@ -356,6 +408,24 @@ class BuiltCluster:
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
                               link.bandwidth_gbps, link.latency_s, link.stream_layers)
+
+    def encode_pool(self, engine: Engine) -> EncodePool | None:
+        """The encode pool's stage before the arrivals' pool (replay/encode_pool.py), or None without one."""
+        spec = self.spec.encode
+        if spec is None:
+            return None
+        pool = next(p for p in self.pools if p.spec is spec)
+        if pool.replicas[0].encoder is None:
+            raise ServelabError(f"cluster pool '{spec.name}': an encode pool needs an encoder "
+                                "(vision_encoder or audio_encoder, in the pool or at the top level)")
+        model = getattr(self.pools[0].runner, "model", None)
+        if model is None or not hasattr(model, "hidden_size"):
+            raise ServelabError(f"cluster: the embeddings an encode pool sends are sized by the language model's hidden "
+                                f"size: runner '{self.pools[0].runner.name}' of pool '{self.pools[0].spec.name}' knows no model")
+        if not self.spec.disaggregated:  # (a prefill pool was published by the handoff)
+            engine.publish(ENTRY, list(self.pools[0].replicas))
+        link = self.spec.encode_link()
+        return EncodePool(engine, pool.replicas, model.hidden_size * model.dtype_bytes, link.bandwidth_gbps, link.latency_s)
 
     def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
         """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);

@@ -42,8 +42,8 @@ _ENGINE_HELP = {
     "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
     "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
     "replicas": "Identical engine replicas behind the router.",
-    "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware) "
-              "or session (sticky); `servelab routers` lists them.",
+    "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware), "
+              "lora-affinity (adapter-aware) or session (sticky); `servelab routers` lists them.",
     "until_s": "Horizon in seconds; requests in flight then are 'unfinished'.",
     "seed": "Seed for every random choice (predictors, retries).",
     "quota": "Quota, repeatable: tenant=NAME:rpm=60,tpm=40000,concurrency=8 or tier=NAME:tpm=... (NAME may be *).",
@@ -65,6 +65,15 @@ _ENGINE_HELP = {
                        "uniform:LO,HI or beta:ALPHA,BETA (drawn per request, seeded).",
     "spec_draft_model": "spec_method draft_model: the draft's preset or config.json (default llama-3.2-1b).",
     "speculative_config": "vLLM's --speculative-config JSON (method, num_speculative_tokens, model).",
+    "max_loras": "LoRA adapter slots per replica = most distinct adapters in one batch (vLLM --max-loras); 0: LoRA off.",
+    "max_cpu_loras": "LoRA adapters cached in host memory per replica (vLLM --max-cpu-loras; default: max_loras).",
+    "lora_rank": "Rank of every LoRA adapter not named in lora_ranks.",
+    "lora_ranks": "An adapter's own rank, repeatable: NAME=RANK.",
+    "lora_host_gbps": "Host -> GPU bandwidth loading a LoRA adapter cached in host memory, GB/s.",
+    "lora_disk_gbps": "Disk -> host bandwidth loading a LoRA adapter not cached, GB/s.",
+    "vision_encoder": "Encoder preset pricing images and video (qwen2.5-vl-vit, siglip-so400m); none: multimodal off.",
+    "audio_encoder": "Encoder preset pricing audio (whisper-large-v3-encoder).",
+    "encoder_cache_tokens": "Embedding tokens the encoder cache holds per replica (default: max_num_batched_tokens).",
 }
 
 

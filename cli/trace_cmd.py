@@ -103,6 +103,7 @@ _FORMAT_OPTIONS = {
     "mooncake-chains": {"block_tokens", "think_s", "task_deadline_s"},
     "sharegpt": {"seed", "limit", "think_s", "think", "chars_per_token", "block_tokens", "task_deadline_s", "arrival",
                  "rate", "cv", "profile", "schedule", "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
+    "servegen": {"seed", "start", "duration", "clients", "skip_missing", "modalities"},
 }
 _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 
@@ -136,6 +137,8 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
               help="sharegpt: characters per token (the source has text, not token counts).")
 @click.option("--task-deadline-s", type=float, default=None,
               help="llmservingsim, mooncake-chains, sharegpt: every task's deadline (task_deadline_s column).")
+@click.option("--modalities/--no-modalities", default=False,
+              help="servegen: also write image_tokens, audio_tokens, video_tokens columns (a replay with an encoder).")
 @_arrival_options
 @click.option("--shared-prefix-tokens", type=int, default=None,
               help="Every request starts with a shared prefix of N tokens (per group): sharing the source does not record.")
@@ -168,7 +171,8 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
         if name in allowed and kw[name] is not None:
             options[name] = kw[name]
     if fmt == "servegen":
-        options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"])
+        options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"],
+                       modalities=kw["modalities"])
         if kw["clients"]:
             options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
     with _status(f"importing {len(sources)} {fmt} source(s)"):
@@ -210,6 +214,11 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
               help="Requests cycle through a pool of K prompts (request i sends prompt i mod K); 0: no pool.")
 @click.option("--prefix-block-tokens", type=int, default=None, help="Add prefix_hashes with this block size.")
 @click.option("--model", default=None, help="Model name to store in the model column.")
+@click.option("--lora-adapters", type=int, default=None,
+              help="Assign N LoRA adapters (lora-0..) to the requests, Zipf popularity (per session).")
+@click.option("--lora-zipf", type=float, default=1.0, show_default=True, help="With --lora-adapters: weight 1/rank^s.")
+@click.option("--lora-base-fraction", type=float, default=0.0, show_default=True,
+              help="With --lora-adapters: share of requests on the base model (no adapter).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--shape", default=None, type=click.Choice(["react", "fanout", "chat", "mix"]),
               help="Agentic tasks of dependent calls (schema v2): ReAct loops, fan-out then aggregate, multi-turn "
@@ -264,7 +273,13 @@ def synth_cmd(ctx: click.Context, out: Path, n: int | None, duration_s: float | 
     )
     with _status("generating"):
         table = generate(config)
-        write_trace(table, out, config.source, config.prefix_block_tokens)
+        if kw["lora_adapters"] is not None:
+            from servelab.traces.transforms import lora_adapters
+
+            table = lora_adapters(table, kw["lora_adapters"], kw["lora_zipf"], kw["lora_base_fraction"], kw["seed"])
+            source = f"{config.source} | {kw['lora_adapters']} LoRA adapters zipf {kw['lora_zipf']:g}"
+        write_trace(table, out, source if kw["lora_adapters"] is not None else config.source,
+                    config.prefix_block_tokens)
     click.echo(f"{out}: {table.num_rows} requests ({config.source})")
 
 
@@ -346,9 +361,14 @@ def _deprecated(value, old: str, new: str):
 @click.option("--tier-by-tenant", default=None, help="Set tiers from tenants: 'tenantA=priority,tenantB=flex'.")
 @click.option("--tier-default", default=None, help="With --tier-by-tenant: tier of unlisted tenants.")
 @click.option("--tier-fractions", default=None, help="Random tiers: 'priority=0.1,standard=0.6,flex=0.3'.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample and --tier-fractions.")
+@click.option("--lora-adapters", type=int, default=None,
+              help="Assign N LoRA adapters (lora-0..) to the requests, Zipf popularity (per session).")
+@click.option("--lora-zipf", type=float, default=1.0, show_default=True, help="With --lora-adapters: weight 1/rank^s.")
+@click.option("--lora-base-fraction", type=float, default=0.0, show_default=True,
+              help="With --lora-adapters: share of requests on the base model (no adapter).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --sample, --tier-fractions, --lora-adapters.")
 def transform_cmd(src: Path, out: Path, **kw) -> None:
-    """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers."""
+    """Reshape a trace. Steps run in this order: window, head, sample, rate-scale, tiers, LoRA adapters."""
     from servelab.traces import transforms
     from servelab.traces.io import read_trace, trace_metadata, write_trace
     from servelab.traces.synth import parse_fractions
@@ -387,8 +407,12 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
     if kw["tier_fractions"]:
         table = transforms.tier_by_fraction(table, parse_fractions(kw["tier_fractions"], "--tier-fractions"), kw["seed"])
         steps.append(f"tier fractions seed {kw['seed']}")
+    if kw["lora_adapters"] is not None:
+        table = transforms.lora_adapters(table, kw["lora_adapters"], kw["lora_zipf"], kw["lora_base_fraction"], kw["seed"])
+        steps.append(f"{kw['lora_adapters']} LoRA adapters zipf {kw['lora_zipf']:g} seed {kw['seed']}")
     if not steps:
-        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*")
+        raise ServelabError("nothing to do: give at least one of --window, --head, --sample, --rate-scale, --tier-*, "
+                            "--lora-adapters")
     meta = trace_metadata(table)
     source = f"{meta.get('source', src.name)} | {'; '.join(steps)}"
     write_trace(table, out, source)

@@ -102,7 +102,8 @@ class BatchBuilder:
     the two preemption rules (``preempt_to_admit``, ``keep_only``)."""
 
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort", "cohort_groups", "_released")
+                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort", "cohort_groups", "_released",
+                 "loras")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
                  token_budget: int | None = None, seq_budget: int | None = None):
@@ -122,6 +123,9 @@ class BatchBuilder:
         self.cohort = 0  # members of the replica's decode cohort taken whole into this batch
         self.cohort_groups = None
         self._released = None  # prefix-cache blocks the preempted requests free (a hit on one takes it back)
+        # multi-LoRA (replay/lora.py): the distinct adapters of the running requests and of those this
+        # batch admits, never more than max_loras (None: LoRA off)
+        self.loras = None if replica.lora is None else replica.lora.in_use(replica.running)
 
     def has(self, req: Request) -> bool:
         """Is ``req`` already in this batch, or preempted by it?"""
@@ -372,9 +376,12 @@ class BatchBuilder:
         """Admit waiting requests in ``order`` while budgets and KV allow (head-of-line rule applies)."""
         kv = self.kv
         lookup = kv.lookup if kv.cache is not None else None
+        loras = self.loras
         for req in order:
             if self.seq_budget <= 0 or self.token_budget <= 0:
                 break
+            if loras is not None and not self._lora_fits(req):
+                continue  # its adapter would be one too many in the batch: vLLM passes over it
             hit = lookup(req) if lookup is not None else None
             computed = req.num_computed_tokens if hit is None else hit.tokens
             n = req.num_tokens - computed
@@ -397,3 +404,10 @@ class BatchBuilder:
                     continue
                 break
             self.add(req, n, need, hit, target)
+            if loras is not None and req.lora_adapter is not None:
+                loras.add(req.lora_adapter)
+
+    def _lora_fits(self, req: Request) -> bool:
+        """May ``req`` join without more than ``max_loras`` distinct adapters among the running requests?"""
+        adapter = req.lora_adapter
+        return adapter is None or adapter in self.loras or len(self.loras) < self.replica.lora.max_loras

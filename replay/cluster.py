@@ -5,7 +5,7 @@ One TOML table (``[cluster]``) in a replay config (docs/cluster.md)::
 
     [[cluster.pools]]
     name = "prefill"
-    role = "prefill"            # mixed | prefill | decode
+    role = "prefill"            # mixed | prefill | decode | encode
     replicas = 2
     gpu = "h100-80gb"           # runner, model, gpu, tp, policy, policy_params, router,
     price_per_gpu_hour = 2.5    # router_params and any engine key override the config's top level
@@ -35,7 +35,8 @@ from servelab.replay.autoscale import AutoscaleConfig
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.instances import InstanceType, PerfFloor, parse_instances
 
-ROLES = ("mixed", "prefill", "decode")
+ROLES = ("mixed", "prefill", "decode", "encode")
+NOT_ENTRY = ("decode", "encode")  # the roles that take no arrivals
 # what a pool may set besides the engine keys (EngineConfig's fields)
 POOL_TOP = ("name", "role", "replicas", "autoscale", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
             "router_params", "price_per_gpu_hour", "instances", "floor", "rebalance")
@@ -134,8 +135,9 @@ class ClusterConfig:
             if names.count(name) > 1:
                 raise ServelabError(f"cluster: pool name '{name}' is used twice")
         roles = {p.name: p.role for p in self.pools}
-        entry = [p for p in self.pools if p.role != "decode"]
+        entry = [p for p in self.pools if p.role not in NOT_ENTRY]
         decode = [p for p in self.pools if p.role == "decode"]
+        self._check_encode(entry, roles)
         if len(entry) != 1:
             raise ServelabError(f"cluster: exactly one pool takes arrivals (role mixed or prefill); got "
                                 f"{len(entry)} ({', '.join(p.name for p in entry) or 'none'})")
@@ -148,6 +150,8 @@ class ClusterConfig:
                 raise ServelabError(f"cluster pool '{pool.name}': autoscale signal 'handoffs_waiting' is a decode "
                                     f"pool's (requests waiting for a decode replica); this pool is {pool.role}")
         for link in self.links:
+            if roles.get(link.source) == "encode":
+                continue  # (checked by _check_encode)
             for end, want in ((link.source, "prefill"), (link.target, "decode")):
                 if end not in roles:
                     raise ServelabError(f"cluster link {link.source}->{link.target}: no pool '{end}'"
@@ -159,10 +163,38 @@ class ClusterConfig:
             raise ServelabError(f"cluster: no link from prefill pool '{entry[0].name}' to decode pool "
                                 f"'{decode[0].name}' ([[cluster.links]] with from, to, bandwidth_gbps)")
 
+    def _check_encode(self, entry: list[PoolConfig], roles: dict[str, str]) -> None:
+        """At most one encode pool, fixed-size, linked to the arrivals' pool (replay/encode_pool.py)."""
+        encode = [p for p in self.pools if p.role == "encode"]
+        if not encode:
+            return
+        if len(encode) > 1:
+            raise ServelabError(f"cluster: at most one encode pool; got {len(encode)} ({', '.join(p.name for p in encode)})")
+        pool = encode[0]
+        if pool.autoscale is not None or pool.instances:
+            raise ServelabError(f"cluster pool '{pool.name}': an encode pool has a fixed replica count and one GPU type "
+                                "(no autoscale, no instances)")
+        for link in self.links:
+            if link.source == pool.name and (len(entry) != 1 or link.target != entry[0].name):
+                raise ServelabError(f"cluster link {link.source}->{link.target}: an encode pool's link goes to the "
+                                    f"arrivals' pool{' ' + repr(entry[0].name) if len(entry) == 1 else ''}")
+            if link.target == pool.name:
+                raise ServelabError(f"cluster link {link.source}->{link.target}: nothing flows into an encode pool")
+        if len(entry) == 1 and not any(l.source == pool.name for l in self.links):
+            raise ServelabError(f"cluster: no link from encode pool '{pool.name}' to '{entry[0].name}' "
+                                "([[cluster.links]] with from, to, bandwidth_gbps: the embeddings cross it)")
+
     @property
     def entry(self) -> PoolConfig:
         """The pool arrivals are routed to (the mixed or prefill pool)."""
-        return next(p for p in self.pools if p.role != "decode")
+        return next(p for p in self.pools if p.role not in NOT_ENTRY)
+
+    @property
+    def encode(self) -> PoolConfig | None:
+        return next((p for p in self.pools if p.role == "encode"), None)
+
+    def encode_link(self) -> LinkConfig:
+        return next(l for l in self.links if l.source == self.encode.name)
 
     @property
     def decode(self) -> PoolConfig | None:

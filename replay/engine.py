@@ -53,6 +53,10 @@ class Engine:
     which replicas serve (``publish``, ``fail``, ``restore``): the cluster and the platform ask."""
 
     ARRIVAL = ARRIVAL
+    # A cluster's encode pool (replay/encode_pool.py), set on the instance when there is one: multimodal
+    # arrivals go there first. A class default, not set in __init__: a 30th instance attribute cost
+    # Engine.run 2.4% more instructions (likely CPython's compact attribute layout ending near 30 keys).
+    encode = None
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
                  config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False,
@@ -126,7 +130,7 @@ class Engine:
         # requests keep every request's counters current.
         if not self.needs_items and (self.platform is None or not self.platform.walks_running) and self.spec is None:
             for replica in replicas:
-                if replica.policy.decode_cohort:
+                if replica.policy.decode_cohort and replica.lora is None:  # (LoRA prices each batch's adapters)
                     policy = replica.policy
                     replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
                                                   policy.cohort_left, self.tokens, policy.cohort_may_join)
@@ -237,6 +241,9 @@ class Engine:
         # arrival_s is already the arrival (trace, closed-loop turn, or the original one of a retry)
         if self.platform is not None and not self.platform.arrive(req, now):
             return
+        if req.mm is not None and self.encode is not None:  # encoded first, routed when its embeddings land
+            self.encode.arrive(req, now)
+            return
         self._route(req, now)
 
     def _route(self, req: Request, now: float) -> None:
@@ -331,6 +338,10 @@ class Engine:
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
         all_decode = not batch.preempt and not prefill_reqs
         affine = replica.decode_affine(decode_reqs) if all_decode and items is None else None
+        if replica.lora is not None:  # the adapters' shrink/expand kernels, the same in every iteration of a stretch
+            lora_s = replica.runner.lora_step_s(*replica.lora.batch_work(batch.items))
+            if affine is not None:
+                affine = (affine[0] + lora_s, affine[1])
         if affine is not None:  # a pure-decode iteration: the runner promised a + b * C
             compute = affine[0] + affine[1] * decode_ctx
         else:
@@ -338,6 +349,8 @@ class Engine:
             if self.spec is not None:  # the drafts its decodes verify
                 shape = self.spec.shape(shape, summary)
             compute = replica.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
+            if replica.lora is not None:
+                compute += lora_s
         if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
             swap_s += kv.overlap_extra(compute)
         duration = compute + swap_s
@@ -432,6 +445,10 @@ class Engine:
             load_s = replica.kv.claim(req, hit)
             req.num_computed_tokens = hit.tokens
             req.num_cached_tokens += hit.tokens
+        if req.lora_adapter is not None and replica.lora is not None:  # its adapter into a GPU slot, if not there
+            load_s += replica.lora.activate(req.lora_adapter, replica.running)
+        if req.mm is not None and replica.encoder is not None:  # its images, video, audio through the encoder
+            load_s += replica.encoder.admit(req)
         if req.swapped:  # bring the KV back from host memory
             return load_s + replica.kv.swap_in(req)
         return load_s

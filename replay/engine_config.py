@@ -17,6 +17,7 @@ from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
 from servelab.replay.spec_config import Acceptance, canonical_method, parse_speculative_config
+from servelab.replay.lora import parse_ranks
 from servelab.replay.specs import Failure, PauseRule, Quota, check_failures
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 
@@ -80,6 +81,17 @@ class EngineConfig:
     spec_acceptance: str = "0.7"
     spec_draft_model: str | None = None  # draft_model: the draft's preset or config.json (default llama-3.2-1b)
     speculative_config: str | None = None  # vLLM's --speculative-config JSON: sets the three spec_ fields above
+    # -- multi-LoRA (replay/lora.py): off while max_loras = 0 -----------------------------------
+    max_loras: int = 0  # adapter slots per replica = most distinct adapters in one batch (vLLM --max-loras)
+    max_cpu_loras: int | None = None  # adapters cached in host memory (vLLM --max-cpu-loras; None: max_loras)
+    lora_rank: int = 16  # rank of every adapter not named in lora_ranks
+    lora_ranks: tuple[str, ...] = ()  # "NAME=RANK": an adapter's own rank
+    lora_host_gbps: float = 25.0  # host -> GPU copy of an adapter cached in host memory, GB/s
+    lora_disk_gbps: float = 2.0  # disk -> host read of an adapter not cached, GB/s
+    # -- multimodal (replay/encoder.py): off while no encoder is named ---------------------------
+    vision_encoder: str | None = None  # encoder preset for images and video (runners/encoders.py), e.g. qwen2.5-vl-vit
+    audio_encoder: str | None = None  # encoder preset for audio, e.g. whisper-large-v3-encoder
+    encoder_cache_tokens: int | None = None  # embeddings the encoder cache holds, tokens (None: max_num_batched_tokens)
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -115,6 +127,7 @@ class EngineConfig:
             raise ServelabError(f"until_s must be a finite number of seconds >= 0, got {self.until_s}")
         self._check_platform()
         self._check_speculative()
+        self._check_lora()
 
     def _check_speculative(self) -> None:
         if self.speculative_config is not None:  # sets the spec_ fields; one given apart must agree
@@ -154,6 +167,18 @@ class EngineConfig:
             raise ServelabError(f"client_timeout_s must be a finite number of seconds > 0, got {self.client_timeout_s}")
         if self.queue_cap is not None and self.queue_cap < 1:
             raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
+
+    def _check_lora(self) -> None:
+        _as_tuple(self, "lora_ranks")
+        if self.max_loras < 0 or self.lora_rank < 1:
+            raise ServelabError(f"max_loras must be >= 0 and lora_rank >= 1, got {self.max_loras} and {self.lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ServelabError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}), as vLLM's")
+        if not (self.lora_host_gbps > 0 and self.lora_disk_gbps > 0):
+            raise ServelabError("lora_host_gbps and lora_disk_gbps must be > 0")
+        parse_ranks(self.lora_ranks)
+        if self.encoder_cache_tokens is not None and self.encoder_cache_tokens < 0:
+            raise ServelabError(f"encoder_cache_tokens must be >= 0, got {self.encoder_cache_tokens}")
 
     @property
     def has_front_door(self) -> bool:

@@ -177,9 +177,11 @@ class PrefixCache:
         """(key, lo, hi) of the trace blocks whose engine blocks ``[lo, hi)`` (those whose last token
         lies in the trace block) meet ``[start, stop)``; trace blocks holding no block's last token
         are skipped. The key: the trace block's hash and its index (the tenant first when the
-        cache is per tenant)."""
+        cache is per tenant; with a LoRA adapter, the adapter and that tenant or None first)."""
         hashes, bs, tb = req.prefix_hashes, self.block_size, self.trace_block
         tenant = req.tenant if self.per_tenant else None
+        if req.lora_adapter is not None:  # KV computed under an adapter is that adapter's (vLLM's block hash)
+            tenant = ("lora", req.lora_adapter, tenant)
         j = start
         while j < stop:
             i = ((j + 1) * bs - 1) // tb
@@ -263,7 +265,10 @@ class PrefixCache:
             else:  # aligned (the usual case): entry i is blocks [i * per, (i + 1) * per)
                 per = tb // bs
                 hashes = req.prefix_hashes
-                groups = (((hashes[i], i) if not self.per_tenant else (req.tenant, hashes[i], i), i * per, i * per + per)
+                salt = req.tenant if self.per_tenant else None
+                if req.lora_adapter is not None:  # (as in groups)
+                    salt = ("lora", req.lora_adapter, salt)
+                groups = (((hashes[i], i) if salt is None else (salt, hashes[i], i), i * per, i * per + per)
                           for i in range(-(-hashed // per)))
             for key, lo, hi in groups:
                 e = get(key)

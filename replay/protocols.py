@@ -99,6 +99,14 @@ class Runner(Protocol):
 
     def make_allocator(self, replica_id: int, num_blocks: int) -> BlockAllocator | None: ...
 
+    # multi-LoRA (replay/lora.py): an adapter's parameters per unit of rank (None: the runner knows no
+    # model, so it cannot serve LoRA), their bytes each, and the seconds the adapters' kernels add to an
+    # iteration given sum(tokens x rank) over its items with an adapter and its distinct adapters' ranks
+    lora_params_per_rank: int | None
+    lora_dtype_bytes: int
+
+    def lora_step_s(self, rank_tokens: int, ranks: list[int]) -> float: ...
+
 
 # -- the policy ---------------------------------------------------------------------------------------
 class Policy(Protocol):

@@ -19,7 +19,7 @@ class Replica:
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
                  "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort",
-                 "runner", "decode_affine", "pool")
+                 "runner", "decode_affine", "pool", "lora", "encoder")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy):
         # ``policy`` is a `Policy` (replay/protocols.py); not imported here: the protocol is written in
@@ -45,6 +45,8 @@ class Replica:
         self.runner = None  # its pool's runner when it differs from the engine's (set by the engine)
         self.decode_affine = None  # its runner's cached pure-decode cost line (set by the engine)
         self.pool = None  # the name of its cluster pool (replay/cluster.py), None outside a cluster
+        self.lora = None  # its AdapterSlots (replay/lora.py) when LoRA serving is on (max_loras > 0)
+        self.encoder = None  # its EncoderStage (replay/encoder.py) when a multimodal encoder is configured
 
     def owe(self, req: Request) -> None:
         self.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \

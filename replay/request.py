@@ -40,6 +40,7 @@ class Request:
         "swapped", "num_preemptions", "first_scheduled_s", "first_token_s", "finish_s",
         "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data", "cohort_mark",
         "cached_keys", "num_cached_tokens", "kv_load_s", "tier_tokens",
+        "lora_adapter", "mm",
     )
 
     def __init__(
@@ -92,6 +93,8 @@ class Request:
         self.num_cached_tokens = 0  # tokens its admissions reused from the prefix cache (GPU and lower tiers)
         self.kv_load_s = 0.0  # seconds its admissions spent loading KV from lower tiers (replay/tiers.py)
         self.tier_tokens: list[int] | None = None  # of num_cached_tokens, those each lower tier served
+        self.lora_adapter: str | None = None  # the LoRA adapter it runs with (trace column lora_adapter)
+        self.mm = None  # its images, video and audio (replay/encoder.py MultiModal), None for text only
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ import pyarrow as pa
 from servelab.common.atomic import atomic_dir
 from servelab.replay.platform import NO_FAULTS
 from servelab.replay.logs import TokenTable
+from servelab.replay.encoder import MM_COLUMNS, attach
 from servelab.replay.request import Request, Status
 from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
 
@@ -30,6 +31,9 @@ class RunResult:
     # One row per output token, with --token-log: a TokenTable (tokens.parquet in a temporary file,
     # read on demand) from ``replay``; a pa.Table works too.
     tokens: TokenTable | pa.Table | None = None
+
+
+MM_SET = frozenset(MM_COLUMNS)
 
 
 def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
@@ -74,6 +78,11 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
             col("tenant", "default"), col("tier", "standard"), col("session_id"), col("think_s"),
             col("ttft_slo_s"), col("tpot_slo_s"), col("prefix_hashes"), rows,
         ))
+        if "lora_adapter" in names:  # (set apart: a trace without adapters pays nothing)
+            for req, adapter in zip(requests[index:], col("lora_adapter")):
+                req.lora_adapter = adapter
+        if names & MM_SET:  # images, video, audio (replay/encoder.py)
+            attach(requests[index:], {name: list(col(name)) for name in MM_COLUMNS if name in names})
         index += n
     followers: dict[int, Request] = {}
     last_in_session: dict[int, Request] = {}

@@ -25,6 +25,15 @@ class RunnerBase:
     def make_allocator(self, replica_id: int, num_blocks: int) -> BlockAllocator | None:
         return None
 
+    # Multi-LoRA (replay/lora.py): a runner that knows its model gives an adapter's parameters per unit
+    # of rank (its size) and may price the adapters' kernels; one that does not cannot serve LoRA.
+    lora_params_per_rank: ClassVar[int | None] = None
+    lora_dtype_bytes: ClassVar[int] = 2
+
+    def lora_step_s(self, rank_tokens: int, ranks: list[int]) -> float:
+        """Seconds the LoRA shrink/expand kernels add to an iteration (0: not priced by this runner)."""
+        return 0.0
+
 
 # Factories take the parsed "name:key=value,..." parameters (strings) and return a Runner.
 RUNNERS: Registry = Registry("runner")

@@ -296,6 +296,21 @@ def preset_dict(model: ModelPreset) -> dict:
     return out
 
 
+# vLLM's LoRA-wrapped layers in a decoder layer: merged QKV, O, merged gate/up, down; each runs a shrink
+# (x @ A, to the rank) and an expand (@ B, back out) kernel over the batch (punica's SGMV / vLLM's Triton ops).
+LORA_LAYERS = 4
+
+
+def lora_params_per_rank(model: ModelPreset) -> int:
+    """An adapter's parameters per unit of rank: ``in + out`` of every linear layer it targets (q, k, v,
+    o, gate, up, down), over all layers. A mixture-of-experts model's adapters cover attention only."""
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    per_layer = (h + q) + 2 * (h + kv) + (q + h)
+    if not model.is_moe:
+        per_layer += (2 if model.gated_mlp else 1) * (h + model.ffn_size) + (model.ffn_size + h)
+    return model.num_layers * per_layer
+
+
 class _Rates(NamedTuple):
     """Constants of the attention terms, computed once per runner."""
 
@@ -579,6 +594,31 @@ class RooflineRunner(RunnerBase):
         fixed = self.model.num_layers * layer + once + cpu
         # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
         return fixed + self._rates.decode_s_per_kv_token * s.decode_context_tokens
+
+    @property
+    def lora_params_per_rank(self) -> int:
+        return lora_params_per_rank(self.model)
+
+    @property
+    def lora_dtype_bytes(self) -> int:
+        return self.model.dtype_bytes
+
+    def lora_step_s(self, rank_tokens: int, ranks: list[int]) -> float:
+        """The LoRA kernels of one iteration: for ``rank_tokens`` = sum of tokens x rank over the items
+        with an adapter, 2 x rank_tokens x params_per_rank / tp FLOPs (shrink and expand), reading
+        each distinct adapter's weights (``ranks``) once and the rank-wide intermediate twice, at the
+        GEMM calibration's efficiencies, plus a shrink and an expand launch per LoRA layer."""
+        if rank_tokens <= 0:
+            return 0.0
+        m, cal = self.model, self.calibration.ops["mlp_up"]
+        per_rank = lora_params_per_rank(m) / self.tp
+        flops = 2.0 * rank_tokens * per_rank
+        weights = sum(ranks) * per_rank * m.dtype_bytes
+        buffers = 2.0 * rank_tokens * LORA_LAYERS * m.num_layers * m.dtype_bytes
+        compute = flops / (self.gpu.peak_flops * cal.eff_compute)
+        memory = (weights + buffers) / (self.gpu.hbm_bytes_per_s * cal.eff_memory)
+        launch = cal.latency_s * (self.host_profile.launch_scale if self.host_profile is not None else 1.0)
+        return 2 * LORA_LAYERS * m.num_layers * launch + max(compute, memory)
 
     def decode_affine(self, num_seqs: int) -> tuple[float, float]:
         if num_seqs <= 0:

@@ -50,7 +50,7 @@ def test_pool_settings_override_the_top_level_and_round_trip():
 @pytest.mark.parametrize("cluster, message", [
     ({"pools": []}, "non-empty array"),
     ({"pools": [{"role": "mixed"}]}, r"pools\[0\]: missing 'name'"),
-    ({"pools": [{"name": "a", "role": "prefil"}]}, "role must be one of mixed, prefill, decode; got 'prefil'; did you mean 'prefill'"),
+    ({"pools": [{"name": "a", "role": "prefil"}]}, "role must be one of mixed, prefill, decode, encode; got 'prefil'; did you mean 'prefill'"),
     ({"pools": [{"name": "a", "replicas": 0}]}, "replicas must be >= 1"),
     ({"pools": [{"name": "a", "max_num_seq": 3}]}, r"pools\[0\]: unknown key 'max_num_seq'; did you mean 'max_num_seqs'"),
     ({"pools": [{"name": "a", "queue_cap": 3}]}, "'queue_cap' is the cluster's, not a pool's"),

@@ -64,3 +64,18 @@ def test_nothing_arriving_after_a_failure_lands_on_the_failed_replica(name):
     rows = result.requests.to_pylist()
     assert {r["status"] for r in rows} == {"finished"}
     assert not [r for r in rows if r["arrival_s"] > 1.0 and r["replica"] == 0], name
+
+
+@pytest.mark.parametrize("name", ROUTERS)
+def test_a_lora_replay_serves_every_request_once_with_every_router(name):
+    # adapters on the requests and slots on the replicas (lora-affinity's question): the contract holds
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from test_lora import adapter_trace, runner
+
+    trace = adapter_trace(120, adapters=5, seed=6)
+    cfg = ReplayConfig(engine=EngineConfig(max_loras=2, replicas=3, router=name, num_gpu_blocks=4000),
+                       model="llama-3.1-8b", gpu="h100-80gb")
+    first, second = replay(trace, cfg, runner=runner()), replay(trace, cfg, runner=runner())
+    assert first.requests.equals(second.requests)
+    rows = first.requests.to_pylist()
+    assert len({r["request_id"] for r in rows}) == 120 and {r["status"] for r in rows} == {"finished"}

@@ -59,6 +59,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("task_deadline_s", pa.float64(), False, "deadline of its task (session_id), seconds after the task starts"),
     Column("spec_acceptance", pa.float64(), False,
            "speculative decoding: each draft token's acceptance probability in [0, 1] (null: the engine's spec_acceptance)"),
+    Column("lora_adapter", _DICT_STRING, False, "LoRA adapter the request runs with (null: the base model)"),
+    Column("images", pa.int32(), False, "images in the prompt (null: 0)"),
+    Column("image_tokens", pa.int32(), False, "prompt tokens the images become, all together (part of prompt_tokens)"),
+    Column("image_hashes", pa.list_(pa.int64()), False, "one content hash per image (the encoder cache's key)"),
+    Column("audio_tokens", pa.int32(), False, "prompt tokens the audio becomes (part of prompt_tokens)"),
+    Column("video_tokens", pa.int32(), False, "prompt tokens the video becomes (part of prompt_tokens)"),
 )
 V2_COLUMNS = ("depends_on", "task_deadline_s")
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
@@ -228,11 +234,41 @@ def _check_optional(table: pa.Table, path: object) -> None:
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)
+    if names & _MM:
+        _check_multimodal(table, path, names)
     if "prefix_hashes" in names and table.column("prefix_hashes").null_count:
         mask = _numpy(_pc().is_null(table.column("prefix_hashes")))
         _check(path, "prefix_hashes", mask, "missing value (null); use an empty list")
     if depends.COLUMN in names:
         depends.check(table, path)
+
+
+_MM = {"images", "image_tokens", "image_hashes", "audio_tokens", "video_tokens"}
+
+
+def _check_multimodal(table: pa.Table, path: object, names: set) -> None:
+    """Counts >= 0, the modalities' tokens within the prompt, one hash per image."""
+    def counts(name: str) -> np.ndarray:
+        return _numpy(_pc().fill_null(table.column(name), 0)).astype(np.int64)
+
+    total = np.zeros(table.num_rows, dtype=np.int64)
+    for name in ("images", "image_tokens", "audio_tokens", "video_tokens"):
+        if name in names:
+            values = counts(name)
+            _check(path, name, values < 0, "must be >= 0 (null: 0)")
+            if name != "images":
+                total += values
+    _check(path, "image_tokens" if "image_tokens" in names else "audio_tokens" if "audio_tokens" in names
+           else "video_tokens", total > _numpy(table.column("prompt_tokens")),
+           "image + audio + video tokens exceed prompt_tokens (they are part of the prompt)")
+    if "image_hashes" in names:
+        lengths = _numpy(_pc().fill_null(_pc().list_value_length(table.column("image_hashes")), 0))
+        images = counts("images") if "images" in names else np.zeros(table.num_rows, dtype=np.int64)
+        given = lengths > 0
+        _check(path, "image_hashes", given & (lengths != images), "needs one hash per image (column images)")
+        if "image_tokens" in names:
+            _check(path, "image_tokens", (images > 0) & (counts("image_tokens") < images),
+                   "fewer image tokens than images")
 
 
 def _as_dict_string(col: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -146,6 +146,7 @@ class LengthWindow:
     start_s: float
     prompt_parts: tuple[Pmf, ...]  # summed: text + image + audio + video for multimodal
     output: Pmf
+    part_names: tuple[str, ...] = ()  # each part's field (text_tokens, image_tokens, ...), as prompt_parts
 
 
 def read_length_windows(path: Path) -> list[LengthWindow]:
@@ -167,18 +168,24 @@ def read_length_windows(path: Path) -> list[LengthWindow]:
         if not names:
             raise InputError(path, "no input PMF (input_tokens or *_tokens)", column=str(key))
         output = _positive(_parse_pmf(path, key, "output_tokens", fields["output_tokens"]))
-        parts = [_parse_pmf(path, key, n, fields[n]) for n in names]
-        parts = [p for p in parts if len(p.values)]
+        named = [(n, _parse_pmf(path, key, n, fields[n])) for n in names]
+        named = [(n, p) for n, p in named if len(p.values)]
+        parts = [p for _, p in named]
         if output is None or not parts or not any((p.values >= 1).any() for p in parts):
             continue  # empty window: lengths come from the nearest window with data
-        windows.append(LengthWindow(float(key), tuple(parts), output))
+        windows.append(LengthWindow(float(key), tuple(parts), output, tuple(n for n, _ in named)))
     if not windows:
         raise InputError(path, "no window has non-empty input and output PMFs")
     return windows
 
 
-def sample_lengths(windows: list[LengthWindow], times_s: np.ndarray, rng: np.random.Generator):
-    """Prompt and output lengths for arrivals at absolute ``times_s``."""
+MODALITIES = ("image_tokens", "audio_tokens", "video_tokens")  # the parts a multimodal dataset names
+
+
+def sample_lengths(windows: list[LengthWindow], times_s: np.ndarray, rng: np.random.Generator,
+                   modalities: dict[str, np.ndarray] | None = None):
+    """Prompt and output lengths for arrivals at absolute ``times_s``; with ``modalities`` (an empty
+    dict), also each multimodal part's tokens per arrival, by field name (the same draws)."""
     starts = np.array([w.start_s for w in windows])
     idx = np.clip(np.searchsorted(starts, times_s, side="right") - 1, 0, len(windows) - 1)
     prompt = np.zeros(len(times_s), np.int64)
@@ -186,8 +193,11 @@ def sample_lengths(windows: list[LengthWindow], times_s: np.ndarray, rng: np.ran
     for i in np.unique(idx):
         sel = np.flatnonzero(idx == i)
         w = windows[i]
-        for part in w.prompt_parts:
-            prompt[sel] += part.sample(len(sel), rng)
+        for k, part in enumerate(w.prompt_parts):
+            drawn = part.sample(len(sel), rng)
+            prompt[sel] += drawn
+            if modalities is not None and k < len(w.part_names) and w.part_names[k] in MODALITIES:
+                modalities.setdefault(w.part_names[k], np.zeros(len(times_s), np.int64))[sel] = drawn
         output[sel] = w.output.sample(len(sel), rng)
     # A multimodal request whose sampled parts are all 0 still sends at least one token.
     return np.maximum(prompt, 1), output
@@ -218,18 +228,22 @@ def import_servegen(
     seed: int = 0,
     clients: tuple[str, ...] | None = None,
     skip_missing: bool = False,
+    modalities: bool = False,
 ) -> Imported:
     """Sample a multi-tenant trace for [start_s, start_s + duration_s) of the ServeGen day.
 
     ``skip_missing``: a client whose ``chunk-N-dataset.json`` is absent is left out (its sampled
     requests are dropped and counted) instead of failing the import; ``Imported.warnings`` says which
-    clients and what share of the window's requests they had.
+    clients and what share of the window's requests they had. ``modalities``: a multimodal dataset's
+    image, audio and video tokens (still summed into ``prompt_tokens``) also get their own columns
+    ``image_tokens``, ``audio_tokens``, ``video_tokens``, for a replay with an encoder.
     """
     if start_s < 0 or not duration_s > 0:
         raise ServelabError(f"need --start >= 0 and --duration > 0 (got {start_s}, {duration_s})")
     end_s = start_s + duration_s
     multi = len(paths) > 1
     times, prompts, outputs, tenants, models = [], [], [], [], []
+    parts: list[dict[str, np.ndarray]] = []  # per client with requests: its modalities' tokens (``modalities``)
     skipped: list[tuple[str, int]] = []  # (client, requests it had in the window)
     seen = set()
     for folder_idx, folder in enumerate(paths):
@@ -255,7 +269,10 @@ def import_servegen(
                     continue
                 raise InputError(dataset, "file not found (needed beside its trace CSV; "
                                           "--skip-missing leaves out clients without one)")  # fmt: skip
-            prompt, output = sample_lengths(read_length_windows(dataset), t, rng)
+            drawn: dict[str, np.ndarray] | None = {} if modalities else None
+            prompt, output = sample_lengths(read_length_windows(dataset), t, rng, drawn)
+            if drawn is not None:
+                parts.append(drawn)
             times.append(t - start_s)
             prompts.append(prompt)
             outputs.append(output)
@@ -284,6 +301,10 @@ def import_servegen(
             "model": pa.DictionaryArray.from_arrays(pa.array(model_codes), pa.array(model_names)),
         }
     )
+    for name in MODALITIES if modalities else ():
+        if any(name in d for d in parts):
+            values = np.concatenate([d.get(name, np.zeros(n, np.int64)) for d, n in zip(parts, counts)])
+            table = table.append_column(name, pa.array(values[order].astype(np.int32)))
     schema.validate(table, paths[0], require_sorted=True)
     dropped_requests = sum(n for _, n in skipped)
     warnings = ()

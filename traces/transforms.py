@@ -219,3 +219,27 @@ def tier_by_fraction(table: pa.Table, fractions: Weights, seed: int) -> pa.Table
     codes = np.random.default_rng(seed).choice(len(names), size=len(uniq), p=p / p.sum())
     tier = pa.DictionaryArray.from_arrays(pa.array(codes[inverse].astype(np.int32)), pa.array(names, pa.string()))
     return _set_tier(table, tier)
+
+
+def lora_adapters(table: pa.Table, count: int, zipf_s: float = 1.0, base_fraction: float = 0.0,
+                  seed: int = 0) -> pa.Table:
+    """Assign LoRA adapters ``lora-0`` .. ``lora-{count-1}`` (column ``lora_adapter``) with Zipf popularity:
+    adapter k (0-based) is drawn with weight 1 / (k + 1)^``zipf_s``; a ``base_fraction`` share of the
+    requests runs the base model (null). A session keeps one adapter for all its turns. Seeded."""
+    if count < 1:
+        raise ServelabError(f"LoRA adapters: the count must be >= 1 (got {count})")
+    if not zipf_s >= 0:
+        raise ServelabError(f"LoRA adapters: the Zipf exponent must be >= 0 (got {zipf_s})")
+    if not 0 <= base_fraction < 1:
+        raise ServelabError(f"LoRA adapters: the base-model fraction must be in [0, 1) (got {base_fraction})")
+    key = _session_key(table)
+    uniq, inverse = np.unique(key, return_inverse=True)
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, count + 1, dtype=np.float64) ** zipf_s
+    codes = rng.choice(count, size=len(uniq), p=weights / weights.sum()).astype(np.int32)
+    base = rng.random(len(uniq)) < base_fraction
+    names = pa.array([f"lora-{k}" for k in range(count)], pa.string())
+    column = pa.DictionaryArray.from_arrays(pa.array(codes[inverse], mask=base[inverse]), names)
+    if "lora_adapter" in table.column_names:
+        return table.set_column(table.column_names.index("lora_adapter"), "lora_adapter", column)
+    return table.append_column("lora_adapter", column)
