@@ -16,6 +16,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
+from servelab.replay.retention import check_retention
 from servelab.replay.specs import Failure, PauseRule, Quota, check_failures
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 
@@ -71,6 +72,9 @@ class EngineConfig:
     journal: bool = True  # interrupted requests keep their generated tokens (else they start over)
     # a client timeout for every request without its own (trace column timeout_s): replay/abort.py
     client_timeout_s: float | None = None
+    # KV retention across a session's tool waits (replay/retention.py): lru (today's release) | keep | offload
+    kv_retention: str = "lru"
+    kv_retention_ttl_s: float | None = None  # keep: a pinned context is released after this many seconds
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -105,6 +109,7 @@ class EngineConfig:
         if self.until_s is not None and not (0 <= self.until_s < math.inf):
             raise ServelabError(f"until_s must be a finite number of seconds >= 0, got {self.until_s}")
         self._check_platform()
+        check_retention(self.kv_retention, self.kv_retention_ttl_s)
 
     def _check_platform(self) -> None:
         parse_tiers(self.tier_order, "tier_order")

@@ -103,3 +103,147 @@ def test_las_does_not_count_cached_prefix_as_service(monkeypatch):
     result = run(trace, policy="las", **ONE_AT_A_TIME)
     assert column(result, "cached_tokens")[1] == 32
     assert seen == {1: 33 + 1 + 17 + 1, 2: 21 + 1}
+
+
+# -- kv retention -------------------------------------------------------------------------------
+RET_RUNNER = "linear:base=1,prefill_token=0.01"
+RET_ENGINE = dict(num_gpu_blocks=10, block_size=16, max_num_batched_tokens=64)
+
+
+def _session_trace(c_prompt=96, think_s=20.0):
+    """Session 1: call A (t=0, 32-token prompt, 17 output tokens: 48 tokens in KV at its end, 3
+    blocks) then, ``think_s`` after A ends (t=17.64), call B (its prompt: A's 49 tokens + 15 new).
+    E (t=0.5) ends at 31.64 leaving 2 cached blocks newer than A's; C (t=32, ``c_prompt`` tokens,
+    no hashes) then needs 6 blocks of the 10, evicting cached blocks from the free queue's head."""
+    t = make_trace([0.0, 0.0, 0.5, 32.0], [32, 64, 32, c_prompt], [17, 1, 30, 1],
+                   session_id=[1, 1, None, None], think_s=[None, think_s, None, None],
+                   prefix_hashes=[[1, 2], [1, 2, 3, 4], [7, 8], None])
+    return t.replace_schema_metadata({b"prefix_block_tokens": b"16"})
+
+
+class _Checked:
+    """The engine, checking after every arrival, decision and completed step that each replica's KV
+    adds up with the pinned contexts counted as holders (``KVManager.check``)."""
+
+    @staticmethod
+    def make():
+        from servelab.replay.engine import Engine
+
+        class CheckedEngine(Engine):
+            def _arrive(self, req, now):
+                super()._arrive(req, now)
+                self._check()
+
+            def _start(self, replica, now):
+                super()._start(replica, now)
+                self._check()
+
+            def _complete(self, replica, now):
+                super()._complete(replica, now)
+                self._check()
+
+            def _check(self):
+                for replica in self.replicas:
+                    pins = self.retention.holders(replica) if self.retention is not None else []
+                    replica.kv.check(list(replica.running) + pins)
+
+        return CheckedEngine
+
+
+@pytest.fixture
+def retained(monkeypatch):
+    import servelab.assembly
+
+    monkeypatch.setattr(servelab.assembly, "Engine", _Checked.make())
+
+    def go(mode, trace=None, runner=RET_RUNNER, **engine):
+        return run(trace if trace is not None else _session_trace(), runner=runner, kv_retention=mode,
+                   **{**RET_ENGINE, **engine})
+
+    return go
+
+
+def test_retention_keep_prefills_only_the_new_tokens(retained):
+    lru, keep = retained("lru"), retained("keep")
+    # lru: C evicted A's two cached prompt blocks (the oldest), B computes its whole prompt
+    assert column(lru, "cached_tokens") == [0, 0, 0, 0]
+    # keep: A's 3 blocks (its prompt and 16 of its 17 output tokens) were pinned: B reuses 48
+    # tokens and computes 16 (its 15 new ones and A's last output token, never computed by A)
+    assert column(keep, "cached_tokens") == [0, 48, 0, 0]
+    b_start = column(keep, "first_scheduled_s")[1]
+    assert column(keep, "first_token_s")[1] == pytest.approx(b_start + 1 + 0.01 * 16)
+    assert column(lru, "first_token_s")[1] == pytest.approx(column(lru, "first_scheduled_s")[1] + 1 + 0.01 * 64)
+    assert keep.meta["kv_retention"]["retained"] == 1 and keep.meta["kv_retention"]["admitted"] == 1
+    assert keep.meta["kv_retention"]["continued_blocks"] == 1
+    assert "kv_retention" not in lru.meta
+    # the rest of the timeline is the same: the pin took no block anyone needed
+    for name in ("finish_s",):
+        a, b = column(lru, name), column(keep, name)
+        assert [a[i] for i in (0, 2, 3)] == [b[i] for i in (0, 2, 3)]
+
+
+def test_retention_keep_ttl_releases_the_pin(retained):
+    # a 10 s TTL expires at 27.64, before C (32): A's blocks are cached again, the oldest: C evicts them
+    short = retained("keep", kv_retention_ttl_s=10.0)
+    assert column(short, "cached_tokens")[1] == 0
+    assert short.meta["kv_retention"]["ttl"] == 1 and short.meta["kv_retention"]["admitted"] == 0
+    # a 30 s TTL outlives the 20 s tool wait
+    long = retained("keep", kv_retention_ttl_s=30.0)
+    assert column(long, "cached_tokens")[1] == 48
+    assert long.meta["kv_retention"]["ttl"] == 0
+
+
+def test_retention_ttl_without_c_keeps_the_continued_context_cached(retained):
+    """After the TTL, the pinned blocks are cached like any released ones: nothing evicts them here,
+    so B still reuses A's prompt and output (which lru does not cache under B's hashes)."""
+    trace = _session_trace().slice(0, 3)
+    short = retained("keep", trace=trace, kv_retention_ttl_s=5.0)
+    assert column(short, "cached_tokens")[1] == 48
+    assert column(retained("lru", trace=trace), "cached_tokens")[1] == 32
+
+
+def test_retention_keep_gives_way_under_memory_pressure(retained):
+    # C needs 8 blocks + 1 to start while 7 are free: A's pin goes; C is never preempted
+    keep = retained("keep", trace=_session_trace(c_prompt=128))
+    assert keep.meta["kv_retention"]["pressure"] == 1
+    assert column(keep, "num_preemptions") == [0, 0, 0, 0]
+    lru = retained("lru", trace=_session_trace(c_prompt=128))
+    assert column(keep, "finish_s")[3] == column(lru, "finish_s")[3]
+
+
+def test_retention_offload_loads_the_context_from_the_tier(retained):
+    tiers = dict(kv_tiers=("dram:capacity_gb=1",), kv_bytes_per_token=1024)
+    off = retained("offload", **tiers)
+    # A's 3 blocks went to DRAM at its end and left GPU memory first: B loads all 48 tokens from there
+    assert column(off, "cached_tokens")[1] == 48
+    assert column(off, "kv_load_s")[1] > 0
+    # lru with the same tier: C's eviction wrote A's 2 prompt blocks back to DRAM: B loads 32
+    lru = retained("lru", **tiers)
+    assert column(lru, "cached_tokens")[1] == 32
+    assert off.meta["kv_retention"]["retained"] == 1
+
+
+def test_retention_is_deterministic(retained, tmp_path):
+    from servelab.replay import write_run
+
+    for name in ("a", "b"):
+        result = retained("keep", kv_retention_ttl_s=30.0)
+        result.meta["wall_time_s"] = 0.0
+        write_run(result, tmp_path / name)
+    for table in ("requests.parquet", "steps.parquet"):
+        assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes()
+
+
+def test_retention_options_are_checked():
+    from servelab.api import EngineConfig
+
+    with pytest.raises(ServelabError, match="kv_retention must be one of"):
+        EngineConfig(kv_retention="pin")
+    with pytest.raises(ServelabError, match="applies to kv_retention = keep"):
+        EngineConfig(kv_retention="offload", kv_retention_ttl_s=5.0)
+    with pytest.raises(ServelabError, match="kv_retention_ttl_s must be"):
+        EngineConfig(kv_retention="keep", kv_retention_ttl_s=0.0)
+    with pytest.raises(ServelabError, match="set kv_tiers"):
+        run(_session_trace(), kv_retention="offload")
+    with pytest.raises(ServelabError, match="enable_prefix_caching"):
+        run(_session_trace(), kv_retention="keep", enable_prefix_caching=False)
