@@ -247,3 +247,49 @@ def test_retention_options_are_checked():
         run(_session_trace(), kv_retention="offload")
     with pytest.raises(ServelabError, match="enable_prefix_caching"):
         run(_session_trace(), kv_retention="keep", enable_prefix_caching=False)
+
+
+def _agentic(n=300, seed=7):
+    from servelab.traces.synth import synth_trace
+
+    return synth_trace(n=n, rate=2.0, turns=5.0, think_s=2.0, prompt="lognormal:60:0.5",
+                       output="lognormal:30:0.5", prefix_block_tokens=16, shared_prefix_tokens=64,
+                       tenants="a=1,b=1", seed=seed)
+
+
+@pytest.mark.parametrize("mode,setup", [
+    ("keep", dict(router="session")),
+    ("keep", dict(router="round-robin", kv_retention_ttl_s=3.0)),
+    ("keep", dict(router="session", preemption="swap", kv_bytes_per_token=1024, swap_space_gb=0.001)),
+    ("keep", dict(router="session", fail=("replica=1,at=20,for=10",))),
+    ("offload", dict(router="session", kv_tiers=("dram:capacity_gb=0.01",), kv_bytes_per_token=1024)),
+])
+def test_retention_keeps_the_kv_accounting_under_pressure(retained, mode, setup):
+    """Sessions over two small replicas: every event keeps KV held = KV of running requests and pins
+    (``_Checked``), every request finishes or never fits, and every pin made is let go."""
+    result = retained(mode, trace=_agentic(), runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
+                      num_gpu_blocks=100, max_num_batched_tokens=256, replicas=2, **setup)
+    statuses = column(result, "status")
+    assert set(statuses) == {"finished", "rejected"}  # (sessions whose context outgrew a replica's KV)
+    assert statuses.count("finished") > 250
+    meta = result.meta["kv_retention"]
+    assert meta["retained"] > 50 and meta["pins_left"] == 0
+    if mode == "keep":
+        released = sum(meta[k] for k in ("admitted", "moved", "ended", "ttl", "pressure", "failed"))
+        assert released == meta["retained"]
+
+
+# -- task-affinity routing ----------------------------------------------------------------------
+def test_session_router_brings_a_task_back_to_its_kept_context(retained):
+    """Two replicas; A and B of session 1, X and Y (other requests) arriving between them.
+    Round-robin (by arrival: A, X, Y, B) sends B to replica 1: A's pin on replica 0 is released
+    ("moved") and B reuses nothing; the session router sends B home, onto its pinned context."""
+    t = make_trace([0.0, 0.0, 1.0, 2.0], [32, 64, 16, 16], [17, 1, 1, 1], session_id=[1, 1, None, None],
+                   think_s=[None, 5.0, None, None], prefix_hashes=[[1, 2], [1, 2, 3, 4], [9], [10]])
+    t = t.replace_schema_metadata({b"prefix_block_tokens": b"16"})
+    rr = retained("keep", trace=t, replicas=2, router="round-robin")
+    assert column(rr, "replica") == [0, 1, 1, 0]
+    assert column(rr, "cached_tokens")[1] == 0 and rr.meta["kv_retention"]["moved"] == 1
+    sticky = retained("keep", trace=t, replicas=2, router="session")
+    assert column(sticky, "replica")[1] == column(sticky, "replica")[0]
+    assert column(sticky, "cached_tokens")[1] == 48 and sticky.meta["kv_retention"]["admitted"] == 1
