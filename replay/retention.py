@@ -16,7 +16,8 @@ kept during the tool wait:
   as a release queues them (cached, evicted least recently used first). Memory is needed when,
   before a decision, the replica's free blocks do not cover the iteration's largest growth: a new
   block for every decoding request, the blocks of the running requests' next prefill chunks and
-  those of the first waiting request's known tokens (prefill within ``max_num_batched_tokens``): pins are then released oldest first (those whose
+  those of the waiting requests' known tokens, in queue order while ``max_num_seqs`` has seats
+  (prefill within ``max_num_batched_tokens``): a pin holds only memory nothing waiting could use: pins are then released oldest first (those whose
   next call waits here last) until they do; and when a policy admits nothing while nothing runs
   and requests wait, every pin of the replica goes and the policy is asked again (so retention
   never stalls a replica that would run without it).
@@ -157,8 +158,9 @@ class Retention:
     def before_schedule(self, replica) -> None:
         """Release pins, oldest first, until the replica's free blocks cover the next iteration's
         growth: a block per decoding request, the blocks of the running requests' next prefill
-        chunks, and those of the first waiting request's known tokens, the chunks within one token
-        budget. Pins whose next call waits here go last."""
+        chunks, and those of the waiting requests' known tokens (queue order, while seats are
+        left), the chunks within one token budget: a pin holds only memory that nothing waiting
+        could use now. Pins whose next call waits here go last."""
         pins = self.by_replica.get(replica.id)
         if not pins:
             return
@@ -176,8 +178,14 @@ class Retention:
                 n = min(n, left)
                 left -= n
                 need += kv.blocks_needed(req, n)
-        if replica.waiting and left > 0:
-            need += -(-min(next(iter(replica.waiting)).num_tokens, left) // kv.block_size)
+        seats = replica.config.max_num_seqs - len(running)
+        for req in replica.waiting:  # (queue order; the policy's may differ: the first ones within the budget)
+            if left <= 0 or seats <= 0:
+                break
+            n = min(req.num_tokens, left)
+            left -= n
+            seats -= 1
+            need += -(-n // kv.block_size)
         if kv.free >= need:
             return
         waiting = {req.index for req in replica.waiting}
