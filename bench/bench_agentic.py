@@ -10,11 +10,15 @@ built from closed-loop sessions (``trace synth`` with turns, think times and car
 which the engine already replays: each task is a chain of calls. ``--trace`` replays any trace
 instead (a ``depends_on`` one once the engine reads them); tasks are grouped by ``session_id``.
 
-Load: the replica's capacity is measured first, in calls per second, by replaying the same calls
-open loop, all at t=0 (saturated, FCFS); a load L then starts tasks at
-``L x capacity / mean calls per task`` per second (Poisson). Per-task job completion time (JCT) is
-the last call's finish minus the first call's arrival; percentiles by DuckDB over the runs'
-requests.parquet. A task with a call that did not finish is counted apart (none should).
+Load is offered calls per second over the replica's capacity. The capacity is measured on the
+same mix with every task starting at t=0 (closed loop, FCFS): calls finished per second up to the
+first iteration that finds nothing waiting. A load L then starts tasks at ``L x capacity / mean
+calls per task`` per second (Poisson).
+The replica: Llama-3.1-8B on an H100 (roofline runner), 4,096 KV blocks of 16 tokens.
+
+Per-task job completion time (JCT) is the last call's finish minus the first call's arrival;
+percentiles by DuckDB over the runs' requests.parquet. A task with a call that did not finish is
+counted apart (none should).
 """
 
 from __future__ import annotations
@@ -67,15 +71,15 @@ def replay_one(trace, name: str, out: Path, engine: EngineConfig) -> tuple[Path,
 
 
 def capacity(trace, engine: EngineConfig, out: Path) -> float:
-    """Calls per second one replica finishes when all of them wait from t=0 (FCFS): the same calls
-    replayed open loop (no think times: a chain's calls would otherwise wait for each other and the
-    tool waits, and the replica would idle), so every iteration runs as full a batch as KV allows."""
+    """Calls per second one replica finishes while saturated: the mix's tasks all start at t=0
+    (closed loop: tool waits and contexts as in the real runs), FCFS, counted up to the first
+    iteration that finds nothing waiting (until then every iteration runs as full as KV allows)."""
     saturated = trace.set_column(trace.schema.get_field_index("arrival_s"), "arrival_s", [[0.0] * trace.num_rows])
-    saturated = saturated.drop_columns(["think_s"])
     run_dir, _ = replay_one(saturated, "fcfs", out / "capacity", engine)
-    row = duckdb.sql(f"SELECT count(*) FILTER (status = 'finished') AS n, max(finish_s) AS span "
-                     f"FROM '{run_dir}/requests.parquet'").fetchone()
-    return row[0] / row[1]
+    return duckdb.sql(f"""
+        WITH t AS (SELECT min(start_s) AS t FROM '{run_dir}/steps.parquet' WHERE waiting = 0 AND start_s > 0)
+        SELECT count(*) / any_value(t.t) FROM '{run_dir}/requests.parquet', t
+        WHERE status = 'finished' AND finish_s <= t.t""").fetchone()[0]
 
 
 TASKS = """
@@ -120,8 +124,7 @@ def main() -> None:
         probe = mix(args.sessions, 1.0, args.seed)
         calls_per_task = probe.num_rows / args.sessions
         cap = capacity(probe, engine, out)
-        print(f"capacity: {cap:.2f} calls/s on one replica ({MODEL}, {GPU}, {BLOCKS} KV blocks); "
-              f"{calls_per_task:.2f} calls per task", flush=True)
+        print(f"capacity: {cap:.2f} calls/s on one replica, saturated; {calls_per_task:.2f} calls per task", flush=True)
         cases = []
         for load in (float(x) for x in args.loads.split(",")):
             rate = load * cap / calls_per_task
