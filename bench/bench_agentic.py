@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--loads", default="0.7,0.95", help="offered load, share of the measured capacity")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
     ap.add_argument("--trace", help="replay this trace file as is instead of the synthetic mix (one row per config)")
+    ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks of 16 tokens on the replica")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", help="run directories here (default: a temporary folder)")
     args = ap.parse_args()
@@ -117,14 +118,15 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown config(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-agentic-"))
-    engine = EngineConfig(num_gpu_blocks=BLOCKS, seed=args.seed)
+    engine = EngineConfig(num_gpu_blocks=args.blocks, seed=args.seed)
     if args.trace:
         cases = [("trace", read_trace(args.trace))]
     else:
         probe = mix(args.sessions, 1.0, args.seed)
         calls_per_task = probe.num_rows / args.sessions
         cap = capacity(probe, engine, out)
-        print(f"capacity: {cap:.2f} calls/s on one replica, saturated; {calls_per_task:.2f} calls per task", flush=True)
+        print(f"capacity: {cap:.2f} calls/s on one replica ({MODEL}, {GPU}, {args.blocks} KV blocks), saturated; "
+              f"{calls_per_task:.2f} calls per task", flush=True)
         cases = []
         for load in (float(x) for x in args.loads.split(",")):
             rate = load * cap / calls_per_task
