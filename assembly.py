@@ -21,6 +21,7 @@ from servelab import __version__
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
+from servelab.replay.depends import Dependencies, parents_of
 from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
 from servelab.replay.engine import Engine
 from servelab.replay.kv import KVManager
@@ -197,6 +198,12 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
         engine.aborts = Aborts(engine, timeouts)
         engine.aborts.arm_all(requests)
+    parents = parents_of(trace)
+    if parents:  # requests that wait for others (trace schema v2)
+        engine.depends = Dependencies(engine, requests, parents)
+        for replica in cluster.replicas:
+            if replica.kv.cache is not None:
+                replica.kv.cache.keep_outputs = True
     if engine_cfg.kv_retention != "lru":
         engine.retention = build_retention(engine, engine_cfg, runner)
     if engine.tokens is not None:
@@ -248,6 +255,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         "swap_fallbacks": engine.num_swap_fallbacks,
         "platform": platform_meta(engine),
         **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
+        **({"dependencies": engine.depends.meta()} if engine.depends is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
         **({"kv_retention": engine.retention.meta()} if engine.retention is not None else {}),
         "config": config.to_dict(),

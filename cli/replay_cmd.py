@@ -418,7 +418,7 @@ def _report(result, out_dir: str | None, slo, slo_source: str = "given") -> str:
 def _slo_option(func: Callable) -> Callable:
     return click.option("--slo", multiple=True, metavar="SPEC",
                         help="SLO for the report, kept in run.json, e.g. ttft=500ms,tpot=50ms or tier=priority:ttft=0.2s "
-                             "(a bare number is seconds).")(func)
+                             "or task=30s (a deadline per task; a bare number is seconds).")(func)
 
 
 _force_option = click.option("--force/--no-force", default=False, help="Replace the run directory -o names if it already holds a run.")

@@ -100,6 +100,7 @@ class Engine:
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
+        self.depends = None  # requests that wait for others (replay/depends.py), when the trace has any
         self.retention = None  # KV retention across sessions' tool waits (replay/retention.py), when on
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
@@ -551,6 +552,18 @@ class Engine:
         req.reason = reason
         self.ended(req, now)
 
+    def skip(self, req: Request, reason: str, now: float) -> None:
+        """``req`` is never sent: a request it depends on ended unfinished at ``now`` (replay/depends.py)."""
+        self.end(req, Status.SKIPPED, reason, now)
+
+    def send_at(self, req: Request, arrival_s: float) -> None:
+        """``req``, whose arrival the replay decides (a closed-loop turn, a dependent request), arrives at
+        ``arrival_s``; its client's timeout runs from then."""
+        req.arrival_s = arrival_s
+        self.push(arrival_s, ARRIVAL, req)
+        if self.aborts is not None:
+            self.aborts.arm(req)
+
     def interrupt(self, req: Request) -> None:
         """``req`` lost its KV with its replica (a failure, a reclaimed instance, KV in transfer lost):
         the journal's rule applies (it keeps its generated tokens, or starts over) and it is routed
@@ -623,9 +636,11 @@ class Engine:
             self.on_serving[role](live, grew)
 
     def ended(self, req: Request, now: float) -> None:
-        """A request reached a terminal state: release its session's next turn, if any."""
+        """A request reached a terminal state: release its session's next turn, if any, and its dependents."""
         if self.platform is not None:
             self.platform.ended(req, now)
+        if self.depends is not None:
+            self.depends.ended(req, now)
         if self.retention is not None:
             self.retention.ended(req)
         follower = self.followers.get(req.index)

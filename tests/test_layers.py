@@ -27,7 +27,7 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 # pausing, failures) beside each other, then the assembly of a whole replay's config and results.
 REPLAY_LAYERS = {
     "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv", "engine_config",
-             "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort", "engine",
+             "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort", "engine", "depends",
              "retention"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "fleet"],
     "platform": ["admission", "platform", "abort"],
