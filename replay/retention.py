@@ -33,8 +33,13 @@ blocks. This needs the trace's ``prefix_hashes``; it stops at the first trace bl
 differs between the two calls (with ``prefix_block_tokens`` larger than ``block_size`` the ending
 call's partial last trace block usually does: then nothing past its hashed prompt is continued).
 
-The next call of a session is the closed-loop follower (``session_id`` + ``think_s``): requests
-without one are released as in ``lru``. Retention needs prefix caching and a cost-model runner.
+The calls that continue a call's context are its session's closed-loop next turn (``session_id`` +
+``think_s``), or the requests that depend on it (trace schema v2 ``depends_on``: an agent's next
+call, a fan-out's branches); a pin waits for all of them and goes when the first is admitted on its
+replica (it then holds the blocks, which its siblings share), or once each has been routed
+elsewhere or ended. A call nothing continues is released as in ``lru``. With ``depends_on`` the
+trace's hashes already cover a call's output (replay/depends.py), so there is nothing to continue.
+Retention needs prefix caching and a cost-model runner.
 """
 
 from __future__ import annotations
@@ -59,42 +64,60 @@ def check_retention(mode: str, ttl_s: float | None) -> None:
 
 
 class Pin:
-    """A finished call's context held for its session's next call: a holder like a running request
-    (``kv_blocks``, ``cached_keys``: what ``KVManager.check`` counts)."""
+    """A finished call's context held for the calls that continue it: a holder like a running
+    request (``kv_blocks``, ``cached_keys``: what ``KVManager.check`` counts). ``waiting``: the
+    indices of those calls not yet admitted, routed elsewhere or ended."""
 
-    __slots__ = ("replica", "chain", "kv_blocks", "cached_keys", "follower")
+    __slots__ = ("replica", "chain", "kv_blocks", "cached_keys", "waiting", "id")
 
-    def __init__(self, replica, chain, follower):
+    def __init__(self, replica, chain, waiting: list[int], pin_id: int):
         self.replica = replica
         self.chain = chain
         self.cached_keys = chain
         self.kv_blocks = chain.blocks
-        self.follower = follower
+        self.waiting = waiting
+        self.id = pin_id
 
 
 class Retention:
-    """The engine's retention: pins (``keep``) by the next call's index, per replica oldest first."""
+    """The engine's retention: pins (``keep``) by the indices of the calls they wait for, and per
+    replica oldest first."""
 
     def __init__(self, engine, mode: str, ttl_s: float | None):
         self.engine = engine
         self.mode = mode
         self.ttl_s = ttl_s
-        self.pins: dict[int, Pin] = {}  # next call's index -> its pin
-        self.by_replica: dict[int, OrderedDict] = {}  # replica id -> {next call's index: pin}, oldest first
+        self.pins: dict[int, list[Pin]] = {}  # a next call's index -> the pins waiting for it (a join: several)
+        self.by_replica: dict[int, OrderedDict] = {}  # replica id -> {pin id: pin}, oldest first
+        self.made = 0
         self.counts = {"retained": 0, "continued_blocks": 0, "admitted": 0, "moved": 0, "ended": 0,
                        "ttl": 0, "pressure": 0, "failed": 0}
         engine.on_failed.append(self._failed)
 
+    def next_calls(self, req) -> list:
+        """The calls that continue ``req``'s context: its session's closed-loop next turn, or the
+        requests that depend on it (trace schema v2 ``depends_on``: an agent's next call, a fan-out's
+        branches)."""
+        engine = self.engine
+        follower = engine.followers.get(req.index)
+        if follower is not None:
+            return [follower]
+        depends = engine.depends
+        kids = depends.children.get(req.index) if depends is not None else None
+        return [engine.requests[c] for c in kids] if kids else []
+
     # -- a call ends ----------------------------------------------------------------------------
     def finish(self, replica, req, now: float) -> bool:
-        """``req`` finished on ``replica``: keep or offload its context for its session's next call
-        (True), or leave its release to the engine (False: no next call, or nothing to keep)."""
-        follower = self.engine.followers.get(req.index)
+        """``req`` finished on ``replica``: keep or offload its context for the calls that continue
+        it (True), or leave its release to the engine (False: none, or nothing to keep)."""
         kv = replica.kv
         cache = kv.cache
-        if follower is None or cache is None or not cache.trace_block:
+        if cache is None or not cache.trace_block:
             return False
-        self._continue(cache, req, follower)
+        nexts = self.next_calls(req)
+        if not nexts:
+            return False
+        self._continue(cache, req, nexts[0])
         if self.mode == "offload":
             kv.offload(req)
             self.counts["retained"] += 1
@@ -102,9 +125,11 @@ class Retention:
         chain = req.cached_keys
         if chain is None or not chain.blocks:
             return False
-        pin = Pin(replica, kv.pin(req), follower.index)
-        self.pins[follower.index] = pin
-        self.by_replica.setdefault(replica.id, OrderedDict())[follower.index] = pin
+        self.made += 1
+        pin = Pin(replica, kv.pin(req), [n.index for n in nexts], self.made)
+        for n in nexts:
+            self.pins.setdefault(n.index, []).append(pin)
+        self.by_replica.setdefault(replica.id, OrderedDict())[pin.id] = pin
         self.counts["retained"] += 1
         if self.ttl_s is not None:
             self.engine.push(now + self.ttl_s, self.engine.TIMER, lambda t, pin=pin: self._expire(pin))
@@ -128,25 +153,38 @@ class Retention:
 
     # -- the next call ------------------------------------------------------------------------------
     def routed(self, replica, req) -> None:
-        """``req`` joined ``replica``: a pin of its context elsewhere is of no use any more."""
-        pin = self.pins.get(req.index)
-        if pin is not None and pin.replica is not replica:
-            self._release(pin, "moved")
+        """``req`` joined ``replica``: its pins elsewhere stop waiting for it (released once they
+        wait for no call)."""
+        pins = self.pins.get(req.index)
+        if pins:
+            for pin in [p for p in pins if p.replica is not replica]:
+                self._forget(pin, req.index, "moved")
 
     def admitted(self, req) -> None:
-        """``req`` was admitted (onto its pinned context, held now by itself): the pin lets go."""
-        pin = self.pins.get(req.index)
-        if pin is not None:
-            self._release(pin, "admitted")
+        """``req`` was admitted (onto its pinned contexts, held now by itself): those pins let go."""
+        pins = self.pins.get(req.index)
+        if pins:
+            for pin in list(pins):
+                self._release(pin, "admitted")
 
     def ended(self, req) -> None:
-        """``req`` reached a terminal state: a pin still waiting for it is released."""
-        pin = self.pins.get(req.index)
-        if pin is not None:
-            self._release(pin, "ended")
+        """``req`` reached a terminal state: pins still waiting for it stop waiting for it."""
+        pins = self.pins.get(req.index)
+        if pins:
+            for pin in list(pins):
+                self._forget(pin, req.index, "ended")
+
+    def _forget(self, pin: Pin, index: int, why: str) -> None:
+        pin.waiting.remove(index)
+        own = self.pins[index]
+        own.remove(pin)
+        if not own:
+            del self.pins[index]
+        if not pin.waiting:
+            self._release(pin, why)
 
     def _expire(self, pin: Pin) -> None:
-        if self.pins.get(pin.follower) is pin:
+        if pin.id in self.by_replica.get(pin.replica.id, ()):
             self._release(pin, "ttl")
 
     def _failed(self, replica, now: float) -> None:
@@ -190,10 +228,10 @@ class Retention:
             return
         waiting = {req.index for req in replica.waiting}
         for pass_waiting in (False, True):
-            for index, pin in list(pins.items()):
+            for pin in list(pins.values()):
                 if kv.free >= need:
                     return
-                if (index in waiting) == pass_waiting:
+                if any(i in waiting for i in pin.waiting) == pass_waiting:
                     self._release(pin, "pressure")
 
     def unstall(self, replica) -> bool:
@@ -208,8 +246,13 @@ class Retention:
         return True
 
     def _release(self, pin: Pin, why: str) -> None:
-        del self.pins[pin.follower]
-        del self.by_replica[pin.replica.id][pin.follower]
+        for index in pin.waiting:
+            own = self.pins[index]
+            own.remove(pin)
+            if not own:
+                del self.pins[index]
+        pin.waiting = []
+        del self.by_replica[pin.replica.id][pin.id]
         pin.replica.kv.unpin(pin.chain)
         self.counts[why] += 1
 
@@ -219,7 +262,8 @@ class Retention:
         return list(self.by_replica.get(replica.id, {}).values())
 
     def meta(self) -> dict:
-        return {"mode": self.mode, "ttl_s": self.ttl_s, "pins_left": len(self.pins), **self.counts}
+        return {"mode": self.mode, "ttl_s": self.ttl_s,
+                "pins_left": sum(len(pins) for pins in self.by_replica.values()), **self.counts}
 
 
 __all__ = ["MODES", "Pin", "Retention", "check_retention"]

@@ -293,3 +293,51 @@ def test_session_router_brings_a_task_back_to_its_kept_context(retained):
     sticky = retained("keep", trace=t, replicas=2, router="session")
     assert column(sticky, "replica")[1] == column(sticky, "replica")[0]
     assert column(sticky, "cached_tokens")[1] == 48 and sticky.meta["kv_retention"]["admitted"] == 1
+
+
+# -- retention with dependent requests (trace schema v2) ------------------------------------------
+def _v2_mix(block=16, tasks=80):
+    from servelab.traces.agentic_synth import generate_agentic, make_agent_config
+
+    return generate_agentic(make_agent_config(shape="mix", tasks=tasks, arrival={"rate_per_s": 6.0},
+                                              prompt="lognormal:200:0.5", output="lognormal:40:0.5",
+                                              new_tokens="lognormal:60:0.5", tool_s="exp:0.5",
+                                              user_think_s="exp:0.5", prefix_block_tokens=block, seed=block))
+
+
+@pytest.mark.parametrize("mode,setup", [
+    ("keep", dict(router="session")),
+    ("keep", dict(router="round-robin", kv_retention_ttl_s=0.3)),
+    ("offload", dict(router="session", kv_tiers=("dram:capacity_gb=0.01",), kv_bytes_per_token=1024)),
+])
+def test_retention_with_dependent_requests(retained, mode, setup):
+    """ReAct chains, fan-outs and chats (``depends_on``): a parent's context waits for all its
+    children (a fan-out's branches share it); the accounting adds up after every event."""
+    result = retained(mode, trace=_v2_mix(), runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
+                      num_gpu_blocks=160, max_num_batched_tokens=256, replicas=2, **setup)
+    assert set(column(result, "status")) == {"finished"}
+    meta = result.meta["kv_retention"]
+    assert meta["retained"] > 50 and meta["pins_left"] == 0
+    if mode == "keep":
+        assert meta["admitted"] > 0
+        assert sum(meta[k] for k in ("admitted", "moved", "ended", "ttl", "pressure", "failed")) == meta["retained"]
+
+
+def test_retention_keep_holds_a_fan_out_root_for_all_branches(retained):
+    """A root then four branches (each the root's context + 16 new tokens) and an aggregator: the
+    root's pin waits for the branches; the first one admitted takes it over, and every branch
+    reuses the root's 64 computed tokens (its prompt and 16 of its output tokens: v2 hashes cover
+    outputs). Each branch's pin waits for the aggregator, which releases all four."""
+    import pyarrow as pa
+
+    root = [1, 2, 3, 4]  # 16-token blocks over the root's 48-token prompt + 17 output tokens
+    branches = [root[:4] + [10 + i] for i in range(4)]
+    trace = make_trace([0.0] * 6, [48, 80, 80, 80, 80, 32], [17, 2, 2, 2, 2, 2], session_id=[1] * 6,
+                       depends_on=pa.array([[], [0], [0], [0], [0], [1, 2, 3, 4]], pa.list_(pa.int64())),
+                       think_s=pa.array([None, 1.0, 1.0, 1.0, 1.0, 1.0], pa.float64()),
+                       prefix_hashes=[root] + branches + [[99, 98]])
+    trace = trace.replace_schema_metadata({b"prefix_block_tokens": b"16"})
+    keep = retained("keep", trace=trace, num_gpu_blocks=64)
+    assert column(keep, "cached_tokens")[1:5] == [64] * 4
+    meta = keep.meta["kv_retention"]
+    assert meta["retained"] == 5 and meta["admitted"] == 5 and meta["pins_left"] == 0
