@@ -8,7 +8,9 @@ prompts and answers) plus new tokens (a tool's output), sent ``think_s`` (the to
 previous call ends. Until the trace schema has dependencies (``depends_on``), the synthetic mix is
 built from closed-loop sessions (``trace synth`` with turns, think times and carried context),
 which the engine already replays: each task is a chain of calls. ``--trace`` replays any trace
-instead (a ``depends_on`` one once the engine reads them); tasks are grouped by ``session_id``.
+instead, and ``--shape react|fanout|chat|mix`` builds trace schema v2 tasks (``depends_on``: ReAct
+loops, fan-outs joined by an aggregator, chats) with the same lengths and waits; tasks are grouped
+by ``session_id``.
 
 Load is offered calls per second over the replica's capacity. The capacity is measured on the
 same mix with every task starting at t=0 (closed loop, FCFS): calls finished per second up to the
@@ -51,10 +53,19 @@ CONFIGS = {
 }
 
 
-def mix(sessions: int, rate: float, seed: int):
+def mix(sessions: int, rate: float, seed: int, shape: str | None = None):
     """The synthetic agentic mix: tasks of geometric length (mean 5 calls, so many 1-2 call tasks
     and a tail of long ones), a 1,024-token system prompt shared per tenant, 300 new tokens per
-    call (lognormal: tool outputs), 120-token answers, tool waits of 2 s on average (exponential)."""
+    call (lognormal: tool outputs), 120-token answers, tool waits of 2 s on average (exponential).
+    With ``shape`` (react, fanout, chat, mix): trace schema v2 tasks (``depends_on``) of that shape
+    from ``trace synth --shape`` (traces/agentic_synth.py), with the same lengths and waits."""
+    if shape is not None:
+        from servelab.traces.agentic_synth import generate_agentic, make_agent_config
+
+        return generate_agentic(make_agent_config(
+            shape=shape, tasks=sessions, arrival={"rate_per_s": rate}, prompt="lognormal:1024:0.3",
+            output="lognormal:120:0.6", new_tokens="lognormal:300:0.8", tool_s="exp:2.0", user_think_s="exp:2.0",
+            prefix_block_tokens=16, seed=seed))
     return synth_trace(n=None, duration_s=sessions / rate, rate=rate, turns=5.0, think_s=2.0,
                        prompt="lognormal:300:0.8", output="lognormal:120:0.6", shared_prefix_tokens=1024,
                        tenants="agent-a=1,agent-b=1", prefix_block_tokens=16, seed=seed)
@@ -109,6 +120,8 @@ def main() -> None:
     ap.add_argument("--loads", default="0.7,0.95", help="offered load, share of the measured capacity")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
     ap.add_argument("--trace", help="replay this trace file as is instead of the synthetic mix (one row per config)")
+    ap.add_argument("--shape", choices=("react", "fanout", "chat", "mix"),
+                    help="trace schema v2 tasks (depends_on) of this shape instead of closed-loop sessions")
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks of 16 tokens on the replica")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", help="run directories here (default: a temporary folder)")
@@ -122,7 +135,7 @@ def main() -> None:
     if args.trace:
         cases = [("trace", read_trace(args.trace))]
     else:
-        probe = mix(args.sessions, 1.0, args.seed)
+        probe = mix(args.sessions, 1.0, args.seed, args.shape)
         calls_per_task = probe.num_rows / args.sessions
         cap = capacity(probe, engine, out)
         print(f"capacity: {cap:.2f} calls/s on one replica ({MODEL}, {GPU}, {args.blocks} KV blocks), saturated; "
@@ -130,7 +143,7 @@ def main() -> None:
         cases = []
         for load in (float(x) for x in args.loads.split(",")):
             rate = load * cap / calls_per_task
-            cases.append((f"{load:.0%}", mix(args.sessions, rate, args.seed)))
+            cases.append((f"{load:.0%}", mix(args.sessions, rate, args.seed, args.shape)))
     print("| load | config | tasks | JCT mean (s) | p50 | p90 | p99 | prompt tokens cached | replay wall (s) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for label, trace in cases:
