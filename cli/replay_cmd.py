@@ -59,6 +59,12 @@ _ENGINE_HELP = {
     "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
     "client_timeout_s": "Client timeout in seconds for requests without a trace timeout_s: the client abandons "
                         "the request then ('aborted', its KV freed).",
+    "spec_method": "Speculative decoding: draft_model, eagle, eagle3, mtp or ngram (off when not given).",
+    "spec_k": "Speculative decoding: draft tokens proposed per decode and step (num_speculative_tokens).",
+    "spec_acceptance": "Each draft's acceptance rate where the trace has no spec_acceptance: a rate, "
+                       "uniform:LO,HI or beta:ALPHA,BETA (drawn per request, seeded).",
+    "spec_draft_model": "spec_method draft_model: the draft's preset or config.json (default llama-3.2-1b).",
+    "speculative_config": "vLLM's --speculative-config JSON (method, num_speculative_tokens, model).",
 }
 
 

@@ -154,6 +154,8 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         if "ttft_breakdown" in views else []
     tasks = _rows(con, "SELECT * FROM task_summary WHERE run_id = ? AND scope = 'overall'", [run_id]) \
         if "task_summary" in views else []
+    spec = _rows(con, "SELECT * FROM spec_decode WHERE run_id = ? AND scope = 'overall'", [run_id]) \
+        if "spec_decode" in views else []
     return {
         "run": run[0],
         "slo": slo,
@@ -168,6 +170,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         "kv_tiers": tiers,
         "ttft_breakdown": breakdown[0] if breakdown else None,
         "tasks": tasks[0] if tasks else None,
+        "spec_decode": spec[0] if spec else None,
         "cost": cost,
         "pool_balance": pool_balance(con, run_id, cluster_pools(run[0])),
         "overload": overload(con, run_id, next((g for g in goodput if g["scope"] == "overall"), None)),
@@ -334,6 +337,11 @@ def render(data: dict[str, Any], console: Console) -> None:
         if b:
             console.print(f"  mean TTFT {_ms(b['mean_ttft_s'])} ms = queue {_ms(b['mean_queue_s'])} + KV load "
                           f"{_ms(b['mean_load_s'])} + compute {_ms(b['mean_compute_s'])} ms")
+    spec = data.get("spec_decode")
+    if spec:  # speculative decoding (vLLM's spec-decode metrics)
+        console.print(f"speculative decoding: {spec['num_accepted_tokens']:,} of {spec['num_draft_tokens']:,} draft tokens "
+                      f"accepted ({_pct(spec['acceptance_rate'])}), mean acceptance length "
+                      f"{spec['mean_acceptance_length']:.2f} tokens per step over {spec['num_drafts']:,} drafts")
     console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}

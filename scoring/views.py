@@ -376,6 +376,25 @@ GROUP BY GROUPING SETS ((run_id, tier), (run_id, tier, tenant), (run_id, tier, r
 ORDER BY run_id, scope, name, tier
 """
 
+# Speculative decoding (requests.parquet's spec_ columns, a replay with spec_method set): vLLM's
+# spec-decode metrics summed over requests that verified drafts, per run, tenant and replica.
+SPEC_DECODE = """
+CREATE OR REPLACE VIEW spec_decode AS
+SELECT run_id,
+    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+    count(*) AS requests,
+    CAST(sum(spec_num_drafts) AS BIGINT) AS num_drafts,
+    CAST(sum(spec_num_draft_tokens) AS BIGINT) AS num_draft_tokens,
+    CAST(sum(spec_num_accepted_tokens) AS BIGINT) AS num_accepted_tokens,
+    sum(spec_num_accepted_tokens) / nullif(sum(spec_num_draft_tokens), 0) AS acceptance_rate,
+    1 + sum(spec_num_accepted_tokens) / nullif(sum(spec_num_drafts), 0) AS mean_acceptance_length,
+    avg(spec_mean_acceptance_length) AS mean_request_acceptance_length
+FROM requests WHERE spec_num_drafts > 0
+GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
+ORDER BY run_id, scope, name
+"""
+
 # Where a first token's time went: waiting, loading KV from lower tiers, the rest (prefill compute
 # and the iterations it shared); finished requests.
 TTFT_BREAKDOWN = """
@@ -469,5 +488,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     if "kv_load_s" in columns:  # runs with offload tiers
         con.execute(KV_TIERS)
         con.execute(TTFT_BREAKDOWN)
+    if "spec_num_drafts" in columns:  # runs with speculative decoding
+        con.execute(SPEC_DECODE)
     if "tier_bytes" in {row[0] for row in con.execute("DESCRIBE steps").fetchall()}:
         con.execute(KV_BYTES_MOVED)

@@ -267,3 +267,35 @@ def test_a_file_collected_before_task_deadlines_still_opens(agent_run, tmp_path)
     con.close()
     reopened = connect(str(old))
     assert reopened.execute("SELECT count(*), count(deadline_s) FROM tasks").fetchone() == (4, 1)  # task 1's own
+
+
+
+def test_replayed_fan_out_has_its_critical_path(tmp_path, capsys):
+    """A replay of a v2 trace writes depends_on/think_s/task_deadline_s into requests.parquet, so the
+    tasks view walks the replay's own critical path: root -> the branch that finished last -> the
+    aggregator, checked against the requests table by hand."""
+    import pyarrow.parquet as pq
+    from helpers_cli import run_main
+
+    trace, out = tmp_path / "fan.arrow", tmp_path / "run"
+    code, _, err = run_main(["trace", "synth", "--shape", "fanout", "--tasks", "3", "--branches", "4",
+                             "--rate", "0.05", "--task-deadline-s", "60", "--seed", "3", "-o", trace], capsys)
+    assert code == 0, err
+    code, _, err = run_main(["replay", trace, "-o", out, "--runner", "linear:base=0.01,prefill_token=0.0001",
+                             "--num-gpu-blocks", "4096"], capsys)
+    assert code == 0, err
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    assert {"depends_on", "think_s", "task_deadline_s"} <= set(rows[0])
+    by_id = {r["request_id"]: r for r in rows}
+    tasks = _tasks(connect(out))
+    assert len(tasks) == 3
+    for task_id, t in tasks.items():
+        members = [r for r in rows if r["session_id"] == task_id]
+        assert t["complete"] and t["jct_s"] == pytest.approx(max(r["finish_s"] for r in members)
+                                                             - min(r["arrival_s"] for r in members))
+        path, r = 1, max(members, key=lambda r: r["finish_s"])  # the aggregator
+        while r["depends_on"]:
+            r = by_id[max(r["depends_on"], key=lambda d: by_id[d]["finish_s"])]
+            path += 1
+        assert t["critical_path_requests"] == path >= 2
+        assert t["deadline_s"] == 60 and t["met_deadline"] == (t["jct_s"] <= 60)

@@ -292,13 +292,6 @@ def test_imported_chains_replay_in_dependency_order():
             assert arrival[i] == _col(trace, "arrival_s")[i]
 
 
-def _engine_knows_depends_on() -> bool:
-    from servelab.replay.request import Request
-
-    return "depends_on" in Request.__slots__
-
-
-@pytest.mark.skipif(not _engine_knows_depends_on(), reason="runs once the engine honours depends_on (issue #28 item 1)")
 def test_imported_fan_out_replays_in_dependency_order():
     from helpers_engine import column, run
 

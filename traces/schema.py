@@ -57,6 +57,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("depends_on", pa.list_(pa.int64()), False,
            "request_ids it waits for (null/empty: none); it arrives think_s after the last of them finishes"),
     Column("task_deadline_s", pa.float64(), False, "deadline of its task (session_id), seconds after the task starts"),
+    Column("spec_acceptance", pa.float64(), False,
+           "speculative decoding: each draft token's acceptance probability in [0, 1] (null: the engine's spec_acceptance)"),
 )
 V2_COLUMNS = ("depends_on", "task_deadline_s")
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
@@ -219,6 +221,10 @@ def _check_optional(table: pa.Table, path: object) -> None:
             values = _numpy(_pc().fill_null(table.column(name).cast(pa.float64()), 1.0))
             _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
             _check(path, name, values <= 0, f"must be > 0 (null: no {'timeout' if name == 'timeout_s' else 'deadline'})")
+    if "spec_acceptance" in names:
+        values = _numpy(_pc().fill_null(table.column("spec_acceptance").cast(pa.float64()), 0.0))
+        _check(path, "spec_acceptance", ~np.isfinite(values), "not a finite number (NaN or infinite)")
+        _check(path, "spec_acceptance", (values < 0) | (values > 1), "an acceptance rate must be in [0, 1]")
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)
