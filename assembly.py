@@ -33,6 +33,7 @@ from servelab.replay.prefix_cache import PrefixCache
 from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
 from servelab.replay.request import Status
+from servelab.replay.retention import Retention
 from servelab.replay.results import (
     RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, schema_columns, tier_columns,
     tier_meta, with_platform_columns, write_run,
@@ -266,6 +267,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         for replica in cluster.replicas:
             if replica.kv.cache is not None:
                 replica.kv.cache.keep_outputs = True
+    if engine_cfg.kv_retention != "lru":
+        engine.retention = build_retention(engine, engine_cfg, runner)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
     end_s = engine.run(_engine_progress(progress, engine))
@@ -329,12 +332,25 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         **({"lora": lora_meta(cluster.replicas)} if engine_cfg.max_loras else {}),
         **({"encoder": encoder_meta(cluster.replicas)}
            if engine_cfg.vision_encoder is not None or engine_cfg.audio_encoder is not None else {}),
+        **({"kv_retention": engine.retention.meta()} if engine.retention is not None else {}),
         "config": config.to_dict(),
     }
     if cluster_meta is not None:
         meta["cluster"] = cluster_meta
     tokens = engine.tokens.finish() if engine.tokens is not None else None
     return RunResult(requests_table, steps_table, meta, tokens)
+
+
+def build_retention(engine: Engine, engine_cfg: EngineConfig, runner: Runner) -> Retention:
+    """KV retention across sessions' tool waits (replay/retention.py), checked against the setup."""
+    mode = engine_cfg.kv_retention
+    if runner.needs_block_tables or any(r.kv.cache is None for r in engine.replicas):
+        raise ServelabError(f"kv_retention = {mode} keeps prefix-cache blocks: it needs enable_prefix_caching, "
+                            "on-demand allocation and a cost-model runner")
+    if mode == "offload" and not engine_cfg.kv_tiers:
+        raise ServelabError("kv_retention = offload writes a session's context to the first offload tier: "
+                            "set kv_tiers (e.g. --kv-tiers dram:capacity_gb=64)")
+    return Retention(engine, mode, engine_cfg.kv_retention_ttl_s)
 
 
 def _release_requests(engine: Engine) -> None:

@@ -57,6 +57,7 @@ class Engine:
     # arrivals go there first. A class default, not set in __init__: a 30th instance attribute cost
     # Engine.run 2.4% more instructions (likely CPython's compact attribute layout ending near 30 keys).
     encode = None
+    TIMER = TIMER
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
                  config: EngineConfig, followers: dict[int, Request] | None = None, token_log: bool = False,
@@ -108,6 +109,7 @@ class Engine:
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
         self.depends = None  # requests that wait for others (replay/depends.py), when the trace has any
+        self.retention = None  # KV retention across sessions' tool waits (replay/retention.py), when on
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -253,6 +255,8 @@ class Engine:
             return
         replica = self.router.route(req, live)
         req.replica = replica.id
+        if self.retention is not None:
+            self.retention.routed(replica, req)
         kv = replica.kv
         context = replica.config.max_model_len
         if context is not None and req.prompt_tokens + req.max_output_tokens > context:
@@ -306,6 +310,8 @@ class Engine:
         swap_s = self._before_schedule(replica, now) if self._before_schedule is not None else 0.0
         if not replica.running and not replica.waiting:  # nothing to decide: it idles until work comes
             return
+        if self.retention is not None:
+            self.retention.before_schedule(replica)
         cohort = replica.cohort
         if cohort is not None and cohort.n and not cohort.fits():
             cohort.dissolve()  # the policy must walk its members one by one this time
@@ -319,6 +325,9 @@ class Engine:
             if batch.wake_s is not None and batch.wake_s > now:
                 self.push(batch.wake_s, SCHEDULE, replica)
             elif batch.preempt and replica.waiting:
+                self._request_schedule(replica, now)
+            elif self.retention is not None and replica.waiting and not replica.running \
+                    and self.retention.unstall(replica):
                 self._request_schedule(replica, now)
             return
         kv = replica.kv
@@ -449,6 +458,8 @@ class Engine:
             load_s += replica.lora.activate(req.lora_adapter, replica.running)
         if req.mm is not None and replica.encoder is not None:  # its images, video, audio through the encoder
             load_s += replica.encoder.admit(req)
+        if self.retention is not None:
+            self.retention.admitted(req)
         if req.swapped:  # bring the KV back from host memory
             return load_s + replica.kv.swap_in(req)
         return load_s
@@ -557,7 +568,8 @@ class Engine:
             return
         req.status = Status.FINISHED
         req.finish_s = now
-        replica.kv.release(req)
+        if self.retention is None or not self.retention.finish(replica, req, now):
+            replica.kv.release(req)
         replica.running.remove(req)
         cohort = replica.cohort
         if cohort is not None and req in cohort.outside:  # (a finishing member comes from the cohort)
@@ -663,6 +675,8 @@ class Engine:
             self.platform.ended(req, now)
         if self.depends is not None:
             self.depends.ended(req, now)
+        if self.retention is not None:
+            self.retention.ended(req)
         follower = self.followers.get(req.index)
         if follower is not None:
             follower.arrival_s = now + (follower.think_s or 0.0)

@@ -16,6 +16,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
+from servelab.replay.retention import check_retention
 from servelab.replay.spec_config import Acceptance, canonical_method, parse_speculative_config
 from servelab.replay.lora import parse_ranks
 from servelab.replay.specs import Failure, PauseRule, Quota, check_failures
@@ -92,6 +93,9 @@ class EngineConfig:
     vision_encoder: str | None = None  # encoder preset for images and video (runners/encoders.py), e.g. qwen2.5-vl-vit
     audio_encoder: str | None = None  # encoder preset for audio, e.g. whisper-large-v3-encoder
     encoder_cache_tokens: int | None = None  # embeddings the encoder cache holds, tokens (None: max_num_batched_tokens)
+    # KV retention across a session's tool waits (replay/retention.py): lru (today's release) | keep | offload
+    kv_retention: str = "lru"
+    kv_retention_ttl_s: float | None = None  # keep: a pinned context is released after this many seconds
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -128,6 +132,7 @@ class EngineConfig:
         self._check_platform()
         self._check_speculative()
         self._check_lora()
+        check_retention(self.kv_retention, self.kv_retention_ttl_s)
 
     def _check_speculative(self) -> None:
         if self.speculative_config is not None:  # sets the spec_ fields; one given apart must agree

@@ -203,6 +203,25 @@ class KVManager:
                 self.allocator.free(req.block_table)
             req.block_table = None
 
+    def pin(self, req: Request):
+        """``req`` ended but its hashed blocks stay held, by its chain (KV retention ``keep``,
+        replay/retention.py): the rest is released; returns the chain, for ``unpin``."""
+        chain = req.cached_keys
+        self.used -= self.cache.release(req, req.kv_blocks, False, keep_chain=True)
+        req.kv_blocks = 0
+        req.cached_keys = None
+        return chain
+
+    def unpin(self, chain) -> None:
+        """A chain ``pin`` kept lets go: its blocks no one else holds are queued, cached."""
+        self.used -= self.cache.unpin(chain)
+
+    def offload(self, req: Request) -> None:
+        """``req`` ended; its hashed blocks go to the first offload tier, not to the GPU's cache
+        (KV retention ``offload``, replay/retention.py)."""
+        self.used -= self.cache.offload(req, req.kv_blocks)
+        req.kv_blocks = 0
+
     def forget(self, req: Request) -> None:
         """``req`` ended while waiting here (it holds no GPU block): a purged tenant's cached blocks
         (an own segment from a preemption, its prompt's entries) are dropped from every tier."""

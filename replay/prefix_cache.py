@@ -173,12 +173,15 @@ class PrefixCache:
         covered = min(tokens, len(hashes) * self.trace_block)
         return covered // self.block_size
 
-    def groups(self, req: "Request", start: int, stop: int):
+    def groups(self, req: "Request", start: int, stop: int, hashes: list | None = None):
         """(key, lo, hi) of the trace blocks whose engine blocks ``[lo, hi)`` (those whose last token
         lies in the trace block) meet ``[start, stop)``; trace blocks holding no block's last token
         are skipped. The key: the trace block's hash and its index (the tenant first when the
-        cache is per tenant; with a LoRA adapter, the adapter and that tenant or None first)."""
-        hashes, bs, tb = req.prefix_hashes, self.block_size, self.trace_block
+        cache is per tenant; with a LoRA adapter, the adapter and that tenant or None first). ``hashes``:
+        instead of ``req.prefix_hashes`` (KV retention)."""
+        bs, tb = self.block_size, self.trace_block
+        if hashes is None:
+            hashes = req.prefix_hashes
         tenant = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # KV computed under an adapter is that adapter's (vLLM's block hash)
             tenant = ("lora", req.lora_adapter, tenant)
@@ -359,17 +362,24 @@ class PrefixCache:
         return claimed
 
     # -- while running ----------------------------------------------------------------------------
-    def register(self, req: "Request") -> None:
+    def register(self, req: "Request", hashes: list | None = None) -> None:
         """``req`` computed more of its prompt: its newly full hashed blocks become cached (shared),
         up to the first that is cached already (computed twice at once: both requests were admitted
-        before either had it; this copy stays private, as vLLM too caches one of the two)."""
+        before either had it; this copy stays private, as vLLM too caches one of the two).
+
+        ``hashes`` (KV retention, replay/retention.py): a finished request's context continues in
+        its session's next call, whose hashes cover this request's prompt and generated tokens; its
+        full blocks past its own hashed ones become cached under those keys."""
         chain = req.cached_keys
         if chain is None:
-            if not req.prefix_hashes:
+            if not (req.prefix_hashes or hashes):
                 return
             chain = req.cached_keys = Chain()
         have = chain.blocks
-        full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
+        if hashes is None:
+            full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
+        else:
+            full = min(req.num_computed_tokens, len(hashes) * self.trace_block) // self.block_size
         if full <= have:
             return
         entries = chain.entries
@@ -384,7 +394,7 @@ class PrefixCache:
                     return
                 have = chain.blocks
         cache = self.entries
-        for key, lo, hi in self.groups(req, have, full):
+        for key, lo, hi in self.groups(req, have, full, hashes):
             want = (hi if hi < full else full) - lo
             e = cache.get(key)
             if e is None:
@@ -417,10 +427,12 @@ class PrefixCache:
         return got == want
 
     # -- release --------------------------------------------------------------------------------
-    def release(self, req: "Request", blocks: int, may_return: bool) -> int:
+    def release(self, req: "Request", blocks: int, may_return: bool, keep_chain: bool = False) -> int:
         """``req`` gives back its ``blocks`` blocks; returns how many no running request holds any
         more. Full blocks keep their KV, cached; a request that ``may_return`` (preempted by
-        recompute) keeps its own blocks as a segment only it can hit."""
+        recompute) keeps its own blocks as a segment only it can hit. ``keep_chain`` (KV retention):
+        its hashed blocks stay held, by its chain (``req.cached_keys``, which the caller takes over
+        and gives back with ``unpin``)."""
         chain = req.cached_keys
         shared = chain.blocks if chain is not None else 0
         full = max(min(req.num_computed_tokens // self.block_size, blocks), shared)
@@ -441,6 +453,8 @@ class PrefixCache:
         if private > shared:
             self._release_private(req, shared, private)
         freed = blocks - shared
+        if keep_chain:
+            return freed
         if chain is not None:
             for e, count in reversed(list(chain.counts())):
                 e.unhold(count)
@@ -448,6 +462,37 @@ class PrefixCache:
                     self._push_run(e, e.top, count - e.top)
                     freed += count - e.top
             req.cached_keys = None
+        return freed
+
+    def unpin(self, chain: Chain) -> int:
+        """A chain that ``release(keep_chain=True)`` kept held lets go (KV retention); returns how
+        many blocks no holder holds any more (queued, cached, as a release queues them)."""
+        freed = 0
+        for e, count in reversed(list(chain.counts())):
+            e.unhold(count)
+            if count > e.top:
+                self._push_run(e, e.top, count - e.top)
+                freed += count - e.top
+        return freed
+
+    def offload(self, req: "Request", blocks: int) -> int:
+        """``req`` ended and its hashed blocks go to the first lower tier rather than stay cached in
+        GPU memory (KV retention ``offload``): they are written there, and the blocks no running
+        request holds become plain free blocks at the head of the free queue, the first reused.
+        Returns how many blocks no running request holds any more."""
+        chain = req.cached_keys
+        counts = list(chain.counts()) if chain is not None else []
+        for e, count in counts:
+            self.tiers.write(e.key, 0, count)
+        freed = self.release(req, blocks, False)
+        queue, cache = self.queue, self.entries
+        for e, count in counts:  # the runs this release queued: those below what it held
+            for run in [run for run in e.runs if run[3] < count]:
+                e.runs.remove(run)
+                run[0], run[2] = DEAD, None
+                queue.move_to_end(run[4], last=False)
+            if not e.top and not e.runs and cache.get(e.key) is e:
+                del cache[e.key]
         return freed
 
     def _purge(self, req: "Request", blocks: int, full: int, hashed: int) -> int:
