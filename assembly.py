@@ -194,7 +194,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
     if timeouts:
         check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
-        engine.aborts = Aborts(engine, timeouts)
+        engine.aborts = Aborts(engine, timeouts, disagg)
         engine.aborts.arm_all(requests)
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
