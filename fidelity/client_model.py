@@ -142,10 +142,10 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
 
 DEFAULTS["vllm"] = fit_client(
     json.loads(CALIBRATION.read_text())["observations"], "vllm",
-    provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a 2-vCPU VM), "
-               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 12 runs of "
-               "40 Poisson requests at 5/s, client times against vLLM's engine-side /metrics (bench/RESULTS_fidelity.md, "
-               "attempt a4); token_s: the client's decode was never slower than the engine's there")
+    provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a loaded 2-vCPU VM), "
+               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 4 closed "
+               "loops of 1-16 users (0-11 other streams open at a send), client times against vLLM's engine-side "
+               "/metrics (bench/RESULTS_fidelity.md, attempt b1); its 12 live runs are held out")
 
 
 def resolve(spec: str) -> ClientModel:

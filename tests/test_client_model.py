@@ -80,12 +80,17 @@ def test_fit_recovers_the_terms():
 
 def test_the_shipped_vllm_default_is_fitted_on_the_shipped_observations():
     data = json.loads(cm.CALIBRATION.read_text())
-    assert len(data["observations"]) == 16 and "vLLM 0.32" in data["about"]
+    assert len(data["observations"]) == 8 and len(data["held_out"]) == 12 and "vLLM 0.32" in data["about"]
     model = cm.DEFAULTS["vllm"]
     assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0])
-    assert "attempt a4" in model.provenance and model.token_s == 0.0
-    # the lone 16-token level: 10.98 ms at the client, 4.41 in the engine; the model says 5.5 outside
-    assert model.request_s + 16 * model.prompt_token_s == pytest.approx(0.0055, abs=5e-4)
+    assert "attempt b1" in model.provenance
+    # the closed loops of 4-16 users identify the load term: the outside time grows with the streams open
+    loads = sorted({o["open_streams"] for o in data["observations"]})
+    assert loads[0] == 0.0 and loads[-1] > 10 and model.stream_s > 0.001
+    # the lone 16-token level: 12.66 ms at the client, 6.16 in the engine; the model says ~6.1 outside
+    assert model.outside_s(16.0) == pytest.approx(0.0065, abs=5e-4)
+    # 16 users (11.25 others open at a send): 24.3 ms outside the engine measured
+    assert model.outside_s(64.0, 11.25) == pytest.approx(0.0243, abs=2e-3)
 
 
 def _live_like_run(tmp_path):
