@@ -259,7 +259,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with an encode pool yet")
     if timeouts:
         check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
-        engine.aborts = Aborts(engine, timeouts)
+        engine.aborts = Aborts(engine, timeouts, disagg)
         engine.aborts.arm_all(requests)
     parents = parents_of(trace)
     if parents:  # requests that wait for others (trace schema v2)

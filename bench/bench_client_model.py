@@ -4,17 +4,19 @@
 Against a running vLLM server (`source .ci/vllm.sh`), with `/metrics` scraped in every run:
 
 1. lone-request levels (one user, warm-up first, prompts 16..1536, 2 output tokens) give, per level,
-   the client TTFT and vLLM's engine-side queue + prefill time: `servelab fit --client` fits the
-   client model to them; the same engine-side means give an engine-only `linear` cost model
-   (intercept + per prompt token per prefill step);
+   the client TTFT and vLLM's engine-side queue + prefill time; the same engine-side means give an
+   engine-only `linear` cost model (intercept + per prompt token per prefill step);
 2. decode levels (C = 1, 4, 8, 16 users, 64-token prompts, 32 tokens) give the engine's decode time
    per gap at C sequences (`vllm:request_decode_time_seconds`): the model's per-step and
-   per-sequence decode terms;
+   per-sequence decode terms. `servelab fit --client` fits the client model to the lone and decode
+   levels together: the decode levels are closed loops of C users, so each request is sent with
+   about C - 1 other streams open, which is what identifies the load term (`stream_s`);
 3. `--runs` live runs of one validation trace (40 Poisson requests at 5/s, prompts 32-384, outputs
    8-48: bench/bench_live_fit.py's) are replayed with that engine-only model (a `fitted` runner priced
    from those means) and compared with `validate --real`: with the client model fitted on the lone
-   levels, with one fitted on the lone levels and the first half of the live runs (judged on the
-   second half), and without one (`--client-model none`).
+   and decode levels, with one fitted on the levels and the first half of the live runs (judged on
+   the second half), and without one (`--client-model none`). Every observation (levels and runs,
+   each with its mean open streams at send) is written to DIR/observations_all.json.
 
 Run the server and this script in one session (bench/RESULTS_live.md session 8: a client in another
 session than the server's saw every token of a request arrive at its end), with the server's API
@@ -85,16 +87,12 @@ def main() -> None:
         run = bench(args.endpoint, t, root / f"prefill_{p}", seed, "--shape", "closed", "--users", "1",
                     "--think", "0.15", "--warmup", "1")
         prefill.append(engine_means(run))
-    obs_path = root / "observations.json"
-    obs_path.write_text(json.dumps({"observations": prefill}, indent=2))
-    cli("fit", "--client", obs_path, "-o", root / "client.json")
-    client = json.loads((root / "client.json").read_text())
     # the engine-side prefill step: intercept + per prompt token (least squares on the level means)
     ps = np.array([o["prompt_tokens"] for o in prefill])
     es = np.array([o["server_ttft_s"] for o in prefill])
     slope, intercept = np.polyfit(ps, es, 1)
     # 2. decode levels: the engine's decode time per gap at C sequences
-    decode = []
+    decode, decode_obs = [], []
     for c in (1, 4, 8, 16):
         t = root / f"decode_{c}.arrow"
         write_level_trace(t, 2 * c, 64, 32)
@@ -102,6 +100,10 @@ def main() -> None:
         run = bench(args.endpoint, t, root / f"decode_{c}", seed, "--shape", "closed", "--users", c, "--warmup", "1")
         o = engine_means(run)
         decode.append((c, o["server_decode_s"] / (o["output_tokens"] - 1)))
+        decode_obs.append(o)
+    levels = [*(root / f"prefill_{p}" for p in (16, 256, 768, 1536)), *(root / f"decode_{c}" for c in (1, 4, 8, 16))]
+    cli("fit", *[a for r in levels for a in ("--client", r)], "-o", root / "client.json")
+    client = json.loads((root / "client.json").read_text())
     cs, gaps = np.array([d[0] for d in decode]), np.array([d[1] for d in decode])
     d_slope, d_intercept = np.polyfit(cs, gaps, 1)
     # a `fitted` runner (runners/fitted.py) priced by hand: a decode step = intercept + per sequence;
@@ -115,11 +117,15 @@ def main() -> None:
                                       "bucket_edges_tokens": [], "coefficients_s": [coef],
                                       "metadata": {"fit": "bench_client_model.py: vLLM engine-side /metrics"}}))
     runner = f"fitted:{model_path}"
-    print(f"client model: {client['request_s'] * 1e3:.2f} ms + {client['prompt_token_s'] * 1e6:.2f} us/prompt token, "
-          f"token_s {client['token_s'] * 1e6:.1f} us")
+    print(f"client model: {client['request_s'] * 1e3:.2f} ms + {client['prompt_token_s'] * 1e6:.2f} us/prompt token "
+          f"+ {client['stream_s'] * 1e3:.2f} ms per open stream, token_s {client['token_s'] * 1e6:.1f} us "
+          f"({client['provenance'].rsplit('; ', 1)[-1]})")
     print("prefill levels (P, client TTFT ms, engine ms): "
           + ", ".join(f"{o['prompt_tokens']:.0f}: {o['client_ttft_s'] * 1e3:.2f} / {o['server_ttft_s'] * 1e3:.2f}"
                       for o in prefill))
+    print("decode levels (C, open streams at send, client TTFT ms, engine ms): "
+          + ", ".join(f"{c}: {o['open_streams']:.2f}, {o['client_ttft_s'] * 1e3:.2f} / {o['server_ttft_s'] * 1e3:.2f}"
+                      for (c, _), o in zip(decode, decode_obs)))
     print("decode levels (C, engine ms per gap): " + ", ".join(f"{c}: {g * 1e3:.2f}" for c, g in decode))
     print("engine-only model: " + ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in coef.items() if v), flush=True)
     # 3. validation runs
@@ -135,10 +141,12 @@ def main() -> None:
     # a second client model: the lone levels plus the first half of the loaded runs (their vLLM
     # /metrics give the engine-side TTFT), judged on the second half only
     half = args.runs // 2
-    cli("fit", *[a for r in [*(root / f"prefill_{p}" for p in (16, 256, 768, 1536)), *runs[:half]]
-                 for a in ("--client", r)], "-o", root / "client_loaded.json")
+    cli("fit", *[a for r in [*levels, *runs[:half]] for a in ("--client", r)], "-o", root / "client_loaded.json")
+    # every observation (levels and runs) with where it came from: what the shipped default is fitted on
+    (root / "observations_all.json").write_text(json.dumps(
+        {"observations": [dict(engine_means(r), source=r.name) for r in [*levels, *runs]]}, indent=1))
     hits = {"client": 0, "none": 0, "loaded": 0}
-    print("run | measured TTFT ms | engine TTFT (vLLM) | sim, lone-fitted client model | err | "
+    print("run | open streams at send | measured TTFT ms | engine TTFT (vLLM) | sim, level-fitted client model | err | "
           "sim, +loaded runs | err | engine-only | err | measured E2E ms | sim | err")
     for k, run in enumerate(runs):
         rows = {}
@@ -151,13 +159,14 @@ def main() -> None:
         e_c = rows["client"][("e2e", "mean")]
         for mode in hits:
             hits[mode] += abs(t[mode]["error_pct"]) <= 10.0 and (mode != "loaded" or k >= half)
-        engine_ttft = engine_means(run)["server_ttft_s"]
-        print(f"{k} | {t['client']['measured_s'] * 1e3:.2f} | {engine_ttft * 1e3:.2f} | "
+        means = engine_means(run)
+        engine_ttft = means["server_ttft_s"]
+        print(f"{k} | {means['open_streams']:.2f} | {t['client']['measured_s'] * 1e3:.2f} | {engine_ttft * 1e3:.2f} | "
               f"{t['client']['simulated_s'] * 1e3:.2f} | {t['client']['error_pct']:+.1f}% | "
               f"{t['loaded']['simulated_s'] * 1e3:.2f} | {t['loaded']['error_pct']:+.1f}%{' (fit)' if k < half else ''} | "
               f"{t['none']['simulated_s'] * 1e3:.2f} | {t['none']['error_pct']:+.1f}% | {e_c['measured_s'] * 1e3:.2f} | "
               f"{e_c['simulated_s'] * 1e3:.2f} | {e_c['error_pct']:+.1f}%", flush=True)
-    print(f"mean TTFT within 10%: {hits['client']} of {args.runs} with the lone-fitted client model, "
+    print(f"mean TTFT within 10%: {hits['client']} of {args.runs} with the client model fitted on the levels, "
           f"{hits['loaded']} of {args.runs - half} held-out runs with the one fitted on loaded runs too, "
           f"{hits['none']} of {args.runs} engine-only")
     print(f"run directories: {root}")

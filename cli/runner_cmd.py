@@ -203,7 +203,8 @@ def _fit_client(sources, server_kind, output):
     model = fit_client(observations, server_kind, provenance="servelab fit --client " + " ".join(map(str, sources)))
     save(model, output)
     click.echo(f"client model ({server_kind}): {model.request_s * 1e3:.3f} ms + {model.prompt_token_s * 1e6:.3f} us "
-               f"per prompt token outside the engine, {model.token_s * 1e6:.3f} us per streamed token; "
+               f"per prompt token + {model.stream_s * 1e3:.3f} ms per open stream outside the engine, "
+               f"{model.token_s * 1e6:.3f} us per streamed token; "
                f"{model.provenance}")
     click.echo(f"wrote {output} (use validate --real RUN --client-model {output})")
 
@@ -416,7 +417,8 @@ def render_real(report: dict) -> None:
     model = report.get("client_model")
     if model:
         console.print(f"client model ({model['server']}): {model['request_s'] * 1e3:.2f} ms + "
-                      f"{model['prompt_token_s'] * 1e6:.2f} us per prompt token outside the engine, "
+                      f"{model['prompt_token_s'] * 1e6:.2f} us per prompt token + "
+                      f"{model.get('stream_s', 0.0) * 1e3:.2f} ms per open stream outside the engine, "
                       f"{model['token_s'] * 1e6:.2f} us per streamed token in the API server's queue; "
                       f"simulated = client-side, engine-side beside it. {model['provenance']}")
     errors = report.get("errors")

@@ -7,6 +7,13 @@ holds the HTTP round trip, the API server's parsing and tokenisation, and each t
 
 - ``request_s + prompt_token_s * prompt_tokens``: the time of a lone request outside the engine
   (HTTP, tokenisation, the first token's way back), which delays its first and last token alike;
+- ``stream_s * open_streams``: the load term. The API server is one process: while it streams other
+  responses, a new request's parsing, tokenisation and first chunk wait their turn, so the outside
+  time grows with the streams open when the request is sent (live vLLM on CPU: 4.4 ms alone, 5.2-8.4
+  ms under load). ``open_streams`` is counted on the replay's own timeline: the other requests sent
+  before it (arrival order) whose client-side finish (engine finish + their lone outside time) is
+  after its send. Fitted only where the observations span several load levels (closed loops of
+  several users), else 0;
 - ``token_s``: the API server's own work per streamed token. One API server process streams every
   response, so the tokens of all requests queue for it: a single-server FIFO queue whose arrivals are
   the engine's token times and whose service takes ``token_s`` each. A token's extra delay is its
@@ -45,15 +52,16 @@ class ClientModel:
     prompt_token_s: float  # ... and per prompt token (tokenisation)
     token_s: float = 0.0  # the API server's work per streamed token (its single-server queue)
     provenance: str = ""  # where the numbers come from and how they were fitted
+    stream_s: float = 0.0  # the load term: outside time per other stream open at the request's send
 
     def __post_init__(self) -> None:
-        for name in ("request_s", "prompt_token_s", "token_s"):
+        for name in ("request_s", "prompt_token_s", "token_s", "stream_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise ServelabError(f"client model {name} must be a finite number of seconds >= 0, got {value!r}")
 
-    def outside_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
-        return self.request_s + self.prompt_token_s * prompt_tokens
+    def outside_s(self, prompt_tokens: np.ndarray, open_streams: np.ndarray | float = 0.0) -> np.ndarray:
+        return self.request_s + self.prompt_token_s * prompt_tokens + self.stream_s * open_streams
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,62 +73,79 @@ DEFAULTS: dict[str, ClientModel] = {}
 CALIBRATION = Path(__file__).with_name("client_calibration_vllm.json")
 
 
-def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Least squares of two non-negative coefficients: the free fit, else the better of the fits
-    with one of them held at 0 (the exact answer for two unknowns)."""
-    x = np.linalg.lstsq(a, b, rcond=None)[0]
-    if (x >= 0).all():
-        return float(x[0]), float(x[1])
-    best = (0.0, 0.0)
-    best_err = float(np.sum(b ** 2))
-    for j in (0, 1):
-        col = a[:, j]
-        c = max(0.0, float(col @ b / (col @ col))) if col @ col > 0 else 0.0
-        err = float(np.sum((b - c * col) ** 2))
-        if err < best_err:
-            best, best_err = ((c, 0.0) if j == 0 else (0.0, c)), err
-    return best
+def open_streams(send_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
+    """Per request, how many other requests were open (sent, not yet ended) when it was sent: those
+    before it in send order (ties: row order) whose end is not before its send. ``end_s`` NaN: never
+    ended (open to the end of the run); an end before its own send counts as at its send."""
+    n = send_s.size
+    if n == 0:
+        return np.zeros(0)
+    order = np.argsort(send_s, kind="stable")
+    rank = np.empty(n, dtype=np.float64)
+    rank[order] = np.arange(n, dtype=np.float64)  # requests sent before it
+    ends = np.sort(np.maximum(np.where(np.isfinite(end_s), end_s, np.inf), send_s))
+    # ended strictly before its send: each of those was sent before it (an end is never before its send)
+    ended = np.searchsorted(ends, send_s, side="left")
+    return rank - ended
 
 
 def fit_client(observations: list[dict], server: str = "vllm", provenance: str = "") -> ClientModel:
-    """Least squares (non-negative) of the client-minus-engine TTFT on ``1, prompt_tokens`` for
-    ``request_s`` and ``prompt_token_s``; ``token_s`` is the mean, over observations that have decode
-    times, of the client-minus-engine decode time per gap (``(client_decode_s - server_decode_s) /
-    (output_tokens - 1)``, at least 0): the delay the API server adds per streamed token beyond the
-    engine, which only shows under load. Each observation may carry a ``weight`` (requests behind a mean)."""
+    """Non-negative least squares (scipy's NNLS) of the client-minus-engine TTFT on ``1,
+    prompt_tokens, open_streams`` for ``request_s``, ``prompt_token_s`` and ``stream_s``.
+    ``stream_s`` is fitted when the observations record ``open_streams`` (the mean number of other
+    streams open at a request's send) at two levels or more that the other terms cannot explain
+    (the design matrix has full rank); else it is 0 and the fit says why. ``token_s`` is the mean,
+    over observations that have decode times, of the client-minus-engine decode time per gap
+    (``(client_decode_s - server_decode_s) / (output_tokens - 1)``, at least 0): the delay the API
+    server adds per streamed token beyond the engine, which only shows under load. Each observation
+    may carry a ``weight`` (requests behind a mean)."""
+    from scipy.optimize import nnls
+
     rows, target, weights = [], [], []
+    with_load = [i for i, obs in enumerate(observations) if obs.get("open_streams") is not None]
+    if with_load and len(with_load) != len(observations):
+        missing = next(i for i in range(len(observations)) if i not in set(with_load))
+        raise ServelabError(f"client observation {missing} has no open_streams while others have: "
+                            f"give every observation its load or none")
     for i, obs in enumerate(observations):
         try:
             p, c, s = float(obs["prompt_tokens"]), float(obs["client_ttft_s"]), float(obs["server_ttft_s"])
+            load = float(obs["open_streams"]) if with_load else 0.0
         except (KeyError, TypeError, ValueError):
-            raise ServelabError(f"client observation {i} needs prompt_tokens, client_ttft_s and server_ttft_s: {obs}") \
-                from None
+            raise ServelabError(f"client observation {i} needs prompt_tokens, client_ttft_s and server_ttft_s "
+                                f"(numbers; open_streams too where given): {obs}") from None
         w = float(obs.get("weight", 1.0))
-        rows.append([1.0, p])
+        rows.append([1.0, p, load])
         target.append(c - s)
         weights.append(np.sqrt(w))
     if len(rows) < 2 or len({r[1] for r in rows}) < 2:
         raise ServelabError("fitting a client model needs observations at two prompt lengths or more")
     a, b = np.asarray(rows), np.asarray(target)
     w = np.asarray(weights)
-    (request_s, prompt_token_s) = _nonnegative_lstsq(a * w[:, None], b * w)
+    identified = bool(with_load) and np.linalg.matrix_rank(a) == 3
+    columns = 3 if identified else 2
+    x = nnls(a[:, :columns] * w[:, None], b * w)[0]
+    request_s, prompt_token_s = float(x[0]), float(x[1])
+    stream_s = float(x[2]) if identified else 0.0
     per_gap = [max(0.0, (float(o["client_decode_s"]) - float(o["server_decode_s"])) / (float(o["output_tokens"]) - 1))
                for o in observations if o.get("client_decode_s") is not None and o.get("server_decode_s") is not None
                and float(o.get("output_tokens") or 0) > 1]
     token_s = float(np.mean(per_gap)) if per_gap else 0.0
-    residual = b - a @ np.array([request_s, prompt_token_s])
+    residual = b - a @ np.array([request_s, prompt_token_s, stream_s])
+    load_note = ("" if identified else "; stream_s: no observation records open_streams, set to 0" if not with_load
+                 else "; stream_s: the observations do not separate the load from the other terms (one load level), set to 0")
     fit = (f"fitted on {len(rows)} observations (outside time residual max {np.abs(residual).max() * 1e3:.2f} ms)"
-           + ("" if per_gap else "; token_s: no observation with decode times, set to 0"))
-    return ClientModel(server, float(request_s), float(prompt_token_s), token_s,
-                       provenance=f"{provenance}; {fit}" if provenance else fit)
+           + load_note + ("" if per_gap else "; token_s: no observation with decode times, set to 0"))
+    return ClientModel(server, request_s, prompt_token_s, token_s,
+                       provenance=f"{provenance}; {fit}" if provenance else fit, stream_s=stream_s)
 
 
 DEFAULTS["vllm"] = fit_client(
     json.loads(CALIBRATION.read_text())["observations"], "vllm",
-    provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a 2-vCPU VM), "
-               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 12 runs of "
-               "40 Poisson requests at 5/s, client times against vLLM's engine-side /metrics (bench/RESULTS_fidelity.md, "
-               "attempt a4); token_s: the client's decode was never slower than the engine's there")
+    provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a loaded 2-vCPU VM), "
+               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 4 closed "
+               "loops of 1-16 users (0-11 other streams open at a send), client times against vLLM's engine-side "
+               "/metrics (bench/RESULTS_fidelity.md, attempt b1); its 12 live runs are held out")
 
 
 def resolve(spec: str) -> ClientModel:
@@ -132,8 +157,8 @@ def resolve(spec: str) -> ClientModel:
         raise ServelabError(f"client model '{spec}': neither a server kind ({', '.join(sorted(DEFAULTS))}) nor a file")
     try:
         data = json.loads(path.read_text())
-        return ClientModel(**{k: data[k] for k in ("server", "request_s", "prompt_token_s", "token_s", "provenance")
-                              if k in data})
+        return ClientModel(**{k: data[k] for k in ("server", "request_s", "prompt_token_s", "token_s", "provenance",
+                                                   "stream_s") if k in data})
     except (json.JSONDecodeError, TypeError) as err:
         raise InputError(path, f"not a client model JSON ({err})") from None
 
@@ -170,7 +195,12 @@ def with_client_columns(requests: pa.Table, model: ClientModel, tokens: pa.Table
     first = _f(requests, "first_token_s")
     finish = _f(requests, "finish_s")
     out_tokens = requests.column("generated_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
-    outside = model.outside_s(requests.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64))
+    prompt = requests.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    outside = model.outside_s(prompt)
+    if model.stream_s > 0:  # the load term, counted with each request's lone client-side finish
+        end = np.where(np.isfinite(finish), finish + outside, _f(requests, "refused_s")
+                       if "refused_s" in requests.column_names else np.nan)
+        outside = model.outside_s(prompt, open_streams(arrival, end))
     wait_first = np.zeros(len(rid))
     wait_last = np.zeros(len(rid))
     if model.token_s > 0:
@@ -239,10 +269,11 @@ def as_client_side(requests: pa.Table) -> pa.Table:
 # -- observations from live runs -----------------------------------------------------------------
 def observations_from(path: Path) -> list[dict]:
     """Observations with client and engine times: a JSON file (``{"observations": [...]}``: each
-    ``prompt_tokens``, ``client_ttft_s``, ``server_ttft_s``, optionally ``output_tokens``,
+    ``prompt_tokens``, ``client_ttft_s``, ``server_ttft_s``, optionally ``open_streams``, ``output_tokens``,
     ``client_decode_s``, ``server_decode_s``, ``weight``), or a live run directory (``servelab bench``
     with ``/metrics`` scraped) whose metrics.parquet holds vLLM's engine-side histograms: one
-    observation of the run's means (engine TTFT = queue + prefill time, engine decode time)."""
+    observation of the run's means (engine TTFT = queue + prefill time, engine decode time, and the
+    mean number of other streams open at a finished request's send, from the client's own times)."""
     if path.is_file():
         try:
             data = json.loads(path.read_text())
@@ -272,6 +303,14 @@ def observations_from(path: Path) -> list[dict]:
         raise InputError(metrics_path, "no vllm:request_queue_time_seconds / request_prefill_time_seconds "
                                        "histograms (a vLLM server's engine-side times)", column="metric")
     req = pq.read_table(requests_path)
+    # the streams open at each send: every sent request counts, ended at its last chunk (or its
+    # first, or at once where it got none)
+    sent = _f(req, "arrival_s")
+    end = _f(req, "finish_s")
+    end = np.where(np.isfinite(end), end, _f(req, "first_token_s"))
+    end = np.where(np.isfinite(end), end, sent)
+    load = open_streams(sent, end)
+    is_done = pc.equal(req.column("status"), "finished").to_numpy(zero_copy_only=False)
     done = req.filter(pc.equal(req.column("status"), "finished"))
     if done.num_rows == 0:
         raise InputError(requests_path, "no finished request")
@@ -279,8 +318,8 @@ def observations_from(path: Path) -> list[dict]:
     first, finish = _f(done, "first_token_s"), _f(done, "finish_s")
     out = done.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
     obs = {"prompt_tokens": float(done.column("prompt_tokens").to_numpy(zero_copy_only=False).mean()),
-           "client_ttft_s": float(ttft.mean()), "server_ttft_s": queue + prefill, "weight": done.num_rows,
-           "source": str(path)}
+           "client_ttft_s": float(ttft.mean()), "server_ttft_s": queue + prefill,
+           "open_streams": float(load[is_done].mean()), "weight": done.num_rows, "source": str(path)}
     if decode is not None:
         obs.update(output_tokens=float(out.mean()), client_decode_s=float((finish - first).mean()),
                    server_decode_s=decode)
@@ -306,4 +345,4 @@ def _counter_increases(metrics: pa.Table) -> dict[str, float]:
 
 
 __all__ = ["CLIENT_COLUMNS", "ClientModel", "DEFAULTS", "api_server_waits", "as_client_side", "fit_client",
-           "observations_from", "resolve", "save", "with_client_columns"]
+           "observations_from", "open_streams", "resolve", "save", "with_client_columns"]

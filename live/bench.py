@@ -341,7 +341,7 @@ def write_live_run(run: LiveRun, trace: pa.Table, trace_meta: dict, run_dir, tok
     with atomic_dir(run_dir) as tmp:
         write_parquet(requests, tmp / "requests.parquet")
         if requests.num_rows:
-            write_trace(sent_trace(requests, trace, run.rows), tmp / "trace.arrow", source="servelab bench (as sent)")
+            write_trace(sent_trace(requests, trace, run.rows, run.meta.get("load")), tmp / "trace.arrow", source="servelab bench (as sent)")
         write_parquet(empty_steps(), tmp / "steps.parquet")
         if token_log:
             write_parquet(tokens_table(run.records), tmp / "tokens.parquet")

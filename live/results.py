@@ -120,10 +120,16 @@ def empty_steps() -> pa.Table:
     return STEPS_SCHEMA.empty_table()
 
 
-def sent_trace(requests: pa.Table, trace: pa.Table, rows: Sequence[int]) -> pa.Table:
+def sent_trace(requests: pa.Table, trace: pa.Table, rows: Sequence[int], load: dict | None = None) -> pa.Table:
     """The trace as the server received it (trace.arrow of a live run, what ``validate --real``
     replays): the sent requests' trace rows with ``arrival_s`` = the actual send time and the
-    lengths of requests.parquet (the server's prompt count; a finished request's real output)."""
+    lengths of requests.parquet (the server's prompt count; a finished request's real output).
+
+    A run whose client held a concurrency cap (``load``: the closed shape's ``users``, an open
+    loop's ``max_in_flight``) sent a request when a slot freed, so its send times depend on the
+    server's latencies: its trace gets closed-loop sessions, one per slot, read off the measured
+    timeline (fidelity/load_shape.py, as the vLLM-bench and GuideLLM imports do), so a replay keeps
+    the feedback and never has more than the cap in flight."""
     import pyarrow.compute as pc
 
     sent = trace.take(pa.array(rows, pa.int64()))
@@ -136,4 +142,10 @@ def sent_trace(requests: pa.Table, trace: pa.Table, rows: Sequence[int]) -> pa.T
         sent = sent.set_column(sent.column_names.index("max_output_tokens"), "max_output_tokens",
                                pc.max_element_wise(sent.column("max_output_tokens"),
                                                    sent.column("output_tokens")))
+    users = (load or {}).get("users") if (load or {}).get("shape") == "closed" else (load or {}).get("max_in_flight")
+    if users:
+        from servelab.fidelity.load_shape import closed_loop
+
+        sent = sent.take(pc.sort_indices(sent, [("arrival_s", "ascending")]))  # stable: ties keep send order
+        sent = closed_loop(sent, requests, int(users))
     return sent

@@ -13,6 +13,13 @@ its sequences half-way (vLLM's engine core, too, handles a client's abort betwee
 decode stretch is cut at the first iteration boundary at or after ``t`` and the request leaves the
 running set, freeing its blocks, at that boundary. Tokens it produced after ``t`` count in
 ``generated_tokens`` (the engine did the work) but not as a first token the client saw.
+
+With prefill/decode pools, a request handed off (its KV held on its prefill replica, waiting for a
+decode replica or crossing the link) is abandoned there (``Disaggregation.abandon``): the transfer is
+cancelled, the landing blocks on the decode replica and the prefill replica's KV are freed at ``t``.
+With replica failures, an aborted request still inside the iteration its replica was running when
+the replica went down loses its KV with the replica and is not moved (``Platform.evict``): it ended
+once, at its deadline.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ if TYPE_CHECKING:
 class Aborts:
     """Arms a deadline per request that has a timeout and carries out the abort when it comes."""
 
-    def __init__(self, engine: "Engine", timeouts: dict[int, float]):
+    def __init__(self, engine: "Engine", timeouts: dict[int, float], disagg=None):
         self.engine = engine
+        self.disagg = disagg  # prefill/decode pools (replay/disagg.py), when any: handoffs are abandoned there
         self.timeouts = timeouts  # request index -> seconds after its arrival the client waits at most
         self.aborted_at: dict[int, float] = {}  # request index -> its client's deadline, once aborted
         self.count = 0
@@ -57,8 +65,12 @@ class Aborts:
             return
         engine = self.engine
         replica = engine.replicas[req.replica] if req.replica is not None else None
-        in_flight = status is Status.RUNNING and self._in_flight(replica, req)
-        if status is Status.RUNNING and not in_flight:
+        # handed off (KV held for a transfer, off its prefill replica's running set): freed there
+        handed_off = self.disagg is not None and self.disagg.abandon(req, now)
+        in_flight = not handed_off and status is Status.RUNNING and self._in_flight(replica, req)
+        if handed_off:
+            replica = None
+        elif status is Status.RUNNING and not in_flight:
             self._leave_running(replica, req, now)
         elif status is Status.WAITING:
             self._leave_waiting(replica, req)
@@ -91,12 +103,15 @@ class Aborts:
     def release(self, replica: "Replica", req: Request, now: float, finished: bool = False) -> None:
         """An aborted request that was inside an iteration leaves at its end (``finished``: that
         iteration gave it its last token; ``Engine._finish`` calls this instead of finishing it and the
-        engine tells the policy, as for any request done in a step). Nothing if it already left."""
-        if req not in replica.running:
-            return
-        self._leave_running(replica, req, now, tell_policy=not finished)
+        engine tells the policy, as for any request done in a step). Nothing more if it already left (its
+        replica went down meanwhile: ``Platform.evict``)."""
+        here = req in replica.running
+        if here:
+            self._leave_running(replica, req, now, tell_policy=not finished)
         if req.first_token_s is not None and req.first_token_s > self.aborted_at[req.index]:
             req.first_token_s = None  # produced after its client left: no TTFT was seen
+        if not here:
+            return
         if not finished and not replica.busy and (replica.waiting or replica.running):
             self.engine._request_schedule(replica, now)
 
@@ -150,11 +165,11 @@ def client_timeouts(trace, default_s: float | None) -> dict[int, float]:
 
 
 def check_supported(config, reclaims: bool, disaggregated: bool) -> None:
-    """Timeouts with replica failures, reclaimed instances or prefill/decode pools are not modelled:
-    a request those move between replicas would need its abort carried along."""
-    if config.fail or reclaims or disaggregated:
-        raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with replica "
-                            "failures, instance reclaims or prefill/decode disaggregation yet")
+    """Timeouts combine with replica failures and prefill/decode pools (the module's docstring says
+    how); with reclaimed instances (replay/fleet.py) they are not checked yet, so refused."""
+    if reclaims:
+        raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with instance "
+                            "reclaims yet")
 
 
 __all__ = ["Aborts", "check_supported", "client_timeouts"]

@@ -329,6 +329,28 @@ class Disaggregation:
         self.kv_lost += len(lost)
         return lost
 
+    def abandon(self, req: Request, now: float) -> bool:
+        """``req``'s client gave up at ``now`` (replay/abort.py): if it is handed off (waiting for a
+        decode replica, or its KV crossing the link), it leaves the handoff queue or has its transfer
+        cancelled, its landing blocks and its prefill replica's KV are freed, and True is returned (the
+        caller ends it). False: it is not in a handoff (on a replica, or not yet prefilled)."""
+        if req not in self.source:
+            return False
+        target_id = self.decode_replica.get(req.index)
+        holder = self.landing[target_id].pop(req, None) if target_id is not None else None
+        if holder is None:
+            self.pending.remove(req)
+        else:
+            target = self.engine.replicas[target_id]
+            self._cancel(req, now)
+            target.kv.release(holder)
+            target.forgive(req)
+            if self.decode_scaler is not None:
+                self.decode_scaler.released(target, now)
+        self._release_source(req, now)
+        self.place_pending(now)  # (the landing blocks freed may make room for the next handoff)
+        return True
+
     def lost_running(self, replica: Replica, moved: list[Request]) -> None:
         """``moved``, the requests running or waiting on a lost decode replica, go back to the prefill
         pool: their handoff columns are cleared as for the ones that lost KV in transfer."""

@@ -257,6 +257,10 @@ class Platform:
         self.pause_waiting[replica.id] = 0
         journal = engine.journal
         before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
+        if engine.aborts is not None:  # aborted inside the lost iteration: it ended at its deadline, stays ended
+            for req in [r for r in moved if r.status.is_terminal]:
+                replica.policy.on_leave(req, replica)
+                moved.remove(req)
         for req in moved:
             replica.policy.on_leave(req, replica)
             start = self.pause_start.pop(req.index, None)

@@ -80,12 +80,17 @@ def test_fit_recovers_the_terms():
 
 def test_the_shipped_vllm_default_is_fitted_on_the_shipped_observations():
     data = json.loads(cm.CALIBRATION.read_text())
-    assert len(data["observations"]) == 16 and "vLLM 0.32" in data["about"]
+    assert len(data["observations"]) == 8 and len(data["held_out"]) == 12 and "vLLM 0.32" in data["about"]
     model = cm.DEFAULTS["vllm"]
     assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0])
-    assert "attempt a4" in model.provenance and model.token_s == 0.0
-    # the lone 16-token level: 10.98 ms at the client, 4.41 in the engine; the model says 5.5 outside
-    assert model.request_s + 16 * model.prompt_token_s == pytest.approx(0.0055, abs=5e-4)
+    assert "attempt b1" in model.provenance
+    # the closed loops of 4-16 users identify the load term: the outside time grows with the streams open
+    loads = sorted({o["open_streams"] for o in data["observations"]})
+    assert loads[0] == 0.0 and loads[-1] > 10 and model.stream_s > 0.001
+    # the lone 16-token level: 12.66 ms at the client, 6.16 in the engine; the model says ~6.1 outside
+    assert model.outside_s(16.0) == pytest.approx(0.0065, abs=5e-4)
+    # 16 users (11.25 others open at a send): 24.3 ms outside the engine measured
+    assert model.outside_s(64.0, 11.25) == pytest.approx(0.0243, abs=2e-3)
 
 
 def _live_like_run(tmp_path):
@@ -194,3 +199,82 @@ def test_validate_compares_error_shares_with_client_timeouts(tmp_path, capsys):
     assert report["errors"]["measured"] == pytest.approx(0.25) and report["errors"]["simulated"] == 0.0
     report = json.loads(run_main([*base, "--set", "client_timeout_s=0.005"], capsys)[1])
     assert report["errors"]["simulated"] == 1.0  # every request needs 10 ms of engine time: all aborted
+
+
+# -- the load term (stream_s): outside time per other stream open at a request's send ----------------
+def test_open_streams_by_hand():
+    # sends at 0, 0.1, 0.2, 0.3; the first ends at 0.25, the second never, the third at once (no
+    # chunk: its end is its send), the fourth at 1: at 0.3 only the second is still open
+    send = np.array([0.0, 0.1, 0.2, 0.3])
+    end = np.array([0.25, np.nan, 0.2, 1.0])
+    assert cm.open_streams(send, end).tolist() == [0.0, 1.0, 2.0, 1.0]
+    # sent at the same instant: row order decides who was first (each sees those before it)
+    assert cm.open_streams(np.zeros(3), np.ones(3)).tolist() == [0.0, 1.0, 2.0]
+
+
+def test_fit_identifies_the_load_term_from_several_load_levels():
+    truth = {"request_s": 0.0057, "prompt_token_s": 2e-6, "stream_s": 0.003}
+    obs = []
+    for p, load in ((16, 0.0), (1536, 0.0), (64, 3.0), (64, 7.0), (200, 0.4)):
+        outside = truth["request_s"] + truth["prompt_token_s"] * p + truth["stream_s"] * load
+        obs.append({"prompt_tokens": p, "open_streams": load, "server_ttft_s": 0.004, "client_ttft_s": 0.004 + outside})
+    model = fit_client(obs)
+    assert model.request_s == pytest.approx(truth["request_s"])
+    assert model.prompt_token_s == pytest.approx(truth["prompt_token_s"])
+    assert model.stream_s == pytest.approx(truth["stream_s"])
+    # one load level only: not identifiable, so 0 and the fit says so
+    lone = [dict(o, open_streams=0.0) for o in obs[:2]]
+    model = fit_client(lone)
+    assert model.stream_s == 0.0 and "one load level" in model.provenance
+    with pytest.raises(ServelabError, match="observation 1 has no open_streams"):
+        fit_client([obs[0], {k: v for k, v in obs[1].items() if k != "open_streams"}])
+    assert "no observation records open_streams" in fit_client(
+        [{k: v for k, v in o.items() if k != "open_streams"} for o in obs]).provenance
+
+
+def test_the_load_term_grows_the_outside_time_with_the_streams_open_at_send():
+    # three requests sent 10 ms apart, each streaming until 1 s: the second is sent with one stream
+    # open, the third with two; 3 ms per open stream on top of the lone 5 ms
+    model = ClientModel("vllm", request_s=0.005, prompt_token_s=0.0, stream_s=0.003)
+    table = pa.table({"request_id": pa.array(range(3), pa.int64()), "arrival_s": [0.0, 0.01, 0.02],
+                      "first_token_s": [0.1, 0.11, 0.12], "finish_s": [1.0, 1.0, 1.0],
+                      "prompt_tokens": pa.array([10] * 3, pa.int32()), "output_tokens": pa.array([5] * 3, pa.int32()),
+                      "generated_tokens": pa.array([5] * 3, pa.int32())})
+    r = with_client_columns(table, model)
+    assert r.column("client_ttft_s").to_pylist() == pytest.approx([0.105, 0.108, 0.111])
+    assert r.column("client_e2e_s").to_pylist() == pytest.approx([1.005, 0.998, 0.991])
+    # the same requests one after another (each ended, at the client, before the next is sent): no load
+    apart = table.set_column(1, "arrival_s", pa.array([0.0, 2.0, 4.0])).set_column(
+        2, "first_token_s", pa.array([0.1, 2.1, 4.1])).set_column(3, "finish_s", pa.array([1.0, 3.0, 5.0]))
+    r = with_client_columns(apart, model)
+    assert r.column("client_ttft_s").to_pylist() == pytest.approx([0.105] * 3)
+
+
+def test_observations_from_a_live_run_count_the_streams_open_at_send(tmp_path):
+    (tmp_path / "src.json").write_text("{}")
+    rows = Rows(tmp_path / "src.json")
+    for i in range(3):  # sent 10 ms apart, each streaming 100 ms: 0, 1 and 2 others open at its send
+        rows.add(i + 1, i, i * 0.01, 100, 5, first_token_s=i * 0.01 + 0.010, finish_s=i * 0.01 + 0.100)
+    result, trace = build_run(Measured(rows, clock="client", settings={"num_gpu_blocks": 1000, "model": "llama-3.1-8b",
+                                                                        "gpu": "h100-80gb"}), "vllm-bench",
+                              [tmp_path / "src.json"])
+    run = tmp_path / "run"
+    write_measured_run(result, trace, run)
+    metrics = []
+    for t, scale in ((-0.1, 0.0), (2.0, 1.0)):
+        for name in ("queue", "prefill"):
+            metrics.append({"time_s": t, "metric": f"vllm:request_{name}_time_seconds_sum", "labels": "{}",
+                            "value": 0.003 * scale})
+            metrics.append({"time_s": t, "metric": f"vllm:request_{name}_time_seconds_count", "labels": "{}",
+                            "value": 3.0 * scale})
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(metrics), run / "metrics.parquet")
+    (obs,) = cm.observations_from(run)
+    assert obs["open_streams"] == pytest.approx(1.0)  # (0 + 1 + 2) / 3
+
+
+def test_a_client_model_file_keeps_its_load_term(tmp_path):
+    model = ClientModel("vllm", 0.005, 1e-6, stream_s=0.002, provenance="by hand")
+    cm.save(model, tmp_path / "c.json")
+    assert cm.resolve(str(tmp_path / "c.json")) == model
