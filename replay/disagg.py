@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
+from servelab.replay.batch import no_aggregate
 from servelab.replay.engine import DECODE, ENTRY, SCHEDULE, TIMER
 from servelab.replay.kv import blocks_for
 from servelab.replay.request import Request, Status
@@ -109,7 +110,7 @@ class Disaggregation:
         if platform is not None:
             platform.disagg = self
         for replica in prefill:
-            replica.cohort = None  # nothing decodes there: every request leaves at its first token
+            no_aggregate(replica)  # nothing decodes there: every request leaves at its first token
         engine.step_listeners.append(self.after_step)  # (first: the pools' autoscalers come after it)
         engine.publish(ENTRY, list(prefill))  # arrivals are routed to the prefill pool only
         engine.add_pool(DECODE, decode, self._decode_serving)
@@ -207,8 +208,8 @@ class Disaggregation:
         if replica.kv.reserve:
             return 0
         extra = sum(-(-(r.num_computed_tokens + k) // bs) - r.kv_blocks for r, _ in step.batch.items)
-        if step.batch.cohort:
-            extra += replica.cohort.blocks_added(k) - step.batch.summary.cohort_blocks
+        if step.batch.bulk:
+            extra += replica.aggregate.blocks_added(k) - step.batch.summary.bulk_blocks
         return max(extra, 0)
 
     def _place_pending(self, now: float) -> None:
@@ -254,8 +255,6 @@ class Disaggregation:
         policy.on_arrival(req, target)
         policy.on_leave(req, target)
         target.running.append(req)
-        if target.cohort is not None:
-            target.cohort.outside.append(req)
         self._wake(target, now)
 
     def _wake(self, replica: Replica, now: float) -> None:

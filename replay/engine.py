@@ -20,8 +20,7 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.batch import Batch, BatchSummary, initial_budgets
-from servelab.replay.cohort import DecodeCohort
+from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, settle
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
@@ -109,16 +108,12 @@ class Engine:
         self.platform = platform(self) if platform is not None else None
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
-        # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running
-        # requests only through BatchBuilder (they log their members' tokens to the token log in
-        # aggregate); runners that need block tables and the platform features that walk running
-        # requests keep every request's counters current.
+        # The batch builder may keep running requests in aggregate across decisions (replay/batch.py),
+        # unless something reads every running request's counters: runners that need block tables and
+        # the platform features that walk running requests.
         if not self.needs_items and (self.platform is None or not self.platform.walks_running):
             for replica in replicas:
-                if replica.policy.decode_cohort:
-                    policy = replica.policy
-                    replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
-                                                  policy.cohort_left, self.tokens, policy.cohort_may_join)
+                aggregate_decodes(replica, self.tokens)
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -181,8 +176,7 @@ class Engine:
         elif self.platform is not None:
             self.platform.strand(self.requests)
         for replica in self.replicas:
-            if replica.cohort is not None:
-                replica.cohort.dissolve()
+            settle(replica)
         if progress is not None:
             del self._complete, self.ended  # the class's methods again
             report(self.now_s)
@@ -288,15 +282,12 @@ class Engine:
         swap_s = self._before_schedule(replica, now) if self._before_schedule is not None else 0.0
         if not replica.running and not replica.waiting:  # nothing to decide: it idles until work comes
             return
-        cohort = replica.cohort
-        if cohort is not None and cohort.n and not cohort.fits():
-            cohort.dissolve()  # the policy must walk its members one by one this time
         batch = replica.policy.schedule(replica)
         for victim in batch.preempt:
             swap_s += self.preempt(replica, victim)
         if batch.wake_s is not None and batch.wake_s > now:
             replica.wake_s = batch.wake_s
-        if not batch.items and not batch.cohort:
+        if not batch.items and not batch.bulk:
             replica.busy = False
             if batch.wake_s is not None and batch.wake_s > now:
                 self.push(batch.wake_s, SCHEDULE, replica)
@@ -313,8 +304,8 @@ class Engine:
             swap_s += self._admit(replica, req, now, hits.get(req) if hits is not None else None)
         if summary.grow:
             kv.grow_all(summary.grow)
-        if summary.cohort_blocks:
-            kv.grow_cohort(summary.cohort_blocks)
+        if batch.bulk:
+            replica.aggregate.start(summary.bulk_blocks)
         prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
         prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
@@ -372,8 +363,8 @@ class Engine:
         kv = replica.kv
         if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
             # not surely enough free blocks for k more tokens each: find how many iterations fit
-            cohort = replica.cohort if step.batch.cohort else None
-            k = self._kv_safe_iterations(kv, step.batch.items, k, cohort, summary.cohort_blocks)
+            bulk = replica.aggregate if step.batch.bulk else None
+            k = self._kv_safe_iterations(kv, step.batch.items, k, bulk, summary.bulk_blocks)
             if k <= 1:
                 return
         step.a, step.b = affine
@@ -382,14 +373,15 @@ class Engine:
         step.end_s = step.start_s + step.elapsed(k)
 
     @staticmethod
-    def _kv_safe_iterations(kv: KVManager, items, k: int, cohort: DecodeCohort | None, first: int) -> int:
-        """Largest j <= k such that every request's next j tokens fit in the free blocks (``first``:
-        the cohort's blocks for its first token, already taken when the iteration started)."""
+    def _kv_safe_iterations(kv: KVManager, items, k: int, bulk, first: int) -> int:
+        """Largest j <= k such that every request's next j tokens fit in the free blocks (``bulk``: the
+        replica's aggregate when the batch has ``bulk`` requests, whose blocks for their first token,
+        ``first``, were taken when the iteration started)."""
         bs, free = kv.block_size, kv.free
 
         def extra(j: int) -> int:  # blocks needed beyond those held, to compute j more tokens each
             held = sum(-(-(req.num_computed_tokens + j) // bs) - req.kv_blocks for req, _ in items)
-            return held + (cohort.blocks_added(j) - first if cohort is not None else 0)
+            return held + (bulk.blocks_added(j) - first if bulk is not None else 0)
 
         lo, hi = 1, k
         while lo < hi:
@@ -410,8 +402,6 @@ class Engine:
         self.admissions += 1
         req.admitted_seq = self.admissions
         replica.running.append(req)
-        if replica.cohort is not None:
-            replica.cohort.outside.append(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
         load_s = 0.0
@@ -438,8 +428,6 @@ class Engine:
         req.status = Status.WAITING
         req.num_preemptions += 1
         replica.running.remove(req)
-        if replica.cohort is not None:  # (a victim is never a member: the builder took it out, or the cohort dissolved)
-            replica.cohort.outside.remove(req)
         replica.waiting.appendleft(req)
         if self.platform is not None:
             self.platform.requeued(replica, req)
@@ -460,7 +448,11 @@ class Engine:
         """Apply ``j`` completed iterations of ``step`` ending at ``end_s``."""
         batch = step.batch
         items = batch.items
-        finished = self._apply_cohort(replica, step, j, end_s) if batch.cohort else ()
+        finished = ()
+        if batch.bulk:  # the requests the builder kept in aggregate: one update, then its finishers
+            finished = replica.aggregate.apply(step, j, end_s)
+            for req in finished:
+                self._finish(replica, req, end_s)
         if items:
             if step.k == 1:
                 produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
@@ -469,8 +461,8 @@ class Engine:
             replica.outstanding_tokens -= produced
             for req in done:
                 self._finish(replica, req, end_s)
-            if replica.cohort is not None:
-                self._join_cohort(replica.cohort, items, end_s)
+            if replica.aggregate is not None:
+                replica.aggregate.after(items, end_s)
             if done:
                 finished = [*finished, *done]
         policy = replica.policy
@@ -479,42 +471,11 @@ class Engine:
             policy.on_finish(req, replica)
         self.steps.append((
             replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
-            step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
+            step.decode_requests, len(items) + batch.bulk, step.kv_used, replica.kv.total, step.waiting,
             len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
         for listener in self.step_listeners:
             listener(replica, step, end_s)
-
-    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):
-        """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers
-        (returned)."""
-        cohort = replica.cohort
-        if step.k == 1:
-            gap = end_s - cohort.last_end_s
-        else:  # as for each request of a stretch: the first gap or the last, whichever is longer
-            first_end, last_gap = step.gap_bounds(j)
-            gap = max(first_end - cohort.last_end_s, last_gap)
-            more = cohort.blocks_added(j) - step.batch.summary.cohort_blocks  # (the first's: taken at start)
-            if more:
-                replica.kv.grow_cohort(more)
-        replica.outstanding_tokens -= j * step.batch.cohort
-        finished = cohort.advance(j, gap, end_s, step)
-        for req in finished:
-            self._finish(replica, req, end_s)
-        return finished
-
-    @staticmethod
-    def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:
-        """Requests that emitted a token at ``end_s`` and whose next token is a decode join the cohort
-        (a recompute chunk can stop just short of a token: that request joins after emitting it), if
-        the policy lets them (``cohort_may_join``)."""
-        running = Status.RUNNING
-        may_join = cohort.may_join
-        for req, _ in items:
-            if (req.last_token_s == end_s and req.status is running
-                    and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1
-                    and (may_join is None or may_join(req))):
-                cohort.join(req)
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
         if req.status is Status.ABORTED:  # its client gave up while this step ran: it leaves, unfinished
@@ -524,9 +485,6 @@ class Engine:
         req.finish_s = now
         replica.kv.release(req)
         replica.running.remove(req)
-        cohort = replica.cohort
-        if cohort is not None and req in cohort.outside:  # (a finishing member comes from the cohort)
-            cohort.outside.remove(req)
         self.ended(req, now)
 
     # -- the request lifecycle: with the verbs above (_route, _admit, preempt, _finish), the only code

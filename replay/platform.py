@@ -77,7 +77,7 @@ class Platform:
 
     @property
     def walks_running(self) -> bool:
-        """Features that read running requests' counters directly (so the decode cohort stays off)."""
+        """Features that read running requests' counters directly (so the batch builder keeps none in aggregate)."""
         return self.shedding or self.pause is not None or bool(self.engine.config.fail) or self.reclaims
 
     @property
