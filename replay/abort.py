@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from servelab.common.errors import ServelabError
-from servelab.replay.batch import in_batch, make_current
+from servelab.replay.batch import in_batch
 from servelab.replay.engine import TIMER
 from servelab.replay.request import Request, Status
 
@@ -102,10 +102,7 @@ class Aborts:
     def _leave_running(self, replica: "Replica", req: Request, now: float, tell_policy: bool = True) -> None:
         """``req`` is running on ``replica`` outside the iteration under way: it leaves the running set
         and its blocks are freed (the path of a finishing request, ``Engine._finish``)."""
-        make_current(replica, req)  # its counters and blocks its own, if the builder kept them in aggregate
-        replica.forgive(req)
-        replica.kv.release(req)
-        replica.running.remove(req)
+        self.engine.let_go(replica, req)
         if tell_policy:
             replica.policy.on_finish(req, replica)
 
@@ -122,8 +119,7 @@ class Aborts:
         if platform is not None:
             platform.take_off(replica, req)
             return
-        replica.waiting.remove(req)
-        replica.policy.on_leave(req, replica)
+        self.engine.take_off(replica, req)
         replica.forgive(req)
         if req.swapped:
             replica.kv.drop_host(req)

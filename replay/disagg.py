@@ -158,9 +158,7 @@ class Disaggregation:
         return bool(self.sending[replica.id] if replica.id in self.sending else self.landing[replica.id])
 
     def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
-        replica.running.remove(req)
-        replica.forgive(req)
-        replica.policy.on_leave(req, replica)
+        self.engine.hand_off(replica, req)
         self.sending[replica.id].append(req)
         self.source[req] = replica
         self.handoff_s[req.index] = now
@@ -245,16 +243,7 @@ class Disaggregation:
         self._release_source(req, now)
         target.kv.adopt(req, holder)
         self.transfer_end_s[req.index] = now
-        req.replica = target.id
-        engine = self.engine
-        engine.admissions += 1  # it joins the running set as if admitted now: it has its KV
-        req.admitted_seq = engine.admissions
-        # the decode replica's policy sets up its own per-request state (``on_arrival``) and takes it
-        # straight back out of its waiting order (``on_leave``): the request runs without queueing
-        policy = target.policy
-        policy.on_arrival(req, target)
-        policy.on_leave(req, target)
-        target.running.append(req)
+        self.engine.land(target, req)  # it joins the running set as if admitted now: it has its KV
         self._wake(target, now)
 
     def _wake(self, replica: Replica, now: float) -> None:

@@ -20,7 +20,7 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, settle
+from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, settle
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
@@ -529,6 +529,68 @@ class Engine:
         replica.busy = False
         replica.step_token += 1  # (its completion event, still in the heap, is stale)
         return now - done_s
+
+    # -- queue moves: with _route, _admit, preempt and _finish, the only code that moves a request in or
+    # -- out of a replica's queues; the cluster and the platform ask these -------------------------
+    def take_off(self, replica: Replica, req: Request) -> None:
+        """``req`` leaves ``replica``'s waiting queue without the policy's decision (a drop, a client's
+        abort); the policy hears it (``on_leave``)."""
+        replica.waiting.remove(req)
+        replica.policy.on_leave(req, replica)
+
+    def let_go(self, replica: Replica, req: Request) -> None:
+        """``req`` leaves ``replica``'s running set outside an iteration (its client gave up): what it
+        still owes is forgiven and its blocks are freed, as for a finishing request (``_finish``)."""
+        make_current(replica, req)  # its counters and blocks its own, if the builder kept them in aggregate
+        replica.forgive(req)
+        replica.kv.release(req)
+        replica.running.remove(req)
+
+    def hand_off(self, replica: Replica, req: Request) -> None:
+        """``req`` (its first token made) leaves prefill replica ``replica`` for a decode replica, its
+        KV held there until sent (replay/disagg.py); the policy hears it (``on_leave``)."""
+        replica.running.remove(req)
+        replica.forgive(req)
+        replica.policy.on_leave(req, replica)
+
+    def land(self, target: Replica, req: Request) -> None:
+        """``req``'s KV has landed on decode replica ``target``: it joins the running set as if admitted
+        now. The policy sets up its own per-request state (``on_arrival``) and takes it straight back
+        out of its waiting order (``on_leave``): the request runs without queueing."""
+        req.replica = target.id
+        self.admissions += 1
+        req.admitted_seq = self.admissions
+        policy = target.policy
+        policy.on_arrival(req, target)
+        policy.on_leave(req, target)
+        target.running.append(req)
+
+    def set_aside(self, replica: Replica, which) -> list[Request]:
+        """Take the waiting requests for which ``which(req)`` holds off ``replica``'s queue, in their order
+        (a paused tier: replay/platform.py); the policy hears each (``on_leave``). Returns them."""
+        held: list[Request] = []
+        keep = []
+        for req in replica.waiting:
+            if which(req):
+                replica.policy.on_leave(req, replica)
+                held.append(req)
+            else:
+                keep.append(req)
+        replica.waiting.clear()
+        replica.waiting.extend(keep)
+        return held
+
+    def resume(self, replica: Replica, req: Request) -> None:
+        """A request set aside queues again on ``replica``, at the back; the policy hears it (``on_arrival``)."""
+        replica.waiting.append(req)
+        replica.policy.on_arrival(req, replica)
+
+    def empty(self, replica: Replica) -> None:
+        """``replica`` stopped serving (failed, reclaimed): its GPU and host KV are gone and its queues
+        are emptied (the platform moved what they held: ``Platform.evict``)."""
+        replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
+        replica.running = []
+        replica.waiting.clear()
 
     # -- replica membership: the only code that changes which replicas take work -------------------
     def add_pool(self, role: str, replicas: list[Replica], on_serving) -> None:
