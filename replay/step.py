@@ -10,7 +10,7 @@ from dataclasses import dataclass
 class Step:
     """An iteration (or a stretch of identical decode iterations) in flight on a replica."""
 
-    batch: "Batch"  # (replay/batch.py; not imported: the builder sits above the step, via the decode cohort)
+    batch: "Batch"  # (replay/batch.py; not imported: the batch builder sits above the step)
     start_s: float
     end_s: float
     k: int  # iterations in the stretch (1 for an ordinary step)
