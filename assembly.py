@@ -21,6 +21,7 @@ from servelab import __version__
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
+from servelab.replay.depends import Dependencies, parents_of
 from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
 from servelab.replay.engine import Engine
 from servelab.replay.kv import KVManager
@@ -40,7 +41,7 @@ from servelab.replay.disagg import Disaggregation
 from servelab.replay.specs import Failure, check_failures
 from servelab.replay.fleet import Fleet
 from servelab.replay.protocols import StepPlan
-from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA
+from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
@@ -53,9 +54,19 @@ def build_runner(config: ReplayConfig) -> Runner:
         parallel["quantization"] = config.quantization
     if config.kv_cache_dtype != "auto":
         parallel["kv_cache_dtype"] = config.kv_cache_dtype
-    return make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
-                       block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
-                       max_num_seqs=config.engine.max_num_seqs, **parallel)
+    runner = make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
+                         block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
+                         max_num_seqs=config.engine.max_num_seqs, **parallel)
+    return _speculative(runner, config.engine)
+
+
+def _speculative(runner: Runner, engine: EngineConfig) -> Runner:
+    """``runner`` with the proposer's cost and memory when speculative decoding is on (runners/speculative.py)."""
+    if engine.spec_method is None:
+        return runner
+    from servelab.runners.speculative import speculative_runner
+
+    return speculative_runner(runner, engine)
 
 
 def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
@@ -114,11 +125,20 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         if context is not None:
             engine_cfg = replace(engine_cfg, max_model_len=context)
     caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
+    layout = getattr(runner, "kv_layout", None)  # a hybrid model's KV layer groups (replay/kv_groups.py)
+    if layout is not None and caching:
+        raise ServelabError(
+            f"prefix caching with a hybrid-attention model ({runner.model.name}: {layout.kinds.sliding} sliding-window and "
+            f"{layout.kinds.state} state layers) is not modelled: a hit must hold every group's blocks (a sliding "
+            "group's last window, a state group's state at the hit), so turn it off (--no-enable-prefix-caching)")
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
+    block_bytes = bytes_per_token * engine_cfg.block_size
+    if layout is not None:  # a pool block: one page in each layer of a group, on every GPU of the engine
+        block_bytes = runner.kv_block_bytes
     host_blocks = 0
     if swap and bytes_per_token:
-        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // (bytes_per_token * engine_cfg.block_size))
+        host_blocks = int(engine_cfg.swap_space_gb * 1e9 // block_bytes)
     tier_specs = parse_tiers(engine_cfg.kv_tiers)
     if tier_specs and (not caching or runner.needs_block_tables):
         raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
@@ -133,9 +153,9 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
                             purge=frozenset(engine_cfg.purge_tenants)) if caching else None
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
-                       bytes_per_block=bytes_per_token * engine_cfg.block_size,
+                       bytes_per_block=block_bytes,
                        swap_bytes_per_s=engine_cfg.swap_bandwidth_gbps * 1e9,
-                       overlap_layers=engine_cfg.kv_load_overlap_layers)
+                       overlap_layers=engine_cfg.kv_load_overlap_layers, layout=layout)
         policy = make_policy(config.policy, config.policy_params, engine_cfg, rid)
         replicas.append(Replica(rid, engine_cfg, kv, policy))
     return replicas
@@ -189,6 +209,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         platform = lambda engine: Platform(engine, engine_cfg, reclaims)  # noqa: E731 (built on the engine)
     engine = Engine(requests, cluster.replicas, entry.router, runner, engine_cfg, followers, token_log=token_log,
                     platform=platform)
+    if engine.spec is not None and "spec_acceptance" in trace.column_names:  # per-request acceptance rates
+        engine.spec.set_trace_rates(trace.column("spec_acceptance").to_pylist())
     disagg = cluster.disaggregate(engine)
     scalers = cluster.autoscale(engine, disagg)
     timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
@@ -196,6 +218,12 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
         engine.aborts = Aborts(engine, timeouts)
         engine.aborts.arm_all(requests)
+    parents = parents_of(trace)
+    if parents:  # requests that wait for others (trace schema v2)
+        engine.depends = Dependencies(engine, requests, parents)
+        for replica in cluster.replicas:
+            if replica.kv.cache is not None:
+                replica.kv.cache.keep_outputs = True
     if engine.tokens is not None:
         engine.tokens.spill_dir = token_dir
     end_s = engine.run(_engine_progress(progress, engine))
@@ -209,6 +237,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     extra = []  # (field, column) appended after the platform columns, in order
     if engine_cfg.kv_tiers:
         extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
+    if parents:  # what the `tasks` view walks (scoring/tasks.py): each request's parents, delay and deadline
+        extra += _dependency_columns(trace)
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
     if handoffs is not None:
         extra += schema_columns(DISAGG_SCHEMA, handoffs)
@@ -225,6 +255,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
             columns["prefill_instance"] = [None if rid is None else kinds[rid] for rid in handoffs["prefill_replica"]]
             schema = PD_INSTANCE_SCHEMA
         extra += schema_columns(schema, columns)
+    if engine.spec is not None:  # speculative decoding's counters per request (vLLM's spec-decode metrics)
+        extra += schema_columns(SPEC_SCHEMA, engine.spec.columns(len(requests)))
     cluster_meta = cluster.meta(disagg, scalers, requests, end_s) if config.cluster is not None else None
     _release_requests(engine)
     requests_table = with_platform_columns(requests_table_from(requests, release=True), engine.ledger)
@@ -245,7 +277,9 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         "swap_fallbacks": engine.num_swap_fallbacks,
         "platform": platform_meta(engine),
         **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
+        **({"dependencies": engine.depends.meta()} if engine.depends is not None else {}),
         **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
+        **({"spec_decode": engine.spec.meta()} if engine.spec is not None else {}),
         "config": config.to_dict(),
     }
     if cluster_meta is not None:
@@ -314,6 +348,9 @@ class BuiltCluster:
         prefill, decode = self.pools[0], next(p for p in self.pools if p.spec.role == "decode")
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
+        if any(getattr(p.runner, "kv_layout", None) is not None for p in (prefill, decode)):
+            raise ServelabError(f"cluster: disaggregated prefill/decode with a hybrid-attention model ({prefill.runner.name}: "
+                                "sliding-window or state layers) is not modelled: its KV moves per layer group")
         if not bytes_per_token:
             raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
@@ -374,7 +411,7 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
     runners: dict[tuple, Runner] = {}
     base_key = (config.runner, config.model, config.gpu, config.tp, config.engine.block_size)
     if runner is not None:
-        runners[base_key] = runner
+        runners[base_key] = _speculative(runner, config.engine)
     for pool in order:
         cfg = config if config.cluster is None else pool_config(config, pool)
         if pool.instances:
@@ -507,3 +544,15 @@ def _engine_progress(progress, engine: Engine):
 
 __all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "replay", "requests_from_table",
            "resolve_num_gpu_blocks", "write_run"]
+
+
+def _dependency_columns(trace: pa.Table) -> list[tuple[pa.Field, pa.Array]]:
+    """The trace's ``depends_on``, ``think_s`` and ``task_deadline_s``, one value per request in row
+    order, for the requests table of a replay whose trace has dependencies (schema v2)."""
+    out = []
+    for name, type_ in (("depends_on", pa.list_(pa.int64())), ("think_s", pa.float64()),
+                        ("task_deadline_s", pa.float64())):
+        column = trace.column(name).combine_chunks().cast(type_) if name in trace.column_names \
+            else pa.nulls(trace.num_rows, type_)
+        out.append((pa.field(name, type_), column))
+    return out

@@ -155,6 +155,10 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     else:
         check_replay_output(out_dir, force)
     table = read_trace(trace)
+    if "depends_on" in table.column_names and table.column("depends_on").combine_chunks().value_lengths().fill_null(0) \
+            .to_numpy().any():  # a dependent request's arrival_s is a placeholder: sending at it would be wrong
+        raise ServelabError(f"{trace}: requests that depend on others (depends_on) cannot be sent by servelab bench "
+                            "yet; replay the trace instead")
     trace_meta = {"path": str(trace), "name": Path(trace).stem, "sha256": trace_sha256(trace)}
     if sagemaker:  # the body names a model only when asked: a SageMaker container serves its own
         target = Target(backend.endpoint.url, model or "", api=api, timeout_s=timeout_s or None,

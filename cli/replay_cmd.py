@@ -59,6 +59,12 @@ _ENGINE_HELP = {
     "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
     "client_timeout_s": "Client timeout in seconds for requests without a trace timeout_s: the client abandons "
                         "the request then ('aborted', its KV freed).",
+    "spec_method": "Speculative decoding: draft_model, eagle, eagle3, mtp or ngram (off when not given).",
+    "spec_k": "Speculative decoding: draft tokens proposed per decode and step (num_speculative_tokens).",
+    "spec_acceptance": "Each draft's acceptance rate where the trace has no spec_acceptance: a rate, "
+                       "uniform:LO,HI or beta:ALPHA,BETA (drawn per request, seeded).",
+    "spec_draft_model": "spec_method draft_model: the draft's preset or config.json (default llama-3.2-1b).",
+    "speculative_config": "vLLM's --speculative-config JSON (method, num_speculative_tokens, model).",
 }
 
 
@@ -418,7 +424,7 @@ def _report(result, out_dir: str | None, slo, slo_source: str = "given") -> str:
 def _slo_option(func: Callable) -> Callable:
     return click.option("--slo", multiple=True, metavar="SPEC",
                         help="SLO for the report, kept in run.json, e.g. ttft=500ms,tpot=50ms or tier=priority:ttft=0.2s "
-                             "(a bare number is seconds).")(func)
+                             "or task=30s (a deadline per task; a bare number is seconds).")(func)
 
 
 _force_option = click.option("--force/--no-force", default=False, help="Replace the run directory -o names if it already holds a run.")

@@ -26,10 +26,14 @@ def presets(fmt):
     """List the model and GPU presets the roofline runner (and others) accept."""
     from dataclasses import asdict
 
-    from servelab.runners.presets import GPUS, MODELS
+    from servelab.runners.presets import GPUS, MODEL_SOURCES, MODELS
+
+    def source(name: str) -> dict:  # where a 2026 preset's config.json is, and whether it is calibrated
+        s = MODEL_SOURCES.get(name)
+        return {"config_url": s.config_url, "calibrated": s.calibrated} if s is not None else {}
 
     if fmt == "json":
-        click.echo(json.dumps({"models": [asdict(m) for m in MODELS.values()],
+        click.echo(json.dumps({"models": [{**asdict(m), **source(m.name)} for m in MODELS.values()],
                                "gpus": [asdict(g) for g in GPUS.values()]}, indent=2))
         return
     from rich.table import Table

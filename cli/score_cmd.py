@@ -24,8 +24,9 @@ def slo_options(func):
         "slo_specs",
         multiple=True,
         metavar="SPEC",
-        help="SLO: 'ttft=500ms,tpot=50ms', 'tier=priority:ttft=0.2s', 'tenant=acme:e2e=10' (a bare number is seconds; "
-             "one implausible as seconds is refused). Default: the SLO the runs recorded. Repeatable.",
+        help="SLO: 'ttft=500ms,tpot=50ms', 'tier=priority:ttft=0.2s', 'tenant=acme:e2e=10', 'task=30s' (a deadline per "
+             "task; a bare number is seconds; one implausible as seconds is refused). Default: the SLO the runs "
+             "recorded. Repeatable.",
     )(func)
     return func
 
@@ -93,7 +94,8 @@ def query(args, slo_specs, slo_file, fmt, out, limit, read_only, memory_limit, m
     RUN_DIR may be a glob (quote it), a sweep/search directory, or a file made by `servelab runs
     collect`. Views: requests, steps, runs, request_metrics (+ _guidellm, _distserve), slo_attainment,
     latency_summary, goodput, tenant_summary, fairness, resource_summary, replica_balance,
-    attainment_vs_rate, guidellm_summary (GuideLLM's statistics), slo_table, run_span; with per-token times (replay --token-log, bench
+    attainment_vs_rate, guidellm_summary (GuideLLM's statistics), tasks, task_summary (per task/session:
+    completion time, critical path, deadline), slo_table, run_span; with per-token times (replay --token-log, bench
     --token-log, imported vLLM bench runs) tokens and itl_summary; with live metrics server_metrics.
 
     The SQL is DuckDB's, with your user's rights: it can read and write any file you can (COPY ...

@@ -15,7 +15,7 @@ _EXISTING = click.Path(path_type=Path, exists=False)
 
 @click.group()
 def trace() -> None:
-    """Work with request traces (Arrow IPC / Parquet, schema version 1)."""
+    """Work with request traces (Arrow IPC / Parquet, schema version 2; version 1 files read too)."""
 
 
 # ------------------------------------------------------------------ shared option groups
@@ -99,6 +99,10 @@ _FORMAT_OPTIONS = {
     "lengths": {"seed", "limit", "shuffle", "tenant_from_file", "arrival", "rate", "cv", "profile", "schedule",
                 "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
     "servegen": {"seed", "start", "duration", "clients", "skip_missing"},
+    "llmservingsim": {"block_tokens", "task_deadline_s"},
+    "mooncake-chains": {"block_tokens", "think_s", "task_deadline_s"},
+    "sharegpt": {"seed", "limit", "think_s", "think", "chars_per_token", "block_tokens", "task_deadline_s", "arrival",
+                 "rate", "cv", "profile", "schedule", "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
 }
 _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 
@@ -112,7 +116,9 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--tenant-from-file/--no-tenant-from-file", default=False, help="Tag each source file's requests with tenant = file stem.")
 @click.option("--log-type-as", default="tenant", show_default=True, type=click.Choice(["tenant", "tier", "none"]),
               help="burstgpt: where the Log Type goes.")
-@click.option("--block-tokens", type=int, default=512, show_default=True, help="mooncake: tokens per hash_ids block.")
+@click.option("--block-tokens", type=int, default=None,
+              help="mooncake, mooncake-chains: tokens per hash_ids block (512); llmservingsim, sharegpt: tokens per "
+                   "prefix-hash block (16).")
 @click.option("--seed", type=int, default=0, show_default=True, help="lengths/servegen: random seed.")
 @click.option("--limit", type=int, default=None, help="lengths: use only the first N pairs (after --shuffle).")
 @click.option("--shuffle/--no-shuffle", default=False, help="lengths: shuffle the pairs (seeded) before use.")
@@ -121,6 +127,15 @@ _ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
 @click.option("--clients", default=None, help="servegen: only these clients, e.g. 'chunk-3,chunk-7'.")
 @click.option("--skip-missing/--no-skip-missing", default=False,
               help="servegen: leave out clients whose chunk-N-dataset.json is missing (a warning says how much traffic).")
+@click.option("--think-s", type=float, default=None,
+              help="sharegpt: user think time between turns (s, default 0); mooncake-chains: wait after the parent "
+                   "finishes (default: the recorded gap between the two arrivals).")
+@click.option("--think", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True,
+              help="sharegpt: --think-s for every turn, or exponential with that mean (seeded).")
+@click.option("--chars-per-token", type=float, default=4.0, show_default=True,
+              help="sharegpt: characters per token (the source has text, not token counts).")
+@click.option("--task-deadline-s", type=float, default=None,
+              help="llmservingsim, mooncake-chains, sharegpt: every task's deadline (task_deadline_s column).")
 @_arrival_options
 @click.option("--shared-prefix-tokens", type=int, default=None,
               help="Every request starts with a shared prefix of N tokens (per group): sharing the source does not record.")
@@ -146,10 +161,11 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} does not apply to --format {fmt}")
     options = {}
-    if fmt == "lengths":
+    if fmt in ("lengths", "sharegpt"):
         options["arrival"] = _arrival_config(kw)
-    for name in ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle"):
-        if name in allowed:
+    for name in ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle",
+                 "think_s", "think", "chars_per_token", "task_deadline_s"):
+        if name in allowed and kw[name] is not None:
             options[name] = kw[name]
     if fmt == "servegen":
         options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"])
@@ -195,11 +211,32 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 @click.option("--prefix-block-tokens", type=int, default=None, help="Add prefix_hashes with this block size.")
 @click.option("--model", default=None, help="Model name to store in the model column.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
-    """Generate a seeded synthetic trace."""
+@click.option("--shape", default=None, type=click.Choice(["react", "fanout", "chat", "mix"]),
+              help="Agentic tasks of dependent calls (schema v2): ReAct loops, fan-out then aggregate, multi-turn "
+                   "chats, or a mix; the arrival options then give task starts.")
+@click.option("--tasks", type=int, default=100, show_default=True, help="--shape: number of tasks.")
+@click.option("--mix", default=None, help="--shape mix: weights 'react=2,fanout=1,chat=1' (default equal).")
+@click.option("--calls", default="4", show_default=True, help="--shape react: calls per task (a length spec).")
+@click.option("--branches", default="4", show_default=True, help="--shape fanout: parallel branches (a length spec).")
+@click.option("--chat-turns", default="3", show_default=True, help="--shape chat: turns per chat (a length spec).")
+@click.option("--tool-s", default="1", show_default=True,
+              help="--shape: tool time before a dependent call: S | exp:MEAN | uniform:LO:HI | lognormal:MEDIAN:SIGMA.")
+@click.option("--user-think-s", default="5", show_default=True, help="--shape chat: user think time (same forms).")
+@click.option("--new-tokens", default="256", show_default=True,
+              help="--shape: tokens a tool result, branch or user message adds to the context (a length spec).")
+@click.option("--task-deadline-s", type=float, default=None, help="--shape: deadline of every task (task_deadline_s).")
+@click.pass_context
+def synth_cmd(ctx: click.Context, out: Path, n: int | None, duration_s: float | None, **kw) -> None:
+    """Generate a seeded synthetic trace (with --shape: agentic tasks of dependent calls)."""
     from servelab.traces.io import write_trace
     from servelab.traces.synth import generate, make_config, parse_fractions
 
+    if kw["shape"] is not None:
+        _synth_agentic(ctx, out, n, duration_s, kw)
+        return
+    for name in _AGENT_ONLY:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise ServelabError(f"--{name.replace('_', '-')} needs --shape")
     if n is None and duration_s is None:
         n = 1000
     tenants = kw.pop("tenants")
@@ -229,6 +266,44 @@ def synth_cmd(out: Path, n: int | None, duration_s: float | None, **kw) -> None:
         table = generate(config)
         write_trace(table, out, config.source, config.prefix_block_tokens)
     click.echo(f"{out}: {table.num_rows} requests ({config.source})")
+
+
+_AGENT_ONLY = ("tasks", "mix", "calls", "branches", "chat_turns", "tool_s", "user_think_s", "new_tokens",
+               "task_deadline_s")
+_NOT_AGENTIC = ("lengths_from", "tiers", "tenant_zipf", "turns", "think_s", "session_context", "shared_prefix_tokens",
+                "prefix_groups", "prompt_pool", "model")
+
+
+def _synth_agentic(ctx: click.Context, out: Path, n: int | None, duration_s: float | None, kw: dict) -> None:
+    from servelab.traces.agentic_synth import generate_agentic, make_agent_config
+    from servelab.traces.io import write_trace
+
+    if n is not None or duration_s is not None:
+        raise ServelabError("--shape counts tasks: use --tasks, not -n / --duration-s")
+    for name in _NOT_AGENTIC:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise ServelabError(f"--{name.replace('_', '-')} does not apply to --shape")
+    if kw["mix"] is not None and kw["shape"] != "mix":
+        raise ServelabError("--mix needs --shape mix")
+    tenants = kw["tenants"]
+    if tenants is not None and tenants.strip().isdigit():
+        from servelab.traces.synth import zipf_tenants
+
+        tenants = zipf_tenants(int(tenants))
+    arrival = _arrival_config(kw)
+    options = dict(shape=kw["shape"], tasks=kw["tasks"], arrival=arrival, prompt=kw["prompt"], output=kw["output_len"],
+                   new_tokens=kw["new_tokens"], calls=kw["calls"], branches=kw["branches"], chat_turns=kw["chat_turns"],
+                   tool_s=kw["tool_s"], user_think_s=kw["user_think_s"], task_deadline_s=kw["task_deadline_s"],
+                   prefix_block_tokens=kw["prefix_block_tokens"] or 16, seed=kw["seed"])
+    if kw["mix"] is not None:
+        options["mix"] = kw["mix"]
+    if tenants is not None:
+        options["tenants"] = tenants
+    config = make_agent_config(**options)
+    with _status("generating"):
+        table = generate_agentic(config)
+        write_trace(table, out, config.source, config.prefix_block_tokens)
+    click.echo(f"{out}: {table.num_rows} requests in {config.tasks} tasks ({config.source})")
 
 
 # ------------------------------------------------------------------ transform / merge
@@ -391,6 +466,9 @@ def info_cmd(path: Path, as_json: bool) -> None:
     if "models" in info:
         t.add_row("models", _top(info["models"], info["rows"]))
     t.add_row("sessions", _fmt(info["sessions"]))
+    if "dependent_requests" in info:
+        t.add_row("dependent requests", f"{_fmt(info['dependent_requests'])} (sent when their parents finish: "
+                                        "the rate above counts them at their task's start)")
     share = info["prefix_reuse_share"]
     t.add_row("ideal prefix reuse", "-" if share is None else f"{share:.1%} of prompt tokens")
     t.add_row("source", _fmt(info["source"]))

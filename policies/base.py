@@ -17,6 +17,7 @@ from servelab.replay.engine_config import EngineConfig, make_params
 from servelab.replay.protocols import Policy
 from servelab.replay.replica import Replica
 from servelab.replay.request import Request
+from servelab.replay.speculative import SpecBatchBuilder
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,8 @@ class PolicyBase:
     def builder(self, replica: Replica, token_budget: int | None = None, seq_budget: int | None = None) -> BatchBuilder:
         if token_budget is None and not self.uses_token_budget:
             token_budget = UNLIMITED
+        if replica.config.spec_method is not None:  # decodes take their drafts too (replay/speculative.py)
+            return SpecBatchBuilder(replica, self.victim_key, token_budget, seq_budget)
         return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 
 

@@ -343,6 +343,7 @@ class BatchBuilder:
         # (its KV fits) is inlined; the slow path (preemption) syncs them back to the builder.
         chosen, items, summary = self.chosen, self.items, self.summary
         bs, reserve = self.kv.block_size, self.kv.reserve
+        layout = self.kv.layout  # a hybrid model's layer groups (replay/kv_groups.py), else None
         waiting = Status.WAITING
         tokens, seqs, free = self.token_budget, self.seq_budget, self.free_blocks
         n_dec, dec_ctx, min_left = summary.decode_reqs, summary.decode_ctx, summary.min_decode_left
@@ -356,7 +357,7 @@ class BatchBuilder:
             g = req.num_generated_tokens
             n = req.prompt_tokens + g - c
             if n == 1 and g:  # a decode: one token, the KV of all earlier ones in place
-                need = -(-(c + 1) // bs) - req.kv_blocks if not reserve else 0
+                need = (-(-(c + 1) // bs) if layout is None else layout.held(c, 1)) - req.kv_blocks if not reserve else 0
                 if need > free:
                     self.token_budget, self.seq_budget, self.free_blocks = tokens, seqs, free
                     summary.decode_reqs, summary.decode_ctx, summary.min_decode_left = n_dec, dec_ctx, min_left

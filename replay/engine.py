@@ -29,6 +29,7 @@ from servelab.replay.progress import apply_iteration, apply_stretch
 from servelab.replay.protocols import Router, Runner, StepItem, StepPlan, StepShape
 from servelab.replay.replica import Replica, owed
 from servelab.replay.request import Request, Status
+from servelab.replay.speculative import SpecDecode
 from servelab.replay.step import Step
 
 ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
@@ -72,7 +73,8 @@ class Engine:
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
         self.tokens = TokenLog() if token_log else None
-        self.needs_items = runner.needs_block_tables
+        # (a runner that prices each request's context, not only the batch's counts: a hybrid layout's)
+        self.needs_items = runner.needs_block_tables or getattr(runner, "prices_items", False)
         self.heap: list[tuple] = []
         self.seq = 0
         self.admissions = 0
@@ -94,10 +96,13 @@ class Engine:
             if id(own) not in affines:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
+        if not self.needs_items and any(getattr(r.runner, "prices_items", False) for r in replicas):
+            self.needs_items = True  # a cluster pool's runner prices each request's context (hybrid attention)
         # Components called with (replica, step, end_s) after each applied step, in order: the
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
+        self.depends = None  # requests that wait for others (replay/depends.py), when the trace has any
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -106,12 +111,18 @@ class Engine:
         # The platform's hooks (replay/platform.py: quotas, pausing, shedding, failures), built on this
         # engine by ``platform(engine)`` when the assembly wants them (servelab.api), else None.
         self.platform = platform(self) if platform is not None else None
+        # Speculative decoding (replay/speculative.py): a decode advances by a drawn number of tokens per
+        # step, so steps are priced and applied one by one (no decode stretch, nothing kept in aggregate).
+        self.spec = SpecDecode(config, requests) if config.spec_method is not None else None
+        if self.spec is not None:
+            for replica in replicas:
+                replica.decode_affine = _no_affine
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # The batch builder may keep running requests in aggregate across decisions (replay/batch.py),
         # unless something reads every running request's counters: runners that need block tables and
         # the platform features that walk running requests.
-        if not self.needs_items and (self.platform is None or not self.platform.walks_running):
+        if not self.needs_items and (self.platform is None or not self.platform.walks_running) and self.spec is None:
             for replica in replicas:
                 aggregate_decodes(replica, self.tokens)
 
@@ -315,6 +326,8 @@ class Engine:
             compute = affine[0] + affine[1] * decode_ctx
         else:
             shape = StepShape(prefill_tokens, prefill_reqs, prefill_ctx, pairs, decode_reqs, decode_ctx)
+            if self.spec is not None:  # the drafts its decodes verify
+                shape = self.spec.shape(shape, summary)
             compute = replica.runner.step_time(StepPlan(shape, tuple(items) if items else ()))
         if kv.pending_load_s:  # KV loads from lower tiers overlapped layer by layer with this compute
             swap_s += kv.overlap_extra(compute)
@@ -455,7 +468,12 @@ class Engine:
                 self._finish(replica, req, end_s)
         if items:
             if step.k == 1:
-                produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
+                if self.spec is None:
+                    produced, done = apply_iteration(items, end_s, self.tokens, replica.kv.register)
+                else:  # decodes advance by their accepted drafts too
+                    produced, done = self.spec.apply(items, batch.summary, end_s, self.tokens, replica.kv.register)
+                if replica.kv.layout is not None:  # sliding-window groups free what left the window
+                    replica.kv.slide(items)
             else:  # a decode stretch: every item produced j tokens
                 produced, done = j * len(items), apply_stretch(items, step, j, end_s, replica.kv, self.tokens)
             replica.outstanding_tokens -= produced
@@ -496,6 +514,18 @@ class Engine:
         req.status = status
         req.reason = reason
         self.ended(req, now)
+
+    def skip(self, req: Request, reason: str, now: float) -> None:
+        """``req`` is never sent: a request it depends on ended unfinished at ``now`` (replay/depends.py)."""
+        self.end(req, Status.SKIPPED, reason, now)
+
+    def send_at(self, req: Request, arrival_s: float) -> None:
+        """``req``, whose arrival the replay decides (a closed-loop turn, a dependent request), arrives at
+        ``arrival_s``; its client's timeout runs from then."""
+        req.arrival_s = arrival_s
+        self.push(arrival_s, ARRIVAL, req)
+        if self.aborts is not None:
+            self.aborts.arm(req)
 
     def interrupt(self, req: Request) -> None:
         """``req`` lost its KV with its replica (a failure, a reclaimed instance, KV in transfer lost):
@@ -631,9 +661,11 @@ class Engine:
             self.on_serving[role](live, grew)
 
     def ended(self, req: Request, now: float) -> None:
-        """A request reached a terminal state: release its session's next turn, if any."""
+        """A request reached a terminal state: release its session's next turn, if any, and its dependents."""
         if self.platform is not None:
             self.platform.ended(req, now)
+        if self.depends is not None:
+            self.depends.ended(req, now)
         follower = self.followers.get(req.index)
         if follower is not None:
             follower.arrival_s = now + (follower.think_s or 0.0)
@@ -646,3 +678,8 @@ class Engine:
         for replica in self.replicas:
             self.truncate(replica, until)  # (a decode stretch partly done by the horizon counts so far)
         self.strand(self.requests)
+
+
+def _no_affine(num_seqs: int) -> None:
+    """A replica's decode cost line under speculative decoding: none (every step is priced alone)."""
+    return None

@@ -16,6 +16,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
+from servelab.replay.spec_config import Acceptance, canonical_method, parse_speculative_config
 from servelab.replay.specs import Failure, PauseRule, Quota, check_failures
 from servelab.replay.tiers import parse_tiers as parse_kv_tiers
 
@@ -71,6 +72,14 @@ class EngineConfig:
     journal: bool = True  # interrupted requests keep their generated tokens (else they start over)
     # a client timeout for every request without its own (trace column timeout_s): replay/abort.py
     client_timeout_s: float | None = None
+    # -- speculative decoding (docs/runners.md "Speculative decoding"): off while spec_method is None ----
+    spec_method: str | None = None  # draft_model | eagle | eagle3 | mtp | ngram (vLLM's speculative_config method)
+    spec_k: int = 3  # proposed tokens per decode and step (vLLM's num_speculative_tokens)
+    # each draft's acceptance rate (given the earlier ones were accepted) where the trace has no
+    # spec_acceptance: a rate ("0.7"), or per request "uniform:LO,HI" / "beta:ALPHA,BETA" (seeded)
+    spec_acceptance: str = "0.7"
+    spec_draft_model: str | None = None  # draft_model: the draft's preset or config.json (default llama-3.2-1b)
+    speculative_config: str | None = None  # vLLM's --speculative-config JSON: sets the three spec_ fields above
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
@@ -105,6 +114,29 @@ class EngineConfig:
         if self.until_s is not None and not (0 <= self.until_s < math.inf):
             raise ServelabError(f"until_s must be a finite number of seconds >= 0, got {self.until_s}")
         self._check_platform()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.speculative_config is not None:  # sets the spec_ fields; one given apart must agree
+            defaults = {f.name: f.default for f in fields(self)}
+            for name, value in parse_speculative_config(self.speculative_config).items():
+                given = getattr(self, name)
+                if name == "spec_method":
+                    value = canonical_method(value)
+                    given = canonical_method(given) if given is not None else None
+                if given != defaults[name] and given != value:
+                    raise ServelabError(f"{name} = {given!r} disagrees with speculative_config's {value!r}: give one")
+                object.__setattr__(self, name, value)
+        if not isinstance(self.spec_acceptance, str):  # (a number from a TOML file)
+            object.__setattr__(self, "spec_acceptance", str(self.spec_acceptance))
+        if self.spec_method is None:
+            return
+        object.__setattr__(self, "spec_method", canonical_method(self.spec_method))
+        if not 1 <= self.spec_k <= 64:
+            raise ServelabError(f"spec_k (num_speculative_tokens) must be in 1..64, got {self.spec_k}")
+        Acceptance(self.spec_acceptance)
+        if self.spec_draft_model is not None and self.spec_method != "draft_model":
+            raise ServelabError(f"spec_draft_model is for spec_method draft_model, not '{self.spec_method}'")
 
     def _check_platform(self) -> None:
         parse_tiers(self.tier_order, "tier_order")

@@ -35,11 +35,12 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class KVManager:
     __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
                  "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier",
-                 "overlap_layers", "pending_load_s", "tier_stack", "tier_mark")
+                 "overlap_layers", "pending_load_s", "tier_stack", "tier_mark", "layout")
 
     def __init__(self, total_blocks: int, block_size: int, *, reserve: bool = False, allocator=None,
                  prefix_cache: PrefixCache | None = None, swap: bool = False, host_blocks: int = 0,
-                 bytes_per_block: int = 0, swap_bytes_per_s: float = 1.0, overlap_layers: int = 0):
+                 bytes_per_block: int = 0, swap_bytes_per_s: float = 1.0, overlap_layers: int = 0,
+                 layout=None):
         self.block_size = block_size
         self.total = total_blocks
         self.used = 0
@@ -73,6 +74,10 @@ class KVManager:
         self.pending_load_s = 0.0
         self.tier_stack = tiers  # (None without offload tiers)
         self.tier_mark = 0  # the stack's bytes moved when the last step row was logged
+        # A hybrid model's layer groups (replay/kv_groups.py KVLayout): a request's blocks are then the
+        # sum over its groups (sliding-window groups free what left the window: ``slide``); None: one
+        # group of full attention, ceil(tokens / block_size) blocks.
+        self.layout = layout
 
     def tier_bytes(self) -> int:
         """Bytes moved between this replica's GPU memory and its tiers (and between tiers) since the
@@ -90,6 +95,13 @@ class KVManager:
     # -- questions ----------------------------------------------------------------------------
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """Blocks ``req`` must add to compute ``num_new_tokens`` more tokens (0 if it holds enough)."""
+        if self.layout is not None:
+            if self.reserve:
+                target = self.blocks_to_finish(req)
+            else:
+                target = self.layout.held(req.num_computed_tokens, num_new_tokens)
+            extra = target - req.kv_blocks
+            return extra if extra > 0 else 0
         if self.reserve:
             target = -(-(req.prompt_tokens + req.max_output_tokens) // self.block_size)
         else:
@@ -99,6 +111,11 @@ class KVManager:
 
     def blocks_to_finish(self, req: Request) -> int:
         """Blocks ``req`` holds at its largest (prompt + max output)."""
+        if self.layout is not None:  # (a policy that does not chunk computes the whole prompt in one step)
+            layout = self.layout
+            most = layout.peak(req.prompt_tokens + req.max_output_tokens)
+            whole = layout.held(0, req.prompt_tokens)
+            return most if most > whole else whole
         return blocks_for(req.prompt_tokens + req.max_output_tokens, self.block_size)
 
     def can_ever_fit(self, req: Request) -> bool:
@@ -142,6 +159,19 @@ class KVManager:
                 self._over_committed()
             if cache is not None:
                 cache.take(extra)
+
+    def slide(self, items: Iterable[tuple[Request, int]]) -> None:
+        """A hybrid layout's step ended: each request of ``items`` gives back the blocks of its
+        sliding-window groups that no later token attends to (vLLM frees them before the next step's
+        allocation; the same blocks, freed here once). Reservations keep their blocks."""
+        if self.reserve:
+            return
+        between = self.layout.between
+        for req, _ in items:
+            target = between(req.num_computed_tokens)
+            if target < req.kv_blocks:
+                self.used -= req.kv_blocks - target
+                req.kv_blocks = target
 
     def grow_cohort(self, blocks: int) -> None:
         """The decode cohort's members take ``blocks`` more, in aggregate (no block tables: the

@@ -12,6 +12,9 @@ appends to its tail, a request's blocks in reverse order so that its tail blocks
   engine's, this is exact; otherwise a block straddling two trace blocks needs both to match.
   Hashed blocks are cached as soon as they are computed, reference-counted while running
   requests share them, and evictable once no running request holds them.
+- **output blocks** — with a trace of dependent requests (schema v2, ``keep_outputs``), hashes past
+  a request's prompt key its generated tokens' blocks the same way, so that a dependent request
+  whose hashes continue the chain (its parent's prompt and output, then new tokens) reuses them.
 - **a request's own blocks** — its other full blocks (tokens not covered by hashes, and generated
   tokens), keyed by the request itself: only that request can hit them, when it is admitted again
   after a preemption by recompute. They are queued as one *segment* per released request (the
@@ -137,7 +140,7 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
-                 "tiers", "purge", "names")
+                 "tiers", "purge", "names", "keep_outputs")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
@@ -155,6 +158,9 @@ class PrefixCache:
         self.queued = 0  # blocks in the queue
         # real block ids (replay/block_names.py), only when the runner executes batches: set by the KV manager
         self.names = None
+        # a trace whose requests depend on others (schema v2): a request's hashes may go on past its
+        # prompt over its output, the context its dependents continue; those blocks are cached too
+        self.keep_outputs = False
         self._push_segment(FRESH, total_blocks, None)
 
     # -- keys -----------------------------------------------------------------------------------
@@ -163,7 +169,8 @@ class PrefixCache:
         hashes = req.prefix_hashes
         if not hashes or self.trace_block is None:
             return 0
-        covered = min(req.prompt_tokens, len(hashes) * self.trace_block)
+        tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        covered = min(tokens, len(hashes) * self.trace_block)
         return covered // self.block_size
 
     def groups(self, req: "Request", start: int, stop: int):

@@ -35,6 +35,9 @@ class StepShape(NamedTuple):  # a tuple: built once per priced iteration, so che
     prefill_attention_pairs: int = 0
     decode_seqs: int = 0
     decode_context_tokens: int = 0
+    # speculative decoding (replay/speculative.py): draft tokens the decodes verify besides their one
+    # token each (0 without it; a cost model that knows no speculation ignores it)
+    spec_tokens: int = 0
 
     @property
     def num_seqs(self) -> int:

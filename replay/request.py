@@ -23,6 +23,7 @@ class Status(IntEnum):
     THROTTLED = 6  # refused by a quota and never retried successfully
     DROPPED = 7  # shed by an admission policy (e.g. deadline can no longer be met)
     ABORTED = 8  # its client gave up (a client timeout: replay/abort.py)
+    SKIPPED = 9  # never sent: a request it depends on did not finish (replay/depends.py)
 
     @property
     def is_terminal(self) -> bool:

@@ -77,8 +77,11 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
         index += n
     followers: dict[int, Request] = {}
     last_in_session: dict[int, Request] = {}
+    dependent = _dependent_rows(trace) if "depends_on" in names else ()
+    for i in dependent:  # arrives when its parents have finished (replay/depends.py)
+        requests[i].arrival_s = None
     for req in requests:  # the trace is sorted by arrival: that orders each session's turns
-        if req.session_id is None:
+        if req.session_id is None or (dependent and req.index in dependent):
             continue
         prev = last_in_session.get(req.session_id)
         if prev is not None and req.think_s is not None:
@@ -86,6 +89,14 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
             req.arrival_s = None  # arrives when its predecessor ends
         last_in_session[req.session_id] = req
     return requests, followers
+
+
+def _dependent_rows(trace: pa.Table) -> set[int]:
+    """Rows with a non-empty ``depends_on``: no closed-loop turn, their arrival is decided in the replay."""
+    import pyarrow.compute as pc
+
+    lengths = pc.fill_null(pc.list_value_length(trace.column("depends_on")), 0)
+    return set(np.flatnonzero(lengths.to_numpy() > 0).tolist())
 
 
 def requests_table_from(requests: list[Request], chunk: int = 65536, release: bool = False) -> pa.Table:

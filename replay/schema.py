@@ -67,6 +67,20 @@ INSTANCE_SCHEMA = pa.schema([("instance", pa.string())])
 # prefill/decode pools: ``instance`` is the decoding replica's type, ``prefill_instance`` the prefilling one's
 PD_INSTANCE_SCHEMA = pa.schema([("instance", pa.string()), ("prefill_instance", pa.string())])
 
+# Speculative decoding (docs/runners.md), appended last in a replay with spec_method set: the
+# acceptance rate the request drew (or the trace gave) and vLLM's spec-decode counters; the two
+# ratios are null for a request that never verified drafts.
+SPEC_SCHEMA = pa.schema(
+    [
+        ("spec_acceptance", pa.float64()),  # each draft's acceptance probability, given the earlier ones were accepted
+        ("spec_num_drafts", pa.int32()),  # steps that verified drafts of it
+        ("spec_num_draft_tokens", pa.int32()),  # drafts verified
+        ("spec_num_accepted_tokens", pa.int32()),  # drafts accepted
+        ("spec_acceptance_rate", pa.float64()),  # accepted / draft tokens
+        ("spec_mean_acceptance_length", pa.float64()),  # 1 + accepted / drafts: tokens per verifying step
+    ]
+)
+
 # One row per stretch of identical iterations on a replica (num_iterations >= 1).
 STEPS_SCHEMA = pa.schema(
     [

@@ -76,6 +76,14 @@ class ModelPreset(DecoderShape):
     # Longest prompt + output the model takes (config.json's max_position_embeddings: vLLM's default
     # max_model_len, beyond which it answers 400); None: not known
     max_position_embeddings: int | None = None
+    # Hybrid attention (replay/kv_groups.py): sliding_layers of the layers attend to the last
+    # sliding_window tokens only (Gemma 2/3, gpt-oss, Mistral); state_layers are linear-attention or
+    # state-space layers (Qwen3-Next, Jamba, Nemotron-H) with no KV but a fixed state of state_bytes
+    # per sequence each (whole model, split over TP); the other layers attend to every token.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    state_layers: int = 0
+    state_bytes: int = 0
 
     def __post_init__(self) -> None:
         from servelab.runners.quant import kv_cache_bytes, weight_format
@@ -89,6 +97,31 @@ class ModelPreset(DecoderShape):
             raise ValueError(f"model preset {self.name}: heads must be a multiple of KV heads")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"model preset {self.name}: experts_per_token must be in 1..num_experts")
+        if self.sliding_layers + self.state_layers > self.num_layers or min(self.sliding_layers, self.state_layers) < 0:
+            raise ValueError(f"model preset {self.name}: sliding_layers + state_layers must be in 0..num_layers")
+        if self.sliding_layers and self.sliding_window < 1:
+            raise ValueError(f"model preset {self.name}: sliding_layers need a sliding_window >= 1")
+        if self.state_layers and self.state_bytes < 1:
+            raise ValueError(f"model preset {self.name}: state_layers need their state_bytes per sequence")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Not every layer attends to every token: KV is kept per layer group (replay/kv_groups.py)."""
+        return bool(self.sliding_layers or self.state_layers)
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep KV (full or sliding-window attention)."""
+        return self.num_layers - self.state_layers
+
+    def layer_kinds(self, tp: int):
+        """The model's layers by kind with their bytes on one of ``tp`` GPUs (replay/kv_groups.py)."""
+        from servelab.replay.kv_groups import LayerKinds
+
+        token = self.kv_bytes_per_token_layer if self.is_mla else self.kv_bytes_per_token_layer // tp
+        return LayerKinds(full=self.attention_layers - self.sliding_layers, sliding=self.sliding_layers,
+                          state=self.state_layers, window=self.sliding_window, token_bytes=token,
+                          state_bytes=-(-self.state_bytes // tp))
 
     @property
     def is_moe(self) -> bool:
@@ -195,7 +228,10 @@ class ModelPreset(DecoderShape):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer for one token, over the whole model (all TP shards together)."""
+        """K and V of every layer for one token, over the whole model (all TP shards together); a
+        hybrid model's state layers keep none."""
+        if self.state_layers:
+            return self.attention_layers * self.kv_bytes_per_token_layer
         if self.is_mla or self.kv_cache_dtype != "auto":
             return self.num_layers * self.kv_bytes_per_token_layer
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
@@ -256,9 +292,54 @@ MODELS: dict[str, ModelPreset] = _models(
                 max_position_embeddings=16384),
     ModelPreset("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 32, 4096, 32, 8, 128, 14336, 32768,
                 max_position_embeddings=32768),
+    # A draft model for speculative decoding (runners/speculative.py) beside the Llama 3.1 targets
+    # (same tokenizer); its config.json ties the input and output embeddings.
+    ModelPreset("llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct", 16, 2048, 32, 8, 64, 8192, 128256,
+                tied_embeddings=True, max_position_embeddings=131072),
     # Small enough for a CPU torch runner in tests; float32 because CPUs lack fast bf16 matmuls.
     ModelPreset("tiny", "servelab/tiny (random weights)", 2, 64, 4, 2, 16, 128, 512, dtype="float32"),
+    # Today's MoE, latent-attention and hybrid-attention models: every value below is the config.json
+    # field of the Hugging Face repository named (MODEL_SOURCES), read as model_from_hf_config reads it.
+    # DeepSeek-V3: MLA (kv_lora_rank 512 + qk_rope_head_dim 64), 256 routed + 1 shared expert of 2048,
+    # the first 3 layers dense (18432), FP8 weights in 128 x 128 blocks.
+    ModelPreset("deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 7168, 128, 128, 192, 2048, 129280,
+                num_experts=256, experts_per_token=8, shared_ffn_size=2048, quantization="fp8", kv_lora_rank=512,
+                q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, dense_layers=3,
+                dense_ffn_size=18432, max_position_embeddings=163840),
+    # Qwen3-Next-80B-A3B: full_attention_interval 4, so 12 full-attention layers and 36 Gated DeltaNet
+    # layers (16 key heads x 128, 32 value heads x 128, conv kernel 4): (2*16*128 + 32*128) * 3 * 2
+    # + 32*128*128 * 2 = 1,097,728 state bytes per sequence and layer; 512 experts of 512, 10 routed.
+    ModelPreset("qwen3-next-80b-a3b", "Qwen/Qwen3-Next-80B-A3B-Instruct", 48, 2048, 16, 2, 256, 512, 151936,
+                num_experts=512, experts_per_token=10, shared_ffn_size=512, max_position_embeddings=262144,
+                state_layers=36, state_bytes=1_097_728),
+    # Gemma-3-27B (text_config): sliding_window 1024 with sliding_window_pattern 6: layers 6, 12, ...,
+    # 60 attend to everything (10), the other 52 to the last 1024 tokens; tied embeddings.
+    ModelPreset("gemma-3-27b", "google/gemma-3-27b-it", 62, 5376, 32, 16, 128, 21504, 262208, tied_embeddings=True,
+                max_position_embeddings=131072, sliding_window=1024, sliding_layers=52),
+    # gpt-oss-120b: layer_types alternate sliding (window 128) and full attention over 36 layers;
+    # 128 experts of 2880, 4 routed; MXFP4 expert weights (quantization_config quant_method mxfp4).
+    ModelPreset("gpt-oss-120b", "openai/gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, num_experts=128,
+                experts_per_token=4, quantization="mxfp4", max_position_embeddings=131072, sliding_window=128,
+                sliding_layers=18),
+    # Qwen3-VL-8B's language model (text_config; its vision encoder is priced apart, as an encoder stage)
+    ModelPreset("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", 36, 4096, 32, 8, 128, 12288, 151936,
+                max_position_embeddings=262144),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where a preset's shape was copied from, and whether the roofline was checked on real runs of it."""
+
+    config_url: str
+    calibrated: bool = False  # True: real runs of this model fitted or validated its pricing (docs/fidelity.md)
+
+
+# The presets added for the 2026 models: none of them has been run on a real GPU here yet.
+MODEL_SOURCES: dict[str, ModelSource] = {
+    name: ModelSource(f"https://huggingface.co/{MODELS[name].hf_id}/blob/main/config.json")
+    for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b")
+}
 
 GPUS: dict[str, GpuPreset] = {
     g.name: g
@@ -338,6 +419,13 @@ def model_from_hf_config(path: str) -> ModelPreset:
             extra["quantization"] = from_hf_quantization_config(cfg["quantization_config"])
         except ValueError as err:
             raise InputError(p, str(err), column="quantization_config") from None
+    from servelab.runners.hybrid_config import HybridConfigError, hybrid_fields
+
+    layers = need("num_hidden_layers", "n_layer")
+    try:
+        extra.update(hybrid_fields(cfg, layers, DTYPE_BYTES.get(dtype, 2)))
+    except HybridConfigError as err:
+        raise InputError(p, str(err), column=err.field) from None
     head_dim = cfg.get("head_dim") or hidden // heads
     if extra.get("kv_lora_rank"):
         head_dim = extra["qk_nope_head_dim"] + extra["qk_rope_head_dim"]  # what a query head attends with
@@ -345,7 +433,7 @@ def model_from_hf_config(path: str) -> ModelPreset:
         return ModelPreset(
             name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
             hf_id=str(cfg.get("_name_or_path") or p),
-            num_layers=need("num_hidden_layers", "n_layer"),
+            num_layers=layers,
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),  # absent: multi-head attention

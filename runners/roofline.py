@@ -257,6 +257,18 @@ def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_u
                        non_torch_bytes: int = NON_TORCH_BYTES, dp: int = 1, pp: int = 1) -> int:
     """KV tokens one engine of ``tp`` x ``pp`` GPUs holds (one DP rank; every stage of a pipeline
     together): what vLLM's memory profiling leaves for the cache."""
+    per_gpu = kv_memory_bytes(model, gpu, tp, gpu_memory_utilization, activation_tokens, logit_seqs, non_torch_bytes,
+                              dp, pp)
+    shards = 1 if model.is_mla else tp  # MLA's latent is not split by heads: every TP rank holds all of it
+    if pp == 1:
+        return int(per_gpu * shards // model.kv_bytes_per_token)
+    return int(per_gpu * shards * pp // model.kv_bytes_per_token)
+
+
+def kv_memory_bytes(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_utilization: float = 0.9,
+                    activation_tokens: int = ACTIVATION_TOKENS, logit_seqs: int = LOGIT_SEQS,
+                    non_torch_bytes: int = NON_TORCH_BYTES, dp: int = 1, pp: int = 1) -> float:
+    """Bytes one GPU has for the KV cache beside the weights and the profiling run's reserve."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     weights = weight_bytes_per_gpu(model, tp, dp, pp)
@@ -268,10 +280,20 @@ def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_u
             f"{model.name} does not fit on {layout} at gpu_memory_utilization="
             f"{gpu_memory_utilization}: weights alone need {weights / 2**30:.1f} GiB per GPU"
         )
-    shards = 1 if model.is_mla else tp  # MLA's latent is not split by heads: every TP rank holds all of it
-    if pp == 1:
-        return int(per_gpu * shards // model.kv_bytes_per_token)
-    return int(per_gpu * shards * pp // model.kv_bytes_per_token)
+    return per_gpu
+
+
+HYBRID_FIELDS = ("sliding_window", "sliding_layers", "state_layers", "state_bytes")
+
+
+def preset_dict(model: ModelPreset) -> dict:
+    """The preset's fields for run.json; a model without hybrid attention leaves those fields out
+    (so its description is what it was before they existed)."""
+    out = asdict(model)
+    if not model.is_hybrid:
+        for key in HYBRID_FIELDS:
+            del out[key]
+    return out
 
 
 class _Rates(NamedTuple):
@@ -574,7 +596,7 @@ class RooflineRunner(RunnerBase):
     def describe(self) -> dict:
         return {
             "runner": self.name,
-            "model": asdict(self.model),
+            "model": preset_dict(self.model),
             "gpu": asdict(self.gpu),
             "tp": self.tp,
             "cpu_overhead_scale": self.cpu_overhead_scale,
@@ -596,6 +618,8 @@ class RooflineRunner(RunnerBase):
     def from_describe(cls, d: dict) -> RooflineRunner:
         """Rebuild the exact runner a run used (run.json keeps ``describe()``), even if presets or the
         packaged calibration have changed since."""
+        if cls is RooflineRunner and "kv_layout" in d:  # a hybrid-attention model's runner
+            return _variant("hybrid").from_describe(d)
         cal = dict(d["calibration"])
         cal["ops"] = {name: OpCalibration(**v) for name, v in cal["ops"].items()}
         cal["prefill_attention"] = OpCalibration(**cal["prefill_attention"])
@@ -631,6 +655,17 @@ def load_custom_all_reduce() -> CustomAllReduce:
     return CustomAllReduce(**{k: raw[k] for k in CustomAllReduce.__slots__})
 
 
+# Runner classes for models the plain roofline does not price alone, each a subclass in its own file
+# imported by name when a model needs it: hybrid attention.
+VARIANT_MODULES = {"hybrid": "servelab.runners.hybrid"}
+
+
+def _variant(name: str) -> type:
+    import importlib
+
+    return importlib.import_module(VARIANT_MODULES[name]).RUNNER_CLASS
+
+
 def _int_param(key: str, raw: object) -> int:
     try:
         value = int(str(raw))
@@ -652,6 +687,7 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         return context.get(key) if context.get(key) is not None else default
 
     model = resolve_model(str(pick("model", DEFAULT_MODEL)))
+    hybrid = model.is_hybrid  # (a quantisation option below keeps the layer kinds)
     # vLLM's --quantization / --kv-cache-dtype over the checkpoint's own (runners/quant.py)
     quant = {key: str(pick(key, "")) for key in ("quantization", "kv_cache_dtype") if pick(key, None) is not None}
     if quant.get("quantization", "").lower() in ("none", "auto"):
@@ -695,4 +731,8 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         kv["ep"] = _int_param("ep", params["ep"])
     elif context.get("enable_expert_parallel") and model.is_moe and tp * dp > 1:
         kv["ep"] = tp * dp  # vLLM --enable-expert-parallel: experts over every GPU of the DP x TP group
+    if hybrid:  # sliding-window or state layers: KV and attention per layer group
+        if context.get("block_size") is not None:
+            kv["block_size"] = int(context["block_size"])
+        return _variant("hybrid")(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)
     return RooflineRunner(model, gpu, tp, calibration, cpu_overhead_scale=scale, host_profile=profile, **kv)

@@ -53,6 +53,18 @@ SELECT run_id, gpus, gpu_s / 3600 AS gpu_hours, dollars, dollars_per_million_out
        goodput_requests_per_dollar
 FROM cost WHERE scope = 'overall'
 """
+_TASKS = """
+SELECT run_id, tasks, complete AS tasks_complete, skipped AS requests_skipped, jct_mean_s AS task_jct_mean_s,
+       jct_p50_s AS task_jct_p50_s, jct_p90_s AS task_jct_p90_s, jct_p99_s AS task_jct_p99_s,
+       cp_llm_share AS task_cp_llm_share, cp_wait_share AS task_cp_wait_share,
+       cp_queue_share AS task_cp_queue_share, reuse_rate AS task_reuse_rate,
+       with_deadline, deadline_attainment AS task_deadline_attainment, task_goodput_per_s
+FROM task_summary WHERE scope = 'overall'
+"""
+# Task metrics in their own units: completion times in seconds (tasks last seconds to minutes), shares in %.
+_TASK_SHOWN = {"task_cp_llm_share": "task_cp_llm_pct", "task_cp_wait_share": "task_cp_wait_pct",
+               "task_cp_queue_share": "task_cp_queue_pct", "task_reuse_rate": "task_reuse_pct",
+               "task_deadline_attainment": "task_deadline_attainment_pct"}
 
 
 def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict]:
@@ -118,6 +130,14 @@ def run_metrics(con: duckdb.DuckDBPyConnection) -> pa.Table:
         for k in ("gpus", "gpu_hours", "dollars", "dollars_per_million_output_tokens", "dollars_per_request",
                   "goodput_requests_per_dollar"):
             out += [(r["run_id"], k, None if r[k] is None else float(r[k])) for r in sorted(cost, key=lambda r: r["run_id"])]
+    tasks = sorted((r for r in _records(con, _TASKS) if r["tasks"]), key=lambda r: r["run_id"])
+    if tasks:  # (runs whose requests carry a task/session id: docs/metrics.md "Tasks")
+        deadline = any(r["with_deadline"] for r in tasks)
+        for k in ("tasks", "tasks_complete", "requests_skipped", "task_jct_mean_s", "task_jct_p50_s", "task_jct_p90_s",
+                  "task_jct_p99_s", "task_cp_llm_share", "task_cp_wait_share", "task_cp_queue_share", "task_reuse_rate",
+                  *(("task_deadline_attainment", "task_goodput_per_s") if deadline else ())):
+            factor = 100.0 if k in _TASK_SHOWN else 1.0
+            out += [(r["run_id"], _TASK_SHOWN.get(k, k), None if r[k] is None else float(r[k]) * factor) for r in tasks]
     tiers = _records(con, _TIERS)
     if len({r["tier"] for r in tiers}) < 2:  # one tier: its row would repeat attainment_pct
         tiers = []

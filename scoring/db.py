@@ -24,7 +24,7 @@ VIEW_NAMES = (
     "requests", "steps", "runs", "slo_table", "run_span",
     "request_metrics", "request_metrics_guidellm", "request_metrics_distserve",
     "slo_attainment", "latency_summary", "goodput", "tenant_summary", "fairness",
-    "resource_summary", "replica_balance", "attainment_vs_rate", "pools", "cost",
+    "resource_summary", "replica_balance", "attainment_vs_rate", "pools", "cost", "tasks", "task_summary",
 )  # fmt: skip
 
 
@@ -175,8 +175,11 @@ def open_collected(path: str, slo: SloTable | None = None) -> duckdb.DuckDBPyCon
         con.unregister("_pools_arrow")
     if slo is not None or "slo_table" not in tables:
         set_slo(con, slo)
-    else:
-        con.execute("CREATE TABLE slo_table AS SELECT * FROM collected.slo_table")
+    else:  # (collected before task deadlines: no task_s column)
+        have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = "
+                                          "'collected' AND table_name = 'slo_table'").fetchall()}  # fmt: skip
+        extra = "".join(f", CAST(NULL AS DOUBLE) AS {c}" for c in ("task_s",) if c not in have)
+        con.execute(f"CREATE TABLE slo_table AS SELECT *{extra} FROM collected.slo_table")
     create_views(con)
     return con
 

@@ -152,6 +152,10 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         if "kv_tiers" in views else []
     breakdown = _rows(con, "SELECT * FROM ttft_breakdown WHERE run_id = ? AND scope = 'overall'", [run_id]) \
         if "ttft_breakdown" in views else []
+    tasks = _rows(con, "SELECT * FROM task_summary WHERE run_id = ? AND scope = 'overall'", [run_id]) \
+        if "task_summary" in views else []
+    spec = _rows(con, "SELECT * FROM spec_decode WHERE run_id = ? AND scope = 'overall'", [run_id]) \
+        if "spec_decode" in views else []
     return {
         "run": run[0],
         "slo": slo,
@@ -165,6 +169,8 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         "prefix_cache": cache[0] if cache and cache[0]["cached_tokens"] else None,
         "kv_tiers": tiers,
         "ttft_breakdown": breakdown[0] if breakdown else None,
+        "tasks": tasks[0] if tasks else None,
+        "spec_decode": spec[0] if spec else None,
         "cost": cost,
         "pool_balance": pool_balance(con, run_id, cluster_pools(run[0])),
         "overload": overload(con, run_id, next((g for g in goodput if g["scope"] == "overall"), None)),
@@ -227,7 +233,8 @@ def _label(row: dict) -> str:
 def _slo_line(slo_rows: list[dict], source: str | None = None) -> str:
     parts = []
     for r in slo_rows:
-        fields = ", ".join(f"{k}={r[k]:g}" for k in ("ttft_s", "tpot_s", "e2e_s", "max_stall_s") if r[k] is not None)
+        fields = ", ".join(f"{k}={r[k]:g}" for k in ("ttft_s", "tpot_s", "e2e_s", "max_stall_s", "task_s")
+                           if r.get(k) is not None)
         parts.append(f"{r['scope']}{'=' + r['name'] if r['name'] else ''}: {fields}")
     if not parts:
         return "none given or recorded, so no attainment: 'finished' below is the share of requests that finished"
@@ -298,11 +305,13 @@ def render(data: dict[str, Any], console: Console) -> None:
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
     live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
+    skipped = overall.get("skipped") or 0  # dependent requests never sent (replay/depends.py)
     console.print(
         f"requests {overall['requests']}: {overall['finished']} finished, {overall['unfinished']} unfinished, "
         f"{overall['rejected']} rejected, {overall['throttled']} throttled, {overall['dropped']} dropped"
         + ("".join(f", {overall[s]} {s}" for s in LIVE_STATUSES) if live else "")
-        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live else "")
+        + (f", {skipped} skipped" if skipped else "")
+        + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live + skipped else "")
     )
     if run.get("stopped_by") or run.get("not_sent"):  # a live run stopped early: say so, and what was never sent
         why = f"stopped by {run.get('stopped_by') or 'its end'}" + (f" ({run['signal']})" if run.get("signal") else "")
@@ -328,6 +337,11 @@ def render(data: dict[str, Any], console: Console) -> None:
         if b:
             console.print(f"  mean TTFT {_ms(b['mean_ttft_s'])} ms = queue {_ms(b['mean_queue_s'])} + KV load "
                           f"{_ms(b['mean_load_s'])} + compute {_ms(b['mean_compute_s'])} ms")
+    spec = data.get("spec_decode")
+    if spec:  # speculative decoding (vLLM's spec-decode metrics)
+        console.print(f"speculative decoding: {spec['num_accepted_tokens']:,} of {spec['num_draft_tokens']:,} draft tokens "
+                      f"accepted ({_pct(spec['acceptance_rate'])}), mean acceptance length "
+                      f"{spec['mean_acceptance_length']:.2f} tokens per step over {spec['num_drafts']:,} drafts")
     console.print()
 
     goodput = {(_label(r)): r for r in data["goodput"]}
@@ -390,6 +404,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         + (f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); " if data["slo"] else "")
         + f"offered rate {_f(g['offered_rate_rps'])} req/s"
     )
+    _task_lines(data.get("tasks"), console)
     res = data["resources"]
     if res:
         console.print(
@@ -422,6 +437,38 @@ def render(data: dict[str, Any], console: Console) -> None:
         )
     elif fair:
         console.print(f"longest wait of any request {_ms_text(fair['max_wait_s'])}")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f} s"
+
+
+def _task_lines(t: dict | None, console: Console) -> None:
+    """Tasks (the ``task_summary`` view), for a run whose requests carry a session/task id."""
+    if not t or not t["tasks"]:
+        return
+    console.print(
+        f"tasks {t['tasks']}: {t['complete']} complete, {t['with_skipped']} with skipped requests "
+        f"({t['skipped']} never sent), {t['with_failed']} with failed requests; job completion time p50 "
+        f"{_seconds(t['jct_p50_s'])}, p90 {_seconds(t['jct_p90_s'])}, p99 {_seconds(t['jct_p99_s'])}, "
+        f"max {_seconds(t['jct_max_s'])}"
+    )
+    if t["complete"] and not t["links"] and t["requests"] > t["tasks"]:  # (a run written without depends_on)
+        console.print("  critical paths unknown: the run's requests.parquet records no dependencies (depends_on, "
+                      f"think_s); reused {t['reused_tokens'] or 0:,} of {t['prompt_tokens'] or 0:,} prompt tokens "
+                      f"({_pct(t['reuse_rate'])})")
+    elif t["complete"]:
+        console.print(
+            f"  along the critical paths: LLM {_pct(t['cp_llm_share'])}, tool/think waits {_pct(t['cp_wait_share'])}, "
+            f"queueing {_pct(t['cp_queue_share'])}, later first calls {_pct(t['cp_start_share'])}; reused "
+            f"{t['reused_tokens'] or 0:,} of {t['prompt_tokens'] or 0:,} prompt tokens ({_pct(t['reuse_rate'])})"
+        )
+    if t["with_deadline"]:
+        console.print(
+            f"  task deadline met by {t['met_deadline']} of {t['with_deadline']} tasks "
+            f"({_pct(t['deadline_attainment'])}; unfinished, failed and skipped tasks count as misses), "
+            f"{_f(t['task_goodput_per_s'], 4)} tasks/s"
+        )
 
 
 def _cost_lines(rows: list[dict], console: Console, has_slo: bool = True) -> None:

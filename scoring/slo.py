@@ -28,6 +28,8 @@ _KEYS = {
     "max_stall": "max_stall_s",
     "max_stall_s": "max_stall_s",
     "stall": "max_stall_s",
+    "task": "task_s",
+    "task_s": "task_s",
 }
 SCOPES = ("global", "tier", "tenant")
 
@@ -40,6 +42,7 @@ class Slo:
     tpot_s: float | None = None
     e2e_s: float | None = None
     max_stall_s: float | None = None
+    task_s: float | None = None  # a task's deadline: its completion time (first arrival to last finish)
 
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) is None for f in fields(self))
@@ -157,7 +160,7 @@ class SloTable:
         return data
 
     def rows(self) -> pa.Table:
-        """The table as rows ``(scope, name, ttft_s, tpot_s, e2e_s, max_stall_s)`` for the SQL views."""
+        """The table as rows ``(scope, name, ttft_s, tpot_s, e2e_s, max_stall_s, task_s)`` for the SQL views."""
         entries = [("global", None, self.global_)] if not self.global_.is_empty() else []
         entries += [("tier", n, s) for n, s in self.tiers]
         entries += [("tenant", n, s) for n, s in self.tenants]
@@ -246,8 +249,9 @@ def _slo_from_mapping(entry: Mapping[str, Any], path: str, where: str | None) ->
     for key, value in entry.items():
         column = f"{where}.{key}" if where else key
         if key not in _KEYS:
-            hint = did_you_mean(key, ("ttft_s", "tpot_s", "e2e_s", "max_stall_s"))
-            raise InputError(path, f"unknown SLO field{hint} (known: ttft_s, tpot_s, e2e_s, max_stall_s)", column=column)
+            hint = did_you_mean(key, ("ttft_s", "tpot_s", "e2e_s", "max_stall_s", "task_s"))
+            raise InputError(path, f"unknown SLO field{hint} (known: ttft_s, tpot_s, e2e_s, max_stall_s, task_s)",
+                             column=column)
         field = _KEYS[key]
         if field in values:
             raise InputError(path, f"'{field}' given twice", column=column)
@@ -277,8 +281,8 @@ def _parse_one(spec: str) -> SloTable:
         if key in ("tier", "tenant"):
             raise ServelabError(f"--slo '{spec}': write '{key}=NAME:' before the fields, e.g. {key}=gold:ttft=0.2")
         if key not in _KEYS:
-            hint = did_you_mean(key, ("ttft", "tpot", "e2e", "max_stall"))
-            raise ServelabError(f"--slo '{spec}': unknown SLO field '{key}'{hint} (known: ttft, tpot, e2e, max_stall)")
+            hint = did_you_mean(key, ("ttft", "tpot", "e2e", "max_stall", "task"))
+            raise ServelabError(f"--slo '{spec}': unknown SLO field '{key}'{hint} (known: ttft, tpot, e2e, max_stall, task)")
         try:
             value, bare = _parse_value(raw)
         except ValueError:

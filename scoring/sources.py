@@ -28,6 +28,9 @@ OPTIONAL_REQUEST_COLUMNS = pa.schema(
         ("e2e_slo_s", pa.float64()),
         ("max_stall_slo_s", pa.float64()),
         ("source_request_id", pa.string()),  # imported runs: the source's own id of the request
+        ("depends_on", pa.list_(pa.int64())),  # agentic traces: request ids it waited for (scoring/tasks.py)
+        ("think_s", pa.float64()),  # its wait after the parents finished (tool or think time)
+        ("task_deadline_s", pa.float64()),  # its task's deadline from the trace
     ]
 )
 # `runs` columns the views read that runs_table adds for every run, with their DuckDB types: a file
@@ -288,6 +291,7 @@ def _duck_type(t: pa.DataType) -> str:
         pa.float64(): "DOUBLE",
         pa.string(): "VARCHAR",
         pa.bool_(): "BOOLEAN",
+        pa.list_(pa.int64()): "BIGINT[]",
     }[t]
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import duckdb
 
+from servelab.scoring.tasks import create_task_views
+
 # Percentiles every latency summary reports (DuckDB quantile_cont: linear interpolation, like numpy/vLLM).
 QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
@@ -15,6 +17,9 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
 END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
 # live runs (servelab bench; docs/live.md), and a replay's client timeouts (aborted: replay/abort.py)
 LIVE_STATUSES = ("failed", "timeout", "cancelled", "aborted")
+# never sent: a request it depends on did not finish (trace schema v2; replay/depends.py). A miss, as
+# every status but finished is.
+DEPENDENT_STATUSES = ("skipped",)
 
 # TPOT per metric variant; the other columns are identical.
 TPOT_VARIANTS = {
@@ -106,7 +111,7 @@ _SCOPE = """
     CASE WHEN grouping(tier) = 0 THEN tier WHEN grouping(tenant) = 0 THEN tenant END AS name"""
 _SCOPE_ORDER = "run_id, CASE scope WHEN 'overall' THEN 0 WHEN 'tier' THEN 1 ELSE 2 END, name NULLS FIRST"
 
-_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES + LIVE_STATUSES)
+_STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES + LIVE_STATUSES + DEPENDENT_STATUSES)
 
 SLO_ATTAINMENT = f"""
 CREATE OR REPLACE VIEW slo_attainment AS
@@ -371,6 +376,25 @@ GROUP BY GROUPING SETS ((run_id, tier), (run_id, tier, tenant), (run_id, tier, r
 ORDER BY run_id, scope, name, tier
 """
 
+# Speculative decoding (requests.parquet's spec_ columns, a replay with spec_method set): vLLM's
+# spec-decode metrics summed over requests that verified drafts, per run, tenant and replica.
+SPEC_DECODE = """
+CREATE OR REPLACE VIEW spec_decode AS
+SELECT run_id,
+    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+    count(*) AS requests,
+    CAST(sum(spec_num_drafts) AS BIGINT) AS num_drafts,
+    CAST(sum(spec_num_draft_tokens) AS BIGINT) AS num_draft_tokens,
+    CAST(sum(spec_num_accepted_tokens) AS BIGINT) AS num_accepted_tokens,
+    sum(spec_num_accepted_tokens) / nullif(sum(spec_num_draft_tokens), 0) AS acceptance_rate,
+    1 + sum(spec_num_accepted_tokens) / nullif(sum(spec_num_drafts), 0) AS mean_acceptance_length,
+    avg(spec_mean_acceptance_length) AS mean_request_acceptance_length
+FROM requests WHERE spec_num_drafts > 0
+GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
+ORDER BY run_id, scope, name
+"""
+
 # Where a first token's time went: waiting, loading KV from lower tiers, the rest (prefill compute
 # and the iterations it shared); finished requests.
 TTFT_BREAKDOWN = """
@@ -458,10 +482,13 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(sql)
     con.execute(GUIDELLM_SUMMARY)
     columns = {row[0] for row in con.execute("DESCRIBE requests").fetchall()}
+    create_task_views(con, columns)
     if "cached_tokens" in columns:  # (runs written before prefix caching have no such column)
         con.execute(PREFIX_CACHE)
     if "kv_load_s" in columns:  # runs with offload tiers
         con.execute(KV_TIERS)
         con.execute(TTFT_BREAKDOWN)
+    if "spec_num_drafts" in columns:  # runs with speculative decoding
+        con.execute(SPEC_DECODE)
     if "tier_bytes" in {row[0] for row in con.execute("DESCRIBE steps").fetchall()}:
         con.execute(KV_BYTES_MOVED)

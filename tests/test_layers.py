@@ -26,8 +26,9 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 # then the cluster (pools, PD handoff, autoscaling, instance types) and the platform (front door,
 # pausing, failures) beside each other, then the assembly of a whole replay's config and results.
 REPLAY_LAYERS = {
-    "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv", "engine_config",
-             "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort", "engine"],
+    "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv_groups", "kv", "engine_config",
+             "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort", "engine", "depends",
+             "spec_config", "speculative"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "fleet"],
     "platform": ["admission", "platform", "abort"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)

@@ -107,11 +107,11 @@ def test_read_rejects_empty_file_and_garbage(tmp_path):
 
 
 def test_read_rejects_other_schema_version(tmp_path):
-    t = good_table().replace_schema_metadata({"servelab.schema_version": "2"})
-    path = write_raw_arrow(t, tmp_path / "v2.arrow")
+    t = good_table().replace_schema_metadata({"servelab.schema_version": "3"})
+    path = write_raw_arrow(t, tmp_path / "v3.arrow")
     with pytest.raises(InputError) as err:
         read_trace(path)
-    assert_input_error(err, path, "schema version 2 is not supported")
+    assert_input_error(err, path, "schema version 3 is not supported")
 
 
 # ---- round trips and defaults

@@ -2,8 +2,9 @@
 
 Every importer parses each source file, checks its rows (reporting file, column and 1-based data
 row), and hands the parts to ``merge``, which rebases times to the earliest arrival over all files,
-sorts stably and renumbers request ids from 0. ServeGen lives in ``servegen.py`` (a format is
-registered by its file being in this package: common/registry.py).
+sorts stably and renumbers request ids from 0. ServeGen lives in ``servegen.py`` and the agentic and
+multi-turn formats (llmservingsim, mooncake-chains, sharegpt) in ``agentic_importers.py`` (a format
+is registered by its file being in this package: common/registry.py).
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def detect_format(paths: list[Path]) -> str:
     with open(first, "rb") as f:
         head = f.read(1 << 14).decode("utf-8", errors="replace").lstrip("\ufeff")
     line = next((x for x in head.splitlines() if x.strip()), "")
-    if line.lstrip().startswith("{"):
+    if line.lstrip().startswith(("{", "[")):
+        if '"sub_requests"' in head or '"input_toks"' in line:
+            return "llmservingsim"
+        if any(f'"{k}"' in head for k in ("conversations", "conversation", "messages")):
+            return "sharegpt"
         if '"hash_ids"' in line or '"input_length"' in line:
             return "mooncake"
     else:

@@ -93,4 +93,7 @@ def trace_info(table: pa.Table) -> dict:
         info["sessions"] = int(pl.from_arrow(sid).drop_nulls().n_unique())
     if "model" in table.column_names:
         info["models"] = _counts(table, "model")
+    if "depends_on" in table.column_names:  # schema v2: their arrival_s only orders rows (the replay decides it)
+        lengths = table.column("depends_on").combine_chunks().value_lengths().fill_null(0).to_numpy()
+        info["dependent_requests"] = int((lengths > 0).sum())
     return info

@@ -48,7 +48,7 @@ def read_trace(path: str | os.PathLike) -> pa.Table:
     table = _read_raw(path)
     meta = table.schema.metadata or {}
     version = meta.get(schema.META_VERSION)
-    if version is not None and version != str(schema.SCHEMA_VERSION).encode():
+    if version is not None and version not in [str(v).encode() for v in schema.READ_VERSIONS]:
         raise InputError(
             path, f"schema version {version.decode()} is not supported (this servelab reads {schema.SCHEMA_VERSION})"
         )
@@ -92,7 +92,7 @@ def prepare(
         table = table.take(pc.sort_indices(table, [("arrival_s", "ascending")]))
     table = schema.canonical(table)
     meta = {
-        schema.META_VERSION: str(schema.SCHEMA_VERSION).encode(),
+        schema.META_VERSION: str(schema.version_of(table)).encode(),
         schema.META_SOURCE: source.encode(),
     }
     if "prefix_hashes" in table.column_names:

@@ -1,4 +1,4 @@
-"""The request-trace schema (version 1) and the validation every load and write runs.
+"""The request-trace schema (version 2; version 1 files still read) and the validation every load and write runs.
 
 One row per request, sorted by arrival. Validation reports the first offending row as a 1-based row
 number of the table (row 1 = the first request), so a user can find it with `servelab trace info`
@@ -13,8 +13,10 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.errors import InputError
+from servelab.traces import depends
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)  # a file without version 2's columns is written as version 1, as before
 META_VERSION = b"servelab.schema_version"
 META_SOURCE = b"source"
 META_BLOCK_TOKENS = b"prefix_block_tokens"
@@ -52,9 +54,20 @@ COLUMNS: tuple[Column, ...] = (
     Column("tpot_slo_s", pa.float64(), False, "per-request TPOT SLO override"),
     Column("model", _DICT_STRING, False, "model name"),
     Column("timeout_s", pa.float64(), False, "client timeout: the client abandons the request this long after it arrives"),
+    Column("depends_on", pa.list_(pa.int64()), False,
+           "request_ids it waits for (null/empty: none); it arrives think_s after the last of them finishes"),
+    Column("task_deadline_s", pa.float64(), False, "deadline of its task (session_id), seconds after the task starts"),
+    Column("spec_acceptance", pa.float64(), False,
+           "speculative decoding: each draft token's acceptance probability in [0, 1] (null: the engine's spec_acceptance)"),
 )
+V2_COLUMNS = ("depends_on", "task_deadline_s")
 COLUMN_BY_NAME = {c.name: c for c in COLUMNS}
 REQUIRED = tuple(c.name for c in COLUMNS if c.required)
+
+
+def version_of(table: pa.Table) -> int:
+    """The schema version a file of ``table`` is written as: 2 when it has a version 2 column, else 1."""
+    return 2 if any(name in table.column_names for name in V2_COLUMNS) else 1
 
 
 def _type_ok(name: str, actual: pa.DataType) -> bool:
@@ -203,16 +216,23 @@ def _check_optional(table: pa.Table, path: object) -> None:
             values = _numpy(_pc().fill_null(table.column(name).cast(pa.float64()), 0.0))
             _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
             _check(path, name, values < 0, "must be >= 0")
-    if "timeout_s" in names:
-        values = _numpy(_pc().fill_null(table.column("timeout_s").cast(pa.float64()), 1.0))
-        _check(path, "timeout_s", ~np.isfinite(values), "not a finite number (NaN or infinite)")
-        _check(path, "timeout_s", values <= 0, "must be > 0 (null: no timeout)")
+    for name in ("timeout_s", "task_deadline_s"):
+        if name in names:
+            values = _numpy(_pc().fill_null(table.column(name).cast(pa.float64()), 1.0))
+            _check(path, name, ~np.isfinite(values), "not a finite number (NaN or infinite)")
+            _check(path, name, values <= 0, f"must be > 0 (null: no {'timeout' if name == 'timeout_s' else 'deadline'})")
+    if "spec_acceptance" in names:
+        values = _numpy(_pc().fill_null(table.column("spec_acceptance").cast(pa.float64()), 0.0))
+        _check(path, "spec_acceptance", ~np.isfinite(values), "not a finite number (NaN or infinite)")
+        _check(path, "spec_acceptance", (values < 0) | (values > 1), "an acceptance rate must be in [0, 1]")
     for name in ("tenant", "tier"):
         if name in names:
             _check_nulls(table, path, name)
     if "prefix_hashes" in names and table.column("prefix_hashes").null_count:
         mask = _numpy(_pc().is_null(table.column("prefix_hashes")))
         _check(path, "prefix_hashes", mask, "missing value (null); use an empty list")
+    if depends.COLUMN in names:
+        depends.check(table, path)
 
 
 def _as_dict_string(col: pa.ChunkedArray) -> pa.ChunkedArray:

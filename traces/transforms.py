@@ -1,7 +1,9 @@
 """Reshape traces: time window, rate scaling, first-N, seeded sample, merge, tier assignment.
 
 Every function takes and returns a pyarrow Table in the trace schema. Where a trace has sessions,
-window and sample keep or drop whole sessions so closed-loop turns never lose their predecessor.
+window and sample keep or drop whole sessions so closed-loop turns never lose their predecessor; a
+cut that would keep a request but drop one it depends on (``depends_on``) is refused, and merge
+renumbers ``depends_on`` with the request ids.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from servelab.common.errors import ServelabError
-from servelab.traces import schema
+from servelab.traces import depends, schema
 
 Weights = tuple[tuple[str, float], ...]  # (name, share) pairs, as synth.parse_weights returns
 
@@ -31,8 +33,27 @@ def _session_key(table: pa.Table) -> np.ndarray:
     return ids
 
 
-def _filter(table: pa.Table, mask: np.ndarray) -> pa.Table:
+def _filter(table: pa.Table, mask: np.ndarray, what: str = "the cut") -> pa.Table:
+    _check_parents_kept(table, mask, what)
     return table.filter(pa.array(mask))
+
+
+def _check_parents_kept(table: pa.Table, mask: np.ndarray, what: str) -> None:
+    """Refuse a cut that keeps a request but drops a request it depends on (schema v2 ``depends_on``):
+    its replay would wait for a request that no longer exists."""
+    if depends.COLUMN not in table.column_names or mask.all():
+        return
+    child, parent_id = depends.edges(table)
+    if not child.size:
+        return
+    ids = table.column("request_id").to_numpy()
+    order = np.argsort(ids, kind="stable")
+    parent = order[np.searchsorted(ids[order], parent_id)]
+    orphan = np.flatnonzero(mask[child] & ~mask[parent])
+    if orphan.size:
+        k = orphan[0]
+        raise ServelabError(f"{what} keeps request {ids[child[k]]} but drops request {parent_id[k]}, which it depends on "
+                            "(depends_on); cut whole tasks instead (--window and --sample keep sessions whole)")
 
 
 def window(table: pa.Table, start_s: float, end_s: float | None = None) -> pa.Table:
@@ -48,7 +69,7 @@ def window(table: pa.Table, start_s: float, end_s: float | None = None) -> pa.Ta
     mask = t0 >= start_s
     if end_s is not None:
         mask &= t0 < end_s
-    out = _filter(table, mask)
+    out = _filter(table, mask, "the window")
     if out.num_rows == 0:
         raise ServelabError(f"no requests in the window {start_s}..{end_s} s")
     rebased = pc.subtract(out.column("arrival_s"), pa.scalar(float(start_s)))
@@ -67,6 +88,8 @@ def head(table: pa.Table, n: int) -> pa.Table:
     """The first ``n`` requests by arrival."""
     if n < 1:
         raise ServelabError(f"head needs n >= 1 (got {n})")
+    if n < table.num_rows and depends.COLUMN in table.column_names:
+        _check_parents_kept(table, np.arange(table.num_rows) < n, f"head {n}")
     return table.slice(0, n)
 
 
@@ -87,7 +110,7 @@ def sample(table: pa.Table, seed: int, n: int | None = None, fraction: float | N
         raise ServelabError(f"cannot sample {n} of {len(uniq)} {unit}")
     chosen = np.zeros(len(uniq), dtype=bool)
     chosen[np.random.default_rng(seed).choice(len(uniq), size=n, replace=False)] = True
-    return _filter(table, chosen[inverse])
+    return _filter(table, chosen[inverse], "the sample")
 
 
 def merge(tables: list[pa.Table], names: list[str] | None = None) -> pa.Table:
@@ -108,9 +131,12 @@ def merge(tables: list[pa.Table], names: list[str] | None = None) -> pa.Table:
     if len(blocks) > 1:
         raise ServelabError("cannot merge traces whose prefix hashes use different block sizes")
     any_hashes = any("prefix_hashes" in t.column_names for t in tables)
-    parts, session_base = [], 0
+    parts, session_base, row_base = [], 0, 0
     for i, t in enumerate(tables):
         t = schema.with_defaults(t)
+        if depends.COLUMN in t.column_names:  # parents' ids -> their rows in the concatenation (ids renumbered below)
+            t = _depends_as_rows(t, row_base)
+        row_base += t.num_rows
         if any_hashes and "prefix_hashes" not in t.column_names:
             # No hashes means no reusable blocks: an empty list per request, never a null.
             empty = pa.ListArray.from_arrays(pa.array(np.zeros(t.num_rows + 1, np.int32)), pa.array([], pa.int64()))
@@ -138,10 +164,26 @@ def merge(tables: list[pa.Table], names: list[str] | None = None) -> pa.Table:
     table = table.take(pa.array(order))
     ids = pa.array(np.arange(table.num_rows, dtype=np.int64))
     table = table.set_column(table.column_names.index("request_id"), "request_id", ids)
+    if depends.COLUMN in table.column_names:  # concatenation rows -> the new ids
+        new_id = np.empty(len(order), dtype=np.int64)
+        new_id[order] = np.arange(len(order), dtype=np.int64)
+        col = table.column(depends.COLUMN).combine_chunks()
+        remapped = pa.ListArray.from_arrays(col.offsets, pa.array(new_id[col.values.to_numpy()]), mask=col.is_null())
+        table = table.set_column(table.column_names.index(depends.COLUMN), depends.COLUMN, remapped)
     meta = {schema.META_SOURCE: b"merge"}
     if blocks and None not in blocks:
         meta[schema.META_BLOCK_TOKENS] = blocks.pop()
     return table.replace_schema_metadata(meta)
+
+
+def _depends_as_rows(table: pa.Table, row_base: int) -> pa.Table:
+    """``depends_on`` with each parent's row (plus ``row_base``) instead of its id."""
+    col = table.column(depends.COLUMN).combine_chunks()
+    ids = table.column("request_id").to_numpy()
+    order = np.argsort(ids, kind="stable")
+    rows = order[np.searchsorted(ids[order], col.values.to_numpy())] + row_base
+    as_rows = pa.ListArray.from_arrays(col.offsets, pa.array(rows.astype(np.int64)), mask=col.is_null())
+    return table.set_column(table.column_names.index(depends.COLUMN), depends.COLUMN, as_rows)
 
 
 def _set_tier(table: pa.Table, tier: pa.Array) -> pa.Table:
