@@ -595,7 +595,7 @@ def _check_disaggregated(pools: list[BuiltPool]) -> None:
             if runner.needs_block_tables:
                 raise ServelabError(f"cluster pool '{pool.spec.name}': runner '{runner.name}' executes batches; "
                                     "prefill/decode pools need a cost-model runner")
-        if type(pool.replicas[0].policy).cohort_group is not None:
+        if type(pool.replicas[0].policy).charges_per_class:
             raise ServelabError(f"cluster pool '{pool.spec.name}': policy '{pool.config.policy}' charges service per "
                                 "class in state that does not follow a request from a prefill to a decode replica; "
                                 "prefill/decode pools do not support it yet")

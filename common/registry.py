@@ -1,10 +1,19 @@
 """A name -> factory registry filled by one decorator; unknown names list the known ones and
-suggest the nearest (``did you mean``)."""
+suggest the nearest (``did you mean``).
+
+One idiom for every plug-in kind (policies, routers, runners, trace and run importers): a registry
+names the package its plug-ins live in, and a plug-in is one new file there that registers itself
+with ``@REGISTRY.register("name")`` when imported. Nothing lists the files: a lookup imports the
+module named after the name (``vllm-bench`` -> ``vllm_bench.py``) and, when that does not register
+it, every module of the package, then what installed packages declare under the entry point group of
+the package's name; a listing imports them all. So a replay imports only the plug-ins it names (a
+runner's numpy or torch stays out of one that does not use it)."""
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import pkgutil
 from typing import Callable, Generic, Iterable, TypeVar
 
@@ -27,10 +36,15 @@ def did_you_mean(name: object, known: Iterable[str]) -> str:
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    """``kind``: what the names name (error messages); ``package``: the package whose modules register
+    into it (None: only what was registered explicitly)."""
+
+    def __init__(self, kind: str, package: str | None = None):
         self.kind = kind
+        self.package = package
         self._items: dict[str, T] = {}
         self._aliases: dict[str, str] = {}  # another name -> the registered one (vllm-v1 -> sarathi)
+        self._loaded = self._plugins_loaded = package is None
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
@@ -50,7 +64,48 @@ class Registry(Generic[T]):
     def aliases_of(self, target: str) -> list[str]:
         return sorted(a for a, t in self._aliases.items() if t == target)
 
+    # -- finding the plug-ins ------------------------------------------------------------------
+    def _known(self, name: str) -> bool:
+        return self._aliases.get(name, name) in self._items
+
+    def _find(self, name: str) -> None:
+        """Import what may register ``name``, cheapest first, until it is known."""
+        if self._known(name) or self.package is None:
+            return
+        if not self._loaded:
+            stem = str(name).replace("-", "_")
+            if stem.isidentifier() and _exists(f"{self.package}.{stem}"):
+                importlib.import_module(f"{self.package}.{stem}")
+                if self._known(name):
+                    return
+            self.load()
+            if self._known(name):
+                return
+        self.load(plugins=True)
+
+    def load(self, plugins: bool = False) -> None:
+        """Import every module of the package (once); with ``plugins``, also the entry points' (once).
+        A module whose third-party dependency is not installed (torch) is left out: what it would
+        register is then unknown, as in a build without it."""
+        if not self._loaded:
+            self._loaded = True
+            package = importlib.import_module(self.package)
+            for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+                try:
+                    importlib.import_module(f"{self.package}.{module}")
+                except ModuleNotFoundError as err:
+                    if err.name is None or err.name.split(".")[0] == self.package.split(".")[0]:
+                        raise
+        if plugins and not self._plugins_loaded:
+            from importlib.metadata import entry_points
+
+            self._plugins_loaded = True
+            for entry in entry_points(group=self.package):
+                entry.load()
+
+    # -- lookups ---------------------------------------------------------------------------------
     def get(self, name: str) -> T:
+        self._find(name)
         try:
             return self._items[self._aliases.get(name, name)]
         except KeyError:
@@ -59,55 +114,24 @@ class Registry(Generic[T]):
             raise ServelabError(f"unknown {self.kind} '{name}'{hint} (known: {known})") from None
 
     def names(self) -> list[str]:
+        if self.package is not None:
+            self.load(plugins=True)
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
-        return self._aliases.get(name, name) in self._items
+        self._find(name)
+        return self._known(name)
+
+
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class ClassRegistry(Registry[type]):
-    """A registry of classes (policies, routers): registering one also gives it its ``name``.
-
-    ``package``: the package whose modules register their classes by being imported. The first
-    lookup imports every module of it; what other packages declare under the entry point group of
-    the same name is loaded when a name is not among those, or when the names are listed: adding
-    a class edits no other file, and a replay of built-in names does not scan the installed
-    packages' entry points (importlib.metadata: ~20 ms of a replay's start-up)."""
-
-    def __init__(self, kind: str, package: str | None = None):
-        super().__init__(kind)
-        self.package = package
-        self._loaded = self._plugins_loaded = package is None
-
-    def load(self, plugins: bool = False) -> None:
-        """Import the package's modules (once); with ``plugins``, also the entry points' (once)."""
-        if not self._loaded:
-            self._loaded = True
-            package = importlib.import_module(self.package)
-            for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-                importlib.import_module(f"{self.package}.{module}")
-        if plugins and not self._plugins_loaded:
-            from importlib.metadata import entry_points
-
-            self._plugins_loaded = True
-            for entry in entry_points(group=self.package):
-                entry.load()
-
-    def get(self, name: str) -> type:
-        self.load()
-        if self._aliases.get(name, name) not in self._items:
-            self.load(plugins=True)
-        return super().get(name)
-
-    def names(self) -> list[str]:
-        self.load(plugins=True)
-        return super().names()
-
-    def __contains__(self, name: str) -> bool:
-        self.load()
-        if self._aliases.get(name, name) not in self._items:
-            self.load(plugins=True)
-        return super().__contains__(name)
+    """A registry of classes (policies, routers): registering one also gives it its ``name``."""
 
     def register(self, name: str) -> Callable[[type], type]:
         add = super().register(name)

@@ -30,8 +30,7 @@ from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from servelab.traces.prefixes import PrefixSpec
 
 # format name -> importer(paths: list[Path]) -> Measured
-IMPORTERS: Registry[Callable[..., Measured]] = Registry("run import format")
-FORMAT_MODULES = ("vllm_bench", "guidellm", "otel", "timestamps_jsonl", "blis")
+IMPORTERS: Registry[Callable[..., Measured]] = Registry("run import format", package="servelab.fidelity")
 
 # Engine settings an importer may find in its source, with the type each must have (run.json "config").
 SETTING_TYPES = {
@@ -204,10 +203,6 @@ def detect_format(paths: list[Path]) -> str:
 
 
 def import_measured(fmt: str, paths: list[Path], **options) -> Measured:
-    import importlib
-
-    for name in FORMAT_MODULES:
-        importlib.import_module(f"servelab.fidelity.{name}")
     importer = IMPORTERS.get(fmt)
     for p in paths:
         if p.is_dir() and fmt != "blis":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from servelab.common.registry import ClassRegistry
-from servelab.replay.batch import UNLIMITED, Batch, BatchBuilder
+from servelab.replay.batch import UNLIMITED, Batch, BatchBuilder, ReadsRunning
 from servelab.replay.engine_config import EngineConfig, make_params
 from servelab.replay.protocols import Policy
 from servelab.replay.replica import Replica
@@ -32,15 +32,13 @@ class PolicyBase:
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
     uses_token_budget: ClassVar[bool] = True  # False: max_num_batched_tokens does not apply (orca, static)
-    # True: the policy reads running requests only through ``schedule_running(replica.running,
-    # decodes_first=True)`` (its first use of the builder) and ignores ``on_step``'s items, so the
-    # engine may keep the replica's decoding requests as one aggregate (replay/cohort.py).
-    decode_cohort: ClassVar[bool] = False
-    cohort_group: ClassVar = None  # a method req -> key: the cohort counts its members per key (batch.cohort_groups)
-    cohort_left: ClassVar = None  # with cohort_group: a method told when a member's counters are real again
-    # a method req -> bool: False keeps a decoding request out of the cohort for now (asked again
-    # after each token it makes outside), when the policy would count its next tokens otherwise
-    cohort_may_join: ClassVar = None
+    # ReadsRunning(): the policy reads running requests only through its builder (batch.ReadsRunning),
+    # which may then keep decoding requests in aggregate (they decode as ``Batch.bulk``); None: it
+    # reads them itself
+    reads_running: ClassVar[ReadsRunning | None] = None
+    # True: the policy keeps per-class service state that does not follow a request from one replica
+    # to another (vtc, drr), so prefill/decode pools refuse it
+    charges_per_class: ClassVar[bool] = False
     sheds: ClassVar[bool] = False  # True: the engine calls ``shed`` before each decision
 
     def __init__(self, params: Any, engine: EngineConfig, replica_id: int = 0):
@@ -100,4 +98,5 @@ def policy_names() -> list[str]:
     return POLICIES.names()
 
 
-__all__ = ["POLICIES", "NoParams", "Policy", "PolicyBase", "make_policy", "policy_class", "policy_names"]
+__all__ = ["POLICIES", "NoParams", "Policy", "PolicyBase", "ReadsRunning", "make_policy", "policy_class",
+           "policy_names"]

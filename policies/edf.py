@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import takewhile
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
@@ -60,10 +60,10 @@ class EarliestDeadlineFirst(PolicyBase):
         self.timed = bool(params.ttft_slo_s or params.tpot_slo_s)
 
     @property
-    def decode_cohort(self) -> bool:
-        """Untimed, running requests are walked in admission order and read only by the builder (the
-        cohort serves); once a request brings an SLO the policy sorts them by deadline and gives it up."""
-        return not self.timed
+    def reads_running(self) -> ReadsRunning | None:
+        """Untimed, running requests are walked in admission order and read only by the builder; once a
+        request brings an SLO the policy sorts them by deadline and says so (``running(for_good=True)``)."""
+        return None if self.timed else ReadsRunning()
 
     def _ttft(self, req: Request) -> float | None:
         if req.ttft_slo_s is not None:

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import (
     ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output, step_tokens, tier_ranker,
     within_key,
@@ -133,24 +133,26 @@ class _FairShare(PolicyBase):
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
 
-    @property
-    def decode_cohort(self) -> bool:
-        """Without preemption running requests are walked only by the builder, decodes first, and
-        service is charged per class: the engine may keep decodes in aggregate, counted per class."""
-        return not self.params.preempt
+    charges_per_class = True
 
-    def cohort_group(self, req: Request):
+    @property
+    def reads_running(self) -> ReadsRunning | None:
+        """Without preemption running requests are walked only by the builder, decodes first, and
+        service is charged per class: the builder may keep decodes in bulk, counted per class."""
+        return None if self.params.preempt else ReadsRunning(self._class_of, self._settled, self._may_bulk)
+
+    def _class_of(self, req: Request):
         return req.policy_data.cls
 
-    def cohort_left(self, req: Request) -> None:
-        """Its tokens as a cohort member were charged to its class through ``batch.cohort_groups``."""
+    def _settled(self, req: Request) -> None:
+        """Its tokens while decoding in bulk were charged to its class through ``batch.bulk_by_class``."""
         req.policy_data.charged_out = req.num_generated_tokens
 
-    def cohort_may_join(self, req: Request) -> bool:
+    def _may_bulk(self, req: Request) -> bool:
         """Not while it makes again output tokens already charged. ``charged_out`` is a high-water
         mark: a request that started over (recompute without the journal) is charged only for tokens
-        past it (``on_step``), which the cohort's per-class count (every member, every iteration)
-        cannot tell apart; it joins once past the mark."""
+        past it (``on_step``), which the per-class count of bulk decodes (every one, every iteration)
+        cannot tell apart; it may decode in bulk once past the mark."""
         return req.num_generated_tokens >= req.policy_data.charged_out
 
     def on_finish(self, req: Request, replica: Replica) -> None:
@@ -162,8 +164,8 @@ class _FairShare(PolicyBase):
         w_in, w_out = self.params.w_in, self.params.w_out
         contended = self.contended
         charge = self._charge
-        if batch.cohort_groups:  # decode cohort members: one output token per iteration each
-            for cls, members in batch.cohort_groups.items():
+        if batch.bulk_by_class:  # requests decoding in bulk: one output token per iteration each
+            for cls, members in batch.bulk_by_class.items():
                 charge(cls, cls[1], w_out * members * num_iterations, contended)
         for req, _ in batch.items:
             slot = req.policy_data
@@ -387,8 +389,8 @@ class DeficitRoundRobin(_FairShare):
             return None if b.seq_budget <= 0 or b.token_budget <= 0 else 1
         cls = blocked.policy_data.cls
         members = sum(1 for req, _ in b.items if req.policy_data.cls == cls)
-        if b.cohort_groups:
-            members += b.cohort_groups.get(cls, 0)
+        if b.bulk_by_class:
+            members += b.bulk_by_class.get(cls, 0)
         per_iteration = self.params.w_out * members
         if not per_iteration:
             return None  # its credit never runs out: the same head is tried at every decision

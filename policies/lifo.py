@@ -9,14 +9,14 @@ FCFS, and the golden test shows the difference by hand.
 
 from __future__ import annotations
 
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 
 
 @POLICIES.register("lifo")
 class LastComeFirstServed(PolicyBase):
-    decode_cohort = True  # running requests are read only through schedule_running(replica.running, ...)
+    reads_running = ReadsRunning()  # running requests are read only through schedule_running(replica.running, ...)
 
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)

@@ -7,7 +7,7 @@ the same iteration as the running decodes; only ``max_num_seqs`` and KV limit th
 
 from __future__ import annotations
 
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 
@@ -15,7 +15,7 @@ from servelab.replay.replica import Replica
 @POLICIES.register("orca")
 class Orca(PolicyBase):
     uses_token_budget = False
-    decode_cohort = True
+    reads_running = ReadsRunning()
 
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)

@@ -16,7 +16,7 @@ Turns end in O(turns), not O(running requests) per decision: a request produces 
 per iteration, so a turn that began at replica iteration ``i`` with ``u`` tokens used cannot end
 before iteration ``i + quantum - u``. Turns wait in a heap keyed by that bound and are checked only
 when it comes up. The policy reads progress through ``BatchBuilder.generated`` and preempts before
-``schedule_running``, so the engine may keep the decoding requests in aggregate (``decode_cohort``).
+``schedule_running``, so the builder may keep the decoding requests in aggregate (``reads_running``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import heapq
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import KeyedWaiting
 from servelab.replay.batch import Batch, BatchBuilder
 from servelab.replay.replica import Replica
@@ -56,7 +56,7 @@ class _Slot:
 @POLICIES.register("round-robin")
 class RoundRobin(KeyedWaiting, PolicyBase):
     Params = RoundRobinParams
-    decode_cohort = True
+    reads_running = ReadsRunning()
 
     def __init__(self, params, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)

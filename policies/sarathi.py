@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
 
@@ -29,7 +29,7 @@ class SarathiParams:
 @POLICIES.register("sarathi")
 class Sarathi(PolicyBase):
     Params = SarathiParams
-    decode_cohort = True
+    reads_running = ReadsRunning()
 
     def schedule(self, replica: Replica) -> Batch:
         cap = self.params.long_prefill_threshold or None

@@ -17,7 +17,7 @@ from itertools import chain, islice
 
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import KeyedWaiting, predicted_output
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
@@ -38,8 +38,8 @@ class _LengthAware(KeyedWaiting, PolicyBase):
     remaining: bool = False
 
     @property
-    def decode_cohort(self) -> bool:  # without preemption, running requests are read only by the builder
-        return not self.params.preempt
+    def reads_running(self) -> ReadsRunning | None:  # without preemption, running requests are read only by the builder
+        return None if self.params.preempt else ReadsRunning()
 
     def on_arrival(self, req: Request, replica: Replica) -> None:
         if req.policy_data is None:

@@ -23,7 +23,7 @@ import heapq
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import (
     DEFAULT_TIERS, ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output,
     tier_ranker, within_key,
@@ -61,7 +61,6 @@ class Tiers(PolicyBase):
     Params = TiersParams
     # running requests are read through schedule_running(replica.running) (one tier running) or
     # b.running() (several: sorted by tier); victims are chosen by tier and admission order only
-    decode_cohort = True
 
     def __init__(self, params: TiersParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
@@ -81,8 +80,11 @@ class Tiers(PolicyBase):
         shares = parse_named_floats(params.reserve, "policy 'tiers'", "reserve", positive=False, upper=1.0)
         self.reserve = {t: (int(s * engine.max_num_seqs), int(s * engine.max_num_batched_tokens))
                         for t, s in shares.items() if s > 0}
-        if self.reserve:  # the reserved shares count decoding members per tier (batch.cohort_groups)
-            self.cohort_group = _tier
+
+    @property
+    def reads_running(self) -> ReadsRunning:
+        """The reserved shares count the builder's bulk decodes per tier (``batch.bulk_by_class``)."""
+        return ReadsRunning(by_class=_tier) if self.reserve else ReadsRunning()
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def on_arrival(self, req: Request, replica: Replica) -> None:
@@ -204,7 +206,7 @@ class Tiers(PolicyBase):
         for req, n in b.items:
             used_slots[req.tier] = used_slots.get(req.tier, 0) + 1
             used_tokens[req.tier] = used_tokens.get(req.tier, 0) + n
-        for tier, members in (b.cohort_groups or {}).items():  # decode cohort members: a token each
+        for tier, members in (b.bulk_by_class or {}).items():  # requests decoding in bulk: a token each
             used_slots[tier] = used_slots.get(tier, 0) + members
             used_tokens[tier] = used_tokens.get(tier, 0) + members
         for tier, (slots, tokens) in self.reserve.items():

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from servelab.common.errors import ServelabError
+from servelab.replay.batch import in_batch
 from servelab.replay.engine import TIMER
 from servelab.replay.request import Request, Status
 
@@ -95,9 +96,7 @@ class Aborts:
         step = replica.inflight
         if not replica.busy or step is None:
             return False
-        if req.cohort_mark is not None:
-            return bool(step.batch.cohort)
-        return any(item is req for item, _ in step.batch.items)
+        return in_batch(step.batch, req)
 
     # -- leaving the engine -------------------------------------------------------------------
     def release(self, replica: "Replica", req: Request, now: float, finished: bool = False) -> None:
@@ -118,14 +117,7 @@ class Aborts:
     def _leave_running(self, replica: "Replica", req: Request, now: float, tell_policy: bool = True) -> None:
         """``req`` is running on ``replica`` outside the iteration under way: it leaves the running set
         and its blocks are freed (the path of a finishing request, ``Engine._finish``)."""
-        cohort = replica.cohort
-        if cohort is not None and req.cohort_mark is not None:
-            cohort.remove(req)  # its counters made real; it is outside the aggregate from here
-        replica.forgive(req)
-        replica.kv.release(req)
-        replica.running.remove(req)
-        if cohort is not None and req in cohort.outside:
-            cohort.outside.remove(req)
+        self.engine.let_go(replica, req)
         if tell_policy:
             replica.policy.on_finish(req, replica)
 
@@ -142,8 +134,7 @@ class Aborts:
         if platform is not None:
             platform.take_off(replica, req)
             return
-        replica.waiting.remove(req)
-        replica.policy.on_leave(req, replica)
+        self.engine.take_off(replica, req)
         replica.forgive(req)
         if req.swapped:
             replica.kv.drop_host(req)

@@ -3,15 +3,24 @@
 `BatchBuilder` is admission, separate from ordering: a policy walks requests in its own order and
 asks the builder to add them; the builder enforces the token budget, the sequence cap and KV fit,
 and preempts victims (chosen by the policy's ``victim_key``) when a running request needs blocks.
+
+The builder may keep a replica's decoding requests in aggregate across decisions (the decode cohort,
+replay/cohort.py), so that an iteration costs O(1) rather than O(running requests): for a policy that
+promises how it reads running requests (``ReadsRunning``), and where the engine allows it
+(``aggregate_decodes``). Nothing outside this file and cohort.py sees the cohort: a policy sees
+``Batch.bulk``, the engine ``replica.aggregate`` through a few calls.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
+from servelab.replay.cohort import DecodeCohort, Running
 from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
+    from servelab.replay.logs import TokenLog
     from servelab.replay.replica import Replica
 
 
@@ -21,8 +30,10 @@ class Batch(NamedTuple):  # a tuple: immutable, and cheap to build once per iter
     ``repeat`` bounds how many identical iterations the engine may run before asking again when
     the batch is pure decode (None: until the next event). ``wake_s`` asks to be consulted again
     at that time even if nothing else happens (time-based policies: quanta, starvation bounds).
-    ``cohort``: how many members of the replica's decode cohort decode in it besides ``items``
-    (each one token; replay/cohort.py).
+    ``bulk``: how many running requests decode in it besides ``items`` (one token each per
+    iteration), requests the builder keeps in aggregate for a policy that reads running requests only
+    through it (``ReadsRunning``); ``bulk_by_class``: those counted per the policy's
+    ``ReadsRunning.by_class`` (None without one).
     """
 
     items: tuple[tuple[Request, int], ...] = ()
@@ -30,8 +41,8 @@ class Batch(NamedTuple):  # a tuple: immutable, and cheap to build once per iter
     repeat: int | None = None
     wake_s: float | None = None
     summary: "BatchSummary | None" = None  # filled by BatchBuilder; the engine recomputes it if absent
-    cohort: int = 0
-    cohort_groups: dict | None = None  # the cohort members by the policy's cohort_group (if it has one)
+    bulk: int = 0
+    bulk_by_class: dict | None = None
 
 
 class BatchSummary:
@@ -39,15 +50,15 @@ class BatchSummary:
 
     ``grow``: (request, blocks it must hold) for items needing new KV blocks; ``admit``: items
     that were waiting; ``min_decode_left``: fewest tokens any decode item still has to generate;
-    ``cohort_blocks``: new KV blocks the decode cohort's members need for this iteration.
+    ``bulk_blocks``: new KV blocks the ``Batch.bulk`` requests need for this iteration.
     """
 
     __slots__ = ("prefill_tokens", "prefill_reqs", "prefill_ctx", "pairs", "decode_reqs", "decode_ctx",
-                 "min_decode_left", "grow", "admit", "cohort_blocks", "hits")
+                 "min_decode_left", "grow", "admit", "bulk_blocks", "hits")
 
     def __init__(self) -> None:
         self.prefill_tokens = self.prefill_reqs = self.prefill_ctx = self.pairs = 0
-        self.decode_reqs = self.decode_ctx = self.cohort_blocks = 0
+        self.decode_reqs = self.decode_ctx = self.bulk_blocks = 0
         self.min_decode_left = 1 << 62
         self.grow: list[tuple[Request, int]] = []
         self.admit: list[Request] = []
@@ -87,6 +98,67 @@ EMPTY = Batch()
 UNLIMITED = 1 << 62  # the token budget of a policy without one (orca, static)
 
 
+@dataclass(frozen=True, slots=True)
+class ReadsRunning:
+    """A policy's promise to its builder (``Policy.reads_running``): it reads running requests only
+    through ``schedule_running(replica.running, decodes_first=True)`` (its first use of the builder;
+    before it, it may ``preempt`` requests it tracks, reading their progress with ``generated`` and
+    ``kv_blocks``), or through ``running()``, and ignores the counters of ``on_step``'s items. The
+    builder may then keep decoding requests in aggregate: they decode as ``Batch.bulk``.
+
+    ``by_class``: a function of a running request whose values such requests are counted by
+    (``Batch.bulk_by_class``: a policy that charges service per class, e.g. per tenant), or None;
+    ``settled(req)``, with it: ``req``'s counters are written back (its tokens since it joined the
+    aggregate were in ``bulk_by_class``); ``may_bulk(req)``: False keeps a decoding request out of the
+    aggregate for now (asked again after each token it makes outside), None: any may join.
+    """
+
+    by_class: Callable[[Request], Any] | None = None
+    settled: Callable[[Request], None] | None = None
+    may_bulk: Callable[[Request], bool] | None = None
+
+
+def aggregate_decodes(replica: "Replica", tokens: "TokenLog | None") -> None:
+    """Let the builder keep ``replica``'s decoding requests in aggregate from now on, if its policy
+    promises ``reads_running`` (the engine asks this only when nothing else reads running requests'
+    counters: a runner that needs block tables, or the platform's failures and pausing, do)."""
+    contract = replica.policy.reads_running
+    if contract is None:
+        return
+    cohort = DecodeCohort(replica, *initial_budgets(replica), contract.by_class, contract.settled, tokens,
+                          contract.may_bulk)
+    replica.aggregate = cohort
+    replica.running = Running(replica.running, cohort)
+
+
+def no_aggregate(replica: "Replica") -> None:
+    """From now on the builder keeps nothing of ``replica``'s in aggregate (after ``settle``, if it did)."""
+    settle(replica)
+    if replica.aggregate is not None:
+        replica.aggregate = None
+        replica.running = list(replica.running)
+
+
+def settle(replica: "Replica") -> None:
+    """Write back every counter the builder keeps in aggregate on ``replica`` (the replay's end)."""
+    if replica.aggregate is not None:
+        replica.aggregate.dissolve()
+
+
+def make_current(replica: "Replica", req: Request) -> None:
+    """``req`` (running on ``replica``) leaves outside a decision (its client gave up): its counters
+    and KV blocks are made its own again if the builder kept them in aggregate."""
+    if req.cohort_mark is not None:
+        replica.aggregate.remove(req)
+
+
+def in_batch(batch: Batch, req: Request) -> bool:
+    """Does ``batch`` compute tokens for running request ``req``?"""
+    if req.cohort_mark is not None:
+        return bool(batch.bulk)
+    return any(item is req for item, _ in batch.items)
+
+
 def initial_budgets(replica: "Replica") -> tuple[int, int]:
     """(tokens, sequences) a policy's builder starts every iteration with (``PolicyBase.builder``)."""
     cfg = replica.config
@@ -102,7 +174,7 @@ class BatchBuilder:
     the two preemption rules (``preempt_to_admit``, ``keep_only``)."""
 
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "free_blocks", "items", "preempted",
-                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "cohort", "cohort_groups", "_released",
+                 "_chosen", "_synced", "victim_key", "skip_blocked", "summary", "bulk", "bulk_by_class", "_released",
                  "loras")
 
     def __init__(self, replica: "Replica", victim_key: Callable[[Request], object],
@@ -120,9 +192,12 @@ class BatchBuilder:
         self.victim_key = victim_key
         self.skip_blocked = cfg.head_of_line == "skip"
         self.summary = BatchSummary()
-        self.cohort = 0  # members of the replica's decode cohort taken whole into this batch
-        self.cohort_groups = None
+        self.bulk = 0  # members of the replica's decode cohort taken whole into this batch
+        self.bulk_by_class = None
         self._released = None  # prefix-cache blocks the preempted requests free (a hit on one takes it back)
+        cohort = replica.aggregate
+        if cohort is not None and cohort.n and not cohort.fits():
+            cohort.dissolve()  # the policy must walk its members one by one this time
         # multi-LoRA (replay/lora.py): the distinct adapters of the running requests and of those this
         # batch admits, never more than max_loras (None: LoRA off)
         self.loras = None if replica.lora is None else replica.lora.in_use(replica.running)
@@ -156,7 +231,7 @@ class BatchBuilder:
         """Output tokens ``req`` has produced so far, current even while the engine keeps it in the
         replica's decode cohort (whose members' counters are written back lazily)."""
         mark = req.cohort_mark
-        return req.num_generated_tokens if mark is None else req.num_generated_tokens + self.replica.cohort.d - mark
+        return req.num_generated_tokens if mark is None else req.num_generated_tokens + self.replica.aggregate.d - mark
 
     def kv_blocks(self, req: Request) -> int:
         """GPU blocks ``req`` holds, current even while it is a decode-cohort member (a member's
@@ -164,14 +239,14 @@ class BatchBuilder:
         mark = req.cohort_mark
         if mark is None or self.kv.reserve:
             return req.kv_blocks
-        return -(-(req.num_computed_tokens + self.replica.cohort.d - mark) // self.kv.block_size)
+        return -(-(req.num_computed_tokens + self.replica.aggregate.d - mark) // self.kv.block_size)
 
     def preempt(self, req: Request) -> None:
         if req.cohort_mark is not None:  # a decode-cohort member: it leaves the aggregate first
-            if self.cohort:
-                raise RuntimeError("a policy with decode_cohort preempts running requests before "
-                                   "schedule_running takes the cohort, not after")
-            self.replica.cohort.remove(req)
+            if self.bulk:
+                raise RuntimeError("a policy that promises reads_running preempts running requests before "
+                                   "schedule_running, not after")
+            self.replica.aggregate.remove(req)
         self.free_blocks += self.kv.releasable(req)
         if req.cached_keys is not None:
             if self._released is None:
@@ -198,10 +273,10 @@ class BatchBuilder:
         return True
 
     def build(self, repeat: int | None = None, wake_s: float | None = None) -> Batch:
-        if not self.items and not self.preempted and wake_s is None and not self.cohort:
+        if not self.items and not self.preempted and wake_s is None and not self.bulk:
             return EMPTY
-        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary, self.cohort,
-                     self.cohort_groups)
+        return Batch(tuple(self.items), tuple(self.preempted), repeat, wake_s, self.summary, self.bulk,
+                     self.bulk_by_class)
 
     # -- the two loops most policies share -----------------------------------------------------
     def schedule_running(self, order: Iterable[Request], chunk_cap: int | None = None,
@@ -209,16 +284,16 @@ class BatchBuilder:
         """Give each running request its next tokens (a decode token, or its next prefill chunk).
 
         ``decodes_first``: every decode before any prefill chunk (Sarathi-Serve), each group in
-        ``order``. A policy that declares ``decode_cohort`` makes this call with ``replica.running``
+        ``order``. A policy that promises ``reads_running`` makes this call with ``replica.running``
         (or with ``self.running()``, see there) and reads running requests' counters only after it
         (``generated`` aside): the replica's decoding requests may then be one aggregate that this
         call takes whole (the engine dissolved it beforehand if it would not fit). Without
         ``decodes_first`` it takes it whole only when the members come first in ``order`` anyway.
         """
-        cohort = self.replica.cohort
+        cohort = self.replica.aggregate
         if cohort is not None and cohort.n:
             if order is not self.replica.running:
-                raise RuntimeError("a policy with decode_cohort walks replica.running through "
+                raise RuntimeError("a policy that promises reads_running walks replica.running through "
                                    "schedule_running(replica.running, ...), or the list running() returns")
             if decodes_first or cohort.leads(self.chosen):
                 order = self._take_cohort(cohort)
@@ -236,19 +311,19 @@ class BatchBuilder:
 
     def running(self, for_good: bool = False) -> list[Request]:
         """The replica's running requests with every counter current, for a policy that orders them
-        itself this time (a decode-cohort policy then does without the cohort for this decision, or
-        ``for_good``: for the rest of the replay, when it can no longer keep the cohort's contract)."""
+        itself this time (the builder then keeps no aggregate for this decision, or ``for_good``: for
+        the rest of the replay, when the policy can no longer keep its ``reads_running`` promise)."""
         replica = self.replica
-        cohort = replica.cohort
+        cohort = replica.aggregate
         if cohort is not None:
-            if cohort.n:
-                cohort.dissolve()
             if for_good:
-                replica.cohort = None
+                no_aggregate(replica)
+            elif cohort.n:
+                cohort.dissolve()
         return replica.running
 
     def _take_cohort(self, cohort) -> list[Request]:
-        """Add every cohort member's decode token at once (the engine checked with ``cohort.fits``
+        """Add every cohort member's decode token at once (``__init__`` checked with ``cohort.fits``
         that the walk would give each one its token); returns the running requests left to walk."""
         n = cohort.n
         need, ctx, left = cohort.next_iteration()
@@ -260,10 +335,10 @@ class BatchBuilder:
         summary.decode_ctx += ctx
         if left < summary.min_decode_left:
             summary.min_decode_left = left
-        summary.cohort_blocks = need
-        self.cohort = n
+        summary.bulk_blocks = need
+        self.bulk = n
         if cohort.group is not None:
-            self.cohort_groups = {key: count for key, count in cohort.groups.items() if count}
+            self.bulk_by_class = {key: count for key, count in cohort.groups.items() if count}
         return cohort.outside
 
     def _walk(self, order: Iterable[Request], chunk_cap: int | None, prefills: list[Request] | None) -> None:

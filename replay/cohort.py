@@ -17,8 +17,14 @@ running aggregates:
 A member's fields are real again (``materialize``) before anything else reads them: when it
 finishes, when its policy preempts it (``remove``, through ``BatchBuilder.preempt``), when the policy
 cannot take the whole cohort into a batch (``dissolve``; then the policy walks the requests one by
-one as usual), and at the end of the replay. The engine treats the
-cohort as an optimisation only: a run with cohorts and one without are byte-identical (tested).
+one as usual), and at the end of the replay. The cohort is an optimisation only: a run with cohorts
+and one without are byte-identical (tested).
+
+Who knows it exists: this file and the batch builder (replay/batch.py), nothing else. A policy only
+promises the builder how it reads running requests (``batch.ReadsRunning``) and sees the members as
+``Batch.bulk`` (how many decode besides ``items``, counted per class in ``Batch.bulk_by_class``); the
+engine sees ``replica.aggregate`` through four calls (``start``, ``apply``, ``after``, ``blocks_added``)
+and the replica's running list, which keeps the cohort's ``outside`` in step (``Running``).
 
 With the token log (``--token-log``) the cohort logs each applied run of iterations once (its
 *timeline*: ``TokenLog.advance``) and each member's tokens as one record when its counters are made
@@ -32,9 +38,8 @@ import heapq
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Sequence
 
-from servelab.replay.batch import UNLIMITED
 from servelab.replay.progress import emit
-from servelab.replay.request import Request
+from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
     from servelab.replay.logs import TokenLog
@@ -46,16 +51,16 @@ class DecodeCohort:
     __slots__ = ("replica", "kv", "token_budget", "seq_budget", "cap", "group", "left", "may_join", "groups", "bs", "reserve", "n", "d", "ctx_base", "heap", "residues",
                  "gap_starts", "gap_max", "last_end_s", "outside", "newest", "tokens", "timeline", "base")
 
-    def __init__(self, replica: "Replica", token_budget: int = UNLIMITED, seq_budget: int = UNLIMITED,
+    def __init__(self, replica: "Replica", token_budget: int, seq_budget: int,
                  group=None, left=None, tokens: TokenLog | None = None, may_join=None):
         self.replica = replica
         self.kv = replica.kv
         self.token_budget = token_budget  # the budgets the replica's policy builds every batch from
         self.seq_budget = seq_budget
         self.cap = min(token_budget, seq_budget)  # running requests a decision can give a token each
-        self.group = group  # the policy's cohort_group: members are counted per key (None: not counted)
-        self.left = left  # the policy's cohort_left: told when a member's counters are real again
-        self.may_join = may_join  # the policy's cohort_may_join: False keeps a request outside for now
+        self.group = group  # the policy's ReadsRunning.by_class: members are counted per key (None: not counted)
+        self.left = left  # its ReadsRunning.settled: told when a member's counters are real again
+        self.may_join = may_join  # its ReadsRunning.may_bulk: False keeps a request outside for now
         self.bs = replica.kv.block_size
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order
@@ -75,6 +80,40 @@ class DecodeCohort:
         self.last_end_s = 0.0
         self.groups: dict = {}  # cohort_group key -> members
         self.newest = 0  # the largest admitted_seq any member has had since the reset (it may have left)
+
+    # -- what the engine calls (through ``replica.aggregate``) ---------------------------------
+    def start(self, blocks: int) -> None:
+        """A decision took the cohort whole (``Batch.bulk``): its members' next token takes ``blocks``
+        more KV blocks, now (``BatchSummary.bulk_blocks``)."""
+        if blocks:
+            self.kv.grow_cohort(blocks)
+
+    def apply(self, step: "Step", j: int, end_s: float) -> Sequence[Request]:
+        """The cohort's share of ``j`` applied iterations of ``step``: one aggregate update; returns the
+        members it finished (made real, in admission order) for the engine to finish."""
+        replica = self.replica
+        if step.k == 1:
+            gap = end_s - self.last_end_s
+        else:  # as for each request of a stretch: the first gap or the last, whichever is longer
+            first_end, last_gap = step.gap_bounds(j)
+            gap = max(first_end - self.last_end_s, last_gap)
+            more = self.blocks_added(j) - step.batch.summary.bulk_blocks  # (the first's: taken at start)
+            if more:
+                self.kv.grow_cohort(more)
+        replica.outstanding_tokens -= j * step.batch.bulk
+        return self.advance(j, gap, end_s, step)
+
+    def after(self, items, end_s: float) -> None:
+        """Requests of ``items`` that emitted a token at ``end_s`` and whose next token is a decode join
+        (a recompute chunk can stop just short of a token: that request joins after emitting it), if
+        the policy lets them (``may_join``)."""
+        running = Status.RUNNING
+        may_join = self.may_join
+        for req, _ in items:
+            if (req.last_token_s == end_s and req.status is running
+                    and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1
+                    and (may_join is None or may_join(req))):
+                self.join(req)
 
     # -- membership ---------------------------------------------------------------------------
     def join(self, req: Request) -> None:
@@ -231,6 +270,31 @@ class DecodeCohort:
             self.gap_starts.clear()
             self.gap_max.clear()
             self.heap.clear()
+
+
+class Running(list):
+    """A replica's running list while it has a cohort: appending and removing keep the cohort's
+    ``outside`` (the running requests not in it) in step, so the code that moves requests in and out
+    of the running set (the engine, the PD handoff, client timeouts) need not know the cohort."""
+
+    __slots__ = ("cohort",)
+
+    def __init__(self, items, cohort: DecodeCohort):
+        super().__init__(items)
+        self.cohort = cohort
+
+    def append(self, req: Request) -> None:
+        list.append(self, req)
+        self.cohort.outside.append(req)
+
+    def remove(self, req: Request) -> None:
+        """``req`` leaves the running set. It is no member by then: a finishing member left the cohort
+        when it finished (``advance``), a victim before its policy preempted it (``BatchBuilder.preempt``),
+        an aborted one through ``batch.make_current``."""
+        list.remove(self, req)
+        outside = self.cohort.outside
+        if req in outside:
+            outside.remove(req)
 
 
 def _live(entry: tuple[int, int, Request]) -> bool:

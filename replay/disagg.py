@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
+from servelab.replay.batch import no_aggregate
 from servelab.replay.engine import DECODE, ENTRY, SCHEDULE, TIMER
 from servelab.replay.kv import blocks_for
 from servelab.replay.request import Request, Status
@@ -109,7 +110,7 @@ class Disaggregation:
         if platform is not None:
             platform.disagg = self
         for replica in prefill:
-            replica.cohort = None  # nothing decodes there: every request leaves at its first token
+            no_aggregate(replica)  # nothing decodes there: every request leaves at its first token
         engine.step_listeners.append(self.after_step)  # (first: the pools' autoscalers come after it)
         engine.publish(ENTRY, list(prefill))  # arrivals are routed to the prefill pool only
         engine.add_pool(DECODE, decode, self._decode_serving)
@@ -157,9 +158,7 @@ class Disaggregation:
         return bool(self.sending[replica.id] if replica.id in self.sending else self.landing[replica.id])
 
     def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
-        replica.running.remove(req)
-        replica.forgive(req)
-        replica.policy.on_leave(req, replica)
+        self.engine.hand_off(replica, req)
         self.sending[replica.id].append(req)
         self.source[req] = replica
         self.handoff_s[req.index] = now
@@ -207,8 +206,8 @@ class Disaggregation:
         if replica.kv.reserve:
             return 0
         extra = sum(-(-(r.num_computed_tokens + k) // bs) - r.kv_blocks for r, _ in step.batch.items)
-        if step.batch.cohort:
-            extra += replica.cohort.blocks_added(k) - step.batch.summary.cohort_blocks
+        if step.batch.bulk:
+            extra += replica.aggregate.blocks_added(k) - step.batch.summary.bulk_blocks
         return max(extra, 0)
 
     def _place_pending(self, now: float) -> None:
@@ -244,18 +243,7 @@ class Disaggregation:
         self._release_source(req, now)
         target.kv.adopt(req, holder)
         self.transfer_end_s[req.index] = now
-        req.replica = target.id
-        engine = self.engine
-        engine.admissions += 1  # it joins the running set as if admitted now: it has its KV
-        req.admitted_seq = engine.admissions
-        # the decode replica's policy sets up its own per-request state (``on_arrival``) and takes it
-        # straight back out of its waiting order (``on_leave``): the request runs without queueing
-        policy = target.policy
-        policy.on_arrival(req, target)
-        policy.on_leave(req, target)
-        target.running.append(req)
-        if target.cohort is not None:
-            target.cohort.outside.append(req)
+        self.engine.land(target, req)  # it joins the running set as if admitted now: it has its KV
         self._wake(target, now)
 
     def _wake(self, replica: Replica, now: float) -> None:

@@ -20,8 +20,7 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.batch import Batch, BatchSummary, initial_budgets
-from servelab.replay.cohort import DecodeCohort
+from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, settle
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
@@ -119,23 +118,20 @@ class Engine:
         # engine by ``platform(engine)`` when the assembly wants them (servelab.api), else None.
         self.platform = platform(self) if platform is not None else None
         # Speculative decoding (replay/speculative.py): a decode advances by a drawn number of tokens per
-        # step, so steps are priced and applied one by one (no decode stretch, no decode cohort).
+        # step, so steps are priced and applied one by one (no decode stretch, nothing kept in aggregate).
         self.spec = SpecDecode(config, requests) if config.spec_method is not None else None
         if self.spec is not None:
             for replica in replicas:
                 replica.decode_affine = _no_affine
         self._before_schedule = self.platform.before_schedule \
             if self.platform is not None and self.platform.acts_before_schedule else None
-        # Decode cohorts (replay/cohort.py) for policies that take decodes first and read running
-        # requests only through BatchBuilder (they log their members' tokens to the token log in
-        # aggregate); runners that need block tables and the platform features that walk running
-        # requests keep every request's counters current.
+        # The batch builder may keep running requests in aggregate across decisions (replay/batch.py),
+        # unless something reads every running request's counters: runners that need block tables and
+        # the platform features that walk running requests.
         if not self.needs_items and (self.platform is None or not self.platform.walks_running) and self.spec is None:
             for replica in replicas:
-                if replica.policy.decode_cohort and replica.lora is None:  # (LoRA prices each batch's adapters)
-                    policy = replica.policy
-                    replica.cohort = DecodeCohort(replica, *initial_budgets(replica), policy.cohort_group,
-                                                  policy.cohort_left, self.tokens, policy.cohort_may_join)
+                if replica.lora is None:  # (LoRA prices each batch's adapters: no decodes in aggregate)
+                    aggregate_decodes(replica, self.tokens)
 
     def _check_sorted(self) -> None:
         prev = -math.inf
@@ -198,8 +194,7 @@ class Engine:
         elif self.platform is not None:
             self.platform.strand(self.requests)
         for replica in self.replicas:
-            if replica.cohort is not None:
-                replica.cohort.dissolve()
+            settle(replica)
         if progress is not None:
             del self._complete, self.ended  # the class's methods again
             report(self.now_s)
@@ -312,15 +307,12 @@ class Engine:
             return
         if self.retention is not None:
             self.retention.before_schedule(replica)
-        cohort = replica.cohort
-        if cohort is not None and cohort.n and not cohort.fits():
-            cohort.dissolve()  # the policy must walk its members one by one this time
         batch = replica.policy.schedule(replica)
         for victim in batch.preempt:
             swap_s += self.preempt(replica, victim)
         if batch.wake_s is not None and batch.wake_s > now:
             replica.wake_s = batch.wake_s
-        if not batch.items and not batch.cohort:
+        if not batch.items and not batch.bulk:
             replica.busy = False
             if batch.wake_s is not None and batch.wake_s > now:
                 self.push(batch.wake_s, SCHEDULE, replica)
@@ -340,8 +332,8 @@ class Engine:
             swap_s += self._admit(replica, req, now, hits.get(req) if hits is not None else None)
         if summary.grow:
             kv.grow_all(summary.grow)
-        if summary.cohort_blocks:
-            kv.grow_cohort(summary.cohort_blocks)
+        if batch.bulk:
+            replica.aggregate.start(summary.bulk_blocks)
         prefill_tokens, prefill_reqs = summary.prefill_tokens, summary.prefill_reqs
         prefill_ctx, pairs = summary.prefill_ctx, summary.pairs
         decode_reqs, decode_ctx = summary.decode_reqs, summary.decode_ctx
@@ -407,8 +399,8 @@ class Engine:
         kv = replica.kv
         if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
             # not surely enough free blocks for k more tokens each: find how many iterations fit
-            cohort = replica.cohort if step.batch.cohort else None
-            k = self._kv_safe_iterations(kv, step.batch.items, k, cohort, summary.cohort_blocks)
+            bulk = replica.aggregate if step.batch.bulk else None
+            k = self._kv_safe_iterations(kv, step.batch.items, k, bulk, summary.bulk_blocks)
             if k <= 1:
                 return
         step.a, step.b = affine
@@ -417,14 +409,15 @@ class Engine:
         step.end_s = step.start_s + step.elapsed(k)
 
     @staticmethod
-    def _kv_safe_iterations(kv: KVManager, items, k: int, cohort: DecodeCohort | None, first: int) -> int:
-        """Largest j <= k such that every request's next j tokens fit in the free blocks (``first``:
-        the cohort's blocks for its first token, already taken when the iteration started)."""
+    def _kv_safe_iterations(kv: KVManager, items, k: int, bulk, first: int) -> int:
+        """Largest j <= k such that every request's next j tokens fit in the free blocks (``bulk``: the
+        replica's aggregate when the batch has ``bulk`` requests, whose blocks for their first token,
+        ``first``, were taken when the iteration started)."""
         bs, free = kv.block_size, kv.free
 
         def extra(j: int) -> int:  # blocks needed beyond those held, to compute j more tokens each
             held = sum(-(-(req.num_computed_tokens + j) // bs) - req.kv_blocks for req, _ in items)
-            return held + (cohort.blocks_added(j) - first if cohort is not None else 0)
+            return held + (bulk.blocks_added(j) - first if bulk is not None else 0)
 
         lo, hi = 1, k
         while lo < hi:
@@ -445,8 +438,6 @@ class Engine:
         self.admissions += 1
         req.admitted_seq = self.admissions
         replica.running.append(req)
-        if replica.cohort is not None:
-            replica.cohort.outside.append(req)
         if req.first_scheduled_s is None:
             req.first_scheduled_s = now
         load_s = 0.0
@@ -479,8 +470,6 @@ class Engine:
         req.status = Status.WAITING
         req.num_preemptions += 1
         replica.running.remove(req)
-        if replica.cohort is not None:  # (a victim is never a member: the builder took it out, or the cohort dissolved)
-            replica.cohort.outside.remove(req)
         replica.waiting.appendleft(req)
         if self.platform is not None:
             self.platform.requeued(replica, req)
@@ -501,7 +490,11 @@ class Engine:
         """Apply ``j`` completed iterations of ``step`` ending at ``end_s``."""
         batch = step.batch
         items = batch.items
-        finished = self._apply_cohort(replica, step, j, end_s) if batch.cohort else ()
+        finished = ()
+        if batch.bulk:  # the requests the builder kept in aggregate: one update, then its finishers
+            finished = replica.aggregate.apply(step, j, end_s)
+            for req in finished:
+                self._finish(replica, req, end_s)
         if items:
             if step.k == 1:
                 if self.spec is None:
@@ -515,8 +508,8 @@ class Engine:
             replica.outstanding_tokens -= produced
             for req in done:
                 self._finish(replica, req, end_s)
-            if replica.cohort is not None:
-                self._join_cohort(replica.cohort, items, end_s)
+            if replica.aggregate is not None:
+                replica.aggregate.after(items, end_s)
             if done:
                 finished = [*finished, *done]
         policy = replica.policy
@@ -525,42 +518,11 @@ class Engine:
             policy.on_finish(req, replica)
         self.steps.append((
             replica.id, step.start_s, end_s - step.start_s, j, step.prefill_tokens, step.prefill_requests,
-            step.decode_requests, len(items) + batch.cohort, step.kv_used, replica.kv.total, step.waiting,
+            step.decode_requests, len(items) + batch.bulk, step.kv_used, replica.kv.total, step.waiting,
             len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
         for listener in self.step_listeners:
             listener(replica, step, end_s)
-
-    def _apply_cohort(self, replica: Replica, step: Step, j: int, end_s: float):
-        """The cohort's share of ``j`` applied iterations: one aggregate update, then its finishers
-        (returned)."""
-        cohort = replica.cohort
-        if step.k == 1:
-            gap = end_s - cohort.last_end_s
-        else:  # as for each request of a stretch: the first gap or the last, whichever is longer
-            first_end, last_gap = step.gap_bounds(j)
-            gap = max(first_end - cohort.last_end_s, last_gap)
-            more = cohort.blocks_added(j) - step.batch.summary.cohort_blocks  # (the first's: taken at start)
-            if more:
-                replica.kv.grow_cohort(more)
-        replica.outstanding_tokens -= j * step.batch.cohort
-        finished = cohort.advance(j, gap, end_s, step)
-        for req in finished:
-            self._finish(replica, req, end_s)
-        return finished
-
-    @staticmethod
-    def _join_cohort(cohort: DecodeCohort, items, end_s: float) -> None:
-        """Requests that emitted a token at ``end_s`` and whose next token is a decode join the cohort
-        (a recompute chunk can stop just short of a token: that request joins after emitting it), if
-        the policy lets them (``cohort_may_join``)."""
-        running = Status.RUNNING
-        may_join = cohort.may_join
-        for req, _ in items:
-            if (req.last_token_s == end_s and req.status is running
-                    and req.num_computed_tokens == req.prompt_tokens + req.num_generated_tokens - 1
-                    and (may_join is None or may_join(req))):
-                cohort.join(req)
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
         if req.status is Status.ABORTED:  # its client gave up while this step ran: it leaves, unfinished
@@ -571,9 +533,6 @@ class Engine:
         if self.retention is None or not self.retention.finish(replica, req, now):
             replica.kv.release(req)
         replica.running.remove(req)
-        cohort = replica.cohort
-        if cohort is not None and req in cohort.outside:  # (a finishing member comes from the cohort)
-            cohort.outside.remove(req)
         self.ended(req, now)
 
     # -- the request lifecycle: with the verbs above (_route, _admit, preempt, _finish), the only code
@@ -630,6 +589,68 @@ class Engine:
         replica.busy = False
         replica.step_token += 1  # (its completion event, still in the heap, is stale)
         return now - done_s
+
+    # -- queue moves: with _route, _admit, preempt and _finish, the only code that moves a request in or
+    # -- out of a replica's queues; the cluster and the platform ask these -------------------------
+    def take_off(self, replica: Replica, req: Request) -> None:
+        """``req`` leaves ``replica``'s waiting queue without the policy's decision (a drop, a client's
+        abort); the policy hears it (``on_leave``)."""
+        replica.waiting.remove(req)
+        replica.policy.on_leave(req, replica)
+
+    def let_go(self, replica: Replica, req: Request) -> None:
+        """``req`` leaves ``replica``'s running set outside an iteration (its client gave up): what it
+        still owes is forgiven and its blocks are freed, as for a finishing request (``_finish``)."""
+        make_current(replica, req)  # its counters and blocks its own, if the builder kept them in aggregate
+        replica.forgive(req)
+        replica.kv.release(req)
+        replica.running.remove(req)
+
+    def hand_off(self, replica: Replica, req: Request) -> None:
+        """``req`` (its first token made) leaves prefill replica ``replica`` for a decode replica, its
+        KV held there until sent (replay/disagg.py); the policy hears it (``on_leave``)."""
+        replica.running.remove(req)
+        replica.forgive(req)
+        replica.policy.on_leave(req, replica)
+
+    def land(self, target: Replica, req: Request) -> None:
+        """``req``'s KV has landed on decode replica ``target``: it joins the running set as if admitted
+        now. The policy sets up its own per-request state (``on_arrival``) and takes it straight back
+        out of its waiting order (``on_leave``): the request runs without queueing."""
+        req.replica = target.id
+        self.admissions += 1
+        req.admitted_seq = self.admissions
+        policy = target.policy
+        policy.on_arrival(req, target)
+        policy.on_leave(req, target)
+        target.running.append(req)
+
+    def set_aside(self, replica: Replica, which) -> list[Request]:
+        """Take the waiting requests for which ``which(req)`` holds off ``replica``'s queue, in their order
+        (a paused tier: replay/platform.py); the policy hears each (``on_leave``). Returns them."""
+        held: list[Request] = []
+        keep = []
+        for req in replica.waiting:
+            if which(req):
+                replica.policy.on_leave(req, replica)
+                held.append(req)
+            else:
+                keep.append(req)
+        replica.waiting.clear()
+        replica.waiting.extend(keep)
+        return held
+
+    def resume(self, replica: Replica, req: Request) -> None:
+        """A request set aside queues again on ``replica``, at the back; the policy hears it (``on_arrival``)."""
+        replica.waiting.append(req)
+        replica.policy.on_arrival(req, replica)
+
+    def empty(self, replica: Replica) -> None:
+        """``replica`` stopped serving (failed, reclaimed): its GPU and host KV are gone and its queues
+        are emptied (the platform moved what they held: ``Platform.evict``)."""
+        replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
+        replica.running = []
+        replica.waiting.clear()
 
     # -- replica membership: the only code that changes which replicas take work -------------------
     def add_pool(self, role: str, replicas: list[Replica], on_serving) -> None:

@@ -77,7 +77,7 @@ class Platform:
 
     @property
     def walks_running(self) -> bool:
-        """Features that read running requests' counters directly (so the decode cohort stays off)."""
+        """Features that read running requests' counters directly (so the batch builder keeps none in aggregate)."""
         return self.shedding or self.pause is not None or bool(self.engine.config.fail) or self.reclaims
 
     @property
@@ -138,8 +138,7 @@ class Platform:
 
     def take_off(self, replica: "Replica", req: Request) -> None:
         """Take ``req`` out of ``replica``'s waiting queue for good (a drop, a client's abort)."""
-        replica.waiting.remove(req)
-        replica.policy.on_leave(req, replica)
+        self.engine.take_off(replica, req)
         replica.forgive(req)
         if self.pause is not None and req.tier == self.pause.tier:
             self.pause_waiting[replica.id] -= 1
@@ -194,8 +193,7 @@ class Platform:
                 del self.paused[rid]
                 for req in held:
                     Ledger.add(self.ledger.paused_s, req.index, now - self.pause_start.pop(req.index))
-                    replica.waiting.append(req)
-                    replica.policy.on_arrival(req, replica)
+                    self.engine.resume(replica, req)
                 self.pause_waiting[rid] += len(held)
             return 0.0
         if load <= rule.above:
@@ -204,17 +202,10 @@ class Platform:
         swap_s = 0.0
         for req in [r for r in replica.running if r.tier == rule.tier]:
             swap_s += self.engine.preempt(replica, req)
-        held = self.paused[rid] = []
-        keep = []
-        for req in replica.waiting:
-            if req.tier == rule.tier:
-                replica.policy.on_leave(req, replica)
-                held.append(req)
-                self.pause_start[req.index] = now
-            else:
-                keep.append(req)
-        replica.waiting.clear()
-        replica.waiting.extend(keep)
+        tier = rule.tier
+        held = self.paused[rid] = self.engine.set_aside(replica, lambda req: req.tier == tier)
+        for req in held:
+            self.pause_start[req.index] = now
         self.pause_waiting[rid] = 0
         return swap_s
 
@@ -249,9 +240,7 @@ class Platform:
             stats["work_lost_s"] += engine.truncate(replica, now)
         moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
         lost = disagg.lose(replica, now) if disagg is not None else ()
-        replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
-        replica.running = []
-        replica.waiting.clear()
+        engine.empty(replica)  # GPU blocks and the host swap pool alike; its queues emptied
         replica.outstanding_tokens = 0
         replica.wake_s = None
         self.pause_waiting[replica.id] = 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
-    from servelab.replay.batch import Batch
+    from servelab.replay.batch import Batch, ReadsRunning
     from servelab.replay.replica import Replica
     from servelab.replay.request import Request
 
@@ -114,27 +114,15 @@ class Policy(Protocol):
 
     The engine calls ``schedule`` at every iteration boundary and the ``on_*`` hooks when requests
     join or leave the replica's waiting queue; a policy never mutates requests or the replica (the
-    engine applies its decision). ``decode_cohort``: the policy reads running requests only through
-    ``BatchBuilder.schedule_running(replica.running, decodes_first=True)`` (before which it may
-    ``preempt`` requests it tracks, reading their progress with ``BatchBuilder.generated``) and
-    ignores the items ``on_step`` passes, so the engine may keep decoding requests in aggregate
-    (replay/cohort.py).
+    engine applies its decision). ``reads_running``: the policy's promise to read running requests
+    only through its ``BatchBuilder`` (``batch.ReadsRunning``), or None.
     ``sheds``: the engine calls ``shed`` before each decision and drops what it returns.
     """
 
     name: str
     params: Any  # the policy's frozen parameters (written to run.json)
     uses_token_budget: bool  # False: max_num_batched_tokens does not apply (orca, static)
-    decode_cohort: bool
-    # with the decode cohort: a function of a running request whose values the cohort counts its
-    # members by (a policy that charges service per class, e.g. per tenant), or None; and, with it,
-    # ``cohort_left(req)``, called when a member's counters are written back (it finished, or the
-    # cohort dissolved): the tokens it made as a member were in ``batch.cohort_groups``
-    cohort_group: Callable[["Request"], Any] | None
-    cohort_left: Callable[["Request"], None] | None
-    # with the decode cohort: a function of a decoding request, False to keep it out of the cohort
-    # for now (it is asked again after each token the request makes outside), or None (all may join)
-    cohort_may_join: Callable[["Request"], bool] | None
+    reads_running: "ReadsRunning | None"
     sheds: bool
 
     def schedule(self, replica: "Replica") -> "Batch": ...
@@ -150,8 +138,8 @@ class Policy(Protocol):
 
     def on_step(self, batch: "Batch", num_iterations: int) -> None:
         """``batch`` ran ``num_iterations`` identical iterations; its requests' counters are updated.
-        With the decode cohort, ``batch.cohort`` members decoded too (one token per iteration each),
-        counted per ``cohort_group`` in ``batch.cohort_groups``."""
+        ``batch.bulk`` more running requests decoded too (one token per iteration each), counted per
+        ``reads_running.by_class`` in ``batch.bulk_by_class``."""
 
     def on_finish(self, req: "Request", replica: "Replica") -> None:
         """``req`` finished (called after ``on_step`` of the step that finished it)."""

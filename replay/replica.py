@@ -13,12 +13,13 @@ class Replica:
 
     ``waiting`` is in queue order: arrivals at the back, preempted requests at the front (vLLM).
     ``running`` is in admission order: the default preemption victim is its last element.
-    ``cohort``: for policies that declare ``decode_cohort``, the running requests that are decoding,
-    kept in aggregate (replay/cohort.py); their counters are current only through ``BatchBuilder``.
+    ``aggregate``: what the batch builder keeps across decisions, for a policy that reads running
+    requests only through it (``batch.ReadsRunning``), or None; then running requests' counters are
+    current only through ``BatchBuilder``.
     """
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
-                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "cohort",
+                 "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "aggregate",
                  "runner", "decode_affine", "pool", "lora", "encoder")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy):
@@ -41,7 +42,7 @@ class Replica:
         # request here after every event, and that it drains to 0.
         self.outstanding_tokens = 0
         self.wake_s: float | None = None
-        self.cohort = None  # DecodeCohort when the engine keeps this replica's decodes in aggregate
+        self.aggregate = None  # set by ``batch.aggregate_decodes`` when the engine allows it
         self.runner = None  # its pool's runner when it differs from the engine's (set by the engine)
         self.decode_affine = None  # its runner's cached pure-decode cost line (set by the engine)
         self.pool = None  # the name of its cluster pool (replay/cluster.py), None outside a cluster

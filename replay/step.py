@@ -5,14 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servelab.replay.batch import Batch
-
 
 @dataclass(slots=True)
 class Step:
     """An iteration (or a stretch of identical decode iterations) in flight on a replica."""
 
-    batch: Batch
+    batch: "Batch"  # (replay/batch.py; not imported: the batch builder sits above the step)
     start_s: float
     end_s: float
     k: int  # iterations in the stretch (1 for an ordinary step)

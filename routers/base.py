@@ -2,8 +2,8 @@
 
 The contract is the engine's (``servelab.replay.protocols.Router``): ``route(req, replicas)`` picks
 the live replica an arriving request joins. A router is one file in this package with a class
-registered by ``@ROUTERS.register("name")``; importing the package registers every module in it
-(and any router another package declares under the ``servelab.routers`` entry point), so adding a
+registered by ``@ROUTERS.register("name")``; a lookup finds it by its file being in this package
+(or under the ``servelab.routers`` entry point of another package: common/registry.py), so adding a
 router edits no other file. Parameters are a frozen dataclass as ``Params`` (TOML
 ``router_params``), as for policies. ``replay/`` never imports this package: ``servelab.api`` puts
 the parts together.

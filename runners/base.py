@@ -35,8 +35,10 @@ class RunnerBase:
         return 0.0
 
 
-# Factories take the parsed "name:key=value,..." parameters (strings) and return a Runner.
-RUNNERS: Registry = Registry("runner")
+# Factories take the parsed "name:key=value,..." parameters (strings) and return a Runner. A runner is
+# one file in this package registering its factory with ``@RUNNERS.register("name")``; a replay imports
+# only the one it names (the others bring numpy, pyarrow or torch's layout code): common/registry.py.
+RUNNERS: Registry = Registry("runner", package="servelab.runners")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -62,22 +64,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip(), params
 
 
-# The module that registers each built-in runner: a replay imports only the one it names (the others
-# bring numpy, pyarrow or torch's layout code); an unknown name imports them all, to list them.
-RUNNER_MODULES = {"linear": "servelab.runners.linear", "roofline": "servelab.runners.roofline",
-                  "fitted": "servelab.runners.fitted", "torch": "servelab.runners.torch_runner"}
-
-
 def make_runner(spec: str, **context) -> Runner:
     """Build a runner from a spec string; ``context`` carries model/gpu/tp defaults from the CLI."""
     name, params = parse_spec(spec)
-    if name not in RUNNERS:
-        for module in [RUNNER_MODULES[name]] if name in RUNNER_MODULES else RUNNER_MODULES.values():
-            try:
-                __import__(module)
-            except ModuleNotFoundError as err:  # a build without that runner
-                if err.name != module:
-                    raise
     return RUNNERS.get(name)(params, **context)
 
 

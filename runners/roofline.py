@@ -696,7 +696,7 @@ def load_custom_all_reduce() -> CustomAllReduce:
 
 
 # Runner classes for models the plain roofline does not price alone, each a subclass in its own file
-# imported by name when a model needs it (as base.RUNNER_MODULES imports runners): hybrid attention.
+# imported by name when a model needs it: hybrid attention.
 VARIANT_MODULES = {"hybrid": "servelab.runners.hybrid"}
 
 

@@ -1,8 +1,11 @@
-"""Shared test fixtures: where the shared traces live, and a factory for small trace tables."""
+"""Shared test fixtures, in one place: where the shared traces live, a factory for small trace tables,
+a small trace file, the search tests' grid trace folder, and a free local port. Plain helpers (no
+fixture) live in helpers_*.py by subject."""
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,3 +54,29 @@ def make_trace(arrivals, prompts, outputs, **extra) -> pa.Table:
 @pytest.fixture
 def trace_factory():
     return make_trace
+
+
+@pytest.fixture
+def small_trace_file(tmp_path) -> Path:
+    """20 requests 0.1 s apart, 50 prompt and 10 output tokens each, as ``tmp_path/t.arrow``."""
+    from helpers_cli import write_small_trace
+
+    return write_small_trace(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def grid_dir(tmp_path_factory) -> Path:
+    """A folder holding the search tests' 200-request trace (helpers_search), once per test module."""
+    from helpers_search import write_trace_file
+
+    folder = tmp_path_factory.mktemp("grid")
+    write_trace_file(folder)
+    return folder
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A local TCP port nothing listens on (bound once and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

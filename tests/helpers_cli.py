@@ -1,4 +1,5 @@
-"""Helpers for CLI tests: run the real entry point, write a small trace file."""
+"""Helpers for CLI tests: run the real entry point (or its click command), write a small trace file,
+snapshot a folder's files."""
 
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ def cli_code(*args) -> int:
     except SystemExit as exit_:
         return exit_.code or 0
     return 0
+
+
+def invoke(*args) -> str:
+    """Run the click command tree on ``args`` (paths allowed); it must succeed. Returns its output."""
+    from click.testing import CliRunner
+    from servelab.cli.main import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes): to check a command left it untouched."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def write_small_trace(tmp_path: Path, n: int = 20) -> Path:

@@ -47,3 +47,8 @@ def synthetic(**overrides):
 
 def column(result, name):
     return result.requests.column(name).to_pylist()
+
+
+def rows(result, *columns) -> list[tuple]:
+    """The requests table of ``result`` as tuples of ``columns``, in request order."""
+    return [tuple(r[c] for c in columns) for r in result.requests.to_pylist()]

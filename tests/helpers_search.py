@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from servelab.traces.io import write_trace
 from servelab.traces.synth import synth_trace
 
@@ -52,3 +53,8 @@ def grid_spec(folder: Path, n_trials: int = 50, top: str = "", tables: str = "",
     if not (Path(folder) / "trace.arrow").exists():
         write_trace_file(folder, n=trace_n)
     return write_spec(folder, top + BASE_SPEC.format(n_trials=n_trials) + tables + space, name=name)
+
+
+def trials_table(study_dir: Path) -> list[dict]:
+    """A study folder's trials.parquet as rows."""
+    return pq.read_table(Path(study_dir) / "trials.parquet").to_pylist()

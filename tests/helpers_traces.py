@@ -53,3 +53,8 @@ def assert_input_error(err: pytest.ExceptionInfo, path: object, rule: str, colum
 def no_files_like(folder: Path, name: str) -> bool:
     """Neither the output nor a leftover temporary file of it exists."""
     return not any(p.name == name or p.name.startswith(f".{name}.") for p in folder.iterdir())
+
+
+def strings(table: pa.Table, name: str) -> list[str]:
+    """Column ``name`` of ``table`` as strings (whatever its type)."""
+    return table.column(name).cast(pa.string()).to_pylist()

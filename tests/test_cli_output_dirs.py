@@ -5,72 +5,60 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
-import pytest
-from conftest import make_trace
 
 from servelab.traces.bundled import default_trace_path
-from servelab.traces.io import trace_sha256, write_trace
+from servelab.traces.io import trace_sha256
 from helpers_cli import run_main as run
+from helpers_cli import snapshot as _snapshot
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.001"
 REPLAY = ["--runner", RUNNER, "--num-gpu-blocks", "200"]
 
 
-@pytest.fixture
-def trace(tmp_path):
-    path = tmp_path / "t.arrow"
-    write_trace(make_trace([i * 0.1 for i in range(20)], [50] * 20, [10] * 20), path, source="test")
-    return path
 
 
-
-
-def _snapshot(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def test_bad_slo_fails_before_replaying_and_keeps_the_old_run(trace, tmp_path, capsys):
+def test_bad_slo_fails_before_replaying_and_keeps_the_old_run(small_trace_file, tmp_path, capsys):
     out = tmp_path / "R"
-    assert run(["replay", trace, "-o", out, *REPLAY, "--no-report"], capsys)[0] == 0
+    assert run(["replay", small_trace_file, "-o", out, *REPLAY, "--no-report"], capsys)[0] == 0
     before = _snapshot(out)
     for extra in ([], ["--force"], ["--no-report"], ["--no-report", "--force"]):
-        code, _, err = run(["replay", trace, "-o", out, *REPLAY, "--slo", "garbage", *extra], capsys)
+        code, _, err = run(["replay", small_trace_file, "-o", out, *REPLAY, "--slo", "garbage", *extra], capsys)
         assert code == 1 and err.strip() == "error: --slo 'garbage': 'garbage' is not key=value", err
         assert "replaying" not in err  # nothing was replayed
         assert _snapshot(out) == before
-    code, _, err = run(["replay", trace, *REPLAY, "--no-report", "--slo", "ttft=oops"], capsys)  # no -o, no report
+    code, _, err = run(["replay", small_trace_file, *REPLAY, "--no-report", "--slo", "ttft=oops"], capsys)  # no -o, no report
     assert code == 1 and "--slo" in err and "replaying" not in err
 
 
-def test_existing_run_is_replaced_only_with_force(trace, tmp_path, capsys):
+def test_existing_run_is_replaced_only_with_force(small_trace_file, tmp_path, capsys):
     out = tmp_path / "R"
-    assert run(["replay", trace, "-o", out, *REPLAY, "--no-report", "--max-num-seqs", "2"], capsys)[0] == 0
+    assert run(["replay", small_trace_file, "-o", out, *REPLAY, "--no-report", "--max-num-seqs", "2"], capsys)[0] == 0
     before = _snapshot(out)
-    code, _, err = run(["replay", trace, "-o", out, *REPLAY, "--no-report"], capsys)
+    code, _, err = run(["replay", small_trace_file, "-o", out, *REPLAY, "--no-report"], capsys)
     assert code == 1 and err.strip() == f"error: {out}: a run directory is already there; add --force to replace it"
     assert _snapshot(out) == before
-    assert run(["replay", trace, "-o", out, *REPLAY, "--no-report", "--force"], capsys)[0] == 0
+    assert run(["replay", small_trace_file, "-o", out, *REPLAY, "--no-report", "--force"], capsys)[0] == 0
     assert json.loads((out / "run.json").read_text())["engine"]["max_num_seqs"] != 2
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     # an empty directory is simply written
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run(["replay", trace, "-o", empty, *REPLAY, "--no-report"], capsys)[0] == 0
+    assert run(["replay", small_trace_file, "-o", empty, *REPLAY, "--no-report"], capsys)[0] == 0
     assert pq.read_table(empty / "requests.parquet").num_rows == 20
 
 
-def test_a_directory_that_is_not_a_run_is_never_replaced(trace, tmp_path, capsys):
+def test_a_directory_that_is_not_a_run_is_never_replaced(small_trace_file, tmp_path, capsys):
     other = tmp_path / "notes"
     other.mkdir()
     (other / "todo.txt").write_text("keep me")
-    code, _, err = run(["replay", trace, "-o", other, *REPLAY, "--no-report", "--force"], capsys)
+    code, _, err = run(["replay", small_trace_file, "-o", other, *REPLAY, "--no-report", "--force"], capsys)
     assert code == 1 and "is not a run directory" in err and "replaying" not in err
     assert (other / "todo.txt").read_text() == "keep me"
 
 
-def test_sweep_needs_force_to_replace_a_sweep(trace, tmp_path, capsys):
+def test_sweep_needs_force_to_replace_a_sweep(small_trace_file, tmp_path, capsys):
     out = tmp_path / "S"
-    args = ["sweep", trace, "--rates", "5,10", *REPLAY, "--slo", "ttft=1", "-o", out]
+    args = ["sweep", small_trace_file, "--rates", "5,10", *REPLAY, "--slo", "ttft=1", "-o", out]
     assert run(args, capsys)[0] == 0
     before = _snapshot(out)
     code, _, err = run(args, capsys)

@@ -139,7 +139,7 @@ class Checked(Engine):
         live = (Status.WAITING, Status.RUNNING)
         for replica in self.replicas:
             replica.kv.check(replica.running)
-            cohort = replica.cohort
+            cohort = replica.aggregate
             owes = 0
             for req in self.requests:
                 if req.replica != replica.id:

@@ -9,6 +9,7 @@ request of 1 prompt token and 4 output tokens emits tokens at 1, 2, 3, 4 after i
 from __future__ import annotations
 
 from conftest import make_trace
+from helpers_engine import rows
 from servelab.api import ReplayConfig, replay
 
 TRACE = make_trace([0, 0], [1, 1], [4, 4])  # A and B at t=0
@@ -17,10 +18,6 @@ TRACE = make_trace([0, 0], [1, 1], [4, 4])  # A and B at t=0
 def config(pool: dict, **top) -> ReplayConfig:
     return ReplayConfig.from_dict({"runner": "linear:base=1", "num_gpu_blocks": 100, "max_num_seqs": 1,
                                    "router": "round-robin", **top, "cluster": {"pools": [dict(name="web", **pool)]}})
-
-
-def rows(result, *columns):
-    return [tuple(r[c] for c in columns) for r in result.requests.to_pylist()]
 
 
 def faults(result):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import make_trace
+from helpers_engine import rows
 from servelab.api import ReplayConfig, replay, write_run
 from servelab.common.errors import ServelabError
 from servelab.scoring.db import connect
@@ -25,10 +26,6 @@ def config(instances, replicas=2, autoscale=None, floor=None, rebalance=None, **
         pool["floor"] = floor
     return ReplayConfig.from_dict({"runner": "linear:base=1", "num_gpu_blocks": 100, "max_num_seqs": 1,
                                    "router": "least-outstanding", **top, "cluster": {"pools": [pool]}})
-
-
-def rows(result, *columns):
-    return [tuple(r[c] for c in columns) for r in result.requests.to_pylist()]
 
 
 def instances(result):

@@ -185,7 +185,7 @@ def test_batch_without_builder_summary_gives_the_same_timeline(monkeypatch):
     engine = dict(max_num_batched_tokens=64, num_gpu_blocks=9)
     expected = run(trace, runner=runner, **engine)
     original = Sarathi.schedule
-    monkeypatch.setattr(Sarathi, "decode_cohort", False)  # a hand-built batch lists every request
+    monkeypatch.setattr(Sarathi, "reads_running", None)  # a hand-built batch lists every request
     monkeypatch.setattr(Sarathi, "schedule",
                         lambda self, replica: original(self, replica)._replace(summary=None))
     bare = run(trace, runner=runner, **engine)

@@ -12,7 +12,7 @@ from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.api import EngineConfig, ReplayConfig, replay
-from servelab.replay.batch import BatchBuilder
+from servelab.replay.batch import UNLIMITED, BatchBuilder
 from servelab.replay.cohort import DecodeCohort
 from servelab.replay.config import EngineConfig as Cfg
 from servelab.replay.kv import KVManager
@@ -35,7 +35,7 @@ def _decoder(i: int, prompt: int, generated: int, output: int) -> Request:
 def test_aggregates_equal_a_per_request_count(seed):
     rng = random.Random(seed)
     replica = Replica(0, Cfg(), KVManager(10**9, 16), policy=None)
-    cohort = DecodeCohort(replica)
+    cohort = DecodeCohort(replica, UNLIMITED, UNLIMITED)
     members: list[Request] = []
     shadow: dict[int, list] = {}  # request index -> [computed, generated, blocks, largest gap since joining]
     t = 0.0
@@ -75,7 +75,7 @@ def test_aggregates_equal_a_per_request_count(seed):
 
 def test_max_itl_is_the_largest_gap_since_joining():
     replica = Replica(0, Cfg(), KVManager(10**6, 16), policy=None)
-    cohort = DecodeCohort(replica)
+    cohort = DecodeCohort(replica, UNLIMITED, UNLIMITED)
     early, late = _decoder(0, 10, 1, 100), _decoder(1, 10, 1, 100)
     cohort.outside.extend((early, late))
     cohort.join(early)
@@ -131,10 +131,10 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
 
     with_cohort = run()
     assert joins, "the cohort was never used: the comparison would prove nothing"
-    monkeypatch.setattr(Sarathi, "decode_cohort", False)
-    monkeypatch.setattr(Orca, "decode_cohort", False)
-    monkeypatch.setattr(ShortestJobFirst, "decode_cohort", False)
-    monkeypatch.setattr(ShortestRemainingFirst, "decode_cohort", False)
+    monkeypatch.setattr(Sarathi, "reads_running", None)
+    monkeypatch.setattr(Orca, "reads_running", None)
+    monkeypatch.setattr(ShortestJobFirst, "reads_running", None)
+    monkeypatch.setattr(ShortestRemainingFirst, "reads_running", None)
     joins.clear()
     without = run()
     assert not joins
@@ -144,7 +144,7 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
 
 
 def same_without_cohort(trace, config, policy_cls, monkeypatch, check_first=None) -> None:
-    """Replay with cohorts (it must use one), then with ``policy_cls.decode_cohort`` off (it must use
+    """Replay with cohorts (it must use one), then with ``policy_cls.reads_running`` off (it must use
     none): requests and steps byte-identical. ``check_first`` runs between the two replays."""
     joins = []
     original_join = DecodeCohort.join
@@ -153,7 +153,7 @@ def same_without_cohort(trace, config, policy_cls, monkeypatch, check_first=None
     assert joins, "the cohort was never used: the comparison would prove nothing"
     if check_first is not None:
         check_first()
-    monkeypatch.setattr(policy_cls, "decode_cohort", False)
+    monkeypatch.setattr(policy_cls, "reads_running", None)
     joins.clear()
     without = replay(trace, config)
     assert not joins
@@ -188,12 +188,12 @@ def test_fair_sharing_without_the_journal_is_byte_identical_with_cohorts(policy,
     """Without the journal a recomputed request starts over and makes again tokens it was already
     charged for: ``on_step`` charges only tokens past its high-water mark (``charged_out``), and the
     cohort's per-class count cannot, so such a request stays outside until past it
-    (``cohort_may_join``). drr's steps differed here before (7,519 with cohorts against 7,515)."""
+    (``ReadsRunning.may_bulk``). drr's steps differed here before (7,519 with cohorts against 7,515)."""
     from servelab.policies.fair import _FairShare
 
     refused = []
-    original = _FairShare.cohort_may_join
-    monkeypatch.setattr(_FairShare, "cohort_may_join",
+    original = _FairShare._may_bulk
+    monkeypatch.setattr(_FairShare, "_may_bulk",
                         lambda self, req: (ok := original(self, req), ok or refused.append(req.index))[0])
     shape = {"n": 300, "rate": 20.0, "prompt": "lognormal:400:1.0", "output": "lognormal:80:1.0"}
     if tenants is not None:
@@ -235,7 +235,7 @@ def test_round_robin_with_cohorts_is_byte_identical(case, quantum, monkeypatch):
     monkeypatch.setattr(DecodeCohort, "remove", lambda self, req: (removed.append(1), original_remove(self, req)))
     with_cohort = replay(trace, config)
     assert removed, "no member was rotated out of the cohort: the comparison would prove little"
-    monkeypatch.setattr(RoundRobin, "decode_cohort", False)
+    monkeypatch.setattr(RoundRobin, "reads_running", None)
     removed.clear()
     without = replay(trace, config)
     assert not removed
@@ -306,7 +306,7 @@ def test_edf_with_cohorts_is_byte_identical(case, variant, monkeypatch):
     given_up = []  # replicas whose cohort edf dropped when SLOs began
     original_running = BatchBuilder.running
     monkeypatch.setattr(BatchBuilder, "running", lambda self, for_good=False: (
-        given_up.append(self.replica.id) if for_good and self.replica.cohort is not None else None,
+        given_up.append(self.replica.id) if for_good and self.replica.aggregate is not None else None,
         original_running(self, for_good))[1])
 
     def given_up_with_slos() -> None:

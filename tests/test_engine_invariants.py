@@ -40,7 +40,7 @@ def check(engine: Engine) -> None:
         # with disaggregation a prefill replica also holds the KV of requests handed off (waiting for
         # a decode replica or in transfer), and a decode replica the blocks reserved for landing ones
         replica.kv.check(disagg.holders(replica) if disagg is not None else replica.running)
-        cohort = replica.cohort
+        cohort = replica.aggregate
         owes = 0
         for req in engine.requests:
             if req.replica != replica.id or not (req.status in LIVE or id(req) in held_elsewhere):

@@ -77,3 +77,42 @@ def test_only_the_engine_sets_which_replicas_take_arrivals() -> None:
                                                     for t in node.targets):
                 writers.add(rel)
     assert writers == {"replay/engine.py"}
+
+
+# Who may move a request in or out of a replica's queues: the engine's verbs; the replica (it makes
+# them) and the batch builder (replay/batch.py swaps the running list for one that keeps its
+# aggregate in step: replay/cohort.py's ``Running``, which only extends list's own methods).
+QUEUE_OWNERS = {"replay/engine.py", "replay/replica.py", "replay/batch.py"}
+MOVES = {"append", "appendleft", "extend", "insert", "remove", "pop", "popleft", "clear"}
+
+
+def queue_moves(root: Path = ROOT) -> dict[str, list[int]]:
+    """File -> lines that change a ``.waiting`` or ``.running`` queue (a mutating call or an assignment)."""
+    out: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            hit = False
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MOVES:
+                owner = node.func.value
+                hit = isinstance(owner, ast.Attribute) and owner.attr in ("waiting", "running")
+            elif isinstance(node, ast.Assign):
+                hit = any(isinstance(t, ast.Attribute) and t.attr in ("waiting", "running") for t in node.targets)
+            if hit:
+                out.setdefault(rel, []).append(node.lineno)
+    return {rel: sorted(lines) for rel, lines in out.items()}
+
+
+def test_the_scan_sees_a_queue_move(tmp_path) -> None:
+    (tmp_path / "a.py").write_text("replica.waiting.remove(req)\nreplica.running = []\nheld.remove(req)\n"
+                                   "len(replica.running)\n")
+    assert queue_moves(tmp_path) == {"a.py": [1, 2]}
+
+
+def test_only_the_engine_moves_requests_between_queues() -> None:
+    """Pausing a tier, a client's abort, the PD handoff and a replica lost go through engine verbs
+    (``take_off``, ``let_go``, ``hand_off``, ``land``, ``set_aside``, ``resume``, ``empty``)."""
+    moves = queue_moves()
+    assert set(moves) <= QUEUE_OWNERS, {f: lines for f, lines in moves.items() if f not in QUEUE_OWNERS}

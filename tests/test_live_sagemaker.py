@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 import sys
 import threading
 import time
@@ -316,12 +315,6 @@ def test_bench_sagemaker_runs_the_trace(tmp_path, capsys, aws_env):
     assert "requests 12: 12 finished" in " ".join(stdout.split())
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("args, message", [
     (["sagemaker://bad_name"], "error: sagemaker://bad_name: not a SageMaker endpoint name"),
     (["http://127.0.0.1:9", "--region", "us-east-1"], "Invalid value for --region: goes with a sagemaker:// URL"),
@@ -347,11 +340,12 @@ def test_bench_sagemaker_argument_errors(tmp_path, capsys, aws_env, args, messag
     (None, (f"error: sagemaker://{ENDPOINT}: the endpoint did not answer a 2-token request (EndpointConnectionError: "
             "Could not connect to the endpoint URL")),
 ])
-def test_bench_sagemaker_unusable_endpoint_fails_the_command(tmp_path, capsys, aws_env, monkeypatch, unset, message):
+def test_bench_sagemaker_unusable_endpoint_fails_the_command(tmp_path, capsys, aws_env, monkeypatch, unset, message,
+                                                            free_port):
     if unset:
         monkeypatch.delenv(unset)
     code, _, err = run_main(["bench", f"sagemaker://{ENDPOINT}", write_small_trace(tmp_path), "-o", tmp_path / "o",
-                             "--endpoint-url", f"http://127.0.0.1:{_closed_port()}"], capsys)  # fmt: skip
+                             "--endpoint-url", f"http://127.0.0.1:{free_port}"], capsys)  # fmt: skip
     assert code == 1 and err.splitlines()[-1].startswith(message), err
     assert not (tmp_path / "o").exists()
 

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -208,17 +207,11 @@ def test_interrupt_keeps_the_finished_requests(trace200, tmp_path):
     assert sum(v for k, v in meta["counts"].items() if k != "not_sent") == n
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_killing_the_server_mid_run_fails_the_rest(trace200, tmp_path):
+def test_killing_the_server_mid_run_fails_the_rest(trace200, tmp_path, free_port):
     python, model = os.environ.get("SERVELAB_TEST_VLLM_PYTHON"), os.environ.get("SERVELAB_TEST_VLLM_MODEL")
     if not (python and model):
         pytest.skip("SERVELAB_TEST_VLLM_PYTHON / _MODEL unset (.ci/vllm.sh sets them): no server of its own to kill")
-    port = _free_port()
+    port = free_port
     url = f"http://127.0.0.1:{port}"
     with (tmp_path / "server.log").open("w") as log:
         server = subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,

@@ -8,6 +8,7 @@ import json
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from helpers_cli import invoke
 from helpers_scoring import req, step, write_run
 
 from servelab.cli.main import cli
@@ -17,12 +18,6 @@ from servelab.scoring.sweep import sweep_slo
 from servelab.traces.io import write_trace
 
 SWEEP = ["--runner", "linear:base=0.01", "--max-num-seqs", "1", "--num-gpu-blocks", "100"]
-
-
-def invoke(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _run(path, gap):

@@ -9,7 +9,7 @@ import math
 
 import pytest
 from servelab.replay.protocols import Runner
-from servelab.runners.base import RUNNER_MODULES, StepPlan, StepShape, make_runner
+from servelab.runners.base import RUNNERS, StepPlan, StepShape, make_runner
 from test_runner_fitted import TRUE
 
 
@@ -49,7 +49,7 @@ SHAPES = [_shape(decodes=1, decode_context=100), _shape(decodes=64, decode_conte
 
 def test_the_contract_covers_every_runner():
     names = {key.split(",")[0] for key in FACTORIES}
-    assert names | EXECUTING == set(RUNNER_MODULES)
+    assert names | EXECUTING == set(RUNNERS.names())
 
 
 @pytest.mark.parametrize("key", FACTORIES)

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers_search import GRID_SPACE, POLICIES, RUNNER, SEQS, SLO, TOKENS, grid_spec, write_spec, write_trace_file
+from helpers_search import trials_table as _table
 from servelab.cli.main import main
 from servelab.api import ReplayConfig, replay, write_run
 from servelab.scoring.db import connect
@@ -44,13 +45,6 @@ def _config(seqs: int, tokens: int, policy: str) -> ReplayConfig:
 
 
 @pytest.fixture(scope="module")
-def grid_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("grid")
-    write_trace_file(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def exhaustive(grid_dir) -> dict:
     """Attainment of every point of the test grid, by plain replays."""
     trace = read_trace(grid_dir / "trace.arrow")
@@ -60,10 +54,6 @@ def exhaustive(grid_dir) -> dict:
                 for s, t, p in itertools.product(SEQS, TOKENS, POLICIES)}  # fmt: skip
     finally:
         scorer.close()
-
-
-def _table(study_dir: Path) -> list[dict]:
-    return pq.read_table(study_dir / "trials.parquet").to_pylist()
 
 
 def test_scorer_matches_the_scoring_views_on_the_written_run(grid_dir, tmp_path):

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from helpers_cli import invoke
 from helpers_search import GRID_SPACE, grid_spec, write_trace_file
 
-from servelab.cli.main import cli
 from servelab.replay.config import ReplayConfig
 from servelab.scoring.report import output_length_knowledge
 
@@ -23,12 +22,6 @@ NOISY_SPACE = SRPT_SPACE + """
 [space.policy_params.srpt]
 noise_sigma = [0.5]
 """
-
-
-def invoke(*args) -> str:
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def search_best(folder: Path, study: Path, space: str, trace: str = "") -> tuple[str, ReplayConfig]:

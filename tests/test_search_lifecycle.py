@@ -12,11 +12,12 @@ import textwrap
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from helpers_cli import cli_code
+from helpers_cli import snapshot as _snapshot
 from helpers_search import grid_spec, write_trace_file
+from helpers_search import trials_table as _table
 from servelab.search.spec import load_spec
 from servelab.search.study import resumed_seed, run_worker
 from servelab.search.trials import load_study_dir
@@ -25,21 +26,6 @@ SERVELAB = [sys.executable, "-m", "servelab"]
 
 
 _cli = cli_code
-
-
-def _table(study_dir: Path) -> list[dict]:
-    return pq.read_table(study_dir / "trials.parquet").to_pylist()
-
-
-def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def grid_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("grid")
-    write_trace_file(folder)
-    return folder
 
 
 # -- one folder, one study -------------------------------------------------------------------------

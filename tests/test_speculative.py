@@ -250,11 +250,11 @@ def test_speculation_turns_off_the_decode_cohort_and_stretches():
     cluster = build_cluster(cfg, None, None)
     entry = cluster.pools[0]
     engine = Engine([], cluster.replicas, entry.router, entry.runner, cfg.engine)
-    assert all(r.cohort is None and r.decode_affine(4) is None for r in engine.replicas)
+    assert all(r.aggregate is None and r.decode_affine(4) is None for r in engine.replicas)
     off = ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000), policy="sarathi", runner=LINEAR)
     cluster = build_cluster(off, None, None)
     engine = Engine([], cluster.replicas, cluster.pools[0].router, cluster.pools[0].runner, off.engine)
-    assert all(r.cohort is not None and r.decode_affine(4) is not None for r in engine.replicas)
+    assert all(r.aggregate is not None and r.decode_affine(4) is not None for r in engine.replicas)
 
 
 def test_speculation_shortens_decoding():

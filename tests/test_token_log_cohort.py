@@ -2,7 +2,7 @@
 iterations once (its timeline) and each member's tokens as one record per membership, which the log
 expands at the end. tokens.parquet of a replay with cohorts must equal, byte for byte, that of the
 same replay with cohorts off (every token logged per request, as before), for every policy that
-declares ``decode_cohort`` and for what changes a member's tokens: preemption by recompute (with the
+promises ``reads_running`` and for what changes a member's tokens: preemption by recompute (with the
 journal, and without it: requests that start over and repeat token indices) and by swap, members
 rotated out (round-robin), prefix caching, a horizon cutting stretches, closed-loop sessions,
 several replicas, and spill chunks small enough for many runs, merge passes and timeline pieces."""
@@ -22,7 +22,7 @@ from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.policies.base import make_policy, policy_class, policy_names
 from servelab.replay import logs
 
-COHORT_POLICIES = [name for name in policy_names() if make_policy(name, {}, EngineConfig()).decode_cohort]
+COHORT_POLICIES = [name for name in policy_names() if make_policy(name, {}, EngineConfig()).reads_running is not None]
 
 CASES = {
     "2 replicas": {"engine": {"replicas": 2}},
@@ -50,7 +50,7 @@ def small_trace(**overrides):
 
 def token_files(trace, config: ReplayConfig, monkeypatch, tmp_path):
     """tokens.parquet's bytes of a replay with cohorts (it must log memberships), then with the
-    policy's ``decode_cohort`` off (it must log none; requests and steps must not change), and the
+    policy's ``reads_running`` off (it must log none; requests and steps must not change), and the
     first replay's token log."""
     made: list[logs.TokenLog] = []
 
@@ -61,7 +61,7 @@ def token_files(trace, config: ReplayConfig, monkeypatch, tmp_path):
     monkeypatch.setattr("servelab.replay.engine.TokenLog", recording_log)
     with_cohort = replay(trace, config, token_log=True)
     assert made[-1].num_memberships, "no cohort member logged its tokens: the comparison would prove nothing"
-    monkeypatch.setattr(policy_class(config.policy), "decode_cohort", False)
+    monkeypatch.setattr(policy_class(config.policy), "reads_running", None)
     without = replay(trace, config, token_log=True)
     assert not made[-1].num_memberships
     assert with_cohort.requests.equals(without.requests)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from helpers_traces import FIXTURES, assert_input_error, no_files_like, shared
+from helpers_traces import strings as _strings
 
 from servelab.cli.main import cli
 from servelab.common.errors import InputError, ServelabError
@@ -19,10 +19,6 @@ from servelab.traces.io import read_trace, write_trace
 
 AZURE_HEAD = FIXTURES / "azure_conv_2023_head300.csv"
 VIDUR_HEAD = FIXTURES / "vidur_splitwise_conv_head300.csv"
-
-
-def _strings(table: pa.Table, name: str) -> list[str]:
-    return table.column(name).cast(pa.string()).to_pylist()
 
 
 # ---- fixture slices (always run)

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from helpers_traces import good_table
+from helpers_traces import strings as _s
 
 from servelab.common.errors import ServelabError
 from servelab.traces import transforms
@@ -13,10 +14,6 @@ from servelab.traces.bundled import default_trace_path
 from servelab.traces.info import trace_info
 from servelab.traces.io import read_trace
 from servelab.traces.synth import synth_trace
-
-
-def _s(table: pa.Table, name: str) -> list:
-    return table.column(name).cast(pa.string()).to_pylist()
 
 
 def test_window_rebases_and_keeps_whole_sessions():

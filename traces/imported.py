@@ -41,7 +41,7 @@ class Imported:
 
 
 Importer = Callable[..., Imported]
-IMPORTERS: Registry[Importer] = Registry("trace format")
+IMPORTERS: Registry[Importer] = Registry("trace format", package="servelab.traces")
 
 
 __all__ = ["IMPORTERS", "Imported", "Importer"]

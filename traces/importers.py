@@ -3,8 +3,8 @@
 Every importer parses each source file, checks its rows (reporting file, column and 1-based data
 row), and hands the parts to ``merge``, which rebases times to the earliest arrival over all files,
 sorts stably and renumbers request ids from 0. ServeGen lives in ``servegen.py`` and the agentic and
-multi-turn formats (llmservingsim, mooncake-chains, sharegpt) in ``agentic_importers.py`` (both
-registered here on first use).
+multi-turn formats (llmservingsim, mooncake-chains, sharegpt) in ``agentic_importers.py`` (a format
+is registered by its file being in this package: common/registry.py).
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ class Part:
 
 def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     """Run the named importer over one or more source files."""
-    import servelab.traces.agentic_importers  # noqa: F401  (registers llmservingsim, mooncake-chains, sharegpt)
-    import servelab.traces.servegen  # noqa: F401  (registers the servegen format)
-
     if not paths:
         raise ServelabError("no source files given")
     return IMPORTERS.get(fmt)(list(map(Path, paths)), **options)
