@@ -65,17 +65,17 @@ def check_retention(mode: str, ttl_s: float | None) -> None:
 
 class Pin:
     """A finished call's context held for the calls that continue it: a holder like a running
-    request (``kv_blocks``, ``cached_keys``: what ``KVManager.check`` counts). ``waiting``: the
+    request (``kv_blocks``, ``cached_keys``: what ``KVManager.check`` counts). ``awaits``: the
     indices of those calls not yet admitted, routed elsewhere or ended."""
 
-    __slots__ = ("replica", "chain", "kv_blocks", "cached_keys", "waiting", "id")
+    __slots__ = ("replica", "chain", "kv_blocks", "cached_keys", "awaits", "id")
 
-    def __init__(self, replica, chain, waiting: list[int], pin_id: int):
+    def __init__(self, replica, chain, awaits: list[int], pin_id: int):
         self.replica = replica
         self.chain = chain
         self.cached_keys = chain
         self.kv_blocks = chain.blocks
-        self.waiting = waiting
+        self.awaits = awaits
         self.id = pin_id
 
 
@@ -175,12 +175,12 @@ class Retention:
                 self._forget(pin, req.index, "ended")
 
     def _forget(self, pin: Pin, index: int, why: str) -> None:
-        pin.waiting.remove(index)
+        pin.awaits.remove(index)
         own = self.pins[index]
         own.remove(pin)
         if not own:
             del self.pins[index]
-        if not pin.waiting:
+        if not pin.awaits:
             self._release(pin, why)
 
     def _expire(self, pin: Pin) -> None:
@@ -231,7 +231,7 @@ class Retention:
             for pin in list(pins.values()):
                 if kv.free >= need:
                     return
-                if any(i in waiting for i in pin.waiting) == pass_waiting:
+                if any(i in waiting for i in pin.awaits) == pass_waiting:
                     self._release(pin, "pressure")
 
     def unstall(self, replica) -> bool:
@@ -246,12 +246,12 @@ class Retention:
         return True
 
     def _release(self, pin: Pin, why: str) -> None:
-        for index in pin.waiting:
+        for index in pin.awaits:
             own = self.pins[index]
             own.remove(pin)
             if not own:
                 del self.pins[index]
-        pin.waiting = []
+        pin.awaits = []
         del self.by_replica[pin.replica.id][pin.id]
         pin.replica.kv.unpin(pin.chain)
         self.counts[why] += 1
