@@ -57,7 +57,7 @@ def test_profile_records_exactly_what_the_runner_prices(tmp_path):
     assert meta["runner"] == "linear:..." and meta["repeats"] == 2 and meta["format"] == 1
     assert table.num_rows == 2 * len(list(batches(GRIDS["small"])))
     for row in table.to_pylist()[:30]:
-        shape = StepShape(*(row[k] for k in StepShape._fields))
+        shape = StepShape(**{k: row[k] for k in StepShape._fields if k in row})  # (a profile has no drafts)
         assert row["step_s"] == runner.step_time(StepPlan(shape))
 
 
