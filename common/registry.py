@@ -6,7 +6,9 @@ names the package its plug-ins live in, and a plug-in is one new file there that
 with ``@REGISTRY.register("name")`` when imported. Nothing lists the files: a lookup imports the
 module named after the name (``vllm-bench`` -> ``vllm_bench.py``) and, when that does not register
 it, every module of the package, then what installed packages declare under the entry point group of
-the package's name; a listing imports them all. So a replay imports only the plug-ins it names (a
+the package's name; a listing imports every module that registers something (a module whose source
+never calls ``.register(`` is a helper, such as the torch model the torch runner builds lazily, and is
+not imported). So a replay imports only the plug-ins it names (a
 runner's numpy or torch stays out of one that does not use it)."""
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ class Registry(Generic[T]):
         if not self._loaded:
             self._loaded = True
             package = importlib.import_module(self.package)
-            for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+                module = info.name
+                if not _registers(info):  # a helper module (a model, a table of presets): not a plug-in
+                    continue
                 try:
                     importlib.import_module(f"{self.package}.{module}")
                 except ModuleNotFoundError as err:
@@ -141,3 +146,17 @@ class ClassRegistry(Registry[type]):
             return add(cls)
 
         return deco
+
+
+def _registers(info: pkgutil.ModuleInfo) -> bool:
+    """Does the module's source call ``.register(`` (so importing it may add a plug-in)? A module
+    whose source cannot be read (compiled only) is imported, to be safe."""
+    spec = info.module_finder.find_spec(info.name) if hasattr(info.module_finder, "find_spec") else None
+    origin = getattr(spec, "origin", None)
+    if not origin or not origin.endswith(".py"):
+        return True
+    try:
+        with open(origin, encoding="utf-8") as f:
+            return ".register(" in f.read()
+    except OSError:
+        return True

@@ -82,7 +82,7 @@ def test_a_file_named_otherwise_is_found_by_importing_the_package(plugins):
 
 def test_a_module_lacking_an_optional_dependency_is_left_out_and_an_unknown_name_lists_the_rest(plugins):
     registry, add = plugins
-    add("heavy.py", "import no_such_package_installed_here\n")
+    add("heavy.py", "import no_such_package_installed_here\nfrom plugreg import THINGS\nTHINGS.register('heavy')(1)\n")
     add("light.py", """
         from plugreg import THINGS
 
@@ -94,7 +94,7 @@ def test_a_module_lacking_an_optional_dependency_is_left_out_and_an_unknown_name
 
 def test_a_broken_plugin_is_not_hidden(plugins):
     registry, add = plugins
-    add("broken.py", "from plugpkg import missing_module_of_its_own\n")
+    add("broken.py", "from plugpkg import missing_module_of_its_own\nfrom plugreg import THINGS\nTHINGS.register('b')(1)\n")
     with pytest.raises(ImportError):
         registry.get("whatever")
 
@@ -124,3 +124,13 @@ def test_a_new_runner_file_is_found_without_an_edit_elsewhere(tmp_path, monkeypa
 
     assert make_runner("constant-for-test").step_time(None) == 0.5
     sys.modules.pop("servelab.runners.constant_for_test", None)
+
+
+def test_a_listing_leaves_helper_modules_alone(plugins):
+    """A module that registers nothing (a model the torch runner builds, a table of presets) is not
+    imported by a listing or a lookup's package scan: its imports (torch) stay out."""
+    registry, add = plugins
+    add("helper.py", "raise AssertionError('a listing imported helper.py')\n")
+    add("one.py", "from plugreg import THINGS\nTHINGS.register('one')(1)\n")
+    assert registry.names() == ["one"]
+    assert "plugpkg.helper" not in sys.modules
