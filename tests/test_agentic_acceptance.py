@@ -378,3 +378,53 @@ def test_replayed_fan_out_critical_path_by_hand(tmp_path):
     assert task["jct_s"] == pytest.approx(task["cp_llm_s"] + task["cp_wait_s"] + task["cp_queue_s"])
     # all calls' queueing: branch 1 waited for 3, branch 2 for 3 and 1
     assert task["queue_s"] == pytest.approx((b1[0] - root_end - 0.25) + (b2[0] - root_end - 0.5))
+
+
+# ---------------------------------------------------------------- the CLI on a replayed agentic mix
+
+
+def test_cli_info_replay_report_compare_plot_on_an_agentic_mix(tmp_path):
+    """``trace synth --shape mix`` -> ``trace info`` -> two replays (FCFS; LAS with KV kept, little memory
+    and a client timeout, so that calls abort and their dependents are never sent) -> ``report``,
+    ``compare``, ``plot``: every task figure checked against the runs' requests.parquet by hand."""
+    import pyarrow.parquet as pq
+
+    mix = tmp_path / "mix.arrow"
+    invoke("trace", "synth", "--shape", "mix", "--tasks", "60", "--rate", "2", "--seed", "2", "-o", mix)
+    trace = read_trace(mix)
+    info = json.loads(invoke("trace", "info", mix, "--json"))
+    assert info["sessions"] == 60 and info["rows"] == trace.num_rows
+    assert info["dependent_requests"] == sum(1 for d in trace.column("depends_on").to_pylist() if d) > 0
+    fcfs, las = tmp_path / "fcfs", tmp_path / "las"
+    invoke("replay", mix, "-o", fcfs, "--num-gpu-blocks", "2000")
+    invoke("replay", mix, "-o", las, "--policy", "las", "--kv-retention", "keep", "--num-gpu-blocks", "300",
+           "--client-timeout-s", "1.1")
+
+    def by_hand(run_dir):
+        rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+        tasks: dict[int, list[dict]] = {}
+        for r in rows:
+            tasks.setdefault(r["session_id"], []).append(r)
+        complete = [t for t in tasks.values() if all(r["status"] == "finished" for r in t)]
+        jct = [max(r["finish_s"] for r in t) - min(r["arrival_s"] for r in t) for t in complete]
+        return dict(tasks=len(tasks), complete=len(complete), jct_mean=sum(jct) / len(jct),
+                    skipped=sum(r["status"] == "skipped" for r in rows),
+                    with_skipped=sum(any(r["status"] == "skipped" for r in t) for t in tasks.values()),
+                    with_failed=sum(any(r["status"] not in ("finished", "skipped", "unfinished") for r in t)
+                                    for t in tasks.values()))
+
+    hand = {"fcfs": by_hand(fcfs), "las": by_hand(las)}
+    assert hand["fcfs"]["skipped"] == 0 and hand["las"]["skipped"] > 0 and hand["las"]["with_failed"] > 0
+    for name, run_dir in (("fcfs", fcfs), ("las", las)):
+        h = hand[name]
+        text = " ".join(invoke("report", run_dir).split())  # (the report wraps long lines)
+        assert (f"tasks {h['tasks']}: {h['complete']} complete, {h['with_skipped']} with skipped requests "
+                f"({h['skipped']} never sent), {h['with_failed']} with failed requests") in text
+    table = {r["metric"]: r for r in json.loads(invoke("compare", fcfs, las, "--format", "json"))}
+    for name in ("fcfs", "las"):
+        assert table["tasks"][name] == 60
+        assert table["tasks_complete"][name] == hand[name]["complete"]
+        assert table["requests_skipped"][name] == hand[name]["skipped"]
+        assert table["task_jct_mean_s"][name] == pytest.approx(hand[name]["jct_mean"], rel=1e-9)
+    invoke("plot", fcfs, las, "--slo", "task=20s", "-o", tmp_path / "plots")
+    assert (tmp_path / "plots" / "task_jct_cdf.png").stat().st_size > 1000
