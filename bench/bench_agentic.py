@@ -5,12 +5,11 @@
 
 An agent's task is a session of calls: each call's prompt is the task's context so far (earlier
 prompts and answers) plus new tokens (a tool's output), sent ``think_s`` (the tool's time) after the
-previous call ends. Until the trace schema has dependencies (``depends_on``), the synthetic mix is
-built from closed-loop sessions (``trace synth`` with turns, think times and carried context),
-which the engine already replays: each task is a chain of calls. ``--trace`` replays any trace
-instead, and ``--shape react|fanout|chat|mix`` builds trace schema v2 tasks (``depends_on``: ReAct
-loops, fan-outs joined by an aggregator, chats) with the same lengths and waits; tasks are grouped
-by ``session_id``.
+previous call ends. The default synthetic mix is built from closed-loop sessions (``trace synth``
+with turns, think times and carried context): each task is a chain of calls. ``--shape
+react|fanout|chat|mix`` builds trace schema v2 tasks (``depends_on``: ReAct loops, fan-outs joined
+by an aggregator, chats) with the same lengths and waits (issue 28's acceptance figure: ``--shape
+mix``); ``--trace`` replays any trace instead. Tasks are grouped by ``session_id``.
 
 Load is offered calls per second over the replica's capacity. The capacity is measured on the
 same mix with every task starting at t=0 (closed loop, FCFS): calls finished per second up to the

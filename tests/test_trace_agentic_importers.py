@@ -195,9 +195,10 @@ def test_sharegpt_turns_become_chains_with_growing_context():
 
 def test_sharegpt_later_turn_shares_the_earlier_prompt_blocks():
     t = import_trace("sharegpt", [MESSAGES], block_tokens=4).table
-    # turn 1: 64 chars = 16 tokens = 4 blocks of 16 chars; turn 2's prompt starts with the same 64 chars
+    # turn 1: 64 chars = 16 tokens = 4 blocks of 16 chars, its reply 4 more; turn 2's prompt starts with the
+    # same 128 chars (question and reply), so it shares all 8; its own 192 chars + 4-char reply: 12 full blocks
     h = _col(t, "prefix_hashes")
-    assert len(h[0]) == 4 and h[1][:4] == h[0] and len(h[1]) == 12
+    assert len(h[0]) == 8 and h[1][:8] == h[0] and len(h[1]) == 12
     assert _col(t, "prompt_tokens") == [16, 48]
 
 

@@ -203,6 +203,11 @@ def _check_common(block_tokens: int, deadline_s: float | None) -> None:
 
 
 def _token_ids(path: Path, row: int, sub: dict, count: int, where: str, block_tokens: int) -> list[int] | None:
+    ids = _ids(path, row, sub, count, where)
+    return None if ids is None else token_hashes(ids, block_tokens)
+
+
+def _ids(path: Path, row: int, sub: dict, count: int, where: str) -> list[int] | None:
     ids = sub.get("input_tok_ids")
     if ids is None:
         return None
@@ -212,7 +217,7 @@ def _token_ids(path: Path, row: int, sub: dict, count: int, where: str, block_to
         raise InputError(path, f"holds {len(ids)} ids but input_toks is {count}", column=f"{where}input_tok_ids", row=row)
     if any(not -(2**63) <= t < 2**63 for t in ids):
         raise InputError(path, "token id does not fit in 64 bits", column=f"{where}input_tok_ids", row=row)
-    return token_hashes(ids, block_tokens)
+    return ids
 
 
 @IMPORTERS.register("llmservingsim")
@@ -237,22 +242,33 @@ def import_llmservingsim(paths: list[Path], block_tokens: int = 16, task_deadlin
             subs = rec["sub_requests"]
             if not isinstance(subs, list) or not subs:
                 raise InputError(path, "must be a non-empty list of calls", column="sub_requests", row=row)
-            prev, wait = None, None
+            calls = []  # (prompt, output, token ids or None, tool wait), every call checked first
             for k, sub in enumerate(subs):
                 where = f"sub_requests[{k}]."
                 if not isinstance(sub, dict):
                     raise InputError(path, "call is not a JSON object", column=f"sub_requests[{k}]", row=row)
                 prompt = _tokens(path, row, sub, "input_toks", where + "input_toks")
                 output = _tokens(path, row, sub, "output_toks", where + "output_toks")
-                hashes = _token_ids(path, row, sub, prompt, where, block_tokens)
-                any_ids |= hashes is not None
+                ids = _ids(path, row, sub, prompt, where)
+                any_ids |= ids is not None
+                # the tool runs after this call; LLMServingSim ignores the last call's (nothing follows)
+                tool = _number(path, row, sub, "tool_duration_ns", where + "tool_duration_ns", required=False)
+                calls.append((prompt, output, ids, (tool or 0) / 1e9))
+            prev, wait = None, None
+            for k, (prompt, output, ids, tool) in enumerate(calls):
+                hashes = None
+                if ids is not None:
+                    # the next call's ids that go on past this prompt hold this call's answer first: hash
+                    # them too, as far as prompt + output, so that the replay caches the answer's blocks
+                    # under the hashes the next call continues (replay/prefix_cache.py, output blocks)
+                    nxt = calls[k + 1][2] if k + 1 < len(calls) else None
+                    context = nxt[:prompt + output] if nxt is not None and nxt[:prompt] == ids else ids
+                    hashes = token_hashes(context, block_tokens)
                 if prev is None:
                     prev = rows.add(task, prompt, output, arrival, hashes=hashes)
                 else:
                     prev = rows.add(task, prompt, output, parents=[prev], think=wait, hashes=hashes)
-                # the tool runs after this call; LLMServingSim ignores the last call's (nothing follows)
-                tool = _number(path, row, sub, "tool_duration_ns", where + "tool_duration_ns", required=False)
-                wait = (tool or 0) / 1e9
+                wait = tool
             task += 1
         tables.append(rows)
     built = [_table(r, p, any_ids, task_deadline_s) for r, p in zip(tables, paths)]
@@ -384,8 +400,8 @@ def _count(text: str, chars_per_token: float) -> int:
 
 
 def _text_hashes(text: str, prompt: int, block_tokens: int, chars_per_token: float) -> list[int]:
-    """Hashes of the prompt's full blocks, each ``block_tokens * chars_per_token`` characters of the conversation
-    so far: a later turn, whose prompt starts with this one's text, shares them."""
+    """Hashes of the full blocks of ``text`` (``prompt`` tokens), each ``block_tokens * chars_per_token``
+    characters of the conversation so far: a later turn, whose prompt starts with this text, shares them."""
     per_block = block_tokens * chars_per_token
     full = min(prompt // block_tokens, int(len(text) // per_block))
     cuts = [round(j * per_block) for j in range(full + 1)]
@@ -421,7 +437,8 @@ def import_sharegpt(
     if limit is not None and limit < 1:
         raise ServelabError(f"--limit must be >= 1 (got {limit})")
     arrival_rng, think_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    convs: list[list[tuple[int, int, str, int]]] = []  # per conversation: (prompt, output, prompt text, path index)
+    # per conversation: (prompt, output, prompt text and reply: the context a next turn continues, path index)
+    convs: list[list[tuple[int, int, str, int]]] = []
     read, dropped = 0, {"conversations without a reply": 0, "unanswered last messages": 0}
     for p_index, path in enumerate(paths):
         for row, rec in _records(path):
@@ -436,7 +453,7 @@ def import_sharegpt(
                     output = max(1, _count(text, chars_per_token))
                     if prompt > MAX_TOKENS or output > MAX_TOKENS:
                         raise InputError(path, "conversation too long for int32 token counts", row=row)
-                    turns.append((prompt, output, pending, p_index))
+                    turns.append((prompt, output, pending + text, p_index))
                     context, pending = pending + text, None
                 elif kind == "user":
                     pending = (pending if pending is not None else context) + text
@@ -458,7 +475,9 @@ def import_sharegpt(
     for task, (turns, start) in enumerate(zip(convs, starts)):
         prev = None
         for prompt, output, text, _ in turns:
-            hashes = _text_hashes(text, prompt, block_tokens, chars_per_token)
+            # over the prompt and the reply: the next turn's prompt repeats both, and a replay of dependent
+            # requests caches a call's output blocks under the hashes past its prompt (replay/prefix_cache.py)
+            hashes = _text_hashes(text, prompt + output, block_tokens, chars_per_token)
             if prev is None:
                 prev = rows.add(task, prompt, output, float(start), hashes=hashes)
             else:
