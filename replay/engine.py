@@ -56,6 +56,12 @@ class Engine:
     # arrivals go there first. A class default, not set in __init__: a 30th instance attribute cost
     # Engine.run 2.4% more instructions (likely CPython's compact attribute layout ending near 30 keys).
     encode = None
+    # Likewise, set on the instance only when on: requests that wait for others (replay/depends.py, when
+    # the trace has any), KV retention across sessions' tool waits (replay/retention.py), speculative
+    # decoding (replay/speculative.py). Three more instance attributes cost Engine.run ~3.6%.
+    depends = None
+    retention = None
+    spec = None
     TIMER = TIMER
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
@@ -107,8 +113,6 @@ class Engine:
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
-        self.depends = None  # requests that wait for others (replay/depends.py), when the trace has any
-        self.retention = None  # KV retention across sessions' tool waits (replay/retention.py), when on
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -119,8 +123,8 @@ class Engine:
         self.platform = platform(self) if platform is not None else None
         # Speculative decoding (replay/speculative.py): a decode advances by a drawn number of tokens per
         # step, so steps are priced and applied one by one (no decode stretch, nothing kept in aggregate).
-        self.spec = SpecDecode(config, requests) if config.spec_method is not None else None
-        if self.spec is not None:
+        if config.spec_method is not None:
+            self.spec = SpecDecode(config, requests)
             for replica in replicas:
                 replica.decode_affine = _no_affine
         self._before_schedule = self.platform.before_schedule \
