@@ -56,12 +56,11 @@ class Engine:
     # arrivals go there first. A class default, not set in __init__: a 30th instance attribute cost
     # Engine.run 2.4% more instructions (likely CPython's compact attribute layout ending near 30 keys).
     encode = None
-    # Likewise, set on the instance only when on: requests that wait for others (replay/depends.py, when
-    # the trace has any), KV retention across sessions' tool waits (replay/retention.py), speculative
-    # decoding (replay/speculative.py). Three more instance attributes cost Engine.run ~3.6%.
-    depends = None
-    retention = None
-    spec = None
+    # Likewise a class default (an instance attribute from the first swap that falls back to recompute).
+    # Under CPython 3.11 a class default read through the instance is not specialised, so the hooks read
+    # on the hot path (depends, retention, spec) stay instance attributes; to stay at 29, the runner (not
+    # read after __init__) and its cached decode line (a local) are not kept: 32 attributes cost 3.6%.
+    num_swap_fallbacks = 0
     TIMER = TIMER
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
@@ -80,7 +79,6 @@ class Engine:
         self.on_serving = {}  # pool -> called with (live, grew) when its serving replicas change (not ENTRY's)
         self.on_failed: list = []  # called with (replica, now) when a replica fails (its pool's controller)
         self.router = router
-        self.runner = runner
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
         self.tokens = TokenLog() if token_log else None
@@ -91,15 +89,13 @@ class Engine:
         self.admissions = 0
         self.now_s = 0.0
         self.steps = StepLog()
-        self.num_swap_fallbacks = 0
         # What a request keeps when it loses its KV (preemption by recompute, a failure), and the
         # per-request counters the results report.
         self.ledger = Ledger()
         self.journal = Journal(config.journal, self.ledger)
         # The runner's pure-decode cost line per batch size: a pure function, so cached per engine.
         # A replica may bring its own runner (a cluster's pools: replay/cluster.py).
-        self._decode_affine = lru_cache(maxsize=None)(runner.decode_affine)
-        affines = {id(runner): self._decode_affine}
+        affines = {id(runner): lru_cache(maxsize=None)(runner.decode_affine)}
         for replica in replicas:
             if replica.runner is None:
                 replica.runner = runner
@@ -113,6 +109,8 @@ class Engine:
         # prefill/decode handoff (replay/disagg.py), then the pools' autoscalers (replay/autoscale.py).
         self.step_listeners: list = []
         self.aborts = None  # client timeouts (replay/abort.py), when any request has one
+        self.depends = None  # requests that wait for others (replay/depends.py), when the trace has any
+        self.retention = None  # KV retention across sessions' tool waits (replay/retention.py), when on
         # Trace arrivals are already sorted: they are merged with the heap instead of filling it,
         # so the heap holds only step completions and closed-loop turns (a few per replica).
         self.arrivals = [r for r in requests if r.status is Status.PENDING and r.arrival_s is not None]
@@ -123,8 +121,8 @@ class Engine:
         self.platform = platform(self) if platform is not None else None
         # Speculative decoding (replay/speculative.py): a decode advances by a drawn number of tokens per
         # step, so steps are priced and applied one by one (no decode stretch, nothing kept in aggregate).
-        if config.spec_method is not None:
-            self.spec = SpecDecode(config, requests)
+        self.spec = SpecDecode(config, requests) if config.spec_method is not None else None
+        if self.spec is not None:
             for replica in replicas:
                 replica.decode_affine = _no_affine
         self._before_schedule = self.platform.before_schedule \
