@@ -1,8 +1,8 @@
 """Instructions a replay's ``Engine.run`` executes, per decision: a count that does not depend on the
 machine's load, to compare two versions of the engine (``bench_ab.py`` gives their CPU time).
 
-Usage: .venv/bin/python bench/bench_instructions.py [ROOT ...] [--case vidur70b|azure|N] [--policy sarathi]
-       [--requests N]
+Usage: .venv/bin/python bench/bench_instructions.py [ROOT ...] [--case vidur70b|azure|N|TRACE] [--policy sarathi]
+       [--requests N] [--caching on|off]
 Each ROOT is a directory holding a ``servelab`` package (as for bench_ab.py), put first on
 ``PYTHONPATH`` (none: the one the interpreter imports). The replay is bench_split.py's case (``--requests N``: the trace's first N
 requests). It runs under ``valgrind --tool=callgrind`` with collection on only inside
@@ -36,6 +36,7 @@ from servelab.policies.base import policy_class
 from servelab.replay.engine import Engine
 
 case, policy, first, count = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "count"
+caching = sys.argv[6]
 decisions = [0]
 if count:
     cls = policy_class(policy)
@@ -50,6 +51,9 @@ def collected(engine, *a, **k):  # callgrind collects inside functools.reduce on
 Engine.run = collected
 with tempfile.TemporaryDirectory() as tmp:
     trace, config = workload(case, policy, Path(tmp))
+    if caching != "default":
+        from dataclasses import replace
+        config = replace(config, engine=replace(config.engine, enable_prefix_caching=caching == "on"))
     replay(trace.slice(0, first) if first else trace, config)
 if count:
     print(decisions[0])
@@ -62,7 +66,7 @@ def child(root: str, args, count: bool, prefix: list[str]) -> subprocess.Complet
         env["PYTHONPATH"] = root
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # (compiling on every run would move the heap around)
     cmd = [*prefix, sys.executable, "-c", CHILD, str(HERE), args.case, args.policy, str(args.requests),
-           "count" if count else "run"]
+           "count" if count else "run", args.caching]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
 
 
@@ -82,11 +86,14 @@ def main() -> None:
     parser.add_argument("--case", default="vidur70b")
     parser.add_argument("--policy", default="sarathi")
     parser.add_argument("--requests", type=int, default=0, help="the trace's first N requests (0: all)")
+    parser.add_argument("--caching", choices=["default", "on", "off"], default="default",
+                        help="prefix caching on or off (default: the case's configuration)")
     args = parser.parse_args()
     for root in args.roots:
         decisions = int(child(root, args, True, []).stdout.split()[-1])
         count = instructions(root, args)
-        print(f"{root or 'servelab'}: {args.case} {args.policy}{f' first {args.requests}' if args.requests else ''}: "
+        print(f"{root or 'servelab'}: {args.case} {args.policy}{f' first {args.requests}' if args.requests else ''}"
+              f"{f' caching {args.caching}' if args.caching != 'default' else ''}: "
               f"Engine.run {count / 1e6:,.1f} M instructions, {decisions:,} decisions, "
               f"{count / decisions / 1e3:,.1f} k per decision", flush=True)
 

@@ -9,7 +9,9 @@ Usage: .venv/bin/python bench/bench_split.py [--case vidur70b|azure|N] [--policy
   Llama-2-70B TP2 on A100-80GB, 6 replicas, round-robin);
 - ``azure``: the bundled replay (Llama-3.1-8B on H100, 6 replicas);
 - a number N: bench_replay.py's ``1m`` trace cut to N requests (gamma arrivals cv 2 at 40 req/s,
-  lognormal lengths, 8 replicas).
+  lognormal lengths, 8 replicas);
+- a trace file's path (``.arrow``/``.parquet``, e.g. ``servelab trace import`` of Mooncake's): it on one
+  replica (Llama-3.1-8B on H100).
 
 Policy and runner time are taken with ``time.process_time`` around each call of ``policy.schedule``
 (which includes the batch builder it uses) and of the runner's ``step_time``/``decode_affine``; the
@@ -80,6 +82,8 @@ def workload(case: str, policy: str, tmp: Path):
                                    gpu="a100-80gb", tp=2, policy=policy)
     if case == "azure":
         return read_trace(default_trace_path()), ReplayConfig(engine=EngineConfig(replicas=6), policy=policy)
+    if not case.isdigit():  # a trace file (e.g. an imported Mooncake trace), on one replica
+        return read_trace(Path(case)), ReplayConfig(engine=EngineConfig(replicas=1), policy=policy)
     from servelab.traces.synth import synth_trace
 
     trace = synth_trace(n=int(case), rate=40.0, arrival="gamma", cv=2.0, prompt="lognormal:800:1.0",

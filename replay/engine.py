@@ -56,6 +56,11 @@ class Engine:
     # arrivals go there first. A class default, not set in __init__: a 30th instance attribute cost
     # Engine.run 2.4% more instructions (likely CPython's compact attribute layout ending near 30 keys).
     encode = None
+    # Likewise a class default (an instance attribute from the first swap that falls back to recompute).
+    # Under CPython 3.11 a class default read through the instance is not specialised, so the hooks read
+    # on the hot path (depends, retention, spec) stay instance attributes; to stay at 29, the runner (not
+    # read after __init__) and its cached decode line (a local) are not kept: 32 attributes cost 3.6%.
+    num_swap_fallbacks = 0
     TIMER = TIMER
 
     def __init__(self, requests: list[Request], replicas: list[Replica], router: Router, runner: Runner,
@@ -74,7 +79,6 @@ class Engine:
         self.on_serving = {}  # pool -> called with (live, grew) when its serving replicas change (not ENTRY's)
         self.on_failed: list = []  # called with (replica, now) when a replica fails (its pool's controller)
         self.router = router
-        self.runner = runner
         self.config = config
         self.followers = followers or {}  # request index -> next closed-loop turn of its session
         self.tokens = TokenLog() if token_log else None
@@ -85,15 +89,13 @@ class Engine:
         self.admissions = 0
         self.now_s = 0.0
         self.steps = StepLog()
-        self.num_swap_fallbacks = 0
         # What a request keeps when it loses its KV (preemption by recompute, a failure), and the
         # per-request counters the results report.
         self.ledger = Ledger()
         self.journal = Journal(config.journal, self.ledger)
         # The runner's pure-decode cost line per batch size: a pure function, so cached per engine.
         # A replica may bring its own runner (a cluster's pools: replay/cluster.py).
-        self._decode_affine = lru_cache(maxsize=None)(runner.decode_affine)
-        affines = {id(runner): self._decode_affine}
+        affines = {id(runner): lru_cache(maxsize=None)(runner.decode_affine)}
         for replica in replicas:
             if replica.runner is None:
                 replica.runner = runner
