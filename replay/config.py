@@ -50,6 +50,9 @@ class ReplayConfig:
             from servelab.replay.specs import Failure, check_failures
 
             check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
+        if self.cluster is not None:  # each pool's overrides with the top level: checked here, once, not when built
+            for pool in self.cluster.pools:
+                pool_config(self, pool)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -111,7 +114,12 @@ class ReplayConfig:
                 known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
                                 "model", "gpu", "tp", *RUNNER_KEYS])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
-        return cls(engine=EngineConfig(**engine_values), **top)
+        try:  # each part checks its fields (replay/config_parts.py); the message names the file
+            return cls(engine=EngineConfig(**engine_values), **top)
+        except ServelabError as exc:
+            if source == COMMAND_LINE:  # (the message names the field, which is the option: --preemption)
+                raise
+            raise ServelabError(f"{source}: {exc}") from None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
@@ -128,6 +136,7 @@ class ReplayConfig:
         return cls.from_dict(data, source=str(path))
 
 
+COMMAND_LINE = "options"  # from_dict's source for the command line's options (cli/replay_cmd.py)
 # Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
 RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
 RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
