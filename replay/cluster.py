@@ -66,6 +66,13 @@ class PoolConfig:
                                 f"{did_you_mean(self.role, ROLES)}")
         if self.replicas < 1:
             raise ServelabError(f"{where}: replicas must be >= 1, got {self.replicas}")
+        for key, value in self.settings:  # typed already (from_dict types them): a string "64" is not an int
+            if key not in ENGINE_TYPES and key not in TOP_TYPES:
+                raise ServelabError(f"{where}: unknown key '{key}'")
+            typed = typed_setting(key, value, f"{where}.{key}")
+            if typed != value or type(typed) is not type(value) and not isinstance(value, (int, float)):
+                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value ({type(typed).__name__}); "
+                                    "ClusterConfig.from_dict types a TOML table's")
         if not (0 <= self.price_per_gpu_hour < math.inf):
             raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
         if self.autoscale is not None:

@@ -210,3 +210,15 @@ def test_replace_rechecks_a_part() -> None:
     """A variant (what a search makes with dataclasses.replace) is a new config: checked when made."""
     with pytest.raises(ServelabError, match="max_num_seqs"):
         replace(EngineConfig(), max_num_seqs=0)
+
+
+def test_a_pool_built_directly_takes_typed_overrides_only() -> None:
+    from servelab.replay.cluster import PoolConfig
+
+    assert dict(PoolConfig("a", settings=(("max_num_seqs", 64), ("tp", 2))).settings) == {"max_num_seqs": 64, "tp": 2}
+    with pytest.raises(ServelabError, match=r"cluster pool 'a'.max_num_seqs: '64' is not a typed value \(int\)"):
+        PoolConfig("a", settings=(("max_num_seqs", "64"),))
+    with pytest.raises(ServelabError, match=r"kv_tiers: \['dram:capacity_gb=1'\] is not a typed value \(tuple\)"):
+        PoolConfig("a", settings=(("kv_tiers", ["dram:capacity_gb=1"]),))
+    with pytest.raises(ServelabError, match="unknown key 'max_num_seq'"):
+        PoolConfig("a", settings=(("max_num_seq", 64),))
