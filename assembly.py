@@ -22,7 +22,7 @@ from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
 from servelab.replay.depends import Dependencies, parents_of
-from servelab.replay.config import EngineConfig, ReplayConfig, one_pool, pool_config
+from servelab.replay.config import EngineConfig, ReplayConfig, instance_config, one_pool, pool_config
 from servelab.replay.engine import ENTRY, Engine
 from servelab.replay.encode_pool import ENCODE_SCHEMA, EncodePool
 from servelab.replay.encoder import MM_COLUMNS, EncoderStage, encoder_meta
@@ -538,13 +538,7 @@ def _build_types(cfg: ReplayConfig, pool: PoolConfig, runners: dict[tuple, Runne
     replicas: list[Replica] = []
     for ty in pool.instances:
         most = ty.most(cap)
-        data = cfg.to_dict()
-        data.update(gpu=ty.gpu, replicas=max(1, most))
-        if ty.runner is not None:
-            data["runner"] = ty.runner
-        if ty.num_gpu_blocks is not None:
-            data["num_gpu_blocks"] = ty.num_gpu_blocks
-        tcfg = ReplayConfig.from_dict(data, source=f"{where} instance '{ty.gpu}'")
+        tcfg = instance_config(cfg, ty, max(1, most))
         key = (tcfg.runner, tcfg.model, tcfg.gpu, tcfg.tp, tcfg.engine.block_size)
         if key not in runners:
             runners[key] = build_runner(tcfg)

@@ -51,7 +51,8 @@ class PoolConfig:
     role: str = "mixed"
     replicas: int = 1
     price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is tp GPUs)
-    settings: tuple[tuple[str, Any], ...] = ()  # the pool's other keys, over the config's top level
+    # the pool's other keys over the config's top level, sorted, each typed at the edge (typed_setting)
+    settings: tuple[tuple[str, Any], ...] = ()
     autoscale: AutoscaleConfig | None = None  # target tracking (replay/autoscale.py); replicas = the initial count
     # candidate instance types in order of preference, instead of one gpu (replay/instances.py)
     instances: tuple[InstanceType, ...] = ()
@@ -65,6 +66,13 @@ class PoolConfig:
                                 f"{did_you_mean(self.role, ROLES)}")
         if self.replicas < 1:
             raise ServelabError(f"{where}: replicas must be >= 1, got {self.replicas}")
+        for key, value in self.settings:  # typed already (from_dict types them): a string "64" is not an int
+            if key not in ENGINE_TYPES and key not in TOP_TYPES:
+                raise ServelabError(f"{where}: unknown key '{key}'")
+            typed = typed_setting(key, value, f"{where}.{key}")
+            if typed != value or type(typed) is not type(value) and not isinstance(value, (int, float)):
+                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value ({type(typed).__name__}); "
+                                    "ClusterConfig.from_dict types a TOML table's")
         if not (0 <= self.price_per_gpu_hour < math.inf):
             raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
         if self.autoscale is not None:
@@ -244,7 +252,7 @@ class ClusterConfig:
                 if key not in engine_keys and key not in POOL_TOP:
                     known = sorted((engine_keys - set(CLUSTER_WIDE)) | set(POOL_TOP))
                     raise ServelabError(f"{at}: unknown key '{key}'{did_you_mean(key, known)}")
-                settings.append((key, value))
+                settings.append((key, typed_setting(key, value, f"{at}.{key}")))
             pools.append(PoolConfig(
                 name=str(raw["name"]), role=str(raw.get("role", "mixed")),
                 replicas=coerce(raw.get("replicas", 1), "int", f"{at}.replicas"),
@@ -276,4 +284,38 @@ class ClusterConfig:
         return cls(tuple(pools), tuple(links))
 
 
-__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig"]
+# a pool's own keys beyond the engine's, and their types
+TOP_TYPES = {"runner": "str", "model": "str", "gpu": "str", "tp": "int", "policy": "str", "router": "str",
+             "policy_params": "table", "router_params": "table"}
+
+
+def typed_setting(key: str, value: Any, where: str) -> Any:
+    """One pool override -> its typed value, at the edge (the TOML file, a search spec): an engine key
+    takes `EngineConfig`'s field type (a list field becomes a tuple of strings), a top key its own. What
+    comes out is used as it is: ``pool_config`` replaces fields with it and coerces nothing."""
+    if key in TOP_TYPES:
+        kind = TOP_TYPES[key]
+        if kind == "table":
+            if not isinstance(value, dict):
+                raise ServelabError(f"{where} must be a table")
+            return dict(value)
+        return coerce(value, kind, where)
+    annotation = ENGINE_TYPES[key]
+    if annotation.startswith("tuple"):
+        if isinstance(value, str):
+            return (value,)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ServelabError(f"{where}: expected a string or an array of strings, got {value!r}")
+        return tuple(value)
+    return coerce(value, annotation, where)
+
+
+def split_settings(settings: tuple[tuple[str, Any], ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pool's typed settings -> (engine fields, top-level fields) to ``dataclasses.replace`` with."""
+    engine = {k: v for k, v in settings if k in ENGINE_TYPES}
+    return engine, {k: v for k, v in settings if k not in ENGINE_TYPES}
+
+
+ENGINE_TYPES = {f.name: f.type for f in fields(EngineConfig)}
+
+__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig", "split_settings", "typed_setting"]

@@ -7,13 +7,14 @@ The same keys are accepted on the command line (``--max-num-seqs 64``) and in a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
-from servelab.replay.cluster import ClusterConfig, PoolConfig
+from servelab.replay.cluster import ClusterConfig, PoolConfig, split_settings
+from servelab.replay.instances import InstanceType
 from servelab.replay.engine_config import INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params
 from servelab.common.textfile import read_text
 
@@ -49,6 +50,9 @@ class ReplayConfig:
             from servelab.replay.specs import Failure, check_failures
 
             check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
+        if self.cluster is not None:  # each pool's overrides with the top level: checked here, once, not when built
+            for pool in self.cluster.pools:
+                pool_config(self, pool)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -110,7 +114,12 @@ class ReplayConfig:
                 known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
                                 "model", "gpu", "tp", *RUNNER_KEYS])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
-        return cls(engine=EngineConfig(**engine_values), **top)
+        try:  # each part checks its fields (replay/config_parts.py); the message names the file
+            return cls(engine=EngineConfig(**engine_values), **top)
+        except ServelabError as exc:
+            if source == COMMAND_LINE:  # (the message names the field, which is the option: --preemption)
+                raise
+            raise ServelabError(f"{source}: {exc}") from None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
@@ -127,6 +136,7 @@ class ReplayConfig:
         return cls.from_dict(data, source=str(path))
 
 
+COMMAND_LINE = "options"  # from_dict's source for the command line's options (cli/replay_cmd.py)
 # Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
 RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
 RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
@@ -136,19 +146,29 @@ RUNNER_KEYS = {**{k: k for k in RUNNER_DEFAULTS}, "data_parallel_size": "dp", "p
 
 def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
     """The flat `ReplayConfig` of one pool: the config's top level under the pool's own keys, with
-    the pool's replica count (and no cluster)."""
-    data = base.to_dict()
-    data.pop("cluster", None)
-    data.pop("fail", None)  # the cluster's: replica ids count across pools (the engine gets them from the top level)
-    for key, value in pool.settings:
-        if key in ("policy_params", "router_params"):
-            data[key] = dict(value)
-        else:
-            data[key] = value
-    data["replicas"] = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
-    if pool.settings and "policy" in dict(pool.settings) and "policy_params" not in dict(pool.settings):
-        data.pop("policy_params", None)  # another policy: the top level's parameters are not its
-    return ReplayConfig.from_dict(data, source=f"cluster pool '{pool.name}'")
+    the pool's replica count (and no cluster). The pool's settings were typed at the edge
+    (``ClusterConfig.from_dict``): fields are replaced, nothing is parsed or coerced again. ``fail`` is
+    the cluster's (replica ids count across pools): the engine gets it from the top level."""
+    engine_keys, top = split_settings(pool.settings)
+    replicas = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
+    if "policy" in top and "policy_params" not in top:
+        top["policy_params"] = {}  # another policy: the top level's parameters are not its
+    try:
+        return replace(base, engine=replace(base.engine, **engine_keys, fail=(), replicas=replicas),
+                       cluster=None, **top)
+    except ServelabError as exc:  # a value valid alone may not be with the top level's (max_cpu_loras < max_loras)
+        raise ServelabError(f"cluster pool '{pool.name}': {exc}") from None
+
+
+def instance_config(pool_cfg: ReplayConfig, ty: InstanceType, replicas: int) -> ReplayConfig:
+    """A pool's config on one of its instance types: the type's GPU, replica count and, where it sets
+    them, runner and KV blocks (all typed when the pool was parsed)."""
+    engine = replace(pool_cfg.engine, replicas=replicas) if ty.num_gpu_blocks is None else \
+        replace(pool_cfg.engine, replicas=replicas, num_gpu_blocks=ty.num_gpu_blocks)
+    try:
+        return replace(pool_cfg, engine=engine, gpu=ty.gpu, **({} if ty.runner is None else {"runner": ty.runner}))
+    except ServelabError as exc:
+        raise ServelabError(f"instance '{ty.gpu}': {exc}") from None
 
 
 def one_pool(base: ReplayConfig) -> ClusterConfig:
@@ -156,4 +176,4 @@ def one_pool(base: ReplayConfig) -> ClusterConfig:
     return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
 
 
-__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "make_params", "one_pool", "pool_config"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "instance_config", "make_params", "one_pool", "pool_config"]

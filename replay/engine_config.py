@@ -1,6 +1,9 @@
 """The engine's frozen configuration: limits, KV, preemption, routing, horizon and the platform's
-settings, validated without I/O (docs/cli.md lists every key). `ReplayConfig` (replay/config.py)
-wraps it with the policy, runner and cluster choices.
+settings, validated without I/O (docs/cli.md lists every key). `ReplayConfig` (replay/config.py) wraps it
+with the policy, runner and cluster choices.
+
+It is the flat view of the typed parts in replay/config_parts.py (batching, KV, preemption, ...) that
+the hot loop reads as plain attributes: building one builds and checks every part once.
 
 The same keys are accepted on the command line (``--max-num-seqs 64``) and in a TOML config file
 (``max_num_seqs = 64``). ``dataclasses.replace`` makes variants (what a search does).
@@ -8,25 +11,15 @@ The same keys are accepted on the command line (``--max-num-seqs 64``) and in a 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
-from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
-from servelab.replay.retention import check_retention
-from servelab.replay.spec_config import Acceptance, canonical_method, parse_speculative_config
-from servelab.replay.lora import parse_ranks
-from servelab.replay.specs import Failure, PauseRule, Quota, check_failures
-from servelab.replay.tiers import parse_tiers as parse_kv_tiers
-
-
-# Most replicas in one pool: a replica costs ~3 KB and a policy instance when built, so 100,000 take
-# ~300 MB; a hundred million would end in a MemoryError rather than a result.
-MAX_REPLICAS = 100_000
-INT32_MAX = 2**31 - 1
+from servelab.common.tiers import DEFAULT_TIERS
+from servelab.replay.config_parts import (INT32_MAX, MAX_REPLICAS, PART_OF, PARTS, EngineParts, _positive,
+                                          check_parts, part_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,92 +91,16 @@ class EngineConfig:
     kv_retention_ttl_s: float | None = None  # keep: a pinned context is released after this many seconds
 
     def __post_init__(self) -> None:
-        _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "replicas")
-        if self.replicas > MAX_REPLICAS:
-            raise ServelabError(f"replicas = {self.replicas:,} is more than servelab models in one pool "
-                                f"(at most {MAX_REPLICAS:,}: each replica is an engine of its own, ~3 KB built)")
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
-            raise ServelabError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ServelabError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        # counts written to int32 columns (steps.kv_blocks_total, ...): a larger one would wrap negative
-        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                     "queue_cap"):
-            value = getattr(self, name)
-            if value is not None and value > INT32_MAX:
-                raise ServelabError(f"{name} = {value:,} is too large (at most {INT32_MAX:,})")
-        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
-            raise ServelabError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ServelabError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        _choice(self, "kv_allocation", ("on-demand", "reserve"))
-        _choice(self, "preemption", ("recompute", "swap"))
-        _choice(self, "head_of_line", ("strict", "skip"))
-        _choice(self, "prefix_cache_scope", ("global", "tenant"))
-        _choice(self, "kv_tier_write", ("back", "through"))
-        if self.kv_load_overlap_layers < 0:
-            raise ServelabError(f"kv_load_overlap_layers must be >= 0, got {self.kv_load_overlap_layers}")
-        _as_tuple(self, "kv_tiers", "purge_tenants")
-        parse_kv_tiers(self.kv_tiers)
-        if self.swap_space_gb < 0 or self.swap_bandwidth_gbps <= 0:
-            raise ServelabError("swap_space_gb must be >= 0 and swap_bandwidth_gbps > 0")
-        if self.until_s is not None and not (0 <= self.until_s < math.inf):
-            raise ServelabError(f"until_s must be a finite number of seconds >= 0, got {self.until_s}")
-        self._check_platform()
-        self._check_speculative()
-        self._check_lora()
-        check_retention(self.kv_retention, self.kv_retention_ttl_s)
+        check_parts(self)  # each part validates its own fields (replay/config_parts.py)
 
-    def _check_speculative(self) -> None:
-        if self.speculative_config is not None:  # sets the spec_ fields; one given apart must agree
-            defaults = {f.name: f.default for f in fields(self)}
-            for name, value in parse_speculative_config(self.speculative_config).items():
-                given = getattr(self, name)
-                if name == "spec_method":
-                    value = canonical_method(value)
-                    given = canonical_method(given) if given is not None else None
-                if given != defaults[name] and given != value:
-                    raise ServelabError(f"{name} = {given!r} disagrees with speculative_config's {value!r}: give one")
-                object.__setattr__(self, name, value)
-        if not isinstance(self.spec_acceptance, str):  # (a number from a TOML file)
-            object.__setattr__(self, "spec_acceptance", str(self.spec_acceptance))
-        if self.spec_method is None:
-            return
-        object.__setattr__(self, "spec_method", canonical_method(self.spec_method))
-        if not 1 <= self.spec_k <= 64:
-            raise ServelabError(f"spec_k (num_speculative_tokens) must be in 1..64, got {self.spec_k}")
-        Acceptance(self.spec_acceptance)
-        if self.spec_draft_model is not None and self.spec_method != "draft_model":
-            raise ServelabError(f"spec_draft_model is for spec_method draft_model, not '{self.spec_method}'")
+    def parts(self) -> EngineParts:
+        """This config as its typed parts (batching, kv, preemption, cluster, platform, client, speculative,
+        lora, multimodal, retention): for code that takes one part, not for the hot loop."""
+        return EngineParts(**{name: part_of(self, name) for name in PARTS})
 
-    def _check_platform(self) -> None:
-        parse_tiers(self.tier_order, "tier_order")
-        _as_tuple(self, "quota", "fail")
-        for spec in self.quota:
-            Quota.parse(spec)
-        check_failures(tuple(Failure.parse(spec) for spec in self.fail), None)  # (ids: ReplayConfig's check)
-        if self.pause is not None:
-            PauseRule.parse(self.pause)
-        if self.retries < 0 or self.retry_backoff_s < 0 or self.retry_max_backoff_s < 0:
-            raise ServelabError("retries, retry_backoff_s and retry_max_backoff_s must be >= 0")
-        if not 0 <= self.retry_jitter <= 1:
-            raise ServelabError(f"retry_jitter must be in [0, 1], got {self.retry_jitter}")
-        if self.client_timeout_s is not None and not (0 < self.client_timeout_s < math.inf):
-            raise ServelabError(f"client_timeout_s must be a finite number of seconds > 0, got {self.client_timeout_s}")
-        if self.queue_cap is not None and self.queue_cap < 1:
-            raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
-
-    def _check_lora(self) -> None:
-        _as_tuple(self, "lora_ranks")
-        if self.max_loras < 0 or self.lora_rank < 1:
-            raise ServelabError(f"max_loras must be >= 0 and lora_rank >= 1, got {self.max_loras} and {self.lora_rank}")
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ServelabError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras}), as vLLM's")
-        if not (self.lora_host_gbps > 0 and self.lora_disk_gbps > 0):
-            raise ServelabError("lora_host_gbps and lora_disk_gbps must be > 0")
-        parse_ranks(self.lora_ranks)
-        if self.encoder_cache_tokens is not None and self.encoder_cache_tokens < 0:
-            raise ServelabError(f"encoder_cache_tokens must be >= 0, got {self.encoder_cache_tokens}")
+    @classmethod
+    def from_parts(cls, parts: EngineParts) -> EngineConfig:
+        return cls(**{name: getattr(getattr(parts, PART_OF[name]), name) for name in PART_OF})
 
     @property
     def has_front_door(self) -> bool:
@@ -204,26 +121,4 @@ def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:
     return cls(**values)
 
 
-def _positive(obj: Any, *names: str) -> None:
-    for name in names:
-        if getattr(obj, name) < 1:
-            raise ServelabError(f"{name} must be >= 1, got {getattr(obj, name)}")
-
-
-def _as_tuple(config, *names: str) -> None:
-    """A TOML array or one CLI string -> a tuple of strings, for each field of ``names``."""
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, str):
-            object.__setattr__(config, name, (value,))
-        elif not isinstance(value, tuple):
-            object.__setattr__(config, name, tuple(str(v) for v in value))
-
-
-def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:
-    if getattr(obj, name) not in options:
-        got = getattr(obj, name)
-        raise ServelabError(f"{name} must be one of {', '.join(options)}; got '{got}'{did_you_mean(got, options)}")
-
-
-__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "make_params"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "EngineParts", "make_params"]

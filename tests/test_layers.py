@@ -28,7 +28,7 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 REPLAY_LAYERS = {
     "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv_groups", "kv", "lora",
              "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
-             "engine", "depends", "spec_config", "speculative", "retention"],
+             "engine", "depends", "spec_config", "speculative", "retention", "config_parts"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
     "platform": ["admission", "platform", "abort"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)
