@@ -275,19 +275,6 @@ class HybridPrefixCache:
         self.plain += dropped - units
         return dropped - shared
 
-    def slide(self, req: "Request", first: int) -> int:
-        """``req``'s sliding groups let go of the blocks below ``first``; returns the pool blocks of its
-        sliding units that became free (the caller frees the rest of what it held there)."""
-        chain = req.cached_keys
-        if chain is None or not chain.sliding:
-            return 0
-        shared = 0  # blocks of its units below first that others still hold (not freed by it)
-        for j in [j for j in chain.sliding if j < first]:
-            u = chain.sliding.pop(j)
-            if not self._unhold(u):
-                shared += u.blocks
-        return shared
-
     # -- release -----------------------------------------------------------------------------------
     def release(self, req: "Request", blocks: int, may_return: bool, keep_chain: bool = False) -> int:
         """``req`` gives back its ``blocks``; returns how many no running request holds any more.

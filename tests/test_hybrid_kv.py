@@ -217,13 +217,14 @@ def test_items_price_each_context_and_shapes_price_the_mean():
     assert r.decode_affine(4) is None  # not affine: the engine prices every iteration
 
 
-def test_prefix_caching_with_a_hybrid_model_is_refused_clearly():
+def test_prefix_caching_is_on_by_default_with_a_hybrid_model():
+    """No refusal any more: the per-group cache (replay/hybrid_prefix.py, tests/test_hybrid_prefix.py) runs."""
     from conftest import make_trace
     from servelab.api import replay
     from servelab.replay.config import ReplayConfig
 
-    with pytest.raises(ServelabError, match="no-enable-prefix-caching"):
-        replay(make_trace([0.0], [100], [5]), ReplayConfig.from_dict({"model": "gemma-3-27b", "tp": 2}))
+    result = replay(make_trace([0.0], [100], [5]), ReplayConfig.from_dict({"model": "gemma-3-27b", "tp": 2}))
+    assert result.requests.column("status").to_pylist() == ["finished"]
 
 
 # -- presets ---------------------------------------------------------------------------------------
