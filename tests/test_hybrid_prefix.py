@@ -125,6 +125,9 @@ def test_brute_force_every_hit_is_served_by_every_group():
 CASES = {
     "sarathi, KV pressure": ("sarathi", {}, {"num_gpu_blocks": 400}),
     "srpt preempting": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400}),
+    "srpt preempting, swap, per tenant": ("srpt", {"preempt": True}, {"num_gpu_blocks": 400, "preemption": "swap",
+                                                                      "swap_space_gb": 0.05,
+                                                                      "prefix_cache_scope": "tenant"}),
     "vllm-v0, small chunks": ("vllm-v0", {}, {"num_gpu_blocks": 400, "max_num_batched_tokens": 256}),
 }
 
