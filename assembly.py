@@ -434,14 +434,23 @@ class BuiltCluster:
                                 "decode (a handed-off request would join its decode replica's batch past the adapter cap)")
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
-        if any(getattr(p.runner, "kv_layout", None) is not None for p in (prefill, decode)):
-            raise ServelabError(f"cluster: disaggregated prefill/decode with a hybrid-attention model ({prefill.runner.name}: "
-                                "sliding-window or state layers) is not modelled: its KV moves per layer group")
+        layouts = [getattr(p.runner, "kv_layout", None) for p in (prefill, decode)]
+        context_bytes = None
+        if layouts[0] is not None or layouts[1] is not None:  # a hybrid model: its KV moves per layer group
+            if layouts[0] is None or layouts[1] is None or layouts[0].kinds.window != layouts[1].kinds.window \
+                    or prefill.runner.model.name != decode.runner.model.name:
+                raise ServelabError(f"cluster: the prefill and decode pools serve different models ({prefill.runner.name}, "
+                                    f"{decode.runner.name}): a hybrid model's KV moves between like layer groups")
+            layout, model = layouts[0], prefill.runner.model
+            token, state = model.kv_bytes_per_token_layer, model.state_bytes
+
+            def context_bytes(computed: int) -> int:
+                return layout.transfer_bytes(computed, token, state)
         if not bytes_per_token:
             raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
-                              link.bandwidth_gbps, link.latency_s, link.stream_layers)
+                              link.bandwidth_gbps, link.latency_s, link.stream_layers, context_bytes)
 
     def encode_pool(self, engine: Engine) -> EncodePool | None:
         """The encode pool's stage before the arrivals' pool (replay/encode_pool.py), or None without one."""

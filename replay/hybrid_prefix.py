@@ -241,12 +241,18 @@ class HybridPrefixCache:
                 u = units[key] = Unit(key, per["M"])
                 self.queue[key] = u
                 self.queued += u.blocks
+        held_from = start
+        if per["S"]:  # the first block its sliding groups hold (one that landed from a prefill replica, or
+            # came back from a swap, never held those before its window): from what it holds now
+            blocks_now = -(-req.num_computed_tokens // bs)
+            rest = req.kv_blocks - per["F"] * blocks_now - per["M"]
+            held_from = max(start, blocks_now - rest // per["S"])
         for kind, blocks in (("F", per["F"]), ("S", per["S"])):
             if not blocks:
                 continue
             if kind == "F" and len(chain.full) != start:
                 continue  # (an earlier block of its was a private copy)
-            for j in range(start, full_now):
+            for j in range(start if kind == "F" else held_from, full_now):
                 key = (kind,) + keys[j]
                 if key in units:  # cached by another request: this copy stays private (a full group's
                     if kind == "F":  # later ones too: its chain is a prefix)

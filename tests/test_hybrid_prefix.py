@@ -61,7 +61,7 @@ def test_qwen3_next_hits_only_where_a_state_was_saved():
 # -- the hit never claims what a group cannot serve -------------------------------------------------
 def _req(tokens: int, hashes: list[int]):
     return SimpleNamespace(prefix_hashes=hashes, prompt_tokens=tokens, output_tokens=1, num_tokens=tokens,
-                           num_computed_tokens=tokens, tenant="t", lora_adapter=None, cached_keys=None)
+                           num_computed_tokens=tokens, tenant="t", lora_adapter=None, cached_keys=None, kv_blocks=0)
 
 
 def _cache(full: int, sliding: int, state: int, window: int = 64, bs: int = 16):
@@ -73,8 +73,10 @@ def _cache(full: int, sliding: int, state: int, window: int = 64, bs: int = 16):
 def _cached_by(cache: HybridPrefixCache, tokens: int, hashes: list[int]) -> None:
     """A request of ``tokens`` computes them in one step and is released (its units stay cached)."""
     req = _req(tokens, hashes)
+    req.kv_blocks = cache.layout.held(0, tokens)
+    cache.take(req.kv_blocks)
     cache.register(req)
-    cache.release(req, 0 if req.cached_keys is None else sum(b for _, b in req.cached_keys.counts()), False)
+    cache.release(req, req.kv_blocks, False)
 
 
 @pytest.mark.parametrize("drop", [60, 63, 58, 57, 10])
@@ -103,8 +105,10 @@ def test_brute_force_every_hit_is_served_by_every_group():
         for step in range(1, 41, 3):  # cached states at several boundaries: computed in steps
             req = _req(640, hashes)
             req.num_computed_tokens = 16 * step
+            req.kv_blocks = cache.layout.held(0, 16 * step)
+            cache.take(req.kv_blocks)
             cache.register(req)
-            cache.release(req, sum(b for _, b in req.cached_keys.counts()), False)
+            cache.release(req, req.kv_blocks, False)
         keys = list(cache.units)
         for key in rng.sample(keys, rng.randrange(len(keys))):
             del cache.units[key]
