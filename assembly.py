@@ -29,6 +29,7 @@ from servelab.replay.encoder import MM_COLUMNS, EncoderStage, encoder_meta
 from servelab.replay.kv import KVManager
 from servelab.replay.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
 from servelab.replay.platform import Platform
+from servelab.replay.hybrid_prefix import HybridPrefixCache
 from servelab.replay.prefix_cache import PrefixCache
 from servelab.replay.protocols import Runner
 from servelab.replay.replica import Replica
@@ -133,11 +134,8 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
             engine_cfg = replace(engine_cfg, max_model_len=context)
     caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
     layout = getattr(runner, "kv_layout", None)  # a hybrid model's KV layer groups (replay/kv_groups.py)
-    if layout is not None and caching:
-        raise ServelabError(
-            f"prefix caching with a hybrid-attention model ({runner.model.name}: {layout.kinds.sliding} sliding-window and "
-            f"{layout.kinds.state} state layers) is not modelled: a hit must hold every group's blocks (a sliding "
-            "group's last window, a state group's state at the hit), so turn it off (--no-enable-prefix-caching)")
+    if layout is not None and caching:  # prefix caching per layer group (replay/hybrid_prefix.py)
+        refuse_hybrid_caching(engine_cfg, runner)
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
     block_bytes = bytes_per_token * engine_cfg.block_size
@@ -157,7 +155,10 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         allocator = runner.make_allocator(rid, num_blocks) if runner.needs_block_tables else None
         cache = PrefixCache(num_blocks, engine_cfg.block_size, trace_block_tokens,
                             per_tenant=engine_cfg.prefix_cache_scope == "tenant", tiers=stacks[rid - first_id],
-                            purge=frozenset(engine_cfg.purge_tenants)) if caching else None
+                            purge=frozenset(engine_cfg.purge_tenants)) if caching and layout is None else None
+        if caching and layout is not None:
+            cache = HybridPrefixCache(num_blocks, layout, trace_block_tokens,
+                                      per_tenant=engine_cfg.prefix_cache_scope == "tenant")
         kv = KVManager(num_blocks, engine_cfg.block_size, reserve=engine_cfg.kv_allocation == "reserve",
                        allocator=allocator, prefix_cache=cache, swap=swap, host_blocks=host_blocks,
                        bytes_per_block=block_bytes,
@@ -169,6 +170,23 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         replica.encoder = encoder_stage(engine_cfg, runner)
         replicas.append(replica)
     return replicas
+
+
+def refuse_hybrid_caching(engine_cfg: EngineConfig, runner: Runner) -> None:
+    """What prefix caching per layer group (replay/hybrid_prefix.py) does not model yet, refused by name."""
+    name = runner.model.name
+    if engine_cfg.kv_tiers:
+        raise ServelabError(f"kv_tiers with a hybrid-attention model ({name}): offload tiers of per-group "
+                            "prefix-cache blocks are not modelled; drop kv_tiers or --no-enable-prefix-caching")
+    if engine_cfg.kv_retention != "lru":
+        raise ServelabError(f"kv_retention = {engine_cfg.kv_retention} with a hybrid-attention model ({name}) is not "
+                            "modelled (per-group prefix caching keeps no session chains); use kv_retention = lru")
+    if engine_cfg.purge_tenants:
+        raise ServelabError(f"purge_tenants with a hybrid-attention model ({name}) is not modelled by per-group "
+                            "prefix caching; drop purge_tenants or --no-enable-prefix-caching")
+    if runner.needs_block_tables:
+        raise ServelabError(f"prefix caching with a hybrid-attention model ({name}) on a runner that executes "
+                            "batches (real block ids per group) is not modelled: --no-enable-prefix-caching")
 
 
 def encoder_stage(engine: EngineConfig, runner: Runner) -> EncoderStage | None:
@@ -416,14 +434,23 @@ class BuiltCluster:
                                 "decode (a handed-off request would join its decode replica's batch past the adapter cap)")
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
-        if any(getattr(p.runner, "kv_layout", None) is not None for p in (prefill, decode)):
-            raise ServelabError(f"cluster: disaggregated prefill/decode with a hybrid-attention model ({prefill.runner.name}: "
-                                "sliding-window or state layers) is not modelled: its KV moves per layer group")
+        layouts = [getattr(p.runner, "kv_layout", None) for p in (prefill, decode)]
+        context_bytes = None
+        if layouts[0] is not None or layouts[1] is not None:  # a hybrid model: its KV moves per layer group
+            if layouts[0] is None or layouts[1] is None or layouts[0].kinds.window != layouts[1].kinds.window \
+                    or prefill.runner.model.name != decode.runner.model.name:
+                raise ServelabError(f"cluster: the prefill and decode pools serve different models ({prefill.runner.name}, "
+                                    f"{decode.runner.name}): a hybrid model's KV moves between like layer groups")
+            layout, model = layouts[0], prefill.runner.model
+            token, state = model.kv_bytes_per_token_layer, model.state_bytes
+
+            def context_bytes(computed: int) -> int:
+                return layout.transfer_bytes(computed, token, state)
         if not bytes_per_token:
             raise ServelabError(f"cluster: moving KV from pool '{prefill.spec.name}' needs its size per token: runner "
                                 f"'{prefill.runner.name}' does not know its model, so set kv_bytes_per_token")
         return Disaggregation(engine, prefill.replicas, decode.replicas, decode.router, bytes_per_token,
-                              link.bandwidth_gbps, link.latency_s, link.stream_layers)
+                              link.bandwidth_gbps, link.latency_s, link.stream_layers, context_bytes)
 
     def encode_pool(self, engine: Engine) -> EncodePool | None:
         """The encode pool's stage before the arrivals' pool (replay/encode_pool.py), or None without one."""

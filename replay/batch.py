@@ -470,7 +470,7 @@ class BatchBuilder:
             if hit is None:
                 need, target = kv.blocks_needed(req, n), 0
             else:  # new blocks past the cached prefix, and the cached blocks nobody holds (they leave the free pool)
-                target = -(-(computed + n) // kv.block_size)
+                target = -(-(computed + n) // kv.block_size) if kv.layout is None else kv.layout.held(computed, n)
                 need = target - hit.blocks + hit.claimed
                 if self._released:  # blocks a victim of this batch frees, counted free above: taken back
                     need += kv.cache.reclaimed(hit, self._released)

@@ -74,7 +74,8 @@ class PoolWatcher(Protocol):
 
 class Disaggregation:
     def __init__(self, engine: Engine, prefill: list[Replica], decode: list[Replica], router: Router,
-                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float, stream_layers: int = 0):
+                 bytes_per_token: int, bandwidth_gbps: float, latency_s: float, stream_layers: int = 0,
+                 context_bytes=None):
         self.engine = engine
         self.prefill = prefill
         self.decode = decode
@@ -98,6 +99,9 @@ class Disaggregation:
         self.bytes_streamed = 0.0
         self._overlap: dict[Request, float] = {}  # handed off at this instant: bytes the link could carry meanwhile
         self.decode_live = list(decode)  # the decode replicas taking handoffs (an autoscaler's active ones)
+        # a hybrid model (replay/kv_groups.py): bytes of a context of c tokens over its layer groups
+        # (KVLayout.transfer_bytes), instead of bytes_per_token x c
+        self.context_bytes = context_bytes
         self.prefill_scaler: PoolWatcher | None = None
         self.decode_scaler: PoolWatcher | None = None
         self.decode_ids = frozenset(r.id for r in decode)
@@ -193,8 +197,13 @@ class Disaggregation:
 
     @staticmethod
     def _landing_blocks(req: Request, kv) -> int:
-        """Blocks ``req`` holds on landing: its context and its next token (reservation: all of it)."""
-        return kv.blocks_to_finish(req) if kv.reserve else blocks_for(req.num_computed_tokens + 1, kv.block_size)
+        """Blocks ``req`` holds on landing: its context and its next token (reservation: all of it; a
+        hybrid layout: what its groups hold computing that token, a sliding group only its window)."""
+        if kv.reserve:
+            return kv.blocks_to_finish(req)
+        if kv.layout is not None:
+            return kv.layout.held(req.num_computed_tokens, 1)
+        return blocks_for(req.num_computed_tokens + 1, kv.block_size)
 
     def _promised(self, replica: Replica) -> int:
         """Free blocks the decode stretch in flight on ``replica`` will still take when it completes
@@ -227,7 +236,10 @@ class Disaggregation:
             target.owe(req)  # its load from now: the decode router sees transfers under way
             self.decode_replica[req.index] = target.id
             self.transfer_start_s[req.index] = now
-            num_bytes = self.bytes_per_token * req.num_computed_tokens
+            if self.context_bytes is None:
+                num_bytes = self.bytes_per_token * req.num_computed_tokens
+            else:
+                num_bytes = self.context_bytes(req.num_computed_tokens)
             if self._overlap and req in self._overlap:  # placed at its first token: its first L - 1 layers streamed
                 layers = self.stream_layers
                 streamed = (layers - 1) / layers * min(num_bytes, self._overlap[req])

@@ -382,7 +382,7 @@ class Engine:
             hit = kv.lookup(req) if req.status is Status.WAITING else None
             start = req.num_computed_tokens
             if hit is not None and hit.tokens + n <= req.num_tokens:  # admitted onto a cached prefix
-                target = -(-(hit.tokens + n) // kv.block_size)
+                target = -(-(hit.tokens + n) // kv.block_size) if kv.layout is None else kv.layout.held(hit.tokens, n)
                 summary.account(req, n, target - hit.blocks + hit.claimed, hit, target)
                 start = hit.tokens
             else:

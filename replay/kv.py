@@ -167,10 +167,14 @@ class KVManager:
         if self.reserve:
             return
         between = self.layout.between
+        cache = self.cache  # (with prefix caching, replay/hybrid_prefix.py: its units there stay cached)
         for req, _ in items:
             target = between(req.num_computed_tokens)
             if target < req.kv_blocks:
-                self.used -= req.kv_blocks - target
+                if cache is None:
+                    self.used -= req.kv_blocks - target
+                else:
+                    self.used -= cache.slide(req, req.kv_blocks - target)
                 req.kv_blocks = target
 
     def grow_cohort(self, blocks: int) -> None:

@@ -155,6 +155,20 @@ class KVLayout:
             peak += sliding * min(blocks, _cdiv(self.kinds.window - 1 + chunk, self.block_size) + 1)
         return peak
 
+    def transfer_bytes(self, computed: int, layer_token_bytes: int, layer_state_bytes: int) -> int:
+        """Bytes a context of ``computed`` tokens moves to another engine (disaggregated prefill/decode),
+        given one layer's KV bytes per token and one state layer's state, whole model: every full layer's
+        tokens, a sliding layer's tokens in the blocks it still holds (its window), a state layer's state."""
+        k = self.kinds
+        total = k.full * computed * layer_token_bytes
+        if k.sliding:
+            skipped = computed - k.window + 1
+            first = (skipped // self.block_size) * self.block_size if skipped > 0 else 0
+            total += k.sliding * (computed - first) * layer_token_bytes
+        if k.state and computed > 0:
+            total += k.state * layer_state_bytes
+        return total
+
     def describe(self) -> dict:
         full, sliding, state = self.groups
         return {"full_layers": self.kinds.full, "sliding_layers": self.kinds.sliding, "state_layers": self.kinds.state,

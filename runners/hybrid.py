@@ -124,6 +124,8 @@ class HybridRoofline(RooflineRunner):
         kinds = self.kv_layout.kinds
         layer, head, all_reduce, _, _ = self._by_tokens(tokens)
         lm_head, cpu = self._by_seqs(s.prefill_seqs + s.decode_seqs)
+        if self.model.mlp_only_layers:  # Nemotron-H: one row-parallel output (one all-reduce) per layer, not two
+            all_reduce /= 2
         t = self.model.num_layers * (layer + all_reduce) + head + lm_head + cpu
         attention = kinds.full + kinds.sliding
         if kinds.full:

@@ -8,6 +8,8 @@ The fields vLLM and transformers read, by family:
 - ``model_type`` gemma2: even layers slide, odd ones are full;
 - ``full_attention_interval`` (Qwen3-Next without ``layer_types``): every interval-th layer is full
   attention, the others linear attention;
+- ``hybrid_override_pattern`` (Nemotron-H): one letter per layer, ``M`` Mamba-2, ``*`` attention,
+  ``-`` MLP only (no KV, no state: a layer holds a mixer or an MLP, never both);
 - ``attn_layer_period`` / ``attn_layer_offset`` (Jamba): layer i attends when i % period == offset,
   the others are Mamba layers;
 - ``sliding_window`` alone (Mistral style): every layer slides, unless ``use_sliding_window`` is false
@@ -17,7 +19,9 @@ A state layer's bytes per sequence: Gated DeltaNet keeps a convolution state of 
 key dim + value heads x value dim) x (kernel - 1)`` values and a recurrent state of ``value heads x
 key dim x value dim`` (in ``mamba_ssm_dtype`` when the config names one, else the model dtype, as
 vLLM's ``mamba_ssm_cache_dtype=auto``); a Mamba (Jamba) layer ``d_inner x (d_conv - 1)`` plus
-``d_inner x d_state`` with ``d_inner = mamba_expand x hidden_size``.
+``d_inner x d_state`` with ``d_inner = mamba_expand x hidden_size``; a Mamba-2 (Nemotron-H) layer
+``(heads x head dim + 2 x groups x d_state) x (conv kernel - 1)`` plus ``heads x head dim x d_state``
+(vLLM ``mamba2_state_shape``).
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ def _kinds(cfg: dict, layers: int) -> tuple[int, int] | None:
             raise HybridConfigError("layer_types", f"unknown layer type '{unknown[0]}' (known: "
                                                    f"{', '.join(SLIDING[:1] + FULL[:1] + STATE)})")
         return sum(t in SLIDING for t in types), sum(t in STATE for t in types)
-    if cfg.get("hybrid_override_pattern"):
-        raise HybridConfigError("hybrid_override_pattern", "Nemotron-H's layer pattern (Mamba-2, attention and "
-                                                           "MLP-only layers) is not modelled yet")
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern:
+        mamba, _, _ = _pattern(str(pattern), layers)
+        return 0, mamba
     window = cfg.get("sliding_window")
     pattern = cfg.get("sliding_window_pattern")
     if window and pattern:
@@ -72,6 +77,17 @@ def _kinds(cfg: dict, layers: int) -> tuple[int, int] | None:
     return None
 
 
+def _pattern(pattern: str, layers: int) -> tuple[int, int, int]:
+    """Nemotron-H's ``hybrid_override_pattern``: (Mamba-2 'M', attention '*', MLP-only '-') layers."""
+    if len(pattern) != layers:
+        raise HybridConfigError("hybrid_override_pattern", f"has {len(pattern)} layers for {layers} (num_hidden_layers)")
+    unknown = sorted(set(pattern) - set("M*-"))
+    if unknown:
+        raise HybridConfigError("hybrid_override_pattern", f"layer '{unknown[0]}' is not modelled (known: M Mamba-2, "
+                                                           "* attention, - MLP; E mixture-of-experts is not)")
+    return pattern.count("M"), pattern.count("*"), pattern.count("-")
+
+
 def _state_bytes(cfg: dict, dtype_bytes: int) -> int:
     """One state layer's state per sequence, whole model."""
     ssm_bytes = DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or ""), dtype_bytes)
@@ -83,6 +99,16 @@ def _state_bytes(cfg: dict, dtype_bytes: int) -> int:
         except KeyError as err:
             raise HybridConfigError(str(err.args[0]), "field missing (linear-attention state)") from None
         return (2 * nk * dk + nv * dv) * (kernel - 1) * dtype_bytes + nv * dk * dv * ssm_bytes
+    if cfg.get("mamba_num_heads"):  # Mamba-2 (Nemotron-H), as vLLM's mamba2_state_shape
+        try:
+            heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
+            d_state = int(cfg["ssm_state_size"])
+        except KeyError as err:
+            raise HybridConfigError(str(err.args[0]), "field missing (Mamba-2 state)") from None
+        groups = int(cfg.get("n_groups") or cfg.get("mamba_n_groups") or 1)
+        kernel = int(cfg.get("conv_kernel") or cfg.get("mamba_d_conv") or 4)
+        d_inner = heads * head_dim
+        return (d_inner + 2 * groups * d_state) * (kernel - 1) * dtype_bytes + heads * head_dim * d_state * ssm_bytes
     if cfg.get("mamba_d_state"):  # Mamba (Jamba)
         d_inner = int(cfg.get("mamba_expand") or 2) * int(cfg["hidden_size"])
         return d_inner * (int(cfg.get("mamba_d_conv") or 4) - 1) * dtype_bytes + d_inner * int(cfg["mamba_d_state"]) * ssm_bytes
@@ -104,6 +130,12 @@ def hybrid_fields(cfg: dict, layers: int, dtype_bytes: int) -> dict:
         fields.update(sliding_window=int(window), sliding_layers=sliding)
     if state:
         fields.update(state_layers=state, state_bytes=_state_bytes(cfg, dtype_bytes))
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern:  # Nemotron-H: a layer is a mixer (Mamba-2 or attention) or an MLP, never both
+        _, _, mlp_only = _pattern(str(pattern), layers)
+        fields["mlp_only_layers"] = mlp_only
+        if str(cfg.get("mlp_hidden_act") or "") == "relu2":  # squared ReLU: up and down, no gate
+            fields["gated_mlp"] = False
     return fields
 
 

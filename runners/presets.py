@@ -84,6 +84,9 @@ class ModelPreset(DecoderShape):
     sliding_layers: int = 0
     state_layers: int = 0
     state_bytes: int = 0
+    # Nemotron-H (hybrid_override_pattern): mlp_only_layers of the layers are an MLP alone (no KV, no
+    # state); the others are then a mixer alone (attention, or a state layer priced as attention), no MLP.
+    mlp_only_layers: int = 0
 
     def __post_init__(self) -> None:
         from servelab.runners.quant import kv_cache_bytes, weight_format
@@ -97,8 +100,10 @@ class ModelPreset(DecoderShape):
             raise ValueError(f"model preset {self.name}: heads must be a multiple of KV heads")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"model preset {self.name}: experts_per_token must be in 1..num_experts")
-        if self.sliding_layers + self.state_layers > self.num_layers or min(self.sliding_layers, self.state_layers) < 0:
-            raise ValueError(f"model preset {self.name}: sliding_layers + state_layers must be in 0..num_layers")
+        if (self.sliding_layers + self.state_layers + self.mlp_only_layers > self.num_layers
+                or min(self.sliding_layers, self.state_layers, self.mlp_only_layers) < 0):
+            raise ValueError(f"model preset {self.name}: sliding_layers + state_layers + mlp_only_layers must be "
+                             "in 0..num_layers")
         if self.sliding_layers and self.sliding_window < 1:
             raise ValueError(f"model preset {self.name}: sliding_layers need a sliding_window >= 1")
         if self.state_layers and self.state_bytes < 1:
@@ -112,7 +117,7 @@ class ModelPreset(DecoderShape):
     @property
     def attention_layers(self) -> int:
         """Layers that keep KV (full or sliding-window attention)."""
-        return self.num_layers - self.state_layers
+        return self.num_layers - self.state_layers - self.mlp_only_layers
 
     def layer_kinds(self, tp: int):
         """The model's layers by kind with their bytes on one of ``tp`` GPUs (replay/kv_groups.py)."""
@@ -158,13 +163,19 @@ class ModelPreset(DecoderShape):
         """Parameters outside the linear layers (embeddings, norms, router), kept in the model dtype."""
         h = self.hidden_size
         moe_layers = self.num_layers - self.dense_layers if self.num_experts else 0
-        per_layer_norms = 2 * h + (self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0)
+        per_layer_norms = (h if self.mlp_only_layers else 2 * h) + (self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0)
         embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return embeddings + h + self.num_layers * per_layer_norms + moe_layers * h * self.num_experts
 
     @property
     def num_params(self) -> int:
         matrices = 3 if self.gated_mlp else 2
+        if self.mlp_only_layers:  # Nemotron-H: mixers (attention-shaped) and MLPs in layers apart, one norm each
+            h = self.hidden_size
+            mixers = self.num_layers - self.mlp_only_layers
+            attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+            return (mixers * attention + self.mlp_only_layers * matrices * h * self.ffn_size + self.num_layers * h
+                    + self.vocab_size * h * (1 if self.tied_embeddings else 2) + h)
         if self.is_mla or self.dense_layers:
             h = self.hidden_size
             if self.is_mla:
@@ -321,6 +332,12 @@ MODELS: dict[str, ModelPreset] = _models(
     ModelPreset("gpt-oss-120b", "openai/gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, num_experts=128,
                 experts_per_token=4, quantization="mxfp4", max_position_embeddings=131072, sliding_window=128,
                 sliding_layers=18),
+    # Nemotron-H-8B: hybrid_override_pattern "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-" over 52
+    # layers: 24 Mamba-2, 4 attention (32 heads, 8 KV heads of 128), 24 MLP-only (squared ReLU, 21504);
+    # Mamba-2: 128 heads x 64, state 128, 8 groups, conv kernel 4: (8192 + 2 x 8 x 128) x 3 x 2
+    # + 128 x 64 x 128 x 2 = 2,158,592 state bytes per sequence and layer.
+    ModelPreset("nemotron-h-8b", "nvidia/Nemotron-H-8B-Base-8K", 52, 4096, 32, 8, 128, 21504, 131072, gated_mlp=False,
+                max_position_embeddings=8192, state_layers=24, state_bytes=2_158_592, mlp_only_layers=24),
     # Qwen3-VL-8B's language model (text_config; its vision encoder is priced apart, as an encoder stage)
     ModelPreset("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", 36, 4096, 32, 8, 128, 12288, 151936,
                 max_position_embeddings=262144),
@@ -338,7 +355,7 @@ class ModelSource:
 # The presets added for the 2026 models: none of them has been run on a real GPU here yet.
 MODEL_SOURCES: dict[str, ModelSource] = {
     name: ModelSource(f"https://huggingface.co/{MODELS[name].hf_id}/blob/main/config.json")
-    for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b")
+    for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b")
 }
 
 GPUS: dict[str, GpuPreset] = {
@@ -426,7 +443,7 @@ def model_from_hf_config(path: str) -> ModelPreset:
         extra.update(hybrid_fields(cfg, layers, DTYPE_BYTES.get(dtype, 2)))
     except HybridConfigError as err:
         raise InputError(p, str(err), column=err.field) from None
-    head_dim = cfg.get("head_dim") or hidden // heads
+    head_dim = cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads
     if extra.get("kv_lora_rank"):
         head_dim = extra["qk_nope_head_dim"] + extra["qk_rope_head_dim"]  # what a query head attends with
     try:

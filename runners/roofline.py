@@ -42,7 +42,7 @@ class OpWork:
     flops_per_token: float
     fixed_bytes: float  # weights, read once per call whatever the batch
     bytes_per_token: float  # activations in and out
-    calls: int = 1  # calls per layer
+    calls: float = 1  # calls per layer (Nemotron-H's mean layer: the share of layers that have the op)
 
 
 # The linear and elementwise operator groups of one layer, named as in vidur's mlp.csv.
@@ -87,6 +87,19 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
             "mlp_down": OpWork(2 * f * h * k, f * h * wb, (f * k + h) * d),
             "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
             "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
+            "add": OpWork(0.0, 0.0, 3 * h * d),
+        }
+    if model.mlp_only_layers:  # Nemotron-H: the mean layer, a mixer in (n - m) of n layers, an MLP in m
+        mlp = model.mlp_only_layers / model.num_layers
+        mixer = 1.0 - mlp
+        return {
+            "qkv_proj": OpWork(2 * h * qkv, h * qkv * wb, (h + qkv) * d, calls=mixer),
+            "o_proj": OpWork(2 * o_in * h, o_in * h * wb, (o_in + h) * d, calls=mixer),
+            "mlp_up": OpWork(2 * h * up, h * up * wb, (h + up) * d, calls=mlp),
+            "mlp_act": OpWork(0.0, 0.0, (up + f) * d, calls=mlp),
+            "mlp_down": OpWork(2 * f * h, f * h * wb, (f + h) * d, calls=mlp),
+            "norm": OpWork(0.0, h * d, 2 * h * d, calls=1),
+            "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d, calls=mixer),
             "add": OpWork(0.0, 0.0, 3 * h * d),
         }
     return {
@@ -283,7 +296,7 @@ def kv_memory_bytes(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_util
     return per_gpu
 
 
-HYBRID_FIELDS = ("sliding_window", "sliding_layers", "state_layers", "state_bytes")
+HYBRID_FIELDS = ("sliding_window", "sliding_layers", "state_layers", "state_bytes", "mlp_only_layers")
 
 
 def preset_dict(model: ModelPreset) -> dict:

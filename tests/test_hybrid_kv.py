@@ -217,18 +217,20 @@ def test_items_price_each_context_and_shapes_price_the_mean():
     assert r.decode_affine(4) is None  # not affine: the engine prices every iteration
 
 
-def test_prefix_caching_with_a_hybrid_model_is_refused_clearly():
+def test_prefix_caching_is_on_by_default_with_a_hybrid_model():
+    """No refusal any more: the per-group cache (replay/hybrid_prefix.py, tests/test_hybrid_prefix.py) runs."""
     from conftest import make_trace
     from servelab.api import replay
     from servelab.replay.config import ReplayConfig
 
-    with pytest.raises(ServelabError, match="no-enable-prefix-caching"):
-        replay(make_trace([0.0], [100], [5]), ReplayConfig.from_dict({"model": "gemma-3-27b", "tp": 2}))
+    result = replay(make_trace([0.0], [100], [5]), ReplayConfig.from_dict({"model": "gemma-3-27b", "tp": 2}))
+    assert result.requests.column("status").to_pylist() == ["finished"]
 
 
 # -- presets ---------------------------------------------------------------------------------------
 def test_new_presets_cite_their_config_and_say_they_are_not_calibrated():
-    assert set(MODEL_SOURCES) == {"deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b"}
+    assert set(MODEL_SOURCES) == {"deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b",
+                                  "nemotron-h-8b"}
     for name, source in MODEL_SOURCES.items():
         assert source.config_url.endswith(f"{MODELS[name].hf_id}/blob/main/config.json")
         assert source.calibrated is False
@@ -289,11 +291,54 @@ def test_a_hybrid_runner_is_rebuilt_from_its_description():
     assert back.step_time(plan) == r.step_time(plan)
 
 
-def test_nemotron_h_pattern_is_refused_naming_the_field(tmp_path):
-    cfg = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512,
-           "vocab_size": 1000, "hybrid_override_pattern": "M-M*"}
-    with pytest.raises(InputError, match="hybrid_override_pattern"):
-        model_from_hf_config(_config(tmp_path, cfg))
+NEMOTRON_H_8B = {  # nvidia/Nemotron-H-8B-Base-8K config.json, the fields read
+    "model_type": "nemotron_h", "hidden_size": 4096, "num_hidden_layers": 52, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 131072,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", "mlp_hidden_act": "relu2",
+    "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+
+
+def test_nemotron_h_from_its_pattern_by_hand(tmp_path):
+    """24 Mamba-2 ('M'), 4 attention ('*') and 24 MLP-only ('-') layers: KV in 4 layers, a state in 24,
+    neither in the MLP layers, whose MLP (squared ReLU: 2 matrices) is priced."""
+    m = model_from_hf_config(_config(tmp_path, NEMOTRON_H_8B))
+    p = MODELS["nemotron-h-8b"]
+    for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size",
+                "gated_mlp", "state_layers", "state_bytes", "mlp_only_layers", "max_position_embeddings"):
+        assert getattr(m, key) == getattr(p, key), key
+    assert (p.state_layers, p.attention_layers, p.mlp_only_layers, p.gated_mlp) == (24, 4, 24, False)
+    # Mamba-2 state: conv (128 x 64 + 2 x 8 x 128) x (4 - 1) + SSM 128 x 64 x 128, bf16
+    assert p.state_bytes == (8192 + 2048) * 3 * 2 + 128 * 64 * 128 * 2 == 2_158_592
+    assert p.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2 == 16_384  # the 4 attention layers only
+    # parameters: 28 mixers priced as attention (q, k, v, o), 24 MLPs of 2 matrices, a norm per layer
+    attention = 4096 * (4096 + 2 * 1024) + 4096 * 4096
+    assert p.num_params == 28 * attention + 24 * 2 * 4096 * 21504 + 52 * 4096 + 2 * 131072 * 4096 + 4096
+    # the linear FLOPs a step prices per token: the same mixers and MLPs, not 52 of each
+    from servelab.runners.roofline import LINEAR_OPS, layer_ops
+
+    ops = layer_ops(p, 1)
+    assert sum(ops[n].flops_per_token * ops[n].calls for n in LINEAR_OPS) * 52 == pytest.approx(
+        2 * (28 * attention + 24 * 2 * 4096 * 21504), rel=1e-12)
+
+
+def test_nemotron_h_capacity_and_state_slots_by_hand():
+    r = make_runner("roofline:model=nemotron-h-8b,gpu=h100-80gb,tp=1")
+    layout = r.kv_layout
+    # a page holds a state: 16 x ceil(2,158,592 / (16 x 4,096)) = 528 tokens; 4 full + 24 state
+    # layers make groups of 4: 1 full group and 6 state groups, pages of 528 x 4,096 bytes
+    assert layout.block_size == 16 * math.ceil(2_158_592 / (16 * 4096)) == 528
+    assert layout.groups == (1, 0, 6) and layout.page_bytes == 528 * 4096 == 2_162_688
+    # a 4,000-token request: ceil(4000 / 528) = 8 full blocks and one state block in each state group
+    assert layout.between(4000) == 8 + 6
+    free = kv_memory_bytes(r.model, r.gpu, 1, 0.9, r.activation_tokens, r.logit_seqs, r.non_torch_bytes)
+    assert r.kv_capacity_tokens(0.9) == int(free // (2_162_688 * 4)) * 528
+
+
+@pytest.mark.parametrize("pattern, match", [("M-M*", "layers for 52"), ("ME" * 26, "layer 'E'")])
+def test_a_bad_nemotron_h_pattern_names_the_file_and_field(tmp_path, pattern, match):
+    with pytest.raises(InputError, match=f"hybrid_override_pattern.*{match}|{match}.*hybrid_override_pattern"):
+        model_from_hf_config(_config(tmp_path, {**NEMOTRON_H_8B, "hybrid_override_pattern": pattern}))
 
 
 def test_blocks_to_finish_covers_a_whole_prompt_in_one_step_and_the_window_after():

@@ -26,7 +26,7 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 # then the cluster (pools, PD handoff, autoscaling, instance types) and the platform (front door,
 # pausing, failures) beside each other, then the assembly of a whole replay's config and results.
 REPLAY_LAYERS = {
-    "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv_groups", "kv", "lora",
+    "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "hybrid_prefix", "block_names", "kv_groups", "kv", "lora",
              "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
              "engine", "depends", "spec_config", "speculative", "retention", "config_parts"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],

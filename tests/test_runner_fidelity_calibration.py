@@ -59,7 +59,7 @@ def test_physics_floors_hold_for_every_preset(gpu, host):
 @pytest.mark.parametrize("gpu", sorted(GPUS))
 def test_physics_floors_hold_for_every_moe_latent_and_hybrid_preset(gpu, host):
     """The same floors for the presets a dense formula does not cover (DeepSeek-V3, Qwen3-Next,
-    Gemma 3, gpt-oss): a decode reads at least the weights it uses (every layer's dense weights, the
+    Gemma 3, gpt-oss, Nemotron-H): a decode reads at least the weights it uses (every layer's dense weights, the
     LM head and the experts its tokens route to) and the KV of each layer group (a sliding layer at
     most its window per sequence, a state layer its state, read and written); a prefill computes at
     least the active linear layers' FLOPs at the format's tensor-core rate."""
@@ -92,6 +92,9 @@ def test_physics_floors_hold_for_every_moe_latent_and_hybrid_preset(gpu, host):
             mlp = 3 * h * (m.experts_per_token * m.ffn_size + m.shared_ffn_size) if m.is_moe else 3 * h * m.ffn_size
             moe_layers = m.num_layers - m.dense_layers
             per_token = 2 * (m.num_layers * attention + moe_layers * mlp + m.dense_layers * 3 * h * m.dense_ffn_size)
+            if m.mlp_only_layers:  # Nemotron-H: mixer layers (attention-shaped) and 2-matrix MLP layers apart
+                per_token = 2 * ((m.num_layers - m.mlp_only_layers) * attention
+                                 + m.mlp_only_layers * (3 if m.gated_mlp else 2) * h * m.ffn_size)
             speedup = compute_speedup(weight_format(m.quantization), g.fp8, g.fp4) if m.quantization else 1.0
             prefill = r.step_time(StepPlan(StepShape(prefill_tokens=t, prefill_seqs=1, prefill_context_tokens=t,
                                                      prefill_attention_pairs=t * (t + 1) // 2)))
