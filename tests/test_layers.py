@@ -18,7 +18,7 @@ PKG = "servelab"
 
 # Packages, bottom first: a module may import its own package and those listed before it.
 PACKAGES = ["common", "traces", "replay", "policies", "routers", "runners", "assembly", "scoring", "fidelity", "live",
-            "search", "api", "cli", "__main__"]
+            "serve", "search", "api", "cli", "__main__"]
 # policies, routers and runners implement replay's protocols side by side and never import each other
 SIDE_BY_SIDE = {"policies", "routers", "runners"}
 
@@ -28,7 +28,7 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 REPLAY_LAYERS = {
     "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv_groups", "kv", "lora",
              "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
-             "engine", "depends", "spec_config", "speculative", "retention"],
+             "engine", "online", "depends", "spec_config", "speculative", "retention"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
     "platform": ["admission", "platform", "abort"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)
