@@ -42,3 +42,54 @@ def serving(port: int, config: ReplayConfig | None = None, time_scale: float = 1
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+def train_tokenizer(path) -> str:
+    """A small byte-level BPE (with a BOS its post-processor adds) saved as ``path``: the same exact
+    prompt lengths for the client (`bench --tokenizer`) and the server (`serve --tokenizer`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    from servelab.live.prompts import CANDIDATES
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    corpus = [" ".join(CANDIDATES[(i * 7) % len(CANDIDATES):] + CANDIDATES[:(i * 7) % len(CANDIDATES)])
+              for i in range(200)]  # fmt: skip
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tok.save(str(path))
+    return str(path)
+
+
+@contextmanager
+def serving_process(port: int, args: list[str], timeout_s: float = 60.0):
+    """Yield the base URL of a `servelab serve` subprocess (its own process, as a user runs it) until the block ends."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"servelab serve exited: {proc.stderr.read()}") from None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
