@@ -69,7 +69,7 @@ def serving_process(port: int, args: list[str], timeout_s: float = 60.0):
     import time
     import urllib.request
 
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(port), *map(str, args)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
