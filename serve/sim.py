@@ -13,9 +13,11 @@ import itertools
 import time
 
 from servelab.assembly import build_cluster
+from servelab.common.errors import ServelabError
 from servelab.replay.config import ReplayConfig
 from servelab.replay.engine import Engine
 from servelab.replay.online import Online
+from servelab.replay.platform import Platform
 from servelab.replay.request import Request
 
 
@@ -27,6 +29,7 @@ class Simulation:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         cluster = build_cluster(config)
         entry = cluster.pools[0]
+        _check_online(config, cluster)
         self.config = config
         self.replicas = cluster.replicas
         self.engine = Engine([], cluster.replicas, entry.router, entry.runner, entry.config.engine)
@@ -94,3 +97,21 @@ class Simulation:
                 await asyncio.wait_for(wake.wait(), timeout)
             except TimeoutError:
                 pass
+
+
+def _check_online(config: ReplayConfig, cluster) -> None:
+    """Refuse, naming it, a setting the online engine does not apply yet (rather than ignore it)."""
+    engine = cluster.pools[0].config.engine
+    unsupported = []
+    if Platform.wanted(engine, cluster.replicas) or any(p.spec.instances for p in cluster.pools):
+        unsupported.append("platform features (quota, pause, fail, shedding policies, instance types)")
+    if any(p.spec.autoscale is not None for p in cluster.pools):
+        unsupported.append("autoscaling")
+    if engine.client_timeout_s is not None:
+        unsupported.append("client_timeout_s")
+    if engine.kv_retention != "lru":
+        unsupported.append(f"kv_retention {engine.kv_retention}")
+    if cluster.spec.encode is not None:
+        unsupported.append("an encode pool")
+    if unsupported:
+        raise ServelabError(f"servelab serve does not simulate {', '.join(unsupported)} yet (docs/serve.md)")

@@ -65,3 +65,13 @@ def test_too_long_for_the_kv_is_rejected_with_a_reason():
     sim.online.submit(req, 0.0)
     sim.online.advance(1.0)
     assert ended == [(req, [], True)] and req.status is Status.REJECTED and "KV blocks" in req.reason
+
+
+def test_settings_not_simulated_online_are_refused():
+    from servelab.common.errors import ServelabError
+
+    config = ReplayConfig.from_dict({"runner": RUNNER, "num_gpu_blocks": 100, "client_timeout_s": 5.0}, source="test")
+    with pytest.raises(ServelabError, match="client_timeout_s"):
+        Simulation(config, 1.0)
+    with pytest.raises(ValueError, match="time_scale"):
+        Simulation(ReplayConfig.from_dict({"runner": RUNNER, "num_gpu_blocks": 100}, source="test"), 0.0)
