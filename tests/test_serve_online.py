@@ -75,3 +75,15 @@ def test_settings_not_simulated_online_are_refused():
         Simulation(config, 1.0)
     with pytest.raises(ValueError, match="time_scale"):
         Simulation(ReplayConfig.from_dict({"runner": RUNNER, "num_gpu_blocks": 100}, source="test"), 0.0)
+
+
+@pytest.mark.parametrize("name", ["disagg-1p1d", "colocated-2"])
+def test_online_equals_replay_for_cluster_configs(name):
+    from pathlib import Path
+
+    config = ReplayConfig.from_toml(Path(__file__).resolve().parent.parent / "examples" / "clusters" / f"{name}.toml")
+    table = synth_trace(n=40, rate=4.0, prompt="uniform:50:900", output="uniform:2:40", seed=3)
+    reqs, _ = online_times(table, config)
+    offline = replay(table, config).requests
+    assert [r.first_token_s - r.arrival_s for r in reqs] == pytest.approx(offline.column("ttft_s").to_pylist(), abs=1e-9)
+    assert [r.finish_s - r.arrival_s for r in reqs] == pytest.approx(offline.column("e2e_s").to_pylist(), abs=1e-9)
