@@ -42,4 +42,5 @@ def serve(host: str, port: int, time_scale: float, served_model_name: str | None
     click.echo(f"servelab serve: model '{model}', {len(sim.replicas)} replica(s), runner {config.runner}, "
                f"time scale {time_scale:g}; prompt lengths: {counter.description}", err=True)
     click.echo(f"listening on http://{host}:{port}", err=True)
-    web.run_app(make_app(sim, model, counter), host=host, port=port, print=None, handle_signals=True)
+    web.run_app(make_app(sim, model, counter), host=host, port=port, print=None, handle_signals=True,
+                handler_cancellation=True)  # a client that goes away aborts its request

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from servelab.replay.abort import Aborts
 from servelab.replay.batch import no_aggregate
 from servelab.replay.engine import Engine
 from servelab.replay.replica import Replica
@@ -28,9 +29,10 @@ Sink = Callable[[Request, list[float], bool], None]
 
 
 class Online:
-    """``engine`` (built with no trace requests) driven online; ``sink`` hears every token and every end."""
+    """``engine`` (built with no trace requests) driven online; ``sink`` hears every token and every end.
+    ``disagg``: the engine's prefill/decode handoff (replay/disagg.py), when it has one."""
 
-    def __init__(self, engine: Engine, sink: Sink):
+    def __init__(self, engine: Engine, sink: Sink, disagg=None):
         if engine.arrivals:
             raise ValueError("an online engine takes its requests by submit, not from a trace")
         self.engine = engine
@@ -41,6 +43,7 @@ class Online:
         for replica in engine.replicas:
             no_aggregate(replica)
         engine.step_listeners.append(self._stepped)
+        engine.aborts = Aborts(engine, {}, disagg)  # no timeouts: clients that go away (``abort``)
         ended = engine.ended
 
         def ended_online(req: Request, now: float) -> None:  # (an instance attribute: the class's stays)
@@ -62,6 +65,12 @@ class Online:
         self.live[key] = req
         self.engine.send_at(req, at_s)
         return at_s
+
+    def abort(self, req: Request, at_s: float, reason: str = "client disconnected") -> None:
+        """``req``'s client went away at simulated ``at_s`` (not before the last event processed): it ends
+        ``aborted`` and gives back its KV, as a client timeout does (replay/abort.py). Nothing if it ended."""
+        if not req.status.is_terminal:
+            self.engine.aborts.fire(req, max(at_s, self.engine.now_s), reason)
 
     def advance(self, until_s: float) -> None:
         """Process every event at or before simulated ``until_s``."""

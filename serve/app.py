@@ -169,6 +169,15 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     except BadRequest as err:
         return error(str(err), err.status, err.param)
     req, queue = sim.submit(prompt_tokens, max_tokens, received_s)
+    try:
+        return await _answer(request, req, queue, chat, stream, include_usage)
+    finally:  # the client went away (the handler cancelled, a write failed) before the request ended
+        if not req.status.is_terminal:
+            sim.abort(req)
+
+
+async def _answer(request: web.Request, req, queue, chat: bool, stream: bool, include_usage: bool) -> web.StreamResponse:
+    app = request.app
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
     created = int(time.time())
     model = app[MODEL]
@@ -213,8 +222,8 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
             if ended:
                 break
         await response.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        pass  # the client went away; the engine finishes the request (no abort is modelled yet)
+    except ConnectionError:
+        pass  # the client went away: the request is aborted (``_serve``)
     return response
 
 

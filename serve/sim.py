@@ -34,7 +34,7 @@ class Simulation:
         self.replicas = cluster.replicas
         self.engine = Engine([], cluster.replicas, entry.router, entry.runner, entry.config.engine)
         self.disagg = cluster.disaggregate(self.engine)  # a PD cluster config: prefill pool, then decode
-        self.online = Online(self.engine, self._sink)
+        self.online = Online(self.engine, self._sink, self.disagg)
         self.time_scale = time_scale
         self.max_model_len = entry.config.engine.max_model_len
         self.t0 = time.perf_counter()
@@ -67,12 +67,19 @@ class Simulation:
 
     def submit(self, prompt_tokens: int, max_tokens: int, received_s: float) -> tuple[Request, asyncio.Queue]:
         """A request received at simulated ``received_s``; its queue gets (token times, ended) as the engine makes them."""
-        req = Request(next(self.ids), received_s, prompt_tokens, max_tokens)
+        rid = next(self.ids)
+        req = Request(rid, received_s, prompt_tokens, max_tokens, index=rid)
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[id(req)] = queue
         self.online.submit(req, received_s)
         self._wake.set()
         return req, queue
+
+    def abort(self, req: Request) -> None:
+        """``req``'s client went away now: the engine lets it go (its KV freed)."""
+        self.queues.pop(id(req), None)
+        self.online.abort(req, self.now_s())
+        self._wake.set()
 
     def _sink(self, req: Request, times: list[float], ended: bool) -> None:
         queue = self.queues.get(id(req))

@@ -22,7 +22,7 @@ def serving(port: int, config: ReplayConfig | None = None, time_scale: float = 1
     sim = Simulation(config, time_scale)
     app = make_app(sim, model, PromptCounter(tokenizer))
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)
     ready = threading.Event()
 
     def run() -> None:

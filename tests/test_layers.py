@@ -28,9 +28,9 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 REPLAY_LAYERS = {
     "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "block_names", "kv_groups", "kv", "lora",
              "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
-             "engine", "online", "depends", "spec_config", "speculative", "retention"],
+             "engine", "depends", "spec_config", "speculative", "retention"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
-    "platform": ["admission", "platform", "abort"],
+    "platform": ["admission", "platform", "abort", "online"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)
 }
 REPLAY_RANK = {"core": 0, "cluster": 1, "platform": 1, "assembly": 2}

@@ -158,3 +158,31 @@ def test_500_concurrent_streams(url):
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             return await asyncio.gather(*(one(http, i) for i in range(500)))
     assert call(go()) == [(8, 8)] * 500
+
+
+def test_a_client_that_goes_away_aborts_its_request(url):
+    def samples(text):
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/metrics") as r:
+                before = samples(await r.text())
+            body = {"prompt": "w" * 400, "max_tokens": 20000, "stream": True}  # minutes of decoding
+            async with http.post(url + "/v1/completions", json=body) as r:
+                lines = 0
+                async for line in r.content:
+                    lines += bool(line.strip())
+                    if lines == 3:
+                        break
+                r.close()  # hang up mid-stream
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                async with http.get(url + "/metrics") as r:
+                    after = samples(await r.text())
+                if after["vllm:num_requests_running"] == 0:
+                    break
+            return before, after
+    before, after = call(go())
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0.0
+    assert after["vllm:e2e_request_latency_seconds_count"] == before["vllm:e2e_request_latency_seconds_count"]
