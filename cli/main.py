@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "search": ("servelab.cli.search_cmd:search", "Search engine settings with Optuna."),
     "recommend": ("servelab.cli.recommend_cmd:recommend", "The cheapest GPUs, topology and settings that meet an SLO."),
     "run": ("servelab.cli.run_cmd:run", "Work with run directories from outside a replay (real runs)."),
+    "serve": ("servelab.cli.serve_cmd:serve", "An OpenAI-compatible server backed by the simulated engine."),
 }
 
 

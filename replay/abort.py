@@ -59,8 +59,9 @@ class Aborts:
             self.engine.push(req.arrival_s + timeout, TIMER, lambda now, req=req: self.fire(req, now))
 
     # -- the deadline -------------------------------------------------------------------------
-    def fire(self, req: Request, now: float) -> None:
-        """The client gives up on ``req`` at ``now``."""
+    def fire(self, req: Request, now: float, reason: str | None = None) -> None:
+        """The client gives up on ``req`` at ``now`` (``reason``: why, when not its timeout; a server's
+        client that disconnected: replay/online.py)."""
         status = req.status
         if status.is_terminal:
             return
@@ -82,7 +83,7 @@ class Aborts:
         engine.ledger.refused_s[req.index] = now
         self.aborted_at[req.index] = now
         self.count += 1
-        engine.end(req, Status.ABORTED, f"client timeout after {self.timeouts[req.index]:g} s", now)
+        engine.end(req, Status.ABORTED, reason or f"client timeout after {self.timeouts[req.index]:g} s", now)
         if in_flight:  # it leaves at the first iteration boundary at or after now
             engine._cut_stretch(replica, now)
             end_s = replica.inflight.end_s

@@ -202,6 +202,30 @@ class Engine:
             report(self.now_s)
         return self.now_s
 
+    def advance(self, until_s: float) -> None:
+        """Online mode (replay/online.py): process the heap's events at or before ``until_s`` and stop,
+        leaving later ones (and the in-flight steps) for the next call; no horizon, nothing settled.
+        Requests come by ``send_at`` (no trace arrivals list). ``run`` is the offline loop."""
+        heap = self.heap
+        pop = heapq.heappop
+        while heap and heap[0][0] <= until_s:
+            time_s, kind, _, payload = pop(heap)
+            self.now_s = time_s
+            if kind == STEP_DONE:
+                replica, token = payload
+                if token == replica.step_token:
+                    self._complete(replica, time_s)
+            elif kind == ARRIVAL:
+                self._arrive(payload, time_s)
+            elif kind == FAULT:
+                self.platform.fault(payload[0], payload[1], time_s)
+            elif kind == TIMER:
+                payload(time_s)
+            else:
+                payload.schedule_pending = False
+                if not payload.busy:
+                    self._start(payload, time_s)
+
     def _count_progress(self, progress):
         """Count ended requests and completed steps for ``progress`` through wrappers set on this
         engine only while ``run`` reports (so that without a callback the loop pays nothing), and

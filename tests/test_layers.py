@@ -18,7 +18,7 @@ PKG = "servelab"
 
 # Packages, bottom first: a module may import its own package and those listed before it.
 PACKAGES = ["common", "traces", "replay", "policies", "routers", "runners", "assembly", "scoring", "fidelity", "live",
-            "search", "api", "cli", "__main__"]
+            "serve", "search", "api", "cli", "__main__"]
 # policies, routers and runners implement replay's protocols side by side and never import each other
 SIDE_BY_SIDE = {"policies", "routers", "runners"}
 
@@ -30,7 +30,7 @@ REPLAY_LAYERS = {
              "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
              "engine", "depends", "spec_config", "speculative", "retention", "config_parts"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
-    "platform": ["admission", "platform", "abort"],
+    "platform": ["admission", "platform", "abort", "online"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)
 }
 REPLAY_RANK = {"core": 0, "cluster": 1, "platform": 1, "assembly": 2}
