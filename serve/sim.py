@@ -4,13 +4,13 @@ Simulated seconds = wall seconds since start x ``time_scale``. A request is subm
 time on that clock, so the engine schedules it from when it came in, whatever the HTTP path costs
 later; the server only releases the tokens the engine reports (replay/online.py).
 
-The clock is one timer of the event loop (``loop.call_later``) set for the engine's next event: when
-it fires, the engine is advanced to now in that callback and every token due by then (within the
-timer's resolution, ``RELEASE_SLACK_S``) is handed to its request's queue at once; a submit or an
-abort sets it again. Each release time is computed from the one origin ``t0`` on the monotonic
-clock (no sleep per token, so no drift accumulates), and no task switch stands between the timer and
-the release (a task woken by a timeout costs the loop two or three more turns, each running every
-other ready handler first).
+The clock is one timer of the event loop set for the engine's next event: when it fires, the
+engine is advanced to now in that callback and every token due by then is handed to its request's
+queue at once; a submit or an abort sets it again. Each release time is computed from the one origin
+``t0`` on the monotonic clock (no sleep per token, so no drift accumulates); no task switch stands
+between the timer and the release (a task woken by a timeout costs the loop two or three more turns,
+each running every other ready handler first); and the timer's rounding is not left to add up to
+a millisecond to every release (``TIMER_RESOLUTION_S``).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from servelab.replay.platform import Platform
 from servelab.replay.request import Request
 
 # epoll and poll wait whole milliseconds, rounded up: a timer set for t fires in [t, t + 1 ms) (asyncio's
-# selector loop). The clock's timer is set half of that early and releases what is due within half
-# of it, so a token goes out within +-0.5 ms of its time (0 to 1 ms late, 0.5 on average, otherwise).
+# selector loop), 0.5 ms late on average. So the clock's timer is set half of that early, and the
+# last part of a wait shorter than it is spent yielding to the loop (``call_soon``) until the event's
+# time: nothing is processed before its time (a step ended early would start the next one without a
+# request that comes in meanwhile), and nothing waits a rounded-up millisecond after it.
 TIMER_RESOLUTION_S = 1e-3 if selectors.DefaultSelector.__name__ in ("EpollSelector", "PollSelector",
                                                                       "DevpollSelector") else 0.0
-RELEASE_SLACK_S = TIMER_RESOLUTION_S / 2
 
 
 class Simulation:
@@ -57,7 +58,7 @@ class Simulation:
         self.ids = itertools.count()
         self.listeners: list = []  # called with (req, token_times_s, ended) after the request's queue
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._timer_at: float | None = None  # the simulated time the timer is set for
 
     def now_s(self) -> float:
@@ -107,7 +108,7 @@ class Simulation:
     def _tick(self) -> None:
         """The timer fired: process every event due by now (its tokens go out), then set it again."""
         self._timer = self._timer_at = None
-        self.online.advance(self.now_s() + RELEASE_SLACK_S * self.time_scale)
+        self.online.advance(self.now_s())
         self._arm()
 
     def _arm(self) -> None:
@@ -122,8 +123,12 @@ class Simulation:
         if nxt is None:
             self._timer = self._timer_at = None
             return
-        delay = self.wall_of(nxt) - RELEASE_SLACK_S - time.monotonic()  # (call_later: on the loop's own clock)
-        self._timer, self._timer_at = self._loop.call_later(max(0.0, delay), self._tick), nxt
+        delay = self.wall_of(nxt) - time.monotonic()
+        if delay < TIMER_RESOLUTION_S or delay <= 0:  # due, or nearly: look again on the loop's next turn
+            self._timer = self._loop.call_soon(self._tick)
+        else:  # (call_later: on the loop's own clock)
+            self._timer = self._loop.call_later(delay - TIMER_RESOLUTION_S / 2, self._tick)
+        self._timer_at = nxt
 
 
 def _check_online(config: ReplayConfig, cluster) -> None:
