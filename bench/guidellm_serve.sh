@@ -19,8 +19,11 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 "$py" -c "import sys; sys.path.insert(0, '$here/tests'); from helpers_serve import train_tokenizer; train_tokenizer('$out/tokenizer.json')"
 "$venv/bin/python" -c "
+from tokenizers import Tokenizer, decoders
 from transformers import PreTrainedTokenizerFast
-PreTrainedTokenizerFast(tokenizer_file='$out/tokenizer.json', bos_token='<s>').save_pretrained('$out/tok')"
+tok = Tokenizer.from_file('$out/tokenizer.json')
+tok.decoder = decoders.ByteLevel()  # GuideLLM decodes sampled ids into its prompts: plain text, not byte symbols
+PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>').save_pretrained('$out/tok')"
 
 "$py" -m servelab serve --port "$port" --runner "linear:base=0.04,prefill_token=0.0004,decode_seq=0.0005" \
     --num-gpu-blocks 4096 --time-scale "${SCALE:-10}" --tokenizer "$out/tokenizer.json" --served-model-name sim \
