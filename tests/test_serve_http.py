@@ -147,12 +147,12 @@ def test_metrics_parse_with_vllm_names_and_count_tokens(url):
 
 
 def test_500_concurrent_streams(free_port):
-    """500 streams open at once, all answered in full: a step of 0.1 s of wall clock (1 s simulated at x10) keeps
+    """500 streams open at once, all answered in full: a step of 0.2 s of wall clock (2 s simulated at x10) keeps
     every stream open until the last one is sent (checked: the last send comes before the first end), and
     /metrics shows all 500 in the engine at once, at most max_num_seqs (256) running, the rest waiting."""
     from servelab.replay.config import ReplayConfig
 
-    config = ReplayConfig.from_dict({"runner": "linear:base=1.0,decode_seq=0.0002", "num_gpu_blocks": 8192},
+    config = ReplayConfig.from_dict({"runner": "linear:base=2.0,decode_seq=0.0002", "num_gpu_blocks": 8192},
                                     source="test")  # fmt: skip
 
     async def one(http, url, i, sent, ended):
