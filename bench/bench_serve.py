@@ -3,6 +3,10 @@
 Runs `servelab serve` as its own process on a free port, sends the trace with the live client at
 the trace's pace divided by the time scale, and compares the client's mean TTFT and TPOT (scaled back
 to simulated seconds) with the replay's. Usage: python bench/bench_serve.py [--scales 1,10] [--n 40]
+
+``--streams N``: instead, N streaming requests sent at once (all arrivals at 0) to one server at the
+first scale: how many failed, the most in flight at once on the client, the most in the engine at once
+(running + waiting, from /metrics scraped every 50 ms) and the wall time.
 """
 
 from __future__ import annotations
@@ -68,6 +72,45 @@ def served_means(table, scale: float, tokenizer: str) -> tuple[float, float, int
     return sum(ttft) / len(ttft), sum(tpot) / len(tpot), len(run.records) - len(ok), server_ttft
 
 
+def streams(n: int, scale: float, tokenizer: str) -> None:
+    """``n`` streams at once against one `servelab serve` process: failures, peak in flight, peak in the engine."""
+    import threading
+    import time
+
+    table = trace(n, 1e9, "uniform:100:300", "uniform:16:64")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--runner", RUNNER, "--num-gpu-blocks", "65536", "--time-scale", str(scale),
+            "--tokenizer", tokenizer, "--served-model-name", "sim"]
+    peak = [0.0, 0.0]  # running + waiting, running
+    done = threading.Event()
+
+    def scrape(url: str) -> None:
+        while not done.wait(0.05):
+            with urllib.request.urlopen(url + "/metrics") as r:
+                m = {s.name: s.value for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
+            running, waiting = m["vllm:num_requests_running"], m["vllm:num_requests_waiting"]
+            peak[0], peak[1] = max(peak[0], running + waiting), max(peak[1], running)
+
+    with serving_process(port, args) as url:
+        scraper = threading.Thread(target=scrape, args=(url,), daemon=True)
+        scraper.start()
+        t0 = time.perf_counter()
+        target = Target(url, "sim", timeout_s=300.0, ignore_eos=True, min_tokens=True)
+        run = asyncio.run(run_live(table, target, LoadConfig(time_scale=1.0 / scale),
+                                   LiveOptions(metrics=False, tokenizer=tokenizer, extensions="off")))
+        wall = time.perf_counter() - t0
+        done.set()
+        scraper.join()
+    failed = [r for r in run.records if r.status != "finished"]
+    short = [r for r in run.records if r.status == "finished" and r.usage_completion_tokens != len(r.token_times)]
+    print(f"{n} streams at once, time scale {scale:g}: {len(failed)} failed "
+          f"({sorted({r.reason for r in failed})[:3]}), {len(short)} with missing tokens; peak in flight (client) "
+          f"{run.meta['client']['peak_in_flight']}, peak in the engine {peak[0]:.0f} ({peak[1]:.0f} running); "
+          f"{sum(len(r.token_times) for r in run.records)} tokens in {wall:.1f} s wall")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scales", default="1,10")
@@ -75,9 +118,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--prompt", default="uniform:1000:2000")
     parser.add_argument("--output", default="uniform:8:24")
+    parser.add_argument("--streams", type=int, help="N streams at once instead (see the module's docstring)")
     args = parser.parse_args()
-    table = trace(args.n, args.rate, args.prompt, args.output)
     tokenizer = train_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer.json")
+    if args.streams:
+        streams(args.streams, float(args.scales.split(",")[0]), tokenizer)
+        return
+    table = trace(args.n, args.rate, args.prompt, args.output)
     r_ttft, r_tpot = replay_means(table)
     print(f"trace: {args.n} requests at {args.rate}/s, prompts {args.prompt}, outputs {args.output}; runner {RUNNER}")
     print(f"replay: mean TTFT {r_ttft * 1e3:.1f} ms, mean TPOT {r_tpot * 1e3:.2f} ms (simulated)")

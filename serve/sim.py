@@ -2,14 +2,22 @@
 
 Simulated seconds = wall seconds since start x ``time_scale``. A request is submitted at its receive
 time on that clock, so the engine schedules it from when it came in, whatever the HTTP path costs
-later; the clock task advances the engine to each next event's time and the server only releases
-the tokens the engine reports (replay/online.py).
+later; the server only releases the tokens the engine reports (replay/online.py).
+
+The clock is one timer of the event loop set for the engine's next event: when it fires, the
+engine is advanced to now in that callback and every token due by then is handed to its request's
+queue at once; a submit or an abort sets it again. Each release time is computed from the one origin
+``t0`` on the monotonic clock (no sleep per token, so no drift accumulates); no task switch stands
+between the timer and the release (a task woken by a timeout costs the loop two or three more turns,
+each running every other ready handler first); and the timer's rounding is not left to add up to
+a millisecond to every release (``TIMER_RESOLUTION_S``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import selectors
 import time
 
 from servelab.assembly import build_cluster
@@ -20,9 +28,17 @@ from servelab.replay.online import Online
 from servelab.replay.platform import Platform
 from servelab.replay.request import Request
 
+# epoll and poll wait whole milliseconds, rounded up: a timer set for t fires in [t, t + 1 ms) (asyncio's
+# selector loop), 0.5 ms late on average. So the clock's timer is set half of that early, and the
+# last part of a wait shorter than it is spent yielding to the loop (``call_soon``) until the event's
+# time: nothing is processed before its time (a step ended early would start the next one without a
+# request that comes in meanwhile), and nothing waits a rounded-up millisecond after it.
+TIMER_RESOLUTION_S = 1e-3 if selectors.DefaultSelector.__name__ in ("EpollSelector", "PollSelector",
+                                                                      "DevpollSelector") else 0.0
+
 
 class Simulation:
-    """One engine online; ``start`` its clock task in the server's event loop."""
+    """One engine online; ``start`` its clock (a timer) in the server's event loop."""
 
     def __init__(self, config: ReplayConfig, time_scale: float = 1.0):
         if not time_scale > 0:
@@ -37,33 +53,32 @@ class Simulation:
         self.online = Online(self.engine, self._sink, self.disagg)
         self.time_scale = time_scale
         self.max_model_len = entry.config.engine.max_model_len
-        self.t0 = time.perf_counter()
+        self.t0 = time.monotonic()  # the event loop's clock (asyncio's loop.time())
         self.queues: dict[int, asyncio.Queue] = {}
         self.ids = itertools.count()
         self.listeners: list = []  # called with (req, token_times_s, ended) after the request's queue
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_at: float | None = None  # the simulated time the timer is set for
 
     def now_s(self) -> float:
         """The simulated time now."""
-        return (time.perf_counter() - self.t0) * self.time_scale
+        return (time.monotonic() - self.t0) * self.time_scale
 
     def wall_of(self, sim_s: float) -> float:
-        """perf_counter() at which simulated ``sim_s`` comes."""
+        """time.monotonic() (the loop's time) at which simulated ``sim_s`` comes."""
         return self.t0 + sim_s / self.time_scale
 
     async def start(self) -> None:
-        self._wake = asyncio.Event()
-        self.t0 = time.perf_counter()
-        self._task = asyncio.get_running_loop().create_task(self._clock())
+        self._loop = asyncio.get_running_loop()
+        self.t0 = time.monotonic()
+        self._arm()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
+        self._loop = None
 
     def submit(self, prompt_tokens: int, max_tokens: int, received_s: float) -> tuple[Request, asyncio.Queue]:
         """A request received at simulated ``received_s``; its queue gets (token times, ended) as the engine makes them."""
@@ -72,14 +87,14 @@ class Simulation:
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[id(req)] = queue
         self.online.submit(req, received_s)
-        self._wake.set()
+        self._arm()
         return req, queue
 
     def abort(self, req: Request) -> None:
         """``req``'s client went away now: the engine lets it go (its KV freed)."""
         self.queues.pop(id(req), None)
         self.online.abort(req, self.now_s())
-        self._wake.set()
+        self._arm()
 
     def _sink(self, req: Request, times: list[float], ended: bool) -> None:
         queue = self.queues.get(id(req))
@@ -90,20 +105,30 @@ class Simulation:
         for listener in self.listeners:
             listener(req, times, ended)
 
-    async def _clock(self) -> None:
-        online, wake = self.online, self._wake
-        while True:
-            online.advance(self.now_s())
-            nxt = online.next_event_s()
-            wake.clear()
-            timeout = None if nxt is None else max(0.0, self.wall_of(nxt) - time.perf_counter())
-            if timeout == 0.0:
-                await asyncio.sleep(0)  # let the handlers run between busy stretches
-                continue
-            try:
-                await asyncio.wait_for(wake.wait(), timeout)
-            except TimeoutError:
-                pass
+    def _tick(self) -> None:
+        """The timer fired: process every event due by now (its tokens go out), then set it again."""
+        self._timer = self._timer_at = None
+        self.online.advance(self.now_s())
+        self._arm()
+
+    def _arm(self) -> None:
+        """Set the timer for the engine's next event (a past one: the loop's next turn); none when idle."""
+        if self._loop is None:
+            return
+        nxt = self.online.next_event_s()
+        if nxt == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        if nxt is None:
+            self._timer = self._timer_at = None
+            return
+        delay = self.wall_of(nxt) - time.monotonic()
+        if delay < TIMER_RESOLUTION_S or delay <= 0:  # due, or nearly: look again on the loop's next turn
+            self._timer = self._loop.call_soon(self._tick)
+        else:  # (call_later: on the loop's own clock)
+            self._timer = self._loop.call_later(delay - TIMER_RESOLUTION_S / 2, self._tick)
+        self._timer_at = nxt
 
 
 def _check_online(config: ReplayConfig, cluster) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -145,19 +146,48 @@ def test_metrics_parse_with_vllm_names_and_count_tokens(url):
     assert after["vllm:num_requests_running"] == 0
 
 
-def test_500_concurrent_streams(url):
-    async def one(http, i):
-        body = {"prompt": "z" * (40 + i), "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
+def test_500_concurrent_streams(free_port):
+    """500 streams open at once, all answered in full: a step of 0.2 s of wall clock (2 s simulated at x10) keeps
+    every stream open until the last one is sent (checked: the last send comes before the first end), and
+    /metrics shows all 500 in the engine at once, at most max_num_seqs (256) running, the rest waiting."""
+    from servelab.replay.config import ReplayConfig
+
+    config = ReplayConfig.from_dict({"runner": "linear:base=2.0,decode_seq=0.0002", "num_gpu_blocks": 8192},
+                                    source="test")  # fmt: skip
+
+    async def one(http, url, i, sent, ended):
+        body = {"prompt": "z" * (40 + i), "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+        sent.append(time.monotonic())
         async with http.post(url + "/v1/completions", json=body) as r:
             assert r.status == 200
             lines = [line async for line in r.content if line.strip()]
+        ended.append(time.monotonic())
         usage = json.loads(lines[-2][6:])["usage"]
-        return len(lines) - 2, usage["completion_tokens"]
+        return len(lines) - 2, usage["completion_tokens"], lines[-1].strip()
 
-    async def go():
+    async def go(url):
+        sent, ended, seen = [], [], []
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            return await asyncio.gather(*(one(http, i) for i in range(500)))
-    assert call(go()) == [(8, 8)] * 500
+            async def scrape():  # (running, waiting) every 20 ms
+                while True:
+                    async with http.get(url + "/metrics") as r:
+                        m = {s.name: s.value for f in text_string_to_metric_families(await r.text()) for s in f.samples}
+                    seen.append((m["vllm:num_requests_running"], m["vllm:num_requests_waiting"]))
+                    await asyncio.sleep(0.02)
+            scraper = asyncio.create_task(scrape())
+            got = await asyncio.gather(*(one(http, url, i, sent, ended) for i in range(500)))
+            scraper.cancel()
+            async with http.get(url + "/metrics") as r:
+                after = {s.name: s.value for f in text_string_to_metric_families(await r.text()) for s in f.samples}
+        return got, max(sent) < min(ended), seen, after
+
+    with serving(free_port, config, time_scale=10.0) as url:
+        got, overlapped, seen, after = call(go(url))
+    assert got == [(4, 4, b"data: [DONE]")] * 500
+    assert overlapped, "the streams were not all open at once"
+    assert max(r + w for r, w in seen) == 500 and max(r for r, _ in seen) <= 256  # all 500 in the engine at once
+    assert after["vllm:request_success_total"] == 500 and after["vllm:num_requests_running"] == 0
+    assert after["vllm:generation_tokens_total"] == 2000
 
 
 def test_a_client_that_goes_away_aborts_its_request(url):
