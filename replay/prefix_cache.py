@@ -140,7 +140,7 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
-                 "tiers", "purge", "names", "keep_outputs", "valued")
+                 "tiers", "purge", "names", "keep_outputs", "countable")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
@@ -156,12 +156,13 @@ class PrefixCache:
         self.segments: dict[int, int] = {}  # request index -> id of its own segment in the queue
         self.seq = 0
         self.queued = 0  # blocks in the queue
-        # queued segments that hold reusable KV (OWN and RUN). While there is none and blocks are not
-        # named, only the queue's total matters (which valueless block is taken first changes nothing):
-        # taking and freeing then only count (``queued``), and the queue is rebuilt as one DEAD segment
-        # when a segment of value is pushed (``_settle``). A trace without hashes, whose requests are
-        # not preempted by recompute, so costs a counter per KV growth and release.
-        self.valued = 0
+        # A trace without hashes whose blocks are not named (the KV manager clears this when it names
+        # them) caches nothing but own segments. While it has none queued, which free block is taken
+        # first changes nothing: taking and freeing only count (``queued``; the queue's segments go
+        # stale), and the queue is rebuilt as one DEAD segment when an own segment is pushed
+        # (``_settle``). Such a trace, its requests not preempted by recompute, so costs a counter per
+        # KV growth and release; a trace with hashes pays one test per take and push.
+        self.countable = trace_block is None
         # real block ids (replay/block_names.py), only when the runner executes batches: set by the KV manager
         self.names = None
         # a trace whose requests depend on others (schema v2): a request's hashes may go on past its
@@ -210,7 +211,7 @@ class PrefixCache:
             self.queue[self.seq] = [FRESH, total_blocks, None]
 
     def _settle(self) -> None:
-        """The queue holds nothing of value and only counted (``valued``): make it one DEAD segment."""
+        """The queue was only counted (``countable``, no own segment): make it one DEAD segment."""
         self.queue.clear()
         if self.queued:
             self.seq += 1
@@ -219,7 +220,7 @@ class PrefixCache:
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
         if blocks <= 0:
             return
-        if not self.valued and self.names is None:
+        if self.countable and not self.segments:
             if kind != OWN:  # nothing of value queued: only the count matters
                 self.queued += blocks
                 return
@@ -234,13 +235,9 @@ class PrefixCache:
         self.queue[self.seq] = [kind, blocks, owner]
         if kind == OWN:
             self.segments[owner] = self.seq
-            self.valued += 1
 
     def _push_run(self, e: Entry, start: int, blocks: int) -> None:
         """Queue blocks ``[start, start + blocks)`` of ``e`` (cached, unheld) at the tail."""
-        if not self.valued and self.names is None:
-            self._settle()
-        self.valued += 1
         self.queued += blocks
         self.seq += 1
         run = [RUN, blocks, e, start, self.seq]
@@ -254,7 +251,7 @@ class PrefixCache:
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
         self.queued -= n
-        if not self.valued and self.names is None:  # nothing of value to evict: only counted
+        if self.countable and not self.segments:  # nothing of value to evict: only counted
             return
         queue = self.queue
         write_back = self.tiers is not None and not self.tiers.write_through
@@ -275,7 +272,6 @@ class PrefixCache:
             if names is not None:
                 names.evicted(head_id, entry, 0, entry[1])
             if kind == RUN:
-                self.valued -= 1
                 if write_back:
                     self.tiers.write(entry[2].key, entry[3], entry[1])
                 e = entry[2]
@@ -283,7 +279,6 @@ class PrefixCache:
                 if not e.top and not e.runs:
                     del self.entries[e.key]
             elif kind == OWN:
-                self.valued -= 1
                 del self.segments[entry[2]]
 
     # -- admission ------------------------------------------------------------------------------
@@ -374,7 +369,6 @@ class PrefixCache:
                         end = run[3] + run[1]
                         if end <= got:
                             del queue[run[4]]
-                            self.valued -= 1
                             runs.pop(0)
                             claimed += run[1]
                         else:
@@ -393,7 +387,6 @@ class PrefixCache:
         if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
             entry = queue[seg]
             self.queued -= hit.own
-            self.valued -= 1
             if hit.own >= entry[1]:
                 del queue[seg]
             else:
@@ -473,7 +466,7 @@ class PrefixCache:
         its hashed blocks stay held, by its chain (``req.cached_keys``, which the caller takes over
         and gives back with ``unpin``)."""
         chain = req.cached_keys
-        if chain is None and self.trace_block is None and self.names is None and not self.purge:
+        if chain is None and self.countable and not self.purge:
             # a trace without hashes: only a preempted request's own blocks may be reused (as below)
             full = min(req.num_computed_tokens // self.block_size, blocks)
             if may_return and full > 0:
@@ -537,7 +530,6 @@ class PrefixCache:
         for e, count in counts:  # the runs this release queued: those below what it held
             for run in [run for run in e.runs if run[3] < count]:
                 e.runs.remove(run)
-                self.valued -= 1
                 run[0], run[2] = DEAD, None
                 queue.move_to_end(run[4], last=False)
             if not e.top and not e.runs and cache.get(e.key) is e:
@@ -563,7 +555,6 @@ class PrefixCache:
         self._push_segment(DEAD, freed, None)
         seg = self.segments.pop(req.index, None)
         if seg is not None:  # its own blocks of an earlier preemption
-            self.valued -= 1
             self.queue[seg][0], self.queue[seg][2] = DEAD, None
             if names is not None:
                 names.evicted(seg, (OWN,), 0, 0)
@@ -578,7 +569,6 @@ class PrefixCache:
                 if names is not None:
                     names.free_cached(e, run[3], run[3] + run[1])
                 run[0], run[2] = DEAD, None
-                self.valued -= 1
             e.runs = []
             if not e.top:
                 del cache[key]
@@ -660,8 +650,8 @@ class PrefixCache:
     def check(self, total_blocks: int, used: int, running) -> None:
         """The free queue holds exactly the blocks no running request holds; holdings add up."""
         assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
-        assert self.valued == sum(1 for e in self.queue.values() if e[0] >= OWN), self.valued
-        if self.valued or self.names is not None:  # (else only counted: the segments are stale)
+        assert not self.countable or (not self.entries and self.names is None)
+        if not self.countable or self.segments:  # (else only counted: the segments are stale)
             assert self.queued == sum(e[1] for e in self.queue.values())
         held: dict = {}
         for req in running:
@@ -704,5 +694,4 @@ class PrefixCache:
         self.entries.clear()
         self.segments.clear()
         self.queued = 0
-        self.valued = 0
         self._fresh(total_blocks)

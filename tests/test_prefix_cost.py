@@ -35,7 +35,7 @@ def test_a_trace_without_hashes_never_touches_the_index(monkeypatch):
     assert result.requests.num_rows == 400
     assert caches and calls == dict.fromkeys(calls, 0)
     for cache in caches:  # the free queue is the one segment it started as: only its count moved
-        assert cache.valued == 0 and len(cache.queue) == 1 and not cache.entries and not cache.segments
+        assert cache.countable and len(cache.queue) == 1 and not cache.entries and not cache.segments
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
