@@ -2,7 +2,7 @@
 an overloaded replica whose waiting queue grows to thousands (per-policy).
 
 Usage: .venv/bin/python bench/bench_replay.py [--skip-1m] [--repeat 3]
-[--case azure|azure-disagg|azure-autoscale|azure-disagg-autoscale|1m|overload|overload200k|multiturn|quantum|vidur70b]
+[--case azure|azure-disagg|azure-autoscale|azure-disagg-autoscale|1m|overload|overload15|overload200k|multiturn|quantum|vidur70b]
 [--policy NAME ...]
 Prints wall seconds (engine + result tables, trace already loaded), simulated events, and peak
 RSS. Run each case in a fresh process for an honest peak-memory figure (``--case``).
@@ -197,6 +197,25 @@ def case_overload() -> None:
               f"{result.steps.num_rows:,} step rows; longest queue {waiting:,}")
 
 
+def case_overload15(n: int, policies: list[str]) -> None:
+    """One replica at ~1.5x its capacity (16 req/s of the overload lengths; it serves ~10.7): every
+    policy's replay CPU time against sarathi's, in one process (issue #31 item 5: within 2x, vllm-v0
+    within 1.5x). CPU time, not wall: the machine is shared."""
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=n, rate=16.0, arrival="poisson", prompt="lognormal:800:1.0",
+                        output="lognormal:200:1.0", seed=7)
+    reference = None
+    for policy in ["sarathi", *[p for p in policies if p != "sarathi"], "sarathi"]:
+        t0 = time.process_time()
+        result = replay(trace, ReplayConfig(engine=EngineConfig(replicas=1), policy=policy))
+        cpu = time.process_time() - t0
+        reference = reference if reference is not None else cpu
+        print(f"overload x1.5 ({n:,} requests at 16 req/s, 1 replica) {policy}: CPU {cpu:.2f} s "
+              f"({cpu / reference:.2f}x the first sarathi); {result.steps.num_rows:,} step rows", flush=True)
+
+
 def registered_policies() -> list[str]:
     """Every policy the registry knows (a new one is benchmarked without editing this file)."""
     from servelab.policies.base import policy_names
@@ -292,10 +311,10 @@ def case_vidur70b(repeat: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--case", choices=["azure", "azure-disagg", "azure-autoscale", "azure-disagg-autoscale", "1m",
-                                           "overload", "overload200k", "overload200k-one", "multiturn", "quantum",
+                                           "overload", "overload15", "overload200k", "overload200k-one", "multiturn", "quantum",
                                            "vidur70b"])
     parser.add_argument("--policy", action="append", help="overload200k: only these policies (repeatable)")
-    parser.add_argument("--n", type=int, default=200_000, help="overload200k, quantum: requests")
+    parser.add_argument("--n", type=int, default=None, help="overload200k, quantum (200,000), overload15 (20,000): requests")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-1m", action="store_true")
     args = parser.parse_args()
@@ -313,12 +332,14 @@ def main() -> None:
         case_overload()
     elif args.case == "multiturn":
         case_multiturn(args.repeat)
+    elif args.case == "overload15":
+        case_overload15(args.n or 20_000, args.policy or registered_policies())
     elif args.case == "overload200k":
-        case_overload200k(args.n, args.policy or registered_policies())
+        case_overload200k(args.n or 200_000, args.policy or registered_policies())
     elif args.case == "overload200k-one":
-        case_overload200k_one(args.n, args.policy[0])
+        case_overload200k_one(args.n or 200_000, args.policy[0])
     elif args.case == "quantum":
-        case_quantum(args.n)
+        case_quantum(args.n or 200_000)
     elif args.case == "vidur70b":
         case_vidur70b(args.repeat)
     else:

@@ -20,6 +20,15 @@ Starvation is bounded: a request that has waited ``max_wait_s`` seconds since it
 Non-preemptive: running requests go as in ``sarathi`` (decodes first, then prefill chunks); the
 waiting queue is admitted in (starved first, least attained task, arrival) order. KV pressure
 preempts the running request of the most served task first (most recently admitted on a tie).
+
+Cost under overload grows with events, not with the queue or the batch: waiting tasks sit in one
+heap kept across decisions (an entry is re-keyed when its task's service or first request changes,
+stale ones are dropped when they surface), and a decision pops only the tasks it reaches. Decoding
+requests of single-call tasks (no ``session_id``) may be kept in the builder's aggregate
+(``reads_running``): their output tokens are charged when they leave it (``_settled``), which is
+exact because nothing reads such a task's service while its only request runs (it is not waiting,
+and a victim is never chosen while the aggregate decodes), and because with whole-number weights the
+sum does not depend on how it is grouped. With fractional weights every request is walked.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
-from servelab.policies.base import POLICIES, PolicyBase
+from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import WaitingQueue
 from servelab.replay.batch import Batch
 from servelab.replay.replica import Replica
@@ -78,6 +87,12 @@ class LeastAttainedService(PolicyBase):
         self.attained: dict = {}  # task -> weighted tokens of service received on this replica
         self.waiting: dict = {}  # task -> its waiting requests, arrival order
         self.by_age = WaitingQueue()  # every waiting request by queue-join time (the starvation bound)
+        # waiting tasks: (service, first request's arrival, its row, version, task); an entry is live
+        # while its version is the task's (``version``); kept across decisions (``_rekey``)
+        self.heap: list = []
+        self.version: dict = {}  # waiting task -> the version of its live heap entry
+        self.versions = 0
+        self.popped: list = []  # the live entries a decision popped (``order``), pushed back after it
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def on_arrival(self, req: Request, replica: Replica) -> None:
@@ -98,8 +113,30 @@ class LeastAttainedService(PolicyBase):
     def _enqueue(self, req: Request, now: float) -> None:
         data = req.policy_data
         data.queued_s = now
-        self.waiting.setdefault(data.task, []).append(req)
+        queue = self.waiting.get(data.task)
+        if queue is None:
+            self.waiting[data.task] = [req]
+            self._rekey(data.task)
+        else:
+            queue.append(req)
         self.by_age.push(req, (now, req.index))
+
+    def _rekey(self, task) -> None:
+        """``task``'s key changed (it began waiting, its service or its first waiting request
+        changed): push its new entry; the old one, if any, is dead. A heap grown past twice the live
+        entries is rebuilt, so dead ones cost O(1) each over the replay."""
+        reqs = self.waiting.get(task)
+        if reqs is None:
+            self.version.pop(task, None)
+            return
+        self.versions += 1
+        self.version[task] = self.versions
+        heap = self.heap
+        heapq.heappush(heap, (self.attained[task], reqs[0].arrival_s, reqs[0].index, self.versions, task))
+        if len(heap) > 2 * len(self.version) + 64:
+            version = self.version
+            self.heap = [entry for entry in heap if version.get(entry[4]) == entry[3]]
+            heapq.heapify(self.heap)
 
     def _dequeue(self, req: Request) -> None:
         data = req.policy_data
@@ -107,14 +144,17 @@ class LeastAttainedService(PolicyBase):
             return
         queue = self.waiting.get(data.task)
         if queue is not None and req in queue:
+            first = queue[0] is req
             queue.remove(req)
             if not queue:
                 del self.waiting[data.task]
+            if first:
+                self._rekey(data.task)
         self.by_age.remove(req)
 
     def on_step(self, batch: Batch, num_iterations: int) -> None:
         w_in, w_out = self.params.w_in, self.params.w_out
-        attained = self.attained
+        attained, waiting = self.attained, self.waiting
         for req, _ in batch.items:
             data = req.policy_data
             done = req.num_computed_tokens
@@ -131,6 +171,27 @@ class LeastAttainedService(PolicyBase):
                     data.charged_out = req.num_generated_tokens
                     service += w_out * d_out
                 attained[data.task] += service
+                if data.task in waiting:  # (a task with calls both running and waiting)
+                    self._rekey(data.task)
+
+    @property
+    def reads_running(self) -> ReadsRunning | None:
+        """Running requests are read only by the builder's decode-first walk, and a single-call task's
+        decoding request may be kept in aggregate, its tokens charged when it leaves (module docstring).
+        Only with whole-number weights: then charging in one sum gives the same float as step by step."""
+        p = self.params
+        exact = float(p.w_in).is_integer() and float(p.w_out).is_integer()
+        return ReadsRunning(None, self._settled, _single_call) if exact else None
+
+    def _settled(self, req: Request) -> None:
+        """``req`` left the aggregate: the output tokens it made there are its task's service."""
+        data = req.policy_data
+        d_out = req.num_generated_tokens - data.charged_out
+        if d_out > 0:
+            data.charged_out = req.num_generated_tokens
+            self.attained[data.task] += self.params.w_out * d_out
+            if data.task in self.waiting:
+                self._rekey(data.task)
 
     def victim_key(self, req: Request) -> tuple:
         data = req.policy_data
@@ -140,8 +201,9 @@ class LeastAttainedService(PolicyBase):
     def order(self, now: float):
         """Waiting requests in admission order: starved ones (waited ``max_wait_s``) oldest first,
         then task by task, least attained service first (ties: the task's first queued request's
-        arrival, then its trace row), each task's requests in the order they joined the queue. Lazy: a decision that admits k requests
-        pays for about k, plus one heap entry per waiting task."""
+        arrival, then its trace row), each task's requests in the order they joined the queue. Lazy: a
+        decision that admits k requests pops about k tasks from the kept heap (``self.popped``, pushed
+        back by ``schedule``)."""
         starved: set = set()
         bound = self.params.max_wait_s
         if bound > 0:
@@ -150,12 +212,14 @@ class LeastAttainedService(PolicyBase):
                     break
                 starved.add(req)
                 yield req
-        heap = [(self.attained[task], reqs[0].arrival_s, reqs[0].index, task)
-                for task, reqs in self.waiting.items()]
-        heapq.heapify(heap)
+        heap, version, popped = self.heap, self.version, self.popped
         while heap:
-            _, _, _, task = heapq.heappop(heap)
-            for req in tuple(self.waiting.get(task, ())):
+            entry = heapq.heappop(heap)
+            task = entry[4]
+            if version.get(task) != entry[3]:
+                continue  # dead: the task was re-keyed or stopped waiting
+            popped.append(entry)
+            for req in tuple(self.waiting[task]):
                 if req not in starved:
                     yield req
 
@@ -163,7 +227,10 @@ class LeastAttainedService(PolicyBase):
         b = self.builder(replica)
         b.schedule_running(replica.running, decodes_first=True)
         if not b.preempted and replica.waiting:
+            self.popped = []
             b.admit_waiting(self.order(replica.now_s), chunked=True)
+            for entry in self.popped:  # the live entries this decision reached go back
+                heapq.heappush(self.heap, entry)
         for req in b.summary.admit:
             self._dequeue(req)
             self._admitted(req, b)
@@ -176,6 +243,11 @@ class LeastAttainedService(PolicyBase):
         if hit is not None:
             data = req.policy_data
             data.charged_in = max(data.charged_in, min(req.prompt_tokens, hit.tokens))
+
+
+def _single_call(req: Request) -> bool:
+    """May ``req`` decode in the builder's aggregate? Only a request that is its task's only call."""
+    return req.session_id is None
 
 
 __all__ = ["LasParams", "LeastAttainedService", "task_of"]

@@ -55,6 +55,7 @@ class KVManager:
         self.register = prefix_cache.register if prefix_cache is not None and prefix_cache.trace_block else None
         if prefix_cache is not None and allocator is not None:  # cached blocks keep real ids (replay/block_names.py)
             names = prefix_cache.names = BlockNames(allocator)
+            prefix_cache.countable = False  # (named blocks: the queue's segments stay exact)
             if self.register is not None:
                 self.register = lambda req: names.register(prefix_cache, req)
         self.swap = swap  # preemption swaps to the host pool while it has room (else recomputes)

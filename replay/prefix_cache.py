@@ -140,7 +140,7 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
-                 "tiers", "purge", "names", "keep_outputs")
+                 "tiers", "purge", "names", "keep_outputs", "countable")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
@@ -156,12 +156,19 @@ class PrefixCache:
         self.segments: dict[int, int] = {}  # request index -> id of its own segment in the queue
         self.seq = 0
         self.queued = 0  # blocks in the queue
+        # A trace without hashes whose blocks are not named (the KV manager clears this when it names
+        # them) caches nothing but own segments. While it has none queued, which free block is taken
+        # first changes nothing: taking and freeing only count (``queued``; the queue's segments go
+        # stale), and the queue is rebuilt as one DEAD segment when an own segment is pushed
+        # (``_settle``). Such a trace, its requests not preempted by recompute, so costs a counter per
+        # KV growth and release; a trace with hashes pays one test per take and push.
+        self.countable = trace_block is None
         # real block ids (replay/block_names.py), only when the runner executes batches: set by the KV manager
         self.names = None
         # a trace whose requests depend on others (schema v2): a request's hashes may go on past its
         # prompt over its output, the context its dependents continue; those blocks are cached too
         self.keep_outputs = False
-        self._push_segment(FRESH, total_blocks, None)
+        self._fresh(total_blocks)
 
     # -- keys -----------------------------------------------------------------------------------
     def hashed_blocks(self, req: "Request") -> int:
@@ -194,9 +201,30 @@ class PrefixCache:
             j = hi
 
     # -- the free queue -------------------------------------------------------------------------
+    def _fresh(self, total_blocks: int) -> None:
+        """The queue of a cache that holds nothing yet: every block, never used (a real segment, which
+        the block names, set after this, read)."""
+        self.queue.clear()
+        self.queued = total_blocks
+        if total_blocks > 0:
+            self.seq += 1
+            self.queue[self.seq] = [FRESH, total_blocks, None]
+
+    def _settle(self) -> None:
+        """The queue was only counted (``countable``, no own segment): make it one DEAD segment."""
+        self.queue.clear()
+        if self.queued:
+            self.seq += 1
+            self.queue[self.seq] = [DEAD, self.queued, None]
+
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
         if blocks <= 0:
             return
+        if self.countable and not self.segments:
+            if kind != OWN:  # nothing of value queued: only the count matters
+                self.queued += blocks
+                return
+            self._settle()
         self.queued += blocks
         if kind != OWN and self.queue:  # merge with a tail segment of no value
             tail = self.queue[next(reversed(self.queue))]
@@ -223,6 +251,8 @@ class PrefixCache:
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
         self.queued -= n
+        if self.countable and not self.segments:  # nothing of value to evict: only counted
+            return
         queue = self.queue
         write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
@@ -254,6 +284,8 @@ class PrefixCache:
     # -- admission ------------------------------------------------------------------------------
     def lookup(self, req: "Request") -> Hit | None:
         """The longest cached prefix ``req`` (admitted with nothing computed) can reuse, or None."""
+        if self.trace_block is None and req.index not in self.segments:  # no hashes, no own segment
+            return None
         bs = self.block_size
         limit = req.num_tokens - 1  # the last token is always computed
         hashed_all = self.hashed_blocks(req)
@@ -434,6 +466,15 @@ class PrefixCache:
         its hashed blocks stay held, by its chain (``req.cached_keys``, which the caller takes over
         and gives back with ``unpin``)."""
         chain = req.cached_keys
+        if chain is None and self.countable and not self.purge:
+            # a trace without hashes: only a preempted request's own blocks may be reused (as below)
+            full = min(req.num_computed_tokens // self.block_size, blocks)
+            if may_return and full > 0:
+                self._push_segment(DEAD, blocks - full, None)
+                self._push_segment(OWN, full, req.index)
+            else:
+                self._push_segment(DEAD, blocks, None)
+            return blocks
         shared = chain.blocks if chain is not None else 0
         full = max(min(req.num_computed_tokens // self.block_size, blocks), shared)
         hashed = self.hashed_blocks(req)
@@ -609,7 +650,9 @@ class PrefixCache:
     def check(self, total_blocks: int, used: int, running) -> None:
         """The free queue holds exactly the blocks no running request holds; holdings add up."""
         assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
-        assert self.queued == sum(e[1] for e in self.queue.values())
+        assert not self.countable or (not self.entries and self.names is None)
+        if not self.countable or self.segments:  # (else only counted: the segments are stale)
+            assert self.queued == sum(e[1] for e in self.queue.values())
         held: dict = {}
         for req in running:
             chain = req.cached_keys
@@ -651,4 +694,4 @@ class PrefixCache:
         self.entries.clear()
         self.segments.clear()
         self.queued = 0
-        self._push_segment(FRESH, total_blocks, None)
+        self._fresh(total_blocks)

@@ -313,3 +313,57 @@ def test_edf_with_cohorts_is_byte_identical(case, variant, monkeypatch):
         assert bool(given_up) == (variant != "no SLOs")
 
     same_without_cohort(trace, config, EarliestDeadlineFirst, monkeypatch, given_up_with_slos)
+
+
+OVERLOAD_CASES = ["plenty of KV, 2 replicas", "KV pressure, recompute", "KV pressure, swap", "reserve allocation",
+                  "small token budget", "horizon", "sessions", "quotas, retries and a queue cap"]
+
+
+@pytest.mark.parametrize("case", OVERLOAD_CASES)
+@pytest.mark.sampled(keep=4)
+def test_vllm_v0_with_cohorts_is_byte_identical(case, monkeypatch):
+    """vllm-v0's decode iterations take the cohort whole; its prefill iterations leave it idle, and a
+    request prefilled there joins only after its next token (its first gap is shorter than the members')."""
+    from servelab.policies.vllm_v0 import VllmV0
+
+    spec = CASES[case]
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="vllm-v0")
+    same_without_cohort(synthetic(**spec.get("trace", {})), config, VllmV0, monkeypatch)
+
+
+@pytest.mark.parametrize("case", [c for c in OVERLOAD_CASES if c != "sessions"])  # (sessions: below)
+@pytest.mark.parametrize("params", [{}, {"w_in": 2, "w_out": 3}, {"max_wait_s": 1.0}])
+@pytest.mark.sampled(keep=6)
+def test_las_with_cohorts_is_byte_identical(case, params, monkeypatch):
+    """las keeps single-call tasks' decodes in the cohort and charges their tokens when they leave it;
+    the same service (whole-number weights), so the same decisions as charging them step by step."""
+    from servelab.policies.las import LeastAttainedService
+
+    spec = CASES[case]
+    config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="las", policy_params=params)
+    same_without_cohort(synthetic(**spec.get("trace", {})), config, LeastAttainedService, monkeypatch)
+
+
+def test_las_keeps_calls_of_multi_call_tasks_out_of_the_cohort(monkeypatch):
+    """A task's service is read while one of its calls waits and another runs: a call with a session
+    never decodes in the cohort (its tokens are charged step by step)."""
+    members = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (members.append(req), original_join(self, req)))
+    trace = synthetic(n=600, turns=4, think_s=2.0)
+    replay(trace, ReplayConfig(engine=EngineConfig(), policy="las"))
+    assert trace.column("session_id").null_count < trace.num_rows
+    assert all(req.session_id is None for req in members)
+
+
+def test_las_with_fractional_weights_walks_every_request(monkeypatch):
+    """Charging a cohort member's tokens in one sum is exact only for whole-number weights: with
+    fractional ones las keeps no cohort."""
+    joins = []
+    original_join = DecodeCohort.join
+    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+    config = ReplayConfig(engine=EngineConfig(), policy="las", policy_params={"w_out": 0.3})
+    replay(synthetic(n=200), config)
+    assert not joins
+    replay(synthetic(n=200), ReplayConfig(engine=EngineConfig(), policy="las"))
+    assert joins
