@@ -80,7 +80,8 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
 
 # Up to this many requests a trial is scored on one DuckDB thread: on 2,000 requests the scoring
 # query took ~10 ms on one thread against ~18 ms on two (starting and joining the threads costs more
-# than the work they share; bench/RESULTS.md, issue #31). Larger runs keep DuckDB's default.
+# than the work they share; bench/RESULTS.md, issue #31). Larger runs keep DuckDB's default. Runs this
+# small are scored by numpy instead when it gives the same doubles (scoring/quick.py: ~1 ms).
 ONE_THREAD_ROWS = 100_000
 
 
@@ -99,7 +100,9 @@ class Evaluator:
         self.trace, self.trace_path, self.trace_meta = prepare_trace(spec, self.study_dir)
         if threads is None and self.trace.num_rows <= ONE_THREAD_ROWS:
             threads = 1
-        self.scorer = RunScorer(spec.slo, threads=threads, gpu_prices=dict(spec.gpu_prices))
+        # a small trace is scored by numpy (scoring/quick.py), bit-equal to DuckDB on one thread
+        quick = threads == 1 and self.trace.num_rows <= ONE_THREAD_ROWS
+        self.scorer = RunScorer(spec.slo, threads=threads, gpu_prices=dict(spec.gpu_prices), quick=quick)
         # the cost view's figures are read only when an objective needs them (a query per trial)
         self.wants_cost = "cost_per_million_tokens" in spec.objectives or (
             "cost" in spec.objectives and spec.base.cluster is not None)
