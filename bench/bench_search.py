@@ -1,7 +1,7 @@
 """Benchmark a search: N trials on the first R requests of the bundled Azure conversation trace (roofline runner).
 
 Reports the study's wall time and how much of it is replay: per trial, the replay itself
-(``replay()``), scoring (the DuckDB views), writing the run directory, and everything else
+(``replay()``), scoring (scoring/quick.py, or the DuckDB views), writing the run directory, and everything else
 (Optuna sampling and storage, config building), plus the study-level cost outside trials.
 
     .venv/bin/python bench/bench_search.py --trials 100 --requests 10000 --out /tmp/bench_search
@@ -108,7 +108,7 @@ def main() -> None:
     print(f"best attainment {pc.max(t.column('attainment')).as_py():.4f}; trials table digest {trials_digest(t)}")
     print("| part | total s | per trial s | share of wall |")
     print("|---|---:|---:|---:|")
-    for name, value in (("replay()", replay_s), ("scoring (DuckDB views)", score_s), ("write run dir (Parquet + run.json)", write_s),
+    for name, value in (("replay()", replay_s), ("scoring (numpy; DuckDB views for what it does not model)", score_s), ("write run dir (Parquet + run.json)", write_s),
                         ("scoring and writing together (overlapped)", post_s),
                         ("Optuna sampling/storage + config (in trial)", other_in_trial),
                         ("outside trials (setup, trace)", outside),
