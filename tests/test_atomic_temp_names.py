@@ -1,4 +1,5 @@
-"""common/atomic.py recognises a destination's temporaries by one precompiled suffix pattern: the same names as the per-name regex it replaced."""
+"""common/atomic.py recognises a destination's temporaries by one precompiled suffix pattern: the same names as the
+per-name regex it replaced."""
 
 from __future__ import annotations
 

@@ -100,7 +100,8 @@ def test_quick_scores_equal_duckdb_with_tiers_tenants_and_request_slos(runs):
 def test_a_latency_exactly_at_its_slo_meets_it_in_both(runs):
     result = runs[5]
     finished = [i for i, s in enumerate(result.requests.column("status").to_pylist()) if s == "finished"]
-    ttft = result.requests.column("first_token_s").to_pylist()[finished[0]] - result.requests.column("arrival_s").to_pylist()[finished[0]]
+    i = finished[0]
+    ttft = result.requests.column("first_token_s").to_pylist()[i] - result.requests.column("arrival_s").to_pylist()[i]
     slo = SloTable(global_=Slo(ttft_s=ttft))
     duck, fast = _both(result, slo)
     assert _exact(fast) == _exact(duck)
