@@ -23,8 +23,11 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   e.g. a round-robin slot) then ``on_leave`` (out of its waiting order) and sees it from then on as
   one of its running requests.
 
-Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler publishes its active
-replicas to the engine, which owns who serves (``Engine.publish``; failures: ``Engine.fail``) and
+The handoff changes no request's place itself: it returns intents (replay/intents.py: ``HandOff`` and
+``Reject`` from ``after_step``, ``Land`` and ``Wake`` from the link's landings) that ``Engine.enact`` applies.
+
+Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler tells the engine its active
+replicas (a ``Serve`` intent), the engine owning who serves (``Engine.publish``; failures: ``Engine.fail``) and
 tells the handoff the decode pool's (``_decode_serving``): arrivals go to the active prefill
 replicas, handoffs to the active decode replicas with room (a decode replica that starts takes waiting handoffs at once); a draining decode
 replica takes no new handoffs and stops when its running and landing requests are done; a draining
