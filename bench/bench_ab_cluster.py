@@ -49,15 +49,15 @@ Engine.run = timed
 case, n, examples = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 LINEAR = "linear:base=0.004,prefill_token=0.00003,decode_seq=0.0001"
 if case == "disagg":
-    raw = {"runner": LINEAR, "kv_bytes_per_token": 131072, "cluster": {
+    raw = {"runner": LINEAR, "kv_bytes_per_token": 131072, "num_gpu_blocks": 28000, "cluster": {
         "pools": [{"name": "prefill", "role": "prefill", "replicas": 2},
                   {"name": "decode", "role": "decode", "replicas": 4, "router": "least-outstanding"}],
         "links": [{"from": "prefill", "to": "decode", "bandwidth_gbps": 50.0, "latency_s": 0.0005}]}}
 elif case == "disagg-autoscale":
     raw = tomllib.load(open(f"{examples}/disagg-autoscale.toml", "rb"))
-    raw.update(runner=LINEAR, kv_bytes_per_token=131072, fail=["replica=0,at=300,for=120", "replica=5,at=900"])
+    raw.update(runner=LINEAR, kv_bytes_per_token=131072, num_gpu_blocks=28000, fail=["replica=0,at=300,for=120", "replica=5,at=900"])
 elif case == "autoscale":
-    raw = {"runner": LINEAR, "fail": ["replica=1,at=600,for=60"], "cluster": {"pools": [{"name": "web", "replicas": 2,
+    raw = {"runner": LINEAR, "num_gpu_blocks": 28000, "fail": ["replica=1,at=600,for=60"], "cluster": {"pools": [{"name": "web", "replicas": 2,
            "autoscale": {"min": 2, "max": 6, "signal": "running", "target": 8, "interval_s": 10, "cooldown_s": 60,
                          "startup_s": 30}}]}}
 else:  # spot
@@ -79,8 +79,11 @@ CASES = ("disagg", "disagg-autoscale", "autoscale", "spot")
 def one(root: str, case: str, requests: int) -> tuple[float, str]:
     """One run: Engine.run's CPU s and the finish times' hash."""
     env = dict(os.environ, PYTHONPATH=root)
-    out = subprocess.run([sys.executable, "-c", CHILD, case, str(requests), str(EXAMPLES)], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+    proc = subprocess.run([sys.executable, "-c", CHILD, case, str(requests), str(EXAMPLES)], env=env, capture_output=True,
+                          text=True)
+    if proc.returncode:
+        raise SystemExit(f"{case} under {root} failed:\n{proc.stderr[-3000:]}")
+    out = proc.stdout.split()
     return float(out[0]), out[1]
 
 
