@@ -12,21 +12,26 @@ Cases, on the bundled Azure conversation trace (its first N requests with ``--re
 instance types, H100s reclaimed at 600 s). Each pair runs A then B, the next B then A (ABBA). Per run:
 ``Engine.run``'s CPU time (user + system); printed: each run, the medians and the median of the pairs'
 B/A ratios per case. The script checks that both versions give the same finish times (the same work).
+``--instructions``: instead, Engine.run's instructions under valgrind's callgrind, one run per side (a count
+that does not depend on the machine's load; as bench_instructions.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
 CHILD = r"""
-import hashlib, resource, sys, tomllib
+import functools, hashlib, resource, sys, tomllib
 from servelab.api import ReplayConfig, replay
 from servelab.replay.engine import Engine
 from servelab.traces.bundled import default_trace_path
@@ -45,6 +50,10 @@ def timed(self, *a, **k):
     finally:
         spent[0] += cpu() - t
 Engine.run = timed
+if sys.argv[4] == "count":  # under callgrind, which collects inside functools.reduce only: Engine.run's instructions
+    def collected(engine, *a, **k):
+        return functools.reduce(lambda _, __: timed(engine, *a, **k), (0, 0))
+    Engine.run = collected
 
 case, n, examples = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 LINEAR = "linear:base=0.004,prefill_token=0.00003,decode_seq=0.0001"
@@ -76,15 +85,26 @@ print(spent[0], finish)
 CASES = ("disagg", "disagg-autoscale", "autoscale", "spot")
 
 
-def one(root: str, case: str, requests: int) -> tuple[float, str]:
-    """One run: Engine.run's CPU s and the finish times' hash."""
-    env = dict(os.environ, PYTHONPATH=root)
-    proc = subprocess.run([sys.executable, "-c", CHILD, case, str(requests), str(EXAMPLES)], env=env, capture_output=True,
-                          text=True)
+def one(root: str, case: str, requests: int, prefix: tuple[str, ...] = ()) -> tuple[float, str]:
+    """One run: Engine.run's CPU s and the finish times' hash (``prefix``: callgrind's command)."""
+    env = dict(os.environ, PYTHONPATH=root, PYTHONHASHSEED="0")
+    proc = subprocess.run([*prefix, sys.executable, "-c", CHILD, case, str(requests), str(EXAMPLES),
+                           "count" if prefix else "time"], env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{case} under {root} failed:\n{proc.stderr[-3000:]}")
     out = proc.stdout.split()
     return float(out[0]), out[1]
+
+
+def instructions(root: str, case: str, requests: int) -> tuple[int, str]:
+    """Engine.run's instructions under callgrind (hash seed and address layout fixed) and the finish hash."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        prefix = ("setarch", platform.machine(), "-R", "valgrind", "--tool=callgrind",
+                  "--toggle-collect=functools_reduce", f"--callgrind-out-file={out}")
+        _, finish = one(root, case, requests, prefix)
+        match = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
+        return int(match.group(1)), finish
 
 
 def main() -> None:
@@ -94,7 +114,17 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--requests", type=int, default=0, help="the trace's first N requests (0: all)")
     parser.add_argument("--case", nargs="*", default=list(CASES), choices=CASES)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count Engine.run's instructions under valgrind's callgrind instead (one run per side)")
     args = parser.parse_args()
+    if args.instructions:
+        for case in args.case:
+            counts = {side: instructions(root, case, args.requests) for side, root in (("A", args.a), ("B", args.b))}
+            if counts["A"][1] != counts["B"][1]:
+                raise SystemExit(f"{case}: the versions' finish times differ: not the same work")
+            print(f"{case}: Engine.run A {counts['A'][0] / 1e6:,.1f} M instructions, B {counts['B'][0] / 1e6:,.1f} M; "
+                  f"B/A {counts['B'][0] / counts['A'][0]:.4f}; same finish times (sha256 {counts['A'][1]})", flush=True)
+        return
     for case in args.case:
         runs: dict[str, list[tuple[float, str]]] = {"A": [], "B": []}
         for k in range(args.pairs):

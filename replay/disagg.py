@@ -24,7 +24,7 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   one of its running requests.
 
 The handoff changes no request's place itself: it returns intents (replay/intents.py: ``HandOff`` and
-``Reject`` from ``after_step``, ``Land`` and ``Wake`` from the link's landings) that ``Engine.enact`` applies.
+``Reject`` from ``after_step``, ``Wake`` and ``Land`` from the link's landings) that ``Engine.enact`` applies.
 
 Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler tells the engine its active
 replicas (a ``Serve`` intent), the engine owning who serves (``Engine.publish``; failures: ``Engine.fail``) and
@@ -260,9 +260,9 @@ class Disaggregation:
 
     def _land(self, transfer, now: float) -> list:
         """The link's arrival of ``transfer``: returns the intents — the prefill replica's wake, if its
-        freed KV lets it admit, ``req`` landing on its decode replica (it joins the running set as if
-        admitted now: it has its KV) and that replica's wake (a busy one stops its stretch at the next
-        iteration boundary, an idle one decides after every other landing of this instant)."""
+        freed KV lets it admit, and ``req`` landing on its decode replica (it joins the running set as if
+        admitted now: it has its KV), which wakes it (a busy one stops its stretch at the next iteration
+        boundary, an idle one decides after every other landing of this instant)."""
         req, target, holder = transfer.payload
         if self.landing[target.id].get(req) is not holder:
             return []  # cancelled during its latency: an end of it was lost (``lose``)
@@ -270,8 +270,7 @@ class Disaggregation:
         out = self._release_source(req, now)
         target.kv.adopt(req, holder)
         self.transfer_end_s[req.index] = now
-        out.append(Land(target, req))
-        out.append(Wake(target))
+        out.append(Land(target, req))  # (which wakes ``target``)
         return out
 
     def _release_source(self, req: Request, now: float) -> list:

@@ -738,13 +738,9 @@ class Engine:
                 self.hand_off(intent.replica, intent.req)
             elif kind is Land:
                 self.land(intent.replica, intent.req)
+                self._wake(intent.replica, now)
             elif kind is Wake:
-                replica = intent.replica
-                if replica.busy:  # its stretch stops at the next iteration boundary
-                    self._cut_stretch(replica, now)
-                elif not replica.schedule_pending:  # it decides after every other event of this instant
-                    replica.schedule_pending = True
-                    self.push(now, SCHEDULE, replica)
+                self._wake(intent.replica, now)
             elif kind is Serve:
                 self.publish(intent.pool, list(intent.replicas))
             elif kind is Reject:
@@ -764,6 +760,15 @@ class Engine:
                     self.route_all(self.platform.take_orphans(), now)
             else:
                 raise ServelabError(f"the engine cannot enact {intent!r}")
+
+    def _wake(self, replica: Replica, now: float) -> None:
+        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration boundary, an
+        idle one decides after every other event of this instant (a SCHEDULE event comes after the TIMERs)."""
+        if replica.busy:
+            self._cut_stretch(replica, now)
+        elif not replica.schedule_pending:
+            replica.schedule_pending = True
+            self.push(now, SCHEDULE, replica)
 
     def ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any, and its dependents."""
