@@ -18,7 +18,8 @@ over the pool: one number for all replicas), ``handoffs_waiting`` (a decode pool
 handed off by the prefill pool and waiting for a decode replica with room; one number for the pool).
 
 In a disaggregated cluster (``disagg``: replay/disagg.py) the prefill and the decode pool each have
-their own autoscaler, each publishing its pool's active replicas to the engine, which owns who serves
+their own autoscaler, each telling the engine its pool's active replicas (a ``Serve`` intent: replay/intents.py),
+the engine owning who serves
 (arrivals go to the active prefill replicas, handoffs to the active decode ones); the engine calls
 ``after_step`` after the handoff's own work; a replica also holds work while KV moves: a prefill replica until the KV of the requests it handed
 off has landed, a decode replica while transfers to it are under way (``Disaggregation.holding``).
@@ -41,6 +42,7 @@ from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.replay.engine import DECODE, ENTRY, TIMER
+from servelab.replay.intents import Serve
 
 if TYPE_CHECKING:
     from servelab.replay.disagg import Disaggregation
@@ -122,11 +124,9 @@ class Autoscaler:
         self.pool = DECODE if disagg is not None and replicas[0].id in disagg.decode_ids else ENTRY
         engine.step_listeners.append(self.after_step)
         engine.on_failed.append(self.failed)
-        if disagg is None:
-            engine.publish(ENTRY, [r for r in replicas if self.state[r.id] == "active"])
-        else:
+        if disagg is not None:
             disagg.scaled_by(self)
-            self._live()
+        engine.enact(self._live(), engine.now_s)
         self._record(0.0)
         if ticks:  # (a pool of fixed size whose replicas change only with availability: replay/fleet.py)
             self.push(config.interval_s, self.tick)
@@ -143,9 +143,9 @@ class Autoscaler:
         else:
             self.timeline.append(row)
 
-    def _live(self) -> None:
-        """Tell the engine which replicas of the pool are wanted serving (the active ones)."""
-        self.engine.publish(self.pool, [r for r in self.replicas if self.state[r.id] == "active"])
+    def _live(self) -> list:
+        """The intents telling the engine which replicas of the pool are wanted serving (the active ones)."""
+        return [Serve(self.pool, tuple(r for r in self.replicas if self.state[r.id] == "active"))]
 
     def _holding(self, replica: "Replica") -> bool:
         """``replica`` still holds KV that is moving (a disaggregated pool's)."""
@@ -177,10 +177,10 @@ class Autoscaler:
         if now - self.last_action_s >= cfg.cooldown_s:
             have = len(active) + self._count("starting")
             if desired > have:
-                self._scale_out(desired - have, now)
+                self.engine.enact(self._scale_out(desired - have, now), now)
             elif desired < len(active):
-                self._scale_in(len(active) - desired, now)
-        if self._done():
+                self.engine.enact(self._scale_in(len(active) - desired, now), now)
+        if self._done():  # (after the intents: a handoff they place is work pending)
             self.ticking = False
         else:
             self.push(now + cfg.interval_s, self.tick)
@@ -194,7 +194,7 @@ class Autoscaler:
         return engine.next_arrival >= len(engine.arrivals) and len(engine.heap) <= ticks and \
             all(not r.busy and not r.running and not r.waiting for r in self.replicas)
 
-    def _scale_out(self, n: int, now: float) -> None:
+    def _scale_out(self, n: int, now: float) -> list:
         self.last_action_s = now
         for r in self.replicas:  # draining ones come back first, at once
             if n and self.state[r.id] == "draining":
@@ -206,24 +206,26 @@ class Autoscaler:
                 self.state[r.id] = "starting"
                 self.push(now + self.config.startup_s, lambda t, r=r: self._started(r, t))
                 n -= 1
-        self._live()
         self._record(now)
+        return self._live()
 
-    def _started(self, replica: "Replica", now: float) -> None:
+    def _started(self, replica: "Replica", now: float) -> list:
+        """A timed event: ``replica``'s start-up is over; returns the intents (the engine enacts them)."""
         if self.state[replica.id] == "starting":
             self.state[replica.id] = "active"
-            self._live()
             self._record(now)
+            return self._live()
+        return []
 
-    def _scale_in(self, n: int, now: float) -> None:
+    def _scale_in(self, n: int, now: float) -> list:
         self.last_action_s = now
         for r in reversed(self.replicas):
             if n and self.state[r.id] == "active":
                 self.state[r.id] = "draining"
                 n -= 1
                 self._stop_if_drained(r)
-        self._live()
         self._record(now)
+        return self._live()
 
     def _stop_if_drained(self, replica: "Replica") -> bool:
         if self.state[replica.id] == "draining" and not replica.busy and not replica.running and not replica.waiting \
@@ -238,15 +240,14 @@ class Autoscaler:
             self.state[replica.id] = "off"  # (its step is applied: it is idle from end_s)
             self._record(end_s)
 
-    def failed(self, replica: "Replica", now: float) -> bool:
+    def failed(self, replica: "Replica", now: float) -> list:
         """A replica of the pool failed: it is gone (no longer counted or held); the next tick may start
-        another in its stead, or this one once it is back. Returns whether it was the pool's."""
+        another in its stead, or this one once it is back. Returns the intents (empty: not the pool's)."""
         if self.state.get(replica.id, "off") == "off":
-            return False
+            return []
         self.state[replica.id] = "off"
-        self._live()
         self._record(now)
-        return True
+        return self._live()
 
     def released(self, replica: "Replica", now: float) -> None:
         """KV ``replica`` held for a transfer has landed elsewhere: a drained one stops now."""

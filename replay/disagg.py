@@ -23,8 +23,11 @@ The engine calls ``after_step(replica, step, end_s)`` after every applied step (
   e.g. a round-robin slot) then ``on_leave`` (out of its waiting order) and sees it from then on as
   one of its running requests.
 
-Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler publishes its active
-replicas to the engine, which owns who serves (``Engine.publish``; failures: ``Engine.fail``) and
+The handoff changes no request's place itself: it returns intents (replay/intents.py: ``HandOff`` and
+``Reject`` from ``after_step``, ``Wake`` and ``Land`` from the link's landings) that ``Engine.enact`` applies.
+
+Autoscaled pools (replay/autoscale.py, ``scaled_by``): each pool's autoscaler tells the engine its active
+replicas (a ``Serve`` intent), the engine owning who serves (``Engine.publish``; failures: ``Engine.fail``) and
 tells the handoff the decode pool's (``_decode_serving``): arrivals go to the active prefill
 replicas, handoffs to the active decode replicas with room (a decode replica that starts takes waiting handoffs at once); a draining decode
 replica takes no new handoffs and stops when its running and landing requests are done; a draining
@@ -51,7 +54,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from servelab.replay.batch import no_aggregate
-from servelab.replay.engine import DECODE, ENTRY, SCHEDULE, TIMER
+from servelab.replay.engine import DECODE, ENTRY, TIMER
+from servelab.replay.intents import HandOff, Land, Reject, Serve, Wake
 from servelab.replay.kv import blocks_for
 from servelab.replay.request import Request, Status
 from servelab.replay.transfer import Link
@@ -116,13 +120,15 @@ class Disaggregation:
         for replica in prefill:
             no_aggregate(replica)  # nothing decodes there: every request leaves at its first token
         engine.step_listeners.append(self.after_step)  # (first: the pools' autoscalers come after it)
-        engine.publish(ENTRY, list(prefill))  # arrivals are routed to the prefill pool only
+        engine.enact([Serve(ENTRY, tuple(prefill))], engine.now_s)  # arrivals are routed to the prefill pool only
         engine.add_pool(DECODE, decode, self._decode_serving)
 
     # -- the engine's hook ----------------------------------------------------------------------
-    def after_step(self, replica: Replica, step, end_s: float) -> None:
+    def after_step(self, replica: Replica, step, end_s: float) -> list | None:
+        """Returns the intents of the requests handed off by a prefill replica's step (the engine enacts
+        them before its next step listener): each leaves the replica (``HandOff``), or is rejected."""
         if replica is self._stopping:
-            return  # (its last iterations, applied as it goes down: nothing is handed off or placed)
+            return None  # (its last iterations, applied as it goes down: nothing is handed off or placed)
         if replica.id in self.prefill_ids:
             running = Status.RUNNING
             # a request that has just emitted a token with nothing left to compute: its first token, or
@@ -133,14 +139,16 @@ class Disaggregation:
             if ready and self.stream_layers:  # what the link could carry during this, their final prefill iteration
                 window = (end_s - step.start_s) * self.link.bytes_per_s / (len(self.link.active) + len(ready))
                 self._overlap = dict.fromkeys(ready, window)
+            out = []
             for req in ready:
-                self._hand_off(replica, req, end_s)
+                out += self._hand_off(replica, req, end_s)
             self._overlap.clear()
-            return
+            return out
         if self.pending:
             self._applied = replica  # its step is applied: it promises no more blocks
             self._place_pending(end_s)
             self._applied = None
+        return None
 
     # -- autoscaled pools -----------------------------------------------------------------------
     def scaled_by(self, scaler: PoolWatcher) -> None:
@@ -161,21 +169,24 @@ class Disaggregation:
         """``replica`` holds KV of requests in transfer (from it, or to it)."""
         return bool(self.sending[replica.id] if replica.id in self.sending else self.landing[replica.id])
 
-    def _hand_off(self, replica: Replica, req: Request, now: float) -> None:
-        self.engine.hand_off(replica, req)
+    def _hand_off(self, replica: Replica, req: Request, now: float) -> list:
+        """``req`` leaves prefill replica ``replica`` (``HandOff``, enacted once its step's handoffs are all
+        placed: placing reads only the decode pool) holding its KV there, and waits for a decode replica."""
+        out: list = [HandOff(replica, req)]
         self.sending[replica.id].append(req)
         self.source[req] = replica
         self.handoff_s[req.index] = now
         self.prefill_replica[req.index] = replica.id
         if not any(d.kv.can_ever_fit(req) for d in self.decode):
             need = self.decode[0].kv.blocks_to_finish(req)
-            self._release_source(req, now)
-            self.engine.end(req, Status.REJECTED, f"needs {need} KV blocks for prompt + max output; a decode "
-                            f"replica has {max(d.kv.total for d in self.decode)}", now)
-            return
+            out += self._release_source(req, now)
+            out.append(Reject(req, f"needs {need} KV blocks for prompt + max output; a decode "
+                                   f"replica has {max(d.kv.total for d in self.decode)}"))
+            return out
         self.pending.append(req)
         self.max_pending = max(self.max_pending, len(self.pending))
         self._place_pending(now)
+        return out
 
     # -- placing on a decode replica ------------------------------------------------------------
     def _room(self, req: Request) -> list[Replica]:
@@ -247,37 +258,31 @@ class Disaggregation:
                 num_bytes -= streamed
             self.link.start((req, target, holder), num_bytes, now)
 
-    def _land(self, transfer, now: float) -> None:
+    def _land(self, transfer, now: float) -> list:
+        """The link's arrival of ``transfer``: returns the intents — the prefill replica's wake, if its
+        freed KV lets it admit, and ``req`` landing on its decode replica (it joins the running set as if
+        admitted now: it has its KV), which wakes it (a busy one stops its stretch at the next iteration
+        boundary, an idle one decides after every other landing of this instant)."""
         req, target, holder = transfer.payload
         if self.landing[target.id].get(req) is not holder:
-            return  # cancelled during its latency: an end of it was lost (``lose``)
+            return []  # cancelled during its latency: an end of it was lost (``lose``)
         del self.landing[target.id][req]
-        self._release_source(req, now)
+        out = self._release_source(req, now)
         target.kv.adopt(req, holder)
         self.transfer_end_s[req.index] = now
-        self.engine.land(target, req)  # it joins the running set as if admitted now: it has its KV
-        self._wake(target, now)
+        out.append(Land(target, req))  # (which wakes ``target``)
+        return out
 
-    def _wake(self, replica: Replica, now: float) -> None:
-        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration
-        boundary; an idle one decides at ``now`` after every other landing of this instant (a
-        ``SCHEDULE`` event comes after the ``TIMER`` events of its time)."""
-        if replica.busy:
-            self.engine._cut_stretch(replica, now)
-        elif not replica.schedule_pending:
-            replica.schedule_pending = True
-            self.engine.push(now, SCHEDULE, replica)
-
-    def _release_source(self, req: Request, now: float) -> None:
-        """The prefill replica frees ``req``'s KV (its prompt blocks stay in its prefix cache); an
-        idle one with requests waiting (for that room, perhaps) decides again."""
+    def _release_source(self, req: Request, now: float) -> list:
+        """The prefill replica frees ``req``'s KV (its prompt blocks stay in its prefix cache); returns the
+        intent to wake it when it is idle with requests waiting (for that room, perhaps)."""
         source = self.source.pop(req)
         self.sending[source.id].remove(req)
         source.kv.release(req)
-        if not source.busy and source.waiting:
-            self._wake(source, now)
+        out = [Wake(source)] if not source.busy and source.waiting else []
         if self.prefill_scaler is not None:
             self.prefill_scaler.released(source, now)
+        return out
 
     # -- a replica lost (failure, reclaimed instance) -------------------------------------------------
     def stop(self, replica: Replica) -> None:
@@ -322,7 +327,7 @@ class Disaggregation:
             for req, holder in landing.items():
                 self._cancel(req, now)
                 replica.kv.release(holder)
-                self._release_source(req, now)
+                self.engine.enact(self._release_source(req, now), now)
                 lost.append(req)
         for req in lost:
             self._forget_handoff(req)
@@ -347,7 +352,7 @@ class Disaggregation:
             target.forgive(req)
             if self.decode_scaler is not None:
                 self.decode_scaler.released(target, now)
-        self._release_source(req, now)
+        self.engine.enact(self._release_source(req, now), now)
         self.place_pending(now)  # (the landing blocks freed may make room for the next handoff)
         return True
 

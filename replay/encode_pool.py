@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from servelab.replay.engine import TIMER
+from servelab.replay.intents import Route
 
 if TYPE_CHECKING:
     from servelab.replay.engine import Engine
@@ -56,7 +57,7 @@ class EncodePool:
         self.busy_s[replica.id] += encode_s
         self.rows[req.index] = (replica.id, start - now, encode_s, transfer_s)
         req.mm = None  # its embeddings travel with it: the prefill replica has nothing left to encode
-        self.engine.push(start + encode_s + transfer_s, TIMER, lambda t: self.engine.route_all([req], t))
+        self.engine.push(start + encode_s + transfer_s, TIMER, lambda t: [Route((req,))])  # (the engine routes it then)
 
     def columns(self, n: int) -> dict[str, list]:
         cols: dict[str, list] = {f.name: [None] * n for f in ENCODE_SCHEMA}

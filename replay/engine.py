@@ -22,6 +22,8 @@ from functools import lru_cache
 from servelab.common.errors import ServelabError
 from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, settle
 from servelab.replay.engine_config import EngineConfig
+from servelab.replay.intents import (AdoptOrphans, FailReplica, HandOff, Land, Reject, RemoveReplica, RestoreReplica,
+                                     Route, Serve, Wake)
 from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
 from servelab.replay.logs import StepLog, TokenLog
@@ -49,7 +51,8 @@ class Engine:
 
     The engine is the one owner of a request's status (``_route``, ``_admit``, ``preempt``,
     ``_finish``, and for the layers above ``end``, ``interrupt``, ``strand``, ``truncate``) and of
-    which replicas serve (``publish``, ``fail``, ``restore``): the cluster and the platform ask."""
+    which replicas serve (``publish``, ``fail``, ``restore``): the cluster and the platform ask, mostly by
+    returning intents (replay/intents.py) that ``enact`` applies."""
 
     ARRIVAL = ARRIVAL
     # A cluster's encode pool (replay/encode_pool.py), set on the instance when there is one: multimodal
@@ -183,9 +186,11 @@ class Engine:
             elif kind == ARRIVAL:
                 self._arrive(payload, time_s)
             elif kind == FAULT:
-                self.platform.fault(payload[0], payload[1], time_s)
+                self.enact(self.platform.fault(payload[0], payload[1], time_s), time_s)
             elif kind == TIMER:
-                payload(time_s)
+                intents = payload(time_s)  # (a component's own event: it may return intents)
+                if intents:
+                    self.enact(intents, time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
@@ -218,9 +223,11 @@ class Engine:
             elif kind == ARRIVAL:
                 self._arrive(payload, time_s)
             elif kind == FAULT:
-                self.platform.fault(payload[0], payload[1], time_s)
+                self.enact(self.platform.fault(payload[0], payload[1], time_s), time_s)
             elif kind == TIMER:
-                payload(time_s)
+                intents = payload(time_s)  # (a component's own event: it may return intents)
+                if intents:
+                    self.enact(intents, time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
@@ -548,7 +555,9 @@ class Engine:
             len(batch.preempt), replica.kv.tier_bytes() if replica.kv.tier_stack is not None else None,
         ))
         for listener in self.step_listeners:
-            listener(replica, step, end_s)
+            intents = listener(replica, step, end_s)
+            if intents:
+                self.enact(intents, end_s)
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
         if req.status is Status.ABORTED:  # its client gave up while this step ran: it leaves, unfinished
@@ -699,7 +708,9 @@ class Engine:
         self.down.add(replica.id)
         self._serve(self.role.get(replica.id, ENTRY), grew=False)
         for listener in self.on_failed:
-            listener(replica, now)
+            intents = listener(replica, now)
+            if intents:
+                self.enact(intents, now)
 
     def restore(self, replica: Replica) -> str:
         """``replica`` is back: it serves again if its pool still wants it. Returns its pool."""
@@ -715,6 +726,49 @@ class Engine:
             self.live = live
         else:
             self.on_serving[role](live, grew)
+
+    # -- intents: what the cluster and the platform want (replay/intents.py), applied here only -------
+    def enact(self, intents, now: float) -> None:
+        """Apply ``intents`` at ``now``, in their order: the one way the handoff, autoscalers, fleets, failures
+        and the encode pool change a request's status, the replicas' queues or which replicas serve (they
+        return what they want from the engine's calls: step listeners, timed events, failures)."""
+        for intent in intents:
+            kind = type(intent)
+            if kind is HandOff:
+                self.hand_off(intent.replica, intent.req)
+            elif kind is Land:
+                self.land(intent.replica, intent.req)
+                self._wake(intent.replica, now)
+            elif kind is Wake:
+                self._wake(intent.replica, now)
+            elif kind is Serve:
+                self.publish(intent.pool, list(intent.replicas))
+            elif kind is Reject:
+                self.end(intent.req, Status.REJECTED, intent.reason, now)
+            elif kind is Route:
+                self.route_all(list(intent.reqs), now)
+            elif kind is AdoptOrphans:
+                if self.platform is not None and self.platform.orphans and self.live:
+                    self.route_all(self.platform.take_orphans(), now)
+            elif kind is FailReplica:
+                self.fail(intent.replica, now)  # (its pool's controller counts it out before its requests move)
+                self.platform.evict(intent.replica, now)
+            elif kind is RemoveReplica:
+                self.platform.evict(intent.replica, now)
+            elif kind is RestoreReplica:
+                if self.restore(intent.replica) == ENTRY:  # (a decode replica's return routes no orphans)
+                    self.route_all(self.platform.take_orphans(), now)
+            else:
+                raise ServelabError(f"the engine cannot enact {intent!r}")
+
+    def _wake(self, replica: Replica, now: float) -> None:
+        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration boundary, an
+        idle one decides after every other event of this instant (a SCHEDULE event comes after the TIMERs)."""
+        if replica.busy:
+            self._cut_stretch(replica, now)
+        elif not replica.schedule_pending:
+            replica.schedule_pending = True
+            self.push(now, SCHEDULE, replica)
 
     def ended(self, req: Request, now: float) -> None:
         """A request reached a terminal state: release its session's next turn, if any, and its dependents."""

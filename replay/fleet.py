@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from servelab.replay.autoscale import AutoscaleConfig, Autoscaler, held_seconds
 from servelab.replay.engine import TIMER
 from servelab.replay.instances import InstanceType
+from servelab.replay.intents import AdoptOrphans, RemoveReplica
 
 if TYPE_CHECKING:
     from servelab.replay.disagg import Disaggregation
@@ -61,7 +62,7 @@ class Fleet(Autoscaler):
         super().__init__(engine, replicas, config or AutoscaleConfig(min=initial, max=initial), 0,
                          ticks=not self.fixed, disagg=disagg)
         self.wanted = initial
-        self._fill(0.0, at_once=True)
+        engine.enact(self._fill(0.0, at_once=True), engine.now_s)
         self._push_change()
 
     # -- availability --------------------------------------------------------------------------
@@ -74,6 +75,9 @@ class Fleet(Autoscaler):
             self.next_change += 1
 
     def _availability_changed(self, now: float) -> None:
+        """A timed event: the types' availability changes at ``now``. The surplus is reclaimed (each a
+        ``RemoveReplica`` intent, after the pool's new serving set and its refill: the moved requests may
+        land on a replacement); enacted before the timeline row of ``now`` and the next change are set."""
         if super()._done() and not self.engine.platform.orphans:
             return  # the replay is over: nothing to serve, nothing to reclaim
         victims = []
@@ -87,23 +91,22 @@ class Fleet(Autoscaler):
                     victims.append((r, self.state[r.id]))
                     self.state[r.id] = "off"
                     self.reclaimed[k] += 1
+        out = []
         if victims:
-            self._live()  # (before any request moves: none may land on another replica being reclaimed)
+            out += self._live()  # (before any request moves: none may land on another replica being reclaimed)
             for r, _ in victims:
                 self.replacing.pop(r.id, None)
-        self._fill(now, at_once=self.fixed)
+        out += self._fill(now, at_once=self.fixed)
         if self.rebalance:
-            self._rebalance(now)
-        platform = self.engine.platform
-        for r, was in victims:
-            if was != "starting":  # (a starting replica has no requests yet)
-                platform.evict(r, now)
+            out += self._rebalance(now)
+        out += [RemoveReplica(r) for r, was in victims if was != "starting"]  # (a starting one has no requests yet)
+        self.engine.enact(out, now)
         self._record(now)
         self._push_change()
 
-    def _fill(self, now: float, at_once: bool) -> bool:
+    def _fill(self, now: float, at_once: bool) -> list:
         """Bring active + starting up to ``wanted``: draining replicas back first, then the most
-        preferred types with room. Returns whether anything changed."""
+        preferred types with room. Returns the intents (empty: nothing changed)."""
         state = self.state
         have = self._count("active") + self._count("starting")
         changed = False
@@ -127,11 +130,11 @@ class Fleet(Autoscaler):
                     self.due[r.id] = now + startup
                     self.push(now + startup, lambda t, r=r: self._started(r, t))
         if changed:
-            self._live()
             self._record(now)
-        return changed
+            return self._live()
+        return []
 
-    def _rebalance(self, now: float) -> None:
+    def _rebalance(self, now: float) -> list:
         """Replace active replicas of less preferred types by replicas of a preferred type with room."""
         state, kind = self.state, self.kind
         replaced = set(self.replacing.values())
@@ -156,17 +159,18 @@ class Fleet(Autoscaler):
                 self.due[new.id] = now + self.config.startup_s
                 self.push(now + self.config.startup_s, lambda t, s=new: self._started(s, t))
         if changed:
-            self._live()
             self._record(now)
+            return self._live()
+        return []
 
-    def failed(self, replica: Replica, now: float) -> bool:
+    def failed(self, replica: Replica, now: float) -> list:
         """A replica of the pool failed: the pool refills from the types with room (at once for a pool
-        of fixed size, after ``startup_s`` for an autoscaled one), as after a reclaim."""
-        if not super().failed(replica, now):
-            return False
+        of fixed size, after ``startup_s`` for an autoscaled one), as after a reclaim. Returns the intents."""
+        out = super().failed(replica, now)
+        if not out:
+            return out
         self.replacing.pop(replica.id, None)
-        self._fill(now, at_once=self.fixed)
-        return True
+        return out + self._fill(now, at_once=self.fixed)
 
     def _drain(self, replica: Replica) -> None:
         if self.state[replica.id] == "active":
@@ -174,29 +178,33 @@ class Fleet(Autoscaler):
             self._stop_if_drained(replica)
 
     # -- the autoscaler's actions, through the availability --------------------------------------
-    def _scale_out(self, n: int, now: float) -> None:
+    def _scale_out(self, n: int, now: float) -> list:
         self.wanted = self._count("active") + self._count("starting") + n
-        if self._fill(now, at_once=False):
+        out = self._fill(now, at_once=False)
+        if out:
             self.last_action_s = now  # (nothing to start: no action, no cooldown)
+        return out
 
-    def _scale_in(self, n: int, now: float) -> None:
+    def _scale_in(self, n: int, now: float) -> list:
         self.wanted = self._count("active") - n
-        super()._scale_in(n, now)
+        return super()._scale_in(n, now)
 
-    def _started(self, replica: Replica, now: float) -> None:
+    def _started(self, replica: Replica, now: float) -> list:
         if self.due.get(replica.id) == now:  # (not a start-up cut short by a reclaim)
             old = self.replacing.pop(replica.id, None)
             if old is not None and self.state[replica.id] == "starting":  # it serves: the fallback it replaces drains
                 self._drain(next(r for r in self.replicas if r.id == old))
-            super()._started(replica, now)
+            return super()._started(replica, now)
+        return []
 
-    def _live(self) -> None:
-        super()._live()
-        platform = self.engine.platform
+    def _live(self) -> list:
+        """The pool's serving set, then (the arrivals' pool) the requests that waited for a live replica are
+        routed if one serves now (``AdoptOrphans``: the engine checks when it enacts it)."""
+        out = super()._live()
         if self.disagg is not None and self.disagg.prefill_scaler is not self:
-            return  # a decode pool: arrivals (and the requests waiting for a replica) are the prefill pool's
-        if platform.orphans and self.engine.live:
-            platform.adopt_orphans(self.engine.now_s)
+            return out  # a decode pool: arrivals (and the requests waiting for a replica) are the prefill pool's
+        out.append(AdoptOrphans())
+        return out
 
     def _done(self) -> bool:
         """Nothing can happen any more (requests waiting for a replica count while availability may

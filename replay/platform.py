@@ -11,8 +11,8 @@ point and nothing else:
     requeued       ``requeued(replica, req)``           preempted back into the waiting queue
     before a step  ``before_schedule(replica, now)``    sheds and pauses; returns swap-out seconds
     ended          ``ended(req, now)``                  frees its quota
-    failure        ``fault(replica, down, now)``        FAULT events from the engine's heap
-    reclaimed      ``evict(replica, now)``              its instance taken away (replay/fleet.py)
+    failure        ``fault(replica, down, now)``        FAULT events: returns the intent (replay/intents.py)
+    lost           ``evict(replica, now)``              failed, or its instance taken away (replay/fleet.py)
     end of replay  ``strand(requests)``                 nothing left to serve what is still held
 
 What an interrupted request keeps (the journal) is core engine behaviour, not a platform feature:
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 from servelab.common.tiers import parse_tiers
 from servelab.replay.admission import Admission, PauseRule, Quota
-from servelab.replay.engine import ENTRY, FAULT
+from servelab.replay.engine import FAULT
 from servelab.replay.engine_config import EngineConfig
+from servelab.replay.intents import FailReplica, RestoreReplica
 from servelab.replay.journal import Ledger
 from servelab.replay.specs import Failure
 from servelab.replay.request import Request, Status
@@ -122,11 +123,11 @@ class Platform:
         """No replica is live: ``req`` waits for one to come back."""
         self.orphans.append(req)
 
-    def adopt_orphans(self, now: float) -> None:
-        """A replica is live again: the requests that waited for one are routed, in their order."""
-        if self.orphans and self.engine.live:
-            orphans, self.orphans = self.orphans, []
-            self.engine.route_all(orphans, now)
+    def take_orphans(self) -> list[Request]:
+        """The requests that waited for a live replica, in their order, handed to the engine to route
+        (``AdoptOrphans``, ``RestoreReplica``); none wait from now."""
+        orphans, self.orphans = self.orphans, []
+        return orphans
 
     def drop(self, replica: "Replica | None", req: Request, reason: str, now: float) -> None:
         """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
@@ -210,18 +211,14 @@ class Platform:
         return swap_s
 
     # -- failures -----------------------------------------------------------------------------
-    def fault(self, replica: "Replica", down: bool, now: float) -> None:
-        """Take ``replica`` down (its work moves to live replicas) or bring it back."""
-        engine = self.engine
+    def fault(self, replica: "Replica", down: bool, now: float) -> list:
+        """A FAULT event: the intent to take ``replica`` down (the engine fails it, then ``evict`` moves its
+        work to live replicas) or to bring it back (it serves again if its pool wants it; back in the
+        arrivals' pool, the requests waiting for a replica are routed)."""
         if not down:
-            if engine.restore(replica) != ENTRY:
-                return  # (a decode replica: arrivals are the prefill pool's, no orphan is for it)
-            orphans, self.orphans = self.orphans, []
-            engine.route_all(orphans, now)
-            return
+            return [RestoreReplica(replica)]
         self.fault_stats["failures"] += 1
-        engine.fail(replica, now)
-        self.evict(replica, now)
+        return [FailReplica(replica)]
 
     def evict(self, replica: "Replica", now: float) -> None:
         """``replica`` has stopped serving at ``now`` (failed: ``Engine.fail``; or its instance reclaimed:

@@ -30,8 +30,9 @@ class Transfer:
 
 
 class Link:
-    """``push(time_s, fn)`` schedules ``fn(time_s)``; ``done(transfer, time_s)`` is called when a
-    transfer has arrived (its last byte plus the latency)."""
+    """``push(time_s, fn)`` schedules ``fn(time_s)`` (the engine enacts what it returns); ``done(transfer,
+    time_s)`` is called when a transfer has arrived (its last byte plus the latency) and returns a list
+    (the intents of its arrival)."""
 
     def __init__(self, bytes_per_s: float, latency_s: float, push: Callable, done: Callable):
         self.bytes_per_s = bytes_per_s
@@ -82,9 +83,11 @@ class Link:
         at = now + max(first, 0.0) * len(self.active) / self.bytes_per_s
         self.push(at, lambda time_s: self._arrive(token, time_s))
 
-    def _arrive(self, token: int, now: float) -> None:
+    def _arrive(self, token: int, now: float) -> list:
+        """The event planned for the next arrival: the transfers in (``done`` called, its results returned
+        together to the engine when there is no latency: intents, replay/intents.py)."""
         if token != self.token:
-            return
+            return []
         self._advance(now)
         # This event was planned for the transfers with the fewest bytes left (nothing changed since,
         # or its token would be stale): they are in, whatever rounding left of them — late in a long
@@ -95,12 +98,14 @@ class Link:
         landed = [t for t, d in zip(self.active, due) if d]
         self.active = [t for t, d in zip(self.active, due) if not d]
         self._plan(now)
+        out = []
         for t in landed:
             self.bytes_moved += t.bytes
             if self.latency_s:
                 self.push(now + self.latency_s, lambda time_s, t=t: self.done(t, time_s))
             else:
-                self.done(t, now)
+                out += self.done(t, now)
+        return out
 
 
 __all__ = ["Link", "Transfer"]

@@ -279,9 +279,10 @@ def every_event_engine(monkeypatch) -> list:
             super().__init__(*args, **kwargs)
             fault = self.platform.fault
 
-            def checked_fault(replica, down, now):
-                fault(replica, down, now)
+            def checked_fault(replica, down, now):  # (a failure's intents enacted, then checked)
+                self.enact(fault(replica, down, now), now)
                 self._check()
+                return []
 
             self.platform.fault = checked_fault
             engines.append(self)
@@ -290,8 +291,10 @@ def every_event_engine(monkeypatch) -> list:
             if kind == TIMER:
                 fn = payload
 
-                def payload(t, fn=fn):
-                    fn(t)
+                def payload(t, fn=fn):  # (the intents a timed event returns, enacted before the check)
+                    intents = fn(t)
+                    if intents:
+                        self.enact(intents, t)
                     self._check()
 
             super().push(time_s, kind, payload)

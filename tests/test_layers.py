@@ -28,7 +28,7 @@ SIDE_BY_SIDE = {"policies", "routers", "runners"}
 REPLAY_LAYERS = {
     "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "hybrid_prefix", "block_names", "kv_groups", "kv", "lora",
              "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
-             "engine", "depends", "spec_config", "speculative", "retention", "config_parts"],
+             "engine", "depends", "spec_config", "speculative", "retention", "config_parts", "intents"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
     "platform": ["admission", "platform", "abort", "online"],
     "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)

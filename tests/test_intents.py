@@ -1,0 +1,188 @@
+"""Intents (replay/intents.py): the cluster and the platform say what they want, ``Engine.enact`` applies it.
+
+The timelines combine replica failures with autoscaling, fleets of instance types and prefill/decode
+pools, recording every intent the engine enacts (time, kind, replica, request). Every step takes 1 s
+(``linear:base=1``); KV is 1,000 B per token over a 10,000 B/s link where there is one.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import make_trace
+from helpers_engine import rows
+from servelab.api import ReplayConfig, replay
+from servelab.common.errors import ServelabError
+from servelab.replay import intents as I
+from servelab.replay.engine import Engine
+
+REPLAY = Path(__file__).resolve().parent.parent / "replay"
+
+
+def describe(intent) -> str:
+    name = type(intent).__name__
+    if isinstance(intent, I.Serve):
+        return f"{name}({intent.pool},{[r.id for r in intent.replicas]})"
+    if isinstance(intent, I.Route):
+        return f"{name}({[r.index for r in intent.reqs]})"
+    args = [str(intent.replica.id)] if hasattr(intent, "replica") else []
+    if hasattr(intent, "req"):
+        args.append(str(intent.req.index))
+    return f"{name}({','.join(args)})" if args else name
+
+
+@pytest.fixture
+def enacted(monkeypatch):
+    """Every intent the engine enacts during the test, as ``(now, description)``."""
+    log: list[tuple[float, str]] = []
+    enact = Engine.enact
+
+    def recording(self, intents, now):
+        log.extend((round(now, 9), describe(i)) for i in intents)
+        return enact(self, intents, now)
+
+    monkeypatch.setattr(Engine, "enact", recording)
+    return log
+
+
+def faults(result) -> tuple:
+    f = result.meta["platform"]["faults"]
+    return f["failures"], f["requests_moved"], f["requests_interrupted"], round(f["work_lost_s"], 9)
+
+
+TYPES = [{"gpu": "h100-80gb", "available": 1}, {"gpu": "a100-80gb", "available": 1}]
+
+
+def test_an_autoscaled_fleet_refills_after_a_failure_and_adopts_the_requests_that_waited(enacted):
+    # One H100 replica (0) wanted, an A100 (1) in reserve; start-up 2 s. A (4 tokens) at 0: tokens at
+    # 1, 2; replica 0 fails at 2.5 for good: [2, 3] is lost (0.5 s), the fleet counts it out and starts
+    # the A100 (due 4.5); A (journal: keeps 2 tokens) has no live replica and waits, as does B at 3.
+    # At 4.5 the A100 serves: A then B are routed to it in their order. A recomputes prompt + 2 in
+    # [4.5, 5.5] (token 3), ends at 6.5; B (one at a time) runs [6.5, 7.5], [7.5, 8.5].
+    scale = {"min": 1, "max": 1, "signal": "running", "target": 1, "interval_s": 100, "cooldown_s": 0, "startup_s": 2}
+    cfg = ReplayConfig.from_dict({
+        "runner": "linear:base=1", "num_gpu_blocks": 100, "max_num_seqs": 1, "fail": ["replica=0,at=2.5"],
+        "cluster": {"pools": [{"name": "web", "replicas": 1, "instances": TYPES, "autoscale": scale}]}})
+    result = replay(make_trace([0, 3], [1, 1], [4, 2]), cfg)
+    assert rows(result, "replica", "status", "first_token_s", "finish_s", "num_resumes") == [
+        (1, "finished", 1.0, 6.5, 1), (1, "finished", 7.5, 8.5, 0)]
+    assert faults(result) == (1, 1, 1, 0.5)
+    pool = result.meta["cluster"]["pools"][0]
+    assert pool["autoscale"]["timeline"] == [[0.0, 1, 0, 0], [2.5, 0, 1, 0], [4.5, 1, 0, 0]]
+    after_start = [e for e in enacted if e[0] > 0]
+    assert after_start == [
+        (2.5, "FailReplica(0)"),  # the engine fails it; the fleet hears it and answers with its serving set
+        (2.5, "Serve(entry,[])"), (2.5, "AdoptOrphans"),  # counted out: none serves
+        (2.5, "Serve(entry,[])"), (2.5, "AdoptOrphans"),  # the refill: the A100 starts, not serving yet
+        (4.5, "Serve(entry,[1])"), (4.5, "AdoptOrphans")]  # its start-up is over: A and B are routed to it
+
+
+def test_the_only_prefill_replica_fails_and_its_return_routes_what_waited(enacted):
+    # Prefill replica 0, decode replica 1 (autoscaled, pinned at 1). A at 0 prefills [0, 1]; replica 0
+    # fails at 0.5 for 1.5 s: 0.5 s lost, A (nothing computed yet) waits for a prefill replica, as
+    # does B at 1. At 2 replica 0 is back: A and B prefill together [2, 3] (token 1), are handed off,
+    # share the link (2,000 B: both land at 3.2) and decode tokens 2 and 3 at 4.2 and 5.2.
+    pools = [{"name": "p", "role": "prefill", "replicas": 1},
+             {"name": "d", "role": "decode", "replicas": 1,
+              "autoscale": {"min": 1, "max": 1, "signal": "running", "target": 1, "interval_s": 100, "cooldown_s": 0}}]
+    cfg = ReplayConfig.from_dict({
+        "runner": "linear:base=1", "num_gpu_blocks": 1000, "kv_bytes_per_token": 1000, "fail": ["replica=0,at=0.5,for=1.5"],
+        "cluster": {"pools": pools, "links": [{"from": "p", "to": "d", "bandwidth_gbps": 1e-5}]}})
+    result = replay(make_trace([0, 1], [1, 1], [3, 3]), cfg)
+    assert rows(result, "prefill_replica", "decode_replica", "status", "first_token_s", "finish_s") == [
+        (0, 1, "finished", 3.0, pytest.approx(5.2)), (0, 1, "finished", 3.0, pytest.approx(5.2))]
+    assert faults(result) == (1, 1, 0, 0.5)
+    assert enacted == [
+        (0.0, "Serve(entry,[0])"), (0.0, "Serve(decode,[1])"),  # the handoff's prefill pool, the decode autoscaler's
+        (0.5, "FailReplica(0)"), (2.0, "RestoreReplica(0)"),
+        (3.0, "HandOff(0,0)"), (3.0, "HandOff(0,1)"),
+        (3.2, "Land(1,0)"), (3.2, "Land(1,1)")]  # (each landing wakes its decode replica)
+
+
+def test_a_decode_replica_of_a_pool_of_instance_types_fails_and_is_replaced(enacted):
+    # Prefill replica 0; a decode pool of one replica from [H100 (1), A100 (2)]. A (1-token prompt,
+    # 4 tokens) prefills [0, 1], its 1,000 B land on replica 1 at 1.1: tokens 2 and 3 at 2.1, 3.1.
+    # Replica 1 fails at 2.5 (0.4 s lost): the fleet takes the A100 at once; A (journal: 2 tokens)
+    # recomputes prompt + token 1 on the prefill replica in [2.5, 3.5] (token 3 there), its 3,000 B
+    # land on replica 2 at 3.8, token 4 at 4.8.
+    pools = [{"name": "p", "role": "prefill", "replicas": 1},
+             {"name": "d", "role": "decode", "replicas": 1, "max_num_seqs": 1, "instances": TYPES}]
+    cfg = ReplayConfig.from_dict({
+        "runner": "linear:base=1", "num_gpu_blocks": 1000, "kv_bytes_per_token": 1000, "fail": ["replica=1,at=2.5"],
+        "cluster": {"pools": pools, "links": [{"from": "p", "to": "d", "bandwidth_gbps": 1e-5}]}})
+    result = replay(make_trace([0], [1], [4]), cfg)
+    (a,) = result.requests.to_pylist()
+    assert (a["status"], a["prefill_replica"], a["decode_replica"], a["generated_tokens"]) == ("finished", 0, 2, 4)
+    assert (a["first_token_s"], a["finish_s"], a["transfer_s"]) == (1.0, pytest.approx(4.8), pytest.approx(0.3))
+    assert faults(result) == (1, 1, 1, 0.4)
+    types = {t["gpu"]: t["timeline"] for t in result.meta["cluster"]["pools"][1]["instances"]}
+    assert types == {"h100-80gb": [[0.0, 1, 0, 0], [2.5, 0, 0, 0]], "a100-80gb": [[0.0, 0, 0, 0], [2.5, 1, 0, 0]]}
+    assert [e for e in enacted if e[0] > 0] == [
+        (1.0, "HandOff(0,0)"), (1.1, "Land(1,0)"),
+        (2.5, "FailReplica(1)"), (2.5, "Serve(decode,[])"), (2.5, "Serve(decode,[2])"),  # counted out, refilled
+        (3.5, "HandOff(0,0)"), (3.8, "Land(2,0)")]
+
+
+def test_a_handoff_no_decode_replica_can_hold_is_rejected_by_intent(enacted):
+    # decode KV of 2 blocks (16 tokens each): a 40-token prompt can never fit; it is handed off, then rejected
+    pools = [{"name": "p", "role": "prefill", "replicas": 1}, {"name": "d", "role": "decode", "replicas": 1,
+                                                               "num_gpu_blocks": 2}]
+    cfg = ReplayConfig.from_dict({"runner": "linear:base=1", "num_gpu_blocks": 100, "kv_bytes_per_token": 1000,
+                                  "cluster": {"pools": pools, "links": [{"from": "p", "to": "d", "bandwidth_gbps": 1e-5}]}})
+    result = replay(make_trace([0], [40], [3]), cfg)
+    assert rows(result, "status") == [("rejected",)]
+    assert enacted[-2:] == [(1.0, "HandOff(0,0)"), (1.0, "Reject(0)")]
+
+
+def test_autoscaled_pd_pools_of_instance_types_with_failures_account_for_every_request():
+    """Failures on both pools of autoscaled PD instance-type pools: every request finishes once (journal on)."""
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=120, rate=20.0, arrival="gamma", cv=2.0, prompt="lognormal:60:0.5",
+                        output="lognormal:20:0.5", seed=5)
+    scale = {"min": 1, "max": 3, "signal": "queue_depth", "target": 2, "interval_s": 0.5, "cooldown_s": 1, "startup_s": 0.5}
+    pools = [{"name": "p", "role": "prefill", "replicas": 2, "autoscale": scale,
+              "instances": [{"gpu": "h100-80gb", "available": 2}, {"gpu": "a100-80gb", "available": 2}]},
+             {"name": "d", "role": "decode", "replicas": 2, "autoscale": dict(scale, signal="running", target=8),
+              "instances": [{"gpu": "h100-80gb", "available": 2}, {"gpu": "a100-80gb", "available": 2}]}]
+    cfg = ReplayConfig.from_dict({
+        "runner": "linear:base=0.01,prefill_token=0.0001", "num_gpu_blocks": 400, "kv_bytes_per_token": 1000,
+        "fail": ["replica=0,at=1", "replica=4,at=1.5,for=1", "replica=1,at=3,for=0.5"],
+        "cluster": {"pools": pools, "links": [{"from": "p", "to": "d", "bandwidth_gbps": 1e-3}]}})
+    result = replay(trace, cfg)
+    statuses = result.requests.column("status").to_pylist()
+    assert len(statuses) == 120 and set(statuses) == {"finished"}
+    assert result.meta["platform"]["faults"]["failures"] == 3
+    assert result.meta["platform"]["faults"]["requests_moved"] > 0
+
+
+def test_enact_applies_membership_and_refuses_what_it_does_not_know():
+    from servelab.assembly import build_cluster
+
+    cfg = ReplayConfig.from_dict({"runner": "linear:base=1", "num_gpu_blocks": 100, "replicas": 2})
+    cluster = build_cluster(cfg, None, None)
+    pool = cluster.pools[0]
+    engine = Engine([], cluster.replicas, pool.router, pool.runner, cfg.engine)
+    first, second = cluster.replicas
+    engine.enact([I.Serve("entry", (second,))], 0.0)
+    assert engine.live == [second]
+    engine.enact([I.Serve("entry", (first, second))], 0.0)
+    assert engine.live == [first, second]
+    with pytest.raises(ServelabError, match="cannot enact"):
+        engine.enact(["publish everything"], 0.0)
+    with pytest.raises(AttributeError):  # (immutable)
+        I.Serve("entry", ()).pool = "decode"
+
+
+def test_the_cluster_and_failures_reach_membership_and_handoffs_only_through_intents():
+    """The converted components call none of the engine's membership or handoff verbs themselves."""
+    verbs = re.compile(r"engine\.(publish|fail|restore|hand_off|land|route_all|_cut_stretch|end)\(|adopt_orphans")
+    for name in ("autoscale", "fleet", "disagg", "encode_pool", "transfer"):
+        found = verbs.findall((REPLAY / f"{name}.py").read_text())
+        assert not found, (name, found)
+    platform = (REPLAY / "platform.py").read_text()
+    fault = platform[platform.index("def fault("):platform.index("def evict(")]
+    assert not verbs.findall(fault)
