@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import gc
 import inspect
+import json
 import os
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pyarrow as pa
 
 from servelab import __version__
+from servelab.common.atomic import atomic_dir
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
 from servelab.replay.abort import Aborts, check_supported, client_timeouts
@@ -46,7 +49,8 @@ from servelab.replay.disagg import Disaggregation
 from servelab.replay.specs import Failure, check_failures
 from servelab.replay.fleet import Fleet
 from servelab.replay.protocols import StepPlan
-from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA
+from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA, STEPS_SCHEMA
+from servelab.replay.stream import BATCH_ROWS, CHUNK, RowGroupWriter, TraceFile, TraceStream, requests_schema
 from servelab.replay.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
@@ -330,12 +334,23 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     for f, column in extra:
         requests_table = requests_table.append_column(f, column)
     steps_table = engine.steps.table()
-    meta = {
+    meta = _run_meta(config, engine, runner, engine_cfg, num_blocks, dict(trace_meta or {}, rows=trace.num_rows),
+                     end_s, wall_start, counts)
+    if cluster_meta is not None:
+        meta["cluster"] = cluster_meta
+    tokens = engine.tokens.finish() if engine.tokens is not None else None
+    return RunResult(requests_table, steps_table, meta, tokens)
+
+
+def _run_meta(config: ReplayConfig, engine: Engine, runner: Runner, engine_cfg: EngineConfig, num_blocks: int,
+              trace: dict, end_s: float, wall_start: float, counts: dict) -> dict:
+    """run.json of a replay, in memory or streamed (``trace``: what it says of the trace, with its rows)."""
+    return {
         "servelab_version": __version__,
-        "trace": dict(trace_meta or {}, rows=trace.num_rows),
-        "policy": {"name": config.policy, "params": _jsonable(asdict(replicas[0].policy.params))},
+        "trace": trace,
+        "policy": {"name": config.policy, "params": _jsonable(asdict(engine.replicas[0].policy.params))},
         "engine": dict(_jsonable(asdict(engine_cfg)), num_gpu_blocks=num_blocks,
-                       swap_host_blocks=replicas[0].kv.host_total),
+                       swap_host_blocks=engine.replicas[0].kv.host_total),
         "runner": {"name": runner.name, "spec": config.runner, "params": _jsonable(runner.describe())},
         "seed": engine_cfg.seed,
         "simulated_span_s": end_s,
@@ -345,19 +360,122 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         "platform": platform_meta(engine),
         **({"client_timeouts": engine.aborts.meta()} if engine.aborts is not None else {}),
         **({"dependencies": engine.depends.meta()} if engine.depends is not None else {}),
-        **({"kv_tiers": tier_meta(cluster.replicas)} if engine_cfg.kv_tiers else {}),
+        **({"kv_tiers": tier_meta(engine.replicas)} if engine_cfg.kv_tiers else {}),
         **({"spec_decode": engine.spec.meta()} if engine.spec is not None else {}),
-        **({"lora": lora_meta(cluster.replicas)} if engine_cfg.max_loras else {}),
-        **({"encoder": encoder_meta(cluster.replicas)}
+        **({"lora": lora_meta(engine.replicas)} if engine_cfg.max_loras else {}),
+        **({"encoder": encoder_meta(engine.replicas)}
            if engine_cfg.vision_encoder is not None or engine_cfg.audio_encoder is not None else {}),
         **({"kv_retention": engine.retention.meta()} if engine.retention is not None else {}),
         "config": config.to_dict(),
     }
-    if cluster_meta is not None:
-        meta["cluster"] = cluster_meta
-    tokens = engine.tokens.finish() if engine.tokens is not None else None
-    return RunResult(requests_table, steps_table, meta, tokens)
 
+
+
+def not_streamed(config: ReplayConfig) -> str | None:
+    """Why a replay under ``config`` is not streamed (``replay_to`` replays it in memory), or None: what
+    reads or changes every request at its end (a cluster, the platform, ...) is not streamed yet."""
+    engine = config.engine
+    if config.cluster is not None:
+        return "a cluster (pools) is not streamed"
+    if engine.until_s is not None:
+        return "a horizon (until_s) is not streamed"
+    if engine.spec_method is not None:
+        return "speculative decoding is not streamed"
+    if engine.kv_retention != "lru":
+        return f"kv_retention = {engine.kv_retention} is not streamed"
+    if engine.kv_tiers:
+        return "offload tiers (kv_tiers) are not streamed"
+    if engine.max_loras:
+        return "LoRA adapters (max_loras) are not streamed"
+    if engine.vision_encoder is not None or engine.audio_encoder is not None:
+        return "multimodal encoders are not streamed"
+    if engine.client_timeout_s is not None:
+        return "client timeouts (client_timeout_s) are not streamed"
+    if engine.has_front_door or engine.pause is not None or engine.fail \
+            or make_policy(config.policy, config.policy_params, engine, 0).sheds:
+        return "the platform's features (quotas, retries, queue caps, pausing, failures, shedding) are not streamed"
+    return None
+
+
+def replay_to(trace, config: ReplayConfig, run_dir: str | os.PathLike, runner: Runner | None = None,
+              trace_meta: dict | None = None, token_log: bool = False, progress=None, token_dir: str | None = None,
+              meta: dict | None = None, on_fallback=None, group_rows: int = CHUNK, batch_rows: int = BATCH_ROWS) -> Path:
+    """Replay ``trace`` (a trace file's path, or a validated table) under ``config`` straight into the
+    run directory ``run_dir`` (all or nothing, as ``write_run``), streamed: the trace read a batch of
+    ``batch_rows`` at a time and the results written as requests end, ``group_rows`` rows a row group,
+    so that memory holds the requests in flight, not the trace. The files hold what ``replay`` and
+    ``write_run`` write (the same bytes up to 65,536 rows, or with ``group_rows`` = 1 << 20).
+
+    What is not streamed (``not_streamed``, replay/stream.py's ``TraceFile.scan``) is replayed in memory
+    instead, after ``on_fallback(reason)``. ``meta``: entries added to run.json; ``progress(now_s, ended,
+    total)`` as for ``replay``. Returns the run directory."""
+    wall_start = time.perf_counter()
+    run_dir = Path(run_dir)
+    if group_rows < 1 or group_rows % CHUNK:
+        raise ServelabError(f"group_rows = {group_rows}: a positive multiple of {CHUNK:,} rows")
+    if token_log and token_dir is not None and not os.path.isdir(token_dir):
+        raise ServelabError(f"token_dir '{token_dir}' is not a directory (where --token-log spills while replaying)")
+    reason = not_streamed(config)
+    source = None
+    if reason is None:
+        source = TraceFile(trace)
+        reason = source.scan()
+    if reason is not None:
+        if source is not None:
+            source.close()
+        if on_fallback is not None:
+            on_fallback(reason)
+        if not isinstance(trace, pa.Table):
+            from servelab.traces.io import read_trace
+
+            trace = read_trace(trace)
+        result = replay(trace, config, runner, trace_meta, token_log, progress, token_dir)
+        result.meta.update(meta or {})
+        return write_run(result, run_dir)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # (as ``replay``: the loop builds no reference cycles)
+    try:
+        return _replay_to(source, config, run_dir, runner, trace_meta, token_log, progress, token_dir, meta or {},
+                          group_rows, batch_rows, wall_start)
+    finally:
+        source.close()
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _replay_to(source: TraceFile, config: ReplayConfig, run_dir: Path, runner: Runner | None, trace_meta: dict | None,
+               token_log: bool, progress, token_dir: str | None, meta: dict, group_rows: int, batch_rows: int,
+               wall_start: float) -> Path:
+    block_tokens = None
+    if "prefix_hashes" in source.names:
+        value = (source.schema.metadata or {}).get(b"prefix_block_tokens")
+        block_tokens = int(value) if value else None
+    entry = build_cluster(config, runner, block_tokens).pools[0]
+    runner, engine_cfg = entry.runner, entry.config.engine
+    engine = Engine([], entry.replicas, entry.router, runner, engine_cfg, token_log=token_log)
+    if engine.tokens is not None:
+        engine.tokens.spill_dir = token_dir
+    if progress is not None:  # (the engine's total is that of the requests it was built with: none)
+        report = progress
+        progress = lambda now_s, ended, _total: report(now_s, ended, source.rows)  # noqa: E731
+    with atomic_dir(run_dir) as tmp:
+        requests = RowGroupWriter(tmp / "requests.parquet", requests_schema(), group_rows)
+        steps = RowGroupWriter(tmp / "steps.parquet", STEPS_SCHEMA, group_rows)
+        engine.steps.sink = steps.write
+        stream = TraceStream(source, requests, batch_rows)
+        stream.start(engine)
+        end_s = engine.run(progress)
+        stream.finish()
+        engine.steps.flush()
+        steps.close()
+        requests.close()
+        if engine.tokens is not None:
+            engine.tokens.finish().write(tmp / "tokens.parquet")
+        out = _run_meta(config, engine, runner, engine_cfg, entry.num_blocks, dict(trace_meta or {}, rows=source.rows),
+                        end_s, wall_start, stream.counts)
+        out.update(meta, run_id=run_dir.name)
+        (tmp / "run.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return run_dir
 
 def build_retention(engine: Engine, engine_cfg: EngineConfig, runner: Runner) -> Retention:
     """KV retention across sessions' tool waits (replay/retention.py), checked against the setup."""
@@ -649,8 +767,8 @@ def _engine_progress(progress, engine: Engine):
     return arrivals
 
 
-__all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "replay", "requests_from_table",
-           "resolve_num_gpu_blocks", "write_run"]
+__all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "not_streamed", "replay", "replay_to",
+           "requests_from_table", "resolve_num_gpu_blocks", "write_run"]
 
 
 def _dependency_columns(trace: pa.Table) -> list[tuple[pa.Field, pa.Array]]:

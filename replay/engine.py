@@ -39,6 +39,10 @@ ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
 # instant and before the decisions: KV transfers landing on a decode replica (replay/disagg.py).
 TIMER = 1.5
 FAULT = 3  # a replica failing or coming back (payload: (replica, down)), after everything else at its instant
+# A streamed trace's next arrivals (replay/stream.py; payload: a function of the time), before everything
+# else at its instant: set at the arrival time of the batch's last request, held back from ``arrivals``,
+# so that every look ahead at the next arrival sees what an unstreamed replay would.
+REFILL = -1
 ENTRY, DECODE = "entry", "decode"  # the pools a router picks from: arrivals', and prefill/decode handoffs'
 PROGRESS_STEPS = 4096  # completed steps between two progress reports (besides every 8192 arrivals)
 
@@ -191,6 +195,9 @@ class Engine:
                 intents = payload(time_s)  # (a component's own event: it may return intents)
                 if intents:
                     self.enact(intents, time_s)
+            elif kind == REFILL:  # (streaming) the arrivals list was refilled in place
+                payload(time_s)
+                num_arrivals = len(arrivals)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:

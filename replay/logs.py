@@ -23,6 +23,7 @@ class StepLog:
         self.chunk = chunk
         self.rows: list[tuple] = []
         self.batches: list = []
+        self.sink = None  # streaming (replay/stream.py): called with each packed batch instead of keeping it
 
     def append(self, row: tuple) -> None:
         self.rows.append(row)
@@ -45,8 +46,17 @@ class StepLog:
                 columns.append(pa.array(np.where(null, 0, values).astype(np.int64), mask=null if null.any() else None))
             else:
                 columns.append(pa.array(values.astype(f.type.to_pandas_dtype())))
-        self.batches.append(pa.RecordBatch.from_arrays(columns, schema=STEPS_SCHEMA))
+        batch = pa.RecordBatch.from_arrays(columns, schema=STEPS_SCHEMA)
+        if self.sink is not None:
+            self.sink(batch)
+        else:
+            self.batches.append(batch)
         self.rows = []
+
+    def flush(self) -> None:
+        """Pack the rows not packed yet (a last, shorter batch): to the sink, when streaming."""
+        if self.rows:
+            self._pack()
 
     def table(self):
         import pyarrow as pa

@@ -36,8 +36,9 @@ class RunResult:
 MM_SET = frozenset(MM_COLUMNS)
 
 
-def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Request]]:
-    """Trace rows -> Request objects (trace order) and the closed-loop follower map.
+def requests_from_table(trace: pa.Table, first_index: int = 0) -> tuple[list[Request], dict[int, Request]]:
+    """Trace rows -> Request objects (trace order) and the closed-loop follower map; ``first_index``:
+    the trace row of ``trace``'s first (a streamed trace's batch: replay/stream.py).
 
     Converted in record batches so that a million-row trace never exists as Python lists. A
     million requests hold ~450 MB of Python objects, so the fields share objects where they can: the
@@ -46,7 +47,7 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
     """
     names = set(trace.column_names)
     requests: list[Request] = []
-    index = 0
+    index = first_index
     counts: dict[int, int] = {}  # each distinct token count once (ints above 256 are not cached by Python)
     for batch in trace.to_batches(max_chunksize=65536):
         n = batch.num_rows
@@ -79,16 +80,16 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
             col("ttft_slo_s"), col("tpot_slo_s"), col("prefix_hashes"), rows,
         ))
         if "lora_adapter" in names:  # (set apart: a trace without adapters pays nothing)
-            for req, adapter in zip(requests[index:], col("lora_adapter")):
+            for req, adapter in zip(requests[index - first_index:], col("lora_adapter")):
                 req.lora_adapter = adapter
         if names & MM_SET:  # images, video, audio (replay/encoder.py)
-            attach(requests[index:], {name: list(col(name)) for name in MM_COLUMNS if name in names})
+            attach(requests[index - first_index:], {name: list(col(name)) for name in MM_COLUMNS if name in names})
         index += n
     followers: dict[int, Request] = {}
     last_in_session: dict[int, Request] = {}
-    dependent = _dependent_rows(trace) if "depends_on" in names else ()
+    dependent = _dependent_rows(trace, first_index) if "depends_on" in names else ()
     for i in dependent:  # arrives when its parents have finished (replay/depends.py)
-        requests[i].arrival_s = None
+        requests[i - first_index].arrival_s = None
     for req in requests:  # the trace is sorted by arrival: that orders each session's turns
         if req.session_id is None or (dependent and req.index in dependent):
             continue
@@ -100,12 +101,12 @@ def requests_from_table(trace: pa.Table) -> tuple[list[Request], dict[int, Reque
     return requests, followers
 
 
-def _dependent_rows(trace: pa.Table) -> set[int]:
+def _dependent_rows(trace: pa.Table, first_index: int = 0) -> set[int]:
     """Rows with a non-empty ``depends_on``: no closed-loop turn, their arrival is decided in the replay."""
     import pyarrow.compute as pc
 
     lengths = pc.fill_null(pc.list_value_length(trace.column("depends_on")), 0)
-    return set(np.flatnonzero(lengths.to_numpy() > 0).tolist())
+    return set((np.flatnonzero(lengths.to_numpy() > 0) + first_index).tolist())
 
 
 def requests_table_from(requests: list[Request], chunk: int = 65536, release: bool = False) -> pa.Table:
@@ -265,9 +266,15 @@ def write_parquet(table: pa.Table, path: Path) -> None:
     write time and grew the files (10 k requests and 43 k step rows: 26 ms, 1.67 MB -> 13 ms, 1.41 MB)."""
     import pyarrow.parquet as pq  # here, not at the top: a replay starts without it (bench/bench_startup.py)
 
-    strings = [f.name for f in table.schema
+    pq.write_table(table, path, **parquet_options(table.schema))
+
+
+def parquet_options(schema: pa.Schema) -> dict:
+    """The writer settings of every results file, in memory (``write_parquet``) or streamed in row
+    groups (replay/stream.py), so that both write the same bytes."""
+    strings = [f.name for f in schema
                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
-    pq.write_table(table, path, compression="zstd", use_dictionary=strings or False)
+    return {"compression": "zstd", "use_dictionary": strings or False}
 
 
 def _jsonable(value: Any) -> Any:
