@@ -231,7 +231,8 @@ def check_replay_config(config: ReplayConfig):
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
                slo: Any = (), token_log: bool = False, force: bool = False,
-               may_replace: bool = False, slo_source: str = "given", client_model: str | None = None) -> None:  # fmt: skip
+               may_replace: bool = False, slo_source: str = "given", client_model: str | None = None,
+               stream: bool = False) -> None:  # fmt: skip
     """Replay and write/report; every option is checked (SLO, output directory, policy, runner, trace)
     before the replay starts. ``slo``: ``--slo`` specs or an SloTable."""
     from servelab.api import replay, write_run
@@ -243,6 +244,14 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
         from servelab.fidelity.client_model import resolve
 
         client = resolve(client_model)
+    if stream:
+        why = "no run directory (-o) to write to" if not out_dir else \
+            "--client-model reads the whole token log" if client_model is not None else None
+        if why is None:
+            if _run_streamed(trace_path, config, out_dir, runner, show_report, slo_table, token_log, slo_source):
+                return
+        else:
+            click.echo(f"not streaming: {why}; replaying in memory", err=True)
     trace = _load_trace(trace_path)
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with {_serving(config)}", err=True)
     with _progress_bar(trace) as progress:
@@ -273,6 +282,46 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
                    "run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo_table, slo_source))
+
+
+class _InMemory(Exception):
+    """``servelab replay --stream`` of a replay that is not streamed: replay in memory instead."""
+
+
+def _run_streamed(trace_path: str, config: ReplayConfig, out_dir: str, runner, show_report: bool, slo_table,
+                  token_log: bool, slo_source: str) -> bool:
+    """``servelab replay --stream``: straight into the run directory (servelab.api.replay_to). False,
+    with the reason said once, when the replay is not streamed (the caller replays in memory). A
+    streamed run.json has no ``trace.prefix_reuse_share`` (it needs the whole trace at once)."""
+    import json
+
+    from servelab.api import replay_to
+
+    def in_memory(reason: str) -> None:
+        click.echo(f"not streaming: {reason}; replaying in memory", err=True)
+        raise _InMemory
+
+    span_s = None
+    if sys.stderr.isatty():  # the progress bar's span, without loading the trace
+        from servelab.replay.stream import trace_span
+
+        span_s = trace_span(trace_path)
+    click.echo(f"replaying {trace_path} streamed, with {_serving(config)}", err=True)
+    try:
+        with _progress_bar(None, span_s=span_s) as progress:
+            replay_to(trace_path, config, out_dir, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
+                      progress=progress, token_dir=_spill_dir(out_dir) if token_log else None,
+                      meta={"slo": slo_table.to_dict()} if slo_table is not None else None, on_fallback=in_memory)
+    except _InMemory:
+        return False
+    meta = json.loads((Path(out_dir) / "run.json").read_text())
+    click.echo(f"simulated {meta['simulated_span_s']:.1f} s of {meta['trace']['rows']:,} requests in "
+               f"{meta['wall_time_s']:.2f} s wall (KV blocks: {meta['engine']['num_gpu_blocks']:,} per replica)", err=True)
+    click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
+               "run.json", err=True)
+    if show_report:
+        click.echo(_report(None, out_dir, slo_table, slo_source))
+    return True
 
 
 def _ideal_reuse(trace, requests) -> float | None:
@@ -327,17 +376,18 @@ PROGRESS_DELAY_S = 2.0  # wall seconds before the bar appears: a replay quicker 
 
 
 @contextlib.contextmanager
-def _progress_bar(trace, console=None, delay_s: float = PROGRESS_DELAY_S):
+def _progress_bar(trace, console=None, delay_s: float = PROGRESS_DELAY_S, span_s: float | None = None):
     """The replay's progress on stderr when it is a terminal (else nothing: no line to be cut in a
     log), once the replay has run ``delay_s`` wall seconds, whatever the trace's size; ``console``
-    (tests) is taken for a terminal."""
+    (tests) is taken for a terminal. ``span_s``: the trace's last arrival (else read from ``trace``)."""
     if console is None and not sys.stderr.isatty():
         yield None
         return
     import pyarrow.compute as pc
     from rich.console import Console
 
-    span_s = (pc.max(trace["arrival_s"]).as_py() or 0.0) if trace.num_rows else 0.0
+    if span_s is None:
+        span_s = (pc.max(trace["arrival_s"]).as_py() or 0.0) if trace.num_rows else 0.0
     bar = ReplayProgress(span_s, console or Console(stderr=True), delay_s=delay_s)
     try:
         yield bar
@@ -448,14 +498,18 @@ _force_option = click.option("--force/--no-force", default=False, help="Replace 
 @click.option("--client-model", default=None,
               help="Add client-side times (client_ttft_s, client_e2e_s, ...) with this client/API-server model: "
                    "a server kind (vllm) or a JSON from fit --client (docs/fidelity.md).")
+@click.option("--stream/--no-stream", default=False,
+              help="Read the trace in batches and write -o's files as requests end: memory holds the requests in "
+                   "flight, not the trace (docs/performance.md). What is not streamed replays in memory, saying why.")
 @_slo_option
 @replay_options
 def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log: bool, slo: tuple[str, ...],
-           client_model: str | None = None, **options: Any) -> None:
+           client_model: str | None = None, stream: bool = False, **options: Any) -> None:
     """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o (--force to replace one)."""
     config = config_from_options(**options)
     slo_table = parse_slo(slo, options.get("config_file"))
-    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force, client_model=client_model)
+    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force, client_model=client_model,
+               stream=stream)
 
 
 def _is_demo_run(out_dir: str, trace_path: Path) -> bool:

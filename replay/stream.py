@@ -194,6 +194,24 @@ class TraceFile:
             start += part.num_rows
 
 
+def trace_span(path: str | Path) -> float:
+    """A trace file's last arrival (its ``arrival_s`` column read a batch at a time), 0 when unreadable."""
+    try:
+        trace = TraceFile(path)
+    except InputError:
+        return 0.0
+    try:
+        last = 0.0
+        for part in trace.raw_batches(["arrival_s"]):
+            if part.num_rows and part.column("arrival_s").null_count < part.num_rows:
+                last = max(last, float(np.nanmax(part.column("arrival_s").to_numpy(zero_copy_only=False))))
+        return last
+    except (KeyError, pa.ArrowInvalid):
+        return 0.0
+    finally:
+        trace.close()
+
+
 def static_reason(names: set[str]) -> str | None:
     """Why a trace with these columns cannot be streamed (columns alone decide), or None."""
     if "lora_adapter" in names:
