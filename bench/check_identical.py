@@ -5,6 +5,7 @@ policy over a matrix of engine settings on a slice of the bundled trace. A refac
     .venv/bin/python bench/check_identical.py [--with-1m] > before.txt
     ... change the engine ...
     .venv/bin/python bench/check_identical.py [--with-1m] > after.txt && diff before.txt after.txt
+    .venv/bin/python bench/check_identical.py --stream > streamed.txt && diff before.txt streamed.txt
 """
 
 from __future__ import annotations
@@ -28,10 +29,27 @@ def report(name: str, run_dir: Path) -> None:
     print(f"{name}: {' '.join(parts)}", flush=True)
 
 
+# --stream: each case replayed streamed (servelab.api.replay_to) from a trace file, where it can be
+STREAM = {"on": False, "cases": 0, "streamed": 0}
+
+
 def run(out: Path, name: str, trace, config, **kwargs) -> None:
     from servelab.api import replay, write_run
 
-    report(name, write_run(replay(trace, config, **kwargs), out / name))
+    if not STREAM["on"]:
+        report(name, write_run(replay(trace, config, **kwargs), out / name))
+        return
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    from servelab.api import replay_to
+
+    path = out / f"{name}.trace.arrow"
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, trace.schema) as writer:
+        writer.write_table(trace)
+    fell_back = []
+    STREAM["cases"] += 1
+    report(name, replay_to(path, config, out / name, on_fallback=fell_back.append, **kwargs))
+    STREAM["streamed"] += not fell_back
 
 
 MATRIX = {  # engine settings that exercise every path of the engine: KV pressure, swap, reserve, ...
@@ -110,7 +128,18 @@ def main() -> None:
     parser.add_argument("--with-1m", action="store_true", help="also the 1 M-request case (about a minute)")
     parser.add_argument("--prefix-only", action="store_true", help="only the prefix-caching cases (hashed traces)")
     parser.add_argument("--examples-only", action="store_true", help="only the example configs (examples/)")
+    parser.add_argument("--stream", action="store_true",
+                        help="replay each case streamed from a trace file (the same lines expected); counts on stderr")
     args = parser.parse_args()
+    STREAM["on"] = args.stream
+    try:
+        _main(args)
+    finally:
+        if args.stream:
+            print(f"streamed {STREAM['streamed']} of {STREAM['cases']} cases (the others in memory)", file=sys.stderr)
+
+
+def _main(args) -> None:
     if args.examples_only:
         with tempfile.TemporaryDirectory() as tmp:
             example_cases(Path(tmp))

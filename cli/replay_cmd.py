@@ -301,6 +301,12 @@ def _run_streamed(trace_path: str, config: ReplayConfig, out_dir: str, runner, s
         click.echo(f"not streaming: {reason}; replaying in memory", err=True)
         raise _InMemory
 
+    from servelab.api import not_streamed
+
+    reason = not_streamed(config)
+    if reason is not None:
+        click.echo(f"not streaming: {reason}; replaying in memory", err=True)
+        return False
     span_s = None
     if sys.stderr.isatty():  # the progress bar's span, without loading the trace
         from servelab.replay.stream import trace_span
