@@ -31,7 +31,7 @@ REPLAY_LAYERS = {
              "engine", "depends", "spec_config", "speculative", "retention", "config_parts", "intents"],
     "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
     "platform": ["admission", "platform", "abort", "online"],
-    "assembly": ["config", "results", ""],  # ("": the package itself, replay/__init__.py)
+    "assembly": ["config", "results", "stream", ""],  # ("": the package itself, replay/__init__.py)
 }
 REPLAY_RANK = {"core": 0, "cluster": 1, "platform": 1, "assembly": 2}
 
