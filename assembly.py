@@ -255,7 +255,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
             progress, token_dir: str | None, wall_start: float) -> RunResult:
     cluster = build_cluster(config, runner, trace_block_tokens(trace))
     entry = cluster.pools[0]
-    runner, engine_cfg, num_blocks, replicas = entry.runner, entry.config.engine, entry.num_blocks, entry.replicas
+    runner, engine_cfg, num_blocks = entry.runner, entry.config.engine, entry.num_blocks
     if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
         engine_cfg = replace(engine_cfg, fail=config.engine.fail)
     requests, followers = requests_from_table(trace)

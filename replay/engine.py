@@ -4,7 +4,8 @@ Events live in one heap of ``(time_s, kind, seq, payload)``, merged with the tra
 (already sorted, so they never enter the heap); ``seq`` breaks the remaining ties so payloads
 never need comparing. At equal times arrivals (kind 0) come before step completions (1), which
 come before scheduling decisions (2), and replica failures/recoveries (3) come last: a policy
-deciding at time t sees every request that arrived at t and every token produced at t.
+deciding at time t sees every request that arrived at t and every token produced at t. A streamed
+trace (replay/stream.py) refills the arrivals through one more kind (REFILL, first at its instant).
 
 Cost grows with events, not tokens: when a batch is pure decode, the engine runs it as a
 *stretch* of ``k`` identical iterations priced in closed form by the runner's affine decode cost
