@@ -377,14 +377,10 @@ def not_streamed(config: ReplayConfig) -> str | None:
     engine = config.engine
     if config.cluster is not None:
         return "a cluster (pools) is not streamed"
-    if engine.until_s is not None:
-        return "a horizon (until_s) is not streamed"
     if engine.spec_method is not None:
         return "speculative decoding is not streamed"
     if engine.kv_retention != "lru":
         return f"kv_retention = {engine.kv_retention} is not streamed"
-    if engine.kv_tiers:
-        return "offload tiers (kv_tiers) are not streamed"
     if engine.max_loras:
         return "LoRA adapters (max_loras) are not streamed"
     if engine.vision_encoder is not None or engine.audio_encoder is not None:
@@ -458,14 +454,15 @@ def _replay_to(source: TraceFile, config: ReplayConfig, run_dir: Path, runner: R
     if progress is not None:  # (the engine's total is that of the requests it was built with: none)
         report = progress
         progress = lambda now_s, ended, _total: report(now_s, ended, source.rows)  # noqa: E731
+    tiers = [t.name for t in parse_tiers(engine_cfg.kv_tiers)] if engine_cfg.kv_tiers else None
     with atomic_dir(run_dir) as tmp:
-        requests = RowGroupWriter(tmp / "requests.parquet", requests_schema(), group_rows)
+        requests = RowGroupWriter(tmp / "requests.parquet", requests_schema(tiers), group_rows)
         steps = RowGroupWriter(tmp / "steps.parquet", STEPS_SCHEMA, group_rows)
         engine.steps.sink = steps.write
-        stream = TraceStream(source, requests, batch_rows)
+        stream = TraceStream(source, requests, batch_rows, tiers)
         stream.start(engine)
         end_s = engine.run(progress)
-        stream.finish()
+        stream.finish(horizon=engine_cfg.until_s is not None)
         engine.steps.flush()
         steps.close()
         requests.close()

@@ -34,7 +34,7 @@ from servelab.replay.engine import REFILL, Engine
 from servelab.replay.journal import Ledger
 from servelab.replay.request import Status
 from servelab.replay.results import (
-    STATUS_NAMES, parquet_options, requests_from_table, requests_table_from, with_platform_columns,
+    STATUS_NAMES, parquet_options, requests_from_table, requests_table_from, tier_columns, with_platform_columns,
 )
 
 CHUNK = 65536  # trace rows converted to the requests table at once (as requests_table_from's chunks)
@@ -284,17 +284,22 @@ class _LedgerRows:
             setattr(self, name, mine)
 
 
-def requests_schema() -> pa.Schema:
-    """The requests table's schema, as a plain in-memory replay writes it (no optional columns)."""
-    return with_platform_columns(requests_table_from([]), Ledger()).schema
+def requests_schema(tier_names: list[str] | None = None) -> pa.Schema:
+    """The requests table's schema, as an in-memory replay writes it (with offload tiers: their columns)."""
+    table = with_platform_columns(requests_table_from([]), Ledger())
+    for f, column in tier_columns([], tier_names or []) if tier_names else ():
+        table = table.append_column(f, column)
+    return table.schema
 
 
 class TraceStream:
     """Feeds ``engine`` the trace's requests a batch at a time and writes the requests that ended, in
     trace order, a chunk of ``CHUNK`` rows at a time, once every request of the chunk has ended."""
 
-    def __init__(self, trace: TraceFile, writer: RowGroupWriter, batch_rows: int = BATCH_ROWS):
+    def __init__(self, trace: TraceFile, writer: RowGroupWriter, batch_rows: int = BATCH_ROWS,
+                 tier_names: list[str] | None = None):
         self.trace, self.writer = trace, writer
+        self.tier_names = tier_names  # with offload tiers: their columns follow the platform's
         self._batches = trace.batches(batch_rows)
         self.window: deque = deque()  # requests read and not written yet, in trace order
         self.first = 0  # the trace row of window[0]
@@ -350,14 +355,34 @@ class TraceStream:
             counts[name] = counts.get(name, 0) + 1
         table = with_platform_columns(requests_table_from(chunk, chunk=CHUNK),
                                       _LedgerRows(self.engine.ledger, self.first, n))
+        if self.tier_names:
+            for f, column in tier_columns(chunk, self.tier_names):
+                table = table.append_column(f, column)
         self.writer.write(table)
         self.first += n
         self.ended -= n
 
-    def finish(self) -> None:
-        """After the run: every request has ended; write the rest."""
-        if self.held is not None or next(self._batches, None) is not None:
-            raise AssertionError("streamed replay ended before its trace was read")  # (a horizon is not streamed)
+    def finish(self, horizon: bool = False) -> None:
+        """After the run, write the rest. Without a horizon every request has ended; with one, those
+        that have not (the trace's rows not read yet too) are ``unfinished``, as ``Engine.strand``
+        leaves them in memory."""
+        if horizon:
+            self._strand(self.window)
+            for first, table in self._batches:
+                requests, _ = requests_from_table(table, first_index=first)
+                self._strand(requests)
+                self.window.extend(requests)
+                self._write_ended()
+        elif self.held is not None or next(self._batches, None) is not None:
+            raise AssertionError("streamed replay ended before its trace was read")
+        self.held = None
         self._write_ended(final=True)
         if self.window:
             raise AssertionError(f"streamed replay: request {self.window[0].request_id} did not end")
+
+    @staticmethod
+    def _strand(requests) -> None:
+        unfinished = Status.UNFINISHED
+        for req in requests:
+            if req.status < FINISHED:
+                req.status = unfinished

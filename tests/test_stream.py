@@ -63,13 +63,20 @@ CONFIGS = {
     "small-budget": ReplayConfig(engine=EngineConfig(max_num_batched_tokens=256, max_num_seqs=8), policy="vtc"),
     "router": ReplayConfig(engine=EngineConfig(replicas=3, router="least-outstanding")),
     "round-robin": ReplayConfig(engine=EngineConfig(replicas=2), policy="edf"),
+    # a horizon: requests still in flight, waiting or not arrived yet (never read, when streamed) end unfinished
+    "horizon": ReplayConfig(engine=EngineConfig(num_gpu_blocks=300, until_s=12.0), policy="srpt"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_streamed_files_are_the_in_memory_bytes(tmp_path, name):
     path = _trace_file(tmp_path, synth_trace(n=400, rate=15.0, tenants="a=1,b=1", seed=5))
-    _same_run(*_both(tmp_path, path, CONFIGS[name], batch_rows=37, token_log=name == "srpt-recompute"))
+    mem, streamed = _both(tmp_path, path, CONFIGS[name], batch_rows=37, token_log=name == "srpt-recompute")
+    _same_run(mem, streamed)
+    if name == "horizon":  # (rows past the horizon were never read into requests by the replay itself)
+        arrival = pq.read_table(streamed / "requests.parquet", columns=["arrival_s", "status"]).to_pydict()
+        late = [s for a, s in zip(arrival["arrival_s"], arrival["status"]) if a > 12.0 + 37 / 15.0 * 3]
+        assert len(late) > 37 and set(late) == {"unfinished"}
 
 
 def test_prefix_hashes_and_prefix_affinity_stream_the_same(tmp_path):
@@ -78,6 +85,18 @@ def test_prefix_hashes_and_prefix_affinity_stream_the_same(tmp_path):
     path = _trace_file(tmp_path, table, "hashed.parquet")  # (and a Parquet source)
     config = ReplayConfig(engine=EngineConfig(replicas=2, router="prefix-affinity", num_gpu_blocks=2500))
     _same_run(*_both(tmp_path, path, config, batch_rows=50))
+
+
+def test_offload_tiers_columns_stream_the_same(tmp_path):
+    table = synth_trace(n=300, rate=8.0, shared_prefix_tokens=1024, prompt="lognormal:1500:0.5",
+                        output="lognormal:100:0.5", prefix_block_tokens=16, tenants="a=1,b=1,c=1", seed=4)
+    path = _trace_file(tmp_path, table)
+    config = ReplayConfig(engine=EngineConfig(num_gpu_blocks=900, kv_tiers=("dram:capacity_gb=0.05",),
+                                              kv_bytes_per_token=131072))
+    mem, streamed = _both(tmp_path, path, config, batch_rows=40)
+    _same_run(mem, streamed)
+    assert "cached_tokens_dram" in pq.read_schema(streamed / "requests.parquet").names
+    assert pq.read_table(streamed / "requests.parquet", columns=["cached_tokens_dram"]).column(0).to_numpy().sum() > 0
 
 
 @pytest.mark.parametrize("batch_rows", [1, 2, 3, 16])
@@ -155,9 +174,7 @@ def test_errors_name_the_files_row_across_batches(tmp_path):
 
 CONFIG_REASONS = {
     "a cluster": {"cluster": {"pools": [{"name": "a", "replicas": 1}]}},
-    "a horizon": {"until_s": 10.0},
     "kv_retention": {"kv_retention": "keep"},
-    "offload tiers": {"kv_tiers": ["dram:capacity_gb=1"]},
     "LoRA": {"max_loras": 2},
     "client timeouts": {"client_timeout_s": 5.0},
     "platform": {"quota": ["tenant=*:rpm=60"]},
@@ -215,7 +232,7 @@ def test_cli_stream_falls_back_saying_why_once(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.count("not streaming: no run directory (-o)") == 1
     result = CliRunner().invoke(cli, ["replay", str(path), "--runner", RUNNER, "--num-gpu-blocks", "400",
-                                      "--no-report", "--stream", "-o", str(tmp_path / "run"), "--until", "2"])
+                                      "--no-report", "--stream", "-o", str(tmp_path / "run"), "--queue-cap", "5"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("not streaming: a horizon (until_s) is not streamed") == 1
+    assert result.output.count("not streaming: the platform's features") == 1
     assert pq.read_table(tmp_path / "run" / "requests.parquet").num_rows == 40
