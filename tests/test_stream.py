@@ -236,3 +236,12 @@ def test_cli_stream_falls_back_saying_why_once(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.count("not streaming: the platform's features") == 1
     assert pq.read_table(tmp_path / "run" / "requests.parquet").num_rows == 40
+
+
+def test_progress_counts_the_whole_trace(tmp_path):
+    path = _trace_file(tmp_path, synth_trace(n=300, rate=20.0, seed=6))
+    calls: list[tuple[float, int, int]] = []
+    replay_to(path, ReplayConfig(), tmp_path / "run", progress=lambda now, ended, total: calls.append((now, ended, total)),
+              batch_rows=50)
+    assert calls and {total for _, _, total in calls} == {300}
+    assert calls[-1][1] == 300  # every request ended by the last report
