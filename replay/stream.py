@@ -70,7 +70,9 @@ class TraceFile:
         if self._kind == "arrow":
             import pyarrow.ipc as ipc
 
-            self._source = pa.memory_map(str(self.path))
+            # read, not memory-mapped: a mapped file's pages stay resident as it is read (the whole
+            # file by the end), an ordinary read's buffers go with each batch
+            self._source = pa.OSFile(str(self.path), "rb")
             self._reader = ipc.open_file(self._source)
             return self._reader.schema
         import pyarrow.parquet as pq
