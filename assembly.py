@@ -404,7 +404,7 @@ def replay_to(trace, config: ReplayConfig, run_dir: str | os.PathLike, runner: R
 
     What is not streamed (``not_streamed``, replay/stream.py's ``TraceFile.scan``) is replayed in memory
     instead, after ``on_fallback(reason)``. ``meta``: entries added to run.json; ``progress(now_s, ended,
-    total)`` as for ``replay``. Returns the run directory."""
+    total)`` as for ``replay`` (three arguments only; ``total``: the trace's rows). Returns the run directory."""
     wall_start = time.perf_counter()
     run_dir = Path(run_dir)
     if group_rows < 1 or group_rows % CHUNK:
