@@ -69,15 +69,27 @@ def measure(root: str, args: list[str]) -> tuple[float, float, float]:
     return usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, wall
 
 
-def same(a: Path, b: Path) -> str:
-    import pyarrow.parquet as pq
+SAME = r"""
+import sys
+from pathlib import Path
+import pyarrow.parquet as pq
+a, b = Path(sys.argv[1]), Path(sys.argv[2])
+out = []
+for name in ("requests.parquet", "steps.parquet"):
+    tables = pq.read_table(a / name).equals(pq.read_table(b / name))
+    data = (a / name).read_bytes() == (b / name).read_bytes()
+    out.append(f"{name.split('.')[0]}: table {'same' if tables else 'DIFFERENT'}, bytes {'same' if data else 'differ'}")
+print("; ".join(out))
+"""
 
-    out = []
-    for name in ("requests.parquet", "steps.parquet"):
-        tables = pq.read_table(a / name).equals(pq.read_table(b / name))
-        data = (a / name).read_bytes() == (b / name).read_bytes()
-        out.append(f"{name.split('.')[0]}: table {'same' if tables else 'DIFFERENT'}, bytes {'same' if data else 'differ'}")
-    return "; ".join(out)
+
+def same(a: Path, b: Path, root: str) -> str:
+    """Whether two runs hold the same tables and bytes: read in a child process. The tables must not
+    grow this process: a child's peak memory (``ru_maxrss``) counts its parent's high-water mark at the
+    moment it is started (Linux folds the old address space's into it at ``exec``, and Python starts
+    children with ``vfork``)."""
+    return subprocess.run([sys.executable, "-c", SAME, str(a), str(b)], check=True, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=root)).stdout.strip()
 
 
 def main() -> None:
@@ -114,7 +126,7 @@ def main() -> None:
                 results[mode].append((peak, cpu, wall))
                 print(f"round {round_ + 1} {mode:6s}: peak {peak:7.0f} MiB  CPU {cpu:7.2f} s  wall {wall:7.2f} s", flush=True)
                 if round_ == 0 and mode != modes[0]:
-                    print(f"  {mode} vs {modes[0]}: {same(tmp / f'{modes[0]}0', run_dir)}", flush=True)
+                    print(f"  {mode} vs {modes[0]}: {same(tmp / f'{modes[0]}0', run_dir, here)}", flush=True)
                 if round_:  # (the first round's runs are kept for the comparison)
                     import shutil
 
