@@ -458,7 +458,8 @@ class ReplayProgress:
 
 def _report(result, out_dir: str | None, slo, slo_source: str = "given") -> str:
     """The report `servelab report` prints; without -o, of the run written to a temporary folder
-    (so that --slo attainment is reported too). A build without scoring prints percentiles only."""
+    (so that --slo attainment is reported too). A build without scoring prints percentiles only
+    (``result`` None: of the run in ``out_dir``, as a streamed replay leaves it)."""
     try:
         from servelab.scoring.report import report_text
     except ImportError:
@@ -477,8 +478,16 @@ def _report(result, out_dir: str | None, slo, slo_source: str = "given") -> str:
             return report_text(run_dir, slo, slo_source=slo_source).replace(f"({run_dir})", "(not saved: add -o RUN_DIR to keep it)", 1)
     import pyarrow.compute as pc
 
-    req = result.requests
-    counts = result.meta["counts"]
+    if result is None:  # a streamed run: read back from its directory
+        import json
+
+        import pyarrow.parquet as pq
+
+        req = pq.read_table(Path(out_dir) / "requests.parquet", columns=["ttft_s", "tpot_s", "e2e_s"])
+        counts = json.loads((Path(out_dir) / "run.json").read_text())["counts"]
+    else:
+        req = result.requests
+        counts = result.meta["counts"]
     lines = [f"requests: {req.num_rows:,}  " + "  ".join(f"{k}: {v:,}" for k, v in counts.items())]
     for col in ("ttft_s", "tpot_s", "e2e_s"):
         q = pc.quantile(req[col], q=[0.5, 0.9, 0.99], interpolation="linear").to_pylist()

@@ -245,3 +245,16 @@ def test_progress_counts_the_whole_trace(tmp_path):
               batch_rows=50)
     assert calls and {total for _, _, total in calls} == {300}
     assert calls[-1][1] == 300  # every request ended by the last report
+
+
+def test_report_without_scoring_reads_a_streamed_run(tmp_path, monkeypatch):
+    """A build without the scoring package prints percentiles, read back from the streamed run."""
+    import sys
+
+    from servelab.cli.replay_cmd import _report
+
+    path = _trace_file(tmp_path, synth_trace(n=80, rate=10.0, seed=2))
+    replay_to(path, ReplayConfig(), tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "servelab.scoring.report", None)  # (importing it raises ImportError)
+    text = _report(None, str(tmp_path / "run"), None)
+    assert text.startswith("requests: 80  finished: 80") and "ttft_s  p50" in text
