@@ -97,7 +97,7 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
               help="sagemaker:// URL: the container's stream: server-sent events, JSON lines, or by its content "
               "type.")
 @click.option("--loop", "loop_name", type=click.Choice(LOOPS), default="auto", show_default=True,
-              help="The client's event loop: uvloop (pip install 'servelab[fast]': less time per request and token), "
+              help="The client's event loop: uvloop (pip install 'servelab[fast]': usually less CPU per request and token), "
               "asyncio's own, or auto (uvloop when installed).")
 def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float | None,
           rate_scale: float | None, rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,

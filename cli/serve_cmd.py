@@ -20,7 +20,7 @@ from servelab.common.loops import LOOPS
               help="A local tokenizer.json for prompt lengths (default: about 4 characters a token, said at startup "
                    "and in /v1/models).")
 @click.option("--loop", "loop_name", type=click.Choice(LOOPS), default="auto", show_default=True,
-              help="The event loop: uvloop (pip install 'servelab[fast]': less time per request and token), asyncio's "
+              help="The event loop: uvloop (pip install 'servelab[fast]': usually less CPU per request and token), asyncio's "
                    "own, or auto (uvloop when installed).")
 @replay_options
 def serve(host: str, port: int, time_scale: float, served_model_name: str | None, tokenizer: str | None,
