@@ -3,6 +3,8 @@
 Runs `servelab serve` as its own process on a free port, sends the trace with the live client at
 the trace's pace divided by the time scale, and compares the client's mean TTFT and TPOT (scaled back
 to simulated seconds) with the replay's. Usage: python bench/bench_serve.py [--scales 1,10] [--n 40]
+[--loops asyncio,uvloop] [--repeat R]: each scale x event loop (the server's `--loop` and the client's)
+R times, interleaved, with the machine's load average at each run.
 
 ``--streams N``: instead, N streaming requests sent at once (all arrivals at 0) to one server at the
 first scale: how many failed, the most in flight at once on the client, the most in the engine at once
@@ -25,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from helpers_serve import serving_process, train_tokenizer  # noqa: E402
 
 from servelab.assembly import replay  # noqa: E402
+from servelab.common.loops import run as run_on  # noqa: E402
 from servelab.live.bench import LiveOptions, run_live  # noqa: E402
 from servelab.live.client import Target  # noqa: E402
 from servelab.live.load import LoadConfig  # noqa: E402
@@ -50,18 +53,18 @@ def replay_means(table) -> tuple[float, float]:
     return sum(ttft) / len(ttft), sum(tpot) / len(tpot)
 
 
-def served_means(table, scale: float, tokenizer: str) -> tuple[float, float, int, float]:
+def served_means(table, scale: float, tokenizer: str, loop: str = "auto") -> tuple[float, float, int, float]:
     """Client means (TTFT, TPOT) x ``scale``, and the requests that failed; the server and the client
     count prompts with the same ``tokenizer``.json, so the server sees the trace's prompt lengths."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["--runner", RUNNER, "--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--time-scale", str(scale),
-            "--tokenizer", tokenizer, "--served-model-name", "sim"]
+            "--tokenizer", tokenizer, "--served-model-name", "sim", "--loop", loop]
     with serving_process(port, args) as url:
         target = Target(url, "sim", timeout_s=120.0, ignore_eos=True, min_tokens=True)
-        run = asyncio.run(run_live(table, target, LoadConfig(time_scale=1.0 / scale),
-                                   LiveOptions(metrics=False, tokenizer=tokenizer, extensions="off")))
+        run = run_on(run_live(table, target, LoadConfig(time_scale=1.0 / scale),
+                              LiveOptions(metrics=False, tokenizer=tokenizer, extensions="off")), loop)
         with urllib.request.urlopen(url + "/metrics") as r:
             server = {s.name: s.value for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
     server_ttft = server["vllm:time_to_first_token_seconds_sum"] / server["vllm:time_to_first_token_seconds_count"]
@@ -119,6 +122,8 @@ def main() -> None:
     parser.add_argument("--prompt", default="uniform:1000:2000")
     parser.add_argument("--output", default="uniform:8:24")
     parser.add_argument("--streams", type=int, help="N streams at once instead (see the module's docstring)")
+    parser.add_argument("--loops", default="auto", help="event loops to compare (server and client): auto, uvloop, asyncio")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each scale x loop, interleaved")
     args = parser.parse_args()
     tokenizer = train_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer.json")
     if args.streams:
@@ -128,9 +133,12 @@ def main() -> None:
     r_ttft, r_tpot = replay_means(table)
     print(f"trace: {args.n} requests at {args.rate}/s, prompts {args.prompt}, outputs {args.output}; runner {RUNNER}")
     print(f"replay: mean TTFT {r_ttft * 1e3:.1f} ms, mean TPOT {r_tpot * 1e3:.2f} ms (simulated)")
-    for scale in (float(s) for s in args.scales.split(",")):
-        s_ttft, s_tpot, failed, server_ttft = served_means(table, scale, tokenizer)
-        print(f"serve x{scale:g}: mean TTFT {s_ttft * 1e3:.1f} ms ({(s_ttft / r_ttft - 1) * 100:+.1f}%), "
+    runs = [(scale, loop) for _ in range(args.repeat) for scale in (float(s) for s in args.scales.split(","))
+            for loop in args.loops.split(",")]
+    for scale, loop in runs:
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
+        s_ttft, s_tpot, failed, server_ttft = served_means(table, scale, tokenizer, loop)
+        print(f"serve x{scale:g} {loop} (load {load}): mean TTFT {s_ttft * 1e3:.1f} ms ({(s_ttft / r_ttft - 1) * 100:+.1f}%), "
               f"mean TPOT {s_tpot * 1e3:.2f} ms ({(s_tpot / r_tpot - 1) * 100:+.1f}%), failed {failed} "
               f"(client times x scale); the server's own mean TTFT (from receipt) {server_ttft * 1e3:.1f} ms")
 

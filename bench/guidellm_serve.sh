@@ -3,15 +3,15 @@
 # report is imported with `servelab run import --format guidellm` (bench/RESULTS_serve.md).
 #
 # Usage: bash bench/guidellm_serve.sh OUT_DIR [GUIDELLM_VENV]
-#   GUIDELLM_VENV (default /tmp/guidellm-venv) is made with `python3 -m venv V && V/bin/pip install guidellm`,
+#   GUIDELLM_VENV (default .guidellm-venv in the checkout, as `source .ci/guidellm.sh` installs it) is
 #   apart from the project's venv (GuideLLM brings torch, transformers, datasets, httpx).
 # Nothing is downloaded at run time: GuideLLM's synthetic prompts need a tokenizer ("processor"); it gets
 # a local directory (tokenizer.json + tokenizer_config.json) made from a small BPE trained here, and
 # `servelab serve --tokenizer` counts prompts with the same tokenizer.json.
 set -euo pipefail
 out=$(realpath -m "$1")
-venv=${2:-/tmp/guidellm-venv}
 here=$(cd "$(dirname "$0")/.." && pwd)
+venv=${2:-$here/.guidellm-venv}
 py="$here/.venv/bin/python"
 port=${PORT:-18431}
 mkdir -p "$out"

@@ -1,7 +1,7 @@
 """How late `servelab serve`'s clock releases tokens: simulated time now minus each token's simulated
 time, in wall milliseconds, measured in the listener the release calls (no HTTP; serve/sim.py alone).
 
-Usage: python bench/serve_clock.py [--scale 10] [--requests 40]
+Usage: python bench/serve_clock.py [--scale 10] [--requests 40] [--loop auto|uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 
 import numpy as np
 
+from servelab.common.loops import run as run_on
 from servelab.replay.config import ReplayConfig
 from servelab.serve.sim import Simulation
 
@@ -38,10 +39,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=float, default=10.0)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--loop", default="auto", help="event loop: auto, uvloop, asyncio")
     args = parser.parse_args()
-    late = asyncio.run(run(args.scale, args.requests))
+    late = run_on(run(args.scale, args.requests), args.loop)
     p50, p90, p99 = np.percentile(late, [50, 90, 99])
-    print(f"{late.size} tokens at x{args.scale:g}: release lateness (wall ms) mean {late.mean():.3f}, "
+    print(f"{late.size} tokens at x{args.scale:g} ({args.loop} loop): release lateness (wall ms) mean {late.mean():.3f}, "
           f"p50 {p50:.3f}, p90 {p90:.3f}, p99 {p99:.3f}, min {late.min():.3f}")
 
 

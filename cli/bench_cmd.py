@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 from servelab.common.errors import ServelabError
+from servelab.common.loops import LOOPS
 
 
 def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> str:
@@ -95,16 +96,20 @@ def _discover_model(url: str, api_key: str | None, timeout_s: float | None) -> s
 @click.option("--stream-format", type=click.Choice(["auto", "sse", "jsonlines"]), default="auto", show_default=True,
               help="sagemaker:// URL: the container's stream: server-sent events, JSON lines, or by its content "
               "type.")
+@click.option("--loop", "loop_name", type=click.Choice(LOOPS), default="auto", show_default=True,
+              help="The client's event loop: uvloop (pip install 'servelab[fast]': usually less CPU per request and token), "
+              "asyncio's own, or auto (uvloop when installed).")
 def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, api: str, shape: str, time_scale: float | None,
           rate_scale: float | None, rate: float | None, users: int | None, think_s: float, max_in_flight: int | None, duration_s: float | None,
           num_requests: int | None, warmup: int, timeout_s: float, ignore_eos: bool, min_tokens: bool,
           extensions: str, tokenizer: str, metrics: bool, metrics_interval: float, token_log: bool,
           api_key: str | None, seed: int, sweep_rates: str | None, sweep_users: str | None,
           show_report: bool, slo: tuple[str, ...], region: str | None, profile: str | None, endpoint_url: str | None,
-          inference_component: str | None, stream_format: str) -> None:  # fmt: skip
+          inference_component: str | None, stream_format: str, loop_name: str) -> None:  # fmt: skip
     """Send TRACE's requests to the OpenAI-compatible server at URL (or the Amazon SageMaker endpoint
     sagemaker://NAME) and measure them (docs/live.md)."""
     from servelab.cli.replay_cmd import check_replay_output, parse_slo
+    from servelab.common.loops import resolve_loop
     from servelab.live.bench import LiveOptions
     from servelab.live.client import Target
     from servelab.live.load import LoadConfig
@@ -143,6 +148,7 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
     if timeout_s < 0:
         raise click.BadParameter("must be >= 0", param_hint="--timeout")
     levels = _sweep_levels(sweep_rates, sweep_users, shape)
+    loop_kind = resolve_loop(loop_name)  # an explicit uvloop that is not installed stops here
     slo_table = parse_slo(slo)  # before anything is sent: a bad SPEC costs no run
     load = LoadConfig(shape=shape, time_scale=time_scale, rate=rate if not sweep_rates else levels[0][1],
                       users=users if not sweep_users else levels[0][1], think_s=think_s,
@@ -170,7 +176,7 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
                           extensions=extensions)  # fmt: skip
     if not levels:
         code = _one_run(table, trace_meta, target, load, options, out_dir, token_log, show_report, backend,
-                        slo_table)  # fmt: skip
+                        slo_table, loop_kind)  # fmt: skip
         if code:
             sys.exit(code)
         return
@@ -183,7 +189,7 @@ def bench(url: str, trace: str, out_dir: str, force: bool, model: str | None, ap
             level = dataclasses.replace(load, users=value)
         click.echo(f"sweep level {name}", err=True)
         code = _one_run(table, trace_meta, target, level, options, str(Path(out_dir) / name), token_log,
-                        show_report, backend, slo_table)  # fmt: skip
+                        show_report, backend, slo_table, loop_kind)  # fmt: skip
         done.append({"run": name, "rate_rps" if sweep_rates else "users": value, "interrupted": bool(code)})
         _write_sweep_json(out_dir, done, levels, slo_table)
         if code:
@@ -272,10 +278,11 @@ def _write_sweep_json(out_dir: str, done: list[dict], levels, slo=None) -> None:
 
 
 def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: bool, show_report: bool,
-             backend=None, slo=None) -> int:  # fmt: skip
+             backend=None, slo=None, loop: str = "asyncio") -> int:  # fmt: skip
     """One live run written to ``out_dir``; the exit code when a signal stopped it (130 Ctrl-C, 143
     SIGTERM), else 0. The first SIGINT or SIGTERM stops sending and keeps what finished; a later
     one while the run winds down or is written is acknowledged, not obeyed (it would lose the run)."""
+    from servelab.common.loops import run as run_on
     from servelab.live.bench import write_live_run
 
     n = table.num_rows if load.num_requests is None else min(load.num_requests, table.num_rows)
@@ -284,7 +291,7 @@ def _one_run(table, trace_meta, target, load, options, out_dir: str, token_log: 
     click.echo(f"sending {n:,} requests to {where} (model {model}, shape {load.shape})", err=True)
     signals: list[str] = []
     try:
-        run = asyncio.run(_measure(table, target, load, options, backend, signals))
+        run = run_on(_measure(table, target, load, options, backend, signals), loop)
     except RuntimeError as err:
         raise ServelabError(str(err)) from None
     if run is None:

@@ -9,6 +9,7 @@ text: a token is the word " token". Errors have vLLM's shape: ``{"error": {"mess
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -72,8 +73,14 @@ async def models(request: web.Request) -> web.Response:
     sim = app[SIM]
     card = {"id": app[MODEL], "object": "model", "created": 0, "owned_by": "servelab", "root": app[MODEL],
             "parent": None, "max_model_len": sim.max_model_len,
-            "servelab": {"simulated": True, "time_scale": sim.time_scale, "prompt_tokens": app[COUNTER].description}}
+            "servelab": {"simulated": True, "time_scale": sim.time_scale, "prompt_tokens": app[COUNTER].description,
+                         "event_loop": event_loop()}}
     return web.json_response({"object": "list", "data": [card]})
+
+
+def event_loop() -> str:
+    """The running event loop's kind, as `serve --loop` names it: uvloop, or asyncio's own."""
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -93,3 +93,40 @@ def serving_process(port: int, args: list[str], timeout_s: float = 60.0):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def guidellm_venv():
+    """GuideLLM's own venv (.ci/guidellm.sh: $SERVELAB_TEST_GUIDELLM_VENV, else .guidellm-venv in the
+    checkout), or None when GuideLLM is not installed there; with SERVELAB_TEST_REQUIRE_GUIDELLM=1 (as in
+    CI) its absence fails the calling test instead of skipping it."""
+    import os
+    from pathlib import Path
+
+    import pytest
+
+    venv = Path(os.environ.get("SERVELAB_TEST_GUIDELLM_VENV") or Path(__file__).resolve().parents[1] / ".guidellm-venv")
+    if (venv / "bin" / "guidellm").is_file():
+        return venv
+    if os.environ.get("SERVELAB_TEST_REQUIRE_GUIDELLM") == "1":
+        pytest.fail(f"SERVELAB_TEST_REQUIRE_GUIDELLM=1 but {venv}/bin/guidellm is missing (source .ci/guidellm.sh)",
+                    pytrace=False)
+    pytest.skip("GuideLLM not installed (source .ci/guidellm.sh)")
+
+
+def guidellm_tokenizer(venv, tokenizer_json, out_dir) -> str:
+    """``tokenizer_json`` saved as a Hugging Face tokenizer directory (tokenizer.json + tokenizer_config.json,
+    by ``transformers`` in GuideLLM's venv), the "processor" GuideLLM's synthetic prompts need, so it
+    downloads nothing; its decoder turns sampled ids back into plain text (GuideLLM sends decoded prompts)."""
+    import subprocess
+
+    script = ("import sys\n"
+              "from tokenizers import Tokenizer, decoders\n"
+              "from transformers import PreTrainedTokenizerFast\n"
+              "tok = Tokenizer.from_file(sys.argv[1])\n"
+              "tok.decoder = decoders.ByteLevel()\n"
+              "PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>').save_pretrained(sys.argv[2])\n")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", script, str(tokenizer_json), str(out_dir)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"saving the tokenizer for GuideLLM failed: {proc.stderr[-3000:]}")
+    return str(out_dir)
