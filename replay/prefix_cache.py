@@ -260,9 +260,6 @@ class PrefixCache:
         queue = self.queue
         write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
-        if names is None and not write_back:
-            self._take_plain(n)
-            return
         while n > 0:
             head_id = next(iter(queue))
             entry = queue[head_id]
@@ -282,32 +279,8 @@ class PrefixCache:
                 if write_back:
                     self.tiers.write(entry[2].key, entry[3], entry[1])
                 e = entry[2]
-                e.runs.remove(entry)
-                if not e.top and not e.runs:
-                    del self.entries[e.key]
-            elif kind == OWN:
-                del self.segments[entry[2]]
-
-    def _take_plain(self, n: int) -> None:
-        """``take`` when evicting needs no bookkeeping beyond the queue and the entries (no block
-        names, no write-back to a tier): the same segments, the head popped whole and put back when
-        only part of it is taken."""
-        queue = self.queue
-        popitem = queue.popitem
-        while n > 0:
-            head_id, entry = popitem(False)
-            size = entry[1]
-            if size > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached (at the head)
-                entry[1] = size - n
-                queue[head_id] = entry
-                queue.move_to_end(head_id, False)
-                return
-            n -= size
-            kind = entry[0]
-            if kind == RUN:
-                e = entry[2]
                 runs = e.runs
-                if runs[0] is entry:
+                if runs[0] is entry:  # (usually its lowest run: list.remove compares the others first)
                     del runs[0]
                 else:
                     runs.remove(entry)
