@@ -59,12 +59,12 @@ class Entry:
 
     __slots__ = ("key", "lo", "size", "held", "top", "runs", "ids")
 
-    def __init__(self, key, lo: int, size: int):
+    def __init__(self, key, lo: int, size: int, count: int = 0):
         self.key = key
         self.lo = lo
         self.size = size
-        self.held: dict[int, int] = {}
-        self.top = 0
+        self.held: dict[int, int] = {count: 1} if count else {}  # (``count``: held so by its first holder)
+        self.top = count
         self.runs: list[list] = []
         self.ids: list | None = None  # with real block ids (replay/block_names.py): each cached block's id
 
@@ -140,12 +140,16 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
-                 "tiers", "purge", "names", "keep_outputs", "countable")
+                 "tiers", "purge", "names", "keep_outputs", "countable", "per")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
         self.block_size = block_size
         self.trace_block = trace_block  # tokens per prefix_hashes entry (None: the trace has no hashes)
+        # engine blocks per trace block when the trace block is a multiple of the engine's (the usual
+        # case: Mooncake's 512 tokens are 32 blocks of 16), else 0: entry i is then blocks
+        # [i * per, (i + 1) * per), and register, lookup and release take their aligned paths
+        self.per = trace_block // block_size if trace_block and trace_block % block_size == 0 else 0
         self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
         self.tiers = tiers  # offload tiers below GPU memory (replay/tiers.py), or None
         self.purge = purge  # tenants whose blocks are dropped from every tier when their requests end
@@ -275,8 +279,12 @@ class PrefixCache:
                 if write_back:
                     self.tiers.write(entry[2].key, entry[3], entry[1])
                 e = entry[2]
-                e.runs.remove(entry)
-                if not e.top and not e.runs:
+                runs = e.runs
+                if runs[0] is entry:  # (usually its lowest run: list.remove compares the others first)
+                    del runs[0]
+                else:
+                    runs.remove(entry)
+                if not runs and not e.top:
                     del self.entries[e.key]
             elif kind == OWN:
                 del self.segments[entry[2]]
@@ -407,6 +415,9 @@ class PrefixCache:
             if not (req.prefix_hashes or hashes):
                 return
             chain = req.cached_keys = Chain()
+        if hashes is None and self.per and (self.tiers is None or not self.tiers.write_through):
+            self._register_aligned(req, chain)
+            return
         have = chain.blocks
         if hashes is None:
             full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
@@ -444,6 +455,75 @@ class PrefixCache:
                 self.tiers.write(key, 0, got)
             if got < want:
                 return
+
+    def _register_aligned(self, req: "Request", chain: Chain) -> None:
+        """``register`` of a prompt's own hashes, trace blocks aligned to engine blocks, nothing written
+        through to a tier: the same steps as the general path (``_extend``, then ``groups``), with the
+        entry arithmetic inline and a new entry born held. It runs once per prefill chunk, over
+        every new hash block of a prompt (most of a Mooncake replay's caching cost)."""
+        hashes = req.prefix_hashes
+        if not hashes:
+            return
+        bs = self.block_size
+        tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        cover = len(hashes) * self.trace_block
+        full = (tokens if tokens < cover else cover) // bs  # (hashed_blocks)
+        computed = req.num_computed_tokens // bs
+        if computed < full:
+            full = computed
+        have = chain.blocks
+        if full <= have:
+            return
+        entries = chain.entries
+        if entries:
+            e = entries[-1]
+            lo = e.lo
+            held = have - lo
+            if held < e.size:  # its last entry, partly held: extend it (as _extend)
+                runs = e.runs
+                if held < e.top or (runs and runs[0][3] == held):
+                    return
+                want = full - lo if full - lo < e.size else e.size
+                got = want if not runs or runs[0][3] >= want else runs[0][3]
+                h = e.held
+                if len(h) == 1 and h.get(held) == 1:  # its only holder (unhold, hold)
+                    e.held = {got: 1}
+                    e.top = got
+                else:
+                    e.unhold(held)
+                    e.hold(got)
+                chain.blocks = lo + got
+                if got < want:
+                    return
+                have = lo + got
+        per = self.per
+        cache = self.entries
+        get = cache.get
+        salt = req.tenant if self.per_tenant else None
+        if req.lora_adapter is not None:  # (as in groups)
+            salt = ("lora", req.lora_adapter, salt)
+        i = have // per  # (have is a whole number of entries here)
+        lo = have
+        while lo < full:
+            hi = lo + per
+            want = (hi if hi < full else full) - lo
+            key = (hashes[i], i) if salt is None else (salt, hashes[i], i)
+            e = get(key)
+            if e is None:
+                e = cache[key] = Entry(key, lo, per, want)
+                got = want
+            else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
+                runs = e.runs
+                if e.top or runs[0][3] == 0:
+                    return
+                got = runs[0][3] if runs[0][3] < want else want
+                e.hold(got)
+            entries.append(e)
+            chain.blocks = lo + got
+            if got < want:
+                return
+            i += 1
+            lo = hi
 
     @staticmethod
     def _extend(chain: Chain, e: Entry, held: int, want: int) -> bool:
@@ -497,24 +577,50 @@ class PrefixCache:
         if keep_chain:
             return freed
         if chain is not None:
-            for e, count in reversed(list(chain.counts())):
-                e.unhold(count)
-                if count > e.top:  # the blocks only it held: queued, highest first
-                    self._push_run(e, e.top, count - e.top)
-                    freed += count - e.top
+            freed += self._let_go(chain)
             req.cached_keys = None
+        return freed
+
+    def _let_go(self, chain: Chain) -> int:
+        """``chain``'s holder lets go of its entries, the last first: the blocks no one else holds are
+        queued as runs, highest first (``unhold`` and ``_push_run`` inline: once per hash block of
+        every released prompt); returns how many."""
+        entries = chain.entries
+        queue = self.queue
+        seq = self.seq
+        freed = 0
+        last = entries[-1] if entries else None
+        for e in reversed(entries):
+            count = e.size if e is not last else chain.blocks - e.lo  # (the last may be partly held)
+            h = e.held
+            if len(h) == 1 and h.get(count) == 1:  # its only holder
+                e.held = {}
+                top = e.top = 0
+            else:
+                e.unhold(count)
+                top = e.top
+            if count > top:  # the blocks only it held: queued, highest first
+                n = count - top
+                seq += 1
+                run = [RUN, n, e, top, seq]
+                queue[seq] = run
+                runs = e.runs
+                if runs:  # (queued runs lie above every holding: this one goes first)
+                    k = len(runs)
+                    while k and runs[k - 1][3] > top:
+                        k -= 1
+                    runs.insert(k, run)
+                else:
+                    runs.append(run)
+                freed += n
+        self.seq = seq
+        self.queued += freed
         return freed
 
     def unpin(self, chain: Chain) -> int:
         """A chain that ``release(keep_chain=True)`` kept held lets go (KV retention); returns how
         many blocks no holder holds any more (queued, cached, as a release queues them)."""
-        freed = 0
-        for e, count in reversed(list(chain.counts())):
-            e.unhold(count)
-            if count > e.top:
-                self._push_run(e, e.top, count - e.top)
-                freed += count - e.top
-        return freed
+        return self._let_go(chain)
 
     def offload(self, req: "Request", blocks: int) -> int:
         """``req`` ended and its hashed blocks go to the first lower tier rather than stay cached in

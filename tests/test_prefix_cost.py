@@ -48,3 +48,72 @@ def test_own_segments_are_still_reused_after_a_recompute(monkeypatch, preemption
     on = replay(trace, ReplayConfig(engine=EngineConfig(**engine, enable_prefix_caching=True)))
     cached = sum(on.requests.column("cached_tokens").to_pylist())
     assert calls["_settle"] > 0 and cached > 0
+
+
+def _reference_let_go(self, chain):
+    """``_let_go`` as the general path writes it: per entry, ``unhold`` then ``_push_run``."""
+    freed = 0
+    for e, count in reversed(list(chain.counts())):
+        e.unhold(count)
+        if count > e.top:
+            self._push_run(e, e.top, count - e.top)
+            freed += count - e.top
+    return freed
+
+
+def _cache_history(monkeypatch, trace, settings, general: bool):
+    """Replay ``trace`` recording the cache's state after every take: its free queue (kind, blocks and
+    start of each segment), its entries' holdings and queued runs; ``general``: the aligned paths off."""
+    history, aligned = [], []
+    original_init, original_take = PrefixCache.__init__, PrefixCache.take
+    original_aligned = PrefixCache._register_aligned
+
+    def init(self, *a, **k):
+        original_init(self, *a, **k)
+        if general:
+            self.per = 0
+
+    def take(self, n):
+        original_take(self, n)
+        queue = tuple((seg[0], seg[1], seg[3] if len(seg) > 3 else None) for seg in self.queue.values())
+        held = tuple((e.key, tuple(sorted(e.held.items())), e.top, tuple((r[3], r[1]) for r in e.runs))
+                     for e in self.entries.values())
+        history.append((self.queued, queue, held))
+
+    def register_aligned(self, req, chain):
+        aligned.append(req.index)
+        return original_aligned(self, req, chain)
+
+    monkeypatch.setattr(PrefixCache, "__init__", init)
+    monkeypatch.setattr(PrefixCache, "take", take)
+    monkeypatch.setattr(PrefixCache, "_register_aligned", register_aligned)
+    if general:
+        monkeypatch.setattr(PrefixCache, "_let_go", _reference_let_go)
+    policy = settings.pop("policy", "sarathi")
+    params = settings.pop("policy_params", {})
+    result = replay(trace, ReplayConfig(engine=EngineConfig(**settings), policy=policy, policy_params=params))
+    monkeypatch.undo()
+    return result, history, aligned
+
+
+@pytest.mark.parametrize("tb, settings", [
+    (512, {"num_gpu_blocks": 900}),  # Mooncake's hash blocks (32 engine blocks each), KV pressure: evictions
+    (48, {"num_gpu_blocks": 500, "max_num_batched_tokens": 100, "prefix_cache_scope": "tenant"}),  # chunks end mid entry
+    (48, {"num_gpu_blocks": 400, "policy": "srpt", "policy_params": {"preempt": True}, "max_num_seqs": 6}),
+])
+def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypatch, tb, settings):
+    """``register``'s aligned path and ``release``'s inline let-go (both per hash block of every prompt:
+    most of a Mooncake replay's caching cost) leave the free queue, the entries and their holdings as
+    the general path does after every take, and the replay's results equal. (Holdings shared by
+    several requests are also checked after every event by tests/test_engine_invariants.py.)"""
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=300, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
+                        prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=tb, seed=11)
+    fast, fast_history, aligned = _cache_history(monkeypatch, trace, dict(settings), general=False)
+    slow, slow_history, none = _cache_history(monkeypatch, trace, dict(settings), general=True)
+    assert aligned and not none  # each side took the path it should
+    assert sum(fast.requests.column("cached_tokens").to_pylist()) > 0  # hits
+    assert any(len(q) < len(p) for (_, p, _), (_, q, _) in zip(fast_history, fast_history[1:]))  # evictions
+    assert fast_history == slow_history
+    assert fast.requests.equals(slow.requests)
