@@ -111,7 +111,7 @@ class Evaluator:
         self.first_s = float(arrivals[0].as_py())
         self.last_s = float(arrivals[-1].as_py())
         self.quota_check = None  # set by the study loop: raises when n_trials is already met
-        self.interrupted = None  # set by the study loop: a threading.Event, set on Ctrl-C
+        self.interrupted = None  # set by the study loop: a flag (is_set()), set on Ctrl-C
         # True while the replay and scoring run: only then may Ctrl-C raise KeyboardInterrupt (anywhere
         # else it could land in a storage write or Optuna's own bookkeeping, which it breaks)
         self.in_trial = False

@@ -277,6 +277,27 @@ def counts(study) -> dict[str, int]:
     return out
 
 
+class Flag:
+    """A flag a signal handler may set: no lock, unlike threading.Event.
+
+    A handler runs between two bytecodes of the main thread, and a second signal can run a second
+    handler inside the first; ``threading.Event.set`` takes a lock, so a nested set waits on the lock
+    its outer self holds, forever (a worker hung that way when the kernel and its parent-watch thread
+    signalled it at once). Setting an attribute is one store.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class Interrupt:
     """Ctrl-C (SIGINT), or SIGTERM in a local worker, as a flag: the study stops between trials.
 
@@ -287,7 +308,7 @@ class Interrupt:
     """
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.event = Flag()
         self.evaluator = None  # an Evaluator once the study loop runs; its in_trial tells where we are
         self._previous: dict[int, object] = {}
 
@@ -410,49 +431,72 @@ def _fail_own_running(study, worker: str) -> None:
 PARENT_POLL_S = 0.5
 TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
 _PR_SET_PDEATHSIG = 1
+# The signal that says "the parent died", apart from SIGTERM (the parent stopping its workers on
+# Ctrl-C, when it writes trials.parquet itself): the worker must know which one it got, because
+# getppid() cannot tell yet. PR_SET_PDEATHSIG fires when the parent *thread* that started the worker
+# exits; under kill -9 the parent's threads die one by one, and the worker is first handed to another
+# thread of the dying parent (same pid) with the signal already sent, then to init with a second one.
+PARENT_DIED = getattr(signal, "SIGUSR1", signal.SIGTERM)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this worker stop when the `search` process that started it dies, even by kill -9.
+class _ParentWatch:
+    """Stop this worker when the `search` process that started it dies, even by kill -9.
 
-    Linux: the kernel sends SIGTERM when the parent exits (prctl PR_SET_PDEATHSIG). Everywhere, a
-    thread also checks every PARENT_POLL_S that the parent is still ours (an orphan is re-parented).
-    SIGTERM is handled like Ctrl-C: the trial in flight is failed as interrupted.
+    Linux: the kernel sends PARENT_DIED when the parent exits (prctl PR_SET_PDEATHSIG). Everywhere, a
+    thread also checks every PARENT_POLL_S that the parent is still ours (an orphan is re-parented)
+    and sends PARENT_DIED itself. The signal is handled like Ctrl-C (the trial in flight is failed as
+    interrupted) and remembered: the worker then writes trials.parquet, which the dead parent cannot.
     """
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+    def __init__(self, parent_pid: int, interrupt: "Interrupt") -> None:
+        self.parent_pid = parent_pid
+        self.died = Flag()
+        self._interrupt = interrupt
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(PARENT_DIED, self._handler)
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
 
-    def watch() -> None:
-        while os.getppid() == parent_pid:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
+            except (OSError, AttributeError):
+                pass
+        if self.gone():  # it died before the prctl above took effect
+            os.kill(os.getpid(), PARENT_DIED)
+        threading.Thread(target=self._watch, name="servelab-parent-watch", daemon=True).start()
+
+    def gone(self) -> bool:
+        return self.died.is_set() or os.getppid() != self.parent_pid
+
+    def _handler(self, signum, frame) -> None:
+        self.died.set()
+        self._interrupt.handler(signum, frame)
+
+    def _watch(self) -> None:
+        while os.getppid() == self.parent_pid:
             time.sleep(PARENT_POLL_S)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), PARENT_DIED)
 
-    if os.getppid() != parent_pid:  # it died before the prctl above took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-    threading.Thread(target=watch, name="servelab-parent-watch", daemon=True).start()
+    def close(self) -> None:
+        """The worker is about to exit: a late PARENT_DIED (the kernel's second, the watcher's) is ignored."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(PARENT_DIED, signal.SIG_IGN)
 
 
 def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None, parent_pid: int | None = None) -> None:
     # Ctrl-C reaches the workers too (one process group); SIGTERM comes from the parent stopping
-    # stragglers, or from the kernel when the parent died. Both stop the worker like Ctrl-C.
+    # stragglers. Both stop the worker like Ctrl-C; so does the parent's death (_ParentWatch).
     interrupt = Interrupt().install((signal.SIGINT, signal.SIGTERM))
-    if parent_pid is not None:
-        _die_with_parent(parent_pid)
+    watch = _ParentWatch(parent_pid, interrupt) if parent_pid is not None else None
     try:
         try:
             run_worker(spec, Path(study_dir), seed, threads=1, storage_url=storage_url, interrupt=interrupt)
         except KeyboardInterrupt:
             pass  # its trial in flight is already marked failed (interrupted)
-        if parent_pid is not None and os.getppid() != parent_pid:
+        if watch is not None and watch.gone():
             # the `search` process is gone (killed): it will not write trials.parquet, so each worker
-            # does, with the handler still installed: the parent's death sends SIGTERM twice (the
-            # kernel's, the watcher's), and the second must not kill the worker mid-write
+            # does, with the handlers still installed (a second signal only sets the flag again)
             from servelab.search.trials import write_trials
 
             # both workers write it at once: one may meet the other's half-done write or the journal's
@@ -469,6 +513,8 @@ def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str 
                     time.sleep(pause)
                     pause = min(2 * pause, 2.0)
     finally:
+        if watch is not None:
+            watch.close()
         interrupt.restore()
 
 

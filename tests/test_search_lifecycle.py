@@ -259,15 +259,18 @@ def test_kill_9_of_search_stops_its_workers(tmp_path):
     write_trace_file(folder, n=6000)  # trials of a good fraction of a second: the kill lands mid-trial
     spec = grid_spec(folder, n_trials=400, name="orphans.toml", top="workers = 2\n")
     out = tmp_path / "S"
+    # its output goes to a file: the workers outlive the parent and would block on a full pipe nobody reads
+    log = (tmp_path / "search.log").open("w")
     proc = subprocess.Popen([*SERVELAB, "search", str(spec), "-o", str(out), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    log.close()
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             trials = out / "trials"
             if trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir()):
                 break
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, (tmp_path / "search.log").read_text()
             time.sleep(0.05)
         else:
             raise AssertionError("no trial finished")
@@ -281,7 +284,7 @@ def test_kill_9_of_search_stops_its_workers(tmp_path):
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and any(_running(p) for p in workers):
             time.sleep(0.1)
-        assert not any(_running(p) for p in workers), "workers outlived the killed search"
+        assert not any(_running(p) for p in workers), f"workers outlived the killed search: {(tmp_path / 'search.log').read_text()}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -296,3 +299,39 @@ def test_kill_9_of_search_stops_its_workers(tmp_path):
     assert all(r["outcome"] in ("interrupted", "surplus") for r in rows if r["state"] == "fail"), rows
     study = load_study_dir(out)
     assert not [t for t in study.trials if t.state.name == "RUNNING"]
+
+
+# -- a burst of signals: the handler runs inside itself, and must not wait on a lock it holds ------
+
+_BURST_CHILD = textwrap.dedent("""
+    import signal, sys, time
+    from servelab.search.study import PARENT_DIED, Interrupt, _ParentWatch
+    interrupt = Interrupt().install((signal.SIGINT, signal.SIGTERM))
+    watch = _ParentWatch(__import__("os").getppid(), interrupt)  # its handler sets a second flag
+    print("ready", flush=True)
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:  # Python code for the handlers to run between (and inside each other)
+        sum(range(50))
+    print("set" if interrupt.is_set() and watch.died.is_set() else "not set", flush=True)
+""")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
+def test_a_burst_of_signals_does_not_hang_a_worker():
+    # a worker once hung in threading.Event.set (its Condition's lock) when the kernel's parent-death
+    # signal and its watch thread's came at once: the second handler ran inside the first's set
+    from servelab.search.study import PARENT_DIED
+
+    proc = subprocess.Popen([sys.executable, "-c", _BURST_CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        end, i = time.monotonic() + 2.0, 0
+        while time.monotonic() < end:  # a sustained barrage: with threading.Event it hung 1 run in 3
+            os.kill(proc.pid, PARENT_DIED if i % 2 else signal.SIGTERM)
+            i += 1
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.strip() == "set", (proc.returncode, out)
