@@ -65,6 +65,10 @@ MATRIX = {  # engine settings that exercise every path of the engine: KV pressur
 }
 
 
+PAUSES = {"waiting": "tier=flex,waiting=2,resume=1", "never": "tier=flex,waiting=100000",
+          "kv": "tier=flex,kv=0.25,resume=0.15"}
+
+
 PREFIX_MATRIX = {  # the prefix cache under KV pressure, preemption (both kinds), scopes and routers
     "default": {},
     "kv-recompute": {"num_gpu_blocks": 2500},
@@ -186,6 +190,14 @@ def _main(args) -> None:
                 run(out, f"matrix-{policy}-{label}", slice_, ReplayConfig(engine=engine, policy=policy))
         run(out, "matrix-sarathi-token-log", slice_, ReplayConfig(engine=EngineConfig(num_gpu_blocks=600)),
             token_log=True)
+
+        # pausing a tier (waiting or KV share) on a tiered overload, under every policy: a rule that fires
+        # often, one that never fires, and the KV-share rule
+        tiered = bench_platform.overload()
+        for policy in policy_names():
+            for label, pause in PAUSES.items():
+                engine = EngineConfig(replicas=1, max_num_seqs=8, num_gpu_blocks=300, pause=pause)
+                run(out, f"pause-{policy}-{label}", tiered, ReplayConfig(engine=engine, policy=policy))
 
         prefix_cases(out)
         example_cases(out)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from servelab.common.tiers import parse_tiers
 from servelab.replay.admission import Admission, PauseRule, Quota
+from servelab.replay.batch import no_aggregate
 from servelab.replay.engine import FAULT
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.intents import FailReplica, RestoreReplica
@@ -78,8 +79,15 @@ class Platform:
 
     @property
     def walks_running(self) -> bool:
-        """Features that read running requests' counters directly (so the batch builder keeps none in aggregate)."""
-        return self.shedding or self.pause is not None or bool(self.engine.config.fail) or self.reclaims
+        """Features that read running requests' counters directly (so the batch builder keeps none in aggregate).
+
+        A pause on waiting requests reads none until it fires, and then lets go of the aggregate itself
+        (``_check_pause``); a pause on the KV share reads ``kv.used``, which the aggregate keeps behind.
+        Failures still turn it off for the whole replay: letting go of it only when one comes (after
+        the lost iteration is cut) changed steps.parquet's ``kv_blocks_used`` by one block after the
+        failure in bench_platform's fault cases, not yet understood."""
+        pause_reads = self.pause is not None and self.pause.metric != "waiting"
+        return self.shedding or pause_reads or bool(self.engine.config.fail) or self.reclaims
 
     @property
     def acts_before_schedule(self) -> bool:
@@ -200,6 +208,7 @@ class Platform:
         if load <= rule.above:
             return 0.0
         self.num_pauses += 1
+        no_aggregate(replica)  # it preempts running requests: every counter current, from now on
         swap_s = 0.0
         for req in [r for r in replica.running if r.tier == rule.tier]:
             swap_s += self.engine.preempt(replica, req)

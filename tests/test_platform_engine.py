@@ -254,3 +254,29 @@ def test_every_policy_survives_the_platform(policy, journal):
     assert all(g == o for g, o, s in zip(gen, out, status) if s == "finished")
     if journal:
         assert sum(column(r, "tokens_lost")) == 0
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm-v0", "static", "las", "srpt"])
+def test_a_pause_on_waiting_keeps_decodes_in_aggregate_and_changes_nothing(policy, monkeypatch):
+    # a pause on the other tiers' waiting requests reads no running counters until it fires (then it
+    # lets go of the aggregate itself): the same tables as with the aggregate off from the start
+    import pyarrow as pa
+
+    import servelab.replay.engine as engine_module
+    from helpers_engine import synthetic
+    from servelab.replay.platform import Platform
+
+    trace = synthetic(n=600, rate=40.0)
+    tiers = pa.array(["flex" if i % 4 == 0 else "standard" for i in range(trace.num_rows)])
+    trace = trace.drop_columns([c for c in ("tier",) if c in trace.column_names]).append_column("tier", tiers)
+    settings = dict(pause="tier=flex,waiting=2,resume=1", max_num_seqs=8, num_gpu_blocks=3000)
+    calls = []
+    aggregate = engine_module.aggregate_decodes
+    monkeypatch.setattr(engine_module, "aggregate_decodes", lambda *a: (calls.append(1), aggregate(*a)))
+    kept = run(trace, policy, **settings)
+    assert calls and kept.meta["platform"]["pauses"] > 0
+    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
+    calls.clear()
+    off = run(trace, policy, **settings)
+    assert not calls
+    assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)
