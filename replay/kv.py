@@ -351,6 +351,7 @@ class KVManager:
             req.swapped = False
         self.host.clear()
         self.host_used = 0
+        self.used -= self.cohort_held  # (blocks the cohort took for iterations the failure cut)
         self.cohort_held = 0
         if self.cache is not None:
             self.cache.clear(self.total)

@@ -83,11 +83,10 @@ class Platform:
 
         A pause on waiting requests reads none until it fires, and then lets go of the aggregate itself
         (``_check_pause``); a pause on the KV share reads ``kv.used``, which the aggregate keeps behind.
-        Failures still turn it off for the whole replay: letting go of it only when one comes (after
-        the lost iteration is cut) changed steps.parquet's ``kv_blocks_used`` by one block after the
-        failure in bench_platform's fault cases, not yet understood."""
+        A failure lets go of the failed replica's aggregate when it comes, after the lost iteration is
+        cut (``evict``)."""
         pause_reads = self.pause is not None and self.pause.metric != "waiting"
-        return self.shedding or pause_reads or bool(self.engine.config.fail) or self.reclaims
+        return self.shedding or pause_reads or self.reclaims
 
     @property
     def acts_before_schedule(self) -> bool:
@@ -244,6 +243,7 @@ class Platform:
             disagg.stop(replica)
         if replica.inflight is not None:  # iterations finished by now count; the one under way is lost
             stats["work_lost_s"] += engine.truncate(replica, now)
+        no_aggregate(replica)  # every counter of what it held current before it moves, and from now on
         moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
         lost = disagg.lose(replica, now) if disagg is not None else ()
         engine.empty(replica)  # GPU blocks and the host swap pool alike; its queues emptied

@@ -280,3 +280,28 @@ def test_a_pause_on_waiting_keeps_decodes_in_aggregate_and_changes_nothing(polic
     off = run(trace, policy, **settings)
     assert not calls
     assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm-v0", "las", "srpt"])
+@pytest.mark.parametrize("journal", [False, True])
+def test_a_failure_lets_go_of_the_aggregate_when_it_comes_and_changes_nothing(policy, journal, monkeypatch):
+    # failures read the failed replica's running requests only when one comes: the aggregate is kept
+    # until then, and the tables are those of a replay without it (its blocks for the cut iteration
+    # once stayed counted on the failed replica: kv_blocks_used one higher after it came back)
+    import servelab.replay.engine as engine_module
+    from helpers_engine import synthetic
+    from servelab.replay.platform import Platform
+
+    trace = synthetic(n=800, rate=30.0)
+    settings = dict(replicas=2, max_num_seqs=16, fail=("replica=0,at=8,for=5", "replica=1,at=20,for=3"),
+                    journal=journal)
+    calls = []
+    aggregate = engine_module.aggregate_decodes
+    monkeypatch.setattr(engine_module, "aggregate_decodes", lambda *a: (calls.append(1), aggregate(*a)))
+    kept = run(trace, policy, **settings)
+    assert calls and kept.meta["platform"]["faults"]["requests_moved"] > 0
+    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
+    calls.clear()
+    off = run(trace, policy, **settings)
+    assert not calls
+    assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)
