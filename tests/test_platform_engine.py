@@ -256,29 +256,39 @@ def test_every_policy_survives_the_platform(policy, journal):
         assert sum(column(r, "tokens_lost")) == 0
 
 
+
+def _with_and_without_aggregate(trace, policy, monkeypatch, **settings):
+    """The replay kept with the decode aggregate (checked: it was made) and the same replay with the
+    platform asking for it off from the start, as when every hook that reads running requests did."""
+    import servelab.replay.engine as engine_module
+    from servelab.replay.platform import Platform
+
+    calls = []
+    aggregate = engine_module.aggregate_decodes
+    monkeypatch.setattr(engine_module, "aggregate_decodes", lambda *a: (calls.append(1), aggregate(*a)))
+    kept = run(trace, policy, **settings)
+    assert calls
+    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
+    calls.clear()
+    off = run(trace, policy, **settings)
+    assert not calls
+    return kept, off
+
+
 @pytest.mark.parametrize("policy", ["sarathi", "vllm-v0", "static", "las", "srpt"])
 def test_a_pause_on_waiting_keeps_decodes_in_aggregate_and_changes_nothing(policy, monkeypatch):
     # a pause on the other tiers' waiting requests reads no running counters until it fires (then it
     # lets go of the aggregate itself): the same tables as with the aggregate off from the start
     import pyarrow as pa
 
-    import servelab.replay.engine as engine_module
     from helpers_engine import synthetic
-    from servelab.replay.platform import Platform
 
     trace = synthetic(n=600, rate=40.0)
     tiers = pa.array(["flex" if i % 4 == 0 else "standard" for i in range(trace.num_rows)])
     trace = trace.drop_columns([c for c in ("tier",) if c in trace.column_names]).append_column("tier", tiers)
-    settings = dict(pause="tier=flex,waiting=2,resume=1", max_num_seqs=8, num_gpu_blocks=3000)
-    calls = []
-    aggregate = engine_module.aggregate_decodes
-    monkeypatch.setattr(engine_module, "aggregate_decodes", lambda *a: (calls.append(1), aggregate(*a)))
-    kept = run(trace, policy, **settings)
-    assert calls and kept.meta["platform"]["pauses"] > 0
-    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
-    calls.clear()
-    off = run(trace, policy, **settings)
-    assert not calls
+    kept, off = _with_and_without_aggregate(trace, policy, monkeypatch, pause="tier=flex,waiting=2,resume=1",
+                                            max_num_seqs=8, num_gpu_blocks=3000)
+    assert kept.meta["platform"]["pauses"] > 0
     assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)
 
 
@@ -288,20 +298,10 @@ def test_a_failure_lets_go_of_the_aggregate_when_it_comes_and_changes_nothing(po
     # failures read the failed replica's running requests only when one comes: the aggregate is kept
     # until then, and the tables are those of a replay without it (its blocks for the cut iteration
     # once stayed counted on the failed replica: kv_blocks_used one higher after it came back)
-    import servelab.replay.engine as engine_module
     from helpers_engine import synthetic
-    from servelab.replay.platform import Platform
 
-    trace = synthetic(n=800, rate=30.0)
-    settings = dict(replicas=2, max_num_seqs=16, fail=("replica=0,at=8,for=5", "replica=1,at=20,for=3"),
-                    journal=journal)
-    calls = []
-    aggregate = engine_module.aggregate_decodes
-    monkeypatch.setattr(engine_module, "aggregate_decodes", lambda *a: (calls.append(1), aggregate(*a)))
-    kept = run(trace, policy, **settings)
-    assert calls and kept.meta["platform"]["faults"]["requests_moved"] > 0
-    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
-    calls.clear()
-    off = run(trace, policy, **settings)
-    assert not calls
+    kept, off = _with_and_without_aggregate(synthetic(n=800, rate=30.0), policy, monkeypatch, replicas=2,
+                                            max_num_seqs=16, journal=journal,
+                                            fail=("replica=0,at=8,for=5", "replica=1,at=20,for=3"))
+    assert kept.meta["platform"]["faults"]["requests_moved"] > 0
     assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)
