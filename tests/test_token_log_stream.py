@@ -111,6 +111,12 @@ def test_streamed_token_file_is_the_in_memory_table_byte_for_byte(tmp_path, monk
         return made[-1]
 
     monkeypatch.setattr("servelab.replay.engine.TokenLog", recording_log)
+    # ReferenceLog records single tokens and stretches, not the decode aggregate's timelines, which a
+    # replay with failures now keeps until one comes: keep it off here (the same tokens either way:
+    # test_a_failure_logs_the_same_tokens_with_and_without_the_aggregate)
+    from servelab.replay.platform import Platform
+
+    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
     trace = synth_trace(n=300, rate=30.0, prompt="lognormal:200:1.0", output="lognormal:60:1.0", seed=3)
     if ids == "shuffled":
         perm = np.random.default_rng(1).permutation(trace.num_rows) * 7 - 1000
@@ -267,3 +273,22 @@ def test_request_ids_beyond_exact_doubles_are_kept_exactly(tmp_path):
     assert table["request_id"] == [-big, 7, big, big, big, big, big + 2]
     assert table["token_index"] == [1, 1, 1, 2, 3, 4, 1]
     assert table["time_s"] == [0.5, 0.75, 0.25, 1.5, 2.0, 2.5, 0.125]  # the stretch: 1 + 0.5 i
+
+
+@pytest.mark.parametrize("journal", [False, True])
+def test_a_failure_logs_the_same_tokens_with_and_without_the_aggregate(tmp_path, monkeypatch, journal):
+    # the decode aggregate is kept until a failure comes; the tokens of the iteration it cuts are not logged
+    from servelab.api import EngineConfig, ReplayConfig, replay
+    from servelab.replay.platform import Platform
+    from servelab.traces.synth import synth_trace
+
+    trace = synth_trace(n=300, rate=30.0, prompt="lognormal:200:1.0", output="lognormal:60:1.0", seed=3)
+    config = ReplayConfig(engine=EngineConfig(replicas=2, num_gpu_blocks=300, journal=journal,
+                                              fail=("replica=0,at=3,for=1", "replica=1,at=5,for=3")),
+                          runner="linear:base=0.01,prefill_token=1e-4,decode_seq=1e-3,decode_context_token=1e-6")
+    kept = replay(trace, config, token_log=True, token_dir=str(tmp_path))
+    assert kept.meta["platform"]["faults"]["requests_moved"] > 0
+    monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
+    off = replay(trace, config, token_log=True, token_dir=str(tmp_path))
+    assert kept.tokens.num_rows == off.tokens.num_rows > 15_000
+    assert kept.tokens.read().equals(off.tokens.read())
