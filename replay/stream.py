@@ -369,10 +369,10 @@ class TraceStream:
         that have not (the trace's rows not read yet too) are ``unfinished``, as ``Engine.strand``
         leaves them in memory."""
         if horizon:
-            self._strand(self.window)
+            self.engine.strand(self.window)
             for first, table in self._batches:
                 requests, _ = requests_from_table(table, first_index=first)
-                self._strand(requests)
+                self.engine.strand(requests)
                 self.window.extend(requests)
                 self._write_ended()
         elif self.held is not None or next(self._batches, None) is not None:
@@ -381,10 +381,3 @@ class TraceStream:
         self._write_ended(final=True)
         if self.window:
             raise AssertionError(f"streamed replay: request {self.window[0].request_id} did not end")
-
-    @staticmethod
-    def _strand(requests) -> None:
-        unfinished = Status.UNFINISHED
-        for req in requests:
-            if req.status < FINISHED:
-                req.status = unfinished
