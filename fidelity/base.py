@@ -196,7 +196,9 @@ def detect_format(paths: list[Path]) -> str:
         return "guidellm"
     if head.lstrip().startswith("{") and len(raw) == 1 << 16:  # a big JSON document: its keys may come later
         head = first.read_text(errors="replace")
-    if any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"')):
+    # the per-request lists, or (a result saved without --save-detailed) vLLM's summary figures alone:
+    # detected still, so its importer says what is missing
+    if any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"', '"mean_ttft_ms"', '"mean_e2el_ms"')):
         return "vllm-bench"
     raise InputError(first, "cannot tell the format (not an OTel, GuideLLM, vllm bench, timestamps JSONL or "
                             "TraceV2 file); pass --format")

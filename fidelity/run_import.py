@@ -45,10 +45,13 @@ def missing_setting_error(key: str, where: str) -> ServelabError:
 
 def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | None = None,
                vllm_log: Path | None = None, vllm_metrics: Path | None = None, given: dict[str, Any] | None = None,
-               prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False) -> ImportedRun:
+               prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False,
+               detected: bool | None = None) -> ImportedRun:
+    """``detected``: the caller detected ``fmt`` (run.json ``source.format_detected``); by default,
+    whether ``fmt`` is None here."""
     from servelab.fidelity.sidecars import discover, gpu_preset
 
-    detected = fmt is None
+    detected = fmt is None if detected is None else detected
     if fmt is None:
         fmt = detect_format(sources)
     measured = import_measured(fmt, sources, **(options or {}))
