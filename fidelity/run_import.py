@@ -79,6 +79,9 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     for key in ("model", "gpu"):
         if key not in settings:
             raise missing_setting_error(key, f"{sources[0]}: the run")
+    from servelab.fidelity.vllm_defaults import fill_batch_defaults
+
+    fill_batch_defaults(settings, origin, source)  # the server's own defaults, not the replay's
     settings = check_settings(settings, sources[0])
     generator = measured.prefix or found.prefix
     measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)

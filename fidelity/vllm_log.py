@@ -4,7 +4,9 @@ Reads, for the last server start in the log (a log often holds several restarts;
 ``non-default args: {...}`` line, or before vLLM 0.10 the ``args: Namespace(...)`` line, begins the
 one that served the run): the server's arguments, the ``Initializing a V1 LLM engine (vX) with
 config: ...`` line (V0: ``Initializing an LLM engine``; ``tensor_parallel_size``,
-``data_parallel_size``, ``enable_prefix_caching``, ``served_model_name``), the KV cache vLLM
+``data_parallel_size``, ``enable_prefix_caching``, ``served_model_name``), the batch-token limit
+the scheduler ran with (``Chunked prefill is enabled with max_num_batched_tokens=N``, defaults
+included), the KV cache vLLM
 allocated (``num_gpu_blocks is: N``; V0 ``# GPU blocks: N`` or, from 0.6, ``# cuda blocks: N``;
 else V1's ``GPU KV cache size: N tokens`` divided by the block size; else, rounded,
 ``Maximum concurrency for N tokens per request: Xx`` times N over the block size), the version,
@@ -28,6 +30,8 @@ _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _VERSION = re.compile(r"vLLM (?:API server )?version (\S+)")
 _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with config: (.*)$")
+# the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
 _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
@@ -96,6 +100,8 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         elif (m := _KV_TOKENS.search(line)):
             kv_tokens = (int(m.group(1).replace(",", "")), lineno)
             source["kv_cache_tokens"] = kv_tokens[0]
+        elif (m := _CHUNKED.search(line)):
+            put("max_num_batched_tokens", int(m.group(1)), lineno)
         elif (m := _CONCURRENCY.search(line)):
             concurrency = (int(m.group(1).replace(",", "")), float(m.group(2)), lineno)
         elif (m := _VERSION.search(line)):

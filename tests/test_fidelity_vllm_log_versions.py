@@ -125,3 +125,55 @@ def test_a_v0_log_beside_a_run_reaches_validate_real(tmp_path, capsys):
     assert rep["prefix"]["measured"] == pytest.approx(0.3125) and rep["prefix"]["measured_from"] == "server.log line 6"
     assert "--prefix-from-hit-rate" in rep["prefix"]["warning"]
     assert rep["errors"]["measured"] is not None
+
+
+def test_the_chunked_prefill_line_gives_the_batch_limit_the_server_ran_with(tmp_path):
+    from servelab.fidelity.vllm_log import read_log
+
+    log = tmp_path / "vllm.log"
+    log.write_text(V011 + "(EngineCore_DP0 pid=300) INFO 10-01 12:00:05 [scheduler.py:222] Chunked prefill is enabled "
+                          "with max_num_batched_tokens=8192.\n")
+    settings, _, origin = read_log(log)
+    assert settings["max_num_batched_tokens"] == 8192 and origin["max_num_batched_tokens"] == "vllm.log line 4"
+
+
+@pytest.mark.parametrize("version, gpu, expected", [
+    ("0.11.0", "h100-80gb", (8192, 1024)),  # >= 70 GiB, not an A100
+    ("0.10.1.1", "h200", (8192, 1024)),
+    ("0.11.0", "a100-80gb", (2048, 256)),  # the A100 exception
+    ("0.11.0", "l40s", (2048, 256)),  # 48 GB
+    ("0.8.5", "h100-80gb", None),  # before the per-GPU defaults: the replay's own, listed as defaults
+])
+def test_a_run_started_with_vllms_defaults_gets_them_not_the_replays(tmp_path, capsys, version, gpu, expected):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
+    (folder / "vllm.log").write_text(
+        f"INFO 10-01 12:00:00 [api_server.py:1896] vLLM API server version {version}\n"
+        "INFO 10-01 12:00:00 [utils.py:233] non-default args: {'model': 'meta-llama/Llama-2-7b-hf'}\n")
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", f"gpu={gpu}"], capsys)
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    got = tuple(meta["config"].get(k) for k in ("max_num_batched_tokens", "max_num_seqs"))
+    if expected is None:
+        assert got == (None, None)
+        return
+    assert got == expected
+    assert meta["config_sources"]["max_num_seqs"].startswith(f"vLLM {version}'s default on ")
+    code, out, err = run_main(["validate", "--real", run, "--format", "json"], capsys)
+    assert code == 0, err
+    used = {s["setting"]: s for s in json.loads(out)["settings"]}
+    assert used["max_num_batched_tokens"]["value"] == expected[0]
+    assert used["max_num_batched_tokens"]["from"].startswith(f"run: vLLM {version}'s default")
+
+
+def test_a_recorded_batch_limit_caps_the_default_sequences(tmp_path):
+    from servelab.fidelity.vllm_defaults import fill_batch_defaults
+
+    settings, origin = {"gpu": "h100-80gb", "max_num_batched_tokens": 512}, {"max_num_batched_tokens": "vllm.log line 3"}
+    fill_batch_defaults(settings, origin, {"vllm_version": "0.11.0"})
+    assert settings["max_num_seqs"] == 512 and origin["max_num_batched_tokens"] == "vllm.log line 3"
+    untouched = {"gpu": "h100-80gb"}
+    fill_batch_defaults(untouched, {}, {})  # no version recorded: nothing assumed
+    assert untouched == {"gpu": "h100-80gb"}
