@@ -33,6 +33,7 @@ _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with co
 # the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
+_ENGINE_TAG = re.compile(r"Engine (\d+):")  # V1 data parallel: each engine logs its own metrics
 _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
@@ -55,6 +56,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
     origin: dict[str, str] = {}
     source: dict = {"vllm_log": str(path)}
     kv_tokens = concurrency = None
+    hits: dict[str, tuple[float, int]] = {}  # engine -> (its last hit rate while busy, line)
 
     def put(key: str, value, lineno: int) -> None:
         settings[key] = value
@@ -71,6 +73,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                                  row=lineno) from None
             args = {k: v for k, v in args.items() if v is not None}  # Namespace: None is "vLLM decides"
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
+            hits = {}
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version"):
                 source.pop(k, None)
             for k, v in args.items():
@@ -107,8 +110,14 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         elif (m := _VERSION.search(line)):
             source["vllm_version"] = m.group(1)
         if (m := _HIT.search(line)) and _busy(line):
-            source["prefix_cache_hit_rate"] = float(m.group(1)) / 100
-            source["prefix_cache_hit_rate_from"] = f"{path.name} line {lineno}"
+            tag = _ENGINE_TAG.search(line)
+            hits[tag.group(1) if tag else ""] = (float(m.group(1)) / 100, lineno)
+    if hits:  # one engine: its last rate; data-parallel engines: the mean of each one's last
+        lines = sorted(n for _, n in hits.values())
+        source["prefix_cache_hit_rate"] = sum(r for r, _ in hits.values()) / len(hits)
+        source["prefix_cache_hit_rate_from"] = (f"{path.name} line {lines[0]}" if len(lines) == 1 else
+                                                f"{path.name} lines {', '.join(map(str, lines))} (mean over "
+                                                f"{len(lines)} engines)")
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
         # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
         settings["num_gpu_blocks"] = kv_tokens[0] // int(settings.get("block_size") or 16)

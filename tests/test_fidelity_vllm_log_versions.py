@@ -177,3 +177,19 @@ def test_a_recorded_batch_limit_caps_the_default_sequences(tmp_path):
     untouched = {"gpu": "h100-80gb"}
     fill_batch_defaults(untouched, {}, {})  # no version recorded: nothing assumed
     assert untouched == {"gpu": "h100-80gb"}
+
+
+def test_data_parallel_engines_hit_rates_are_averaged(tmp_path):
+    from servelab.fidelity.vllm_log import read_log
+
+    def metrics(engine: int, prompt: float, rate: float) -> str:
+        return (f"(APIServer pid=1) INFO 10-01 12:01:00 [loggers.py:123] Engine {engine:03d}: Avg prompt throughput: "
+                f"{prompt} tokens/s, Avg generation throughput: 80.0 tokens/s, Running: 3 reqs, Waiting: 0 reqs, "
+                f"GPU KV cache usage: 4.0%, Prefix cache hit rate: {rate}%\n")
+
+    log = tmp_path / "vllm.log"
+    log.write_text(V011 + metrics(0, 900.0, 20.0) + metrics(1, 900.0, 40.0) + metrics(0, 850.0, 30.0)
+                   + metrics(1, 0.0, 2.0))  # engine 1's last line is idle: its busy one counts
+    _, source, _ = read_log(log)
+    assert source["prefix_cache_hit_rate"] == pytest.approx(0.35)
+    assert source["prefix_cache_hit_rate_from"] == "vllm.log lines 5, 6 (mean over 2 engines)"
