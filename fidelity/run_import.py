@@ -66,15 +66,17 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     for key, value in (given or {}).items():
         settings[key], origin[key] = value, "--setting"
     source = {**measured.source, **found.source}
-    if "gpu" in settings and origin["gpu"] != "--setting":
+    if "gpu" in settings:  # a device name as nvidia-smi prints it, recorded or given, maps to its preset
         preset = gpu_preset(str(settings["gpu"]))
         if preset is None:
             from servelab.runners.presets import GPUS
 
+            if origin["gpu"] == "--setting":
+                raise ServelabError(f"--setting gpu={settings['gpu']}: matches no GPU preset (one of {', '.join(GPUS)})")
             raise ServelabError(f"{sources[0]}: the recorded GPU '{settings['gpu']}' ({origin['gpu']}) matches no "
                                 f"GPU preset; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
         if preset != settings["gpu"]:
-            source["gpu_recorded"] = settings["gpu"]
+            source["gpu_recorded" if origin["gpu"] != "--setting" else "gpu_given"] = settings["gpu"]
             settings["gpu"] = preset
     for key in ("model", "gpu"):
         if key not in settings:

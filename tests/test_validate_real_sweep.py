@@ -54,3 +54,16 @@ def test_a_recorded_model_without_a_preset_names_the_option(tmp_path, capsys):
     assert code == 1 and "model 'Acme/Foo-13B' (from --setting) matches no model preset; pass --model MODEL" in err
     code, _, err = run_main(["validate", "--real", run, "--model", "llama-3.1-8b", "--format", "json"], capsys)
     assert code == 0, err
+
+
+def test_a_gpu_given_by_its_device_name_maps_to_its_preset(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", FIX / "vllm_bench_serve.json", "-o", run,
+                             "--setting", "gpu=NVIDIA H100 80GB HBM3"], capsys)
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["config"]["gpu"] == "h100-80gb" and meta["source"]["gpu_given"] == "NVIDIA H100 80GB HBM3"
+    code, _, err = run_main(["run", "import", FIX / "vllm_bench_serve.json", "-o", tmp_path / "bad",
+                             "--setting", "gpu=Acme Tensor 9000"], capsys)
+    assert code == 1 and "--setting gpu=Acme Tensor 9000: matches no GPU preset (one of a100-80gb" in err
+    assert not (tmp_path / "bad").exists()
