@@ -134,12 +134,17 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
 def namespace_args(text: str) -> dict:
     """The fields of an ``argparse.Namespace`` repr (``host=None, port=8000, model='m', ...``), each a
     Python literal where it is one, else its text (``dispatch_function=<function ... at 0x...>``)."""
-    out = {}
+    out: dict = {}
+    last = None
     for part in _top_level_split(text):
         key, eq, raw = part.partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():
-            raise ValueError(part)
+            if last is None:
+                raise ValueError(part)
+            out[last] = f"{out[last]},{part}"  # a repr with a bare comma in it: the previous value's text
+            continue
+        last = key
         raw = raw.strip()
         try:
             out[key] = ast.literal_eval(raw)

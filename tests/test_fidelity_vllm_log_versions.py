@@ -100,6 +100,8 @@ def test_namespace_fields_keep_odd_values_as_text():
     args = namespace_args("a=None, b='x, y', c=[1, 2], d={'k': (1, 2)}, e=<function f at 0x7f>, f=inf, g=-1.5")
     assert args == {"a": None, "b": "x, y", "c": [1, 2], "d": {"k": (1, 2)}, "e": "<function f at 0x7f>",
                     "f": "inf", "g": -1.5}
+    # a repr with a bare comma is the previous value's text, not a reason to drop the whole line
+    assert namespace_args("h=Foo(1), 2, i=3") == {"h": "Foo(1), 2", "i": 3}
 
 
 def test_a_v0_log_beside_a_run_reaches_validate_real(tmp_path, capsys):
