@@ -74,7 +74,10 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
     kwargs = dict(vllm_log=vllm_log, vllm_metrics=vllm_metrics, given=_parse_settings(settings), prefix=spec,
                   prefix_from_hit_rate=prefix_from_hit_rate)
     detected = fmt is None
-    fmt = fmt or detect_format(list(sources))
+    if detected:  # said before the import, so an error below reads against the format it was read as
+        fmt = detect_format(list(sources))
+        click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
+    kwargs["detected"] = detected
     if fmt != "guidellm" and benchmark is not None:
         raise ServelabError("--benchmark applies to --format guidellm only")
     if fmt == "guidellm" and benchmark is None and len(sources) == 1:
@@ -87,8 +90,6 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
     done = run_import(list(sources), fmt, options=options, **kwargs)
     result, trace = done.result, done.trace
     write_measured_run(result, trace, output, trace_out)
-    if detected:
-        click.echo(f"format: {done.fmt} (detected; --format to choose)", err=True)
     counts = result.meta["counts"]
     click.echo(f"wrote {output}: {result.requests.num_rows} requests ({counts['finished']} finished, "
                f"{result.requests.num_rows - counts['finished']} failed, timed out or cancelled), "

@@ -355,6 +355,14 @@ def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu
     overrides.update(parse_key_values(set_options, "--set", underscores=True))
     overrides.update({k: v for k, v in (("runner", runner), ("model", model), ("gpu", gpu), ("tp", tp),
                                         ("policy", policy), ("num_gpu_blocks", num_gpu_blocks)) if v is not None})
+    from servelab.fidelity.validate import sweep_runs
+
+    runs = sweep_runs(run_dir)
+    if runs is not None:  # a GuideLLM sweep imported as one run per benchmark: each validated in turn
+        if plot_path is not None:
+            raise ServelabError(f"{run_dir} is a sweep of {len(runs)} runs; --plot takes one: {runs[0]}")
+        _validate_sweep(run_dir, runs, overrides, client_model, fmt, output)
+        return
     report, measured, simulated = validate_real(run_dir, overrides, client_model)
     if plot_path is not None:
         plot_cdfs(measured, simulated, plot_path, title=f"{run_dir.name}: measured vs {report['config']['runner']}")
@@ -365,6 +373,39 @@ def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu
         click.echo(json.dumps(report, indent=2))
         return
     render_real(report)
+
+
+def _validate_sweep(run_dir, runs, overrides, client_model, fmt, output) -> None:
+    from servelab.fidelity.validate import sweep_summary, validate_real
+    from servelab.runners.validation import write_report
+
+    reports = [validate_real(run, overrides, client_model)[0] for run in runs]
+    whole = {"sweep": str(run_dir), "summary": sweep_summary(reports), "runs": reports}
+    if output:
+        write_report(whole, output)
+    if fmt == "json":
+        click.echo(json.dumps(whole, indent=2))
+        return
+    for report in reports:
+        render_real(report)
+        click.echo("")
+    from rich.table import Table
+    from servelab.common.tables import print_table
+
+    def pct(v):
+        return "n/a" if v is None else f"{v:+.1f}%"
+
+    def share(v):
+        return "n/a" if v is None else f"{v:.1%}"
+
+    table = Table(title=f"sweep of {len(runs)} runs ({run_dir.name}): error of the mean")
+    for col in ("run", "requests", "ttft", "tpot", "e2e", "not finished (measured / simulated)"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    for row in whole["summary"]:
+        table.add_row(row["run"], str(row["requests"]), pct(row["ttft_mean_error_pct"]),
+                      pct(row["tpot_mean_error_pct"]), pct(row["e2e_mean_error_pct"]),
+                      f"{share(row['not_finished_measured'])} / {share(row['not_finished_simulated'])}")
+    print_table(table)
 
 
 def render_real(report: dict) -> None:

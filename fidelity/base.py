@@ -71,7 +71,9 @@ class Rows:
             prompt_text: str | None = None, prefix_group: int | None = None,
             prefix_length: int | None = None, itls_s: list[float] | None = None) -> None:
         """One request; ``row`` (1-based) names it in errors. A successful request needs a first token
-        and a finish no earlier than its arrival, in that order."""
+        and a finish no earlier than its arrival, in that order. One the source calls successful that
+        lacks its first token or finish time, or produced no token, did not complete: it is kept as a
+        failed request, with a warning (never a request finishing at time 0)."""
         def bad(column: str, rule: str) -> InputError:
             return InputError(self.path, rule, column=column, row=row)
 
@@ -84,11 +86,15 @@ class Rows:
         if output_tokens is None or output_tokens < 0:
             raise bad("output tokens", f"needs a token count >= 0, got {output_tokens}")
         if ok:
-            if first_token_s is None or finish_s is None:
-                raise bad("first token" if first_token_s is None else "finish", "a successful request needs this time")
-            if prompt_tokens < 1 or output_tokens < 1:
-                raise bad("prompt tokens" if prompt_tokens < 1 else "output tokens",
-                          "a successful request needs >= 1 token")
+            missing = [name for name, value in (("first token", first_token_s), ("finish", finish_s),
+                                                ("prompt token", prompt_tokens or None),
+                                                ("output token", output_tokens or None)) if value is None]
+            if missing:
+                where = f"{self.path.name} row {row}"
+                what = f"reported successful but has no {' or '.join(missing)}"
+                self.warnings.append(f"{where}: {what} (did not complete); kept as a failed request")
+                ok, reason = False, f"not completed: {what}"
+        if ok:
             if first_token_s < arrival_s - 1e-6 or finish_s < first_token_s - 1e-6:
                 raise bad("first token" if first_token_s < arrival_s - 1e-6 else "finish",
                           f"times out of order (arrival {arrival_s}, first token {first_token_s}, finish {finish_s})")
@@ -196,7 +202,9 @@ def detect_format(paths: list[Path]) -> str:
         return "guidellm"
     if head.lstrip().startswith("{") and len(raw) == 1 << 16:  # a big JSON document: its keys may come later
         head = first.read_text(errors="replace")
-    if any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"')):
+    # the per-request lists, or (a result saved without --save-detailed) vLLM's summary figures alone:
+    # detected still, so its importer says what is missing
+    if any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"', '"mean_ttft_ms"', '"mean_e2el_ms"')):
         return "vllm-bench"
     raise InputError(first, "cannot tell the format (not an OTel, GuideLLM, vllm bench, timestamps JSONL or "
                             "TraceV2 file); pass --format")

@@ -28,8 +28,9 @@ def _value(v: object):
     return None
 
 
-def _documents(path: Path) -> list[tuple[int, dict]]:
-    """(line number, document): the whole file, or one document per non-empty line."""
+def _documents(path: Path, warnings: list[str]) -> list[tuple[int, dict]]:
+    """(line number, document): the whole file, or one document per non-empty line. A last line that is
+    not JSON (the exporter was cut while appending) is left out with a warning; one before it is an error."""
     try:
         text = path.read_text()
     except UnicodeDecodeError:
@@ -39,12 +40,17 @@ def _documents(path: Path) -> list[tuple[int, dict]]:
     except json.JSONDecodeError:
         pass
     docs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             docs.append((lineno, json.loads(line)))
         except json.JSONDecodeError as err:
+            if lineno == last and len(docs) > 0:
+                warnings.append(f"{path.name} line {lineno}: cut short (not valid JSON); its spans are left out")
+                continue
             raise InputError(path, f"line {lineno} is not valid JSON ({err.msg})") from None
     return docs
 
@@ -59,7 +65,7 @@ def import_otel(paths: list[Path]) -> Measured:
     # before becoming float seconds (epoch seconds as a float64 keep only ~0.2 us)
     for path in paths:
         rows.path = path
-        for lineno, doc in _documents(path):
+        for lineno, doc in _documents(path, rows.warnings):
             if not isinstance(doc, dict) or "resourceSpans" not in doc:
                 raise InputError(path, f"line {lineno}: not an OTLP JSON export (no 'resourceSpans')")
             for r, rs in enumerate(array(path, doc["resourceSpans"], f"line {lineno}: resourceSpans")):

@@ -45,10 +45,13 @@ def missing_setting_error(key: str, where: str) -> ServelabError:
 
 def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | None = None,
                vllm_log: Path | None = None, vllm_metrics: Path | None = None, given: dict[str, Any] | None = None,
-               prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False) -> ImportedRun:
+               prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False,
+               detected: bool | None = None) -> ImportedRun:
+    """``detected``: the caller detected ``fmt`` (run.json ``source.format_detected``); by default,
+    whether ``fmt`` is None here."""
     from servelab.fidelity.sidecars import discover, gpu_preset
 
-    detected = fmt is None
+    detected = fmt is None if detected is None else detected
     if fmt is None:
         fmt = detect_format(sources)
     measured = import_measured(fmt, sources, **(options or {}))
@@ -63,19 +66,24 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     for key, value in (given or {}).items():
         settings[key], origin[key] = value, "--setting"
     source = {**measured.source, **found.source}
-    if "gpu" in settings and origin["gpu"] != "--setting":
+    if "gpu" in settings:  # a device name as nvidia-smi prints it, recorded or given, maps to its preset
         preset = gpu_preset(str(settings["gpu"]))
         if preset is None:
             from servelab.runners.presets import GPUS
 
+            if origin["gpu"] == "--setting":
+                raise ServelabError(f"--setting gpu={settings['gpu']}: matches no GPU preset (one of {', '.join(GPUS)})")
             raise ServelabError(f"{sources[0]}: the recorded GPU '{settings['gpu']}' ({origin['gpu']}) matches no "
                                 f"GPU preset; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
         if preset != settings["gpu"]:
-            source["gpu_recorded"] = settings["gpu"]
+            source["gpu_recorded" if origin["gpu"] != "--setting" else "gpu_given"] = settings["gpu"]
             settings["gpu"] = preset
     for key in ("model", "gpu"):
         if key not in settings:
             raise missing_setting_error(key, f"{sources[0]}: the run")
+    from servelab.fidelity.vllm_defaults import fill_batch_defaults
+
+    fill_batch_defaults(settings, origin, source)  # the server's own defaults, not the replay's
     settings = check_settings(settings, sources[0])
     generator = measured.prefix or found.prefix
     measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)

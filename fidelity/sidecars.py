@@ -206,7 +206,8 @@ def _log_in(folder: Path) -> Path | None:
         return plain
     for path in sorted(folder.glob("*.log")):  # server.log, vllm_server.log, ...: one that vLLM wrote
         with open(path, "rb") as f:
-            if b"non-default args" in f.read(1 << 16):
+            head = f.read(1 << 16)
+            if b"non-default args" in head or b"args: Namespace(" in head:
                 return path
     return None
 

@@ -43,6 +43,35 @@ def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
     return meta, pq.read_table(run_dir / "requests.parquet"), read_trace(trace_path)
 
 
+def sweep_runs(run_dir: Path) -> list[Path] | None:
+    """The run directories of a sweep that ``run import`` split into one run per benchmark (a GuideLLM
+    report of several benchmarks: ``sweep.json`` and ``benchmark_<i>/``), or None for a single run."""
+    sweep = run_dir / "sweep.json"
+    if (run_dir / "run.json").is_file() or not sweep.is_file():
+        return None
+    try:
+        runs = json.loads(sweep.read_text())["runs"]
+        paths = [run_dir / str(r["name"]) for r in runs]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise InputError(sweep, "not a sweep written by `servelab run import` (no 'runs' list of names)") from None
+    for path in paths:
+        if not (path / "run.json").is_file():
+            raise InputError(path, "a run of the sweep is missing (no run.json)")
+    return paths
+
+
+def sweep_summary(reports: list[dict]) -> list[dict]:
+    """Per run of a sweep: its name and the error of the mean TTFT, TPOT and E2E and of the error share."""
+    out = []
+    for rep in reports:
+        means = {row["metric"]: row["error_pct"] for row in rep["latency"] if row["stat"] == "mean"}
+        errors = rep.get("errors") or {}
+        out.append({"run": Path(rep["run"]).name, "requests": rep["requests"],
+                    **{f"{m}_mean_error_pct": means.get(m) for m in ("ttft", "tpot", "e2e")},
+                    "not_finished_measured": errors.get("measured"), "not_finished_simulated": errors.get("simulated")})
+    return out
+
+
 def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
     """The recorded settings (run.json ``config``) with ``overrides`` (command-line options) on top.
     The source's model name (a Hugging Face id or path) becomes the preset with that shape."""
@@ -58,7 +87,14 @@ def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
             raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
                                 f"pass {option} (or import it again with --setting {key}=...)")
     if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
-        data["model"] = find_model(str(data["model"])).name
+        try:
+            data["model"] = find_model(str(data["model"])).name
+        except ServelabError as err:
+            if overrides.get("model") is not None:
+                raise
+            where = (meta.get("config_sources") or {}).get("model", "run.json config")
+            raise ServelabError(f"the measured run's model '{data['model']}' (from {where}) matches no model preset; pass "
+                                f"--model MODEL (a preset, or the model's Hugging Face config.json): {err}") from None
     _recorded_runner_settings(meta, data, overrides)
     try:
         return ReplayConfig.from_dict(data, source="validate --real")

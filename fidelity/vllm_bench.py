@@ -2,8 +2,12 @@
 
 Per request (parallel lists): ``start_times`` (when the client sent it, ``time.perf_counter``),
 ``ttfts`` and ``latencies`` (seconds after the send), ``input_lens``, ``output_lens``, ``itls``
-(gaps between streamed chunks) and ``errors`` (empty when it succeeded). ``start_times`` appeared
-in vLLM's benchmark in late 2025; a result without it has no arrival times and cannot be imported.
+(gaps between streamed chunks) and ``errors`` (empty when it succeeded). ``start_times`` and
+``latencies`` appeared in vLLM's benchmark in late 2025. An older result's latencies are the TTFT
+plus the chunk gaps; its sends are known only where the client did not pace them
+(``request_rate`` inf): all at once, or with ``max_concurrency`` C each request as one of the C
+slots freed (the benchmark's semaphore, in list order). A paced older result (a finite rate: random
+gaps) has no arrival times and is refused.
 """
 
 from __future__ import annotations
@@ -26,17 +30,20 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
     if not isinstance(doc, dict):
         raise InputError(path, "not a vLLM benchmark result (expected a JSON object)")
     if "ttfts" not in doc:
-        raise InputError(path, "no per-request details ('ttfts'): rerun vllm bench serve with --save-detailed",
+        summary = "mean_ttft_ms" in doc or "mean_e2el_ms" in doc
+        raise InputError(path, ("a summary only (mean_ttft_ms, ...; saved without --save-detailed): "
+                                if summary else "") + "no per-request lists (ttfts, input_lens, output_lens, "
+                         "start_times) to replay; rerun vllm bench serve with --save-result --save-detailed",
                          column="ttfts")
-    if "start_times" not in doc:
-        raise InputError(path, "no per-request send times ('start_times'; vLLM's benchmark writes them since "
-                               "late 2025): arrivals are unknown", column="start_times")
     n = len(array(path, doc["ttfts"], "ttfts"))
+    errors = array(path, doc.get("errors"), "errors", optional=True, length=n) or [""] * n
+    itls = array(path, doc.get("itls"), "itls", optional=True, length=n) or [None] * n
+    rebuilt: list[str] = []
+    if "start_times" not in doc or "latencies" not in doc:  # vLLM before late 2025 saved neither
+        doc = dict(doc, **_older_result(doc, path, n, errors, itls, rebuilt))
     for key in LISTS:
         if not isinstance(doc.get(key), list) or len(doc[key]) != n:
             raise InputError(path, f"needs a list of {n} values like 'ttfts'", column=key)
-    errors = array(path, doc.get("errors"), "errors", optional=True, length=n) or [""] * n
-    itls = array(path, doc.get("itls"), "itls", optional=True, length=n) or [None] * n
     ids = array(path, doc.get("request_ids"), "request_ids", optional=True, length=n) or list(range(n))
     rows = Rows(path)
     for i in range(n):
@@ -59,7 +66,7 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
     duration = number(path, doc.get("duration"), "duration", optional=True)
     if duration is not None and duration > 0:  # vLLM's, from before its first Poisson gap: its throughputs' divisor
         source["duration_s"] = duration
-    notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation"]
+    notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation", *rebuilt]
     from servelab.traces.prefixes import spec_from_generator  # --random-prefix-len and the like, if saved
 
     prefix = spec_from_generator({k: v for k, v in doc.items() if not isinstance(v, list)}, origin=path.name)
@@ -87,3 +94,44 @@ def _load(doc: dict, path: Path) -> dict:
         raise InputError(path, f"max_concurrency must be a whole number >= 1 or null, got {cap!r}",
                          column="max_concurrency")
     return dict(load, shape="closed", users=int(cap))
+
+
+def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes: list[str]) -> dict:
+    """``latencies`` and ``start_times`` of a result saved before vLLM wrote them (``notes`` says how)."""
+    out: dict = {}
+    failed = [bool(e) for e in errors]
+    load = _load(doc, path)
+    if "start_times" not in doc and ("request_rate" not in doc or load["request_rate"] is not None
+                                     or doc.get("ramp_up_strategy")):
+        raise InputError(path, "no per-request send times ('start_times'; vLLM's benchmark writes them since "
+                               "late 2025) and the client paced its sends (request_rate "
+                               f"{doc.get('request_rate', 'not recorded')}, random gaps): arrivals are unknown; "
+                               "rerun with a newer vllm bench serve", column="start_times")
+    if "latencies" not in doc:
+        if "itls" not in doc:
+            raise InputError(path, "no per-request 'latencies' and no 'itls' to rebuild them from", column="latencies")
+        ttfts = [number(path, t, "ttfts", i + 1) for i, t in enumerate(doc["ttfts"])]
+        out["latencies"] = [0.0 if failed[i] else ttfts[i] + sum(number(path, g, "itls", i + 1) for g in
+                                                                 array(path, itls[i], "itls", i + 1, optional=True))
+                            for i in range(n)]
+        notes.append("no per-request latencies (vLLM before late 2025): each is the TTFT plus the chunk gaps (itls)")
+    if "start_times" in doc:
+        return out
+    latencies = [number(path, v, "latencies", i + 1) for i, v in enumerate(out.get("latencies") or doc["latencies"])]
+    if load["shape"] == "open":
+        out["start_times"] = [0.0] * n
+        notes.append("no per-request send times (vLLM before late 2025): request_rate inf without "
+                     "--max-concurrency sends every request at once, at time 0")
+        return out
+    import heapq
+
+    slots: list[float] = []  # when each busy slot frees; a failed request frees its slot when it fails
+    starts = []
+    for i in range(n):
+        start = heapq.heappop(slots) if len(slots) >= load["users"] else 0.0
+        starts.append(start)
+        heapq.heappush(slots, start + (0.0 if failed[i] else latencies[i]))
+    out["start_times"] = starts
+    notes.append(f"no per-request send times (vLLM before late 2025): request_rate inf with --max-concurrency "
+                 f"{load['users']}: each request sent when one of the {load['users']} slots freed, in list order")
+    return out

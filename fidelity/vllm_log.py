@@ -1,12 +1,17 @@
 """Engine settings from a vLLM server log: the arguments, the engine config, the KV cache and the hit rate.
 
 Reads, for the last server start in the log (a log often holds several restarts; the last
-``non-default args: {...}`` line begins the one that served the run): the non-default args, the
-``Initializing a V1 LLM engine (vX) with config: ...`` line (``tensor_parallel_size``,
-``data_parallel_size``, ``enable_prefix_caching``, ``served_model_name``), the KV cache vLLM
-allocated (``num_gpu_blocks is: N``, ``# GPU blocks: N``, else ``GPU KV cache size: N tokens``
-divided by the block size), the version, and the last ``Prefix cache hit rate: X%`` the metrics
-logger printed. Each setting remembers the line it came from.
+``non-default args: {...}`` line, or before vLLM 0.10 the ``args: Namespace(...)`` line, begins the
+one that served the run): the server's arguments, the ``Initializing a V1 LLM engine (vX) with
+config: ...`` line (V0: ``Initializing an LLM engine``; ``tensor_parallel_size``,
+``data_parallel_size``, ``enable_prefix_caching``, ``served_model_name``), the batch-token limit
+the scheduler ran with (``Chunked prefill is enabled with max_num_batched_tokens=N``, defaults
+included), the KV cache vLLM
+allocated (``num_gpu_blocks is: N``; V0 ``# GPU blocks: N`` or, from 0.6, ``# cuda blocks: N``;
+else V1's ``GPU KV cache size: N tokens`` divided by the block size; else, rounded,
+``Maximum concurrency for N tokens per request: Xx`` times N over the block size), the version,
+and the last ``Prefix cache hit rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the
+metrics logger printed while prompts were served. Each setting remembers the line it came from.
 """
 
 from __future__ import annotations
@@ -18,11 +23,17 @@ from pathlib import Path
 from servelab.common.errors import InputError
 
 _ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
-_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)|# GPU blocks: (\d+)")
+_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)\s*$")  # vLLM < 0.10: every argument, defaults included
+# V1's metrics logger; V0 "# GPU blocks: N, # CPU blocks: M" (0.6+: the device name, "# cuda blocks: N")
+_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)|# (?:GPU|cuda|rocm|xpu|hpu|tpu|npu) blocks: (\d+)")
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _VERSION = re.compile(r"vLLM (?:API server )?version (\S+)")
 _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with config: (.*)$")
-_HIT = re.compile(r"Prefix cache hit rate: ([\d.]+)%")
+# the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+_HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
+_ENGINE_TAG = re.compile(r"Engine (\d+):")  # V1 data parallel: each engine logs its own metrics
 _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
@@ -44,26 +55,33 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
     settings: dict = {}
     origin: dict[str, str] = {}
     source: dict = {"vllm_log": str(path)}
-    kv_tokens = None
+    kv_tokens = concurrency = None
+    hits: dict[str, tuple[float, int]] = {}  # engine -> (its last hit rate while busy, line)
 
     def put(key: str, value, lineno: int) -> None:
         settings[key] = value
         origin[key] = f"{path.name} line {lineno}"
 
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if (m := _ARGS.search(line)):
+        m = _ARGS.search(line)
+        n = None if m else _NAMESPACE.search(line)
+        if m or n:
             try:
-                args = ast.literal_eval(m.group(1))
+                args = ast.literal_eval(m.group(1)) if m else namespace_args(n.group(1))
             except (ValueError, SyntaxError):
-                raise InputError(path, "cannot read the non-default args", row=lineno) from None
-            settings, origin, kv_tokens = {}, {}, None  # a new server start: forget the previous one's
+                raise InputError(path, f"cannot read the server's {'non-default args' if m else 'args'}",
+                                 row=lineno) from None
+            args = {k: v for k, v in args.items() if v is not None}  # Namespace: None is "vLLM decides"
+            settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
+            hits = {}
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
                     put(ARG_KEYS[k], v, lineno)
             served = args.get("served_model_name")
-            model = (served[0] if isinstance(served, list) and served else served) or args.get("model")
+            model = (served[0] if isinstance(served, list) and served else served) or args.get("model_tag") \
+                or args.get("model")
             if model:
                 put("model", model, lineno)
             if args.get("data_parallel_size"):
@@ -85,16 +103,79 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         elif (m := _KV_TOKENS.search(line)):
             kv_tokens = (int(m.group(1).replace(",", "")), lineno)
             source["kv_cache_tokens"] = kv_tokens[0]
+        elif (m := _CHUNKED.search(line)):
+            put("max_num_batched_tokens", int(m.group(1)), lineno)
+        elif (m := _CONCURRENCY.search(line)):
+            concurrency = (int(m.group(1).replace(",", "")), float(m.group(2)), lineno)
         elif (m := _VERSION.search(line)):
             source["vllm_version"] = m.group(1)
         if (m := _HIT.search(line)) and _busy(line):
-            source["prefix_cache_hit_rate"] = float(m.group(1)) / 100
-            source["prefix_cache_hit_rate_from"] = f"{path.name} line {lineno}"
+            tag = _ENGINE_TAG.search(line)
+            hits[tag.group(1) if tag else ""] = (float(m.group(1)) / 100, lineno)
+    if hits:  # one engine: its last rate; data-parallel engines: the mean of each one's last
+        lines = sorted(n for _, n in hits.values())
+        source["prefix_cache_hit_rate"] = sum(r for r, _ in hits.values()) / len(hits)
+        source["prefix_cache_hit_rate_from"] = (f"{path.name} line {lines[0]}" if len(lines) == 1 else
+                                                f"{path.name} lines {', '.join(map(str, lines))} (mean over "
+                                                f"{len(lines)} engines)")
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
         # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
         settings["num_gpu_blocks"] = kv_tokens[0] // int(settings.get("block_size") or 16)
         origin["num_gpu_blocks"] = f"{path.name} line {kv_tokens[1]} (KV cache tokens / block size)"
+    elif "num_gpu_blocks" not in settings and concurrency is not None and concurrency[1] > 0:
+        # "Maximum concurrency for N tokens per request: Xx" is KV tokens / N, printed to 2 decimals
+        tokens, times, lineno = concurrency
+        settings["num_gpu_blocks"] = round(times * tokens / int(settings.get("block_size") or 16))
+        origin["num_gpu_blocks"] = (f"{path.name} line {lineno} (maximum concurrency x tokens per request / "
+                                    "block size, rounded)")
     return settings, source, origin
+
+
+def namespace_args(text: str) -> dict:
+    """The fields of an ``argparse.Namespace`` repr (``host=None, port=8000, model='m', ...``), each a
+    Python literal where it is one, else its text (``dispatch_function=<function ... at 0x...>``)."""
+    out: dict = {}
+    last = None
+    for part in _top_level_split(text):
+        key, eq, raw = part.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            if last is None:
+                raise ValueError(part)
+            out[last] = f"{out[last]},{part}"  # a repr with a bare comma in it: the previous value's text
+            continue
+        last = key
+        raw = raw.strip()
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets and quotes."""
+    parts, depth, quote, start, i = [], 0, None, 0, 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth = max(depth - 1, 0)
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if text[start:].strip():
+        parts.append(text[start:])
+    return [p for p in parts if p.strip()]
 
 
 def _busy(line: str) -> bool:
