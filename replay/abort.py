@@ -18,7 +18,7 @@ With prefill/decode pools, a request handed off (its KV held on its prefill repl
 decode replica or crossing the link) is abandoned there (``Disaggregation.abandon``): the transfer is
 cancelled, the landing blocks on the decode replica and the prefill replica's KV are freed at ``t``.
 With replica failures, an aborted request still inside the iteration its replica was running when
-the replica went down loses its KV with the replica and is not moved (``Platform.evict``): it ended
+the replica went down loses its KV with the replica and is not moved (``Engine.evict``): it ended
 once, at its deadline.
 """
 
@@ -106,7 +106,7 @@ class Aborts:
         """An aborted request that was inside an iteration leaves at its end (``finished``: that
         iteration gave it its last token; ``Engine._finish`` asks this instead of finishing it and the
         engine tells the policy, as for any request done in a step): the intents. Nothing more if it
-        already left (its replica went down meanwhile: ``Platform.evict``)."""
+        already left (its replica went down meanwhile: ``Engine.evict``)."""
         # a first token produced after its client left: no TTFT was seen (cleared once it has let go: what
         # it owed its replica counts its prompt until it made a first token)
         unseen = req.first_token_s is not None and req.first_token_s > self.aborted_at[req.index]

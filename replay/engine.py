@@ -21,7 +21,7 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, settle
+from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, no_aggregate, settle
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.intents import (AdoptOrphans, Decide, Enter, FailReplica, HandOff, Land, LeaveAtBoundary, LetGo,
                                      Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Retry, Route, Serve,
@@ -708,9 +708,50 @@ class Engine:
         replica.waiting.append(req)
         replica.policy.on_arrival(req, replica)
 
+    def evict(self, replica: Replica, now: float) -> None:
+        """``replica`` has stopped serving at ``now`` (failed: ``fail``; or its instance reclaimed: its fleet
+        no longer wants it): the iteration under way is lost and every request on it (running, waiting, or
+        held by the platform while its tier is paused) loses its KV and is routed again (the journal's rule).
+
+        With prefill/decode pools (the platform's ``disagg``) the requests whose KV it held for a transfer,
+        or that were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
+        prefill pool's router (the live replicas): it re-prefills and is handed off again."""
+        platform = self.platform
+        disagg = platform.disagg
+        if disagg is not None:
+            disagg.stop(replica)
+        # iterations finished by now count; the one under way is lost
+        work_lost_s = self.truncate(replica, now) if replica.inflight is not None else None
+        no_aggregate(replica)  # every counter of what it held current before it moves, and from now on
+        moved = list(replica.running) + list(replica.waiting) + platform.take_held(replica)
+        lost = disagg.lose(replica, now) if disagg is not None else ()
+        self.empty(replica)  # GPU blocks and the host swap pool alike; its queues emptied
+        replica.outstanding_tokens = 0
+        replica.wake_s = None
+        journal = self.journal
+        before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
+        if self.aborts is not None:  # aborted inside the lost iteration: it ended at its deadline, stays ended
+            for req in [r for r in moved if r.status.is_terminal]:
+                replica.policy.on_leave(req, replica)
+                moved.remove(req)
+        for req in moved:
+            replica.policy.on_leave(req, replica)
+            platform.moved(req, now)
+            self.interrupt(req)
+        if disagg is not None:
+            disagg.lost_running(replica, moved)
+            for req in lost:  # (they had left their prefill replica's policy when handed off)
+                self.interrupt(req)
+            moved += lost
+        platform.lost(work_lost_s, len(moved), journal.requests_interrupted - before[0],
+                      journal.tokens_lost - before[1], journal.tokens_recomputed - before[2])
+        self.route_all(moved, now)
+        if disagg is not None:
+            disagg.place_pending(now)  # (landing blocks freed on decode replicas)
+
     def empty(self, replica: Replica) -> None:
         """``replica`` stopped serving (failed, reclaimed): its GPU and host KV are gone and its queues
-        are emptied (the platform moved what they held: ``Platform.evict``)."""
+        are emptied (``evict`` moved what they held)."""
         replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
         replica.running = []
         replica.waiting.clear()
@@ -732,7 +773,7 @@ class Engine:
     def fail(self, replica: Replica, now: float) -> None:
         """``replica`` goes down at ``now``: it takes no new work until ``restore``, and its pool's
         controller hears it (an autoscaler counts it out, a fleet refills) before the platform moves
-        what it held (``Platform.evict``), so that the moved requests can land on a replacement."""
+        what it held (``evict``), so that the moved requests can land on a replacement."""
         self.down.add(replica.id)
         self._serve(self.role.get(replica.id, ENTRY), grew=False)
         for listener in self.on_failed:
@@ -816,9 +857,9 @@ class Engine:
                     self.route_all(self.platform.take_orphans(), now)
             elif kind is FailReplica:
                 self.fail(intent.replica, now)  # (its pool's controller counts it out before its requests move)
-                self.platform.evict(intent.replica, now)
+                self.evict(intent.replica, now)
             elif kind is RemoveReplica:
-                self.platform.evict(intent.replica, now)
+                self.evict(intent.replica, now)
             elif kind is RestoreReplica:
                 if self.restore(intent.replica) == ENTRY:  # (a decode replica's return routes no orphans)
                     self.route_all(self.platform.take_orphans(), now)

@@ -15,7 +15,9 @@ changed it returns intents (replay/intents.py) that the engine applies (``Engine
     set aside      ``held(replica, reqs, now)``         a pause took them off the queue (``SetAside``)
     ended          ``ended(req, now)``                  frees its quota
     failure        ``fault(replica, down, now)``        FAULT events: returns the intent
-    lost           ``evict(replica, now)``              failed, or its instance taken away (replay/fleet.py)
+    lost           ``take_held(replica)``               a replica failed or its instance was taken away
+                   ``moved(req, now)``, ``lost(...)``   (replay/fleet.py): the engine moves its requests
+                                                        (``Engine.evict``); the platform's part of it
     client abort   ``give_up(replica, req)``            a waiting or held request's client left: the intent
     end of replay  ``strand(requests)``                 nothing left to serve what is still held: intents
 
@@ -234,7 +236,7 @@ class Platform:
 
     # -- failures -----------------------------------------------------------------------------
     def fault(self, replica: "Replica", down: bool, now: float) -> list:
-        """A FAULT event: the intent to take ``replica`` down (the engine fails it, then ``evict`` moves its
+        """A FAULT event: the intent to take ``replica`` down (the engine fails it, then ``Engine.evict`` moves its
         work to live replicas) or to bring it back (it serves again if its pool wants it; back in the
         arrivals' pool, the requests waiting for a replica are routed)."""
         if not down:
@@ -242,52 +244,29 @@ class Platform:
         self.fault_stats["failures"] += 1
         return [FailReplica(replica)]
 
-    def evict(self, replica: "Replica", now: float) -> None:
-        """``replica`` has stopped serving at ``now`` (failed: ``Engine.fail``; or its instance reclaimed:
-        its fleet no longer wants it): the iteration under way is lost and every request on it loses
-        its KV and is routed again (the journal's rule).
-
-        With prefill/decode pools (``disagg``) the requests whose KV it held for a transfer, or that
-        were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
-        prefill pool's router (the engine's live replicas): it re-prefills and is handed off again."""
-        engine = self.engine
-        stats = self.fault_stats
-        disagg = self.disagg
-        if disagg is not None:
-            disagg.stop(replica)
-        if replica.inflight is not None:  # iterations finished by now count; the one under way is lost
-            stats["work_lost_s"] += engine.truncate(replica, now)
-        no_aggregate(replica)  # every counter of what it held current before it moves, and from now on
-        moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
-        lost = disagg.lose(replica, now) if disagg is not None else ()
-        engine.empty(replica)  # GPU blocks and the host swap pool alike; its queues emptied
-        replica.outstanding_tokens = 0
-        replica.wake_s = None
+    def take_held(self, replica: "Replica") -> list[Request]:
+        """``replica`` is lost (``Engine.evict``): the requests held off its queue (its tier paused there), in
+        their order, for the engine to move with its own; none is held or counted as waiting there from now."""
         self.pause_waiting[replica.id] = 0
-        journal = engine.journal
-        before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
-        if engine.aborts is not None:  # aborted inside the lost iteration: it ended at its deadline, stays ended
-            for req in [r for r in moved if r.status.is_terminal]:
-                replica.policy.on_leave(req, replica)
-                moved.remove(req)
-        for req in moved:
-            replica.policy.on_leave(req, replica)
-            start = self.pause_start.pop(req.index, None)
-            if start is not None:  # held on the failed replica: it was paused until now
-                Ledger.add(self.ledger.paused_s, req.index, now - start)
-            engine.interrupt(req)
-        if disagg is not None:
-            disagg.lost_running(replica, moved)
-            for req in lost:  # (they had left their prefill replica's policy when handed off)
-                engine.interrupt(req)
-            moved += lost
-        stats["requests_moved"] += len(moved)
-        stats["requests_interrupted"] += journal.requests_interrupted - before[0]
-        stats["tokens_lost"] += journal.tokens_lost - before[1]
-        stats["tokens_recomputed"] += journal.tokens_recomputed - before[2]
-        engine.route_all(moved, now)
-        if disagg is not None:
-            disagg.place_pending(now)  # (landing blocks freed on decode replicas)
+        return self.paused.pop(replica.id, [])
+
+    def moved(self, req: Request, now: float) -> None:
+        """``req`` moves off a lost replica at ``now``: if it was held there, it was paused until now."""
+        start = self.pause_start.pop(req.index, None)
+        if start is not None:
+            Ledger.add(self.ledger.paused_s, req.index, now - start)
+
+    def lost(self, work_lost_s: float | None, moved: int, interrupted: int, tokens_lost: int,
+             tokens_recomputed: int) -> None:
+        """What losing a replica cost (``Engine.evict``), for run.json's ``faults``: the seconds of its
+        iteration under way (None: it was idle), the requests moved, and the journal's counts for them."""
+        stats = self.fault_stats
+        if work_lost_s is not None:
+            stats["work_lost_s"] += work_lost_s
+        stats["requests_moved"] += moved
+        stats["requests_interrupted"] += interrupted
+        stats["tokens_lost"] += tokens_lost
+        stats["tokens_recomputed"] += tokens_recomputed
 
     def strand(self, requests: list[Request]) -> list:
         """At the end: requests held or routed nowhere had no live replica left to serve them (the intent)."""

@@ -184,5 +184,5 @@ def test_the_cluster_and_failures_reach_membership_and_handoffs_only_through_int
         found = verbs.findall((REPLAY / f"{name}.py").read_text())
         assert not found, (name, found)
     platform = (REPLAY / "platform.py").read_text()
-    fault = platform[platform.index("def fault("):platform.index("def evict(")]
+    fault = platform[platform.index("def fault("):platform.index("def take_held(")]
     assert not verbs.findall(fault)
