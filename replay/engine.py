@@ -24,8 +24,8 @@ from servelab.common.errors import ServelabError
 from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, no_aggregate, settle
 from servelab.replay.engine_config import EngineConfig
 from servelab.replay.intents import (AdoptOrphans, Decide, Enter, FailReplica, HandOff, Land, LeaveAtBoundary, LetGo,
-                                     Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Retry, Route, Serve,
-                                     SetAside, Strand, TakeOff, Unhold, Wake)
+                                     Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Route, Serve, SetAside,
+                                     Strand, TakeOff, Unhold, Wake)
 from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
 from servelab.replay.logs import StepLog, TokenLog
@@ -281,12 +281,17 @@ class Engine:
         if self.platform is not None:
             intents = self.platform.arrive(req, now)  # None: it goes on; else what the front door wants instead
             if intents is not None:
-                self.enact(intents, now)
+                if intents:  # (empty: it comes back later, or its client already gave up)
+                    self.enact(intents, now)
                 return
-        self._enter(req, now)
+        if req.mm is not None and self.encode is not None:  # encoded first, routed when its embeddings land
+            self.encode.arrive(req, now)
+            return
+        self._route(req, now)
 
     def _enter(self, req: Request, now: float) -> None:
-        if req.mm is not None and self.encode is not None:  # encoded first, routed when its embeddings land
+        """``Enter``: ``req`` goes on past the front door (``_arrive``'s path after the platform's check)."""
+        if req.mm is not None and self.encode is not None:
             self.encode.arrive(req, now)
             return
         self._route(req, now)
@@ -818,9 +823,6 @@ class Engine:
             elif kind is Refuse:
                 self.ledger.refused_s[intent.req.index] = now
                 self.end(intent.req, intent.status, intent.reason, now)
-            elif kind is Retry:
-                Ledger.add(self.ledger.retries, intent.req.index, 1)  # (its latency still counts from its first arrival)
-                self.push(intent.at_s, ARRIVAL, intent.req)
             elif kind is TakeOff:
                 self._take_off(intent.replica, intent.req)
             elif kind is LetGo:

@@ -3,7 +3,7 @@
 The cluster and the platform features (the prefill/decode handoff, autoscalers, fleets of instance
 types, failures, the encode pool, the front door, shedding, tier pausing, client timeouts) observe the
 engine — its step listeners and hooks, their own timed events, failures — and *return* what they want:
-a replica pool's serving set, a request handed off, landed, rejected, refused, retried or routed, taken
+a replica pool's serving set, a request handed off, landed, rejected, refused or routed, taken
 off a queue, preempted, set aside or resumed, a replica failed, restored or taken away. ``Engine.enact`` is the one place that
 turns these into changes of a request's status, of the replicas' queues and of which replicas serve,
 in the order given; a component never changes them itself.
@@ -99,12 +99,6 @@ class Refuse(NamedTuple):
     reason: str
 
 
-class Retry(NamedTuple):
-    """``req``'s client, throttled, comes back at ``at_s`` (one more retry counted)."""
-    req: Request
-    at_s: float
-
-
 class TakeOff(NamedTuple):
     """``req`` leaves ``replica``'s waiting queue for good (shed, or its client gave up): the policy hears it,
     what it owed the replica is forgiven, and its host-swapped KV and cached-block claims go."""
@@ -172,9 +166,9 @@ class Strand(NamedTuple):
 
 
 Intent = (Serve | AdoptOrphans | RemoveReplica | FailReplica | RestoreReplica | HandOff | Reject | Land | Wake | Route
-          | Enter | Refuse | Retry | TakeOff | Unhold | LetGo | LeaveAtBoundary | Decide | Preempt | SetAside | Resume
+          | Enter | Refuse | TakeOff | Unhold | LetGo | LeaveAtBoundary | Decide | Preempt | SetAside | Resume
           | Strand)
 
 __all__ = ["AdoptOrphans", "Decide", "Enter", "FailReplica", "HandOff", "Intent", "Land", "LeaveAtBoundary", "LetGo",
-           "Preempt", "Refuse", "Reject", "RemoveReplica", "RestoreReplica", "Resume", "Retry", "Route", "Serve",
+           "Preempt", "Refuse", "Reject", "RemoveReplica", "RestoreReplica", "Resume", "Route", "Serve",
            "SetAside", "Strand", "TakeOff", "Unhold", "Wake"]
