@@ -226,7 +226,8 @@ def trace_block_tokens(trace: pa.Table) -> int | None:
 
 
 def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, trace_meta: dict | None = None,
-           token_log: bool = False, progress=None, token_dir: str | None = None) -> RunResult:
+           token_log: bool = False, progress=None, token_dir: str | None = None,
+           cluster: BuiltCluster | None = None) -> RunResult:
     """Replay ``trace`` (a validated trace table) under ``config``; ``runner`` overrides config.runner.
 
     ``token_log`` also returns every output token's time (``RunResult.tokens``, tokens.parquet),
@@ -235,6 +236,9 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     ``progress(now_s, ended, total)`` is called now and then during the replay (the simulated time
     reached, the requests ended so far, all requests; ``Engine.run``); a callback that takes two
     arguments gets ``(arrived, total)`` at every 8192nd trace arrival instead, as before.
+    ``cluster``: the pools already built for this config and trace (``build_cluster(config, runner,
+    trace_block_tokens(trace))``, as the CLI does to check a config before reading the trace), used
+    instead of building them again; a built cluster serves one replay.
     """
     wall_start = time.perf_counter()
     if token_log and token_dir is not None and not os.path.isdir(token_dir):
@@ -245,15 +249,18 @@ def replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None = None, 
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _replay(trace, config, runner, trace_meta, token_log, progress, token_dir, wall_start)
+        return _replay(trace, config, runner, trace_meta, token_log, progress, token_dir, wall_start, cluster)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_meta: dict | None, token_log: bool,
-            progress, token_dir: str | None, wall_start: float) -> RunResult:
-    cluster = build_cluster(config, runner, trace_block_tokens(trace))
+            progress, token_dir: str | None, wall_start: float, cluster: BuiltCluster | None = None) -> RunResult:
+    if cluster is None:
+        cluster = build_cluster(config, runner, trace_block_tokens(trace))
+    else:
+        cluster.take(config, trace_block_tokens(trace))
     entry = cluster.pools[0]
     runner, engine_cfg, num_blocks = entry.runner, entry.config.engine, entry.num_blocks
     if engine_cfg.fail != config.engine.fail:  # a cluster's failures (replica ids across its pools)
@@ -535,9 +542,22 @@ class BuiltType:
 
 
 class BuiltCluster:
-    def __init__(self, spec: ClusterConfig, pools: list[BuiltPool], config: ReplayConfig):
+    def __init__(self, spec: ClusterConfig, pools: list[BuiltPool], config: ReplayConfig,
+                 block_tokens: int | None = None):
         self.spec, self.pools, self.config = spec, pools, config
+        self.block_tokens = block_tokens  # the trace's tokens per prefix hash it was built for
         self.replicas = [r for p in pools for r in p.replicas]
+        self.taken = False
+
+    def take(self, config: ReplayConfig, block_tokens: int | None) -> None:
+        """A replay takes these pools (built before it: ``replay(..., cluster=)``): they must be built for its
+        config and trace, and serve one replay (their replicas keep its state)."""
+        if self.taken:
+            raise ServelabError("a built cluster serves one replay: build another (build_cluster)")
+        if config is not self.config or block_tokens != self.block_tokens:
+            raise ServelabError(f"the cluster given to replay was built for another config or trace (tokens per "
+                                f"prefix hash {self.block_tokens}, the trace's {block_tokens}): build it for this one")
+        self.taken = True
 
     def disaggregate(self, engine: Engine) -> Disaggregation | None:
         """The prefill -> decode handoff, for a cluster with a decode pool (else None)."""
@@ -665,7 +685,7 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         _check_disaggregated(pools)
     if config.engine.fail:  # replica ids count across the pools, in the order built
         check_failures(tuple(Failure.parse(f) for f in config.engine.fail), sum(len(p.replicas) for p in pools))
-    return BuiltCluster(spec, pools, config)
+    return BuiltCluster(spec, pools, config, block_tokens)
 
 
 def _build_types(cfg: ReplayConfig, pool: PoolConfig, runners: dict[tuple, Runner], block_tokens: int | None,

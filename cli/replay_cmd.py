@@ -152,14 +152,17 @@ def replay_options(func: Callable) -> Callable:
 
 def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (),
                         router_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
-    """Merge defaults, a TOML file and explicit options into one validated ReplayConfig."""
-    base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
+    """Merge defaults, a TOML file and explicit options into one validated ReplayConfig. A file alone is
+    parsed and typed once (``ReplayConfig.from_toml``); options on top of it are merged into its values
+    and the whole is typed again (the file's values pass through as they are)."""
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
     runner_keys = ["dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype"]
-    for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", *runner_keys]:
-        value = options.get(key)
-        if value is not None and value != ():  # a repeatable option not given is ()
-            base[key] = value
+    given = {key: options[key] for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", *runner_keys]
+             if options.get(key) is not None and options.get(key) != ()}  # a repeatable option not given is ()
+    if config_file and not given and not policy_param and not router_param:
+        return ReplayConfig.from_toml(config_file)
+    base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
+    base.update(given)
     if policy_param:
         if "policy" in options and options["policy"] is not None and options["policy"] != base.get("policy"):
             base.pop("policy_params", None)
@@ -210,10 +213,13 @@ def parse_slo(slo: "tuple[str, ...] | Any" = (), config_file: str | None = None)
     return slo_from_options(tuple(slo or ()), None, config_file)
 
 
-def check_replay_config(config: ReplayConfig):
+def check_replay_config(config: ReplayConfig, trace_path: str | None = None):
     """Build what the replay needs from names (router, a policy with its parameters, the runner and
     its KV size), so that a bad name, spec or parameter fails before anything is read or printed.
-    Returns the runner, for the replay to use."""
+    Returns ``(runner, cluster)`` for the replay to use: a cluster's pools are built here, once, for
+    the trace at ``trace_path`` (its prefix hash block size read from the file's schema), and the
+    replay takes them (``replay(..., cluster=)``); one pool's runner is built here and its replicas by
+    the replay."""
     from servelab.api import build_cluster, build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
     from servelab.policies.base import make_policy
     from servelab.routers.base import make_router
@@ -221,12 +227,31 @@ def check_replay_config(config: ReplayConfig):
     make_router(config.engine.router, config.router_params, config.engine.seed)
     make_policy(config.policy, config.policy_params, config.engine, 0)
     if config.cluster is not None:  # every pool's parts (each pool brings its own runner)
-        build_cluster(config)
-        return None
+        return None, build_cluster(config, None, _file_block_tokens(trace_path))
     runner = build_runner(config)
     resolve_num_gpu_blocks(config, runner)
     kv_bytes_per_token(config.engine, runner)
-    return runner
+    return runner, None
+
+
+def _file_block_tokens(trace_path: str | None) -> int | None:
+    """Tokens per prefix hash of the trace file at ``trace_path`` (None without hashes, or a file that cannot
+    be opened: reading it says why, later), from its schema alone."""
+    if trace_path is None:
+        return None
+    from servelab.replay.stream import TraceFile
+
+    try:
+        source = TraceFile(trace_path)
+    except ServelabError:
+        return None
+    try:
+        if "prefix_hashes" not in source.names:
+            return None
+        value = (source.schema.metadata or {}).get(b"prefix_block_tokens")
+        return int(value) if value else None
+    finally:
+        source.close()
 
 
 def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_report: bool,
@@ -239,7 +264,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
 
     slo_table = parse_slo(slo)
     check_replay_output(out_dir, force, may_replace)
-    runner = check_replay_config(config)
+    runner, cluster = check_replay_config(config, trace_path)
     if client_model is not None:
         from servelab.fidelity.client_model import resolve
 
@@ -256,7 +281,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     click.echo(f"replaying {trace.num_rows:,} requests from {trace_path} with {_serving(config)}", err=True)
     with _progress_bar(trace) as progress:
         result = replay(trace, config, runner=runner, trace_meta=_trace_meta(trace_path), token_log=token_log,
-                        progress=progress, token_dir=_spill_dir(out_dir) if token_log else None)
+                        progress=progress, token_dir=_spill_dir(out_dir) if token_log else None, cluster=cluster)
     if client_model is not None:  # the client-side times as their own columns (fidelity/client_model.py)
         import dataclasses
 
@@ -272,8 +297,7 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
         meta["slo"] = slo_table.to_dict()
     pools = (meta.get("cluster") or {}).get("pools") or []
-    blocks = (", ".join(f"{p['num_gpu_blocks']:,} per {p['name']} replica" for p in pools) if pools
-              else f"{meta['engine']['num_gpu_blocks']:,} per replica")
+    blocks = (", ".join(_pool_blocks(p) for p in pools) if pools else f"{meta['engine']['num_gpu_blocks']:,} per replica")
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall (KV blocks: {blocks})",
                err=True)
     if out_dir:
@@ -282,6 +306,14 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
                    "run.json", err=True)
     if show_report:
         click.echo(_report(result, out_dir, slo_table, slo_source))
+
+
+def _pool_blocks(pool: dict) -> str:
+    """A pool's KV blocks per replica for the summary line: per instance type for a pool of them."""
+    if pool["num_gpu_blocks"] is not None:
+        return f"{pool['num_gpu_blocks']:,} per {pool['name']} replica"
+    return ", ".join(f"{t['num_gpu_blocks']:,} per {pool['name']} {t['gpu']} replica"
+                     for t in pool.get("instances") or [] if t["num_gpu_blocks"] is not None)
 
 
 class _InMemory(Exception):

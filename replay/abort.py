@@ -18,7 +18,7 @@ With prefill/decode pools, a request handed off (its KV held on its prefill repl
 decode replica or crossing the link) is abandoned there (``Disaggregation.abandon``): the transfer is
 cancelled, the landing blocks on the decode replica and the prefill replica's KV are freed at ``t``.
 With replica failures, an aborted request still inside the iteration its replica was running when
-the replica went down loses its KV with the replica and is not moved (``Platform.evict``): it ended
+the replica went down loses its KV with the replica and is not moved (``Engine.evict``): it ended
 once, at its deadline.
 """
 
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from servelab.common.errors import ServelabError
 from servelab.replay.batch import in_batch
 from servelab.replay.engine import TIMER
+from servelab.replay.intents import Decide, LeaveAtBoundary, LetGo, Refuse, TakeOff
 from servelab.replay.request import Request, Status
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ if TYPE_CHECKING:
 
 
 class Aborts:
-    """Arms a deadline per request that has a timeout and carries out the abort when it comes."""
+    """Arms a deadline per request that has a timeout and, when it comes, returns what the abort takes as
+    intents (replay/intents.py) the engine applies: the request taken off its queue or let go, refused
+    (``aborted``), and its replica's stretch cut or its policy asked to decide again."""
 
     def __init__(self, engine: "Engine", timeouts: dict[int, float], disagg=None):
         self.engine = engine
@@ -55,41 +58,40 @@ class Aborts:
 
     def arm(self, req: Request) -> None:
         timeout = self.timeouts.get(req.index)
-        if timeout is not None:
+        if timeout is not None:  # (a timed event: the engine applies what ``fire`` returns)
             self.engine.push(req.arrival_s + timeout, TIMER, lambda now, req=req: self.fire(req, now))
 
     # -- the deadline -------------------------------------------------------------------------
-    def fire(self, req: Request, now: float, reason: str | None = None) -> None:
+    def fire(self, req: Request, now: float, reason: str | None = None) -> list:
         """The client gives up on ``req`` at ``now`` (``reason``: why, when not its timeout; a server's
-        client that disconnected: replay/online.py)."""
+        client that disconnected: replay/online.py): the intents that carry it out, in order."""
         status = req.status
         if status.is_terminal:
-            return
+            return []
         engine = self.engine
         replica = engine.replicas[req.replica] if req.replica is not None else None
         # handed off (KV held for a transfer, off its prefill replica's running set): freed there
         handed_off = self.disagg is not None and self.disagg.abandon(req, now)
         in_flight = not handed_off and status is Status.RUNNING and self._in_flight(replica, req)
+        intents = []
         if handed_off:
             replica = None
-        elif status is Status.RUNNING and not in_flight:
-            self._leave_running(replica, req, now)
-        elif status is Status.WAITING:
-            self._leave_waiting(replica, req)
-        elif status is Status.PENDING:  # not routed yet: a throttled client's retry, or no live replica
+        elif status is Status.RUNNING and not in_flight:  # it leaves the running set, its blocks freed
+            intents.append(LetGo(replica, req, True))
+        elif status is Status.WAITING:  # queued, or held while its tier is paused: taken off, as a drop is
             platform = engine.platform
-            if platform is not None and req in platform.orphans:
-                platform.orphans.remove(req)
-        engine.ledger.refused_s[req.index] = now
+            intents.append(platform.give_up(replica, req) if platform is not None else TakeOff(replica, req))
+        elif status is Status.PENDING:  # not routed yet: a throttled client's retry, or no live replica
+            if engine.platform is not None:
+                engine.platform.forget_orphan(req)
         self.aborted_at[req.index] = now
         self.count += 1
-        engine.end(req, Status.ABORTED, reason or f"client timeout after {self.timeouts[req.index]:g} s", now)
+        intents.append(Refuse(req, Status.ABORTED, reason or f"client timeout after {self.timeouts[req.index]:g} s"))
         if in_flight:  # it leaves at the first iteration boundary at or after now
-            engine._cut_stretch(replica, now)
-            end_s = replica.inflight.end_s
-            engine.push(end_s, TIMER, lambda t, req=req, replica=replica: self.release(replica, req, t))
-        elif replica is not None and not replica.busy and (replica.waiting or replica.running):
-            engine._request_schedule(replica, now)  # blocks were freed: waiting requests may fit now
+            intents.append(LeaveAtBoundary(replica, req))
+        elif replica is not None:  # blocks were freed: waiting requests may fit now
+            intents.append(Decide(replica))
+        return intents
 
     @staticmethod
     def _in_flight(replica: "Replica", req: Request) -> bool:
@@ -100,46 +102,21 @@ class Aborts:
         return in_batch(step.batch, req)
 
     # -- leaving the engine -------------------------------------------------------------------
-    def release(self, replica: "Replica", req: Request, now: float, finished: bool = False) -> None:
+    def release(self, replica: "Replica", req: Request, now: float, finished: bool = False) -> list:
         """An aborted request that was inside an iteration leaves at its end (``finished``: that
-        iteration gave it its last token; ``Engine._finish`` calls this instead of finishing it and the
-        engine tells the policy, as for any request done in a step). Nothing more if it already left (its
-        replica went down meanwhile: ``Platform.evict``)."""
-        here = req in replica.running
-        if here:
-            self._leave_running(replica, req, now, tell_policy=not finished)
-        if req.first_token_s is not None and req.first_token_s > self.aborted_at[req.index]:
-            req.first_token_s = None  # produced after its client left: no TTFT was seen
-        if not here:
-            return
-        if not finished and not replica.busy and (replica.waiting or replica.running):
-            self.engine._request_schedule(replica, now)
-
-    def _leave_running(self, replica: "Replica", req: Request, now: float, tell_policy: bool = True) -> None:
-        """``req`` is running on ``replica`` outside the iteration under way: it leaves the running set
-        and its blocks are freed (the path of a finishing request, ``Engine._finish``)."""
-        self.engine.let_go(replica, req)
-        if tell_policy:
-            replica.policy.on_finish(req, replica)
-
-    def _leave_waiting(self, replica: "Replica", req: Request) -> None:
-        """``req`` waits on ``replica`` (queued, or held while its tier is paused): it is taken off,
-        as a platform drop does (``Platform.drop``), holding no GPU block."""
-        platform = self.engine.platform
-        held = platform.paused.get(replica.id) if platform is not None else None
-        if held is not None and req in held:
-            held.remove(req)
-            platform.pause_start.pop(req.index, None)
-            replica.forgive(req)
-            return
-        if platform is not None:
-            platform.take_off(replica, req)
-            return
-        self.engine.take_off(replica, req)
-        replica.forgive(req)
-        if req.swapped:
-            replica.kv.drop_host(req)
-        replica.kv.forget(req)
+        iteration gave it its last token; ``Engine._finish`` asks this instead of finishing it and the
+        engine tells the policy, as for any request done in a step): the intents. Nothing more if it
+        already left (its replica went down meanwhile: ``Engine.evict``)."""
+        # a first token produced after its client left: no TTFT was seen (cleared once it has let go: what
+        # it owed its replica counts its prompt until it made a first token)
+        unseen = req.first_token_s is not None and req.first_token_s > self.aborted_at[req.index]
+        if req not in replica.running:
+            if unseen:
+                req.first_token_s = None
+            return []
+        if finished:
+            return [LetGo(replica, req, False, unseen)]
+        return [LetGo(replica, req, True, unseen), Decide(replica)]
 
     def meta(self) -> dict:
         return {"aborted": self.count}

@@ -300,7 +300,7 @@ class Disaggregation:
         - a decode replica: the requests landing on it. Their transfers are cancelled and the prefill
           replica releases their KV.
 
-        The caller (``Platform.evict``) applies the journal's rule to them with the replica's own
+        The caller (``Engine.evict``) applies the journal's rule to them with the replica's own
         requests and routes them all to the prefill pool again: they re-prefill and are handed off
         anew. Their handoff columns are cleared (they describe the last handoff)."""
         self._stopping = None

@@ -21,10 +21,11 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, settle
+from servelab.replay.batch import Batch, BatchSummary, aggregate_decodes, make_current, no_aggregate, settle
 from servelab.replay.engine_config import EngineConfig
-from servelab.replay.intents import (AdoptOrphans, FailReplica, HandOff, Land, Reject, RemoveReplica, RestoreReplica,
-                                     Route, Serve, Wake)
+from servelab.replay.intents import (AdoptOrphans, Decide, Enter, FailReplica, HandOff, Land, LeaveAtBoundary, LetGo,
+                                     Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Route, Serve, SetAside,
+                                     Strand, TakeOff, Unhold, Wake)
 from servelab.replay.journal import Journal, Ledger
 from servelab.replay.kv import KVManager
 from servelab.replay.logs import StepLog, TokenLog
@@ -133,7 +134,7 @@ class Engine:
         if self.spec is not None:
             for replica in replicas:
                 replica.decode_affine = _no_affine
-        self._before_schedule = self.platform.before_schedule \
+        self._before_schedule = self._platform_decides \
             if self.platform is not None and self.platform.acts_before_schedule else None
         # The batch builder may keep running requests in aggregate across decisions (replay/batch.py),
         # unless something reads every running request's counters: runners that need block tables and
@@ -207,7 +208,7 @@ class Engine:
             self.now_s = until
             self._stop_at_horizon(until)
         elif self.platform is not None:
-            self.platform.strand(self.requests)
+            self.enact(self.platform.strand(self.requests), self.now_s)
         for replica in self.replicas:
             settle(replica)
         if progress is not None:
@@ -277,9 +278,20 @@ class Engine:
     # -- arrivals -------------------------------------------------------------------------------
     def _arrive(self, req: Request, now: float) -> None:
         # arrival_s is already the arrival (trace, closed-loop turn, or the original one of a retry)
-        if self.platform is not None and not self.platform.arrive(req, now):
-            return
+        if self.platform is not None:
+            intents = self.platform.arrive(req, now)  # None: it goes on; else what the front door wants instead
+            if intents is not None:
+                if intents:  # (empty: it comes back later, or its client already gave up)
+                    self.enact(intents, now)
+                return
         if req.mm is not None and self.encode is not None:  # encoded first, routed when its embeddings land
+            self.encode.arrive(req, now)
+            return
+        self._route(req, now)
+
+    def _enter(self, req: Request, now: float) -> None:
+        """``Enter``: ``req`` goes on past the front door (``_arrive``'s path after the platform's check)."""
+        if req.mm is not None and self.encode is not None:
             self.encode.arrive(req, now)
             return
         self._route(req, now)
@@ -341,6 +353,19 @@ class Engine:
             self.push(step.end_s, STEP_DONE, (replica, replica.step_token))
 
     # -- starting an iteration ----------------------------------------------------------------
+    def _platform_decides(self, replica: Replica, now: float) -> float:
+        """The platform's shedding, then its pausing, before ``replica``'s policy decides: each one's intents
+        applied before the next looks (a pause counts the queue after the drops). Returns the swap-out
+        seconds of the requests a pause preempted."""
+        platform = self.platform
+        if platform.shedding and replica.policy.sheds:
+            self.enact(platform.shed(replica, now), now)
+        if platform.pause is not None:
+            intents = platform.check_pause(replica, now)
+            if intents:
+                return self.enact(intents, now)
+        return 0.0
+
     def _start(self, replica: Replica, now: float) -> None:
         replica.now_s = now
         swap_s = self._before_schedule(replica, now) if self._before_schedule is not None else 0.0
@@ -569,7 +594,7 @@ class Engine:
 
     def _finish(self, replica: Replica, req: Request, now: float) -> None:
         if req.status is Status.ABORTED:  # its client gave up while this step ran: it leaves, unfinished
-            self.aborts.release(replica, req, now, finished=True)
+            self.enact(self.aborts.release(replica, req, now, finished=True), now)
             return
         req.status = Status.FINISHED
         req.finish_s = now
@@ -688,9 +713,50 @@ class Engine:
         replica.waiting.append(req)
         replica.policy.on_arrival(req, replica)
 
+    def evict(self, replica: Replica, now: float) -> None:
+        """``replica`` has stopped serving at ``now`` (failed: ``fail``; or its instance reclaimed: its fleet
+        no longer wants it): the iteration under way is lost and every request on it (running, waiting, or
+        held by the platform while its tier is paused) loses its KV and is routed again (the journal's rule).
+
+        With prefill/decode pools (the platform's ``disagg``) the requests whose KV it held for a transfer,
+        or that were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
+        prefill pool's router (the live replicas): it re-prefills and is handed off again."""
+        platform = self.platform
+        disagg = platform.disagg
+        if disagg is not None:
+            disagg.stop(replica)
+        # iterations finished by now count; the one under way is lost
+        work_lost_s = self.truncate(replica, now) if replica.inflight is not None else None
+        no_aggregate(replica)  # every counter of what it held current before it moves, and from now on
+        moved = list(replica.running) + list(replica.waiting) + platform.take_held(replica)
+        lost = disagg.lose(replica, now) if disagg is not None else ()
+        self.empty(replica)  # GPU blocks and the host swap pool alike; its queues emptied
+        replica.outstanding_tokens = 0
+        replica.wake_s = None
+        journal = self.journal
+        before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
+        if self.aborts is not None:  # aborted inside the lost iteration: it ended at its deadline, stays ended
+            for req in [r for r in moved if r.status.is_terminal]:
+                replica.policy.on_leave(req, replica)
+                moved.remove(req)
+        for req in moved:
+            replica.policy.on_leave(req, replica)
+            platform.moved(req, now)
+            self.interrupt(req)
+        if disagg is not None:
+            disagg.lost_running(replica, moved)
+            for req in lost:  # (they had left their prefill replica's policy when handed off)
+                self.interrupt(req)
+            moved += lost
+        platform.lost(work_lost_s, len(moved), journal.requests_interrupted - before[0],
+                      journal.tokens_lost - before[1], journal.tokens_recomputed - before[2])
+        self.route_all(moved, now)
+        if disagg is not None:
+            disagg.place_pending(now)  # (landing blocks freed on decode replicas)
+
     def empty(self, replica: Replica) -> None:
         """``replica`` stopped serving (failed, reclaimed): its GPU and host KV are gone and its queues
-        are emptied (the platform moved what they held: ``Platform.evict``)."""
+        are emptied (``evict`` moved what they held)."""
         replica.kv.fail(replica.running)  # GPU blocks and the host swap pool alike
         replica.running = []
         replica.waiting.clear()
@@ -712,7 +778,7 @@ class Engine:
     def fail(self, replica: Replica, now: float) -> None:
         """``replica`` goes down at ``now``: it takes no new work until ``restore``, and its pool's
         controller hears it (an autoscaler counts it out, a fleet refills) before the platform moves
-        what it held (``Platform.evict``), so that the moved requests can land on a replacement."""
+        what it held (``evict``), so that the moved requests can land on a replacement."""
         self.down.add(replica.id)
         self._serve(self.role.get(replica.id, ENTRY), grew=False)
         for listener in self.on_failed:
@@ -736,10 +802,13 @@ class Engine:
             self.on_serving[role](live, grew)
 
     # -- intents: what the cluster and the platform want (replay/intents.py), applied here only -------
-    def enact(self, intents, now: float) -> None:
-        """Apply ``intents`` at ``now``, in their order: the one way the handoff, autoscalers, fleets, failures
-        and the encode pool change a request's status, the replicas' queues or which replicas serve (they
-        return what they want from the engine's calls: step listeners, timed events, failures)."""
+    def enact(self, intents, now: float) -> float:
+        """Apply ``intents`` at ``now``, in their order: the one way the handoff, autoscalers, fleets, failures,
+        the encode pool, the platform's front door, shedding and pausing, and client timeouts change a
+        request's status, the replicas' queues or which replicas serve (they return what they want from the
+        engine's calls: step listeners, hooks, timed events, failures). Returns the swap-out seconds of the
+        requests preempted (``Preempt``: a pause before a decision), which that decision's iteration adds."""
+        swap_s = 0.0
         for intent in intents:
             kind = type(intent)
             if kind is HandOff:
@@ -749,6 +818,36 @@ class Engine:
                 self._wake(intent.replica, now)
             elif kind is Wake:
                 self._wake(intent.replica, now)
+            elif kind is Enter:
+                self._enter(intent.req, now)
+            elif kind is Refuse:
+                self.ledger.refused_s[intent.req.index] = now
+                self.end(intent.req, intent.status, intent.reason, now)
+            elif kind is TakeOff:
+                self._take_off(intent.replica, intent.req)
+            elif kind is LetGo:
+                self.let_go(intent.replica, intent.req)
+                if intent.tell_policy:
+                    intent.replica.policy.on_finish(intent.req, intent.replica)
+                if intent.first_token_unseen:
+                    intent.req.first_token_s = None
+            elif kind is LeaveAtBoundary:
+                self._leave_at_boundary(intent.replica, intent.req, now)
+            elif kind is Decide:
+                replica = intent.replica
+                if not replica.busy and (replica.waiting or replica.running):
+                    self._request_schedule(replica, now)
+            elif kind is Unhold:
+                intent.replica.forgive(intent.req)
+            elif kind is Preempt:
+                swap_s += self.preempt(intent.replica, intent.req)
+            elif kind is SetAside:
+                self.platform.held(intent.replica, self.set_aside(intent.replica, intent.which), now)
+            elif kind is Resume:
+                for req in intent.reqs:
+                    self.resume(intent.replica, req)
+            elif kind is Strand:
+                self.strand(intent.reqs, intent.reason)
             elif kind is Serve:
                 self.publish(intent.pool, list(intent.replicas))
             elif kind is Reject:
@@ -760,14 +859,30 @@ class Engine:
                     self.route_all(self.platform.take_orphans(), now)
             elif kind is FailReplica:
                 self.fail(intent.replica, now)  # (its pool's controller counts it out before its requests move)
-                self.platform.evict(intent.replica, now)
+                self.evict(intent.replica, now)
             elif kind is RemoveReplica:
-                self.platform.evict(intent.replica, now)
+                self.evict(intent.replica, now)
             elif kind is RestoreReplica:
                 if self.restore(intent.replica) == ENTRY:  # (a decode replica's return routes no orphans)
                     self.route_all(self.platform.take_orphans(), now)
             else:
                 raise ServelabError(f"the engine cannot enact {intent!r}")
+        return swap_s
+
+    def _take_off(self, replica: Replica, req: Request) -> None:
+        """``TakeOff``: ``req`` leaves ``replica``'s waiting queue for good, owing and holding nothing there."""
+        self.take_off(replica, req)
+        replica.forgive(req)
+        if req.swapped:
+            replica.kv.drop_host(req)
+        replica.kv.forget(req)  # (a purged tenant's cached blocks)
+
+    def _leave_at_boundary(self, replica: Replica, req: Request, now: float) -> None:
+        """``LeaveAtBoundary``: cut ``replica``'s stretch at the first boundary at or after ``now``; the client
+        timeouts let ``req`` go at its end (a timed event after that step's completion at the same time)."""
+        self._cut_stretch(replica, now)
+        aborts = self.aborts
+        self.push(replica.inflight.end_s, TIMER, lambda t: aborts.release(replica, req, t))
 
     def _wake(self, replica: Replica, now: float) -> None:
         """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration boundary, an

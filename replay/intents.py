@@ -1,9 +1,10 @@
 """What the layers above the engine core want done, as data: intents the engine applies (``Engine.enact``).
 
 The cluster and the platform features (the prefill/decode handoff, autoscalers, fleets of instance
-types, failures, the encode pool) observe the engine — its step listeners, their own timed events,
-failures — and *return* what they want: a replica pool's serving set, a request handed off, landed,
-rejected or routed, a replica failed, restored or taken away. ``Engine.enact`` is the one place that
+types, failures, the encode pool, the front door, shedding, tier pausing, client timeouts) observe the
+engine — its step listeners and hooks, their own timed events, failures — and *return* what they want:
+a replica pool's serving set, a request handed off, landed, rejected, refused or routed, taken
+off a queue, preempted, set aside or resumed, a replica failed, restored or taken away. ``Engine.enact`` is the one place that
 turns these into changes of a request's status, of the replicas' queues and of which replicas serve,
 in the order given; a component never changes them itself.
 
@@ -17,8 +18,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from servelab.replay.replica import Replica
-    from servelab.replay.request import Request
+    from servelab.replay.request import Request, Status
 
 
 class Serve(NamedTuple):
@@ -80,7 +83,92 @@ class Route(NamedTuple):
     reqs: tuple[Request, ...]
 
 
-Intent = Serve | AdoptOrphans | RemoveReplica | FailReplica | RestoreReplica | HandOff | Reject | Land | Wake | Route
+# -- the platform's front door, shedding and pausing (replay/platform.py), client timeouts (replay/abort.py)
+class Enter(NamedTuple):
+    """``req`` goes on past the front door (the platform shed another request for it): it is encoded
+    first or routed, as any arrival."""
+    req: Request
 
-__all__ = ["AdoptOrphans", "FailReplica", "HandOff", "Intent", "Land", "Reject", "RemoveReplica", "RestoreReplica",
-           "Route", "Serve", "Wake"]
+
+class Refuse(NamedTuple):
+    """``req`` leaves unserved for good with ``status`` (THROTTLED: its retries ran out; DROPPED: shed;
+    ABORTED: its client gave up) and ``reason``; its client saw the refusal now (``refused_s``). One that
+    waited on a replica is taken off first (``TakeOff``, ``Unhold``, ``LetGo``)."""
+    req: Request
+    status: Status
+    reason: str
+
+
+class TakeOff(NamedTuple):
+    """``req`` leaves ``replica``'s waiting queue for good (shed, or its client gave up): the policy hears it,
+    what it owed the replica is forgiven, and its host-swapped KV and cached-block claims go."""
+    replica: Replica
+    req: Request
+
+
+class Unhold(NamedTuple):
+    """``req``, held off ``replica``'s queue while its tier is paused there, leaves for good (its client gave
+    up): what it owed the replica is forgiven."""
+    replica: Replica
+    req: Request
+
+
+class LetGo(NamedTuple):
+    """``req`` leaves ``replica``'s running set outside an iteration (its client gave up): its blocks are
+    freed; the policy hears it as a finish (``on_finish``) when ``tell_policy`` (not when the iteration
+    that just ended gave it its last token: the engine tells the policy of those itself). When
+    ``first_token_unseen`` (it made its first token after its client left), that token's time is cleared
+    once it is let go: no first token was seen."""
+    replica: Replica
+    req: Request
+    tell_policy: bool
+    first_token_unseen: bool = False
+
+
+class LeaveAtBoundary(NamedTuple):
+    """``req`` (its client gave up) is inside ``replica``'s iteration under way: the decode stretch is cut at
+    the first iteration boundary at or after now, and at that boundary the client timeouts let it go
+    (``Aborts.release``)."""
+    replica: Replica
+    req: Request
+
+
+class Decide(NamedTuple):
+    """Blocks or queue places were freed on ``replica`` outside an iteration: if it is idle with work, its
+    policy decides again (now, unless more happens at this instant)."""
+    replica: Replica
+
+
+class Preempt(NamedTuple):
+    """``req`` is taken off ``replica``'s GPU before its policy decides (its tier is being paused); the
+    swap-out seconds add to the iteration about to be decided (``Engine.enact`` returns them)."""
+    replica: Replica
+    req: Request
+
+
+class SetAside(NamedTuple):
+    """The waiting requests of ``replica`` for which ``which(req)`` holds leave its queue, in their order,
+    held by the platform until resumed (``Platform.held`` hears which)."""
+    replica: Replica
+    which: Callable[[Request], bool]
+
+
+class Resume(NamedTuple):
+    """``reqs``, set aside, queue again on ``replica``, at the back, in their order."""
+    replica: Replica
+    reqs: tuple[Request, ...]
+
+
+class Strand(NamedTuple):
+    """The replay ends with ``reqs`` not served: those not terminal end ``unfinished`` with ``reason``."""
+    reqs: list[Request]
+    reason: str
+
+
+Intent = (Serve | AdoptOrphans | RemoveReplica | FailReplica | RestoreReplica | HandOff | Reject | Land | Wake | Route
+          | Enter | Refuse | TakeOff | Unhold | LetGo | LeaveAtBoundary | Decide | Preempt | SetAside | Resume
+          | Strand)
+
+__all__ = ["AdoptOrphans", "Decide", "Enter", "FailReplica", "HandOff", "Intent", "Land", "LeaveAtBoundary", "LetGo",
+           "Preempt", "Refuse", "Reject", "RemoveReplica", "RestoreReplica", "Resume", "Route", "Serve",
+           "SetAside", "Strand", "TakeOff", "Unhold", "Wake"]

@@ -70,7 +70,8 @@ class Online:
         """``req``'s client went away at simulated ``at_s`` (not before the last event processed): it ends
         ``aborted`` and gives back its KV, as a client timeout does (replay/abort.py). Nothing if it ended."""
         if not req.status.is_terminal:
-            self.engine.aborts.fire(req, max(at_s, self.engine.now_s), reason)
+            now = max(at_s, self.engine.now_s)
+            self.engine.enact(self.engine.aborts.fire(req, now, reason), now)
 
     def advance(self, until_s: float) -> None:
         """Process every event at or before simulated ``until_s``."""

@@ -3,17 +3,24 @@ pausing, policy shedding and replica failures (docs/platform.md).
 
 The engine builds a `Platform` only when one of them is configured and calls its hooks at fixed
 points of a request's life; a deployment without platform features pays one ``is None`` test per
-point and nothing else:
+point and nothing else. Where a hook wants a request's status, a queue or the serving replicas
+changed it returns intents (replay/intents.py) that the engine applies (``Engine.enact``):
 
-    arrival        ``arrive(req, now) -> bool``        may throttle, retry later or shed
+    arrival        ``arrive(req, now)``                 None: it goes on; else intents (throttled, shed); a
+                                                        retry is an arrival event it pushes
     queued         ``hold(replica, req, now) -> bool``  its tier is paused there: held, not queued
     admitted       ``admitted(replica, req)``
     requeued       ``requeued(replica, req)``           preempted back into the waiting queue
-    before a step  ``before_schedule(replica, now)``    sheds and pauses; returns swap-out seconds
+    before a step  ``shed(replica, now)``               the policy's drops: intents
+                   ``check_pause(replica, now)``        pause (preempt, set aside) or resume: intents, or None
+    set aside      ``held(replica, reqs, now)``         a pause took them off the queue (``SetAside``)
     ended          ``ended(req, now)``                  frees its quota
-    failure        ``fault(replica, down, now)``        FAULT events: returns the intent (replay/intents.py)
-    lost           ``evict(replica, now)``              failed, or its instance taken away (replay/fleet.py)
-    end of replay  ``strand(requests)``                 nothing left to serve what is still held
+    failure        ``fault(replica, down, now)``        FAULT events: returns the intent
+    lost           ``take_held(replica)``               a replica failed or its instance was taken away
+                   ``moved(req, now)``, ``lost(...)``   (replay/fleet.py): the engine moves its requests
+                                                        (``Engine.evict``); the platform's part of it
+    client abort   ``give_up(replica, req)``            a waiting or held request's client left: the intent
+    end of replay  ``strand(requests)``                 nothing left to serve what is still held: intents
 
 What an interrupted request keeps (the journal) is core engine behaviour, not a platform feature:
 preemption by recompute follows the same rule.
@@ -27,9 +34,10 @@ from typing import TYPE_CHECKING
 from servelab.common.tiers import parse_tiers
 from servelab.replay.admission import Admission, PauseRule, Quota
 from servelab.replay.batch import no_aggregate
-from servelab.replay.engine import FAULT
+from servelab.replay.engine import ARRIVAL, FAULT
 from servelab.replay.engine_config import EngineConfig
-from servelab.replay.intents import FailReplica, RestoreReplica
+from servelab.replay.intents import (Enter, FailReplica, Preempt, Refuse, RestoreReplica, Resume, SetAside, Strand,
+                                     TakeOff, Unhold)
 from servelab.replay.journal import Ledger
 from servelab.replay.specs import Failure
 from servelab.replay.request import Request, Status
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
     from servelab.replay.engine import Engine
     from servelab.replay.replica import Replica
 
+NOTHING = ()  # ``arrive``: the request does not go on, and there is nothing to apply
 NO_FAULTS = {"failures": 0, "requests_moved": 0, "requests_interrupted": 0, "work_lost_s": 0.0,
              "tokens_lost": 0, "tokens_recomputed": 0}  # run.json's faults counters before any failure
 
@@ -93,42 +102,47 @@ class Platform:
         return self.shedding or self.pause is not None
 
     # -- arrival: quotas, retries, the queue cap ----------------------------------------------
-    def arrive(self, req: Request, now: float) -> bool:
-        """Quotas, retries and the queue cap; False if ``req`` does not go on (yet)."""
+    def arrive(self, req: Request, now: float) -> list | tuple | None:
+        """Quotas, retries and the queue cap: None if ``req`` goes on, else the intents instead (it is
+        throttled or shed; a request shed for it, then ``req`` going on; none: its client retries later)."""
         adm = self.admission
         if adm is None:
-            return True
+            return None
         if req.status.is_terminal:  # a throttled client's retry, after its client timeout ended it
-            return False
-        engine = self.engine
+            return NOTHING
         throttle = adm.check(req, now)
         if throttle is not None:
             retry_s = adm.retry_at(req, self.ledger.retries.get(req.index, 0), throttle, now)
             if retry_s is None:
-                self.ledger.refused_s[req.index] = now
-                engine.end(req, Status.THROTTLED, throttle.reason, now)
-            else:  # the client comes back; its latency still counts from its first arrival
-                Ledger.add(self.ledger.retries, req.index, 1)
-                engine.push(retry_s, engine.ARRIVAL, req)
-            return False
+                return [Refuse(req, Status.THROTTLED, throttle.reason)]
+            # The client comes back (its latency still counts from its first arrival): an event, as a timeout's
+            # deadline is, not a change to the request (still pending); pushed here, without an intent to build
+            # and apply, which cost 7% more instructions in a storm of retries (bench/RESULTS.md, session 15).
+            Ledger.add(self.ledger.retries, req.index, 1)
+            self.engine.push(retry_s, ARRIVAL, req)
+            return NOTHING
         # requests waiting for a replica to come back wait too
+        engine = self.engine
         queues = engine.live if not self.orphans else [*engine.live, SimpleNamespace(waiting=self.orphans)]
         victim = adm.shed_victim(req, queues)
-        if victim is not None:
-            reason = f"shed: {adm.queue_cap} requests already waiting and it ranks lowest (tier {victim.tier})"
-            if victim is req:
-                self.drop(None, req, reason, now)
-                return False
-            if victim in self.orphans:
-                self.orphans.remove(victim)
-                self.drop(None, victim, reason, now)
-            else:
-                self.drop(engine.replicas[victim.replica], victim, reason, now)
-        return True
+        if victim is None:
+            return None
+        reason = f"shed: {adm.queue_cap} requests already waiting and it ranks lowest (tier {victim.tier})"
+        if victim is req:
+            return self.drop(None, req, reason)
+        if victim in self.orphans:
+            self.orphans.remove(victim)
+            return [*self.drop(None, victim, reason), Enter(req)]
+        return [*self.drop(engine.replicas[victim.replica], victim, reason), Enter(req)]
 
     def orphan(self, req: Request) -> None:
         """No replica is live: ``req`` waits for one to come back."""
         self.orphans.append(req)
+
+    def forget_orphan(self, req: Request) -> None:
+        """``req``'s client gave up before it was routed: if it waited for a live replica, it waits no more."""
+        if req in self.orphans:
+            self.orphans.remove(req)
 
     def take_orphans(self) -> list[Request]:
         """The requests that waited for a live replica, in their order, handed to the engine to route
@@ -136,23 +150,28 @@ class Platform:
         orphans, self.orphans = self.orphans, []
         return orphans
 
-    def drop(self, replica: "Replica | None", req: Request, reason: str, now: float) -> None:
-        """Refuse ``req`` for good; if it waits on ``replica`` take it off (it holds no GPU KV there)."""
-        if replica is not None:
-            self.take_off(replica, req)
-        self.ledger.refused_s[req.index] = now
+    def drop(self, replica: "Replica | None", req: Request, reason: str) -> list:
+        """The intents that refuse ``req`` for good; if it waits on ``replica`` it is taken off first (it holds
+        no GPU KV there)."""
         self.dropped += 1
-        self.engine.end(req, Status.DROPPED, reason, now)
+        refuse = Refuse(req, Status.DROPPED, reason)
+        return [self._take_off(replica, req), refuse] if replica is not None else [refuse]
 
-    def take_off(self, replica: "Replica", req: Request) -> None:
-        """Take ``req`` out of ``replica``'s waiting queue for good (a drop, a client's abort)."""
-        self.engine.take_off(replica, req)
-        replica.forgive(req)
+    def _take_off(self, replica: "Replica", req: Request) -> TakeOff:
+        """``req`` leaves ``replica``'s waiting queue for good (a drop, a client's abort): the intent."""
         if self.pause is not None and req.tier == self.pause.tier:
             self.pause_waiting[replica.id] -= 1
-        if req.swapped:
-            replica.kv.drop_host(req)
-        replica.kv.forget(req)  # (a purged tenant's cached blocks)
+        return TakeOff(replica, req)
+
+    def give_up(self, replica: "Replica", req: Request) -> TakeOff | Unhold:
+        """``req``'s client gave up while it waited on ``replica``, queued or held (its tier paused there):
+        the intent that takes it off for good (replay/abort.py)."""
+        held = self.paused.get(replica.id)
+        if held is not None and req in held:
+            held.remove(req)
+            self.pause_start.pop(req.index, None)
+            return Unhold(replica, req)
+        return self._take_off(replica, req)
 
     def ended(self, req: Request, now: float) -> None:
         if self.admission is not None:
@@ -179,17 +198,19 @@ class Platform:
         if self.pause is not None and req.tier == self.pause.tier:
             self.pause_waiting[replica.id] += 1
 
-    # -- before each decision: shedding, pausing ----------------------------------------------
-    def before_schedule(self, replica: "Replica", now: float) -> float:
-        """Policy shedding and pausing, before the policy decides; returns swap-out seconds."""
-        if self.shedding and replica.policy.sheds:
-            for req, reason in replica.policy.shed(replica):
-                self.drop(replica, req, reason, now)
-        if self.pause is not None and (self.disagg is None or replica.id not in self.disagg.decode_ids):
-            return self._check_pause(replica, now)
-        return 0.0
+    # -- before each decision: shedding, pausing (``Engine._platform_decides``) ---------------------
+    def shed(self, replica: "Replica", now: float) -> list:
+        """The policy's shedding, before it decides: the intents that drop what it sheds."""
+        intents = []
+        for req, reason in replica.policy.shed(replica):
+            intents += self.drop(replica, req, reason)
+        return intents
 
-    def _check_pause(self, replica: "Replica", now: float) -> float:
+    def check_pause(self, replica: "Replica", now: float) -> list | None:
+        """Pause ``replica``'s pausable tier (its running requests preempted, its waiting ones set aside) or
+        resume it (the held requests queue again, in their order): the intents, or None when neither."""
+        if self.disagg is not None and replica.id in self.disagg.decode_ids:
+            return None  # (decode replicas never pause: their requests hold KV moved to them)
         rule, rid = self.pause, replica.id
         if rule.metric == "waiting":
             load = len(replica.waiting) - self.pause_waiting[rid]
@@ -197,30 +218,32 @@ class Platform:
             load = replica.kv.used / replica.kv.total
         held = self.paused.get(rid)
         if held is not None:
-            if load <= rule.resume:  # resume: the held requests queue again, in their order
-                del self.paused[rid]
-                for req in held:
-                    Ledger.add(self.ledger.paused_s, req.index, now - self.pause_start.pop(req.index))
-                    self.engine.resume(replica, req)
-                self.pause_waiting[rid] += len(held)
-            return 0.0
+            if load > rule.resume:
+                return None
+            del self.paused[rid]
+            for req in held:
+                Ledger.add(self.ledger.paused_s, req.index, now - self.pause_start.pop(req.index))
+            self.pause_waiting[rid] += len(held)
+            return [Resume(replica, tuple(held))]
         if load <= rule.above:
-            return 0.0
+            return None
         self.num_pauses += 1
         no_aggregate(replica)  # it preempts running requests: every counter current, from now on
-        swap_s = 0.0
-        for req in [r for r in replica.running if r.tier == rule.tier]:
-            swap_s += self.engine.preempt(replica, req)
         tier = rule.tier
-        held = self.paused[rid] = self.engine.set_aside(replica, lambda req: req.tier == tier)
-        for req in held:
+        intents: list = [Preempt(replica, req) for req in replica.running if req.tier == tier]
+        intents.append(SetAside(replica, lambda req: req.tier == tier))
+        return intents
+
+    def held(self, replica: "Replica", reqs: list[Request], now: float) -> None:
+        """A pause took ``reqs`` off ``replica``'s queue (``SetAside``): held here until it resumes."""
+        self.paused[replica.id] = reqs
+        for req in reqs:
             self.pause_start[req.index] = now
-        self.pause_waiting[rid] = 0
-        return swap_s
+        self.pause_waiting[replica.id] = 0
 
     # -- failures -----------------------------------------------------------------------------
     def fault(self, replica: "Replica", down: bool, now: float) -> list:
-        """A FAULT event: the intent to take ``replica`` down (the engine fails it, then ``evict`` moves its
+        """A FAULT event: the intent to take ``replica`` down (the engine fails it, then ``Engine.evict`` moves its
         work to live replicas) or to bring it back (it serves again if its pool wants it; back in the
         arrivals' pool, the requests waiting for a replica are routed)."""
         if not down:
@@ -228,58 +251,35 @@ class Platform:
         self.fault_stats["failures"] += 1
         return [FailReplica(replica)]
 
-    def evict(self, replica: "Replica", now: float) -> None:
-        """``replica`` has stopped serving at ``now`` (failed: ``Engine.fail``; or its instance reclaimed:
-        its fleet no longer wants it): the iteration under way is lost and every request on it loses
-        its KV and is routed again (the journal's rule).
-
-        With prefill/decode pools (``disagg``) the requests whose KV it held for a transfer, or that
-        were landing on it, lose that KV too (``Disaggregation.lose``), and every one goes to the
-        prefill pool's router (the engine's live replicas): it re-prefills and is handed off again."""
-        engine = self.engine
-        stats = self.fault_stats
-        disagg = self.disagg
-        if disagg is not None:
-            disagg.stop(replica)
-        if replica.inflight is not None:  # iterations finished by now count; the one under way is lost
-            stats["work_lost_s"] += engine.truncate(replica, now)
-        no_aggregate(replica)  # every counter of what it held current before it moves, and from now on
-        moved = list(replica.running) + list(replica.waiting) + self.paused.pop(replica.id, [])
-        lost = disagg.lose(replica, now) if disagg is not None else ()
-        engine.empty(replica)  # GPU blocks and the host swap pool alike; its queues emptied
-        replica.outstanding_tokens = 0
-        replica.wake_s = None
+    def take_held(self, replica: "Replica") -> list[Request]:
+        """``replica`` is lost (``Engine.evict``): the requests held off its queue (its tier paused there), in
+        their order, for the engine to move with its own; none is held or counted as waiting there from now."""
         self.pause_waiting[replica.id] = 0
-        journal = engine.journal
-        before = (journal.requests_interrupted, journal.tokens_lost, journal.tokens_recomputed)
-        if engine.aborts is not None:  # aborted inside the lost iteration: it ended at its deadline, stays ended
-            for req in [r for r in moved if r.status.is_terminal]:
-                replica.policy.on_leave(req, replica)
-                moved.remove(req)
-        for req in moved:
-            replica.policy.on_leave(req, replica)
-            start = self.pause_start.pop(req.index, None)
-            if start is not None:  # held on the failed replica: it was paused until now
-                Ledger.add(self.ledger.paused_s, req.index, now - start)
-            engine.interrupt(req)
-        if disagg is not None:
-            disagg.lost_running(replica, moved)
-            for req in lost:  # (they had left their prefill replica's policy when handed off)
-                engine.interrupt(req)
-            moved += lost
-        stats["requests_moved"] += len(moved)
-        stats["requests_interrupted"] += journal.requests_interrupted - before[0]
-        stats["tokens_lost"] += journal.tokens_lost - before[1]
-        stats["tokens_recomputed"] += journal.tokens_recomputed - before[2]
-        engine.route_all(moved, now)
-        if disagg is not None:
-            disagg.place_pending(now)  # (landing blocks freed on decode replicas)
+        return self.paused.pop(replica.id, [])
 
-    def strand(self, requests: list[Request]) -> None:
-        """At the end: requests held or routed nowhere had no live replica left to serve them."""
+    def moved(self, req: Request, now: float) -> None:
+        """``req`` moves off a lost replica at ``now``: if it was held there, it was paused until now."""
+        start = self.pause_start.pop(req.index, None)
+        if start is not None:
+            Ledger.add(self.ledger.paused_s, req.index, now - start)
+
+    def lost(self, work_lost_s: float | None, moved: int, interrupted: int, tokens_lost: int,
+             tokens_recomputed: int) -> None:
+        """What losing a replica cost (``Engine.evict``), for run.json's ``faults``: the seconds of its
+        iteration under way (None: it was idle), the requests moved, and the journal's counts for them."""
+        stats = self.fault_stats
+        if work_lost_s is not None:
+            stats["work_lost_s"] += work_lost_s
+        stats["requests_moved"] += moved
+        stats["requests_interrupted"] += interrupted
+        stats["tokens_lost"] += tokens_lost
+        stats["tokens_recomputed"] += tokens_recomputed
+
+    def strand(self, requests: list[Request]) -> list:
+        """At the end: requests held or routed nowhere had no live replica left to serve them (the intent)."""
         if not (self.orphans or self.paused):
-            return
-        self.engine.strand(requests, "no live replica to serve it")
+            return []
+        return [Strand(requests, "no live replica to serve it")]
 
     # -- run.json -----------------------------------------------------------------------------
     def meta(self) -> dict:

@@ -166,9 +166,10 @@ def test_bookkeeping_adds_up_with_aborts_after_every_event(monkeypatch, policy, 
     monkeypatch.setattr(servelab.assembly, "Engine", Checked)
     fire = Aborts.fire
 
-    def checked_fire(self, req, now):
-        fire(self, req, now)
+    def checked_fire(self, req, now):  # the abort's intents applied, then the books checked
+        self.engine.enact(fire(self, req, now), now)
         self.engine._check()
+        return []
 
     monkeypatch.setattr(Aborts, "fire", checked_fire)
     trace = synthetic(n=250, rate=40.0, seed=2)

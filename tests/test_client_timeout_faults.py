@@ -1,5 +1,5 @@
 """Client timeouts combined with replica failures and with prefill/decode pools (replay/abort.py,
-``Disaggregation.abandon``, ``Platform.evict``): every request is accounted once, a request whose
+``Disaggregation.abandon``, ``Engine.evict``): every request is accounted once, a request whose
 client gives up inside a KV transfer or on a replica that then fails is ended once, at its deadline,
 and what it held is freed then. Hand-traced timelines: every step costs 1 s (``linear:base=1``),
 KV is 1,000 bytes per token, blocks of 16 tokens."""

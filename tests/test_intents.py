@@ -137,6 +137,65 @@ def test_a_handoff_no_decode_replica_can_hold_is_rejected_by_intent(enacted):
     assert enacted[-2:] == [(1.0, "HandOff(0,0)"), (1.0, "Reject(0)")]
 
 
+# -- the platform and client timeouts: one replica, one sequence at a time, 1 s per step --------------
+ONE = {"runner": "linear:base=1", "num_gpu_blocks": 100, "max_num_seqs": 1}
+
+
+def test_client_timeouts_take_off_refuse_and_let_go_by_intent(enacted):
+    # A (4 tokens) prefills [0, 1] (token 1), then decodes alone in a stretch [1, 4]; B at 0.5 waits.
+    # A's client leaves at 2.2, inside the stretch: it is refused then, the stretch is cut at 3 and A is
+    # let go there (tokens 2, 3 made: 3 generated; its first token was seen). B's leaves at 2.5 while it
+    # waits: taken off, refused, and the (busy) replica asked to decide.
+    result = replay(make_trace([0, 0.5], [1, 1], [4, 1], timeout_s=[2.2, 2.0]), ReplayConfig.from_dict(ONE))
+    assert rows(result, "status", "first_token_s", "generated_tokens") == [("aborted", 1.0, 3), ("aborted", None, 0)]
+    assert enacted == [(2.2, "Refuse(0)"), (2.2, "LeaveAtBoundary(0,0)"),
+                       (2.5, "TakeOff(0,1)"), (2.5, "Refuse(1)"), (2.5, "Decide(0)"),
+                       (3.0, "LetGo(0,0)"), (3.0, "Decide(0)")]
+
+
+def test_the_front_door_retries_and_throttles_by_intent(enacted):
+    # One request at a time (concurrency 1): A holds the slot over [0, 2]. B (0.5) and C (0.6) are
+    # throttled and retry once 1 s later (an arrival event the front door pushes: no intent), throttled
+    # again: out of retries, they end throttled.
+    cfg = ReplayConfig.from_dict({**ONE, "quota": ["tenant=*:concurrency=1"], "retries": 1, "retry_backoff_s": 1.0,
+                                  "retry_jitter": 0})
+    result = replay(make_trace([0, 0.5, 0.6], [1, 1, 1], [2, 1, 1]), cfg)
+    assert rows(result, "status", "finish_s") == [("finished", 2.0), ("throttled", None), ("throttled", None)]
+    assert enacted == [(1.5, "Refuse(1)"), (1.6, "Refuse(2)")]
+    assert result.meta["platform"]["retries"] == 2
+
+
+def test_the_queue_cap_sheds_by_intent(enacted):
+    # One waiting place: A runs [0, 2], flex B waits from 0.1; priority C at 0.2 finds the queue full and
+    # B ranks lowest: B is taken off and dropped, C goes on (runs [2, 3]).
+    result = replay(make_trace([0, 0.1, 0.2], [1, 1, 1], [2, 1, 1], tier=["standard", "flex", "priority"]),
+                    ReplayConfig.from_dict({**ONE, "queue_cap": 1}))
+    assert rows(result, "status", "finish_s") == [("finished", 2.0), ("dropped", None), ("finished", 3.0)]
+    assert enacted == [(0.2, "TakeOff(0,1)"), (0.2, "Refuse(1)"), (0.2, "Enter(2)")]
+
+
+def test_a_tier_is_paused_and_resumed_by_intent(enacted):
+    # Flex F prefills [0, 1] (token 1); standard S1 (0.2) and S2 (0.4) wait. At 1, two standard requests
+    # wait (> 1): F is preempted (recompute: it keeps token 1) and set aside; S1 runs [1, 2], S2 [2, 3].
+    # At 3 none waits (<= 0): F queues again, recomputes prompt + 1 in [3, 4] (token 2), token 3 at 5.
+    result = replay(make_trace([0, 0.2, 0.4], [1, 1, 1], [3, 1, 1], tier=["flex", "standard", "standard"]),
+                    ReplayConfig.from_dict({**ONE, "pause": "tier=flex,waiting=1,resume=0"}))
+    assert rows(result, "first_token_s", "finish_s") == [(1.0, 5.0), (2.0, 2.0), (3.0, 3.0)]
+    assert enacted == [(1.0, "Preempt(0,0)"), (1.0, "SetAside(0)"), (3.0, "Resume(0)")]
+    assert (result.meta["platform"]["pauses"], result.meta["platform"]["paused_s"]) == (1, 2.0)
+
+
+def test_what_waits_for_a_replica_at_the_end_is_stranded_by_intent(enacted):
+    # The only replica fails for good at 0.5, during A's prefill [0, 1] (0.5 s lost): A is moved, finds
+    # no live replica and waits for one; B at 0.7 too. Nothing is left to happen: both end unfinished
+    # when the replay ends (its clock at the last event, the lost step's stale completion at 1).
+    cfg = ReplayConfig.from_dict({**ONE, "fail": ["replica=0,at=0.5"]})
+    result = replay(make_trace([0, 0.7], [1, 1], [2, 2]), cfg)
+    assert rows(result, "status") == [("unfinished",), ("unfinished",)]
+    assert enacted == [(0.5, "FailReplica(0)"), (1.0, "Strand")]
+    assert faults(result) == (1, 1, 0, 0.5)
+
+
 def test_autoscaled_pd_pools_of_instance_types_with_failures_account_for_every_request():
     """Failures on both pools of autoscaled PD instance-type pools: every request finishes once (journal on)."""
     from servelab.traces.synth import synth_trace
@@ -184,5 +243,5 @@ def test_the_cluster_and_failures_reach_membership_and_handoffs_only_through_int
         found = verbs.findall((REPLAY / f"{name}.py").read_text())
         assert not found, (name, found)
     platform = (REPLAY / "platform.py").read_text()
-    fault = platform[platform.index("def fault("):platform.index("def evict(")]
+    fault = platform[platform.index("def fault("):platform.index("def take_held(")]
     assert not verbs.findall(fault)

@@ -122,3 +122,102 @@ def test_only_the_engine_moves_requests_between_queues() -> None:
     (``take_off``, ``let_go``, ``hand_off``, ``land``, ``set_aside``, ``resume``, ``empty``)."""
     moves = queue_moves()
     assert set(moves) <= QUEUE_OWNERS, {f: lines for f, lines in moves.items() if f not in QUEUE_OWNERS}
+
+
+# The engine's private attributes are its own; the client timeouts and the platform ask the engine for
+# nothing but its event queue (``push``) and to apply their intents (``enact``): every other method of
+# ``Engine`` is a lifecycle or membership verb, applied for them by ``enact``.
+INTENT_SOURCES = ("replay/abort.py", "replay/platform.py")
+NOT_VERBS = {"push", "enact"}
+
+
+def _names_engine(node: ast.AST) -> bool:
+    """``engine``, ``Engine`` or ``<anything>.engine``: an expression naming the engine (or its class)."""
+    return (isinstance(node, ast.Name) and node.id in ("engine", "Engine")) or \
+        (isinstance(node, ast.Attribute) and node.attr == "engine")
+
+
+def _private(name) -> bool:
+    return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+
+def private_engine_uses(root: Path = ROOT) -> dict[str, list[int]]:
+    """File -> lines outside replay/engine.py that read or write a private attribute of the engine
+    (``engine._x``, ``self.engine._x``, ``Engine._x``, or by name through getattr/setattr/hasattr)."""
+    out: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "replay/engine.py" or rel.split("/")[0] in ("tests", "bench") \
+                or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            hit = isinstance(node, ast.Attribute) and _private(node.attr) and _names_engine(node.value)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2:
+                name = node.args[1]
+                hit = _names_engine(node.args[0]) and isinstance(name, ast.Constant) and _private(name.value)
+            if hit:
+                out.setdefault(rel, []).append(node.lineno)
+    return {rel: sorted(lines) for rel, lines in out.items()}
+
+
+def engine_verbs(root: Path = ROOT) -> set[str]:
+    """The methods ``class Engine`` defines in replay/engine.py, but ``push`` and ``enact``."""
+    tree = ast.parse((root / "replay/engine.py").read_text())
+    engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    return {n.name for n in engine.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} - NOT_VERBS
+
+
+def _through_engine(target: ast.AST) -> bool:
+    """Does an assignment target reach into the engine (``engine.x = ``, ``engine.ledger.refused_s[i] = ``)?"""
+    while isinstance(target, (ast.Attribute, ast.Subscript)):
+        if _names_engine(target.value):
+            return True
+        target = target.value
+    return False
+
+
+def verbs_called(root: Path = ROOT, files=INTENT_SOURCES) -> dict[str, list[tuple[int, str]]]:
+    """File -> (line, what) for each engine verb ``files`` call themselves (``engine.end(...)``,
+    ``self.engine.take_off(...)``), and each write into the engine's state (``engine.ledger.x[i] = ...``)."""
+    verbs = engine_verbs(root)
+    out: dict[str, list[tuple[int, str]]] = {}
+    for rel in files:
+        for node in ast.walk(ast.parse((root / rel).read_text(), rel)):
+            found = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in verbs and _names_engine(node.func.value):
+                found = node.func.attr
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(_through_engine(t) for t in targets):
+                    found = "assignment"
+            if found is not None:
+                out.setdefault(rel, []).append((node.lineno, found))
+    return {rel: sorted(hits) for rel, hits in out.items()}
+
+
+def test_the_scans_see_a_private_use_and_a_verb(tmp_path) -> None:
+    (tmp_path / "replay").mkdir()
+    (tmp_path / "replay" / "engine.py").write_text(
+        "class Engine:\n    def push(self): pass\n    def enact(self): pass\n    def end(self): pass\n"
+        "    def _cut(self): pass\n    def _x(self): self._cut()\n")
+    (tmp_path / "replay" / "abort.py").write_text(
+        "engine._cut(r)\nself.engine.end(req)\nself.engine.push(1)\nengine.enact([])\n"
+        "engine.ledger.refused_s[i] = 1\nplatform.end(req)\nengine.__class__\n")
+    (tmp_path / "replay" / "platform.py").write_text("getattr(self.engine, '_cut')\nself.ledger.x[i] = 1\n")
+    assert engine_verbs(tmp_path) == {"end", "_cut", "_x"}
+    assert private_engine_uses(tmp_path) == {"replay/abort.py": [1], "replay/platform.py": [1]}
+    assert verbs_called(tmp_path) == {"replay/abort.py": [(1, "_cut"), (2, "end"), (5, "assignment")]}
+
+
+def test_no_file_but_the_engine_uses_its_private_attributes() -> None:
+    assert private_engine_uses() == {}
+
+
+def test_client_timeouts_and_the_platform_call_no_engine_verb_they_return_intents() -> None:
+    """replay/abort.py and replay/platform.py end, take off, let go, preempt, set aside, resume, strand
+    and move requests by returning intents (replay/intents.py) that ``Engine.enact`` applies."""
+    assert {"end", "take_off", "let_go", "preempt", "set_aside", "resume", "truncate", "empty", "interrupt",
+            "route_all", "strand", "_cut_stretch", "_request_schedule", "evict"} <= engine_verbs()
+    assert verbs_called() == {}
