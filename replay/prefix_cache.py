@@ -189,19 +189,30 @@ class PrefixCache:
         lies in the trace block) meet ``[start, stop)``; trace blocks holding no block's last token
         are skipped. The key: the trace block's hash and its index (the tenant first when the
         cache is per tenant; with a LoRA adapter, the adapter and that tenant or None first). ``hashes``:
-        instead of ``req.prefix_hashes`` (KV retention)."""
-        bs, tb = self.block_size, self.trace_block
+        instead of ``req.prefix_hashes`` (KV retention). When the trace block is a multiple of the
+        engine's (``per``, the usual case), trace block ``i`` is engine blocks ``[i * per, (i + 1) * per)``
+        and the keys come from one generator expression (register and lookup walk every hash block)."""
         if hashes is None:
             hashes = req.prefix_hashes
-        tenant = req.tenant if self.per_tenant else None
+        salt = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # KV computed under an adapter is that adapter's (vLLM's block hash)
-            tenant = ("lora", req.lora_adapter, tenant)
+            salt = ("lora", req.lora_adapter, salt)
+        per = self.per
+        if per:
+            first, last = start // per, -(-stop // per)
+            if salt is None:
+                return (((hashes[i], i), i * per, i * per + per) for i in range(first, last))
+            return (((salt, hashes[i], i), i * per, i * per + per) for i in range(first, last))
+        return self._groups(hashes, salt, start, stop)
+
+    def _groups(self, hashes: list, salt, start: int, stop: int):
+        """``groups`` when trace blocks do not align with engine blocks."""
+        bs, tb = self.block_size, self.trace_block
         j = start
         while j < stop:
             i = ((j + 1) * bs - 1) // tb
             lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
-            key = (hashes[i], i) if tenant is None else (tenant, hashes[i], i)
-            yield key, lo, hi
+            yield ((hashes[i], i) if salt is None else (salt, hashes[i], i)), lo, hi
             j = hi
 
     # -- the free queue -------------------------------------------------------------------------
@@ -302,18 +313,7 @@ class PrefixCache:
         claimed = shared = 0
         if hashed:
             get = self.entries.get
-            tb = self.trace_block
-            if tb % bs:
-                groups = self.groups(req, 0, hashed)
-            else:  # aligned (the usual case): entry i is blocks [i * per, (i + 1) * per)
-                per = tb // bs
-                hashes = req.prefix_hashes
-                salt = req.tenant if self.per_tenant else None
-                if req.lora_adapter is not None:  # (as in groups)
-                    salt = ("lora", req.lora_adapter, salt)
-                groups = (((hashes[i], i) if salt is None else (salt, hashes[i], i), i * per, i * per + per)
-                          for i in range(-(-hashed // per)))
-            for key, lo, hi in groups:
+            for key, lo, hi in self.groups(req, 0, hashed):
                 e = get(key)
                 if e is None:
                     break
@@ -409,108 +409,77 @@ class PrefixCache:
 
         ``hashes`` (KV retention, replay/retention.py): a finished request's context continues in
         its session's next call, whose hashes cover this request's prompt and generated tokens; its
-        full blocks past its own hashed ones become cached under those keys."""
+        full blocks past its own hashed ones become cached under those keys.
+
+        It runs once per prefill chunk, over every new hash block of a prompt (most of a Mooncake
+        replay's caching cost): ``hashed_blocks``, ``Entry.unhold`` / ``hold`` and a new entry's
+        holding are inline."""
         chain = req.cached_keys
         if chain is None:
             if not (req.prefix_hashes or hashes):
                 return
             chain = req.cached_keys = Chain()
-        if hashes is None and self.per and (self.tiers is None or not self.tiers.write_through):
-            self._register_aligned(req, chain)
-            return
-        have = chain.blocks
-        if hashes is None:
-            full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
-        else:
-            full = min(req.num_computed_tokens, len(hashes) * self.trace_block) // self.block_size
-        if full <= have:
-            return
-        entries = chain.entries
-        if entries:
-            e = entries[-1]
-            held = have - e.lo
-            if held < e.size:  # its last entry, partly held: extend it
-                done = self._extend(chain, e, held, min(full - e.lo, e.size))
-                if self.tiers is not None and self.tiers.write_through and chain.blocks > have:
-                    self.tiers.write(e.key, held, chain.blocks - have)
-                if not done:
-                    return
-                have = chain.blocks
-        cache = self.entries
-        for key, lo, hi in self.groups(req, have, full, hashes):
-            want = (hi if hi < full else full) - lo
-            e = cache.get(key)
-            if e is None:
-                e = cache[key] = Entry(key, lo, hi - lo)
-                got = want
-            else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
-                runs = e.runs
-                if e.top or runs[0][3] == 0:
-                    return
-                got = runs[0][3] if runs[0][3] < want else want
-            entries.append(e)
-            e.hold(got)
-            chain.blocks = lo + got
-            if self.tiers is not None and self.tiers.write_through:
-                self.tiers.write(key, 0, got)
-            if got < want:
-                return
-
-    def _register_aligned(self, req: "Request", chain: Chain) -> None:
-        """``register`` of a prompt's own hashes, trace blocks aligned to engine blocks, nothing written
-        through to a tier: the same steps as the general path (``_extend``, then ``groups``), with the
-        entry arithmetic inline and a new entry born held. It runs once per prefill chunk, over
-        every new hash block of a prompt (most of a Mooncake replay's caching cost)."""
-        hashes = req.prefix_hashes
-        if not hashes:
-            return
         bs = self.block_size
-        tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        if hashes is None:
+            hashes = req.prefix_hashes
+            if not hashes:
+                return
+            tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        else:
+            tokens = req.num_computed_tokens
         cover = len(hashes) * self.trace_block
-        full = (tokens if tokens < cover else cover) // bs  # (hashed_blocks)
+        full = (tokens if tokens < cover else cover) // bs
         computed = req.num_computed_tokens // bs
         if computed < full:
             full = computed
         have = chain.blocks
         if full <= have:
             return
+        tiers = self.tiers
+        through = tiers is not None and tiers.write_through  # each block it caches is written to the tier
         entries = chain.entries
         if entries:
             e = entries[-1]
             lo = e.lo
             held = have - lo
-            if held < e.size:  # its last entry, partly held: extend it (as _extend)
+            if held < e.size:  # its last entry, partly held: extend it, up to the first block cached already
                 runs = e.runs
                 if held < e.top or (runs and runs[0][3] == held):
                     return
                 want = full - lo if full - lo < e.size else e.size
                 got = want if not runs or runs[0][3] >= want else runs[0][3]
                 h = e.held
-                if len(h) == 1 and h.get(held) == 1:  # its only holder (unhold, hold)
+                if len(h) == 1 and h.get(held) == 1:  # its only holder
                     e.held = {got: 1}
                     e.top = got
                 else:
                     e.unhold(held)
                     e.hold(got)
                 chain.blocks = lo + got
+                if through:
+                    tiers.write(e.key, held, got - held)
                 if got < want:
                     return
                 have = lo + got
-        per = self.per
         cache = self.entries
         get = cache.get
         salt = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # (as in groups)
             salt = ("lora", req.lora_adapter, salt)
-        i = have // per  # (have is a whole number of entries here)
+        tb, per = self.trace_block, self.per
         lo = have
-        while lo < full:
-            hi = lo + per
-            want = (hi if hi < full else full) - lo
+        i = have // per if per else 0  # (aligned: trace block i is blocks [i * per, (i + 1) * per))
+        while lo < full:  # (groups, inline: (key, lo, hi) of each trace block from ``have`` on)
+            if per:
+                hi = lo + per
+            else:
+                i = ((lo + 1) * bs - 1) // tb
+                lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
             key = (hashes[i], i) if salt is None else (salt, hashes[i], i)
+            want = (hi if hi < full else full) - lo
             e = get(key)
-            if e is None:
-                e = cache[key] = Entry(key, lo, per, want)
+            if e is None:  # born held
+                e = cache[key] = Entry(key, lo, hi - lo, want)
                 got = want
             else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
                 runs = e.runs
@@ -520,23 +489,12 @@ class PrefixCache:
                 e.hold(got)
             entries.append(e)
             chain.blocks = lo + got
+            if through:
+                tiers.write(key, 0, got)
             if got < want:
                 return
-            i += 1
             lo = hi
-
-    @staticmethod
-    def _extend(chain: Chain, e: Entry, held: int, want: int) -> bool:
-        """The chain's holder of ``held`` blocks of ``e`` (its last entry) registers more, up to
-        ``want`` or the first block cached already; True if it got all ``want``."""
-        runs = e.runs
-        if held < e.top or (runs and runs[0][3] == held):
-            return False
-        got = min(want, runs[0][3]) if runs else want
-        e.unhold(held)
-        e.hold(got)
-        chain.blocks = e.lo + got
-        return got == want
+            i += 1
 
     # -- release --------------------------------------------------------------------------------
     def release(self, req: "Request", blocks: int, may_return: bool, keep_chain: bool = False) -> int:

@@ -63,10 +63,11 @@ def _reference_let_go(self, chain):
 
 def _cache_history(monkeypatch, trace, settings, general: bool):
     """Replay ``trace`` recording the cache's state after every take: its free queue (kind, blocks and
-    start of each segment), its entries' holdings and queued runs; ``general``: the aligned paths off."""
-    history, aligned = [], []
+    start of each segment), its entries' holdings and queued runs; ``general``: the aligned paths off.
+    Also returns where each general (unaligned) walk of keys, ``_groups``, started."""
+    history, walked = [], []
     original_init, original_take = PrefixCache.__init__, PrefixCache.take
-    original_aligned = PrefixCache._register_aligned
+    original_walk = PrefixCache._groups
 
     def init(self, *a, **k):
         original_init(self, *a, **k)
@@ -80,20 +81,20 @@ def _cache_history(monkeypatch, trace, settings, general: bool):
                      for e in self.entries.values())
         history.append((self.queued, queue, held))
 
-    def register_aligned(self, req, chain):
-        aligned.append(req.index)
-        return original_aligned(self, req, chain)
+    def walk(self, hashes, salt, start, stop):
+        walked.append(start)
+        return original_walk(self, hashes, salt, start, stop)
 
     monkeypatch.setattr(PrefixCache, "__init__", init)
     monkeypatch.setattr(PrefixCache, "take", take)
-    monkeypatch.setattr(PrefixCache, "_register_aligned", register_aligned)
+    monkeypatch.setattr(PrefixCache, "_groups", walk)
     if general:
         monkeypatch.setattr(PrefixCache, "_let_go", _reference_let_go)
     policy = settings.pop("policy", "sarathi")
     params = settings.pop("policy_params", {})
     result = replay(trace, ReplayConfig(engine=EngineConfig(**settings), policy=policy, policy_params=params))
     monkeypatch.undo()
-    return result, history, aligned
+    return result, history, walked
 
 
 @pytest.mark.parametrize("tb, settings", [
@@ -102,7 +103,7 @@ def _cache_history(monkeypatch, trace, settings, general: bool):
     (48, {"num_gpu_blocks": 400, "policy": "srpt", "policy_params": {"preempt": True}, "max_num_seqs": 6}),
 ])
 def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypatch, tb, settings):
-    """``register``'s aligned path and ``release``'s inline let-go (both per hash block of every prompt:
+    """The aligned keys (``groups``) and ``release``'s inline let-go (both per hash block of every prompt:
     most of a Mooncake replay's caching cost) leave the free queue, the entries and their holdings as
     the general path does after every take, and the replay's results equal. (Holdings shared by
     several requests are also checked after every event by tests/test_engine_invariants.py.)"""
@@ -110,9 +111,9 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
 
     trace = synth_trace(n=300, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
                         prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=tb, seed=11)
-    fast, fast_history, aligned = _cache_history(monkeypatch, trace, dict(settings), general=False)
-    slow, slow_history, none = _cache_history(monkeypatch, trace, dict(settings), general=True)
-    assert aligned and not none  # each side took the path it should
+    fast, fast_history, none = _cache_history(monkeypatch, trace, dict(settings), general=False)
+    slow, slow_history, walked = _cache_history(monkeypatch, trace, dict(settings), general=True)
+    assert walked and not none  # each side took the path it should
     assert sum(fast.requests.column("cached_tokens").to_pylist()) > 0  # hits
     assert any(len(q) < len(p) for (_, p, _), (_, q, _) in zip(fast_history, fast_history[1:]))  # evictions
     assert fast_history == slow_history
