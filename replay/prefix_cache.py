@@ -30,7 +30,7 @@ as SGLang does). The runner is charged for the tokens computed; attention still 
 block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
 block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
 entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
-each holder holds (``Entry.held``: blocks held -> holders); the blocks past the largest holding
+each holder holds (``Entry.held``: blocks held -> holders, no dict while one holds it); the blocks past the largest holding
 that are still cached sit in the free queue as *runs* (contiguous, the highest block first, as the
 per-block queue would have them). Claiming a hit takes runs from below, eviction eats a run from
 the top: the same blocks, in the same order, as one queue entry per block, at a cost that grows
@@ -52,10 +52,13 @@ FRESH, DEAD, OWN, RUN = 0, 1, 2, 3  # kinds of a queued segment: never used, hol
 
 class Entry:
     """The cached engine blocks of one trace block (one hash): blocks ``[lo, lo + size)`` of every
-    prompt whose chain has this key. Offsets below are relative to ``lo``. ``held``: blocks held ->
-    how many running requests hold that many (each holds a prefix); ``top``: the most any holds (all
-    blocks below it are cached, with a reference count > 0); ``runs``: the queued (cached, unheld)
-    blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
+    prompt whose chain has this key. Offsets below are relative to ``lo``. ``top``: the most blocks
+    any running request holds (all blocks below it are cached, with a reference count > 0);
+    ``held``: blocks held -> how many running requests hold that many (each holds a prefix), or None:
+    then one request holds ``top`` blocks (none if ``top`` is 0). It becomes a dict when a second
+    holder comes, and None again when the last one lets go: most entries are only ever held by the
+    request that computed them, and never need one; ``runs``: the queued (cached,
+    unheld) blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
 
     __slots__ = ("key", "lo", "size", "held", "top", "runs", "ids")
 
@@ -63,10 +66,16 @@ class Entry:
         self.key = key
         self.lo = lo
         self.size = size
-        self.held: dict[int, int] = {count: 1} if count else {}  # (``count``: held so by its first holder)
-        self.top = count
+        self.held: dict[int, int] | None = None
+        self.top = count  # (``count``: held so by its first holder)
         self.runs: list[list] = []
         self.ids: list | None = None  # with real block ids (replay/block_names.py): each cached block's id
+
+    def holdings(self) -> dict[int, int]:
+        """Blocks held -> how many running requests hold that many."""
+        if self.held is None:
+            return {self.top: 1} if self.top else {}
+        return self.held
 
     def reach(self) -> int:
         """How many blocks from the entry's first are cached without a gap."""
@@ -78,24 +87,40 @@ class Entry:
         return reach
 
     def hold(self, count: int) -> None:
-        self.held[count] = self.held.get(count, 0) + 1
+        held = self.held
+        if held is None:
+            if not self.top:  # the first holder
+                self.top = count
+                return
+            held = self.held = {self.top: 1}
+        held[count] = held.get(count, 0) + 1
         if count > self.top:
             self.top = count
 
     def unhold(self, count: int) -> None:
-        left = self.held[count] - 1
+        held = self.held
+        if held is None:  # its only holder
+            self.top = 0
+            return
+        left = held[count] - 1
         if left:
-            self.held[count] = left
+            held[count] = left
         else:
-            del self.held[count]
-            if count == self.top:
-                self.top = max(self.held) if self.held else 0
+            del held[count]
+            if not held:
+                self.held = None
+                self.top = 0
+            elif count == self.top:
+                self.top = max(held)
 
     def others_max(self, count: int) -> int:
         """The most blocks held by a holder other than one holding ``count``."""
-        if self.top > count or self.held[count] > 1:
+        held = self.held
+        if held is None:  # (it is the only holder)
+            return 0
+        if self.top > count or held[count] > 1:
             return self.top
-        return max((c for c in self.held if c != count), default=0)
+        return max((c for c in held if c != count), default=0)
 
 
 class Chain:
@@ -448,9 +473,7 @@ class PrefixCache:
                     return
                 want = full - lo if full - lo < e.size else e.size
                 got = want if not runs or runs[0][3] >= want else runs[0][3]
-                h = e.held
-                if len(h) == 1 and h.get(held) == 1:  # its only holder
-                    e.held = {got: 1}
+                if e.held is None:  # its only holder
                     e.top = got
                 else:
                     e.unhold(held)
@@ -550,9 +573,7 @@ class PrefixCache:
         last = entries[-1] if entries else None
         for e in reversed(entries):
             count = e.size if e is not last else chain.blocks - e.lo  # (the last may be partly held)
-            h = e.held
-            if len(h) == 1 and h.get(count) == 1:  # its only holder
-                e.held = {}
+            if e.held is None:  # its only holder
                 top = e.top = 0
             else:
                 e.unhold(count)
@@ -730,7 +751,9 @@ class PrefixCache:
         for key, e in self.entries.items():
             assert e.key == key
             counts = sorted(held.pop(e, []))
-            assert sorted(c for c, k in e.held.items() for _ in range(k)) == counts, (key, e.held, counts)
+            assert e.held is None or e.held, key  # (a dict only while someone holds it)
+            holdings = e.holdings()
+            assert sorted(c for c, k in holdings.items() for _ in range(k)) == counts, (key, holdings, counts)
             assert e.top == (counts[-1] if counts else 0)
             assert e.top or e.runs, key  # an entry holds something
             below = e.top

@@ -77,7 +77,7 @@ def _cache_history(monkeypatch, trace, settings, general: bool):
     def take(self, n):
         original_take(self, n)
         queue = tuple((seg[0], seg[1], seg[3] if len(seg) > 3 else None) for seg in self.queue.values())
-        held = tuple((e.key, tuple(sorted(e.held.items())), e.top, tuple((r[3], r[1]) for r in e.runs))
+        held = tuple((e.key, tuple(sorted(e.holdings().items())), e.top, tuple((r[3], r[1]) for r in e.runs))
                      for e in self.entries.values())
         history.append((self.queued, queue, held))
 
@@ -118,3 +118,36 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
     assert any(len(q) < len(p) for (_, p, _), (_, q, _) in zip(fast_history, fast_history[1:]))  # evictions
     assert fast_history == slow_history
     assert fast.requests.equals(slow.requests)
+
+
+def test_an_entry_held_by_one_request_needs_no_dict_and_counts_as_a_multiset():
+    """``Entry.held`` is None while at most one request has held the entry since it was last unheld
+    (most of a Mooncake replay's entries); through any sequence of holds and lets-go, its holdings, ``top`` and ``others_max`` are
+    those of a plain multiset of holdings."""
+    import random
+
+    from servelab.replay.prefix_cache import Entry
+
+    rng = random.Random(5)
+    for born in (0, 3):
+        e = Entry(("h", 0), 0, 8, born)
+        holders = [born] if born else []
+        saw_dict = False
+        for _ in range(400):
+            if holders and rng.random() < 0.45:
+                count = holders.pop(rng.randrange(len(holders)))
+                e.unhold(count)
+            else:
+                count = rng.randint(1, 8)
+                holders.append(count)
+                e.hold(count)
+            expected = {c: holders.count(c) for c in set(holders)}
+            assert e.holdings() == expected
+            assert e.top == max(holders, default=0)
+            assert len(holders) <= 1 if e.held is None else e.held  # (a dict only while someone holds it)
+            saw_dict |= e.held is not None
+            for count in set(holders):
+                others = list(holders)
+                others.remove(count)
+                assert e.others_max(count) == max(others, default=0)
+        assert saw_dict
