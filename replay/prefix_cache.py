@@ -30,24 +30,28 @@ as SGLang does). The runner is charged for the tokens computed; attention still 
 block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
 block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
 entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
-each holder holds (``Entry.held``: blocks held -> holders, no dict while one holds it); the blocks past the largest holding
-that are still cached sit in the free queue as *runs* (contiguous, the highest block first, as the
-per-block queue would have them). Claiming a hit takes runs from below, eviction eats a run from
+each holder holds (``Entry.held``: blocks held -> holders; no dict while one holds it); the blocks
+past the largest holding that are still cached sit in the free queue as *runs* (contiguous, the
+highest block first, as the per-block queue would have them). Claiming a hit takes runs from below, eviction eats a run from
 the top: the same blocks, in the same order, as one queue entry per block, at a cost that grows
-with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900 blocks).
+with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900 blocks). The queue is a deque
+(queued at the tail, evicted from the head, both O(1) without a dict's bookkeeping); a segment that
+leaves from its middle (a claimed run, a reused own segment) is left there GONE, with no blocks,
+dropped when it reaches the head or when GONE segments are most of the queue (``_gone``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.replay.request import Request
     from servelab.replay.tiers import TierStack
 
-FRESH, DEAD, OWN, RUN = 0, 1, 2, 3  # kinds of a queued segment: never used, holds nothing reusable, a request's own,
-# a run of an entry's cached blocks
+FRESH, DEAD, OWN, RUN, GONE = 0, 1, 2, 3, 4  # kinds of a queued segment: never used, holds nothing reusable, a
+# request's own, a run of an entry's cached blocks; GONE: taken out of the queue's middle (claimed), left in place
+# with no blocks (a deque cannot delete there) and dropped when it reaches the head
 
 
 class Entry:
@@ -164,7 +168,7 @@ class Hit:
 
 
 class PrefixCache:
-    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
+    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued", "gone",
                  "tiers", "purge", "names", "keep_outputs", "countable", "per")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
@@ -178,13 +182,16 @@ class PrefixCache:
         self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
         self.tiers = tiers  # offload tiers below GPU memory (replay/tiers.py), or None
         self.purge = purge  # tenants whose blocks are dropped from every tier when their requests end
-        # The free queue, head first: segment id -> [kind, blocks, owner] (owner: the request of an OWN
-        # segment; a RUN also has its entry as owner, its start and its id)
-        self.queue: OrderedDict = OrderedDict()
+        # The free queue, head first: segments [kind, blocks, owner] (owner: the request of an OWN segment;
+        # an OWN segment also has its id, a RUN its entry as owner, its start and its id: [kind, blocks,
+        # owner, start, id]). A deque: a segment is queued at the tail and evicted from the head, each
+        # once per hash block of every released prompt; one leaving from the middle is left GONE.
+        self.queue: deque = deque()
         self.entries: dict = {}  # key -> Entry holding at least one cached block
-        self.segments: dict[int, int] = {}  # request index -> id of its own segment in the queue
+        self.segments: dict[int, list] = {}  # request index -> its own segment in the queue
         self.seq = 0
         self.queued = 0  # blocks in the queue
+        self.gone = 0  # GONE segments in the queue
         # A trace without hashes whose blocks are not named (the KV manager clears this when it names
         # them) caches nothing but own segments. While it has none queued, which free block is taken
         # first changes nothing: taking and freeing only count (``queued``; the queue's segments go
@@ -245,17 +252,19 @@ class PrefixCache:
         """The queue of a cache that holds nothing yet: every block, never used (a real segment, which
         the block names, set after this, read)."""
         self.queue.clear()
+        self.gone = 0
         self.queued = total_blocks
         if total_blocks > 0:
             self.seq += 1
-            self.queue[self.seq] = [FRESH, total_blocks, None]
+            self.queue.append([FRESH, total_blocks, None])
 
     def _settle(self) -> None:
         """The queue was only counted (``countable``, no own segment): make it one DEAD segment."""
         self.queue.clear()
+        self.gone = 0
         if self.queued:
             self.seq += 1
-            self.queue[self.seq] = [DEAD, self.queued, None]
+            self.queue.append([DEAD, self.queued, None])
 
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
         if blocks <= 0:
@@ -267,26 +276,40 @@ class PrefixCache:
             self._settle()
         self.queued += blocks
         if kind != OWN and self.queue:  # merge with a tail segment of no value
-            tail = self.queue[next(reversed(self.queue))]
+            tail = self.queue[-1]
             if tail[0] < OWN:
                 tail[1] += blocks
                 return
         self.seq += 1
-        self.queue[self.seq] = [kind, blocks, owner]
         if kind == OWN:
-            self.segments[owner] = self.seq
+            seg = self.segments[owner] = [OWN, blocks, owner, 0, self.seq]
+            self.queue.append(seg)
+        else:
+            self.queue.append([kind, blocks, owner])
 
     def _push_run(self, e: Entry, start: int, blocks: int) -> None:
         """Queue blocks ``[start, start + blocks)`` of ``e`` (cached, unheld) at the tail."""
         self.queued += blocks
         self.seq += 1
         run = [RUN, blocks, e, start, self.seq]
-        self.queue[self.seq] = run
+        self.queue.append(run)
         runs = e.runs
         k = len(runs)
         while k and runs[k - 1][3] > start:
             k -= 1
         runs.insert(k, run)
+
+    def _gone(self, seg: list) -> None:
+        """``seg`` leaves the queue's middle: left there GONE, with no blocks; the queue is compacted when
+        most of it is GONE (a replay of many hits and few evictions would otherwise keep them all)."""
+        seg[0], seg[1], seg[2] = GONE, 0, None
+        self.gone += 1
+        if self.gone > 64 and 2 * self.gone > len(self.queue):
+            queue = self.queue
+            live = [s for s in queue if s[0] != GONE]
+            queue.clear()
+            queue.extend(live)
+            self.gone = 0
 
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
@@ -297,20 +320,22 @@ class PrefixCache:
         write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
         while n > 0:
-            head_id = next(iter(queue))
-            entry = queue[head_id]
+            entry = queue[0]
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
                 entry[1] -= n  # (it stays at the head)
                 if write_back and entry[0] == RUN:
                     self.tiers.write(entry[2].key, entry[3] + entry[1], n)
                 if names is not None:
-                    names.evicted(head_id, entry, entry[1], entry[1] + n)
+                    names.evicted(entry[4] if len(entry) > 3 else None, entry, entry[1], entry[1] + n)
                 return
-            del queue[head_id]
-            n -= entry[1]
+            queue.popleft()
             kind = entry[0]
+            if kind == GONE:
+                self.gone -= 1
+                continue
+            n -= entry[1]
             if names is not None:
-                names.evicted(head_id, entry, 0, entry[1])
+                names.evicted(entry[4] if len(entry) > 3 else None, entry, 0, entry[1])
             if kind == RUN:
                 if write_back:
                     self.tiers.write(entry[2].key, entry[3], entry[1])
@@ -376,7 +401,7 @@ class PrefixCache:
         own = 0
         seg = self.segments.get(req.index)
         if seg is not None and shared + loaded == hashed_all:
-            own = min(self.queue[seg][1], -(-limit // bs) - shared - loaded)
+            own = min(seg[1], -(-limit // bs) - shared - loaded)
             claimed += own
         blocks = shared + loaded + own
         if not blocks:
@@ -401,9 +426,9 @@ class PrefixCache:
                         run = runs[0]
                         end = run[3] + run[1]
                         if end <= got:
-                            del queue[run[4]]
-                            runs.pop(0)
                             claimed += run[1]
+                            runs.pop(0)
+                            self._gone(run)
                         else:
                             claimed += got - run[3]
                             run[1] = end - got
@@ -416,14 +441,13 @@ class PrefixCache:
         req.cached_keys = chain
         seg = self.segments.pop(req.index, None)
         if self.names is not None:
-            req.block_table = self.names.table(hit, seg)
+            req.block_table = self.names.table(hit, seg[4] if seg is not None else None)
         if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
-            entry = queue[seg]
             self.queued -= hit.own
-            if hit.own >= entry[1]:
-                del queue[seg]
+            if hit.own >= seg[1]:
+                self._gone(seg)
             else:
-                entry[0], entry[1], entry[2] = DEAD, entry[1] - hit.own, None
+                seg[0], seg[1], seg[2] = DEAD, seg[1] - hit.own, None
         return claimed
 
     # -- while running ----------------------------------------------------------------------------
@@ -582,7 +606,7 @@ class PrefixCache:
                 n = count - top
                 seq += 1
                 run = [RUN, n, e, top, seq]
-                queue[seq] = run
+                queue.append(run)
                 runs = e.runs
                 if runs:  # (queued runs lie above every holding: this one goes first)
                     k = len(runs)
@@ -613,10 +637,10 @@ class PrefixCache:
         freed = self.release(req, blocks, False)
         queue, cache = self.queue, self.entries
         for e, count in counts:  # the runs this release queued: those below what it held
-            for run in [run for run in e.runs if run[3] < count]:
+            for run in [run for run in e.runs if run[3] < count]:  # (each moved to the head, in turn)
                 e.runs.remove(run)
-                run[0], run[2] = DEAD, None
-                queue.move_to_end(run[4], last=False)
+                queue.appendleft([DEAD, run[1], None])
+                self._gone(run)
             if not e.top and not e.runs and cache.get(e.key) is e:
                 del cache[e.key]
         return freed
@@ -640,9 +664,9 @@ class PrefixCache:
         self._push_segment(DEAD, freed, None)
         seg = self.segments.pop(req.index, None)
         if seg is not None:  # its own blocks of an earlier preemption
-            self.queue[seg][0], self.queue[seg][2] = DEAD, None
+            seg[0], seg[2] = DEAD, None
             if names is not None:
-                names.evicted(seg, (OWN,), 0, 0)
+                names.evicted(seg[4], (OWN,), 0, 0)
         cache = self.entries
         for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
             if self.tiers is not None:
@@ -735,9 +759,11 @@ class PrefixCache:
     def check(self, total_blocks: int, used: int, running) -> None:
         """The free queue holds exactly the blocks no running request holds; holdings add up."""
         assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
+        queued = {id(seg) for seg in self.queue}
         assert not self.countable or (not self.entries and self.names is None)
         if not self.countable or self.segments:  # (else only counted: the segments are stale)
-            assert self.queued == sum(e[1] for e in self.queue.values())
+            assert self.queued == sum(e[1] for e in self.queue)
+            assert self.gone == sum(e[0] == GONE for e in self.queue)
         held: dict = {}
         for req in running:
             chain = req.cached_keys
@@ -758,15 +784,16 @@ class PrefixCache:
             assert e.top or e.runs, key  # an entry holds something
             below = e.top
             for run in e.runs:  # runs: queued, disjoint, above every holding, within the entry
-                assert self.queue[run[4]] is run and run[1] > 0
+                assert id(run) in queued and run[0] == RUN and run[1] > 0
                 assert below <= run[3] and run[3] + run[1] <= e.size, (below, run)
                 below = run[3] + run[1]
         assert not held, held  # every held entry is in the map
-        for seg in self.queue.values():
+        for seg in self.queue:
             if seg[0] == RUN:
                 assert self.entries.get(seg[2].key) is seg[2] and seg in seg[2].runs
+            assert seg[1] > 0 or seg[0] == GONE, seg
         for owner, seg in self.segments.items():
-            assert self.queue[seg][0] == OWN and self.queue[seg][2] == owner
+            assert id(seg) in queued and seg[0] == OWN and seg[2] == owner
         for tier in self.tiers.tiers if self.tiers is not None else ():
             assert tier.used == sum(m.bit_count() for m in tier.store.values()) <= max(tier.capacity, 0)
             assert all(tier.store.values())

@@ -76,7 +76,7 @@ def _cache_history(monkeypatch, trace, settings, general: bool):
 
     def take(self, n):
         original_take(self, n)
-        queue = tuple((seg[0], seg[1], seg[3] if len(seg) > 3 else None) for seg in self.queue.values())
+        queue = tuple((seg[0], seg[1], seg[3] if len(seg) > 3 else None) for seg in self.queue)
         held = tuple((e.key, tuple(sorted(e.holdings().items())), e.top, tuple((r[3], r[1]) for r in e.runs))
                      for e in self.entries.values())
         history.append((self.queued, queue, held))
@@ -122,8 +122,8 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
 
 def test_an_entry_held_by_one_request_needs_no_dict_and_counts_as_a_multiset():
     """``Entry.held`` is None while at most one request has held the entry since it was last unheld
-    (most of a Mooncake replay's entries); through any sequence of holds and lets-go, its holdings, ``top`` and ``others_max`` are
-    those of a plain multiset of holdings."""
+    (most of a Mooncake replay's entries); through any sequence of holds and lets-go, its holdings,
+    ``top`` and ``others_max`` are those of a plain multiset of holdings."""
     import random
 
     from servelab.replay.prefix_cache import Entry
@@ -151,3 +151,36 @@ def test_an_entry_held_by_one_request_needs_no_dict_and_counts_as_a_multiset():
                 others.remove(count)
                 assert e.others_max(count) == max(others, default=0)
         assert saw_dict
+
+
+def test_runs_claimed_from_the_queues_middle_are_left_gone_and_compacted_away():
+    """Hits on runs in the middle of the free queue (a cache far larger than its use: no eviction
+    ever reaches them) leave those runs GONE in place; the deque is compacted when most of it is
+    GONE, so GONE segments never outnumber the others by much, and the KV checks pass throughout."""
+    from servelab.replay.kv import KVManager
+    from servelab.replay.prefix_cache import GONE
+    from servelab.replay.request import Request, Status
+
+    cache = PrefixCache(100_000, 16, 16)
+    kv = KVManager(100_000, 16, prefix_cache=cache)
+    marked = 0
+    for i in range(300):  # the same prompt again and again: each reuses the last one's four blocks
+        req = Request(f"r{i}", 0.0, 4 * 16 + 1, 1, prefix_hashes=[7, 8, 9, 10], index=i)
+        req.status = Status.RUNNING
+        hit = kv.lookup(req)
+        assert (hit is not None and hit.blocks == 4) == (i > 0)
+        if hit is not None:
+            kv.claim(req, hit)  # (its runs, queued by the last release, leave the queue's middle)
+            marked += 4
+            req.num_computed_tokens = hit.tokens
+        kv.grow(req, 5)
+        req.num_computed_tokens = 65
+        kv.register(req)
+        kv.check([req])
+        req.status = Status.FINISHED
+        kv.release(req)
+        kv.check([])
+        assert sum(seg[0] == GONE for seg in cache.queue) == cache.gone
+        assert cache.gone <= 64 or 2 * cache.gone <= len(cache.queue)
+    assert marked == 4 * 299 and cache.gone < marked / 4  # compacted (no eviction ever took the head)
+    assert kv.used == 0 and cache.queued == 100_000
