@@ -32,9 +32,10 @@ block's hash, so they are kept together in one ``Entry``. Running requests hold 
 entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
 each holder holds (``Entry.held``: blocks held -> holders; no dict while one holds it); the blocks
 past the largest holding that are still cached sit in the free queue as *runs* (contiguous, the
-highest block first, as the per-block queue would have them). Claiming a hit takes runs from below, eviction eats a run from
-the top: the same blocks, in the same order, as one queue entry per block, at a cost that grows
-with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900 blocks). The queue is a deque
+highest block first, as the per-block queue would have them). Claiming a hit takes runs from
+below, eviction eats a run from the top: the same blocks, in the same order, as one queue entry
+per block, at a cost that grows with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900
+blocks). The queue is a deque
 (queued at the tail, evicted from the head, both O(1) without a dict's bookkeeping); a segment that
 leaves from its middle (a claimed run, a reused own segment) is left there GONE, with no blocks,
 dropped when it reaches the head or when GONE segments are most of the queue (``_gone``).
