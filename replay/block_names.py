@@ -129,9 +129,10 @@ class BlockNames:
             named = {j for j, i in enumerate(ids) if i is not None}
             assert named == cached, (e.key, sorted(named), sorted(cached))
             seen.extend(i for i in ids if i is not None)
+        own = {seg[4]: seg for seg in cache.queue if seg[0] == OWN}
         for seg_id, ids in self.own.items():
-            seg = cache.queue[seg_id]
-            assert seg[0] == OWN and seg[1] == len(ids), (seg_id, seg, ids)
+            seg = own[seg_id]
+            assert seg[1] == len(ids), (seg_id, seg, ids)
             seen.extend(ids)
         for req in holders:
             table = req.block_table or []
@@ -142,7 +143,7 @@ class BlockNames:
                     assert table[e.lo:e.lo + count] == e.ids[:count], (req.request_id, e.key)
                 shared = req.cached_keys.blocks
             seen.extend(table[shared:])
-        plain = sum(seg[1] for seg in cache.queue.values() if seg[0] <= FRESH + 1)  # FRESH, DEAD
+        plain = sum(seg[1] for seg in cache.queue if seg[0] <= FRESH + 1)  # FRESH, DEAD
         alloc = self.allocator
         assert alloc.num_free == plain, (alloc.num_free, plain)
         assert len(seen) == len(set(seen)) == alloc.num_used, (len(seen), len(set(seen)), alloc.num_used)

@@ -90,12 +90,13 @@ class Platform:
     def walks_running(self) -> bool:
         """Features that read running requests' counters directly (so the batch builder keeps none in aggregate).
 
-        A pause on waiting requests reads none until it fires, and then lets go of the aggregate itself
-        (``_check_pause``); a pause on the KV share reads ``kv.used``, which the aggregate keeps behind.
+        A pause reads none until it fires, and then lets go of the aggregate itself (``_check_pause``):
+        on waiting requests it reads the queue; on the KV share, ``kv.used``, which the aggregate keeps
+        current at every decision (it takes its members' blocks for an iteration when a decision takes
+        it, ``DecodeCohort.start``, as the per-request path does; tested with and without it).
         A failure lets go of the failed replica's aggregate when it comes, after the lost iteration is
         cut (``evict``)."""
-        pause_reads = self.pause is not None and self.pause.metric != "waiting"
-        return self.shedding or pause_reads or self.reclaims
+        return self.shedding or self.reclaims
 
     @property
     def acts_before_schedule(self) -> bool:

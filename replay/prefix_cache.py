@@ -30,32 +30,40 @@ as SGLang does). The runner is charged for the tokens computed; attention still 
 block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
 block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
 entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
-each holder holds (``Entry.held``: blocks held -> holders); the blocks past the largest holding
-that are still cached sit in the free queue as *runs* (contiguous, the highest block first, as the
-per-block queue would have them). Claiming a hit takes runs from below, eviction eats a run from
-the top: the same blocks, in the same order, as one queue entry per block, at a cost that grows
-with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900 blocks).
+each holder holds (``Entry.held``: blocks held -> holders; no dict while one holds it); the blocks
+past the largest holding that are still cached sit in the free queue as *runs* (contiguous, the
+highest block first, as the per-block queue would have them). Claiming a hit takes runs from
+below, eviction eats a run from the top: the same blocks, in the same order, as one queue entry
+per block, at a cost that grows with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900
+blocks). The queue is a deque
+(queued at the tail, evicted from the head, both O(1) without a dict's bookkeeping); a segment that
+leaves from its middle (a claimed run, a reused own segment) is left there GONE, with no blocks,
+dropped when it reaches the head or when GONE segments are most of the queue (``_gone``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servelab.replay.request import Request
     from servelab.replay.tiers import TierStack
 
-FRESH, DEAD, OWN, RUN = 0, 1, 2, 3  # kinds of a queued segment: never used, holds nothing reusable, a request's own,
-# a run of an entry's cached blocks
+FRESH, DEAD, OWN, RUN, GONE = 0, 1, 2, 3, 4  # kinds of a queued segment: never used, holds nothing reusable, a
+# request's own, a run of an entry's cached blocks; GONE: taken out of the queue's middle (claimed), left in place
+# with no blocks (a deque cannot delete there) and dropped when it reaches the head
 
 
 class Entry:
     """The cached engine blocks of one trace block (one hash): blocks ``[lo, lo + size)`` of every
-    prompt whose chain has this key. Offsets below are relative to ``lo``. ``held``: blocks held ->
-    how many running requests hold that many (each holds a prefix); ``top``: the most any holds (all
-    blocks below it are cached, with a reference count > 0); ``runs``: the queued (cached, unheld)
-    blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
+    prompt whose chain has this key. Offsets below are relative to ``lo``. ``top``: the most blocks
+    any running request holds (all blocks below it are cached, with a reference count > 0);
+    ``held``: blocks held -> how many running requests hold that many (each holds a prefix), or None:
+    then one request holds ``top`` blocks (none if ``top`` is 0). It becomes a dict when a second
+    holder comes, and None again when the last one lets go: most entries are only ever held by the
+    request that computed them, and never need one; ``runs``: the queued (cached,
+    unheld) blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
 
     __slots__ = ("key", "lo", "size", "held", "top", "runs", "ids")
 
@@ -63,10 +71,16 @@ class Entry:
         self.key = key
         self.lo = lo
         self.size = size
-        self.held: dict[int, int] = {count: 1} if count else {}  # (``count``: held so by its first holder)
-        self.top = count
+        self.held: dict[int, int] | None = None
+        self.top = count  # (``count``: held so by its first holder)
         self.runs: list[list] = []
         self.ids: list | None = None  # with real block ids (replay/block_names.py): each cached block's id
+
+    def holdings(self) -> dict[int, int]:
+        """Blocks held -> how many running requests hold that many."""
+        if self.held is None:
+            return {self.top: 1} if self.top else {}
+        return self.held
 
     def reach(self) -> int:
         """How many blocks from the entry's first are cached without a gap."""
@@ -78,24 +92,40 @@ class Entry:
         return reach
 
     def hold(self, count: int) -> None:
-        self.held[count] = self.held.get(count, 0) + 1
+        held = self.held
+        if held is None:
+            if not self.top:  # the first holder
+                self.top = count
+                return
+            held = self.held = {self.top: 1}
+        held[count] = held.get(count, 0) + 1
         if count > self.top:
             self.top = count
 
     def unhold(self, count: int) -> None:
-        left = self.held[count] - 1
+        held = self.held
+        if held is None:  # its only holder
+            self.top = 0
+            return
+        left = held[count] - 1
         if left:
-            self.held[count] = left
+            held[count] = left
         else:
-            del self.held[count]
-            if count == self.top:
-                self.top = max(self.held) if self.held else 0
+            del held[count]
+            if not held:
+                self.held = None
+                self.top = 0
+            elif count == self.top:
+                self.top = max(held)
 
     def others_max(self, count: int) -> int:
         """The most blocks held by a holder other than one holding ``count``."""
-        if self.top > count or self.held[count] > 1:
+        held = self.held
+        if held is None:  # (it is the only holder)
+            return 0
+        if self.top > count or held[count] > 1:
             return self.top
-        return max((c for c in self.held if c != count), default=0)
+        return max((c for c in held if c != count), default=0)
 
 
 class Chain:
@@ -139,7 +169,7 @@ class Hit:
 
 
 class PrefixCache:
-    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued",
+    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued", "gone",
                  "tiers", "purge", "names", "keep_outputs", "countable", "per")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
@@ -153,13 +183,16 @@ class PrefixCache:
         self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
         self.tiers = tiers  # offload tiers below GPU memory (replay/tiers.py), or None
         self.purge = purge  # tenants whose blocks are dropped from every tier when their requests end
-        # The free queue, head first: segment id -> [kind, blocks, owner] (owner: the request of an OWN
-        # segment; a RUN also has its entry as owner, its start and its id)
-        self.queue: OrderedDict = OrderedDict()
+        # The free queue, head first: segments [kind, blocks, owner] (owner: the request of an OWN segment;
+        # an OWN segment also has its id, a RUN its entry as owner, its start and its id: [kind, blocks,
+        # owner, start, id]). A deque: a segment is queued at the tail and evicted from the head, each
+        # once per hash block of every released prompt; one leaving from the middle is left GONE.
+        self.queue: deque = deque()
         self.entries: dict = {}  # key -> Entry holding at least one cached block
-        self.segments: dict[int, int] = {}  # request index -> id of its own segment in the queue
+        self.segments: dict[int, list] = {}  # request index -> its own segment in the queue
         self.seq = 0
         self.queued = 0  # blocks in the queue
+        self.gone = 0  # GONE segments in the queue
         # A trace without hashes whose blocks are not named (the KV manager clears this when it names
         # them) caches nothing but own segments. While it has none queued, which free block is taken
         # first changes nothing: taking and freeing only count (``queued``; the queue's segments go
@@ -189,19 +222,30 @@ class PrefixCache:
         lies in the trace block) meet ``[start, stop)``; trace blocks holding no block's last token
         are skipped. The key: the trace block's hash and its index (the tenant first when the
         cache is per tenant; with a LoRA adapter, the adapter and that tenant or None first). ``hashes``:
-        instead of ``req.prefix_hashes`` (KV retention)."""
-        bs, tb = self.block_size, self.trace_block
+        instead of ``req.prefix_hashes`` (KV retention). When the trace block is a multiple of the
+        engine's (``per``, the usual case), trace block ``i`` is engine blocks ``[i * per, (i + 1) * per)``
+        and the keys come from one generator expression (register and lookup walk every hash block)."""
         if hashes is None:
             hashes = req.prefix_hashes
-        tenant = req.tenant if self.per_tenant else None
+        salt = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # KV computed under an adapter is that adapter's (vLLM's block hash)
-            tenant = ("lora", req.lora_adapter, tenant)
+            salt = ("lora", req.lora_adapter, salt)
+        per = self.per
+        if per:
+            first, last = start // per, -(-stop // per)
+            if salt is None:
+                return (((hashes[i], i), i * per, i * per + per) for i in range(first, last))
+            return (((salt, hashes[i], i), i * per, i * per + per) for i in range(first, last))
+        return self._groups(hashes, salt, start, stop)
+
+    def _groups(self, hashes: list, salt, start: int, stop: int):
+        """``groups`` when trace blocks do not align with engine blocks."""
+        bs, tb = self.block_size, self.trace_block
         j = start
         while j < stop:
             i = ((j + 1) * bs - 1) // tb
             lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
-            key = (hashes[i], i) if tenant is None else (tenant, hashes[i], i)
-            yield key, lo, hi
+            yield ((hashes[i], i) if salt is None else (salt, hashes[i], i)), lo, hi
             j = hi
 
     # -- the free queue -------------------------------------------------------------------------
@@ -209,17 +253,19 @@ class PrefixCache:
         """The queue of a cache that holds nothing yet: every block, never used (a real segment, which
         the block names, set after this, read)."""
         self.queue.clear()
+        self.gone = 0
         self.queued = total_blocks
         if total_blocks > 0:
             self.seq += 1
-            self.queue[self.seq] = [FRESH, total_blocks, None]
+            self.queue.append([FRESH, total_blocks, None])
 
     def _settle(self) -> None:
         """The queue was only counted (``countable``, no own segment): make it one DEAD segment."""
         self.queue.clear()
+        self.gone = 0
         if self.queued:
             self.seq += 1
-            self.queue[self.seq] = [DEAD, self.queued, None]
+            self.queue.append([DEAD, self.queued, None])
 
     def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
         if blocks <= 0:
@@ -231,26 +277,40 @@ class PrefixCache:
             self._settle()
         self.queued += blocks
         if kind != OWN and self.queue:  # merge with a tail segment of no value
-            tail = self.queue[next(reversed(self.queue))]
+            tail = self.queue[-1]
             if tail[0] < OWN:
                 tail[1] += blocks
                 return
         self.seq += 1
-        self.queue[self.seq] = [kind, blocks, owner]
         if kind == OWN:
-            self.segments[owner] = self.seq
+            seg = self.segments[owner] = [OWN, blocks, owner, 0, self.seq]
+            self.queue.append(seg)
+        else:
+            self.queue.append([kind, blocks, owner])
 
     def _push_run(self, e: Entry, start: int, blocks: int) -> None:
         """Queue blocks ``[start, start + blocks)`` of ``e`` (cached, unheld) at the tail."""
         self.queued += blocks
         self.seq += 1
         run = [RUN, blocks, e, start, self.seq]
-        self.queue[self.seq] = run
+        self.queue.append(run)
         runs = e.runs
         k = len(runs)
         while k and runs[k - 1][3] > start:
             k -= 1
         runs.insert(k, run)
+
+    def _gone(self, seg: list) -> None:
+        """``seg`` leaves the queue's middle: left there GONE, with no blocks; the queue is compacted when
+        most of it is GONE (a replay of many hits and few evictions would otherwise keep them all)."""
+        seg[0], seg[1], seg[2] = GONE, 0, None
+        self.gone += 1
+        if self.gone > 64 and 2 * self.gone > len(self.queue):
+            queue = self.queue
+            live = [s for s in queue if s[0] != GONE]
+            queue.clear()
+            queue.extend(live)
+            self.gone = 0
 
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
@@ -261,20 +321,22 @@ class PrefixCache:
         write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
         while n > 0:
-            head_id = next(iter(queue))
-            entry = queue[head_id]
+            entry = queue[0]
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
                 entry[1] -= n  # (it stays at the head)
                 if write_back and entry[0] == RUN:
                     self.tiers.write(entry[2].key, entry[3] + entry[1], n)
                 if names is not None:
-                    names.evicted(head_id, entry, entry[1], entry[1] + n)
+                    names.evicted(entry[4] if len(entry) > 3 else None, entry, entry[1], entry[1] + n)
                 return
-            del queue[head_id]
-            n -= entry[1]
+            queue.popleft()
             kind = entry[0]
+            if kind == GONE:
+                self.gone -= 1
+                continue
+            n -= entry[1]
             if names is not None:
-                names.evicted(head_id, entry, 0, entry[1])
+                names.evicted(entry[4] if len(entry) > 3 else None, entry, 0, entry[1])
             if kind == RUN:
                 if write_back:
                     self.tiers.write(entry[2].key, entry[3], entry[1])
@@ -302,18 +364,7 @@ class PrefixCache:
         claimed = shared = 0
         if hashed:
             get = self.entries.get
-            tb = self.trace_block
-            if tb % bs:
-                groups = self.groups(req, 0, hashed)
-            else:  # aligned (the usual case): entry i is blocks [i * per, (i + 1) * per)
-                per = tb // bs
-                hashes = req.prefix_hashes
-                salt = req.tenant if self.per_tenant else None
-                if req.lora_adapter is not None:  # (as in groups)
-                    salt = ("lora", req.lora_adapter, salt)
-                groups = (((hashes[i], i) if salt is None else (salt, hashes[i], i), i * per, i * per + per)
-                          for i in range(-(-hashed // per)))
-            for key, lo, hi in groups:
+            for key, lo, hi in self.groups(req, 0, hashed):
                 e = get(key)
                 if e is None:
                     break
@@ -351,7 +402,7 @@ class PrefixCache:
         own = 0
         seg = self.segments.get(req.index)
         if seg is not None and shared + loaded == hashed_all:
-            own = min(self.queue[seg][1], -(-limit // bs) - shared - loaded)
+            own = min(seg[1], -(-limit // bs) - shared - loaded)
             claimed += own
         blocks = shared + loaded + own
         if not blocks:
@@ -376,9 +427,9 @@ class PrefixCache:
                         run = runs[0]
                         end = run[3] + run[1]
                         if end <= got:
-                            del queue[run[4]]
-                            runs.pop(0)
                             claimed += run[1]
+                            runs.pop(0)
+                            self._gone(run)
                         else:
                             claimed += got - run[3]
                             run[1] = end - got
@@ -391,14 +442,13 @@ class PrefixCache:
         req.cached_keys = chain
         seg = self.segments.pop(req.index, None)
         if self.names is not None:
-            req.block_table = self.names.table(hit, seg)
+            req.block_table = self.names.table(hit, seg[4] if seg is not None else None)
         if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
-            entry = queue[seg]
             self.queued -= hit.own
-            if hit.own >= entry[1]:
-                del queue[seg]
+            if hit.own >= seg[1]:
+                self._gone(seg)
             else:
-                entry[0], entry[1], entry[2] = DEAD, entry[1] - hit.own, None
+                seg[0], seg[1], seg[2] = DEAD, seg[1] - hit.own, None
         return claimed
 
     # -- while running ----------------------------------------------------------------------------
@@ -409,108 +459,75 @@ class PrefixCache:
 
         ``hashes`` (KV retention, replay/retention.py): a finished request's context continues in
         its session's next call, whose hashes cover this request's prompt and generated tokens; its
-        full blocks past its own hashed ones become cached under those keys."""
+        full blocks past its own hashed ones become cached under those keys.
+
+        It runs once per prefill chunk, over every new hash block of a prompt (most of a Mooncake
+        replay's caching cost): ``hashed_blocks``, ``Entry.unhold`` / ``hold`` and a new entry's
+        holding are inline."""
         chain = req.cached_keys
         if chain is None:
             if not (req.prefix_hashes or hashes):
                 return
             chain = req.cached_keys = Chain()
-        if hashes is None and self.per and (self.tiers is None or not self.tiers.write_through):
-            self._register_aligned(req, chain)
-            return
-        have = chain.blocks
-        if hashes is None:
-            full = min(req.num_computed_tokens // self.block_size, self.hashed_blocks(req))
-        else:
-            full = min(req.num_computed_tokens, len(hashes) * self.trace_block) // self.block_size
-        if full <= have:
-            return
-        entries = chain.entries
-        if entries:
-            e = entries[-1]
-            held = have - e.lo
-            if held < e.size:  # its last entry, partly held: extend it
-                done = self._extend(chain, e, held, min(full - e.lo, e.size))
-                if self.tiers is not None and self.tiers.write_through and chain.blocks > have:
-                    self.tiers.write(e.key, held, chain.blocks - have)
-                if not done:
-                    return
-                have = chain.blocks
-        cache = self.entries
-        for key, lo, hi in self.groups(req, have, full, hashes):
-            want = (hi if hi < full else full) - lo
-            e = cache.get(key)
-            if e is None:
-                e = cache[key] = Entry(key, lo, hi - lo)
-                got = want
-            else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
-                runs = e.runs
-                if e.top or runs[0][3] == 0:
-                    return
-                got = runs[0][3] if runs[0][3] < want else want
-            entries.append(e)
-            e.hold(got)
-            chain.blocks = lo + got
-            if self.tiers is not None and self.tiers.write_through:
-                self.tiers.write(key, 0, got)
-            if got < want:
-                return
-
-    def _register_aligned(self, req: "Request", chain: Chain) -> None:
-        """``register`` of a prompt's own hashes, trace blocks aligned to engine blocks, nothing written
-        through to a tier: the same steps as the general path (``_extend``, then ``groups``), with the
-        entry arithmetic inline and a new entry born held. It runs once per prefill chunk, over
-        every new hash block of a prompt (most of a Mooncake replay's caching cost)."""
-        hashes = req.prefix_hashes
-        if not hashes:
-            return
         bs = self.block_size
-        tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        if hashes is None:
+            hashes = req.prefix_hashes
+            if not hashes:
+                return
+            tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        else:
+            tokens = req.num_computed_tokens
         cover = len(hashes) * self.trace_block
-        full = (tokens if tokens < cover else cover) // bs  # (hashed_blocks)
+        full = (tokens if tokens < cover else cover) // bs
         computed = req.num_computed_tokens // bs
         if computed < full:
             full = computed
         have = chain.blocks
         if full <= have:
             return
+        tiers = self.tiers
+        through = tiers is not None and tiers.write_through  # each block it caches is written to the tier
         entries = chain.entries
         if entries:
             e = entries[-1]
             lo = e.lo
             held = have - lo
-            if held < e.size:  # its last entry, partly held: extend it (as _extend)
+            if held < e.size:  # its last entry, partly held: extend it, up to the first block cached already
                 runs = e.runs
                 if held < e.top or (runs and runs[0][3] == held):
                     return
                 want = full - lo if full - lo < e.size else e.size
                 got = want if not runs or runs[0][3] >= want else runs[0][3]
-                h = e.held
-                if len(h) == 1 and h.get(held) == 1:  # its only holder (unhold, hold)
-                    e.held = {got: 1}
+                if e.held is None:  # its only holder
                     e.top = got
                 else:
                     e.unhold(held)
                     e.hold(got)
                 chain.blocks = lo + got
+                if through:
+                    tiers.write(e.key, held, got - held)
                 if got < want:
                     return
                 have = lo + got
-        per = self.per
         cache = self.entries
         get = cache.get
         salt = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # (as in groups)
             salt = ("lora", req.lora_adapter, salt)
-        i = have // per  # (have is a whole number of entries here)
+        tb, per = self.trace_block, self.per
         lo = have
-        while lo < full:
-            hi = lo + per
-            want = (hi if hi < full else full) - lo
+        i = have // per if per else 0  # (aligned: trace block i is blocks [i * per, (i + 1) * per))
+        while lo < full:  # (groups, inline: (key, lo, hi) of each trace block from ``have`` on)
+            if per:
+                hi = lo + per
+            else:
+                i = ((lo + 1) * bs - 1) // tb
+                lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
             key = (hashes[i], i) if salt is None else (salt, hashes[i], i)
+            want = (hi if hi < full else full) - lo
             e = get(key)
-            if e is None:
-                e = cache[key] = Entry(key, lo, per, want)
+            if e is None:  # born held
+                e = cache[key] = Entry(key, lo, hi - lo, want)
                 got = want
             else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
                 runs = e.runs
@@ -520,23 +537,12 @@ class PrefixCache:
                 e.hold(got)
             entries.append(e)
             chain.blocks = lo + got
+            if through:
+                tiers.write(key, 0, got)
             if got < want:
                 return
-            i += 1
             lo = hi
-
-    @staticmethod
-    def _extend(chain: Chain, e: Entry, held: int, want: int) -> bool:
-        """The chain's holder of ``held`` blocks of ``e`` (its last entry) registers more, up to
-        ``want`` or the first block cached already; True if it got all ``want``."""
-        runs = e.runs
-        if held < e.top or (runs and runs[0][3] == held):
-            return False
-        got = min(want, runs[0][3]) if runs else want
-        e.unhold(held)
-        e.hold(got)
-        chain.blocks = e.lo + got
-        return got == want
+            i += 1
 
     # -- release --------------------------------------------------------------------------------
     def release(self, req: "Request", blocks: int, may_return: bool, keep_chain: bool = False) -> int:
@@ -592,9 +598,7 @@ class PrefixCache:
         last = entries[-1] if entries else None
         for e in reversed(entries):
             count = e.size if e is not last else chain.blocks - e.lo  # (the last may be partly held)
-            h = e.held
-            if len(h) == 1 and h.get(count) == 1:  # its only holder
-                e.held = {}
+            if e.held is None:  # its only holder
                 top = e.top = 0
             else:
                 e.unhold(count)
@@ -603,7 +607,7 @@ class PrefixCache:
                 n = count - top
                 seq += 1
                 run = [RUN, n, e, top, seq]
-                queue[seq] = run
+                queue.append(run)
                 runs = e.runs
                 if runs:  # (queued runs lie above every holding: this one goes first)
                     k = len(runs)
@@ -634,10 +638,10 @@ class PrefixCache:
         freed = self.release(req, blocks, False)
         queue, cache = self.queue, self.entries
         for e, count in counts:  # the runs this release queued: those below what it held
-            for run in [run for run in e.runs if run[3] < count]:
+            for run in [run for run in e.runs if run[3] < count]:  # (each moved to the head, in turn)
                 e.runs.remove(run)
-                run[0], run[2] = DEAD, None
-                queue.move_to_end(run[4], last=False)
+                queue.appendleft([DEAD, run[1], None])
+                self._gone(run)
             if not e.top and not e.runs and cache.get(e.key) is e:
                 del cache[e.key]
         return freed
@@ -661,9 +665,9 @@ class PrefixCache:
         self._push_segment(DEAD, freed, None)
         seg = self.segments.pop(req.index, None)
         if seg is not None:  # its own blocks of an earlier preemption
-            self.queue[seg][0], self.queue[seg][2] = DEAD, None
+            seg[0], seg[2] = DEAD, None
             if names is not None:
-                names.evicted(seg, (OWN,), 0, 0)
+                names.evicted(seg[4], (OWN,), 0, 0)
         cache = self.entries
         for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
             if self.tiers is not None:
@@ -756,9 +760,11 @@ class PrefixCache:
     def check(self, total_blocks: int, used: int, running) -> None:
         """The free queue holds exactly the blocks no running request holds; holdings add up."""
         assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
+        queued = {id(seg) for seg in self.queue}
         assert not self.countable or (not self.entries and self.names is None)
         if not self.countable or self.segments:  # (else only counted: the segments are stale)
-            assert self.queued == sum(e[1] for e in self.queue.values())
+            assert self.queued == sum(e[1] for e in self.queue)
+            assert self.gone == sum(e[0] == GONE for e in self.queue)
         held: dict = {}
         for req in running:
             chain = req.cached_keys
@@ -772,20 +778,23 @@ class PrefixCache:
         for key, e in self.entries.items():
             assert e.key == key
             counts = sorted(held.pop(e, []))
-            assert sorted(c for c, k in e.held.items() for _ in range(k)) == counts, (key, e.held, counts)
+            assert e.held is None or e.held, key  # (a dict only while someone holds it)
+            holdings = e.holdings()
+            assert sorted(c for c, k in holdings.items() for _ in range(k)) == counts, (key, holdings, counts)
             assert e.top == (counts[-1] if counts else 0)
             assert e.top or e.runs, key  # an entry holds something
             below = e.top
             for run in e.runs:  # runs: queued, disjoint, above every holding, within the entry
-                assert self.queue[run[4]] is run and run[1] > 0
+                assert id(run) in queued and run[0] == RUN and run[1] > 0
                 assert below <= run[3] and run[3] + run[1] <= e.size, (below, run)
                 below = run[3] + run[1]
         assert not held, held  # every held entry is in the map
-        for seg in self.queue.values():
+        for seg in self.queue:
             if seg[0] == RUN:
                 assert self.entries.get(seg[2].key) is seg[2] and seg in seg[2].runs
+            assert seg[1] > 0 or seg[0] == GONE, seg
         for owner, seg in self.segments.items():
-            assert self.queue[seg][0] == OWN and self.queue[seg][2] == owner
+            assert id(seg) in queued and seg[0] == OWN and seg[2] == owner
         for tier in self.tiers.tiers if self.tiers is not None else ():
             assert tier.used == sum(m.bit_count() for m in tier.store.values()) <= max(tier.capacity, 0)
             assert all(tier.store.values())

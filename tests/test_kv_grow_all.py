@@ -28,7 +28,7 @@ def held_and_freed(with_cache: bool) -> tuple[KVManager, list[Request]]:
 
 def state(kv: KVManager, reqs: list[Request]):
     cache = kv.cache
-    queue = None if cache is None else ([(key, list(entry)) for key, entry in cache.queue.items()],
+    queue = None if cache is None else ([list(entry) for entry in cache.queue],
                                         dict(cache.segments), cache.queued)
     return kv.used, [req.kv_blocks for req in reqs], queue
 

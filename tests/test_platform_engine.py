@@ -305,3 +305,33 @@ def test_a_failure_lets_go_of_the_aggregate_when_it_comes_and_changes_nothing(po
                                             fail=("replica=0,at=8,for=5", "replica=1,at=20,for=3"))
     assert kept.meta["platform"]["faults"]["requests_moved"] > 0
     assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm-v0", "static", "las", "srpt"])
+@pytest.mark.parametrize("rule,blocks", [("kv=0.3,resume=0.2", 400), ("kv=0.9", 3000)])
+def test_a_pause_on_the_kv_share_keeps_decodes_in_aggregate_and_changes_nothing(policy, rule, blocks, monkeypatch):
+    # a pause on the KV share reads kv.used before each decision, which the aggregate keeps current:
+    # every reading, and the tables, are those of a replay with the aggregate off from the start; the
+    # rule fires (and lets go of the aggregate) in the first, never in the second
+    import pyarrow as pa
+
+    from helpers_engine import synthetic
+    from servelab.replay.platform import Platform
+
+    readings: dict = {}
+    check = Platform._check_pause
+
+    def recorded(self, replica, now):
+        readings.setdefault(id(self), []).append((replica.id, now, replica.kv.used))
+        return check(self, replica, now)
+
+    monkeypatch.setattr(Platform, "_check_pause", recorded)
+    trace = synthetic(n=600, rate=40.0)
+    tiers = pa.array(["flex" if i % 4 == 0 else "standard" for i in range(trace.num_rows)])
+    trace = trace.drop_columns([c for c in ("tier",) if c in trace.column_names]).append_column("tier", tiers)
+    kept, off = _with_and_without_aggregate(trace, policy, monkeypatch, pause=f"tier=flex,{rule}",
+                                            max_num_seqs=8, num_gpu_blocks=blocks)
+    assert (kept.meta["platform"]["pauses"] > 0) == (rule != "kv=0.9")
+    first, second = readings.values()
+    assert len(first) > 100 and first == second
+    assert kept.requests.equals(off.requests) and kept.steps.equals(off.steps)

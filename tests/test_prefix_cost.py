@@ -63,10 +63,11 @@ def _reference_let_go(self, chain):
 
 def _cache_history(monkeypatch, trace, settings, general: bool):
     """Replay ``trace`` recording the cache's state after every take: its free queue (kind, blocks and
-    start of each segment), its entries' holdings and queued runs; ``general``: the aligned paths off."""
-    history, aligned = [], []
+    start of each segment), its entries' holdings and queued runs; ``general``: the aligned paths off.
+    Also returns where each general (unaligned) walk of keys, ``_groups``, started."""
+    history, walked = [], []
     original_init, original_take = PrefixCache.__init__, PrefixCache.take
-    original_aligned = PrefixCache._register_aligned
+    original_walk = PrefixCache._groups
 
     def init(self, *a, **k):
         original_init(self, *a, **k)
@@ -75,25 +76,25 @@ def _cache_history(monkeypatch, trace, settings, general: bool):
 
     def take(self, n):
         original_take(self, n)
-        queue = tuple((seg[0], seg[1], seg[3] if len(seg) > 3 else None) for seg in self.queue.values())
-        held = tuple((e.key, tuple(sorted(e.held.items())), e.top, tuple((r[3], r[1]) for r in e.runs))
+        queue = tuple((seg[0], seg[1], seg[3] if len(seg) > 3 else None) for seg in self.queue)
+        held = tuple((e.key, tuple(sorted(e.holdings().items())), e.top, tuple((r[3], r[1]) for r in e.runs))
                      for e in self.entries.values())
         history.append((self.queued, queue, held))
 
-    def register_aligned(self, req, chain):
-        aligned.append(req.index)
-        return original_aligned(self, req, chain)
+    def walk(self, hashes, salt, start, stop):
+        walked.append(start)
+        return original_walk(self, hashes, salt, start, stop)
 
     monkeypatch.setattr(PrefixCache, "__init__", init)
     monkeypatch.setattr(PrefixCache, "take", take)
-    monkeypatch.setattr(PrefixCache, "_register_aligned", register_aligned)
+    monkeypatch.setattr(PrefixCache, "_groups", walk)
     if general:
         monkeypatch.setattr(PrefixCache, "_let_go", _reference_let_go)
     policy = settings.pop("policy", "sarathi")
     params = settings.pop("policy_params", {})
     result = replay(trace, ReplayConfig(engine=EngineConfig(**settings), policy=policy, policy_params=params))
     monkeypatch.undo()
-    return result, history, aligned
+    return result, history, walked
 
 
 @pytest.mark.parametrize("tb, settings", [
@@ -102,7 +103,7 @@ def _cache_history(monkeypatch, trace, settings, general: bool):
     (48, {"num_gpu_blocks": 400, "policy": "srpt", "policy_params": {"preempt": True}, "max_num_seqs": 6}),
 ])
 def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypatch, tb, settings):
-    """``register``'s aligned path and ``release``'s inline let-go (both per hash block of every prompt:
+    """The aligned keys (``groups``) and ``release``'s inline let-go (both per hash block of every prompt:
     most of a Mooncake replay's caching cost) leave the free queue, the entries and their holdings as
     the general path does after every take, and the replay's results equal. (Holdings shared by
     several requests are also checked after every event by tests/test_engine_invariants.py.)"""
@@ -110,10 +111,76 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
 
     trace = synth_trace(n=300, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
                         prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=tb, seed=11)
-    fast, fast_history, aligned = _cache_history(monkeypatch, trace, dict(settings), general=False)
-    slow, slow_history, none = _cache_history(monkeypatch, trace, dict(settings), general=True)
-    assert aligned and not none  # each side took the path it should
+    fast, fast_history, none = _cache_history(monkeypatch, trace, dict(settings), general=False)
+    slow, slow_history, walked = _cache_history(monkeypatch, trace, dict(settings), general=True)
+    assert walked and not none  # each side took the path it should
     assert sum(fast.requests.column("cached_tokens").to_pylist()) > 0  # hits
     assert any(len(q) < len(p) for (_, p, _), (_, q, _) in zip(fast_history, fast_history[1:]))  # evictions
     assert fast_history == slow_history
     assert fast.requests.equals(slow.requests)
+
+
+def test_an_entry_held_by_one_request_needs_no_dict_and_counts_as_a_multiset():
+    """``Entry.held`` is None while at most one request has held the entry since it was last unheld
+    (most of a Mooncake replay's entries); through any sequence of holds and lets-go, its holdings,
+    ``top`` and ``others_max`` are those of a plain multiset of holdings."""
+    import random
+
+    from servelab.replay.prefix_cache import Entry
+
+    rng = random.Random(5)
+    for born in (0, 3):
+        e = Entry(("h", 0), 0, 8, born)
+        holders = [born] if born else []
+        saw_dict = False
+        for _ in range(400):
+            if holders and rng.random() < 0.45:
+                count = holders.pop(rng.randrange(len(holders)))
+                e.unhold(count)
+            else:
+                count = rng.randint(1, 8)
+                holders.append(count)
+                e.hold(count)
+            expected = {c: holders.count(c) for c in set(holders)}
+            assert e.holdings() == expected
+            assert e.top == max(holders, default=0)
+            assert len(holders) <= 1 if e.held is None else e.held  # (a dict only while someone holds it)
+            saw_dict |= e.held is not None
+            for count in set(holders):
+                others = list(holders)
+                others.remove(count)
+                assert e.others_max(count) == max(others, default=0)
+        assert saw_dict
+
+
+def test_runs_claimed_from_the_queues_middle_are_left_gone_and_compacted_away():
+    """Hits on runs in the middle of the free queue (a cache far larger than its use: no eviction
+    ever reaches them) leave those runs GONE in place; the deque is compacted when most of it is
+    GONE, so GONE segments never outnumber the others by much, and the KV checks pass throughout."""
+    from servelab.replay.kv import KVManager
+    from servelab.replay.prefix_cache import GONE
+    from servelab.replay.request import Request, Status
+
+    cache = PrefixCache(100_000, 16, 16)
+    kv = KVManager(100_000, 16, prefix_cache=cache)
+    marked = 0
+    for i in range(300):  # the same prompt again and again: each reuses the last one's four blocks
+        req = Request(f"r{i}", 0.0, 4 * 16 + 1, 1, prefix_hashes=[7, 8, 9, 10], index=i)
+        req.status = Status.RUNNING
+        hit = kv.lookup(req)
+        assert (hit is not None and hit.blocks == 4) == (i > 0)
+        if hit is not None:
+            kv.claim(req, hit)  # (its runs, queued by the last release, leave the queue's middle)
+            marked += 4
+            req.num_computed_tokens = hit.tokens
+        kv.grow(req, 5)
+        req.num_computed_tokens = 65
+        kv.register(req)
+        kv.check([req])
+        req.status = Status.FINISHED
+        kv.release(req)
+        kv.check([])
+        assert sum(seg[0] == GONE for seg in cache.queue) == cache.gone
+        assert cache.gone <= 64 or 2 * cache.gone <= len(cache.queue)
+    assert marked == 4 * 299 and cache.gone < marked / 4  # compacted (no eviction ever took the head)
+    assert kv.used == 0 and cache.queued == 100_000
