@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import servelab.assembly
-from helpers_engine import run, synthetic
+from helpers_engine import checking_engine, run, synthetic
 from servelab.policies.base import POLICIES, policy_names
 from servelab.replay.engine import Engine
 from servelab.replay.protocols import Policy, Runner
@@ -57,26 +57,8 @@ def check(engine: Engine) -> None:
         assert replica.outstanding_tokens == owes, (replica.id, replica.outstanding_tokens, owes)
 
 
-class CheckedEngine(Engine):
-    """Checks the invariants after every arrival, decision and completed step."""
-
-    events = 0
-
-    def _arrive(self, req, now):
-        super()._arrive(req, now)
-        self._check()
-
-    def _start(self, replica, now):
-        super()._start(replica, now)
-        self._check()
-
-    def _complete(self, replica, now):
-        super()._complete(replica, now)
-        self._check()
-
-    def _check(self):
-        CheckedEngine.events += 1
-        check(self)
+# checks the invariants after every arrival, decision and completed step
+CheckedEngine = checking_engine(check)
 
 
 CASES = {
