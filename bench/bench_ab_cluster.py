@@ -119,8 +119,9 @@ def main() -> None:
                   f"B/A {counts['B'][0] / counts['A'][0]:.4f}; same finish times (sha256 {counts['A'][1]})", flush=True)
         return
     for case in args.case:
-        runs = interleaved(args.pairs, lambda side: one(args.a if side == "A" else args.b, case, args.requests),
-                           lambda k, side, r: print(f"{case} pair {k + 1} {side}: Engine.run {r[0]:.3f} s CPU", flush=True))
+        runs = interleaved(args.pairs, lambda side, case=case: one(args.a if side == "A" else args.b, case, args.requests),
+                           lambda k, side, r, case=case: print(f"{case} pair {k + 1} {side}: Engine.run {r[0]:.3f} s CPU",
+                                                               flush=True))
         finishes = {r[1] for side in runs.values() for r in side}
         if len(finishes) != 1:
             raise SystemExit(f"{case}: the versions' finish times differ ({sorted(finishes)}): not the same work")
