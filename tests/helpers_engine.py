@@ -77,6 +77,15 @@ def synthetic(**overrides):
     return synth_trace(**spec)
 
 
+def with_tiers(trace):
+    """``trace`` with a ``tier`` column cycling priority, standard, flex (request i: the (i mod 3)-th),
+    for replays under the tiers policy."""
+    import pyarrow as pa
+
+    tiers = ("priority", "standard", "flex")
+    return trace.append_column("tier", pa.array([tiers[i % 3] for i in range(trace.num_rows)]))
+
+
 def column(result, name):
     return result.requests.column(name).to_pylist()
 

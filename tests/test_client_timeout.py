@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from conftest import make_trace
-from helpers_engine import checking_engine, column, run, synthetic
+from helpers_engine import checking_engine, column, run, synthetic, with_tiers
 
 import servelab.assembly
 from servelab.api import EngineConfig, ReplayConfig, replay
@@ -162,8 +162,7 @@ def test_bookkeeping_adds_up_with_aborts_after_every_event(monkeypatch, policy, 
     timeouts = [5.0 + (i % 7) * 40.0 for i in range(trace.num_rows)]  # latencies here: 24-222 s (p10-p90)
     trace = trace.append_column("timeout_s", pa.array(timeouts, pa.float64()))
     if policy == "tiers":
-        tiers = ["priority", "standard", "flex"] * (trace.num_rows // 3 + 1)
-        trace = trace.append_column("tier", pa.array(tiers[:trace.num_rows]))
+        trace = with_tiers(trace)
     before = Checked.events
     result = run(trace, policy=policy, runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
                  policy_params=params, **engine)
