@@ -18,17 +18,9 @@ from servelab.runners.roofline import (
 HOSTS = ("vidur-2023", *load_real_calibration_file()["host_profiles"])
 
 
-def _fits(runner) -> bool:
-    try:
-        runner.kv_capacity_tokens(0.9)
-    except ServelabError:
-        return False
-    return True
-
-
 def _fitting_runners(gpu: str, host: str, keep):
     """(preset, tp, roofline runner) for every preset ``keep`` accepts at each TP that divides its
-    heads, where the model fits the GPU's memory."""
+    heads, where the model fits the GPU's memory (the runner's own ``_fits``: KV room at 0.9 utilisation)."""
     for m in MODELS.values():
         if not keep(m):
             continue
@@ -36,7 +28,7 @@ def _fitting_runners(gpu: str, host: str, keep):
             if m.num_kv_heads % tp or m.num_heads % tp:
                 continue
             r = make_runner(f"roofline:model={m.name},gpu={gpu},tp={tp},host={host}")
-            if _fits(r):
+            if r._fits():
                 yield m, tp, r
 
 
