@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
+
+from ab import compare, interleaved
 
 CHILD = r"""
 import os, resource, sys, hashlib
@@ -94,27 +95,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=0, help="the trace's first N requests (0: all)")
     parser.add_argument("--synth", type=int, default=0, help="N requests of bench_replay.py's 1m trace instead")
     args = parser.parse_args()
-    runs: dict[str, list[tuple[float, float, str]]] = {"A": [], "B": []}
-    for k in range(args.pairs):
-        for side in ("A", "B") if k % 2 == 0 else ("B", "A"):
-            runs[side].append(one(args.a if side == "A" else args.b, args.requests, args.synth))
-            run_s, total_s, _, user_s, sys_s, faults = runs[side][-1]
-            print(f"pair {k + 1} {side}: Engine.run {run_s:.3f} s (user {user_s:.3f}, system {sys_s:.3f}, "
-                  f"{faults} minor faults), replay() {total_s:.3f} s CPU", flush=True)
+    def report(k: int, side: str, figures: tuple) -> None:
+        run_s, total_s, _, user_s, sys_s, faults = figures
+        print(f"pair {k + 1} {side}: Engine.run {run_s:.3f} s (user {user_s:.3f}, system {sys_s:.3f}, "
+              f"{faults} minor faults), replay() {total_s:.3f} s CPU", flush=True)
+
+    runs = interleaved(args.pairs, lambda side: one(args.a if side == "A" else args.b, args.requests, args.synth),
+                       report)
     finishes = {r[2] for side in runs.values() for r in side}
     if len(finishes) != 1:
         raise SystemExit(f"the versions' finish times differ ({sorted(finishes)}): not the same work")
     for i, what in ((0, "Engine.run"), (1, "replay()"), (3, "Engine.run user"), (4, "Engine.run system"),
                     (5, "Engine.run minor faults")):
-        a = [r[i] for r in runs["A"]]
-        b = [r[i] for r in runs["B"]]
-        ratios = sorted(y / x for x, y in zip(a, b) if x)
-        if not ratios:
-            continue
-        unit = "" if i == 5 else " s"
-        print(f"{what}: A median {statistics.median(a):.3f}{unit} ({min(a):.3f}-{max(a):.3f}), B median "
-              f"{statistics.median(b):.3f}{unit} ({min(b):.3f}-{max(b):.3f}); B/A per pair: median "
-              f"{statistics.median(ratios):.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f})")
+        summary = compare([r[i] for r in runs["A"]], [r[i] for r in runs["B"]], "" if i == 5 else " s")
+        if summary is not None:
+            print(f"{what}: {summary}")
     print(f"same finish times in every run (sha256 {finishes.pop()})")
 
 

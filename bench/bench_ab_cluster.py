@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
-import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from ab import callgrind, compare, interleaved
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -98,13 +96,8 @@ def one(root: str, case: str, requests: int, prefix: tuple[str, ...] = ()) -> tu
 
 def instructions(root: str, case: str, requests: int) -> tuple[int, str]:
     """Engine.run's instructions under callgrind (hash seed and address layout fixed) and the finish hash."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        prefix = ("setarch", platform.machine(), "-R", "valgrind", "--tool=callgrind",
-                  "--toggle-collect=functools_reduce", f"--callgrind-out-file={out}")
-        _, finish = one(root, case, requests, prefix)
-        match = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
-        return int(match.group(1)), finish
+    count, (_, finish) = callgrind(lambda prefix: one(root, case, requests, prefix))
+    return count, finish
 
 
 def main() -> None:
@@ -126,21 +119,14 @@ def main() -> None:
                   f"B/A {counts['B'][0] / counts['A'][0]:.4f}; same finish times (sha256 {counts['A'][1]})", flush=True)
         return
     for case in args.case:
-        runs: dict[str, list[tuple[float, str]]] = {"A": [], "B": []}
-        for k in range(args.pairs):
-            for side in ("A", "B") if k % 2 == 0 else ("B", "A"):
-                runs[side].append(one(args.a if side == "A" else args.b, case, args.requests))
-                print(f"{case} pair {k + 1} {side}: Engine.run {runs[side][-1][0]:.3f} s CPU", flush=True)
+        runs = interleaved(args.pairs, lambda side, case=case: one(args.a if side == "A" else args.b, case, args.requests),
+                           lambda k, side, r, case=case: print(f"{case} pair {k + 1} {side}: Engine.run {r[0]:.3f} s CPU",
+                                                               flush=True))
         finishes = {r[1] for side in runs.values() for r in side}
         if len(finishes) != 1:
             raise SystemExit(f"{case}: the versions' finish times differ ({sorted(finishes)}): not the same work")
-        a = [r[0] for r in runs["A"]]
-        b = [r[0] for r in runs["B"]]
-        ratios = sorted(y / x for x, y in zip(a, b))
-        print(f"{case}: Engine.run A median {statistics.median(a):.3f} s ({min(a):.3f}-{max(a):.3f}), B median "
-              f"{statistics.median(b):.3f} s ({min(b):.3f}-{max(b):.3f}); B/A per pair: median "
-              f"{statistics.median(ratios):.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f}); same finish times "
-              f"(sha256 {finishes.pop()})", flush=True)
+        summary = compare([r[0] for r in runs["A"]], [r[0] for r in runs["B"]])
+        print(f"{case}: Engine.run {summary}; same finish times (sha256 {finishes.pop()})", flush=True)
 
 
 if __name__ == "__main__":

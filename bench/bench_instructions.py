@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from ab import callgrind
 
 HERE = Path(__file__).resolve().parent
 
@@ -85,7 +84,7 @@ def engine_fields(items: list[str]) -> dict:
     return fields
 
 
-def child(root: str, args, count: bool, prefix: list[str]) -> subprocess.CompletedProcess:
+def child(root: str, args, count: bool, prefix: tuple[str, ...]) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONHASHSEED="0")
     if root:
         env["PYTHONPATH"] = root
@@ -96,13 +95,7 @@ def child(root: str, args, count: bool, prefix: list[str]) -> subprocess.Complet
 
 
 def instructions(root: str, args) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        prefix = ["setarch", platform.machine(), "-R", "valgrind", "--tool=callgrind",
-                  "--toggle-collect=functools_reduce", f"--callgrind-out-file={out}"]
-        child(root, args, False, prefix)
-        match = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
-        return int(match.group(1))
+    return callgrind(lambda prefix: child(root, args, False, prefix))[0]
 
 
 def main() -> None:
@@ -118,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     engine_fields(args.engine)  # (bad input fails here, before any run)
     for root in args.roots:
-        decisions = int(child(root, args, True, []).stdout.split()[-1])
+        decisions = int(child(root, args, True, ()).stdout.split()[-1])
         count = instructions(root, args)
         print(f"{root or 'servelab'}: {args.case} {args.policy}{f' first {args.requests}' if args.requests else ''}"
               f"{f' caching {args.caching}' if args.caching != 'default' else ''}"

@@ -6,7 +6,8 @@ only); a real runner (torch) executes its items against the KV blocks the engine
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from servelab.common.registry import Registry
 from servelab.replay.protocols import BlockAllocator, Runner, StepItem, StepPlan, StepShape
@@ -64,6 +65,25 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip(), params
 
 
+def spec_picker(runner: str, params: dict[str, str], known: tuple[str, ...], context: dict) -> Callable[[str, Any], Any]:
+    """Refuse a runner spec's parameters outside ``known`` (naming the first, sorted, and the known
+    ones), then return ``pick(key, default)``: the spec's value for ``key``, else the CLI context's
+    (when not None), else ``default`` (spec values win over the context)."""
+    from servelab.common.errors import ServelabError
+
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ServelabError(f"runner '{runner}': unknown parameter '{unknown[0]}' (parameters: {', '.join(known)})")
+
+    def pick(key: str, default: Any) -> Any:
+        if key in params:
+            return params[key]
+        value = context.get(key)
+        return value if value is not None else default
+
+    return pick
+
+
 def make_runner(spec: str, **context) -> Runner:
     """Build a runner from a spec string; ``context`` carries model/gpu/tp defaults from the CLI."""
     name, params = parse_spec(spec)
@@ -71,4 +91,4 @@ def make_runner(spec: str, **context) -> Runner:
 
 
 __all__ = ["RUNNERS", "BlockAllocator", "Runner", "RunnerBase", "StepItem", "StepPlan", "StepShape",
-           "make_runner", "parse_spec"]
+           "make_runner", "parse_spec", "spec_picker"]

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
 from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s, all_to_all_time_s, nccl_time_s, send_time_s
-from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape, spec_picker
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
@@ -730,14 +730,7 @@ def _int_param(key: str, raw: object) -> int:
 @RUNNERS.register("roofline")
 def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
     """``roofline:model=llama-3.1-8b,gpu=h100-80gb,tp=1`` (spec values win over CLI context)."""
-    unknown = sorted(set(params) - set(PARAMS))
-    if unknown:
-        raise ServelabError(f"runner 'roofline': unknown parameter '{unknown[0]}' (parameters: {', '.join(PARAMS)})")
-
-    def pick(key: str, default: object) -> object:
-        if key in params:
-            return params[key]
-        return context.get(key) if context.get(key) is not None else default
+    pick = spec_picker("roofline", params, PARAMS, context)
 
     model = resolve_model(str(pick("model", DEFAULT_MODEL)))
     hybrid = model.is_hybrid  # (a quantisation option below keeps the layer kinds)

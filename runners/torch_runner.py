@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import RUNNERS, RunnerBase, StepPlan
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, spec_picker
 from servelab.runners.paged_kv import ATTENTION_KINDS, StepLayout, build_layout
 
 DEFAULT_CPU_KV_TOKENS = 65536  # CPU pool size when num_blocks is not given (tiny model: 32 MiB)
@@ -364,14 +364,7 @@ def make_torch(params: dict[str, str], **context) -> TorchRunner:
 
     Context keys used: ``model`` (preset name) and ``block_size`` (the engine's KV block size).
     """
-    unknown = sorted(set(params) - set(PARAMS))
-    if unknown:
-        raise ServelabError(f"runner 'torch': unknown parameter '{unknown[0]}' (parameters: {', '.join(PARAMS)})")
-
-    def pick(key: str, default: Any) -> Any:
-        if key in params:
-            return params[key]
-        return context[key] if context.get(key) is not None else default
+    pick = spec_picker("torch", params, PARAMS, context)
 
     def integer(key: str, default: Any) -> Any:
         raw = pick(key, default)

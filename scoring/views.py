@@ -340,11 +340,14 @@ GROUP BY run_id, replica, k
 ORDER BY run_id, replica, t_s
 """
 
-PREFIX_CACHE = """
+# Grouping sets shared by the cache and speculation views: the whole run, each tenant, each replica.
+_SCOPE_TENANT_REPLICA = """    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
+    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name"""
+
+PREFIX_CACHE = f"""
 CREATE OR REPLACE VIEW prefix_cache AS
 SELECT run_id,
-    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
-    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+{_SCOPE_TENANT_REPLICA},
     count(*) AS requests,
     CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
     CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
@@ -358,7 +361,7 @@ ORDER BY run_id, scope, name
 
 # With offload tiers (replay/tiers.py): requests.parquet has kv_load_s and cached_tokens_<tier> per
 # tier (gpu first). Tier names come from the run, so the per-tier columns are unpivoted by pattern.
-KV_TIERS = """
+KV_TIERS = f"""
 CREATE OR REPLACE VIEW kv_tiers AS
 WITH t AS (
     UNPIVOT (SELECT run_id, tenant, replica, prompt_tokens, COLUMNS('^cached_tokens_.+$')
@@ -366,8 +369,7 @@ WITH t AS (
     ON COLUMNS('^cached_tokens_.+$') INTO NAME tier VALUE tokens
 )
 SELECT run_id, substr(tier, 15) AS tier,
-    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
-    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+{_SCOPE_TENANT_REPLICA},
     CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
     CAST(sum(tokens) AS BIGINT) AS cached_tokens,
     sum(tokens) / nullif(sum(prompt_tokens), 0) AS hit_rate
@@ -378,11 +380,10 @@ ORDER BY run_id, scope, name, tier
 
 # Speculative decoding (requests.parquet's spec_ columns, a replay with spec_method set): vLLM's
 # spec-decode metrics summed over requests that verified drafts, per run, tenant and replica.
-SPEC_DECODE = """
+SPEC_DECODE = f"""
 CREATE OR REPLACE VIEW spec_decode AS
 SELECT run_id,
-    CASE WHEN grouping(tenant) = 0 THEN 'tenant' WHEN grouping(replica) = 0 THEN 'replica' ELSE 'overall' END AS scope,
-    CASE WHEN grouping(tenant) = 0 THEN tenant WHEN grouping(replica) = 0 THEN CAST(replica AS VARCHAR) END AS name,
+{_SCOPE_TENANT_REPLICA},
     count(*) AS requests,
     CAST(sum(spec_num_drafts) AS BIGINT) AS num_drafts,
     CAST(sum(spec_num_draft_tokens) AS BIGINT) AS num_draft_tokens,

@@ -1,8 +1,12 @@
-"""Helpers for engine tests: run a replay with a linear runner in one call."""
+"""Helpers for engine tests: run a replay with a linear runner in one call; an engine that checks its
+bookkeeping after every event."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from servelab.api import EngineConfig, ReplayConfig, replay
+from servelab.replay.engine import Engine
 from servelab.runners.base import make_runner
 
 
@@ -26,6 +30,34 @@ class NoStretch:
         return getattr(self.inner, name)
 
 
+def checking_engine(check: Callable[[Engine], None]) -> type[Engine]:
+    """An ``Engine`` subclass that calls ``check(engine)`` after every arrival, scheduling decision and
+    completed step (its ``_check`` runs it, for hooks elsewhere to call too); the class attribute
+    ``events`` counts the calls, so a test can assert the checks really ran. Replays through
+    ``servelab.api`` use it once it is patched in: ``monkeypatch.setattr(servelab.assembly, "Engine", cls)``."""
+
+    class CheckingEngine(Engine):
+        events = 0
+
+        def _arrive(self, req, now):
+            super()._arrive(req, now)
+            self._check()
+
+        def _start(self, replica, now):
+            super()._start(replica, now)
+            self._check()
+
+        def _complete(self, replica, now):
+            super()._complete(replica, now)
+            self._check()
+
+        def _check(self):
+            CheckingEngine.events += 1
+            check(self)
+
+    return CheckingEngine
+
+
 def run(trace, policy="sarathi", runner="linear:base=1", policy_params=None, stretch=True, **engine):
     engine.setdefault("num_gpu_blocks", 100_000)
     cfg = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=policy_params or {}, runner=runner)
@@ -43,6 +75,15 @@ def synthetic(**overrides):
                 output="lognormal:150:1.0", seed=3)
     spec.update(overrides)
     return synth_trace(**spec)
+
+
+def with_tiers(trace):
+    """``trace`` with a ``tier`` column cycling priority, standard, flex (request i: the (i mod 3)-th),
+    for replays under the tiers policy."""
+    import pyarrow as pa
+
+    tiers = ("priority", "standard", "flex")
+    return trace.append_column("tier", pa.array([tiers[i % 3] for i in range(trace.num_rows)]))
 
 
 def column(result, name):

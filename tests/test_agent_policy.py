@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import make_trace
-from helpers_engine import column, run
+from helpers_engine import checking_engine, column, run
 
 from servelab.common.errors import ServelabError
 
@@ -121,40 +121,18 @@ def _session_trace(c_prompt=96, think_s=20.0):
     return t.replace_schema_metadata({b"prefix_block_tokens": b"16"})
 
 
-class _Checked:
-    """The engine, checking after every arrival, decision and completed step that each replica's KV
-    adds up with the pinned contexts counted as holders (``KVManager.check``)."""
-
-    @staticmethod
-    def make():
-        from servelab.replay.engine import Engine
-
-        class CheckedEngine(Engine):
-            def _arrive(self, req, now):
-                super()._arrive(req, now)
-                self._check()
-
-            def _start(self, replica, now):
-                super()._start(replica, now)
-                self._check()
-
-            def _complete(self, replica, now):
-                super()._complete(replica, now)
-                self._check()
-
-            def _check(self):
-                for replica in self.replicas:
-                    pins = self.retention.holders(replica) if self.retention is not None else []
-                    replica.kv.check(list(replica.running) + pins)
-
-        return CheckedEngine
+def _check_pins(engine) -> None:
+    """Each replica's KV adds up with the pinned contexts counted as holders (``KVManager.check``)."""
+    for replica in engine.replicas:
+        pins = engine.retention.holders(replica) if engine.retention is not None else []
+        replica.kv.check(list(replica.running) + pins)
 
 
 @pytest.fixture
 def retained(monkeypatch):
     import servelab.assembly
 
-    monkeypatch.setattr(servelab.assembly, "Engine", _Checked.make())
+    monkeypatch.setattr(servelab.assembly, "Engine", checking_engine(_check_pins))
 
     def go(mode, trace=None, runner=RET_RUNNER, **engine):
         return run(trace if trace is not None else _session_trace(), runner=runner, kv_retention=mode,
@@ -266,7 +244,7 @@ def _agentic(n=300, seed=7):
 ])
 def test_retention_keeps_the_kv_accounting_under_pressure(retained, mode, setup):
     """Sessions over two small replicas: every event keeps KV held = KV of running requests and pins
-    (``_Checked``), every request finishes or never fits, and every pin made is let go."""
+    (``_check_pins``), every request finishes or never fits, and every pin made is let go."""
     result = retained(mode, trace=_agentic(), runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
                       num_gpu_blocks=100, max_num_batched_tokens=256, replicas=2, **setup)
     statuses = column(result, "status")

@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.cli.main import main
 from servelab.common.errors import ServelabError
 from servelab.common.registry import Registry, did_you_mean
+from helpers_cli import run_main as run
 from helpers_cli import write_small_trace as write
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.001"
-
-
-
-
-def run(args, capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_registry_suggests_the_nearest_name():

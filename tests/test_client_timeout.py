@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from conftest import make_trace
-from helpers_engine import column, run, synthetic
+from helpers_engine import checking_engine, column, run, synthetic, with_tiers
 
 import servelab.assembly
 from servelab.api import EngineConfig, ReplayConfig, replay
@@ -116,38 +116,25 @@ def test_timeouts_nobody_reaches_change_nothing():
     assert far.steps.equals(plain.steps)
 
 
-class Checked(Engine):
-    """Checks KV and outstanding tokens after every event, aborts included (an aborted request still
-    in its replica's running set is waiting for its iteration to end and still holds its KV)."""
+def check_kv_and_outstanding(engine: Engine) -> None:
+    """KV and outstanding tokens add up, aborts included (an aborted request still in its replica's
+    running set is waiting for its iteration to end and still holds its KV)."""
+    live = (Status.WAITING, Status.RUNNING)
+    for replica in engine.replicas:
+        replica.kv.check(replica.running)
+        cohort = replica.aggregate
+        owes = 0
+        for req in engine.requests:
+            if req.replica != replica.id:
+                continue
+            if req.status in live or (req.status is Status.ABORTED and req in replica.running):
+                lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
+                owes += owed(req) - lag
+        assert replica.outstanding_tokens == owes, (replica.outstanding_tokens, owes)
 
-    events = 0
 
-    def _arrive(self, req, now):
-        super()._arrive(req, now)
-        self._check()
-
-    def _start(self, replica, now):
-        super()._start(replica, now)
-        self._check()
-
-    def _complete(self, replica, now):
-        super()._complete(replica, now)
-        self._check()
-
-    def _check(self):
-        Checked.events += 1
-        live = (Status.WAITING, Status.RUNNING)
-        for replica in self.replicas:
-            replica.kv.check(replica.running)
-            cohort = replica.aggregate
-            owes = 0
-            for req in self.requests:
-                if req.replica != replica.id:
-                    continue
-                if req.status in live or (req.status is Status.ABORTED and req in replica.running):
-                    lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
-                    owes += owed(req) - lag
-            assert replica.outstanding_tokens == owes, (replica.outstanding_tokens, owes)
+# checks after every event (and, below, after every abort fired)
+Checked = checking_engine(check_kv_and_outstanding)
 
 
 @pytest.mark.parametrize("policy,params,engine", [
@@ -176,8 +163,7 @@ def test_bookkeeping_adds_up_with_aborts_after_every_event(monkeypatch, policy, 
     timeouts = [5.0 + (i % 7) * 40.0 for i in range(trace.num_rows)]  # latencies here: 24-222 s (p10-p90)
     trace = trace.append_column("timeout_s", pa.array(timeouts, pa.float64()))
     if policy == "tiers":
-        tiers = ["priority", "standard", "flex"] * (trace.num_rows // 3 + 1)
-        trace = trace.append_column("tier", pa.array(tiers[:trace.num_rows]))
+        trace = with_tiers(trace)
     before = Checked.events
     result = run(trace, policy=policy, runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
                  policy_params=params, **engine)

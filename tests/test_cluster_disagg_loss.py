@@ -309,16 +309,14 @@ def every_event_engine(monkeypatch) -> list:
 def test_losses_keep_the_bookkeeping_after_every_event_and_lose_no_request(monkeypatch, case, seed):
     """KV per replica (with the KV held for and reserved by transfers), outstanding tokens, every
     request accounted for; at the end nothing waits, nothing is held, KV is back to zero."""
-    import pyarrow as pa
-    from helpers_engine import synthetic
+    from helpers_engine import synthetic, with_tiers
     from test_engine_invariants import disaggregation
 
     prefill, decode, top = RANDOM_CASES[case]
     engines = every_event_engine(monkeypatch)
     trace = synthetic(n=300, rate=50.0, seed=seed)
     if top.get("policy") == "tiers":
-        tiers = ["priority", "standard", "flex"] * (trace.num_rows // 3 + 1)
-        trace = trace.append_column("tier", pa.array(tiers[:trace.num_rows]))
+        trace = with_tiers(trace)
     data = dict({"runner": "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", "num_gpu_blocks": 400,
                  "kv_bytes_per_token": 1024, "policy": "sarathi"}, **top)
     data["cluster"] = {"pools": [dict(name="p", role="prefill", router="least-outstanding", **prefill),

@@ -143,23 +143,26 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     assert with_cohort.meta["counts"] == without.meta["counts"]
 
 
-def same_without_cohort(trace, config, policy_cls, monkeypatch, check_first=None) -> None:
-    """Replay with cohorts (it must use one), then with ``policy_cls.reads_running`` off (it must use
-    none): requests and steps byte-identical. ``check_first`` runs between the two replays."""
-    joins = []
-    original_join = DecodeCohort.join
-    monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
+def same_without_cohort(trace, config, policy_cls, monkeypatch, check_first=None, watch: str = "join"):
+    """Replay with cohorts (it must call ``DecodeCohort.<watch>``: ``join`` uses the cohort, ``remove``
+    rotates a member out of it), then with ``policy_cls.reads_running`` off (it must call it never):
+    requests, steps and counts byte-identical. ``check_first`` runs between the two replays. Returns
+    the replay with cohorts."""
+    calls = []
+    original = getattr(DecodeCohort, watch)
+    monkeypatch.setattr(DecodeCohort, watch, lambda self, req: (calls.append(1), original(self, req)))
     with_cohort = replay(trace, config)
-    assert joins, "the cohort was never used: the comparison would prove nothing"
+    assert calls, f"DecodeCohort.{watch} was never called: the comparison would prove nothing"
     if check_first is not None:
         check_first()
     monkeypatch.setattr(policy_cls, "reads_running", None)
-    joins.clear()
+    calls.clear()
     without = replay(trace, config)
-    assert not joins
+    assert not calls
     assert with_cohort.requests.equals(without.requests)
     assert with_cohort.steps.equals(without.steps)
     assert with_cohort.meta["counts"] == without.meta["counts"]
+    return with_cohort
 
 
 FAIR_CASES = ["plenty of KV, 2 replicas", "KV pressure, recompute", "small token budget", "horizon", "sessions",
@@ -230,17 +233,7 @@ def test_round_robin_with_cohorts_is_byte_identical(case, quantum, monkeypatch):
     engine.setdefault("max_num_seqs", 8)  # demand above the seat count: turns end while others wait
     config = ReplayConfig(engine=EngineConfig(**engine), policy="round-robin", policy_params={"quantum": quantum})
     trace = synthetic(**spec.get("trace", {}))
-    removed = []
-    original_remove = DecodeCohort.remove
-    monkeypatch.setattr(DecodeCohort, "remove", lambda self, req: (removed.append(1), original_remove(self, req)))
-    with_cohort = replay(trace, config)
-    assert removed, "no member was rotated out of the cohort: the comparison would prove little"
-    monkeypatch.setattr(RoundRobin, "reads_running", None)
-    removed.clear()
-    without = replay(trace, config)
-    assert not removed
-    assert with_cohort.requests.equals(without.requests)
-    assert with_cohort.steps.equals(without.steps)
+    with_cohort = same_without_cohort(trace, config, RoundRobin, monkeypatch, watch="remove")
     assert sum(with_cohort.requests.column("num_preemptions").to_pylist()) > 0
 
 

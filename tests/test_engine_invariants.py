@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import servelab.assembly
-from helpers_engine import run, synthetic
+from helpers_engine import checking_engine, run, synthetic, with_tiers
 from servelab.policies.base import POLICIES, policy_names
 from servelab.replay.engine import Engine
 from servelab.replay.protocols import Policy, Runner
@@ -57,26 +57,8 @@ def check(engine: Engine) -> None:
         assert replica.outstanding_tokens == owes, (replica.id, replica.outstanding_tokens, owes)
 
 
-class CheckedEngine(Engine):
-    """Checks the invariants after every arrival, decision and completed step."""
-
-    events = 0
-
-    def _arrive(self, req, now):
-        super()._arrive(req, now)
-        self._check()
-
-    def _start(self, replica, now):
-        super()._start(replica, now)
-        self._check()
-
-    def _complete(self, replica, now):
-        super()._complete(replica, now)
-        self._check()
-
-    def _check(self):
-        CheckedEngine.events += 1
-        check(self)
+# checks the invariants after every arrival, decision and completed step
+CheckedEngine = checking_engine(check)
 
 
 CASES = {
@@ -142,10 +124,7 @@ def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
     trace = synthetic(n=250, rate=40.0, seed=seed, **(shape[0] if shape else {}))
     if policy == "tiers":
-        import pyarrow as pa
-
-        tiers = ["priority", "standard", "flex"] * (trace.num_rows // 3 + 1)
-        trace = trace.append_column("tier", pa.array(tiers[:trace.num_rows]))
+        trace = with_tiers(trace)
     before = CheckedEngine.events
     result = run(trace, policy=policy, runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
                  policy_params=params, **engine)

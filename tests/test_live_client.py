@@ -7,6 +7,7 @@ import json
 
 import aiohttp
 import pytest
+from helpers_live_client import send_or_cancel
 from helpers_live_server import FallbackServer, Reply, chunk
 from servelab.live.client import Record, Target, send
 
@@ -50,14 +51,7 @@ def _run(prompt: str, api: str = "completions", timeout_s: float = 10.0, cancel_
         async with FallbackServer(SCENARIOS) as server, aiohttp.ClientSession() as http:
             target = Target(server.url + "/v1", "m", api=api, timeout_s=timeout_s, ignore_eos=True)
             record = Record(0, 42)
-            task = asyncio.create_task(send(http, target, record, prompt, 8))
-            if cancel_after is not None:
-                await asyncio.sleep(cancel_after)
-                task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await send_or_cancel(send(http, target, record, prompt, 8), cancel_after)
             return record, server.received
 
     return asyncio.run(main())

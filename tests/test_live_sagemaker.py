@@ -16,6 +16,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 from helpers_cli import run_main, write_small_trace
+from helpers_live_client import send_or_cancel
 from helpers_sagemaker_server import (
     SageMakerShim,
     Scripted,
@@ -101,14 +102,7 @@ def _send(shim, prompt: str, api: str = "completions", timeout_s: float = 10.0, 
     async def main():
         async with backend.open(target, 4):
             record = Record(0, 42)
-            task = asyncio.create_task(backend.send(target, record, prompt, 8, time.perf_counter))
-            if cancel_after is not None:
-                await asyncio.sleep(cancel_after)
-                task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await send_or_cancel(backend.send(target, record, prompt, 8, time.perf_counter), cancel_after)
             return record
 
     return asyncio.run(main())

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import StepPlan, StepShape, make_runner
+from servelab.runners.base import StepPlan, StepShape, make_runner, spec_picker
 from servelab.runners.presets import GPUS, MODELS, get_gpu, get_model
 from servelab.runners.roofline import (
     ACTIVATION_TOKENS,
@@ -176,6 +176,17 @@ def test_factory_takes_cli_context_and_spec_values_win():
 def test_factory_rejects_bad_parameters(spec, message):
     with pytest.raises(ServelabError, match=message):
         make_runner(spec)
+
+
+def test_spec_picker_refuses_unknown_keys_then_picks_spec_context_default():
+    """runners.base.spec_picker (roofline's and torch's factories): the first unknown key (sorted) with
+    the known ones listed; then the spec's value, else the context's unless None, else the default."""
+    with pytest.raises(ServelabError, match=r"^runner 'x': unknown parameter 'b' \(parameters: tp, gpu\)$"):
+        spec_picker("x", {"tp": "2", "c": "1", "b": "1"}, ("tp", "gpu"), {})
+    pick = spec_picker("x", {"tp": "2"}, ("tp", "gpu", "model"), {"tp": 4, "gpu": "a100-80gb", "model": None})
+    assert pick("tp", 1) == "2"  # the spec wins over the context
+    assert pick("gpu", "h100-80gb") == "a100-80gb"  # then the context
+    assert pick("model", "llama-3.1-8b") == "llama-3.1-8b"  # a None in the context: the default
 
 
 def test_every_gpu_preset_has_a_packaged_calibration_with_provenance():

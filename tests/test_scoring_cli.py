@@ -8,9 +8,9 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from helpers_cli import run_main as run
 from helpers_scoring import req, step, write_run
 
-from servelab.cli.main import main
 from servelab.scoring.db import connect, query_arrow
 from servelab.scoring.report import report_text
 from servelab.scoring.slo import SloTable
@@ -22,16 +22,6 @@ REQUESTS = [
     req(4, "rejected", arrival=3.0, output=5, prompt=40, tenant="beta", tier="priority"),
 ]
 STEPS = [step(0.0, 1.0, batch=1, kv_used=10), step(1.0, 1.5, batch=2, kv_used=40, waiting=2, iterations=3)]
-
-
-def run(argv, capsys):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
