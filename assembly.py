@@ -23,35 +23,35 @@ from servelab import __version__
 from servelab.common.atomic import atomic_dir
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
-from servelab.replay.abort import Aborts, check_supported, client_timeouts
-from servelab.replay.depends import Dependencies, parents_of
+from servelab.replay.platform.abort import Aborts, check_supported, client_timeouts
+from servelab.replay.core.depends import Dependencies, parents_of
 from servelab.replay.config import EngineConfig, ReplayConfig, instance_config, one_pool, pool_config
-from servelab.replay.engine import ENTRY, Engine
-from servelab.replay.encode_pool import ENCODE_SCHEMA, EncodePool
-from servelab.replay.encoder import MM_COLUMNS, EncoderStage, encoder_meta
-from servelab.replay.kv import KVManager
-from servelab.replay.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
-from servelab.replay.platform import Platform
-from servelab.replay.hybrid_prefix import HybridPrefixCache
-from servelab.replay.prefix_cache import PrefixCache
-from servelab.replay.protocols import Runner
-from servelab.replay.replica import Replica
-from servelab.replay.request import Status
-from servelab.replay.retention import Retention
+from servelab.replay.core.engine import ENTRY, Engine
+from servelab.replay.cluster.encode_pool import ENCODE_SCHEMA, EncodePool
+from servelab.replay.core.encoder import MM_COLUMNS, EncoderStage, encoder_meta
+from servelab.replay.core.kv.manager import KVManager
+from servelab.replay.core.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
+from servelab.replay.platform.hooks import Platform
+from servelab.replay.core.kv.hybrid_prefix import HybridPrefixCache
+from servelab.replay.core.kv.prefix_cache import PrefixCache
+from servelab.replay.core.protocols import Runner
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Status
+from servelab.replay.core.kv.retention import Retention
 from servelab.replay.results import (
     RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, schema_columns, tier_columns,
     tier_meta, with_platform_columns, write_run,
 )
-from servelab.replay.autoscale import Autoscaler
-from servelab.replay.cluster import ClusterConfig, PoolConfig
-from servelab.replay.instances import InstanceType
-from servelab.replay.disagg import Disaggregation
-from servelab.replay.specs import Failure, check_failures
-from servelab.replay.fleet import Fleet
-from servelab.replay.protocols import StepPlan
-from servelab.replay.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA, STEPS_SCHEMA
+from servelab.replay.cluster.autoscale import Autoscaler
+from servelab.replay.cluster.config import ClusterConfig, PoolConfig
+from servelab.replay.cluster.instances import InstanceType
+from servelab.replay.cluster.disagg import Disaggregation
+from servelab.replay.core.specs import Failure, check_failures
+from servelab.replay.cluster.fleet import Fleet
+from servelab.replay.core.protocols import StepPlan
+from servelab.replay.core.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA, STEPS_SCHEMA
 from servelab.replay.stream import BATCH_ROWS, CHUNK, RowGroupWriter, TraceFile, TraceStream, requests_schema
-from servelab.replay.tiers import build_stacks, parse_tiers
+from servelab.replay.core.kv.tiers import build_stacks, parse_tiers
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
 from servelab.runners.encoders import EncoderPricer
@@ -98,7 +98,7 @@ def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
             "set num_gpu_blocks (--num-gpu-blocks)"
         )
     tokens = capacity(engine.gpu_memory_utilization)
-    if engine.max_loras:  # the adapter slots' GPU memory comes out of the KV cache (replay/lora.py)
+    if engine.max_loras:  # the adapter slots' GPU memory comes out of the KV cache (replay/core/lora.py)
         tokens -= reserved_tokens(engine, runner, kv_bytes_per_token(engine, runner))
     blocks = tokens // engine.block_size
     if blocks < 1:
@@ -137,8 +137,8 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         if context is not None:
             engine_cfg = replace(engine_cfg, max_model_len=context)
     caching = engine_cfg.enable_prefix_caching and engine_cfg.kv_allocation == "on-demand"
-    layout = getattr(runner, "kv_layout", None)  # a hybrid model's KV layer groups (replay/kv_groups.py)
-    if layout is not None and caching:  # prefix caching per layer group (replay/hybrid_prefix.py)
+    layout = getattr(runner, "kv_layout", None)  # a hybrid model's KV layer groups (replay/core/kv/kv_groups.py)
+    if layout is not None and caching:  # prefix caching per layer group (replay/core/kv/hybrid_prefix.py)
         refuse_hybrid_caching(engine_cfg, runner)
     swap = engine_cfg.preemption == "swap"
     bytes_per_token = kv_bytes_per_token(engine_cfg, runner)
@@ -177,7 +177,7 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
 
 
 def refuse_hybrid_caching(engine_cfg: EngineConfig, runner: Runner) -> None:
-    """What prefix caching per layer group (replay/hybrid_prefix.py) does not model yet, refused by name."""
+    """What prefix caching per layer group (replay/core/kv/hybrid_prefix.py) does not model yet, refused by name."""
     name = runner.model.name
     if engine_cfg.kv_tiers:
         raise ServelabError(f"kv_tiers with a hybrid-attention model ({name}): offload tiers of per-group "
@@ -194,7 +194,7 @@ def refuse_hybrid_caching(engine_cfg: EngineConfig, runner: Runner) -> None:
 
 
 def encoder_stage(engine: EngineConfig, runner: Runner) -> EncoderStage | None:
-    """A replica's multimodal encoder (replay/encoder.py), priced on its runner's GPU; None when no
+    """A replica's multimodal encoder (replay/core/encoder.py), priced on its runner's GPU; None when no
     encoder is named."""
     if engine.vision_encoder is None and engine.audio_encoder is None:
         return None
@@ -272,7 +272,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         encode_spec = cluster.spec.encode
         check_encoders(requests, engine_cfg if encode_spec is None else
                        next(p for p in cluster.pools if p.spec is encode_spec).config.engine)
-    reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/fleet.py)
+    reclaims = any(p.spec.instances for p in cluster.pools)  # replicas may be taken away (replay/cluster/fleet.py)
     platform = None
     if reclaims or Platform.wanted(engine_cfg, cluster.replicas):
         platform = lambda engine: Platform(engine, engine_cfg, reclaims)  # noqa: E731 (built on the engine)
@@ -482,7 +482,7 @@ def _replay_to(source: TraceFile, config: ReplayConfig, run_dir: Path, runner: R
     return run_dir
 
 def build_retention(engine: Engine, engine_cfg: EngineConfig, runner: Runner) -> Retention:
-    """KV retention across sessions' tool waits (replay/retention.py), checked against the setup."""
+    """KV retention across sessions' tool waits (replay/core/kv/retention.py), checked against the setup."""
     mode = engine_cfg.kv_retention
     if runner.needs_block_tables or any(r.kv.cache is None for r in engine.replicas):
         raise ServelabError(f"kv_retention = {mode} keeps prefix-cache blocks: it needs enable_prefix_caching, "
@@ -588,7 +588,7 @@ class BuiltCluster:
                               link.bandwidth_gbps, link.latency_s, link.stream_layers, context_bytes)
 
     def encode_pool(self, engine: Engine) -> EncodePool | None:
-        """The encode pool's stage before the arrivals' pool (replay/encode_pool.py), or None without one."""
+        """The encode pool's stage before the arrivals' pool (replay/cluster/encode_pool.py), or None without one."""
         spec = self.spec.encode
         if spec is None:
             return None

@@ -31,7 +31,7 @@ try:
 except ImportError:  # a version before the api module
     from servelab.replay import EngineConfig, ReplayConfig, replay
     engine = dict(num_gpu_blocks=28000)
-from servelab.replay.engine import Engine
+from servelab.replay.core.engine import Engine
 from servelab.traces.bundled import default_trace_path
 from servelab.traces.io import read_trace
 

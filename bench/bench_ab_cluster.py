@@ -1,5 +1,5 @@
 """A/B of two checkouts' engines on cluster replays (pools, PD handoff, autoscaling, instance types,
-failures), interleaved in fresh processes: what the intents (replay/intents.py) cost where they are used.
+failures), interleaved in fresh processes: what the intents (replay/core/intents.py) cost where they are used.
 
 Usage: .venv/bin/python bench/bench_ab_cluster.py A_ROOT B_ROOT [--pairs 6] [--requests N] [--case NAME ...]
 where each ROOT is a directory holding a ``servelab`` package (a folder with a symlink
@@ -31,7 +31,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 CHILD = r"""
 import functools, hashlib, resource, sys, tomllib
 from servelab.api import ReplayConfig, replay
-from servelab.replay.engine import Engine
+from servelab.replay.core.engine import Engine
 from servelab.traces.bundled import default_trace_path
 from servelab.traces.io import read_trace
 

@@ -20,7 +20,7 @@ from servelab.runners.roofline import RooflineRunner
 
 
 def _decoding(n: int, context: int):
-    from servelab.replay.request import Request
+    from servelab.replay.core.request import Request
 
     reqs = [Request(i, 0.0, context, 100) for i in range(n)]
     for req in reqs:

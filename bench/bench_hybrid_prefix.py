@@ -1,4 +1,4 @@
-"""Prefix caching per layer group (replay/hybrid_prefix.py) on a shared-prefix trace: Gemma-3-27B on
+"""Prefix caching per layer group (replay/core/kv/hybrid_prefix.py) on a shared-prefix trace: Gemma-3-27B on
 2 x H100 (52 of 62 layers slide over 1,024 tokens), its hit rate and TTFT with the cache on and off,
 and the same for Qwen3-Next-80B-A3B (state layers: hits only where a state was saved).
 

@@ -34,7 +34,7 @@ sys.path.insert(0, sys.argv[1])
 from bench_split import workload
 from servelab.api import replay
 from servelab.policies.base import policy_class
-from servelab.replay.engine import Engine
+from servelab.replay.core.engine import Engine
 
 case, policy, first, count = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "count"
 caching, engine = sys.argv[6], json.loads(sys.argv[7])

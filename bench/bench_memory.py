@@ -57,8 +57,8 @@ def main() -> None:
     mark("start")
     from servelab import assembly as api  # (the module that runs the replay: its functions are wrapped)
     from servelab.replay import results
-    from servelab.replay.engine import Engine
-    from servelab.replay.logs import StepLog
+    from servelab.replay.core.engine import Engine
+    from servelab.replay.core.logs import StepLog
     from servelab.traces.synth import synth_trace
 
     mark("imported")

@@ -76,7 +76,7 @@ def replay_table(runner) -> None:
 
 
 def cluster_table(runner) -> None:
-    from servelab.replay.cluster import ClusterConfig
+    from servelab.replay.cluster.config import ClusterConfig
 
     _, mm = mm_trace(rate=24.0)
     print("| topology (GPUs) | mean TTFT (ms) | p99 TTFT (ms) | mean TPOT (ms) | p99 TPOT (ms) | mean encode wait (ms) |")

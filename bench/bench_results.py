@@ -69,8 +69,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from servelab import assembly as api  # (the module that runs the replay: its functions are wrapped)
-    from servelab.replay.engine import Engine
-    from servelab.replay.logs import StepLog, TokenLog
+    from servelab.replay.core.engine import Engine
+    from servelab.replay.core.logs import StepLog, TokenLog
 
     if args.case == "azure":
         from servelab.traces.bundled import default_trace_path

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from servelab.api import EngineConfig, ReplayConfig, build_runner, replay
-from servelab.replay.speculative import expected_tokens_per_step
+from servelab.replay.core.speculative import expected_tokens_per_step
 from servelab.traces.bundled import default_trace_path
 from servelab.traces.io import read_trace
 

@@ -100,7 +100,7 @@ def main() -> None:
 
     from servelab.api import replay
     from servelab.policies.base import policy_class
-    from servelab.replay.engine import Engine
+    from servelab.replay.core.engine import Engine
 
     split = Split()
     split.wrap_policy(policy_class(args.policy))

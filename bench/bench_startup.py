@@ -12,7 +12,7 @@ from just before it is started (fork + exec + interpreter start-up count) to:
   CPU seconds from ``Engine.run``'s return to exit (building the result tables, writing the run
   directory, interpreter shutdown), alone and as a share of the process's.
 
-``Engine.run`` is timed through an import hook that wraps it as ``servelab.replay.engine`` loads, so
+``Engine.run`` is timed through an import hook that wraps it as ``servelab.replay.core.engine`` loads, so
 the child imports exactly what ``servelab replay`` imports. ``--modules`` lists the top-level packages
 and pyarrow's modules imported by the first event (and the heavy ones: polars, duckdb, optuna,
 matplotlib, scipy, rich, torch, pandas).
@@ -36,14 +36,14 @@ from pathlib import Path
 
 HEAVY = ("polars", "duckdb", "optuna", "matplotlib", "scipy", "rich", "torch", "pandas")
 
-# Run in the child: wrap Engine.run when servelab.replay.engine is loaded, then run the CLI.
+# Run in the child: wrap Engine.run when servelab.replay.core.engine is loaded, then run the CLI.
 CHILD = r"""
 import os, sys, time
 MARK = "@@first-event"
 
 class _Hook:
     def find_spec(self, name, path, target=None):
-        if name != "servelab.replay.engine":
+        if name != "servelab.replay.core.engine":
             return None
         sys.meta_path.remove(self)
         spec = next(s for s in (f.find_spec(name, path, target) for f in sys.meta_path if hasattr(f, "find_spec")) if s)

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 SCHEMA = pa.schema(list(REQUESTS_SCHEMA) + [pa.field("depends_on", pa.list_(pa.int64())),
                                             pa.field("think_s", pa.float64()), pa.field("task_deadline_s", pa.float64())])

@@ -26,7 +26,7 @@ import pyarrow as pa
 from servelab.common.errors import InputError, ServelabError
 from servelab.common.registry import Registry
 from servelab.replay.results import RunResult
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from servelab.traces.prefixes import PrefixSpec
 
 # format name -> importer(paths: list[Path]) -> Measured
@@ -326,7 +326,7 @@ def _token_gaps(rows: Rows, order: np.ndarray, first_token: list[float | None]) 
     source's own gap (not a difference of rebased times), so ITL percentiles are the source's."""
     if not any(g for g in rows.itls_s):
         return None
-    from servelab.replay.logs import tokens_schema
+    from servelab.replay.core.logs import tokens_schema
 
     rid, index, times, itl = [], [], [], []
     for new_id, i in enumerate(order):

@@ -5,7 +5,7 @@ Two layouts are read (docs/fidelity.md, "Fitting on per-step logs"):
 - **servelab step log** (Parquet or CSV, one row per engine step): ``step_s`` (the step's wall
   time, start to the next step's start), ``prefill_tokens``, ``prefill_seqs``, ``decode_seqs``,
   ``decode_context_tokens``; optionally ``prefill_context_tokens`` and ``prefill_attention_pairs``
-  (0 when absent), with the meanings of StepShape (replay/protocols.py).
+  (0 when absent), with the meanings of StepShape (replay/core/protocols.py).
 - **vLLM step trace** (Parquet; the layout of inference-sim's ``enriched_steps.parquet``, detected
   by its ``step.ts_start_ns`` column): ``step.id``, ``step.ts_start_ns``, ``batch.prefill_tokens``,
   ``batch.num_prefill_reqs``, ``batch.num_decode_reqs``, ``kv.usage_gpu_ratio``,

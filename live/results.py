@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 from servelab.live.client import Record
-from servelab.replay.logs import tokens_schema
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.core.logs import tokens_schema
+from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 LIVE_COLUMNS = pa.schema(
     [

@@ -1,6 +1,6 @@
 """The policies' side of the seam: a base class with the Policy protocol's defaults, and the registry.
 
-The protocol itself is the engine's (``servelab.replay.protocols.Policy``). A policy sees one
+The protocol itself is the engine's (``servelab.replay.core.protocols.Policy``). A policy sees one
 replica's state at an iteration boundary and returns an immutable `Batch`; it never calls the
 runner and never mutates the replica (the engine applies the decision). A new policy is one file in
 this package: a class with ``Params`` (a frozen dataclass) registered with ``@POLICIES.register``.
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from servelab.common.registry import ClassRegistry
-from servelab.replay.batch import UNLIMITED, Batch, BatchBuilder, ReadsRunning
-from servelab.replay.engine_config import EngineConfig, make_params
-from servelab.replay.protocols import Policy
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
-from servelab.replay.speculative import SpecBatchBuilder
+from servelab.replay.core.batch import UNLIMITED, Batch, BatchBuilder, ReadsRunning
+from servelab.replay.core.engine_config import EngineConfig, make_params
+from servelab.replay.core.protocols import Policy
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request
+from servelab.replay.core.speculative import SpecBatchBuilder
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class NoParams:
 
 
 class PolicyBase:
-    """The Policy protocol's defaults (replay/protocols.py): FCFS victims (most recently admitted
+    """The Policy protocol's defaults (replay/core/protocols.py): FCFS victims (most recently admitted
     first), no rejection, no shedding, no bookkeeping in the hooks. ``name`` is set by the registry."""
 
     name: ClassVar[str] = "?"
@@ -76,7 +76,7 @@ class PolicyBase:
     def builder(self, replica: Replica, token_budget: int | None = None, seq_budget: int | None = None) -> BatchBuilder:
         if token_budget is None and not self.uses_token_budget:
             token_budget = UNLIMITED
-        if replica.config.spec_method is not None:  # decodes take their drafts too (replay/speculative.py)
+        if replica.config.spec_method is not None:  # decodes take their drafts too (replay/core/speculative.py)
             return SpecBatchBuilder(replica, self.victim_key, token_budget, seq_budget)
         return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 

@@ -23,9 +23,9 @@ from itertools import takewhile
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)

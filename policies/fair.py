@@ -31,9 +31,9 @@ from servelab.policies.ordering import (
     ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output, step_tokens, tier_ranker,
     within_key,
 )
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request, Status
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request, Status
 
 
 @dataclass(frozen=True, slots=True)

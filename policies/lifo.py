@@ -10,8 +10,8 @@ FCFS, and the golden test shows the difference by hand.
 from __future__ import annotations
 
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
 
 
 @POLICIES.register("lifo")

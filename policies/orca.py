@@ -8,8 +8,8 @@ the same iteration as the running decodes; only ``max_num_seqs`` and KV limit th
 from __future__ import annotations
 
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
 
 
 @POLICIES.register("orca")

@@ -15,7 +15,7 @@ import numpy as np
 
 from servelab.common.errors import ServelabError
 from servelab.common.tiers import DEFAULT_TIERS, parse_tiers, tier_ranker  # noqa: F401 (re-exported)
-from servelab.replay.request import Request
+from servelab.replay.core.request import Request
 
 WITHIN = ("fcfs", "sjf", "srpt")
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import KeyedWaiting
-from servelab.replay.batch import Batch, BatchBuilder
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.core.batch import Batch, BatchBuilder
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
 
 
 @dataclass(frozen=True, slots=True)

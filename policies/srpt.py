@@ -19,9 +19,9 @@ from itertools import chain, islice
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import KeyedWaiting, predicted_output
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request, Status
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request, Status
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ prompts); it runs iteration by iteration until every member has finished, then t
 from __future__ import annotations
 
 from servelab.policies.base import POLICIES, PolicyBase
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
 
 
 @POLICIES.register("static")

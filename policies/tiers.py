@@ -28,9 +28,9 @@ from servelab.policies.ordering import (
     DEFAULT_TIERS, ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output,
     tier_ranker, within_key,
 )
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request
 
 
 

@@ -16,9 +16,9 @@ aggregate's members sat that iteration out, so its next inter-token gap is short
 from __future__ import annotations
 
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
-from servelab.replay.batch import Batch
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.core.batch import Batch
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request
 
 
 @POLICIES.register("vllm-v0")

@@ -1,4 +1,4 @@
-"""Frozen configuration of a whole replay: the engine's (`EngineConfig`, replay/engine_config.py), the
+"""Frozen configuration of a whole replay: the engine's (`EngineConfig`, replay/core/engine_config.py), the
 policy, runner and cluster choices, and each cluster pool's own flat config. Validated without I/O.
 
 The same keys are accepted on the command line (``--max-num-seqs 64``) and in a TOML config file
@@ -13,9 +13,9 @@ from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
-from servelab.replay.cluster import ClusterConfig, PoolConfig, split_settings
-from servelab.replay.instances import InstanceType
-from servelab.replay.engine_config import INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params
+from servelab.replay.cluster.config import ClusterConfig, PoolConfig, split_settings
+from servelab.replay.cluster.instances import InstanceType
+from servelab.replay.core.engine_config import INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params
 from servelab.common.textfile import read_text
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class ReplayConfig:
     quantization: str = ""
     kv_cache_dtype: str = "auto"
     router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
-    cluster: ClusterConfig | None = None  # pools and links (replay/cluster.py); None: one pool of engine.replicas
+    cluster: ClusterConfig | None = None  # pools and links (replay/cluster/config.py); None: one pool of engine.replicas
 
     def __post_init__(self) -> None:
         _positive(self, "dp", "pp")
@@ -47,7 +47,7 @@ class ReplayConfig:
             raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
                                 "replicas ([[cluster.pools]] replicas = N)")
         if self.cluster is None and self.engine.fail:  # (a cluster's replica ids are checked once its pools are built)
-            from servelab.replay.specs import Failure, check_failures
+            from servelab.replay.core.specs import Failure, check_failures
 
             check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
         if self.cluster is not None:  # each pool's overrides with the top level: checked here, once, not when built
@@ -114,7 +114,7 @@ class ReplayConfig:
                 known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
                                 "model", "gpu", "tp", *RUNNER_KEYS])
                 raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
-        try:  # each part checks its fields (replay/config_parts.py); the message names the file
+        try:  # each part checks its fields (replay/core/config_parts.py); the message names the file
             return cls(engine=EngineConfig(**engine_values), **top)
         except ServelabError as exc:
             if source == COMMAND_LINE:  # (the message names the field, which is the option: --preemption)

@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.atomic import atomic_dir
-from servelab.replay.platform import NO_FAULTS
-from servelab.replay.logs import TokenTable
-from servelab.replay.encoder import MM_COLUMNS, attach
-from servelab.replay.request import Request, Status
-from servelab.replay.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
+from servelab.replay.platform.hooks import NO_FAULTS
+from servelab.replay.core.logs import TokenTable
+from servelab.replay.core.encoder import MM_COLUMNS, attach
+from servelab.replay.core.request import Request, Status
+from servelab.replay.core.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
 
 if TYPE_CHECKING:
-    from servelab.replay.engine import Engine
+    from servelab.replay.core.engine import Engine
 
 
 @dataclass
@@ -82,13 +82,13 @@ def requests_from_table(trace: pa.Table, first_index: int = 0) -> tuple[list[Req
         if "lora_adapter" in names:  # (set apart: a trace without adapters pays nothing)
             for req, adapter in zip(requests[index - first_index:], col("lora_adapter")):
                 req.lora_adapter = adapter
-        if names & MM_SET:  # images, video, audio (replay/encoder.py)
+        if names & MM_SET:  # images, video, audio (replay/core/encoder.py)
             attach(requests[index - first_index:], {name: list(col(name)) for name in MM_COLUMNS if name in names})
         index += n
     followers: dict[int, Request] = {}
     last_in_session: dict[int, Request] = {}
     dependent = _dependent_rows(trace, first_index) if "depends_on" in names else ()
-    for i in dependent:  # arrives when its parents have finished (replay/depends.py)
+    for i in dependent:  # arrives when its parents have finished (replay/core/depends.py)
         requests[i - first_index].arrival_s = None
     for req in requests:  # the trace is sorted by arrival: that orders each session's turns
         if req.session_id is None or (dependent and req.index in dependent):
@@ -188,7 +188,7 @@ def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
 
 
 def tier_columns(requests: list[Request], tier_names: list[str]) -> list[tuple[pa.Field, pa.Array]]:
-    """With offload tiers (replay/tiers.py), the columns appended to the requests table: ``kv_load_s``
+    """With offload tiers (replay/core/kv/tiers.py), the columns appended to the requests table: ``kv_load_s``
     (seconds loading KV from lower tiers), ``cached_tokens_gpu`` and ``cached_tokens_<tier>`` per tier
     (of ``cached_tokens``, the tokens each served); ``requests`` in row order."""
     load = pa.array([r.kv_load_s for r in requests], pa.float64())

@@ -6,7 +6,7 @@ numbered from the file's first); ``TraceStream`` feeds the engine its arrivals a
 hands the requests that ended, in trace order, to the requests table's writer; ``RowGroupWriter``
 writes a results file a row group at a time with the settings of the in-memory writer.
 
-The engine asks for more arrivals through one event (``REFILL``, replay/engine.py): a batch's last
+The engine asks for more arrivals through one event (``REFILL``, replay/core/engine.py): a batch's last
 request is held back from the arrivals list, and the event, at that request's arrival time, comes
 before everything else at its instant, so every look ahead at the next arrival sees what a replay of
 the whole table sees, and the results are the same. The requests table is built in chunks of
@@ -29,10 +29,10 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.errors import InputError
-from servelab.replay.encoder import MM_COLUMNS
-from servelab.replay.engine import REFILL, Engine
-from servelab.replay.journal import Ledger
-from servelab.replay.request import Status
+from servelab.replay.core.encoder import MM_COLUMNS
+from servelab.replay.core.engine import REFILL, Engine
+from servelab.replay.core.journal import Ledger
+from servelab.replay.core.request import Status
 from servelab.replay.results import (
     STATUS_NAMES, parquet_options, requests_from_table, requests_table_from, tier_columns, with_platform_columns,
 )

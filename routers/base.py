@@ -1,6 +1,6 @@
 """The routers' side of the seam: a base class, the registry, and lookup by name.
 
-The contract is the engine's (``servelab.replay.protocols.Router``): ``route(req, replicas)`` picks
+The contract is the engine's (``servelab.replay.core.protocols.Router``): ``route(req, replicas)`` picks
 the live replica an arriving request joins. A router is one file in this package with a class
 registered by ``@ROUTERS.register("name")``; a lookup finds it by its file being in this package
 (or under the ``servelab.routers`` entry point of another package: common/registry.py), so adding a
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servelab.common.registry import ClassRegistry
-from servelab.replay.engine_config import make_params
+from servelab.replay.core.engine_config import make_params
 
 if TYPE_CHECKING:
-    from servelab.replay.replica import Replica
-    from servelab.replay.request import Request
+    from servelab.replay.core.replica import Replica
+    from servelab.replay.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""LoRA affinity: the replica where the request's adapter is already loaded (replay/lora.py)."""
+"""LoRA affinity: the replica where the request's adapter is already loaded (replay/core/lora.py)."""
 
 from __future__ import annotations
 

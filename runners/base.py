@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from servelab.common.registry import Registry
-from servelab.replay.protocols import BlockAllocator, Runner, StepItem, StepPlan, StepShape
+from servelab.replay.core.protocols import BlockAllocator, Runner, StepItem, StepPlan, StepShape
 
 
 class RunnerBase:
@@ -26,7 +26,7 @@ class RunnerBase:
     def make_allocator(self, replica_id: int, num_blocks: int) -> BlockAllocator | None:
         return None
 
-    # Multi-LoRA (replay/lora.py): a runner that knows its model gives an adapter's parameters per unit
+    # Multi-LoRA (replay/core/lora.py): a runner that knows its model gives an adapter's parameters per unit
     # of rank (its size) and may price the adapters' kernels; one that does not cannot serve LoRA.
     lora_params_per_rank: ClassVar[int | None] = None
     lora_dtype_bytes: ClassVar[int] = 2

@@ -4,7 +4,7 @@ A model with sliding-window layers (Gemma 2/3, gpt-oss, Mistral) or state layers
 Gated DeltaNet, Jamba's Mamba) is priced as the roofline prices any model, except:
 
 - capacity: the KV pool is laid out in layer groups as vLLM's hybrid KV cache manager lays it out
-  (replay/kv_groups.py); ``kv_capacity_tokens`` is the pool's blocks times ``block_size``, and the
+  (replay/core/kv/kv_groups.py); ``kv_capacity_tokens`` is the pool's blocks times ``block_size``, and the
   KV manager counts a request's blocks over its groups (``kv_layout``);
 - attention: full-attention layers read every token of a sequence's KV; sliding-window layers read
   at most the last ``window`` of them (a decode at context t reads min(t, window); a prefill chunk of
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from servelab.common.errors import ServelabError
-from servelab.replay.kv_groups import KVLayout
+from servelab.replay.core.kv.kv_groups import KVLayout
 from servelab.runners.base import StepPlan, StepShape
 from servelab.runners.roofline import RooflineRunner, kv_memory_bytes
 

@@ -76,7 +76,7 @@ class ModelPreset(DecoderShape):
     # Longest prompt + output the model takes (config.json's max_position_embeddings: vLLM's default
     # max_model_len, beyond which it answers 400); None: not known
     max_position_embeddings: int | None = None
-    # Hybrid attention (replay/kv_groups.py): sliding_layers of the layers attend to the last
+    # Hybrid attention (replay/core/kv/kv_groups.py): sliding_layers of the layers attend to the last
     # sliding_window tokens only (Gemma 2/3, gpt-oss, Mistral); state_layers are linear-attention or
     # state-space layers (Qwen3-Next, Jamba, Nemotron-H) with no KV but a fixed state of state_bytes
     # per sequence each (whole model, split over TP); the other layers attend to every token.
@@ -111,7 +111,7 @@ class ModelPreset(DecoderShape):
 
     @property
     def is_hybrid(self) -> bool:
-        """Not every layer attends to every token: KV is kept per layer group (replay/kv_groups.py)."""
+        """Not every layer attends to every token: KV is kept per layer group (replay/core/kv/kv_groups.py)."""
         return bool(self.sliding_layers or self.state_layers)
 
     @property
@@ -120,8 +120,8 @@ class ModelPreset(DecoderShape):
         return self.num_layers - self.state_layers - self.mlp_only_layers
 
     def layer_kinds(self, tp: int):
-        """The model's layers by kind with their bytes on one of ``tp`` GPUs (replay/kv_groups.py)."""
-        from servelab.replay.kv_groups import LayerKinds
+        """The model's layers by kind with their bytes on one of ``tp`` GPUs (replay/core/kv/kv_groups.py)."""
+        from servelab.replay.core.kv.kv_groups import LayerKinds
 
         token = self.kv_bytes_per_token_layer if self.is_mla else self.kv_bytes_per_token_layer // tp
         return LayerKinds(full=self.attention_layers - self.sliding_layers, sliding=self.sliding_layers,

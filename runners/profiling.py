@@ -102,7 +102,7 @@ def batches(grid: Grid) -> Iterator[Batch]:
 
 def plan_for(batch: Batch, runner: Runner, allocator=None, block_size: int = 16) -> tuple[StepPlan, list]:
     """A StepPlan with stand-in requests (progress counters set) for runners that execute items."""
-    from servelab.replay.request import Request
+    from servelab.replay.core.request import Request
 
     items: list[StepItem] = []
     requests = []

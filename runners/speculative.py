@@ -1,7 +1,7 @@
 """Speculative decoding's cost: the proposer's forwards plus the target verifying ``1 + k`` tokens per decode.
 
 `SpeculativeRunner` wraps any pricing runner (the *target*). A step's shape counts, besides the
-usual prefill and decode terms, ``spec_tokens``: the drafts its decodes verify (replay/speculative.py
+usual prefill and decode terms, ``spec_tokens``: the drafts its decodes verify (replay/core/speculative.py
 decides them). The step then costs
 
 - **verification**: the target prices each decode as a chunk of ``1 + d`` tokens on top of its KV

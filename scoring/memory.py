@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from servelab.scoring.db import new_connection, set_slo
 from servelab.scoring.slo import SloTable
 from servelab.scoring.sources import OPTIONAL_REQUEST_COLUMNS, POOLS_SCHEMA, num_gpus, pool_rows

@@ -305,7 +305,7 @@ def render(data: dict[str, Any], console: Console) -> None:
     overall = next(r for r in data["attainment"] if r["scope"] == "overall")
     refused = overall["rejected"] + overall["throttled"] + overall["dropped"]
     live = sum(overall.get(s) or 0 for s in LIVE_STATUSES)  # a live run's failed, timed-out, cancelled requests
-    skipped = overall.get("skipped") or 0  # dependent requests never sent (replay/depends.py)
+    skipped = overall.get("skipped") or 0  # dependent requests never sent (replay/core/depends.py)
     console.print(
         f"requests {overall['requests']}: {overall['finished']} finished, {overall['unfinished']} unfinished, "
         f"{overall['rejected']} rejected, {overall['throttled']} throttled, {overall['dropped']} dropped"

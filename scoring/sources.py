@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 # Columns later engines/policies may add; views see NULL where a run lacks them.
 OPTIONAL_REQUEST_COLUMNS = pa.schema(

@@ -15,9 +15,9 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99", "p999")
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "max_itl_s")
 END_STATUSES = ("finished", "unfinished", "rejected", "throttled", "dropped")
-# live runs (servelab bench; docs/live.md), and a replay's client timeouts (aborted: replay/abort.py)
+# live runs (servelab bench; docs/live.md), and a replay's client timeouts (aborted: replay/platform/abort.py)
 LIVE_STATUSES = ("failed", "timeout", "cancelled", "aborted")
-# never sent: a request it depends on did not finish (trace schema v2; replay/depends.py). A miss, as
+# never sent: a request it depends on did not finish (trace schema v2; replay/core/depends.py). A miss, as
 # every status but finished is.
 DEPENDENT_STATUSES = ("skipped",)
 
@@ -359,7 +359,7 @@ GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
 ORDER BY run_id, scope, name
 """
 
-# With offload tiers (replay/tiers.py): requests.parquet has kv_load_s and cached_tokens_<tier> per
+# With offload tiers (replay/core/kv/tiers.py): requests.parquet has kv_load_s and cached_tokens_<tier> per
 # tier (gpu first). Tier names come from the run, so the per-tier columns are unpivoted by pattern.
 KV_TIERS = f"""
 CREATE OR REPLACE VIEW kv_tiers AS

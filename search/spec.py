@@ -45,7 +45,7 @@ TOP_CONFIG_KEYS = ("policy", "runner", "model", "gpu", "tp")
 # Objectives subject to attainment >= target (an Optuna constraint: a trial below it is infeasible).
 CONSTRAINED = ("cost", "cost_per_million_tokens")
 # A cluster pool's searchable keys besides the engine keys (`space.pools.NAME.KEY`), with their types;
-# `autoscale.KEY` takes the autoscale table's keys (replay/autoscale.py).
+# `autoscale.KEY` takes the autoscale table's keys (replay/cluster/autoscale.py).
 POOL_KEYS = {"replicas": "int", "gpu": "str", "tp": "int", "router": "str", "runner": "str", "model": "str",
              "policy": "str"}
 AUTOSCALE_KEYS = {"min": "int", "max": "int", "signal": "str", "target": "float", "interval_s": "float",
@@ -532,7 +532,7 @@ class _Parser:
         return next(p for p in base.cluster.pools if p.name == name), rest[len(name) + 1:]
 
     def _pool_key_type(self, pool, key: str, where: str) -> str:
-        from servelab.replay.cluster import CLUSTER_WIDE
+        from servelab.replay.cluster.config import CLUSTER_WIDE
 
         if key.startswith("autoscale."):
             sub = key[len("autoscale."):]
@@ -682,7 +682,7 @@ class _Parser:
             return
         top_gpus = {base.gpu} | {v for p in space if p.key == "gpu" and p.pool is None for v in p.choices}
         for i, pool in enumerate(base.cluster.pools):
-            if pool.instances:  # priced per instance type (replay/instances.py), else by [cost] gpu_prices
+            if pool.instances:  # priced per instance type (replay/cluster/instances.py), else by [cost] gpu_prices
                 for j, kind in enumerate(pool.instances):
                     if kind.price_per_gpu_hour <= 0 and kind.gpu not in prices:
                         raise self.error(f"cluster.pools[{i}].instances[{j}].price_per_gpu_hour",

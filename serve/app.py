@@ -15,7 +15,7 @@ import time
 
 from aiohttp import web
 
-from servelab.replay.request import Status
+from servelab.replay.core.request import Status
 from servelab.serve.metrics import Metrics
 from servelab.serve.prompts import PromptCounter
 from servelab.serve.sim import Simulation

@@ -2,7 +2,7 @@
 
 Simulated seconds = wall seconds since start x ``time_scale``. A request is submitted at its receive
 time on that clock, so the engine schedules it from when it came in, whatever the HTTP path costs
-later; the server only releases the tokens the engine reports (replay/online.py).
+later; the server only releases the tokens the engine reports (replay/platform/online.py).
 
 The clock is one timer of the event loop set for the engine's next event: when it fires, the
 engine is advanced to now in that callback and every token due by then is handed to its request's
@@ -23,10 +23,10 @@ import time
 from servelab.assembly import build_cluster
 from servelab.common.errors import ServelabError
 from servelab.replay.config import ReplayConfig
-from servelab.replay.engine import Engine
-from servelab.replay.online import Online
-from servelab.replay.platform import Platform
-from servelab.replay.request import Request
+from servelab.replay.core.engine import Engine
+from servelab.replay.platform.online import Online
+from servelab.replay.platform.hooks import Platform
+from servelab.replay.core.request import Request
 
 # epoll and poll wait whole milliseconds, rounded up: a timer set for t fires in [t, t + 1 ms) (asyncio's
 # selector loop), 0.5 ms late on average. So the clock's timer is set half of that early, and the

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from servelab.api import EngineConfig, ReplayConfig, replay
-from servelab.replay.engine import Engine
+from servelab.replay.core.engine import Engine
 from servelab.runners.base import make_runner
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from servelab.replay.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
 
 def req(request_id, status="finished", arrival=0.0, first_token=None, finish=None, output=1, prompt=10,

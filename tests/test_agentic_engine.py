@@ -1,4 +1,4 @@
-"""Requests that depend on requests (trace schema v2, replay/depends.py): hand-computed timelines on
+"""Requests that depend on requests (trace schema v2, replay/core/depends.py): hand-computed timelines on
 an idle engine with the linear runner, reuse of a parent's KV by its dependent, skipped dependents.
 
 The runner's weights are powers of two, so every time below is exact in binary and the goldens

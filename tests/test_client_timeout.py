@@ -1,4 +1,4 @@
-"""Client timeouts (replay/abort.py): a request its client abandons ends ``aborted`` and frees its KV.
+"""Client timeouts (replay/platform/abort.py): a request its client abandons ends ``aborted`` and frees its KV.
 
 Golden timelines on one slot where every iteration costs 1 (``linear:base=1``) and KV is reserved
 at admission (``kv_allocation = reserve``), so a waiting request is admitted exactly when the blocks
@@ -15,10 +15,10 @@ from helpers_engine import checking_engine, column, run, synthetic, with_tiers
 import servelab.assembly
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.common.errors import InputError, ServelabError
-from servelab.replay.abort import Aborts
-from servelab.replay.engine import Engine
-from servelab.replay.replica import owed
-from servelab.replay.request import Status
+from servelab.replay.platform.abort import Aborts
+from servelab.replay.core.engine import Engine
+from servelab.replay.core.replica import owed
+from servelab.replay.core.request import Status
 from servelab.traces.schema import validate
 
 # A: prompt 32, 30 output tokens: reserves ceil(62 / 16) = 4 blocks, all there are. B: prompt 32,

@@ -1,4 +1,4 @@
-"""Client timeouts combined with replica failures and with prefill/decode pools (replay/abort.py,
+"""Client timeouts combined with replica failures and with prefill/decode pools (replay/platform/abort.py,
 ``Disaggregation.abandon``, ``Engine.evict``): every request is accounted once, a request whose
 client gives up inside a KV transfer or on a replica that then fails is ended once, at its deadline,
 and what it held is freed then. Hand-traced timelines: every step costs 1 s (``linear:base=1``),
@@ -13,7 +13,7 @@ import pytest
 from conftest import make_trace
 from helpers_engine import synthetic
 
-import servelab.replay.engine as engine_module
+import servelab.replay.core.engine as engine_module
 from servelab.api import ReplayConfig, replay
 from servelab.common.errors import ServelabError
 

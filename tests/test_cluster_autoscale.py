@@ -1,4 +1,4 @@
-"""Autoscaling (replay/autoscale.py) against a hand-computed replica timeline.
+"""Autoscaling (replay/cluster/autoscale.py) against a hand-computed replica timeline.
 
 One replica at first, every step 1 s (``linear:base=1``), one request per replica at a time
 (``max_num_seqs = 1``): a request of 10 output tokens holds a replica for 10 s. Target tracking

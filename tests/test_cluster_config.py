@@ -1,4 +1,4 @@
-"""The cluster description (replay/cluster.py): parsing, errors, and the one-pool case being
+"""The cluster description (replay/cluster/config.py): parsing, errors, and the one-pool case being
 today's flat ``--replicas N --router R`` replay byte for byte."""
 
 from __future__ import annotations

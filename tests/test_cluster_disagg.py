@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (replay/disagg.py, replay/transfer.py) against hand-traced timelines.
+"""Prefill/decode disaggregation (replay/cluster/disagg.py, replay/cluster/transfer.py) against hand-traced timelines.
 
 Every step costs 1 s (``linear:base=1``); KV is 1,000 bytes per token, so an 8-token prompt moves
 8,000 bytes: at 1,000 B/s (``bandwidth_gbps = 1e-6``) that is 8 s alone on the link.

@@ -1,4 +1,4 @@
-"""Autoscaled prefill and decode pools (replay/autoscale.py through replay/disagg.py) against
+"""Autoscaled prefill and decode pools (replay/cluster/autoscale.py through replay/cluster/disagg.py) against
 hand-computed replica timelines.
 
 Every step costs 1 s (``linear:base=1``); KV is 1,000 bytes per token. Arrivals sit at half

@@ -1,6 +1,6 @@
 """Instance types on prefill/decode pools, and replicas lost under them (failures, reclaimed
-instances), and pausing, against hand-traced timelines (replay/disagg.py ``lose``, replay/fleet.py,
-replay/platform.py ``evict``; docs/cluster.md "Losing a prefill or decode replica").
+instances), and pausing, against hand-traced timelines (replay/cluster/disagg.py ``lose``, replay/cluster/fleet.py,
+replay/platform/hooks.py ``evict``; docs/cluster.md "Losing a prefill or decode replica").
 
 Every step costs 1 s (``linear:base=1``); KV is 1,000 bytes per token. A lost replica is either
 failed (``fail``) or reclaimed (its instance type's availability drops): both go through the one
@@ -269,7 +269,7 @@ def every_event_engine(monkeypatch) -> list:
     """Engines that also check the invariants after every timed event (transfers, availability
     changes, autoscaler ticks) and every failure or recovery, not only after arrivals and steps."""
     import servelab.assembly
-    from servelab.replay.engine import TIMER
+    from servelab.replay.core.engine import TIMER
     from test_engine_invariants import CheckedEngine
 
     engines = []

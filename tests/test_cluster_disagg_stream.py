@@ -1,4 +1,4 @@
-"""Layer-by-layer KV streaming (``stream_layers`` on a link, replay/disagg.py) against hand-traced times.
+"""Layer-by-layer KV streaming (``stream_layers`` on a link, replay/cluster/disagg.py) against hand-traced times.
 
 Every step costs 1 s (``linear:base=1``), so a request's final prefill iteration lasts 1 s; KV is
 1,000 bytes per token, so an 8-token prompt is 8,000 B. With L layers the first L - 1 stream during

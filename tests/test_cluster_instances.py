@@ -1,4 +1,4 @@
-"""Heterogeneous and capacity-aware pools (replay/instances.py, replay/fleet.py) against hand-traced
+"""Heterogeneous and capacity-aware pools (replay/cluster/instances.py, replay/cluster/fleet.py) against hand-traced
 goldens.
 
 Every step takes 1 s (``linear:base=1``) and a replica runs one request at a time

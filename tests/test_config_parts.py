@@ -1,4 +1,4 @@
-"""The engine's config in typed parts (replay/config_parts.py), checked once where it is made (a TOML
+"""The engine's config in typed parts (replay/core/config_parts.py), checked once where it is made (a TOML
 file, the command line, the API), and a cluster pool's overrides typed once when the file is read:
 nothing inside the engine parses or coerces a config again (#27 item 3)."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from servelab.common.errors import ServelabError
-from servelab.replay import config_parts
-from servelab.replay.cluster import ClusterConfig
+from servelab.replay.core import config_parts
+from servelab.replay.cluster.config import ClusterConfig
 from servelab.replay.config import ReplayConfig, instance_config, pool_config
-from servelab.replay.config_parts import PART_OF, PARTS, EngineParts
-from servelab.replay.engine_config import EngineConfig
-from servelab.replay.instances import InstanceType
+from servelab.replay.core.config_parts import PART_OF, PARTS, EngineParts
+from servelab.replay.core.engine_config import EngineConfig
+from servelab.replay.cluster.instances import InstanceType
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,8 +169,8 @@ def test_pool_config_equals_the_old_round_trip_for_the_examples() -> None:
 
 PARSERS = {"coerce", "from_dict", "from_toml", "make_params", "typed_setting"}
 # the edge: where TOML, the command line and specs become typed objects
-EDGE = {"replay/config.py", "replay/cluster.py", "replay/engine_config.py", "replay/autoscale.py",
-        "replay/instances.py"}
+EDGE = {"replay/config.py", "replay/cluster/config.py", "replay/core/engine_config.py", "replay/cluster/autoscale.py",
+        "replay/cluster/instances.py"}
 # inside the edge files, the functions that build a pool's config from typed values
 INSIDE = {"replay/config.py": ("pool_config", "instance_config")}
 
@@ -196,7 +196,7 @@ def test_the_scan_sees_a_coercion(tmp_path) -> None:
 
 def test_the_engine_and_the_assembly_coerce_no_config() -> None:
     found = {}
-    for path in sorted((ROOT / "replay").glob("*.py")) + [ROOT / "assembly.py", ROOT / "api.py"]:
+    for path in sorted((ROOT / "replay").rglob("*.py")) + [ROOT / "assembly.py", ROOT / "api.py"]:
         rel = path.relative_to(ROOT).as_posix()
         if rel in EDGE and rel not in INSIDE:
             continue
@@ -213,7 +213,7 @@ def test_replace_rechecks_a_part() -> None:
 
 
 def test_a_pool_built_directly_takes_typed_overrides_only() -> None:
-    from servelab.replay.cluster import PoolConfig
+    from servelab.replay.cluster.config import PoolConfig
 
     assert dict(PoolConfig("a", settings=(("max_num_seqs", 64), ("tp", 2))).settings) == {"max_num_seqs": 64, "tp": 2}
     with pytest.raises(ServelabError, match=r"cluster pool 'a'.max_num_seqs: '64' is not a typed value \(int\)"):

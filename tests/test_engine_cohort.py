@@ -1,4 +1,4 @@
-"""The decode cohort (replay/cohort.py) is an optimisation only: its aggregates equal a per-request
+"""The decode cohort (replay/core/cohort.py) is an optimisation only: its aggregates equal a per-request
 count, and a replay with cohorts is byte-identical to one that visits every request."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.api import EngineConfig, ReplayConfig, replay
-from servelab.replay.batch import UNLIMITED, BatchBuilder
-from servelab.replay.cohort import DecodeCohort
+from servelab.replay.core.batch import UNLIMITED, BatchBuilder
+from servelab.replay.core.cohort import DecodeCohort
 from servelab.replay.config import EngineConfig as Cfg
-from servelab.replay.kv import KVManager
-from servelab.replay.replica import Replica
-from servelab.replay.request import Request
+from servelab.replay.core.kv.manager import KVManager
+from servelab.replay.core.replica import Replica
+from servelab.replay.core.request import Request
 from servelab.runners.base import make_runner
 
 

@@ -1,6 +1,6 @@
 """The engine's bookkeeping adds up after every event of randomised replays.
 
-- KV (replay/kv.py, ``KVManager.check``): used + free == total, the blocks held by running requests
+- KV (replay/core/kv/manager.py, ``KVManager.check``): used + free == total, the blocks held by running requests
   plus the decode cohort's aggregate equal ``used``, the host pool equals its swapped requests'.
 - ``Replica.outstanding_tokens`` equals what the requests on the replica still owe, and drains to 0.
 - The dependency rule: nothing in replay/ imports a concrete policy or runner, or the layers above.
@@ -16,18 +16,18 @@ import pytest
 import servelab.assembly
 from helpers_engine import checking_engine, run, synthetic, with_tiers
 from servelab.policies.base import POLICIES, policy_names
-from servelab.replay.engine import Engine
-from servelab.replay.protocols import Policy, Runner
-from servelab.replay.replica import owed
-from servelab.replay.request import Status
+from servelab.replay.core.engine import Engine
+from servelab.replay.core.protocols import Policy, Runner
+from servelab.replay.core.replica import owed
+from servelab.replay.core.request import Status
 
 REPO = Path(__file__).resolve().parents[1]
 LIVE = (Status.WAITING, Status.RUNNING)
 
 
 def disaggregation(engine: Engine):
-    """The prefill/decode handoff of a cluster replay (replay/disagg.py), or None."""
-    from servelab.replay.disagg import Disaggregation
+    """The prefill/decode handoff of a cluster replay (replay/cluster/disagg.py), or None."""
+    from servelab.replay.cluster.disagg import Disaggregation
 
     owners = [getattr(listener, "__self__", None) for listener in engine.step_listeners]
     return next((o for o in owners if isinstance(o, Disaggregation)), None)
@@ -241,7 +241,7 @@ def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
 def test_replay_imports_no_concrete_policy_runner_or_layer_above():
     forbidden = ("servelab.policies", "servelab.routers", "servelab.runners", "servelab.api", "servelab.assembly", "servelab.cli", "servelab.scoring",
                  "servelab.search")
-    for path in sorted((REPO / "replay").glob("*.py")):
+    for path in sorted((REPO / "replay").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.ImportFrom) and node.module:
@@ -327,7 +327,7 @@ ALLOCATOR_CASES = {
 def test_block_ids_add_up_after_every_event(monkeypatch, case):
     """With an allocator (a runner that needs block tables) and prefix caching, every block id is in
     exactly one place (allocator, a cached entry, an own segment, a running request's private
-    blocks), holders' tables start with their entries' ids (replay/block_names.py: ``check``)."""
+    blocks), holders' tables start with their entries' ids (replay/core/kv/block_names.py: ``check``)."""
     from servelab.api import EngineConfig, ReplayConfig, replay
     from servelab.runners.base import make_runner
 

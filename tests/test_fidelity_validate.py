@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from helpers_cli import run_main
 from servelab.fidelity.validate import compare
-from servelab.replay.schema import REQUESTS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA
 
 FIX = Path(__file__).parent / "fixtures" / "real_runs"
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 from servelab.common.errors import InputError, ServelabError
-from servelab.replay.kv_groups import KVLayout, LayerKinds
+from servelab.replay.core.kv.kv_groups import KVLayout, LayerKinds
 from servelab.runners.base import StepItem, StepPlan, StepShape, make_runner
 from servelab.runners.presets import MODEL_SOURCES, MODELS, model_from_hf_config
 from servelab.runners.roofline import kv_memory_bytes
@@ -66,7 +66,7 @@ def test_the_window_bound_holds_over_a_replay_of_gpt_oss(monkeypatch):
     from conftest import make_trace
     from servelab.api import replay
     from servelab.replay.config import ReplayConfig
-    from servelab.replay.kv import KVManager
+    from servelab.replay.core.kv.manager import KVManager
 
     seen = {"steps": 0, "most": 0}
     original = KVManager.slide
@@ -138,7 +138,7 @@ def test_state_slots_over_a_replay_of_qwen3_next(monkeypatch):
     from conftest import make_trace
     from servelab.api import replay
     from servelab.replay.config import ReplayConfig
-    from servelab.replay.kv import KVManager
+    from servelab.replay.core.kv.manager import KVManager
 
     seen = []
     original = KVManager.slide
@@ -204,7 +204,7 @@ def test_gemma3_decode_past_the_window_reads_less_than_all_full_attention():
 
 
 def test_items_price_each_context_and_shapes_price_the_mean():
-    from servelab.replay.request import Request
+    from servelab.replay.core.request import Request
 
     r = make_runner("roofline:model=gpt-oss-120b,gpu=h100-80gb,tp=2")
     reqs = [Request(i, 0.0, p, 10) for i, p in enumerate((50, 1000))]
@@ -218,7 +218,7 @@ def test_items_price_each_context_and_shapes_price_the_mean():
 
 
 def test_prefix_caching_is_on_by_default_with_a_hybrid_model():
-    """No refusal any more: the per-group cache (replay/hybrid_prefix.py, tests/test_hybrid_prefix.py) runs."""
+    """No refusal any more: the per-group cache (replay/core/kv/hybrid_prefix.py, tests/test_hybrid_prefix.py) runs."""
     from conftest import make_trace
     from servelab.api import replay
     from servelab.replay.config import ReplayConfig
@@ -342,8 +342,8 @@ def test_a_bad_nemotron_h_pattern_names_the_file_and_field(tmp_path, pattern, ma
 
 
 def test_blocks_to_finish_covers_a_whole_prompt_in_one_step_and_the_window_after():
-    from servelab.replay.kv import KVManager
-    from servelab.replay.request import Request
+    from servelab.replay.core.kv.manager import KVManager
+    from servelab.replay.core.request import Request
 
     layout = KVLayout(LayerKinds(full=18, sliding=18, state=0, window=128, token_bytes=1024), 16, 8192)
     kv = KVManager(100_000, 16, layout=layout)

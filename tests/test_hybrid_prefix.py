@@ -1,4 +1,4 @@
-"""Prefix caching per KV layer group of a hybrid model (replay/hybrid_prefix.py, #29 item 2): a hit
+"""Prefix caching per KV layer group of a hybrid model (replay/core/kv/hybrid_prefix.py, #29 item 2): a hit
 is the longest block-aligned prefix every group can serve (vLLM's hybrid KV cache manager), checked
 on hand-computed shared prefixes and against the cache's own contents, with the pool's bookkeeping
 checked after every event."""
@@ -11,8 +11,8 @@ import pytest
 
 from helpers_engine import column, run, synthetic
 from servelab.common.errors import ServelabError
-from servelab.replay.hybrid_prefix import HybridPrefixCache
-from servelab.replay.kv_groups import KVLayout, LayerKinds
+from servelab.replay.core.kv.hybrid_prefix import HybridPrefixCache
+from servelab.replay.core.kv.kv_groups import KVLayout, LayerKinds
 from test_prefix_cache import chain, hashed
 
 GEMMA = "roofline:model=gemma-3-27b,gpu=h100-80gb,tp=2"

@@ -1,4 +1,4 @@
-"""Intents (replay/intents.py): the cluster and the platform say what they want, ``Engine.enact`` applies it.
+"""Intents (replay/core/intents.py): the cluster and the platform say what they want, ``Engine.enact`` applies it.
 
 The timelines combine replica failures with autoscaling, fleets of instance types and prefill/decode
 pools, recording every intent the engine enacts (time, kind, replica, request). Every step takes 1 s
@@ -16,8 +16,8 @@ from conftest import make_trace
 from helpers_engine import rows
 from servelab.api import ReplayConfig, replay
 from servelab.common.errors import ServelabError
-from servelab.replay import intents as I
-from servelab.replay.engine import Engine
+from servelab.replay.core import intents as I
+from servelab.replay.core.engine import Engine
 
 REPLAY = Path(__file__).resolve().parent.parent / "replay"
 
@@ -240,8 +240,8 @@ def test_the_cluster_and_failures_reach_membership_and_handoffs_only_through_int
     """The converted components call none of the engine's membership or handoff verbs themselves."""
     verbs = re.compile(r"engine\.(publish|fail|restore|hand_off|land|route_all|_cut_stretch|end)\(|adopt_orphans")
     for name in ("autoscale", "fleet", "disagg", "encode_pool", "transfer"):
-        found = verbs.findall((REPLAY / f"{name}.py").read_text())
+        found = verbs.findall((REPLAY / "cluster" / f"{name}.py").read_text())
         assert not found, (name, found)
-    platform = (REPLAY / "platform.py").read_text()
+    platform = (REPLAY / "platform" / "hooks.py").read_text()
     fault = platform[platform.index("def fault("):platform.index("def take_held(")]
     assert not verbs.findall(fault)

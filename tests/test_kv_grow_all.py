@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.replay.kv import KVManager
-from servelab.replay.prefix_cache import PrefixCache
-from servelab.replay.request import Request, Status
+from servelab.replay.core.kv.manager import KVManager
+from servelab.replay.core.kv.prefix_cache import PrefixCache
+from servelab.replay.core.request import Request, Status
 
 
 def held_and_freed(with_cache: bool) -> tuple[KVManager, list[Request]]:

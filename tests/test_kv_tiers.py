@@ -1,4 +1,4 @@
-"""Offload tiers below GPU memory (replay/tiers.py) and the purge list, against hand-traced timelines.
+"""Offload tiers below GPU memory (replay/core/kv/tiers.py) and the purge list, against hand-traced timelines.
 
 Timelines use ``linear:base=1,prefill_token=0.25`` (an iteration computing p prompt tokens takes
 1 + p/4 s), 16-token blocks and 16-token hash blocks, and 1 MB of KV per token (a block: 16 MB), so
@@ -263,10 +263,10 @@ def test_a_purged_tenants_request_dropped_after_a_preemption_leaves_nothing_cach
     dropped while waiting (``KVManager.forget``, called by Platform.drop). Kept: A would hit 95
     tokens (all but its last) and B (another tenant, A's 64-token hashed prefix) 63. Purged: nothing
     is left in any tier; every block is plainly free again."""
-    from servelab.replay.kv import KVManager
-    from servelab.replay.prefix_cache import PrefixCache
-    from servelab.replay.request import Request
-    from servelab.replay.tiers import build_stacks, parse_tiers
+    from servelab.replay.core.kv.manager import KVManager
+    from servelab.replay.core.kv.prefix_cache import PrefixCache
+    from servelab.replay.core.request import Request
+    from servelab.replay.core.kv.tiers import build_stacks, parse_tiers
 
     stack = build_stacks(parse_tiers((DRAM,)), 1, 16 * 1_000_000, True)[0]
     cache = PrefixCache(16, 16, 16, tiers=stack, purge=frozenset({"secret"} if purge else ()))
@@ -296,7 +296,7 @@ def test_in_a_replay_a_purged_tenants_preempted_then_dropped_requests_leave_noth
     purged over a write-through DRAM tier: right after each drop of a request of "a" that had been
     preempted, no own segment of it is left, and none of its prompt's entries is cached in DRAM, nor
     in GPU memory unless a running request holds it."""
-    from servelab.replay.platform import Platform
+    from servelab.replay.platform.hooks import Platform
 
     checked = []
     real_drop = Platform.drop

@@ -22,17 +22,11 @@ PACKAGES = ["common", "traces", "replay", "policies", "routers", "runners", "ass
 # policies, routers and runners implement replay's protocols side by side and never import each other
 SIDE_BY_SIDE = {"policies", "routers", "runners"}
 
-# replay/'s own layers, bottom first: the core (event loop, request, KV, batch, step, the protocols),
-# then the cluster (pools, PD handoff, autoscaling, instance types) and the platform (front door,
-# pausing, failures) beside each other, then the assembly of a whole replay's config and results.
-REPLAY_LAYERS = {
-    "core": ["request", "queue", "journal", "specs", "tiers", "prefix_cache", "hybrid_prefix", "block_names", "kv_groups", "kv", "lora",
-             "encoder", "engine_config", "batch", "step", "replica", "protocols", "schema", "logs", "progress", "cohort",
-             "engine", "depends", "spec_config", "speculative", "retention", "config_parts", "intents"],
-    "cluster": ["transfer", "instances", "autoscale", "cluster", "disagg", "encode_pool", "fleet"],
-    "platform": ["admission", "platform", "abort", "online"],
-    "assembly": ["config", "results", "stream", ""],  # ("": the package itself, replay/__init__.py)
-}
+# replay/'s own layers are its folders, bottom first: the core (replay/core/: event loop, request, KV,
+# batch, step, the protocols), then the cluster (replay/cluster/: pools, PD handoff, autoscaling,
+# instance types) and the platform (replay/platform/: front door, pausing, failures) beside each other,
+# then the assembly of a whole replay's config and results (the files directly in replay/). A module's
+# layer is the first folder below replay/; a new folder must be given a rank here.
 REPLAY_RANK = {"core": 0, "cluster": 1, "platform": 1, "assembly": 2}
 
 # Upward imports that remain, each with its reason; the list only shrinks (every entry must still exist).
@@ -133,11 +127,12 @@ def package_of(module: str) -> str:
 
 
 def replay_layer(module: str) -> str:
-    name = module[len("replay."):] if module.startswith("replay.") else ""
-    for layer, names in REPLAY_LAYERS.items():
-        if name in names:
-            return layer
-    raise AssertionError(f"replay/{name or '__init__'}.py is in no layer of REPLAY_LAYERS: place it")
+    """A replay module's layer: its first folder below replay/, or the assembly for a file in replay/ itself."""
+    parts = module.split(".")[1:] if module.startswith("replay.") else []
+    layer = parts[0] if len(parts) > 1 or (parts and (ROOT / "replay" / parts[0]).is_dir()) else "assembly"
+    if layer not in REPLAY_RANK:
+        raise AssertionError(f"replay/{layer}/ is no layer of REPLAY_RANK: give it a rank")
+    return layer
 
 
 def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -171,8 +166,8 @@ def test_the_reader_sees_a_known_circle() -> None:
     g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(g) == [frozenset({"a", "b", "c"})]
     graph = import_graph()
-    assert "replay.request" in graph["replay.engine"]
-    assert "replay.engine" in graph["replay.platform"]  # a TYPE_CHECKING import and a module-level one
+    assert "replay.core.request" in graph["replay.core.engine"]
+    assert "replay.core.engine" in graph["replay.platform.hooks"]  # a TYPE_CHECKING import and a module-level one
 
 
 def test_replay_has_no_import_circle(graph) -> None:
@@ -191,6 +186,15 @@ def test_every_replay_file_has_a_layer(graph) -> None:
             replay_layer(m)
 
 
+def test_replay_folders_are_the_layers() -> None:
+    """The folders below replay/ are exactly the ranked layers (the assembly: the files in replay/ itself)."""
+    folders = {p.name for p in (ROOT / "replay").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert folders == set(REPLAY_RANK) - {"assembly"}
+    assert replay_layer("replay.core.engine") == replay_layer("replay.core.kv.manager") == "core"
+    assert replay_layer("replay.platform") == "platform" and replay_layer("replay.config") == "assembly"
+    assert replay_layer("replay") == "assembly"
+
+
 def test_no_module_imports_a_layer_above_its_own(graph) -> None:
     found = upward_imports(graph)
     assert found <= KNOWN_UPWARD, f"imports of a higher layer: {sorted(found - KNOWN_UPWARD)}"
@@ -199,6 +203,13 @@ def test_no_module_imports_a_layer_above_its_own(graph) -> None:
 
 def test_the_layer_rule_catches_the_core_reaching_up() -> None:
     """What the rule exists for: the engine importing the platform (as it did) is refused."""
-    g = {"replay.engine": {"replay.platform"}, "replay.platform": {"replay.engine"}, "runners.base": {"api"},
-         "api": set()}
-    assert upward_imports(g) == {("replay.engine", "replay.platform"), ("runners.base", "api")}
+    g = {"replay.core.engine": {"replay.platform.hooks"}, "replay.platform.hooks": {"replay.core.engine"},
+         "runners.base": {"api"}, "api": set()}
+    assert upward_imports(g) == {("replay.core.engine", "replay.platform.hooks"), ("runners.base", "api")}
+    # by folder: the KV manager reaching the cluster, the cluster the platform, the platform the assembly
+    g = {"replay.core.kv.manager": {"replay.cluster.fleet"}, "replay.cluster.disagg": {"replay.platform.admission"},
+         "replay.platform.abort": {"replay.results"}, "replay.cluster.fleet": set(), "replay.platform.admission": set(),
+         "replay.results": {"replay.core.engine"}, "replay.core.engine": set()}
+    assert upward_imports(g) == {("replay.core.kv.manager", "replay.cluster.fleet"),
+                                 ("replay.cluster.disagg", "replay.platform.admission"),
+                                 ("replay.platform.abort", "replay.results")}

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OWNERS = {"replay/request.py", "replay/engine.py"}
+OWNERS = {"replay/core/request.py", "replay/core/engine.py"}
 
 
 def _mentions_status(node: ast.AST) -> bool:
@@ -67,11 +67,11 @@ def test_the_in_flight_step_is_truncated_in_one_place() -> None:
                     if isinstance(node, ast.Attribute) and node.attr == "iterations_done_by" \
                             and isinstance(node.ctx, ast.Load) and fn.name != "iterations_done_by":
                         calls.append((rel, fn.name))
-    assert calls == [("replay/engine.py", "truncate")]
+    assert calls == [("replay/core/engine.py", "truncate")]
 
 
 def test_only_the_engine_sets_which_replicas_take_arrivals() -> None:
-    """``Engine.live`` (the replicas arrivals are routed to) is assigned in replay/engine.py only: the
+    """``Engine.live`` (the replicas arrivals are routed to) is assigned in replay/core/engine.py only: the
     autoscalers, fleets, the PD handoff and failures go through ``publish``/``fail``/``restore``."""
     writers = set()
     for path in sorted(ROOT.rglob("*.py")):
@@ -82,13 +82,13 @@ def test_only_the_engine_sets_which_replicas_take_arrivals() -> None:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "live"
                                                     for t in node.targets):
                 writers.add(rel)
-    assert writers == {"replay/engine.py"}
+    assert writers == {"replay/core/engine.py"}
 
 
 # Who may move a request in or out of a replica's queues: the engine's verbs; the replica (it makes
-# them) and the batch builder (replay/batch.py swaps the running list for one that keeps its
-# aggregate in step: replay/cohort.py's ``Running``, which only extends list's own methods).
-QUEUE_OWNERS = {"replay/engine.py", "replay/replica.py", "replay/batch.py"}
+# them) and the batch builder (replay/core/batch.py swaps the running list for one that keeps its
+# aggregate in step: replay/core/cohort.py's ``Running``, which only extends list's own methods).
+QUEUE_OWNERS = {"replay/core/engine.py", "replay/core/replica.py", "replay/core/batch.py"}
 MOVES = {"append", "appendleft", "extend", "insert", "remove", "pop", "popleft", "clear"}
 
 
@@ -127,7 +127,7 @@ def test_only_the_engine_moves_requests_between_queues() -> None:
 # The engine's private attributes are its own; the client timeouts and the platform ask the engine for
 # nothing but its event queue (``push``) and to apply their intents (``enact``): every other method of
 # ``Engine`` is a lifecycle or membership verb, applied for them by ``enact``.
-INTENT_SOURCES = ("replay/abort.py", "replay/platform.py")
+INTENT_SOURCES = ("replay/platform/abort.py", "replay/platform/hooks.py")
 NOT_VERBS = {"push", "enact"}
 
 
@@ -142,12 +142,12 @@ def _private(name) -> bool:
 
 
 def private_engine_uses(root: Path = ROOT) -> dict[str, list[int]]:
-    """File -> lines outside replay/engine.py that read or write a private attribute of the engine
+    """File -> lines outside replay/core/engine.py that read or write a private attribute of the engine
     (``engine._x``, ``self.engine._x``, ``Engine._x``, or by name through getattr/setattr/hasattr)."""
     out: dict[str, list[int]] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if rel == "replay/engine.py" or rel.split("/")[0] in ("tests", "bench") \
+        if rel == "replay/core/engine.py" or rel.split("/")[0] in ("tests", "bench") \
                 or any(part.startswith(".") for part in rel.split("/")):
             continue
         for node in ast.walk(ast.parse(path.read_text(), rel)):
@@ -162,8 +162,8 @@ def private_engine_uses(root: Path = ROOT) -> dict[str, list[int]]:
 
 
 def engine_verbs(root: Path = ROOT) -> set[str]:
-    """The methods ``class Engine`` defines in replay/engine.py, but ``push`` and ``enact``."""
-    tree = ast.parse((root / "replay/engine.py").read_text())
+    """The methods ``class Engine`` defines in replay/core/engine.py, but ``push`` and ``enact``."""
+    tree = ast.parse((root / "replay/core/engine.py").read_text())
     engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
     return {n.name for n in engine.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} - NOT_VERBS
 
@@ -198,17 +198,18 @@ def verbs_called(root: Path = ROOT, files=INTENT_SOURCES) -> dict[str, list[tupl
 
 
 def test_the_scans_see_a_private_use_and_a_verb(tmp_path) -> None:
-    (tmp_path / "replay").mkdir()
-    (tmp_path / "replay" / "engine.py").write_text(
+    for folder in ("core", "platform"):
+        (tmp_path / "replay" / folder).mkdir(parents=True)
+    (tmp_path / "replay" / "core" / "engine.py").write_text(
         "class Engine:\n    def push(self): pass\n    def enact(self): pass\n    def end(self): pass\n"
         "    def _cut(self): pass\n    def _x(self): self._cut()\n")
-    (tmp_path / "replay" / "abort.py").write_text(
+    (tmp_path / "replay" / "platform" / "abort.py").write_text(
         "engine._cut(r)\nself.engine.end(req)\nself.engine.push(1)\nengine.enact([])\n"
         "engine.ledger.refused_s[i] = 1\nplatform.end(req)\nengine.__class__\n")
-    (tmp_path / "replay" / "platform.py").write_text("getattr(self.engine, '_cut')\nself.ledger.x[i] = 1\n")
+    (tmp_path / "replay" / "platform" / "hooks.py").write_text("getattr(self.engine, '_cut')\nself.ledger.x[i] = 1\n")
     assert engine_verbs(tmp_path) == {"end", "_cut", "_x"}
-    assert private_engine_uses(tmp_path) == {"replay/abort.py": [1], "replay/platform.py": [1]}
-    assert verbs_called(tmp_path) == {"replay/abort.py": [(1, "_cut"), (2, "end"), (5, "assignment")]}
+    assert private_engine_uses(tmp_path) == {"replay/platform/abort.py": [1], "replay/platform/hooks.py": [1]}
+    assert verbs_called(tmp_path) == {"replay/platform/abort.py": [(1, "_cut"), (2, "end"), (5, "assignment")]}
 
 
 def test_no_file_but_the_engine_uses_its_private_attributes() -> None:
@@ -216,8 +217,8 @@ def test_no_file_but_the_engine_uses_its_private_attributes() -> None:
 
 
 def test_client_timeouts_and_the_platform_call_no_engine_verb_they_return_intents() -> None:
-    """replay/abort.py and replay/platform.py end, take off, let go, preempt, set aside, resume, strand
-    and move requests by returning intents (replay/intents.py) that ``Engine.enact`` applies."""
+    """replay/platform/abort.py and replay/platform/hooks.py end, take off, let go, preempt, set aside, resume, strand
+    and move requests by returning intents (replay/core/intents.py) that ``Engine.enact`` applies."""
     assert {"end", "take_off", "let_go", "preempt", "set_aside", "resume", "truncate", "empty", "interrupt",
             "route_all", "strand", "_cut_stretch", "_request_schedule", "evict"} <= engine_verbs()
     assert verbs_called() == {}

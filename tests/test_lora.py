@@ -1,4 +1,4 @@
-"""Multi-LoRA serving (replay/lora.py): the cap on distinct adapters per batch, adapter load times in
+"""Multi-LoRA serving (replay/core/lora.py): the cap on distinct adapters per batch, adapter load times in
 TTFT, the adapters' kernel cost by rank, their slots' memory, prefix-cache keys per adapter, and the
 lora-affinity router. Sizes are computed here by hand from the model's shape."""
 
@@ -13,7 +13,7 @@ from helpers_engine import column
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.common.errors import ServelabError
 from servelab.policies.base import policy_names
-from servelab.replay.protocols import StepPlan, StepShape
+from servelab.replay.core.protocols import StepPlan, StepShape
 from servelab.runners.base import make_runner
 from servelab.traces.io import prepare
 

@@ -1,4 +1,4 @@
-"""Multimodal requests (replay/encoder.py, runners/encoders.py): the encoder's time in the request's TTFT,
+"""Multimodal requests (replay/core/encoder.py, runners/encoders.py): the encoder's time in the request's TTFT,
 the encoder cache by image hash, the encoders' cost by hand, and the trace columns' validation."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from conftest import make_trace
 from helpers_engine import column
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.common.errors import InputError, ServelabError
-from servelab.replay.protocols import StepPlan, StepShape
+from servelab.replay.core.protocols import StepPlan, StepShape
 from servelab.runners.base import make_runner
 from servelab.runners.encoders import ENCODERS, EncoderPricer, encode_flops_bytes
 from servelab.traces.io import prepare
@@ -138,7 +138,7 @@ def test_the_cli_replays_a_multimodal_trace(tmp_path):
 
 
 def encode_cluster(encode_replicas: int = 1, bandwidth_gbps: float = 10.0, latency_s: float = 0.001, **top):
-    from servelab.replay.cluster import ClusterConfig
+    from servelab.replay.cluster.config import ClusterConfig
 
     cluster = ClusterConfig.from_dict({
         "pools": [{"name": "llm", "role": "mixed"},
@@ -174,7 +174,7 @@ def test_an_encode_replica_takes_one_request_at_a_time_and_the_pool_spreads_them
 
 
 def test_encode_pool_configs_are_checked():
-    from servelab.replay.cluster import ClusterConfig
+    from servelab.replay.cluster.config import ClusterConfig
 
     pools = [{"name": "llm", "role": "mixed"}, {"name": "enc", "role": "encode"}]
     with pytest.raises(ServelabError, match="no link from encode pool 'enc'"):

@@ -7,10 +7,10 @@ import math
 import pytest
 
 from servelab.common.errors import ServelabError
-from servelab.replay.admission import Admission, Ledger, PauseRule, Quota, TokenBucket
-from servelab.replay.journal import Journal
-from servelab.replay.specs import Failure, check_failures
-from servelab.replay.request import Request
+from servelab.replay.platform.admission import Admission, Ledger, PauseRule, Quota, TokenBucket
+from servelab.replay.core.journal import Journal
+from servelab.replay.core.specs import Failure, check_failures
+from servelab.replay.core.request import Request
 
 
 def req(i, tenant="a", tier="standard", prompt=100, out=50, arrival=0.0):
@@ -95,7 +95,7 @@ def test_retry_backoff_doubles_caps_and_gives_up():
 
 def test_retry_jitter_is_seeded():
     mk = lambda seed: Admission((), retries=2, retry_backoff_s=4.0, retry_jitter=0.5, seed=seed)  # noqa: E731
-    from servelab.replay.admission import Throttle
+    from servelab.replay.platform.admission import Throttle
 
     t = Throttle("x", None)
     a, b, c = mk(1).retry_at(req(3), 0, t, 0.0), mk(1).retry_at(req(3), 0, t, 0.0), mk(2).retry_at(req(3), 0, t, 0.0)

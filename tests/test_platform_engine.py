@@ -260,8 +260,8 @@ def test_every_policy_survives_the_platform(policy, journal):
 def _with_and_without_aggregate(trace, policy, monkeypatch, **settings):
     """The replay kept with the decode aggregate (checked: it was made) and the same replay with the
     platform asking for it off from the start, as when every hook that reads running requests did."""
-    import servelab.replay.engine as engine_module
-    from servelab.replay.platform import Platform
+    import servelab.replay.core.engine as engine_module
+    from servelab.replay.platform.hooks import Platform
 
     calls = []
     aggregate = engine_module.aggregate_decodes
@@ -316,7 +316,7 @@ def test_a_pause_on_the_kv_share_keeps_decodes_in_aggregate_and_changes_nothing(
     import pyarrow as pa
 
     from helpers_engine import synthetic
-    from servelab.replay.platform import Platform
+    from servelab.replay.platform.hooks import Platform
 
     readings: dict = {}
     check = Platform._check_pause

@@ -13,7 +13,7 @@ from test_policy_contract import ENGINE, RUNNER, check_invariants, workload
 
 from servelab.common.errors import ServelabError
 from servelab.policies.ordering import predicted_output
-from servelab.replay.request import Request
+from servelab.replay.core.request import Request
 
 VARIANTS = [
     ("tiers", {"preempt": True}),

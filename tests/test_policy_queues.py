@@ -10,7 +10,7 @@ from servelab.policies.ordering import WaitingQueue
 from servelab.policies.round_robin import RoundRobin
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
 from servelab.api import EngineConfig, ReplayConfig, replay
-from servelab.replay.request import Request
+from servelab.replay.core.request import Request
 
 
 def test_waiting_queue_orders_live_requests_and_forgets_removed_ones():

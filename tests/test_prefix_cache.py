@@ -1,4 +1,4 @@
-"""Prefix caching (replay/prefix_cache.py), checked against hand-traced timelines and against the
+"""Prefix caching (replay/core/kv/prefix_cache.py), checked against hand-traced timelines and against the
 reuse a trace's hashes allow, computed here independently of the engine.
 
 Timelines use ``linear:base=1,prefill_token=0.25``: an iteration computing p prompt tokens takes
@@ -184,7 +184,7 @@ def test_hash_blocks_of_many_engine_blocks_behave_as_one_hash_per_engine_block(t
 
 class TableRecorder:
     """The linear cost model, but asking for block tables: the KV manager then names the cache's
-    blocks with real ids (replay/block_names.py); records each step's (request id, block table)."""
+    blocks with real ids (replay/core/kv/block_names.py); records each step's (request id, block table)."""
 
     needs_block_tables = True
 

@@ -7,7 +7,7 @@ import pytest
 
 from helpers_engine import synthetic
 from servelab.api import EngineConfig, ReplayConfig, replay
-from servelab.replay.prefix_cache import PrefixCache
+from servelab.replay.core.kv.prefix_cache import PrefixCache
 
 
 def _spy(monkeypatch, names):
@@ -126,7 +126,7 @@ def test_an_entry_held_by_one_request_needs_no_dict_and_counts_as_a_multiset():
     ``top`` and ``others_max`` are those of a plain multiset of holdings."""
     import random
 
-    from servelab.replay.prefix_cache import Entry
+    from servelab.replay.core.kv.prefix_cache import Entry
 
     rng = random.Random(5)
     for born in (0, 3):
@@ -157,9 +157,9 @@ def test_runs_claimed_from_the_queues_middle_are_left_gone_and_compacted_away():
     """Hits on runs in the middle of the free queue (a cache far larger than its use: no eviction
     ever reaches them) leave those runs GONE in place; the deque is compacted when most of it is
     GONE, so GONE segments never outnumber the others by much, and the KV checks pass throughout."""
-    from servelab.replay.kv import KVManager
-    from servelab.replay.prefix_cache import GONE
-    from servelab.replay.request import Request, Status
+    from servelab.replay.core.kv.manager import KVManager
+    from servelab.replay.core.kv.prefix_cache import GONE
+    from servelab.replay.core.request import Request, Status
 
     cache = PrefixCache(100_000, 16, 16)
     kv = KVManager(100_000, 16, prefix_cache=cache)

@@ -10,7 +10,7 @@ import itertools
 import pyarrow as pa
 import pytest
 from servelab.replay import results
-from servelab.replay.request import Request
+from servelab.replay.core.request import Request
 
 
 def plain_requests(trace: pa.Table) -> list[tuple]:

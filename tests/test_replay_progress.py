@@ -20,7 +20,7 @@ def overloaded(n=3000):
 
 
 def test_progress_reports_simulated_time_and_requests_done_while_draining(monkeypatch):
-    monkeypatch.setattr("servelab.replay.engine.PROGRESS_STEPS", 64)
+    monkeypatch.setattr("servelab.replay.core.engine.PROGRESS_STEPS", 64)
     trace = overloaded()
     seen = []
     config = ReplayConfig(engine=EngineConfig(num_gpu_blocks=4000, max_num_seqs=4), runner=RUNNER)
@@ -39,7 +39,7 @@ def test_progress_reports_simulated_time_and_requests_done_while_draining(monkey
 
 
 def test_progress_changes_nothing_in_the_results(monkeypatch):
-    monkeypatch.setattr("servelab.replay.engine.PROGRESS_STEPS", 16)
+    monkeypatch.setattr("servelab.replay.core.engine.PROGRESS_STEPS", 16)
     trace = overloaded(800)
     config = ReplayConfig(engine=EngineConfig(num_gpu_blocks=300, max_num_seqs=8, replicas=2), runner=RUNNER)
     quiet = replay(trace, config)

@@ -16,7 +16,7 @@ from servelab.common.registry import ClassRegistry
 
 def _bench_startup():
     """bench/bench_startup.py as a module: its child program (an import hook that wraps Engine.run as
-    servelab.replay.engine loads, so the import order is the CLI's own) and its list of heavy packages."""
+    servelab.replay.core.engine loads, so the import order is the CLI's own) and its list of heavy packages."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_startup", REPO / "bench" / "bench_startup.py")
@@ -51,7 +51,7 @@ def test_a_replay_imports_nothing_heavy_and_no_pyarrow_compute_or_parquet_before
     seen = _modules_of(["replay", trace, "--replicas", "2", "-o", tmp_path / "run", "--no-report"], tmp_path)
     assert (tmp_path / "run" / "requests.parquet").is_file()  # it did replay and write
     first, end = seen["first-event"], seen["exit"]
-    assert "servelab.replay.engine" in first and "pyarrow" in first  # the hook saw the real replay
+    assert "servelab.replay.core.engine" in first and "pyarrow" in first  # the hook saw the real replay
     assert not _top_level(first) & set(HEAVY), _top_level(first) & set(HEAVY)
     assert not {"pyarrow.compute", "pyarrow.parquet"} & first, {"pyarrow.compute", "pyarrow.parquet"} & first
     # writing the run needs Parquet, and nothing heavy either

@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from servelab.replay.protocols import Runner
+from servelab.replay.core.protocols import Runner
 from servelab.runners.base import RUNNERS, StepPlan, StepShape, make_runner
 from test_runner_fitted import TRUE
 

@@ -272,7 +272,7 @@ def test_dp_ranks_and_pp_stages_are_engines_and_gpus(tmp_path):
 
 
 def test_cluster_refuses_dp_and_pp():
-    from servelab.replay.cluster import ClusterConfig, PoolConfig
+    from servelab.replay.cluster.config import ClusterConfig, PoolConfig
     from servelab.replay.config import ReplayConfig
 
     with pytest.raises(ServelabError, match=r"dp and pp apply to a replay without a \[cluster\]"):

@@ -168,7 +168,7 @@ def test_validate_reports_the_known_error_of_a_scaled_runner():
 
 
 def test_latency_percentiles_follow_vllm_bench_serve():
-    from servelab.replay.schema import REQUESTS_SCHEMA
+    from servelab.replay.core.schema import REQUESTS_SCHEMA
 
     rows = [dict.fromkeys(REQUESTS_SCHEMA.names) for _ in range(5)]
     for i, r in enumerate(rows):

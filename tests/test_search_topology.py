@@ -135,7 +135,7 @@ def _instances_spec(tmp_path, instances):
 
 
 def test_gpu_prices_price_the_instance_types_without_one(tmp_path):
-    """A pool of instance types (replay/instances.py) is priced per type: [cost] gpu_prices fills the
+    """A pool of instance types (replay/cluster/instances.py) is priced per type: [cost] gpu_prices fills the
     types without a price of their own, and the pool itself gets none (it may not have one)."""
     spec = _instances_spec(tmp_path, [{"gpu": "h100-80gb", "price_per_gpu_hour": 2.5, "available": 1},
                                       {"gpu": "a100-80gb"}])

@@ -8,7 +8,7 @@ import statistics
 import time
 
 from servelab.replay.config import ReplayConfig
-from servelab.replay.request import Status
+from servelab.replay.core.request import Status
 from servelab.serve.sim import Simulation
 
 RUNNER = "linear:base=0.02,prefill_token=0.0002,decode_seq=0.0004"

@@ -1,4 +1,4 @@
-"""Online mode (replay/online.py): requests submitted one by one at their arrival times get the offline
+"""Online mode (replay/platform/online.py): requests submitted one by one at their arrival times get the offline
 replay's times exactly, for one replica and several behind a router; tokens are reported one by one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from servelab.assembly import replay
 from servelab.replay.config import ReplayConfig
-from servelab.replay.request import Request, Status
+from servelab.replay.core.request import Request, Status
 from servelab.serve.sim import Simulation
 from servelab.traces.synth import synth_trace
 

@@ -1,4 +1,4 @@
-"""Speculative decoding (replay/speculative.py, runners/speculative.py): the acceptance golden, the
+"""Speculative decoding (replay/core/speculative.py, runners/speculative.py): the acceptance golden, the
 token budget and KV the drafts take, the policy contract with speculation on, determinism, pricing."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from test_policy_contract import ENGINE, RUNNER, check_invariants, workload
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.common.errors import ServelabError
 from servelab.policies.base import policy_class, policy_names
-from servelab.replay.protocols import StepPlan, StepShape
-from servelab.replay.speculative import accepted_length, expected_tokens_per_step, parse_speculative_config
+from servelab.replay.core.protocols import StepPlan, StepShape
+from servelab.replay.core.speculative import accepted_length, expected_tokens_per_step, parse_speculative_config
 from servelab.runners.base import make_runner
 from servelab.runners.speculative import SpeculativeRunner, speculative_runner
 
@@ -244,7 +244,7 @@ def test_speculation_turns_off_the_decode_cohort_and_stretches():
     """Both advance every decode by one token per iteration in closed form; with speculation every
     step is priced and applied alone (the speed cost is measured in bench/RESULTS_runners.md)."""
     from servelab.assembly import build_cluster
-    from servelab.replay.engine import Engine
+    from servelab.replay.core.engine import Engine
 
     cfg = ReplayConfig(engine=EngineConfig(num_gpu_blocks=1000, spec_method="ngram"), policy="sarathi", runner=LINEAR)
     cluster = build_cluster(cfg, None, None)
@@ -408,7 +408,7 @@ def test_inlined_walk_equals_the_general_path(policy, monkeypatch, tmp_path):
     """SpecBatchBuilder._walk inlines a decode's drafts, budget and KV; walking every request through
     add_running instead gives byte-identical results (KV pressure and preemption included)."""
     from servelab.replay import write_run
-    from servelab.replay.speculative import SpecBatchBuilder
+    from servelab.replay.core.speculative import SpecBatchBuilder
 
     kw = dict(policy=policy, runner=RUNNER, spec_method="ngram", spec_k=4, spec_acceptance="uniform:0.2,0.9",
               **{**ENGINE, "num_gpu_blocks": 48})

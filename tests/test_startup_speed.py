@@ -15,6 +15,6 @@ def test_a_max_output_tokens_column_without_nulls_needs_no_pyarrow_compute(tmp_p
     trace = write_trace(table, tmp_path / "t10.arrow", "head 10")
     seen = _modules_of(["replay", trace, "-o", tmp_path / "run", "--no-report"], tmp_path)
     assert (tmp_path / "run" / "requests.parquet").is_file()
-    assert "servelab.replay.engine" in seen["first-event"]
+    assert "servelab.replay.core.engine" in seen["first-event"]
     assert "pyarrow.compute" not in seen["first-event"]
     assert "pyarrow.compute" not in seen["exit"]  # nor for the ideal-reuse check after the replay

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from helpers_scoring import req, write_run
 
-from servelab.replay.schema import REQUESTS_SCHEMA
+from servelab.replay.core.schema import REQUESTS_SCHEMA
 from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable
 

@@ -1,4 +1,4 @@
-"""`--token-log` keeps the decode cohort (replay/cohort.py): the cohort logs each applied run of
+"""`--token-log` keeps the decode cohort (replay/core/cohort.py): the cohort logs each applied run of
 iterations once (its timeline) and each member's tokens as one record per membership, which the log
 expands at the end. tokens.parquet of a replay with cohorts must equal, byte for byte, that of the
 same replay with cohorts off (every token logged per request, as before), for every policy that
@@ -20,7 +20,7 @@ import pytest
 from helpers_engine import synthetic
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.policies.base import make_policy, policy_class, policy_names
-from servelab.replay import logs
+from servelab.replay.core import logs
 
 COHORT_POLICIES = [name for name in policy_names() if make_policy(name, {}, EngineConfig()).reads_running is not None]
 
@@ -58,7 +58,7 @@ def token_files(trace, config: ReplayConfig, monkeypatch, tmp_path):
         made.append(logs.TokenLog(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr("servelab.replay.engine.TokenLog", recording_log)
+    monkeypatch.setattr("servelab.replay.core.engine.TokenLog", recording_log)
     with_cohort = replay(trace, config, token_log=True)
     assert made[-1].num_memberships, "no cohort member logged its tokens: the comparison would prove nothing"
     monkeypatch.setattr(policy_class(config.policy), "reads_running", None)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from servelab.replay import logs
+from servelab.replay.core import logs
 from servelab.replay.results import write_parquet
 
 
@@ -110,11 +110,11 @@ def test_streamed_token_file_is_the_in_memory_table_byte_for_byte(tmp_path, monk
         made.append(ReferenceLog(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr("servelab.replay.engine.TokenLog", recording_log)
+    monkeypatch.setattr("servelab.replay.core.engine.TokenLog", recording_log)
     # ReferenceLog records single tokens and stretches, not the decode aggregate's timelines, which a
     # replay with failures now keeps until one comes: keep it off here (the same tokens either way:
     # test_a_failure_logs_the_same_tokens_with_and_without_the_aggregate)
-    from servelab.replay.platform import Platform
+    from servelab.replay.platform.hooks import Platform
 
     monkeypatch.setattr(Platform, "walks_running", property(lambda self: True))
     trace = synth_trace(n=300, rate=30.0, prompt="lognormal:200:1.0", output="lognormal:60:1.0", seed=3)
@@ -168,7 +168,7 @@ def test_no_tokens_gives_an_empty_file_like_before(tmp_path):
 
 def test_a_failing_replay_leaves_no_spill_behind(tmp_path, monkeypatch):
     from servelab.api import EngineConfig, ReplayConfig, replay
-    from servelab.replay.engine import Engine
+    from servelab.replay.core.engine import Engine
     from servelab.traces.synth import synth_trace
 
     monkeypatch.setattr(logs, "TOKEN_CHUNK", 500)
@@ -279,7 +279,7 @@ def test_request_ids_beyond_exact_doubles_are_kept_exactly(tmp_path):
 def test_a_failure_logs_the_same_tokens_with_and_without_the_aggregate(tmp_path, monkeypatch, journal):
     # the decode aggregate is kept until a failure comes; the tokens of the iteration it cuts are not logged
     from servelab.api import EngineConfig, ReplayConfig, replay
-    from servelab.replay.platform import Platform
+    from servelab.replay.platform.hooks import Platform
     from servelab.traces.synth import synth_trace
 
     trace = synth_trace(n=300, rate=30.0, prompt="lognormal:200:1.0", output="lognormal:60:1.0", seed=3)

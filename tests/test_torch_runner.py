@@ -703,7 +703,7 @@ def test_replay_with_prefix_caching_shares_real_blocks_and_matches_dense_forward
     (a block id later holds other content) without breaking (b)."""
     import servelab.assembly
     from servelab.api import EngineConfig, ReplayConfig, replay
-    from servelab.replay.engine import Engine
+    from servelab.replay.core.engine import Engine
     from servelab.traces.synth import synth_trace
 
     class Checked(Engine):

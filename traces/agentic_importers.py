@@ -260,7 +260,7 @@ def import_llmservingsim(paths: list[Path], block_tokens: int = 16, task_deadlin
                 if ids is not None:
                     # the next call's ids that go on past this prompt hold this call's answer first: hash
                     # them too, as far as prompt + output, so that the replay caches the answer's blocks
-                    # under the hashes the next call continues (replay/prefix_cache.py, output blocks)
+                    # under the hashes the next call continues (replay/core/kv/prefix_cache.py, output blocks)
                     nxt = calls[k + 1][2] if k + 1 < len(calls) else None
                     context = nxt[:prompt + output] if nxt is not None and nxt[:prompt] == ids else ids
                     hashes = token_hashes(context, block_tokens)
@@ -476,7 +476,7 @@ def import_sharegpt(
         prev = None
         for prompt, output, text, _ in turns:
             # over the prompt and the reply: the next turn's prompt repeats both, and a replay of dependent
-            # requests caches a call's output blocks under the hashes past its prompt (replay/prefix_cache.py)
+            # requests caches a call's output blocks under the hashes past its prompt (replay/core/kv/prefix_cache.py)
             hashes = _text_hashes(text, prompt + output, block_tokens, chars_per_token)
             if prev is None:
                 prev = rows.add(task, prompt, output, float(start), hashes=hashes)

@@ -1,0 +1,321 @@
+"""A cluster description: pools of replicas, each with a role, runner, engine settings, policy,
+router, replica count and price, and the links that carry KV from prefill pools to decode pools.
+
+One TOML table (``[cluster]``) in a replay config (docs/cluster.md)::
+
+    [[cluster.pools]]
+    name = "prefill"
+    role = "prefill"            # mixed | prefill | decode | encode
+    replicas = 2
+    gpu = "h100-80gb"           # runner, model, gpu, tp, policy, policy_params, router,
+    price_per_gpu_hour = 2.5    # router_params and any engine key override the config's top level
+    max_num_batched_tokens = 8192
+
+    [[cluster.links]]
+    from = "prefill"
+    to = "decode"
+    bandwidth_gbps = 50.0       # GB/s, shared by the transfers in flight on the link
+    latency_s = 0.0005
+    stream_layers = 32          # optional: KV streams layer by layer during the final prefill iteration
+
+Validated without I/O, like `EngineConfig`; a pool's settings become a whole `ReplayConfig`
+(``pool_config`` in replay/config.py) so that each pool is built exactly as a flat replay of that pool would be.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from servelab.common.coerce import coerce
+from servelab.common.errors import ServelabError
+from servelab.common.registry import did_you_mean
+from servelab.replay.cluster.autoscale import AutoscaleConfig
+from servelab.replay.core.engine_config import EngineConfig
+from servelab.replay.cluster.instances import InstanceType, PerfFloor, parse_instances
+
+ROLES = ("mixed", "prefill", "decode", "encode")
+NOT_ENTRY = ("decode", "encode")  # the roles that take no arrivals
+# what a pool may set besides the engine keys (EngineConfig's fields)
+POOL_TOP = ("name", "role", "replicas", "autoscale", "runner", "model", "gpu", "tp", "policy", "policy_params", "router",
+            "router_params", "price_per_gpu_hour", "instances", "floor", "rebalance")
+# engine keys that are the cluster's (its front door, horizon, seed), not a pool's
+CLUSTER_WIDE = ("until_s", "seed", "quota", "retries", "retry_backoff_s", "retry_max_backoff_s", "retry_jitter",
+                "retry_after", "queue_cap", "tier_order", "pause", "fail", "journal")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    role: str = "mixed"
+    replicas: int = 1
+    price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is tp GPUs)
+    # the pool's other keys over the config's top level, sorted, each typed at the edge (typed_setting)
+    settings: tuple[tuple[str, Any], ...] = ()
+    autoscale: AutoscaleConfig | None = None  # target tracking (replay/cluster/autoscale.py); replicas = the initial count
+    # candidate instance types in order of preference, instead of one gpu (replay/cluster/instances.py)
+    instances: tuple[InstanceType, ...] = ()
+    floor: PerfFloor | None = None  # a reference step no instance type may be slower than
+    rebalance: bool = False  # replace fallback replicas by a preferred type when it has room again (replay/cluster/fleet.py)
+
+    def __post_init__(self) -> None:
+        where = f"cluster pool '{self.name}'"
+        if self.role not in ROLES:
+            raise ServelabError(f"{where}: role must be one of {', '.join(ROLES)}; got '{self.role}'"
+                                f"{did_you_mean(self.role, ROLES)}")
+        if self.replicas < 1:
+            raise ServelabError(f"{where}: replicas must be >= 1, got {self.replicas}")
+        for key, value in self.settings:  # typed already (from_dict types them): a string "64" is not an int
+            if key not in ENGINE_TYPES and key not in TOP_TYPES:
+                raise ServelabError(f"{where}: unknown key '{key}'")
+            typed = typed_setting(key, value, f"{where}.{key}")
+            if typed != value or type(typed) is not type(value) and not isinstance(value, (int, float)):
+                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value ({type(typed).__name__}); "
+                                    "ClusterConfig.from_dict types a TOML table's")
+        if not (0 <= self.price_per_gpu_hour < math.inf):
+            raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
+        if self.autoscale is not None:
+            self.autoscale.check(where)
+            if not self.autoscale.min <= self.replicas <= self.autoscale.max:
+                raise ServelabError(f"{where}: replicas (the initial count) must be within autoscale min..max, "
+                                    f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
+        if self.instances:
+            for key in ("gpu", "price_per_gpu_hour"):
+                if key in dict(self.settings) or (key == "price_per_gpu_hour" and self.price_per_gpu_hour):
+                    raise ServelabError(f"{where}: '{key}' is set per instance type when the pool lists instances")
+        elif self.floor is not None:
+            raise ServelabError(f"{where}: floor (a reference step bound) needs instances to choose among")
+        elif self.rebalance:
+            raise ServelabError(f"{where}: rebalance (back to a preferred instance type) needs instances")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"name": self.name, "role": self.role, "replicas": self.replicas,
+               "price_per_gpu_hour": self.price_per_gpu_hour, **dict(self.settings)}
+        if self.autoscale is not None:
+            out["autoscale"] = self.autoscale.to_dict()
+        if self.instances:
+            del out["price_per_gpu_hour"]
+            out["instances"] = [t.to_dict() for t in self.instances]
+        if self.floor is not None:
+            out["floor"] = self.floor.to_dict()
+        if self.rebalance:
+            out["rebalance"] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConfig:
+    source: str  # a prefill pool
+    target: str  # a decode pool
+    bandwidth_gbps: float = 50.0  # GB/s, shared equally by the transfers in flight
+    latency_s: float = 0.0  # added to every transfer
+    stream_layers: int = 0  # L > 0: the KV of the first L - 1 layers streams during the final prefill iteration
+
+    def __post_init__(self) -> None:
+        if not (0 < self.bandwidth_gbps < math.inf):
+            raise ServelabError(f"cluster link {self.source}->{self.target}: bandwidth_gbps must be > 0, "
+                                f"got {self.bandwidth_gbps}")
+        if not (0 <= self.latency_s < math.inf):
+            raise ServelabError(f"cluster link {self.source}->{self.target}: latency_s must be >= 0, got {self.latency_s}")
+        if self.stream_layers < 0:
+            raise ServelabError(f"cluster link {self.source}->{self.target}: stream_layers (the model's layer count; "
+                                f"0: off) must be >= 0, got {self.stream_layers}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"from": self.source, "to": self.target, "bandwidth_gbps": self.bandwidth_gbps,
+               "latency_s": self.latency_s}
+        if self.stream_layers:
+            out["stream_layers"] = self.stream_layers
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    pools: tuple[PoolConfig, ...]
+    links: tuple[LinkConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ServelabError("cluster: needs at least one pool ([[cluster.pools]])")
+        names = [p.name for p in self.pools]
+        for name in names:
+            if names.count(name) > 1:
+                raise ServelabError(f"cluster: pool name '{name}' is used twice")
+        roles = {p.name: p.role for p in self.pools}
+        entry = [p for p in self.pools if p.role not in NOT_ENTRY]
+        decode = [p for p in self.pools if p.role == "decode"]
+        self._check_encode(entry, roles)
+        if len(entry) != 1:
+            raise ServelabError(f"cluster: exactly one pool takes arrivals (role mixed or prefill); got "
+                                f"{len(entry)} ({', '.join(p.name for p in entry) or 'none'})")
+        if entry[0].role == "prefill" and len(decode) != 1:
+            raise ServelabError(f"cluster: prefill pool '{entry[0].name}' needs exactly one decode pool, got {len(decode)}")
+        if entry[0].role == "mixed" and decode:
+            raise ServelabError(f"cluster: decode pool '{decode[0].name}' needs a prefill pool, not a mixed one")
+        for pool in self.pools:
+            if pool.autoscale is not None and pool.autoscale.signal == "handoffs_waiting" and pool.role != "decode":
+                raise ServelabError(f"cluster pool '{pool.name}': autoscale signal 'handoffs_waiting' is a decode "
+                                    f"pool's (requests waiting for a decode replica); this pool is {pool.role}")
+        for link in self.links:
+            if roles.get(link.source) == "encode":
+                continue  # (checked by _check_encode)
+            for end, want in ((link.source, "prefill"), (link.target, "decode")):
+                if end not in roles:
+                    raise ServelabError(f"cluster link {link.source}->{link.target}: no pool '{end}'"
+                                        f"{did_you_mean(end, roles)}")
+                if roles[end] != want:
+                    raise ServelabError(f"cluster link {link.source}->{link.target}: '{end}' must be a {want} pool, "
+                                        f"it is {roles[end]}")
+        if decode and not any(l.source == entry[0].name and l.target == decode[0].name for l in self.links):
+            raise ServelabError(f"cluster: no link from prefill pool '{entry[0].name}' to decode pool "
+                                f"'{decode[0].name}' ([[cluster.links]] with from, to, bandwidth_gbps)")
+
+    def _check_encode(self, entry: list[PoolConfig], roles: dict[str, str]) -> None:
+        """At most one encode pool, fixed-size, linked to the arrivals' pool (replay/cluster/encode_pool.py)."""
+        encode = [p for p in self.pools if p.role == "encode"]
+        if not encode:
+            return
+        if len(encode) > 1:
+            raise ServelabError(f"cluster: at most one encode pool; got {len(encode)} ({', '.join(p.name for p in encode)})")
+        pool = encode[0]
+        if pool.autoscale is not None or pool.instances:
+            raise ServelabError(f"cluster pool '{pool.name}': an encode pool has a fixed replica count and one GPU type "
+                                "(no autoscale, no instances)")
+        for link in self.links:
+            if link.source == pool.name and (len(entry) != 1 or link.target != entry[0].name):
+                raise ServelabError(f"cluster link {link.source}->{link.target}: an encode pool's link goes to the "
+                                    f"arrivals' pool{' ' + repr(entry[0].name) if len(entry) == 1 else ''}")
+            if link.target == pool.name:
+                raise ServelabError(f"cluster link {link.source}->{link.target}: nothing flows into an encode pool")
+        if len(entry) == 1 and not any(l.source == pool.name for l in self.links):
+            raise ServelabError(f"cluster: no link from encode pool '{pool.name}' to '{entry[0].name}' "
+                                "([[cluster.links]] with from, to, bandwidth_gbps: the embeddings cross it)")
+
+    @property
+    def entry(self) -> PoolConfig:
+        """The pool arrivals are routed to (the mixed or prefill pool)."""
+        return next(p for p in self.pools if p.role not in NOT_ENTRY)
+
+    @property
+    def encode(self) -> PoolConfig | None:
+        return next((p for p in self.pools if p.role == "encode"), None)
+
+    def encode_link(self) -> LinkConfig:
+        return next(l for l in self.links if l.source == self.encode.name)
+
+    @property
+    def decode(self) -> PoolConfig | None:
+        return next((p for p in self.pools if p.role == "decode"), None)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.decode is not None
+
+    def link(self) -> LinkConfig:
+        entry, decode = self.entry.name, self.decode.name
+        return next(l for l in self.links if l.source == entry and l.target == decode)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pools": [p.to_dict() for p in self.pools]}
+        if self.links:
+            out["links"] = [l.to_dict() for l in self.links]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "config") -> ClusterConfig:
+        where = f"{source}: cluster"
+        if not isinstance(data, dict):
+            raise ServelabError(f"{where} must be a table")
+        unknown = set(data) - {"pools", "links"}
+        if unknown:
+            raise ServelabError(f"{where}: unknown key '{min(unknown)}' (known: links, pools)")
+        raw_pools = data.get("pools")
+        if not isinstance(raw_pools, list) or not raw_pools:
+            raise ServelabError(f"{where}.pools must be a non-empty array of tables ([[cluster.pools]])")
+        engine_keys = {f.name for f in fields(EngineConfig)} - {"replicas", "router"}
+        pools = []
+        for i, raw in enumerate(raw_pools):
+            at = f"{where}.pools[{i}]"
+            if not isinstance(raw, dict):
+                raise ServelabError(f"{at} must be a table")
+            raw = {k.replace("-", "_"): v for k, v in raw.items()}
+            if "name" not in raw:
+                raise ServelabError(f"{at}: missing 'name'")
+            settings = []
+            for key, value in raw.items():
+                if key in ("name", "role", "replicas", "price_per_gpu_hour", "autoscale", "instances", "floor",
+                           "rebalance"):
+                    continue
+                if key in CLUSTER_WIDE:
+                    raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
+                if key not in engine_keys and key not in POOL_TOP:
+                    known = sorted((engine_keys - set(CLUSTER_WIDE)) | set(POOL_TOP))
+                    raise ServelabError(f"{at}: unknown key '{key}'{did_you_mean(key, known)}")
+                settings.append((key, typed_setting(key, value, f"{at}.{key}")))
+            pools.append(PoolConfig(
+                name=str(raw["name"]), role=str(raw.get("role", "mixed")),
+                replicas=coerce(raw.get("replicas", 1), "int", f"{at}.replicas"),
+                price_per_gpu_hour=coerce(raw.get("price_per_gpu_hour", 0.0), "float", f"{at}.price_per_gpu_hour"),
+                settings=tuple(sorted(settings)),
+                autoscale=None if "autoscale" not in raw else (
+                    raw["autoscale"] if isinstance(raw["autoscale"], AutoscaleConfig)
+                    else AutoscaleConfig.from_dict(raw["autoscale"], at)),
+                instances=() if "instances" not in raw else parse_instances(raw["instances"], f"{at}.instances"),
+                floor=None if "floor" not in raw else PerfFloor.from_dict(raw["floor"], f"{at}.floor"),
+                rebalance=coerce(raw.get("rebalance", False), "bool", f"{at}.rebalance")))
+        links = []
+        for i, raw in enumerate(data.get("links", [])):
+            at = f"{where}.links[{i}]"
+            if not isinstance(raw, dict):
+                raise ServelabError(f"{at} must be a table")
+            raw = {k.replace("-", "_"): v for k, v in raw.items()}
+            unknown = set(raw) - {"from", "to", "bandwidth_gbps", "latency_s", "stream_layers"}
+            if unknown:
+                raise ServelabError(f"{at}: unknown key '{min(unknown)}' "
+                                    "(known: bandwidth_gbps, from, latency_s, stream_layers, to)")
+            for key in ("from", "to"):
+                if key not in raw:
+                    raise ServelabError(f"{at}: missing '{key}'")
+            links.append(LinkConfig(str(raw["from"]), str(raw["to"]),
+                                    coerce(raw.get("bandwidth_gbps", 50.0), "float", f"{at}.bandwidth_gbps"),
+                                    coerce(raw.get("latency_s", 0.0), "float", f"{at}.latency_s"),
+                                    coerce(raw.get("stream_layers", 0), "int", f"{at}.stream_layers")))
+        return cls(tuple(pools), tuple(links))
+
+
+# a pool's own keys beyond the engine's, and their types
+TOP_TYPES = {"runner": "str", "model": "str", "gpu": "str", "tp": "int", "policy": "str", "router": "str",
+             "policy_params": "table", "router_params": "table"}
+
+
+def typed_setting(key: str, value: Any, where: str) -> Any:
+    """One pool override -> its typed value, at the edge (the TOML file, a search spec): an engine key
+    takes `EngineConfig`'s field type (a list field becomes a tuple of strings), a top key its own. What
+    comes out is used as it is: ``pool_config`` replaces fields with it and coerces nothing."""
+    if key in TOP_TYPES:
+        kind = TOP_TYPES[key]
+        if kind == "table":
+            if not isinstance(value, dict):
+                raise ServelabError(f"{where} must be a table")
+            return dict(value)
+        return coerce(value, kind, where)
+    annotation = ENGINE_TYPES[key]
+    if annotation.startswith("tuple"):
+        if isinstance(value, str):
+            return (value,)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ServelabError(f"{where}: expected a string or an array of strings, got {value!r}")
+        return tuple(value)
+    return coerce(value, annotation, where)
+
+
+def split_settings(settings: tuple[tuple[str, Any], ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A pool's typed settings -> (engine fields, top-level fields) to ``dataclasses.replace`` with."""
+    engine = {k: v for k, v in settings if k in ENGINE_TYPES}
+    return engine, {k: v for k, v in settings if k not in ENGINE_TYPES}
+
+
+ENGINE_TYPES = {f.name: f.type for f in fields(EngineConfig)}
+
+__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig", "split_settings", "typed_setting"]

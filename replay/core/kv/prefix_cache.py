@@ -1,0 +1,812 @@
+"""Prefix caching (vLLM v1 semantics), counted in blocks: which free blocks still hold reusable KV.
+
+Every block not referenced by a running request is in one **free queue**, least recently freed
+first. Allocating takes blocks from its head — evicting whatever cached KV they held — and freeing
+appends to its tail, a request's blocks in reverse order so that its tail blocks are evicted first
+(vLLM's ``FreeKVCacheBlockQueue``). A block holds reusable KV when it is *full* and has a key:
+
+- **hashed blocks** — full blocks of a prompt covered by the trace's ``prefix_hashes``. Engine
+  block ``j`` (tokens ``[j*bs, (j+1)*bs)``) is keyed by the trace hash of the trace block holding
+  its last token, and ``j``: two requests share it only if their prompts agree through that trace
+  block. When the trace's block (``prefix_block_tokens``, Mooncake: 512) is a multiple of the
+  engine's, this is exact; otherwise a block straddling two trace blocks needs both to match.
+  Hashed blocks are cached as soon as they are computed, reference-counted while running
+  requests share them, and evictable once no running request holds them.
+- **output blocks** — with a trace of dependent requests (schema v2, ``keep_outputs``), hashes past
+  a request's prompt key its generated tokens' blocks the same way, so that a dependent request
+  whose hashes continue the chain (its parent's prompt and output, then new tokens) reuses them.
+- **a request's own blocks** — its other full blocks (tokens not covered by hashes, and generated
+  tokens), keyed by the request itself: only that request can hit them, when it is admitted again
+  after a preemption by recompute. They are queued as one *segment* per released request (the
+  queue keeps runs of blocks, so a replay whose trace has no hashes pays O(1) per release).
+
+A request that is admitted with no computed tokens reuses the longest cached prefix: its hashed
+blocks in order while each is cached, then (if all of them hit) its own segment. At least its last
+token is always computed, since the iteration that computes it emits the next token (vLLM v1
+recomputes the whole last block to keep computed tokens block-aligned; we recompute one token,
+as SGLang does). The runner is charged for the tokens computed; attention still reads the context.
+
+**Cost per hash block, not per engine block.** The engine blocks whose last token lies in one trace
+block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
+block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
+entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
+each holder holds (``Entry.held``: blocks held -> holders; no dict while one holds it); the blocks
+past the largest holding that are still cached sit in the free queue as *runs* (contiguous, the
+highest block first, as the per-block queue would have them). Claiming a hit takes runs from
+below, eviction eats a run from the top: the same blocks, in the same order, as one queue entry
+per block, at a cost that grows with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900
+blocks). The queue is a deque
+(queued at the tail, evicted from the head, both O(1) without a dict's bookkeeping); a segment that
+leaves from its middle (a claimed run, a reused own segment) is left there GONE, with no blocks,
+dropped when it reaches the head or when GONE segments are most of the queue (``_gone``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servelab.replay.core.request import Request
+    from servelab.replay.core.kv.tiers import TierStack
+
+FRESH, DEAD, OWN, RUN, GONE = 0, 1, 2, 3, 4  # kinds of a queued segment: never used, holds nothing reusable, a
+# request's own, a run of an entry's cached blocks; GONE: taken out of the queue's middle (claimed), left in place
+# with no blocks (a deque cannot delete there) and dropped when it reaches the head
+
+
+class Entry:
+    """The cached engine blocks of one trace block (one hash): blocks ``[lo, lo + size)`` of every
+    prompt whose chain has this key. Offsets below are relative to ``lo``. ``top``: the most blocks
+    any running request holds (all blocks below it are cached, with a reference count > 0);
+    ``held``: blocks held -> how many running requests hold that many (each holds a prefix), or None:
+    then one request holds ``top`` blocks (none if ``top`` is 0). It becomes a dict when a second
+    holder comes, and None again when the last one lets go: most entries are only ever held by the
+    request that computed them, and never need one; ``runs``: the queued (cached,
+    unheld) blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
+
+    __slots__ = ("key", "lo", "size", "held", "top", "runs", "ids")
+
+    def __init__(self, key, lo: int, size: int, count: int = 0):
+        self.key = key
+        self.lo = lo
+        self.size = size
+        self.held: dict[int, int] | None = None
+        self.top = count  # (``count``: held so by its first holder)
+        self.runs: list[list] = []
+        self.ids: list | None = None  # with real block ids (replay/core/kv/block_names.py): each cached block's id
+
+    def holdings(self) -> dict[int, int]:
+        """Blocks held -> how many running requests hold that many."""
+        if self.held is None:
+            return {self.top: 1} if self.top else {}
+        return self.held
+
+    def reach(self) -> int:
+        """How many blocks from the entry's first are cached without a gap."""
+        reach = self.top
+        for run in self.runs:
+            if run[3] != reach:
+                break
+            reach += run[1]
+        return reach
+
+    def hold(self, count: int) -> None:
+        held = self.held
+        if held is None:
+            if not self.top:  # the first holder
+                self.top = count
+                return
+            held = self.held = {self.top: 1}
+        held[count] = held.get(count, 0) + 1
+        if count > self.top:
+            self.top = count
+
+    def unhold(self, count: int) -> None:
+        held = self.held
+        if held is None:  # its only holder
+            self.top = 0
+            return
+        left = held[count] - 1
+        if left:
+            held[count] = left
+        else:
+            del held[count]
+            if not held:
+                self.held = None
+                self.top = 0
+            elif count == self.top:
+                self.top = max(held)
+
+    def others_max(self, count: int) -> int:
+        """The most blocks held by a holder other than one holding ``count``."""
+        held = self.held
+        if held is None:  # (it is the only holder)
+            return 0
+        if self.top > count or held[count] > 1:
+            return self.top
+        return max((c for c in held if c != count), default=0)
+
+
+class Chain:
+    """The hashed blocks a running request holds: its first ``blocks`` blocks, ``entries`` in order
+    (all of each but the last, which may be partly held)."""
+
+    __slots__ = ("entries", "blocks")
+
+    def __init__(self):
+        self.entries: list[Entry] = []
+        self.blocks = 0
+
+    def counts(self):
+        """(entry, blocks of it held), in order."""
+        entries = self.entries
+        last = len(entries) - 1
+        for i, e in enumerate(entries):
+            yield e, (e.size if i < last else self.blocks - e.lo)
+
+
+class Hit:
+    """What an admission reuses: ``keys`` ((entry, blocks of it), in order; ``shared`` hashed blocks
+    in all), ``own`` blocks of its segment; ``blocks`` = ``shared + own``, the GPU blocks it takes
+    over. With offload tiers, the ``loaded`` hashed blocks after the shared ones come from lower
+    tiers (``reads``: tier index -> blocks; ``touched``: (tier index, key) read): they count in
+    ``tokens`` but need new GPU blocks, like computed ones."""
+
+    __slots__ = ("keys", "shared", "own", "blocks", "tokens", "claimed", "loaded", "reads", "touched")
+
+    def __init__(self, keys: list, shared: int, own: int, tokens: int, claimed: int,
+                 loaded: int = 0, reads: dict | None = None, touched: list | None = None):
+        self.keys = keys
+        self.shared = shared
+        self.own = own
+        self.blocks = shared + own
+        self.tokens = tokens  # prompt (+ generated) tokens it need not compute
+        self.claimed = claimed  # of its blocks, how many leave the free queue (were not held by anyone)
+        self.loaded = loaded
+        self.reads = reads
+        self.touched = touched
+
+
+class PrefixCache:
+    __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued", "gone",
+                 "tiers", "purge", "names", "keep_outputs", "countable", "per")
+
+    def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
+                 tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
+        self.block_size = block_size
+        self.trace_block = trace_block  # tokens per prefix_hashes entry (None: the trace has no hashes)
+        # engine blocks per trace block when the trace block is a multiple of the engine's (the usual
+        # case: Mooncake's 512 tokens are 32 blocks of 16), else 0: entry i is then blocks
+        # [i * per, (i + 1) * per), and register, lookup and release take their aligned paths
+        self.per = trace_block // block_size if trace_block and trace_block % block_size == 0 else 0
+        self.per_tenant = per_tenant  # a tenant's requests hit only its own blocks (vLLM's cache salt)
+        self.tiers = tiers  # offload tiers below GPU memory (replay/core/kv/tiers.py), or None
+        self.purge = purge  # tenants whose blocks are dropped from every tier when their requests end
+        # The free queue, head first: segments [kind, blocks, owner] (owner: the request of an OWN segment;
+        # an OWN segment also has its id, a RUN its entry as owner, its start and its id: [kind, blocks,
+        # owner, start, id]). A deque: a segment is queued at the tail and evicted from the head, each
+        # once per hash block of every released prompt; one leaving from the middle is left GONE.
+        self.queue: deque = deque()
+        self.entries: dict = {}  # key -> Entry holding at least one cached block
+        self.segments: dict[int, list] = {}  # request index -> its own segment in the queue
+        self.seq = 0
+        self.queued = 0  # blocks in the queue
+        self.gone = 0  # GONE segments in the queue
+        # A trace without hashes whose blocks are not named (the KV manager clears this when it names
+        # them) caches nothing but own segments. While it has none queued, which free block is taken
+        # first changes nothing: taking and freeing only count (``queued``; the queue's segments go
+        # stale), and the queue is rebuilt as one DEAD segment when an own segment is pushed
+        # (``_settle``). Such a trace, its requests not preempted by recompute, so costs a counter per
+        # KV growth and release; a trace with hashes pays one test per take and push.
+        self.countable = trace_block is None
+        # real block ids (replay/core/kv/block_names.py), only when the runner executes batches: set by the KV manager
+        self.names = None
+        # a trace whose requests depend on others (schema v2): a request's hashes may go on past its
+        # prompt over its output, the context its dependents continue; those blocks are cached too
+        self.keep_outputs = False
+        self._fresh(total_blocks)
+
+    # -- keys -----------------------------------------------------------------------------------
+    def hashed_blocks(self, req: "Request") -> int:
+        """How many of ``req``'s leading full blocks the trace's hashes identify."""
+        hashes = req.prefix_hashes
+        if not hashes or self.trace_block is None:
+            return 0
+        tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        covered = min(tokens, len(hashes) * self.trace_block)
+        return covered // self.block_size
+
+    def groups(self, req: "Request", start: int, stop: int, hashes: list | None = None):
+        """(key, lo, hi) of the trace blocks whose engine blocks ``[lo, hi)`` (those whose last token
+        lies in the trace block) meet ``[start, stop)``; trace blocks holding no block's last token
+        are skipped. The key: the trace block's hash and its index (the tenant first when the
+        cache is per tenant; with a LoRA adapter, the adapter and that tenant or None first). ``hashes``:
+        instead of ``req.prefix_hashes`` (KV retention). When the trace block is a multiple of the
+        engine's (``per``, the usual case), trace block ``i`` is engine blocks ``[i * per, (i + 1) * per)``
+        and the keys come from one generator expression (register and lookup walk every hash block)."""
+        if hashes is None:
+            hashes = req.prefix_hashes
+        salt = req.tenant if self.per_tenant else None
+        if req.lora_adapter is not None:  # KV computed under an adapter is that adapter's (vLLM's block hash)
+            salt = ("lora", req.lora_adapter, salt)
+        per = self.per
+        if per:
+            first, last = start // per, -(-stop // per)
+            if salt is None:
+                return (((hashes[i], i), i * per, i * per + per) for i in range(first, last))
+            return (((salt, hashes[i], i), i * per, i * per + per) for i in range(first, last))
+        return self._groups(hashes, salt, start, stop)
+
+    def _groups(self, hashes: list, salt, start: int, stop: int):
+        """``groups`` when trace blocks do not align with engine blocks."""
+        bs, tb = self.block_size, self.trace_block
+        j = start
+        while j < stop:
+            i = ((j + 1) * bs - 1) // tb
+            lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
+            yield ((hashes[i], i) if salt is None else (salt, hashes[i], i)), lo, hi
+            j = hi
+
+    # -- the free queue -------------------------------------------------------------------------
+    def _fresh(self, total_blocks: int) -> None:
+        """The queue of a cache that holds nothing yet: every block, never used (a real segment, which
+        the block names, set after this, read)."""
+        self.queue.clear()
+        self.gone = 0
+        self.queued = total_blocks
+        if total_blocks > 0:
+            self.seq += 1
+            self.queue.append([FRESH, total_blocks, None])
+
+    def _settle(self) -> None:
+        """The queue was only counted (``countable``, no own segment): make it one DEAD segment."""
+        self.queue.clear()
+        self.gone = 0
+        if self.queued:
+            self.seq += 1
+            self.queue.append([DEAD, self.queued, None])
+
+    def _push_segment(self, kind: int, blocks: int, owner: int | None) -> None:
+        if blocks <= 0:
+            return
+        if self.countable and not self.segments:
+            if kind != OWN:  # nothing of value queued: only the count matters
+                self.queued += blocks
+                return
+            self._settle()
+        self.queued += blocks
+        if kind != OWN and self.queue:  # merge with a tail segment of no value
+            tail = self.queue[-1]
+            if tail[0] < OWN:
+                tail[1] += blocks
+                return
+        self.seq += 1
+        if kind == OWN:
+            seg = self.segments[owner] = [OWN, blocks, owner, 0, self.seq]
+            self.queue.append(seg)
+        else:
+            self.queue.append([kind, blocks, owner])
+
+    def _push_run(self, e: Entry, start: int, blocks: int) -> None:
+        """Queue blocks ``[start, start + blocks)`` of ``e`` (cached, unheld) at the tail."""
+        self.queued += blocks
+        self.seq += 1
+        run = [RUN, blocks, e, start, self.seq]
+        self.queue.append(run)
+        runs = e.runs
+        k = len(runs)
+        while k and runs[k - 1][3] > start:
+            k -= 1
+        runs.insert(k, run)
+
+    def _gone(self, seg: list) -> None:
+        """``seg`` leaves the queue's middle: left there GONE, with no blocks; the queue is compacted when
+        most of it is GONE (a replay of many hits and few evictions would otherwise keep them all)."""
+        seg[0], seg[1], seg[2] = GONE, 0, None
+        self.gone += 1
+        if self.gone > 64 and 2 * self.gone > len(self.queue):
+            queue = self.queue
+            live = [s for s in queue if s[0] != GONE]
+            queue.clear()
+            queue.extend(live)
+            self.gone = 0
+
+    def take(self, n: int) -> None:
+        """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
+        self.queued -= n
+        if self.countable and not self.segments:  # nothing of value to evict: only counted
+            return
+        queue = self.queue
+        write_back = self.tiers is not None and not self.tiers.write_through
+        names = self.names
+        while n > 0:
+            entry = queue[0]
+            if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
+                entry[1] -= n  # (it stays at the head)
+                if write_back and entry[0] == RUN:
+                    self.tiers.write(entry[2].key, entry[3] + entry[1], n)
+                if names is not None:
+                    names.evicted(entry[4] if len(entry) > 3 else None, entry, entry[1], entry[1] + n)
+                return
+            queue.popleft()
+            kind = entry[0]
+            if kind == GONE:
+                self.gone -= 1
+                continue
+            n -= entry[1]
+            if names is not None:
+                names.evicted(entry[4] if len(entry) > 3 else None, entry, 0, entry[1])
+            if kind == RUN:
+                if write_back:
+                    self.tiers.write(entry[2].key, entry[3], entry[1])
+                e = entry[2]
+                runs = e.runs
+                if runs[0] is entry:  # (usually its lowest run: list.remove compares the others first)
+                    del runs[0]
+                else:
+                    runs.remove(entry)
+                if not runs and not e.top:
+                    del self.entries[e.key]
+            elif kind == OWN:
+                del self.segments[entry[2]]
+
+    # -- admission ------------------------------------------------------------------------------
+    def lookup(self, req: "Request") -> Hit | None:
+        """The longest cached prefix ``req`` (admitted with nothing computed) can reuse, or None."""
+        if self.trace_block is None and req.index not in self.segments:  # no hashes, no own segment
+            return None
+        bs = self.block_size
+        limit = req.num_tokens - 1  # the last token is always computed
+        hashed_all = self.hashed_blocks(req)
+        hashed = min(hashed_all, -(-limit // bs))
+        keys = []
+        claimed = shared = 0
+        if hashed:
+            get = self.entries.get
+            for key, lo, hi in self.groups(req, 0, hashed):
+                e = get(key)
+                if e is None:
+                    break
+                want = (hi if hi < hashed else hashed) - lo
+                got = e.top
+                if got < want:
+                    got = e.reach()
+                    if got > want:
+                        got = want
+                    if not got:
+                        break
+                    claimed += got - e.top
+                else:
+                    got = want
+                keys.append((e, got))
+                shared = lo + got
+                if got < want:
+                    break
+        loaded, reads, touched = 0, None, None
+        if self.tiers is not None and shared < hashed:  # the rest of the prefix may be in a lower tier
+            reads, touched = {}, []
+            pos = shared
+            for key, lo, hi in self.groups(req, shared, hashed):
+                start = pos - lo
+                want = (hi if hi < hashed else hashed) - pos
+                level, n = self.tiers.find(key, start, want)
+                if not n:
+                    break
+                reads[level] = reads.get(level, 0) + n
+                touched.append((level, key))
+                pos += n
+                if n < want:
+                    break
+            loaded = pos - shared
+        own = 0
+        seg = self.segments.get(req.index)
+        if seg is not None and shared + loaded == hashed_all:
+            own = min(seg[1], -(-limit // bs) - shared - loaded)
+            claimed += own
+        blocks = shared + loaded + own
+        if not blocks:
+            return None
+        if loaded:
+            return Hit(keys, shared, own, min(blocks * bs, limit), claimed, loaded, reads, touched)
+        return Hit(keys, shared, own, min(blocks * bs, limit), claimed)
+
+    def claim(self, req: "Request", hit: Hit) -> int:
+        """Give ``req`` the blocks of ``hit`` (its first ``hit.blocks`` blocks); returns how many of
+        them left the free queue (a block another request of the same batch claimed first does
+        not: ``hit.claimed``, counted when the batch was built, is then an overestimate)."""
+        queue = self.queue
+        claimed = hit.own
+        chain = None
+        if hit.keys:
+            chain = Chain()
+            for e, got in hit.keys:
+                if got > e.top:  # its blocks [top, got) leave the runs at the bottom of the entry's queued blocks
+                    runs = e.runs
+                    while runs and runs[0][3] < got:
+                        run = runs[0]
+                        end = run[3] + run[1]
+                        if end <= got:
+                            claimed += run[1]
+                            runs.pop(0)
+                            self._gone(run)
+                        else:
+                            claimed += got - run[3]
+                            run[1] = end - got
+                            run[3] = got
+                            break
+                e.hold(got)
+                chain.entries.append(e)
+            chain.blocks = hit.shared
+        self.queued -= claimed - hit.own
+        req.cached_keys = chain
+        seg = self.segments.pop(req.index, None)
+        if self.names is not None:
+            req.block_table = self.names.table(hit, seg[4] if seg is not None else None)
+        if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
+            self.queued -= hit.own
+            if hit.own >= seg[1]:
+                self._gone(seg)
+            else:
+                seg[0], seg[1], seg[2] = DEAD, seg[1] - hit.own, None
+        return claimed
+
+    # -- while running ----------------------------------------------------------------------------
+    def register(self, req: "Request", hashes: list | None = None) -> None:
+        """``req`` computed more of its prompt: its newly full hashed blocks become cached (shared),
+        up to the first that is cached already (computed twice at once: both requests were admitted
+        before either had it; this copy stays private, as vLLM too caches one of the two).
+
+        ``hashes`` (KV retention, replay/core/kv/retention.py): a finished request's context continues in
+        its session's next call, whose hashes cover this request's prompt and generated tokens; its
+        full blocks past its own hashed ones become cached under those keys.
+
+        It runs once per prefill chunk, over every new hash block of a prompt (most of a Mooncake
+        replay's caching cost): ``hashed_blocks``, ``Entry.unhold`` / ``hold`` and a new entry's
+        holding are inline."""
+        chain = req.cached_keys
+        if chain is None:
+            if not (req.prefix_hashes or hashes):
+                return
+            chain = req.cached_keys = Chain()
+        bs = self.block_size
+        if hashes is None:
+            hashes = req.prefix_hashes
+            if not hashes:
+                return
+            tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+        else:
+            tokens = req.num_computed_tokens
+        cover = len(hashes) * self.trace_block
+        full = (tokens if tokens < cover else cover) // bs
+        computed = req.num_computed_tokens // bs
+        if computed < full:
+            full = computed
+        have = chain.blocks
+        if full <= have:
+            return
+        tiers = self.tiers
+        through = tiers is not None and tiers.write_through  # each block it caches is written to the tier
+        entries = chain.entries
+        if entries:
+            e = entries[-1]
+            lo = e.lo
+            held = have - lo
+            if held < e.size:  # its last entry, partly held: extend it, up to the first block cached already
+                runs = e.runs
+                if held < e.top or (runs and runs[0][3] == held):
+                    return
+                want = full - lo if full - lo < e.size else e.size
+                got = want if not runs or runs[0][3] >= want else runs[0][3]
+                if e.held is None:  # its only holder
+                    e.top = got
+                else:
+                    e.unhold(held)
+                    e.hold(got)
+                chain.blocks = lo + got
+                if through:
+                    tiers.write(e.key, held, got - held)
+                if got < want:
+                    return
+                have = lo + got
+        cache = self.entries
+        get = cache.get
+        salt = req.tenant if self.per_tenant else None
+        if req.lora_adapter is not None:  # (as in groups)
+            salt = ("lora", req.lora_adapter, salt)
+        tb, per = self.trace_block, self.per
+        lo = have
+        i = have // per if per else 0  # (aligned: trace block i is blocks [i * per, (i + 1) * per))
+        while lo < full:  # (groups, inline: (key, lo, hi) of each trace block from ``have`` on)
+            if per:
+                hi = lo + per
+            else:
+                i = ((lo + 1) * bs - 1) // tb
+                lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
+            key = (hashes[i], i) if salt is None else (salt, hashes[i], i)
+            want = (hi if hi < full else full) - lo
+            e = get(key)
+            if e is None:  # born held
+                e = cache[key] = Entry(key, lo, hi - lo, want)
+                got = want
+            else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
+                runs = e.runs
+                if e.top or runs[0][3] == 0:
+                    return
+                got = runs[0][3] if runs[0][3] < want else want
+                e.hold(got)
+            entries.append(e)
+            chain.blocks = lo + got
+            if through:
+                tiers.write(key, 0, got)
+            if got < want:
+                return
+            lo = hi
+            i += 1
+
+    # -- release --------------------------------------------------------------------------------
+    def release(self, req: "Request", blocks: int, may_return: bool, keep_chain: bool = False) -> int:
+        """``req`` gives back its ``blocks`` blocks; returns how many no running request holds any
+        more. Full blocks keep their KV, cached; a request that ``may_return`` (preempted by
+        recompute) keeps its own blocks as a segment only it can hit. ``keep_chain`` (KV retention):
+        its hashed blocks stay held, by its chain (``req.cached_keys``, which the caller takes over
+        and gives back with ``unpin``)."""
+        chain = req.cached_keys
+        if chain is None and self.countable and not self.purge:
+            # a trace without hashes: only a preempted request's own blocks may be reused (as below)
+            full = min(req.num_computed_tokens // self.block_size, blocks)
+            if may_return and full > 0:
+                self._push_segment(DEAD, blocks - full, None)
+                self._push_segment(OWN, full, req.index)
+            else:
+                self._push_segment(DEAD, blocks, None)
+            return blocks
+        shared = chain.blocks if chain is not None else 0
+        full = max(min(req.num_computed_tokens // self.block_size, blocks), shared)
+        hashed = self.hashed_blocks(req)
+        if self.purge and req.tenant in self.purge and req.status.is_terminal:
+            return self._purge(req, blocks, full, hashed)
+        names = self.names
+        # freed in reverse block order: the partial last block, own blocks, private hashed blocks, shared ones
+        self._push_segment(DEAD, blocks - full, None)
+        if names is not None:
+            names.free(req.block_table[full:blocks])
+        own = full - max(hashed, shared)
+        if own > 0:
+            self._push_segment(OWN if may_return else DEAD, own, req.index)
+            if names is not None:
+                names.released_own(self.seq if may_return else None, req.block_table[full - own:full])
+        private = min(full, hashed)
+        if private > shared:
+            self._release_private(req, shared, private)
+        freed = blocks - shared
+        if keep_chain:
+            return freed
+        if chain is not None:
+            freed += self._let_go(chain)
+            req.cached_keys = None
+        return freed
+
+    def _let_go(self, chain: Chain) -> int:
+        """``chain``'s holder lets go of its entries, the last first: the blocks no one else holds are
+        queued as runs, highest first (``unhold`` and ``_push_run`` inline: once per hash block of
+        every released prompt); returns how many."""
+        entries = chain.entries
+        queue = self.queue
+        seq = self.seq
+        freed = 0
+        last = entries[-1] if entries else None
+        for e in reversed(entries):
+            count = e.size if e is not last else chain.blocks - e.lo  # (the last may be partly held)
+            if e.held is None:  # its only holder
+                top = e.top = 0
+            else:
+                e.unhold(count)
+                top = e.top
+            if count > top:  # the blocks only it held: queued, highest first
+                n = count - top
+                seq += 1
+                run = [RUN, n, e, top, seq]
+                queue.append(run)
+                runs = e.runs
+                if runs:  # (queued runs lie above every holding: this one goes first)
+                    k = len(runs)
+                    while k and runs[k - 1][3] > top:
+                        k -= 1
+                    runs.insert(k, run)
+                else:
+                    runs.append(run)
+                freed += n
+        self.seq = seq
+        self.queued += freed
+        return freed
+
+    def unpin(self, chain: Chain) -> int:
+        """A chain that ``release(keep_chain=True)`` kept held lets go (KV retention); returns how
+        many blocks no holder holds any more (queued, cached, as a release queues them)."""
+        return self._let_go(chain)
+
+    def offload(self, req: "Request", blocks: int) -> int:
+        """``req`` ended and its hashed blocks go to the first lower tier rather than stay cached in
+        GPU memory (KV retention ``offload``): they are written there, and the blocks no running
+        request holds become plain free blocks at the head of the free queue, the first reused.
+        Returns how many blocks no running request holds any more."""
+        chain = req.cached_keys
+        counts = list(chain.counts()) if chain is not None else []
+        for e, count in counts:
+            self.tiers.write(e.key, 0, count)
+        freed = self.release(req, blocks, False)
+        queue, cache = self.queue, self.entries
+        for e, count in counts:  # the runs this release queued: those below what it held
+            for run in [run for run in e.runs if run[3] < count]:  # (each moved to the head, in turn)
+                e.runs.remove(run)
+                queue.appendleft([DEAD, run[1], None])
+                self._gone(run)
+            if not e.top and not e.runs and cache.get(e.key) is e:
+                del cache[e.key]
+        return freed
+
+    def _purge(self, req: "Request", blocks: int, full: int, hashed: int) -> int:
+        """A purged tenant's request ended: none of its blocks stays cached, and every entry of its
+        prompt is forgotten by the lower tiers and, where no running request holds it, by the GPU."""
+        chain = req.cached_keys
+        names = self.names
+        freed = blocks - (chain.blocks if chain is not None else 0)
+        if names is not None and blocks:
+            names.free(req.block_table[blocks - freed:blocks])
+        if chain is not None:
+            for e, count in reversed(list(chain.counts())):
+                e.unhold(count)
+                if count > e.top:
+                    freed += count - e.top
+                    if names is not None:
+                        names.free_cached(e, e.top, count)
+            req.cached_keys = None
+        self._push_segment(DEAD, freed, None)
+        seg = self.segments.pop(req.index, None)
+        if seg is not None:  # its own blocks of an earlier preemption
+            seg[0], seg[2] = DEAD, None
+            if names is not None:
+                names.evicted(seg[4], (OWN,), 0, 0)
+        cache = self.entries
+        for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
+            if self.tiers is not None:
+                self.tiers.drop(key)
+            e = cache.get(key)
+            if e is None:
+                continue
+            for run in e.runs:  # its queued blocks: plain free blocks, in place
+                if names is not None:
+                    names.free_cached(e, run[3], run[3] + run[1])
+                run[0], run[2] = DEAD, None
+            e.runs = []
+            if not e.top:
+                del cache[key]
+        return freed
+
+    def forget(self, req: "Request") -> None:
+        """A purged tenant's request ended while waiting (dropped after a preemption, say): it holds
+        no GPU block, but what it cached before stays cached unless purged here: its own segment,
+        and every entry of its prompt, from the lower tiers and (where no running request holds it)
+        the GPU."""
+        hashed = self.hashed_blocks(req)
+        self._purge(req, 0, hashed, hashed)
+
+    def _release_private(self, req: "Request", start: int, stop: int) -> None:
+        """Blocks ``[start, stop)`` it computed but did not share: each becomes the cached copy
+        unless one is cached already (then it is plainly free), in reverse block order."""
+        cache = self.entries
+        names = self.names
+        for key, lo, hi in reversed(list(self.groups(req, start, stop))):
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            e = cache.get(key)
+            if e is None:
+                e = cache[key] = Entry(key, lo, hi - lo)
+            if names is not None:  # the gaps it caches keep their ids; its copies of cached blocks are freed
+                names.release_private(e, req.block_table, a, b)
+            cached = [(0, e.top)] + [(run[3], run[3] + run[1]) for run in e.runs]
+            gaps = []
+            pos = b
+            for c_lo, c_hi in reversed(cached):  # walk down from b: gaps become runs, cached parts dead
+                if c_hi <= a:
+                    break
+                if c_hi < pos:
+                    gaps.append((c_hi, pos))
+                    self._push_run(e, c_hi, pos - c_hi)
+                    pos = c_hi
+                low = max(c_lo, a)
+                if low < pos:
+                    self._push_segment(DEAD, pos - low, None)
+                    pos = low
+            if pos > a:
+                gaps.append((a, pos))
+                self._push_run(e, a, pos - a)
+            if self.tiers is not None and self.tiers.write_through:  # the copies it caches now
+                for g_lo, g_hi in gaps:
+                    self.tiers.write(key, g_lo, g_hi - g_lo)
+
+    # -- questions from the KV manager and the batch builder ----------------------------------
+    def shared_blocks(self, req: "Request") -> int:
+        """Of ``req``'s hashed blocks, how many other running requests hold too."""
+        chain = req.cached_keys
+        if chain is None:
+            return 0
+        total = 0
+        for e, count in chain.counts():
+            other = e.others_max(count)
+            total += count if other >= count else other
+        return total
+
+    def sole_blocks(self, req: "Request", into: dict) -> None:
+        """Record in ``into`` (entry -> (start, end)) the hashed blocks only ``req`` holds."""
+        chain = req.cached_keys
+        if chain is None:
+            return
+        for e, count in chain.counts():
+            other = e.others_max(count)
+            if other < count:
+                into[e] = (other, count)
+
+    @staticmethod
+    def reclaimed(hit: Hit, sole: dict) -> int:
+        """How many of ``hit``'s blocks are in ``sole`` (blocks a preempted request alone held)."""
+        total = 0
+        for e, got in hit.keys:
+            span = sole.get(e)
+            if span is not None and span[0] < got:
+                total += min(got, span[1]) - span[0]
+        return total
+
+    def check(self, total_blocks: int, used: int, running) -> None:
+        """The free queue holds exactly the blocks no running request holds; holdings add up."""
+        assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
+        queued = {id(seg) for seg in self.queue}
+        assert not self.countable or (not self.entries and self.names is None)
+        if not self.countable or self.segments:  # (else only counted: the segments are stale)
+            assert self.queued == sum(e[1] for e in self.queue)
+            assert self.gone == sum(e[0] == GONE for e in self.queue)
+        held: dict = {}
+        for req in running:
+            chain = req.cached_keys
+            if chain is None:
+                continue
+            last = chain.entries[-1] if chain.entries else None
+            assert last is None or last.lo < chain.blocks <= last.lo + last.size, (chain.blocks, last.lo)
+            for e, count in chain.counts():
+                assert 0 < count <= e.size
+                held.setdefault(e, []).append(count)
+        for key, e in self.entries.items():
+            assert e.key == key
+            counts = sorted(held.pop(e, []))
+            assert e.held is None or e.held, key  # (a dict only while someone holds it)
+            holdings = e.holdings()
+            assert sorted(c for c, k in holdings.items() for _ in range(k)) == counts, (key, holdings, counts)
+            assert e.top == (counts[-1] if counts else 0)
+            assert e.top or e.runs, key  # an entry holds something
+            below = e.top
+            for run in e.runs:  # runs: queued, disjoint, above every holding, within the entry
+                assert id(run) in queued and run[0] == RUN and run[1] > 0
+                assert below <= run[3] and run[3] + run[1] <= e.size, (below, run)
+                below = run[3] + run[1]
+        assert not held, held  # every held entry is in the map
+        for seg in self.queue:
+            if seg[0] == RUN:
+                assert self.entries.get(seg[2].key) is seg[2] and seg in seg[2].runs
+            assert seg[1] > 0 or seg[0] == GONE, seg
+        for owner, seg in self.segments.items():
+            assert id(seg) in queued and seg[0] == OWN and seg[2] == owner
+        for tier in self.tiers.tiers if self.tiers is not None else ():
+            assert tier.used == sum(m.bit_count() for m in tier.store.values()) <= max(tier.capacity, 0)
+            assert all(tier.store.values())
+
+    def clear(self, total_blocks: int) -> None:
+        """Everything lost (the replica failed), its own lower tiers too."""
+        if self.tiers is not None:
+            self.tiers.lose_local()
+        if self.names is not None:
+            self.names.clear(self)
+        self.queue.clear()
+        self.entries.clear()
+        self.segments.clear()
+        self.queued = 0
+        self._fresh(total_blocks)
