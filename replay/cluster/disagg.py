@@ -309,17 +309,7 @@ class Disaggregation:
             for req in self.sending[replica.id]:
                 self.source.pop(req)
                 replica.kv.release(req)
-                target_id = self.decode_replica.get(req.index)
-                holder = self.landing[target_id].pop(req, None) if target_id is not None else None
-                if holder is None:
-                    self.pending.remove(req)
-                else:
-                    target = self.engine.replicas[target_id]
-                    self._cancel(req, now)
-                    target.kv.release(holder)
-                    target.forgive(req)
-                    if self.decode_scaler is not None:
-                        self.decode_scaler.released(target, now)
+                self._withdraw(req, now)
                 lost.append(req)
             self.sending[replica.id] = []
         else:
@@ -341,17 +331,7 @@ class Disaggregation:
         caller ends it). False: it is not in a handoff (on a replica, or not yet prefilled)."""
         if req not in self.source:
             return False
-        target_id = self.decode_replica.get(req.index)
-        holder = self.landing[target_id].pop(req, None) if target_id is not None else None
-        if holder is None:
-            self.pending.remove(req)
-        else:
-            target = self.engine.replicas[target_id]
-            self._cancel(req, now)
-            target.kv.release(holder)
-            target.forgive(req)
-            if self.decode_scaler is not None:
-                self.decode_scaler.released(target, now)
+        self._withdraw(req, now)
         self.engine.enact(self._release_source(req, now), now)
         self.place_pending(now)  # (the landing blocks freed may make room for the next handoff)
         return True
@@ -362,6 +342,21 @@ class Disaggregation:
         if replica.id in self.decode_ids:
             for req in moved:
                 self._forget_handoff(req)
+
+    def _withdraw(self, req: Request, now: float) -> None:
+        """``req``, handed off, leaves the handoff: out of the queue of those waiting for a decode replica,
+        or, in transfer, its transfer cancelled and its landing blocks on the decode replica freed."""
+        target_id = self.decode_replica.get(req.index)
+        holder = self.landing[target_id].pop(req, None) if target_id is not None else None
+        if holder is None:
+            self.pending.remove(req)
+            return
+        target = self.engine.replicas[target_id]
+        self._cancel(req, now)
+        target.kv.release(holder)
+        target.forgive(req)
+        if self.decode_scaler is not None:
+            self.decode_scaler.released(target, now)
 
     def _cancel(self, req: Request, now: float) -> None:
         self.cancelled += 1
