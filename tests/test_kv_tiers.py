@@ -296,26 +296,35 @@ def test_in_a_replay_a_purged_tenants_preempted_then_dropped_requests_leave_noth
     purged over a write-through DRAM tier: right after each drop of a request of "a" that had been
     preempted, no own segment of it is left, and none of its prompt's entries is cached in DRAM, nor
     in GPU memory unless a running request holds it."""
+    from servelab.replay.core.engine import Engine
     from servelab.replay.platform.hooks import Platform
 
-    checked = []
-    real_drop = Platform.drop
+    checked, dropped = [], []
+    real_drop, real_enact = Platform.drop, Engine.enact
 
-    def drop(self, replica, req, reason, now):
-        real_drop(self, replica, req, reason, now)
-        if replica is None or req.tenant != "a" or not req.num_preemptions:
-            return
-        cache = replica.kv.cache
-        assert req.index not in cache.segments
-        hashed = cache.hashed_blocks(req)
-        for key, _, _ in cache.groups(req, 0, hashed) if hashed else ():
-            e = cache.entries.get(key)
-            assert e is None or (e.top and not e.runs), key
-            assert all(key not in tier.store for tier in cache.tiers.tiers), key
-        replica.kv.check(replica.running)
-        checked.append(req.request_id)
+    def drop(self, replica, req, reason):
+        dropped.append((replica, req))
+        return real_drop(self, replica, req, reason)
+
+    def enact(self, intents, now):  # a drop takes effect when the engine applies its intents
+        out = real_enact(self, intents, now)
+        while dropped:
+            replica, req = dropped.pop()
+            if replica is None or req.tenant != "a" or not req.num_preemptions:
+                continue
+            cache = replica.kv.cache
+            assert req.index not in cache.segments
+            hashed = cache.hashed_blocks(req)
+            for key, _, _ in cache.groups(req, 0, hashed) if hashed else ():
+                e = cache.entries.get(key)
+                assert e is None or (e.top and not e.runs), key
+                assert all(key not in tier.store for tier in cache.tiers.tiers), key
+            replica.kv.check(replica.running)
+            checked.append(req.request_id)
+        return out
 
     monkeypatch.setattr(Platform, "drop", drop)
+    monkeypatch.setattr(Engine, "enact", enact)
     trace = synth_trace(n=300, rate=40.0, tenants="a=1,b=1", shared_prefix_tokens=256, turns=3.0, think_s=0.5,
                         prompt="lognormal:700:1.0", output="lognormal:150:1.0", prefix_block_tokens=32, seed=2,
                         tiers="priority=1,standard=1,flex=1")

@@ -319,13 +319,13 @@ def test_a_pause_on_the_kv_share_keeps_decodes_in_aggregate_and_changes_nothing(
     from servelab.replay.platform.hooks import Platform
 
     readings: dict = {}
-    check = Platform._check_pause
+    check = Platform.check_pause
 
     def recorded(self, replica, now):
         readings.setdefault(id(self), []).append((replica.id, now, replica.kv.used))
         return check(self, replica, now)
 
-    monkeypatch.setattr(Platform, "_check_pause", recorded)
+    monkeypatch.setattr(Platform, "check_pause", recorded)
     trace = synthetic(n=600, rate=40.0)
     tiers = pa.array(["flex" if i % 4 == 0 else "standard" for i in range(trace.num_rows)])
     trace = trace.drop_columns([c for c in ("tier",) if c in trace.column_names]).append_column("tier", tiers)

@@ -90,7 +90,7 @@ class Platform:
     def walks_running(self) -> bool:
         """Features that read running requests' counters directly (so the batch builder keeps none in aggregate).
 
-        A pause reads none until it fires, and then lets go of the aggregate itself (``_check_pause``):
+        A pause reads none until it fires, and then lets go of the aggregate itself (``check_pause``):
         on waiting requests it reads the queue; on the KV share, ``kv.used``, which the aggregate keeps
         current at every decision (it takes its members' blocks for an iteration when a decision takes
         it, ``DecodeCohort.start``, as the per-request path does; tested with and without it).
