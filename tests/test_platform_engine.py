@@ -318,11 +318,11 @@ def test_a_pause_on_the_kv_share_keeps_decodes_in_aggregate_and_changes_nothing(
     from helpers_engine import synthetic
     from servelab.replay.platform.hooks import Platform
 
-    readings: dict = {}
+    readings: dict = {}  # each replay's Platform (kept alive here, so no two share a key) -> its readings
     check = Platform.check_pause
 
     def recorded(self, replica, now):
-        readings.setdefault(id(self), []).append((replica.id, now, replica.kv.used))
+        readings.setdefault(self, []).append((replica.id, now, replica.kv.used))
         return check(self, replica, now)
 
     monkeypatch.setattr(Platform, "check_pause", recorded)
