@@ -661,10 +661,14 @@ class Engine:
     # -- queue moves: with _route, _admit, preempt and _finish, the only code that moves a request in or
     # -- out of a replica's queues; the cluster and the platform ask these -------------------------
     def take_off(self, replica: Replica, req: Request) -> None:
-        """``req`` leaves ``replica``'s waiting queue without the policy's decision (a drop, a client's
-        abort); the policy hears it (``on_leave``)."""
+        """``TakeOff``: ``req`` leaves ``replica``'s waiting queue for good without the policy's decision (a
+        drop, a client's abort), owing and holding nothing there; the policy hears it (``on_leave``)."""
         replica.waiting.remove(req)
         replica.policy.on_leave(req, replica)
+        replica.forgive(req)
+        if req.swapped:
+            replica.kv.drop_host(req)
+        replica.kv.forget(req)  # (a purged tenant's cached blocks)
 
     def let_go(self, replica: Replica, req: Request) -> None:
         """``req`` leaves ``replica``'s running set outside an iteration (its client gave up): what it
@@ -824,7 +828,7 @@ class Engine:
                 self.ledger.refused_s[intent.req.index] = now
                 self.end(intent.req, intent.status, intent.reason, now)
             elif kind is TakeOff:
-                self._take_off(intent.replica, intent.req)
+                self.take_off(intent.replica, intent.req)
             elif kind is LetGo:
                 self.let_go(intent.replica, intent.req)
                 if intent.tell_policy:
@@ -868,14 +872,6 @@ class Engine:
             else:
                 raise ServelabError(f"the engine cannot enact {intent!r}")
         return swap_s
-
-    def _take_off(self, replica: Replica, req: Request) -> None:
-        """``TakeOff``: ``req`` leaves ``replica``'s waiting queue for good, owing and holding nothing there."""
-        self.take_off(replica, req)
-        replica.forgive(req)
-        if req.swapped:
-            replica.kv.drop_host(req)
-        replica.kv.forget(req)  # (a purged tenant's cached blocks)
 
     def _leave_at_boundary(self, replica: Replica, req: Request, now: float) -> None:
         """``LeaveAtBoundary``: cut ``replica``'s stretch at the first boundary at or after ``now``; the client
