@@ -217,11 +217,13 @@ def check_encoders(requests, engine: EngineConfig) -> None:
                                 "but no encoder prices it: set audio_encoder (--audio-encoder whisper-large-v3-encoder)")
 
 
-def trace_block_tokens(trace: pa.Table) -> int | None:
-    """Tokens per ``prefix_hashes`` entry (the trace's ``prefix_block_tokens``), None without hashes."""
-    if "prefix_hashes" not in trace.column_names:
+def trace_block_tokens(trace: pa.Table | pa.Schema) -> int | None:
+    """Tokens per ``prefix_hashes`` entry (the trace's ``prefix_block_tokens``), None without hashes; from a
+    trace table or its schema alone (a trace file's, before its rows are read)."""
+    schema = trace if isinstance(trace, pa.Schema) else trace.schema
+    if "prefix_hashes" not in schema.names:
         return None
-    value = (trace.schema.metadata or {}).get(b"prefix_block_tokens")
+    value = (schema.metadata or {}).get(b"prefix_block_tokens")
     return int(value) if value else None
 
 

@@ -239,6 +239,7 @@ def _file_block_tokens(trace_path: str | None) -> int | None:
     be opened: reading it says why, later), from its schema alone."""
     if trace_path is None:
         return None
+    from servelab.api import trace_block_tokens
     from servelab.replay.stream import TraceFile
 
     try:
@@ -246,10 +247,7 @@ def _file_block_tokens(trace_path: str | None) -> int | None:
     except ServelabError:
         return None
     try:
-        if "prefix_hashes" not in source.names:
-            return None
-        value = (source.schema.metadata or {}).get(b"prefix_block_tokens")
-        return int(value) if value else None
+        return trace_block_tokens(source.schema)
     finally:
         source.close()
 
