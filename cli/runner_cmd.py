@@ -392,20 +392,24 @@ def _validate_sweep(run_dir, runs, overrides, client_model, fmt, output) -> None
     from rich.table import Table
     from servelab.common.tables import print_table
 
-    def pct(v):
-        return "n/a" if v is None else f"{v:+.1f}%"
-
-    def share(v):
-        return "n/a" if v is None else f"{v:.1%}"
-
     table = Table(title=f"sweep of {len(runs)} runs ({run_dir.name}): error of the mean")
     for col in ("run", "requests", "ttft", "tpot", "e2e", "not finished (measured / simulated)"):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for row in whole["summary"]:
-        table.add_row(row["run"], str(row["requests"]), pct(row["ttft_mean_error_pct"]),
-                      pct(row["tpot_mean_error_pct"]), pct(row["e2e_mean_error_pct"]),
-                      f"{share(row['not_finished_measured'])} / {share(row['not_finished_simulated'])}")
+        table.add_row(row["run"], str(row["requests"]), _pct(row["ttft_mean_error_pct"]),
+                      _pct(row["tpot_mean_error_pct"]), _pct(row["e2e_mean_error_pct"]),
+                      f"{_share(row['not_finished_measured'])} / {_share(row['not_finished_simulated'])}")
     print_table(table)
+
+
+def _pct(v) -> str:
+    """An error in percent, signed (n/a when not measured)."""
+    return "n/a" if v is None else f"{v:+.1f}%"
+
+
+def _share(v) -> str:
+    """A share as a percentage (n/a when not measured)."""
+    return "n/a" if v is None else f"{v:.1%}"
 
 
 def render_real(report: dict) -> None:
@@ -423,12 +427,9 @@ def render_real(report: dict) -> None:
         console.print("settings: " + ", ".join(f"{s['setting']}={s['value']} ({s['from']})" for s in report["settings"]))
     if report.get("prefix"):
         p = report["prefix"]
-
-        def share(v):
-            return "n/a" if v is None else f"{v:.1%}"
-        console.print(f"prefix-cache hits (share of prompt tokens): measured {share(p['measured'])} "
-                      f"({p.get('measured_from') or 'not reported'}), simulated {share(p['simulated'])}, "
-                      f"ideal {share(p['ideal'])}; sharing from {p['origin']}")
+        console.print(f"prefix-cache hits (share of prompt tokens): measured {_share(p['measured'])} "
+                      f"({p.get('measured_from') or 'not reported'}), simulated {_share(p['simulated'])}, "
+                      f"ideal {_share(p['ideal'])}; sharing from {p['origin']}")
         if p.get("warning"):
             console.print(f"[bold red]warning:[/] {p['warning']}")
     table = Table(title="measured vs simulated")
@@ -438,22 +439,19 @@ def render_real(report: dict) -> None:
     def ms(v):
         return "n/a" if v is None else f"{v * 1000:,.2f} ms"
 
-    def pct(v):
-        return "n/a" if v is None else f"{v:+.1f}%"
-
     engine = {(r["metric"], r["stat"]): r for r in report.get("latency_engine") or ()}
     if engine:
         table.add_column("engine-side", justify="right", no_wrap=True)
         table.add_column("error", justify="right", no_wrap=True)
     for row in report["latency"]:
-        cells = [row["metric"], row["stat"], ms(row["measured_s"]), ms(row["simulated_s"]), pct(row["error_pct"])]
+        cells = [row["metric"], row["stat"], ms(row["measured_s"]), ms(row["simulated_s"]), _pct(row["error_pct"])]
         if engine:
             e = engine.get((row["metric"], row["stat"]))
-            cells += [ms(e["simulated_s"]), pct(e["error_pct"])] if e else ["", ""]
+            cells += [ms(e["simulated_s"]), _pct(e["error_pct"])] if e else ["", ""]
         table.add_row(*cells)
     for row in report["throughput"]:
         fmt_v = (lambda v: "n/a" if v is None else f"{v:,.3f}")
-        table.add_row(row["metric"], "", fmt_v(row["measured"]), fmt_v(row["simulated"]), pct(row["error_pct"]))
+        table.add_row(row["metric"], "", fmt_v(row["measured"]), fmt_v(row["simulated"]), _pct(row["error_pct"]))
     print_table(table)
     model = report.get("client_model")
     if model:
