@@ -149,12 +149,13 @@ class Chain:
     since (``Entry.next``) is held on past its ``size``: ``counts`` follows it, and the cache
     rewrites the list (``PrefixCache._normalize``) when its ``splits`` count is past ``epoch``."""
 
-    __slots__ = ("entries", "blocks", "epoch")
+    __slots__ = ("entries", "blocks", "epoch", "cap")
 
     def __init__(self, epoch: int = 0):
         self.entries: list[Entry] = []
         self.blocks = 0
         self.epoch = epoch
+        self.cap: int | None = None  # its request's hashed blocks (``PrefixCache.hashed_blocks``), once known
 
     def counts(self):
         """(entry, blocks of it held), in order."""
@@ -193,7 +194,7 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued", "gone",
-                 "tiers", "purge", "names", "keep_outputs", "countable", "per", "splits")
+                 "tiers", "purge", "names", "keep_outputs", "countable", "per", "splits", "plain")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
@@ -228,6 +229,8 @@ class PrefixCache:
         # a trace whose requests depend on others (schema v2): a request's hashes may go on past its
         # prompt over its output, the context its dependents continue; those blocks are cached too
         self.keep_outputs = False
+        # register's first path applies: aligned trace blocks, unsalted keys (no tenant scope), no tier
+        self.plain = bool(self.per) and tiers is None and not per_tenant
         self.splits = 0  # entries cut in two so far (``_split``): chains older than this are rewritten
         self._fresh(total_blocks)
 
@@ -342,8 +345,12 @@ class PrefixCache:
         if self.countable and not self.segments:  # nothing of value to evict: only counted
             return
         queue = self.queue
-        write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
+        entry = queue[0]
+        if entry[1] > n and names is None and (entry[0] != RUN or self.tiers is None):  # (the usual case)
+            entry[1] -= n
+            return
+        write_back = self.tiers is not None and not self.tiers.write_through
         while n > 0:
             entry = queue[0]
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
@@ -602,23 +609,53 @@ class PrefixCache:
         replay's caching cost): a new key extends the entry the request holds to its end (one dict
         item per key, no object), and ``hashed_blocks``, ``Entry.unhold`` / ``hold`` are inline."""
         chain = req.cached_keys
-        if chain is None:
-            if not (req.prefix_hashes or hashes):
+        if hashes is None and chain is not None and chain.cap is not None and self.plain and self.names is None:
+            # the usual case, first: it alone holds the entry its chain ends in, to within its last key,
+            # and caches its next blocks there (unsalted keys, no tier, no block ids)
+            full = req.num_computed_tokens // self.block_size
+            if full > chain.cap:
+                full = chain.cap
+            lo = chain.blocks
+            if full <= lo:
                 return
-            chain = req.cached_keys = Chain(self.splits)
+            entries = chain.entries
+            if entries and chain.epoch == self.splits and req.lora_adapter is None:
+                e = entries[-1]
+                end = e.lo + e.size
+                if e.held is None and end - lo < self.per and not e.runs and e.next is None:
+                    if full <= end:  # within its last key
+                        e.top = full - e.lo
+                        chain.blocks = full
+                        return
+                    per = self.per
+                    i = end // per
+                    stop = -(-full // per)
+                    keys = list(zip(req.prefix_hashes[i:stop], range(i, stop)))
+                    cache = self.entries
+                    if cache.keys().isdisjoint(keys):  # new keys: e takes them
+                        cache.update(dict.fromkeys(keys, e))
+                        e.keys += keys
+                        e.size += len(keys) * per
+                        e.top = full - e.lo
+                        chain.blocks = full
+                        return
         bs = self.block_size
         if hashes is None:
             hashes = req.prefix_hashes
             if not hashes:
                 return
-            tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+            if chain is None:
+                chain = req.cached_keys = Chain(self.splits)
+            full = req.num_computed_tokens // bs
+            cap = chain.cap  # (its hashed blocks: fixed for the request, worked out once)
+            if cap is None:
+                cap = chain.cap = self.hashed_blocks(req)
+            if cap < full:
+                full = cap
         else:
-            tokens = req.num_computed_tokens
-        cover = len(hashes) * self.trace_block
-        full = (tokens if tokens < cover else cover) // bs
-        computed = req.num_computed_tokens // bs
-        if computed < full:
-            full = computed
+            if chain is None:
+                chain = req.cached_keys = Chain(self.splits)
+            full = min(req.num_computed_tokens, len(hashes) * self.trace_block) // bs
         lo = chain.blocks
         if full <= lo:
             return
@@ -629,7 +666,6 @@ class PrefixCache:
         entries = chain.entries
         e = entries[-1] if entries else None  # the entry its chain ends in
         cache = self.entries
-        get = cache.get
         salt = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # (as in groups)
             salt = ("lora", req.lora_adapter, salt)
@@ -642,12 +678,16 @@ class PrefixCache:
                 stop = -(-full // per)
                 keys = list(zip(hashes[i:stop], range(i, stop)) if salt is None else
                             zip(repeat(salt), hashes[i:stop], range(i, stop)))
-                put = cache.setdefault
-                new = 0
-                for key in keys:
-                    if put(key, e) is not e:  # (cached already: the general path below)
-                        break
-                    new += 1
+                if cache.keys().isdisjoint(keys):  # (the usual case: none is cached yet)
+                    new = len(keys)
+                    cache.update(dict.fromkeys(keys, e))
+                else:
+                    put = cache.setdefault
+                    new = 0
+                    for key in keys:
+                        if put(key, e) is not e:  # (cached already: the general path below)
+                            break
+                        new += 1
                 if new:
                     if new < len(keys):
                         del keys[new:]
@@ -691,7 +731,7 @@ class PrefixCache:
                     e.unhold(held)
                     e.hold(held + got)
             else:
-                f = get(key)
+                f = cache.get(key)
                 if f is not None and f.lo != klo:  # its keys meet the entry after its first
                     f = self._split(f, klo - f.lo)
                     if not f.top and not f.runs:  # (it cached nothing from there on)
