@@ -26,16 +26,22 @@ token is always computed, since the iteration that computes it emits the next to
 recomputes the whole last block to keep computed tokens block-aligned; we recompute one token,
 as SGLang does). The runner is charged for the tokens computed; attention still reads the context.
 
-**Cost per hash block, not per engine block.** The engine blocks whose last token lies in one trace
-block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
-block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
-entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
+**Cost per run of hash blocks, not per engine block.** The engine blocks whose last token lies in one
+trace block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share
+that block's hash, and with aligned trace blocks the consecutive hash blocks a request computes are
+kept together too: one ``Entry`` holds a run of keys (every key an item of the map, pointing to it),
+and a request's new hash blocks extend the entry it holds to its end, so a prompt nobody shares is
+one entry, one release run and one eviction, whatever its length. Running requests hold a prefix of
+each entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
 each holder holds (``Entry.held``: blocks held -> holders; no dict while one holds it); the blocks
 past the largest holding that are still cached sit in the free queue as *runs* (contiguous, the
 highest block first, as the per-block queue would have them). Claiming a hit takes runs from
 below, eviction eats a run from the top: the same blocks, in the same order, as one queue entry
-per block, at a cost that grows with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900
-blocks). The queue is a deque
+per block. An entry is cut in two (``_split``) only where a request's keys meet it after its first
+key (a trace whose hashes are not chained: equal hashes after unequal ones); a holder past the cut goes on in the
+upper part (``Entry.next``). A key slice of an entry with no cached block keeps its key and behaves
+as a missing key. tests/test_prefix_records.py checks all of this against entries of one key each.
+The queue is a deque
 (queued at the tail, evicted from the head, both O(1) without a dict's bookkeeping); a segment that
 leaves from its middle (a claimed run, a reused own segment) is left there GONE, with no blocks,
 dropped when it reaches the head or when GONE segments are most of the queue (``_gone``).
@@ -473,6 +479,10 @@ class PrefixCache:
     def lookup(self, req: "Request") -> Hit | None:
         """The longest cached prefix ``req`` (admitted with nothing computed) can reuse, or None."""
         if self.trace_block is None and req.index not in self.segments:  # no hashes, no own segment
+            return None
+        hashes = req.prefix_hashes
+        if (self.plain and hashes and req.lora_adapter is None and (hashes[0], 0) not in self.entries
+                and req.index not in self.segments):  # its first key is not cached (most admissions)
             return None
         bs = self.block_size
         limit = req.num_tokens - 1  # the last token is always computed
