@@ -110,9 +110,10 @@ def test_a_private_chain_shared_in_its_middle_is_cut_there_and_evicted_top_first
 
 
 def test_a_hit_that_starts_inside_an_entry_cuts_it_when_claimed():
-    """B's prompt matches A's entry only from its second key: a lookup finds nothing there (its
-    first key misses), but C, whose first key is A's second... cannot exist with chained keys; with
-    these hashes C's keys (2, 1), (3, 2) hit A's entry from its middle, and the claim cuts it."""
+    """A's entry (keys (1, 0) .. (4, 3)) is met from its second key by B, whose first hash differs
+    ((7, 0), then (2, 1), (3, 2)): B's registering cuts A's entry at (2, 1) and holds the part above.
+    C, with B's hashes, then hits B's first key and the cut part: three hash blocks, real block ids
+    following the cache on both sides."""
     pair = Pair(64, named=True)
     pair.new(0, 4 * TB + 1, [1, 2, 3, 4])
     pair.admit(0)
