@@ -20,7 +20,7 @@ pay for this: without an allocator the cache has no ``names`` and runs as before
 
 from __future__ import annotations
 
-from servelab.replay.core.kv.prefix_cache import FRESH, OWN, RUN, Entry, Hit, PrefixCache
+from servelab.replay.core.kv.prefix_cache import FRESH, OWN, RUN, Entry, PrefixCache
 
 
 class BlockNames:
@@ -58,16 +58,17 @@ class BlockNames:
             if keep:
                 self.own[seg_id] = ids[:keep]
 
-    def table(self, hit: Hit, seg: int | None) -> list[int]:
-        """The block table of a request admitted onto ``hit``: the entries' ids, then its own
-        segment's first ``hit.own`` (the segment ``seg``'s other ids go back: its rest is stale)."""
+    def table(self, parts, own: int, seg: int | None) -> list[int]:
+        """The block table of a request admitted onto a hit: the ids of ``parts`` ((entry, blocks of it
+        from its first), in order), then its own segment's first ``own`` (the segment ``seg``'s other
+        ids go back: its rest is stale)."""
         table = []
-        for e, got in hit.keys:
+        for e, got in parts:
             table.extend(e.ids[:got])
         if seg is not None:
             ids = self.own.pop(seg)
-            table.extend(ids[:hit.own])
-            self.free(ids[hit.own:])
+            table.extend(ids[:own])
+            self.free(ids[own:])
         return table
 
     def released_own(self, seg_id: int | None, ids: list[int]) -> None:
@@ -108,7 +109,7 @@ class BlockNames:
 
     def clear(self, cache: PrefixCache) -> None:
         """The replica failed (its running requests were released first): every cached id goes back."""
-        for e in cache.entries.values():
+        for e in cache.records():
             if e.ids is not None:
                 self.free([i for i in e.ids if i is not None])
                 e.ids = None
@@ -121,7 +122,7 @@ class BlockNames:
         """Every id is in exactly one place; holders' tables start with their entries' ids; an
         entry names exactly its cached blocks; the allocator's free ids are the queue's plain blocks."""
         seen: list[int] = []
-        for e in cache.entries.values():
+        for e in cache.records():
             cached = set(range(e.top))
             for run in e.runs:
                 cached.update(range(run[3], run[3] + run[1]))

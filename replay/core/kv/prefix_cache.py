@@ -26,16 +26,22 @@ token is always computed, since the iteration that computes it emits the next to
 recomputes the whole last block to keep computed tokens block-aligned; we recompute one token,
 as SGLang does). The runner is charged for the tokens computed; attention still reads the context.
 
-**Cost per hash block, not per engine block.** The engine blocks whose last token lies in one trace
-block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share that
-block's hash, so they are kept together in one ``Entry``. Running requests hold a prefix of each
-entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
+**Cost per run of hash blocks, not per engine block.** The engine blocks whose last token lies in one
+trace block (``prefix_block_tokens / block_size`` of them when aligned: 32 for Mooncake's 512) share
+that block's hash, and with aligned trace blocks the consecutive hash blocks a request computes are
+kept together too: one ``Entry`` holds a run of keys (every key an item of the map, pointing to it),
+and a request's new hash blocks extend the entry it holds to its end, so a prompt nobody shares is
+one entry, one release run and one eviction, whatever its length. Running requests hold a prefix of
+each entry (their chains are prefixes), so per-block reference counts are implied by how many blocks
 each holder holds (``Entry.held``: blocks held -> holders; no dict while one holds it); the blocks
 past the largest holding that are still cached sit in the free queue as *runs* (contiguous, the
 highest block first, as the per-block queue would have them). Claiming a hit takes runs from
 below, eviction eats a run from the top: the same blocks, in the same order, as one queue entry
-per block, at a cost that grows with hash blocks (a 30 k-token prompt: 60 entries instead of 1,900
-blocks). The queue is a deque
+per block. An entry is cut in two (``_split``) only where a request's keys meet it after its first
+key (a trace whose hashes are not chained: equal hashes after unequal ones); a holder past the cut goes on in the
+upper part (``Entry.next``). A key slice of an entry with no cached block keeps its key and behaves
+as a missing key. tests/test_prefix_records.py checks all of this against entries of one key each.
+The queue is a deque
 (queued at the tail, evicted from the head, both O(1) without a dict's bookkeeping); a segment that
 leaves from its middle (a claimed run, a reused own segment) is left there GONE, with no blocks,
 dropped when it reaches the head or when GONE segments are most of the queue (``_gone``).
@@ -44,6 +50,7 @@ dropped when it reaches the head or when GONE segments are most of the queue (``
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -56,25 +63,37 @@ FRESH, DEAD, OWN, RUN, GONE = 0, 1, 2, 3, 4  # kinds of a queued segment: never 
 
 
 class Entry:
-    """The cached engine blocks of one trace block (one hash): blocks ``[lo, lo + size)`` of every
-    prompt whose chain has this key. Offsets below are relative to ``lo``. ``top``: the most blocks
-    any running request holds (all blocks below it are cached, with a reference count > 0);
-    ``held``: blocks held -> how many running requests hold that many (each holds a prefix), or None:
-    then one request holds ``top`` blocks (none if ``top`` is 0). It becomes a dict when a second
-    holder comes, and None again when the last one lets go: most entries are only ever held by the
-    request that computed them, and never need one; ``runs``: the queued (cached,
-    unheld) blocks above ``top``, as free-queue segments ``[RUN, blocks, entry, start, id]``, by start."""
+    """The cached engine blocks of a run of consecutive trace blocks: blocks ``[lo, lo + size)`` of every
+    prompt whose chain has these ``keys`` (one per trace block, in order; every key maps to the entry in
+    the cache's dict). With aligned trace blocks key ``j`` covers offsets ``[j * per, (j + 1) * per)``;
+    otherwise an entry has one key. A request's new hash blocks extend the entry it holds to its end
+    (``PrefixCache.register``), so a prompt nobody shares is one entry, one release run, one eviction.
+    Offsets below are relative to ``lo``. ``top``: the most blocks any running request holds (all
+    blocks below it are cached, with a reference count > 0); ``held``: blocks held -> how many
+    running requests hold that many (each holds a prefix), or None: then one request holds ``top``
+    blocks (none if ``top`` is 0). It becomes a dict when a second holder comes, and None again when
+    the last one lets go; ``runs``: the queued (cached, unheld) blocks above ``top``, as free-queue
+    segments ``[RUN, blocks, entry, start, id]``, by start. A key slice with no cached block keeps
+    its key while the entry holds anything (it behaves as a missing key: nothing to hit, and a request
+    that computes it holds it). ``next``: the entry cut off above this one (``PrefixCache._split``,
+    when a request's keys meet the entry's after its first), where a holder past ``size`` goes on."""
 
-    __slots__ = ("key", "lo", "size", "held", "top", "runs", "ids")
+    __slots__ = ("keys", "lo", "size", "held", "top", "runs", "ids", "next")
 
-    def __init__(self, key, lo: int, size: int, count: int = 0):
-        self.key = key
+    def __init__(self, keys: list, lo: int, size: int, count: int = 0):
+        self.keys = keys
         self.lo = lo
         self.size = size
         self.held: dict[int, int] | None = None
         self.top = count  # (``count``: held so by its first holder)
         self.runs: list[list] = []
         self.ids: list | None = None  # with real block ids (replay/core/kv/block_names.py): each cached block's id
+        self.next: Entry | None = None
+
+    @property
+    def key(self):
+        """Its first key (for messages)."""
+        return self.keys[0]
 
     def holdings(self) -> dict[int, int]:
         """Blocks held -> how many running requests hold that many."""
@@ -82,13 +101,15 @@ class Entry:
             return {self.top: 1} if self.top else {}
         return self.held
 
-    def reach(self) -> int:
-        """How many blocks from the entry's first are cached without a gap."""
-        reach = self.top
+    def reach(self, start: int = 0) -> int:
+        """Up to which offset the blocks from ``start`` on are cached without a gap."""
+        reach = self.top if self.top > start else start
         for run in self.runs:
-            if run[3] != reach:
+            if run[3] > reach:
                 break
-            reach += run[1]
+            end = run[3] + run[1]
+            if end > reach:
+                reach = end
         return reach
 
     def hold(self, count: int) -> None:
@@ -129,26 +150,35 @@ class Entry:
 
 
 class Chain:
-    """The hashed blocks a running request holds: its first ``blocks`` blocks, ``entries`` in order
-    (all of each but the last, which may be partly held)."""
+    """The hashed blocks a running request holds: its first ``blocks`` blocks, ``entries`` in order,
+    each from its first block up to the next one's ``lo`` (the last: up to ``blocks``). An entry cut
+    since (``Entry.next``) is held on past its ``size``: ``counts`` follows it, and the cache
+    rewrites the list (``PrefixCache._normalize``) when its ``splits`` count is past ``epoch``."""
 
-    __slots__ = ("entries", "blocks")
+    __slots__ = ("entries", "blocks", "epoch", "cap")
 
-    def __init__(self):
+    def __init__(self, epoch: int = 0):
         self.entries: list[Entry] = []
         self.blocks = 0
+        self.epoch = epoch
+        self.cap: int | None = None  # its request's hashed blocks (``PrefixCache.hashed_blocks``), once known
 
     def counts(self):
         """(entry, blocks of it held), in order."""
         entries = self.entries
-        last = len(entries) - 1
+        n = len(entries)
         for i, e in enumerate(entries):
-            yield e, (e.size if i < last else self.blocks - e.lo)
+            end = entries[i + 1].lo if i + 1 < n else self.blocks
+            while end - e.lo > e.size:  # (cut since: it goes on in the entry above)
+                yield e, e.size
+                e = e.next
+            yield e, end - e.lo
 
 
 class Hit:
-    """What an admission reuses: ``keys`` ((entry, blocks of it), in order; ``shared`` hashed blocks
-    in all), ``own`` blocks of its segment; ``blocks`` = ``shared + own``, the GPU blocks it takes
+    """What an admission reuses: ``keys`` ((entry, first offset, end offset) of the blocks it reuses of
+    each entry, in order: the first offset is 0 unless its keys meet the entry after its first;
+    ``shared`` hashed blocks in all), ``own`` blocks of its segment; ``blocks`` = ``shared + own``, the GPU blocks it takes
     over. With offload tiers, the ``loaded`` hashed blocks after the shared ones come from lower
     tiers (``reads``: tier index -> blocks; ``touched``: (tier index, key) read): they count in
     ``tokens`` but need new GPU blocks, like computed ones."""
@@ -170,7 +200,7 @@ class Hit:
 
 class PrefixCache:
     __slots__ = ("block_size", "trace_block", "per_tenant", "queue", "entries", "segments", "seq", "queued", "gone",
-                 "tiers", "purge", "names", "keep_outputs", "countable", "per")
+                 "tiers", "purge", "names", "keep_outputs", "countable", "per", "splits", "plain")
 
     def __init__(self, total_blocks: int, block_size: int, trace_block: int | None, per_tenant: bool = False,
                  tiers: "TierStack | None" = None, purge: frozenset = frozenset()):
@@ -205,6 +235,9 @@ class PrefixCache:
         # a trace whose requests depend on others (schema v2): a request's hashes may go on past its
         # prompt over its output, the context its dependents continue; those blocks are cached too
         self.keep_outputs = False
+        # register's first path applies: aligned trace blocks, unsalted keys (no tenant scope), no tier
+        self.plain = bool(self.per) and tiers is None and not per_tenant
+        self.splits = 0  # entries cut in two so far (``_split``): chains older than this are rewritten
         self._fresh(total_blocks)
 
     # -- keys -----------------------------------------------------------------------------------
@@ -318,14 +351,18 @@ class PrefixCache:
         if self.countable and not self.segments:  # nothing of value to evict: only counted
             return
         queue = self.queue
-        write_back = self.tiers is not None and not self.tiers.write_through
         names = self.names
+        entry = queue[0]
+        if entry[1] > n and names is None and (entry[0] != RUN or self.tiers is None):  # (the usual case)
+            entry[1] -= n
+            return
+        write_back = self.tiers is not None and not self.tiers.write_through
         while n > 0:
             entry = queue[0]
             if entry[1] > n:  # a run of blocks: its tail blocks go first, so its prefix stays cached
                 entry[1] -= n  # (it stays at the head)
                 if write_back and entry[0] == RUN:
-                    self.tiers.write(entry[2].key, entry[3] + entry[1], n)
+                    self._write(entry[2], entry[3] + entry[1], n, True)
                 if names is not None:
                     names.evicted(entry[4] if len(entry) > 3 else None, entry, entry[1], entry[1] + n)
                 return
@@ -338,23 +375,114 @@ class PrefixCache:
             if names is not None:
                 names.evicted(entry[4] if len(entry) > 3 else None, entry, 0, entry[1])
             if kind == RUN:
-                if write_back:
-                    self.tiers.write(entry[2].key, entry[3], entry[1])
                 e = entry[2]
+                if write_back:
+                    self._write(e, entry[3], entry[1], True)
                 runs = e.runs
                 if runs[0] is entry:  # (usually its lowest run: list.remove compares the others first)
                     del runs[0]
                 else:
                     runs.remove(entry)
                 if not runs and not e.top:
-                    del self.entries[e.key]
+                    entries = self.entries
+                    for key in e.keys:
+                        del entries[key]
             elif kind == OWN:
                 del self.segments[entry[2]]
+
+    def _write(self, e: Entry, start: int, count: int, down: bool = False) -> None:
+        """Write ``e``'s blocks ``[start, start + count)`` to the first lower tier, key by key (``down``:
+        the highest first, as an eviction meets them)."""
+        per = self.per
+        if len(e.keys) == 1:
+            self.tiers.write(e.keys[0], start, count)
+            return
+        stop = start + count
+        slices = range(start // per, -(-stop // per))
+        for j in reversed(slices) if down else slices:
+            a = j * per
+            lo = start if start > a else a
+            hi = stop if stop < a + per else a + per
+            self.tiers.write(e.keys[j], lo - a, hi - lo)
+
+    def _drop(self, e: Entry) -> None:
+        """``e`` caches nothing any more: its keys leave the map."""
+        entries = self.entries
+        for key in e.keys:
+            del entries[key]
+
+    def _split(self, e: Entry, a: int) -> Entry:
+        """Cut ``e`` at offset ``a`` (a key boundary, 0 < a < size): ``e`` keeps the blocks below, a new
+        entry (returned, its keys pointing to it) takes the rest, holdings and queued runs split between
+        them (a run across the cut becomes two queue items in its place, the upper first, as the
+        per-key runs were). Holders past ``a`` go on into the new one (``Entry.next``). An entry left
+        with nothing cached leaves the map. Rare: only where a request's keys meet an entry after its
+        first (a trace whose hashes are not chained)."""
+        k = a // self.per
+        f = Entry(e.keys[k:], e.lo + a, e.size - a)
+        del e.keys[k:]
+        e.size = a
+        f.next, e.next = e.next, f
+        if e.held is None:
+            if e.top > a:
+                f.top, e.top = e.top - a, a
+        else:
+            lower: dict[int, int] = {}
+            upper: dict[int, int] = {}
+            for count, holders in e.held.items():
+                low = count if count < a else a
+                lower[low] = lower.get(low, 0) + holders
+                if count > a:
+                    upper[count - a] = holders
+            e.held, e.top = lower, max(lower)
+            if upper:
+                f.held, f.top = upper, max(upper)
+        keep = []
+        for run in e.runs:
+            start, blocks = run[3], run[1]
+            if start >= a:
+                run[2], run[3] = f, start - a
+                f.runs.append(run)
+                continue
+            keep.append(run)
+            if start + blocks > a:  # across the cut
+                self.seq += 1
+                upper_run = [RUN, start + blocks - a, f, 0, self.seq]
+                run[1] = a - start
+                f.runs.append(upper_run)
+                queue = self.queue
+                for i, seg in enumerate(queue):
+                    if seg is run:
+                        queue.insert(i, upper_run)
+                        break
+        e.runs = keep
+        if e.ids is not None:
+            f.ids = e.ids[a:]
+            del e.ids[a:]
+        entries = self.entries
+        for key in f.keys:
+            entries[key] = f
+        if not e.top and not e.runs:
+            self._drop(e)
+        if not f.top and not f.runs:
+            self._drop(f)
+        self.splits += 1
+        return f
+
+    def _normalize(self, chain: Chain) -> None:
+        """Rewrite ``chain``'s entries after cuts (``_split``): each cut entry it holds past is followed
+        by the one above it."""
+        chain.entries = [e for e, _ in chain.counts()]
+        chain.epoch = self.splits
 
     # -- admission ------------------------------------------------------------------------------
     def lookup(self, req: "Request") -> Hit | None:
         """The longest cached prefix ``req`` (admitted with nothing computed) can reuse, or None."""
         if self.trace_block is None and req.index not in self.segments:  # no hashes, no own segment
+            return None
+        hashes = req.prefix_hashes
+        if (self.plain and hashes and req.lora_adapter is None and (hashes[0], 0) not in self.entries
+                and req.index not in self.segments):  # its first key is not cached (most admissions)
             return None
         bs = self.block_size
         limit = req.num_tokens - 1  # the last token is always computed
@@ -364,22 +492,28 @@ class PrefixCache:
         claimed = shared = 0
         if hashed:
             get = self.entries.get
+            cur = None  # the entry the previous key was in
             for key, lo, hi in self.groups(req, 0, hashed):
                 e = get(key)
                 if e is None:
                     break
                 want = (hi if hi < hashed else hashed) - lo
-                got = e.top
-                if got < want:
-                    got = e.reach()
+                a = lo - e.lo  # (its key's first block in the entry)
+                top = e.top - a
+                if top < want:
+                    got = e.reach(a) - a
                     if got > want:
                         got = want
-                    if not got:
+                    if got <= 0:
                         break
-                    claimed += got - e.top
+                    claimed += got - top if top > 0 else got
                 else:
                     got = want
-                keys.append((e, got))
+                if e is cur:
+                    keys[-1] = (e, keys[-1][1], a + got)
+                else:
+                    keys.append((e, a, a + got))
+                    cur = e
                 shared = lo + got
                 if got < want:
                     break
@@ -411,16 +545,36 @@ class PrefixCache:
             return Hit(keys, shared, own, min(blocks * bs, limit), claimed, loaded, reads, touched)
         return Hit(keys, shared, own, min(blocks * bs, limit), claimed)
 
+    def _held_parts(self, keys: list) -> list:
+        """A hit's (entry, first, end) as (entry, blocks) a chain holds: an entry its keys meet after
+        its first is cut there, and one cut since the lookup goes on in the entry above."""
+        parts = []
+        for e, start, end in keys:
+            while start >= e.size:  # (cut since the lookup below where it starts)
+                start -= e.size
+                end -= e.size
+                e = e.next
+            if start:
+                e = self._split(e, start)
+                end -= start
+            while end > e.size:
+                parts.append((e, e.size))
+                end -= e.size
+                e = e.next
+            parts.append((e, end))
+        return parts
+
     def claim(self, req: "Request", hit: Hit) -> int:
         """Give ``req`` the blocks of ``hit`` (its first ``hit.blocks`` blocks); returns how many of
         them left the free queue (a block another request of the same batch claimed first does
         not: ``hit.claimed``, counted when the batch was built, is then an overestimate)."""
-        queue = self.queue
         claimed = hit.own
         chain = None
+        parts = ()
         if hit.keys:
-            chain = Chain()
-            for e, got in hit.keys:
+            parts = self._held_parts(hit.keys)
+            chain = Chain(self.splits)
+            for e, got in parts:
                 if got > e.top:  # its blocks [top, got) leave the runs at the bottom of the entry's queued blocks
                     runs = e.runs
                     while runs and runs[0][3] < got:
@@ -442,7 +596,7 @@ class PrefixCache:
         req.cached_keys = chain
         seg = self.segments.pop(req.index, None)
         if self.names is not None:
-            req.block_table = self.names.table(hit, seg[4] if seg is not None else None)
+            req.block_table = self.names.table(parts, hit.own, seg[4] if seg is not None else None)
         if seg is not None:  # what it does not reuse now is stale: plain free blocks, in place
             self.queued -= hit.own
             if hit.own >= seg[1]:
@@ -462,87 +616,154 @@ class PrefixCache:
         full blocks past its own hashed ones become cached under those keys.
 
         It runs once per prefill chunk, over every new hash block of a prompt (most of a Mooncake
-        replay's caching cost): ``hashed_blocks``, ``Entry.unhold`` / ``hold`` and a new entry's
-        holding are inline."""
+        replay's caching cost): a new key extends the entry the request holds to its end (one dict
+        item per key, no object), and ``hashed_blocks``, ``Entry.unhold`` / ``hold`` are inline."""
         chain = req.cached_keys
-        if chain is None:
-            if not (req.prefix_hashes or hashes):
+        if hashes is None and chain is not None and chain.cap is not None and self.plain and self.names is None:
+            # the usual case, first: it alone holds the entry its chain ends in, to within its last key,
+            # and caches its next blocks there (unsalted keys, no tier, no block ids)
+            full = req.num_computed_tokens // self.block_size
+            if full > chain.cap:
+                full = chain.cap
+            lo = chain.blocks
+            if full <= lo:
                 return
-            chain = req.cached_keys = Chain()
+            entries = chain.entries
+            if entries and chain.epoch == self.splits and req.lora_adapter is None:
+                e = entries[-1]
+                end = e.lo + e.size
+                if e.held is None and end - lo < self.per and not e.runs and e.next is None:
+                    if full <= end:  # within its last key
+                        e.top = full - e.lo
+                        chain.blocks = full
+                        return
+                    per = self.per
+                    i = end // per
+                    stop = -(-full // per)
+                    keys = list(zip(req.prefix_hashes[i:stop], range(i, stop)))
+                    cache = self.entries
+                    if cache.keys().isdisjoint(keys):  # new keys: e takes them
+                        cache.update(dict.fromkeys(keys, e))
+                        e.keys += keys
+                        e.size += len(keys) * per
+                        e.top = full - e.lo
+                        chain.blocks = full
+                        return
         bs = self.block_size
         if hashes is None:
             hashes = req.prefix_hashes
             if not hashes:
                 return
-            tokens = req.prompt_tokens + req.output_tokens if self.keep_outputs else req.prompt_tokens
+            if chain is None:
+                chain = req.cached_keys = Chain(self.splits)
+            full = req.num_computed_tokens // bs
+            cap = chain.cap  # (its hashed blocks: fixed for the request, worked out once)
+            if cap is None:
+                cap = chain.cap = self.hashed_blocks(req)
+            if cap < full:
+                full = cap
         else:
-            tokens = req.num_computed_tokens
-        cover = len(hashes) * self.trace_block
-        full = (tokens if tokens < cover else cover) // bs
-        computed = req.num_computed_tokens // bs
-        if computed < full:
-            full = computed
-        have = chain.blocks
-        if full <= have:
+            if chain is None:
+                chain = req.cached_keys = Chain(self.splits)
+            full = min(req.num_computed_tokens, len(hashes) * self.trace_block) // bs
+        lo = chain.blocks
+        if full <= lo:
             return
+        if chain.epoch != self.splits:
+            self._normalize(chain)
         tiers = self.tiers
         through = tiers is not None and tiers.write_through  # each block it caches is written to the tier
         entries = chain.entries
-        if entries:
-            e = entries[-1]
-            lo = e.lo
-            held = have - lo
-            if held < e.size:  # its last entry, partly held: extend it, up to the first block cached already
-                runs = e.runs
-                if held < e.top or (runs and runs[0][3] == held):
-                    return
-                want = full - lo if full - lo < e.size else e.size
-                got = want if not runs or runs[0][3] >= want else runs[0][3]
-                if e.held is None:  # its only holder
-                    e.top = got
-                else:
-                    e.unhold(held)
-                    e.hold(got)
-                chain.blocks = lo + got
-                if through:
-                    tiers.write(e.key, held, got - held)
-                if got < want:
-                    return
-                have = lo + got
+        e = entries[-1] if entries else None  # the entry its chain ends in
         cache = self.entries
-        get = cache.get
         salt = req.tenant if self.per_tenant else None
         if req.lora_adapter is not None:  # (as in groups)
             salt = ("lora", req.lora_adapter, salt)
         tb, per = self.trace_block, self.per
-        lo = have
-        i = have // per if per else 0  # (aligned: trace block i is blocks [i * per, (i + 1) * per))
-        while lo < full:  # (groups, inline: (key, lo, hi) of each trace block from ``have`` on)
+        while lo < full:  # from block ``lo`` on, key by key (trace block i: engine blocks [klo, khi))
+            if per and e is not None and lo == e.lo + e.size and e.next is None:
+                # it holds e to its end: e takes its keys from here on while none is cached yet (one dict
+                # item each: most of a Mooncake replay's hash blocks are only ever this)
+                i = lo // per
+                stop = -(-full // per)
+                keys = list(zip(hashes[i:stop], range(i, stop)) if salt is None else
+                            zip(repeat(salt), hashes[i:stop], range(i, stop)))
+                if cache.keys().isdisjoint(keys):  # (the usual case: none is cached yet)
+                    new = len(keys)
+                    cache.update(dict.fromkeys(keys, e))
+                else:
+                    put = cache.setdefault
+                    new = 0
+                    for key in keys:
+                        if put(key, e) is not e:  # (cached already: the general path below)
+                            break
+                        new += 1
+                if new:
+                    if new < len(keys):
+                        del keys[new:]
+                    e.keys += keys
+                    e.size += new * per
+                    if e.ids is not None:
+                        e.ids.extend([None] * (new * per))
+                    end = (i + new) * per
+                    if end > full:
+                        end = full
+                    if e.held is None:  # its only holder
+                        e.top = end - e.lo
+                    else:
+                        e.unhold(lo - e.lo)
+                        e.hold(end - e.lo)
+                    chain.blocks = end
+                    if through:
+                        for key in keys:
+                            got = (end if end < key[-1] * per + per else key[-1] * per + per) - key[-1] * per
+                            tiers.write(key, 0, got)
+                    lo = end
+                    continue
             if per:
-                hi = lo + per
+                i = lo // per
+                klo = i * per
+                khi = klo + per
             else:
                 i = ((lo + 1) * bs - 1) // tb
-                lo, hi = (i * tb) // bs, ((i + 1) * tb) // bs
+                klo, khi = (i * tb) // bs, ((i + 1) * tb) // bs
             key = (hashes[i], i) if salt is None else (salt, hashes[i], i)
-            want = (hi if hi < full else full) - lo
-            e = get(key)
-            if e is None:  # born held
-                e = cache[key] = Entry(key, lo, hi - lo, want)
-                got = want
-            else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
+            want = (khi if khi < full else full) - lo
+            if e is not None and lo < e.lo + e.size and e.keys[(klo - e.lo) // per if per else 0] == key:
+                held = lo - e.lo  # it goes on in the entry it holds: up to the first block cached already
                 runs = e.runs
-                if e.top or runs[0][3] == 0:
+                if held < e.top or (runs and runs[0][3] == held):
                     return
-                got = runs[0][3] if runs[0][3] < want else want
-                e.hold(got)
-            entries.append(e)
+                got = want if not runs or runs[0][3] >= held + want else runs[0][3] - held
+                if e.held is None:  # its only holder
+                    e.top = held + got
+                else:
+                    e.unhold(held)
+                    e.hold(held + got)
+            else:
+                f = cache.get(key)
+                if f is not None and f.lo != klo:  # its keys meet the entry after its first
+                    f = self._split(f, klo - f.lo)
+                    if not f.top and not f.runs:  # (it cached nothing from there on)
+                        f = None
+                if f is None:  # born held
+                    got = want
+                    e = cache[key] = Entry([key], klo, khi - klo, want)
+                    entries.append(e)
+                else:  # (an entry holds a cached block: if not its first, the blocks below the first run)
+                    runs = f.runs
+                    if f.top or runs[0][3] == 0:
+                        return
+                    got = runs[0][3] if runs[0][3] < want else want
+                    f.hold(got)
+                    e = f
+                    entries.append(e)
             chain.blocks = lo + got
             if through:
-                tiers.write(key, 0, got)
+                tiers.write(key, lo - klo, got)
             if got < want:
                 return
-            lo = hi
-            i += 1
+            lo += got
 
     # -- release --------------------------------------------------------------------------------
     def release(self, req: "Request", blocks: int, may_return: bool, keep_chain: bool = False) -> int:
@@ -589,15 +810,17 @@ class PrefixCache:
 
     def _let_go(self, chain: Chain) -> int:
         """``chain``'s holder lets go of its entries, the last first: the blocks no one else holds are
-        queued as runs, highest first (``unhold`` and ``_push_run`` inline: once per hash block of
-        every released prompt); returns how many."""
-        entries = chain.entries
+        queued as runs, highest first (``unhold`` and ``_push_run`` inline: once per entry of every
+        released prompt); returns how many."""
+        if chain.epoch != self.splits:
+            self._normalize(chain)
         queue = self.queue
         seq = self.seq
         freed = 0
-        last = entries[-1] if entries else None
-        for e in reversed(entries):
-            count = e.size if e is not last else chain.blocks - e.lo  # (the last may be partly held)
+        end = chain.blocks
+        for e in reversed(chain.entries):
+            count = end - e.lo
+            end = e.lo
             if e.held is None:  # its only holder
                 top = e.top = 0
             else:
@@ -634,17 +857,28 @@ class PrefixCache:
         chain = req.cached_keys
         counts = list(chain.counts()) if chain is not None else []
         for e, count in counts:
-            self.tiers.write(e.key, 0, count)
+            self._write(e, 0, count)
         freed = self.release(req, blocks, False)
-        queue, cache = self.queue, self.entries
+        queue = self.queue
         for e, count in counts:  # the runs this release queued: those below what it held
             for run in [run for run in e.runs if run[3] < count]:  # (each moved to the head, in turn)
                 e.runs.remove(run)
                 queue.appendleft([DEAD, run[1], None])
                 self._gone(run)
-            if not e.top and not e.runs and cache.get(e.key) is e:
-                del cache[e.key]
+            if not e.top and not e.runs and self.entries.get(e.keys[0]) is e:
+                self._drop(e)
         return freed
+
+    def _one_key(self, e: Entry, lo: int, hi: int) -> Entry | None:
+        """The entry of the key whose blocks are ``[lo, hi)``, cut out of ``e`` (the entry its key maps
+        to) so that it holds that key alone; None if that part caches nothing."""
+        if e.lo < lo:
+            e = self._split(e, lo - e.lo)
+            if not e.top and not e.runs:
+                return None
+        if e.lo + e.size > hi:
+            self._split(e, hi - e.lo)
+        return e if e.top or e.runs else None
 
     def _purge(self, req: "Request", blocks: int, full: int, hashed: int) -> int:
         """A purged tenant's request ended: none of its blocks stays cached, and every entry of its
@@ -669,12 +903,16 @@ class PrefixCache:
             if names is not None:
                 names.evicted(seg[4], (OWN,), 0, 0)
         cache = self.entries
-        for key, _, _ in self.groups(req, 0, min(full, hashed)) if hashed else ():
+        for key, lo, hi in self.groups(req, 0, min(full, hashed)) if hashed else ():
             if self.tiers is not None:
                 self.tiers.drop(key)
             e = cache.get(key)
             if e is None:
                 continue
+            if len(e.keys) > 1:
+                e = self._one_key(e, lo, hi)
+                if e is None:
+                    continue
             for run in e.runs:  # its queued blocks: plain free blocks, in place
                 if names is not None:
                     names.free_cached(e, run[3], run[3] + run[1])
@@ -698,10 +936,11 @@ class PrefixCache:
         cache = self.entries
         names = self.names
         for key, lo, hi in reversed(list(self.groups(req, start, stop))):
-            a, b = max(start, lo) - lo, min(stop, hi) - lo
             e = cache.get(key)
             if e is None:
-                e = cache[key] = Entry(key, lo, hi - lo)
+                e = cache[key] = Entry([key], lo, hi - lo)
+            k = lo - e.lo  # (its key's first block in the entry)
+            a, b = max(start, lo) - e.lo, min(stop, hi) - e.lo
             if names is not None:  # the gaps it caches keep their ids; its copies of cached blocks are freed
                 names.release_private(e, req.block_table, a, b)
             cached = [(0, e.top)] + [(run[3], run[3] + run[1]) for run in e.runs]
@@ -723,7 +962,7 @@ class PrefixCache:
                 self._push_run(e, a, pos - a)
             if self.tiers is not None and self.tiers.write_through:  # the copies it caches now
                 for g_lo, g_hi in gaps:
-                    self.tiers.write(key, g_lo, g_hi - g_lo)
+                    self.tiers.write(key, g_lo - k, g_hi - g_lo)
 
     # -- questions from the KV manager and the batch builder ----------------------------------
     def shared_blocks(self, req: "Request") -> int:
@@ -751,11 +990,18 @@ class PrefixCache:
     def reclaimed(hit: Hit, sole: dict) -> int:
         """How many of ``hit``'s blocks are in ``sole`` (blocks a preempted request alone held)."""
         total = 0
-        for e, got in hit.keys:
+        for e, start, got in hit.keys:
             span = sole.get(e)
-            if span is not None and span[0] < got:
-                total += min(got, span[1]) - span[0]
+            if span is not None:
+                lo = span[0] if span[0] > start else start
+                hi = span[1] if span[1] < got else got
+                if hi > lo:
+                    total += hi - lo
         return total
+
+    def records(self) -> list:
+        """Every entry once (the map has one item per key)."""
+        return list({id(e): e for e in self.entries.values()}.values())
 
     def check(self, total_blocks: int, used: int, running) -> None:
         """The free queue holds exactly the blocks no running request holds; holdings add up."""
@@ -770,13 +1016,20 @@ class PrefixCache:
             chain = req.cached_keys
             if chain is None:
                 continue
-            last = chain.entries[-1] if chain.entries else None
-            assert last is None or last.lo < chain.blocks <= last.lo + last.size, (chain.blocks, last.lo)
-            for e, count in chain.counts():
+            pairs = list(chain.counts())
+            assert not pairs or pairs[-1][0].lo < chain.blocks <= pairs[-1][0].lo + pairs[-1][0].size, chain.blocks
+            for e, count in pairs:
                 assert 0 < count <= e.size
                 held.setdefault(e, []).append(count)
         for key, e in self.entries.items():
-            assert e.key == key
+            assert key in e.keys, (key, e.keys)
+        for e in self.records():
+            key = e.key
+            assert all(self.entries.get(k) is e for k in e.keys), key
+            if self.per:
+                assert e.lo == e.keys[0][-1] * self.per and e.size == len(e.keys) * self.per, (key, e.lo, e.size)
+            else:
+                assert len(e.keys) == 1
             counts = sorted(held.pop(e, []))
             assert e.held is None or e.held, key  # (a dict only while someone holds it)
             holdings = e.holdings()
@@ -791,7 +1044,7 @@ class PrefixCache:
         assert not held, held  # every held entry is in the map
         for seg in self.queue:
             if seg[0] == RUN:
-                assert self.entries.get(seg[2].key) is seg[2] and seg in seg[2].runs
+                assert self.entries.get(seg[2].keys[0]) is seg[2] and seg in seg[2].runs
             assert seg[1] > 0 or seg[0] == GONE, seg
         for owner, seg in self.segments.items():
             assert id(seg) in queued and seg[0] == OWN and seg[2] == owner
