@@ -294,7 +294,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         engine.aborts.arm_all(requests)
     parents = parents_of(trace)
     if parents:  # requests that wait for others (trace schema v2)
-        engine.depends = Dependencies(engine, requests, parents)
+        engine.depends = Dependencies(requests, parents)
         for replica in cluster.replicas:
             if replica.kv.cache is not None:
                 replica.kv.cache.keep_outputs = True

@@ -18,7 +18,7 @@ import click
 
 from servelab.cli.key_values import parse_key_values
 from servelab.common.errors import ServelabError
-from servelab.replay.config import EngineConfig, ReplayConfig
+from servelab.replay.config import COMMAND_LINE, EngineConfig, ReplayConfig
 
 _ENGINE_HELP = {
     "block_size": "Tokens per KV block.",
@@ -152,24 +152,21 @@ def replay_options(func: Callable) -> Callable:
 
 def config_from_options(config_file: str | None = None, policy_param: tuple[str, ...] = (),
                         router_param: tuple[str, ...] = (), **options: Any) -> ReplayConfig:
-    """Merge defaults, a TOML file and explicit options into one validated ReplayConfig. A file alone is
-    parsed and typed once (``ReplayConfig.from_toml``); options on top of it are merged into its values
-    and the whole is typed again (the file's values pass through as they are)."""
+    """Defaults, a TOML file and explicit options as one validated ReplayConfig. The file is parsed and typed
+    once (``ReplayConfig.from_toml``); options given on top of it are typed alone and replace its fields
+    (``ReplayConfig.with_options``): the file's values are never typed again."""
     engine_names = {f.name for f in dataclasses.fields(EngineConfig)}
     runner_keys = ["dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype"]
     given = {key: options[key] for key in [*engine_names, "policy", "runner", "model", "gpu", "tp", *runner_keys]
              if options.get(key) is not None and options.get(key) != ()}  # a repeatable option not given is ()
-    if config_file and not given and not policy_param and not router_param:
-        return ReplayConfig.from_toml(config_file)
-    base = ReplayConfig.from_toml(config_file).to_dict() if config_file else {}
-    base.update(given)
     if policy_param:
-        if "policy" in options and options["policy"] is not None and options["policy"] != base.get("policy"):
-            base.pop("policy_params", None)
-        base["policy_params"] = {**base.get("policy_params", {}), **parse_key_values(policy_param, "--policy-param")}
+        given["policy_params"] = parse_key_values(policy_param, "--policy-param")
     if router_param:
-        base["router_params"] = {**base.get("router_params", {}), **parse_key_values(router_param, "--router-param")}
-    return ReplayConfig.from_dict(base, source="options")
+        given["router_params"] = parse_key_values(router_param, "--router-param")
+    if not config_file:
+        return ReplayConfig.from_dict(given, source=COMMAND_LINE)
+    config = ReplayConfig.from_toml(config_file)
+    return config.with_options(given, source=COMMAND_LINE) if given else config
 
 
 def _load_trace(path: str):
@@ -214,18 +211,15 @@ def parse_slo(slo: "tuple[str, ...] | Any" = (), config_file: str | None = None)
 
 
 def check_replay_config(config: ReplayConfig, trace_path: str | None = None):
-    """Build what the replay needs from names (router, a policy with its parameters, the runner and
-    its KV size), so that a bad name, spec or parameter fails before anything is read or printed.
+    """Build what the replay needs from names (the runner and its KV size; the policy, the router and
+    their parameters were checked when the config was made), so that a bad name, spec or parameter
+    fails before anything is read or printed.
     Returns ``(runner, cluster)`` for the replay to use: a cluster's pools are built here, once, for
     the trace at ``trace_path`` (its prefix hash block size read from the file's schema), and the
     replay takes them (``replay(..., cluster=)``); one pool's runner is built here and its replicas by
     the replay."""
     from servelab.api import build_cluster, build_runner, kv_bytes_per_token, resolve_num_gpu_blocks
-    from servelab.policies.base import make_policy
-    from servelab.routers.base import make_router
 
-    make_router(config.engine.router, config.router_params, config.engine.seed)
-    make_policy(config.policy, config.policy_params, config.engine, 0)
     if config.cluster is not None:  # every pool's parts (each pool brings its own runner)
         return None, build_cluster(config, None, _file_block_tokens(trace_path))
     runner = build_runner(config)

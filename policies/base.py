@@ -1,9 +1,10 @@
-"""The policies' side of the seam: a base class with the Policy protocol's defaults, and the registry.
+"""The policies' side of the seam: a base class with the Policy protocol's defaults, and lookup by name.
 
 The protocol itself is the engine's (``servelab.replay.core.protocols.Policy``). A policy sees one
 replica's state at an iteration boundary and returns an immutable `Batch`; it never calls the
 runner and never mutates the replica (the engine applies the decision). A new policy is one file in
-this package: a class with ``Params`` (a frozen dataclass) registered with ``@POLICIES.register``.
+this package: a class with ``Params`` (a frozen dataclass, typed once when the config is made) registered
+with ``@POLICIES.register`` (the registry sits with the Protocols: replay/core/plugins.py).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from servelab.common.registry import ClassRegistry
 from servelab.replay.core.batch import UNLIMITED, Batch, BatchBuilder, ReadsRunning
-from servelab.replay.core.engine_config import EngineConfig, make_params
+from servelab.replay.core.engine_config import EngineConfig
+from servelab.replay.core.plugins import POLICIES, params_for
 from servelab.replay.core.protocols import Policy
 from servelab.replay.core.replica import Replica
 from servelab.replay.core.request import Request
@@ -81,17 +82,15 @@ class PolicyBase:
         return BatchBuilder(replica, self.victim_key, token_budget, seq_budget)
 
 
-POLICIES: ClassRegistry = ClassRegistry("policy", package="servelab.policies")
-
-
 def policy_class(name: str) -> type[PolicyBase]:
     return POLICIES.get(name)
 
 
-def make_policy(name: str, raw_params: dict[str, Any], engine: EngineConfig, replica_id: int = 0) -> PolicyBase:
+def make_policy(name: str, params: Any, engine: EngineConfig, replica_id: int = 0) -> PolicyBase:
+    """Policy ``name`` for replica ``replica_id``, with ``params`` its typed ``Params`` (None: the defaults).
+    Nothing is parsed here: a config's parameters were typed once, when it was made (``ReplayConfig``)."""
     cls = policy_class(name)
-    params = make_params(cls.Params, raw_params, f"policy '{name}'")
-    return cls(params, engine, replica_id)
+    return cls(params_for(cls, params), engine, replica_id)
 
 
 def policy_names() -> list[str]:

@@ -47,7 +47,9 @@ class TiersParams:
 
     def __post_init__(self) -> None:
         owner = "policy 'tiers'"
-        parse_tiers(self.tiers, owner)
+        ranks = parse_tiers(self.tiers, owner)
+        if self.promote_above and self.promote_above not in ranks:
+            raise ServelabError(f"{owner}: promote_above '{self.promote_above}' is not one of the tiers '{self.tiers}'")
         check_within(self.within, owner)
         if self.noise_sigma < 0 or self.max_wait_s < 0:
             raise ServelabError(f"{owner}: noise_sigma and max_wait_s must be >= 0")
@@ -69,8 +71,6 @@ class Tiers(PolicyBase):
         self.best_effort = {t.strip() for t in params.best_effort.split(",") if t.strip()}
         above = params.promote_above or max((t for t in ranks if t not in self.best_effort),
                                             key=ranks.get, default="")
-        if params.promote_above and above not in ranks:
-            raise ServelabError(f"policy 'tiers': promote_above '{above}' is not one of the tiers '{params.tiers}'")
         self.promoted_rank = ranks.get(above, len(ranks)) - 0.5  # between that tier and the one above
         self.key = within_key(params.within)
         self.queues = ClassQueues()

@@ -7,22 +7,29 @@ The same keys are accepted on the command line (``--max-num-seqs 64``) and in a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
+from servelab.common.registry import ClassRegistry
 from servelab.replay.cluster.config import ClusterConfig, PoolConfig, split_settings
 from servelab.replay.cluster.instances import InstanceType
-from servelab.replay.core.engine_config import INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params
+from servelab.replay.core.engine_config import (INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params,
+                                                params_table, typed_fields)
+from servelab.replay.core.plugins import POLICIES, ROUTERS
 from servelab.common.textfile import read_text
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     policy: str = "sarathi"
-    policy_params: dict[str, Any] = field(default_factory=dict)
+    # the policy's typed ``Params`` (policies/); a table (mapping) given is typed against them once, when the
+    # config is made, and None is their defaults. ``to_dict`` writes the fields set apart from the defaults.
+    policy_params: Any = None
     runner: str = "roofline"  # a runner spec: "roofline", "linear:base=0.01,...", "fitted:model.json"
     model: str = "llama-3.1-8b"  # defaults handed to runners that take a model preset
     gpu: str = "h100-80gb"
@@ -36,11 +43,15 @@ class ReplayConfig:
     # model dtype whatever the checkpoint says; runners/quant.py)
     quantization: str = ""
     kv_cache_dtype: str = "auto"
-    router_params: dict[str, Any] = field(default_factory=dict)  # the router's parameters (routers/)
+    router_params: Any = None  # the router's (engine.router's) typed ``Params`` (routers/), as policy_params
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster/config.py); None: one pool of engine.replicas
 
     def __post_init__(self) -> None:
         _positive(self, "dp", "pp")
+        # the edge for the parameters (a TOML table, options, a dict from Python): typed here, once; a
+        # variant (``replace``) keeps them typed and passes them through
+        object.__setattr__(self, "policy_params", typed_params(POLICIES, self.policy, self.policy_params))
+        object.__setattr__(self, "router_params", typed_params(ROUTERS, self.engine.router, self.router_params))
         if self.cluster is not None and (self.dp != 1 or self.pp != 1):
             raise ServelabError("dp and pp apply to a replay without a [cluster] (pools set tp only)")
         if self.cluster is not None and self.engine.replicas != 1:
@@ -51,6 +62,9 @@ class ReplayConfig:
 
             check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
         if self.cluster is not None:  # each pool's overrides with the top level: checked here, once, not when built
+            pools = tuple(typed_pool(self, pool) for pool in self.cluster.pools)
+            if any(new is not old for new, old in zip(pools, self.cluster.pools)):
+                object.__setattr__(self, "cluster", replace(self.cluster, pools=pools))
             for pool in self.cluster.pools:
                 pool_config(self, pool)
 
@@ -79,47 +93,38 @@ class ReplayConfig:
                     out[f.name] = list(value)
             elif value is not None:
                 out[f.name] = value
-        if self.policy_params:
-            out["policy_params"] = dict(self.policy_params)
-        if self.router_params:
-            out["router_params"] = dict(self.router_params)
+        for key in ("policy_params", "router_params"):  # the fields set apart from the defaults
+            table = params_table(getattr(self, key))
+            if table:
+                out[key] = table
         if self.cluster is not None:
             out["cluster"] = self.cluster.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ReplayConfig":
-        data = dict(data)
-        engine_keys = {f.name: f for f in fields(EngineConfig)}
-        engine_values: dict[str, Any] = {}
-        top: dict[str, Any] = {}
-        for key, value in data.items():
-            key_norm = key.replace("-", "_")
-            if key_norm in engine_keys:
-                engine_values[key_norm] = coerce(value, engine_keys[key_norm].type, f"{source}: {key}")
-            elif key_norm in ("policy", "runner", "model", "gpu"):
-                top[key_norm] = str(value)
-            elif key_norm == "tp":
-                top["tp"] = coerce(value, "int", f"{source}: tp")
-            elif key_norm in RUNNER_KEYS:  # dp, pp, quantization, and vLLM's names (a measured run's settings)
-                name = RUNNER_KEYS[key_norm]
-                top[name] = coerce(value, RUNNER_TYPES[name], f"{source}: {key}")
-            elif key_norm in ("policy_params", "router_params"):
-                if not isinstance(value, dict):
-                    raise ServelabError(f"{source}: {key_norm} must be a table")
-                top[key_norm] = dict(value)
-            elif key_norm == "cluster":
-                top["cluster"] = value if isinstance(value, ClusterConfig) else ClusterConfig.from_dict(value, source)
-            else:
-                known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
-                                "model", "gpu", "tp", *RUNNER_KEYS])
-                raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
-        try:  # each part checks its fields (replay/core/config_parts.py); the message names the file
+        engine_values, top = typed_keys(data, source)
+        with _named(source):  # each part checks its fields (replay/core/config_parts.py); the message names the file
             return cls(engine=EngineConfig(**engine_values), **top)
-        except ServelabError as exc:
-            if source == COMMAND_LINE:  # (the message names the field, which is the option: --preemption)
-                raise
-            raise ServelabError(f"{source}: {exc}") from None
+
+    def with_options(self, data: dict[str, Any], source: str = "options") -> "ReplayConfig":
+        """This config with ``data`` (raw values, keyed as in ``from_dict``: the command line's options over a
+        config file) typed and put over its fields with ``dataclasses.replace``: only ``data`` is typed, this
+        config's own values are kept as they are. ``policy_params`` and ``router_params`` in ``data`` go over
+        this config's key by key; a policy (router) other than this config's starts from its defaults."""
+        engine_values, top = typed_keys(data, source)
+        with _named(source):
+            engine = replace(self.engine, **engine_values) if engine_values else self.engine
+            for key, registry, name, was in (("policy_params", POLICIES, top.get("policy", self.policy), self.policy),
+                                             ("router_params", ROUTERS, engine.router, self.engine.router)):
+                params = getattr(self, key) if name == was else None  # (another one's are not its)
+                if isinstance(top.get(key), dict):  # the options' keys alone are typed, over the config's typed ones
+                    cls = registry.get(name).Params
+                    params = replace(params if params is not None else cls(),
+                                     **typed_fields(cls, top[key], f"{registry.kind} '{name}'"))
+                    top[key] = params
+                top.setdefault(key, params)
+            return replace(self, engine=engine, **top)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
@@ -137,11 +142,91 @@ class ReplayConfig:
 
 
 COMMAND_LINE = "options"  # from_dict's source for the command line's options (cli/replay_cmd.py)
+
+
+def typed_keys(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A flat table's values typed, at the edge: (`EngineConfig` fields, `ReplayConfig` fields). The
+    parameter tables stay tables here: the config types them against its policy and router."""
+    engine_keys = {f.name: f for f in fields(EngineConfig)}
+    engine_values: dict[str, Any] = {}
+    top: dict[str, Any] = {}
+    for key, value in data.items():
+        key_norm = key.replace("-", "_")
+        if key_norm in engine_keys:
+            engine_values[key_norm] = coerce(value, engine_keys[key_norm].type, f"{source}: {key}")
+        elif key_norm in ("policy", "runner", "model", "gpu"):
+            top[key_norm] = str(value)
+        elif key_norm == "tp":
+            top["tp"] = coerce(value, "int", f"{source}: tp")
+        elif key_norm in RUNNER_KEYS:  # dp, pp, quantization, and vLLM's names (a measured run's settings)
+            name = RUNNER_KEYS[key_norm]
+            top[name] = coerce(value, RUNNER_TYPES[name], f"{source}: {key}")
+        elif key_norm in ("policy_params", "router_params"):
+            if not isinstance(value, dict) and not _is_params(value):
+                raise ServelabError(f"{source}: {key_norm} must be a table")
+            top[key_norm] = dict(value) if isinstance(value, dict) else value
+        elif key_norm == "cluster":
+            top["cluster"] = value if isinstance(value, ClusterConfig) else ClusterConfig.from_dict(value, source)
+        else:
+            known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
+                            "model", "gpu", "tp", *RUNNER_KEYS])
+            raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
+    return engine_values, top
+
+
+@contextmanager
+def _named(source: str):
+    """A config check's error, with the file's name in front (the command line's: as it is, since the
+    message names the field, which is the option: --preemption)."""
+    try:
+        yield
+    except ServelabError as exc:
+        if source == COMMAND_LINE:
+            raise
+        raise ServelabError(f"{source}: {exc}") from None
 # Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
 RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
 RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
                 "kv_cache_dtype": "str"}
 RUNNER_KEYS = {**{k: k for k in RUNNER_DEFAULTS}, "data_parallel_size": "dp", "pipeline_parallel_size": "pp"}
+
+
+def typed_params(registry: ClassRegistry, name: str, value: Any) -> Any:
+    """``value`` as the typed ``Params`` of the policy or router ``name`` of ``registry``: a table (mapping)
+    is typed (``make_params``; errors name the policy or router and the key), None is the defaults, and
+    typed ones are passed through. Another plug-in's ``Params`` left at their defaults (``replace`` of
+    the policy alone) are the new one's defaults, as an empty table would be; set ones are an error."""
+    cls = registry.get(name).Params
+    if type(value) is cls:
+        return value
+    if value is None:
+        return cls()
+    owner = f"{registry.kind} '{name}'"
+    if isinstance(value, Mapping):
+        return make_params(cls, value, owner)
+    if _is_params(value) and value == type(value)():
+        return cls()
+    raise ServelabError(f"{owner}: {registry.kind}_params {value!r} are not its parameters ({cls.__name__})")
+
+
+def _is_params(value: Any) -> bool:
+    return is_dataclass(value) and not isinstance(value, type)
+
+
+def typed_pool(base: ReplayConfig, pool: PoolConfig) -> PoolConfig:
+    """``pool`` with its ``policy_params`` and ``router_params`` typed against its policy and router (its
+    own or the top level's); the pool itself when they are typed already, or not set."""
+    settings = dict(pool.settings)
+    names = {"policy_params": (POLICIES, settings.get("policy", base.policy)),
+             "router_params": (ROUTERS, settings.get("router", base.engine.router))}
+    try:
+        typed = {key: typed_params(registry, name, settings[key])
+                 for key, (registry, name) in names.items() if key in settings}
+    except ServelabError as exc:
+        raise ServelabError(f"cluster pool '{pool.name}': {exc}") from None
+    if all(typed[key] is settings[key] for key in typed):
+        return pool
+    return replace(pool, settings=tuple(sorted({**settings, **typed}.items())))
 
 
 def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
@@ -152,7 +237,7 @@ def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
     engine_keys, top = split_settings(pool.settings)
     replicas = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
     if "policy" in top and "policy_params" not in top:
-        top["policy_params"] = {}  # another policy: the top level's parameters are not its
+        top["policy_params"] = None  # another policy: the top level's parameters are not its (its defaults)
     try:
         return replace(base, engine=replace(base.engine, **engine_keys, fail=(), replicas=replicas),
                        cluster=None, **top)
@@ -176,4 +261,5 @@ def one_pool(base: ReplayConfig) -> ClusterConfig:
     return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
 
 
-__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "instance_config", "make_params", "one_pool", "pool_config"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "instance_config", "make_params", "one_pool",
+           "pool_config", "typed_params", "typed_pool"]

@@ -1,11 +1,12 @@
-"""The routers' side of the seam: a base class, the registry, and lookup by name.
+"""The routers' side of the seam: a base class and lookup by name (the registry, ``ROUTERS``, sits with the
+engine's Protocols: replay/core/plugins.py).
 
 The contract is the engine's (``servelab.replay.core.protocols.Router``): ``route(req, replicas)`` picks
 the live replica an arriving request joins. A router is one file in this package with a class
 registered by ``@ROUTERS.register("name")``; a lookup finds it by its file being in this package
 (or under the ``servelab.routers`` entry point of another package: common/registry.py), so adding a
 router edits no other file. Parameters are a frozen dataclass as ``Params`` (TOML
-``router_params``), as for policies. ``replay/`` never imports this package: ``servelab.api`` puts
+``router_params``, typed once when the config is made), as for policies. ``replay/`` never imports this package: ``servelab.api`` puts
 the parts together.
 """
 
@@ -14,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from servelab.common.registry import ClassRegistry
-from servelab.replay.core.engine_config import make_params
+from servelab.replay.core.plugins import ROUTERS, params_for
 
 if TYPE_CHECKING:
     from servelab.replay.core.replica import Replica
@@ -41,9 +41,6 @@ class RouterBase:
         raise NotImplementedError
 
 
-ROUTERS: ClassRegistry = ClassRegistry("router", package="servelab.routers")
-
-
 def router_class(name: str) -> type[RouterBase]:
     return ROUTERS.get(name)
 
@@ -52,9 +49,11 @@ def router_names() -> list[str]:
     return ROUTERS.names()
 
 
-def make_router(name: str, raw_params: dict[str, Any] | None = None, seed: int = 0) -> RouterBase:
+def make_router(name: str, params: Any = None, seed: int = 0) -> RouterBase:
+    """Router ``name`` with ``params`` its typed ``Params`` (None: the defaults); nothing is parsed here
+    (a config's parameters were typed once, when it was made: ``ReplayConfig``)."""
     cls = router_class(name)
-    return cls(make_params(cls.Params, raw_params or {}, f"router '{name}'"), seed)
+    return cls(params_for(cls, params), seed)
 
 
 def least_outstanding(replicas: list[Replica]) -> Replica:

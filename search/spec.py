@@ -324,15 +324,7 @@ class _Parser:
                     raise self.error(key, f"given twice (top level and replay.{key})")
                 raw[key] = data[key]
         try:
-            config = ReplayConfig.from_dict(raw, source=f"{self.path}, [replay]")
-            from servelab.routers.base import make_router
-
-            make_router(config.engine.router, config.router_params, config.engine.seed)
-            if config.policy_params:
-                from servelab.policies.base import policy_class
-                from servelab.replay.config import make_params
-
-                make_params(policy_class(config.policy).Params, config.policy_params, f"{self.path}, replay.policy_params")
+            config = ReplayConfig.from_dict(raw, source=f"{self.path}, [replay]")  # (its policy and router parameters too)
         except InputError:
             raise
         except ServelabError as err:
@@ -578,6 +570,7 @@ class _Parser:
             where = f"space.{param.name}"
             others = [p for p in space if p.pool == param.pool and p is not param]
             for v in values(param):
+                self._check_pool_name(param, v, where)  # (a name first: the config would refuse it too, less plainly)
                 error = None
                 # alone first (the base's values for the rest): only a value that fails alone is tried
                 # with the others' values, and blamed when none helps
@@ -594,7 +587,6 @@ class _Parser:
                         error = error or err
                 if error is not None:
                     raise self.error(where, f"value {v!r}: {str(error).replace(f'{where}: ', '')}")
-                self._check_pool_name(param, v, where)
 
     def _check_pool_name(self, param: Param, v: Any, where: str) -> None:
         if param.key == "router":

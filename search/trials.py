@@ -160,7 +160,7 @@ def best_toml_header(study, trial, config, out: Path, study_dir: Path | None = N
     trace, made = scored_trace(study, study_dir)
     if trace:
         lines.append(f"scored on trace {trace}" + (f" ({made})" if made else ""))
-    note = output_length_note(config.policy, config.policy_params)
+    note = output_length_note(config.policy, config.to_dict().get("policy_params"))
     if note:
         lines.append(f"policy {config.policy}: {note}")
         if "oracle" in note:

@@ -9,6 +9,8 @@ import pytest
 from helpers_engine import synthetic
 from servelab.api import EngineConfig, ReplayConfig, replay, write_run
 from servelab.common.errors import ServelabError
+from servelab.policies.sarathi import SarathiParams
+from servelab.policies.srpt import LengthParams
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005"
 
@@ -40,8 +42,9 @@ def test_pool_settings_override_the_top_level_and_round_trip():
 
     p, d = config.cluster.pools
     pc, dc = pool_config(config, p), pool_config(config, d)
-    assert (pc.engine.replicas, pc.engine.max_num_seqs, pc.policy, pc.policy_params) == (2, 8, "srpt", {"preempt": True})
-    assert (dc.engine.replicas, dc.engine.max_num_seqs, dc.policy, dc.policy_params) == (4, 64, "sarathi", {})
+    assert (pc.engine.replicas, pc.engine.max_num_seqs, pc.policy, pc.policy_params) == \
+        (2, 8, "srpt", LengthParams(preempt=True))
+    assert (dc.engine.replicas, dc.engine.max_num_seqs, dc.policy, dc.policy_params) == (4, 64, "sarathi", SarathiParams())
     assert (dc.gpu, dc.tp) == ("a100-80gb", 2)
     assert p.price_per_gpu_hour == 2.5 and config.cluster.link().bandwidth_gbps == 25
     assert ReplayConfig.from_dict(config.to_dict()) == config

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from servelab.common.errors import ServelabError
+from servelab.policies.base import NoParams
 from servelab.replay.core import config_parts
 from servelab.replay.cluster.config import ClusterConfig
 from servelab.replay.config import ReplayConfig, instance_config, pool_config
@@ -97,7 +98,7 @@ replicas = 2
 max_num_batched_tokens = "8192"
 kv_tiers = "dram:capacity_gb=64"
 tp = "2"
-policy = "fcfs"
+policy = "lifo"
 [[cluster.pools]]
 name = "decode"
 role = "decode"
@@ -115,14 +116,14 @@ def test_pool_overrides_are_typed_when_read_and_round_trip(tmp_path) -> None:
     config = ReplayConfig.from_toml(path)
     prefill, decode = config.cluster.pools
     assert dict(prefill.settings) == {"max_num_batched_tokens": 8192, "kv_tiers": ("dram:capacity_gb=64",),
-                                      "tp": 2, "policy": "fcfs"}
+                                      "tp": 2, "policy": "lifo"}
     assert dict(decode.settings) == {"max_num_seqs": 64, "enable_prefix_caching": False}
     assert ClusterConfig.from_dict(config.cluster.to_dict(), str(path)) == config.cluster
     assert ReplayConfig.from_dict(config.to_dict(), str(path)) == config
     flat = pool_config(config, prefill)
     assert (flat.engine.max_num_batched_tokens, flat.engine.kv_tiers, flat.tp, flat.engine.replicas) == \
         (8192, ("dram:capacity_gb=64",), 2, 2)
-    assert flat.policy == "fcfs" and flat.policy_params == {} and flat.cluster is None
+    assert flat.policy == "lifo" and flat.policy_params == NoParams() and flat.cluster is None
     assert pool_config(config, decode).engine.enable_prefix_caching is False
     typed = instance_config(flat, InstanceType("a100-80gb", num_gpu_blocks=500), 3)
     assert (typed.gpu, typed.engine.num_gpu_blocks, typed.engine.replicas) == ("a100-80gb", 500, 3)

@@ -14,7 +14,7 @@ from helpers_traces import FIXTURES, assert_input_error, good_table, no_files_li
 from servelab.common.errors import InputError, ServelabError
 from servelab.common.textfile import read_text
 from servelab.policies.base import make_policy
-from servelab.replay.config import EngineConfig
+from servelab.replay.config import EngineConfig, ReplayConfig
 from servelab.traces.importers import import_trace
 from servelab.traces.info import trace_info
 from servelab.traces.io import read_trace, write_trace
@@ -50,14 +50,15 @@ def small_trace(tmp_path, trace_factory):
 ])  # fmt: skip
 def test_out_of_range_policy_params_are_refused(policy, params, rule):
     with pytest.raises(ServelabError, match=rule):
-        make_policy(policy, params, EngineConfig())
+        ReplayConfig(policy=policy, policy_params=params)
 
 
 def test_every_policy_accepts_its_defaults():
     from servelab.policies.base import policy_names
 
     for name in policy_names():
-        make_policy(name, {}, EngineConfig())
+        make_policy(name, ReplayConfig(policy=name, policy_params={}).policy_params, EngineConfig())
+        make_policy(name, None, EngineConfig())
 
 
 def test_negative_long_prefill_threshold_on_the_command_line(small_trace, tmp_path, capsys):

@@ -127,7 +127,7 @@ def test_only_the_engine_moves_requests_between_queues() -> None:
 # The engine's private attributes are its own; the client timeouts and the platform ask the engine for
 # nothing but its event queue (``push``) and to apply their intents (``enact``): every other method of
 # ``Engine`` is a lifecycle or membership verb, applied for them by ``enact``.
-INTENT_SOURCES = ("replay/platform/abort.py", "replay/platform/hooks.py")
+INTENT_SOURCES = ("replay/platform/abort.py", "replay/platform/hooks.py", "replay/core/depends.py")
 NOT_VERBS = {"push", "enact"}
 
 
@@ -207,9 +207,11 @@ def test_the_scans_see_a_private_use_and_a_verb(tmp_path) -> None:
         "engine._cut(r)\nself.engine.end(req)\nself.engine.push(1)\nengine.enact([])\n"
         "engine.ledger.refused_s[i] = 1\nplatform.end(req)\nengine.__class__\n")
     (tmp_path / "replay" / "platform" / "hooks.py").write_text("getattr(self.engine, '_cut')\nself.ledger.x[i] = 1\n")
+    (tmp_path / "replay" / "core" / "depends.py").write_text("x = 1\nself.engine.end(req)\n")
     assert engine_verbs(tmp_path) == {"end", "_cut", "_x"}
     assert private_engine_uses(tmp_path) == {"replay/platform/abort.py": [1], "replay/platform/hooks.py": [1]}
-    assert verbs_called(tmp_path) == {"replay/platform/abort.py": [(1, "_cut"), (2, "end"), (5, "assignment")]}
+    assert verbs_called(tmp_path) == {"replay/platform/abort.py": [(1, "_cut"), (2, "end"), (5, "assignment")],
+                                      "replay/core/depends.py": [(2, "end")]}
 
 
 def test_no_file_but_the_engine_uses_its_private_attributes() -> None:
@@ -218,7 +220,22 @@ def test_no_file_but_the_engine_uses_its_private_attributes() -> None:
 
 def test_client_timeouts_and_the_platform_call_no_engine_verb_they_return_intents() -> None:
     """replay/platform/abort.py and replay/platform/hooks.py end, take off, let go, preempt, set aside, resume, strand
-    and move requests by returning intents (replay/core/intents.py) that ``Engine.enact`` applies."""
+    and move requests, and replay/core/depends.py sends and skips dependent requests, by returning intents
+    (replay/core/intents.py) that ``Engine.enact`` applies."""
     assert {"end", "take_off", "let_go", "preempt", "set_aside", "resume", "truncate", "empty", "interrupt",
             "route_all", "strand", "_cut_stretch", "_request_schedule", "evict"} <= engine_verbs()
     assert verbs_called() == {}
+
+
+def test_online_mode_drives_the_engine_and_changes_no_lifecycle_itself() -> None:
+    """replay/platform/online.py (a server feeding the engine) calls two engine methods that are no lifecycle
+    or membership verb: ``send_at`` (a request arrives at a time: an ARRIVAL event, status still pending)
+    and ``advance`` (the clock); a client that goes away is aborted through ``enact`` (``Aborts.fire``'s
+    intents). Its writes into the engine are its wiring, once, when it is made: per-iteration pricing,
+    the client timeouts without timeouts, and a hook on ``ended`` that reports a request's end."""
+    hits = verbs_called(files=("replay/platform/online.py",))["replay/platform/online.py"]
+    assert {what for _, what in hits} == {"send_at", "advance", "assignment"}
+    tree = ast.parse((ROOT / "replay/platform/online.py").read_text())
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    wiring = {n.lineno for n in ast.walk(init) if hasattr(n, "lineno")}
+    assert all(line in wiring for line, what in hits if what == "assignment")

@@ -8,7 +8,14 @@ import pytest
 from conftest import make_trace
 from helpers_engine import run
 from servelab.common.errors import ServelabError
+from servelab.replay.config import typed_params
+from servelab.replay.core.plugins import ROUTERS
 from servelab.routers.base import make_router, router_names
+
+
+def typed(name: str, table: dict):
+    """A router's parameters from a table, as a config types them (at the edge, once)."""
+    return typed_params(ROUTERS, name, table)
 
 
 def replica(rid, outstanding=0, used=0, total=100, waiting=0, cached=0, max_num_seqs=10):
@@ -29,9 +36,9 @@ def test_unknown_router_and_bad_parameters_are_clear_errors():
     with pytest.raises(ServelabError, match="unknown router 'least'.*known: least-kv, least-outstanding"):
         make_router("least")
     with pytest.raises(ServelabError, match="unknown parameter 'queu'"):
-        make_router("weighted", {"queu": 1})
+        make_router("weighted", typed("weighted", {"queu": 1}))
     with pytest.raises(ServelabError, match="kv must be >= 0"):
-        make_router("weighted", {"kv": -1})
+        make_router("weighted", typed("weighted", {"kv": -1}))
     with pytest.raises(ServelabError, match="unknown router 'random'"):
         run(make_trace([0], [1], [1]), router="random")
 
@@ -48,9 +55,9 @@ def test_weighted_score_by_hand():
     r0, r1 = replica(0, waiting=5, used=20), replica(1, used=80, cached=50)
     assert make_router("weighted").route(REQ, [r0, r1]).id == 1
     # without the prefix term r1 scores 0.8 > 0.7
-    assert make_router("weighted", {"prefix": 0}).route(REQ, [r0, r1]).id == 0
+    assert make_router("weighted", typed("weighted", {"prefix": 0})).route(REQ, [r0, r1]).id == 0
     # queue weight 0: r0 scores 0.2 - 0 = 0.2 < 0.3
-    assert make_router("weighted", {"queue": 0}).route(REQ, [r0, r1]).id == 0
+    assert make_router("weighted", typed("weighted", {"queue": 0})).route(REQ, [r0, r1]).id == 0
 
 
 def test_power_of_two_is_seeded_and_never_picks_the_most_loaded_of_three():
@@ -88,9 +95,9 @@ def test_session_stays_home_until_home_is_overloaded_or_gone():
     r1.outstanding_tokens = 0
     assert router.route(turn, [r0, r1]).id == 0  # ... which is its home from then on
     assert router.route(turn, [r1]).id == 1  # home gone (failed): the least loaded live one
-    never = make_router("session", {"balance": 0})
+    never = make_router("session", typed("session", {"balance": 0}))
     assert never.route(turn, [r0, r1]).id == 1
     r1.outstanding_tokens = 10**9
     assert never.route(turn, [r0, r1]).id == 1  # balance 0: sticky whatever the load
     with pytest.raises(ServelabError, match="balance and slack_tokens must be >= 0"):
-        make_router("session", {"balance": -1})
+        make_router("session", typed("session", {"balance": -1}))

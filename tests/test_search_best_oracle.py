@@ -60,7 +60,7 @@ def test_oracle_srpt_on_a_transformed_trace(folder, tmp_path):
 
 def test_predicted_lengths_and_plain_trace(folder, tmp_path):
     text, config = search_best(folder, tmp_path / "noisy", NOISY_SPACE)
-    assert config.policy_params == {"noise_sigma": 0.5}
+    assert config.to_dict()["policy_params"] == {"noise_sigma": 0.5} and config.policy_params.noise_sigma == 0.5
     assert "# policy srpt: output lengths predicted (lognormal noise_sigma = 0.5)" in text and "oracle" not in text
     assert f"# scored on trace {folder / 'trace.arrow'}\n" in text  # no transforms: the spec's own trace
     assert "policy srpt: output lengths predicted" in invoke("report", tmp_path / "noisy" / "trials" / "0000")

@@ -25,14 +25,14 @@ Validated without I/O, like `EngineConfig`; a pool's settings become a whole `Re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.replay.cluster.autoscale import AutoscaleConfig
-from servelab.replay.core.engine_config import EngineConfig
+from servelab.replay.core.engine_config import EngineConfig, params_table
 from servelab.replay.cluster.instances import InstanceType, PerfFloor, parse_instances
 
 ROLES = ("mixed", "prefill", "decode", "encode")
@@ -91,7 +91,8 @@ class PoolConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "role": self.role, "replicas": self.replicas,
-               "price_per_gpu_hour": self.price_per_gpu_hour, **dict(self.settings)}
+               "price_per_gpu_hour": self.price_per_gpu_hour,
+               **{k: params_table(v) if _is_params(v) else v for k, v in self.settings}}
         if self.autoscale is not None:
             out["autoscale"] = self.autoscale.to_dict()
         if self.instances:
@@ -296,6 +297,8 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
     if key in TOP_TYPES:
         kind = TOP_TYPES[key]
         if kind == "table":
+            if _is_params(value):  # typed already (``ReplayConfig`` types a pool's tables against its policy, router)
+                return value
             if not isinstance(value, dict):
                 raise ServelabError(f"{where} must be a table")
             return dict(value)
@@ -308,6 +311,10 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
             raise ServelabError(f"{where}: expected a string or an array of strings, got {value!r}")
         return tuple(value)
     return coerce(value, annotation, where)
+
+
+def _is_params(value: Any) -> bool:
+    return is_dataclass(value) and not isinstance(value, type)
 
 
 def split_settings(settings: tuple[tuple[str, Any], ...]) -> tuple[dict[str, Any], dict[str, Any]]:

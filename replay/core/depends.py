@@ -8,67 +8,68 @@ client's timeout, or itself skipped) means the call is never made: the request a
 waits on it, transitively, end ``skipped`` at that moment, with the reason naming the parent. Parents
 still unfinished at the horizon leave their dependents unsent (``unfinished``).
 
-The tracker only hears ``Engine.ended``; a replay whose trace has no dependencies has none.
+The tracker only hears ``Engine.ended`` and returns what it wants done as intents (``Send``, ``Skip``:
+replay/core/intents.py) that the engine applies; a replay whose trace has no dependencies has none.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from servelab.replay.core.intents import Send, Skip
 from servelab.replay.core.request import Request, Status
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from servelab.replay.core.engine import Engine
-
 
 class Dependencies:
     """Counts each dependent request's unfinished parents and releases or skips it."""
 
-    def __init__(self, engine: "Engine", requests: list[Request], parents: dict[int, list[int]]):
-        self.engine = engine
+    def __init__(self, requests: list[Request], parents: dict[int, list[int]]):
         self.requests = requests
         self.left = {child: len(ps) for child, ps in parents.items()}  # child index -> parents not finished yet
         self.children: dict[int, list[int]] = {}  # parent index -> its children's indices, in row order
         for child in sorted(parents):
             for parent in parents[child]:
                 self.children.setdefault(parent, []).append(child)
-        self.cascading = False
         self.released = 0
         self.skipped = 0
 
-    def ended(self, req: Request, now: float) -> None:
-        """``req`` reached a terminal state at ``now`` (``Engine.ended``)."""
+    def ended(self, req: Request, now: float) -> list[Send | Skip]:
+        """``req`` reached a terminal state at ``now`` (``Engine.ended``): the children it releases (``Send``,
+        each at ``now`` plus its delay) or, when it ended any other way than finished, its descendants
+        never sent (``Skip``, breadth-first: a deep chain needs no deep recursion), in row order."""
         kids = self.children.get(req.index)
-        if kids is None or self.cascading:  # (a skip below ends its request: the walk here covers its children)
-            return
+        if kids is None or req.status is Status.SKIPPED:  # (a skipped one's descendants are in its cascade's list)
+            return []
         requests = self.requests
         if req.status is Status.FINISHED:
             left = self.left
+            sends = []
             for c in kids:
                 n = left[c] = left[c] - 1
                 child = requests[c]
                 if not n and child.status is Status.PENDING:  # (not skipped by another parent meanwhile)
-                    self.released += 1
-                    self.engine.send_at(child, now + (child.think_s or 0.0))
-            return
-        self.cascading = True
-        try:  # breadth-first over the descendants: a deep chain needs no deep recursion
-            todo = [(req, kids)]
-            while todo:
-                parent, kids = todo.pop(0)
-                reason = f"request {parent.request_id} it depends on ended {parent.status.name.lower()}"
-                for c in kids:
-                    child = requests[c]
-                    if child.status is Status.PENDING and child.arrival_s is None:
-                        self.skipped += 1
-                        self.engine.skip(child, reason, now)
-                        grand = self.children.get(c)
-                        if grand is not None:
-                            todo.append((child, grand))
-        finally:
-            self.cascading = False
+                    sends.append(Send(child, now + (child.think_s or 0.0)))
+            self.released += len(sends)
+            return sends
+        skips = []
+        skipping: set[int] = set()
+        todo = [(req, req.status.name.lower(), kids)]
+        while todo:
+            parent, how, kids = todo.pop(0)
+            reason = f"request {parent.request_id} it depends on ended {how}"
+            for c in kids:
+                child = requests[c]
+                if child.status is Status.PENDING and child.arrival_s is None and c not in skipping:
+                    skipping.add(c)
+                    skips.append(Skip(child, reason))
+                    grand = self.children.get(c)
+                    if grand is not None:
+                        todo.append((child, "skipped", grand))
+        self.skipped += len(skips)
+        return skips
 
     def meta(self) -> dict:
         return {"dependent_requests": len(self.left), "released": self.released, "skipped": self.skipped}

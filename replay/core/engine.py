@@ -24,8 +24,8 @@ from servelab.common.errors import ServelabError
 from servelab.replay.core.batch import Batch, BatchSummary, aggregate_decodes, make_current, no_aggregate, settle
 from servelab.replay.core.engine_config import EngineConfig
 from servelab.replay.core.intents import (AdoptOrphans, Decide, Enter, FailReplica, HandOff, Land, LeaveAtBoundary, LetGo,
-                                     Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Route, Serve, SetAside,
-                                     Strand, TakeOff, Unhold, Wake)
+                                     Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Route, Send, Serve,
+                                     SetAside, Skip, Strand, TakeOff, Unhold, Wake)
 from servelab.replay.core.journal import Journal, Ledger
 from servelab.replay.core.kv.manager import KVManager
 from servelab.replay.core.logs import StepLog, TokenLog
@@ -607,15 +607,12 @@ class Engine:
     # -- that changes a request's status; the cluster and the platform ask these -------------------
     def end(self, req: Request, status: Status, reason: str, now: float) -> None:
         """``req`` leaves unserved for good at ``now``: ``status`` is REJECTED (it can never be served),
-        THROTTLED (its quota refused it and its retries ran out), DROPPED (shed) or ABORTED (its
-        client gave up: replay/platform/abort.py). A request that waited on a replica has been taken off it first."""
+        THROTTLED (its quota refused it and its retries ran out), DROPPED (shed), ABORTED (its
+        client gave up: replay/platform/abort.py) or SKIPPED (never sent: a request it depends on ended
+        unserved, replay/core/depends.py). A request that waited on a replica has been taken off it first."""
         req.status = status
         req.reason = reason
         self.ended(req, now)
-
-    def skip(self, req: Request, reason: str, now: float) -> None:
-        """``req`` is never sent: a request it depends on ended unfinished at ``now`` (replay/core/depends.py)."""
-        self.end(req, Status.SKIPPED, reason, now)
 
     def send_at(self, req: Request, arrival_s: float) -> None:
         """``req``, whose arrival the replay decides (a closed-loop turn, a dependent request), arrives at
@@ -852,6 +849,10 @@ class Engine:
                     self.resume(intent.replica, req)
             elif kind is Strand:
                 self.strand(intent.reqs, intent.reason)
+            elif kind is Send:
+                self.send_at(intent.req, intent.arrival_s)
+            elif kind is Skip:
+                self.end(intent.req, Status.SKIPPED, intent.reason, now)
             elif kind is Serve:
                 self.publish(intent.pool, list(intent.replicas))
             elif kind is Reject:
@@ -894,7 +895,9 @@ class Engine:
         if self.platform is not None:
             self.platform.ended(req, now)
         if self.depends is not None:
-            self.depends.ended(req, now)
+            intents = self.depends.ended(req, now)
+            if intents:
+                self.enact(intents, now)
         if self.retention is not None:
             self.retention.ended(req)
         follower = self.followers.get(req.index)

@@ -110,6 +110,12 @@ class EngineConfig:
 
 def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:
     """Build a frozen params dataclass from string/TOML values; unknown keys are errors."""
+    return cls(**typed_fields(cls, raw, owner))
+
+
+def typed_fields(cls: type, raw: dict[str, Any], owner: str) -> dict[str, Any]:
+    """String/TOML values -> the params dataclass ``cls``'s field types, each key alone (``make_params``
+    builds ``cls`` from them; ``replace`` puts them over typed parameters); unknown keys are errors."""
     known = {f.name: f for f in fields(cls)}
     values = {}
     for key, value in raw.items():
@@ -118,7 +124,14 @@ def make_params(cls: type, raw: dict[str, Any], owner: str) -> Any:
             names = ", ".join(sorted(known)) or "none"
             raise ServelabError(f"{owner}: unknown parameter '{key}'{did_you_mean(key_norm, known)} (parameters: {names})")
         values[key_norm] = coerce(value, known[key_norm].type, f"{owner}: {key}")
-    return cls(**values)
+    return values
 
 
-__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "EngineParts", "make_params"]
+def params_table(params: Any) -> dict[str, Any]:
+    """A typed params dataclass -> the plain table of the fields that differ from their defaults (what a
+    TOML file writes): ``make_params(type(p), params_table(p), ...) == p``."""
+    return {f.name: getattr(params, f.name) for f in fields(params) if getattr(params, f.name) != f.default}
+
+
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "EngineParts", "make_params", "params_table",
+           "typed_fields"]

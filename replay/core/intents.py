@@ -1,10 +1,11 @@
 """What the layers above the engine core want done, as data: intents the engine applies (``Engine.enact``).
 
 The cluster and the platform features (the prefill/decode handoff, autoscalers, fleets of instance
-types, failures, the encode pool, the front door, shedding, tier pausing, client timeouts) observe the
-engine — its step listeners and hooks, their own timed events, failures — and *return* what they want:
-a replica pool's serving set, a request handed off, landed, rejected, refused or routed, taken
-off a queue, preempted, set aside or resumed, a replica failed, restored or taken away. ``Engine.enact`` is the one place that
+types, failures, the encode pool, the front door, shedding, tier pausing, client timeouts) and the
+tracker of requests that wait for others (replay/core/depends.py) observe the engine — its step
+listeners and hooks, their own timed events, failures, requests ending — and *return* what they want:
+a replica pool's serving set, a request handed off, landed, rejected, refused, routed, sent or
+skipped, taken off a queue, preempted, set aside or resumed, a replica failed, restored or taken away. ``Engine.enact`` is the one place that
 turns these into changes of a request's status, of the replicas' queues and of which replicas serve,
 in the order given; a component never changes them itself.
 
@@ -159,6 +160,19 @@ class Resume(NamedTuple):
     reqs: tuple[Request, ...]
 
 
+# -- requests that wait for others (replay/core/depends.py)
+class Send(NamedTuple):
+    """``req``, whose arrival the replay decides (its parents finished), arrives at ``arrival_s``."""
+    req: Request
+    arrival_s: float
+
+
+class Skip(NamedTuple):
+    """``req`` is never sent (a request it depends on ended unserved): it ends ``skipped`` with ``reason``."""
+    req: Request
+    reason: str
+
+
 class Strand(NamedTuple):
     """The replay ends with ``reqs`` not served: those not terminal end ``unfinished`` with ``reason``."""
     reqs: list[Request]
@@ -167,8 +181,8 @@ class Strand(NamedTuple):
 
 Intent = (Serve | AdoptOrphans | RemoveReplica | FailReplica | RestoreReplica | HandOff | Reject | Land | Wake | Route
           | Enter | Refuse | TakeOff | Unhold | LetGo | LeaveAtBoundary | Decide | Preempt | SetAside | Resume
-          | Strand)
+          | Send | Skip | Strand)
 
 __all__ = ["AdoptOrphans", "Decide", "Enter", "FailReplica", "HandOff", "Intent", "Land", "LeaveAtBoundary", "LetGo",
-           "Preempt", "Refuse", "Reject", "RemoveReplica", "RestoreReplica", "Resume", "Route", "Serve",
-           "SetAside", "Strand", "TakeOff", "Unhold", "Wake"]
+           "Preempt", "Refuse", "Reject", "RemoveReplica", "RestoreReplica", "Resume", "Route", "Send", "Serve",
+           "SetAside", "Skip", "Strand", "TakeOff", "Unhold", "Wake"]
