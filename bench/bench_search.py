@@ -93,6 +93,10 @@ def one_run(args) -> dict:
     spec_path.write_text(SPEC.format(trials=args.trials, trace=default_trace_path(), requests=args.requests,
                                      seed=args.seed, rate_scale=args.rate_scale))  # fmt: skip
     spec = replace(load_spec(spec_path), workers=int(args.workers))
+    if args.batch:  # an experiment on the search's quality: the batch size is a constant of servelab's
+        import servelab.search.batch as batch
+
+        batch.BATCH_TRIALS = args.batch
     cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
     if args.profile:
         import cProfile
@@ -147,6 +151,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1", help="worker counts, comma-separated: interleaved rounds")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--profile", help="cProfile the study into this file (one run)")
+    parser.add_argument("--batch", type=int, help="trials per batch instead of servelab's BATCH_TRIALS (an experiment)")
     parser.add_argument("--json", help=argparse.SUPPRESS)  # a child run: write its figures here
     args = parser.parse_args()
     if args.json:
@@ -162,6 +167,7 @@ def main() -> None:
             child = [sys.executable, __file__, "--trials", str(args.trials), "--requests", str(args.requests),
                      "--seed", str(args.seed), "--rate-scale", str(args.rate_scale), "--out", f"{args.out}_w{w}",
                      "--workers", str(w), "--json", str(figures)] + (["--profile", args.profile] if args.profile else [])  # fmt: skip
+            child += ["--batch", str(args.batch)] if args.batch else []
             subprocess.run(child, check=True)
             r = json.loads(figures.read_text())
             runs[w].append(r)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from servelab.common.errors import ServelabError
 from servelab.search.objective import trial_dir, worker_id
-from servelab.search.pool import InProcess, Outcome, Pool, fail_running
+from servelab.search.pool import InProcess, Outcome, Pool, WorkerDied, fail_running
 from servelab.search.signals import Interrupt
 from servelab.search.spec import SearchSpec
 from servelab.search.trials import counts
@@ -52,7 +52,8 @@ def auto_workers(spec: SearchSpec) -> int:
 
 
 def resolve_workers(spec: SearchSpec) -> int:
-    return auto_workers(spec) if spec.workers is None else spec.workers
+    """The worker processes a local study runs: ``spec.workers``, or auto; never more than a batch's trials."""
+    return auto_workers(spec) if spec.workers is None else min(spec.workers, BATCH_TRIALS)
 
 
 def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: int, progress=None,
@@ -137,16 +138,18 @@ def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt:
         if not isinstance(err, KeyboardInterrupt):
             interrupt.event.set()  # a worker died: the study stops
         outcomes.update(runner.finished())  # what came back before the stop
-    if isinstance(stop, ServelabError):
-        unfinished = ("error", f"error: {stop}")
-    else:
-        unfinished = ("interrupted", "interrupted (Ctrl-C)")
+    lost = stop.number if isinstance(stop, WorkerDied) else None  # the dead worker's trial
     for number, trial in trials.items():  # in trial order
         outcome = outcomes.get(number)
         if outcome is None or outcome.state == "interrupted":
             shutil.rmtree(trial_dir(study_dir, number), ignore_errors=True)
-            trial.set_user_attr("outcome", unfinished[0])
-            trial.set_user_attr("reason", unfinished[1])
+            if number == lost:
+                trial.set_user_attr("outcome", "error")
+                trial.set_user_attr("reason", f"error: {stop}")
+            else:
+                trial.set_user_attr("outcome", "interrupted")
+                trial.set_user_attr("reason", "interrupted (Ctrl-C)" if isinstance(stop, KeyboardInterrupt) or stop is None
+                                    else "interrupted (the study stopped: a worker died)")  # fmt: skip
             study.tell(trial, state=TrialState.FAIL)
             continue
         _tell(study, trial, outcome, reported[number], errors)

@@ -34,6 +34,14 @@ from servelab.search.spec import SearchSpec
 TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
 
 
+class WorkerDied(ServelabError):
+    """A worker process ended without being asked to (killed, crashed): ``number`` is the trial it had, if any."""
+
+    def __init__(self, message: str, number: int | None):
+        super().__init__(message)
+        self.number = number
+
+
 @dataclass
 class Outcome:
     """What one trial's evaluation recorded, for the parent to apply to the real trial and tell."""
@@ -202,8 +210,8 @@ class Pool:
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         number = self._busy.get(i)
         during = f" while evaluating trial {number}" if number is not None else ""
-        raise ServelabError(f"search worker {i} (pid {proc.pid}) {how}{during}; the study stops "
-                            "(its finished trials are kept: run the same command to continue)")  # fmt: skip
+        raise WorkerDied(f"search worker {i} (pid {proc.pid}) {how}{during}; the study stops "
+                         "(its finished trials are kept: run the same command to continue)", number)  # fmt: skip
 
     def running(self) -> list[int]:
         return [*self._busy.values(), *(n for n, _ in self._queue)]
@@ -318,4 +326,4 @@ def fail_running(study, worker: str, outcome: str, reason: str) -> list[int]:
     return failed
 
 
-__all__ = ["Outcome", "RecordedTrial", "evaluate", "InProcess", "Pool", "fail_running"]
+__all__ = ["WorkerDied", "Outcome", "RecordedTrial", "evaluate", "InProcess", "Pool", "fail_running"]

@@ -220,9 +220,9 @@ def test_ctrl_c_prints_one_line_and_exits_130(grid_dir, tmp_path, where, complet
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 130, proc.stderr
     # no Optuna warning with a traceback, no UnboundLocalError: the one line of the CLI
-    assert proc.stderr.splitlines() == [
-        f"stopped; finished trials are kept in {out} (run the same command to continue)"
-    ], proc.stderr
+    header, *rest = proc.stderr.splitlines()
+    assert header.startswith(f"search 'ctrlc_{where}': 6 trials, ") and "batches of" in header, header
+    assert rest == [f"stopped; finished trials are kept in {out} (run the same command to continue)"], proc.stderr
     rows = _table(out)
     assert sum(r["state"] == "complete" for r in rows) == complete
     assert [r["outcome"] for r in rows if r["state"] == "fail"] == failed
