@@ -23,6 +23,7 @@ from servelab.search.objective import trial_dir, worker_id
 from servelab.search.pool import InProcess, Outcome, Pool, WorkerDied, fail_running
 from servelab.search.signals import Interrupt
 from servelab.search.spec import SearchSpec
+from servelab.search.storage import batched_writes
 from servelab.search.trials import counts
 
 BATCH_TRIALS = 4
@@ -102,8 +103,6 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
 
 
 def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt: Interrupt, errors: list[str]) -> None:
-    from optuna.trial import TrialState
-
     from servelab.search.space import suggest
 
     trials: dict[int, object] = {}  # number -> the real trial, in ask order
@@ -124,13 +123,15 @@ def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt:
         for _ in range(size):
             if interrupt.is_set():
                 break
-            trial = study.ask()
-            trials[trial.number] = trial
-            reported[trial.number] = set()
-            trial.set_user_attr("worker", owner)  # the owner until told: a stale-trial check asks if it lives
-            if interrupt.is_set():  # Ctrl-C during Optuna's ask: this trial never starts
+            with batched_writes(study):  # its creation, owner and parameters: one append
+                trial = study.ask()
+                trials[trial.number] = trial
+                reported[trial.number] = set()
+                trial.set_user_attr("worker", owner)  # the owner until told: a stale-trial check asks if it lives
+                if not interrupt.is_set():  # (Ctrl-C during Optuna's ask: this trial never starts)
+                    suggest(trial, spec.space, spec.base)
+            if interrupt.is_set():
                 break
-            suggest(trial, spec.space, spec.base)
             runner.submit(trial.number, dict(trial.params))
         outcomes.update(runner.collect([n for n in trials if n not in outcomes]))
     except (KeyboardInterrupt, ServelabError) as err:
@@ -138,6 +139,19 @@ def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt:
         if not isinstance(err, KeyboardInterrupt):
             interrupt.event.set()  # a worker died: the study stops
         outcomes.update(runner.finished())  # what came back before the stop
+    with batched_writes(study):  # the batch's results: one append
+        _tell_all(study, study_dir, trials, outcomes, reported, stop, errors)
+    if stop is not None:
+        raise stop
+    if interrupt.is_set():
+        raise KeyboardInterrupt
+
+
+def _tell_all(study, study_dir: Path, trials: dict, outcomes: dict[int, Outcome], reported: dict[int, set[int]],
+              stop: BaseException | None, errors: list[str]) -> None:  # fmt: skip
+    """Record each trial's outcome and tell it, in trial order; trials without one failed (interrupted, or the dead worker's)."""
+    from optuna.trial import TrialState
+
     lost = stop.number if isinstance(stop, WorkerDied) else None  # the dead worker's trial
     for number, trial in trials.items():  # in trial order
         outcome = outcomes.get(number)
@@ -153,10 +167,6 @@ def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt:
             study.tell(trial, state=TrialState.FAIL)
             continue
         _tell(study, trial, outcome, reported[number], errors)
-    if stop is not None:
-        raise stop
-    if interrupt.is_set():
-        raise KeyboardInterrupt
 
 
 def _tell(study, trial, outcome: Outcome, reported: set[int], errors: list[str]) -> None:
