@@ -1,15 +1,22 @@
 """Benchmark a search: N trials on the first R requests of the bundled Azure conversation trace (roofline runner).
 
-Reports the study's wall time and how much of it is replay: per trial, the replay itself
-(``replay()``), scoring (scoring/quick.py, or the DuckDB views), writing the run directory, and everything else
-(Optuna sampling and storage, config building), plus the study-level cost outside trials.
+Each run is a fresh process (as `servelab search` is) running the study with W local workers, and
+reports its wall time, trials per minute, and CPU seconds: the replays' own (``replay()``, timed
+in the process that ran it), the rest of each trial's evaluation (config, scoring, writing the run
+directory), the `search` process's own work beyond evaluations (Optuna's sampling and storage,
+telling results, setup; imports excluded), and the workers' start-up. "Overhead" (issue #31) is everything but
+the replays, as CPU time against the replays' CPU time: a figure the machine's load does not
+inflate as it does wall time.
 
-    .venv/bin/python bench/bench_search.py --trials 100 --requests 10000 --out /tmp/bench_search
+    .venv/bin/python bench/bench_search.py --trials 20 --requests 2000 --workers 1,2 --rounds 3
+
+``--workers 1,2`` runs interleaved rounds (1 then 2 in even rounds, 2 then 1 in odd ones) and
+prints each worker count's median trials/min and the per-round speed-up against the first count.
+Measure scaling on an idle machine with at least as many free cores as workers.
 
 It also prints the sha256 of the trials table without its timing columns (start/end, durations,
-the ``attr.*_s`` timings, the worker's id): two checkouts that search alike print the same digest
-for the same seed, so an A/B run of a speed change shows the trials are unchanged. ``--workers N``
-runs N local worker processes (their trials differ from one worker's: docs/search.md).
+the ``attr.*_s`` timings, the worker's id): the same spec and seed give the same digest for any
+number of workers (search/batch.py), and two checkouts that search alike print the same digest.
 """
 
 from __future__ import annotations
@@ -17,18 +24,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
+import resource
 import shutil
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
-
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 SPEC = """
 objective = "attainment"
 n_trials = {trials}
-seed = 0
+seed = {seed}
 runner = "roofline"
 model = "llama-3.1-8b"
 gpu = "h100-80gb"
@@ -36,7 +45,7 @@ target = 0.9
 [trace]
 path = "{trace}"
 head = {requests}
-rate_scale = 2.0
+rate_scale = {rate_scale}
 [slo]
 ttft_s = 0.5
 tpot_s = 0.03
@@ -50,7 +59,7 @@ policy = ["sarathi", "vllm-v0"]
 # columns that time the trial (or name its process): everything else is the search's result
 TIMING = {"datetime_start", "datetime_complete", "duration_s", "attr.worker", "attr.eval_s", "attr.replay_s",
           "attr.final_replay_s", "attr.score_s", "attr.write_s", "attr.score_write_s", "attr.checkpoint_replay_s",
-          "attr.sweep_s"}
+          "attr.sweep_s", "attr.eval_cpu_s", "attr.replay_cpu_s"}
 
 
 def trials_digest(table) -> str:
@@ -60,62 +69,133 @@ def trials_digest(table) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--requests", type=int, default=10000)
-    parser.add_argument("--out", default="/tmp/bench_search")
-    parser.add_argument("--workers", type=int, default=1)
-    args = parser.parse_args()
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def one_run(args) -> dict:
+    """One study in this process with ``args.workers`` workers; its figures as a dict."""
+    from dataclasses import replace
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
     from servelab.search.spec import load_spec
-    from servelab.search.study import run_study
+    from servelab.search.study import open_study, run_study
+    from servelab.search.trials import write_trials
     from servelab.traces.bundled import default_trace_path
 
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     spec_path = out / "bench.toml"
-    spec_path.write_text(SPEC.format(trials=args.trials, trace=default_trace_path(), requests=args.requests))
-    spec = load_spec(spec_path)
-    if args.workers != 1:
-        from dataclasses import replace
+    spec_path.write_text(SPEC.format(trials=args.trials, trace=default_trace_path(), requests=args.requests,
+                                     seed=args.seed, rate_scale=args.rate_scale))  # fmt: skip
+    spec = replace(load_spec(spec_path), workers=int(args.workers))
+    if args.batch:  # an experiment on the search's quality: the batch size is a constant of servelab's
+        import servelab.search.batch as batch
 
-        spec = replace(spec, workers=args.workers)
-    t0 = time.perf_counter()
-    run_study(spec, out / "study")
+        batch.BATCH_TRIALS = args.batch
+    # imported before the clock starts: their one-time cost (~0.3 s CPU) is not a trial's
+    import optuna  # noqa: F401
+
+    import servelab.assembly  # noqa: F401
+    import servelab.search.batch  # noqa: F401
+    import servelab.search.objective  # noqa: F401
+
+    cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
+    if args.profile:
+        import cProfile
+
+        cProfile.runctx("run_study(spec, out / 'study')", globals(), {"run_study": run_study, "spec": spec, "out": out},
+                        filename=args.profile)  # fmt: skip
+    else:
+        run_study(spec, out / "study")
     wall = time.perf_counter() - t0
-
-    from servelab.search.study import open_study
-    from servelab.search.trials import write_trials
-
+    parent_cpu = _cpu(resource.RUSAGE_SELF) - cpu0
+    children_cpu = _cpu(resource.RUSAGE_CHILDREN)  # the pool's workers, joined by now
     write_trials(open_study(spec, out / "study"), out / "study")
     t = pq.read_table(out / "study" / "trials.parquet")
 
     def total(col: str) -> float:
         return float(pc.sum(t.column(col)).as_py() or 0.0) if col in t.column_names else 0.0
 
-    replay_s, score_s, write_s = total("attr.replay_s"), total("attr.score_s"), total("attr.write_s")
-    post_s = total("attr.score_write_s")  # scoring and writing overlap: their common wall time
-    eval_s, trial_s = total("attr.eval_s"), total("duration_s")
-    n = t.num_rows
-    other_in_trial = trial_s - replay_s - post_s
-    outside = wall - trial_s
-    overhead = wall - replay_s / args.workers  # with N workers, replays run N at a time
-    print(f"machine: {platform.node()} {platform.machine()}, {platform.processor() or '?'}; python {platform.python_version()}")
-    print(f"{n} trials on {args.requests:,} requests, {args.workers} worker(s), wall {wall:.2f} s ({wall / n:.3f} s/trial, "
-          f"{60 * n / wall:.0f} trials/min)")
-    print(f"best attainment {pc.max(t.column('attainment')).as_py():.4f}; trials table digest {trials_digest(t)}")
-    print("| part | total s | per trial s | share of wall |")
+    eval_cpu, replay_cpu = total("attr.eval_cpu_s"), total("attr.replay_cpu_s")
+    in_process = int(args.workers) == 1
+    return {"workers": int(args.workers), "trials": t.num_rows, "wall_s": wall, "parent_cpu_s": parent_cpu,
+            "children_cpu_s": children_cpu, "eval_cpu_s": eval_cpu, "replay_cpu_s": replay_cpu,
+            "replay_s": total("attr.replay_s"),
+            "bookkeeping_cpu_s": parent_cpu - (eval_cpu if in_process else 0.0),
+            "worker_startup_cpu_s": 0.0 if in_process else children_cpu - eval_cpu,
+            "best": pc.max(t.column("attainment")).as_py(), "digest": trials_digest(t)}  # fmt: skip
+
+
+def report(r: dict) -> None:
+    n = r["trials"]
+    other_eval = r["eval_cpu_s"] - r["replay_cpu_s"]
+    overhead = r["bookkeeping_cpu_s"] + other_eval
+    print(f"{n} trials, {r['workers']} worker(s): wall {r['wall_s']:.2f} s ({60 * n / r['wall_s']:.0f} trials/min); "
+          f"best attainment {r['best']:.4f}; trials table digest {r['digest']}")  # fmt: skip
+    print("| CPU | total s | per trial ms | against replays |")
     print("|---|---:|---:|---:|")
-    for name, value in (("replay()", replay_s), ("scoring (numpy; DuckDB views for what it does not model)", score_s), ("write run dir (Parquet + run.json)", write_s),
-                        ("scoring and writing together (overlapped)", post_s),
-                        ("Optuna sampling/storage + config (in trial)", other_in_trial),
-                        ("outside trials (setup, trace)", outside),
-                        ("**overhead beyond replay**", overhead), ("**wall**", wall)):  # fmt: skip
-        print(f"| {name} | {value:.2f} | {value / n:.4f} | {value / wall:.1%} |")
-    # issue #31's measure: what the search adds beyond replaying, against the replays' own time
-    print(f"overhead / replay time: {overhead / (replay_s / args.workers):.1%}")
+    for name, value in (("replay() (in the process that ran it)", r["replay_cpu_s"]),
+                        ("rest of the evaluation (config, scoring, writing)", other_eval),
+                        ("`search` process beyond evaluations (sampling, storage, tell, setup)", r["bookkeeping_cpu_s"]),
+                        ("**overhead** (the two above)", overhead),
+                        ("workers' start-up (imports, trace), once per run", r["worker_startup_cpu_s"])):  # fmt: skip
+        print(f"| {name} | {value:.3f} | {1000 * value / n:.1f} | {value / r['replay_cpu_s']:.1%} |")
+    print(f"overhead / replay CPU: {overhead / r['replay_cpu_s']:.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate-scale", type=float, default=2.0, help="the trace's rate multiplier (default 2)")
+    parser.add_argument("--out", default="/tmp/bench_search")
+    parser.add_argument("--workers", default="1", help="worker counts, comma-separated: interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--profile", help="cProfile the study into this file (one run)")
+    parser.add_argument("--batch", type=int, help="trials per batch instead of servelab's BATCH_TRIALS (an experiment)")
+    parser.add_argument("--json", help=argparse.SUPPRESS)  # a child run: write its figures here
+    args = parser.parse_args()
+    if args.json:
+        Path(args.json).write_text(json.dumps(one_run(args)))
+        return
+    counts = [int(w) for w in args.workers.split(",")]
+    print(f"machine: {platform.node()} {platform.machine()}, {platform.processor() or '?'}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}; python {platform.python_version()}")  # fmt: skip
+    runs: dict[int, list[dict]] = {w: [] for w in counts}
+    for k in range(args.rounds):
+        for w in counts if k % 2 == 0 else counts[::-1]:
+            figures = Path(args.out + ".json")
+            child = [sys.executable, __file__, "--trials", str(args.trials), "--requests", str(args.requests),
+                     "--seed", str(args.seed), "--rate-scale", str(args.rate_scale), "--out", f"{args.out}_w{w}",
+                     "--workers", str(w), "--json", str(figures)] + (["--profile", args.profile] if args.profile else [])  # fmt: skip
+            child += ["--batch", str(args.batch)] if args.batch else []
+            subprocess.run(child, check=True)
+            r = json.loads(figures.read_text())
+            runs[w].append(r)
+            print(f"\n## round {k + 1}, {w} worker(s) (load average {os.getloadavg()[0]:.2f})")
+            report(r)
+    if len(counts) > 1 or args.rounds > 1:
+        print("\n| workers | trials/min, median (runs) | overhead / replay CPU, median | digest |")
+        print("|---:|---|---:|---|")
+        for w in counts:
+            rates = [60 * r["trials"] / r["wall_s"] for r in runs[w]]
+            over = [(r["bookkeeping_cpu_s"] + r["eval_cpu_s"] - r["replay_cpu_s"]) / r["replay_cpu_s"] for r in runs[w]]
+            digests = sorted({r["digest"] for r in runs[w]})
+            print(f"| {w} | {statistics.median(rates):.0f} ({', '.join(f'{x:.0f}' for x in rates)}) | "
+                  f"{statistics.median(over):.1%} | {', '.join(digests)} |")  # fmt: skip
+        base = counts[0]
+        for w in counts[1:]:
+            ratios = [b["wall_s"] and a["wall_s"] / b["wall_s"] for a, b in zip(runs[base], runs[w])]
+            print(f"speed-up of {w} workers over {base}, per round: {', '.join(f'{x:.2f}x' for x in ratios)} "
+                  f"(median {statistics.median(ratios):.2f}x)")  # fmt: skip
+        same = len({r["digest"] for rs in runs.values() for r in rs}) == 1
+        print(f"trials tables identical across worker counts and rounds: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":

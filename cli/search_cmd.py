@@ -130,7 +130,7 @@ def search() -> None:
               help="Study directory (default: studies/<study_name>).")
 @click.option("--n-trials", type=int, help="Finished trials wanted in total (overrides the spec).")
 @click.option("--timeout", type=float, help="Stop starting trials after this many seconds (overrides the spec).")
-@click.option("--workers", type=int, help="Local worker processes (overrides the spec).")
+@click.option("--workers", type=int, help="Local worker processes (overrides the spec; default: one per free core, at most 4).")
 @click.option("--storage", help="Database URL (overrides the spec), e.g. postgresql://user@host/db.")
 @click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
 def run(spec_path, study_dir, n_trials, timeout, workers, storage, progress) -> None:
@@ -142,6 +142,7 @@ def run(spec_path, study_dir, n_trials, timeout, workers, storage, progress) -> 
     spec = _spec_with(load_spec(spec_path), n_trials, timeout, workers)
     study_dir = Path(study_dir) if study_dir else _default_dir(spec)
     check_study_dir(spec, study_dir, storage)  # a folder holding another study is refused before anything
+    spec = replace(spec, workers=_header(spec, study_dir, storage))
     interrupted = False
     try:
         with _Progress(spec.n_trials, progress) as bar:
@@ -162,6 +163,22 @@ def run(spec_path, study_dir, n_trials, timeout, workers, storage, progress) -> 
                     _summary(study, study_dir)
     if interrupted:
         raise SystemExit(130)
+
+
+def _header(spec, study_dir: Path, storage: str | None) -> int:
+    """Print the run's header line (trials, workers, where); returns the number of workers it will run."""
+    from servelab.search.batch import BATCH_TRIALS, free_cores, resolve_workers, usable_cores
+
+    if storage or spec.storage:  # a database study: independent workers (docs/search.md)
+        workers, how = spec.workers or 1, "independent, sharing the database"
+    else:
+        workers = resolve_workers(spec)
+        how = f"batches of {BATCH_TRIALS}"
+        if spec.workers is None:
+            how += f"; auto: {free_cores()} of {usable_cores()} cores free"
+    click.echo(f"search '{spec.study_name}': {spec.n_trials} trials, {workers} worker{'s' if workers > 1 else ''} "
+               f"({how}) -> {study_dir}", err=True)  # fmt: skip
+    return workers
 
 
 @search.command("worker")

@@ -127,7 +127,7 @@ class Evaluator:
 
         from servelab.search.space import config_for, suggest
 
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         attrs: dict[str, Any] = {}
         try:
             if self._interrupted():
@@ -142,6 +142,7 @@ class Evaluator:
             trial.set_user_attr("config", config.to_dict())
             result = self._evaluate_interruptibly(trial, config, attrs)
             attrs["eval_s"] = time.perf_counter() - started
+            attrs["eval_cpu_s"] = time.process_time() - started_cpu  # this process's CPU (the writer thread's too)
             violation = attrs.pop("constraint_violation", None)
             if violation is not None and violation > 0:  # complete, with its values, but below the target
                 _set_attrs(trial, attrs, outcome="infeasible", reason=(
@@ -251,9 +252,10 @@ class Evaluator:
     def _replay_timed(self, config, attrs: dict[str, Any], trace_meta: dict | None = None):
         from servelab.assembly import replay
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         result = replay(self.trace, config, trace_meta=trace_meta or self.trace_meta)
         attrs["replay_s"] = attrs.get("replay_s", 0.0) + time.perf_counter() - t0
+        attrs["replay_cpu_s"] = attrs.get("replay_cpu_s", 0.0) + time.thread_time() - c0
         return result
 
     def _checkpoints(self, trial, config, attrs: dict[str, Any]) -> None:

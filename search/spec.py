@@ -121,7 +121,7 @@ class SearchSpec:
     timeout_s: float | None = None
     storage: str | None = None  # None: a journal file inside the study directory
     study_name: str = "servelab"
-    workers: int = 1
+    workers: int | None = None  # local worker processes; None ("auto"): one per free core (search/batch.py)
     gpu_budget: int | None = None  # GPUs of all pools together: more is infeasible
     fill_pool: str | None = None  # the pool whose replicas take what gpu_budget leaves
 
@@ -224,7 +224,10 @@ def parse_spec(data: Mapping[str, Any], path: Path) -> SearchSpec:
         raise p.error("sampler", "cmaes optimises a single objective; use tpe or nsga2 for several")
     n_trials = p.integer(data.get("n_trials", 50), "n_trials", minimum=1)
     seed = p.integer(data.get("seed", 0), "seed", minimum=0)
-    workers = p.integer(data.get("workers", 1), "workers", minimum=1)
+    workers = data.get("workers", "auto")
+    if workers != "auto" and not _is_number(workers):
+        raise p.error("workers", f'needs an integer or "auto", got {workers!r}')
+    workers = None if workers == "auto" else p.integer(workers, "workers", minimum=1)
     if "timeout" in data and "timeout_s" in data:
         raise p.error("timeout", "given twice (also as timeout_s)")
     timeout_key = "timeout" if "timeout" in data else "timeout_s"

@@ -52,6 +52,17 @@ def sync_storage(study) -> None:
         backend.sync()
 
 
+def batched_writes(study):
+    """A context in which a journal study's records are written in one append at its end (search/journal_file.py);
+    a database storage writes as it goes."""
+    import contextlib
+
+    from servelab.search.journal_file import CachedJournalFileBackend
+
+    backend = getattr(study._storage, "_backend", None)
+    return backend.batched() if isinstance(backend, CachedJournalFileBackend) else contextlib.nullcontext()
+
+
 def repair_journal(path: Path, lock) -> int:
     """Cut a torn last record (a worker killed mid-write) so nothing is appended behind it; returns the bytes cut.
 
@@ -154,5 +165,5 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
-__all__ = ["HASH_ATTR", "SPEC_ATTR", "TRACE_SHA_ATTR", "journal_damage", "journal_storage", "make_storage",
+__all__ = ["batched_writes", "HASH_ATTR", "SPEC_ATTR", "TRACE_SHA_ATTR", "journal_damage", "journal_storage", "make_storage",
            "rdb_storage", "redact", "repair_journal", "sqlalchemy_url", "sync_storage"]

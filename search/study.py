@@ -33,6 +33,8 @@ from servelab.search.storage import (
     HASH_ATTR, SPEC_ATTR, TRACE_SHA_ATTR, journal_storage, make_storage, redact, sync_storage,
 )
 from servelab.search.storage import rdb_storage, sqlalchemy_url  # noqa: F401  (re-exported: their home was here)
+from servelab.search.signals import _PR_SET_PDEATHSIG, PARENT_DIED, PARENT_POLL_S, Flag, Interrupt, _ParentWatch  # noqa: F401  (re-exported)
+from servelab.search.trials import counts
 from servelab.traces.io import trace_sha256
 
 MAX_ERRORS_IN_A_ROW = 5
@@ -267,73 +269,6 @@ def fail_stale_trials(study, study_dir: Path) -> list[int]:
     return stale
 
 
-def counts(study) -> dict[str, int]:
-    from optuna.trial import TrialState
-
-    out = {s.name.lower(): 0 for s in TrialState}
-    for t in study.get_trials(deepcopy=False):
-        out[t.state.name.lower()] += 1
-    out["finished"] = out["complete"] + out["pruned"]
-    return out
-
-
-class Flag:
-    """A flag a signal handler may set: no lock, unlike threading.Event.
-
-    A handler runs between two bytecodes of the main thread, and a second signal can run a second
-    handler inside the first; ``threading.Event.set`` takes a lock, so a nested set waits on the lock
-    its outer self holds, forever (a worker hung that way when the kernel and its parent-watch thread
-    signalled it at once). Setting an attribute is one store.
-    """
-
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
-
-
-class Interrupt:
-    """Ctrl-C (SIGINT), or SIGTERM in a local worker, as a flag: the study stops between trials.
-
-    A signal only raises KeyboardInterrupt while the objective itself runs (so a long replay stops
-    at once and its trial is failed as ``interrupted``); anywhere else — Optuna's ask and tell,
-    storage writes, callbacks — it only sets the flag, and the study stops after that trial's
-    bookkeeping. Raising there used to break Optuna's tell (``UnboundLocalError: updated_state``).
-    """
-
-    def __init__(self) -> None:
-        self.event = Flag()
-        self.evaluator = None  # an Evaluator once the study loop runs; its in_trial tells where we are
-        self._previous: dict[int, object] = {}
-
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
-    def handler(self, signum, frame) -> None:
-        first = not self.event.is_set()
-        self.event.set()
-        evaluator = self.evaluator
-        if first and evaluator is not None and evaluator.in_trial:
-            raise KeyboardInterrupt
-
-    def install(self, signals=(signal.SIGINT,)) -> "Interrupt":
-        if threading.current_thread() is threading.main_thread():
-            for sig in signals:
-                self._previous.setdefault(sig, signal.signal(sig, self.handler))
-        return self
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-
-
 def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None = None,
                on_trial: Callable | None = None, storage_url: str | None = None,
                interrupt: Interrupt | None = None) -> None:  # fmt: skip
@@ -428,60 +363,7 @@ def _fail_own_running(study, worker: str) -> None:
                 pass
 
 
-PARENT_POLL_S = 0.5
 TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
-_PR_SET_PDEATHSIG = 1
-# The signal that says "the parent died", apart from SIGTERM (the parent stopping its workers on
-# Ctrl-C, when it writes trials.parquet itself): the worker must know which one it got, because
-# getppid() cannot tell yet. PR_SET_PDEATHSIG fires when the parent *thread* that started the worker
-# exits; under kill -9 the parent's threads die one by one, and the worker is first handed to another
-# thread of the dying parent (same pid) with the signal already sent, then to init with a second one.
-PARENT_DIED = getattr(signal, "SIGUSR1", signal.SIGTERM)
-
-
-class _ParentWatch:
-    """Stop this worker when the `search` process that started it dies, even by kill -9.
-
-    Linux: the kernel sends PARENT_DIED when the parent exits (prctl PR_SET_PDEATHSIG). Everywhere, a
-    thread also checks every PARENT_POLL_S that the parent is still ours (an orphan is re-parented)
-    and sends PARENT_DIED itself. The signal is handled like Ctrl-C (the trial in flight is failed as
-    interrupted) and remembered: the worker then writes trials.parquet, which the dead parent cannot.
-    """
-
-    def __init__(self, parent_pid: int, interrupt: "Interrupt") -> None:
-        self.parent_pid = parent_pid
-        self.died = Flag()
-        self._interrupt = interrupt
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(PARENT_DIED, self._handler)
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.prctl(_PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
-            except (OSError, AttributeError):
-                pass
-        if self.gone():  # it died before the prctl above took effect
-            os.kill(os.getpid(), PARENT_DIED)
-        threading.Thread(target=self._watch, name="servelab-parent-watch", daemon=True).start()
-
-    def gone(self) -> bool:
-        return self.died.is_set() or os.getppid() != self.parent_pid
-
-    def _handler(self, signum, frame) -> None:
-        self.died.set()
-        self._interrupt.handler(signum, frame)
-
-    def _watch(self) -> None:
-        while os.getppid() == self.parent_pid:
-            time.sleep(PARENT_POLL_S)
-        os.kill(os.getpid(), PARENT_DIED)
-
-    def close(self) -> None:
-        """The worker is about to exit: a late PARENT_DIED (the kernel's second, the watcher's) is ignored."""
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(PARENT_DIED, signal.SIG_IGN)
 
 
 def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None, parent_pid: int | None = None) -> None:
@@ -553,9 +435,12 @@ def open_study_dir(spec: SearchSpec, study_dir: Path, storage_url: str | None = 
 
 def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str | None = None,
               poll_s: float = 0.5) -> None:  # fmt: skip
-    """`servelab search SPEC -o STUDY_DIR`: run ``spec.workers`` local workers (this process when 1).
+    """`servelab search SPEC -o STUDY_DIR`: run the study's trials on ``spec.workers`` local processes.
 
-    ``progress(study)`` is called after each trial (one worker) or every ``poll_s`` (several).
+    A study in a local journal runs in batches (search/batch.py: the same trials whatever the
+    number of workers; one worker runs in this process). A database study keeps Optuna's
+    independent workers (`run_worker`: this process when 1), since workers on other machines
+    join it. ``progress(study)`` is called after each batch or trial, or every ``poll_s``.
     Ctrl-C stops every worker after marking its running trial failed; finished trials are kept.
     """
     from servelab.traces.io import read_trace
@@ -567,7 +452,11 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
     fail_stale_trials(study, study_dir)
     if progress is not None:
         progress(study)
-    if spec.workers == 1:
+    if not (storage_url or spec.storage):  # a local journal: batches, the same trials for any number of workers
+        _run_local(spec, study_dir, study, progress)
+        return
+    workers = spec.workers or 1  # a database study: independent workers, as other machines run them
+    if workers == 1:
         run_worker(spec, study_dir, worker_seed(spec, 0), storage_url=storage_url,
                    on_trial=(lambda s, t: progress(s)) if progress else None)  # fmt: skip
         return
@@ -576,7 +465,7 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
     prepare_trace(spec, study_dir)  # once, before the workers race to write it
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker_entry, args=(spec, str(study_dir), worker_seed(spec, i), storage_url, os.getpid()),
-                         name=f"servelab-search-{i}") for i in range(spec.workers)]  # fmt: skip
+                         name=f"servelab-search-{i}") for i in range(workers)]  # fmt: skip
     # Workers start with Ctrl-C ignored (inherited through exec) until they install their own
     # handler, so one landing while they start up prints no traceback from multiprocessing.
     ignore = threading.current_thread() is threading.main_thread()
@@ -603,6 +492,26 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
     bad = [p.exitcode for p in procs if p.exitcode not in (0, None)]
     if bad:
         raise ServelabError(f"{len(bad)} worker process(es) exited with an error (exit codes {bad})")
+
+
+def _run_local(spec: SearchSpec, study_dir: Path, study, progress=None) -> None:
+    """A study in STUDY_DIR/study.journal: trials in batches on ``resolve_workers(spec)`` processes (search/batch.py)."""
+    from servelab.search.batch import resolve_workers, run_batches
+    from servelab.search.objective import prepare_trace
+
+    before = len(study.get_trials(deepcopy=False))
+    if before:  # continue the random stream, not restart it (a restarted one repeats earlier settings)
+        study.sampler = make_sampler(spec, resumed_seed(spec.seed, before))
+    limit = min(spec.n_trials, grid_size(spec)) if spec.sampler == "grid" else spec.n_trials
+    if counts(study)["finished"] >= limit:
+        return
+    workers = resolve_workers(spec)
+    if workers > 1:
+        prepare_trace(spec, study_dir)  # once, before the workers race to write it
+    try:
+        run_batches(study, spec, study_dir, workers, limit, progress)
+    finally:
+        sync_storage(study)
 
 
 def _stop_workers(procs, wait_s: float = 3.0, grace_s: float = 60.0) -> None:

@@ -23,6 +23,17 @@ def _column(values: list[Any]) -> pa.Array:
     return arr.cast(pa.string()) if pa.types.is_null(arr.type) else arr
 
 
+def counts(study) -> dict[str, int]:
+    """Trials by state (lower-case names), plus "finished": complete and pruned ones, which count toward n_trials."""
+    from optuna.trial import TrialState
+
+    out = {s.name.lower(): 0 for s in TrialState}
+    for t in study.get_trials(deepcopy=False):
+        out[t.state.name.lower()] += 1
+    out["finished"] = out["complete"] + out["pruned"]
+    return out
+
+
 def trials_table(study) -> pa.Table:
     """One row per trial: number, state, outcome, reason, times, objective values, params, user attributes."""
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
@@ -214,4 +225,4 @@ def load_study_dir(study_dir: Path, storage_url: str | None = None):
         raise ServelabError(f"{study_dir}: study '{info['study_name']}' is not in its storage") from None
 
 
-__all__ = ["trials_table", "write_trials", "best_trials", "best_config", "write_best_toml", "load_study_dir"]
+__all__ = ["counts", "trials_table", "write_trials", "best_trials", "best_config", "write_best_toml", "load_study_dir"]

@@ -33,7 +33,7 @@ def test_minimal_spec_from_the_issue(tmp_path):
     spec = load_spec(path)
     assert spec.trace.path == tmp_path / "traces" / "conv.arrow"  # relative to the spec file
     assert spec.objectives == ("attainment",) and spec.directions == ("maximize",)
-    assert spec.sampler == "tpe" and spec.pruner == "none" and spec.workers == 1 and spec.storage is None
+    assert spec.sampler == "tpe" and spec.pruner == "none" and spec.workers is None and spec.storage is None  # workers: "auto"
     assert spec.target == 0.9 and spec.study_name == "min"
     by_name = {p.name: p for p in spec.space}
     assert by_name["max_num_seqs"].kind == "int" and by_name["max_num_seqs"].log

@@ -46,3 +46,31 @@ def test_a_small_trace_is_scored_on_one_duckdb_thread(tmp_path):
         assert evaluator.scorer.con.execute("SELECT current_setting('threads')").fetchone()[0] == 2
     finally:
         evaluator.close()
+
+
+def test_a_batch_of_tells_is_one_journal_append_and_reads_back_the_same(tmp_path, monkeypatch):
+    """search/journal_file.py batched(): records held in memory under the lock, read back from there, written once."""
+    from servelab.search.journal_file import CachedJournalFileBackend
+    from servelab.search.storage import batched_writes
+
+    writes: list[int] = []
+    real_write = CachedJournalFileBackend._write
+    monkeypatch.setattr(CachedJournalFileBackend, "_write", lambda self, logs: (writes.append(len(logs)), real_write(self, logs)))
+    path = tmp_path / "study.journal"
+    study = optuna.create_study(study_name="s", storage=journal_storage(path))
+    writes.clear()
+    with batched_writes(study):
+        trials = [study.ask() for _ in range(3)]
+        for i, trial in enumerate(trials):
+            x = trial.suggest_int("x", 0, 10)
+            trial.set_user_attr("note", f"trial {i}")
+            assert study.get_trials(deepcopy=False)[i].params == {"x": x}  # read back before it is written
+        for i, trial in enumerate(trials):
+            study.tell(trial, float(i))
+        assert writes == [] and not path.read_bytes().count(b'"note"')
+    assert len(writes) == 1 and writes[0] >= 12  # 3 x (create, param, attribute, result): one append
+    again = optuna.load_study(study_name="s", storage=journal_storage(path))
+    assert [(t.params, t.user_attrs, t.value, t.state) for t in again.trials] == \
+        [(t.params, t.user_attrs, t.value, t.state) for t in study.trials]
+    study.tell(study.ask(), 5.0)  # outside a batch: each record written at once again
+    assert writes[1:] == [1, 1]
