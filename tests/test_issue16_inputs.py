@@ -24,11 +24,11 @@ from helpers_cli import run_main as cli
 
 
 def one_line_error(code: int, err: str, *needles: str, progress: bool = False) -> None:
-    """Exit 1 and one `error:` line (``progress``: after the command's own "replaying ..." lines)."""
+    """Exit 1 and one `error:` line (``progress``: after the command's own "replaying ..."/"search ..." lines)."""
     assert code == 1, err
     lines = err.strip().splitlines()
     if progress:
-        lines = [ln for ln in lines if not ln.startswith(("replaying ", "simulated "))]
+        lines = [ln for ln in lines if not ln.startswith(("replaying ", "simulated ", "search '"))]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err
     for needle in needles:
@@ -274,7 +274,7 @@ def test_unreachable_storage_leaves_nothing_behind(tmp_path, capsys):
     for argv in (["search", spec, "-o", tmp_path / "S" / "deep", "--no-progress"], ["search", "worker", spec, "-o",
                                                                                     tmp_path / "W"]):  # fmt: skip
         code, _, err = cli(argv, capsys)
-        one_line_error(code, err, "cannot open storage sqlite:////proc/servelab-no-such/db.sqlite")
+        one_line_error(code, err, "cannot open storage sqlite:////proc/servelab-no-such/db.sqlite", progress=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml", "trace.arrow"]
 
 
