@@ -45,6 +45,9 @@ class ReplayConfig:
     kv_cache_dtype: str = "auto"
     router_params: Any = None  # the router's (engine.router's) typed ``Params`` (routers/), as policy_params
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster/config.py); None: one pool of engine.replicas
+    # each cluster pool's flat config, in the order of cluster.pools: made (and so checked) once, with this
+    # config; ``pool_config`` hands them out, so that building the pools makes no config again
+    _pools: tuple["ReplayConfig", ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _positive(self, "dp", "pp")
@@ -65,8 +68,7 @@ class ReplayConfig:
             pools = tuple(typed_pool(self, pool) for pool in self.cluster.pools)
             if any(new is not old for new, old in zip(pools, self.cluster.pools)):
                 object.__setattr__(self, "cluster", replace(self.cluster, pools=pools))
-            for pool in self.cluster.pools:
-                pool_config(self, pool)
+            object.__setattr__(self, "_pools", tuple(_pool_config(self, pool) for pool in self.cluster.pools))
 
     @property
     def gpus_per_replica(self) -> int:
@@ -231,9 +233,19 @@ def typed_pool(base: ReplayConfig, pool: PoolConfig) -> PoolConfig:
 
 def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
     """The flat `ReplayConfig` of one pool: the config's top level under the pool's own keys, with
-    the pool's replica count (and no cluster). The pool's settings were typed at the edge
-    (``ClusterConfig.from_dict``): fields are replaced, nothing is parsed or coerced again. ``fail`` is
-    the cluster's (replica ids count across pools): the engine gets it from the top level."""
+    the pool's replica count (and no cluster). One of ``base``'s own pools gets the config made with
+    ``base`` (once); another pool (a search's variant of one) is made here."""
+    if base.cluster is not None:
+        for own, made in zip(base.cluster.pools, base._pools):
+            if own is pool:
+                return made
+    return _pool_config(base, pool)
+
+
+def _pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
+    """``pool_config``, made: the pool's settings were typed at the edge (``ClusterConfig.from_dict``,
+    ``typed_pool``): fields are replaced, nothing is parsed or coerced again. ``fail`` is the cluster's
+    (replica ids count across pools): the engine gets it from the top level."""
     engine_keys, top = split_settings(pool.settings)
     replicas = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
     if "policy" in top and "policy_params" not in top:

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from servelab.common.coerce import coerce
+from servelab.common.coerce import coerce, type_name
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.replay.cluster.autoscale import AutoscaleConfig
@@ -69,9 +69,9 @@ class PoolConfig:
         for key, value in self.settings:  # typed already (from_dict types them): a string "64" is not an int
             if key not in ENGINE_TYPES and key not in TOP_TYPES:
                 raise ServelabError(f"{where}: unknown key '{key}'")
-            typed = typed_setting(key, value, f"{where}.{key}")
-            if typed != value or type(typed) is not type(value) and not isinstance(value, (int, float)):
-                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value ({type(typed).__name__}); "
+            if not is_typed(key, value):  # (a check of the type alone: nothing is coerced again)
+                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value "
+                                    f"({type_name(_kind(key))[0].split('[')[0]}); "
                                     "ClusterConfig.from_dict types a TOML table's")
         if not (0 <= self.price_per_gpu_hour < math.inf):
             raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
@@ -311,6 +311,27 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
             raise ServelabError(f"{where}: expected a string or an array of strings, got {value!r}")
         return tuple(value)
     return coerce(value, annotation, where)
+
+
+def is_typed(key: str, value: Any) -> bool:
+    """Is ``value`` already what ``typed_setting(key, ...)`` makes (so a frozen pool holds it as it is)?"""
+    kind = _kind(key)
+    if kind == "table":
+        return _is_params(value) or isinstance(value, dict)
+    base, optional = type_name(kind)
+    if value is None:
+        return optional
+    if base.startswith("tuple"):
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    if base == "int":
+        return type(value) is int
+    if base == "float":
+        return type(value) in (int, float) and math.isfinite(value)
+    return type(value) is {"str": str, "bool": bool}.get(base, type(value))
+
+
+def _kind(key: str) -> str:
+    return TOP_TYPES[key] if key in TOP_TYPES else ENGINE_TYPES[key]
 
 
 def _is_params(value: Any) -> bool:
