@@ -109,38 +109,89 @@ class ReplayConfig:
         with _named(source):  # each part checks its fields (replay/core/config_parts.py); the message names the file
             return cls(engine=EngineConfig(**engine_values), **top)
 
-    def with_options(self, data: dict[str, Any], source: str = "options") -> "ReplayConfig":
-        """This config with ``data`` (raw values, keyed as in ``from_dict``: the command line's options over a
-        config file) typed and put over its fields with ``dataclasses.replace``: only ``data`` is typed, this
-        config's own values are kept as they are. ``policy_params`` and ``router_params`` in ``data`` go over
-        this config's key by key; a policy (router) other than this config's starts from its defaults."""
-        engine_values, top = typed_keys(data, source)
-        with _named(source):
-            engine = replace(self.engine, **engine_values) if engine_values else self.engine
+    def with_options(self, data: "dict[str, Any] | Options", source: str = "options") -> "ReplayConfig":
+        """This config with ``data`` put over its fields with ``dataclasses.replace``: raw values keyed as in
+        ``from_dict`` (the command line's options over a config file), typed here, or `Options` typed
+        already (once, to go over many configs). Only ``data`` is typed, this config's own values are kept as
+        they are. ``policy_params`` and ``router_params`` in ``data`` go over this config's key by key; a
+        policy (router) other than this config's starts from its defaults."""
+        options = data if isinstance(data, Options) else Options.parse(data, source)
+        top = dict(options.top)
+        with _named(options.source):
+            engine = replace(self.engine, **options.engine) if options.engine else self.engine
             for key, registry, name, was in (("policy_params", POLICIES, top.get("policy", self.policy), self.policy),
                                              ("router_params", ROUTERS, engine.router, self.engine.router)):
                 params = getattr(self, key) if name == was else None  # (another one's are not its)
-                if isinstance(top.get(key), dict):  # the options' keys alone are typed, over the config's typed ones
+                if key in options.params:  # the options' keys alone, over the config's typed ones
                     cls = registry.get(name).Params
-                    params = replace(params if params is not None else cls(),
-                                     **typed_fields(cls, top[key], f"{registry.kind} '{name}'"))
+                    typed_for, values = options.params[key]
+                    if typed_for != name:  # (typed when the options named the policy or router; else here)
+                        values = typed_fields(cls, values, f"{registry.kind} '{name}'")
+                    params = replace(params if params is not None else cls(), **values)
                     top[key] = params
                 top.setdefault(key, params)
             return replace(self, engine=engine, **top)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
-        import tomllib  # only with --config: a replay without one starts without it
+        return cls.from_dict(read_table(path), source=str(path))
 
-        path = Path(path)
-        try:
-            data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError
-        except FileNotFoundError:
-            raise ServelabError(f"{path}: no such config file") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ServelabError(f"{path}: invalid TOML: {err}") from None
-        data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
-        return cls.from_dict(data, source=str(path))
+
+def read_table(path: str | Path) -> dict[str, Any]:
+    """A config file's table, raw (its values typed by ``ReplayConfig.from_dict`` or ``Options.parse``)."""
+    import tomllib  # only with --config: a replay without one starts without it
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError
+    except FileNotFoundError:
+        raise ServelabError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ServelabError(f"{path}: invalid TOML: {err}") from None
+    data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Raw settings (a config file's table, command-line options) typed once, to go over configs made
+    elsewhere (a measured run's, in ``validate --real``; each trial's, in a search) with
+    ``ReplayConfig.with_options``: however many configs they go over, they are typed here only.
+
+    ``engine`` and ``top``: typed `EngineConfig` and `ReplayConfig` fields. ``params``: ``policy_params``
+    and ``router_params`` tables as (the policy or router they were typed against, their values): typed
+    here when the options name the policy (router), else raw and typed against the config's own."""
+
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    top: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, tuple[str | None, Mapping[str, Any]]] = field(default_factory=dict)
+    source: str = "options"
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], source: str = "options") -> "Options":
+        engine, top = typed_keys(dict(data), source)
+        params = {}
+        for key, registry, name in (("policy_params", POLICIES, top.get("policy")),
+                                    ("router_params", ROUTERS, engine.get("router"))):
+            if not isinstance(top.get(key), dict):
+                continue  # (typed Params given whole go over as they are)
+            values = top.pop(key)
+            if name is not None:
+                with _named(source):
+                    values = typed_fields(registry.get(name).Params, values, f"{registry.kind} '{name}'")
+            params[key] = (name, values)
+        return cls(engine, top, params, source)
+
+    def keys(self) -> set[str]:
+        """The keys these options set (as ``from_dict`` names them)."""
+        return {*self.engine, *self.top, *self.params}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A typed value these options set (a parameter table: its values), else ``default``."""
+        for part in (self.engine, self.top):
+            if key in part:
+                return part[key]
+        return self.params[key][1] if key in self.params else default
 
 
 COMMAND_LINE = "options"  # from_dict's source for the command line's options (cli/replay_cmd.py)
@@ -273,5 +324,5 @@ def one_pool(base: ReplayConfig) -> ClusterConfig:
     return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
 
 
-__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "instance_config", "make_params", "one_pool",
-           "pool_config", "typed_params", "typed_pool"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "Options", "ReplayConfig", "instance_config", "make_params",
+           "one_pool", "pool_config", "read_table", "typed_params", "typed_pool"]
