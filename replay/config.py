@@ -124,10 +124,7 @@ class ReplayConfig:
                 params = getattr(self, key) if name == was else None  # (another one's are not its)
                 if key in options.params:  # the options' keys alone, over the config's typed ones
                     cls = registry.get(name).Params
-                    typed_for, values = options.params[key]
-                    if typed_for != name:  # (typed when the options named the policy or router; else here)
-                        values = typed_fields(cls, values, f"{registry.kind} '{name}'")
-                    params = replace(params if params is not None else cls(), **values)
+                    params = replace(params if params is not None else cls(), **options.typed(key, name))
                     top[key] = params
                 top.setdefault(key, params)
             return replace(self, engine=engine, **top)
@@ -158,29 +155,35 @@ class Options:
     elsewhere (a measured run's, in ``validate --real``; each trial's, in a search) with
     ``ReplayConfig.with_options``: however many configs they go over, they are typed here only.
 
-    ``engine`` and ``top``: typed `EngineConfig` and `ReplayConfig` fields. ``params``: ``policy_params``
-    and ``router_params`` tables as (the policy or router they were typed against, their values): typed
-    here when the options name the policy (router), else raw and typed against the config's own."""
+    ``engine`` and ``top``: typed `EngineConfig` and `ReplayConfig` fields. ``params``: the raw
+    ``policy_params`` and ``router_params`` tables, typed by ``typed`` once per policy (router) they go
+    with: at once when the options name it, else against the first config's own."""
 
     engine: Mapping[str, Any] = field(default_factory=dict)
     top: Mapping[str, Any] = field(default_factory=dict)
-    params: Mapping[str, tuple[str | None, Mapping[str, Any]]] = field(default_factory=dict)
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: str = "options"
+    _typed: dict = field(default_factory=dict, repr=False, compare=False)  # (key, name) -> typed values
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], source: str = "options") -> "Options":
         engine, top = typed_keys(dict(data), source)
-        params = {}
-        for key, registry, name in (("policy_params", POLICIES, top.get("policy")),
-                                    ("router_params", ROUTERS, engine.get("router"))):
-            if not isinstance(top.get(key), dict):
-                continue  # (typed Params given whole go over as they are)
-            values = top.pop(key)
-            if name is not None:
-                with _named(source):
-                    values = typed_fields(registry.get(name).Params, values, f"{registry.kind} '{name}'")
-            params[key] = (name, values)
-        return cls(engine, top, params, source)
+        params = {key: top.pop(key) for key in ("policy_params", "router_params") if isinstance(top.get(key), dict)}
+        options = cls(engine, top, params, source)  # (typed Params given whole go over as they are, in top)
+        with _named(source):
+            for key, name in (("policy_params", top.get("policy")), ("router_params", engine.get("router"))):
+                if key in params and name is not None:
+                    options.typed(key, name)  # named here: typed now, so that a bad key fails before any replay
+        return options
+
+    def typed(self, key: str, name: str) -> dict[str, Any]:
+        """The ``key`` table (``policy_params``, ``router_params``) typed against the policy or router
+        ``name``'s ``Params``: its fields, typed the first time they are asked for with that name."""
+        if (key, name) not in self._typed:
+            registry = POLICIES if key == "policy_params" else ROUTERS
+            self._typed[key, name] = typed_fields(registry.get(name).Params, self.params[key],
+                                                  f"{registry.kind} '{name}'")
+        return self._typed[key, name]
 
     def keys(self) -> set[str]:
         """The keys these options set (as ``from_dict`` names them)."""
@@ -191,7 +194,7 @@ class Options:
         for part in (self.engine, self.top):
             if key in part:
                 return part[key]
-        return self.params[key][1] if key in self.params else default
+        return self.params.get(key, default)
 
 
 COMMAND_LINE = "options"  # from_dict's source for the command line's options (cli/replay_cmd.py)

@@ -1,0 +1,160 @@
+"""A cluster's per-pool overrides, policy parameters included, are typed once when the config is read
+and never again (issue #27 item 3): replaying it coerces nothing, makes no config, builds no policy
+``Params`` and splits no string in a policy; ``validate --real`` types a config file once for a whole
+sweep and puts only the keys the file sets over each measured run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import servelab.common.coerce
+import servelab.replay.cluster.config
+import servelab.replay.config
+import servelab.replay.core.engine_config
+from helpers_cli import run_main, write_small_trace
+from servelab.api import replay
+from servelab.policies.edf import EdfParams
+from servelab.policies.tiers import TiersParams
+from servelab.replay.config import ReplayConfig, pool_config
+from servelab.traces.io import read_trace
+
+POLICIES = Path(servelab.policies.edf.__file__).parent
+FIX = Path(__file__).parent / "fixtures" / "real_runs"
+
+# 2 prefill replicas on edf with their own per-tier TTFT table and batch size, 2 decode replicas on the
+# top level's tiers policy with its tier list and reserved share (strings, an array and a table)
+CLUSTER = """
+runner = "linear:base=0.01,prefill_token=0.0001"
+num_gpu_blocks = 400
+kv_bytes_per_token = 1024
+policy = "tiers"
+[policy_params]
+tiers = ["priority", "standard", "flex"]
+reserve = { flex = 0.25 }
+best_effort = "flex"
+[[cluster.pools]]
+name = "prefill"
+role = "prefill"
+replicas = 2
+policy = "edf"
+max_num_seqs = 32
+policy_params = { tier_ttft = "priority=0.5,flex=30", ttft_slo_s = 2 }
+[[cluster.pools]]
+name = "decode"
+role = "decode"
+replicas = 2
+[[cluster.links]]
+from = "prefill"
+to = "decode"
+bandwidth_gbps = 50.0
+"""
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """What is typed or made while the test runs: every ``where`` a value is coerced at (in the modules
+    that type configs, and the structured kinds' own calls), ``from_dict`` calls, replay configs made
+    (``ReplayConfig.__post_init__``), and the policies' ``Params`` built."""
+    log = {"coerced": [], "from_dict": 0, "configs": 0, "params": 0}
+    for module in (servelab.common.coerce, servelab.replay.config, servelab.replay.core.engine_config,
+                   servelab.replay.cluster.config):
+        coerce = module.coerce
+
+        def counted(value, kind, where, coerce=coerce):
+            log["coerced"].append(where)
+            return coerce(value, kind, where)
+
+        monkeypatch.setattr(module, "coerce", counted)
+    from_dict = ReplayConfig.from_dict.__func__
+
+    def counted_from_dict(cls, *args, **kwargs):
+        log["from_dict"] += 1
+        return from_dict(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ReplayConfig, "from_dict", classmethod(counted_from_dict))
+    for cls, key in ((ReplayConfig, "configs"), (TiersParams, "params"), (EdfParams, "params")):
+        check = cls.__post_init__
+
+        def counted_check(self, check=check, key=key):
+            log[key] += 1
+            check(self)
+
+        monkeypatch.setattr(cls, "__post_init__", counted_check)
+    return log
+
+
+def policy_string_calls(run) -> list[str]:
+    """``str.split`` / ``str.partition`` calls made from the policies' files while ``run()`` runs."""
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") in ("split", "partition", "rsplit") \
+                and Path(frame.f_code.co_filename).parent == POLICIES:
+            calls.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {arg.__name__}")
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return calls, result
+
+
+def test_a_clusters_pool_overrides_are_typed_once_and_replaying_types_nothing(tmp_path, seen):
+    path = tmp_path / "c.toml"
+    path.write_text(CLUSTER)
+    trace = read_trace(write_small_trace(tmp_path))
+    config = ReplayConfig.from_toml(path)
+    reading = list(seen["coerced"])
+    assert len(reading) == len(set(reading)), sorted(w for w in reading if reading.count(w) > 1)
+    assert f"{path}: cluster.pools[0].max_num_seqs" in reading
+    assert seen["from_dict"] == 1 and seen["params"] == 2  # the top level's tiers and the prefill pool's edf
+    prefill, decode = (pool_config(config, p) for p in config.cluster.pools)
+    assert prefill.policy_params == EdfParams(ttft_slo_s=2.0, tier_ttft=(("priority", 0.5), ("flex", 30.0)))
+    assert decode.policy_params == TiersParams(reserve=(("flex", 0.25),)) is not None
+    assert (prefill.engine.max_num_seqs, decode.engine.max_num_seqs) == (32, config.engine.max_num_seqs)
+
+    for key in ("coerced", "from_dict", "configs", "params"):
+        seen[key] = [] if key == "coerced" else 0
+    split, result = policy_string_calls(lambda: replay(trace, config))
+    assert result.meta["counts"]["finished"] == 20
+    assert seen == {"coerced": [], "from_dict": 0, "configs": 0, "params": 0}  # 4 replicas in 2 pools built from it
+    assert split == []  # no policy parses its parameters again, per replica or per pool
+
+
+def test_typed_pool_parameters_round_trip_as_tables_and_arrays(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CLUSTER)
+    config = ReplayConfig.from_toml(path)
+    data = config.to_dict()
+    assert data["policy_params"] == {"reserve": {"flex": 0.25}}  # the tiers and best_effort given are the defaults
+    assert data["cluster"]["pools"][0]["policy_params"] == {"ttft_slo_s": 2.0,
+                                                            "tier_ttft": {"priority": 0.5, "flex": 30.0}}
+    assert ReplayConfig.from_dict(json.loads(json.dumps(data)), "again") == config
+
+
+def test_validate_real_types_a_config_file_once_and_puts_only_its_keys_over_each_run(tmp_path, capsys, seen):
+    sweep = tmp_path / "sweep"
+    code, _, err = run_main(["run", "import", FIX / "guidellm_0.8.1_serve_sweep.json", "-o", sweep,
+                             "--setting", "model=llama-3.1-8b", "--setting", "gpu=a100-80gb"], capsys)
+    assert code == 0, err
+    path = tmp_path / "v.toml"
+    path.write_text("max_num_seqs = 48\n[policy_params]\nlong_prefill_threshold = 64\n")
+    seen["coerced"].clear()
+    seen["from_dict"] = 0
+    code, text, err = run_main(["validate", "--real", sweep, "--config", path, "--format", "json"], capsys)
+    assert code == 0, err
+    runs = json.loads(text)["runs"]
+    assert len(runs) == 4
+    for report in runs:  # the file's keys over the run's; the GPU the run recorded, not the file's default
+        assert (report["config"]["gpu"], report["config"]["max_num_seqs"]) == ("a100-80gb", 48)
+        assert report["config"]["policy_params"] == {"long_prefill_threshold": 64}
+        settings = {row["setting"]: row["from"] for row in report["settings"]}
+        assert settings["max_num_seqs"] == "option" and settings["gpu"].startswith("run")
+    file_values = [where for where in seen["coerced"] if where.startswith(str(path)) or "long_prefill" in where]
+    assert file_values == [f"{path}: max_num_seqs", "policy 'sarathi': long_prefill_threshold"]  # once for 4 runs
+    assert seen["from_dict"] == 4  # each run's own recorded settings, typed once each
