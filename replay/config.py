@@ -129,6 +129,15 @@ class ReplayConfig:
                 top.setdefault(key, params)
             return replace(self, engine=engine, **top)
 
+    def with_pool_keys(self, values: Mapping[tuple[str, str], Any], source: str = "options") -> "ReplayConfig":
+        """This config with its cluster's pool keys set, ``{(pool, key): raw value}``, each typed alone
+        (``ClusterConfig.with_pool_keys``); nothing else is typed again."""
+        if self.cluster is None:
+            raise ServelabError(f"{source}: pool keys need a [cluster]")
+        cluster = self.cluster.with_pool_keys(values, source)
+        with _named(source):  # (a pool's parameter table is typed against its policy by the new config)
+            return replace(self, cluster=cluster)
+
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
         return cls.from_dict(read_table(path), source=str(path))

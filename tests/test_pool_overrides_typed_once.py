@@ -19,7 +19,8 @@ from helpers_cli import run_main, write_small_trace
 from servelab.api import replay
 from servelab.policies.edf import EdfParams
 from servelab.policies.tiers import TiersParams
-from servelab.replay.config import ReplayConfig, pool_config
+from servelab.common.errors import ServelabError
+from servelab.replay.config import EngineConfig, ReplayConfig, pool_config
 from servelab.traces.io import read_trace
 
 POLICIES = Path(servelab.policies.edf.__file__).parent
@@ -158,3 +159,46 @@ def test_validate_real_types_a_config_file_once_and_puts_only_its_keys_over_each
     file_values = [where for where in seen["coerced"] if where.startswith(str(path)) or "long_prefill" in where]
     assert file_values == [f"{path}: max_num_seqs", "policy 'sarathi': long_prefill_threshold"]  # once for 4 runs
     assert seen["from_dict"] == 4  # each run's own recorded settings, typed once each
+
+
+# -- typed variants, for a search's trials -----------------------------------------------------------------
+
+def test_pool_keys_over_a_typed_config_type_the_new_values_alone(tmp_path, seen):
+    """What a trial does to its base (``with_pool_keys``, ``with_options``) equals writing the base out,
+    setting the keys and reading it all again, while typing the trial's values alone."""
+    path = tmp_path / "c.toml"
+    path.write_text(CLUSTER)
+    base = ReplayConfig.from_toml(path)
+    values = {("prefill", "replicas"): 3, ("prefill", "policy"): "srpt", ("decode", "max_num_seqs"): "16",
+              ("decode", "policy_params"): {"reserve": "standard=0.5"}}
+    seen["coerced"].clear()
+    trial = base.with_pool_keys(values, "trial 3").with_options({"max_num_batched_tokens": 1024}, "trial 3")
+    assert sorted(seen["coerced"]) == sorted([
+        "trial 3: cluster pool 'prefill'.replicas", "trial 3: cluster pool 'prefill'.policy",
+        "trial 3: cluster pool 'decode'.max_num_seqs", "policy 'tiers': reserve", "policy 'tiers': reserve.standard",
+        "trial 3: max_num_batched_tokens"])
+    data = base.to_dict()  # the long way round: out to a table and typed whole again
+    pools = {p["name"]: p for p in data["cluster"]["pools"]}
+    pools["prefill"].update(replicas=3, policy="srpt")
+    del pools["prefill"]["policy_params"]  # (edf's are not srpt's)
+    pools["decode"].update(max_num_seqs=16, policy_params={"reserve": {"standard": 0.5}})
+    assert trial == ReplayConfig.from_dict({**data, "max_num_batched_tokens": 1024}, "again")
+    assert pool_config(trial, trial.cluster.pools[1]).policy_params.reserve == (("standard", 0.5),)
+    with pytest.raises(ServelabError, match=r"^trial 4: cluster pool 'decode': 'seed' is the cluster's"):
+        base.with_pool_keys({("decode", "seed"): 1}, "trial 4")
+    with pytest.raises(ServelabError, match=r"^trial 4: no cluster pool 'decod'; did you mean 'decode'\?"):
+        base.with_pool_keys({("decod", "replicas"): 1}, "trial 4")
+    with pytest.raises(ServelabError, match=r"^trial 4: cluster pool 'decode': policy 'tiers': unknown parameter"):
+        base.with_pool_keys({("decode", "policy_params"): {"reserv": "a=1"}}, "trial 4")
+
+
+def test_options_typed_once_go_over_many_configs():
+    from servelab.replay.config import Options
+
+    options = Options.parse({"max_num_seqs": "8", "policy_params": {"noise_sigma": "0.5"}}, "spec.toml")
+    assert options.keys() == {"max_num_seqs", "policy_params"} and options.get("max_num_seqs") == 8
+    configs = [ReplayConfig(policy="srpt", engine=EngineConfig(seed=s)).with_options(options) for s in range(3)]
+    assert all(c.engine.max_num_seqs == 8 and c.policy_params.noise_sigma == 0.5 for c in configs)
+    assert configs[0].policy_params is not configs[1].policy_params  # each config's own Params, one typing
+    with pytest.raises(ServelabError, match=r"^spec.toml: policy 'sarathi': unknown parameter 'noise_sigma'"):
+        ReplayConfig().with_options(options)

@@ -25,7 +25,8 @@ Validated without I/O, like `EngineConfig`; a pool's settings become a whole `Re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from servelab.common.coerce import coerce, type_name
@@ -217,6 +218,21 @@ class ClusterConfig:
         entry, decode = self.entry.name, self.decode.name
         return next(l for l in self.links if l.source == entry and l.target == decode)
 
+    def with_pool_keys(self, values: Mapping[tuple[str, str], Any], source: str = "options") -> ClusterConfig:
+        """This cluster with pool keys set, ``{(pool, key): raw value}`` (``replicas``, ``price_per_gpu_hour``,
+        ``rebalance``, ``autoscale.<key>`` or any override a pool takes), each value typed here alone (the
+        edge) and put over the pool with ``dataclasses.replace``; the pools' other values are kept as they
+        are typed: what a search's trial does to its base's pools. A pool whose ``policy`` is set without
+        its ``policy_params`` drops its own (another policy's), as in a TOML file."""
+        by_name = {p.name: p for p in self.pools}
+        given: dict[str, dict[str, Any]] = {}
+        for (name, key), value in values.items():
+            if name not in by_name:
+                raise ServelabError(f"{source}: no cluster pool '{name}'{did_you_mean(name, by_name)}")
+            given.setdefault(name, {})[key.replace("-", "_")] = value
+        return replace(self, pools=tuple(_with_keys(p, given[p.name], source) if p.name in given else p
+                                         for p in self.pools))
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pools": [p.to_dict() for p in self.pools]}
         if self.links:
@@ -311,6 +327,37 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
             raise ServelabError(f"{where}: expected a string or an array of strings, got {value!r}")
         return tuple(value)
     return coerce(value, annotation, where)
+
+
+def _with_keys(pool: PoolConfig, given: dict[str, Any], source: str) -> PoolConfig:
+    """``pool`` with the raw values ``given`` typed and put over it (``ClusterConfig.with_pool_keys``)."""
+    at = f"{source}: cluster pool '{pool.name}'"
+    own = {"replicas": "int", "price_per_gpu_hour": "float", "rebalance": "bool"}
+    scale_types = {f.name: f.type for f in fields(AutoscaleConfig)}
+    changed: dict[str, Any] = {}
+    settings = dict(pool.settings)
+    scale: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in own:
+            changed[key] = coerce(value, own[key], f"{at}.{key}")
+        elif key.startswith("autoscale."):
+            name = key[len("autoscale."):]
+            if pool.autoscale is None or name not in scale_types:
+                raise ServelabError(f"{at}: no '{key}'" + (" (the pool has no autoscale)" if pool.autoscale is None
+                                                           else did_you_mean(name, scale_types)))
+            scale[name] = coerce(value, scale_types[name], f"{at}.{key}")
+        elif key in CLUSTER_WIDE:
+            raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
+        elif key in ENGINE_TYPES and key != "replicas" or key in TOP_TYPES:
+            settings[key] = typed_setting(key, value, f"{at}.{key}")
+        else:
+            known = sorted({*own, *(set(ENGINE_TYPES) - set(CLUSTER_WIDE) - {"replicas"}), *TOP_TYPES})
+            raise ServelabError(f"{at}: unknown key '{key}'{did_you_mean(key, known)}")
+    if "policy" in given and "policy_params" not in given:
+        settings.pop("policy_params", None)
+    if scale:
+        changed["autoscale"] = replace(pool.autoscale, **scale)
+    return replace(pool, settings=tuple(sorted(settings.items())), **changed)
 
 
 def is_typed(key: str, value: Any) -> bool:
