@@ -133,4 +133,14 @@ def plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["NamedFloats", "Names", "base_type", "coerce", "is_a", "plain", "type_name"]
+def option_text(value: Any) -> str:
+    """A value as the command line writes it (``--policy-param K=...``): ``Names`` as ``a,b``,
+    ``NamedFloats`` as ``a=2,b=1``, anything else as its ``repr``."""
+    if isinstance(value, tuple):
+        if value and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+            return repr(",".join(f"{name}={number:g}" for name, number in value))
+        return repr(",".join(value))
+    return repr(value)
+
+
+__all__ = ["NamedFloats", "Names", "base_type", "coerce", "is_a", "option_text", "plain", "type_name"]
