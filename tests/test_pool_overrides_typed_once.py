@@ -202,3 +202,12 @@ def test_options_typed_once_go_over_many_configs():
     assert configs[0].policy_params is not configs[1].policy_params  # each config's own Params, one typing
     with pytest.raises(ServelabError, match=r"^spec.toml: policy 'sarathi': unknown parameter 'noise_sigma'"):
         ReplayConfig().with_options(options)
+
+
+def test_an_instance_types_price_is_a_pool_key_too():
+    base = ReplayConfig.from_toml(Path(__file__).resolve().parent.parent / "examples" / "clusters" / "spot-fallback.toml")
+    pool = next(p for p in base.cluster.pools if p.instances)
+    trial = base.with_pool_keys({(pool.name, "instances.l40s.price_per_gpu_hour"): "1.5"}, "trial 5")
+    assert [t.price_per_gpu_hour for t in trial.cluster.pools[base.cluster.pools.index(pool)].instances] == [2.5, 1.6, 1.5]
+    with pytest.raises(ServelabError, match=r"^trial 5: cluster pool 'web': no instance type 'l40'; did you mean 'l40s'"):
+        base.with_pool_keys({(pool.name, "instances.l40.price_per_gpu_hour"): 1}, "trial 5")

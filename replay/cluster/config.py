@@ -220,7 +220,8 @@ class ClusterConfig:
 
     def with_pool_keys(self, values: Mapping[tuple[str, str], Any], source: str = "options") -> ClusterConfig:
         """This cluster with pool keys set, ``{(pool, key): raw value}`` (``replicas``, ``price_per_gpu_hour``,
-        ``rebalance``, ``autoscale.<key>`` or any override a pool takes), each value typed here alone (the
+        ``rebalance``, ``autoscale.<key>``, ``instances.<gpu>.price_per_gpu_hour`` or any override a pool
+        takes), each value typed here alone (the
         edge) and put over the pool with ``dataclasses.replace``; the pools' other values are kept as they
         are typed: what a search's trial does to its base's pools. A pool whose ``policy`` is set without
         its ``policy_params`` drops its own (another policy's), as in a TOML file."""
@@ -346,6 +347,15 @@ def _with_keys(pool: PoolConfig, given: dict[str, Any], source: str) -> PoolConf
                 raise ServelabError(f"{at}: no '{key}'" + (" (the pool has no autoscale)" if pool.autoscale is None
                                                            else did_you_mean(name, scale_types)))
             scale[name] = coerce(value, scale_types[name], f"{at}.{key}")
+        elif key.startswith("instances.") and key.endswith(".price_per_gpu_hour"):  # one instance type's price
+            gpu = key[len("instances."):-len(".price_per_gpu_hour")]
+            kinds = changed.get("instances", pool.instances)
+            if gpu not in {t.gpu for t in kinds}:
+                raise ServelabError(f"{at}: no instance type '{gpu}'{did_you_mean(gpu, [t.gpu for t in kinds])}")
+            price = coerce(value, "float", f"{at}.{key}")
+            if not 0 <= price < math.inf:
+                raise ServelabError(f"{at}.{key}: must be a finite number >= 0, got {price}")
+            changed["instances"] = tuple(replace(t, price_per_gpu_hour=price) if t.gpu == gpu else t for t in kinds)
         elif key in CLUSTER_WIDE:
             raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
         elif key in ENGINE_TYPES and key != "replicas" or key in TOP_TYPES:
