@@ -2,7 +2,9 @@
 policy, runner and cluster choices, and each cluster pool's own flat config. Validated without I/O.
 
 The same keys are accepted on the command line (``--max-num-seqs 64``) and in a TOML config file
-(``max_num_seqs = 64``); see docs/cli.md. ``dataclasses.replace`` makes variants (what a search does).
+(``max_num_seqs = 64``); see docs/cli.md. Raw values are typed once, at the edge (``from_dict``,
+``Options.parse``); a variant puts typed values over a typed config (``dataclasses.replace``) or raw
+ones typed alone (``with_options``, ``with_pool_keys``), and never types the config's own again.
 """
 
 from __future__ import annotations
