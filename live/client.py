@@ -33,6 +33,7 @@ from servelab.live.sse import Event, LineSplitter, LineTooLong, aparse_lines
 ERROR_TEXT_MAX = 500  # characters of a server's error body kept in `reason`
 # reasons every backend records for the same outcomes
 NO_TEXT = "the stream ended without any generated text"
+SETUP_TIMEOUT_S = 60.0  # the least the run's /tokenize calls wait (Target.setup_timeout)
 CANCELLED = "stopped by the run (interrupt or duration limit)"
 
 
@@ -65,6 +66,15 @@ class Target:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def setup_timeout(self) -> aiohttp.ClientTimeout:
+        """The limit of the run's /tokenize calls (exact prompt lengths, measured before the first send, many
+        at once): as long as a request may wait, and never under SETUP_TIMEOUT_S: a short per-request timeout
+        limits requests, and a busy server counting tokens late must not fail the run. (The reachability
+        check and the extension probe wait --timeout itself: the first is the option's promise, the second
+        is a request.)"""
+        total = None if self.timeout_s is None else max(self.timeout_s, SETUP_TIMEOUT_S)
+        return aiohttp.ClientTimeout(total=total)
 
     def payload(self, prompt: str | list[int], max_tokens: int) -> dict:  # a list: token ids (completions)
         body: dict = {"model": self.model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}

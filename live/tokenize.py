@@ -25,7 +25,7 @@ class ServerTokenizer:
         """The prompt's token ids without special tokens (vLLM: add_special_tokens false)."""
         body = dict(self._body(text), add_special_tokens=False)
         async with self.http.post(f"{self.target.root}/tokenize", json=body, headers=self.target.headers(),
-                                  timeout=aiohttp.ClientTimeout(total=self.target.timeout_s), raise_for_status=True) as response:  # fmt: skip
+                                  timeout=self.target.setup_timeout(), raise_for_status=True) as response:  # fmt: skip
             data = await response.json(content_type=None)
         tokens = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
@@ -34,7 +34,7 @@ class ServerTokenizer:
 
     async def count(self, text: str) -> int:
         async with self.http.post(f"{self.target.root}/tokenize", json=self._body(text), headers=self.target.headers(),
-                                  timeout=aiohttp.ClientTimeout(total=self.target.timeout_s), raise_for_status=True) as response:  # fmt: skip
+                                  timeout=self.target.setup_timeout(), raise_for_status=True) as response:  # fmt: skip
             data = await response.json(content_type=None)
         if isinstance(data.get("count"), int):
             return data["count"]

@@ -6,7 +6,7 @@ It is not vLLM and stands in for nothing: what the client does against a real se
 tests/test_live_vllm.py. Scenarios are picked by the request's prompt (or its one chat message);
 ``default`` answers any other prompt, so a whole ``servelab bench`` run can be scripted. GET
 ``/v1/models`` lists one model ``m``; ``/tokenize`` counts whitespace-separated words (+1 for a BOS)
-unless ``tokenize`` is given (a function of the request body -> the JSON answer); ``/metrics`` is 404
+(after ``tokenize_delay_s``) unless ``tokenize`` is given (a function of the request body -> the JSON answer); ``/metrics`` is 404
 unless ``metrics_delay_s`` is given (then one gauge, after that delay).
 """
 
@@ -37,10 +37,11 @@ class Reply:
 
 class FallbackServer:
     def __init__(self, scenarios: dict[str, Reply], default: Reply | None = None, tokenize=None,
-                 metrics_delay_s: float | None = None, models_delay_s: float = 0.0):
+                 metrics_delay_s: float | None = None, models_delay_s: float = 0.0, tokenize_delay_s: float = 0.0):
         self.scenarios = scenarios
         self.metrics_delay_s = metrics_delay_s  # None: /metrics is 404; else answered after this delay
         self.models_delay_s = models_delay_s  # /v1/models answers after this delay
+        self.tokenize_delay_s = tokenize_delay_s  # /tokenize answers after this delay
         self.default = default
         self.tokenize = tokenize
         self.completions = 0  # POSTs to /v1/completions or /v1/chat/completions answered
@@ -118,6 +119,7 @@ class FallbackServer:
             await asyncio.sleep(self.models_delay_s)
             status, answer = 200, {"data": [{"id": "m"}]}
         elif path == "/tokenize":
+            await asyncio.sleep(self.tokenize_delay_s)
             if self.tokenize is not None:
                 status, answer = 200, self.tokenize(body)
             else:

@@ -261,7 +261,7 @@ def test_every_policy_has_every_member_the_engine_uses(name):
     from servelab.api import EngineConfig
     from servelab.policies.base import make_policy
 
-    policy = make_policy(name, {}, EngineConfig())
+    policy = make_policy(name, None, EngineConfig())
     for member in _protocol_members(Policy):
         assert hasattr(policy, member), f"policy '{name}' lacks {member}"
     assert policy.name == name and POLICIES.get(name) is type(policy)

@@ -129,6 +129,18 @@ def test_the_server_check_waits_as_long_as_timeout_says(tmp_path, capsys):
     assert code == 1 and "cannot reach the server" in err and wall_s < 8.0, (wall_s, err)
 
 
+def test_a_slow_tokenize_does_not_fail_a_run_with_a_short_timeout(tmp_path, capsys):
+    """--timeout limits requests; the run's /tokenize calls (prompt lengths, before the first send) wait at
+    least a minute: a busy server that counts tokens in 0.6 s must not fail a --timeout 0.3 run."""
+    trace = write_small_trace(tmp_path, 3)
+    out = tmp_path / "r"
+    with ServerThread({}, default=eight(8), tokenize_delay_s=0.6) as server:
+        code, _, err = run_main(["bench", server.url, trace, "-o", out, "--model", "m", "--no-metrics", "--no-report",
+                                 "--extensions", "off", "--timeout", "0.3", "--tokenizer", "server"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["prompts"]["tokenizer"] == "server"
+
+
 @pytest.mark.parametrize("extensions, probes", [("auto", 1), ("off", 0)])
 def test_the_extensions_probe_is_recorded(tmp_path, capsys, extensions, probes):
     """The probe is a generation request the server counts (41 against 40 in its own counters): run.json says so."""

@@ -22,7 +22,7 @@ from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.policies.base import make_policy, policy_class, policy_names
 from servelab.replay.core import logs
 
-COHORT_POLICIES = [name for name in policy_names() if make_policy(name, {}, EngineConfig()).reads_running is not None]
+COHORT_POLICIES = [name for name in policy_names() if make_policy(name, None, EngineConfig()).reads_running is not None]
 
 CASES = {
     "2 replicas": {"engine": {"replicas": 2}},
