@@ -602,10 +602,13 @@ def routers() -> None:
 
 def _list_registered(names: list[str], class_of, width: int, aliases_of=None) -> None:
     """Each name, the first line of its module's docstring, and its parameters with their defaults."""
+    from servelab.common.coerce import option_text
+
     for name in names:
         cls = class_of(name)
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)) or "no parameters"
+        params = ", ".join(f"{f.name}={option_text(f.default)}" for f in dataclasses.fields(cls.Params)) \
+            or "no parameters"
         aliases = aliases_of(name) if aliases_of else []
         also = f"\n{'':{width}s} also named: {', '.join(aliases)}" if aliases else ""
         click.echo(f"{name:{width}s} {doc}\n{'':{width}s} parameters: {params}{also}")

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-FORMATS = ("vllm-bench", "guidellm", "otel", "timestamps-jsonl", "blis")
+from servelab.cli.choices import RegistryChoice
+
+
+def _formats() -> list[str]:
+    """The run import formats: one file each in servelab.fidelity (fidelity/base.py IMPORTERS)."""
+    from servelab.fidelity.base import IMPORTERS
+
+    return IMPORTERS.names()
 
 
 @click.group()
@@ -30,7 +37,7 @@ def prefix_options(fn):
 
 
 @run.command("import")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+@click.option("--format", "fmt", type=RegistryChoice(_formats), default=None,
               help="Source format (docs/fidelity.md describes each); detected from the files when omitted.")
 @click.argument("sources", metavar="SRC...", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Run directory to write.")

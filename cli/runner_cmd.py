@@ -348,13 +348,16 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
 def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu_blocks, set_options, plot_path,
                    fmt, output, client_model="auto"):
     from servelab.fidelity.validate import plot_cdfs, validate_real
-    from servelab.replay.config import ReplayConfig
+    from servelab.replay.config import Options, read_table
     from servelab.runners.validation import write_report
 
-    overrides = ReplayConfig.from_toml(config_path).to_dict() if config_path else {}
-    overrides.update(parse_key_values(set_options, "--set", underscores=True))
-    overrides.update({k: v for k, v in (("runner", runner), ("model", model), ("gpu", gpu), ("tp", tp),
-                                        ("policy", policy), ("num_gpu_blocks", num_gpu_blocks)) if v is not None})
+    # typed once here, then put over each run's own settings: the file's keys (only those it sets), then
+    # --set and the options
+    given = parse_key_values(set_options, "--set", underscores=True)
+    given.update({k: v for k, v in (("runner", runner), ("model", model), ("gpu", gpu), ("tp", tp),
+                                    ("policy", policy), ("num_gpu_blocks", num_gpu_blocks)) if v is not None})
+    overrides = (*([Options.parse(read_table(config_path), str(config_path))] if config_path else []),
+                 Options.parse(given, "options"))
     from servelab.fidelity.validate import sweep_runs
 
     runs = sweep_runs(run_dir)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from servelab.cli.choices import RegistryChoice
 from servelab.common.errors import ServelabError
 
 _PATH = click.Path(path_type=Path)
@@ -90,26 +91,36 @@ def _arrival_config(kw: dict):
 
 # ------------------------------------------------------------------ import
 
-# Options each format accepts (beyond the common ones); anything else set on the command line is an error.
-_FORMAT_OPTIONS = {
-    "azure": {"drop_zero", "tenant_from_file"},
-    "vidur": {"drop_zero", "tenant_from_file"},
-    "burstgpt": {"log_type_as", "tenant_from_file"},
-    "mooncake": {"block_tokens", "tenant_from_file"},
-    "lengths": {"seed", "limit", "shuffle", "tenant_from_file", "arrival", "rate", "cv", "profile", "schedule",
-                "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
-    "servegen": {"seed", "start", "duration", "clients", "skip_missing"},
-    "llmservingsim": {"block_tokens", "task_deadline_s"},
-    "mooncake-chains": {"block_tokens", "think_s", "task_deadline_s"},
-    "sharegpt": {"seed", "limit", "think_s", "think", "chars_per_token", "block_tokens", "task_deadline_s", "arrival",
-                 "rate", "cv", "profile", "schedule", "diurnal_amplitude", "diurnal_period_s", "burst_on_s", "burst_off_s"},
-    "servegen": {"seed", "start", "duration", "clients", "skip_missing", "modalities"},
-}
-_ALL_FORMAT_OPTIONS = set().union(*_FORMAT_OPTIONS.values())
+# The options an importer may take, each as the importer's keyword parameter it sets (the same name
+# unless said here; the arrival options make one ``arrival``). A format takes the options whose
+# parameter its importer's signature has; anything else set on the command line is an error. So a new
+# importer (one file in servelab.traces) taking these parameters needs no edit here.
+_ARRIVAL = ("arrival", "rate", "cv", "profile", "schedule", "diurnal_amplitude", "diurnal_period_s", "burst_on_s",
+            "burst_off_s")
+_PARAMETER = {"start": "start_s", "duration": "duration_s", **{name: "arrival" for name in _ARRIVAL}}
+_IMPORT_OPTIONS = ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle", "start",
+                   "duration", "clients", "skip_missing", "think_s", "think", "chars_per_token", "task_deadline_s",
+                   "modalities", *_ARRIVAL)
+
+
+def _trace_formats() -> list[str]:
+    from servelab.traces.imported import IMPORTERS
+
+    return IMPORTERS.names()
+
+
+def _format_options(fmt: str) -> set[str]:
+    """The command-line options ``--format fmt`` takes: those whose parameter its importer takes."""
+    import inspect
+
+    from servelab.traces.imported import IMPORTERS
+
+    taken = inspect.signature(IMPORTERS.get(fmt)).parameters
+    return {name for name in _IMPORT_OPTIONS if _PARAMETER.get(name, name) in taken}
 
 
 @trace.command("import")
-@click.option("--format", "fmt", default=None, type=click.Choice(sorted(_FORMAT_OPTIONS)),
+@click.option("--format", "fmt", default=None, type=RegistryChoice(_trace_formats),
               help="Source format (detected from the first file when omitted).")
 @click.argument("sources", nargs=-1, required=True, type=_EXISTING)
 @click.option("-o", "--output", "out", required=True, type=_PATH, help="Trace to write (.arrow or .parquet).")
@@ -159,22 +170,18 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
     if fmt is None:
         fmt = detect_format(list(sources))
         click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
-    allowed = _FORMAT_OPTIONS[fmt]
-    for name in sorted(_ALL_FORMAT_OPTIONS - allowed):
+    allowed = _format_options(fmt)
+    for name in sorted(set(_IMPORT_OPTIONS) - allowed):
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} does not apply to --format {fmt}")
-    options = {}
-    if fmt in ("lengths", "sharegpt"):
-        options["arrival"] = _arrival_config(kw)
-    for name in ("drop_zero", "tenant_from_file", "log_type_as", "block_tokens", "seed", "limit", "shuffle",
-                 "think_s", "think", "chars_per_token", "task_deadline_s"):
-        if name in allowed and kw[name] is not None:
-            options[name] = kw[name]
-    if fmt == "servegen":
-        options.update(start_s=kw["start"], duration_s=kw["duration"], skip_missing=kw["skip_missing"],
-                       modalities=kw["modalities"])
-        if kw["clients"]:
-            options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
+    options = {"arrival": _arrival_config(kw)} if "arrival" in allowed else {}  # (the arrival options, as one)
+    for name in sorted(allowed - set(_ARRIVAL)):  # each other option the format takes, as the importer's parameter
+        parameter = _PARAMETER.get(name, name)
+        if name == "clients":
+            if kw["clients"]:
+                options["clients"] = tuple(c.strip() for c in kw["clients"].split(",") if c.strip())
+        elif kw[name] is not None:
+            options[parameter] = kw[name]
     with _status(f"importing {len(sources)} {fmt} source(s)"):
         result = import_trace(fmt, list(sources), **options)
         table, block = result.table, result.prefix_block_tokens

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 from servelab.common.errors import InputError, ServelabError
 from servelab.common.registry import Registry
+from servelab.common.sniff import detect
 from servelab.replay.results import RunResult
 from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 from servelab.traces.prefixes import PrefixSpec
@@ -180,34 +181,11 @@ def sha256(path: Path) -> str:
 
 
 def detect_format(paths: list[Path]) -> str:
-    """The import format of ``paths`` from their names and first bytes, or an error naming the first file."""
-    first = paths[0]
-    if first.is_dir():
-        if (first / "trace.yaml").is_file() or (first / "trace.csv").is_file():
-            return "blis"
-        raise InputError(first, "is a folder, not a file (a TraceV2 folder holds trace.yaml and trace.csv)")
-    if first.suffix in (".yaml", ".yml", ".csv"):
-        return "blis"
-    if not first.is_file():
-        raise InputError(first, "file not found")
-    with open(first, "rb") as f:
-        raw = f.read(1 << 16)
-    head = raw.decode("utf-8", errors="replace")
-    line = next((x for x in head.splitlines() if x.strip()), "")
-    if "resourceSpans" in head[:4096] or '"llm_request"' in head:
-        return "otel"
-    if '"queued_ts"' in line or '"first_token_ts"' in line:
-        return "timestamps-jsonl"
-    if '"benchmarks"' in head:
-        return "guidellm"
-    if head.lstrip().startswith("{") and len(raw) == 1 << 16:  # a big JSON document: its keys may come later
-        head = first.read_text(errors="replace")
-    # the per-request lists, or (a result saved without --save-detailed) vLLM's summary figures alone:
-    # detected still, so its importer says what is missing
-    if any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"', '"mean_ttft_ms"', '"mean_e2el_ms"')):
-        return "vllm-bench"
-    raise InputError(first, "cannot tell the format (not an OTel, GuideLLM, vllm bench, timestamps JSONL or "
-                            "TraceV2 file); pass --format")
+    """The import format of ``paths``: the first importer (by its ``@detects`` order) whose test of the
+    first one's name and first bytes passes (common/sniff.py), or an error naming the first file."""
+    return detect(IMPORTERS, list(paths), 1 << 16, "cannot tell the format (not an OTel, GuideLLM, vllm bench, "
+                  "timestamps JSONL or TraceV2 file); pass --format",
+                  folder_hint=" (a TraceV2 folder holds trace.yaml and trace.csv)")
 
 
 def import_measured(fmt: str, paths: list[Path], **options) -> Measured:

@@ -20,6 +20,7 @@ import csv
 from pathlib import Path
 
 from servelab.common.errors import InputError
+from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows
 
 COLUMNS = ("request_id", "input_tokens", "output_tokens", "send_time_us", "first_chunk_time_us",
@@ -40,6 +41,8 @@ def _pair(paths: list[Path]) -> tuple[Path, Path]:
 
 
 @IMPORTERS.register("blis")
+@detects(lambda p: p.path.suffix in (".yaml", ".yml", ".csv")
+         or p.path.is_dir() and ((p.path / "trace.yaml").is_file() or (p.path / "trace.csv").is_file()), order=0)
 def import_blis(paths: list[Path]) -> Measured:
     import yaml
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from servelab.common.errors import InputError
+from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
 from servelab.fidelity.fields import array, integer, mapping, number
 
@@ -33,6 +34,7 @@ def _times(path: Path, req: dict, where: str, row: int) -> tuple:
 
 
 @IMPORTERS.register("guidellm")
+@detects(lambda p: '"benchmarks"' in p.head, order=30)
 def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured:
     if len(paths) != 1:
         raise InputError(paths[1], "guidellm takes one report JSON")

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from servelab.common.errors import InputError
+from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows
 from servelab.fidelity.fields import array, integer, mapping, number
 
@@ -56,6 +57,7 @@ def _documents(path: Path, warnings: list[str]) -> list[tuple[int, dict]]:
 
 
 @IMPORTERS.register("otel")
+@detects(lambda p: '"resourceSpans"' in p.head[:4096] or '"llm_request"' in p.head, order=10)
 def import_otel(paths: list[Path]) -> Measured:
     notes = []
     skipped = 0

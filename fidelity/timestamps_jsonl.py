@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from servelab.common.errors import InputError
+from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows
 
 REQUIRED = ("input_toks", "output_toks", "queued_ts")
@@ -30,6 +31,7 @@ WORKLOAD = "workload.jsonl"
 
 
 @IMPORTERS.register("timestamps-jsonl")
+@detects(lambda p: '"queued_ts"' in p.line or '"first_token_ts"' in p.line, order=20)
 def import_timestamps(paths: list[Path]) -> Measured:
     rows = Rows(paths[0])
     notes = []

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from servelab.common.errors import InputError, ServelabError
-from servelab.replay.config import ReplayConfig
+from servelab.replay.config import Options, ReplayConfig
 
 STATS = ("mean", "p50", "p90", "p99")
 METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
@@ -72,34 +72,60 @@ def sweep_summary(reports: list[dict]) -> list[dict]:
     return out
 
 
-def config_for(meta: dict, overrides: dict[str, Any]) -> ReplayConfig:
-    """The recorded settings (run.json ``config``) with ``overrides`` (command-line options) on top.
-    The source's model name (a Hugging Face id or path) becomes the preset with that shape."""
+Overrides = dict[str, Any] | Options | tuple[Options, ...]
+
+
+def option_layers(overrides: Overrides) -> tuple[Options, ...]:
+    """``overrides`` as typed options in the order they go over a run's settings (later ones win): raw values
+    (typed here; None and () are options not given), `Options` typed once, or a tuple of them (a config
+    file's, then the command line's). Typed once, they go over every run of a sweep as they are."""
+    if isinstance(overrides, dict):
+        return (Options.parse({k: v for k, v in overrides.items() if v is not None and v != ()}, "validate --real"),)
+    return (overrides,) if isinstance(overrides, Options) else tuple(overrides)
+
+
+def config_for(meta: dict, overrides: Overrides) -> ReplayConfig:
+    """The recorded settings (run.json ``config``, typed here: the run's edge) with ``overrides`` (a config
+    file, command-line options) on top. Only the keys the overrides set go over the run's: a key a config
+    file leaves out is the run's, not the file's default. The source's model name (a Hugging Face id or
+    path) becomes the preset with that shape."""
+    layers = option_layers(overrides)
+    given = set().union(*(o.keys() for o in layers))
+    data = {k: v for k, v in (meta.get("config") or {}).items()}
+    runner = next((o.top["runner"] for o in reversed(layers) if "runner" in o.top), data.get("runner"))
+    fitted = str(runner or "").startswith("fitted")  # prices with its own profile, not these
+    for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
+        if key not in data and key not in given and not fitted:  # a default would replay another model or GPU
+            raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
+                                f"pass {option} (or import it again with --setting {key}=...)")
+    _recorded_runner_settings(meta, data, given)
+    try:
+        config = ReplayConfig.from_dict(data, source="validate --real")
+        for options in layers:
+            config = config.with_options(options)
+    except ServelabError as err:
+        raise ServelabError(f"{err} (settings of the measured run with the options given)") from None
+    if "model" in data or "model" in given:
+        config = _model_preset(config, meta, from_option="model" in given)
+    return config
+
+
+def _model_preset(config: ReplayConfig, meta: dict, from_option: bool) -> ReplayConfig:
+    """``config`` with its model as the preset of that shape (a config.json path stays a path)."""
     import os
 
     from servelab.runners.presets import find_model
 
-    data = {k: v for k, v in (meta.get("config") or {}).items()}
-    data.update({k: v for k, v in overrides.items() if v is not None and v != ()})
-    fitted = str(data.get("runner") or "").startswith("fitted")  # prices with its own profile, not these
-    for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
-        if key not in data and not fitted:  # a default would replay another model or GPU without a word
-            raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
-                                f"pass {option} (or import it again with --setting {key}=...)")
-    if "model" in data and not os.path.isfile(str(data["model"])):  # a config.json path stays a path
-        try:
-            data["model"] = find_model(str(data["model"])).name
-        except ServelabError as err:
-            if overrides.get("model") is not None:
-                raise
-            where = (meta.get("config_sources") or {}).get("model", "run.json config")
-            raise ServelabError(f"the measured run's model '{data['model']}' (from {where}) matches no model preset; pass "
-                                f"--model MODEL (a preset, or the model's Hugging Face config.json): {err}") from None
-    _recorded_runner_settings(meta, data, overrides)
+    if os.path.isfile(config.model):
+        return config
     try:
-        return ReplayConfig.from_dict(data, source="validate --real")
+        return dataclasses.replace(config, model=find_model(config.model).name)
     except ServelabError as err:
-        raise ServelabError(f"{err} (settings of the measured run with the options given)") from None
+        if from_option:
+            raise
+        where = (meta.get("config_sources") or {}).get("model", "run.json config")
+        raise ServelabError(f"the measured run's model '{config.model}' (from {where}) matches no model preset; pass "
+                            f"--model MODEL (a preset, or the model's Hugging Face config.json): {err}") from None
 
 
 # vLLM's arguments run import keeps in run.json "source" that the runner prices (docs/runners.md
@@ -108,7 +134,7 @@ RECORDED_RUNNER_KEYS = {"pipeline_parallel_size": "pp", "enable_expert_parallel"
                         "quantization": "quantization", "kv_cache_dtype": "kv_cache_dtype"}
 
 
-def _recorded_runner_settings(meta: dict, data: dict[str, Any], overrides: dict[str, Any]) -> None:
+def _recorded_runner_settings(meta: dict, data: dict[str, Any], given: set[str]) -> None:
     """Fill ``data`` with the run's parallelism and quantisation as vLLM recorded them, where no option
     or config key sets them. Run import counts each of ``data_parallel_size`` ranks as a replica;
     they are one server's DP ranks, so the replay gets ``dp`` ranks of one replica (the same engines
@@ -116,7 +142,6 @@ def _recorded_runner_settings(meta: dict, data: dict[str, Any], overrides: dict[
     from servelab.runners.quant import WEIGHT_FORMATS, ALIASES
 
     source = meta.get("source") or {}
-    given = {k for k, v in overrides.items() if v is not None and v != ()}
     dp = source.get("data_parallel_size")
     if (dp and int(dp) > 1 and not given & {"dp", "data_parallel_size", "replicas"}
             and int(data.get("replicas", 1) or 1) == int(dp)):
@@ -213,7 +238,7 @@ def error_shares(measured: pa.Table, simulated: pa.Table) -> dict[str, Any]:
     return {"measured": m, "simulated": s, "difference_pct_points": None if m is None or s is None else (s - m) * 100}
 
 
-def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | None = "auto"
+def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None = "auto"
                   ) -> tuple[dict[str, Any], pa.Table, pa.Table]:
     """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated).
 
@@ -225,7 +250,9 @@ def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | 
     from servelab.fidelity import client_model as cm
 
     meta, measured, trace = load_measured(run_dir)
-    config = config_for(meta, overrides)
+    layers = option_layers(overrides)  # (typed already when a sweep's caller passes Options)
+    given = set().union(*(o.keys() for o in layers))
+    config = config_for(meta, layers)
     runner = build_runner(config)
     blocks = resolve_num_gpu_blocks(config, runner)
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))
@@ -250,7 +277,7 @@ def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | 
     if engine_side is not None:
         report["latency_engine"] = engine_side
     report.update({
-        "settings": settings_used(meta, overrides, config, blocks),
+        "settings": settings_used(meta, given, config, blocks),
         "prefix": prefix_share(meta, trace, result.requests),
         "run": str(run_dir),
         "clock": meta.get("clock"),
@@ -259,7 +286,7 @@ def validate_real(run_dir: Path, overrides: dict[str, Any], client_model: str | 
         "num_gpu_blocks": blocks,
         "kv_capacity_tokens": blocks * config.engine.block_size,
         "kv_blocks_from": "measured run / option" if (meta.get("config") or {}).get("num_gpu_blocks") is not None
-                          or overrides.get("num_gpu_blocks") is not None else "derived from the model and GPU",
+                          or "num_gpu_blocks" in given else "derived from the model and GPU",
         "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
         "runner": result.meta["runner"],
     })
@@ -271,9 +298,10 @@ SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_toke
          "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
 
 
-def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, blocks: int) -> list[dict]:
-    """Each setting the replay used, its value and where it came from: an option, the run (with the
-    file run import read it from), derived, or the default."""
+def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int) -> list[dict]:
+    """Each setting the replay used, its value and where it came from: an option (a key of ``given``: set
+    by a config file or the command line), the run (with the file run import read it from), derived, or
+    the default."""
     recorded = meta.get("config") or {}
     sources = meta.get("config_sources") or {}
     flat = config.to_dict()
@@ -283,9 +311,9 @@ def settings_used(meta: dict, overrides: dict[str, Any], config: ReplayConfig, b
             continue
         value = blocks if key == "num_gpu_blocks" else flat.get(key)
         if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
-                and overrides.get(key) is None:
+                and key not in given:
             value, origin = None, "not used: the fitted runner prices and sizes with its own profile"
-        elif overrides.get(key) is not None:
+        elif key in given:
             origin = "option"
         elif key in recorded:
             origin = f"run: {sources.get(key, 'the source')}"

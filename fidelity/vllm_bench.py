@@ -15,13 +15,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from servelab.common.errors import InputError
+from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
 from servelab.fidelity.fields import array, integer, number
 
 LISTS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens")
 
 
+def _is_vllm_bench(probe) -> bool:
+    """The per-request lists, or (a result saved without --save-detailed) vLLM's summary figures alone:
+    detected still, so that the importer says what is missing. A big JSON document's keys may come after
+    the first bytes: the whole file is read then."""
+    head = probe.head
+    if head.lstrip().startswith("{") and len(probe.raw) == probe.size:
+        head = probe.path.read_text(errors="replace")
+    return any(k in head for k in ('"ttfts"', '"start_times"', '"input_lens"', '"mean_ttft_ms"', '"mean_e2el_ms"'))
+
+
 @IMPORTERS.register("vllm-bench")
+@detects(_is_vllm_bench, order=40)
 def import_vllm_bench(paths: list[Path]) -> Measured:
     if len(paths) != 1:
         raise InputError(paths[1], "vllm-bench takes one result JSON")

@@ -22,7 +22,7 @@ from itertools import takewhile
 
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
-from servelab.policies.ordering import ClassQueues, Slot, parse_named_floats
+from servelab.policies.ordering import ClassQueues, NamedFloats, Slot, check_named_floats
 from servelab.replay.core.batch import Batch
 from servelab.replay.core.replica import Replica
 from servelab.replay.core.request import Request
@@ -32,8 +32,8 @@ from servelab.replay.core.request import Request
 class EdfParams:
     ttft_slo_s: float = 0.0  # default TTFT SLO (0: none)
     tpot_slo_s: float = 0.0  # default TPOT SLO (0: none)
-    tier_ttft: str = ""  # "tier=seconds,...": per-tier TTFT SLOs
-    tier_tpot: str = ""
+    tier_ttft: NamedFloats = ()  # "tier=seconds,..." or a table: per-tier TTFT SLOs
+    tier_tpot: NamedFloats = ()
     drop: bool = False  # drop waiting requests that can no longer meet their TTFT deadline
     preempt: bool = False  # earlier deadlines preempt running requests with later ones
 
@@ -41,8 +41,8 @@ class EdfParams:
         owner = "policy 'edf'"
         if self.ttft_slo_s < 0 or self.tpot_slo_s < 0:
             raise ServelabError(f"{owner}: ttft_slo_s and tpot_slo_s must be >= 0")
-        parse_named_floats(self.tier_ttft, owner, "tier_ttft")
-        parse_named_floats(self.tier_tpot, owner, "tier_tpot")
+        check_named_floats(self.tier_ttft, owner, "tier_ttft")
+        check_named_floats(self.tier_tpot, owner, "tier_tpot")
 
 
 @POLICIES.register("edf")
@@ -51,8 +51,8 @@ class EarliestDeadlineFirst(PolicyBase):
 
     def __init__(self, params: EdfParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
-        self.tier_ttft = parse_named_floats(params.tier_ttft, "policy 'edf'", "tier_ttft")
-        self.tier_tpot = parse_named_floats(params.tier_tpot, "policy 'edf'", "tier_tpot")
+        self.tier_ttft = dict(params.tier_ttft)  # (typed and checked once, in the Params)
+        self.tier_tpot = dict(params.tier_tpot)
         self.queues = ClassQueues()
         self.epoch = 0
         self.sheds = params.drop  # the engine asks `shed` before each decision

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import (
-    ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output, step_tokens, tier_ranker,
-    within_key,
+    ClassQueues, NamedFloats, Names, Slot, check_named_floats, check_names, check_within, predicted_output,
+    step_tokens, tier_ranker, within_key,
 )
 from servelab.replay.core.batch import Batch
 from servelab.replay.core.replica import Replica
@@ -38,20 +38,20 @@ from servelab.replay.core.request import Request, Status
 
 @dataclass(frozen=True, slots=True)
 class FairParams:
-    weights: str = ""  # "a=2,b=1": share of each tenant (unlisted tenants weigh 1)
+    weights: NamedFloats = ()  # "a=2,b=1" or a table: share of each tenant (unlisted tenants weigh 1)
     w_in: float = 1.0  # service per prompt token
     w_out: float = 2.0  # service per output token (VTC's default: output costs twice an input token)
     preempt: bool = False  # re-decide the whole batch each iteration (preempting over-served tenants)
     preempt_margin: float = 4096.0  # service lead (tokens) a tenant needs over a running one to preempt it
-    tiers: str = ""  # strict tier priority above fairness; empty: one class
+    tiers: Names = ()  # strict tier priority above fairness ("priority,flex" or an array); empty: one class
     within: str = "fcfs"  # order of one tenant's requests: fcfs | sjf | srpt
     noise_sigma: float = 0.0
     quantum: float = 1.0  # drr only: credit per turn, tokens of service (times the tenant weight)
 
     def __post_init__(self) -> None:
         owner = "policy (fair)"
-        parse_named_floats(self.weights, owner, "weights")
-        parse_tiers(self.tiers, owner)
+        check_named_floats(self.weights, owner, "weights")
+        check_names(self.tiers, owner, "tiers")
         check_within(self.within, owner)
         if self.w_in < 0 or self.w_out < 0 or self.w_in + self.w_out == 0:
             raise ServelabError(f"{owner}: w_in and w_out must be >= 0 and not both 0")
@@ -66,8 +66,9 @@ class _FairShare(PolicyBase):
 
     def __init__(self, params: FairParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
-        self.weights = parse_named_floats(params.weights, f"policy '{self.name}'", "weights")
-        self.rank_of = tier_ranker(parse_tiers(params.tiers, f"policy '{self.name}'")) if params.tiers else (lambda t: 0)
+        self.weights = dict(params.weights)  # (typed and checked once, in the Params)
+        self.rank_of = tier_ranker({name: rank for rank, name in enumerate(params.tiers)}) if params.tiers \
+            else (lambda t: 0)
         self.key = within_key(params.within)
         self.queues = ClassQueues()
         self.members: dict[tuple[int, str], int] = {}  # class -> its requests on this replica

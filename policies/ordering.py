@@ -9,40 +9,45 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from servelab.common.errors import ServelabError
-from servelab.common.tiers import DEFAULT_TIERS, parse_tiers, tier_ranker  # noqa: F401 (re-exported)
+from servelab.common.coerce import NamedFloats, Names  # noqa: F401 (re-exported: the Params' field kinds)
+from servelab.common.tiers import DEFAULT_TIERS, tier_ranker  # noqa: F401 (re-exported)
 from servelab.replay.core.request import Request
 
 WITHIN = ("fcfs", "sjf", "srpt")
 
 
-def parse_named_floats(spec: str, owner: str, param: str, *, positive: bool = True,
+def check_names(names: Any, owner: str, param: str) -> dict[str, int]:
+    """Typed ``Names`` (common/coerce.py: a config types ``"a,b"`` once) -> {name: rank}, rank 0 first; a
+    name listed twice is an error. Nothing is parsed: a string here is a caller's mistake."""
+    if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+        raise ServelabError(f"{owner}: {param} {names!r} are not typed names (a tuple of strings; "
+                            "a config types \"a,b\" or an array once, when it is made)")
+    if len(set(names)) != len(names):
+        raise ServelabError(f"{owner}: {param} {', '.join(names)!r} names a tier twice")
+    return {name: rank for rank, name in enumerate(names)}
+
+
+def check_named_floats(pairs: Any, owner: str, param: str, *, positive: bool = True,
                        upper: float | None = None) -> dict[str, float]:
-    """``"a=2,b=1"`` -> {"a": 2.0, "b": 1.0}; every value checked (> 0, or >= 0, and <= upper)."""
-    out: dict[str, float] = {}
-    for part in spec.split(","):
-        if not part.strip():
-            continue
-        name, eq, raw = part.partition("=")
-        name = name.strip()
-        if not eq or not name:
-            raise ServelabError(f"{owner}: {param} '{spec}': '{part.strip()}' is not NAME=NUMBER")
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' needs a number, got '{raw.strip()}'") from None
+    """Typed ``NamedFloats`` (common/coerce.py) -> {name: value}, every value checked (> 0, or >= 0, and
+    <= upper). Nothing is parsed: a string here is a caller's mistake."""
+    if not isinstance(pairs, tuple) or not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                                               and type(p[1]) is float for p in pairs):
+        raise ServelabError(f"{owner}: {param} {pairs!r} are not typed NAME=NUMBER pairs (a tuple of (str, float); "
+                            "a config types \"a=2,b=1\" or a table once, when it is made)")
+    out = dict(pairs)
+    for name, value in pairs:
         if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            bound = "> 0" if positive else ">= 0"
-            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' must be {bound}, got {raw.strip()}")
+            raise ServelabError(f"{owner}: {param}: '{name}' must be {'> 0' if positive else '>= 0'}, got {value:g}")
         if upper is not None and value > upper:
-            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' must be <= {upper:g}, got {raw.strip()}")
-        if name in out:
-            raise ServelabError(f"{owner}: {param} '{spec}': '{name}' given twice")
-        out[name] = value
+            raise ServelabError(f"{owner}: {param}: '{name}' must be <= {upper:g}, got {value:g}")
+    if len(out) != len(pairs):
+        raise ServelabError(f"{owner}: {param}: a name given twice")
     return out
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import (
-    DEFAULT_TIERS, ClassQueues, Slot, check_within, parse_named_floats, parse_tiers, predicted_output,
-    tier_ranker, within_key,
+    DEFAULT_TIERS, ClassQueues, NamedFloats, Names, Slot, check_named_floats, check_names, check_within,
+    predicted_output, tier_ranker, within_key,
 )
 from servelab.replay.core.batch import Batch
 from servelab.replay.core.replica import Replica
@@ -36,26 +36,29 @@ from servelab.replay.core.request import Request
 
 @dataclass(frozen=True, slots=True)
 class TiersParams:
-    tiers: str = DEFAULT_TIERS  # highest first
+    # the tiers, highest first ("priority,standard,flex" or an array; typed once: common/coerce.py Names)
+    tiers: Names = tuple(DEFAULT_TIERS.split(","))
     within: str = "fcfs"  # order inside a tier: fcfs | sjf | srpt
     noise_sigma: float = 0.0  # length predictor noise for sjf/srpt (as in `srpt`)
     preempt: bool = False  # higher tiers preempt running lower tiers
-    best_effort: str = "flex"  # comma-separated tiers that yield to the others
+    best_effort: Names = ("flex",)  # tiers that yield to the others
     max_wait_s: float = 0.0  # starvation bound of best-effort tiers (0: none)
     promote_above: str = ""  # tier a promoted best-effort request overtakes ("": the lowest other tier)
-    reserve: str = ""  # "tier=share,...": share of slots and tokens kept for a tier
+    reserve: NamedFloats = ()  # "tier=share,..." or a table: share of slots and tokens kept for a tier
 
     def __post_init__(self) -> None:
         owner = "policy 'tiers'"
-        ranks = parse_tiers(self.tiers, owner)
+        ranks = check_names(self.tiers, owner, "tiers")
+        check_names(self.best_effort, owner, "best_effort")
         if self.promote_above and self.promote_above not in ranks:
-            raise ServelabError(f"{owner}: promote_above '{self.promote_above}' is not one of the tiers '{self.tiers}'")
+            raise ServelabError(f"{owner}: promote_above '{self.promote_above}' is not one of the tiers "
+                                f"'{','.join(self.tiers)}'")
         check_within(self.within, owner)
         if self.noise_sigma < 0 or self.max_wait_s < 0:
             raise ServelabError(f"{owner}: noise_sigma and max_wait_s must be >= 0")
-        shares = parse_named_floats(self.reserve, owner, "reserve", positive=False, upper=1.0)
+        shares = check_named_floats(self.reserve, owner, "reserve", positive=False, upper=1.0)
         if sum(shares.values()) > 1.0:
-            raise ServelabError(f"{owner}: reserve '{self.reserve}' reserves more than the whole batch")
+            raise ServelabError(f"{owner}: reserve {shares} reserves more than the whole batch")
 
 
 @POLICIES.register("tiers")
@@ -66,9 +69,9 @@ class Tiers(PolicyBase):
 
     def __init__(self, params: TiersParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
-        ranks = parse_tiers(params.tiers, "policy 'tiers'")
+        ranks = {name: rank for rank, name in enumerate(params.tiers)}  # (typed and checked once, in the Params)
         self.rank_of = tier_ranker(ranks)
-        self.best_effort = {t.strip() for t in params.best_effort.split(",") if t.strip()}
+        self.best_effort = set(params.best_effort)
         above = params.promote_above or max((t for t in ranks if t not in self.best_effort),
                                             key=ranks.get, default="")
         self.promoted_rank = ranks.get(above, len(ranks)) - 0.5  # between that tier and the one above
@@ -77,9 +80,8 @@ class Tiers(PolicyBase):
         self.promotions: list[tuple[float, int, Request, Slot]] = []  # (promote_at_s, seq, req, slot)
         self.epoch = 0
         self.ranks_seen: set = set()  # every rank a request here has had (one: no per-decision scan)
-        shares = parse_named_floats(params.reserve, "policy 'tiers'", "reserve", positive=False, upper=1.0)
         self.reserve = {t: (int(s * engine.max_num_seqs), int(s * engine.max_num_batched_tokens))
-                        for t, s in shares.items() if s > 0}
+                        for t, s in params.reserve if s > 0}
 
     @property
     def reads_running(self) -> ReadsRunning:

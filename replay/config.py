@@ -2,7 +2,9 @@
 policy, runner and cluster choices, and each cluster pool's own flat config. Validated without I/O.
 
 The same keys are accepted on the command line (``--max-num-seqs 64``) and in a TOML config file
-(``max_num_seqs = 64``); see docs/cli.md. ``dataclasses.replace`` makes variants (what a search does).
+(``max_num_seqs = 64``); see docs/cli.md. Raw values are typed once, at the edge (``from_dict``,
+``Options.parse``); a variant puts typed values over a typed config (``dataclasses.replace``) or raw
+ones typed alone (``with_options``, ``with_pool_keys``), and never types the config's own again.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class ReplayConfig:
     kv_cache_dtype: str = "auto"
     router_params: Any = None  # the router's (engine.router's) typed ``Params`` (routers/), as policy_params
     cluster: ClusterConfig | None = None  # pools and links (replay/cluster/config.py); None: one pool of engine.replicas
+    # each cluster pool's flat config, in the order of cluster.pools: made (and so checked) once, with this
+    # config; ``pool_config`` hands them out, so that building the pools makes no config again
+    _pools: tuple["ReplayConfig", ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _positive(self, "dp", "pp")
@@ -65,8 +70,7 @@ class ReplayConfig:
             pools = tuple(typed_pool(self, pool) for pool in self.cluster.pools)
             if any(new is not old for new, old in zip(pools, self.cluster.pools)):
                 object.__setattr__(self, "cluster", replace(self.cluster, pools=pools))
-            for pool in self.cluster.pools:
-                pool_config(self, pool)
+            object.__setattr__(self, "_pools", tuple(_pool_config(self, pool) for pool in self.cluster.pools))
 
     @property
     def gpus_per_replica(self) -> int:
@@ -107,38 +111,101 @@ class ReplayConfig:
         with _named(source):  # each part checks its fields (replay/core/config_parts.py); the message names the file
             return cls(engine=EngineConfig(**engine_values), **top)
 
-    def with_options(self, data: dict[str, Any], source: str = "options") -> "ReplayConfig":
-        """This config with ``data`` (raw values, keyed as in ``from_dict``: the command line's options over a
-        config file) typed and put over its fields with ``dataclasses.replace``: only ``data`` is typed, this
-        config's own values are kept as they are. ``policy_params`` and ``router_params`` in ``data`` go over
-        this config's key by key; a policy (router) other than this config's starts from its defaults."""
-        engine_values, top = typed_keys(data, source)
-        with _named(source):
-            engine = replace(self.engine, **engine_values) if engine_values else self.engine
+    def with_options(self, data: "dict[str, Any] | Options", source: str = "options") -> "ReplayConfig":
+        """This config with ``data`` put over its fields with ``dataclasses.replace``: raw values keyed as in
+        ``from_dict`` (the command line's options over a config file), typed here, or `Options` typed
+        already (once, to go over many configs). Only ``data`` is typed, this config's own values are kept as
+        they are. ``policy_params`` and ``router_params`` in ``data`` go over this config's key by key; a
+        policy (router) other than this config's starts from its defaults."""
+        options = data if isinstance(data, Options) else Options.parse(data, source)
+        top = dict(options.top)
+        with _named(options.source):
+            engine = replace(self.engine, **options.engine) if options.engine else self.engine
             for key, registry, name, was in (("policy_params", POLICIES, top.get("policy", self.policy), self.policy),
                                              ("router_params", ROUTERS, engine.router, self.engine.router)):
                 params = getattr(self, key) if name == was else None  # (another one's are not its)
-                if isinstance(top.get(key), dict):  # the options' keys alone are typed, over the config's typed ones
+                if key in options.params:  # the options' keys alone, over the config's typed ones
                     cls = registry.get(name).Params
-                    params = replace(params if params is not None else cls(),
-                                     **typed_fields(cls, top[key], f"{registry.kind} '{name}'"))
+                    params = replace(params if params is not None else cls(), **options.typed(key, name))
                     top[key] = params
                 top.setdefault(key, params)
             return replace(self, engine=engine, **top)
 
+    def with_pool_keys(self, values: Mapping[tuple[str, str], Any], source: str = "options") -> "ReplayConfig":
+        """This config with its cluster's pool keys set, ``{(pool, key): raw value}``, each typed alone
+        (``ClusterConfig.with_pool_keys``); nothing else is typed again."""
+        if self.cluster is None:
+            raise ServelabError(f"{source}: pool keys need a [cluster]")
+        cluster = self.cluster.with_pool_keys(values, source)
+        with _named(source):  # (a pool's parameter table is typed against its policy by the new config)
+            return replace(self, cluster=cluster)
+
     @classmethod
     def from_toml(cls, path: str | Path) -> "ReplayConfig":
-        import tomllib  # only with --config: a replay without one starts without it
+        return cls.from_dict(read_table(path), source=str(path))
 
-        path = Path(path)
-        try:
-            data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError
-        except FileNotFoundError:
-            raise ServelabError(f"{path}: no such config file") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ServelabError(f"{path}: invalid TOML: {err}") from None
-        data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
-        return cls.from_dict(data, source=str(path))
+
+def read_table(path: str | Path) -> dict[str, Any]:
+    """A config file's table, raw (its values typed by ``ReplayConfig.from_dict`` or ``Options.parse``)."""
+    import tomllib  # only with --config: a replay without one starts without it
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(read_text(path))  # a folder or a binary file: a one-line InputError
+    except FileNotFoundError:
+        raise ServelabError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ServelabError(f"{path}: invalid TOML: {err}") from None
+    data.pop("slo", None)  # SLO tables belong to scoring; a config file may carry them
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Raw settings (a config file's table, command-line options) typed once, to go over configs made
+    elsewhere (a measured run's, in ``validate --real``; each trial's, in a search) with
+    ``ReplayConfig.with_options``: however many configs they go over, they are typed here only.
+
+    ``engine`` and ``top``: typed `EngineConfig` and `ReplayConfig` fields. ``params``: the raw
+    ``policy_params`` and ``router_params`` tables, typed by ``typed`` once per policy (router) they go
+    with: at once when the options name it, else against the first config's own."""
+
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    top: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    source: str = "options"
+    _typed: dict = field(default_factory=dict, repr=False, compare=False)  # (key, name) -> typed values
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], source: str = "options") -> "Options":
+        engine, top = typed_keys(dict(data), source)
+        params = {key: top.pop(key) for key in ("policy_params", "router_params") if isinstance(top.get(key), dict)}
+        options = cls(engine, top, params, source)  # (typed Params given whole go over as they are, in top)
+        with _named(source):
+            for key, name in (("policy_params", top.get("policy")), ("router_params", engine.get("router"))):
+                if key in params and name is not None:
+                    options.typed(key, name)  # named here: typed now, so that a bad key fails before any replay
+        return options
+
+    def typed(self, key: str, name: str) -> dict[str, Any]:
+        """The ``key`` table (``policy_params``, ``router_params``) typed against the policy or router
+        ``name``'s ``Params``: its fields, typed the first time they are asked for with that name."""
+        if (key, name) not in self._typed:
+            registry = POLICIES if key == "policy_params" else ROUTERS
+            self._typed[key, name] = typed_fields(registry.get(name).Params, self.params[key],
+                                                  f"{registry.kind} '{name}'")
+        return self._typed[key, name]
+
+    def keys(self) -> set[str]:
+        """The keys these options set (as ``from_dict`` names them)."""
+        return {*self.engine, *self.top, *self.params}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A typed value these options set (a parameter table: its values), else ``default``."""
+        for part in (self.engine, self.top):
+            if key in part:
+                return part[key]
+        return self.params.get(key, default)
 
 
 COMMAND_LINE = "options"  # from_dict's source for the command line's options (cli/replay_cmd.py)
@@ -231,9 +298,19 @@ def typed_pool(base: ReplayConfig, pool: PoolConfig) -> PoolConfig:
 
 def pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
     """The flat `ReplayConfig` of one pool: the config's top level under the pool's own keys, with
-    the pool's replica count (and no cluster). The pool's settings were typed at the edge
-    (``ClusterConfig.from_dict``): fields are replaced, nothing is parsed or coerced again. ``fail`` is
-    the cluster's (replica ids count across pools): the engine gets it from the top level."""
+    the pool's replica count (and no cluster). One of ``base``'s own pools gets the config made with
+    ``base`` (once); another pool (a search's variant of one) is made here."""
+    if base.cluster is not None:
+        for own, made in zip(base.cluster.pools, base._pools):
+            if own is pool:
+                return made
+    return _pool_config(base, pool)
+
+
+def _pool_config(base: ReplayConfig, pool: PoolConfig) -> ReplayConfig:
+    """``pool_config``, made: the pool's settings were typed at the edge (``ClusterConfig.from_dict``,
+    ``typed_pool``): fields are replaced, nothing is parsed or coerced again. ``fail`` is the cluster's
+    (replica ids count across pools): the engine gets it from the top level."""
     engine_keys, top = split_settings(pool.settings)
     replicas = pool.replicas if pool.autoscale is None else pool.autoscale.max  # all built, some off
     if "policy" in top and "policy_params" not in top:
@@ -261,5 +338,5 @@ def one_pool(base: ReplayConfig) -> ClusterConfig:
     return ClusterConfig((PoolConfig("default", "mixed", base.engine.replicas),))
 
 
-__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "ReplayConfig", "instance_config", "make_params", "one_pool",
-           "pool_config", "typed_params", "typed_pool"]
+__all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "Options", "ReplayConfig", "instance_config", "make_params",
+           "one_pool", "pool_config", "read_table", "typed_params", "typed_pool"]

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError, require_file
+from servelab.common.sniff import detects
 from servelab.traces.arrivals import ArrivalConfig, arrival_times
 from servelab.traces.imported import IMPORTERS, Imported
 from servelab.traces.prefixes import chain, token_hashes
@@ -221,6 +222,7 @@ def _ids(path: Path, row: int, sub: dict, count: int, where: str) -> list[int] |
 
 
 @IMPORTERS.register("llmservingsim")
+@detects(lambda p: p.json_line and ('"sub_requests"' in p.head or '"input_toks"' in p.line), order=10)
 def import_llmservingsim(paths: list[Path], block_tokens: int = 16, task_deadline_s: float | None = None) -> Imported:
     """LLMServingSim workload JSON lines: agentic sessions (chains with tool waits) and flat requests."""
     _check_common(block_tokens, task_deadline_s)
@@ -409,6 +411,8 @@ def _text_hashes(text: str, prompt: int, block_tokens: int, chars_per_token: flo
 
 
 @IMPORTERS.register("sharegpt")
+@detects(lambda p: p.json_line and any(f'"{k}"' in p.head for k in ("conversations", "conversation", "messages")),
+         order=20)
 def import_sharegpt(
     paths: list[Path],
     arrival: ArrivalConfig = ArrivalConfig(),

@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError, require_file
+from servelab.common.sniff import detect, detects
 from servelab.traces import schema
 from servelab.traces.arrivals import ArrivalConfig, arrival_times
 from servelab.traces.csvscan import COUNT, SECONDS, TEXT, TIMESTAMP, Want, read_columns
@@ -47,32 +48,16 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
 
 
 def detect_format(paths: list[Path]) -> str:
-    """The trace format of ``paths`` from the first one's name, header or first line."""
-    import re
+    """The trace format of ``paths``: the first importer (by its ``@detects`` order) whose test of the first
+    one's name, header or first line passes (common/sniff.py)."""
+    return detect(IMPORTERS, [Path(p) for p in paths], 1 << 14, "cannot tell the trace format from its first line; "
+                  "pass --format")
 
-    first = Path(paths[0])
-    if first.is_dir() or re.fullmatch(r"chunk-\d+-trace\.csv", first.name):
-        return "servegen"
-    if not first.is_file():
-        raise InputError(first, "file not found")
-    with open(first, "rb") as f:
-        head = f.read(1 << 14).decode("utf-8", errors="replace").lstrip("\ufeff")
-    line = next((x for x in head.splitlines() if x.strip()), "")
-    if line.lstrip().startswith(("{", "[")):
-        if '"sub_requests"' in head or '"input_toks"' in line:
-            return "llmservingsim"
-        if any(f'"{k}"' in head for k in ("conversations", "conversation", "messages")):
-            return "sharegpt"
-        if '"hash_ids"' in line or '"input_length"' in line:
-            return "mooncake"
-    else:
-        cols = {c.strip().strip('"').strip().lower() for c in line.split(",")}
-        for fmt, need in (("azure", {"timestamp", "contexttokens"}), ("vidur", {"arrived_at", "num_prefill_tokens"}),
-                          ("burstgpt", {"request tokens", "response tokens"}),
-                          ("lengths", {"num_prefill_tokens", "num_decode_tokens"})):
-            if need <= cols:
-                return fmt
-    raise InputError(first, "cannot tell the trace format from its first line; pass --format")
+
+def has_columns(*names: str):
+    """A test for a CSV whose header holds ``names`` (lower case)."""
+    need = set(names)
+    return lambda probe: need <= probe.columns
 
 
 MAX_TOKENS = int(np.iinfo(np.int32).max)  # token counts are int32 in the trace schema
@@ -191,6 +176,7 @@ def _text_column(parsed, name: str, transform: Callable[[pl.Expr], pl.Expr] | No
 
 
 @IMPORTERS.register("azure")
+@detects(has_columns("timestamp", "contexttokens"), order=40)
 def import_azure(paths: list[Path], drop_zero: bool = False, tenant_from_file: bool = False) -> Imported:
     """Azure LLM inference traces: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens."""
     parts = []
@@ -207,6 +193,7 @@ def import_azure(paths: list[Path], drop_zero: bool = False, tenant_from_file: b
 
 
 @IMPORTERS.register("vidur")
+@detects(has_columns("arrived_at", "num_prefill_tokens"), order=50)
 def import_vidur(paths: list[Path], drop_zero: bool = False, tenant_from_file: bool = False) -> Imported:
     """Vidur processed traces: arrived_at (s), num_prefill_tokens, num_decode_tokens."""
     parts = []
@@ -239,6 +226,7 @@ def _log_type_label(e: pl.Expr) -> pl.Expr:
 
 
 @IMPORTERS.register("burstgpt")
+@detects(has_columns("request tokens", "response tokens"), order=60)
 def import_burstgpt(paths: list[Path], log_type_as: str = "tenant", tenant_from_file: bool = False) -> Imported:
     """BurstGPT: Timestamp (s), Model, Request tokens, Response tokens, Log Type.
 
@@ -354,6 +342,7 @@ def _read_mooncake(path: Path) -> pl.DataFrame:
 
 
 @IMPORTERS.register("mooncake")
+@detects(lambda p: p.json_line and ('"hash_ids"' in p.line or '"input_length"' in p.line), order=30)
 def import_mooncake(paths: list[Path], block_tokens: int = 512, tenant_from_file: bool = False) -> Imported:
     """Mooncake JSON lines: timestamp (ms), input_length, output_length, hash_ids (block ids)."""
     if block_tokens < 1:
@@ -394,6 +383,7 @@ def read_length_pairs(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 @IMPORTERS.register("lengths")
+@detects(has_columns("num_prefill_tokens", "num_decode_tokens"), order=70)
 def import_lengths(
     paths: list[Path],
     arrival: ArrivalConfig = ArrivalConfig(),

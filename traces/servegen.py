@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError, require_file
+from servelab.common.sniff import detects
 from servelab.common.textfile import read_text
 from servelab.traces import schema
 from servelab.traces.arrivals import stationary_first_gap, unit_gaps
@@ -221,6 +222,7 @@ def _clients(path: Path) -> list[tuple[str, int, Path]]:
 
 
 @IMPORTERS.register("servegen")
+@detects(lambda p: p.path.is_dir() or _CHUNK.match(p.path.name) is not None, order=0)  # (a folder of chunks)
 def import_servegen(
     paths: list[Path],
     start_s: float = 0.0,

@@ -25,10 +25,11 @@ Validated without I/O, like `EngineConfig`; a pool's settings become a whole `Re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
-from servelab.common.coerce import coerce
+from servelab.common.coerce import coerce, type_name
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.replay.cluster.autoscale import AutoscaleConfig
@@ -69,9 +70,9 @@ class PoolConfig:
         for key, value in self.settings:  # typed already (from_dict types them): a string "64" is not an int
             if key not in ENGINE_TYPES and key not in TOP_TYPES:
                 raise ServelabError(f"{where}: unknown key '{key}'")
-            typed = typed_setting(key, value, f"{where}.{key}")
-            if typed != value or type(typed) is not type(value) and not isinstance(value, (int, float)):
-                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value ({type(typed).__name__}); "
+            if not is_typed(key, value):  # (a check of the type alone: nothing is coerced again)
+                raise ServelabError(f"{where}.{key}: {value!r} is not a typed value "
+                                    f"({type_name(_kind(key))[0].split('[')[0]}); "
                                     "ClusterConfig.from_dict types a TOML table's")
         if not (0 <= self.price_per_gpu_hour < math.inf):
             raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
@@ -217,6 +218,22 @@ class ClusterConfig:
         entry, decode = self.entry.name, self.decode.name
         return next(l for l in self.links if l.source == entry and l.target == decode)
 
+    def with_pool_keys(self, values: Mapping[tuple[str, str], Any], source: str = "options") -> ClusterConfig:
+        """This cluster with pool keys set, ``{(pool, key): raw value}`` (``replicas``, ``price_per_gpu_hour``,
+        ``rebalance``, ``autoscale.<key>``, ``instances.<gpu>.price_per_gpu_hour`` or any override a pool
+        takes), each value typed here alone (the
+        edge) and put over the pool with ``dataclasses.replace``; the pools' other values are kept as they
+        are typed: what a search's trial does to its base's pools. A pool whose ``policy`` is set without
+        its ``policy_params`` drops its own (another policy's), as in a TOML file."""
+        by_name = {p.name: p for p in self.pools}
+        given: dict[str, dict[str, Any]] = {}
+        for (name, key), value in values.items():
+            if name not in by_name:
+                raise ServelabError(f"{source}: no cluster pool '{name}'{did_you_mean(name, by_name)}")
+            given.setdefault(name, {})[key.replace("-", "_")] = value
+        return replace(self, pools=tuple(_with_keys(p, given[p.name], source) if p.name in given else p
+                                         for p in self.pools))
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pools": [p.to_dict() for p in self.pools]}
         if self.links:
@@ -311,6 +328,67 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
             raise ServelabError(f"{where}: expected a string or an array of strings, got {value!r}")
         return tuple(value)
     return coerce(value, annotation, where)
+
+
+def _with_keys(pool: PoolConfig, given: dict[str, Any], source: str) -> PoolConfig:
+    """``pool`` with the raw values ``given`` typed and put over it (``ClusterConfig.with_pool_keys``)."""
+    at = f"{source}: cluster pool '{pool.name}'"
+    own = {"replicas": "int", "price_per_gpu_hour": "float", "rebalance": "bool"}
+    scale_types = {f.name: f.type for f in fields(AutoscaleConfig)}
+    changed: dict[str, Any] = {}
+    settings = dict(pool.settings)
+    scale: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in own:
+            changed[key] = coerce(value, own[key], f"{at}.{key}")
+        elif key.startswith("autoscale."):
+            name = key[len("autoscale."):]
+            if pool.autoscale is None or name not in scale_types:
+                raise ServelabError(f"{at}: no '{key}'" + (" (the pool has no autoscale)" if pool.autoscale is None
+                                                           else did_you_mean(name, scale_types)))
+            scale[name] = coerce(value, scale_types[name], f"{at}.{key}")
+        elif key.startswith("instances.") and key.endswith(".price_per_gpu_hour"):  # one instance type's price
+            gpu = key[len("instances."):-len(".price_per_gpu_hour")]
+            kinds = changed.get("instances", pool.instances)
+            if gpu not in {t.gpu for t in kinds}:
+                raise ServelabError(f"{at}: no instance type '{gpu}'{did_you_mean(gpu, [t.gpu for t in kinds])}")
+            price = coerce(value, "float", f"{at}.{key}")
+            if not 0 <= price < math.inf:
+                raise ServelabError(f"{at}.{key}: must be a finite number >= 0, got {price}")
+            changed["instances"] = tuple(replace(t, price_per_gpu_hour=price) if t.gpu == gpu else t for t in kinds)
+        elif key in CLUSTER_WIDE:
+            raise ServelabError(f"{at}: '{key}' is the cluster's, not a pool's: set it at the top level")
+        elif key in ENGINE_TYPES and key != "replicas" or key in TOP_TYPES:
+            settings[key] = typed_setting(key, value, f"{at}.{key}")
+        else:
+            known = sorted({*own, *(set(ENGINE_TYPES) - set(CLUSTER_WIDE) - {"replicas"}), *TOP_TYPES})
+            raise ServelabError(f"{at}: unknown key '{key}'{did_you_mean(key, known)}")
+    if "policy" in given and "policy_params" not in given:
+        settings.pop("policy_params", None)
+    if scale:
+        changed["autoscale"] = replace(pool.autoscale, **scale)
+    return replace(pool, settings=tuple(sorted(settings.items())), **changed)
+
+
+def is_typed(key: str, value: Any) -> bool:
+    """Is ``value`` already what ``typed_setting(key, ...)`` makes (so a frozen pool holds it as it is)?"""
+    kind = _kind(key)
+    if kind == "table":
+        return _is_params(value) or isinstance(value, dict)
+    base, optional = type_name(kind)
+    if value is None:
+        return optional
+    if base.startswith("tuple"):
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    if base == "int":
+        return type(value) is int
+    if base == "float":
+        return type(value) in (int, float) and math.isfinite(value)
+    return type(value) is {"str": str, "bool": bool}.get(base, type(value))
+
+
+def _kind(key: str) -> str:
+    return TOP_TYPES[key] if key in TOP_TYPES else ENGINE_TYPES[key]
 
 
 def _is_params(value: Any) -> bool:

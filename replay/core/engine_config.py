@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from servelab.common.coerce import coerce
+from servelab.common.coerce import coerce, plain
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS
@@ -129,8 +129,9 @@ def typed_fields(cls: type, raw: dict[str, Any], owner: str) -> dict[str, Any]:
 
 def params_table(params: Any) -> dict[str, Any]:
     """A typed params dataclass -> the plain table of the fields that differ from their defaults (what a
-    TOML file writes): ``make_params(type(p), params_table(p), ...) == p``."""
-    return {f.name: getattr(params, f.name) for f in fields(params) if getattr(params, f.name) != f.default}
+    TOML file writes, ``NamedFloats`` as a table and ``Names`` as an array: common/coerce.py ``plain``):
+    ``make_params(type(p), params_table(p), ...) == p``."""
+    return {f.name: plain(getattr(params, f.name)) for f in fields(params) if getattr(params, f.name) != f.default}
 
 
 __all__ = ["INT32_MAX", "MAX_REPLICAS", "EngineConfig", "EngineParts", "make_params", "params_table",
