@@ -146,7 +146,10 @@ class Evaluator:
                 named[p.key].update(p.choices or ())
         for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
             for name in named[key]:
-                registry.get(parse_spec(name)[0] if key == "runner" else name)
+                try:
+                    registry.get(parse_spec(name)[0] if key == "runner" else name)
+                except ServelabError:
+                    pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
