@@ -131,8 +131,9 @@ class Evaluator:
         self._writing = None  # the run being written in the background, if any
 
     def warm_up(self) -> None:
-        """Import what a trial runs (the replay, the run writer, the plug-ins the base and the space name) now: a
-        pool worker does it as it starts, so that its first trial is timed like the others (imports moved, not saved)."""
+        """Import what a trial runs (the replay, the run writer, the plug-ins the base and the space name) now:
+        a pool worker does it as it starts, so that its first trial is timed like the others (imports moved,
+        not saved)."""
         import servelab.assembly  # noqa: F401
         import servelab.search.space  # noqa: F401
         from servelab.replay import write_run  # noqa: F401
@@ -156,7 +157,7 @@ class Evaluator:
         self.scorer.close()
 
     def __call__(self, trial) -> float | tuple[float, ...]:
-        """Evaluate ``trial`` (Optuna's, or a pool worker's `RecordedTrial`); raises `Pruned` for a pruned or infeasible one."""
+        """Evaluate ``trial`` (Optuna's, or a pool worker's `RecordedTrial`); `Pruned`: pruned, or infeasible."""
         from servelab.search.space import config_for, suggest
 
         started, started_cpu = time.perf_counter(), time.process_time()

@@ -75,7 +75,8 @@ class InProcess:
 
     workers = 1
 
-    def __init__(self, spec: SearchSpec, study_dir: Path, interrupt: Interrupt, prepared: tuple[Path, dict] | None = None):
+    def __init__(self, spec: SearchSpec, study_dir: Path, interrupt: Interrupt,
+                 prepared: tuple[Path, dict] | None = None):  # fmt: skip
         from servelab.search.objective import Evaluator
 
         self.evaluator = Evaluator(spec, study_dir, prepared=prepared)
