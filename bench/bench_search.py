@@ -4,9 +4,12 @@ Each run is a fresh process (as `servelab search` is) running the study with W l
 reports its wall time, trials per minute, and CPU seconds: the replays' own (``replay()``, timed
 in the process that ran it), the rest of each trial's evaluation (config, scoring, writing the run
 directory), the `search` process's own work beyond evaluations (Optuna's sampling and storage,
-telling results, setup; imports excluded), and the workers' start-up. "Overhead" (issue #31) is everything but
-the replays, as CPU time against the replays' CPU time: a figure the machine's load does not
-inflate as it does wall time.
+telling results, setup; imports excluded; the sampler's share, its CPU inside `suggest`, apart), and the
+workers' start-up. "Overhead" (issue #31) is everything but the replays and the start-up, as CPU time
+against the replays' CPU time: a figure the machine's load does not inflate as it does wall time.
+From the same figures it prints the speed-up they imply on idle cores (`modelled_wall_s`: the batches'
+makespans, the `search` process's work counted serial, the start-up once), for a machine whose cores
+are busy, where wall-clock scaling cannot be measured.
 
     .venv/bin/python bench/bench_search.py --trials 20 --requests 2000 --workers 1,2 --rounds 3
 
@@ -104,6 +107,7 @@ def one_run(args) -> dict:
     import servelab.search.batch  # noqa: F401
     import servelab.search.objective  # noqa: F401
 
+    sampler_cpu = _time_the_sampler()
     cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
     if args.profile:
         import cProfile
@@ -123,12 +127,62 @@ def one_run(args) -> dict:
 
     eval_cpu, replay_cpu = total("attr.eval_cpu_s"), total("attr.replay_cpu_s")
     in_process = int(args.workers) == 1
+    rows = sorted(t.select(["number", "attr.eval_cpu_s"]).to_pylist(), key=lambda r: r["number"])
     return {"workers": int(args.workers), "trials": t.num_rows, "wall_s": wall, "parent_cpu_s": parent_cpu,
             "children_cpu_s": children_cpu, "eval_cpu_s": eval_cpu, "replay_cpu_s": replay_cpu,
             "replay_s": total("attr.replay_s"),
-            "bookkeeping_cpu_s": parent_cpu - (eval_cpu if in_process else 0.0),
+            "bookkeeping_cpu_s": parent_cpu - (eval_cpu if in_process else 0.0), "sampler_cpu_s": sampler_cpu[0],
             "worker_startup_cpu_s": 0.0 if in_process else children_cpu - eval_cpu,
-            "best": pc.max(t.column("attainment")).as_py(), "digest": trials_digest(t)}  # fmt: skip
+            "best": pc.max(t.column("attainment")).as_py(), "digest": trials_digest(t),
+            "trial_eval_cpu_s": [r["attr.eval_cpu_s"] or 0.0 for r in rows], "batch": batch_size(args)}  # fmt: skip
+
+
+def _time_the_sampler() -> list[float]:
+    """Count the `search` process's CPU inside `suggest` on Optuna's trials: the sampler's work (TPE fits its
+    model at a trial's first suggest), which grows with the trials told (optuna/optuna#5478)."""
+    import servelab.search.space as space
+
+    try:
+        from servelab.search.recorded import RecordedTrial
+    except ImportError:  # a checkout before session 17 (to measure it with this script)
+        from servelab.search.pool import RecordedTrial
+
+    spent = [0.0]
+    suggest = space.suggest
+
+    def timed(trial, *args, **kwargs):
+        if isinstance(trial, RecordedTrial):  # a worker's (or the in-process evaluator's) replay of the draw
+            return suggest(trial, *args, **kwargs)
+        c = time.thread_time()
+        try:
+            return suggest(trial, *args, **kwargs)
+        finally:
+            spent[0] += time.thread_time() - c
+
+    space.suggest = timed  # search/batch.py imports it at each batch
+    return spent
+
+
+def batch_size(args) -> int:
+    from servelab.search.batch import BATCH_TRIALS
+
+    return args.batch or BATCH_TRIALS
+
+
+def modelled_wall_s(evals: list[float], batch: int, workers: int, parent_per_trial_s: float, startup_s: float) -> float:
+    """The wall time of the study on ``workers`` idle cores, from CPU figures: each batch costs the parent's work
+    on its trials (sampling, storage, tells: all counted as serial, though the asks after the first overlap the
+    replays in flight) plus the batch's makespan, its trials dealt in order to whichever worker is free first (as
+    search/pool.py does); the workers' start-up (in parallel) comes once. One worker: no start-up (in process)."""
+    wall = 0.0 if workers == 1 else startup_s
+    for i in range(0, len(evals), batch):
+        trials = evals[i:i + batch]
+        free = [0.0] * workers
+        for e in trials:
+            k = free.index(min(free))
+            free[k] += e
+        wall += parent_per_trial_s * len(trials) + max(free)
+    return wall
 
 
 def report(r: dict) -> None:
@@ -142,10 +196,38 @@ def report(r: dict) -> None:
     for name, value in (("replay() (in the process that ran it)", r["replay_cpu_s"]),
                         ("rest of the evaluation (config, scoring, writing)", other_eval),
                         ("`search` process beyond evaluations (sampling, storage, tell, setup)", r["bookkeeping_cpu_s"]),
+                        ("... of which the sampler (Optuna's TPE, in `suggest`)", r["sampler_cpu_s"]),
+                        ("... the rest (ask, tell, journal, setup)", r["bookkeeping_cpu_s"] - r["sampler_cpu_s"]),
                         ("**overhead** (the two above)", overhead),
                         ("workers' start-up (imports, trace), once per run", r["worker_startup_cpu_s"])):  # fmt: skip
         print(f"| {name} | {value:.3f} | {1000 * value / n:.1f} | {value / r['replay_cpu_s']:.1%} |")
-    print(f"overhead / replay CPU: {overhead / r['replay_cpu_s']:.1%}")
+    print(f"overhead / replay CPU: {overhead / r['replay_cpu_s']:.1%} "
+          f"(without the sampler: {(overhead - r['sampler_cpu_s']) / r['replay_cpu_s']:.1%})")
+    if r["workers"] > 1:
+        print(f"workers' start-up CPU: {r['worker_startup_cpu_s'] / r['workers']:.2f} s per worker")
+    print(implied(r))
+
+
+def implied(r: dict, startup_s: float | None = None) -> str:
+    """The speed-up these CPU figures imply on idle cores (`modelled_wall_s`), for 2 and 4 workers over 1;
+    ``startup_s``: the start-up CPU of one worker (default: this run's, when it had workers)."""
+    evals, n = r["trial_eval_cpu_s"], r["trials"]
+    parent = r["bookkeeping_cpu_s"] / n
+    if startup_s is None and r["workers"] > 1:
+        startup_s = r["worker_startup_cpu_s"] / r["workers"]
+    one = modelled_wall_s(evals, r["batch"], 1, parent, 0.0)
+    parts = []
+    for w in (2, 4):
+        steady = one / modelled_wall_s(evals, r["batch"], w, parent, 0.0)
+        if startup_s is None:
+            parts.append(f"{w} workers {steady:.2f}x without the workers' start-up")
+        else:
+            parts.append(f"{w} workers {one / modelled_wall_s(evals, r['batch'], w, parent, startup_s):.2f}x "
+                         f"({steady:.2f}x without the start-up)")  # fmt: skip
+    serial = parent * n / (parent * n + sum(evals))
+    where = "" if startup_s is None else f"start-up {startup_s:.2f} s/worker, "
+    return (f"implied on idle cores (batches of {r['batch']}, {where}the search process's work "
+            f"{1000 * parent:.1f} ms/trial = {serial:.1%} of the CPU, counted serial): " + ", ".join(parts))
 
 
 def main() -> None:
@@ -181,19 +263,27 @@ def main() -> None:
             print(f"\n## round {k + 1}, {w} worker(s) (load average {os.getloadavg()[0]:.2f})")
             report(r)
     if len(counts) > 1 or args.rounds > 1:
-        print("\n| workers | trials/min, median (runs) | overhead / replay CPU, median | digest |")
-        print("|---:|---|---:|---|")
+        print("\n| workers | trials/min, median (runs) | overhead / replay CPU, median | without the sampler | digest |")
+        print("|---:|---|---:|---:|---|")
         for w in counts:
             rates = [60 * r["trials"] / r["wall_s"] for r in runs[w]]
             over = [(r["bookkeeping_cpu_s"] + r["eval_cpu_s"] - r["replay_cpu_s"]) / r["replay_cpu_s"] for r in runs[w]]
+            own = [(r["bookkeeping_cpu_s"] - r["sampler_cpu_s"] + r["eval_cpu_s"] - r["replay_cpu_s"]) / r["replay_cpu_s"]
+                   for r in runs[w]]  # fmt: skip
             digests = sorted({r["digest"] for r in runs[w]})
             print(f"| {w} | {statistics.median(rates):.0f} ({', '.join(f'{x:.0f}' for x in rates)}) | "
-                  f"{statistics.median(over):.1%} | {', '.join(digests)} |")  # fmt: skip
+                  f"{statistics.median(over):.1%} | {statistics.median(own):.1%} | {', '.join(digests)} |")  # fmt: skip
         base = counts[0]
         for w in counts[1:]:
             ratios = [b["wall_s"] and a["wall_s"] / b["wall_s"] for a, b in zip(runs[base], runs[w])]
             print(f"speed-up of {w} workers over {base}, per round: {', '.join(f'{x:.2f}x' for x in ratios)} "
                   f"(median {statistics.median(ratios):.2f}x)")  # fmt: skip
+        startups = [r["worker_startup_cpu_s"] / r["workers"] for rs in runs.values() for r in rs if r["workers"] > 1]
+        if startups and 1 in runs:
+            print(f"from the 1-worker runs' trials with the median start-up of a worker "
+                  f"({statistics.median(startups):.2f} s CPU):")
+            for r in runs[1]:
+                print("  " + implied(r, statistics.median(startups)))
         same = len({r["digest"] for rs in runs.values() for r in rs}) == 1
         print(f"trials tables identical across worker counts and rounds: {'yes' if same else 'NO'}")
 

@@ -58,12 +58,13 @@ def resolve_workers(spec: SearchSpec) -> int:
 
 
 def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: int, progress=None,
-                interrupt: Interrupt | None = None) -> None:  # fmt: skip
+                interrupt: Interrupt | None = None, prepared: tuple[Path, dict] | None = None) -> None:  # fmt: skip
     """Evaluate trials in batches until the study has ``limit`` finished ones (or ``spec.timeout_s`` passes).
 
     Ctrl-C (``interrupt``) stops after the trials in hand are recorded: finished ones are told,
     the rest failed as ``interrupted``; then KeyboardInterrupt is raised. A worker that dies
-    raises ServelabError once the batch's finished trials are told.
+    raises ServelabError once the batch's finished trials are told. ``prepared``: the trace as
+    `prepare_trace` left it (path, metadata), for the evaluators to read instead of preparing it again.
     """
     own_interrupt = interrupt is None
     interrupt = (interrupt or Interrupt()).install()
@@ -74,7 +75,8 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
     try:
         if interrupt.is_set():
             raise KeyboardInterrupt
-        runner = InProcess(spec, study_dir, interrupt) if workers == 1 else Pool(spec, study_dir, workers, owner, interrupt)
+        runner = (InProcess(spec, study_dir, interrupt, prepared) if workers == 1
+                  else Pool(spec, study_dir, workers, owner, interrupt, prepared))  # fmt: skip
         # Optuna's own loop flag: samplers may call study.stop() when told a result (the grid sampler, its grid
         # covered), which Optuna refuses outside an optimize loop; here it ends the study after the batch
         study._thread_local.in_optimize_loop = True

@@ -17,18 +17,19 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from servelab.common.errors import ServelabError
 from servelab.common.processes import start_token
+from servelab.search.recorded import Pruned
 from servelab.search.spec import CONSTRAINED, SearchSpec
 
 
@@ -90,14 +91,25 @@ class QuotaReached(Exception):
 
 
 class Evaluator:
-    """The Optuna objective of one worker process (holds the trace and a scoring connection)."""
+    """The Optuna objective of one worker process (holds the trace and a scoring connection).
 
-    def __init__(self, spec: SearchSpec, study_dir: Path, threads: int | None = None):
+    ``prepared`` is `prepare_trace`'s (path, metadata) when another process prepared the trace: a pool
+    worker then reads the file, rather than transforming, hashing and writing the spec's trace again.
+    """
+
+    def __init__(self, spec: SearchSpec, study_dir: Path, threads: int | None = None,
+                 prepared: tuple[Path, dict] | None = None):  # fmt: skip
         from servelab.search.scorer import RunScorer
 
         self.spec = spec
         self.study_dir = Path(study_dir)
-        self.trace, self.trace_path, self.trace_meta = prepare_trace(spec, self.study_dir)
+        if prepared is None:
+            self.trace, self.trace_path, self.trace_meta = prepare_trace(spec, self.study_dir)
+        else:  # the parent prepared it (`prepare_trace`): this process maps the file (an Arrow file: no copy)
+            from servelab.traces.io import read_trace
+
+            self.trace_path, self.trace_meta = Path(prepared[0]), dict(prepared[1])
+            self.trace = read_trace(self.trace_path)
         if threads is None and self.trace.num_rows <= ONE_THREAD_ROWS:
             threads = 1
         # a small trace is scored by numpy (scoring/quick.py), bit-equal to DuckDB on one thread
@@ -118,13 +130,34 @@ class Evaluator:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-write")
         self._writing = None  # the run being written in the background, if any
 
+    def warm_up(self) -> None:
+        """Import what a trial runs (the replay, the run writer, the plug-ins the base and the space name) now:
+        a pool worker does it as it starts, so that its first trial is timed like the others (imports moved,
+        not saved)."""
+        import servelab.assembly  # noqa: F401
+        import servelab.search.space  # noqa: F401
+        from servelab.replay import write_run  # noqa: F401
+        from servelab.replay.core.plugins import POLICIES, ROUTERS
+        from servelab.runners.base import RUNNERS, parse_spec
+
+        base = self.spec.base
+        named = {"policy": {base.policy}, "router": {base.engine.router}, "runner": {base.runner}}
+        for p in self.spec.space:
+            if p.key in named and not p.is_policy_param:
+                named[p.key].update(p.choices or ())
+        for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
+            for name in named[key]:
+                try:
+                    registry.get(parse_spec(name)[0] if key == "runner" else name)
+                except ServelabError:
+                    pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
+
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self.scorer.close()
 
     def __call__(self, trial) -> float | tuple[float, ...]:
-        from optuna import TrialPruned
-
+        """Evaluate ``trial`` (Optuna's, or a pool worker's `RecordedTrial`); `Pruned`: pruned, or infeasible."""
         from servelab.search.space import config_for, suggest
 
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -155,8 +188,8 @@ class Evaluator:
         except ServelabError as err:
             self._discard(trial)
             _set_attrs(trial, attrs, outcome="infeasible", reason=f"infeasible: {err}")
-            raise TrialPruned(f"infeasible: {err}") from None
-        except TrialPruned as err:
+            raise Pruned(f"infeasible: {err}") from None
+        except Pruned as err:
             _set_attrs(trial, attrs, outcome="pruned", reason=str(err))
             raise
         except KeyboardInterrupt:
@@ -165,7 +198,7 @@ class Evaluator:
             raise
         except Exception as err:
             interrupted = self.interrupted is not None and self.interrupted.is_set()
-            if isinstance(err, duckdb.InterruptException) or interrupted:
+            if _duckdb_interrupt(err) or interrupted:
                 # Ctrl-C arrived, but a library (DuckDB, a thread pool) turned it into its own exception
                 self._discard(trial)
                 _set_attrs(trial, {}, outcome="interrupted", reason="interrupted (Ctrl-C)")
@@ -259,8 +292,6 @@ class Evaluator:
         return result
 
     def _checkpoints(self, trial, config, attrs: dict[str, Any]) -> None:
-        from optuna import TrialPruned
-
         span = self.last_s - self.first_s
         for fraction in self.spec.checkpoints:
             horizon = self.first_s + fraction * span
@@ -273,7 +304,7 @@ class Evaluator:
             trial.report(value, step)
             if trial.should_prune():
                 attrs["pruned_at"] = fraction
-                raise TrialPruned(f"pruned at {fraction:.0%} of the trace: attainment so far {value:.4f}")
+                raise Pruned(f"pruned at {fraction:.0%} of the trace: attainment so far {value:.4f}")
 
     def _replay(self, trial, config, out_dir: Path, attrs: dict[str, Any]) -> dict[str, Any]:
         from servelab.replay import write_run
@@ -334,6 +365,12 @@ class Evaluator:
         if result.notes:
             scores["goodput_note"] = "; ".join(result.notes)
         return scores
+
+
+def _duckdb_interrupt(err: BaseException) -> bool:
+    """``err`` is DuckDB's form of Ctrl-C (without importing DuckDB: a small trace's worker scores by numpy)."""
+    duckdb = sys.modules.get("duckdb")
+    return duckdb is not None and isinstance(err, duckdb.InterruptException)
 
 
 # Shown as their own user attributes (one storage write each); everything else goes in "metrics".

@@ -2,7 +2,8 @@
 
 A worker never touches the study's storage while its parent lives: it gets a trial's number and the
 parameters the parent's sampler drew, runs the trial through the same Evaluator as a one-process
-search (config, replay, run directory, scores) on a stand-in trial (`RecordedTrial`), and sends back
+search (config, replay, run directory, scores) on a stand-in trial (`RecordedTrial`, search/recorded.py:
+a worker never imports Optuna), and sends back
 an `Outcome`: the state, values, user attributes, constraint and intermediate values that the
 parent then records on the real trial. A pruner's question ("prune at this checkpoint?") goes to
 the parent, which asks the real trial.
@@ -25,9 +26,8 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
-from optuna.trial import FixedTrial
-
 from servelab.common.errors import ServelabError
+from servelab.search.recorded import Pruned, RecordedTrial
 from servelab.search.signals import Interrupt, _ParentWatch
 from servelab.search.spec import SearchSpec
 
@@ -54,35 +54,13 @@ class Outcome:
     intermediate: dict[int, float] = field(default_factory=dict)
 
 
-class RecordedTrial(FixedTrial):
-    """A worker's stand-in for the parent's trial: ``suggest_*`` return the parameters the parent drew; user
-    attributes, constraints and reports are recorded; ``should_prune`` asks ``prune(number, reports)``."""
-
-    def __init__(self, params: dict[str, Any], number: int, prune: Callable[[int, dict[int, float]], bool] | None):
-        super().__init__(params, number)
-        self.intermediate: dict[int, float] = {}
-        self.recorded_constraints: dict[str, float] = {}
-        self._prune = prune
-
-    def report(self, value: float, step: int) -> None:
-        self.intermediate[int(step)] = float(value)
-
-    def should_prune(self) -> bool:
-        return bool(self._prune(self.number, dict(self.intermediate))) if self._prune is not None else False
-
-    def set_constraint(self, name: str, value: float) -> None:  # (the Evaluator's form on Optuna >= 5.1)
-        self.recorded_constraints[name] = float(value)
-
-
 def evaluate(evaluator, number: int, params: dict[str, Any], prune=None) -> Outcome:
     """Run trial ``number`` with ``params`` through ``evaluator`` (search/objective.py) on a `RecordedTrial`."""
-    from optuna import TrialPruned
-
     trial = RecordedTrial(params, number, prune)
     try:
         value = evaluator(trial)
         state, values = "complete", list(value) if isinstance(value, tuple) else [value]
-    except TrialPruned:
+    except Pruned:
         state, values = "pruned", None
     except KeyboardInterrupt:
         state, values = "interrupted", None
@@ -97,10 +75,11 @@ class InProcess:
 
     workers = 1
 
-    def __init__(self, spec: SearchSpec, study_dir: Path, interrupt: Interrupt):
+    def __init__(self, spec: SearchSpec, study_dir: Path, interrupt: Interrupt,
+                 prepared: tuple[Path, dict] | None = None):  # fmt: skip
         from servelab.search.objective import Evaluator
 
-        self.evaluator = Evaluator(spec, study_dir)
+        self.evaluator = Evaluator(spec, study_dir, prepared=prepared)
         self.evaluator.interrupted = interrupt.event
         interrupt.evaluator = self.evaluator  # Ctrl-C raises only while its replay and scoring run
         self._done: list[Outcome] = []
@@ -124,7 +103,9 @@ class InProcess:
 class Pool:
     """``n`` spawned worker processes; a trial goes to an idle one, or waits for one."""
 
-    def __init__(self, spec: SearchSpec, study_dir: Path, n: int, owner: str, interrupt: Interrupt):
+    def __init__(self, spec: SearchSpec, study_dir: Path, n: int, owner: str, interrupt: Interrupt,
+                 prepared: tuple[Path, dict] | None = None):  # fmt: skip
+        """``prepared``: the trace the parent prepared (`prepare_trace`'s path and metadata), which each worker maps."""
         ctx = multiprocessing.get_context("spawn")
         self.workers = n
         self.interrupt = interrupt
@@ -138,7 +119,7 @@ class Pool:
             for i in range(n):
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=_worker_main, name=f"servelab-search-{i}",
-                                   args=(child_end, spec, str(study_dir), os.getpid(), owner, i))  # fmt: skip
+                                   args=(child_end, spec, str(study_dir), os.getpid(), owner, i, prepared))  # fmt: skip
                 proc.start()
                 child_end.close()
                 self._conns.append(parent_end)
@@ -240,7 +221,8 @@ class Pool:
         self.interrupt.evaluator = None
 
 
-def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner: str, index: int) -> None:
+def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner: str, index: int,
+                 prepared: tuple[Path, dict] | None = None) -> None:  # fmt: skip
     """A pool worker: evaluate the trials the parent sends until it says stop or goes away."""
     from servelab.search.objective import Evaluator
 
@@ -251,7 +233,8 @@ def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner:
     evaluator = None
     try:
         try:
-            evaluator = Evaluator(spec, Path(study_dir), threads=1)
+            evaluator = Evaluator(spec, Path(study_dir), threads=1, prepared=prepared)
+            evaluator.warm_up()
         except Exception as err:
             conn.send(("error", f"{type(err).__name__}: {err}"))
             return
@@ -326,4 +309,4 @@ def fail_running(study, worker: str, outcome: str, reason: str) -> list[int]:
     return failed
 
 
-__all__ = ["WorkerDied", "Outcome", "RecordedTrial", "evaluate", "InProcess", "Pool", "fail_running"]
+__all__ = ["WorkerDied", "Outcome", "evaluate", "InProcess", "Pool", "fail_running"]

@@ -52,27 +52,31 @@ def config_for(base: ReplayConfig, space: tuple[Param, ...], values: dict[str, A
     ``gpu_prices`` prices the pools that have no price of their own, so the run records its dollars.
     """
     from servelab.policies.base import policy_class
+    from servelab.replay.core.engine_config import params_table
 
     by_name = {p.name: p for p in space}
     pooled = {(by_name[n].pool, by_name[n].key): v for n, v in values.items() if by_name[n].pool is not None}
     if pooled or gpu_budget is not None or (gpu_prices and base.cluster is not None):
         base = _with_pools(base, pooled, source, gpu_budget, fill_pool, gpu_prices)
-    data = base.to_dict()
-    params: dict[str, Any] = dict(data.pop("policy_params", {}))
-    for name, value in values.items():
-        p = by_name[name]
-        if not p.is_policy_param and p.pool is None:
-            data[p.key] = value
-    if data["policy"] != base.policy:
-        own = {f.name for f in fields(policy_class(data["policy"]).Params)}
-        params = {k: v for k, v in params.items() if k in own}
+    # Only the trial's values are typed and put over the base's typed fields (``with_options``: a
+    # ``dataclasses.replace``); the base is not written out as a table and parsed again per trial.
+    data: dict[str, Any] = {}
+    params: dict[str, Any] = {}
     for name, value in values.items():
         p = by_name[name]
         if p.is_policy_param:
             params[p.key] = value
+        elif p.pool is None:
+            data[p.key] = value
+    policy = data.get("policy", base.policy)
+    if policy != base.policy:  # the base's parameters that the trial's policy also has, under the trial's own
+        own = {f.name for f in fields(policy_class(policy).Params)}
+        params = {**{k: v for k, v in params_table(base.policy_params).items() if k in own}, **params}
+    if data.get("router", base.engine.router) != base.engine.router and params_table(base.router_params):
+        data["router_params"] = params_table(base.router_params)  # typed against the trial's router, as a file's
     if params:
         data["policy_params"] = params
-    return ReplayConfig.from_dict(data, source=source)
+    return base.with_options(data, source=source)
 
 
 def _pool_gpus(config: ReplayConfig) -> dict[str, tuple[int, int]]:

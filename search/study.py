@@ -277,9 +277,11 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
     Ctrl-C (and whatever ``interrupt`` catches) raises KeyboardInterrupt here once the trial in
     flight is failed as ``interrupted`` or, between trials, once the last one is recorded.
     """
+    import optuna
     from optuna.trial import TrialState
 
     from servelab.search.objective import Evaluator, QuotaReached
+    from servelab.search.recorded import Pruned
 
     own_interrupt = interrupt is None
     interrupt = (interrupt or Interrupt()).install()
@@ -328,8 +330,15 @@ def run_worker(spec: SearchSpec, study_dir: Path, seed: int, threads: int | None
                 study_.stop()
 
         evaluator.quota_check = quota
+
+        def objective(trial):
+            try:
+                return evaluator(trial)
+            except Pruned as err:  # (the Evaluator's own signal: pool workers run it without Optuna)
+                raise optuna.TrialPruned(str(err)) from None
+
         try:
-            study.optimize(evaluator, n_trials=None, timeout=spec.timeout_s, catch=(Exception,),
+            study.optimize(objective, n_trials=None, timeout=spec.timeout_s, catch=(Exception,),
                            callbacks=[after, lambda study_, _frozen: interrupt.is_set() and study_.stop()],
                            gc_after_trial=False)  # fmt: skip
             if interrupt.is_set():
@@ -506,10 +515,12 @@ def _run_local(spec: SearchSpec, study_dir: Path, study, progress=None) -> None:
     if counts(study)["finished"] >= limit:
         return
     workers = resolve_workers(spec)
-    if workers > 1:
-        prepare_trace(spec, study_dir)  # once, before the workers race to write it
+    prepared = None
+    if workers > 1:  # once, here: the workers read the file it names
+        _, path, meta = prepare_trace(spec, study_dir)
+        prepared = (path, meta)
     try:
-        run_batches(study, spec, study_dir, workers, limit, progress)
+        run_batches(study, spec, study_dir, workers, limit, progress, prepared=prepared)
     finally:
         sync_storage(study)
 

@@ -74,3 +74,197 @@ def test_a_batch_of_tells_is_one_journal_append_and_reads_back_the_same(tmp_path
         [(t.params, t.user_attrs, t.value, t.state) for t in study.trials]
     study.tell(study.ask(), 5.0)  # outside a batch: each record written at once again
     assert writes[1:] == [1, 1]
+
+
+def _pool_worker_trial(spec_path, study_dir, params: dict) -> tuple[str, list[str]]:
+    """One trial as a pool worker runs it (search/pool.py `_worker_main`), in a fresh interpreter: its
+    outcome and the Optuna modules the worker imported."""
+    import pickle
+    import subprocess
+    import sys
+
+    spec_pickle = study_dir.parent / "spec.pickle"
+    spec_pickle.write_bytes(pickle.dumps(load_spec(spec_path)))
+    code = f"""
+import pickle, sys
+from pathlib import Path
+spec = pickle.loads(Path({str(spec_pickle)!r}).read_bytes())  # as the spawned worker gets it
+from servelab.search.objective import Evaluator
+from servelab.search.pool import evaluate
+evaluator = Evaluator(spec, Path({str(study_dir)!r}), threads=1)
+evaluator.warm_up()
+outcome = evaluate(evaluator, 0, {params!r})
+evaluator.close()
+print(outcome.state, outcome.user_attrs.get("reason", ""))
+print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] == "optuna")))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    state_line, modules_line = (done.stdout.splitlines() + ["", ""])[:2]
+    return state_line.split()[0], modules_line.split()
+
+
+def test_a_pool_worker_evaluates_trials_without_importing_optuna(tmp_path):
+    """A worker gets the parameters the parent drew: it needs no sampler or storage, and Optuna's import
+    was ~80 ms of each worker's start (search/recorded.py)."""
+    spec_path = grid_spec(tmp_path, n_trials=1)
+    state, optuna_modules = _pool_worker_trial(spec_path, tmp_path / "study",
+                                               {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"})
+    assert state == "complete"
+    assert optuna_modules == []
+    # an infeasible trial is pruned the same way (the Evaluator's own `Pruned`, not Optuna's)
+    state, optuna_modules = _pool_worker_trial(spec_path, tmp_path / "study2",
+                                               {"max_num_seqs": 0, "max_num_batched_tokens": 512, "policy": "sarathi"})
+    assert (state, optuna_modules) == ("pruned", [])
+
+
+def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path, monkeypatch):
+    """A trial's run is written (for `servelab query trials/*`) but scored from the replay's Arrow tables in
+    memory: no Parquet read, and for a small trace no DuckDB connection either (scoring/quick.py)."""
+    import pyarrow.parquet as pq
+
+    import servelab.search.scorer as scorer_module
+    from servelab.scoring import SloTable, connect
+    from servelab.search.pool import evaluate
+
+    spec = load_spec(grid_spec(tmp_path, n_trials=1))
+    evaluator = Evaluator(spec, tmp_path / "study")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a trial's scoring went through files or DuckDB")
+
+    with monkeypatch.context() as patched:
+        for name in ("read_table", "ParquetFile", "ParquetDataset"):
+            patched.setattr(pq, name, refuse)
+        patched.setattr(scorer_module, "RunConnection", refuse)
+        try:
+            outcome = evaluate(evaluator, 0, {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"})
+        finally:
+            evaluator.close()
+    assert outcome.state == "complete", outcome.user_attrs.get("reason")
+    assert evaluator.scorer._run is None  # DuckDB never opened
+    # the same number as the scoring views give on the run directory the trial wrote
+    con = connect(tmp_path / "study" / outcome.user_attrs["trial_dir"], spec.slo)
+    (att,) = con.execute("SELECT attainment FROM slo_attainment WHERE scope = 'overall'").fetchone()
+    assert 0 < att < 1 and outcome.values == [att]
+
+
+def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
+    """A transformed trace is prepared (windowed, hashed, written to STUDY_DIR/trace.arrow) once, by the
+    `search` process, before the workers start; each worker maps that file instead of preparing it again."""
+    from dataclasses import replace
+
+    from helpers_search import BASE_SPEC, GRID_SPACE, write_spec, write_trace_file
+    from servelab.search.objective import prepare_trace
+
+    write_trace_file(tmp_path)
+    text = BASE_SPEC.format(n_trials=4).replace('trace = "trace.arrow"', 'trace = { path = "trace.arrow", head = 150 }')
+    spec = load_spec(write_spec(tmp_path, text + GRID_SPACE))
+    study_dir = tmp_path / "study"
+    run_study(replace(spec, workers=2), study_dir)
+    written_ns = (study_dir / "trace.arrow").stat().st_mtime_ns
+    study = load_study_dir(study_dir)
+    first_start = min(t.datetime_start for t in study.trials).timestamp() * 1e9
+    assert written_ns < first_start  # (a worker preparing it again wrote it after the first trial was asked)
+    assert {t.user_attrs["metrics"]["requests"] for t in study.trials} == {150}
+    # an Evaluator given the prepared trace reads the same table
+    table, path, meta = prepare_trace(spec, study_dir)
+    evaluator = Evaluator(spec, study_dir, prepared=(path, meta))
+    try:
+        assert evaluator.trace.equals(table) and evaluator.trace_meta == meta
+    finally:
+        evaluator.close()
+
+
+def _config_by_round_trip(base, space, values, source, gpu_budget=None, fill_pool=None, gpu_prices=None):
+    """search/space.py's config_for before session 17: the whole base written as a table and parsed again."""
+    from dataclasses import fields
+
+    from servelab.policies.base import policy_class
+    from servelab.replay.config import ReplayConfig
+    from servelab.search.space import _with_pools
+
+    by_name = {p.name: p for p in space}
+    pooled = {(by_name[n].pool, by_name[n].key): v for n, v in values.items() if by_name[n].pool is not None}
+    if pooled or gpu_budget is not None or (gpu_prices and base.cluster is not None):
+        base = _with_pools(base, pooled, source, gpu_budget, fill_pool, gpu_prices)
+    data = base.to_dict()
+    params = dict(data.pop("policy_params", {}))
+    for name, value in values.items():
+        if not by_name[name].is_policy_param and by_name[name].pool is None:
+            data[by_name[name].key] = value
+    if data["policy"] != base.policy:
+        own = {f.name for f in fields(policy_class(data["policy"]).Params)}
+        params = {k: v for k, v in params.items() if k in own}
+    for name, value in values.items():
+        if by_name[name].is_policy_param:
+            params[by_name[name].key] = value
+    if params:
+        data["policy_params"] = params
+    return ReplayConfig.from_dict(data, source=source)
+
+
+# a base with policy and router parameters, and a space that changes both: parameters the new policy
+# shares are kept, others dropped; a router that lacks the base's router parameters is infeasible
+SWITCHING = """
+trace = "trace.arrow"
+n_trials = 40
+runner = "roofline"
+[replay]
+policy = "sjf"
+router = "session"
+replicas = 2
+[replay.policy_params]
+preempt = true
+noise_sigma = 0.2
+[replay.router_params]
+balance = 2.0
+[slo]
+ttft_s = 1.0
+[space]
+policy = ["sjf", "srpt", "edf", "las", "vtc", "sarathi"]
+router = ["session", "weighted", "round-robin"]
+"policy_params.noise_sigma" = { low = 0.0, high = 1.0 }
+max_num_seqs = { low = 1, high = 512, log = true }
+tp = [1, 2]
+[space.policy_params.sarathi]
+long_prefill_threshold = { low = 0, high = 4096, step = 256 }
+"""
+
+
+def test_trial_configs_are_typed_variants_of_the_base_equal_to_a_parsed_table(tmp_path):
+    """config_for puts only the trial's values over the typed base (``with_options``); the configs (and the
+    errors of infeasible trials) are those the per-trial to_dict/from_dict round trip gave."""
+    import glob
+    from pathlib import Path
+
+    from helpers_search import write_spec, write_trace_file
+    from servelab.common.errors import ServelabError
+    from servelab.search.space import config_for, suggest
+
+    write_trace_file(tmp_path)
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    paths = [write_spec(tmp_path, SWITCHING, "switching.toml"), *map(Path, sorted(glob.glob(str(examples / "search_*.toml"))))]
+    checked = errors = 0
+    for path in paths:
+        spec = load_spec(path)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+        for _ in range(40):
+            trial = study.ask()
+            values = suggest(trial, spec.space, spec.base)
+            kwargs = dict(source=f"trial {trial.number}", gpu_budget=spec.gpu_budget, fill_pool=spec.fill_pool,
+                          gpu_prices=dict(spec.gpu_prices))  # fmt: skip
+            outcomes = []
+            for build in (config_for, _config_by_round_trip):
+                try:
+                    outcomes.append(build(spec.base, spec.space, values, **kwargs))
+                except ServelabError as err:
+                    outcomes.append(f"error: {err}")
+            new, old = outcomes
+            assert new == old, (path.name, values)
+            if isinstance(new, str):
+                errors += 1
+            else:
+                assert new.to_dict() == old.to_dict()
+                checked += 1
+            study.tell(trial, 0.0)
+    assert checked > 300 and errors > 5  # (the switching spec's routers without `balance` are refused)
