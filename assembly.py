@@ -46,12 +46,12 @@ from servelab.replay.cluster.autoscale import Autoscaler
 from servelab.replay.cluster.config import ClusterConfig, PoolConfig
 from servelab.replay.cluster.instances import InstanceType
 from servelab.replay.cluster.disagg import Disaggregation
-from servelab.replay.core.specs import Failure, check_failures
+from servelab.replay.core.specs import check_failures
 from servelab.replay.cluster.fleet import Fleet
 from servelab.replay.core.protocols import StepPlan
 from servelab.replay.core.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA, STEPS_SCHEMA
 from servelab.replay.stream import BATCH_ROWS, CHUNK, RowGroupWriter, TraceFile, TraceStream, requests_schema
-from servelab.replay.core.kv.tiers import build_stacks, parse_tiers
+from servelab.replay.core.kv.tiers import build_stacks
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
 from servelab.runners.encoders import EncoderPricer
@@ -148,7 +148,7 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
     host_blocks = 0
     if swap and bytes_per_token:
         host_blocks = int(engine_cfg.swap_space_gb * 1e9 // block_bytes)
-    tier_specs = parse_tiers(engine_cfg.kv_tiers)
+    tier_specs = engine_cfg.tier_specs
     if tier_specs and (not caching or runner.needs_block_tables):
         raise ServelabError("kv_tiers hold prefix-cache blocks: they need enable_prefix_caching, on-demand "
                             "allocation and a cost-model runner")
@@ -312,7 +312,7 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         counts[name] = counts.get(name, 0) + 1
     extra = []  # (field, column) appended after the platform columns, in order
     if engine_cfg.kv_tiers:
-        extra += tier_columns(requests, [t.name for t in parse_tiers(engine_cfg.kv_tiers)])
+        extra += tier_columns(requests, [t.name for t in engine_cfg.tier_specs])
     if parents:  # what the `tasks` view walks (scoring/tasks.py): each request's parents, delay and deadline
         extra += _dependency_columns(trace)
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
@@ -463,7 +463,7 @@ def _replay_to(source: TraceFile, config: ReplayConfig, run_dir: Path, runner: R
     if progress is not None:  # (the engine's total is that of the requests it was built with: none)
         report = progress
         progress = lambda now_s, ended, _total: report(now_s, ended, source.rows)  # noqa: E731
-    tiers = [t.name for t in parse_tiers(engine_cfg.kv_tiers)] if engine_cfg.kv_tiers else None
+    tiers = [t.name for t in engine_cfg.tier_specs] if engine_cfg.kv_tiers else None
     with atomic_dir(run_dir) as tmp:
         requests = RowGroupWriter(tmp / "requests.parquet", requests_schema(tiers), group_rows)
         steps = RowGroupWriter(tmp / "steps.parquet", STEPS_SCHEMA, group_rows)
@@ -686,7 +686,7 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
     if spec.disaggregated:
         _check_disaggregated(pools)
     if config.engine.fail:  # replica ids count across the pools, in the order built
-        check_failures(tuple(Failure.parse(f) for f in config.engine.fail), sum(len(p.replicas) for p in pools))
+        check_failures(config.engine.failures, sum(len(p.replicas) for p in pools))
     return BuiltCluster(spec, pools, config, block_tokens)
 
 

@@ -63,9 +63,9 @@ class ReplayConfig:
             raise ServelabError(f"replicas = {self.engine.replicas} with a [cluster]: each pool sets its own "
                                 "replicas ([[cluster.pools]] replicas = N)")
         if self.cluster is None and self.engine.fail:  # (a cluster's replica ids are checked once its pools are built)
-            from servelab.replay.core.specs import Failure, check_failures
+            from servelab.replay.core.specs import check_failures
 
-            check_failures(tuple(Failure.parse(spec) for spec in self.engine.fail), self.engine.replicas)
+            check_failures(self.engine.failures, self.engine.replicas)
         if self.cluster is not None:  # each pool's overrides with the top level: checked here, once, not when built
             pools = tuple(typed_pool(self, pool) for pool in self.cluster.pools)
             if any(new is not old for new, old in zip(pools, self.cluster.pools)):

@@ -18,12 +18,11 @@ from typing import Any
 
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
-from servelab.common.tiers import DEFAULT_TIERS, parse_tiers
+from servelab.common.tiers import DEFAULT_TIERS
 from servelab.replay.core.lora import parse_ranks
 from servelab.replay.core.kv.retention import check_retention
 from servelab.replay.core.spec_config import Acceptance, canonical_method, parse_speculative_config
-from servelab.replay.core.specs import Failure, PauseRule, Quota, check_failures
-from servelab.replay.core.kv.tiers import parse_tiers as parse_kv_tiers
+from servelab.replay.core.specs import parse_failures, parse_kv_tiers, parse_pause, parse_quotas, parse_tier_order
 
 # Most replicas in one pool: a replica costs ~3 KB and a policy instance when built, so 100,000 take
 # ~300 MB; a hundred million would end in a MemoryError rather than a result.
@@ -146,13 +145,12 @@ class PlatformPart:
 
     def __post_init__(self) -> None:
         _int32(self, "queue_cap")
-        parse_tiers(self.tier_order, "tier_order")
+        # typed once here, for every config with the same strings (replay/core/specs.py)
+        parse_tier_order(self.tier_order)
         _as_tuple(self, "quota", "fail")
-        for spec in self.quota:
-            Quota.parse(spec)
-        check_failures(tuple(Failure.parse(spec) for spec in self.fail), None)  # (ids: ReplayConfig's check)
-        if self.pause is not None:
-            PauseRule.parse(self.pause)
+        parse_quotas(self.quota)
+        parse_failures(self.fail)  # (replica ids: ReplayConfig's check, or the cluster's once built)
+        parse_pause(self.pause)
         if self.queue_cap is not None and self.queue_cap < 1:
             raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
 

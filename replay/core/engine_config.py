@@ -12,7 +12,7 @@ The same keys are accepted on the command line (``--max-num-seqs 64``) and in a 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Mapping
 
 from servelab.common.coerce import coerce, plain
 from servelab.common.errors import ServelabError
@@ -20,6 +20,9 @@ from servelab.common.registry import did_you_mean
 from servelab.common.tiers import DEFAULT_TIERS
 from servelab.replay.core.config_parts import (INT32_MAX, MAX_REPLICAS, PART_OF, PARTS, EngineParts, _positive,
                                           check_parts, part_of)
+from servelab.replay.core.kv.tiers import TierSpec
+from servelab.replay.core.specs import (Failure, PauseRule, Quota, parse_failures, parse_kv_tiers, parse_pause,
+                                        parse_quotas, parse_tier_order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,28 @@ class EngineConfig:
     @classmethod
     def from_parts(cls, parts: EngineParts) -> EngineConfig:
         return cls(**{name: getattr(getattr(parts, PART_OF[name]), name) for name in PART_OF})
+
+    # -- the spec strings' typed values, parsed once when the first config with them was made (its parts
+    # call the same parsers: replay/core/specs.py); consumers read these, never the strings --------------
+    @property
+    def quotas(self) -> tuple[Quota, ...]:
+        return parse_quotas(self.quota)
+
+    @property
+    def failures(self) -> tuple[Failure, ...]:
+        return parse_failures(self.fail)
+
+    @property
+    def pause_rule(self) -> PauseRule | None:
+        return parse_pause(self.pause)
+
+    @property
+    def tier_ranks(self) -> Mapping[str, int]:
+        return parse_tier_order(self.tier_order)
+
+    @property
+    def tier_specs(self) -> tuple[TierSpec, ...]:
+        return parse_kv_tiers(self.kv_tiers)
 
     @property
     def has_front_door(self) -> bool:

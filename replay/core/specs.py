@@ -1,15 +1,27 @@
 """The platform's settings as `EngineConfig` carries them (``--quota``, ``--pause``, ``--fail``), parsed
 into frozen values without I/O: the config validates them, the platform (replay/platform/hooks.py,
 replay/platform/admission.py) acts on them.
+
+The engine's spec strings (these three, ``tier_order`` and ``kv_tiers``) are parsed once, by the
+functions at the end (each remembers the values it parsed, keyed by the strings): the first
+`EngineConfig` made with a spec parses it, and every consumer reads the typed value from its config
+(``EngineConfig.quotas``, ``.failures``, ``.pause_rule``, ``.tier_ranks``, ``.tier_specs``), however
+many configs (a cluster's pools, a search's variants) carry the same strings.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Mapping
 
 from servelab.common.errors import ServelabError
 from servelab.common.fields import parse_fields
+from servelab.common.tiers import parse_tiers
+from servelab.replay.core.kv.tiers import TierSpec
+from servelab.replay.core.kv.tiers import parse_tiers as parse_tier_stack
 
 QUOTA_FIELDS = ("rpm", "tpm", "concurrency")
 
@@ -123,4 +135,47 @@ def check_failures(failures: tuple[Failure, ...], replicas: int | None) -> None:
                 raise ServelabError(f"fail replica={rid}: the failure at {b.at_s:g} s starts while it is still down")
 
 
-__all__ = ["QUOTA_FIELDS", "Failure", "PauseRule", "Quota", "check_failures"]
+# -- the engine's spec strings, typed once (``EngineConfig``'s parts call these; its properties read them) --
+# Keyed by the (hashable) strings and bounded: a search's variants rarely differ in them. A bad spec is
+# not remembered: it raises each time, with the same message.
+
+@lru_cache(maxsize=1024)
+def parse_quotas(specs: tuple[str, ...]) -> tuple[Quota, ...]:
+    return tuple(Quota.parse(spec) for spec in specs)
+
+
+@lru_cache(maxsize=1024)
+def parse_failures(specs: tuple[str, ...]) -> tuple[Failure, ...]:
+    """Parsed and checked for overlaps; replica ids are checked against a count where it is known."""
+    failures = tuple(Failure.parse(spec) for spec in specs)
+    check_failures(failures, None)
+    return failures
+
+
+@lru_cache(maxsize=1024)
+def parse_pause(spec: str | None) -> PauseRule | None:
+    return PauseRule.parse(spec) if spec else None
+
+
+@lru_cache(maxsize=1024)
+def parse_tier_order(spec: str) -> Mapping[str, int]:
+    """``tier_order`` -> {tier: rank}, read-only (one mapping is shared by every config that names it)."""
+    return MappingProxyType(parse_tiers(spec, "tier_order"))
+
+
+@lru_cache(maxsize=1024)
+def parse_kv_tiers(specs: tuple[str, ...]) -> tuple[TierSpec, ...]:
+    return parse_tier_stack(specs)
+
+
+SPEC_PARSERS = (parse_quotas, parse_failures, parse_pause, parse_tier_order, parse_kv_tiers)
+
+
+def clear_caches() -> None:
+    """Forget every spec parsed (for tests that count parses)."""
+    for parse in SPEC_PARSERS:
+        parse.cache_clear()
+
+
+__all__ = ["QUOTA_FIELDS", "SPEC_PARSERS", "Failure", "PauseRule", "Quota", "check_failures", "clear_caches",
+           "parse_failures", "parse_kv_tiers", "parse_pause", "parse_quotas", "parse_tier_order"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from servelab.common.tiers import tier_ranker
 from servelab.replay.core.journal import Ledger
@@ -66,7 +67,7 @@ class Admission:
 
     def __init__(self, quotas: tuple[Quota, ...], *, retries: int = 0, retry_backoff_s: float = 1.0,
                  retry_max_backoff_s: float = 60.0, retry_jitter: float = 0.0, retry_after: bool = False,
-                 queue_cap: int | None = None, tier_ranks: dict[str, int] | None = None, seed: int = 0):
+                 queue_cap: int | None = None, tier_ranks: Mapping[str, int] | None = None, seed: int = 0):
         self.tenant_quota = {q.name: q for q in quotas if q.scope == "tenant"}
         self.tier_quota = {q.name: q for q in quotas if q.scope == "tier"}
         self.buckets: dict[tuple[str, str], TokenBucket] = {}

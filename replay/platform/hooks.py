@@ -31,15 +31,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from servelab.common.tiers import parse_tiers
-from servelab.replay.platform.admission import Admission, PauseRule, Quota
+from servelab.replay.platform.admission import Admission
 from servelab.replay.core.batch import no_aggregate
 from servelab.replay.core.engine import ARRIVAL, FAULT
 from servelab.replay.core.engine_config import EngineConfig
 from servelab.replay.core.intents import (Enter, FailReplica, Preempt, Refuse, RestoreReplica, Resume, SetAside, Strand,
                                      TakeOff, Unhold)
 from servelab.replay.core.journal import Ledger
-from servelab.replay.core.specs import Failure
 from servelab.replay.core.request import Request, Status
 
 if TYPE_CHECKING:
@@ -64,11 +62,11 @@ class Platform:
         self.admission = None
         if config.has_front_door:
             self.admission = Admission(
-                tuple(Quota.parse(q) for q in config.quota), retries=config.retries,
+                config.quotas, retries=config.retries,
                 retry_backoff_s=config.retry_backoff_s, retry_max_backoff_s=config.retry_max_backoff_s,
                 retry_jitter=config.retry_jitter, retry_after=config.retry_after, queue_cap=config.queue_cap,
-                tier_ranks=parse_tiers(config.tier_order, "tier_order"), seed=config.seed)
-        self.pause = PauseRule.parse(config.pause) if config.pause else None
+                tier_ranks=config.tier_ranks, seed=config.seed)
+        self.pause = config.pause_rule
         self.paused: dict[int, list[Request]] = {}  # paused replica id -> its held requests
         self.pause_waiting = [0] * len(engine.replicas)  # requests of the pausable tier in each waiting queue
         self.pause_start: dict[int, float] = {}
@@ -80,8 +78,7 @@ class Platform:
         # a prefill/decode handoff (replay/cluster/disagg.py sets it): a lost replica's transfers and KV held
         # for them go with it, and decode replicas never pause (their requests hold KV moved to them)
         self.disagg = None
-        for spec in config.fail:
-            f = Failure.parse(spec)
+        for f in config.failures:
             engine.push(f.at_s, FAULT, (engine.replicas[f.replica], True))
             if f.for_s is not None:
                 engine.push(f.at_s + f.for_s, FAULT, (engine.replicas[f.replica], False))
