@@ -247,11 +247,18 @@ class BatchBuilder:
                 raise RuntimeError("a policy that promises reads_running preempts running requests before "
                                    "schedule_running, not after")
             self.replica.aggregate.remove(req)
-        self.free_blocks += self.kv.releasable(req)
+        freed = self.kv.releasable(req)
         if req.cached_keys is not None:
             if self._released is None:
                 self._released = {}
-            self.kv.cache.sole_blocks(req, self._released)
+            if self.summary.hits:  # requests this batch admitted onto blocks only ``req`` holds keep them in use
+                sole: dict = {}
+                self.kv.cache.sole_blocks(req, sole)
+                freed -= self.kv.cache.covered(self.summary.hits.values(), sole)
+                self._released.update(sole)
+            else:
+                self.kv.cache.sole_blocks(req, self._released)
+        self.free_blocks += freed
         self.preempted.append(req)
         self._chosen.add(req)
 

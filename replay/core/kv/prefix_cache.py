@@ -999,6 +999,27 @@ class PrefixCache:
                     total += hi - lo
         return total
 
+    @staticmethod
+    def covered(hits, sole: dict) -> int:
+        """How many blocks of ``sole`` (blocks a running request alone holds) at least one of ``hits`` (the
+        admissions of a batch being built) reuses: they stay in use if that request is preempted."""
+        spans: dict = {}
+        for hit in hits:
+            for e, start, got in hit.keys:
+                if e in sole:
+                    spans.setdefault(e, []).append((start, got))
+        total = 0
+        for e, parts in spans.items():
+            lo, hi = sole[e]
+            reach = lo  # blocks below it counted already
+            for start, got in sorted(parts):
+                a = start if start > reach else reach
+                b = got if got < hi else hi
+                if b > a:
+                    total += b - a
+                    reach = b
+        return total
+
     def records(self) -> list:
         """Every entry once (the map has one item per key)."""
         return list({id(e): e for e in self.entries.values()}.values())
