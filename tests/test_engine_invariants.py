@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import servelab.assembly
-from helpers_engine import checking_engine, run, synthetic, with_tiers
+from helpers_engine import PagedLinear, checking_engine, run, synthetic, with_tiers
 from servelab.policies.base import POLICIES, policy_names
 from servelab.replay.core.engine import Engine
 from servelab.replay.core.protocols import Policy, Runner
@@ -282,32 +282,6 @@ def test_without_platform_features_no_platform_component_is_built(monkeypatch):
     run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01")
     run(synthetic(n=50), policy="sarathi", runner="linear:base=0.01", queue_cap=10)
     assert engines[0].platform is None and engines[1].platform is not None
-
-
-class PagedLinear:
-    """A cost model that asks for block tables, so the KV manager hands out real block ids (as for
-    the torch runner) while the replay stays cheap: the ids' bookkeeping is checked at every event."""
-
-    needs_block_tables = True
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.name = inner.name
-
-    def make_allocator(self, replica_id, num_blocks):
-        from servelab.runners.paged_kv import BlockAllocator
-
-        return BlockAllocator(num_blocks)
-
-    def step_time(self, plan):
-        assert all(item.request.block_table is not None for item in plan.items)
-        return self.inner.step_time(plan)
-
-    def decode_affine(self, num_seqs):
-        return None
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 ALLOCATOR_CASES = {
