@@ -118,9 +118,10 @@ class BlockNames:
         self.own.clear()
 
     # -- invariants ---------------------------------------------------------------------------
-    def check(self, cache: PrefixCache, holders) -> None:
+    def check(self, cache: PrefixCache, holders, chains: list | None = None) -> None:
         """Every id is in exactly one place; holders' tables start with their entries' ids; an
-        entry names exactly its cached blocks; the allocator's free ids are the queue's plain blocks.
+        entry names exactly its cached blocks; the allocator's free ids are the queue's plain blocks
+        (``chains``: as for ``PrefixCache.check``).
         (Called after ``cache.check``, which asserts an entry's runs are disjoint and above its
         holdings: the cached offsets are then ``[0, top)`` and each run's, and slices check them.)"""
         seen: list[int] = []
@@ -145,12 +146,15 @@ class BlockNames:
             seg = own[seg_id]
             assert seg[1] == len(ids), (seg_id, seg, ids)
             seen.extend(ids)
-        for req in holders:
+        holders = list(holders)
+        if chains is None:
+            chains = [None if req.cached_keys is None else list(req.cached_keys.counts()) for req in holders]
+        for req, pairs in zip(holders, chains, strict=True):
             table = req.block_table or []
             assert len(table) == req.kv_blocks, (req.request_id, len(table), req.kv_blocks)
             shared = 0
             if req.cached_keys is not None:
-                for e, count in req.cached_keys.counts():
+                for e, count in pairs:
                     assert table[e.lo:e.lo + count] == e.ids[:count], (req.request_id, e.key)
                 shared = req.cached_keys.blocks
             seen.extend(table[shared:])

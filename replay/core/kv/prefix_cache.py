@@ -1002,10 +1002,11 @@ class PrefixCache:
 
     def records(self) -> list:
         """Every entry once (the map has one item per key)."""
-        return list({id(e): e for e in self.entries.values()}.values())
+        return list(dict.fromkeys(self.entries.values()))  # (an Entry hashes by identity)
 
-    def check(self, total_blocks: int, used: int, running) -> None:
-        """The free queue holds exactly the blocks no running request holds; holdings add up.
+    def check(self, total_blocks: int, used: int, running, chains: list | None = None) -> None:
+        """The free queue holds exactly the blocks no running request holds; holdings add up
+        (``chains``: each running request's ``cached_keys.counts()`` as a list, or None, if read already).
 
         Tests call it after every event of their replays, so it is written for speed (whole-object
         comparisons, one pass per structure); tests/test_kv_check.py corrupts each structure it reads
@@ -1019,11 +1020,13 @@ class PrefixCache:
             assert self.queued == sum(map(itemgetter(1), queue))
             assert self.gone == list(map(itemgetter(0), queue)).count(GONE)
         held: dict = {}  # entry -> {blocks held: how many running requests hold that many}
-        for req in running:
+        running = list(running)
+        if chains is None:
+            chains = [None if req.cached_keys is None else list(req.cached_keys.counts()) for req in running]
+        for req, pairs in zip(running, chains, strict=True):
             chain = req.cached_keys
             if chain is None:
                 continue
-            pairs = list(chain.counts())
             assert not pairs or pairs[-1][0].lo < chain.blocks <= pairs[-1][0].lo + pairs[-1][0].size, chain.blocks
             for e, count in pairs:
                 assert 0 < count <= e.size
@@ -1047,11 +1050,13 @@ class PrefixCache:
             else:
                 assert len(e.keys) == 1
             counts = held.pop(e, None)
-            assert e.held is None or e.held, key  # (a dict only while someone holds it)
-            holdings = e.holdings()
-            assert holdings == (counts or {}), (key, holdings, counts)
-            assert e.top == (max(counts) if counts else 0)
-            assert e.top or e.runs, key  # an entry holds something
+            if counts is None:  # no running request holds it: it only has queued runs
+                assert e.held is None and not e.top and e.runs, (key, e.held, e.top, e.runs)
+            else:
+                assert e.held is None or e.held, key  # (a dict only while someone holds it)
+                holdings = e.holdings()
+                assert holdings == counts, (key, holdings, counts)
+                assert e.top == max(counts)
             below = e.top
             for run in e.runs:  # runs: queued, disjoint, above every holding, within the entry
                 assert id(run) in queued and run[0] == RUN and run[1] > 0 and run[2] is e
