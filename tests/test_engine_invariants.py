@@ -15,6 +15,7 @@ import pytest
 
 import servelab.assembly
 from helpers_engine import PagedLinear, checking_engine, run, synthetic, with_tiers
+from sampled_suites import size
 from servelab.policies.base import POLICIES, policy_names
 from servelab.replay.core.engine import Engine
 from servelab.replay.core.protocols import Policy, Runner
@@ -122,7 +123,7 @@ CASES.update({
 def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     policy, params, engine, *shape = CASES[case]
     monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
-    trace = synthetic(n=250, rate=40.0, seed=seed, **(shape[0] if shape else {}))
+    trace = synthetic(n=size(250, 150), rate=40.0, seed=seed, **(shape[0] if shape else {}))
     if policy == "tiers":
         trace = with_tiers(trace)
     before = CheckedEngine.events
@@ -319,7 +320,7 @@ def test_block_ids_add_up_after_every_event(monkeypatch, case):
 
     monkeypatch.setattr(CheckedEngine, "__init__", keep)
     before = CheckedEngine.events
-    result = replay(synthetic(n=250, rate=40.0, seed=1, **shape), cfg, runner=runner)
+    result = replay(synthetic(n=size(250, 150), rate=40.0, seed=1, **shape), cfg, runner=runner)
     assert CheckedEngine.events - before > 300
     assert all(r.kv.cache is not None and r.kv.cache.names is not None for e in engines for r in e.replicas)
     assert sum(result.requests.column("cached_tokens").to_pylist()) > 0  # prefixes were really shared
