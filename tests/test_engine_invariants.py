@@ -320,7 +320,7 @@ def test_block_ids_add_up_after_every_event(monkeypatch, case):
 
     monkeypatch.setattr(CheckedEngine, "__init__", keep)
     before = CheckedEngine.events
-    result = replay(synthetic(n=size(250, 150), rate=40.0, seed=1, **shape), cfg, runner=runner)
+    result = replay(synthetic(n=size(250, 100), rate=40.0, seed=1, **shape), cfg, runner=runner)
     assert CheckedEngine.events - before > 300
     assert all(r.kv.cache is not None and r.kv.cache.names is not None for e in engines for r in e.replicas)
     assert sum(result.requests.column("cached_tokens").to_pylist()) > 0  # prefixes were really shared
