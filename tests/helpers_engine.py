@@ -30,6 +30,32 @@ class NoStretch:
         return getattr(self.inner, name)
 
 
+class PagedLinear:
+    """A cost model that asks for block tables, so the KV manager hands out real block ids (as for
+    the torch runner) while the replay stays cheap: the ids' bookkeeping is checked at every event."""
+
+    needs_block_tables = True
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+
+    def make_allocator(self, replica_id, num_blocks):
+        from servelab.runners.paged_kv import BlockAllocator
+
+        return BlockAllocator(num_blocks)
+
+    def step_time(self, plan):
+        assert all(item.request.block_table is not None for item in plan.items)
+        return self.inner.step_time(plan)
+
+    def decode_affine(self, num_seqs):
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 def checking_engine(check: Callable[[Engine], None]) -> type[Engine]:
     """An ``Engine`` subclass that calls ``check(engine)`` after every arrival, scheduling decision and
     completed step (its ``_check`` runs it, for hooks elsewhere to call too); the class attribute

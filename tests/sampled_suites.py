@@ -4,7 +4,9 @@ A test marked ``@pytest.mark.sampled(keep=K)`` is a suite of parametrized cases 
 same invariants (bookkeeping after every event, byte-identical results with and without the decode
 cohort, ...). A developer's run keeps K of its cases, chosen by a fixed seed from the case ids (the
 same K every time, on every machine, with or without pytest-xdist); ``SERVELAB_FULL_SUITES=1`` runs
-every case, and CI sets it. The closing lines say how many cases the sample left out.
+every case, and CI sets it. The closing lines say how many cases the sample left out. A suite whose
+cases replay a trace may also take a smaller one in a developer's run (``size``): the same checks
+on fewer requests; CI replays the full size.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ FULL_ENV = "SERVELAB_FULL_SUITES"
 
 def full_suites() -> bool:
     return os.environ.get(FULL_ENV, "") not in ("", "0")
+
+
+def size(full: int, sampled: int) -> int:
+    """How many requests a long suite's trace has: ``full`` under SERVELAB_FULL_SUITES=1 (CI), else ``sampled``."""
+    return full if full_suites() else sampled
 
 
 def sample(ids: list[str], keep: int, key: str) -> set[str]:

@@ -40,9 +40,20 @@ def test_readme_links_the_api_page():
     assert ".venv/bin/servelab demo" in readme and ".venv/bin/pytest" in readme
 
 
-def test_ci_runs_the_readmes_two_commands_verbatim():
+def test_ci_builds_one_venv_and_runs_the_readmes_commands():
+    """.ci/run builds the venv once, with README's second command's setup (the test extras: a superset
+    of the first's ``pip install -e .``), runs the first command's job, and ends with README's test
+    command as README writes it; both README commands still work alone on a fresh machine."""
     readme = README.read_text()
     commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && ")][:2]
-    assert len(commands) == 2 and commands[1].endswith("pytest -n auto --dist loadfile")
-    ci = (README.parent / ".ci" / "run").read_text().splitlines()
-    assert all(command in ci for command in commands), commands
+    assert len(commands) == 2 and commands[1].endswith(" && .venv/bin/pytest -n auto --dist loadfile")
+    main, tests = commands
+    setup, test_command = tests.rsplit(" && ", 1)
+    assert setup == "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]'"
+    assert main.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
+    job = main.rsplit(" && ", 1)[1]
+    ci = [line for line in (README.parent / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith("#")]
+    assert [line for line in ci if "-m venv .venv " in line] == [setup]  # the venv built once, with everything
+    assert not [line for line in ci if "pip install -e" in line and line != setup]
+    assert ci.index(setup) < ci.index(job) < ci.index(test_command) == len(ci) - 1  # the README's job; tests last

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from helpers_engine import NoStretch, synthetic
+from sampled_suites import size
 from servelab.policies.orca import Orca
 from servelab.policies.sarathi import Sarathi
 from servelab.policies.srpt import ShortestJobFirst, ShortestRemainingFirst
@@ -108,6 +109,11 @@ CASES = {
 }
 
 
+def _shape(spec: dict) -> dict:
+    """The synthetic trace of a case: 1,500 requests under SERVELAB_FULL_SUITES=1, 600 in a developer's run."""
+    return {"n": size(1500, 600), **spec.get("trace", {})}
+
+
 # sjf/srpt sort their waiting queue at every decision: the slow pressure cases only run for the others
 LENGTH_CASES = ["plenty of KV, 2 replicas", "KV pressure, swap", "seq cap and chunk cap", "horizon", "sessions"]
 PAIRS = [(c, p) for p in ("sarathi", "orca") for c in CASES] + [(c, p) for p in ("srpt", "sjf") for c in LENGTH_CASES]
@@ -119,7 +125,7 @@ def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     spec = CASES[case]
     params = spec.get("params", {}) if policy == "sarathi" else {}
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy, policy_params=params)
-    trace = synthetic(**spec.get("trace", {}))
+    trace = synthetic(**_shape(spec))
     joins = []
     original_join = DecodeCohort.join
     monkeypatch.setattr(DecodeCohort, "join", lambda self, req: (joins.append(1), original_join(self, req)))
@@ -178,7 +184,7 @@ def test_fair_sharing_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     from servelab.policies.fair import _FairShare
 
     spec = CASES[case]
-    shape = dict(spec.get("trace", {}))
+    shape = _shape(spec)
     shape.setdefault("tenants", (("a", 3.0), ("b", 1.0), ("c", 1.0)))
     trace = synthetic(**shape)
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy)
@@ -232,7 +238,7 @@ def test_round_robin_with_cohorts_is_byte_identical(case, quantum, monkeypatch):
     engine = dict(spec["engine"])
     engine.setdefault("max_num_seqs", 8)  # demand above the seat count: turns end while others wait
     config = ReplayConfig(engine=EngineConfig(**engine), policy="round-robin", policy_params={"quantum": quantum})
-    trace = synthetic(**spec.get("trace", {}))
+    trace = synthetic(**_shape(spec))
     with_cohort = same_without_cohort(trace, config, RoundRobin, monkeypatch, watch="remove")
     assert sum(with_cohort.requests.column("num_preemptions").to_pylist()) > 0
 
@@ -260,7 +266,7 @@ def test_tiers_with_cohorts_is_byte_identical(case, tiers, monkeypatch):
 
     params, names = TIERS_CASES[tiers]
     spec = CASES[case]
-    trace = synthetic(**spec.get("trace", {}))
+    trace = synthetic(**_shape(spec))
     trace = trace.append_column("tier", pa.array([names[i % 3] for i in range(trace.num_rows)]))
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="tiers", policy_params=params)
     led = []  # what DecodeCohort.leads answered: False = the walk dissolved the cohort
@@ -287,7 +293,7 @@ def test_edf_with_cohorts_is_byte_identical(case, variant, monkeypatch):
     from servelab.policies.edf import EarliestDeadlineFirst
 
     spec = CASES[case]
-    trace = synthetic(**spec.get("trace", {}))
+    trace = synthetic(**_shape(spec))
     params = {}
     if variant != "no SLOs":
         half = trace.num_rows // 2
@@ -321,7 +327,7 @@ def test_vllm_v0_with_cohorts_is_byte_identical(case, monkeypatch):
 
     spec = CASES[case]
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="vllm-v0")
-    same_without_cohort(synthetic(**spec.get("trace", {})), config, VllmV0, monkeypatch)
+    same_without_cohort(synthetic(**_shape(spec)), config, VllmV0, monkeypatch)
 
 
 @pytest.mark.parametrize("case", [c for c in OVERLOAD_CASES if c != "sessions"])  # (sessions: below)
@@ -334,7 +340,7 @@ def test_las_with_cohorts_is_byte_identical(case, params, monkeypatch):
 
     spec = CASES[case]
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy="las", policy_params=params)
-    same_without_cohort(synthetic(**spec.get("trace", {})), config, LeastAttainedService, monkeypatch)
+    same_without_cohort(synthetic(**_shape(spec)), config, LeastAttainedService, monkeypatch)
 
 
 def test_las_keeps_calls_of_multi_call_tasks_out_of_the_cohort(monkeypatch):

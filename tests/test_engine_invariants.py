@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import servelab.assembly
-from helpers_engine import checking_engine, run, synthetic, with_tiers
+from helpers_engine import PagedLinear, checking_engine, run, synthetic, with_tiers
+from sampled_suites import size
 from servelab.policies.base import POLICIES, policy_names
 from servelab.replay.core.engine import Engine
 from servelab.replay.core.protocols import Policy, Runner
@@ -122,7 +123,7 @@ CASES.update({
 def test_bookkeeping_adds_up_after_every_event(monkeypatch, case, seed):
     policy, params, engine, *shape = CASES[case]
     monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
-    trace = synthetic(n=250, rate=40.0, seed=seed, **(shape[0] if shape else {}))
+    trace = synthetic(n=size(250, 150), rate=40.0, seed=seed, **(shape[0] if shape else {}))
     if policy == "tiers":
         trace = with_tiers(trace)
     before = CheckedEngine.events
@@ -284,32 +285,6 @@ def test_without_platform_features_no_platform_component_is_built(monkeypatch):
     assert engines[0].platform is None and engines[1].platform is not None
 
 
-class PagedLinear:
-    """A cost model that asks for block tables, so the KV manager hands out real block ids (as for
-    the torch runner) while the replay stays cheap: the ids' bookkeeping is checked at every event."""
-
-    needs_block_tables = True
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.name = inner.name
-
-    def make_allocator(self, replica_id, num_blocks):
-        from servelab.runners.paged_kv import BlockAllocator
-
-        return BlockAllocator(num_blocks)
-
-    def step_time(self, plan):
-        assert all(item.request.block_table is not None for item in plan.items)
-        return self.inner.step_time(plan)
-
-    def decode_affine(self, num_seqs):
-        return None
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 ALLOCATOR_CASES = {
     "aligned hashes": ("sarathi", {}, {"num_gpu_blocks": 400}, dict(HASHED, prefix_block_tokens=32)),
     "unaligned hashes, preempting": ("srpt", {"preempt": True}, {"num_gpu_blocks": 350, "max_num_seqs": 8},
@@ -345,7 +320,7 @@ def test_block_ids_add_up_after_every_event(monkeypatch, case):
 
     monkeypatch.setattr(CheckedEngine, "__init__", keep)
     before = CheckedEngine.events
-    result = replay(synthetic(n=250, rate=40.0, seed=1, **shape), cfg, runner=runner)
+    result = replay(synthetic(n=size(250, 100), rate=40.0, seed=1, **shape), cfg, runner=runner)
     assert CheckedEngine.events - before > 300
     assert all(r.kv.cache is not None and r.kv.cache.names is not None for e in engines for r in e.replicas)
     assert sum(result.requests.column("cached_tokens").to_pylist()) > 0  # prefixes were really shared

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from conftest import REPO
-from sampled_suites import FULL_ENV, sample
+from sampled_suites import FULL_ENV, sample, size
 
 
 def test_sample_is_fixed_and_independent_of_order():
@@ -33,3 +33,12 @@ def test_full_suites_run_every_case_and_the_default_a_fixed_sample():
     sampled = _collected(None)
     assert len(full) == 17 and len(sampled) == 5 and set(sampled) < set(full)
     assert _collected(None) == sampled
+
+
+def test_size_is_the_full_one_only_under_full_suites(monkeypatch):
+    monkeypatch.setenv(FULL_ENV, "1")
+    assert size(250, 150) == 250
+    monkeypatch.setenv(FULL_ENV, "0")
+    assert size(250, 150) == 150
+    monkeypatch.delenv(FULL_ENV)
+    assert size(250, 150) == 150

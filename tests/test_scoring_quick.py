@@ -68,17 +68,28 @@ SLOS = [
 ]
 
 
-def test_quick_scores_equal_duckdb_on_every_run_and_slo(runs):
+@pytest.fixture(scope="module")
+def scorers() -> list:
+    """(DuckDB scorer, quick scorer) for each of SLOS, each reused for every run it scores, as a search
+    reuses its scorer across trials (a DuckDB connection opened per score cost most of these tests)."""
+    pairs = [(RunScorer(slo, threads=1), RunScorer(slo, quick=True)) for slo in SLOS]
+    yield pairs
+    for duck, fast in pairs:
+        duck.close()
+        fast.close()
+
+
+def test_quick_scores_equal_duckdb_on_every_run_and_slo(runs, scorers):
     unfinished = 0
-    for result, slo in itertools.product(runs, SLOS):
+    for result, (duck_scorer, fast_scorer) in itertools.product(runs, scorers):
         unfinished += result.requests.column("status").to_pylist().count("unfinished")
-        duck, fast = _both(result, slo)
+        duck, fast = duck_scorer.score(result), fast_scorer.score(result)
         assert _exact(fast) == _exact(duck)
         assert list(fast) == list(duck)  # the same keys in the same order (the trial's metrics attribute)
     assert unfinished > 0  # the horizons and the overload cut requests off
 
 
-def test_quick_scores_equal_duckdb_with_tiers_tenants_and_request_slos(runs):
+def test_quick_scores_equal_duckdb_with_tiers_tenants_and_request_slos(runs, scorers):
     """(SLO tables with tier or tenant entries go to DuckDB: its join reorders the rows a mean adds.)"""
     rng = np.random.default_rng(7)
     for result in runs[::3]:
@@ -90,8 +101,8 @@ def test_quick_scores_equal_duckdb_with_tiers_tenants_and_request_slos(runs):
         for columns in ({"tier": tiers}, {"tier": tiers, "tenant": tenants, "ttft_slo_s": own},
                         {"tier": ["premium"] * n, "tpot_slo_s": own, "e2e_slo_s": own}):  # fmt: skip
             run = _with(result, **columns)
-            for slo in SLOS:
-                duck, fast = _both(run, slo)
+            for duck_scorer, fast_scorer in scorers:
+                duck, fast = duck_scorer.score(run), fast_scorer.score(run)
                 assert _exact(fast) == _exact(duck)
                 assert list(fast) == list(duck)
         assert any(k.startswith("attainment.tier.") for k in fast)
@@ -109,13 +120,10 @@ def test_a_latency_exactly_at_its_slo_meets_it_in_both(runs):
     assert _both(result, just_below)[1]["attainment"] < fast["attainment"]  # that request now misses
 
 
-def test_checkpoint_attainment_is_equal_too(runs):
-    for result, slo in itertools.product(runs[:6], SLOS[:3]):
-        duck, fast = RunScorer(slo, threads=1), RunScorer(slo, quick=True)
+def test_checkpoint_attainment_is_equal_too(runs, scorers):
+    for result, (duck, fast) in itertools.product(runs[:6], scorers[:3]):
         for horizon in (0.5, 2.0, 100.0):
             assert repr(fast.attainment(result, arrived_by_s=horizon)) == repr(duck.attainment(result, arrived_by_s=horizon))
-        duck.close()
-        fast.close()
 
 
 def test_runs_quick_does_not_model_go_to_duckdb(runs):

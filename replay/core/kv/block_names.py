@@ -118,29 +118,43 @@ class BlockNames:
         self.own.clear()
 
     # -- invariants ---------------------------------------------------------------------------
-    def check(self, cache: PrefixCache, holders) -> None:
+    def check(self, cache: PrefixCache, holders, chains: list | None = None) -> None:
         """Every id is in exactly one place; holders' tables start with their entries' ids; an
-        entry names exactly its cached blocks; the allocator's free ids are the queue's plain blocks."""
+        entry names exactly its cached blocks; the allocator's free ids are the queue's plain blocks
+        (``chains``: as for ``PrefixCache.check``).
+        (Called after ``cache.check``, which asserts an entry's runs are disjoint and above its
+        holdings: the cached offsets are then ``[0, top)`` and each run's, and slices check them.)"""
         seen: list[int] = []
         for e in cache.records():
-            cached = set(range(e.top))
+            ids = e.ids
+            if ids is None:
+                assert not e.top and not e.runs, (e.key, e.top, e.runs)  # names nothing: caches nothing
+                continue
+            cached = e.top
+            parts = [ids[:cached]]
             for run in e.runs:
-                cached.update(range(run[3], run[3] + run[1]))
-            ids = e.ids or [None] * e.size
-            named = {j for j, i in enumerate(ids) if i is not None}
-            assert named == cached, (e.key, sorted(named), sorted(cached))
-            seen.extend(i for i in ids if i is not None)
+                parts.append(ids[run[3]:run[3] + run[1]])
+                cached += run[1]
+            named = len(ids) - ids.count(None)
+            # the cached offsets are named (the slices are whole and hold no None), and nothing else is
+            assert sum(map(len, parts)) == cached == named, (e.key, ids, e.top, e.runs)
+            for part in parts:
+                assert None not in part, (e.key, ids, e.top, e.runs)
+                seen.extend(part)
         own = {seg[4]: seg for seg in cache.queue if seg[0] == OWN}
         for seg_id, ids in self.own.items():
             seg = own[seg_id]
             assert seg[1] == len(ids), (seg_id, seg, ids)
             seen.extend(ids)
-        for req in holders:
+        holders = list(holders)
+        if chains is None:
+            chains = [None if req.cached_keys is None else list(req.cached_keys.counts()) for req in holders]
+        for req, pairs in zip(holders, chains, strict=True):
             table = req.block_table or []
             assert len(table) == req.kv_blocks, (req.request_id, len(table), req.kv_blocks)
             shared = 0
             if req.cached_keys is not None:
-                for e, count in req.cached_keys.counts():
+                for e, count in pairs:
                     assert table[e.lo:e.lo + count] == e.ids[:count], (req.request_id, e.key)
                 shared = req.cached_keys.blocks
             seen.extend(table[shared:])

@@ -316,8 +316,9 @@ class HybridPrefixCache:
     def reclaimed(hit: Hit, sole: dict) -> int:
         return sum(u.blocks for u in hit.keys if u in sole)
 
-    def check(self, total_blocks: int, used: int, running) -> None:
-        """Free blocks are plain or queued units; a unit's refs are its holders; queued units are unheld."""
+    def check(self, total_blocks: int, used: int, running, chains: list | None = None) -> None:
+        """Free blocks are plain or queued units; a unit's refs are its holders; queued units are unheld
+        (``chains``: accepted for the KV manager's one call; the units are counted from ``running`` here)."""
         assert self.plain >= 0 and self.plain + self.queued == total_blocks - used, (self.plain, self.queued, used)
         assert self.queued == sum(u.blocks for u in self.queue.values())
         refs: dict = {}

@@ -363,13 +363,16 @@ class KVManager:
         assert self.used + self.free == self.total
         holders = list(holders)
         held = sum(req.kv_blocks for req in holders)
+        chains = None
         if self.cache is not None:  # a block shared by several running requests is held once
+            # each holder's (entry, blocks of it held), or None: read once for the three checks
+            chains = [None if req.cached_keys is None else list(req.cached_keys.counts()) for req in holders]
             most: dict = {}  # hashed entry -> the most blocks of it any holder holds
-            for req in holders:
-                if req.cached_keys is not None:
-                    for entry, count in req.cached_keys.counts():
-                        held -= count
-                        most[entry] = max(most.get(entry, 0), count)
+            for pairs in chains:
+                for entry, count in pairs or ():
+                    held -= count
+                    if most.get(entry, 0) < count:
+                        most[entry] = count
             held += sum(most.values())
         assert self.used == held + self.cohort_held, (self.used, held, self.cohort_held)
         assert 0 <= self.host_used <= self.host_total, (self.host_used, self.host_total)
@@ -378,9 +381,9 @@ class KVManager:
         if self.swap_tier is not None:
             assert self.swap_tier.tiers[0].reserved == self.host_used, (self.swap_tier.tiers[0].reserved, self.host_used)
         if self.cache is not None:
-            self.cache.check(self.total, self.used, holders)
+            self.cache.check(self.total, self.used, holders, chains)
             if self.cache.names is not None:
-                self.cache.names.check(self.cache, holders)
+                self.cache.names.check(self.cache, holders, chains)
 
 
 __all__ = ["KVManager", "blocks_for"]

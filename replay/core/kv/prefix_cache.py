@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -1022,51 +1023,73 @@ class PrefixCache:
 
     def records(self) -> list:
         """Every entry once (the map has one item per key)."""
-        return list({id(e): e for e in self.entries.values()}.values())
+        return list(dict.fromkeys(self.entries.values()))  # (an Entry hashes by identity)
 
-    def check(self, total_blocks: int, used: int, running) -> None:
-        """The free queue holds exactly the blocks no running request holds; holdings add up."""
+    def check(self, total_blocks: int, used: int, running, chains: list | None = None) -> None:
+        """The free queue holds exactly the blocks no running request holds; holdings add up
+        (``chains``: each running request's ``cached_keys.counts()`` as a list, or None, if read already).
+
+        Tests call it after every event of their replays, so it is written for speed (whole-object
+        comparisons, one pass per structure); tests/test_kv_check.py corrupts each structure it reads
+        and sees it fail."""
+        queue = self.queue
+        entries = self.entries
         assert self.queued == total_blocks - used, (self.queued, total_blocks, used)
-        queued = {id(seg) for seg in self.queue}
-        assert not self.countable or (not self.entries and self.names is None)
+        queued = set(map(id, queue))
+        assert not self.countable or (not entries and self.names is None)
         if not self.countable or self.segments:  # (else only counted: the segments are stale)
-            assert self.queued == sum(e[1] for e in self.queue)
-            assert self.gone == sum(e[0] == GONE for e in self.queue)
-        held: dict = {}
-        for req in running:
+            assert self.queued == sum(map(itemgetter(1), queue))
+            assert self.gone == list(map(itemgetter(0), queue)).count(GONE)
+        held: dict = {}  # entry -> {blocks held: how many running requests hold that many}
+        running = list(running)
+        if chains is None:
+            chains = [None if req.cached_keys is None else list(req.cached_keys.counts()) for req in running]
+        for req, pairs in zip(running, chains, strict=True):
             chain = req.cached_keys
             if chain is None:
                 continue
-            pairs = list(chain.counts())
             assert not pairs or pairs[-1][0].lo < chain.blocks <= pairs[-1][0].lo + pairs[-1][0].size, chain.blocks
             for e, count in pairs:
                 assert 0 < count <= e.size
-                held.setdefault(e, []).append(count)
-        for key, e in self.entries.items():
-            assert key in e.keys, (key, e.keys)
-        for e in self.records():
-            key = e.key
-            assert all(self.entries.get(k) is e for k in e.keys), key
-            if self.per:
-                assert e.lo == e.keys[0][-1] * self.per and e.size == len(e.keys) * self.per, (key, e.lo, e.size)
+                mine = held.get(e)
+                if mine is None:
+                    held[e] = {count: 1}
+                else:
+                    mine[count] = mine.get(count, 0) + 1
+        records = self.records()
+        # every key maps to the one entry that lists it, and every entry's keys are in the map
+        mapped: dict = {}
+        for e in records:
+            mapped.update(zip(e.keys, repeat(e)))
+        assert mapped == entries and sum(map(len, map(attrgetter("keys"), records))) == len(entries), \
+            sorted(set(mapped.items()) ^ set(entries.items()), key=repr)[:4]
+        per = self.per
+        for e in records:
+            key = e.keys[0]
+            if per:
+                assert e.lo == key[-1] * per and e.size == len(e.keys) * per, (key, e.lo, e.size)
             else:
                 assert len(e.keys) == 1
-            counts = sorted(held.pop(e, []))
-            assert e.held is None or e.held, key  # (a dict only while someone holds it)
-            holdings = e.holdings()
-            assert sorted(c for c, k in holdings.items() for _ in range(k)) == counts, (key, holdings, counts)
-            assert e.top == (counts[-1] if counts else 0)
-            assert e.top or e.runs, key  # an entry holds something
+            counts = held.pop(e, None)
+            if counts is None:  # no running request holds it: it only has queued runs
+                assert e.held is None and not e.top and e.runs, (key, e.held, e.top, e.runs)
+            else:
+                assert e.held is None or e.held, key  # (a dict only while someone holds it)
+                holdings = e.holdings()
+                assert holdings == counts, (key, holdings, counts)
+                assert e.top == max(counts)
             below = e.top
             for run in e.runs:  # runs: queued, disjoint, above every holding, within the entry
-                assert id(run) in queued and run[0] == RUN and run[1] > 0
+                assert id(run) in queued and run[0] == RUN and run[1] > 0 and run[2] is e
                 assert below <= run[3] and run[3] + run[1] <= e.size, (below, run)
                 below = run[3] + run[1]
         assert not held, held  # every held entry is in the map
-        for seg in self.queue:
-            if seg[0] == RUN:
-                assert self.entries.get(seg[2].keys[0]) is seg[2] and seg in seg[2].runs
-            assert seg[1] > 0 or seg[0] == GONE, seg
+        for seg in queue:
+            kind = seg[0]
+            if kind == RUN:
+                e = seg[2]
+                assert entries.get(e.keys[0]) is e and seg in e.runs
+            assert seg[1] > 0 or kind == GONE, seg
         for owner, seg in self.segments.items():
             assert id(seg) in queued and seg[0] == OWN and seg[2] == owner
         for tier in self.tiers.tiers if self.tiers is not None else ():
