@@ -108,8 +108,8 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
     from sampled_suites import size
     from servelab.traces.synth import synth_trace
 
-    # (150 requests under srpt over-commit KV on main: the xfail below; that case keeps its 300)
-    n = size(300, 150) if settings.get("policy") != "srpt" else 300
+    # (at 150 requests the srpt case over-committed KV before 38e7878: tests/test_preempt_after_admit_kv.py)
+    n = size(300, 150)
     trace = synth_trace(n=n, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
                         prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=tb, seed=11)
     fast, fast_history, none = _cache_history(monkeypatch, trace, dict(settings), general=False)
@@ -119,19 +119,6 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
     assert any(len(q) < len(p) for (_, p, _), (_, q, _) in zip(fast_history, fast_history[1:]))  # evictions
     assert fast_history == slow_history
     assert fast.requests.equals(slow.requests)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="srpt preempting over aligned prefixes "
-                   "over-commits KV (403 > 400 blocks), found at 150 requests: not fixed yet")
-def test_srpt_preempting_over_aligned_prefixes_never_over_commits_kv():
-    """The aligned-paths case above with srpt preempting, at 150 requests instead of 300: the KV
-    manager's own guard (``grow_all``) finds more blocks in use than the GPU has."""
-    from servelab.traces.synth import synth_trace
-
-    trace = synth_trace(n=150, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
-                        prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=48, seed=11)
-    replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=400, max_num_seqs=6), policy="srpt",
-                               policy_params={"preempt": True}))
 
 
 def test_an_entry_held_by_one_request_needs_no_dict_and_counts_as_a_multiset():
