@@ -18,7 +18,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from servelab.search.recorded import Pruned, RecordedTrial
 from servelab.search.signals import Interrupt, _ParentWatch
 from servelab.search.spec import SearchSpec
 
-TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
 
 
 class WorkerDied(ServelabError):
@@ -272,23 +270,16 @@ def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner:
 def _record_orphaned(spec: SearchSpec, study_dir: Path, owner: str) -> None:
     """The `search` process died (kill -9): fail its running trials as interrupted and write trials.parquet for it."""
     from servelab.search.storage import make_storage
-    from servelab.search.trials import write_trials
+    from servelab.search.trials import write_trials, write_trials_retrying
 
     import optuna
 
-    deadline, pause = time.monotonic() + TRIALS_WRITE_S, 0.1
-    while True:
-        try:
-            study = optuna.load_study(study_name=spec.study_name, storage=make_storage(spec, study_dir))
-            fail_running(study, owner, "interrupted", "interrupted (the search process died)")
-            write_trials(study, study_dir)
-            return
-        except Exception as err:
-            if time.monotonic() + pause > deadline:
-                print(f"servelab search worker: could not write trials.parquet: {err}", file=sys.stderr)
-                return
-            time.sleep(pause)
-            pause = min(2 * pause, 2.0)
+    def write() -> None:
+        study = optuna.load_study(study_name=spec.study_name, storage=make_storage(spec, study_dir))
+        fail_running(study, owner, "interrupted", "interrupted (the search process died)")
+        write_trials(study, study_dir)
+
+    write_trials_retrying(write)
 
 
 def fail_running(study, worker: str, outcome: str, reason: str) -> list[int]:

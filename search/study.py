@@ -17,7 +17,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -372,9 +371,6 @@ def _fail_own_running(study, worker: str) -> None:
                 pass
 
 
-TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
-
-
 def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str | None, parent_pid: int | None = None) -> None:
     # Ctrl-C reaches the workers too (one process group); SIGTERM comes from the parent stopping
     # stragglers. Both stop the worker like Ctrl-C; so does the parent's death (_ParentWatch).
@@ -388,21 +384,11 @@ def _worker_entry(spec: SearchSpec, study_dir: str, seed: int, storage_url: str 
         if watch is not None and watch.gone():
             # the `search` process is gone (killed): it will not write trials.parquet, so each worker
             # does, with the handlers still installed (a second signal only sets the flag again)
-            from servelab.search.trials import write_trials
+            from servelab.search.trials import write_trials, write_trials_retrying
 
-            # both workers write it at once: one may meet the other's half-done write or the journal's
-            # lock, for longer on a loaded machine; keep trying for a while, and say it if all failed
-            deadline, pause = time.monotonic() + TRIALS_WRITE_S, 0.1
-            while True:
-                try:
-                    write_trials(open_study(spec, Path(study_dir), storage_url=storage_url), Path(study_dir))
-                    break
-                except Exception as err:
-                    if time.monotonic() + pause > deadline:
-                        print(f"servelab search worker: could not write trials.parquet: {err}", file=sys.stderr)
-                        break
-                    time.sleep(pause)
-                    pause = min(2 * pause, 2.0)
+            # (both workers write it at once: write_trials_retrying keeps trying for a while)
+            write_trials_retrying(lambda: write_trials(open_study(spec, Path(study_dir), storage_url=storage_url),
+                                                       Path(study_dir)))  # fmt: skip
     finally:
         if watch is not None:
             watch.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +15,27 @@ from servelab.common.atomic import atomic_path
 from servelab.common.errors import ServelabError
 
 _PARAM_TYPES = {"IntDistribution": pa.int64(), "FloatDistribution": pa.float64()}
+
+
+TRIALS_WRITE_S = 30.0  # how long an orphaned worker keeps trying to write trials.parquet
+
+
+def write_trials_retrying(write: Callable[[], None]) -> None:
+    """Call ``write`` (open the study, write trials.parquet) until it succeeds or TRIALS_WRITE_S pass,
+    waiting 0.1 s, then twice as long each time (at most 2 s): orphaned workers write at once, and one
+    may meet another's half-done write or the journal's lock, for longer on a loaded machine. If every
+    try failed, it says so on stderr (a dying search's worker has no one else to tell)."""
+    deadline, pause = time.monotonic() + TRIALS_WRITE_S, 0.1
+    while True:
+        try:
+            write()
+            return
+        except Exception as err:  # noqa: BLE001 -- any failure is worth another try until the deadline
+            if time.monotonic() + pause > deadline:
+                print(f"servelab search worker: could not write trials.parquet: {err}", file=sys.stderr)
+                return
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
 
 
 def _column(values: list[Any]) -> pa.Array:

@@ -125,3 +125,27 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
     except OSError:
         return False
+
+
+def test_an_orphaned_workers_write_is_retried_then_given_up_with_a_word(monkeypatch, capsys):
+    """Orphaned workers write trials.parquet at once: a failed write is tried again (backing off) until it
+    succeeds, or until TRIALS_WRITE_S pass, and then says so on stderr instead of raising."""
+    import servelab.search.trials as trials
+
+    tries = []
+
+    def flaky() -> None:
+        tries.append(1)
+        if len(tries) < 3:
+            raise OSError("the journal is locked")
+
+    trials.write_trials_retrying(flaky)
+    assert len(tries) == 3 and capsys.readouterr().err == ""
+
+    monkeypatch.setattr(trials, "TRIALS_WRITE_S", 0.25)
+
+    def never() -> None:
+        raise OSError("the journal is locked")
+
+    trials.write_trials_retrying(never)
+    assert "could not write trials.parquet: the journal is locked" in capsys.readouterr().err
