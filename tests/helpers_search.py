@@ -58,3 +58,62 @@ def grid_spec(folder: Path, n_trials: int = 50, top: str = "", tables: str = "",
 def trials_table(study_dir: Path) -> list[dict]:
     """A study folder's trials.parquet as rows."""
     return pq.read_table(Path(study_dir) / "trials.parquet").to_pylist()
+
+
+# -- a search process and its pool workers, for the kill tests (Linux: they read /proc) --------------
+
+
+def pool_workers(pid: int) -> list[int]:
+    """The children of ``pid`` that are multiprocessing-spawned pool workers."""
+    import os
+
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_text(errors="replace")
+            except OSError:
+                continue
+            if int(fields[1]) == pid and "spawn_main" in cmdline:
+                out.append(int(entry))
+    return out
+
+
+def running(pid: int) -> bool:
+    """Is ``pid`` alive and not a zombie?"""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_slow_search(tmp_path: Path, name: str):
+    """``servelab search`` with 2 workers over a 6,000-request trace (400 trials of a good fraction of a
+    second each: a kill lands mid-trial), in its own session, its output in ``tmp_path/search.log`` (a
+    file: workers that outlive it would block on a full pipe nobody reads). Returns (process, study
+    directory, log path) once its first trial has finished; the caller kills what is left."""
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    write_trace_file(folder, n=6000)
+    spec = grid_spec(folder, n_trials=400, name=name, top="workers = 2\n")
+    out, log = tmp_path / "S", tmp_path / "search.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "servelab", "search", str(spec), "-o", str(out), "--no-progress"],
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        trials = out / "trials"
+        if trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir()):
+            return proc, out, log
+        if proc.poll() is not None:
+            raise AssertionError(log.read_text())
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("no trial finished")

@@ -10,20 +10,18 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from helpers_cli import cli_code
 from helpers_cli import snapshot as _snapshot
-from helpers_search import grid_spec, write_trace_file
+from helpers_search import grid_spec, pool_workers, running, start_slow_search, write_trace_file
 from helpers_search import trials_table as _table
 from servelab.search.batch import BATCH_TRIALS
 from servelab.search.spec import load_spec
 from servelab.search.study import resumed_seed, run_worker
 from servelab.search.trials import load_study_dir
 
-SERVELAB = [sys.executable, "-m", "servelab"]
 
 
 _cli = cli_code
@@ -234,61 +232,21 @@ def test_ctrl_c_prints_one_line_and_exits_130(grid_dir, tmp_path, where, complet
 # -- kill -9 of `search`: its workers stop too -----------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_kill_9_of_search_stops_its_workers(tmp_path):
-    folder = tmp_path / "slow"
-    folder.mkdir()
-    write_trace_file(folder, n=6000)  # trials of a good fraction of a second: the kill lands mid-trial
-    spec = grid_spec(folder, n_trials=400, name="orphans.toml", top="workers = 2\n")
-    out = tmp_path / "S"
-    # its output goes to a file: the workers outlive the parent and would block on a full pipe nobody reads
-    log = (tmp_path / "search.log").open("w")
-    proc = subprocess.Popen([*SERVELAB, "search", str(spec), "-o", str(out), "--no-progress"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    log.close()
+    proc, out, log = start_slow_search(tmp_path, "orphans.toml")
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            trials = out / "trials"
-            if trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir()):
-                break
-            assert proc.poll() is None, (tmp_path / "search.log").read_text()
-            time.sleep(0.05)
-        else:
-            raise AssertionError("no trial finished")
-        workers = [p for p in _children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
-        assert len([p for p in workers if _running(p)]) == 2, workers
+        workers = pool_workers(proc.pid)
+        assert len([p for p in workers if running(p)]) == 2, workers
         os.kill(proc.pid, signal.SIGKILL)  # the parent alone: its workers get no signal from us
         proc.wait()
         # left alone, the workers would go on through all 400 trials (several minutes); each finishes
         # or fails the trial in hand and writes trials.parquet first, which under a loaded CI
         # machine took more than 15 s once
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and any(_running(p) for p in workers):
+        while time.monotonic() < deadline and any(running(p) for p in workers):
             time.sleep(0.1)
-        assert not any(_running(p) for p in workers), f"workers outlived the killed search: {(tmp_path / 'search.log').read_text()}"
+        assert not any(running(p) for p in workers), f"workers outlived the killed search: {log.read_text()}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

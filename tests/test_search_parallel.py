@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -13,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers_search import grid_spec, write_trace_file
+from helpers_search import grid_spec, pool_workers, running, start_slow_search
 from servelab.search import batch
 from servelab.search.spec import load_spec
 from servelab.search.study import run_study
 from servelab.search.trials import load_study_dir, trials_table
 
-SERVELAB = [sys.executable, "-m", "servelab"]
 # what times a trial or names its process: everything else is the search's result
 TIMING = {"datetime_start", "datetime_complete", "duration_s", "attr.worker", "attr.eval_s", "attr.eval_cpu_s",
           "attr.replay_s", "attr.replay_cpu_s", "attr.final_replay_s", "attr.score_s", "attr.write_s",
@@ -60,43 +58,11 @@ def test_auto_workers_is_one_per_free_core_up_to_a_batch(monkeypatch, tmp_path):
     assert batch.resolve_workers(replace(spec, workers=64)) == batch.BATCH_TRIALS  # more would have no trial
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                cmdline = Path(f"/proc/{entry}/cmdline").read_text(errors="replace")
-            except OSError:
-                continue
-            if int(fields[1]) == pid and "spawn_main" in cmdline:
-                out.append(int(entry))
-    return out
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_killed_mid_trial_stops_the_study_with_a_clear_error(tmp_path):
-    folder = tmp_path / "slow"
-    folder.mkdir()
-    write_trace_file(folder, n=6000)  # trials of a good fraction of a second: the kill lands mid-trial
-    spec = grid_spec(folder, n_trials=400, name="crash.toml", top="workers = 2\n")
-    out = tmp_path / "S"
-    log = tmp_path / "search.log"
-    with log.open("w") as fh:
-        proc = subprocess.Popen([*SERVELAB, "search", str(spec), "-o", str(out), "--no-progress"],
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc, out, log = start_slow_search(tmp_path, "crash.toml")
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            trials = out / "trials"
-            if trials.is_dir() and any(not p.name.startswith(".") for p in trials.iterdir()):
-                break
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.05)
-        else:
-            raise AssertionError("no trial finished")
-        workers = _children(proc.pid)
+        workers = pool_workers(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)  # as the OOM killer would
         assert proc.wait(timeout=120) == 1, log.read_text()
@@ -114,17 +80,9 @@ def test_a_worker_killed_mid_trial_stops_the_study_with_a_clear_error(tmp_path):
     assert all(r["outcome"] == "interrupted" for n, r in failed.items() if n != lost), failed  # the batch's others
     assert sum(r["state"] == "complete" for r in rows) < 100
     deadline = time.monotonic() + 60  # the other worker is stopped too
-    while time.monotonic() < deadline and _running(workers[1]):
+    while time.monotonic() < deadline and running(workers[1]):
         time.sleep(0.1)
-    assert not _running(workers[1]), "the other worker outlived the study"
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
-    except OSError:
-        return False
+    assert not running(workers[1]), "the other worker outlived the study"
 
 
 def test_an_orphaned_workers_write_is_retried_then_given_up_with_a_word(monkeypatch, capsys):
