@@ -49,3 +49,27 @@ def test_covered_counts_each_block_once_whatever_the_hits_overlap():
     assert PrefixCache.covered(hits, sole) == 6 + 1 + 1
     assert PrefixCache.covered([], sole) == 0
     assert PrefixCache.covered([Hit((object(), 0, 5))], sole) == 0
+
+
+def test_the_same_holds_for_a_hybrid_models_per_group_cache(monkeypatch):
+    """Gemma 3 (full and sliding-window groups: replay/core/kv/hybrid_prefix.py) under the same load: its
+    cache answers the builder's ``covered`` too, and the bookkeeping adds up after every event."""
+    from servelab.replay.core.kv.hybrid_prefix import HybridPrefixCache
+
+    kept: list[int] = []
+    covered = HybridPrefixCache.covered
+
+    def counting(hits, sole):
+        n = covered(hits, sole)
+        kept.append(n)
+        return n
+
+    monkeypatch.setattr(HybridPrefixCache, "covered", staticmethod(counting))
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    trace = synth_trace(n=150, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
+                        prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=16, seed=11)
+    result = replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=1500, max_num_seqs=6), policy="srpt",
+                                        policy_params={"preempt": True},
+                                        runner="roofline:model=gemma-3-27b,gpu=h100-80gb,tp=2"))
+    assert max(kept, default=0) > 0, kept
+    assert set(result.requests.column("status").to_pylist()) == {"finished", "rejected"}

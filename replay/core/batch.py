@@ -249,15 +249,14 @@ class BatchBuilder:
             self.replica.aggregate.remove(req)
         freed = self.kv.releasable(req)
         if req.cached_keys is not None:
-            if self._released is None:
-                self._released = {}
+            sole: dict = {}
+            self.kv.cache.sole_blocks(req, sole)
             if self.summary.hits:  # requests this batch admitted onto blocks only ``req`` holds keep them in use
-                sole: dict = {}
-                self.kv.cache.sole_blocks(req, sole)
                 freed -= self.kv.cache.covered(self.summary.hits.values(), sole)
-                self._released.update(sole)
+            if self._released is None:
+                self._released = sole
             else:
-                self.kv.cache.sole_blocks(req, self._released)
+                self._released.update(sole)
         self.free_blocks += freed
         self.preempted.append(req)
         self._chosen.add(req)
@@ -480,7 +479,7 @@ class BatchBuilder:
                 target = -(-(computed + n) // kv.block_size) if kv.layout is None else kv.layout.held(computed, n)
                 need = target - hit.blocks + hit.claimed
                 if self._released:  # blocks a victim of this batch frees, counted free above: taken back
-                    need += kv.cache.reclaimed(hit, self._released)
+                    need += kv.cache.covered((hit,), self._released)
             if too_big or need > self.free_blocks:
                 if self.skip_blocked:
                     continue

@@ -313,8 +313,10 @@ class HybridPrefixCache:
                 into[u] = True
 
     @staticmethod
-    def reclaimed(hit: Hit, sole: dict) -> int:
-        return sum(u.blocks for u in hit.keys if u in sole)
+    def covered(hits, sole: dict) -> int:
+        """Pool blocks of the units in ``sole`` that at least one of ``hits`` reuses, each unit once
+        (``PrefixCache.covered``)."""
+        return sum(u.blocks for u in {u for hit in hits for u in hit.keys if u in sole})
 
     def check(self, total_blocks: int, used: int, running, chains: list | None = None) -> None:
         """Free blocks are plain or queued units; a unit's refs are its holders; queued units are unheld

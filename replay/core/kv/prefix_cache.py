@@ -988,22 +988,10 @@ class PrefixCache:
                 into[e] = (other, count)
 
     @staticmethod
-    def reclaimed(hit: Hit, sole: dict) -> int:
-        """How many of ``hit``'s blocks are in ``sole`` (blocks a preempted request alone held)."""
-        total = 0
-        for e, start, got in hit.keys:
-            span = sole.get(e)
-            if span is not None:
-                lo = span[0] if span[0] > start else start
-                hi = span[1] if span[1] < got else got
-                if hi > lo:
-                    total += hi - lo
-        return total
-
-    @staticmethod
     def covered(hits, sole: dict) -> int:
-        """How many blocks of ``sole`` (blocks a running request alone holds) at least one of ``hits`` (the
-        admissions of a batch being built) reuses: they stay in use if that request is preempted."""
+        """How many blocks of ``sole`` (entry -> (start, end): blocks preempted or preemptable requests alone
+        hold) at least one of ``hits`` (admissions of the batch being built) reuses, each block once: a
+        hit taking them does not find them free, and a victim whose blocks a hit reuses does not free them."""
         spans: dict = {}
         for hit in hits:
             for e, start, got in hit.keys:
