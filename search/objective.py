@@ -373,7 +373,6 @@ def _duckdb_interrupt(err: BaseException) -> bool:
     return duckdb is not None and isinstance(err, duckdb.InterruptException)
 
 
-# Shown as their own user attributes (one storage write each); everything else goes in "metrics".
 # Shown as separate user attributes (Optuna's own tools list them); the rest go in one "metrics"
 # attribute. Each attribute is one storage write (a journal append, a database row): writing
 # thirteen of them was a third of a trial's overhead once the replay got fast. trials.parquet
