@@ -29,7 +29,7 @@ from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import (
     ClassQueues, NamedFloats, Names, Slot, check_named_floats, check_names, check_within, predicted_output,
-    step_tokens, tier_ranker, within_key,
+    ranks_of, step_tokens, tier_ranker, within_key,
 )
 from servelab.replay.core.batch import Batch
 from servelab.replay.core.replica import Replica
@@ -67,8 +67,7 @@ class _FairShare(PolicyBase):
     def __init__(self, params: FairParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
         self.weights = dict(params.weights)  # (typed and checked once, in the Params)
-        self.rank_of = tier_ranker({name: rank for rank, name in enumerate(params.tiers)}) if params.tiers \
-            else (lambda t: 0)
+        self.rank_of = tier_ranker(ranks_of(params.tiers)) if params.tiers else (lambda t: 0)
         self.key = within_key(params.within)
         self.queues = ClassQueues()
         self.members: dict[tuple[int, str], int] = {}  # class -> its requests on this replica

@@ -21,6 +21,11 @@ from servelab.replay.core.request import Request
 WITHIN = ("fcfs", "sjf", "srpt")
 
 
+def ranks_of(names: tuple[str, ...]) -> dict[str, int]:
+    """Typed, checked ``Names`` -> {name: rank}, the first ranked 0."""
+    return {name: rank for rank, name in enumerate(names)}
+
+
 def check_names(names: Any, owner: str, param: str) -> dict[str, int]:
     """Typed ``Names`` (common/coerce.py: a config types ``"a,b"`` once) -> {name: rank}, rank 0 first; a
     name listed twice is an error. Nothing is parsed: a string here is a caller's mistake."""
@@ -29,7 +34,7 @@ def check_names(names: Any, owner: str, param: str) -> dict[str, int]:
                             "a config types \"a,b\" or an array once, when it is made)")
     if len(set(names)) != len(names):
         raise ServelabError(f"{owner}: {param} {', '.join(names)!r} names a tier twice")
-    return {name: rank for rank, name in enumerate(names)}
+    return ranks_of(names)
 
 
 def check_named_floats(pairs: Any, owner: str, param: str, *, positive: bool = True,

@@ -26,7 +26,7 @@ from servelab.common.errors import ServelabError
 from servelab.policies.base import POLICIES, PolicyBase, ReadsRunning
 from servelab.policies.ordering import (
     DEFAULT_TIERS, ClassQueues, NamedFloats, Names, Slot, check_named_floats, check_names, check_within,
-    predicted_output, tier_ranker, within_key,
+    predicted_output, ranks_of, tier_ranker, within_key,
 )
 from servelab.replay.core.batch import Batch
 from servelab.replay.core.replica import Replica
@@ -69,7 +69,7 @@ class Tiers(PolicyBase):
 
     def __init__(self, params: TiersParams, engine, replica_id: int = 0):
         super().__init__(params, engine, replica_id)
-        ranks = {name: rank for rank, name in enumerate(params.tiers)}  # (typed and checked once, in the Params)
+        ranks = ranks_of(params.tiers)  # (typed and checked once, in the Params)
         self.rank_of = tier_ranker(ranks)
         self.best_effort = set(params.best_effort)
         above = params.promote_above or max((t for t in ranks if t not in self.best_effort),
