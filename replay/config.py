@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import ClassRegistry
-from servelab.replay.cluster.config import ClusterConfig, PoolConfig, split_settings
+from servelab.replay.cluster.config import ClusterConfig, PoolConfig, is_params, split_settings
 from servelab.replay.cluster.instances import InstanceType
 from servelab.replay.core.engine_config import (INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params,
                                                 params_table, typed_fields)
@@ -229,7 +229,7 @@ def typed_keys(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[
             name = RUNNER_KEYS[key_norm]
             top[name] = coerce(value, RUNNER_TYPES[name], f"{source}: {key}")
         elif key_norm in ("policy_params", "router_params"):
-            if not isinstance(value, dict) and not _is_params(value):
+            if not isinstance(value, dict) and not is_params(value):
                 raise ServelabError(f"{source}: {key_norm} must be a table")
             top[key_norm] = dict(value) if isinstance(value, dict) else value
         elif key_norm == "cluster":
@@ -271,13 +271,9 @@ def typed_params(registry: ClassRegistry, name: str, value: Any) -> Any:
     owner = f"{registry.kind} '{name}'"
     if isinstance(value, Mapping):
         return make_params(cls, value, owner)
-    if _is_params(value) and value == type(value)():
+    if is_params(value) and value == type(value)():
         return cls()
     raise ServelabError(f"{owner}: {registry.kind}_params {value!r} are not its parameters ({cls.__name__})")
-
-
-def _is_params(value: Any) -> bool:
-    return is_dataclass(value) and not isinstance(value, type)
 
 
 def typed_pool(base: ReplayConfig, pool: PoolConfig) -> PoolConfig:

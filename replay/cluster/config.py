@@ -93,7 +93,7 @@ class PoolConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "role": self.role, "replicas": self.replicas,
                "price_per_gpu_hour": self.price_per_gpu_hour,
-               **{k: params_table(v) if _is_params(v) else v for k, v in self.settings}}
+               **{k: params_table(v) if is_params(v) else v for k, v in self.settings}}
         if self.autoscale is not None:
             out["autoscale"] = self.autoscale.to_dict()
         if self.instances:
@@ -314,7 +314,7 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
     if key in TOP_TYPES:
         kind = TOP_TYPES[key]
         if kind == "table":
-            if _is_params(value):  # typed already (``ReplayConfig`` types a pool's tables against its policy, router)
+            if is_params(value):  # typed already (``ReplayConfig`` types a pool's tables against its policy, router)
                 return value
             if not isinstance(value, dict):
                 raise ServelabError(f"{where} must be a table")
@@ -374,7 +374,7 @@ def is_typed(key: str, value: Any) -> bool:
     """Is ``value`` already what ``typed_setting(key, ...)`` makes (so a frozen pool holds it as it is)?"""
     kind = _kind(key)
     if kind == "table":
-        return _is_params(value) or isinstance(value, dict)
+        return is_params(value) or isinstance(value, dict)
     base, optional = type_name(kind)
     if value is None:
         return optional
@@ -391,7 +391,8 @@ def _kind(key: str) -> str:
     return TOP_TYPES[key] if key in TOP_TYPES else ENGINE_TYPES[key]
 
 
-def _is_params(value: Any) -> bool:
+def is_params(value: Any) -> bool:
+    """Is ``value`` a typed parameters object (a dataclass instance), not a table?"""
     return is_dataclass(value) and not isinstance(value, type)
 
 
@@ -403,4 +404,4 @@ def split_settings(settings: tuple[tuple[str, Any], ...]) -> tuple[dict[str, Any
 
 ENGINE_TYPES = {f.name: f.type for f in fields(EngineConfig)}
 
-__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig", "split_settings", "typed_setting"]
+__all__ = ["ClusterConfig", "LinkConfig", "PoolConfig", "is_params", "split_settings", "typed_setting"]
