@@ -43,7 +43,8 @@ def test_readme_links_the_api_page():
 def test_ci_builds_one_venv_and_runs_the_readmes_commands():
     """.ci/run builds the venv once, with README's second command's setup (the test extras: a superset
     of the first's ``pip install -e .``), runs the first command's job, and ends with README's test
-    command as README writes it; both README commands still work alone on a fresh machine."""
+    command as README writes it, then the live-server tests; both README commands still work alone on a
+    fresh machine."""
     readme = README.read_text()
     commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv .venv && ")][:2]
     assert len(commands) == 2 and commands[1].endswith(" && .venv/bin/pytest -n auto --dist loadfile")
@@ -56,4 +57,13 @@ def test_ci_builds_one_venv_and_runs_the_readmes_commands():
           if line.strip() and not line.startswith("#")]
     assert [line for line in ci if "-m venv .venv " in line] == [setup]  # the venv built once, with everything
     assert not [line for line in ci if "pip install -e" in line and line != setup]
-    assert ci.index(setup) < ci.index(job) < ci.index(test_command) == len(ci) - 1  # the README's job; tests last
+    assert ci.index(setup) < ci.index(job) < ci.index(test_command)  # the README's job, then its tests
+    # After it, only the files that need the real vLLM/transformers servers, which start after it (their
+    # model worker busy-waits on a CPU): every such file, and nothing else
+    live = ci[ci.index(test_command) + 1:]
+    assert [line for line in live if "pytest" in line] == [live[-1]]
+    needs_server = {f"tests/{path.name}" for path in (README.parent / "tests").glob("test_*.py")
+                    if path.name != Path(__file__).name and any(marker in path.read_text() for marker in ("from helpers_vllm_endpoint import",
+                                                                     'environ.get("SERVELAB_TEST_REQUIRE_ENDPOINT")'))}
+    assert live[-1].startswith(".venv/bin/pytest -p no:xdist ") and set(live[-1].split()[3:]) == needs_server
+    assert any(line.startswith("source .ci/vllm.sh") for line in live)
