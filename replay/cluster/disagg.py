@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from servelab.replay.core.batch import no_aggregate
+from servelab.replay.core.batch import blocks_to_grow, no_aggregate
 from servelab.replay.core.engine import DECODE, ENTRY, TIMER
 from servelab.replay.core.intents import HandOff, Land, Reject, Serve, Wake
 from servelab.replay.core.kv.manager import blocks_for
@@ -222,13 +222,9 @@ class Disaggregation:
         step = replica.inflight
         if not replica.busy or step is None or step.k == 1 or replica is self._applied:
             return 0
-        k, bs = step.k, replica.kv.block_size
         if replica.kv.reserve:
             return 0
-        extra = sum(-(-(r.num_computed_tokens + k) // bs) - r.kv_blocks for r, _ in step.batch.items)
-        if step.batch.bulk:
-            extra += replica.aggregate.blocks_added(k) - step.batch.summary.bulk_blocks
-        return max(extra, 0)
+        return max(blocks_to_grow(replica, step.batch, step.k), 0)
 
     def _place_pending(self, now: float) -> None:
         """Start the transfers of waiting handoffs in their order while the head finds room."""

@@ -159,6 +159,17 @@ def in_batch(batch: Batch, req: Request) -> bool:
     return any(item is req for item, _ in batch.items)
 
 
+def blocks_to_grow(replica: "Replica", batch: Batch, j: int) -> int:
+    """KV blocks ``batch``'s requests take beyond those they hold to compute ``j`` more tokens each (a
+    decode stretch of ``j`` iterations grows their KV by this at its end), those the builder kept in
+    aggregate included (their blocks for the first iteration were taken when it started)."""
+    bs = replica.kv.block_size
+    extra = sum(-(-(req.num_computed_tokens + j) // bs) - req.kv_blocks for req, _ in batch.items)
+    if batch.bulk:
+        extra += replica.aggregate.blocks_added(j) - batch.summary.bulk_blocks
+    return extra
+
+
 def initial_budgets(replica: "Replica") -> tuple[int, int]:
     """(tokens, sequences) a policy's builder starts every iteration with (``PolicyBase.builder``)."""
     cfg = replica.config

@@ -21,7 +21,8 @@ import math
 from functools import lru_cache
 
 from servelab.common.errors import ServelabError
-from servelab.replay.core.batch import Batch, BatchSummary, aggregate_decodes, make_current, no_aggregate, settle
+from servelab.replay.core.batch import (Batch, BatchSummary, aggregate_decodes, blocks_to_grow, make_current,
+                                         no_aggregate, settle)
 from servelab.replay.core.engine_config import EngineConfig
 from servelab.replay.core.intents import (AdoptOrphans, Decide, Enter, FailReplica, HandOff, Land, LeaveAtBoundary, LetGo,
                                      Preempt, Refuse, Reject, RemoveReplica, RestoreReplica, Resume, Route, Send, Serve,
@@ -465,8 +466,7 @@ class Engine:
         kv = replica.kv
         if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
             # not surely enough free blocks for k more tokens each: find how many iterations fit
-            bulk = replica.aggregate if step.batch.bulk else None
-            k = self._kv_safe_iterations(kv, step.batch.items, k, bulk, summary.bulk_blocks)
+            k = self._kv_safe_iterations(replica, step.batch, k)
             if k <= 1:
                 return
         step.a, step.b = affine
@@ -475,20 +475,13 @@ class Engine:
         step.end_s = step.start_s + step.elapsed(k)
 
     @staticmethod
-    def _kv_safe_iterations(kv: KVManager, items, k: int, bulk, first: int) -> int:
-        """Largest j <= k such that every request's next j tokens fit in the free blocks (``bulk``: the
-        replica's aggregate when the batch has ``bulk`` requests, whose blocks for their first token,
-        ``first``, were taken when the iteration started)."""
-        bs, free = kv.block_size, kv.free
-
-        def extra(j: int) -> int:  # blocks needed beyond those held, to compute j more tokens each
-            held = sum(-(-(req.num_computed_tokens + j) // bs) - req.kv_blocks for req, _ in items)
-            return held + (bulk.blocks_added(j) - first if bulk is not None else 0)
-
+    def _kv_safe_iterations(replica: Replica, batch: Batch, k: int) -> int:
+        """Largest j <= k such that every request's next j tokens fit in ``replica``'s free blocks."""
+        free = replica.kv.free
         lo, hi = 1, k
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if extra(mid) <= free:
+            if blocks_to_grow(replica, batch, mid) <= free:
                 lo = mid
             else:
                 hi = mid - 1
