@@ -239,3 +239,40 @@ def test_online_mode_drives_the_engine_and_changes_no_lifecycle_itself() -> None
     init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     wiring = {n.lineno for n in ast.walk(init) if hasattr(n, "lineno")}
     assert all(line in wiring for line, what in hits if what == "assignment")
+
+
+# The decode cohort (replay/core/cohort.py) is the batch builder's device (issue #27 item 4): batch.py
+# makes it and is the only module that imports it; what the engine does with a replica's aggregate is
+# drive it through an iteration (``start``, ``apply``, ``after``). Everyone else asks batch.py
+# (``no_aggregate``, ``make_current``, ``in_batch``, ``blocks_to_grow``, ``settle``).
+AGGREGATE_USERS = {"replay/core/batch.py", "replay/core/cohort.py", "replay/core/engine.py"}
+ENGINE_DRIVES = {"start", "apply", "after"}
+
+
+def aggregate_uses(root: Path = ROOT) -> dict[str, set[str]]:
+    """File -> what it does with a ``.aggregate`` (the attribute called on it, or "read") and whether it
+    imports the cohort module ("import")."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("replay.core.cohort"):
+                out.setdefault(rel, set()).add("import")
+            elif isinstance(node, ast.Attribute) and node.attr == "aggregate" and isinstance(node.ctx, ast.Load):
+                parent = parents.get(node)
+                use = parent.attr if isinstance(parent, ast.Attribute) else "read"
+                out.setdefault(rel, set()).add(use)
+    return out
+
+
+def test_only_the_batch_builder_knows_the_decode_cohort() -> None:
+    uses = aggregate_uses()
+    assert {f for f, what in uses.items() if "import" in what} == {"replay/core/batch.py"}
+    outside = {f: what for f, what in uses.items() if f not in AGGREGATE_USERS}
+    assert outside == {}, f"reach into a replica's aggregate outside the builder: {outside}"
+    engine = uses["replay/core/engine.py"] - {"read"}
+    assert engine <= ENGINE_DRIVES, engine

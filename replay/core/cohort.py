@@ -23,8 +23,9 @@ and one without are byte-identical (tested).
 Who knows it exists: this file and the batch builder (replay/core/batch.py), nothing else. A policy only
 promises the builder how it reads running requests (``batch.ReadsRunning``) and sees the members as
 ``Batch.bulk`` (how many decode besides ``items``, counted per class in ``Batch.bulk_by_class``); the
-engine sees ``replica.aggregate`` through four calls (``start``, ``apply``, ``after``, ``blocks_added``)
-and the replica's running list, which keeps the cohort's ``outside`` in step (``Running``).
+engine drives ``replica.aggregate`` through an iteration with three calls (``start``, ``apply``,
+``after``) and sees the replica's running list, which keeps the cohort's ``outside`` in step
+(``Running``); everything else asks batch.py (tests/test_lifecycle_owner.py holds this).
 
 With the token log (``--token-log``) the cohort logs each applied run of iterations once (its
 *timeline*: ``TokenLog.advance``) and each member's tokens as one record when its counters are made
