@@ -128,7 +128,7 @@ def check_kv_and_outstanding(engine: Engine) -> None:
             if req.replica != replica.id:
                 continue
             if req.status in live or (req.status is Status.ABORTED and req in replica.running):
-                lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
+                lag = cohort.d - req.aggregate_mark if cohort is not None and req.aggregate_mark is not None else 0
                 owes += owed(req) - lag
         assert replica.outstanding_tokens == owes, (replica.outstanding_tokens, owes)
 

@@ -337,7 +337,7 @@ def test_losses_keep_the_bookkeeping_after_every_event_and_lose_no_request(monke
     assert not disagg.pending and not disagg.source and not any(disagg.landing.values())
     for replica in engine.replicas:
         assert replica.outstanding_tokens == 0
-        assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.cohort_held == 0
+        assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.aggregate_held == 0
     # every finished request has all its tokens, and its last handoff's columns
     for r in result.requests.to_pylist():
         if r["status"] == "finished":

@@ -64,14 +64,14 @@ def test_aggregates_equal_a_per_request_count(seed):
         for m in done:  # materialised: the true counters, the largest gap logged since it joined
             c, g, blocks, worst = shadow.pop(m.index)
             assert (m.num_computed_tokens, m.num_generated_tokens, m.kv_blocks, m.max_itl_s) == (c, g, blocks, worst)
-            assert m.last_token_s == t and m.cohort_mark is None
+            assert m.last_token_s == t and m.aggregate_mark is None
             members.remove(m)
         assert cohort.n == len(members)
     cohort.dissolve()
     for m in members:
         c, g, blocks, worst = shadow[m.index]
         assert (m.num_computed_tokens, m.num_generated_tokens, m.kv_blocks, m.max_itl_s) == (c, g, blocks, worst)
-        assert m.cohort_mark is None and m.last_token_s == t
+        assert m.aggregate_mark is None and m.last_token_s == t
 
 
 def test_max_itl_is_the_largest_gap_since_joining():

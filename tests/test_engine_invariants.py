@@ -51,7 +51,7 @@ def check(engine: Engine) -> None:
             if req.status is Status.PENDING:
                 continue
             # a cohort member's counters are frozen at joining: add the iterations since then
-            lag = cohort.d - req.cohort_mark if cohort is not None and req.cohort_mark is not None else 0
+            lag = cohort.d - req.aggregate_mark if cohort is not None and req.aggregate_mark is not None else 0
             owes += owed(req) - lag
         if disagg is not None and replica.id in disagg.landing:  # owed from the start of their transfer
             owes += sum(owed(req) for req in disagg.landing[replica.id])
@@ -190,7 +190,7 @@ def test_disaggregated_bookkeeping_adds_up_after_every_event(monkeypatch, case, 
     assert not disagg.pending and not disagg.source and disagg.meta()["transfers"] == len(moved)
     for replica in engine.replicas:
         assert replica.outstanding_tokens == 0
-        assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.cohort_held == 0
+        assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.aggregate_held == 0
 
 
 @pytest.mark.parametrize("signal", ["queue_depth", "running", "pending_prompt_tokens", "kv_use", "request_rate"])
@@ -236,7 +236,7 @@ def test_outstanding_tokens_and_kv_drain_to_zero(monkeypatch):
     for engine in engines:
         for replica in engine.replicas:
             assert replica.outstanding_tokens == 0
-            assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.cohort_held == 0
+            assert replica.kv.used == 0 and replica.kv.host_used == 0 and replica.kv.aggregate_held == 0
 
 
 def test_replay_imports_no_concrete_policy_runner_or_layer_above():

@@ -276,3 +276,23 @@ def test_only_the_batch_builder_knows_the_decode_cohort() -> None:
     assert outside == {}, f"reach into a replica's aggregate outside the builder: {outside}"
     engine = uses["replay/core/engine.py"] - {"read"}
     assert engine <= ENGINE_DRIVES, engine
+
+
+def test_no_code_outside_the_builder_names_the_cohort() -> None:
+    """The KV manager's share of it is ``aggregate_held``, a request's ``aggregate_mark``, the token log's
+    ``timeline``: no identifier (name, attribute, argument, function, class) outside batch.py and cohort.py
+    says "cohort"."""
+    named: dict[str, set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
+            continue
+        if rel in ("replay/core/batch.py", "replay/core/cohort.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                    else node.arg if isinstance(node, ast.arg)
+                    else node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else "")
+            if "cohort" in name.lower():
+                named.setdefault(rel, set()).add(name)
+    assert named == {}

@@ -147,8 +147,8 @@ def test_a_membership_expands_to_the_rows_of_the_records_it_replaces():
     per_request.single(7, 2, 8.5)
     per_request.single(7, 3, 9.0)
     per_request.stretch(7, 4, 3, later)
-    timeline = cohort.cohort()
-    cohort.cohort()  # another cohort's timeline: numbers keep them apart
+    timeline = cohort.timeline()
+    cohort.timeline()  # another cohort's timeline: numbers keep them apart
     cohort.advance(timeline, 0, 1, one, 1.5)
     cohort.advance(timeline, 1, 4, stretch, 2.5)
     cohort.membership(7, 2, 5, timeline, 0)
@@ -169,7 +169,7 @@ def test_cohort_timeline_holds_a_bounded_buffer():
     log = logs.TokenLog(chunk=4096)
     step = SimpleNamespace(start_s=0.0, a=0.01, b=1e-6, ctx0=100.0, decode_requests=8, k=4)
     single = SimpleNamespace(k=1)
-    timelines = [log.cohort() for _ in range(8)]
+    timelines = [log.timeline() for _ in range(8)]
     at = [0] * 8
     members = 0
     tracemalloc.start()

@@ -148,13 +148,13 @@ def settle(replica: "Replica") -> None:
 def make_current(replica: "Replica", req: Request) -> None:
     """``req`` (running on ``replica``) leaves outside a decision (its client gave up): its counters
     and KV blocks are made its own again if the builder kept them in aggregate."""
-    if req.cohort_mark is not None:
+    if req.aggregate_mark is not None:
         replica.aggregate.remove(req)
 
 
 def in_batch(batch: Batch, req: Request) -> bool:
     """Does ``batch`` compute tokens for running request ``req``?"""
-    if req.cohort_mark is not None:
+    if req.aggregate_mark is not None:
         return bool(batch.bulk)
     return any(item is req for item, _ in batch.items)
 
@@ -241,19 +241,19 @@ class BatchBuilder:
     def generated(self, req: Request) -> int:
         """Output tokens ``req`` has produced so far, current even while the engine keeps it in the
         replica's decode cohort (whose members' counters are written back lazily)."""
-        mark = req.cohort_mark
+        mark = req.aggregate_mark
         return req.num_generated_tokens if mark is None else req.num_generated_tokens + self.replica.aggregate.d - mark
 
     def kv_blocks(self, req: Request) -> int:
         """GPU blocks ``req`` holds, current even while it is a decode-cohort member (a member's
         blocks are settled when it leaves: ``DecodeCohort.materialize``)."""
-        mark = req.cohort_mark
+        mark = req.aggregate_mark
         if mark is None or self.kv.reserve:
             return req.kv_blocks
         return -(-(req.num_computed_tokens + self.replica.aggregate.d - mark) // self.kv.block_size)
 
     def preempt(self, req: Request) -> None:
-        if req.cohort_mark is not None:  # a decode-cohort member: it leaves the aggregate first
+        if req.aggregate_mark is not None:  # a decode-cohort member: it leaves the aggregate first
             if self.bulk:
                 raise RuntimeError("a policy that promises reads_running preempts running requests before "
                                    "schedule_running, not after")

@@ -66,7 +66,7 @@ class DecodeCohort:
         self.reserve = replica.kv.reserve  # blocks fixed at admission: decodes never need new ones
         self.outside: list[Request] = []  # running requests not in the cohort, in running order
         self.tokens = tokens  # the token log, or None
-        self.timeline = tokens.cohort() if tokens is not None else None  # its number there
+        self.timeline = tokens.timeline() if tokens is not None else None  # its number there
         self.base = 0  # iterations run before the last reset (``d`` restarts at 0; timeline positions do not)
         self._reset()
 
@@ -87,7 +87,7 @@ class DecodeCohort:
         """A decision took the cohort whole (``Batch.bulk``): its members' next token takes ``blocks``
         more KV blocks, now (``BatchSummary.bulk_blocks``)."""
         if blocks:
-            self.kv.grow_cohort(blocks)
+            self.kv.grow_aggregate(blocks)
 
     def apply(self, step: "Step", j: int, end_s: float) -> Sequence[Request]:
         """The cohort's share of ``j`` applied iterations of ``step``: one aggregate update; returns the
@@ -100,7 +100,7 @@ class DecodeCohort:
             gap = max(first_end - self.last_end_s, last_gap)
             more = self.blocks_added(j) - step.batch.summary.bulk_blocks  # (the first's: taken at start)
             if more:
-                self.kv.grow_cohort(more)
+                self.kv.grow_aggregate(more)
         replica.outstanding_tokens -= j * step.batch.bulk
         return self.advance(j, gap, end_s, step)
 
@@ -123,7 +123,7 @@ class DecodeCohort:
         d = self.d
         if not self.n:
             self.last_end_s = req.last_token_s
-        req.cohort_mark = d
+        req.aggregate_mark = d
         self.n += 1
         if req.admitted_seq > self.newest:
             self.newest = req.admitted_seq
@@ -138,17 +138,17 @@ class DecodeCohort:
 
     def materialize(self, req: Request) -> None:
         """Write ``req``'s true counters back; it stays running but is no longer a member."""
-        delta = self.d - req.cohort_mark
+        delta = self.d - req.aggregate_mark
         if delta:
             if self.tokens is not None:
                 self.tokens.membership(req.request_id, req.num_generated_tokens + 1, delta, self.timeline,
-                                       self.base + req.cohort_mark)
+                                       self.base + req.aggregate_mark)
             c = req.num_computed_tokens = req.num_computed_tokens + delta
-            i = bisect_left(self.gap_starts, req.cohort_mark)
+            i = bisect_left(self.gap_starts, req.aggregate_mark)
             emit(req, delta, self.last_end_s, self.gap_max[i] if i < len(self.gap_max) else None)
             if not self.reserve:
                 self.kv.settle(req, -(-c // self.bs))
-        req.cohort_mark = None
+        req.aggregate_mark = None
         if self.left is not None:
             self.left(req)
 
@@ -258,7 +258,7 @@ class DecodeCohort:
         return done
 
     def _leave(self, req: Request) -> None:
-        mark = req.cohort_mark
+        mark = req.aggregate_mark
         self.n -= 1
         c0 = req.num_computed_tokens
         self.ctx_base -= c0 - mark
@@ -302,7 +302,7 @@ def _live(entry: tuple[int, int, Request]) -> bool:
     """Is this heap entry its request's current membership? (A member that was removed and
     admitted again has a new ``admitted_seq``.)"""
     req = entry[2]
-    return req.cohort_mark is not None and req.admitted_seq == entry[1]
+    return req.aggregate_mark is not None and req.admitted_seq == entry[1]
 
 
 def _admitted(req: Request) -> int:

@@ -72,9 +72,9 @@ class StepLog:
 # Tokens are produced in time order but tokens.parquet lists them by request: an external sort.
 # While replaying, the log keeps *records*, not token rows: a single iteration's token is one record,
 # a decode stretch one record per request (its tokens follow in closed form from the step's pricing),
-# and a decode cohort member (replay/core/cohort.py) one record per membership: its tokens follow from its
-# cohort's *timeline*, the cohort's applied advances (one iteration's end time, or a stretch's
-# pricing), logged once per advance for all members. Every ``chunk`` records are sorted by request
+# and a request the batch builder kept in aggregate (replay/core/batch.py) one record per membership:
+# its tokens follow from the aggregate's *timeline*, its applied advances (one iteration's end time, or a
+# stretch's pricing), logged once per advance for all members. Every ``chunk`` records are sorted by request
 # and appended to an anonymous spill file as one sorted *run*; the timeline is spilled every
 # ``TIMELINE_CHUNK`` advances to a second one. At the end the runs are merged and expanded into
 # tokens.parquet, a membership's tokens looked up in the spilled timeline. All files are anonymous
@@ -89,7 +89,7 @@ TOKEN_CHUNK = 65536  # records (a single token, or a stretch's tokens of one req
 MERGE_FAN_IN = 64  # most runs read at once (each through a buffer of MERGE_BUFFER records)
 MERGE_BUFFER = 4096
 EXPAND_ROWS = 1 << 16  # token rows expanded from records at once (more when one request has more)
-TIMELINE_CHUNK = 4096  # cohort advances (all cohorts) held before a spill
+TIMELINE_CHUNK = 4096  # timeline advances (all timelines) held before a spill
 TIMELINE_CACHE = 16  # spilled timeline pieces kept in memory (and joined at once) while tokens.parquet is written
 WHOLE_TIMELINE_BYTES = 8 << 20  # a spilled timeline up to this size is read back whole (~150 k advances) ...
 POSITION_TABLE_BYTES = 16 << 20  # ... with position tables of up to this size in all (4 bytes an iteration)
@@ -104,22 +104,22 @@ def tokens_schema():
 
 def _spill_dtype():
     """A spilled record: request id, first token index, tie-break sequence number and ``j``: 0 for a
-    single iteration's one token, at ``t``; else j tokens: of a decode stretch (``cohort`` -1), its
+    single iteration's one token, at ``t``; else j tokens: of a decode stretch (``timeline`` -1), its
     step starting at ``t`` with ``m`` decode requests, its first i iterations ending at ``t + i*a +
-    b*(i*ctx0 + m*i*(i-1)/2)`` (``Step.elapsed``); or of a decode cohort membership, the tokens of
-    timeline ``cohort``'s iterations ``at + 1 .. at + j`` (``_Timeline``)."""
+    b*(i*ctx0 + m*i*(i-1)/2)`` (``Step.elapsed``); or of a membership, the tokens of
+    timeline ``timeline``'s iterations ``at + 1 .. at + j`` (``_Timeline``)."""
     global SPILL_DTYPE
     if SPILL_DTYPE is None:
         import numpy as np
 
         SPILL_DTYPE = np.dtype([("rid", "<i8"), ("idx", "<i8"), ("seq", "<i8"), ("j", "<i8"), ("t", "<f8"),
-                                ("a", "<f8"), ("b", "<f8"), ("ctx0", "<f8"), ("m", "<f8"), ("cohort", "<i8"),
+                                ("a", "<f8"), ("b", "<f8"), ("ctx0", "<f8"), ("m", "<f8"), ("timeline", "<i8"),
                                 ("at", "<i8")])
     return SPILL_DTYPE
 
 
 def _advance_dtype():
-    """A spilled cohort advance: ``j`` iterations after the cohort's ``at``-th; a single iteration
+    """A spilled timeline advance: ``j`` iterations after the timeline's ``at``-th; a single iteration
     (``m`` 0) ends at ``t``, a stretch's i-th iteration (``m`` decode requests) as in a stretch record."""
     import numpy as np
 
@@ -132,17 +132,17 @@ class TokenLog:
 
     A single iteration's token is logged as ``(request_id, index, 0, time)``, a decode stretch as
     ``(request_id, first_index, j, step number)`` per request, the step's pricing kept once per step,
-    and a decode cohort member's tokens as ``(request_id, first_index, -count, membership number)``
-    when its counters are made real, its cohort's timeline and first iteration kept per membership
-    (the cohort logs its advances once each: ``cohort``, ``advance``, ``membership``); every
+    and the tokens of a request kept in aggregate as ``(request_id, first_index, -count, membership
+    number)`` when its counters are made real, its timeline and first iteration kept per membership
+    (the aggregate logs its advances once each: ``timeline``, ``advance``, ``membership``); every
     ``chunk`` records they are sorted by request and spilled. ``finish()`` merges the spilled runs,
     expands each record into its token rows with numpy and writes tokens.parquet (a ``TokenTable``).
     Rows come out ordered by (request_id, token_index), ties (a request that started over) in logging
     order, singles before stretches: the order of the in-memory table this replaces, so the file is
     the same. A membership takes the place of the records its member's iterations would have logged
     one by one: its tokens tie as singles or stretch tokens as their iterations were, in its logging
-    position (after the request's earlier records, before its later ones), so a replay with decode
-    cohorts writes the same file as one without.
+    position (after the request's earlier records, before its later ones), so a replay that keeps
+    requests in aggregate writes the same file as one that does not.
     """
 
     def __init__(self, spill_dir: str | os.PathLike | None = None, chunk: int | None = None):
@@ -182,14 +182,14 @@ class TokenLog:
         if len(pending) >= self.chunk:
             self._flush()
 
-    # -- decode cohorts (replay/core/cohort.py) ----------------------------------------------------
-    def cohort(self) -> int:
-        """A new decode cohort's timeline: the number it logs its advances and memberships under."""
+    # -- timelines: requests the batch builder keeps in aggregate advance together -----------------
+    def timeline(self) -> int:
+        """A new timeline: the number an aggregate logs its advances and memberships under."""
         self.num_timelines += 1
         return self.num_timelines - 1
 
     def advance(self, timeline: int, at: int, j: int, step: Step, end_s: float) -> None:
-        """A cohort ran ``j`` iterations of ``step`` after its ``at``-th (counted from its start,
+        """An aggregate ran ``j`` iterations of ``step`` after its ``at``-th (counted from its start,
         never reset), the last ending at ``end_s``: what its members' tokens of those iterations
         need, logged once for all of them (as ``single`` or ``stretch`` would log each one's)."""
         if step.k == 1:
@@ -200,7 +200,7 @@ class TokenLog:
             self._flush_timeline()
 
     def membership(self, request_id: int, first_index: int, count: int, timeline: int, at: int) -> None:
-        """A cohort member produced tokens ``first_index ..`` (``count`` of them) in its timeline's
+        """A request kept in aggregate produced tokens ``first_index ..`` (``count`` of them) in its timeline's
         iterations ``at + 1 .. at + count``; logged when its counters are made real."""
         self.memberships.append((timeline, at))
         pending = self.pending
@@ -247,7 +247,7 @@ class TokenLog:
         order = _order(rid, idx, seq)
         out = np.zeros(n, dtype=_spill_dtype())
         out["rid"], out["idx"], out["seq"], out["j"], out["t"] = (np.take(c, order) for c in (rid, idx, seq, j, x))
-        out["cohort"] = -1
+        out["timeline"] = -1
         num_segments = int(np.count_nonzero(stretch))
         if num_segments:
             stretch = np.take(stretch, order)
@@ -258,7 +258,7 @@ class TokenLog:
         if num_memberships:
             member = out["j"] < 0
             where = np.array(self.memberships, dtype=np.int64).reshape(-1, 2)[out["t"][member].astype(np.int64)]
-            out["cohort"][member], out["at"][member] = where[:, 0], where[:, 1]
+            out["timeline"][member], out["at"][member] = where[:, 0], where[:, 1]
             out["j"][member] *= -1
             out["t"][member] = 0.0
         self.logged += n
@@ -340,7 +340,7 @@ class TokenLog:
         return TokenTable(out, num_rows)
 
     def _timeline_reader(self) -> _Timeline | None:
-        """The cohorts' whole timeline, spilled, to read back (None: no cohort logged an advance)."""
+        """The timelines, spilled, to read back (None: no aggregate logged an advance)."""
         self._flush_timeline()
         return _Timeline(self._timeline, self.pieces) if self._timeline is not None else None
 
@@ -352,7 +352,7 @@ class TokenLog:
 def _expanded(pieces: Iterator, timeline: _Timeline | None = None) -> Iterator:
     """Token rows ``(request_id, token_index, time_s)`` (three arrays) of sorted record pieces, each
     piece holding all the records of its requests, in tokens.parquet's order, at most about
-    ``EXPAND_ROWS`` rows at a time (cut between requests). ``timeline``: the cohorts' advances, which
+    ``EXPAND_ROWS`` rows at a time (cut between requests). ``timeline``: the aggregates' advances, which
     time the tokens of memberships."""
     import numpy as np
 
@@ -381,8 +381,8 @@ def _expand(records, counts, timeline: _Timeline | None = None):
     total = int(counts.sum())
     rep = np.repeat(np.arange(len(records)), counts)
     i = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
-    members = bool((records["cohort"] >= 0).any())
-    member = (records["cohort"] >= 0)[rep] if members else None
+    members = bool((records["timeline"] >= 0).any())
+    member = (records["timeline"] >= 0)[rep] if members else None
     plain = np.flatnonzero(~member) if members else slice(None)  # rows of singles and stretches
     t = np.empty(total, dtype=np.float64)
     r = rep[plain]
@@ -392,7 +392,7 @@ def _expand(records, counts, timeline: _Timeline | None = None):
     if members:
         rows = np.flatnonzero(member)
         r = rep[rows]
-        t[rows], stretched[rows] = timeline.times(records["cohort"][r], records["at"][r] + i[rows].astype(np.int64))
+        t[rows], stretched[rows] = timeline.times(records["timeline"][r], records["at"][r] + i[rows].astype(np.int64))
     rid = records["rid"][rep]
     idx = records["idx"][rep] + i.astype(np.int64) - 1
     # Sorted records give sorted, distinct rows unless a request's records overlap (it started over)
@@ -409,7 +409,7 @@ def _expand(records, counts, timeline: _Timeline | None = None):
 
 def _stretch_times(start, a, b, ctx0, m, i, single):
     """Token times, elementwise: the i-th iteration of a stretch (``Step.elapsed``), or ``start``
-    where ``single``. One expression for stretch records and cohort advances: the same values give
+    where ``single``. One expression for stretch records and timeline advances: the same values give
     the same bits."""
     import numpy as np
 
@@ -431,7 +431,7 @@ def _spans(*keys) -> Iterator[tuple[int, int]]:
 
 
 class _Timeline:
-    """The decode cohorts' spilled advances, read back to time their members' tokens: each spilled
+    """The timelines' spilled advances, read back to time their members' tokens: each spilled
     piece is one timeline's advances in position order. Up to ``WHOLE_TIMELINE_BYTES`` they are read
     back at once (with position tables); beyond, ``TIMELINE_CACHE`` pieces stay in memory
     (memberships of requests with nearby ids mostly fall in the same pieces)."""
@@ -445,7 +445,7 @@ class _Timeline:
             own = list(own)
             self.starts[timeline] = tuple(np.array([p[k] for p in own], dtype=np.int64) for k in (1, 2, 3))
         self.cache: dict[tuple[int, int], object] = {}
-        # A small timeline (most replays': a few MB) is read back once, each cohort's advances as one
+        # A small timeline (most replays': a few MB) is read back once, each timeline's advances as one
         # array in position order: no piece windows, no re-reads.
         self.whole: dict[int, object] | None = None
         size = sum(p[3] for p in pieces) * _advance_dtype().itemsize

@@ -38,7 +38,7 @@ class Request:
         "tenant", "tier", "session_id", "think_s", "ttft_slo_s", "tpot_slo_s", "prefix_hashes",
         "status", "reason", "replica", "num_computed_tokens", "num_generated_tokens", "kv_blocks",
         "swapped", "num_preemptions", "first_scheduled_s", "first_token_s", "finish_s",
-        "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data", "cohort_mark",
+        "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data", "aggregate_mark",
         "cached_keys", "num_cached_tokens", "kv_load_s", "tier_tokens",
         "lora_adapter", "mm",
     )
@@ -88,7 +88,7 @@ class Request:
         self.admitted_seq = 0  # engine-wide admission order (victim choice: most recent first)
         self.block_table: list[int] | None = None  # real block ids, only for runners that need them
         self.policy_data = None  # a policy's private per-request state (e.g. a predicted length)
-        self.cohort_mark: int | None = None  # in its replica's decode cohort since that iteration (replay/core/cohort.py)
+        self.aggregate_mark: int | None = None  # kept in aggregate by its replica's batch builder since that iteration (replay/core/batch.py)
         self.cached_keys = None  # the prefix-cache Chain of hashed blocks it holds (replay/core/kv/prefix_cache.py)
         self.num_cached_tokens = 0  # tokens its admissions reused from the prefix cache (GPU and lower tiers)
         self.kv_load_s = 0.0  # seconds its admissions spent loading KV from lower tiers (replay/core/kv/tiers.py)

@@ -5,8 +5,9 @@ allocator hands out real block ids, kept in ``req.block_table``). Holders:
 
 - a running request holds ``req.kv_blocks`` GPU blocks covering its computed tokens (on-demand,
   vLLM) or its whole reservation of prompt + max_output tokens (reserve mode, fixed at admission);
-- the decode cohort (replay/core/cohort.py) holds, in aggregate, the blocks its members grew into since
-  they joined (``cohort_held``); a member's share is credited to it (``settle``) when it materialises;
+- requests the batch builder keeps in aggregate (replay/core/batch.py) hold, together, the blocks
+  they grew into since they joined it (``aggregate_held``); a request's share is credited to it
+  (``settle``) when its counters are made its own again;
 - a request preempted by swapping holds host blocks in the swap pool (``host``) until it is
   swapped back in, dropped, or its replica fails (with offload tiers whose first is the replica's
   host DRAM, the pool is that tier: replay/core/kv/tiers.py);
@@ -15,7 +16,7 @@ allocator hands out real block ids, kept in ``req.block_table``). Holders:
   requests is counted once in ``used``.
 
 Invariants (``check``; the tests call it after every event of randomised replays):
-``used + free == total``, ``0 <= used <= total``, ``used == sum(kv_blocks of holders) + cohort_held``,
+``used + free == total``, ``0 <= used <= total``, ``used == sum(kv_blocks of holders) + aggregate_held``,
 ``host_used == sum(host.values()) <= host_total``.
 """
 
@@ -33,7 +34,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 class KVManager:
-    __slots__ = ("block_size", "total", "used", "reserve", "allocator", "cohort_held", "cache", "register",
+    __slots__ = ("block_size", "total", "used", "reserve", "allocator", "aggregate_held", "cache", "register",
                  "swap", "host_total", "host_used", "host", "bytes_per_block", "swap_bytes_per_s", "swap_tier",
                  "overlap_layers", "pending_load_s", "tier_stack", "tier_mark", "layout")
 
@@ -46,7 +47,7 @@ class KVManager:
         self.used = 0
         self.reserve = reserve  # conservative reservation of prompt + max_output at admission
         self.allocator = allocator  # hands out real block ids when the runner needs them
-        self.cohort_held = 0  # blocks the decode cohort's members grew into since joining
+        self.aggregate_held = 0  # blocks the requests kept in aggregate grew into since joining it
         # Prefix caching (replay/core/kv/prefix_cache.py): which unheld blocks still hold reusable KV. ``used``
         # then counts blocks held by running requests (a block shared by several once), and ``free``
         # includes cached blocks: taking one evicts what it held.
@@ -178,19 +179,19 @@ class KVManager:
                     self.used -= cache.slide(req, req.kv_blocks - target)
                 req.kv_blocks = target
 
-    def grow_cohort(self, blocks: int) -> None:
-        """The decode cohort's members take ``blocks`` more, in aggregate (no block tables: the
-        cohort is off for runners that need them)."""
+    def grow_aggregate(self, blocks: int) -> None:
+        """The requests kept in aggregate take ``blocks`` more, together (no block tables: nothing is
+        kept in aggregate for runners that need them)."""
         self.used += blocks
-        self.cohort_held += blocks
+        self.aggregate_held += blocks
         if self.used > self.total:
             self._over_committed()
         if self.cache is not None:
             self.cache.take(blocks)
 
     def settle(self, req: Request, target: int) -> None:
-        """A cohort member materialises: the blocks it grew into in the cohort become its own."""
-        self.cohort_held -= target - req.kv_blocks
+        """A request leaves the aggregate: the blocks it grew into there become its own."""
+        self.aggregate_held -= target - req.kv_blocks
         req.kv_blocks = target
 
     def release(self, req: Request, may_return: bool = False) -> None:
@@ -351,8 +352,8 @@ class KVManager:
             req.swapped = False
         self.host.clear()
         self.host_used = 0
-        self.used -= self.cohort_held  # (blocks the cohort took for iterations the failure cut)
-        self.cohort_held = 0
+        self.used -= self.aggregate_held  # (blocks the aggregate took for iterations the failure cut)
+        self.aggregate_held = 0
         if self.cache is not None:
             self.cache.clear(self.total)
 
@@ -374,7 +375,7 @@ class KVManager:
                     if most.get(entry, 0) < count:
                         most[entry] = count
             held += sum(most.values())
-        assert self.used == held + self.cohort_held, (self.used, held, self.cohort_held)
+        assert self.used == held + self.aggregate_held, (self.used, held, self.aggregate_held)
         assert 0 <= self.host_used <= self.host_total, (self.host_used, self.host_total)
         assert self.host_used == sum(self.host.values()), (self.host_used, sum(self.host.values()))
         assert all(req.swapped and req.kv_blocks == 0 for req in self.host)
