@@ -23,7 +23,7 @@ from servelab import __version__
 from servelab.common.atomic import atomic_dir
 from servelab.common.errors import ServelabError
 from servelab.policies.base import make_policy
-from servelab.replay.platform.abort import Aborts, check_supported, client_timeouts
+from servelab.replay.platform.abort import Aborts, client_timeouts
 from servelab.replay.core.depends import Dependencies, parents_of
 from servelab.replay.config import EngineConfig, ReplayConfig, instance_config, one_pool, pool_config
 from servelab.replay.core.engine import ENTRY, Engine
@@ -289,7 +289,6 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     if timeouts and encode is not None:
         raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with an encode pool yet")
     if timeouts:
-        check_supported(engine_cfg, engine.platform is not None and engine.platform.reclaims, disagg is not None)
         engine.aborts = Aborts(engine, timeouts, disagg)
         engine.aborts.arm_all(requests)
     parents = parents_of(trace)

@@ -151,9 +151,77 @@ def test_every_request_is_accounted_once_with_timeouts_failures_and_pools(ends, 
             assert refused[i] == pytest.approx(arrival[i] + timeouts[i]) and finish[i] is None
 
 
-def test_timeouts_with_reclaimed_instances_are_still_refused():
-    cfg = ReplayConfig.from_dict({"runner": UNIT, "num_gpu_blocks": 100, "cluster": {"pools": [
-        {"name": "m", "replicas": 1, "instances": [{"gpu": "h100-80gb", "available": [[0, 1], [3, 0]]}]}]}})
-    trace = make_trace([0.0], [8], [3], timeout_s=pa.array([1.0], pa.float64()))
-    with pytest.raises(ServelabError, match="instance reclaims"):
-        replay(trace, cfg)
+def reclaim_config(**top):
+    """Two H100s until 5, then one (replica 1 is reclaimed), and one A100 from the start: one request at a
+    time per replica, every step 1 s (as tests/test_cluster_instances.py)."""
+    return ReplayConfig.from_dict({"runner": UNIT, "num_gpu_blocks": 100, "max_num_seqs": 1,
+                                   "router": "least-outstanding", **top, "cluster": {"pools": [{
+                                       "name": "web", "replicas": 2, "instances": [
+                                           {"gpu": "h100-80gb", "available": [[0, 2], [5, 1]]},
+                                           {"gpu": "a100-80gb", "available": 1}]}]}})
+
+
+def test_a_request_moved_by_a_reclaim_times_out_once_where_it_landed(ends):
+    # A and B (t=0, 1 prompt token, 10 out) on the two H100s: first tokens at 1, one more each second.
+    # At 5 replica 1 (B's) is reclaimed: the iteration [5, 6] is lost, B moves (journal: its 5 tokens
+    # kept) to the A100 that refills the pool, recomputes [5, 6] (token 6) and decodes on; B's client
+    # gives up at 7.5, inside the iteration [7, 8]: B leaves the A100 at 8 with 8 tokens, ended once, at
+    # 7.5. A finishes at 10 on replica 0.
+    trace = make_trace([0, 0], [1, 1], [10, 10], timeout_s=pa.array([None, 7.5], pa.float64()))
+    r = replay(trace, reclaim_config())
+    assert col(r, "status") == ["finished", "aborted"]
+    assert col(r, "finish_s")[0] == 10.0 and col(r, "refused_s")[1] == 7.5
+    assert col(r, "replica")[1] == 2 and col(r, "generated_tokens")[1] == 8
+    faults = r.meta["platform"]["faults"]
+    assert (faults["failures"], faults["requests_moved"]) == (0, 1)
+    assert max(s["start_s"] + s["duration_s"] for s in r.steps.to_pylist() if s["replica"] == 2) == 8.0
+    assert dict(ends) == {0: 1, 1: 1}
+
+
+def test_an_aborted_request_on_a_reclaimed_replica_is_not_moved(ends):
+    # B's client gives up at 4.5, inside the iteration [4, 5]: B would leave at 5, but at 5 its replica is
+    # reclaimed first (the iteration [4, 5] ends at 5: completions come before timers and changes of
+    # availability alike, so B's fifth token counts and it leaves with its replica); it is not moved to
+    # the A100, which serves nothing.
+    trace = make_trace([0, 0], [1, 1], [10, 10], timeout_s=pa.array([None, 4.5], pa.float64()))
+    r = replay(trace, reclaim_config())
+    assert col(r, "status") == ["finished", "aborted"]
+    assert col(r, "refused_s")[1] == 4.5 and col(r, "replica")[1] == 1
+    assert r.meta["platform"]["faults"]["requests_moved"] == 0
+    assert not [s for s in r.steps.to_pylist() if s["replica"] == 2]
+    assert dict(ends) == {0: 1, 1: 1}
+
+
+@pytest.mark.parametrize("autoscale", [None, {"min": 1, "max": 4, "signal": "queue_depth", "target": 2,
+                                              "interval_s": 0.5, "cooldown_s": 1.0, "startup_s": 0.7}])
+def test_every_request_is_accounted_once_with_timeouts_and_reclaims(ends, monkeypatch, autoscale):
+    """Availability rises and falls (down to nothing for a while) under a bursty trace whose clients give
+    up after 1.5-13.5 s: KV and outstanding tokens add up after every event, every request ends once (or
+    is rejected on arrival), an aborted one at its deadline, a finished one before it."""
+    import servelab.assembly
+    from test_engine_invariants import CheckedEngine
+
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    trace = synthetic(n=300, rate=40.0, seed=5)
+    timeouts = [1.5 + (i % 7) * 2.0 for i in range(trace.num_rows)]
+    trace = trace.append_column("timeout_s", pa.array(timeouts, pa.float64()))
+    types = [{"gpu": "h100-80gb", "available": [[0, 3], [2, 1], [4, 0], [6, 2]]},
+             {"gpu": "a100-80gb", "available": [[0, 0], [3, 1], [3.5, 0], [4.5, 2]]}]
+    cfg = ReplayConfig.from_dict({
+        "runner": "linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005", "num_gpu_blocks": 400,
+        "max_num_seqs": 8, "router": "least-outstanding",
+        "cluster": {"pools": [{"name": "a", "replicas": 3, "instances": types,
+                               **({"autoscale": autoscale} if autoscale else {})}]}})
+    r = replay(trace, cfg)
+    status = col(r, "status")
+    counts = Counter(status)
+    assert counts["aborted"] > 5 and counts["finished"] > 5 and set(counts) <= {"finished", "aborted", "rejected"}
+    assert r.meta["platform"]["faults"]["requests_moved"] > 0
+    assert sum(ty["reclaimed"] for ty in r.meta["cluster"]["pools"][0]["instances"]) > 0
+    arrival, finish, refused = col(r, "arrival_s"), col(r, "finish_s"), col(r, "refused_s")
+    for i, s in enumerate(status):
+        assert ends[i] == 1, (i, s, ends[i])
+        if s == "finished":
+            assert finish[i] - arrival[i] <= timeouts[i] + 1e-9
+        elif s == "aborted":
+            assert refused[i] == pytest.approx(arrival[i] + timeouts[i]) and finish[i] is None

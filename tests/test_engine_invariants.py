@@ -44,7 +44,12 @@ def check(engine: Engine) -> None:
         cohort = replica.aggregate
         owes = 0
         for req in engine.requests:
-            if req.replica != replica.id or not (req.status in LIVE or id(req) in held_elsewhere):
+            if req.replica != replica.id:
+                continue
+            # an aborted request still in its replica's running set waits for its iteration to end (a
+            # client timeout inside it: replay/platform/abort.py) and is still owed its tokens
+            aborted_in_flight = req.status is Status.ABORTED and req in replica.running
+            if not (req.status in LIVE or id(req) in held_elsewhere or aborted_in_flight):
                 continue
             if disagg is not None and req in disagg.source:
                 continue  # handed off: owed to no replica until it lands on a decode replica

@@ -17,16 +17,16 @@ running set, freeing its blocks, at that boundary. Tokens it produced after ``t`
 With prefill/decode pools, a request handed off (its KV held on its prefill replica, waiting for a
 decode replica or crossing the link) is abandoned there (``Disaggregation.abandon``): the transfer is
 cancelled, the landing blocks on the decode replica and the prefill replica's KV are freed at ``t``.
-With replica failures, an aborted request still inside the iteration its replica was running when
-the replica went down loses its KV with the replica and is not moved (``Engine.evict``): it ended
-once, at its deadline.
+With replica failures and with reclaimed instances (replay/cluster/fleet.py: a reclaimed replica stops
+as a failed one does), an aborted request still inside the iteration its replica was running when the
+replica went down loses its KV with the replica and is not moved (``Engine.evict``): it ended once, at
+its deadline. A request moved to another replica keeps its deadline there.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servelab.common.errors import ServelabError
 from servelab.replay.core.batch import in_batch
 from servelab.replay.core.engine import TIMER
 from servelab.replay.core.intents import Decide, LeaveAtBoundary, LetGo, Refuse, TakeOff
@@ -133,12 +133,4 @@ def client_timeouts(trace, default_s: float | None) -> dict[int, float]:
     return {i: t for i, t in enumerate(column) if t is not None}
 
 
-def check_supported(config, reclaims: bool, disaggregated: bool) -> None:
-    """Timeouts combine with replica failures and prefill/decode pools (the module's docstring says
-    how); with reclaimed instances (replay/cluster/fleet.py) they are not checked yet, so refused."""
-    if reclaims:
-        raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with instance "
-                            "reclaims yet")
-
-
-__all__ = ["Aborts", "check_supported", "client_timeouts"]
+__all__ = ["Aborts", "client_timeouts"]
