@@ -381,7 +381,7 @@ class TorchParams:
         if self.dtype and self.dtype not in DTYPES:
             raise ServelabError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.attention not in ("auto", *ATTENTION_KINDS):
-            raise ServelabError(f"attention must be one of auto, {', '.join(ATTENTION_KINDS)}, got '{self.attention}'")
+            raise ServelabError(f"attention must be auto or one of {', '.join(ATTENTION_KINDS)}, got '{self.attention}'")
 
     def build(self, **context) -> TorchRunner:
         """Context keys used: ``model`` (a preset name), ``block_size`` (the engine's KV block size),
