@@ -2,7 +2,7 @@
 of a cluster, the platform, the handoff and the autoscalers built on the engine; the results tables.
 
 This is where names become parts: ``make_runner`` and ``make_policy`` look them up in their
-registries, and the engine (``servelab.replay``) receives built objects only. The public entry point
+registries (the config typed their specs and parameters once, when it was made), and the engine (``servelab.replay``) receives built objects only. The public entry point
 is ``servelab.api``, which re-exports what a user needs; the packages that replay as part of their
 own work (scoring's sweep, fidelity, search) import this module, below the API.
 """
@@ -359,7 +359,7 @@ def _run_meta(config: ReplayConfig, engine: Engine, runner: Runner, engine_cfg: 
         "policy": {"name": config.policy, "params": _jsonable(asdict(engine.replicas[0].policy.params))},
         "engine": dict(_jsonable(asdict(engine_cfg)), num_gpu_blocks=num_blocks,
                        swap_host_blocks=engine.replicas[0].kv.host_total),
-        "runner": {"name": runner.name, "spec": config.runner, "params": _jsonable(runner.describe())},
+        "runner": {"name": runner.name, "spec": str(config.runner), "params": _jsonable(runner.describe())},
         "seed": engine_cfg.seed,
         "simulated_span_s": end_s,
         "wall_time_s": time.perf_counter() - wall_start,
@@ -515,7 +515,7 @@ class BuiltPool:
         out = {"name": self.spec.name, "role": self.spec.role, "replicas": [r.id for r in self.replicas],
                "initial_replicas": self.spec.replicas,
                "gpu": self.config.gpu, "tp": self.config.tp, "model": self.config.model,
-               "runner": self.config.runner, "policy": self.config.policy, "router": self.config.engine.router,
+               "runner": str(self.config.runner), "policy": self.config.policy, "router": self.config.engine.router,
                "num_gpu_blocks": self.num_blocks, "price_per_gpu_hour": self.spec.price_per_gpu_hour}
         if self.types:
             out.update(gpu=None, price_per_gpu_hour=None, num_gpu_blocks=None,
@@ -534,7 +534,7 @@ class BuiltType:
 
     def meta(self) -> dict:
         out = dict(self.spec.to_dict(), replicas=[r.id for r in self.replicas], num_gpu_blocks=self.num_blocks,
-                   runner=None if self.config is None else self.config.runner)
+                   runner=None if self.config is None else str(self.config.runner))
         if self.reference_step_s is not None:
             out["reference_step_s"] = self.reference_step_s
         if self.skipped is not None:

@@ -3,7 +3,8 @@ suggest the nearest (``did you mean``).
 
 One idiom for every plug-in kind (policies, routers, runners, trace and run importers): a registry
 names the package its plug-ins live in, and a plug-in is one new file there that registers itself
-with ``@REGISTRY.register("name")`` when imported. Nothing lists the files: a lookup imports the
+with ``@REGISTRY.register("name")`` when imported (a policy or router: its class, with its frozen
+``Params``; a runner: its frozen ``Params``, whose ``build`` makes it). Nothing lists the files: a lookup imports the
 module named after the name (``vllm-bench`` -> ``vllm_bench.py``) and, when that does not register
 it, every module of the package, then what installed packages declare under the entry point group of
 the package's name; a listing imports every module that registers something (a module whose source

@@ -23,6 +23,7 @@ from servelab.replay.cluster.instances import InstanceType
 from servelab.replay.core.engine_config import (INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params,
                                                 params_table, typed_fields)
 from servelab.replay.core.plugins import POLICIES, ROUTERS
+from servelab.replay.core.runner_spec import RunnerSpec, runner_spec
 from servelab.common.textfile import read_text
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,10 @@ class ReplayConfig:
     # the policy's typed ``Params`` (policies/); a table (mapping) given is typed against them once, when the
     # config is made, and None is their defaults. ``to_dict`` writes the fields set apart from the defaults.
     policy_params: Any = None
-    runner: str = "roofline"  # a runner spec: "roofline", "linear:base=0.01,...", "fitted:model.json"
+    # a runner spec, typed (`RunnerSpec`: the runner's name and typed ``Params``) once, when the config is
+    # made: a string given ("roofline", "linear:base=0.01,...", "fitted:model.json") is parsed then, and
+    # ``str(runner)`` is that string again (``to_dict``, run.json)
+    runner: RunnerSpec | str = "roofline"
     model: str = "llama-3.1-8b"  # defaults handed to runners that take a model preset
     gpu: str = "h100-80gb"
     tp: int = 1
@@ -57,6 +61,7 @@ class ReplayConfig:
         # variant (``replace``) keeps them typed and passes them through
         object.__setattr__(self, "policy_params", typed_params(POLICIES, self.policy, self.policy_params))
         object.__setattr__(self, "router_params", typed_params(ROUTERS, self.engine.router, self.router_params))
+        object.__setattr__(self, "runner", runner_spec(self.runner))
         if self.cluster is not None and (self.dp != 1 or self.pp != 1):
             raise ServelabError("dp and pp apply to a replay without a [cluster] (pools set tp only)")
         if self.cluster is not None and self.engine.replicas != 1:
@@ -85,7 +90,7 @@ class ReplayConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, TOML-writable form; ``from_dict(to_dict())`` round-trips."""
-        out: dict[str, Any] = {"policy": self.policy, "runner": self.runner, "model": self.model,
+        out: dict[str, Any] = {"policy": self.policy, "runner": str(self.runner), "model": self.model,
                                "gpu": self.gpu, "tp": self.tp}
         for key, default in RUNNER_DEFAULTS.items():  # only when set: runs without them keep their form
             if getattr(self, key) != default:
@@ -221,8 +226,11 @@ def typed_keys(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[
         key_norm = key.replace("-", "_")
         if key_norm in engine_keys:
             engine_values[key_norm] = coerce(value, engine_keys[key_norm].type, f"{source}: {key}")
-        elif key_norm in ("policy", "runner", "model", "gpu"):
+        elif key_norm in ("policy", "model", "gpu"):
             top[key_norm] = str(value)
+        elif key_norm == "runner":  # typed here, once: options going over many configs carry it typed
+            with _named(source):
+                top["runner"] = runner_spec(value)
         elif key_norm == "tp":
             top["tp"] = coerce(value, "int", f"{source}: tp")
         elif key_norm in RUNNER_KEYS:  # dp, pp, quantization, and vLLM's names (a measured run's settings)

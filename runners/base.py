@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from servelab.common.registry import Registry
+from servelab.replay.core.plugins import RUNNERS
 from servelab.replay.core.protocols import BlockAllocator, Runner, StepItem, StepPlan, StepShape
+from servelab.replay.core.runner_spec import RunnerSpec, runner_spec, split_spec
 
 
 class RunnerBase:
@@ -36,59 +37,39 @@ class RunnerBase:
         return 0.0
 
 
-# Factories take the parsed "name:key=value,..." parameters (strings) and return a Runner. A runner is
-# one file in this package registering its factory with ``@RUNNERS.register("name")``; a replay imports
-# only the one it names (the others bring numpy, pyarrow or torch's layout code): common/registry.py.
-RUNNERS: Registry = Registry("runner", package="servelab.runners")
+# A runner is one file in this package registering its typed ``Params`` (a frozen dataclass whose
+# ``build(**context)`` makes the runner) with ``@RUNNERS.register("name")``; a spec string is typed into
+# them once, at the edge (replay/core/runner_spec.py: ``RunnerSpec``). A replay imports only the runner
+# module it names (the others bring numpy, pyarrow or torch's layout code): common/registry.py. The
+# registry sits with the Protocols (replay/core/plugins.py), so that a replay's config types a spec.
 
 
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """Split ``"linear:base=1,prefill_token=0.25"`` into ``("linear", {"base": "1", ...})``.
-
-    A value without ``=`` after the name is kept under the key ``""`` (``fitted:model.json``).
-    """
-    from servelab.common.errors import ServelabError
-
-    name, _, rest = spec.partition(":")
-    params: dict[str, str] = {}
-    if rest:
-        for part in rest.split(","):
-            if not part:
-                continue
-            key, eq, value = part.partition("=")
-            if not eq:
-                if "" in params:
-                    raise ServelabError(f"runner spec '{spec}': more than one positional value")
-                params[""] = key
-            else:
-                params[key.strip()] = value.strip()
-    return name.strip(), params
+def parse_spec(spec: "str | RunnerSpec") -> tuple[str, dict[str, str]]:
+    """Split ``"linear:base=1,prefill_token=0.25"`` into ``("linear", {"base": "1", ...})`` (strings; a
+    typed spec: its text). A value without ``=`` after the name is kept under the key ``""``."""
+    return split_spec(str(spec))
 
 
-def spec_picker(runner: str, params: dict[str, str], known: tuple[str, ...], context: dict) -> Callable[[str, Any], Any]:
-    """Refuse a runner spec's parameters outside ``known`` (naming the first, sorted, and the known
-    ones), then return ``pick(key, default)``: the spec's value for ``key``, else the CLI context's
-    (when not None), else ``default`` (spec values win over the context)."""
-    from servelab.common.errors import ServelabError
-
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise ServelabError(f"runner '{runner}': unknown parameter '{unknown[0]}' (parameters: {', '.join(known)})")
+def picker(params: Any, context: dict) -> Callable[[str, Any], Any]:
+    """``pick(key, default)``: the typed spec's value for ``key`` (a ``Params`` field, None when the spec
+    leaves it out), else the replay's (``context``: the command line's or config's model/GPU/TP..., when
+    not None), else ``default``: spec values win over the context."""
 
     def pick(key: str, default: Any) -> Any:
-        if key in params:
-            return params[key]
-        value = context.get(key)
+        value = getattr(params, key)
+        if value is None:
+            value = context.get(key)
         return value if value is not None else default
 
     return pick
 
 
-def make_runner(spec: str, **context) -> Runner:
-    """Build a runner from a spec string; ``context`` carries model/gpu/tp defaults from the CLI."""
-    name, params = parse_spec(spec)
-    return RUNNERS.get(name)(params, **context)
+def make_runner(spec: "RunnerSpec | str", **context) -> Runner:
+    """Build the runner ``spec`` names: a `RunnerSpec` typed at the edge (a config's ``runner``), or a
+    string, typed here once (the command line's ``servelab runner`` tools, Python callers).
+    ``context`` carries the model/GPU/TP... defaults for the fields the spec leaves out."""
+    return runner_spec(spec).params.build(**context)
 
 
-__all__ = ["RUNNERS", "BlockAllocator", "Runner", "RunnerBase", "StepItem", "StepPlan", "StepShape",
-           "make_runner", "parse_spec", "spec_picker"]
+__all__ = ["RUNNERS", "BlockAllocator", "Runner", "RunnerBase", "RunnerSpec", "StepItem", "StepPlan", "StepShape",
+           "make_runner", "parse_spec", "picker", "runner_spec"]

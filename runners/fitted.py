@@ -16,6 +16,7 @@ import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -260,12 +261,16 @@ def load_model(path: str | Path) -> FittedModel:
 
 
 @RUNNERS.register("fitted")
-def make_fitted(params: dict[str, str], **_context) -> FittedRunner:
-    """``fitted:model.json`` (or ``fitted:path=model.json``)."""
-    unknown = sorted(set(params) - {"", "path"})
-    if unknown:
-        raise ServelabError(f"runner 'fitted': unknown parameter '{unknown[0]}' (use fitted:model.json)")
-    path = params.get("") or params.get("path")
-    if not path:
-        raise ServelabError("runner 'fitted' needs a model file: --runner fitted:model.json")
-    return FittedRunner(load_model(path), str(path))
+@dataclass(frozen=True, slots=True)
+class FittedParams:
+    """``fitted:model.json`` (or ``fitted:path=model.json``): the model file, read when the runner is built."""
+
+    positional: ClassVar[str] = "path"  # the spec's value without a key
+    path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.path is None:
+            raise ServelabError("needs a model file: --runner fitted:model.json")
+
+    def build(self, **_context) -> FittedRunner:
+        return FittedRunner(load_model(self.path), str(self.path))

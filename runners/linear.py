@@ -44,18 +44,24 @@ TERMS = ("base", "prefill_token", "decode_seq", "decode_context_token", "prefill
 
 
 @RUNNERS.register("linear")
-def make_linear(params: dict[str, str], **_context) -> LinearRunner:
-    values: dict[str, float] = {}
-    for key, raw in params.items():
-        if key not in TERMS:
-            raise ServelabError(f"runner 'linear': unknown term '{key}' (terms: {', '.join(TERMS)})")
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ServelabError(f"runner 'linear': term '{key}' needs a number, got '{raw}'") from None
-        if value < 0:
-            raise ServelabError(f"runner 'linear': term '{key}' must be >= 0, got {value}")
-        values[key] = value
-    if not values:
-        raise ServelabError("runner 'linear' needs at least one term, e.g. linear:base=0.01,prefill_token=0.0001")
-    return LinearRunner(**values)
+@dataclass(frozen=True, slots=True)
+class LinearParams:
+    """``linear:base=0.01,prefill_token=0.0001``: the weights (None: not given, 0); at least one, each >= 0."""
+
+    base: float | None = None
+    prefill_token: float | None = None
+    decode_seq: float | None = None
+    decode_context_token: float | None = None
+    prefill_attention: float | None = None
+    seq: float | None = None
+
+    def __post_init__(self) -> None:
+        given = {key: getattr(self, key) for key in TERMS if getattr(self, key) is not None}
+        if not given:
+            raise ServelabError("needs at least one term, e.g. linear:base=0.01,prefill_token=0.0001")
+        for key, value in given.items():
+            if value < 0:
+                raise ServelabError(f"term '{key}' must be >= 0, got {value}")
+
+    def build(self, **_context) -> LinearRunner:
+        return LinearRunner(**{key: getattr(self, key) for key in TERMS if getattr(self, key) is not None})

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
 from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s, all_to_all_time_s, nccl_time_s, send_time_s
-from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape, spec_picker
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape, picker
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
 CALIBRATION_FILE = "roofline_calibration.json"
@@ -697,8 +697,6 @@ class RooflineRunner(RunnerBase):
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "h100-80gb"
-PARAMS = ("model", "gpu", "tp", "cpu_overhead", "host", "calibration", "all_reduce", "ep", "dp", "pp", "quantization",
-          "kv_cache_dtype")
 ALL_REDUCE_CHOICES = ("auto", "nccl")
 DEFAULT_HOST = "vllm-v1-cudagraph"
 
@@ -719,18 +717,40 @@ def _variant(name: str) -> type:
     return importlib.import_module(VARIANT_MODULES[name]).RUNNER_CLASS
 
 
-def _int_param(key: str, raw: object) -> int:
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise ServelabError(f"runner 'roofline': {key} needs an integer, got '{raw}'") from None
-    return value
-
-
 @RUNNERS.register("roofline")
-def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
-    """``roofline:model=llama-3.1-8b,gpu=h100-80gb,tp=1`` (spec values win over CLI context)."""
-    pick = spec_picker("roofline", params, PARAMS, context)
+@dataclass(frozen=True, slots=True)
+class RooflineParams:
+    """``roofline:model=llama-3.1-8b,gpu=h100-80gb,tp=1``. A field left None takes the replay's value (the
+    command line's or config's ``--model``, ``--gpu``, ``--tp``, ...), else the default: spec values win.
+    Model, GPU and host names are looked up (a model may be a config.json) when the runner is built."""
+
+    model: str | None = None  # a preset or a Hugging Face config.json (default llama-3.1-8b)
+    gpu: str | None = None  # a GPU preset (default h100-80gb)
+    tp: int | None = None
+    cpu_overhead: float = 1.0  # x the host profile's CPU time per step
+    host: str = DEFAULT_HOST  # a host profile (real_calibration.json), or vidur-2023
+    calibration: str | None = None  # another GPU's fitted efficiencies (e.g. to compare calibrations)
+    all_reduce: str | None = None  # auto | nccl (default: auto under a host profile, else nccl)
+    ep: int | None = None  # MoE expert parallelism (default: tp x dp with --enable-expert-parallel, else none)
+    dp: int | None = None
+    pp: int | None = None
+    quantization: str | None = None  # vLLM's --quantization ("none", "auto": the model dtype)
+    kv_cache_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu_overhead < 0:
+            raise ServelabError(f"cpu_overhead must be >= 0, got {self.cpu_overhead}")
+        if self.all_reduce is not None and self.all_reduce not in ALL_REDUCE_CHOICES:
+            raise ServelabError(f"all_reduce must be one of {', '.join(ALL_REDUCE_CHOICES)}, got '{self.all_reduce}'")
+
+    def build(self, **context) -> RooflineRunner:
+        return make_roofline(self, context)
+
+
+def make_roofline(params: RooflineParams, context: dict) -> RooflineRunner:
+    """The runner ``params`` describe, with ``context`` (the replay's model, GPU, TP, engine limits) for
+    what they leave out."""
+    pick = picker(params, context)
 
     model = resolve_model(str(pick("model", DEFAULT_MODEL)))
     hybrid = model.is_hybrid  # (a quantisation option below keeps the layer kinds)
@@ -744,37 +764,29 @@ def make_roofline(params: dict[str, str], **context) -> RooflineRunner:
         except ValueError as err:
             raise ServelabError(f"runner 'roofline': {err}") from None
     gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
-    tp = _int_param("tp", pick("tp", 1))
-    try:
-        scale = float(params.get("cpu_overhead", "1"))
-    except ValueError:
-        raise ServelabError(f"runner 'roofline': cpu_overhead needs a number, got '{params['cpu_overhead']}'") from None
-    if scale < 0:
-        raise ServelabError(f"runner 'roofline': cpu_overhead must be >= 0, got {scale}")
-    profile = load_host_profile(str(params.get("host", DEFAULT_HOST)))
-    if "calibration" in params:  # another GPU's fitted efficiencies (e.g. to compare calibrations)
-        gpu = replace(gpu, calibration=params["calibration"])
+    tp = pick("tp", 1)
+    scale = params.cpu_overhead
+    profile = load_host_profile(params.host)
+    if params.calibration is not None:
+        gpu = replace(gpu, calibration=params.calibration)
     calibration = apply_host_profile(load_calibration(gpu.calibration), profile)
     # auto: vLLM's choice by message size (custom kernels exist since vLLM 0.2.7, so not under the
     # 2023 profile, whose all-reduce fit is NCCL's); nccl: the ring at every size.
-    all_reduce = str(params.get("all_reduce", "auto" if profile is not None else "nccl"))
-    if all_reduce not in ALL_REDUCE_CHOICES:
-        raise ServelabError(f"runner 'roofline': all_reduce must be one of {', '.join(ALL_REDUCE_CHOICES)}, "
-                            f"got '{all_reduce}'")
+    all_reduce = params.all_reduce or ("auto" if profile is not None else "nccl")
     kv: dict[str, Any] = {"custom_all_reduce": load_custom_all_reduce() if all_reduce == "auto" else None}
     if profile is not None:  # vLLM V1 sizes the profiling run by the engine's own limits
         for key, name in (("activation_tokens", "max_num_batched_tokens"), ("logit_seqs", "max_num_seqs")):
             if context.get(name) is not None:
                 kv[key] = int(context[name])
         kv["non_torch_bytes"] = int(load_real_calibration_file()["host_profiles"][profile.name]["non_torch_bytes"])
-    dp = _int_param("dp", pick("dp", 1))
-    pp = _int_param("pp", pick("pp", 1))
+    dp = pick("dp", 1)
+    pp = pick("pp", 1)
     if dp != 1:
         kv["dp"] = dp
     if pp != 1:
         kv["pp"] = pp
-    if "ep" in params:
-        kv["ep"] = _int_param("ep", params["ep"])
+    if params.ep is not None:
+        kv["ep"] = params.ep
     elif context.get("enable_expert_parallel") and model.is_moe and tp * dp > 1:
         kv["ep"] = tp * dp  # vLLM --enable-expert-parallel: experts over every GPU of the DP x TP group
     if hybrid:  # sliding-window or state layers: KV and attention per layer group

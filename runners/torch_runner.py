@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, spec_picker
+from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, picker
 from servelab.runners.paged_kv import ATTENTION_KINDS, StepLayout, build_layout
 
 DEFAULT_CPU_KV_TOKENS = 65536  # CPU pool size when num_blocks is not given (tiny model: 32 MiB)
@@ -354,62 +354,63 @@ class TorchRunner(RunnerBase):
         t.tokens += s.tokens
 
 
-PARAMS = ("model", "device", "dtype", "weights", "seed", "num_blocks", "block_size", "attention",
-          "activation_reserve_gib", "warmup", "threads", "cuda_graphs", "graph_max_batch")
-
-
 @RUNNERS.register("torch")
-def make_torch(params: dict[str, str], **context) -> TorchRunner:
-    """``torch:model=llama-3.1-8b,device=cuda,block_size=256`` (spec values win over CLI context).
+@dataclass(frozen=True, slots=True)
+class TorchParams:
+    """``torch:model=llama-3.1-8b,device=cuda,block_size=256``; typed and checked without torch (it is
+    imported when the runner is built). A field left None takes the replay's value (``model``, the
+    engine's ``block_size``, ...) where it has one, else the default: spec values win."""
 
-    Context keys used: ``model`` (preset name) and ``block_size`` (the engine's KV block size).
-    """
-    pick = spec_picker("torch", params, PARAMS, context)
+    model: str | None = None  # a preset, or hf with weights (default: the replay's model, llama-3.1-8b)
+    device: str | None = None  # cpu | cuda[:N] (default: cuda when available)
+    dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
+    weights: str | None = None  # a safetensors file or a folder with config.json
+    seed: int | None = None  # (default 0)
+    num_blocks: int | None = None
+    block_size: int | None = None  # (default: the engine's, else 16)
+    attention: str = "auto"
+    activation_reserve_gib: float = DEFAULT_ACTIVATION_RESERVE_GIB
+    warmup: bool = True
+    threads: int | None = None
+    cuda_graphs: bool = False
+    graph_max_batch: int | None = None  # (default 256)
 
-    def integer(key: str, default: Any) -> Any:
-        raw = pick(key, default)
-        if raw is None:
-            return None
-        try:
-            return int(str(raw))
-        except ValueError:
-            raise ServelabError(f"runner 'torch': {key} needs an integer, got '{raw}'") from None
+    def __post_init__(self) -> None:
+        if self.device and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ServelabError(f"device must be cpu or cuda[:N], got '{self.device}'")
+        if self.dtype and self.dtype not in DTYPES:
+            raise ServelabError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.attention not in ("auto", *ATTENTION_KINDS):
+            raise ServelabError(f"attention must be auto or one of {', '.join(ATTENTION_KINDS)}, got '{self.attention}'")
 
-    device = str(pick("device", "") or "")
-    if not device:
-        try:
-            import torch
-        except ModuleNotFoundError:
-            raise ServelabError("runner 'torch' needs PyTorch: pip install 'servelab[torch]'") from None
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        reserve = float(params.get("activation_reserve_gib", DEFAULT_ACTIVATION_RESERVE_GIB))
-    except ValueError:
-        raise ServelabError(f"runner 'torch': activation_reserve_gib needs a number, got '{params['activation_reserve_gib']}'") from None
-    def flag(key: str, default: str) -> bool:
-        raw = str(params.get(key, default)).lower()
-        if raw not in ("0", "1", "true", "false"):
-            raise ServelabError(f"runner 'torch': {key} must be 0 or 1, got '{params[key]}'")
-        return raw in ("1", "true")
-
-    weights = params.get("weights")
-    # with local weights, their config.json decides the shape unless model= is given explicitly
-    model = params.get("model") or (None if weights else context.get("model")) or ("hf" if weights else "llama-3.1-8b")
-    return TorchRunner(
-        model_name=str(model),
-        device=device,
-        dtype=params.get("dtype"),
-        weights=weights,
-        seed=integer("seed", 0),
-        num_blocks=integer("num_blocks", None),
-        block_size=integer("block_size", 16),
-        attention=params.get("attention", "auto"),
-        activation_reserve_gib=reserve,
-        warmup=flag("warmup", "1"),
-        threads=integer("threads", None),
-        cuda_graphs=flag("cuda_graphs", "0"),
-        graph_max_batch=integer("graph_max_batch", 256),
-    )
+    def build(self, **context) -> TorchRunner:
+        """Context keys used: ``model`` (a preset name), ``block_size`` (the engine's KV block size),
+        and ``device``, ``seed``, ``num_blocks``, ``threads``, ``graph_max_batch`` where a caller has them."""
+        pick = picker(self, context)
+        device = pick("device", "")
+        if not device:
+            try:
+                import torch
+            except ModuleNotFoundError:
+                raise ServelabError("runner 'torch' needs PyTorch: pip install 'servelab[torch]'") from None
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        # with local weights, their config.json decides the shape unless model= is given explicitly
+        model = self.model or (None if self.weights else context.get("model")) or ("hf" if self.weights else "llama-3.1-8b")
+        return TorchRunner(
+            model_name=str(model),
+            device=device,
+            dtype=self.dtype,
+            weights=self.weights,
+            seed=pick("seed", 0),
+            num_blocks=pick("num_blocks", None),
+            block_size=pick("block_size", 16),
+            attention=self.attention,
+            activation_reserve_gib=self.activation_reserve_gib,
+            warmup=self.warmup,
+            threads=pick("threads", None),
+            cuda_graphs=self.cuda_graphs,
+            graph_max_batch=pick("graph_max_batch", 256),
+        )
 
 
 # Batch sizes a graphed decode step is padded up to (vLLM-like: dense at small sizes).

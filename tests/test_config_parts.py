@@ -168,10 +168,10 @@ def test_pool_config_equals_the_old_round_trip_for_the_examples() -> None:
 
 # -- nothing inside the engine parses or coerces a config ------------------------------------------
 
-PARSERS = {"coerce", "from_dict", "from_toml", "make_params", "typed_setting"}
+PARSERS = {"coerce", "from_dict", "from_toml", "make_params", "typed_setting", "runner_spec"}
 # the edge: where TOML, the command line and specs become typed objects
 EDGE = {"replay/config.py", "replay/cluster/config.py", "replay/core/engine_config.py", "replay/cluster/autoscale.py",
-        "replay/cluster/instances.py"}
+        "replay/cluster/instances.py", "replay/core/runner_spec.py"}
 # inside the edge files, the functions that build a pool's config from typed values
 INSIDE = {"replay/config.py": ("pool_config", "instance_config")}
 

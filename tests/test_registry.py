@@ -105,16 +105,23 @@ def test_a_new_runner_file_is_found_without_an_edit_elsewhere(tmp_path, monkeypa
     import servelab.runners as runners_pkg
 
     (tmp_path / "constant_for_test.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+
         from servelab.runners.base import RUNNERS, RunnerBase
 
         class Constant(RunnerBase):
             name = "constant-for-test"
+            def __init__(self, step_s):
+                self.step_s = step_s
             def step_time(self, plan):
-                return 0.5
+                return self.step_s
 
         @RUNNERS.register("constant-for-test")
-        def make(params, **context):
-            return Constant()
+        @dataclass(frozen=True)
+        class ConstantParams:
+            step_s: float = 0.5
+            def build(self, **context):
+                return Constant(self.step_s)
     """))
     monkeypatch.setattr(runners_pkg, "__path__", [*runners_pkg.__path__, str(tmp_path)])
     monkeypatch.setattr(RUNNERS, "_items", dict(RUNNERS._items))
@@ -123,6 +130,7 @@ def test_a_new_runner_file_is_found_without_an_edit_elsewhere(tmp_path, monkeypa
     from servelab.runners.base import make_runner
 
     assert make_runner("constant-for-test").step_time(None) == 0.5
+    assert make_runner("constant-for-test:step_s=0.25").step_time(None) == 0.25  # typed by its Params
     sys.modules.pop("servelab.runners.constant_for_test", None)
 
 

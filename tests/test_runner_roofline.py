@@ -8,7 +8,7 @@ import math
 import pytest
 
 from servelab.common.errors import ServelabError
-from servelab.runners.base import StepPlan, StepShape, make_runner, spec_picker
+from servelab.runners.base import StepPlan, StepShape, make_runner, picker, runner_spec
 from servelab.runners.presets import GPUS, MODELS, get_gpu, get_model
 from servelab.runners.roofline import (
     ACTIVATION_TOKENS,
@@ -168,7 +168,7 @@ def test_factory_takes_cli_context_and_spec_values_win():
         ("roofline:flops=1", "unknown parameter 'flops'"),
         ("roofline:tp=3", "tp=3 must divide"),
         ("roofline:model=qwen2.5-7b,tp=8", "tp=8 must divide"),
-        ("roofline:tp=two", "tp needs an integer"),
+        ("roofline:tp=two", "tp: expected a finite int, got 'two'"),
         ("roofline:cpu_overhead=-1", "cpu_overhead must be >= 0"),
         ("roofline:gpu=tpu", "unknown GPU preset 'tpu'"),
     ],
@@ -178,13 +178,14 @@ def test_factory_rejects_bad_parameters(spec, message):
         make_runner(spec)
 
 
-def test_spec_picker_refuses_unknown_keys_then_picks_spec_context_default():
-    """runners.base.spec_picker (roofline's and torch's factories): the first unknown key (sorted) with
-    the known ones listed; then the spec's value, else the context's unless None, else the default."""
-    with pytest.raises(ServelabError, match=r"^runner 'x': unknown parameter 'b' \(parameters: tp, gpu\)$"):
-        spec_picker("x", {"tp": "2", "c": "1", "b": "1"}, ("tp", "gpu"), {})
-    pick = spec_picker("x", {"tp": "2"}, ("tp", "gpu", "model"), {"tp": 4, "gpu": "a100-80gb", "model": None})
-    assert pick("tp", 1) == "2"  # the spec wins over the context
+def test_a_spec_refuses_unknown_keys_then_picks_spec_context_default():
+    """A spec's unknown key is refused when it is typed (naming the spec and the known keys); then
+    runners.base.picker (roofline's and torch's builds): the spec's value, else the context's unless
+    None, else the default."""
+    with pytest.raises(ServelabError, match=r"^runner 'roofline:tp=2,c=1': unknown parameter 'c' \(parameters: model, gpu, tp,"):
+        runner_spec("roofline:tp=2,c=1")
+    pick = picker(runner_spec("roofline:tp=2").params, {"tp": 4, "gpu": "a100-80gb", "model": None})
+    assert pick("tp", 1) == 2  # the spec wins over the context (typed: an int)
     assert pick("gpu", "h100-80gb") == "a100-80gb"  # then the context
     assert pick("model", "llama-3.1-8b") == "llama-3.1-8b"  # a None in the context: the default
 

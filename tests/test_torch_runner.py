@@ -385,7 +385,7 @@ def test_factory_takes_model_and_block_size_from_context(torch):
     "spec, message",
     [
         ("torch:model=tiny,device=cpu,colour=red", "unknown parameter 'colour'"),
-        ("torch:model=tiny,device=cpu,num_blocks=many", "num_blocks needs an integer, got 'many'"),
+        ("torch:model=tiny,device=cpu,num_blocks=many", "num_blocks: expected a finite int, got 'many'"),
         ("torch:model=tiny,device=cpu,dtype=int8", "dtype must be one of"),
         ("torch:model=tiny,device=tpu", "device must be cpu or cuda"),
         ("torch:model=tiny,device=cpu,attention=magic", "attention must be auto or one of"),
@@ -393,7 +393,7 @@ def test_factory_takes_model_and_block_size_from_context(torch):
         ("torch:model=tiny,device=cpu,attention=gather", "attention=gather is unavailable on cpu"),
         ("torch:model=nope,device=cpu", "unknown model preset 'nope'"),
         ("torch:model=tiny,device=cpu,num_blocks=0", "num_blocks must be >= 1"),
-        ("torch:model=tiny,device=cpu,warmup=maybe", "warmup must be 0 or 1"),
+        ("torch:model=tiny,device=cpu,warmup=maybe", "warmup: expected bool, got 'maybe'"),
         ("torch:model=tiny,device=cpu,threads=0", "threads must be >= 1"),
         ("torch:model=hf,device=cpu", "model=hf needs weights="),
     ],

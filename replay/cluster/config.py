@@ -35,6 +35,7 @@ from servelab.common.registry import did_you_mean
 from servelab.replay.cluster.autoscale import AutoscaleConfig
 from servelab.replay.core.engine_config import EngineConfig, params_table
 from servelab.replay.cluster.instances import InstanceType, PerfFloor, parse_instances
+from servelab.replay.core.runner_spec import RunnerSpec, runner_spec
 
 ROLES = ("mixed", "prefill", "decode", "encode")
 NOT_ENTRY = ("decode", "encode")  # the roles that take no arrivals
@@ -93,7 +94,8 @@ class PoolConfig:
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "role": self.role, "replicas": self.replicas,
                "price_per_gpu_hour": self.price_per_gpu_hour,
-               **{k: params_table(v) if is_params(v) else v for k, v in self.settings}}
+               **{k: str(v) if isinstance(v, RunnerSpec) else params_table(v) if is_params(v) else v
+                  for k, v in self.settings}}
         if self.autoscale is not None:
             out["autoscale"] = self.autoscale.to_dict()
         if self.instances:
@@ -303,7 +305,7 @@ class ClusterConfig:
 
 
 # a pool's own keys beyond the engine's, and their types
-TOP_TYPES = {"runner": "str", "model": "str", "gpu": "str", "tp": "int", "policy": "str", "router": "str",
+TOP_TYPES = {"runner": "RunnerSpec", "model": "str", "gpu": "str", "tp": "int", "policy": "str", "router": "str",
              "policy_params": "table", "router_params": "table"}
 
 
@@ -313,6 +315,11 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
     comes out is used as it is: ``pool_config`` replaces fields with it and coerces nothing."""
     if key in TOP_TYPES:
         kind = TOP_TYPES[key]
+        if kind == "RunnerSpec":  # a spec string parsed into the runner's typed Params, here only
+            try:
+                return runner_spec(value)
+            except ServelabError as exc:
+                raise ServelabError(f"{where}: {exc}") from None
         if kind == "table":
             if is_params(value):  # typed already (``ReplayConfig`` types a pool's tables against its policy, router)
                 return value
@@ -373,6 +380,8 @@ def _with_keys(pool: PoolConfig, given: dict[str, Any], source: str) -> PoolConf
 def is_typed(key: str, value: Any) -> bool:
     """Is ``value`` already what ``typed_setting(key, ...)`` makes (so a frozen pool holds it as it is)?"""
     kind = _kind(key)
+    if kind == "RunnerSpec":
+        return isinstance(value, RunnerSpec)
     if kind == "table":
         return is_params(value) or isinstance(value, dict)
     base, optional = type_name(kind)

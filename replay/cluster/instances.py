@@ -28,6 +28,7 @@ from typing import Any
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
+from servelab.replay.core.runner_spec import RunnerSpec, runner_spec
 
 INSTANCE_KEYS = ("gpu", "price_per_gpu_hour", "available", "runner", "num_gpu_blocks")
 FLOOR_KEYS = ("max_step_s", "decode_batch", "context_tokens", "prefill_tokens")
@@ -38,7 +39,7 @@ class InstanceType:
     gpu: str
     price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is the pool's tp GPUs)
     available: tuple[tuple[float, int], ...] | None = None  # (from t_s, count) steps; None: unlimited
-    runner: str | None = None  # a runner spec for this type (e.g. a profile measured on it); None: the pool's
+    runner: RunnerSpec | None = None  # this type's runner (e.g. a profile measured on it), typed; None: the pool's
     num_gpu_blocks: int | None = None  # KV blocks per replica of this type; None: the pool's, else the runner's
 
     def count_at(self, t_s: float) -> int:
@@ -62,7 +63,7 @@ class InstanceType:
         if self.available is not None:
             out["available"] = [[t, n] for t, n in self.available]
         if self.runner is not None:
-            out["runner"] = self.runner
+            out["runner"] = str(self.runner)
         if self.num_gpu_blocks is not None:
             out["num_gpu_blocks"] = self.num_gpu_blocks
         return out
@@ -84,7 +85,7 @@ class InstanceType:
                 raise ServelabError(f"{where}.num_gpu_blocks: must be >= 1, got {blocks}")
         return cls(gpu=coerce(raw["gpu"], "str", f"{where}.gpu"), price_per_gpu_hour=price,
                    available=_availability(raw.get("available"), f"{where}.available"),
-                   runner=None if raw.get("runner") is None else coerce(raw["runner"], "str", f"{where}.runner"),
+                   runner=None if raw.get("runner") is None else _runner(raw["runner"], f"{where}.runner"),
                    num_gpu_blocks=blocks)
 
 
@@ -177,4 +178,13 @@ def parse_instances(raw: Any, where: str) -> tuple[InstanceType, ...]:
     return types
 
 
+def _runner(value: Any, where: str) -> RunnerSpec:
+    """An instance type's runner spec, typed here, at the edge (a string: parsed once)."""
+    try:
+        return runner_spec(value)
+    except ServelabError as exc:
+        raise ServelabError(f"{where}: {exc}") from None
+
+
 __all__ = ["InstanceType", "PerfFloor", "parse_instances"]
+
