@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -27,7 +28,6 @@ from servelab.replay.platform.abort import Aborts, client_timeouts
 from servelab.replay.core.depends import Dependencies, parents_of
 from servelab.replay.config import EngineConfig, ReplayConfig, instance_config, one_pool, pool_config
 from servelab.replay.core.engine import ENTRY, Engine
-from servelab.replay.cluster.encode_pool import ENCODE_SCHEMA, EncodePool
 from servelab.replay.core.encoder import MM_COLUMNS, EncoderStage, encoder_meta
 from servelab.replay.core.kv.manager import KVManager
 from servelab.replay.core.lora import check_trace_adapters, lora_meta, make_slots, reserved_tokens
@@ -42,19 +42,20 @@ from servelab.replay.results import (
     RunResult, _jsonable, platform_meta, requests_from_table, requests_table_from, schema_columns, tier_columns,
     tier_meta, with_platform_columns, write_run,
 )
-from servelab.replay.cluster.autoscale import Autoscaler
 from servelab.replay.cluster.config import ClusterConfig, PoolConfig
-from servelab.replay.cluster.instances import InstanceType
-from servelab.replay.cluster.disagg import Disaggregation
 from servelab.replay.core.specs import check_failures
-from servelab.replay.cluster.fleet import Fleet
 from servelab.replay.core.protocols import StepPlan
 from servelab.replay.core.schema import DISAGG_SCHEMA, INSTANCE_SCHEMA, PD_INSTANCE_SCHEMA, SPEC_SCHEMA, STEPS_SCHEMA
 from servelab.replay.stream import BATCH_ROWS, CHUNK, RowGroupWriter, TraceFile, TraceStream, requests_schema
 from servelab.replay.core.kv.tiers import build_stacks
 from servelab.routers.base import make_router
 from servelab.runners.base import make_runner
-from servelab.runners.encoders import EncoderPricer
+
+if TYPE_CHECKING:  # the cluster's parts a replay may not use, loaded where they are built
+    from servelab.replay.cluster.autoscale import Autoscaler
+    from servelab.replay.cluster.disagg import Disaggregation
+    from servelab.replay.cluster.encode_pool import EncodePool
+    from servelab.replay.cluster.instances import InstanceType
 
 
 def build_runner(config: ReplayConfig) -> Runner:
@@ -199,6 +200,8 @@ def encoder_stage(engine: EngineConfig, runner: Runner) -> EncoderStage | None:
     if engine.vision_encoder is None and engine.audio_encoder is None:
         return None
     cache = engine.encoder_cache_tokens if engine.encoder_cache_tokens is not None else engine.max_num_batched_tokens
+    from servelab.runners.encoders import EncoderPricer
+
     return EncoderStage(EncoderPricer(runner, engine.vision_encoder, engine.audio_encoder), cache)
 
 
@@ -316,10 +319,12 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
         extra += _dependency_columns(trace)
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
     if encode is not None:
+        from servelab.replay.cluster.encode_pool import ENCODE_SCHEMA
+
         extra += schema_columns(ENCODE_SCHEMA, encode.columns(len(requests)))
     if handoffs is not None:
         extra += schema_columns(DISAGG_SCHEMA, handoffs)
-    fleets = [s for s in scalers.values() if isinstance(s, Fleet)]
+    fleets = [scalers[p.spec.name] for p in cluster.pools if p.types]  # (a pool of instance types has a Fleet)
     if fleets:  # which instance type served each request (its last replica's: with disaggregation the decoding one)
         kinds = {r.id: p.config.gpu for p in cluster.pools for r in p.replicas}  # (a pool of one GPU type)
         kinds.update({rid: f.instance_of(rid) for f in fleets for rid in f.kind})
@@ -568,6 +573,8 @@ class BuiltCluster:
         if any(p.config.engine.max_loras for p in self.pools):
             raise ServelabError("cluster: LoRA adapters (max_loras) are not modelled with disaggregated prefill and "
                                 "decode (a handed-off request would join its decode replica's batch past the adapter cap)")
+        from servelab.replay.cluster.disagg import Disaggregation
+
         link = self.spec.link()
         bytes_per_token = kv_bytes_per_token(prefill.config.engine, prefill.runner)
         layouts = [getattr(p.runner, "kv_layout", None) for p in (prefill, decode)]
@@ -603,12 +610,19 @@ class BuiltCluster:
                                 f"size: runner '{self.pools[0].runner.name}' of pool '{self.pools[0].spec.name}' knows no model")
         if not self.spec.disaggregated:  # (a prefill pool was published by the handoff)
             engine.publish(ENTRY, list(self.pools[0].replicas))
+        from servelab.replay.cluster.encode_pool import EncodePool
+
         link = self.spec.encode_link()
         return EncodePool(engine, pool.replicas, model.hidden_size * model.dtype_bytes, link.bandwidth_gbps, link.latency_s)
 
     def autoscale(self, engine: Engine, disagg: Disaggregation | None = None) -> dict[str, Autoscaler]:
         """An autoscaler per pool that has one, a `Fleet` per pool of instance types (pool name -> it);
         a prefill or decode pool's works through the handoff (``disagg``), a `Fleet`'s too."""
+        if not any(pool.types or pool.spec.autoscale is not None for pool in self.pools):
+            return {}  # (without loading the autoscaling modules)
+        from servelab.replay.cluster.autoscale import Autoscaler
+        from servelab.replay.cluster.fleet import Fleet
+
         scalers = {}
         for pool in self.pools:
             if pool.types:
@@ -641,7 +655,7 @@ class BuiltCluster:
                 if built.spec.autoscale is not None:
                     pool["autoscale"] = scaler.meta()
                 pool["replica_seconds"] = scaler.replica_seconds(start, stop)
-                if isinstance(scaler, Fleet):  # per instance type (the used ones are the fleet's, in order)
+                if built.types:  # a Fleet: per instance type (the used ones are the fleet's, in order)
                     used = [entry for entry, t in zip(pool["instances"], built.types) if t.replicas]
                     for k, entry in enumerate(used):
                         entry.update(scaler.type_meta(k, start, stop))

@@ -1,6 +1,6 @@
 """A replay's start-up: from process start to the engine's first event, and the whole process.
 
-Usage: .venv/bin/python bench/bench_startup.py [--repeat 5] [--modules] [--compare ROOT] [-- REPLAY ARGS...]
+Usage: .venv/bin/python bench/bench_startup.py [--repeat 5] [--modules] [--compare ROOT] [--instructions] [-- REPLAY ARGS...]
 Default replay: ``servelab replay data/azure_conv_2023.arrow --replicas 6 -o TMP --no-report``
 (the bundled trace, roofline Llama-3.1-8B on H100, sarathi). Each run is a fresh process, timed
 from just before it is started (fork + exec + interpreter start-up count) to:
@@ -21,12 +21,19 @@ of main's commit unpacked into ROOT/servelab; put first on ``PYTHONPATH`` for it
 with this one (A B, then B A, ...; give the replay's paths absolute), and prints both sides' figures: an A/B in one run on a shared machine.
 The child may write ``__pycache__`` (``PYTHONDONTWRITEBYTECODE`` is dropped from its environment), as
 an installed servelab has compiled modules; one warm-up run precedes the timed ones.
+``--instructions`` also counts the instructions of the plain command (``python -m servelab ARGS``, no
+hook), per side, and of the floor (``python -c "import numpy, pyarrow, pyarrow.ipc, click"``, what any
+command that reads a trace imports) under valgrind's cachegrind, with the hash seed and address
+randomisation fixed and one OpenBLAS thread: figures that do not depend on the machine's load (three
+runs agreed to 0.2%).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -77,10 +84,31 @@ finally:
 """
 
 
-def one_run(args: list[str], modules: bool, root: str | None = None) -> dict:
+FLOOR = "import numpy, pyarrow, pyarrow.ipc, click"
+
+
+def _env(root: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if root is not None:  # the other checkout's servelab first on the path
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def instructions(command: list[str], root: str | None = None) -> int:
+    """Instructions the whole process ``python COMMAND`` executes (all threads), counted by cachegrind."""
+    # (one OpenBLAS thread: its idle threads spin, counted, and made the figure vary by ~4% run to run)
+    env = dict(_env(root), PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(["setarch", platform.machine(), "-R", "valgrind", "--tool=cachegrind", "--cache-sim=no",
+                           "--cachegrind-out-file=/dev/null", sys.executable, *command],
+                          capture_output=True, text=True, env=env, check=False, cwd=tempfile.gettempdir())
+    match = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
+    if proc.returncode != 0 or match is None:
+        sys.exit(f"valgrind python {' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return int(match.group(1).replace(",", ""))
+
+
+def one_run(args: list[str], modules: bool, root: str | None = None) -> dict:
+    env = _env(root)
     if modules:
         env["BENCH_MODULES"] = "1"
     start = time.time()
@@ -113,6 +141,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--modules", action="store_true", help="list the packages imported by the first event")
     parser.add_argument("--compare", metavar="ROOT", help="also run the servelab package in ROOT, interleaved (A = ROOT, B = this checkout)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count the instructions of the plain command per side, and of the floor")
     parser.add_argument("replay_args", nargs="*", help="after --: servelab's arguments instead of the default")
     opts = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
@@ -127,11 +157,17 @@ def main() -> None:
             order = list(sides.items()) if i % 2 == 0 else list(sides.items())[::-1]
             for name, side_root in order:
                 runs[name].append(one_run(args, opts.modules, side_root))
+        counts = {}
+        if opts.instructions:
+            counts = {name: instructions(["-m", "servelab", *args], side_root) for name, side_root in sides.items()}
+            counts["floor"] = instructions(["-c", FLOOR])
     print(f"servelab {' '.join(args)}")
     for name, side_runs in runs.items():
         if len(runs) > 1:
             print(f"== {name}")
         _summary(side_runs)
+    for name, count in counts.items():
+        print(f"instructions, {name:28s} {count / 1e6:7,.0f} M ({count / counts['floor']:.2f}x the floor)")
     runs = runs[list(sides)[-1]]
     if opts.modules:
         mods = runs[-1]["modules"]

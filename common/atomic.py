@@ -20,7 +20,6 @@ import ctypes
 import errno
 import os
 import re
-import secrets
 import shutil
 import socket
 import tempfile
@@ -152,6 +151,8 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
         return
     if dest.is_dir() and not dest.is_symlink() and _exchange(src, dest):
         return
+    import secrets  # (only this fallback, without renameat2's exchange, needs a random name)
+
     aside = dest.parent / f".{dest.name}.{owner_tag()}.{secrets.token_hex(4)}.old.tmp"
     os.rename(dest, aside)
     os.rename(src, dest)

@@ -14,13 +14,14 @@ runner's numpy or torch stays out of one that does not use it)."""
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
-import pkgutil
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, Iterable, TypeVar
 
 from servelab.common.errors import ServelabError
+
+if TYPE_CHECKING:
+    import pkgutil
 
 T = TypeVar("T")
 
@@ -34,6 +35,8 @@ def did_you_mean(name: object, known: Iterable[str]) -> str:
     if len(prefixed) == 1:
         return f"; did you mean '{prefixed[0]}'?"
     lowered = {k.lower(): k for k in known}
+    import difflib  # (an error's hint: not loaded by a run that makes none)
+
     match = difflib.get_close_matches(text.lower(), list(lowered), n=1, cutoff=0.6)
     return f"; did you mean '{lowered[match[0]]}'?" if match else ""
 
@@ -92,6 +95,8 @@ class Registry(Generic[T]):
         register is then unknown, as in a build without it."""
         if not self._loaded:
             self._loaded = True
+            import pkgutil  # (listing the package: a lookup by name mostly finds its module directly)
+
             package = importlib.import_module(self.package)
             for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
                 module = info.name

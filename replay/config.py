@@ -13,18 +13,20 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
 from servelab.common.registry import ClassRegistry
 from servelab.replay.cluster.config import ClusterConfig, PoolConfig, is_params, split_settings
-from servelab.replay.cluster.instances import InstanceType
 from servelab.replay.core.engine_config import (INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params,
                                                 params_table, typed_fields)
 from servelab.replay.core.plugins import POLICIES, ROUTERS
 from servelab.replay.core.runner_spec import RunnerSpec, runner_spec
 from servelab.common.textfile import read_text
+
+if TYPE_CHECKING:
+    from servelab.replay.cluster.instances import InstanceType
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:

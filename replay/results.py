@@ -17,7 +17,7 @@ from servelab.replay.platform.hooks import NO_FAULTS
 from servelab.replay.core.logs import TokenTable
 from servelab.replay.core.encoder import MM_COLUMNS, attach
 from servelab.replay.core.request import Request, Status
-from servelab.replay.core.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA
+from servelab.replay.core.schema import PLATFORM_SCHEMA, REQUESTS_SCHEMA, numeric_column
 
 if TYPE_CHECKING:
     from servelab.replay.core.engine import Engine
@@ -182,7 +182,7 @@ def with_platform_columns(table: pa.Table, ledger) -> pa.Table:
             array = np.full(n, fill, dtype=f.type.to_pandas_dtype())
             for i, v in values.items():
                 array[i] = v
-            column = pa.array(array, type=f.type)
+            column = numeric_column(array)
         table = table.append_column(f, column)
     return table
 

@@ -27,15 +27,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servelab.common.coerce import coerce, type_name
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
-from servelab.replay.cluster.autoscale import AutoscaleConfig
 from servelab.replay.core.engine_config import EngineConfig, params_table
-from servelab.replay.cluster.instances import InstanceType, PerfFloor, parse_instances
 from servelab.replay.core.runner_spec import RunnerSpec, runner_spec
+
+if TYPE_CHECKING:  # (loaded by the tables that set them, ``from_dict`` and ``_with_keys``: most replays have none)
+    from servelab.replay.cluster.autoscale import AutoscaleConfig
+    from servelab.replay.cluster.instances import InstanceType, PerfFloor
 
 ROLES = ("mixed", "prefill", "decode", "encode")
 NOT_ENTRY = ("decode", "encode")  # the roles that take no arrivals
@@ -253,6 +255,9 @@ class ClusterConfig:
         raw_pools = data.get("pools")
         if not isinstance(raw_pools, list) or not raw_pools:
             raise ServelabError(f"{where}.pools must be a non-empty array of tables ([[cluster.pools]])")
+        from servelab.replay.cluster.autoscale import AutoscaleConfig
+        from servelab.replay.cluster.instances import PerfFloor, parse_instances
+
         engine_keys = {f.name for f in fields(EngineConfig)} - {"replicas", "router"}
         pools = []
         for i, raw in enumerate(raw_pools):
@@ -339,6 +344,8 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
 
 def _with_keys(pool: PoolConfig, given: dict[str, Any], source: str) -> PoolConfig:
     """``pool`` with the raw values ``given`` typed and put over it (``ClusterConfig.with_pool_keys``)."""
+    from servelab.replay.cluster.autoscale import AutoscaleConfig
+
     at = f"{source}: cluster pool '{pool.name}'"
     own = {"replicas": "int", "price_per_gpu_hour": "float", "rebalance": "bool"}
     scale_types = {f.name: f.type for f in fields(AutoscaleConfig)}

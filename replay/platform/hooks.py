@@ -31,7 +31,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from servelab.replay.platform.admission import Admission
 from servelab.replay.core.batch import no_aggregate
 from servelab.replay.core.engine import ARRIVAL, FAULT
 from servelab.replay.core.engine_config import EngineConfig
@@ -61,6 +60,8 @@ class Platform:
         self.ledger: Ledger = engine.ledger
         self.admission = None
         if config.has_front_door:
+            from servelab.replay.platform.admission import Admission  # (its only user; a replay without quotas skips it)
+
             self.admission = Admission(
                 config.quotas, retries=config.retries,
                 retry_backoff_s=config.retry_backoff_s, retry_max_backoff_s=config.retry_max_backoff_s,
