@@ -11,8 +11,9 @@ A forked worker keeps only its own pipe and writes through fresh standard stream
 A worker never touches the study's storage while its parent lives: it gets a trial's number and the
 parameters the parent's sampler drew, runs the trial through the same Evaluator as a one-process
 search (config, replay, run directory, scores) on a stand-in trial (`RecordedTrial`, search/recorded.py:
-a spawned worker never imports Optuna; a forked one has it in memory, unused), and sends back an `Outcome`: the state, values, user attributes, constraint and intermediate values that the
-parent then records on the real trial. A pruner's question ("prune at this checkpoint?") goes to
+a spawned worker never imports Optuna; a forked one has it in memory, unused), and sends back an
+`Outcome`: the state, values, user attributes, constraint and intermediate values that the parent
+then records on the real trial. A pruner's question ("prune at this checkpoint?") goes to
 the parent, which asks the real trial.
 
 A worker's parent dying (kill -9) is noticed by `signals._ParentWatch` (the kernel's parent-death

@@ -177,3 +177,21 @@ def test_a_worker_forked_while_a_thread_holds_the_stderr_lock_can_write(tmp_path
     finally:
         pool.close(wait_s=20.0, grace_s=5.0)
     assert [p.exitcode for p in procs] == [0, 0]  # stopped between trials, not by SIGTERM after the wait
+
+
+def test_spawned_workers_where_fork_is_not_used_evaluate_the_same(tmp_path):
+    """macOS spawns its workers (fork is unsafe there): the same protocol (the trace handed over once prepared)."""
+    spec = load_spec(grid_spec(tmp_path, n_trials=4))
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    pool = Pool(spec, study_dir, 2, worker_id(), Interrupt(), start_method="spawn")
+    procs = list(pool._procs)
+    try:
+        pool.trace(prepare_trace(spec, study_dir)[1:])
+        pool.submit(0, PARAMS)
+        pool.submit(1, dict(PARAMS, policy="vllm-v0"))
+        outcomes = pool.collect([0, 1])
+    finally:
+        pool.close()
+    assert [o.state for o in outcomes.values()] == ["complete", "complete"]
+    assert [p.exitcode for p in procs] == [0, 0]
