@@ -159,7 +159,10 @@ class Pool:
     def trace(self, prepared: tuple[Path, dict]) -> None:
         """Hand the workers the trace the parent prepared (`prepare_trace`'s path and metadata): they map it."""
         for conn in self._conns:
-            conn.send(("trace", prepared))
+            try:
+                conn.send(("trace", prepared))
+            except OSError:
+                pass  # a worker that failed to start (its error is waiting in the pipe) or died: the next poll says so
 
     def submit(self, number: int, params: dict[str, Any]) -> None:
         self._queue.append((number, params))
