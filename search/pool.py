@@ -43,7 +43,8 @@ from servelab.search.spec import SearchSpec
 # besides the main one is the progress bar's (`_forked` gives the worker fresh standard streams, whose locks
 # that thread may hold); its native threads are OpenBLAS's (numpy), pyarrow's thread pools and jemalloc's
 # background thread, which those libraries rebuild in a forked child (their at-fork handlers; Arrow's pools
-# check the pid). DuckDB is not loaded yet: the workers open their own.
+# check the pid). DuckDB is not loaded yet: the workers open their own. (Python 3.12+ warns of any fork of a
+# process with threads, a DeprecationWarning shown only under -W or pytest: these are the threads it means.)
 START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 
 
