@@ -3,7 +3,7 @@
 On Linux the workers are forked from the `search` process: a worker starts on what it has imported
 (numpy, pyarrow, Optuna's dependencies, the spec's classes), where a spawned one spent ~0.6 s of CPU
 importing them again before its first trial, on the batches' critical path (with 2 workers on 2 cores
-that start-up cost more than a third of the gain; bench/RESULTS.md, Session 18). Elsewhere (macOS,
+that start-up cost about half of the gain on a 20-trial study; bench/RESULTS.md, Session 18). Elsewhere (macOS,
 where fork is unsafe) they are spawned. The workers start before the trace is prepared: each imports
 what a trial runs (`preload`) while the parent prepares it, then maps the file the parent sends.
 A forked worker keeps only its own pipe and writes through fresh standard streams (`_forked`).
