@@ -4,8 +4,9 @@ On Linux the workers are forked from the `search` process: a worker starts on wh
 (numpy, pyarrow, Optuna's dependencies, the spec's classes), where a spawned one spent ~0.6 s of CPU
 importing them again before its first trial, on the batches' critical path (with 2 workers on 2 cores
 that start-up cost about half of the gain on a 20-trial study; bench/RESULTS.md, Session 18). Elsewhere (macOS,
-where fork is unsafe) they are spawned. The workers start before the trace is prepared: each imports
-what a trial runs (`preload`) while the parent prepares it, then maps the file the parent sends.
+where fork is unsafe) they are spawned. The `search` process imports what a trial runs (`preload`)
+before it forks them, once for all; a spawned worker imports it while the parent prepares the
+trace. Either maps the file the parent then sends.
 A forked worker keeps only its own pipe and writes through fresh standard streams (`_forked`).
 
 A worker never touches the study's storage while its parent lives: it gets a trial's number and the
@@ -117,8 +118,9 @@ class InProcess:
 class Pool:
     """``n`` worker processes; a trial goes to an idle one, or waits for one.
 
-    The workers start at once and import what a trial runs while this process prepares the trace; each
-    builds its Evaluator when `trace` hands it the prepared file.
+    The workers start at once, before this process prepares the trace (forked, they have what a trial runs
+    imported already; spawned, they import it meanwhile); each builds its Evaluator when `trace` hands it
+    the prepared file.
     """
 
     def __init__(self, spec: SearchSpec, study_dir: Path, n: int, owner: str, interrupt: Interrupt,
@@ -127,6 +129,10 @@ class Pool:
         (else call `trace` once it is); ``start_method``: "fork" or "spawn" (default START_METHOD)."""
         method = start_method or START_METHOD
         ctx = multiprocessing.get_context(method)
+        if method == "fork":
+            # imported once, here, for all of them: when the workers imported it themselves while this process
+            # imported the same modules to prepare the trace, the three took ~0.5 s on 2 cores, not ~0.2 s
+            preload(spec)
         self.workers = n
         self.interrupt = interrupt
         self.in_trial = False  # True while waiting on the workers: Ctrl-C may raise there (signals.Interrupt)
