@@ -16,7 +16,7 @@ import pytest
 from helpers_search import grid_spec
 from servelab.search import batch
 from servelab.search.objective import prepare_trace, worker_id
-from servelab.search.pool import Pool, preload
+from servelab.search.pool import Pool
 from servelab.search.signals import Interrupt
 from servelab.search.spec import load_spec
 
@@ -41,10 +41,9 @@ def _pool(tmp_path: Path, prepared: bool = True) -> tuple[Pool, object]:
 
 @linux
 def test_a_pool_worker_starts_on_what_the_search_process_has_imported(tmp_path):
-    """A spawned worker spent ~0.6-0.8 s of CPU importing numpy, pyarrow and the engine again before its first
-    trial, on the batches' critical path (bench/RESULTS.md, Session 18); a forked one starts on the parent's."""
-    spec = load_spec(grid_spec(tmp_path, n_trials=4))
-    preload(spec)  # what a `search` process has imported by then (the bench's too)
+    """A spawned worker spent ~0.6-0.85 s of CPU importing numpy, pyarrow and the engine again before its first
+    trial, on the batches' critical path (bench/RESULTS.md, Session 18); a forked one starts on what the parent
+    imported (`preload`, once for all the workers, before it forks them)."""
     pool, _ = _pool(tmp_path)
     try:
         pool.submit(0, PARAMS)
