@@ -8,8 +8,8 @@ telling results, setup; imports excluded; the sampler's share, its CPU inside `s
 workers' start-up. "Overhead" (issue #31) is everything but the replays and the start-up, as CPU time
 against the replays' CPU time: a figure the machine's load does not inflate as it does wall time.
 From the same figures it prints the speed-up they imply on idle cores (`modelled_wall_s`: the batches'
-makespans, the `search` process's work counted serial, the start-up once), for a machine whose cores
-are busy, where wall-clock scaling cannot be measured.
+makespans, the `search` process's work counted serial, the workers' start-up overlapping its setup), for
+a machine whose cores are busy, where wall-clock scaling cannot be measured.
 
     .venv/bin/python bench/bench_search.py --trials 20 --requests 2000 --workers 1,2 --rounds 3
 
@@ -107,8 +107,8 @@ def one_run(args) -> dict:
     import servelab.search.batch  # noqa: F401
     import servelab.search.objective  # noqa: F401
 
-    sampler_cpu = _time_the_sampler()
     cpu0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
+    sampler_cpu = _time_the_sampler()
     if args.profile:
         import cProfile
 
@@ -132,6 +132,7 @@ def one_run(args) -> dict:
             "children_cpu_s": children_cpu, "eval_cpu_s": eval_cpu, "replay_cpu_s": replay_cpu,
             "replay_s": total("attr.replay_s"),
             "bookkeeping_cpu_s": parent_cpu - (eval_cpu if in_process else 0.0), "sampler_cpu_s": sampler_cpu[0],
+            "setup_cpu_s": sampler_cpu[1] - cpu0,
             "worker_startup_cpu_s": 0.0 if in_process else children_cpu - eval_cpu,
             "best": pc.max(t.column("attainment")).as_py(), "digest": trials_digest(t),
             "trial_eval_cpu_s": [r["attr.eval_cpu_s"] or 0.0 for r in rows], "batch": batch_size(args)}  # fmt: skip
@@ -139,7 +140,8 @@ def one_run(args) -> dict:
 
 def _time_the_sampler() -> list[float]:
     """Count the `search` process's CPU inside `suggest` on Optuna's trials: the sampler's work (TPE fits its
-    model at a trial's first suggest), which grows with the trials told (optuna/optuna#5478)."""
+    model at a trial's first suggest), which grows with the trials told (optuna/optuna#5478); and note its CPU
+    (all threads) when it first asks one, after its setup (the study, the trace, an evaluator or the workers)."""
     import servelab.search.space as space
 
     try:
@@ -147,12 +149,14 @@ def _time_the_sampler() -> list[float]:
     except ImportError:  # a checkout before session 17 (to measure it with this script)
         from servelab.search.pool import RecordedTrial
 
-    spent = [0.0]
+    spent = [0.0, None]
     suggest = space.suggest
 
     def timed(trial, *args, **kwargs):
         if isinstance(trial, RecordedTrial):  # a worker's (or the in-process evaluator's) replay of the draw
             return suggest(trial, *args, **kwargs)
+        if spent[1] is None:
+            spent[1] = _cpu(resource.RUSAGE_SELF)
         c = time.thread_time()
         try:
             return suggest(trial, *args, **kwargs)
@@ -169,19 +173,30 @@ def batch_size(args) -> int:
     return args.batch or BATCH_TRIALS
 
 
-def modelled_wall_s(evals: list[float], batch: int, workers: int, parent_per_trial_s: float, startup_s: float) -> float:
-    """The wall time of the study on ``workers`` idle cores, from CPU figures: each batch costs the parent's work
-    on its trials (sampling, storage, tells: all counted as serial, though the asks after the first overlap the
-    replays in flight) plus the batch's makespan, its trials dealt in order to whichever worker is free first (as
-    search/pool.py does); the workers' start-up (in parallel) comes once. One worker: no start-up (in process)."""
-    wall = 0.0 if workers == 1 else startup_s
+def modelled_wall_s(evals: list[float], batch: int, workers: int, parent_per_trial_s: float, startup_s: float,
+                    setup_s: float = 0.0, parent_works: bool = False) -> float:  # fmt: skip
+    """The wall time of the study on ``workers`` idle cores, from CPU figures: the `search` process's setup (the
+    study, the trace), which the workers' start-up (in parallel) overlaps (they start before it prepares the
+    trace); then each batch costs the parent's work on its trials (sampling, storage, tells: all counted as
+    serial, though the asks after the first overlap the replays in flight) plus the batch's makespan, its trials
+    dealt in order to whichever worker is free first (as search/pool.py does). One worker: in process, no
+    start-up. ``parent_works``: the layout where the `search` process is one of the workers (it starts at once,
+    the others after their start-up; a trial goes to whoever is free first, an upper bound for that layout)."""
+    if workers == 1:
+        free = [setup_s]
+    else:
+        free = [max(setup_s, startup_s)] * workers
+        if parent_works:
+            free[0] = setup_s
+    wall = setup_s
     for i in range(0, len(evals), batch):
         trials = evals[i:i + batch]
-        free = [0.0] * workers
+        wall += parent_per_trial_s * len(trials)
+        free = [max(f, wall) for f in free]
         for e in trials:
             k = free.index(min(free))
             free[k] += e
-        wall += parent_per_trial_s * len(trials) + max(free)
+        wall = max(free)
     return wall
 
 
@@ -212,21 +227,25 @@ def implied(r: dict, startup_s: float | None = None) -> str:
     """The speed-up these CPU figures imply on idle cores (`modelled_wall_s`), for 2 and 4 workers over 1;
     ``startup_s``: the start-up CPU of one worker (default: this run's, when it had workers)."""
     evals, n = r["trial_eval_cpu_s"], r["trials"]
-    parent = r["bookkeeping_cpu_s"] / n
+    setup = r.get("setup_cpu_s", 0.0)
+    parent = (r["bookkeeping_cpu_s"] - setup) / n
     if startup_s is None and r["workers"] > 1:
         startup_s = r["worker_startup_cpu_s"] / r["workers"]
-    one = modelled_wall_s(evals, r["batch"], 1, parent, 0.0)
+    one = modelled_wall_s(evals, r["batch"], 1, parent, 0.0, setup)
     parts = []
     for w in (2, 4):
-        steady = one / modelled_wall_s(evals, r["batch"], w, parent, 0.0)
+        steady = one / modelled_wall_s(evals, r["batch"], w, parent, 0.0, setup)
         if startup_s is None:
             parts.append(f"{w} workers {steady:.2f}x without the workers' start-up")
         else:
-            parts.append(f"{w} workers {one / modelled_wall_s(evals, r['batch'], w, parent, startup_s):.2f}x "
+            parts.append(f"{w} workers {one / modelled_wall_s(evals, r['batch'], w, parent, startup_s, setup):.2f}x "
                          f"({steady:.2f}x without the start-up)")  # fmt: skip
+    if startup_s is not None:
+        own = modelled_wall_s(evals, r["batch"], 2, parent, startup_s, setup, parent_works=True)
+        parts.append(f"the `search` process as one of 2 workers {one / own:.2f}x")
     serial = parent * n / (parent * n + sum(evals))
     where = "" if startup_s is None else f"start-up {startup_s:.2f} s/worker, "
-    return (f"implied on idle cores (batches of {r['batch']}, {where}the search process's work "
+    return (f"implied on idle cores (batches of {r['batch']}, {where}setup {setup:.2f} s, the search process's work "
             f"{1000 * parent:.1f} ms/trial = {serial:.1%} of the CPU, counted serial): " + ", ".join(parts))
 
 
@@ -252,7 +271,7 @@ def main() -> None:
     runs: dict[int, list[dict]] = {w: [] for w in counts}
     for k in range(args.rounds):
         for w in counts if k % 2 == 0 else counts[::-1]:
-            figures = Path(args.out + ".json")
+            figures = Path(f"{args.out}_w{w}_r{k + 1}.json")  # (kept: each run's figures, for a later look)
             child = [sys.executable, __file__, "--trials", str(args.trials), "--requests", str(args.requests),
                      "--seed", str(args.seed), "--rate-scale", str(args.rate_scale), "--out", f"{args.out}_w{w}",
                      "--workers", str(w), "--json", str(figures)] + (["--profile", args.profile] if args.profile else [])  # fmt: skip

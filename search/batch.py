@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from servelab.common.errors import ServelabError
-from servelab.search.objective import trial_dir, worker_id
+from servelab.search.objective import prepare_trace, trial_dir, worker_id
 from servelab.search.pool import InProcess, Outcome, Pool, WorkerDied, fail_running
 from servelab.search.signals import Interrupt
 from servelab.search.spec import SearchSpec
@@ -64,7 +64,8 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
     Ctrl-C (``interrupt``) stops after the trials in hand are recorded: finished ones are told,
     the rest failed as ``interrupted``; then KeyboardInterrupt is raised. A worker that dies
     raises ServelabError once the batch's finished trials are told. ``prepared``: the trace as
-    `prepare_trace` left it (path, metadata), for the evaluators to read instead of preparing it again.
+    `prepare_trace` left it (path, metadata), for the evaluators to read instead of preparing it again
+    (else the Evaluator prepares it, or with several workers this process, once they are started).
     """
     own_interrupt = interrupt is None
     interrupt = (interrupt or Interrupt()).install()
@@ -75,8 +76,13 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
     try:
         if interrupt.is_set():
             raise KeyboardInterrupt
-        runner = (InProcess(spec, study_dir, interrupt, prepared) if workers == 1
-                  else Pool(spec, study_dir, workers, owner, interrupt, prepared))  # fmt: skip
+        if workers == 1:
+            runner = InProcess(spec, study_dir, interrupt, prepared)
+        else:  # the workers start first: they import what a trial runs while this process prepares the trace
+            runner = Pool(spec, study_dir, workers, owner, interrupt, prepared)
+            if prepared is None:
+                _, path, meta = prepare_trace(spec, study_dir)
+                runner.trace((path, meta))
         # Optuna's own loop flag: samplers may call study.stop() when told a result (the grid sampler, its grid
         # covered), which Optuna refuses outside an optimize loop; here it ends the study after the batch
         study._thread_local.in_optimize_loop = True

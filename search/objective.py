@@ -131,26 +131,9 @@ class Evaluator:
         self._writing = None  # the run being written in the background, if any
 
     def warm_up(self) -> None:
-        """Import what a trial runs (the replay, the run writer, the plug-ins the base and the space name) now:
-        a pool worker does it as it starts, so that its first trial is timed like the others (imports moved,
-        not saved)."""
-        import servelab.assembly  # noqa: F401
-        import servelab.search.space  # noqa: F401
-        from servelab.replay import write_run  # noqa: F401
-        from servelab.replay.core.plugins import POLICIES, ROUTERS
-        from servelab.runners.base import RUNNERS, parse_spec
-
-        base = self.spec.base
-        named = {"policy": {base.policy}, "router": {base.engine.router}, "runner": {base.runner}}
-        for p in self.spec.space:
-            if p.key in named and not p.is_policy_param:
-                named[p.key].update(p.choices or ())
-        for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
-            for name in named[key]:
-                try:
-                    registry.get(parse_spec(name)[0] if key == "runner" else name)
-                except ServelabError:
-                    pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
+        """Import what a trial runs now (`import_trial_modules`), so that the first trial is timed like the others
+        (imports moved, not saved; a pool worker does it as it starts, search/pool.py `preload`)."""
+        import_trial_modules(self.spec)
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
@@ -367,6 +350,27 @@ class Evaluator:
         return scores
 
 
+def import_trial_modules(spec: SearchSpec) -> None:
+    """Import what a trial runs: the replay, the run writer, the plug-ins the base and the space name."""
+    import servelab.assembly  # noqa: F401
+    import servelab.search.space  # noqa: F401
+    from servelab.replay import write_run  # noqa: F401
+    from servelab.replay.core.plugins import POLICIES, ROUTERS
+    from servelab.runners.base import RUNNERS, parse_spec
+
+    base = spec.base
+    named = {"policy": {base.policy}, "router": {base.engine.router}, "runner": {base.runner}}
+    for p in spec.space:
+        if p.key in named and not p.is_policy_param:
+            named[p.key].update(p.choices or ())
+    for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
+        for name in named[key]:
+            try:
+                registry.get(parse_spec(name)[0] if key == "runner" else name)
+            except ServelabError:
+                pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
+
+
 def _duckdb_interrupt(err: BaseException) -> bool:
     """``err`` is DuckDB's form of Ctrl-C (without importing DuckDB: a small trace's worker scores by numpy)."""
     duckdb = sys.modules.get("duckdb")
@@ -395,4 +399,4 @@ def _set_attrs(trial, attrs: dict[str, Any], outcome: str, reason: str | None = 
         trial.set_user_attr("reason", reason)
 
 
-__all__ = ["Evaluator", "prepare_trace", "trial_dir", "worker_id", "process_start_token"]
+__all__ = ["Evaluator", "import_trial_modules", "prepare_trace", "trial_dir", "worker_id", "process_start_token"]

@@ -1,11 +1,20 @@
 """Evaluate a batch's trials: in this process, or in worker processes that each hold an Evaluator and send back what a trial recorded.
 
+On Linux the workers are forked from the `search` process: a worker starts on what it has imported
+(numpy, pyarrow, Optuna's dependencies, the spec's classes), where a spawned one spent ~0.6 s of CPU
+importing them again before its first trial, on the batches' critical path (with 2 workers on 2 cores
+that start-up cost about half of the gain on a 20-trial study; bench/RESULTS.md, Session 18). Elsewhere (macOS,
+where fork is unsafe) they are spawned. The `search` process imports what a trial runs (`preload`)
+before it forks them, once for all; a spawned worker imports it while the parent prepares the
+trace. Either maps the file the parent then sends.
+A forked worker keeps only its own pipe and writes through fresh standard streams (`_forked`).
+
 A worker never touches the study's storage while its parent lives: it gets a trial's number and the
 parameters the parent's sampler drew, runs the trial through the same Evaluator as a one-process
 search (config, replay, run directory, scores) on a stand-in trial (`RecordedTrial`, search/recorded.py:
-a worker never imports Optuna), and sends back
-an `Outcome`: the state, values, user attributes, constraint and intermediate values that the
-parent then records on the real trial. A pruner's question ("prune at this checkpoint?") goes to
+a spawned worker never imports Optuna; a forked one has it in memory, unused), and sends back an
+`Outcome`: the state, values, user attributes, constraint and intermediate values that the parent
+then records on the real trial. A pruner's question ("prune at this checkpoint?") goes to
 the parent, which asks the real trial.
 
 A worker's parent dying (kill -9) is noticed by `signals._ParentWatch` (the kernel's parent-death
@@ -18,6 +27,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +40,13 @@ from servelab.search.recorded import Pruned, RecordedTrial
 from servelab.search.signals import Interrupt, _ParentWatch
 from servelab.search.spec import SearchSpec
 
+# How pool workers start: "fork" (Linux) or "spawn". When `servelab search` forks, its only Python thread
+# besides the main one is the progress bar's (`_forked` gives the worker fresh standard streams, whose locks
+# that thread may hold); its native threads are OpenBLAS's (numpy), pyarrow's thread pools and jemalloc's
+# background thread, which those libraries rebuild in a forked child (their at-fork handlers; Arrow's pools
+# check the pid). DuckDB is not loaded yet: the workers open their own. (Python 3.12+ warns of any fork of a
+# process with threads, a DeprecationWarning shown only under -W or pytest: these are the threads it means.)
+START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 class WorkerDied(ServelabError):
@@ -99,25 +116,39 @@ class InProcess:
 
 
 class Pool:
-    """``n`` spawned worker processes; a trial goes to an idle one, or waits for one."""
+    """``n`` worker processes; a trial goes to an idle one, or waits for one.
+
+    The workers start at once, before this process prepares the trace (forked, they have what a trial runs
+    imported already; spawned, they import it meanwhile); each builds its Evaluator when `trace` hands it
+    the prepared file.
+    """
 
     def __init__(self, spec: SearchSpec, study_dir: Path, n: int, owner: str, interrupt: Interrupt,
-                 prepared: tuple[Path, dict] | None = None):  # fmt: skip
-        """``prepared``: the trace the parent prepared (`prepare_trace`'s path and metadata), which each worker maps."""
-        ctx = multiprocessing.get_context("spawn")
+                 prepared: tuple[Path, dict] | None = None, start_method: str | None = None):  # fmt: skip
+        """``prepared``: the trace the parent prepared (`prepare_trace`'s path and metadata), which each worker maps
+        (else call `trace` once it is); ``start_method``: "fork" or "spawn" (default START_METHOD)."""
+        method = start_method or START_METHOD
+        ctx = multiprocessing.get_context(method)
+        if method == "fork":
+            # imported once, here, for all of them: when the workers imported it themselves while this process
+            # imported the same modules to prepare the trace, the three took ~0.5 s on 2 cores, not ~0.2 s
+            preload(spec)
         self.workers = n
         self.interrupt = interrupt
         self.in_trial = False  # True while waiting on the workers: Ctrl-C may raise there (signals.Interrupt)
         self.prune = None
         self._conns, self._procs = [], []
-        # Workers start with Ctrl-C ignored (inherited through exec) until they install their own handler
+        # Workers start with Ctrl-C ignored (inherited) until they install their own handler
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             for i in range(n):
                 parent_end, child_end = ctx.Pipe()
+                # a forked worker closes the parent's ends it inherited (its own, the earlier workers'): while it
+                # held one, that worker's pipe would never read EOF when the parent dies
+                inherited = (*self._conns, parent_end) if method == "fork" else ()
                 proc = ctx.Process(target=_worker_main, name=f"servelab-search-{i}",
-                                   args=(child_end, spec, str(study_dir), os.getpid(), owner, i, prepared))  # fmt: skip
+                                   args=(child_end, spec, str(study_dir), os.getpid(), owner, i, inherited))  # fmt: skip
                 proc.start()
                 child_end.close()
                 self._conns.append(parent_end)
@@ -129,6 +160,16 @@ class Pool:
         self._queue: list[tuple[int, dict[str, Any]]] = []
         self._done: dict[int, Outcome] = {}
         interrupt.evaluator = self
+        if prepared is not None:
+            self.trace(prepared)
+
+    def trace(self, prepared: tuple[Path, dict]) -> None:
+        """Hand the workers the trace the parent prepared (`prepare_trace`'s path and metadata): they map it."""
+        for conn in self._conns:
+            try:
+                conn.send(("trace", prepared))
+            except OSError:
+                pass  # a worker that failed to start (its error is waiting in the pipe) or died: the next poll says so
 
     def submit(self, number: int, params: dict[str, Any]) -> None:
         self._queue.append((number, params))
@@ -219,10 +260,35 @@ class Pool:
         self.interrupt.evaluator = None
 
 
+def preload(spec: SearchSpec) -> None:
+    """Import what a worker's trials run: the Evaluator's scorer, the replay and the space's plug-ins."""
+    import servelab.search.scorer  # noqa: F401
+    from servelab.search.objective import import_trial_modules
+
+    import_trial_modules(spec)
+
+
+def _forked(inherited) -> None:
+    """In a forked worker: close the parent's pipe ends it inherited, and write through fresh standard streams.
+
+    A thread of the parent (a progress bar refreshing) may have held a stream's lock at the fork; the
+    worker's copy of that lock stays held, so its first write, or the flush at its exit, would wait forever.
+    """
+    for conn in inherited:
+        conn.close()
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            setattr(sys, name, open(fd, "w", buffering=1, errors="backslashreplace", closefd=False))
+        except OSError:  # (no such descriptor: a daemon's)
+            setattr(sys, name, None)
+
+
 def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner: str, index: int,
-                 prepared: tuple[Path, dict] | None = None) -> None:  # fmt: skip
-    """A pool worker: evaluate the trials the parent sends until it says stop or goes away."""
-    from servelab.search.objective import Evaluator
+                 inherited=()) -> None:  # fmt: skip
+    """A pool worker: import what trials run, map the trace once the parent sends it, then evaluate the trials
+    it sends until it says stop or goes away."""
+    if inherited:
+        _forked(inherited)
 
     # Ctrl-C reaches the workers too (one process group), and SIGTERM comes from the parent stopping
     # them: both fail the trial in flight as interrupted. So does the parent's death (_ParentWatch).
@@ -230,11 +296,8 @@ def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner:
     watch = _ParentWatch(parent_pid, interrupt)
     evaluator = None
     try:
-        try:
-            evaluator = Evaluator(spec, Path(study_dir), threads=1, prepared=prepared)
-            evaluator.warm_up()
-        except Exception as err:
-            conn.send(("error", f"{type(err).__name__}: {err}"))
+        evaluator = _start(conn, spec, Path(study_dir))
+        if evaluator is None:
             return
         evaluator.interrupted = interrupt.event
         interrupt.evaluator = evaluator
@@ -265,6 +328,26 @@ def _worker_main(conn, spec: SearchSpec, study_dir: str, parent_pid: int, owner:
             _record_orphaned(spec, Path(study_dir), owner)
         watch.close()
         interrupt.restore()
+
+
+def _start(conn, spec: SearchSpec, study_dir: Path):
+    """A worker's start: import what trials run (before its first trial: each is timed alike), then wait for the
+    parent's prepared trace and build the Evaluator on it; None when stopped first, or failed (said to the parent)."""
+    from servelab.search.objective import Evaluator
+
+    try:
+        preload(spec)
+    except Exception as err:
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+        return None
+    message = conn.recv()  # (EOFError: the parent is gone)
+    if message[0] != "trace":
+        return None  # stopped before the trace was ready
+    try:
+        return Evaluator(spec, study_dir, threads=1, prepared=message[1])
+    except Exception as err:
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+        return None
 
 
 def _record_orphaned(spec: SearchSpec, study_dir: Path, owner: str) -> None:
@@ -300,4 +383,4 @@ def fail_running(study, worker: str, outcome: str, reason: str) -> list[int]:
     return failed
 
 
-__all__ = ["WorkerDied", "Outcome", "evaluate", "InProcess", "Pool", "fail_running"]
+__all__ = ["START_METHOD", "WorkerDied", "Outcome", "evaluate", "InProcess", "Pool", "fail_running", "preload"]

@@ -492,7 +492,6 @@ def run_study(spec: SearchSpec, study_dir: Path, progress=None, storage_url: str
 def _run_local(spec: SearchSpec, study_dir: Path, study, progress=None) -> None:
     """A study in STUDY_DIR/study.journal: trials in batches on ``resolve_workers(spec)`` processes (search/batch.py)."""
     from servelab.search.batch import resolve_workers, run_batches
-    from servelab.search.objective import prepare_trace
 
     before = len(study.get_trials(deepcopy=False))
     if before:  # continue the random stream, not restart it (a restarted one repeats earlier settings)
@@ -500,13 +499,8 @@ def _run_local(spec: SearchSpec, study_dir: Path, study, progress=None) -> None:
     limit = min(spec.n_trials, grid_size(spec)) if spec.sampler == "grid" else spec.n_trials
     if counts(study)["finished"] >= limit:
         return
-    workers = resolve_workers(spec)
-    prepared = None
-    if workers > 1:  # once, here: the workers read the file it names
-        _, path, meta = prepare_trace(spec, study_dir)
-        prepared = (path, meta)
     try:
-        run_batches(study, spec, study_dir, workers, limit, progress, prepared=prepared)
+        run_batches(study, spec, study_dir, resolve_workers(spec), limit, progress)
     finally:
         sync_storage(study)
 

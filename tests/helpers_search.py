@@ -64,7 +64,7 @@ def trials_table(study_dir: Path) -> list[dict]:
 
 
 def pool_workers(pid: int) -> list[int]:
-    """The children of ``pid`` that are multiprocessing-spawned pool workers."""
+    """The children of ``pid`` (a `servelab search` process: its pool workers, forked or spawned)."""
     import os
 
     out = []
@@ -73,10 +73,9 @@ def pool_workers(pid: int) -> list[int]:
             try:
                 with open(f"/proc/{entry}/stat") as fh:
                     fields = fh.read().rsplit(")", 1)[1].split()
-                cmdline = Path(f"/proc/{entry}/cmdline").read_text(errors="replace")
             except OSError:
                 continue
-            if int(fields[1]) == pid and "spawn_main" in cmdline:
+            if int(fields[1]) == pid:
                 out.append(int(entry))
     return out
 

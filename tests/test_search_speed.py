@@ -150,7 +150,8 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
 
 def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
     """A transformed trace is prepared (windowed, hashed, written to STUDY_DIR/trace.arrow) once, by the
-    `search` process, before the workers start; each worker maps that file instead of preparing it again."""
+    `search` process, while the workers start and before the first trial; each worker maps that file
+    instead of preparing it again."""
     from dataclasses import replace
 
     from helpers_search import BASE_SPEC, GRID_SPACE, write_spec, write_trace_file
