@@ -212,7 +212,9 @@ main(["search", spec, "-o", out, "--no-progress"])
 @pytest.mark.parametrize("where, complete, failed", [("tell", BATCH_TRIALS, []), ("replay", 1, ["interrupted"]),
                                                      ("ask", 1, ["interrupted"])])  # fmt: skip
 def test_ctrl_c_prints_one_line_and_exits_130(grid_dir, tmp_path, where, complete, failed):
-    spec = grid_spec(grid_dir, n_trials=6, name=f"ctrlc_{where}.toml")
+    # one worker, in the search process, where the patches above run (the default, one worker per free
+    # core, gave two on an idle machine: the replay's patch then ran in forked workers)
+    spec = grid_spec(grid_dir, n_trials=6, name=f"ctrlc_{where}.toml", top="workers = 1\n")
     out = tmp_path / "S"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CTRL_C_AT), where, str(spec), str(out)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
