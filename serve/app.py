@@ -17,7 +17,7 @@ from aiohttp import web
 
 from servelab.replay.core.request import Status
 from servelab.serve.metrics import Metrics
-from servelab.serve.prompts import PromptCounter
+from servelab.serve.prompts import PromptCounter, chat_text
 from servelab.serve.sim import Simulation
 
 TOKEN_TEXT = " token"
@@ -37,9 +37,12 @@ class BadRequest(Exception):
 
 
 def error(message: str, status: int = 400, param: str | None = None) -> web.Response:
+    return web.json_response(_error_body(message, status, param), status=status)
+
+
+def _error_body(message: str, status: int = 400, param: str | None = None) -> dict:
     kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                             status=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def make_app(sim: Simulation, model: str, counter: PromptCounter) -> web.Application:
@@ -123,12 +126,13 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
     return stream, usage
 
 
-def _prompt_tokens(body: dict, counter: PromptCounter) -> int:
+def _prompt(body: dict) -> str | int:
+    """The completion's prompt text to count, or its length when it is given as token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return counter.count(prompt)
+        return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return len(prompt)  # token ids
     if prompt is None:
@@ -136,11 +140,11 @@ def _prompt_tokens(body: dict, counter: PromptCounter) -> int:
     raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
 
 
-def _chat_tokens(body: dict, counter: PromptCounter) -> int:
+def _chat_prompt(body: dict) -> str:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise BadRequest("messages must be a non-empty list of message objects", param="messages")
-    return counter.chat(messages)
+    return chat_text(messages)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -158,29 +162,37 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         body = await _body(request)
         if chat:
-            prompt_tokens = _chat_tokens(body, app[COUNTER])
+            prompt = _chat_prompt(body)
             max_tokens = _max_tokens(body, "max_completion_tokens", "max_tokens")
         else:
-            prompt_tokens = _prompt_tokens(body, app[COUNTER])
+            prompt = _prompt(body)
             max_tokens = _max_tokens(body, "max_tokens")
         stream, include_usage = _stream_options(body)
         n = body.get("n", 1)
         if n != 1:
             raise BadRequest(f"only n=1 is simulated, got {n!r}", param="n")
-        limit = sim.max_model_len
-        if limit is not None and prompt_tokens + max_tokens > limit:
-            raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
-                             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
-                             "in the completion). Please reduce the length of the messages or completion.",
-                             param="max_tokens")
+        # Counted in a thread, the loop free meanwhile; the engine waits at the receipt for it (its own CPU
+        # time, bounded; the body is read before the hold: a client slow to send it must not stop the clock).
+        with sim.holding(received_s):
+            prompt_tokens = prompt if isinstance(prompt, int) else await app[COUNTER].count_off_loop(prompt)
+            limit = sim.max_model_len
+            if limit is not None and prompt_tokens + max_tokens > limit:
+                raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
+                                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
+                                 "in the completion). Please reduce the length of the messages or completion.",
+                                 param="max_tokens")
+            req, queue = sim.submit(prompt_tokens, max_tokens, received_s)
     except BadRequest as err:
         return error(str(err), err.status, err.param)
-    req, queue = sim.submit(prompt_tokens, max_tokens, received_s)
     try:
         return await _answer(request, req, queue, chat, stream, include_usage)
     finally:  # the client went away (the handler cancelled, a write failed) before the request ended
         if not req.status.is_terminal:
             sim.abort(req)
+
+
+def _unserved(req) -> str:
+    return f"request not served: {req.reason or req.status.name.lower()}"
 
 
 async def _answer(request: web.Request, req, queue, chat: bool, stream: bool, include_usage: bool) -> web.StreamResponse:
@@ -194,40 +206,39 @@ async def _answer(request: web.Request, req, queue, chat: bool, stream: bool, in
             times, ended = await queue.get()
             made += len(times)
         if req.status is not Status.FINISHED and made == 0:
-            return error(f"request not served: {req.reason or req.status.name.lower()}")
+            return error(_unserved(req))
         return web.json_response(_whole(rid, created, model, chat, made, req))
-    response = None
-    made = 0
+    if req.status.is_terminal and req.status is not Status.FINISHED:  # rejected on arrival (sim.submit)
+        return error(_unserved(req))
     obj = "chat.completion.chunk" if chat else "text_completion"
+    # The headers (and a chat's role chunk) go out now, as vLLM's server sends them, not with the first
+    # token: the first token's write is its chunk alone, and the client has read the headers meanwhile.
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    made = 0
     try:
+        await response.prepare(request)
+        if chat:
+            await response.write(_sse(_chunk(rid, obj, created, model, {"role": "assistant", "content": ""}, None)))
+        token = _sse(_chunk(rid, obj, created, model, {"content": TOKEN_TEXT} if chat else TOKEN_TEXT, None))
         while True:
             times, ended = await queue.get()
-            if response is None:
-                if ended and not times and req.status is not Status.FINISHED:
-                    return error(f"request not served: {req.reason or req.status.name.lower()}")
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-                await response.prepare(request)
-                if chat:
-                    await response.write(_sse(_chunk(rid, obj, created, model, {"role": "assistant", "content": ""}, None)))
-            parts = []
-            for i in range(len(times)):
-                made += 1
-                last = ended and i == len(times) - 1
-                reason = _finish_reason(req) if last else None
-                delta = {"content": TOKEN_TEXT} if chat else TOKEN_TEXT
-                parts.append(_sse(_chunk(rid, obj, created, model, delta, reason)))
-            if ended and not times:
-                delta = {} if chat else ""
+            made += len(times)
+            if not ended:
+                await response.write(token * len(times))
+                continue
+            parts = [token] * max(0, len(times) - 1)
+            if made == 0 and req.status is not Status.FINISHED:  # ended unserved after the headers went out:
+                parts.append(_sse(_error_body(_unserved(req))))  # the error in the stream, as vLLM sends one
+            else:
+                text = TOKEN_TEXT if times else ""  # the last token, or an end without one (an abort)
+                delta = ({"content": text} if text else {}) if chat else text
                 parts.append(_sse(_chunk(rid, obj, created, model, delta, _finish_reason(req))))
-            if ended and include_usage:
-                parts.append(_sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                                   "usage": _usage(req.prompt_tokens, made)}))
-            if ended:
-                parts.append(b"data: [DONE]\n\n")
-            if parts:
-                await response.write(b"".join(parts))
-            if ended:
-                break
+                if include_usage:
+                    parts.append(_sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                                       "usage": _usage(req.prompt_tokens, made)}))  # fmt: skip
+            parts.append(b"data: [DONE]\n\n")
+            await response.write(b"".join(parts))
+            break
         await response.write_eof()
     except ConnectionError:
         pass  # the client went away: the request is aborted (``_serve``)
@@ -274,12 +285,13 @@ async def tokenize(request: web.Request) -> web.Response:
     try:
         body = await _body(request)
         if "messages" in body:
-            count, ids = _chat_tokens(body, counter), None
+            count, ids = await counter.count_off_loop(_chat_prompt(body)), None
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise BadRequest("prompt must be a string", param="prompt")
-            count, ids = counter.count(prompt), counter.ids(prompt)
+            count = await counter.count_off_loop(prompt)
+            ids = None if counter.tokenizer is None else await asyncio.to_thread(counter.ids, prompt)
     except BadRequest as err:
         return error(str(err), err.status, err.param)
     out = {"count": count, "max_model_len": app[SIM].max_model_len}
