@@ -330,6 +330,12 @@ def main() -> None:
     ct = statistics.fmean((r["c_first"] - r["c_send"]) * args.scale for r in rows)
     et = statistics.fmean(r["first_sim"] - r["arrival_sim"] for r in rows)
     st = statistics.fmean((r["due"] - r["received"]) * args.scale for r in rows)
+    diff = [(r["first_sim"] - r["arrival_sim"] - r["replay_ttft"]) * 1e3 for r in rows]
+    print(f"  engine TTFT - replay TTFT per request (simulated ms): {sum(d > 5 for d in diff)} later by > 5 ms "
+          f"(mean {statistics.fmean([d for d in diff if d > 5] or [0]):.1f}), {sum(d < -5 for d in diff)} earlier "
+          f"(mean {statistics.fmean([d for d in diff if d < -5] or [0]):.1f}), the rest within 5 ms; "
+          f"the server's send lag (client: scheduled -> sent) mean "
+          f"{statistics.fmean((r['record'].send_s - r['record'].scheduled_s) for r in client.values() if 'record' in r) * 1e3:.3f} ms")
     print(f"  mean TTFT (simulated ms): replay {rt * 1e3:.1f}; client {ct * 1e3:.1f} ({(ct / rt - 1) * 100:+.1f}%); "
           f"engine from arrival {et * 1e3:.1f} ({(et / rt - 1) * 100:+.1f}%); from receipt {st * 1e3:.1f} "
           f"({(st / rt - 1) * 100:+.1f}%)")

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from servelab.replay.core.request import Status
 from servelab.serve.metrics import Metrics
-from servelab.serve.prompts import PromptCounter, chat_text
+from servelab.serve.prompts import PromptCounter
 from servelab.serve.sim import Simulation
 
 TOKEN_TEXT = " token"
@@ -126,13 +126,12 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
     return stream, usage
 
 
-def _prompt(body: dict) -> str | int:
-    """The completion's prompt text to count, or its length when it is given as token ids."""
+def _prompt_tokens(body: dict, counter: PromptCounter) -> int:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return prompt
+        return counter.count(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return len(prompt)  # token ids
     if prompt is None:
@@ -140,11 +139,11 @@ def _prompt(body: dict) -> str | int:
     raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)", param="prompt")
 
 
-def _chat_prompt(body: dict) -> str:
+def _chat_tokens(body: dict, counter: PromptCounter) -> int:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise BadRequest("messages must be a non-empty list of message objects", param="messages")
-    return chat_text(messages)
+    return counter.chat(messages)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -162,28 +161,24 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         body = await _body(request)
         if chat:
-            prompt = _chat_prompt(body)
+            prompt_tokens = _chat_tokens(body, app[COUNTER])
             max_tokens = _max_tokens(body, "max_completion_tokens", "max_tokens")
         else:
-            prompt = _prompt(body)
+            prompt_tokens = _prompt_tokens(body, app[COUNTER])
             max_tokens = _max_tokens(body, "max_tokens")
         stream, include_usage = _stream_options(body)
         n = body.get("n", 1)
         if n != 1:
             raise BadRequest(f"only n=1 is simulated, got {n!r}", param="n")
-        # Counted in a thread, the loop free meanwhile; the engine waits at the receipt for it (its own CPU
-        # time, bounded; the body is read before the hold: a client slow to send it must not stop the clock).
-        with sim.holding(received_s):
-            prompt_tokens = prompt if isinstance(prompt, int) else await app[COUNTER].count_off_loop(prompt)
-            limit = sim.max_model_len
-            if limit is not None and prompt_tokens + max_tokens > limit:
-                raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
-                                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
-                                 "in the completion). Please reduce the length of the messages or completion.",
-                                 param="max_tokens")
-            req, queue = sim.submit(prompt_tokens, max_tokens, received_s)
+        limit = sim.max_model_len
+        if limit is not None and prompt_tokens + max_tokens > limit:
+            raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
+                             "in the completion). Please reduce the length of the messages or completion.",
+                             param="max_tokens")
     except BadRequest as err:
         return error(str(err), err.status, err.param)
+    req, queue = sim.submit(prompt_tokens, max_tokens, received_s)
     try:
         return await _answer(request, req, queue, chat, stream, include_usage)
     finally:  # the client went away (the handler cancelled, a write failed) before the request ended
@@ -285,13 +280,12 @@ async def tokenize(request: web.Request) -> web.Response:
     try:
         body = await _body(request)
         if "messages" in body:
-            count, ids = await counter.count_off_loop(_chat_prompt(body)), None
+            count, ids = _chat_tokens(body, counter), None
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise BadRequest("prompt must be a string", param="prompt")
-            count = await counter.count_off_loop(prompt)
-            ids = None if counter.tokenizer is None else await asyncio.to_thread(counter.ids, prompt)
+            count, ids = counter.count(prompt), counter.ids(prompt)
     except BadRequest as err:
         return error(str(err), err.status, err.param)
     out = {"count": count, "max_model_len": app[SIM].max_model_len}

@@ -1,13 +1,6 @@
-"""Prompt lengths: a local tokenizer.json (Hugging Face ``tokenizers``), else about four characters a token.
-
-The tokenizer is called through ``encode_batch``, which lets go of the GIL while it works (``encode``
-holds it): the server counts prompts in a thread (``count_off_loop``) while its event loop goes on
-releasing tokens, and a 500-token prompt costs the loop nothing of its ~1 ms.
-"""
+"""Prompt lengths: a local tokenizer.json (Hugging Face ``tokenizers``), else about four characters a token."""
 
 from __future__ import annotations
-
-import asyncio
 
 from servelab.common.errors import ServelabError
 
@@ -44,27 +37,16 @@ class PromptCounter:
         """Token ids of ``text`` (no special tokens), or None without a tokenizer."""
         if self.tokenizer is None:
             return None
-        return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def count(self, text: str) -> int:
         if self.tokenizer is not None:
-            return max(1, len(self.tokenizer.encode_batch([text])[0].ids))
+            return max(1, len(self.tokenizer.encode(text).ids))
         return max(1, -(-len(text) // CHARS_PER_TOKEN))
-
-    async def count_off_loop(self, text: str) -> int:
-        """``count(text)``, in a thread when a tokenizer does it (the approximation costs nothing)."""
-        if self.tokenizer is None:
-            return self.count(text)
-        return await asyncio.to_thread(self.count, text)
 
     def chat(self, messages: list[dict]) -> int:
         """A chat's prompt: its messages' contents, one after another (no chat template)."""
-        return self.count(chat_text(messages))
-
-
-def chat_text(messages: list[dict]) -> str:
-    """The text a chat's prompt is counted from: its messages' contents joined with newlines."""
-    return "\n".join(_content(m) for m in messages)
+        return self.count("\n".join(_content(m) for m in messages))
 
 
 def _content(message: dict) -> str:

@@ -12,21 +12,16 @@ between the timer and the release (a task woken by a timeout costs the loop two 
 each running every other ready handler first); and the timer's rounding is not left to add up to
 a millisecond to every release (``TIMER_RESOLUTION_S``).
 
-A request whose prompt is being counted (in a thread, off the loop) *holds* the clock at its receive
-time: the engine processes nothing after it until it is submitted, so it joins the step it would
-have joined in a replay, however long the counting took on the wall clock (the server's own CPU time:
-its body is read before, so a client slow to send one holds nothing). A submit advances the engine to now at once (its arrival is in the past): a request
-the engine rejects on arrival is known to the handler before it answers.
+A submit advances the engine to now at once (the request's arrival is in the past): a request the
+engine rejects on arrival is known to the handler before it answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import selectors
 import time
-from collections import Counter
 
 from servelab.assembly import build_cluster
 from servelab.common.errors import ServelabError
@@ -68,7 +63,6 @@ class Simulation:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.Handle | None = None
         self._timer_at: float | None = None  # the simulated time the timer is set for
-        self._holds: Counter[float] = Counter()  # receive times of requests not yet submitted
 
     def now_s(self) -> float:
         """The simulated time now."""
@@ -89,23 +83,10 @@ class Simulation:
             self._timer = self._timer_at = None
         self._loop = None
 
-    @contextlib.contextmanager
-    def holding(self, received_s: float):
-        """While the block runs (a request received at simulated ``received_s`` being counted), the engine
-        processes no event after ``received_s``."""
-        self._holds[received_s] += 1
-        try:
-            yield
-        finally:
-            self._holds[received_s] -= 1
-            if not self._holds[received_s]:
-                del self._holds[received_s]
-            self._advance()
-
     def submit(self, prompt_tokens: int, max_tokens: int, received_s: float) -> tuple[Request, asyncio.Queue]:
         """A request received at simulated ``received_s``; its queue gets (token times, ended) as the engine
-        makes them. The engine is advanced to now (or to the earliest hold) at once: its arrival is processed
-        (a rejection is known on return) and every token due by now goes out."""
+        makes them. The engine is advanced to now at once: its arrival is processed (a rejection is known on
+        return) and every token due by now goes out."""
         rid = next(self.ids)
         req = Request(rid, received_s, prompt_tokens, max_tokens, index=rid)
         queue: asyncio.Queue = asyncio.Queue()
@@ -135,13 +116,10 @@ class Simulation:
         self._advance()
 
     def _advance(self) -> None:
-        """Process every event due by now and not after a hold; set the timer for the next."""
+        """Process every event due by now; set the timer for the next."""
         if self._loop is None:  # not started (or stopped): the clock does not run
             return
-        until = self.now_s()
-        if self._holds:
-            until = min(until, min(self._holds))
-        self.online.advance(until)
+        self.online.advance(self.now_s())
         self._arm()
 
     def _arm(self) -> None:
@@ -149,8 +127,6 @@ class Simulation:
         if self._loop is None:
             return
         nxt = self.online.next_event_s()
-        if nxt is not None and self._holds and nxt > min(self._holds):
-            nxt = None  # held: the hold's end advances the engine and sets the timer again
         if nxt == self._timer_at:
             return
         if self._timer is not None:
