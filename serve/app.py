@@ -203,7 +203,8 @@ async def _answer(request: web.Request, req, queue, chat: bool, stream: bool, in
         if req.status is not Status.FINISHED and made == 0:
             return error(_unserved(req))
         return web.json_response(_whole(rid, created, model, chat, made, req))
-    if req.status.is_terminal and req.status is not Status.FINISHED:  # rejected on arrival (sim.submit)
+    await asyncio.sleep(0)  # the clock's turn (set by submit) comes first: the arrival is processed
+    if req.status.is_terminal and req.status is not Status.FINISHED:  # rejected on arrival: still a 400
         return error(_unserved(req))
     obj = "chat.completion.chunk" if chat else "text_completion"
     # The headers (and a chat's role chunk) go out now, as vLLM's server sends them, not with the first

@@ -11,9 +11,6 @@ queue at once; a submit or an abort sets it again. Each release time is computed
 between the timer and the release (a task woken by a timeout costs the loop two or three more turns,
 each running every other ready handler first); and the timer's rounding is not left to add up to
 a millisecond to every release (``TIMER_RESOLUTION_S``).
-
-A submit advances the engine to now at once (the request's arrival is in the past): a request the
-engine rejects on arrival is known to the handler before it answers.
 """
 
 from __future__ import annotations
@@ -84,15 +81,13 @@ class Simulation:
         self._loop = None
 
     def submit(self, prompt_tokens: int, max_tokens: int, received_s: float) -> tuple[Request, asyncio.Queue]:
-        """A request received at simulated ``received_s``; its queue gets (token times, ended) as the engine
-        makes them. The engine is advanced to now at once: its arrival is processed (a rejection is known on
-        return) and every token due by now goes out."""
+        """A request received at simulated ``received_s``; its queue gets (token times, ended) as the engine makes them."""
         rid = next(self.ids)
         req = Request(rid, received_s, prompt_tokens, max_tokens, index=rid)
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[id(req)] = queue
         self.online.submit(req, received_s)
-        self._advance()
+        self._arm()
         return req, queue
 
     def abort(self, req: Request) -> None:
@@ -113,12 +108,6 @@ class Simulation:
     def _tick(self) -> None:
         """The timer fired: process every event due by now (its tokens go out), then set it again."""
         self._timer = self._timer_at = None
-        self._advance()
-
-    def _advance(self) -> None:
-        """Process every event due by now; set the timer for the next."""
-        if self._loop is None:  # not started (or stopped): the clock does not run
-            return
         self.online.advance(self.now_s())
         self._arm()
 
