@@ -72,7 +72,10 @@ def server_child(out: str, argv: list[str]) -> None:
 
     serve = app_mod._serve
 
+    cpu: dict[str, float] = {}
+
     async def _serve(request, chat):
+        cpu.setdefault("first", time.process_time())
         t = now()
         key = _key()
         rec(key, "handler", t)
@@ -167,6 +170,7 @@ def server_child(out: str, argv: list[str]) -> None:
         if first:
             rec(key, "write_start")
         result = await write(self, data)
+        cpu["last"] = time.process_time()
         if first:
             rec(key, "write_done")
         return result
@@ -174,7 +178,8 @@ def server_child(out: str, argv: list[str]) -> None:
     web.StreamResponse.write = written
 
     def dump() -> None:
-        Path(out).write_text(json.dumps({"offset": now() - time.monotonic(), "stamps": list(stamps.values())}))
+        Path(out).write_text(json.dumps({"offset": now() - time.monotonic(), "cpu_s": cpu.get("last", 0) - cpu.get("first", 0),
+                                         "stamps": [{k: v for k, v in s.items()} for s in stamps.values()]}))
 
     atexit.register(dump)
     from servelab.cli.main import main
@@ -229,6 +234,18 @@ def client_patches(stamps: dict[int, dict]) -> None:
         return await send(http, target, record, prompt, max_tokens, clock)
 
     backend_mod.send = sent
+    import servelab.live.bench as bench_mod
+
+    drive = bench_mod._drive
+
+    async def driven(*args):
+        cpu0 = time.process_time()
+        try:
+            return await drive(*args)
+        finally:
+            stamps[-1] = {"cpu_s": time.process_time() - cpu0}
+
+    bench_mod._drive = driven
 
 
 STAGES = [  # (label, from, to): wall ms between two stamps of the same request
@@ -291,6 +308,7 @@ def main() -> None:
         target = Target(url, "sim", timeout_s=120.0, ignore_eos=True, min_tokens=True)
         run = run_on(run_live(table, target, LoadConfig(time_scale=1.0 / args.scale),
                               LiveOptions(metrics=False, tokenizer=tokenizer, extensions="off")), args.loop)
+        client_cpu = client.pop(-1)["cpu_s"]
     for _ in range(100):
         if out.exists():
             break
@@ -336,6 +354,10 @@ def main() -> None:
           f"(mean {statistics.fmean([d for d in diff if d < -5] or [0]):.1f}), the rest within 5 ms; "
           f"the server's send lag (client: scheduled -> sent) mean "
           f"{statistics.fmean((r['record'].send_s - r['record'].scheduled_s) for r in client.values() if 'record' in r) * 1e3:.3f} ms")
+    tokens = sum(len(r.token_times) for r in run.records)
+    print(f"  CPU: client {client_cpu * 1e3:.0f} ms sending ({client_cpu / tokens * 1e6:.0f} us a token); server "
+          f"{server['cpu_s'] * 1e3:.0f} ms ({server['cpu_s'] / tokens * 1e6:.0f} us a token) from its first request to "
+          f"its last write; {tokens} tokens")
     print(f"  mean TTFT (simulated ms): replay {rt * 1e3:.1f}; client {ct * 1e3:.1f} ({(ct / rt - 1) * 100:+.1f}%); "
           f"engine from arrival {et * 1e3:.1f} ({(et / rt - 1) * 100:+.1f}%); from receipt {st * 1e3:.1f} "
           f"({(st / rt - 1) * 100:+.1f}%)")
