@@ -289,6 +289,7 @@ def main() -> None:
     parser.add_argument("--prompt", default="uniform:200:600")
     parser.add_argument("--output", default="uniform:8:24")
     parser.add_argument("--loop", default="auto")
+    parser.add_argument("--warmup", type=int, default=0, help="requests sent at once and awaited first")
     args = parser.parse_args()
     tokenizer = train_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer.json")
     table = bench_serve.trace(args.n, args.rate, args.prompt, args.output)
@@ -306,7 +307,7 @@ def main() -> None:
     child = [str(Path(__file__).resolve()), "--child", str(out), "--"]
     with serving_process(port, serve_args, launcher=child) as url:
         target = Target(url, "sim", timeout_s=120.0, ignore_eos=True, min_tokens=True)
-        run = run_on(run_live(table, target, LoadConfig(time_scale=1.0 / args.scale),
+        run = run_on(run_live(table, target, LoadConfig(time_scale=1.0 / args.scale, warmup=args.warmup),
                               LiveOptions(metrics=False, tokenizer=tokenizer, extensions="off")), args.loop)
         client_cpu = client.pop(-1)["cpu_s"]
     for _ in range(100):
@@ -318,7 +319,7 @@ def main() -> None:
     rows = []
     for c in client.values():
         r = c.get("record")
-        if r is None or r.status != "finished" or c["prompt"] not in by_prompt:
+        if r is None or r.status != "finished" or r.scheduled_s is None or c["prompt"] not in by_prompt:
             continue
         s = by_prompt[c["prompt"]]
         row = {k: v for k, v in c.items() if k.startswith("c_")}
@@ -340,6 +341,12 @@ def main() -> None:
             print(f"  {label:52s} mean {statistics.fmean(d):7.3f}  p50 {statistics.median(d):7.3f}  "
                   f"max {max(d):7.3f} ms  (n={len(d)})")
     over = [((r["c_first"] - r["c_send"]) - (r["due"] - r["received"])) * 1e3 for r in rows]
+    for new in (True, False):
+        part = [((r["received"] - r["c_send"]) * 1e3, (r["c_first"] - r["due"]) * 1e3) for r in rows if r["new_conn"] == new]
+        if part:
+            print(f"  {'new' if new else 'reused'} connections ({len(part)}): send -> receipt mean "
+                  f"{statistics.fmean(p[0] for p in part):.3f} p50 {statistics.median(p[0] for p in part):.3f} ms; "
+                  f"due -> client parsed mean {statistics.fmean(p[1] for p in part):.3f} ms")
     before = [(r["received"] - r["c_send"]) * 1e3 for r in rows]
     after = [(r["c_first"] - r["due"]) * 1e3 for r in rows]
     print(f"  client TTFT - engine TTFT (wall):  mean {statistics.fmean(over):.3f} ms = send -> receipt "
@@ -353,7 +360,7 @@ def main() -> None:
           f"(mean {statistics.fmean([d for d in diff if d > 5] or [0]):.1f}), {sum(d < -5 for d in diff)} earlier "
           f"(mean {statistics.fmean([d for d in diff if d < -5] or [0]):.1f}), the rest within 5 ms; "
           f"the server's send lag (client: scheduled -> sent) mean "
-          f"{statistics.fmean((r['record'].send_s - r['record'].scheduled_s) for r in client.values() if 'record' in r) * 1e3:.3f} ms")
+          f"{statistics.fmean((r['record'].send_s - r['record'].scheduled_s) for r in client.values() if 'record' in r and r['record'].scheduled_s is not None) * 1e3:.3f} ms")
     tokens = sum(len(r.token_times) for r in run.records)
     print(f"  CPU: client {client_cpu * 1e3:.0f} ms sending ({client_cpu / tokens * 1e6:.0f} us a token); server "
           f"{server['cpu_s'] * 1e3:.0f} ms ({server['cpu_s'] / tokens * 1e6:.0f} us a token) from its first request to "
