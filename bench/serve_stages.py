@@ -2,11 +2,13 @@
 
 Runs bench/bench_serve.py's trace against a `servelab serve` process whose handler, tokenizer, engine
 clock and writes are wrapped to stamp ``time.perf_counter()`` (CLOCK_MONOTONIC, so the two processes'
-stamps compare), and the live client with the same stamps (aiohttp's trace hooks, the first bytes of
-the body). Prints each stage's mean and median in wall milliseconds, and the client's and the engine's
+stamps compare), and the live client with the same stamps (aiohttp's trace hooks, every read of the
+body). Prints each stage's mean and median in wall milliseconds, and the client's and the engine's
 TTFT against the replay's. Diagnosis only: the wrappers cost a few microseconds each.
 
-    python bench/serve_stages.py --scale 10 --rate 2 --prompt uniform:200:600 [--loop auto] [--n 40]
+    python bench/serve_stages.py --scale 10 --rate 2 --prompt uniform:200:600 [--loop auto] [--n 40] [--warmup N]
+
+SERVE_STAGES_PROFILE=FILE also writes a cProfile of the server process to FILE.
 """
 
 from __future__ import annotations
@@ -163,8 +165,10 @@ def server_child(out: str, argv: list[str]) -> None:
     web.StreamResponse.prepare = prepared
 
     write = web.StreamResponse.write
+    writes: list[float] = []  # every write's start
 
     async def written(self, data):
+        writes.append(now())
         key = _key()
         first = "write_done" not in stamps.get(key, {}) and b'"text":" token"' in data  # (not a chat's role chunk)
         if first:
@@ -179,9 +183,15 @@ def server_child(out: str, argv: list[str]) -> None:
 
     def dump() -> None:
         Path(out).write_text(json.dumps({"offset": now() - time.monotonic(), "cpu_s": cpu.get("last", 0) - cpu.get("first", 0),
-                                         "stamps": [{k: v for k, v in s.items()} for s in stamps.values()]}))
+                                         "stamps": [{k: v for k, v in s.items()} for s in stamps.values()], "writes": writes}))
 
     atexit.register(dump)
+    if os.environ.get("SERVE_STAGES_PROFILE"):  # cProfile of the server, written beside the stamps
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        atexit.register(lambda: (profile.disable(), profile.dump_stats(os.environ["SERVE_STAGES_PROFILE"])))
     from servelab.cli.main import main
 
     main(["serve", *argv])
@@ -362,6 +372,13 @@ def main() -> None:
           f"(mean {statistics.fmean([d for d in diff if d < -5] or [0]):.1f}), the rest within 5 ms; "
           f"the client's send lag (scheduled -> sent) mean "
           f"{statistics.fmean((r['record'].send_s - r['record'].scheduled_s) for r in client.values() if 'record' in r and r['record'].scheduled_s is not None) * 1e3:.3f} ms")
+    import bisect
+
+    starts = [w - server["offset"] for w in server["writes"]]
+    ahead = [bisect.bisect_left(starts, r["write_start"]) - bisect.bisect_right(starts, r["tick_end"])
+             for r in rows if "tick_end" in r and "write_start" in r]
+    print(f"  other streams' writes between the tick's end and the first token's write: mean "
+          f"{statistics.fmean(ahead):.1f}, max {max(ahead)}")
     tokens = sum(len(r.token_times) for r in run.records)
     print(f"  CPU: client {client_cpu['sending_s'] * 1e3:.0f} ms sending ({client_cpu['sending_s'] / tokens * 1e6:.0f} us a token); server "
           f"{server['cpu_s'] * 1e3:.0f} ms ({server['cpu_s'] / tokens * 1e6:.0f} us a token) from its first request to "
