@@ -44,3 +44,49 @@ def test_a_stream_the_engine_rejects_on_arrival_is_a_400(free_port):
         status, answer = asyncio.run(go(url))
     assert status == 400 and "request not served" in answer["error"]["message"]
     assert "KV blocks" in answer["error"]["message"]
+
+
+def test_first_tokens_go_out_before_the_running_requests_tokens_of_the_same_step():
+    """The engine reports a step's tokens in batch order, running requests first; the server hands a
+    new request's first token out before them (all are due at the same instant; serve/sim.py)."""
+    from servelab.serve.sim import Simulation
+
+    config = ReplayConfig.from_dict({"runner": "linear:base=0.02,prefill_token=0.0002,decode_seq=0.0004",
+                                     "num_gpu_blocks": 2048}, source="test")
+    sim = Simulation(config, 20.0)
+    heard: list[tuple[float, int, bool]] = []  # (token time, request, first token of it), in hand-out order
+    seen: set[int] = set()
+
+    def watched(rid, queue):  # the order tokens reach the requests' queues (what wakes their handlers)
+        put = queue.put_nowait
+
+        def put_nowait(item):
+            for t in item[0]:
+                heard.append((t, rid, rid not in seen))
+                seen.add(rid)
+            put(item)
+
+        queue.put_nowait = put_nowait
+        return queue
+
+    def submit(prompt, output):
+        req, queue = sim.submit(prompt, output, sim.now_s())
+        return watched(req.request_id, queue)
+
+    async def go():
+        await sim.start()
+        queues = [submit(100, 200) for _ in range(3)]  # running, decoding
+        await asyncio.sleep(0.05)
+        queues += [submit(50, 4) for _ in range(2)]  # new: their first tokens come in a later step
+        for queue in queues:
+            while not (await queue.get())[1]:
+                pass
+        await sim.stop()
+
+    asyncio.run(go())
+    together = {}
+    for t, rid, first in heard:
+        together.setdefault(t, []).append(first)
+    mixed = [firsts for firsts in together.values() if any(firsts) and not all(firsts)]
+    assert mixed, "no step made a first token and a running request's token together"
+    assert all(firsts == sorted(firsts, reverse=True) for firsts in mixed)  # first tokens, then the others
