@@ -17,7 +17,8 @@ loopback send costs ~0.1 ms on this project's VM), and the engine reports a step
 order, running requests before new ones: a new request's first token waited behind every running
 request's next one (4 on average, 12 at most at ×10 in bench/RESULTS_serve.md, session 18). All are
 due at the same simulated time, so the order is the server's to choose: a first token's delay is
-all of a TTFT's error, while a decode token's, the same every step, cancels out of its TPOT.
+all of a TTFT's error, while a stream's TPOT counts only its first and last token (a decode token
+sent after a first token's ~0.1 ms send moves it by that over all its gaps).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class Simulation:
     def abort(self, req: Request) -> None:
         """``req``'s client went away now: the engine lets it go (its KV freed)."""
         self.queues.pop(id(req), None)
+        self._streaming.discard(id(req))
         self.online.abort(req, self.now_s())
         self._hand_out()
         self._arm()
