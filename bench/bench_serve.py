@@ -53,9 +53,12 @@ def replay_means(table) -> tuple[float, float]:
     return sum(ttft) / len(ttft), sum(tpot) / len(tpot)
 
 
-def served_means(table, scale: float, tokenizer: str, loop: str = "auto") -> tuple[float, float, int, float]:
+def served_means(table, scale: float, tokenizer: str, loop: str = "auto", warmup: int = 0) -> tuple[float, float, int, float]:
     """Client means (TTFT, TPOT) x ``scale``, and the requests that failed; the server and the client
-    count prompts with the same ``tokenizer``.json, so the server sees the trace's prompt lengths."""
+    count prompts with the same ``tokenizer``.json, so the server sees the trace's prompt lengths.
+    ``warmup``: that many requests sent at once and awaited first (`servelab bench --warmup`), which
+    leaves as many connections open: the run's requests reuse them rather than open their own in a
+    burst; the server's own TTFT is then the run's (its /metrics before the first send and after)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -63,11 +66,14 @@ def served_means(table, scale: float, tokenizer: str, loop: str = "auto") -> tup
             "--tokenizer", tokenizer, "--served-model-name", "sim", "--loop", loop]
     with serving_process(port, args) as url:
         target = Target(url, "sim", timeout_s=120.0, ignore_eos=True, min_tokens=True)
-        run = run_on(run_live(table, target, LoadConfig(time_scale=1.0 / scale),
-                              LiveOptions(metrics=False, tokenizer=tokenizer, extensions="off")), loop)
-        with urllib.request.urlopen(url + "/metrics") as r:
-            server = {s.name: s.value for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
-    server_ttft = server["vllm:time_to_first_token_seconds_sum"] / server["vllm:time_to_first_token_seconds_count"]
+        # /metrics scraped only before the first send and after the last answer (interval: never)
+        options = LiveOptions(metrics=True, metrics_interval_s=1e9, tokenizer=tokenizer, extensions="off")
+        run = run_on(run_live(table, target, LoadConfig(time_scale=1.0 / scale, warmup=warmup), options), loop)
+    ends = {}
+    for name, value in zip(run.metrics.column("metric").to_pylist(), run.metrics.column("value").to_pylist()):
+        ends.setdefault(name, []).append(value)  # (first scrape, last scrape)
+    ttft = {k: ends[f"vllm:time_to_first_token_seconds_{k}"] for k in ("sum", "count")}
+    server_ttft = (ttft["sum"][-1] - ttft["sum"][0]) / (ttft["count"][-1] - ttft["count"][0])
     assert all(r.usage_prompt_tokens == p for r, p in zip(run.records, run.prompt_tokens)), "prompt lengths differ"
     ok = [r for r in run.records if r.status == "finished"]
     ttft = [(r.first_token_s - r.send_s) * scale for r in ok]
@@ -124,6 +130,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, help="N streams at once instead (see the module's docstring)")
     parser.add_argument("--loops", default="auto", help="event loops to compare (server and client): auto, uvloop, asyncio")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each scale x loop, interleaved")
+    parser.add_argument("--warmup", type=int, default=0, help="requests sent at once and awaited before the run "
+                                                              "(servelab bench --warmup): its connections open")
     args = parser.parse_args()
     tokenizer = train_tokenizer(Path(tempfile.mkdtemp()) / "tokenizer.json")
     if args.streams:
@@ -131,13 +139,14 @@ def main() -> None:
         return
     table = trace(args.n, args.rate, args.prompt, args.output)
     r_ttft, r_tpot = replay_means(table)
-    print(f"trace: {args.n} requests at {args.rate}/s, prompts {args.prompt}, outputs {args.output}; runner {RUNNER}")
+    print(f"trace: {args.n} requests at {args.rate}/s, prompts {args.prompt}, outputs {args.output}; runner {RUNNER}; "
+          f"warm-up requests {args.warmup}")
     print(f"replay: mean TTFT {r_ttft * 1e3:.1f} ms, mean TPOT {r_tpot * 1e3:.2f} ms (simulated)")
     runs = [(scale, loop) for _ in range(args.repeat) for scale in (float(s) for s in args.scales.split(","))
             for loop in args.loops.split(",")]
     for scale, loop in runs:
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
-        s_ttft, s_tpot, failed, server_ttft = served_means(table, scale, tokenizer, loop)
+        s_ttft, s_tpot, failed, server_ttft = served_means(table, scale, tokenizer, loop, args.warmup)
         print(f"serve x{scale:g} {loop} (load {load}): mean TTFT {s_ttft * 1e3:.1f} ms ({(s_ttft / r_ttft - 1) * 100:+.1f}%), "
               f"mean TPOT {s_tpot * 1e3:.2f} ms ({(s_tpot / r_tpot - 1) * 100:+.1f}%), failed {failed} "
               f"(client times x scale); the server's own mean TTFT (from receipt) {server_ttft * 1e3:.1f} ms")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 DONE = "[DONE]"
@@ -139,13 +139,3 @@ def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
     if last is not None:
         yield last
 
-
-async def aparse_lines(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
-    parser = EventParser()
-    async for line in lines:
-        event = parser.feed(line.rstrip("\r\n"))
-        if event is not None:
-            yield event
-    last = parser.close()
-    if last is not None:
-        yield last

@@ -37,9 +37,12 @@ class BadRequest(Exception):
 
 
 def error(message: str, status: int = 400, param: str | None = None) -> web.Response:
+    return web.json_response(_error_body(message, status, param), status=status)
+
+
+def _error_body(message: str, status: int = 400, param: str | None = None) -> dict:
     kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                             status=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def make_app(sim: Simulation, model: str, counter: PromptCounter) -> web.Application:
@@ -183,6 +186,10 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
             sim.abort(req)
 
 
+def _unserved(req) -> str:
+    return f"request not served: {req.reason or req.status.name.lower()}"
+
+
 async def _answer(request: web.Request, req, queue, chat: bool, stream: bool, include_usage: bool) -> web.StreamResponse:
     app = request.app
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
@@ -194,40 +201,40 @@ async def _answer(request: web.Request, req, queue, chat: bool, stream: bool, in
             times, ended = await queue.get()
             made += len(times)
         if req.status is not Status.FINISHED and made == 0:
-            return error(f"request not served: {req.reason or req.status.name.lower()}")
+            return error(_unserved(req))
         return web.json_response(_whole(rid, created, model, chat, made, req))
-    response = None
-    made = 0
+    await asyncio.sleep(0)  # the clock's turn (set by submit) comes first: the arrival is processed
+    if req.status.is_terminal and req.status is not Status.FINISHED:  # rejected on arrival: still a 400
+        return error(_unserved(req))
     obj = "chat.completion.chunk" if chat else "text_completion"
+    # The headers (and a chat's role chunk) go out now, as vLLM's server sends them, not with the first
+    # token: the first token's write is its chunk alone, and the client has read the headers meanwhile.
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    made = 0
     try:
+        await response.prepare(request)
+        if chat:
+            await response.write(_sse(_chunk(rid, obj, created, model, {"role": "assistant", "content": ""}, None)))
+        token = _sse(_chunk(rid, obj, created, model, {"content": TOKEN_TEXT} if chat else TOKEN_TEXT, None))
         while True:
             times, ended = await queue.get()
-            if response is None:
-                if ended and not times and req.status is not Status.FINISHED:
-                    return error(f"request not served: {req.reason or req.status.name.lower()}")
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-                await response.prepare(request)
-                if chat:
-                    await response.write(_sse(_chunk(rid, obj, created, model, {"role": "assistant", "content": ""}, None)))
-            parts = []
-            for i in range(len(times)):
-                made += 1
-                last = ended and i == len(times) - 1
-                reason = _finish_reason(req) if last else None
-                delta = {"content": TOKEN_TEXT} if chat else TOKEN_TEXT
-                parts.append(_sse(_chunk(rid, obj, created, model, delta, reason)))
-            if ended and not times:
-                delta = {} if chat else ""
+            made += len(times)
+            if not ended:
+                await response.write(token * len(times))
+                continue
+            parts = [token] * max(0, len(times) - 1)
+            if made == 0 and req.status is not Status.FINISHED:  # ended unserved after the headers went out:
+                parts.append(_sse(_error_body(_unserved(req))))  # the error in the stream, as vLLM sends one
+            else:
+                text = TOKEN_TEXT if times else ""  # the last token, or an end without one (an abort)
+                delta = ({"content": text} if text else {}) if chat else text
                 parts.append(_sse(_chunk(rid, obj, created, model, delta, _finish_reason(req))))
-            if ended and include_usage:
-                parts.append(_sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                                   "usage": _usage(req.prompt_tokens, made)}))
-            if ended:
-                parts.append(b"data: [DONE]\n\n")
-            if parts:
-                await response.write(b"".join(parts))
-            if ended:
-                break
+                if include_usage:
+                    parts.append(_sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                                       "usage": _usage(req.prompt_tokens, made)}))  # fmt: skip
+            parts.append(b"data: [DONE]\n\n")
+            await response.write(b"".join(parts))
+            break
         await response.write_eof()
     except ConnectionError:
         pass  # the client went away: the request is aborted (``_serve``)

@@ -62,14 +62,16 @@ def train_tokenizer(path) -> str:
 
 
 @contextmanager
-def serving_process(port: int, args: list[str], timeout_s: float = 60.0):
-    """Yield the base URL of a `servelab serve` subprocess (its own process, as a user runs it) until the block ends."""
+def serving_process(port: int, args: list[str], timeout_s: float = 60.0, launcher: list[str] | None = None):
+    """Yield the base URL of a `servelab serve` subprocess (its own process, as a user runs it) until the block
+    ends; ``launcher``: what runs instead of ``-m servelab serve`` (bench/serve_stages.py's stamped server)."""
     import subprocess
     import sys
     import time
     import urllib.request
 
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(port), *map(str, args)],
+    launcher = ["-m", "servelab", "serve"] if launcher is None else launcher
+    proc = subprocess.Popen([sys.executable, *launcher, "--port", str(port), *map(str, args)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -41,17 +41,21 @@ SCENARIOS = {
     "not-streamed": Reply(content_type="application/json",
                           pieces=[(0, json.dumps({"id": "x", "choices": [{"index": 0, "text": "hello"}]}).encode())]),
     "html": Reply(content_type="text/html", pieces=[(0, b"<html><body>502 Bad Gateway</body></html>")]),
+    # two tokens in one piece of the body (one write), then a third in its own
+    "together": Reply(pieces=[(0, chunk("a") + chunk("b")), (0.01, chunk("c", "length")), (0, b"data: [DONE]\n\n")]),
     # \r\n line ends throughout
     "crlf": Reply(pieces=[(0, chunk("a").replace(b"\n", b"\r\n")), (0, b"data: [DONE]\r\n\r\n")]),
 }
 
 
-def _run(prompt: str, api: str = "completions", timeout_s: float = 10.0, cancel_after: float | None = None):
+def _run(prompt: str, api: str = "completions", timeout_s: float = 10.0, cancel_after: float | None = None,
+         clock=None):
     async def main():
         async with FallbackServer(SCENARIOS) as server, aiohttp.ClientSession() as http:
             target = Target(server.url + "/v1", "m", api=api, timeout_s=timeout_s, ignore_eos=True)
             record = Record(0, 42)
-            await send_or_cancel(send(http, target, record, prompt, 8), cancel_after)
+            sent = send(http, target, record, prompt, 8) if clock is None else send(http, target, record, prompt, 8, clock)
+            await send_or_cancel(sent, cancel_after)
             return record, server.received
 
     return asyncio.run(main())
@@ -73,6 +77,16 @@ def test_usage_in_last_chunk_gives_the_count():
     rec, _ = _run("usage")
     assert rec.status == "finished" and rec.saw_done
     assert len(rec.token_times) == 4 and rec.output_tokens == 5 and rec.usage_prompt_tokens == 7
+
+
+def test_a_piece_of_the_body_is_timed_when_it_arrives_before_it_is_parsed():
+    """As vLLM's `bench serve` times each chunk it reads: tokens that came in one piece share its arrival
+    time (parsing the first does not make the second later), and the next piece has its own."""
+    ticks = iter(range(1000))
+    rec, _ = _run("together", clock=lambda: float(next(ticks)))
+    assert rec.status == "finished" and len(rec.token_times) == 3
+    first, second, third = rec.token_times
+    assert first == second < third
 
 
 @pytest.mark.parametrize("prompt, status, text", [
