@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers_cli import write_small_trace  # noqa: E402
+from helpers_engine import string_splits  # noqa: E402
 from servelab.api import replay  # noqa: E402
 from servelab.common.errors import ServelabError  # noqa: E402
 from servelab.replay.config import ReplayConfig  # noqa: E402
@@ -38,19 +39,8 @@ HERE = {ROOT / "runners", ROOT / "replay" / "core" / "runner_spec.py"}
 
 
 def splits(run):
-    calls = []
-
-    def prof(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", "") in ("split", "partition"):
-            path = Path(frame.f_code.co_filename).resolve()
-            if path in HERE or path.parent in HERE:
-                calls.append(f"{path.name}:{frame.f_lineno}")
-
-    sys.setprofile(prof)
-    try:
-        return run(), calls
-    finally:
-        sys.setprofile(None)
+    calls, result = string_splits(run, HERE, names=("split", "partition"))
+    return result, calls
 
 
 tmp = Path(tempfile.mkdtemp())

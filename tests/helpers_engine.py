@@ -119,3 +119,27 @@ def column(result, name):
 def rows(result, *columns) -> list[tuple]:
     """The requests table of ``result`` as tuples of ``columns``, in request order."""
     return [tuple(r[c] for c in columns) for r in result.requests.to_pylist()]
+
+
+def string_splits(run, where, names=("split", "partition", "rsplit")):
+    """``(calls, result)``: the ``str`` splitting calls (``names``) made from files ``where`` (a set of
+    folders and files) while ``run()`` runs, each as ``"file.py:line name"``, and what ``run()``
+    returned. Counts a config's text parsed again where it should have been typed once."""
+    import sys
+    from pathlib import Path
+
+    where = {Path(p).resolve() for p in where}
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") in names:
+            path = Path(frame.f_code.co_filename).resolve()
+            if path in where or path.parent in where:
+                calls.append(f"{path.name}:{frame.f_lineno} {arg.__name__}")
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return calls, result

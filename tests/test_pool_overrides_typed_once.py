@@ -6,7 +6,6 @@ sweep and puts only the keys the file sets over each measured run."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import servelab.replay.cluster.config
 import servelab.replay.config
 import servelab.replay.core.engine_config
 from helpers_cli import run_main, write_small_trace
+from helpers_engine import string_splits
 from servelab.api import replay
 from servelab.policies.edf import EdfParams
 from servelab.policies.tiers import TiersParams
@@ -88,21 +88,9 @@ def seen(monkeypatch):
     return log
 
 
-def policy_string_calls(run) -> list[str]:
-    """``str.split`` / ``str.partition`` calls made from the policies' files while ``run()`` runs."""
-    calls: list[str] = []
-
-    def profile(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", "") in ("split", "partition", "rsplit") \
-                and Path(frame.f_code.co_filename).parent == POLICIES:
-            calls.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {arg.__name__}")
-
-    sys.setprofile(profile)
-    try:
-        result = run()
-    finally:
-        sys.setprofile(None)
-    return calls, result
+def policy_string_calls(run):
+    """``str`` splitting calls made from the policies' files while ``run()`` runs, and its result."""
+    return string_splits(run, {POLICIES})
 
 
 def test_a_clusters_pool_overrides_are_typed_once_and_replaying_types_nothing(tmp_path, seen):

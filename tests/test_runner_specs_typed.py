@@ -14,6 +14,7 @@ import pytest
 
 import servelab.replay.core.runner_spec as runner_spec_module
 from helpers_cli import run_main, write_small_trace
+from helpers_engine import string_splits
 from servelab.api import build_runner, replay
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.config import EngineConfig, Options, ReplayConfig, pool_config
@@ -98,22 +99,8 @@ bandwidth_gbps = 50.0
 
 def spec_string_calls(run) -> tuple[list[str], object]:
     """``str.split`` / ``str.partition`` calls made from runners/ files and the spec module while ``run()`` runs
-    (a runner spec split into its keys again)."""
-    calls: list[str] = []
-    here = {RUNNERS_DIR, Path(runner_spec_module.__file__).resolve()}
-
-    def profile(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", "") in ("split", "partition"):
-            path = Path(frame.f_code.co_filename).resolve()
-            if path.parent in here or path in here:
-                calls.append(f"{path.name}:{frame.f_lineno} {arg.__name__}")
-
-    sys.setprofile(profile)
-    try:
-        result = run()
-    finally:
-        sys.setprofile(None)
-    return calls, result
+    (a runner spec split into its keys again), and its result."""
+    return string_splits(run, {RUNNERS_DIR, Path(runner_spec_module.__file__)}, names=("split", "partition"))
 
 
 def test_a_cluster_of_8_replicas_parses_its_runner_spec_once(tmp_path, monkeypatch):
