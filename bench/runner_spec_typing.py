@@ -12,29 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers_cli import write_small_trace  # noqa: E402
+from helpers_cli import PD_8_REPLICAS_TOML, write_small_trace  # noqa: E402
 from helpers_engine import string_splits  # noqa: E402
 from servelab.api import replay  # noqa: E402
 from servelab.common.errors import ServelabError  # noqa: E402
 from servelab.replay.config import ReplayConfig  # noqa: E402
 from servelab.traces.io import read_trace  # noqa: E402
 
-TOML = """
-runner = "roofline:cpu_overhead=0.5"
-[[cluster.pools]]
-name = "prefill"
-role = "prefill"
-replicas = 4
-gpu = "a100-80gb"
-[[cluster.pools]]
-name = "decode"
-role = "decode"
-replicas = 4
-[[cluster.links]]
-from = "prefill"
-to = "decode"
-bandwidth_gbps = 50.0
-"""
+TOML = PD_8_REPLICAS_TOML
 HERE = {ROOT / "runners", ROOT / "replay" / "core" / "runner_spec.py"}
 
 

@@ -50,3 +50,24 @@ def write_small_trace(tmp_path: Path, n: int = 20) -> Path:
     path = tmp_path / "t.arrow"
     write_trace(make_trace([i * 0.1 for i in range(n)], [50] * n, [10] * n), path, source="test")
     return path
+
+
+# A prefill/decode cluster of 8 replicas (4 prefill on an A100, 4 decode on the default H100: 2 runners
+# built) whose top-level runner spec every pool inherits: what the typed-once tests and bench read.
+PD_8_REPLICAS_TOML = """
+runner = "roofline:cpu_overhead=0.5"
+policy = "sarathi"
+[[cluster.pools]]
+name = "prefill"
+role = "prefill"
+replicas = 4
+gpu = "a100-80gb"
+[[cluster.pools]]
+name = "decode"
+role = "decode"
+replicas = 4
+[[cluster.links]]
+from = "prefill"
+to = "decode"
+bandwidth_gbps = 50.0
+"""

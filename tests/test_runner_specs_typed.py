@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import servelab.replay.core.runner_spec as runner_spec_module
-from helpers_cli import run_main, write_small_trace
+from helpers_cli import PD_8_REPLICAS_TOML, run_main, write_small_trace
 from helpers_engine import string_splits
 from servelab.api import build_runner, replay
 from servelab.common.errors import InputError, ServelabError
@@ -78,23 +78,7 @@ def test_a_bad_runner_flag_fails_before_the_trace_is_opened(tmp_path, capsys, mo
 
 # -- parsed once: a cluster of 8 replicas builds its runners from the typed spec ----------------------------
 
-CLUSTER = """
-runner = "roofline:cpu_overhead=0.5"
-policy = "sarathi"
-[[cluster.pools]]
-name = "prefill"
-role = "prefill"
-replicas = 4
-gpu = "a100-80gb"
-[[cluster.pools]]
-name = "decode"
-role = "decode"
-replicas = 4
-[[cluster.links]]
-from = "prefill"
-to = "decode"
-bandwidth_gbps = 50.0
-"""
+CLUSTER = PD_8_REPLICAS_TOML
 
 
 def spec_string_calls(run) -> tuple[list[str], object]:
