@@ -11,17 +11,25 @@ from servelab.traces.synth import synth_trace
 from test_engine_invariants import CheckedEngine
 
 
-def test_srpt_preempting_over_a_shared_prefix_never_over_commits_kv(monkeypatch):
-    kept: list[int] = []  # blocks a victim could not free because this batch's admissions reuse them
-    covered = PrefixCache.covered
+def covered_counts(monkeypatch, cache_class) -> list[int]:
+    """Replays check their bookkeeping after every event, and the list returned collects what each of
+    ``cache_class.covered``'s answers was: the blocks a victim could not free because the batch's
+    admissions reuse them."""
+    kept: list[int] = []
+    covered = cache_class.covered
 
     def counting(hits, sole):
         n = covered(hits, sole)
         kept.append(n)
         return n
 
-    monkeypatch.setattr(PrefixCache, "covered", staticmethod(counting))
+    monkeypatch.setattr(cache_class, "covered", staticmethod(counting))
     monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    return kept
+
+
+def test_srpt_preempting_over_a_shared_prefix_never_over_commits_kv(monkeypatch):
+    kept = covered_counts(monkeypatch, PrefixCache)
     trace = synth_trace(n=150, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
                         prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=48, seed=11)
     events = CheckedEngine.events
@@ -56,16 +64,7 @@ def test_the_same_holds_for_a_hybrid_models_per_group_cache(monkeypatch):
     cache answers the builder's ``covered`` too, and the bookkeeping adds up after every event."""
     from servelab.replay.core.kv.hybrid_prefix import HybridPrefixCache
 
-    kept: list[int] = []
-    covered = HybridPrefixCache.covered
-
-    def counting(hits, sole):
-        n = covered(hits, sole)
-        kept.append(n)
-        return n
-
-    monkeypatch.setattr(HybridPrefixCache, "covered", staticmethod(counting))
-    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    kept = covered_counts(monkeypatch, HybridPrefixCache)
     trace = synth_trace(n=150, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
                         prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=16, seed=11)
     result = replay(trace, ReplayConfig(engine=EngineConfig(num_gpu_blocks=1500, max_num_seqs=6), policy="srpt",
