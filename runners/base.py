@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from servelab.replay.core.plugins import RUNNERS
 from servelab.replay.core.protocols import BlockAllocator, Runner, StepItem, StepPlan, StepShape
-from servelab.replay.core.runner_spec import RunnerSpec, runner_spec, split_spec
+from servelab.replay.core.runner_spec import RunnerSpec, runner_spec
 
 
 class RunnerBase:
@@ -44,12 +44,6 @@ class RunnerBase:
 # registry sits with the Protocols (replay/core/plugins.py), so that a replay's config types a spec.
 
 
-def parse_spec(spec: "str | RunnerSpec") -> tuple[str, dict[str, str]]:
-    """Split ``"linear:base=1,prefill_token=0.25"`` into ``("linear", {"base": "1", ...})`` (strings; a
-    typed spec: its text). A value without ``=`` after the name is kept under the key ``""``."""
-    return split_spec(str(spec))
-
-
 def picker(params: Any, context: dict) -> Callable[[str, Any], Any]:
     """``pick(key, default)``: the typed spec's value for ``key`` (a ``Params`` field, None when the spec
     leaves it out), else the replay's (``context``: the command line's or config's model/GPU/TP..., when
@@ -72,4 +66,4 @@ def make_runner(spec: "RunnerSpec | str", **context) -> Runner:
 
 
 __all__ = ["RUNNERS", "BlockAllocator", "Runner", "RunnerBase", "RunnerSpec", "StepItem", "StepPlan", "StepShape",
-           "make_runner", "parse_spec", "picker", "runner_spec"]
+           "make_runner", "picker", "runner_spec"]

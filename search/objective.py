@@ -356,7 +356,7 @@ def import_trial_modules(spec: SearchSpec) -> None:
     import servelab.search.space  # noqa: F401
     from servelab.replay import write_run  # noqa: F401
     from servelab.replay.core.plugins import POLICIES, ROUTERS
-    from servelab.runners.base import RUNNERS, parse_spec
+    from servelab.runners.base import RUNNERS, runner_spec
 
     base = spec.base
     named = {"policy": {base.policy}, "router": {base.engine.router}, "runner": {base.runner}}
@@ -366,7 +366,7 @@ def import_trial_modules(spec: SearchSpec) -> None:
     for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
         for name in named[key]:
             try:
-                registry.get(parse_spec(name)[0] if key == "runner" else name)
+                registry.get(runner_spec(name).name if key == "runner" else name)
             except ServelabError:
                 pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
 
