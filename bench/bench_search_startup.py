@@ -44,7 +44,10 @@ def start(_a, _b):
         evaluator = Evaluator(spec, study_dir, threads=1, prepared=prepared)
     except TypeError:  # before session 17: each worker prepared the trace itself
         evaluator = Evaluator(spec, study_dir, threads=1)
-    getattr(evaluator, "warm_up", lambda: None)()
+    if hasattr(pool, "preload"):
+        pool.preload(spec)
+    else:  # (sessions 17 and before: the Evaluator imported them)
+        getattr(evaluator, "warm_up", lambda: None)()
     state.update(evaluator=evaluator, pool=pool)
 
 def trial(number):

@@ -130,11 +130,6 @@ class Evaluator:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="servelab-write")
         self._writing = None  # the run being written in the background, if any
 
-    def warm_up(self) -> None:
-        """Import what a trial runs now (`import_trial_modules`), so that the first trial is timed like the others
-        (imports moved, not saved; a pool worker does it as it starts, search/pool.py `preload`)."""
-        import_trial_modules(self.spec)
-
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self.scorer.close()

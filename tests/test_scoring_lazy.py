@@ -15,7 +15,7 @@ def _loaded(code: str) -> str:
 
 def test_a_search_worker_and_the_slo_types_load_no_duckdb():
     assert _loaded("import servelab.scoring.slo") == "[]"
-    # what a pool worker imports to run trials (search/objective.py's warm_up), scoring small traces in memory
+    # what a pool worker imports to run trials (search/pool.py's preload), scoring small traces in memory
     assert _loaded("import servelab.assembly, servelab.search.space, servelab.search.objective, servelab.search.pool\n"
                    "from servelab.replay import write_run") == "[]"  # fmt: skip
 

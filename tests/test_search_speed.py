@@ -90,9 +90,9 @@ import pickle, sys
 from pathlib import Path
 spec = pickle.loads(Path({str(spec_pickle)!r}).read_bytes())  # as the spawned worker gets it
 from servelab.search.objective import Evaluator
-from servelab.search.pool import evaluate
+from servelab.search.pool import evaluate, preload
+preload(spec)
 evaluator = Evaluator(spec, Path({str(study_dir)!r}), threads=1)
-evaluator.warm_up()
 outcome = evaluate(evaluator, 0, {params!r})
 evaluator.close()
 print(outcome.state, outcome.user_attrs.get("reason", ""))
