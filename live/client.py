@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -144,17 +144,6 @@ def _error_text(payload: object) -> str:
             return str(err.get("message") or err)[:ERROR_TEXT_MAX]
         return str(err)[:ERROR_TEXT_MAX]
     return str(payload)[:ERROR_TEXT_MAX]
-
-
-async def iter_lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The body's lines as the event-stream format splits them (``\\r\\n``, ``\\r`` or ``\\n``), decoded as
-    UTF-8 across read boundaries; a last line without a line end is yielded too."""
-    splitter = LineSplitter()
-    async for data in content.iter_any():
-        for line in splitter.feed(data):
-            yield line
-    for line in splitter.close():
-        yield line
 
 
 def read_event(event: Event, api: str, record: Record, now: float) -> bool:

@@ -1,10 +1,7 @@
 """The SSE parser on hand-written streams (the WHATWG event-stream rules servers rely on)."""
 
-import asyncio
-
 import pytest
-from servelab.live.client import iter_lines
-from servelab.live.sse import Event, parse_lines
+from servelab.live.sse import Event, LineSplitter, parse_lines
 
 
 def test_events_comments_and_done():
@@ -26,22 +23,12 @@ def test_blank_lines_alone_and_an_event_without_data_yield_nothing():
     assert list(parse_lines(["", "", "event: ping", "", ": c"])) == []
 
 
-class Pieces:
-    """Bytes arriving in the given pieces (what aiohttp's StreamReader.iter_any yields)."""
-
-    def __init__(self, *pieces: bytes):
-        self.pieces = pieces
-
-    async def iter_any(self):
-        for piece in self.pieces:
-            yield piece
-
-
 def _lines(*pieces: bytes) -> list[str]:
-    async def collect():
-        return [line async for line in iter_lines(Pieces(*pieces))]
-
-    return asyncio.run(collect())
+    """The lines of a body that arrives in the given pieces, split as the live client splits them (each
+    piece fed when it arrives: live/client.py ``_read_stream``)."""
+    splitter = LineSplitter()
+    lines = [line for piece in pieces for line in splitter.feed(piece)]
+    return lines + splitter.close()
 
 
 @pytest.mark.parametrize("pieces", [
