@@ -84,13 +84,18 @@ def option_layers(overrides: Overrides) -> tuple[Options, ...]:
     return (overrides,) if isinstance(overrides, Options) else tuple(overrides)
 
 
+def keys_set(layers: tuple[Options, ...]) -> set[str]:
+    """The keys any of the option layers sets."""
+    return set().union(*(o.keys() for o in layers))
+
+
 def config_for(meta: dict, overrides: Overrides) -> ReplayConfig:
     """The recorded settings (run.json ``config``, typed here: the run's edge) with ``overrides`` (a config
     file, command-line options) on top. Only the keys the overrides set go over the run's: a key a config
     file leaves out is the run's, not the file's default. The source's model name (a Hugging Face id or
     path) becomes the preset with that shape."""
     layers = option_layers(overrides)
-    given = set().union(*(o.keys() for o in layers))
+    given = keys_set(layers)
     data = {k: v for k, v in (meta.get("config") or {}).items()}
     runner = next((o.top["runner"] for o in reversed(layers) if "runner" in o.top), data.get("runner"))
     fitted = str(runner or "").startswith("fitted")  # prices with its own profile, not these
@@ -251,7 +256,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
 
     meta, measured, trace = load_measured(run_dir)
     layers = option_layers(overrides)  # (typed already when a sweep's caller passes Options)
-    given = set().union(*(o.keys() for o in layers))
+    given = keys_set(layers)
     config = config_for(meta, layers)
     runner = build_runner(config)
     blocks = resolve_num_gpu_blocks(config, runner)
