@@ -143,3 +143,17 @@ def string_splits(run, where, names=("split", "partition", "rsplit")):
     finally:
         sys.setprofile(None)
     return calls, result
+
+
+def count_builds(monkeypatch, classes: dict, log: dict) -> dict:
+    """Count each build of the dataclasses ``classes`` (class -> the ``log`` key it counts under) through
+    their ``__post_init__`` (the check every construction, ``replace`` included, runs); returns ``log``."""
+    for cls, key in classes.items():
+        check = cls.__post_init__
+
+        def counted(self, check=check, key=key):
+            log[key] += 1
+            check(self)
+
+        monkeypatch.setattr(cls, "__post_init__", counted)
+    return log

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import servelab.replay.config
 from helpers_cli import write_small_trace
+from helpers_engine import count_builds
 from servelab.api import replay
 from servelab.cli.main import cli
 from servelab.cli.replay_cmd import config_from_options
@@ -53,16 +54,7 @@ bandwidth_gbps = 50.0
 def built(monkeypatch):
     """How many times srpt's and the session router's ``Params`` are built (each build is a parse of a
     table, or a copy: a config's typed ones are passed through)."""
-    seen = {"policy": 0, "router": 0}
-    for cls, key in ((LengthParams, "policy"), (SessionParams, "router")):
-        check = cls.__post_init__
-
-        def counted(self, check=check, key=key):
-            seen[key] += 1
-            check(self)
-
-        monkeypatch.setattr(cls, "__post_init__", counted)
-    return seen
+    return count_builds(monkeypatch, {LengthParams: "policy", SessionParams: "router"}, {"policy": 0, "router": 0})
 
 
 def test_a_policys_and_routers_params_are_parsed_once_for_a_4_replica_2_pool_cluster(tmp_path, built):

@@ -15,7 +15,7 @@ import servelab.replay.cluster.config
 import servelab.replay.config
 import servelab.replay.core.engine_config
 from helpers_cli import run_main, write_small_trace
-from helpers_engine import string_splits
+from helpers_engine import count_builds, string_splits
 from servelab.api import replay
 from servelab.policies.edf import EdfParams
 from servelab.policies.tiers import TiersParams
@@ -77,15 +77,7 @@ def seen(monkeypatch):
         return from_dict(cls, *args, **kwargs)
 
     monkeypatch.setattr(ReplayConfig, "from_dict", classmethod(counted_from_dict))
-    for cls, key in ((ReplayConfig, "configs"), (TiersParams, "params"), (EdfParams, "params")):
-        check = cls.__post_init__
-
-        def counted_check(self, check=check, key=key):
-            log[key] += 1
-            check(self)
-
-        monkeypatch.setattr(cls, "__post_init__", counted_check)
-    return log
+    return count_builds(monkeypatch, {ReplayConfig: "configs", TiersParams: "params", EdfParams: "params"}, log)
 
 
 def policy_string_calls(run):
