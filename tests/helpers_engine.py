@@ -1,10 +1,11 @@
 """Helpers for engine tests: run a replay with a linear runner in one call; an engine that checks its
-bookkeeping after every event."""
+bookkeeping after every event (every fourth in a developer's run of the long suites)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from sampled_suites import full_suites
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.replay.core.engine import Engine
 from servelab.runners.base import make_runner
@@ -56,14 +57,24 @@ class PagedLinear:
         return getattr(self.inner, name)
 
 
-def checking_engine(check: Callable[[Engine], None]) -> type[Engine]:
+# The invariant suites check the books after every event under SERVELAB_FULL_SUITES=1 (CI), and
+# after every fourth (a fixed phase) in a developer's run: the checks are most of those suites' time,
+# and a broken count stays broken for the events after it (sampled_suites.py).
+QUICK_EVERY = 4
+
+
+def checking_engine(check: Callable[[Engine], None], every: int | None = None) -> type[Engine]:
     """An ``Engine`` subclass that calls ``check(engine)`` after every arrival, scheduling decision and
-    completed step (its ``_check`` runs it, for hooks elsewhere to call too); the class attribute
-    ``events`` counts the calls, so a test can assert the checks really ran. Replays through
-    ``servelab.api`` use it once it is patched in: ``monkeypatch.setattr(servelab.assembly, "Engine", cls)``."""
+    completed step (its ``_check`` runs it, for hooks elsewhere to call too) or, with ``every`` = k,
+    after every k-th of them (default: 1 under SERVELAB_FULL_SUITES=1, else ``QUICK_EVERY``); the class
+    attribute ``events`` counts the events and ``checks`` the checks, so a test can assert the checks
+    really ran. Replays through ``servelab.api`` use it once it is patched in:
+    ``monkeypatch.setattr(servelab.assembly, "Engine", cls)``."""
+    stride = every if every is not None else (1 if full_suites() else QUICK_EVERY)
 
     class CheckingEngine(Engine):
         events = 0
+        checks = 0
 
         def _arrive(self, req, now):
             super()._arrive(req, now)
@@ -79,7 +90,9 @@ def checking_engine(check: Callable[[Engine], None]) -> type[Engine]:
 
         def _check(self):
             CheckingEngine.events += 1
-            check(self)
+            if CheckingEngine.events % stride == 0:
+                CheckingEngine.checks += 1
+                check(self)
 
     return CheckingEngine
 

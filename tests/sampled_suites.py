@@ -6,7 +6,8 @@ cohort, ...). A developer's run keeps K of its cases, chosen by a fixed seed fro
 same K every time, on every machine, with or without pytest-xdist); ``SERVELAB_FULL_SUITES=1`` runs
 every case, and CI sets it. The closing lines say how many cases the sample left out. A suite whose
 cases replay a trace may also take a smaller one in a developer's run (``size``): the same checks
-on fewer requests; CI replays the full size.
+on fewer requests; CI replays the full size. A test that loops over many combinations itself may
+loop over a fixed sample of them (``cases``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ def full_suites() -> bool:
 def size(full: int, sampled: int) -> int:
     """How many requests a long suite's trace has: ``full`` under SERVELAB_FULL_SUITES=1 (CI), else ``sampled``."""
     return full if full_suites() else sampled
+
+
+def cases(items: list, keep: int, key: str) -> list:
+    """A loop's cases inside one test: all of ``items`` under SERVELAB_FULL_SUITES=1 (CI), else a fixed
+    sample of ``keep`` of them (seeded by ``key``), in their order."""
+    if full_suites() or keep >= len(items):
+        return list(items)
+    kept = set(random.Random(f"{SEED}:{key}").sample(range(len(items)), keep))
+    return [item for i, item in enumerate(items) if i in kept]
 
 
 def sample(ids: list[str], keep: int, key: str) -> set[str]:

@@ -132,7 +132,7 @@ def _check_pins(engine) -> None:
 def retained(monkeypatch):
     import servelab.assembly
 
-    monkeypatch.setattr(servelab.assembly, "Engine", checking_engine(_check_pins))
+    monkeypatch.setattr(servelab.assembly, "Engine", checking_engine(_check_pins, every=1))
 
     def go(mode, trace=None, runner=RET_RUNNER, **engine):
         return run(trace if trace is not None else _session_trace(), runner=runner, kv_retention=mode,

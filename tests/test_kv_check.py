@@ -238,7 +238,7 @@ def test_each_corruption_fails_the_kv_check(monkeypatch, case):
     trace = synthetic(n=250, rate=40.0, seed=1, **shape)
     config = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=params, runner=SPEC)
     untouched = replay(trace, config, runner=PagedLinear(make_runner(SPEC)))
-    monkeypatch.setattr(servelab.assembly, "Engine", checking_engine(corrupt_and_check))
+    monkeypatch.setattr(servelab.assembly, "Engine", checking_engine(corrupt_and_check, every=1))
     touched = replay(trace, config, runner=PagedLinear(make_runner(SPEC)))
     assert [c.__name__ for c in expected if tried[c.__name__] < TRIES] == []  # each was really made, and failed
     assert touched.requests.equals(untouched.requests) and touched.steps.equals(untouched.steps)

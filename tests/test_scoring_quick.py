@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pyarrow as pa
 import pytest
+from sampled_suites import cases
 
 from servelab.api import ReplayConfig, replay
 from servelab.scoring import quick
@@ -81,7 +82,7 @@ def scorers() -> list:
 
 def test_quick_scores_equal_duckdb_on_every_run_and_slo(runs, scorers):
     unfinished = 0
-    for result, (duck_scorer, fast_scorer) in itertools.product(runs, scorers):
+    for result, (duck_scorer, fast_scorer) in cases(list(itertools.product(runs, scorers)), 48, "every run and slo"):
         unfinished += result.requests.column("status").to_pylist().count("unfinished")
         duck, fast = duck_scorer.score(result), fast_scorer.score(result)
         assert _exact(fast) == _exact(duck)
@@ -92,7 +93,7 @@ def test_quick_scores_equal_duckdb_on_every_run_and_slo(runs, scorers):
 def test_quick_scores_equal_duckdb_with_tiers_tenants_and_request_slos(runs, scorers):
     """(SLO tables with tier or tenant entries go to DuckDB: its join reorders the rows a mean adds.)"""
     rng = np.random.default_rng(7)
-    for result in runs[::3]:
+    for result in cases(runs[::3], 3, "tiers, tenants and request slos"):
         n = result.requests.num_rows
         tiers = rng.choice(["premium", "standard", "batch"], n).tolist()
         tiers[0] = None  # a request without a tier: its own group, sorted last
