@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from helpers_cli import run_main
 from helpers_engine import run
+from sampled_suites import size
 
 from servelab.common.errors import ServelabError
 from servelab.traces import schema
@@ -96,14 +97,14 @@ def test_cli_synth_shape(tmp_path, capsys):
     assert not (tmp_path / "x.arrow").exists()
 
 
-def test_ten_thousand_tasks_accounted_once_and_byte_identical(tmp_path):
-    """A 10,000-task mix under load, with a context limit (some calls rejected) and client timeouts
+def test_a_large_task_mix_accounted_once_and_byte_identical(tmp_path):
+    """A 10,000-task mix (2,000 in a developer's run) under load, with a context limit (some calls rejected) and client timeouts
     (some aborted): every request ends once, finished or not; exactly the requests with a parent
     that did not finish are skipped, never sent; two replays write the same bytes."""
     from servelab.api import write_run
 
     trace = generate_agentic(make_agent_config(
-        shape="mix", tasks=10_000, arrival={"rate_per_s": 20.0}, prompt="lognormal:256:0.5",
+        shape="mix", tasks=size(10_000, 2_000), arrival={"rate_per_s": 20.0}, prompt="lognormal:256:0.5",
         output="lognormal:24:0.5", new_tokens="lognormal:64:0.5", calls="uniform:2:6", branches="uniform:2:5",
         chat_turns="uniform:2:4", tool_s="exp:1.0", user_think_s="exp:3.0", seed=5))
     runs = []

@@ -15,6 +15,7 @@ import types
 from collections import deque
 
 import pytest
+from sampled_suites import size
 
 from servelab.policies import ordering
 from servelab.policies.base import policy_class, policy_names
@@ -86,8 +87,8 @@ def _visits(monkeypatch, name: str, params: dict, n: int, engine: EngineConfig =
 
 @pytest.mark.parametrize("name,params", CASES, ids=[f"{n}-{p}" if p else n for n, p in CASES])
 def test_visits_per_decision_do_not_grow_with_the_backlog(monkeypatch, name, params):
-    small, small_queue = _visits(monkeypatch, name, params, 500)
-    large, large_queue = _visits(monkeypatch, name, params, 2000)
+    small, small_queue = _visits(monkeypatch, name, params, size(500, 250))
+    large, large_queue = _visits(monkeypatch, name, params, size(2000, 1000))
     assert large_queue >= 3 * small_queue > 0  # the overload really built a 4x longer queue
     mean_small, mean_large = sum(small) / len(small), sum(large) / len(large)
     print(f"{name} {params}: queue {small_queue} -> {large_queue}, visits per decision {mean_small:.1f} -> "

@@ -76,6 +76,7 @@ def test_a_missing_uvloop_is_a_clear_error(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.sampled(keep=1)  # (each case runs ~9 s of real time; CI runs both loops)
 def test_bench_against_serve_matches_replay_on_each_loop(loop, tmp_path, free_port):
     pytest.importorskip("tokenizers")
     if loop == "uvloop":
