@@ -289,10 +289,8 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     encode = cluster.encode_pool(engine)
     scalers = cluster.autoscale(engine, disagg)
     timeouts = client_timeouts(trace, engine_cfg.client_timeout_s)
-    if timeouts and encode is not None:
-        raise ServelabError("client timeouts (timeout_s, client_timeout_s) cannot be combined with an encode pool yet")
     if timeouts:
-        engine.aborts = Aborts(engine, timeouts, disagg)
+        engine.aborts = Aborts(engine, timeouts, disagg, encode)
         engine.aborts.arm_all(requests)
     parents = parents_of(trace)
     if parents:  # requests that wait for others (trace schema v2)

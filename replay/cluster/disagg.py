@@ -376,11 +376,12 @@ class Disaggregation:
         self.engine.strand(self.pending, "waiting for a decode replica with room when the replay ended")
 
     def holders(self, replica: Replica) -> list[Request]:
-        """Every request (or landing placeholder) holding GPU blocks on ``replica`` (the KV check)."""
+        """Every request (or landing placeholder) holding GPU blocks on ``replica`` (the KV check); a replica
+        of neither pool (an encode pool's) holds its running requests only."""
         held = list(replica.running)
         if replica.id in self.sending:
             held += self.sending[replica.id]
-        else:
+        elif replica.id in self.landing:
             held += list(self.landing[replica.id].values())
         return held
 

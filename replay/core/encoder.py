@@ -53,7 +53,10 @@ class EncoderStage:
 
     def admit(self, req: "Request") -> float:
         """Encode what ``req`` needs that the cache lacks; returns the encoder's seconds."""
-        mm = req.mm
+        return self.encode(req.mm)
+
+    def encode(self, mm: MultiModal) -> float:
+        """Encode the items of ``mm`` that the cache lacks; returns the encoder's seconds."""
         seconds = 0.0
         hashes = mm.image_hashes
         for i, tokens in enumerate(mm.image_sizes()):
@@ -72,6 +75,17 @@ class EncoderStage:
                 self.encoded += 1
         self.encode_s += seconds
         return seconds
+
+    def state(self) -> tuple:
+        """What the encodings so far left (the cache, its LRU order, the counters), for ``restore``: an
+        encode pool prices a request when it queues it, and one taken off the queue before its encoding
+        started must leave no trace (replay/cluster/encode_pool.py)."""
+        return OrderedDict(self.cache), self.used, self.encoded, self.hits, self.encode_s
+
+    def restore(self, state: tuple) -> None:
+        """Back to ``state`` (from ``state()``), as if nothing was encoded since."""
+        cache, self.used, self.encoded, self.hits, self.encode_s = state
+        self.cache = OrderedDict(cache)
 
     def _insert(self, key: int, tokens: int) -> None:
         if tokens > self.capacity:

@@ -17,7 +17,12 @@ running set, freeing its blocks, at that boundary. Tokens it produced after ``t`
 With prefill/decode pools, a request handed off (its KV held on its prefill replica, waiting for a
 decode replica or crossing the link) is abandoned there (``Disaggregation.abandon``): the transfer is
 cancelled, the landing blocks on the decode replica and the prefill replica's KV are freed at ``t``.
-With replica failures and with reclaimed instances (replay/cluster/fleet.py: a reclaimed replica stops
+With an encode pool, a request still in the encode stage (queued on an encode replica, being encoded,
+or its embeddings crossing the link) leaves it (``EncodePool.abandon``) and is never routed: a queued
+one leaves its encode replica's queue, so the requests behind it start earlier; one being encoded is
+finished by the encoder (an encode is not dropped half-way) but its embeddings are not sent; a transfer
+under way is cancelled. One whose embeddings have landed is on the arrivals' pool and times out there
+as above. With replica failures and with reclaimed instances (replay/cluster/fleet.py: a reclaimed replica stops
 as a failed one does), an aborted request still inside the iteration its replica was running when the
 replica went down loses its KV with the replica and is not moved (``Engine.evict``): it ended once, at
 its deadline. A request moved to another replica keeps its deadline there.
@@ -43,9 +48,10 @@ class Aborts:
     intents (replay/core/intents.py) the engine applies: the request taken off its queue or let go, refused
     (``aborted``), and its replica's stretch cut or its policy asked to decide again."""
 
-    def __init__(self, engine: "Engine", timeouts: dict[int, float], disagg=None):
+    def __init__(self, engine: "Engine", timeouts: dict[int, float], disagg=None, encode=None):
         self.engine = engine
         self.disagg = disagg  # prefill/decode pools (replay/cluster/disagg.py), when any: handoffs are abandoned there
+        self.encode = encode  # an encode pool (replay/cluster/encode_pool.py), when any: requests in it leave it
         self.timeouts = timeouts  # request index -> seconds after its arrival the client waits at most
         self.aborted_at: dict[int, float] = {}  # request index -> its client's deadline, once aborted
         self.count = 0
@@ -81,8 +87,8 @@ class Aborts:
         elif status is Status.WAITING:  # queued, or held while its tier is paused: taken off, as a drop is
             platform = engine.platform
             intents.append(platform.give_up(replica, req) if platform is not None else TakeOff(replica, req))
-        elif status is Status.PENDING:  # not routed yet: a throttled client's retry, or no live replica
-            if engine.platform is not None:
+        elif status is Status.PENDING:  # not routed: in the encode pool, a throttled client's retry, or no live replica
+            if (self.encode is None or not self.encode.abandon(req, now)) and engine.platform is not None:
                 engine.platform.forget_orphan(req)
         self.aborted_at[req.index] = now
         self.count += 1

@@ -43,7 +43,7 @@ class Online:
         for replica in engine.replicas:
             no_aggregate(replica)
         engine.step_listeners.append(self._stepped)
-        engine.aborts = Aborts(engine, {}, disagg)  # no timeouts: clients that go away (``abort``)
+        engine.aborts = Aborts(engine, {}, disagg, engine.encode)  # no timeouts: clients that go away (``abort``)
         ended = engine.ended
 
         def ended_online(req: Request, now: float) -> None:  # (an instance attribute: the class's stays)
