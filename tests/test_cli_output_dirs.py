@@ -6,10 +6,10 @@ import json
 
 import pyarrow.parquet as pq
 
-from servelab.traces.bundled import default_trace_path
 from servelab.traces.io import trace_sha256
 from helpers_cli import run_main as run
 from helpers_cli import snapshot as _snapshot
+from helpers_cli import write_small_trace
 
 RUNNER = "linear:base=0.01,prefill_token=0.0001,decode_seq=0.001"
 REPLAY = ["--runner", RUNNER, "--num-gpu-blocks", "200"]
@@ -70,7 +70,13 @@ def test_sweep_needs_force_to_replace_a_sweep(small_trace_file, tmp_path, capsys
     assert json.loads((out / "sweep.json").read_text())["points"]
 
 
-def test_demo_replaces_its_own_run_but_not_another(tmp_path, capsys):
+def test_demo_replaces_its_own_run_but_not_another(tmp_path, capsys, monkeypatch):
+    import servelab.traces.bundled
+
+    # (the demo on a 20-request stand-in for the bundled trace: the rule, not the 19,366-request replay
+    # that tests/test_cli_replay.py runs, is under test)
+    bundled = write_small_trace(tmp_path)
+    monkeypatch.setattr(servelab.traces.bundled, "default_trace_path", lambda: bundled)
     other = tmp_path / "other"
     other.mkdir()
     (other / "run.json").write_text(json.dumps({"trace": {"sha256": "0" * 64}}))
@@ -79,7 +85,7 @@ def test_demo_replaces_its_own_run_but_not_another(tmp_path, capsys):
     # an earlier demo run (of the bundled trace) is replaced without --force: `servelab demo` twice works
     own = tmp_path / "demo"
     own.mkdir()
-    (own / "run.json").write_text(json.dumps({"trace": {"sha256": trace_sha256(default_trace_path())}}))
+    (own / "run.json").write_text(json.dumps({"trace": {"sha256": trace_sha256(bundled)}}))
     code, out, err = run(["demo", "-o", own], capsys)
     assert code == 0, err
-    assert pq.read_table(own / "requests.parquet").num_rows == 19_366
+    assert pq.read_table(own / "requests.parquet").num_rows == 20

@@ -120,7 +120,7 @@ PAIRS = [(c, p) for p in ("sarathi", "orca") for c in CASES] + [(c, p) for p in 
 
 
 @pytest.mark.parametrize(("case", "policy"), PAIRS)
-@pytest.mark.sampled(keep=8)
+@pytest.mark.sampled(keep=6)
 def test_replay_with_cohorts_is_byte_identical(case, policy, monkeypatch):
     spec = CASES[case]
     params = spec.get("params", {}) if policy == "sarathi" else {}
@@ -227,7 +227,7 @@ RR_CASES = ["plenty of KV, 2 replicas", "KV pressure, recompute", "KV pressure, 
 
 @pytest.mark.parametrize("quantum", [3, 16])
 @pytest.mark.parametrize("case", RR_CASES)
-@pytest.mark.sampled(keep=4)
+@pytest.mark.sampled(keep=2)
 def test_round_robin_with_cohorts_is_byte_identical(case, quantum, monkeypatch):
     """round-robin preempts members of the cohort when their turn ends (``DecodeCohort.remove``, via
     ``BatchBuilder.preempt``) and reads their progress through ``BatchBuilder.generated``: a replay
@@ -255,7 +255,7 @@ TIERS_CASES = {  # (policy params, trace tiers): one tier (the cohort every deci
 @pytest.mark.parametrize("tiers", list(TIERS_CASES))
 @pytest.mark.parametrize("case", ["plenty of KV, 2 replicas", "KV pressure, recompute", "KV pressure, swap",
                                   "small token budget", "seq cap and chunk cap", "sessions"])
-@pytest.mark.sampled(keep=6)
+@pytest.mark.sampled(keep=4)
 def test_tiers_with_cohorts_is_byte_identical(case, tiers, monkeypatch):
     """tiers walks running requests in tier order, not decodes first: the builder takes the cohort
     whole only when its members come first in that order anyway (``DecodeCohort.leads``), and the
@@ -283,7 +283,7 @@ def test_tiers_with_cohorts_is_byte_identical(case, tiers, monkeypatch):
 @pytest.mark.parametrize("variant", ["no SLOs", "SLOs from the middle on", "SLOs from the middle on, preempt"])
 @pytest.mark.parametrize("case", ["plenty of KV, 2 replicas", "KV pressure, recompute", "small token budget",
                                   "seq cap and chunk cap"])
-@pytest.mark.sampled(keep=4)
+@pytest.mark.sampled(keep=2)
 def test_edf_with_cohorts_is_byte_identical(case, variant, monkeypatch):
     """edf without SLOs walks running requests in admission order (the cohort serves, as for
     `tiers`); when the first request with an SLO arrives it sorts them by deadline and gives the

@@ -260,6 +260,7 @@ HYBRID_CASES = {
 
 @pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b"])
 @pytest.mark.parametrize("case", sorted(HYBRID_CASES))
+@pytest.mark.sampled(keep=4)
 def test_bookkeeping_adds_up_after_every_event_with_layer_groups(monkeypatch, case, model):
     """KVManager.check after every event (used == the blocks the running requests hold over their
     groups) while sliding groups free blocks and state groups hold their slots, under preemption."""

@@ -138,7 +138,7 @@ CASES = {
 
 @pytest.mark.parametrize("model", ["gemma-3-27b", "gpt-oss-120b", "qwen3-next-80b-a3b"])
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.sampled(keep=6)
+@pytest.mark.sampled(keep=4)
 def test_bookkeeping_adds_up_after_every_event_with_prefix_caching(monkeypatch, case, model):
     """KVManager.check (and the cache's own check) after every event, with shared prefixes hitting
     in every group while sliding groups free blocks and state copies are cached."""

@@ -13,6 +13,7 @@ import pytest
 
 import servelab.assembly
 from helpers_engine import PagedLinear, checking_engine, synthetic
+from sampled_suites import size
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.replay.core.kv.prefix_cache import GONE, OWN
 from servelab.runners.base import make_runner
@@ -235,7 +236,7 @@ def test_each_corruption_fails_the_kv_check(monkeypatch, case):
                 kv.check(holders)  # (the state as it was passes: the corruption alone failed it)
                 tried[name] += 1
 
-    trace = synthetic(n=250, rate=40.0, seed=1, **shape)
+    trace = synthetic(n=size(250, 150), rate=40.0, seed=1, **shape)
     config = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=params, runner=SPEC)
     untouched = replay(trace, config, runner=PagedLinear(make_runner(SPEC)))
     monkeypatch.setattr(servelab.assembly, "Engine", checking_engine(corrupt_and_check, every=1))

@@ -61,7 +61,7 @@ def _sorted_from_scratch(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("case", "policy"), PAIRS)
-@pytest.mark.sampled(keep=3)
+@pytest.mark.sampled(keep=2)
 def test_incremental_waiting_order_equals_a_full_sort(case, policy, monkeypatch):
     spec = (RR_CASES if policy == "round-robin" else CASES)[case]
     config = ReplayConfig(engine=EngineConfig(**spec["engine"]), policy=policy, policy_params=spec.get("params", {}))

@@ -109,7 +109,7 @@ def test_the_aligned_paths_change_the_cache_exactly_as_the_general_ones(monkeypa
     from servelab.traces.synth import synth_trace
 
     # (at 150 requests the srpt case over-committed KV before 38e7878: tests/test_preempt_after_admit_kv.py)
-    n = size(300, 150)
+    n = size(300, 100)
     trace = synth_trace(n=n, rate=6.0, tenants="a=1,b=1", shared_prefix_tokens=1024, turns=3.0, think_s=2.0,
                         prompt="lognormal:1500:0.7", output="lognormal:40:0.7", prefix_block_tokens=tb, seed=11)
     fast, fast_history, none = _cache_history(monkeypatch, trace, dict(settings), general=False)

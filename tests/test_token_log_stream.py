@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pytest
+from sampled_suites import size
 
 from servelab.replay.core import logs
 from servelab.replay.results import write_parquet
@@ -75,12 +76,14 @@ def token_file_bytes(tokens: logs.TokenTable, tmp_path: Path) -> bytes:
 
 
 def test_logging_tokens_holds_a_bounded_buffer():
-    """300 k logged tokens: the old log kept a tuple per token (~40 MB here), the streamed one a chunk."""
+    """300 k logged tokens (120 k in a developer's run): the old log kept a tuple per token (~40 MB at
+    300 k, ~16 MB at 120 k), the streamed one a chunk."""
+    n = size(300_000, 120_000)
     log = logs.TokenLog(chunk=4096)
     step = SimpleNamespace(start_s=0.0, a=0.01, b=1e-6, ctx0=100.0, decode_requests=8)
     tracemalloc.start()
     try:
-        for k in range(300_000):
+        for k in range(n):
             log.single(k % 5000, k // 5000 + 1, k * 1e-3)
             if k % 100 == 0:
                 log.stretch(k % 5000, 10_000 + k, 50, step)
@@ -89,7 +92,7 @@ def test_logging_tokens_holds_a_bounded_buffer():
         tracemalloc.stop()
     assert peak < 8e6, f"token log peaked at {peak / 1e6:.1f} MB of Python allocations"
     tokens = log.finish()
-    assert tokens.num_rows == 300_000 + 3000 * 50 == tokens.read().num_rows
+    assert tokens.num_rows == n + n // 100 * 50 == tokens.read().num_rows
 
 
 @pytest.mark.parametrize("ids", ["ascending", "shuffled"])
