@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers_package import package_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = "servelab"
@@ -40,14 +41,12 @@ KNOWN_UPWARD = {
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module (dotted, without the package name) -> the project modules it imports."""
     mods: dict[str, Path] = {}
-    for p in root.rglob("*.py"):
-        rel = p.relative_to(root)
-        if rel.parts[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.parts):
-            continue
-        name = ".".join(rel.with_suffix("").parts)
+    trees: dict[str, ast.Module] = {}
+    for rel, p, tree in package_files(root):
+        name = rel[: -len(".py")].replace("/", ".")
         if name.endswith("__init__"):
             name = name[: -len("__init__")].rstrip(".")
-        mods[name] = p
+        mods[name], trees[name] = p, tree
 
     def target(name: str) -> str | None:
         while name and name not in mods:
@@ -57,7 +56,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, p in mods.items():
         is_pkg = p.name == "__init__.py"
-        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+        for node in ast.walk(trees[m]):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

@@ -6,23 +6,13 @@ step at a time" is written once (``Engine.truncate``)."""
 from __future__ import annotations
 
 import ast
-import functools
 from pathlib import Path
+
+from helpers_package import package_files
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@functools.cache
-def package_files(root: Path = ROOT) -> tuple[tuple[str, ast.Module], ...]:
-    """(path relative to ``root``, parsed tree) of each of the package's files (tests, bench and hidden
-    folders left out), parsed once for all the checks below."""
-    out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.split("/")[0] in ("tests", "bench") or any(part.startswith(".") for part in rel.split("/")):
-            continue
-        out.append((rel, ast.parse(path.read_text(), rel)))
-    return tuple(out)
 OWNERS = {"replay/core/request.py", "replay/core/engine.py"}
 
 
@@ -36,7 +26,7 @@ def status_writes(root: Path = ROOT) -> dict[str, list[int]]:
     `Status` is still a status write); outside it only one whose value names `Status` (the live client's
     records and the server's errors have string statuses of their own)."""
     out: dict[str, list[int]] = {}
-    for rel, tree in package_files(root):
+    for rel, _, tree in package_files(root):
         in_replay = rel.startswith("replay/")
         for node in ast.walk(tree):
             hit = False
@@ -67,7 +57,7 @@ def test_only_the_request_and_the_engine_write_a_status() -> None:
 def test_the_in_flight_step_is_truncated_in_one_place() -> None:
     """``iterations_done_by`` (how much of a step is done at a time) is called by ``Engine.truncate`` only."""
     calls = []
-    for rel, tree in package_files(ROOT):
+    for rel, _, tree in package_files(ROOT):
         for fn in ast.walk(tree):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(fn):
@@ -81,7 +71,7 @@ def test_only_the_engine_sets_which_replicas_take_arrivals() -> None:
     """``Engine.live`` (the replicas arrivals are routed to) is assigned in replay/core/engine.py only: the
     autoscalers, fleets, the PD handoff and failures go through ``publish``/``fail``/``restore``."""
     writers = set()
-    for rel, tree in package_files(ROOT):
+    for rel, _, tree in package_files(ROOT):
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "live"
                                                     for t in node.targets):
@@ -99,7 +89,7 @@ MOVES = {"append", "appendleft", "extend", "insert", "remove", "pop", "popleft",
 def queue_moves(root: Path = ROOT) -> dict[str, list[int]]:
     """File -> lines that change a ``.waiting`` or ``.running`` queue (a mutating call or an assignment)."""
     out: dict[str, list[int]] = {}
-    for rel, tree in package_files(root):
+    for rel, _, tree in package_files(root):
         for node in ast.walk(tree):
             hit = False
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MOVES:
@@ -146,7 +136,7 @@ def private_engine_uses(root: Path = ROOT) -> dict[str, list[int]]:
     """File -> lines outside replay/core/engine.py that read or write a private attribute of the engine
     (``engine._x``, ``self.engine._x``, ``Engine._x``, or by name through getattr/setattr/hasattr)."""
     out: dict[str, list[int]] = {}
-    for rel, tree in package_files(root):
+    for rel, _, tree in package_files(root):
         if rel == "replay/core/engine.py":
             continue
         for node in ast.walk(tree):
@@ -252,7 +242,7 @@ def aggregate_uses(root: Path = ROOT) -> dict[str, set[str]]:
     """File -> what it does with a ``.aggregate`` (the attribute called on it, or "read") and whether it
     imports the cohort module ("import")."""
     out: dict[str, set[str]] = {}
-    for rel, tree in package_files(root):
+    for rel, _, tree in package_files(root):
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("replay.core.cohort"):
@@ -278,7 +268,7 @@ def test_no_code_outside_the_builder_names_the_cohort() -> None:
     ``timeline``: no identifier (name, attribute, argument, function, class) outside batch.py and cohort.py
     says "cohort"."""
     named: dict[str, set[str]] = {}
-    for rel, tree in package_files(ROOT):
+    for rel, _, tree in package_files(ROOT):
         if rel in ("replay/core/batch.py", "replay/core/cohort.py"):
             continue
         for node in ast.walk(tree):
