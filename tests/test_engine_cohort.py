@@ -110,8 +110,8 @@ CASES = {
 
 
 def _shape(spec: dict) -> dict:
-    """The synthetic trace of a case: 1,500 requests under SERVELAB_FULL_SUITES=1, 400 in a developer's run."""
-    return {"n": size(1500, 400), **spec.get("trace", {})}
+    """The synthetic trace of a case: 1,000 requests under SERVELAB_FULL_SUITES=1 (CI), 400 in a developer's run."""
+    return {"n": size(1000, 400), **spec.get("trace", {})}
 
 
 # sjf/srpt sort their waiting queue at every decision: the slow pressure cases only run for the others
