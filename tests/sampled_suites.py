@@ -7,7 +7,9 @@ same K every time, on every machine, with or without pytest-xdist); ``SERVELAB_F
 every case, and CI sets it. The closing lines say how many cases the sample left out. A suite whose
 cases replay a trace may also take a smaller one in a developer's run (``size``): the same checks
 on fewer requests; CI replays the full size. A test that loops over many combinations itself may
-loop over a fixed sample of them (``cases``).
+loop over a fixed sample of them (``cases``). The engine that checks the books of the invariant
+suites (tests/helpers_engine.py ``checking_engine``) checks after every fourth event in a developer's
+run, after every event in CI.
 """
 
 from __future__ import annotations
@@ -68,4 +70,5 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not full_suites():
-        terminalreporter.write_line(f"long invariant suites ran a fixed sample of their cases (the deselected ones); {FULL_ENV}=1 runs them all")
+        terminalreporter.write_line(f"long suites ran a fixed sample of their cases (the deselected ones), on smaller traces, "
+                                    f"their books checked every fourth event; {FULL_ENV}=1 runs them all in full")
