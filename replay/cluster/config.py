@@ -321,10 +321,7 @@ def typed_setting(key: str, value: Any, where: str) -> Any:
     if key in TOP_TYPES:
         kind = TOP_TYPES[key]
         if kind == "RunnerSpec":  # a spec string parsed into the runner's typed Params, here only
-            try:
-                return runner_spec(value)
-            except ServelabError as exc:
-                raise ServelabError(f"{where}: {exc}") from None
+            return runner_spec(value, where)
         if kind == "table":
             if is_params(value):  # typed already (``ReplayConfig`` types a pool's tables against its policy, router)
                 return value

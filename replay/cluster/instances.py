@@ -85,7 +85,7 @@ class InstanceType:
                 raise ServelabError(f"{where}.num_gpu_blocks: must be >= 1, got {blocks}")
         return cls(gpu=coerce(raw["gpu"], "str", f"{where}.gpu"), price_per_gpu_hour=price,
                    available=_availability(raw.get("available"), f"{where}.available"),
-                   runner=None if raw.get("runner") is None else _runner(raw["runner"], f"{where}.runner"),
+                   runner=None if raw.get("runner") is None else runner_spec(raw["runner"], f"{where}.runner"),
                    num_gpu_blocks=blocks)
 
 
@@ -178,13 +178,4 @@ def parse_instances(raw: Any, where: str) -> tuple[InstanceType, ...]:
     return types
 
 
-def _runner(value: Any, where: str) -> RunnerSpec:
-    """An instance type's runner spec, typed here, at the edge (a string: parsed once)."""
-    try:
-        return runner_spec(value)
-    except ServelabError as exc:
-        raise ServelabError(f"{where}: {exc}") from None
-
-
 __all__ = ["InstanceType", "PerfFloor", "parse_instances"]
-

@@ -75,14 +75,20 @@ class RunnerSpec:
         return cls(name, typed_params(RUNNERS.get(name), raw, text), text)
 
 
-def runner_spec(value: Any) -> RunnerSpec:
+def runner_spec(value: Any, where: str | None = None) -> RunnerSpec:
     """A runner spec, typed: a string is parsed (the edge: a TOML file, the command line, the API), a
-    `RunnerSpec` is passed through as it is."""
+    `RunnerSpec` is passed through as it is. ``where`` (a file's pool or instance type) goes in front of
+    an error."""
     if isinstance(value, RunnerSpec):
         return value
-    if isinstance(value, str):
-        return RunnerSpec.parse(value)
-    raise ServelabError(f"runner: expected a spec string (name:key=value,...), got {value!r}")
+    try:
+        if isinstance(value, str):
+            return RunnerSpec.parse(value)
+        raise ServelabError(f"runner: expected a spec string (name:key=value,...), got {value!r}")
+    except ServelabError as exc:
+        if where is None:
+            raise
+        raise ServelabError(f"{where}: {exc}") from None
 
 
 def typed_params(cls: type, raw: dict[str, str], text: str) -> Any:
