@@ -345,27 +345,6 @@ class Evaluator:
         return scores
 
 
-def import_trial_modules(spec: SearchSpec) -> None:
-    """Import what a trial runs: the replay, the run writer, the plug-ins the base and the space name."""
-    import servelab.assembly  # noqa: F401
-    import servelab.search.space  # noqa: F401
-    from servelab.replay import write_run  # noqa: F401
-    from servelab.replay.core.plugins import POLICIES, ROUTERS
-    from servelab.runners.base import RUNNERS, runner_spec
-
-    base = spec.base
-    named = {"policy": {base.policy}, "router": {base.engine.router}, "runner": {base.runner}}
-    for p in spec.space:
-        if p.key in named and not p.is_policy_param:
-            named[p.key].update(p.choices or ())
-    for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
-        for name in named[key]:
-            try:
-                registry.get(runner_spec(name).name if key == "runner" else name)
-            except ServelabError:
-                pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
-
-
 def _duckdb_interrupt(err: BaseException) -> bool:
     """``err`` is DuckDB's form of Ctrl-C (without importing DuckDB: a small trace's worker scores by numpy)."""
     duckdb = sys.modules.get("duckdb")
@@ -394,4 +373,4 @@ def _set_attrs(trial, attrs: dict[str, Any], outcome: str, reason: str | None = 
         trial.set_user_attr("reason", reason)
 
 
-__all__ = ["Evaluator", "import_trial_modules", "prepare_trace", "trial_dir", "worker_id", "process_start_token"]
+__all__ = ["Evaluator", "prepare_trace", "trial_dir", "worker_id", "process_start_token"]

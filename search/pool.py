@@ -261,11 +261,26 @@ class Pool:
 
 
 def preload(spec: SearchSpec) -> None:
-    """Import what a worker's trials run: the Evaluator's scorer, the replay and the space's plug-ins."""
+    """Import what a worker's trials run: the Evaluator's scorer, the replay, the run writer and the plug-ins
+    the base and the space name."""
+    import servelab.assembly  # noqa: F401
     import servelab.search.scorer  # noqa: F401
-    from servelab.search.objective import import_trial_modules
+    import servelab.search.space  # noqa: F401
+    from servelab.replay import write_run  # noqa: F401
+    from servelab.replay.core.plugins import POLICIES, ROUTERS
+    from servelab.runners.base import RUNNERS, runner_spec
 
-    import_trial_modules(spec)
+    base = spec.base
+    named = {"policy": {base.policy}, "router": {base.engine.router}, "runner": {base.runner}}
+    for p in spec.space:
+        if p.key in named and not p.is_policy_param:
+            named[p.key].update(p.choices or ())
+    for registry, key in ((POLICIES, "policy"), (ROUTERS, "router"), (RUNNERS, "runner")):
+        for name in named[key]:
+            try:
+                registry.get(runner_spec(name).name if key == "runner" else name)
+            except ServelabError:
+                pass  # a name that does not resolve is the trial's to report (infeasible), not the worker's start
 
 
 def _forked(inherited) -> None:
