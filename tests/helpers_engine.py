@@ -97,6 +97,21 @@ def checking_engine(check: Callable[[Engine], None], every: int | None = None) -
     return CheckingEngine
 
 
+def check_after_each_abort(monkeypatch) -> None:
+    """Client timeouts (replay/platform/abort.py) also check the books: each abort's intents are applied,
+    then the engine's ``_check`` runs (a ``checking_engine``'s), as after any other event."""
+    from servelab.replay.platform.abort import Aborts
+
+    fire = Aborts.fire
+
+    def checked_fire(self, req, now, reason=None):
+        self.engine.enact(fire(self, req, now, reason), now)
+        self.engine._check()
+        return []
+
+    monkeypatch.setattr(Aborts, "fire", checked_fire)
+
+
 def run(trace, policy="sarathi", runner="linear:base=1", policy_params=None, stretch=True, **engine):
     engine.setdefault("num_gpu_blocks", 100_000)
     cfg = ReplayConfig(engine=EngineConfig(**engine), policy=policy, policy_params=policy_params or {}, runner=runner)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from conftest import make_trace
-from helpers_engine import checking_engine, column, run, synthetic, with_tiers
-from test_engine_invariants import check
+from helpers_engine import check_after_each_abort, column, run, synthetic, with_tiers
+from test_engine_invariants import CheckedEngine
 
 import servelab.assembly
 from servelab.api import EngineConfig, ReplayConfig, replay
 from servelab.common.errors import InputError, ServelabError
-from servelab.replay.platform.abort import Aborts
 from servelab.traces.schema import validate
 
 # A: prompt 32, 30 output tokens: reserves ceil(62 / 16) = 4 blocks, all there are. B: prompt 32,
@@ -116,9 +115,6 @@ def test_timeouts_nobody_reaches_change_nothing():
 
 # KV and outstanding tokens add up after every event, aborts included (tests/test_engine_invariants.py's
 # check counts an aborted request still in its replica's running set: it waits for its iteration to end)
-Checked = checking_engine(check)
-
-
 @pytest.mark.parametrize("policy,params,engine", [
     ("sarathi", {}, {"num_gpu_blocks": 300}),
     ("sarathi", {}, {"num_gpu_blocks": 300, "preemption": "swap", "kv_bytes_per_token": 1024,
@@ -132,24 +128,17 @@ Checked = checking_engine(check)
                                   "pause": "tier=flex,waiting=8,resume=2"}),
 ])
 def test_bookkeeping_adds_up_with_aborts_after_every_event(monkeypatch, policy, params, engine):
-    monkeypatch.setattr(servelab.assembly, "Engine", Checked)
-    fire = Aborts.fire
-
-    def checked_fire(self, req, now):  # the abort's intents applied, then the books checked
-        self.engine.enact(fire(self, req, now), now)
-        self.engine._check()
-        return []
-
-    monkeypatch.setattr(Aborts, "fire", checked_fire)
+    monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
+    check_after_each_abort(monkeypatch)
     trace = synthetic(n=250, rate=40.0, seed=2)
     timeouts = [5.0 + (i % 7) * 40.0 for i in range(trace.num_rows)]  # latencies here: 24-222 s (p10-p90)
     trace = trace.append_column("timeout_s", pa.array(timeouts, pa.float64()))
     if policy == "tiers":
         trace = with_tiers(trace)
-    before = Checked.events
+    before = CheckedEngine.events
     result = run(trace, policy=policy, runner="linear:base=0.01,prefill_token=0.0001,decode_seq=0.0005",
                  policy_params=params, **engine)
-    assert Checked.events - before > 300
+    assert CheckedEngine.events - before > 300
     status = column(result, "status")
     assert status.count("aborted") > 5 and status.count("finished") > 5
     arrival, finish, refused = column(result, "arrival_s"), column(result, "finish_s"), column(result, "refused_s")

@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_engine import column, synthetic
+from helpers_engine import check_after_each_abort, column, synthetic
 from test_client_timeout_faults import ends  # noqa: F401 (a fixture: Engine.ended calls per request)
 from test_engine_invariants import CheckedEngine
 from test_multimodal import MODEL, GPU, mm_trace, prefill_s, runner
@@ -23,7 +23,6 @@ from test_multimodal import MODEL, GPU, mm_trace, prefill_s, runner
 import servelab.assembly
 from servelab.api import EngineConfig, ReplayConfig, not_streamed, replay
 from servelab.replay.cluster.config import ClusterConfig
-from servelab.replay.platform.abort import Aborts
 from servelab.runners.encoders import EncoderPricer
 from servelab.traces.io import prepare
 
@@ -182,14 +181,7 @@ def checked(monkeypatch):
     """Replays on an engine whose KV and outstanding tokens are checked after every arrival, decision,
     completed step and client timeout (tests/test_engine_invariants.py's check)."""
     monkeypatch.setattr(servelab.assembly, "Engine", CheckedEngine)
-    fire = Aborts.fire
-
-    def checked_fire(self, req, now, reason=None):  # the abort's intents applied, then the books checked
-        self.engine.enact(fire(self, req, now, reason), now)
-        self.engine._check()
-        return []
-
-    monkeypatch.setattr(Aborts, "fire", checked_fire)
+    check_after_each_abort(monkeypatch)
     return CheckedEngine
 
 
