@@ -43,7 +43,7 @@ def prefix_options(fn):
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Run directory to write.")
 @click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the derived trace here (.arrow or .parquet); the run directory always has trace.arrow.")
-@click.option("--benchmark", type=int, default=None, help="guidellm: import only the N-th benchmark (0-based).")
+@click.option("--benchmark", type=int, default=None, help="guidellm: import only the N-th benchmark (0-based); inference-perf: only stage N.")
 @click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path),
               help="The vLLM server log (default: vllm.log beside the source, or the file vllm_logging.json names): "
                    "engine settings, KV block count, prefix-cache hit rate.")
@@ -70,9 +70,10 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
 
     check_replay_output(str(output), force)
     options = {}
+    staged = ("guidellm", "inference-perf")  # formats whose report holds several benchmarks (stages)
     if benchmark is not None:
-        if fmt not in ("guidellm", None):
-            raise ServelabError("--benchmark applies to --format guidellm only")
+        if fmt not in (*staged, None):
+            raise ServelabError("--benchmark applies to --format guidellm or inference-perf only")
         options["benchmark"] = benchmark
     from servelab.fidelity.base import detect_format
     from servelab.traces.prefixes import spec_from_options
@@ -85,8 +86,8 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
         fmt = detect_format(list(sources))
         click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
     kwargs["detected"] = detected
-    if fmt != "guidellm" and benchmark is not None:
-        raise ServelabError("--benchmark applies to --format guidellm only")
+    if fmt not in staged and benchmark is not None:
+        raise ServelabError("--benchmark applies to --format guidellm or inference-perf only")
     if fmt == "guidellm" and benchmark is None and len(sources) == 1:
         from servelab.fidelity.guidellm import count_benchmarks
 

@@ -1,6 +1,6 @@
 """Engine settings from the files a run leaves beside its per-request output.
 
-Looked for in each source's folder: ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU),
+Looked for in each source's folder (and, for a report in a ``results/`` folder, the folder above it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU),
 ``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
 ``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing),
 ``vllm_logging.json`` (vLLM's logging config: names the server log file), ``vllm.log`` and a
@@ -143,8 +143,11 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
     folders = []
     for p in paths:
         folder = p if p.is_dir() else p.parent
-        if folder not in folders:
-            folders.append(folder)
+        # a benchmark that writes its report into a results/ folder (inference-perf) leaves the server's
+        # files one level up: that folder is looked in after the report's own
+        for where in (folder, folder.parent) if folder.name == "results" else (folder,):
+            if where not in folders:
+                folders.append(where)
     for folder in folders:
         exp = folder / "exp-config.yaml"
         if exp.is_file():

@@ -1,0 +1,212 @@
+"""inference-perf (kubernetes-sigs/inference-perf) per-request lifecycle report, client side.
+
+``per_request_lifecycle_metrics.json`` is a JSON list, one object per request: ``start_time`` and
+``end_time`` (the client's monotonic clock, seconds), ``request`` (the request body as JSON text:
+``prompt`` or ``messages``, ``max_tokens``, ``ignore_eos``), ``info`` and ``error`` (null, or
+``{error_type, error_msg}``). Older reports' ``info`` holds ``input_tokens``, ``output_tokens`` and
+``output_token_times``; newer ones ``request_metrics.text.input_tokens`` and ``response_metrics``
+(``output_tokens``, ``output_token_times``, ``chunk_times``, the server's ``server_usage``), and each
+request its ``stage_id``. The first token is the first of ``output_token_times`` (else of
+``chunk_times``).
+
+Token counts: the server's ``usage`` where the report kept it. Else the prompt is the client's count
+(``input_tokens``: the model's tokenizer over the prompt) and the output is the request's
+``max_tokens`` when it asked for ``ignore_eos`` and succeeded (the server then generates exactly that
+many; the client's own count re-tokenises the streamed text and comes out short for random-token
+prompts), else the client's count.
+
+``config.yaml``, which inference-perf writes beside the report, gives the model
+(``server.model_name``), the load (``load.stages``: a rate per stage, ``constant`` or ``poisson``
+sends, an open loop) and the data generator. ``--benchmark N`` keeps stage N (requests whose
+``stage_id`` is N).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from servelab.common.errors import InputError
+from servelab.common.sniff import detects
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
+from servelab.fidelity.fields import array, integer, mapping, number
+
+REPORT = "per_request_lifecycle_metrics.json"
+
+
+def _is_report(probe) -> bool:
+    head = probe.head.lstrip()
+    return head.startswith("[") and '"start_time"' in head[:4096] and '"info"' in head[:16384] \
+        and '"end_time"' in head[:4096]
+
+
+@IMPORTERS.register("inference-perf")
+@detects(_is_report, order=35)
+def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Measured:
+    if len(paths) != 1:
+        raise InputError(paths[1], "inference-perf takes one per_request_lifecycle_metrics.json")
+    path = paths[0]
+    doc = read_json(path)
+    if not isinstance(doc, list):
+        raise InputError(path, "not an inference-perf per-request report (expected a JSON list of requests)")
+    config = _config(path.parent)
+    stages = [mapping(path, s, "config.yaml load.stages") for s in
+              array(path, ((config.get("load") or {}).get("stages")), "config.yaml load.stages", optional=True)]
+    if benchmark is not None:
+        if not any(isinstance(r, dict) and r.get("stage_id") is not None for r in doc):
+            raise InputError(path, f"--benchmark {benchmark}: the report records no stage_id per request "
+                                   "(inference-perf before 2026): import the whole run")
+        if not any(isinstance(r, dict) and r.get("stage_id") == benchmark for r in doc):
+            raise InputError(path, f"--benchmark {benchmark}: no request of stage {benchmark}", column="stage_id")
+    rows = Rows(path)
+    counted = {"server": 0, "max_tokens": 0, "client": 0}
+    for i, req in enumerate(doc):
+        row = i + 1
+        req = mapping(path, req, f"[{i}]", row)
+        if benchmark is not None and req.get("stage_id") != benchmark:
+            continue
+        _add(rows, path, req, row, counted)
+    notes = ["client-side times: TTFT and E2E include the HTTP round trip and detokenisation"]
+    if counted["max_tokens"]:
+        notes.append(f"output tokens of {counted['max_tokens']} requests: their max_tokens (ignore_eos; the "
+                     "client's re-tokenised count is not the server's)")
+    if counted["client"]:
+        notes.append(f"output tokens of {counted['client']} finished requests: the client's count of the streamed "
+                     "text (no server usage recorded)")
+    server = mapping(path, config.get("server"), "config.yaml server", optional=True)
+    settings = {"model": server.get("model_name") or _body_model(doc)}
+    load = _load(config, path, benchmark)
+    source = {"stages": [{k: s.get(k) for k in ("rate", "duration", "concurrency_level") if k in s} for s in stages],
+              **({"benchmark": benchmark} if benchmark is not None else {})}
+    from servelab.traces.prefixes import PrefixSpec
+
+    prefix = None
+    shared = mapping(path, (config.get("data") or {}).get("shared_prefix"), "config.yaml data.shared_prefix",
+                     optional=True)
+    if shared.get("system_prompt_len"):  # each group's system prompt, then a question from a pool per group
+        groups = int(shared.get("num_groups") or 1)
+        prefix = PrefixSpec(int(shared["system_prompt_len"]), groups,
+                            groups * int(shared.get("num_prompts_per_group") or 1), origin="config.yaml")
+        source["generator_data"] = shared
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,
+                    load=load)
+
+
+def _add(rows: Rows, path: Path, req: dict, row: int, counted: dict) -> None:
+    start = number(path, req.get("start_time"), "start_time", row)
+    end = number(path, req.get("end_time"), "end_time", row, optional=True)
+    info = mapping(path, req.get("info"), "info", row, optional=True)
+    response = mapping(path, info.get("response_metrics"), "info.response_metrics", row, optional=True)
+    usage = mapping(path, response.get("server_usage") or info.get("server_usage"), "server_usage", row,
+                    optional=True)
+    body = _body(path, req.get("request"), row)
+    error = req.get("error")
+    ok = not error
+    times = response.get("output_token_times", info.get("output_token_times"))
+    times = [number(path, t, "output_token_times", row) for t in array(path, times, "output_token_times", row,
+                                                                         optional=True)]
+    if not times:
+        times = [number(path, t, "chunk_times", row) for t in array(path, response.get("chunk_times"),
+                                                                      "chunk_times", row, optional=True)]
+    prompt = integer(path, usage.get("prompt_tokens"), "server_usage.prompt_tokens", row, optional=True)
+    output = integer(path, usage.get("completion_tokens"), "server_usage.completion_tokens", row, optional=True)
+    if prompt is not None and output is not None:
+        counted["server"] += 1
+    else:
+        text = mapping(path, (mapping(path, info.get("request_metrics"), "info.request_metrics", row,
+                                      optional=True)).get("text"), "info.request_metrics.text", row, optional=True)
+        if prompt is None:
+            prompt = integer(path, info.get("input_tokens", text.get("input_tokens")), "info.input_tokens", row,
+                             optional=not ok)
+        if output is None:
+            max_tokens = integer(path, body.get("max_tokens"), "request.max_tokens", row, optional=True)
+            if ok and body.get("ignore_eos") is True and max_tokens:
+                output = max_tokens
+                counted["max_tokens"] += 1
+            else:
+                output = integer(path, response.get("output_tokens", info.get("output_tokens")),
+                                 "info.output_tokens", row, optional=not ok)
+                counted["client"] += ok
+    reason = None
+    if not ok:
+        err = error if isinstance(error, dict) else {"error_msg": error}
+        reason = f"{err.get('error_type') or 'error'}: {err.get('error_msg') or ''}".strip()[:200]
+    itls = None
+    if ok and output and len(times) == output:  # one time per token: its gaps are the ITLs
+        itls = [b - a for a, b in zip(times, times[1:])]
+    rows.add(row, req.get("request_id") or body.get("request_id") or row - 1, start, prompt or 0, output or 0,
+             first_token_s=times[0] if ok and times else None, finish_s=end if ok else None, ok=ok,
+             reason=reason, itls_s=itls, prompt_text=_prompt_text(body))
+
+
+def _body(path: Path, value: Any, row: int) -> dict:
+    """The request body (the report keeps it as JSON text)."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, str):
+        raise InputError(path, f"needs the request body as JSON text, got {type(value).__name__}",
+                         column="request", row=row)
+    try:
+        out = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise InputError(path, f"the request body is not JSON ({err.msg})", column="request", row=row) from None
+    return out if isinstance(out, dict) else {}
+
+
+def _prompt_text(body: dict) -> str | None:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts = [m.get("content") for m in messages if isinstance(m, dict)]
+        return "\n".join(p for p in parts if isinstance(p, str)) or None
+    return None
+
+
+def _body_model(doc: list) -> str | None:
+    for req in doc[:1]:
+        if isinstance(req, dict) and isinstance(req.get("request"), str):
+            try:
+                model = json.loads(req["request"]).get("model")
+            except (json.JSONDecodeError, AttributeError):
+                return None
+            return model if isinstance(model, str) else None
+    return None
+
+
+def _config(folder: Path) -> dict:
+    """inference-perf's ``config.yaml`` (the config it ran with), beside the report; {} without one."""
+    path = folder / "config.yaml"
+    if not path.is_file():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(path, f"not valid YAML ({str(err).splitlines()[0]})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _load(config: dict, path: Path, benchmark: int | None) -> dict:
+    """The load shape: stages of a rate are an open loop (``constant``: evenly spaced sends, ``poisson``);
+    stages of a ``concurrency_level`` are a closed loop of that many users."""
+    load = config.get("load")
+    if not isinstance(load, dict):
+        return {}
+    stages = [s for s in load.get("stages") or [] if isinstance(s, dict)]
+    if benchmark is not None and benchmark < len(stages):
+        stages = [stages[benchmark]]
+    kind = str(load.get("type", "constant"))
+    users = {s.get("concurrency_level") for s in stages}
+    if stages and None not in users and len(users) == 1:
+        level = integer(Path(path.parent / "config.yaml"), users.pop(), "load.stages.concurrency_level")
+        return {"shape": "closed", "users": level, "strategy": kind, "request_rate": None}
+    rates = [s.get("rate") for s in stages]
+    rate = rates[0] if len(rates) == 1 and isinstance(rates[0], (int, float)) else None
+    return {"shape": "open", "strategy": kind, "request_rate": float(rate) if rate is not None else None,
+            **({"stage_rates": rates} if len(rates) > 1 else {})}
