@@ -3,7 +3,8 @@
     python bench/bench_fidelity.py [--shared ../shared] [-o table.md]      # per-run variant tables
     python bench/bench_fidelity.py --scoreboard [--write-docs]             # one row per run
 
-Imports the real runs in ``shared/calibration/real_vllm`` into a temporary folder with
+Imports the real runs in ``shared/calibration/real_vllm`` (and, for the scoreboard, those bundled in
+``bench/real_runs``, which a fresh clone has) into a temporary folder with
 ``servelab run import`` (the exact commands are printed), replays each with ``validate --real``.
 The default prints one markdown table per run and variant (before/after calibration, for
 bench/RESULTS_fidelity.md). ``--scoreboard`` finds every run folder (format detected, settings from
@@ -43,7 +44,10 @@ RUNS = {
 
 
 # The GPU of each run folder: the only setting their files do not record (see each folder's README).
-GPUS = {"vllm-0.11-h100-llama2-7b": "h100-80gb", "vllm-0.19-rtx4090-llama31-8b": "rtx-4090"}
+GPUS = {"vllm-0.11-h100-llama2-7b": "h100-80gb", "vllm-0.19-rtx4090-llama31-8b": "rtx-4090",
+        "jan20-codellama-prefill-1": "h100-80gb", "jan20-codellama-train-1": "h100-80gb",
+        "jan20-prefill-llama7b-tp1-1": "h100-80gb"}
+BUNDLED = Path(__file__).resolve().parent / "real_runs"
 SOURCES = ("traces.json", "requests.jsonl", "trace.yaml", "report.json", "results.json")
 MARK_BEGIN, MARK_END = "<!-- scoreboard: begin -->", "<!-- scoreboard: end -->"
 
@@ -65,11 +69,14 @@ def _share(v) -> str:
     return "n/a" if v is None else f"{v:.1%}"
 
 
-def scoreboard(data: Path) -> tuple[list[str], list[str]]:
-    """(table lines, the commands run): every run folder under ``data`` with a per-request file."""
+def scoreboard(roots: dict[str, Path]) -> tuple[list[str], list[str]]:
+    """(table lines, the commands run): every run folder under each root (name shown in the commands ->
+    folder; a missing folder is skipped) with a per-request file."""
     commands, rows = [], []
+    folders = sorted((p, name, root) for name, root in roots.items() if root.is_dir()
+                     for p in root.iterdir() if p.is_dir())
     with tempfile.TemporaryDirectory() as tmp:
-        for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+        for folder, name, data in folders:
             source = next((folder / name for name in SOURCES if (folder / name).is_file()), None)
             if source is None:
                 continue
@@ -81,7 +88,7 @@ def scoreboard(data: Path) -> tuple[list[str], list[str]]:
             run(args)
             report = json.loads(run(["validate", "--real", str(run_dir), "--format", "json"]))
             shown = " ".join(shlex.quote(a) for a in args)
-            shown = shown.replace(str(data), "$DATA").replace(str(run_dir), f"runs/{folder.name}")
+            shown = shown.replace(str(data), name).replace(str(run_dir), f"runs/{folder.name}")
             commands += [f"servelab {shown}", f"servelab validate --real runs/{folder.name}"]
             meta = json.loads((run_dir / "run.json").read_text())
             counts = meta["counts"]
@@ -107,8 +114,9 @@ def main() -> None:
     args = ap.parse_args()
     data = Path(args.shared) / "calibration" / "real_vllm"
     if args.scoreboard:
-        table, commands = scoreboard(data)
-        block = "\n".join([MARK_BEGIN, *table, "", "Reproduce (DATA = shared/calibration/real_vllm):", "",
+        table, commands = scoreboard({"$DATA": data, "bench/real_runs": BUNDLED})
+        block = "\n".join([MARK_BEGIN, *table, "", "Reproduce (DATA = shared/calibration/real_vllm; bench/real_runs is "
+                           "in the repository):", "",
                            *[f"    {c}" for c in commands], MARK_END])
         print(block)
         if args.write_docs:

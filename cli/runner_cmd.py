@@ -435,6 +435,9 @@ def render_real(report: dict) -> None:
                       f"ideal {_share(p['ideal'])}; sharing from {p['origin']}")
         if p.get("warning"):
             console.print(f"[bold red]warning:[/] {p['warning']}")
+        if p.get("pressure"):  # the measured rate counts preempted requests' lookups: not comparable as a share
+            console.print(f"note: the measured rate counts preempted requests re-finding their own blocks, "
+                          f"each scheduling attempt ({p['pressure']}): not a share of prompt tokens")
     table = Table(title="measured vs simulated")
     for col in ("metric", "stat", "measured", "simulated", "error"):
         table.add_column(col, justify="left" if col in ("metric", "stat") else "right", no_wrap=True)

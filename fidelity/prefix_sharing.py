@@ -4,7 +4,9 @@ Order: options given on the command line (``PrefixSpec``), the prompts' token id
 chain), their text, TraceV2's ``prefix_group``/``prefix_length`` columns, the generator's recorded
 settings (``Measured.prefix``), and, only when asked, a shared prefix fitted to the hit rate the
 server reported. A reported hit rate with no hashes to explain it is a loud warning, with the
-option that would apply a matching prefix.
+option that would apply a matching prefix, unless the server's log shows the hits began only under
+KV pressure (fidelity/vllm_log.py): preempted requests re-finding their own blocks, not shared
+prompts; that is a note.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class PrefixChoice:
     origin: str  # where the sharing came from, for run.json and validate --real
     ideal_share: float | None  # tokens an unlimited cache would serve / all prompt tokens
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def record(self) -> dict:
         return {"origin": self.origin, "block_tokens": self.block_tokens if self.hashes is not None else None,
@@ -53,16 +56,24 @@ def choose(measured: Measured, block_tokens: int, option: PrefixSpec | None = No
     elif measured.prefix is not None and measured.prefix.active:
         hashes = prefixes.spec_hashes(prompt, measured.prefix, block_tokens)
         origin = f"generator settings in {measured.prefix.origin}: {measured.prefix.describe()}"
-    warnings = []
+    warnings, notes = [], []
     caching = measured.settings.get("enable_prefix_caching", True) is not False
+    pressure = measured.source.get("prefix_cache_hit_rate_pressure")  # the log's hits look like preemption's
     if hashes is None and caching and hit_rate is not None and hit_rate > WARN_HIT_RATE:
         length = prefixes.hit_rate_prefix(_served(rows), hit_rate, block_tokens)
+        if pressure:
+            said = (f"the server's prefix-cache hit rate {hit_rate:.1%} comes from preemption, not shared prompts "
+                    f"({pressure}): vLLM counts each time the scheduler looks a waiting request up, and one "
+                    "preempted by recompute finds its own blocks still cached; the replay preempts and "
+                    "re-finds its blocks itself")
+            (warnings if apply_hit_rate else notes).append(said + (": --prefix-from-hit-rate applied anyway"
+                                                                   if apply_hit_rate else ""))
         if apply_hit_rate:
             spec = PrefixSpec(length, 1, 0, origin="the reported hit rate")
             hashes = prefixes.spec_hashes(prompt, spec, block_tokens)
             origin = (f"fitted to the server's prefix-cache hit rate {hit_rate:.1%}: "
                       f"a {length:,}-token prefix shared by every request")
-        else:
+        elif not pressure:
             warnings.append(
                 f"the server reported a prefix-cache hit rate of {hit_rate:.1%} but the run records no prompt "
                 f"content or sharing: the replay will recompute every prompt (TTFT too high). Pass "
@@ -74,7 +85,7 @@ def choose(measured: Measured, block_tokens: int, option: PrefixSpec | None = No
         total = sum(prompt[i] for i in kept)
         share = prefixes.shared_tokens([hashes[i] for i in kept], [prompt[i] for i in kept],
                                        block_tokens) / total if total else None
-    return PrefixChoice(hashes, block_tokens, origin, share, tuple(warnings))
+    return PrefixChoice(hashes, block_tokens, origin, share, tuple(warnings), tuple(notes))
 
 
 def _kept(rows) -> list[int]:

@@ -96,6 +96,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     meta["prefix"] = dict(choice.record(), measured_hit_rate=hit_rate,
                           measured_hit_rate_from=source.get("prefix_cache_hit_rate_from"))
     warnings = tuple(meta.get("warnings", [])) + choice.warnings
+    meta["notes"] = [*meta.get("notes", []), *choice.notes]
     meta["warnings"] = list(warnings)
     meta["source"] = dict(meta["source"], format_detected=detected)
     if source.get("enable_expert_parallel"):

@@ -345,7 +345,10 @@ def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, 
     out = {"measured": measured, "measured_from": info.get("measured_hit_rate_from"),
            "simulated": cached / prompt if prompt else None, "ideal": info.get("ideal_hit_share"), "hashes": hashes,
            "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
-    if measured is not None and measured > 0.01 and not hashes:
+    pressure = (meta.get("source") or {}).get("prefix_cache_hit_rate_pressure")
+    if pressure:
+        out["pressure"] = pressure
+    if measured is not None and measured > 0.01 and not hashes and not pressure:
         out["warning"] = (f"the server reported {measured:.1%} prefix-cache hits but the trace shares no prefix: "
                           "import it again with --prefix-from-hit-rate or --shared-prefix-tokens/--prompt-pool")
     return out

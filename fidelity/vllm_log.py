@@ -35,6 +35,9 @@ _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(
 _HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
 _ENGINE_TAG = re.compile(r"Engine (\d+):")  # V1 data parallel: each engine logs its own metrics
 _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
+_WAITING = re.compile(r"(?:Waiting|Pending): (\d+) reqs")
+_KV_USAGE = re.compile(r"(?:GPU )?KV cache usage: ([\d.]+)%")
+PRESSURE_KV = 0.8  # a KV cache at least this full, with requests waiting: preemption territory
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
             "gpu_memory_utilization": "gpu_memory_utilization", "enable_prefix_caching": "enable_prefix_caching",
@@ -57,6 +60,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
     source: dict = {"vllm_log": str(path)}
     kv_tokens = concurrency = None
     hits: dict[str, tuple[float, int]] = {}  # engine -> (its last hit rate while busy, line)
+    first_hits: dict[str, str | None] = {}  # engine -> why its first hits look like preemption's, or None
 
     def put(key: str, value, lineno: int) -> None:
         settings[key] = value
@@ -73,8 +77,9 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                                  row=lineno) from None
             args = {k: v for k, v in args.items() if v is not None}  # Namespace: None is "vLLM decides"
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
-            hits = {}
-            for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version"):
+            hits, first_hits = {}, {}
+            for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version",
+                      "prefix_cache_hit_rate_pressure"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
@@ -111,13 +116,20 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             source["vllm_version"] = m.group(1)
         if (m := _HIT.search(line)) and _busy(line):
             tag = _ENGINE_TAG.search(line)
-            hits[tag.group(1) if tag else ""] = (float(m.group(1)) / 100, lineno)
+            engine = tag.group(1) if tag else ""
+            rate = float(m.group(1)) / 100
+            if engine not in first_hits and rate > 0:  # (hits in its first busy window: not after none)
+                first_hits[engine] = _pressure(line, lineno) if engine in hits else None
+            hits[engine] = (rate, lineno)
     if hits:  # one engine: its last rate; data-parallel engines: the mean of each one's last
         lines = sorted(n for _, n in hits.values())
         source["prefix_cache_hit_rate"] = sum(r for r, _ in hits.values()) / len(hits)
         source["prefix_cache_hit_rate_from"] = (f"{path.name} line {lines[0]}" if len(lines) == 1 else
                                                 f"{path.name} lines {', '.join(map(str, lines))} (mean over "
                                                 f"{len(lines)} engines)")
+        why = [w for w in (first_hits.get(e) for e in hits) if w]
+        if why and len(why) == len([e for e, (r, _) in hits.items() if r > 0]):
+            source["prefix_cache_hit_rate_pressure"] = f"{path.name} {why[0]}"
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
         # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
         settings["num_gpu_blocks"] = kv_tokens[0] // int(settings.get("block_size") or 16)
@@ -182,6 +194,20 @@ def _busy(line: str) -> bool:
     """A metrics line logged while prompts were being served (idle lines repeat the last window)."""
     m = _PROMPT_TPUT.search(line)
     return m is None or float(m.group(1)) > 0
+
+
+def _pressure(line: str, lineno: int) -> str | None:
+    """Why an engine's first prefix-cache hits, after windows of prompts with none, are preemption's: its
+    KV cache nearly full with requests waiting. vLLM V1 counts a query each time the scheduler looks a
+    waiting request up, and a request preempted by recompute finds its own blocks still cached: under
+    that pressure the rate grows with retries, not with prompts shared."""
+    waiting, usage = _WAITING.search(line), _KV_USAGE.search(line)
+    if waiting is None or usage is None:
+        return None
+    w, kv = int(waiting.group(1)), float(usage.group(1)) / 100
+    if w > 0 and kv >= PRESSURE_KV:
+        return f"line {lineno}: the first hits, after prompts served with none, while {w} requests waited on a {kv:.0%} full KV cache"
+    return None
 
 
 def _literal(raw: str):
