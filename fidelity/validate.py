@@ -5,7 +5,10 @@ Per metric (TTFT, TPOT, E2E, queueing: mean, p50, p90, p99) the measured value, 
 and the relative error ``sim / measured - 1``; the pooled ITL (decode time over decode gaps, as
 vLLM's mean ITL with one token per chunk) and throughput; per request, the absolute percentage
 error of TTFT, TPOT and E2E (MAPE and median). Percentiles are numpy's linear interpolation, as
-DuckDB's ``quantile_cont`` in the SQL views and vLLM's benchmark use.
+DuckDB's ``quantile_cont`` in the SQL views and vLLM's benchmark use. A latency both sides put under
+1 ms has no relative error (null). A server-side run's queue is vLLM's ``time_in_queue``, which starts
+when the engine core takes the request in between iterations; the simulated queue starts there too
+(``engine_intake``), not at the arrival.
 """
 
 from __future__ import annotations
@@ -160,15 +163,44 @@ def _recorded_runner_settings(meta: dict, data: dict[str, Any], given: set[str])
         data[name] = value
 
 
-def _metric_columns(requests: pa.Table) -> dict[str, np.ndarray]:
-    """Finished requests' metrics by request id (queue only where the source recorded it)."""
-    done = requests.filter(pc.equal(requests.column("status"), "finished"))
+def _metric_columns(requests: pa.Table, queue_from: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Finished requests' metrics by request id (queue only where the source recorded it). ``queue_from``
+    (one per row of ``requests``): when each request's queue starts, else its arrival."""
+    finished = pc.equal(requests.column("status"), "finished")
+    done = requests.filter(finished)
     cols = {name: done.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
             for name in ("request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                          "ttft_s", "tpot_s", "e2e_s")}
     cols["output_tokens"] = done.column("output_tokens").to_numpy().astype(np.float64)
-    cols["queue_s"] = cols["first_scheduled_s"] - cols["arrival_s"]
+    start = cols["arrival_s"] if queue_from is None else queue_from[finished.to_numpy(zero_copy_only=False)]
+    cols["queue_s"] = cols["first_scheduled_s"] - start
     return cols
+
+
+def engine_intake(requests: pa.Table, steps: pa.Table) -> np.ndarray:
+    """When each simulated request reached the scheduler as vLLM's engine core takes it in: the first
+    iteration that starts at or after its arrival (a request arriving mid-iteration waits for it to
+    end; an idle replica takes it at once), never after its first scheduling. vLLM's ``time_in_queue``
+    (OTel spans, RequestStateStats) runs from the engine core's intake, between iterations, not from the
+    API server's arrival: a queue measured from the arrival would count the iteration in flight."""
+    arrival = requests.column("arrival_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    scheduled = requests.column("first_scheduled_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    replica = requests.column("replica").to_numpy(zero_copy_only=False)
+    out = arrival.copy()
+    for r in np.unique(steps.column("replica").to_numpy()):
+        mine = steps.filter(pc.equal(steps.column("replica"), r))
+        start = mine.column("start_s").to_numpy()
+        order = np.argsort(start, kind="stable")
+        start = start[order]
+        each = (mine.column("duration_s").to_numpy() / np.maximum(mine.column("num_iterations").to_numpy(), 1))[order]
+        end = start + each * np.maximum(mine.column("num_iterations").to_numpy()[order], 1)
+        rows = np.flatnonzero(replica == r)
+        k = np.searchsorted(start, arrival[rows], side="right") - 1  # the stretch in progress (or last before)
+        inside = (k >= 0) & (arrival[rows] < end[np.maximum(k, 0)])
+        kk = np.maximum(k, 0)
+        nxt = start[kk] + np.ceil((arrival[rows] - start[kk]) / np.where(each[kk] > 0, each[kk], 1.0)) * each[kk]
+        out[rows] = np.where(inside, nxt, arrival[rows])
+    return np.where(np.isfinite(scheduled), np.minimum(out, scheduled), out)
 
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:
@@ -179,8 +211,13 @@ def _stats(values: np.ndarray) -> dict[str, float | None]:
             "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99))}
 
 
-def _err(sim: float | None, real: float | None) -> float | None:
+NEGLIGIBLE_S = 1e-3  # a latency both sides put under this has no meaningful relative error (a queue of ~0)
+
+
+def _err(sim: float | None, real: float | None, seconds: bool = False) -> float | None:
     if sim is None or real is None or real == 0:
+        return None
+    if seconds and abs(sim) < NEGLIGIBLE_S and abs(real) < NEGLIGIBLE_S:
         return None
     return (sim / real - 1.0) * 100
 
@@ -215,14 +252,14 @@ def _per_request(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]) -> dic
     return out
 
 
-def compare(real_requests: pa.Table, sim_requests: pa.Table) -> dict[str, Any]:
-    real, sim = _metric_columns(real_requests), _metric_columns(sim_requests)
+def compare(real_requests: pa.Table, sim_requests: pa.Table, sim_queue_from: np.ndarray | None = None) -> dict[str, Any]:
+    real, sim = _metric_columns(real_requests), _metric_columns(sim_requests, sim_queue_from)
     rs, ss = _summary(real), _summary(sim)
     rows = []
     for m in METRICS:
         for stat in STATS:
             rows.append({"metric": m.removesuffix("_s"), "stat": stat, "measured_s": rs[m][stat],
-                         "simulated_s": ss[m][stat], "error_pct": _err(ss[m][stat], rs[m][stat])})
+                         "simulated_s": ss[m][stat], "error_pct": _err(ss[m][stat], rs[m][stat], seconds=True)})
     rows.append({"metric": "itl", "stat": "pooled mean", "measured_s": rs["itl_pooled_s"],
                  "simulated_s": ss["itl_pooled_s"], "error_pct": _err(ss["itl_pooled_s"], rs["itl_pooled_s"])})
     throughput = [{"metric": k, "measured": rs[k], "simulated": ss[k], "error_pct": _err(ss[k], rs[k])}
@@ -270,13 +307,15 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0)
     simulated = result.requests
     engine_side = None
+    # a server-side run's queue is vLLM's time_in_queue, from the engine core's intake
+    intake = engine_intake(simulated, result.steps) if meta.get("clock") == "server" else None
     if model is not None:
         tokens = result.tokens.read() if hasattr(result.tokens, "read") else result.tokens
         simulated = cm.with_client_columns(simulated, model, tokens)
         engine_side = compare(measured, simulated)["latency"]
         report = compare(measured, cm.as_client_side(simulated))
     else:
-        report = compare(measured, simulated)
+        report = compare(measured, simulated, intake)
     report["errors"] = error_shares(measured, simulated)
     report["client_model"] = None if model is None else model.to_dict()
     if engine_side is not None:

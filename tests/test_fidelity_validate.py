@@ -94,3 +94,22 @@ def test_fit_real_takes_run_directories_only(tmp_path, capsys):
     assert code == 1 and "fit --real takes measured run directories only" in err
     code, _, err = run_main(["fit"], capsys)
     assert code == 2 and "fit needs PROFILE and -o" in err
+
+
+def test_engine_intake_starts_a_simulated_queue_where_vllm_starts_its_own():
+    """vLLM's time_in_queue starts when the engine core takes a request in, between iterations: the
+    simulated queue starts at the first iteration at or after the arrival, capped at the first scheduling."""
+    import numpy as np
+    import pyarrow as pa
+    from servelab.fidelity.validate import engine_intake
+
+    steps = pa.table({"replica": pa.array([0, 0, 1], pa.int32()), "start_s": [1.0, 2.0, 0.5],
+                      "duration_s": [0.3, 0.9, 1.0], "num_iterations": pa.array([1, 3, 1], pa.int32())})
+    # replica 0: one iteration 1.0-1.3, idle, three of 0.3 s from 2.0 (2.0, 2.3, 2.6 -> 2.9); replica 1: 0.5-1.5
+    requests = pa.table({"replica": pa.array([0, 0, 0, 0, 1, 1], pa.int32()),
+                         "arrival_s": [1.1, 1.5, 2.35, 3.5, 0.7, 0.7],
+                         "first_scheduled_s": [1.3, 1.5, 2.6, None, 1.5, 1.2]})
+    got = engine_intake(requests, steps)
+    # mid-iteration -> its end; idle -> at once; mid second of three -> the third's start; after the last
+    # stretch -> at once (unscheduled: no cap); another replica's steps; capped at the first scheduling
+    assert np.allclose(got, [1.3, 1.5, 2.6, 3.5, 1.5, 1.2])
