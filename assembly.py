@@ -80,18 +80,29 @@ def _speculative(runner: Runner, engine: EngineConfig) -> Runner:
     return speculative_runner(runner, engine)
 
 
-def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner) -> int:
+def most_gpu_blocks(config: ReplayConfig, runner: Runner) -> int | None:
+    """The blocks the runner's memory model fits beside the weights with all of GPU memory (None: it
+    knows no model or GPU, or sizes its own pool)."""
+    capacity = runner.kv_capacity_tokens
+    if capacity is None or runner.needs_block_tables:
+        return None
+    return capacity(1.0) // config.engine.block_size
+
+
+def resolve_num_gpu_blocks(config: ReplayConfig, runner: Runner, measured: bool = False) -> int:
+    """The KV blocks per replica: ``num_gpu_blocks`` when given (refused when the runner's memory model
+    cannot fit it: such a server would not start; ``measured``: a real server ran with them, so they are
+    kept, and the caller says the memory model disagrees), else derived from the model and GPU."""
     engine = config.engine
     capacity = runner.kv_capacity_tokens
     if engine.num_gpu_blocks is not None:
-        if capacity is not None and not runner.needs_block_tables:  # (an executing runner sizes its own pool)
-            # weights and KV beyond the GPUs' memory would not start on a real server: refuse, not price it
-            most = capacity(1.0) // engine.block_size
-            if engine.num_gpu_blocks > most:
-                raise ServelabError(
-                    f"num_gpu_blocks = {engine.num_gpu_blocks:,} does not fit: {config.model} on {config.tp} x {config.gpu} "
-                    f"(runner '{runner.name}') holds at most {most:,} blocks of {engine.block_size} tokens beside "
-                    f"the weights, with all of GPU memory")
+        most = None if measured else most_gpu_blocks(config, runner)
+        # weights and KV beyond the GPUs' memory would not start on a real server: refuse, not price it
+        if most is not None and engine.num_gpu_blocks > most:
+            raise ServelabError(
+                f"num_gpu_blocks = {engine.num_gpu_blocks:,} does not fit: {config.model} on {config.tp} x {config.gpu} "
+                f"(runner '{runner.name}') holds at most {most:,} blocks of {engine.block_size} tokens beside "
+                f"the weights, with all of GPU memory")
         return engine.num_gpu_blocks
     if capacity is None:
         raise ServelabError(
@@ -661,10 +672,12 @@ class BuiltCluster:
 
 
 def build_cluster(config: ReplayConfig, runner: Runner | None = None,
-                  block_tokens: int | None = None) -> BuiltCluster:
+                  block_tokens: int | None = None, measured_blocks: bool = False) -> BuiltCluster:
     """Build every pool of ``config.cluster`` (one pool of ``engine.replicas`` without one); the
     arrivals' pool first, then the others in their order, replica ids counting on across pools.
-    ``runner`` (given to ``replay``) serves the pools that keep the top level's runner, model, GPU and TP."""
+    ``runner`` (given to ``replay``) serves the pools that keep the top level's runner, model, GPU and TP.
+    ``measured_blocks``: ``num_gpu_blocks`` is what a real server allocated (validate --real), kept even
+    where the runner's memory model would not fit it."""
     spec = config.cluster or one_pool(config)
     order = [spec.entry] + [p for p in spec.pools if p is not spec.entry]
     pools: list[BuiltPool] = []
@@ -686,7 +699,7 @@ def build_cluster(config: ReplayConfig, runner: Runner | None = None,
         pool_runner = runners[key]
         if hasattr(pool_runner, "hash_block_tokens"):  # an executing runner derives hashed prompt tokens from the hashes
             pool_runner.hash_block_tokens = block_tokens
-        num_blocks = resolve_num_gpu_blocks(cfg, pool_runner)
+        num_blocks = resolve_num_gpu_blocks(cfg, pool_runner, measured=measured_blocks)
         replicas = build_replicas(cfg, pool_runner, num_blocks, block_tokens, first_id)
         for r in replicas:
             r.pool = pool.name
@@ -798,7 +811,7 @@ def _engine_progress(progress, engine: Engine):
 
 
 __all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "not_streamed", "replay", "replay_to",
-           "requests_from_table", "resolve_num_gpu_blocks", "write_run"]
+           "most_gpu_blocks", "requests_from_table", "resolve_num_gpu_blocks", "write_run"]
 
 
 def _dependency_columns(trace: pa.Table) -> list[tuple[pa.Field, pa.Array]]:

@@ -43,12 +43,20 @@ RUNS = {
 }
 
 
-# The GPU of each run folder: the only setting their files do not record (see each folder's README).
-GPUS = {"vllm-0.11-h100-llama2-7b": "h100-80gb", "vllm-0.19-rtx4090-llama31-8b": "rtx-4090",
-        "jan20-codellama-prefill-1": "h100-80gb", "jan20-codellama-train-1": "h100-80gb",
-        "jan20-prefill-llama7b-tp1-1": "h100-80gb"}
+# What each run folder's files do not record, given as a user would (see each folder's README): the GPU
+# (DeepSeek's meta.json names its own), the model of the one run without a meta.json, the DeepSeek
+# checkpoint's config.json (no preset: a 16-layer, 64-expert cut of DeepSeek-V3.2-Exp).
+SETTINGS = {"vllm-0.11-h100-llama2-7b": ["gpu=h100-80gb"], "vllm-0.19-rtx4090-llama31-8b": ["gpu=rtx-4090"],
+            "jan20-codellama-prefill-1": ["gpu=h100-80gb"], "jan20-codellama-train-1": ["gpu=h100-80gb"],
+            "jan20-prefill-llama7b-tp1-1": ["gpu=h100-80gb"],
+            "llmservingsim-rtx4090-llama31-8b-examples": ["model=meta-llama/Llama-3.1-8B", "gpu=rtx-4090"],
+            "llmservingsim-rtxpro6000-llama31-8b": ["gpu=rtx-pro-6000"],
+            "llmservingsim-rtxpro6000-qwen3-32b": ["gpu=rtx-pro-6000"],
+            "llmservingsim-rtxpro6000-qwen3-30b-a3b": ["gpu=rtx-pro-6000"],
+            "llmservingsim-rtxpro6000-deepseek-v32-16l64e": ["model={folder}/config.json"]}
 BUNDLED = Path(__file__).resolve().parent / "real_runs"
-SOURCES = ("traces.json", "requests.jsonl", "trace.yaml", "report.json", "results.json")
+SOURCES = ("traces.json", "requests.jsonl", "trace.yaml", "report.json", "results.json",
+           "per_request_lifecycle_metrics.json")
 MARK_BEGIN, MARK_END = "<!-- scoreboard: begin -->", "<!-- scoreboard: end -->"
 
 
@@ -83,8 +91,8 @@ def scoreboard(roots: dict[str, Path]) -> tuple[list[str], list[str]]:
             src = folder if source.name == "trace.yaml" else source
             run_dir = Path(tmp) / folder.name
             args = ["run", "import", str(src), "-o", str(run_dir)]
-            if folder.name in GPUS:
-                args += ["--setting", f"gpu={GPUS[folder.name]}"]
+            for setting in SETTINGS.get(folder.name, []):
+                args += ["--setting", setting.format(folder=folder)]
             run(args)
             report = json.loads(run(["validate", "--real", str(run_dir), "--format", "json"]))
             shown = " ".join(shlex.quote(a) for a in args)

@@ -426,6 +426,8 @@ def render_real(report: dict) -> None:
     console.print(f"KV cache {report['num_gpu_blocks']:,} blocks = {report['kv_capacity_tokens']:,} tokens "
                   f"({report['kv_blocks_from']}); finished {report['finished']['measured']} measured / "
                   f"{report['finished']['simulated']} simulated; simulated preemptions {report['preemptions_simulated']}")
+    if report.get("memory_warning"):
+        console.print(f"[bold red]warning:[/] {report['memory_warning']}")
     if report.get("settings"):
         console.print("settings: " + ", ".join(f"{s['setting']}={s['value']} ({s['from']})" for s in report["settings"]))
     if report.get("prefix"):

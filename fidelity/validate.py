@@ -288,7 +288,8 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     have seen them (fidelity/client_model.py): ``client_model`` ``auto`` (the calibrated model of the
     run's server kind, vLLM's unless the source says otherwise), a server kind, a model JSON, or None
     to compare engine-side times. The engine-side comparison is kept in the report (``latency_engine``)."""
-    from servelab.assembly import build_runner, replay, resolve_num_gpu_blocks
+    from servelab.assembly import (build_cluster, build_runner, most_gpu_blocks, replay, resolve_num_gpu_blocks,
+                                   trace_block_tokens)
     from servelab.fidelity import client_model as cm
 
     meta, measured, trace = load_measured(run_dir)
@@ -296,7 +297,15 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     given = keys_set(layers)
     config = config_for(meta, layers)
     runner = build_runner(config)
-    blocks = resolve_num_gpu_blocks(config, runner)
+    # the run's own KV blocks are what its server allocated: kept even where the memory model cannot fit
+    # them (the server's KV bytes per token or weights are smaller than modelled), and said
+    ran_with = "num_gpu_blocks" not in given and (meta.get("config") or {}).get("num_gpu_blocks") is not None
+    blocks = resolve_num_gpu_blocks(config, runner, measured=ran_with)
+    most = most_gpu_blocks(config, runner) if ran_with else None
+    memory_warning = None if most is None or blocks <= most else (
+        f"the run's {blocks:,} KV blocks exceed the {most:,} of {config.engine.block_size} tokens that the runner's "
+        f"memory model fits beside the weights in all of GPU memory: the server's KV bytes per token or weights are "
+        f"smaller than modelled (a compressed or fp8 KV cache, a different checkpoint); replayed with the run's blocks")
     config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_gpu_blocks=blocks))
     model = None
     # a model fitted to a live server's calibration sweep (fit --endpoint / --live) has the outside time
@@ -304,7 +313,8 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     live_fitted = (getattr(getattr(runner, "model", None), "metadata", None) or {}).get("runner") == "live"
     if client_model is not None and meta.get("clock") == "client" and not (client_model == "auto" and live_fitted):
         model = cm.resolve("vllm" if client_model == "auto" else client_model)
-    result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0)
+    cluster = build_cluster(config, runner, trace_block_tokens(trace), measured_blocks=ran_with)
+    result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0, cluster=cluster)
     simulated = result.requests
     engine_side = None
     # a server-side run's queue is vLLM's time_in_queue, from the engine core's intake
@@ -332,6 +342,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         "kv_blocks_from": "measured run / option" if (meta.get("config") or {}).get("num_gpu_blocks") is not None
                           or "num_gpu_blocks" in given else "derived from the model and GPU",
         "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
+        **({"memory_warning": memory_warning} if memory_warning else {}),
         "runner": result.meta["runner"],
     })
     return report, measured, simulated

@@ -338,6 +338,11 @@ MODELS: dict[str, ModelPreset] = _models(
     # + 128 x 64 x 128 x 2 = 2,158,592 state bytes per sequence and layer.
     ModelPreset("nemotron-h-8b", "nvidia/Nemotron-H-8B-Base-8K", 52, 4096, 32, 8, 128, 21504, 131072, gated_mlp=False,
                 max_position_embeddings=8192, state_layers=24, state_bytes=2_158_592, mlp_only_layers=24),
+    # Qwen3-32B (dense, q_size 8192 over hidden 5120) and Qwen3-30B-A3B (128 experts of 768, 8 routed, no
+    # shared expert), the models of LLMServingSim's RTX PRO 6000 runs (bench/real_runs/README.md)
+    ModelPreset("qwen3-32b", "Qwen/Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, max_position_embeddings=40960),
+    ModelPreset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B-Instruct-2507", 48, 2048, 32, 4, 128, 768, 151936,
+                num_experts=128, experts_per_token=8, max_position_embeddings=262144),
     # Qwen3-VL-8B's language model (text_config; its vision encoder is priced apart, as an encoder stage)
     ModelPreset("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", 36, 4096, 32, 8, 128, 12288, 151936,
                 max_position_embeddings=262144),
@@ -355,7 +360,8 @@ class ModelSource:
 # The presets added for the 2026 models: none of them has been run on a real GPU here yet.
 MODEL_SOURCES: dict[str, ModelSource] = {
     name: ModelSource(f"https://huggingface.co/{MODELS[name].hf_id}/blob/main/config.json")
-    for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b")
+    for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b",
+                 "qwen3-32b", "qwen3-30b-a3b")
 }
 
 GPUS: dict[str, GpuPreset] = {

@@ -1,7 +1,9 @@
-"""The real vLLM runs bundled in bench/real_runs (CodeLlama-34B on an H100, vLLM 0.11; see its README)
+"""The real vLLM runs bundled in bench/real_runs (CodeLlama-34B on an H100, Llama-3.1-8B on an RTX PRO
+6000 and an RTX 4090, and more; see its README)
 through the product path only, `servelab run import` then `servelab validate --real`, as the fidelity
-scoreboard runs them: a regression guard on the shipped calibration (every run's mean TTFT, TPOT and
-E2E within 10% of what was measured; 2.3-6.9% when the runs were added), the prompt sharing read
+scoreboard runs them: a regression guard on the shipped calibration (the mean TTFT, TPOT, E2E and
+queue of the runs it covers within 12% of what was measured; at most 9.3% when they were added), the
+prompt sharing read
 from the run's own files, and a server hit rate that preemption made is not mistaken for sharing."""
 
 from __future__ import annotations
@@ -15,12 +17,21 @@ from servelab.fidelity.vllm_log import read_log
 
 RUNS = Path(__file__).resolve().parents[1] / "bench" / "real_runs"
 NAMES = ("jan20-codellama-prefill-1", "jan20-prefill-llama7b-tp1-1", "jan20-codellama-train-1")
+# (source file, what the run's files do not record) of the bundled runs used here
+GIVEN = {**{name: ("traces.json", ["gpu=h100-80gb"]) for name in NAMES},
+         "llmservingsim-rtxpro6000-llama31-8b": ("requests.jsonl", ["gpu=rtx-pro-6000"]),
+         "llmservingsim-rtx4090-llama31-8b-examples": ("requests.jsonl", ["model=meta-llama/Llama-3.1-8B", "gpu=rtx-4090"]),
+         "llmservingsim-rtxpro6000-deepseek-v32-16l64e": ("requests.jsonl", ["model={folder}/config.json"])}
+# the runs the guard covers; the others (Qwen3 TP2 and DP+EP, the DeepSeek cut) are misses the scoreboard
+# shows, not a bound to keep
+GUARDED = (*NAMES, "llmservingsim-rtxpro6000-llama31-8b", "llmservingsim-rtx4090-llama31-8b-examples")
 
 
 def _validate(tmp_path, capsys, name: str) -> tuple[dict, dict]:
     out = tmp_path / name
-    code, _, err = run_main(["run", "import", RUNS / name / "traces.json", "-o", out, "--setting", "gpu=h100-80gb"],
-                            capsys)
+    source, settings = GIVEN[name]
+    given = [a for s in settings for a in ("--setting", s.format(folder=RUNS / name))]
+    code, _, err = run_main(["run", "import", RUNS / name / source, "-o", out, *given], capsys)
     assert code == 0, err
     code, text, err = run_main(["validate", "--real", out, "--format", "json"], capsys)
     assert code == 0, err
@@ -31,19 +42,22 @@ def _mean_error(report: dict, metric: str) -> float:
     return next(r for r in report["latency"] if r["metric"] == metric and r["stat"] == "mean")["error_pct"]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_bundled_real_run_means_stay_within_ten_percent(tmp_path, capsys, name):
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_bundled_real_run_means_stay_within_twelve_percent(tmp_path, capsys, name):
     report, meta = _validate(tmp_path, capsys, name)
-    # the settings came from the run's own files: the log's batch limits and KV blocks, exp-config's model
-    assert meta["config"]["model"] == "codellama/CodeLlama-34b-Instruct-hf"
-    assert meta["config_sources"]["num_gpu_blocks"].startswith("vllm.log line")
+    if name in NAMES:  # the settings came from the run's own files: the log's limits and KV blocks, exp-config's model
+        assert meta["config"]["model"] == "codellama/CodeLlama-34b-Instruct-hf"
+        assert meta["config_sources"]["num_gpu_blocks"].startswith("vllm.log line")
+    elif name.startswith("llmservingsim-rtxpro6000"):
+        assert meta["config_sources"]["max_num_seqs"] == "meta.json"
     assert report["finished"]["measured"] == report["finished"]["simulated"] == report["requests"]
     for metric in ("ttft", "tpot", "e2e", "queue"):
-        assert abs(_mean_error(report, metric)) <= 10.0, (name, metric, _mean_error(report, metric))
+        assert abs(_mean_error(report, metric)) <= 12.0, (name, metric, _mean_error(report, metric))
     # vLLM's queue starts at the engine core's intake: most requests are scheduled in the iteration that
     # takes them in (p50 ~0 on both sides, no relative error), not after the iteration in flight
-    p50 = next(r for r in report["latency"] if r["metric"] == "queue" and r["stat"] == "p50")
-    assert p50["measured_s"] < 1e-3 and p50["simulated_s"] < 1e-3 and p50["error_pct"] is None
+    if name in NAMES:  # (the LLMServingSim runs are overloaded: most requests wait)
+        p50 = next(r for r in report["latency"] if r["metric"] == "queue" and r["stat"] == "p50")
+        assert p50["measured_s"] < 1e-3 and p50["simulated_s"] < 1e-3 and p50["error_pct"] is None
 
 
 @pytest.mark.parametrize("name", NAMES[:2])
@@ -91,3 +105,20 @@ def test_the_log_says_when_hits_began_under_kv_pressure(tmp_path, windows, flagg
     assert ("prefix_cache_hit_rate_pressure" in source) is flagged
     if flagged:
         assert source["prefix_cache_hit_rate_pressure"].startswith("vllm.log line 4: ")
+
+
+def test_a_runs_own_kv_blocks_are_kept_when_the_memory_model_cannot_fit_them(tmp_path, capsys):
+    """The DeepSeek-V3.2 cut ran with 49,181 blocks of 64 tokens (meta.json's kv_cache: its block size and
+    utilisation are read too); the roofline's memory model (bf16 latent cache, no DSA fp8 layout) fits
+    48,023. A replay asked for more would not start; the measured run's blocks are kept, and said."""
+    report, meta = _validate(tmp_path, capsys, "llmservingsim-rtxpro6000-deepseek-v32-16l64e")
+    assert meta["config"]["block_size"] == 64 and meta["config"]["gpu_memory_utilization"] == 0.92
+    assert meta["config_sources"]["block_size"] == "meta.json" and meta["config"]["gpu"] == "rtx-pro-6000"
+    assert report["num_gpu_blocks"] == 49181 and "exceed the 48,023 of 64 tokens" in report["memory_warning"]
+    assert report["finished"]["simulated"] == 300
+    # a replay asked for the same blocks is refused: no server with this memory model would start
+    run = tmp_path / "llmservingsim-rtxpro6000-deepseek-v32-16l64e"
+    code, _, err = run_main(["replay", run / "trace.arrow", "-o", tmp_path / "r", "--model",
+                             RUNS / run.name / "config.json", "--gpu", "rtx-pro-6000", "--block-size", "64",
+                             "--num-gpu-blocks", "49181", "--no-report"], capsys)
+    assert code != 0 and "does not fit" in err
