@@ -115,15 +115,6 @@ def nccl_time_s(bytes_per_gpu: float, steps: int, link_bytes_per_s: float, nccl_
             + bytes_per_gpu / (link_bytes_per_s * nccl_eff * lk.bandwidth_share))
 
 
-def all_to_all_time_s(bytes_per_gpu: float, ranks: int, link_bytes_per_s: float, nccl_latency_s: float,
-                      nccl_eff: float, link: str = "nvlink") -> float:
-    """One all-to-all (MoE dispatch or combine) in which each of ``ranks`` GPUs sends ``bytes_per_gpu``
-    to the others: NCCL send/receive pairs, one step (the peers are reached side by side)."""
-    if ranks <= 1:
-        return 0.0
-    return nccl_time_s(bytes_per_gpu, 1, link_bytes_per_s, nccl_latency_s, nccl_eff, link)
-
-
 def send_time_s(nbytes: float, link_bytes_per_s: float, nccl_latency_s: float, nccl_eff: float,
                 link: str = "nvlink") -> float:
     """A point-to-point send of ``nbytes`` (pipeline-parallel activations from one stage to the next)."""

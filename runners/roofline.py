@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
-from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s, all_to_all_time_s, nccl_time_s, send_time_s
+from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s, nccl_time_s, send_time_s
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape, picker
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
@@ -535,20 +535,24 @@ class RooflineRunner(RunnerBase):
                                  c.all_reduce_eff, self.gpu.p2p_ranks, self.custom_all_reduce, self.gpu.link)
 
     def all_to_all_bytes(self, tokens: int) -> float:
-        """Bytes one GPU sends in one all-to-all (dispatch, or combine) of a layer under expert
-        parallelism: its 1/tp of its DP rank's ``tokens``, each to the ranks of its k experts, of which
-        under uniform routing a share (ep - 1)/ep lives on other GPUs."""
-        p, m = self.ep, self.model
-        return tokens / self.tp * m.experts_per_token * (p - 1) / p * m.hidden_size * m.dtype_bytes
+        """Bytes one GPU moves in the dispatch (or the combine) of a layer under expert parallelism, as
+        vLLM's default all2all backend (``allgather_reducescatter``) moves them: the dispatch all-gathers
+        the hidden states of every GPU's 1/tp of its DP rank's ``tokens`` over the ep GPUs (each token
+        once to every other GPU, whichever of them hold its k experts), the combine reduce-scatters the
+        experts' outputs back: (ep - 1) x tokens/tp hidden states per GPU. (DeepEP and pplx, opt-in,
+        send a token only to the GPUs of its experts: not modelled.)"""
+        m = self.model
+        return (self.ep - 1) * tokens / self.tp * m.hidden_size * m.dtype_bytes
 
     def all_to_all_s(self, tokens: int) -> float:
-        """Expert parallelism: one all-to-all of a layer, ``all_to_all_bytes`` over the GPU's link with
-        the NCCL fit's latency and efficiency (and the link's terms: runners/all_reduce.py)."""
+        """Expert parallelism: the dispatch (or the combine) of a layer, ``all_to_all_bytes`` in a ring
+        of ep - 1 steps over the GPU's link, with the NCCL fit's latency and efficiency and the link's
+        terms (runners/all_reduce.py)."""
         if self.ep <= 1 or tokens <= 0:
             return 0.0
         c = self.calibration
-        return all_to_all_time_s(self.all_to_all_bytes(tokens), self.ep, self.gpu.interconnect_bytes_per_s,
-                                 c.all_reduce_latency_s, c.all_reduce_eff, self.gpu.link)
+        return nccl_time_s(self.all_to_all_bytes(tokens), self.ep - 1, self.gpu.interconnect_bytes_per_s,
+                           c.all_reduce_latency_s, c.all_reduce_eff, self.gpu.link)
 
     def dp_expert_all_reduce_s(self, tokens: int) -> float:
         """MoE under DP without expert parallelism: vLLM gathers every DP rank's tokens and runs the

@@ -194,8 +194,10 @@ def test_expert_parallel_prices_all_to_all_dispatch_and_combine_by_hand(tmp_path
     tp = make_runner(f"roofline:model={path},tp=4")
     ep = make_runner(f"roofline:model={path},tp=4,ep=4")
     c = ep.calibration  # the h100 NCCL fit prices the all-to-all: latency + bytes / (450 GB/s x eff)
-    # 256 tokens over 4 ranks: each sends 64 tokens x 2 experts x 3/4 off-GPU x 4096 x 2 B = 786,432 B
-    assert ep.all_to_all_s(256) == pytest.approx(c.all_reduce_latency_s + 786_432 / (450e9 * c.all_reduce_eff),
+    # vLLM's default all2all backend all-gathers the hidden states over the 4 GPUs (and reduce-scatters the
+    # results): 256 tokens, 64 on each GPU, each GPU's moved to the 3 others: 3 x 64 x 4096 x 2 B = 1,572,864 B
+    # whatever the 2 experts of each token (NVLink adds no step latency)
+    assert ep.all_to_all_s(256) == pytest.approx(c.all_reduce_latency_s + 1_572_864 / (450e9 * c.all_reduce_eff),
                                                  rel=1e-12)
     assert tp.all_to_all_s(256) == 0.0
     # Per rank, EP reads touched/4 whole experts and TP 1/4 of each touched expert, and both compute
@@ -205,8 +207,8 @@ def test_expert_parallel_prices_all_to_all_dispatch_and_combine_by_hand(tmp_path
         plan = StepPlan(StepShape(prefill_tokens=tokens, prefill_seqs=1))
         expected = 32 * (2 * ep.all_to_all_s(tokens) - tp.all_reduce_s(tokens))
         assert ep.step_time(plan) - tp.step_time(plan) == pytest.approx(expected, rel=1e-9)
-    # 1 token: 0.25 x 2 x 0.75 x 8192 B = 3,072 B per rank
-    assert ep.all_to_all_s(1) == pytest.approx(c.all_reduce_latency_s + 3072 / (450e9 * c.all_reduce_eff), rel=1e-12)
+    # 1 token: 3 x 0.25 x 8192 B = 6,144 B per rank
+    assert ep.all_to_all_s(1) == pytest.approx(c.all_reduce_latency_s + 6144 / (450e9 * c.all_reduce_eff), rel=1e-12)
 
 
 def test_expert_parallel_is_checked(tmp_path):
