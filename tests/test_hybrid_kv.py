@@ -230,7 +230,7 @@ def test_prefix_caching_is_on_by_default_with_a_hybrid_model():
 # -- presets ---------------------------------------------------------------------------------------
 def test_new_presets_cite_their_config_and_say_they_are_not_calibrated():
     assert set(MODEL_SOURCES) == {"deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b",
-                                  "nemotron-h-8b"}
+                                  "nemotron-h-8b", "qwen3-32b", "qwen3-30b-a3b"}
     for name, source in MODEL_SOURCES.items():
         assert source.config_url.endswith(f"{MODELS[name].hf_id}/blob/main/config.json")
         assert source.calibrated is False
@@ -242,6 +242,19 @@ def test_presets_equal_their_configs_read(tmp_path):
     for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size",
                 "num_experts", "experts_per_token", "shared_ffn_size", "state_layers", "state_bytes"):
         assert getattr(m, key) == getattr(p, key), key
+    # the Qwen3 presets of the real RTX PRO 6000 runs (bench/real_runs), against their config.json fields
+    qwen3 = {"qwen3-32b": {"_name_or_path": "Qwen/Qwen3-32B", "hidden_size": 5120, "intermediate_size": 25600,
+                           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                           "num_hidden_layers": 64, "vocab_size": 151936, "max_position_embeddings": 40960},
+             "qwen3-30b-a3b": {"_name_or_path": "Qwen/Qwen3-30B-A3B-Instruct-2507", "hidden_size": 2048,
+                               "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+                               "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 48, "num_experts": 128,
+                               "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 262144}}
+    for name, cfg in qwen3.items():
+        q, pq = model_from_hf_config(_config(tmp_path, cfg)), MODELS[name]
+        for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size",
+                    "num_experts", "experts_per_token", "shared_ffn_size", "max_position_embeddings"):
+            assert getattr(q, key) == getattr(pq, key), (name, key)
     g, pg = model_from_hf_config(_config(tmp_path, GEMMA3_27B)), MODELS["gemma-3-27b"]
     for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size", "vocab_size",
                 "sliding_window", "sliding_layers"):
