@@ -172,6 +172,17 @@ def read_json(path: Path) -> Any:
         raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
 
 
+def one_json(paths: list[Path], takes: str, kind: type, expected: str) -> tuple[Path, Any]:
+    """The single JSON source of an importer that reads one file (``takes``: the error on a second
+    file), parsed and checked to be a ``kind`` (``expected``: the error otherwise)."""
+    if len(paths) != 1:
+        raise InputError(paths[1], takes)
+    doc = read_json(paths[0])
+    if not isinstance(doc, kind):
+        raise InputError(paths[0], expected)
+    return paths[0], doc
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -29,7 +29,7 @@ from typing import Any
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
-from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, one_json
 from servelab.fidelity.fields import array, integer, mapping, number
 
 REPORT = "per_request_lifecycle_metrics.json"
@@ -44,12 +44,8 @@ def _is_report(probe) -> bool:
 @IMPORTERS.register("inference-perf")
 @detects(_is_report, order=35)
 def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Measured:
-    if len(paths) != 1:
-        raise InputError(paths[1], "inference-perf takes one per_request_lifecycle_metrics.json")
-    path = paths[0]
-    doc = read_json(path)
-    if not isinstance(doc, list):
-        raise InputError(path, "not an inference-perf per-request report (expected a JSON list of requests)")
+    path, doc = one_json(paths, "inference-perf takes one per_request_lifecycle_metrics.json", list,
+                         "not an inference-perf per-request report (expected a JSON list of requests)")
     config = _config(path.parent)
     stages = [mapping(path, s, "config.yaml load.stages") for s in
               array(path, ((config.get("load") or {}).get("stages")), "config.yaml load.stages", optional=True)]

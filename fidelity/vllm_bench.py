@@ -16,7 +16,7 @@ from pathlib import Path
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
-from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, one_json
 from servelab.fidelity.fields import array, integer, number
 
 LISTS = ("start_times", "ttfts", "latencies", "input_lens", "output_lens")
@@ -35,12 +35,8 @@ def _is_vllm_bench(probe) -> bool:
 @IMPORTERS.register("vllm-bench")
 @detects(_is_vllm_bench, order=40)
 def import_vllm_bench(paths: list[Path]) -> Measured:
-    if len(paths) != 1:
-        raise InputError(paths[1], "vllm-bench takes one result JSON")
-    path = paths[0]
-    doc = read_json(path)
-    if not isinstance(doc, dict):
-        raise InputError(path, "not a vLLM benchmark result (expected a JSON object)")
+    path, doc = one_json(paths, "vllm-bench takes one result JSON", dict,
+                         "not a vLLM benchmark result (expected a JSON object)")
     if "ttfts" not in doc:
         summary = "mean_ttft_ms" in doc or "mean_e2el_ms" in doc
         raise InputError(path, ("a summary only (mean_ttft_ms, ...; saved without --save-detailed): "
