@@ -1,6 +1,7 @@
 """Engine settings from the files a run leaves beside its per-request output.
 
-Looked for in each source's folder (and, for a report in a ``results/`` folder, the folder above it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU, the resolved ``kv_cache``: block
+Looked for in each source's folder (and, for a report in a ``results/`` folder, the folder above
+it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU, the resolved ``kv_cache``: block
 size, memory utilisation, prefix caching),
 ``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
 ``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing),
@@ -166,9 +167,8 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
                 found.put("num_gpu_blocks", _blocks_in(data), meta.name)
                 cache = data.get("kv_cache")  # the engine's resolved cache: block size, utilisation, caching
                 if isinstance(cache, dict):
-                    _kwargs(found, {k: v for k, v in cache.items() if k in ("block_size", "gpu_memory_utilization",
-                                                                             "enable_prefix_caching") and v is not None},
-                            meta)
+                    keys = ("block_size", "gpu_memory_utilization", "enable_prefix_caching")
+                    _kwargs(found, {k: v for k, v in cache.items() if k in keys and v is not None}, meta)
                 if (gpu := _gpu_in(data)):
                     found.put("gpu", gpu, meta.name)
                 found.source.update({k: data[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path")

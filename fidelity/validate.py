@@ -188,12 +188,13 @@ def engine_intake(requests: pa.Table, steps: pa.Table) -> np.ndarray:
     replica = requests.column("replica").to_numpy(zero_copy_only=False)
     out = arrival.copy()
     for r in np.unique(steps.column("replica").to_numpy()):
-        mine = steps.filter(pc.equal(steps.column("replica"), r))
+        mine = steps.filter(pc.equal(steps.column("replica"), r))  # stretches of equal iterations
         start = mine.column("start_s").to_numpy()
         order = np.argsort(start, kind="stable")
         start = start[order]
-        each = (mine.column("duration_s").to_numpy() / np.maximum(mine.column("num_iterations").to_numpy(), 1))[order]
-        end = start + each * np.maximum(mine.column("num_iterations").to_numpy()[order], 1)
+        iterations = np.maximum(mine.column("num_iterations").to_numpy(), 1)[order]
+        each = mine.column("duration_s").to_numpy()[order] / iterations
+        end = start + each * iterations
         rows = np.flatnonzero(replica == r)
         k = np.searchsorted(start, arrival[rows], side="right") - 1  # the stretch in progress (or last before)
         inside = (k >= 0) & (arrival[rows] < end[np.maximum(k, 0)])
@@ -252,7 +253,8 @@ def _per_request(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]) -> dic
     return out
 
 
-def compare(real_requests: pa.Table, sim_requests: pa.Table, sim_queue_from: np.ndarray | None = None) -> dict[str, Any]:
+def compare(real_requests: pa.Table, sim_requests: pa.Table,
+            sim_queue_from: np.ndarray | None = None) -> dict[str, Any]:
     real, sim = _metric_columns(real_requests), _metric_columns(sim_requests, sim_queue_from)
     rs, ss = _summary(real), _summary(sim)
     rows = []

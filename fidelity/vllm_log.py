@@ -206,7 +206,8 @@ def _pressure(line: str, lineno: int) -> str | None:
         return None
     w, kv = int(waiting.group(1)), float(usage.group(1)) / 100
     if w > 0 and kv >= PRESSURE_KV:
-        return f"line {lineno}: the first hits, after prompts served with none, while {w} requests waited on a {kv:.0%} full KV cache"
+        return (f"line {lineno}: the first hits, after prompts served with none, while {w} requests waited on a "
+                f"{kv:.0%} full KV cache")
     return None
 
 
