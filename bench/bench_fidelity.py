@@ -44,16 +44,15 @@ RUNS = {
 
 
 # What each run folder's files do not record, given as a user would (see each folder's README): the GPU
-# (DeepSeek's meta.json names its own), the model of the one run without a meta.json, the DeepSeek
-# checkpoint's config.json (no preset: a 16-layer, 64-expert cut of DeepSeek-V3.2-Exp).
+# (DeepSeek's meta.json names its own; its model, a 16-layer, 64-expert cut of DeepSeek-V3.2-Exp that no
+# preset has, comes from the Hugging Face config.json beside it), the model of the one run without a meta.json.
 SETTINGS = {"vllm-0.11-h100-llama2-7b": ["gpu=h100-80gb"], "vllm-0.19-rtx4090-llama31-8b": ["gpu=rtx-4090"],
             "jan20-codellama-prefill-1": ["gpu=h100-80gb"], "jan20-codellama-train-1": ["gpu=h100-80gb"],
             "jan20-prefill-llama7b-tp1-1": ["gpu=h100-80gb"],
             "llmservingsim-rtx4090-llama31-8b-examples": ["model=meta-llama/Llama-3.1-8B", "gpu=rtx-4090"],
             "llmservingsim-rtxpro6000-llama31-8b": ["gpu=rtx-pro-6000"],
             "llmservingsim-rtxpro6000-qwen3-32b": ["gpu=rtx-pro-6000"],
-            "llmservingsim-rtxpro6000-qwen3-30b-a3b": ["gpu=rtx-pro-6000"],
-            "llmservingsim-rtxpro6000-deepseek-v32-16l64e": ["model={folder}/config.json"]}
+            "llmservingsim-rtxpro6000-qwen3-30b-a3b": ["gpu=rtx-pro-6000"]}
 BUNDLED = Path(__file__).resolve().parent / "real_runs"
 SOURCES = ("traces.json", "requests.jsonl", "trace.yaml", "report.json", "results.json",
            "per_request_lifecycle_metrics.json")
@@ -92,7 +91,7 @@ def scoreboard(roots: dict[str, Path]) -> tuple[list[str], list[str]]:
             run_dir = Path(tmp) / folder.name
             args = ["run", "import", str(src), "-o", str(run_dir)]
             for setting in SETTINGS.get(folder.name, []):
-                args += ["--setting", setting.format(folder=folder)]
+                args += ["--setting", setting]
             run(args)
             report = json.loads(run(["validate", "--real", str(run_dir), "--format", "json"]))
             shown = " ".join(shlex.quote(a) for a in args)

@@ -34,6 +34,19 @@ class ImportedRun:
     warnings: tuple[str, ...]
 
 
+def _is_preset(model: object) -> bool:
+    """Does a recorded model name a preset (by name or Hugging Face id)?"""
+    from servelab.runners.presets import find_model
+
+    if not isinstance(model, str):
+        return False
+    try:
+        find_model(model)
+    except ServelabError:
+        return False
+    return True
+
+
 def missing_setting_error(key: str, where: str) -> ServelabError:
     from servelab.runners.presets import GPUS, MODELS
 
@@ -78,6 +91,12 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
         if preset != settings["gpu"]:
             source["gpu_recorded" if origin["gpu"] != "--setting" else "gpu_given"] = settings["gpu"]
             settings["gpu"] = preset
+    hf = source.get("hf_config")
+    if hf and origin.get("model") != "--setting" and not _is_preset(settings.get("model")):
+        # a model no preset has (a private or cut-down checkpoint): its config.json beside the run has the shapes
+        if "model" in settings:
+            source["model_recorded"] = settings["model"]
+        settings["model"], origin["model"] = hf, f"{Path(hf).name} (the model's Hugging Face config)"
     for key in ("model", "gpu"):
         if key not in settings:
             raise missing_setting_error(key, f"{sources[0]}: the run")

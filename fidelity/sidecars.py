@@ -4,7 +4,8 @@ Looked for in each source's folder (and, for a report in a ``results/`` folder, 
 it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU, the resolved ``kv_cache``: block
 size, memory utilisation, prefix caching),
 ``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
-``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing),
+``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing), a Hugging Face
+``config.json`` (the model's shapes, used when the recorded model id is no preset),
 ``vllm_logging.json`` (vLLM's logging config: names the server log file), ``vllm.log`` and a
 ``/metrics`` scrape taken after the run (``metrics.txt``, ``metrics.prom``: the prefix-cache hit and
 query counters give the run's hit rate over the server's life, preferred to the log's last window).
@@ -174,6 +175,11 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
                 found.source.update({k: data[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path")
                                      if k in data})
                 found.source["meta_json"] = str(meta)
+        hf = folder / "config.json"  # the model's Hugging Face config (not a benchmark's own config.json)
+        if hf.is_file() and "hf_config" not in found.source:
+            data = _read_json(hf)
+            if isinstance(data, dict) and "hidden_size" in data and ("architectures" in data or "model_type" in data):
+                found.source["hf_config"] = str(hf.resolve())
         profile = folder / "profile.yaml"
         if profile.is_file() and found.prefix is None:
             data = _read_yaml(profile)

@@ -21,7 +21,7 @@ NAMES = ("jan20-codellama-prefill-1", "jan20-prefill-llama7b-tp1-1", "jan20-code
 GIVEN = {**{name: ("traces.json", ["gpu=h100-80gb"]) for name in NAMES},
          "llmservingsim-rtxpro6000-llama31-8b": ("requests.jsonl", ["gpu=rtx-pro-6000"]),
          "llmservingsim-rtx4090-llama31-8b-examples": ("requests.jsonl", ["model=meta-llama/Llama-3.1-8B", "gpu=rtx-4090"]),
-         "llmservingsim-rtxpro6000-deepseek-v32-16l64e": ("requests.jsonl", ["model={folder}/config.json"])}
+         "llmservingsim-rtxpro6000-deepseek-v32-16l64e": ("requests.jsonl", [])}  # its config.json names the model
 # the runs the guard covers; the others (Qwen3 TP2 and DP+EP, the DeepSeek cut) are misses the scoreboard
 # shows, not a bound to keep
 GUARDED = (*NAMES, "llmservingsim-rtxpro6000-llama31-8b", "llmservingsim-rtx4090-llama31-8b-examples")
@@ -30,7 +30,7 @@ GUARDED = (*NAMES, "llmservingsim-rtxpro6000-llama31-8b", "llmservingsim-rtx4090
 def _validate(tmp_path, capsys, name: str) -> tuple[dict, dict]:
     out = tmp_path / name
     source, settings = GIVEN[name]
-    given = [a for s in settings for a in ("--setting", s.format(folder=RUNS / name))]
+    given = [a for s in settings for a in ("--setting", s)]
     code, _, err = run_main(["run", "import", RUNS / name / source, "-o", out, *given], capsys)
     assert code == 0, err
     code, text, err = run_main(["validate", "--real", out, "--format", "json"], capsys)
@@ -114,6 +114,9 @@ def test_a_runs_own_kv_blocks_are_kept_when_the_memory_model_cannot_fit_them(tmp
     report, meta = _validate(tmp_path, capsys, "llmservingsim-rtxpro6000-deepseek-v32-16l64e")
     assert meta["config"]["block_size"] == 64 and meta["config"]["gpu_memory_utilization"] == 0.92
     assert meta["config_sources"]["block_size"] == "meta.json" and meta["config"]["gpu"] == "rtx-pro-6000"
+    # no preset has this cut of DeepSeek-V3.2-Exp: the Hugging Face config.json beside the run gives its shapes
+    assert meta["config_sources"]["model"] == "config.json (the model's Hugging Face config)"
+    assert meta["source"]["model_recorded"] == "deepseek-ai/DeepSeek-V3.2-Exp-16L64E"
     assert report["num_gpu_blocks"] == 49181 and "exceed the 48,023 of 64 tokens" in report["memory_warning"]
     assert report["finished"]["simulated"] == 300
     # a replay asked for the same blocks is refused: no server with this memory model would start
@@ -122,3 +125,34 @@ def test_a_runs_own_kv_blocks_are_kept_when_the_memory_model_cannot_fit_them(tmp
                              RUNS / run.name / "config.json", "--gpu", "rtx-pro-6000", "--block-size", "64",
                              "--num-gpu-blocks", "49181", "--no-report"], capsys)
     assert code != 0 and "does not fit" in err
+
+
+def test_a_config_json_beside_the_run_names_a_model_no_preset_has(tmp_path, capsys):
+    """Only a Hugging Face config (hidden_size and architectures/model_type), only when the recorded
+    model is no preset, and never over --setting model."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "llmservingsim-rtxpro6000-llama31-8b", run)
+    (run / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                                                 "intermediate_size": 14336, "num_attention_heads": 32,
+                                                 "num_key_value_heads": 8, "num_hidden_layers": 32,
+                                                 "vocab_size": 128256}))
+
+    def imported(*extra) -> dict:
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        code, _, err = run_main(["run", "import", run / "requests.jsonl", "-o", out, "--setting",
+                                 "gpu=rtx-pro-6000", *extra], capsys)
+        assert code == 0, err
+        return json.loads((out / "run.json").read_text())
+
+    assert imported()["config"]["model"] == "meta-llama/Llama-3.1-8B"  # a preset's id: config.json not needed
+    meta = json.loads((run / "meta.json").read_text())
+    meta["model"] = meta["engine_kwargs"]["model"] = "acme/llama-3.1-8b-pruned"
+    (run / "meta.json").write_text(json.dumps(meta))
+    got = imported()
+    assert got["config"]["model"] == str((run / "config.json").resolve())
+    assert got["source"]["model_recorded"] == "acme/llama-3.1-8b-pruned"
+    assert imported("--setting", "model=llama-3.1-8b")["config"]["model"] == "llama-3.1-8b"
+    (run / "config.json").write_text(json.dumps({"nodes": [], "num_nodes": 1}))  # a simulator's own config.json
+    assert imported()["config"]["model"] == "acme/llama-3.1-8b-pruned"  # (validate then asks for --model)
