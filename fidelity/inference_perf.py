@@ -36,9 +36,11 @@ REPORT = "per_request_lifecycle_metrics.json"
 
 
 def _is_report(probe) -> bool:
+    """A JSON list whose first request opens with ``start_time`` and ``end_time`` (inference-perf writes
+    them first), then its ``request`` body or ``info`` (after a long prompt, maybe past the probe)."""
     head = probe.head.lstrip()
-    return head.startswith("[") and '"start_time"' in head[:4096] and '"info"' in head[:16384] \
-        and '"end_time"' in head[:4096]
+    return (head.startswith("[") and '"start_time"' in head[:4096] and '"end_time"' in head[:4096]
+            and ('"info"' in head or '"request"' in head))
 
 
 @IMPORTERS.register("inference-perf")

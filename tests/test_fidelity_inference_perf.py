@@ -186,3 +186,13 @@ def test_not_a_list_is_refused(tmp_path, capsys):
     src.write_text(json.dumps({"start_time": 1}))
     code, _, err = run_main(["run", "import", "--format", "inference-perf", src, "-o", tmp_path / "r", *H100], capsys)
     assert code != 0 and "expected a JSON list" in err
+
+
+def test_a_report_with_long_prompts_is_still_detected(tmp_path, capsys):
+    """The first request's prompt (~120 KB of text) pushes its info past the detection probe's 64 KB."""
+    reqs = [old_request(i, 1.0 + 0.2 * i) for i in range(3)]
+    body = json.loads(reqs[0]["request"])
+    body["prompt"] = "lorem ipsum " * 10_000
+    reqs[0]["request"] = json.dumps(body)
+    out, meta, table, err = run_import(tmp_path, capsys, layout(tmp_path, reqs))
+    assert "format: inference-perf (detected" in err and table.num_rows == 3
