@@ -384,8 +384,11 @@ GPUS: dict[str, GpuPreset] = {
         GpuPreset("rtx-4090", "NVIDIA GeForce RTX 4090 (24GB)", 165.2e12, 1.008e12, 24564, 32e9, "PCIe 4.0 x16",
                   # no P2P on GeForce; A40 efficiencies scaled on one real vLLM run (runners/real_calibration.json)
                   "rtx4090", link="pcie-host", fp8=True),
+        # peer-to-peer over PCIe works on some RTX PRO 6000 builds, not on others: the real TP2 and DP2 + EP
+        # vLLM runs on two of them (bench/real_runs, llmservingsim-*) move their bytes as through host
+        # memory (roofline:link=pcie where nvidia-smi topo -p2p r shows OK)
         GpuPreset("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell (96GB)", 503.8e12, 1.792e12, 97887, 64e9,
-                  "PCIe 5.0 x16", "a40", link="pcie", fp8=True, fp4=True),
+                  "PCIe 5.0 x16", "a40", link="pcie-host", fp8=True, fp4=True),
         GpuPreset("mi300x", "AMD Instinct MI300X (192GB)", 1307.4e12, 5.3e12, 196592, 64e9,
                   "Infinity Fabric (64 GB/s per peer link)", "h100", fp8=True),
     )

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
-from servelab.runners.all_reduce import CustomAllReduce, all_reduce_time_s, nccl_time_s, send_time_s
+from servelab.runners.all_reduce import LINKS, CustomAllReduce, all_reduce_time_s, nccl_time_s, send_time_s
 from servelab.runners.base import RUNNERS, RunnerBase, StepPlan, StepShape, picker
 from servelab.runners.presets import GpuPreset, ModelPreset, get_gpu, resolve_model
 
@@ -740,10 +740,13 @@ class RooflineParams:
     pp: int | None = None
     quantization: str | None = None  # vLLM's --quantization ("none", "auto": the model dtype)
     kv_cache_dtype: str | None = None
+    link: str | None = None  # what the GPUs talk over, over the GPU preset's: nvlink | pcie | pcie-host
 
     def __post_init__(self) -> None:
         if self.cpu_overhead < 0:
             raise ServelabError(f"cpu_overhead must be >= 0, got {self.cpu_overhead}")
+        if self.link is not None and self.link not in LINKS:
+            raise ServelabError(f"link must be one of {', '.join(LINKS)}, got '{self.link}'")
         if self.all_reduce is not None and self.all_reduce not in ALL_REDUCE_CHOICES:
             raise ServelabError(f"all_reduce must be one of {', '.join(ALL_REDUCE_CHOICES)}, got '{self.all_reduce}'")
 
@@ -768,6 +771,8 @@ def make_roofline(params: RooflineParams, context: dict) -> RooflineRunner:
         except ValueError as err:
             raise ServelabError(f"runner 'roofline': {err}") from None
     gpu = get_gpu(str(pick("gpu", DEFAULT_GPU)))
+    if params.link is not None and params.link != gpu.link:  # the machine's own link (peer-to-peer or not)
+        gpu = replace(gpu, link=params.link, p2p_ranks=gpu.p2p_ranks if params.link == "nvlink" else 0)
     tp = pick("tp", 1)
     scale = params.cpu_overhead
     profile = load_host_profile(params.host)

@@ -31,6 +31,15 @@ def _moe(tmp_path) -> str:
 def test_the_pcie_presets_are_the_gpus_without_nvlink():
     assert {g.name for g in PCIE} == {"h100-pcie", "l40s", "rtx-4090", "rtx-pro-6000"}
     assert get_gpu("rtx-4090").link == "pcie-host"  # GeForce: no peer-to-peer, NCCL through host memory
+    # RTX PRO 6000: peer-to-peer depends on the build; the real TP2 and DP2 + EP runs on two of them moved
+    # their bytes through host memory (bench/real_runs), so that is the default, and link= says otherwise
+    assert get_gpu("rtx-pro-6000").link == "pcie-host"
+    p2p = make_runner("roofline:model=qwen2.5-32b,gpu=rtx-pro-6000,tp=2,link=pcie")
+    host = make_runner("roofline:model=qwen2.5-32b,gpu=rtx-pro-6000,tp=2")
+    assert p2p.gpu.link == "pcie" and p2p.gpu.name == host.gpu.name == "rtx-pro-6000"
+    assert host.all_reduce_s(128) > p2p.all_reduce_s(128)  # every byte crosses PCIe twice
+    with pytest.raises(ServelabError, match="link must be one of nvlink, pcie, pcie-host"):
+        make_runner("roofline:gpu=rtx-pro-6000,link=infiniband")
     assert all(g.p2p_ranks == 0 for g in PCIE)
     with pytest.raises(ValueError, match="unknown link 'infiniband'"):
         dataclasses.replace(get_gpu("h100-80gb"), link="infiniband")
@@ -59,8 +68,9 @@ def test_no_all_reduce_beats_its_ring_bytes_over_the_link_on_any_preset(gpu):
 
 
 def test_pcie_all_reduce_costs_more_than_nvlink_at_the_same_bandwidth_by_hand():
-    # TP2 of a 32B dense model (hidden 5120) on RTX PRO 6000 (PCIe 5.0 x16, 64 GB/s, A40 NCCL fit)
-    pcie = make_runner("roofline:model=qwen2.5-32b,gpu=rtx-pro-6000,tp=2")
+    # TP2 of a 32B dense model (hidden 5120) on RTX PRO 6000 (PCIe 5.0 x16, 64 GB/s, A40 NCCL fit), on a
+    # build where peer-to-peer works (link=pcie; the preset's default is through host memory)
+    pcie = make_runner("roofline:model=qwen2.5-32b,gpu=rtx-pro-6000,tp=2,link=pcie")
     as_nvlink = dataclasses.replace(pcie, gpu=dataclasses.replace(pcie.gpu, link="nvlink"))
     c = pcie.calibration
     nbytes = 32 * 5120 * 2  # a decode batch of 32
