@@ -107,6 +107,8 @@ def config_for(meta: dict, overrides: Overrides) -> ReplayConfig:
             raise ServelabError(f"the measured run names no {key if key == 'model' else 'GPU'} (run.json config); "
                                 f"pass {option} (or import it again with --setting {key}=...)")
     _recorded_runner_settings(meta, data, given)
+    if (meta.get("source") or {}).get("gpu_p2p") is False and runner is None:
+        data["runner"] = "roofline:link=pcie-host"  # the server's GPUs had no peer-to-peer access (its log)
     try:
         config = ReplayConfig.from_dict(data, source="validate --real")
         for options in layers:
@@ -376,6 +378,8 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
             origin = f"run: {sources.get(key, 'the source')}"
         elif key in RUNNER_SHOWN:
             origin = "run: vLLM's arguments (run.json source)"
+        elif key == "runner" and (meta.get("source") or {}).get("gpu_p2p") is False:
+            origin = f"run: {meta['source'].get('gpu_p2p_from', 'the server log')} (no GPU peer-to-peer)"
         elif key == "num_gpu_blocks":
             origin = "derived from the model, GPU and gpu_memory_utilization"
         else:

@@ -10,8 +10,10 @@ included), the KV cache vLLM
 allocated (``num_gpu_blocks is: N``; V0 ``# GPU blocks: N`` or, from 0.6, ``# cuda blocks: N``;
 else V1's ``GPU KV cache size: N tokens`` divided by the block size; else, rounded,
 ``Maximum concurrency for N tokens per request: Xx`` times N over the block size), the version,
-and the last ``Prefix cache hit rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the
-metrics logger printed while prompts were served. Each setting remembers the line it came from.
+the last ``Prefix cache hit rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the
+metrics logger printed while prompts were served, and whether the custom all-reduce found the GPUs
+without peer-to-peer access (validate --real then prices the link through host memory). Each setting
+remembers the line it came from.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with co
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
 _ENGINE_TAG = re.compile(r"Engine (\d+):")  # V1 data parallel: each engine logs its own metrics
+# vLLM's custom all-reduce found no peer-to-peer access between the GPUs: NCCL goes through host memory
+_NO_P2P = re.compile(r"Custom allreduce is disabled because your platform lacks GPU P2P capability")
 _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 _WAITING = re.compile(r"(?:Waiting|Pending): (\d+) reqs")
 _KV_USAGE = re.compile(r"(?:GPU )?KV cache usage: ([\d.]+)%")
@@ -79,7 +83,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
             hits, first_hits = {}, {}
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version",
-                      "prefix_cache_hit_rate_pressure"):
+                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
@@ -114,6 +118,9 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             concurrency = (int(m.group(1).replace(",", "")), float(m.group(2)), lineno)
         elif (m := _VERSION.search(line)):
             source["vllm_version"] = m.group(1)
+        elif _NO_P2P.search(line):
+            source["gpu_p2p"] = False
+            source["gpu_p2p_from"] = f"{path.name} line {lineno}"
         if (m := _HIT.search(line)) and _busy(line):
             tag = _ENGINE_TAG.search(line)
             engine = tag.group(1) if tag else ""

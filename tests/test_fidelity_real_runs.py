@@ -157,3 +157,34 @@ def test_a_config_json_beside_the_run_names_a_model_no_preset_has(tmp_path, caps
     assert imported("--setting", "model=llama-3.1-8b")["config"]["model"] == "llama-3.1-8b"
     (run / "config.json").write_text(json.dumps({"nodes": [], "num_nodes": 1}))  # a simulator's own config.json
     assert imported()["config"]["model"] == "acme/llama-3.1-8b-pruned"  # (validate then asks for --model)
+
+
+def test_a_log_that_says_no_gpu_peer_to_peer_prices_the_link_through_host_memory(tmp_path, capsys):
+    """vLLM warns when its custom all-reduce finds the GPUs without peer-to-peer access; validate --real then
+    prices the link through host memory (an L40S pair, peer-to-peer by default, slower for it)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "llmservingsim-rtxpro6000-qwen3-32b", run)
+
+    def simulated_tpot(log_lines: list[str]) -> tuple[float, dict]:
+        (run / "vllm.log").write_text("\n".join(log_lines) + "\n")
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        code, _, err = run_main(["run", "import", run / "requests.jsonl", "-o", out, "--setting", "gpu=l40s"], capsys)
+        assert code == 0, err
+        code, text, err = run_main(["validate", "--real", out, "--format", "json"], capsys)
+        assert code == 0, err
+        report = json.loads(text)
+        tpot = next(r for r in report["latency"] if r["metric"] == "tpot" and r["stat"] == "mean")["simulated_s"]
+        return tpot, {s["setting"]: s for s in report["settings"]}
+
+    args = "INFO vllm.entrypoints.utils: non-default args: {'model': 'Qwen/Qwen3-32B', 'tensor_parallel_size': 2}"
+    p2p, settings = simulated_tpot([args])
+    assert settings["runner"]["value"] == "roofline" and settings["runner"]["from"] == "default"
+    warning = ("WARNING vllm.distributed.device_communicators.custom_all_reduce: Custom allreduce is disabled because "
+               "your platform lacks GPU P2P capability or P2P test failed. To silence this warning, specify "
+               "disable_custom_all_reduce=True explicitly.")
+    host, settings = simulated_tpot([args, warning])
+    assert settings["runner"]["value"] == "roofline:link=pcie-host"
+    assert settings["runner"]["from"] == "run: vllm.log line 2 (no GPU peer-to-peer)"
+    assert host > p2p  # every all-reduce byte crosses PCIe twice
