@@ -48,9 +48,11 @@ def _is_report(probe) -> bool:
 def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Measured:
     path, doc = one_json(paths, "inference-perf takes one per_request_lifecycle_metrics.json", list,
                          "not an inference-perf per-request report (expected a JSON list of requests)")
-    config = _config(path.parent)
-    stages = [mapping(path, s, "config.yaml load.stages") for s in
-              array(path, ((config.get("load") or {}).get("stages")), "config.yaml load.stages", optional=True)]
+    cfg_path = path.parent / "config.yaml"  # errors in it name it
+    config = _config(cfg_path)
+    load_cfg = mapping(cfg_path, config.get("load"), "load", optional=True)
+    stages = [mapping(cfg_path, s, "load.stages") for s in array(cfg_path, load_cfg.get("stages"), "load.stages",
+                                                                 optional=True)]
     if benchmark is not None:
         if not any(isinstance(r, dict) and r.get("stage_id") is not None for r in doc):
             raise InputError(path, f"--benchmark {benchmark}: the report records no stage_id per request "
@@ -72,20 +74,23 @@ def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Me
     if counted["client"]:
         notes.append(f"output tokens of {counted['client']} finished requests: the client's count of the streamed "
                      "text (no server usage recorded)")
-    server = mapping(path, config.get("server"), "config.yaml server", optional=True)
+    server = mapping(cfg_path, config.get("server"), "server", optional=True)
     settings = {"model": server.get("model_name") or _body_model(doc)}
-    load = _load(config, path, benchmark)
+    load = _load(load_cfg, stages, cfg_path, benchmark)
     source = {"stages": [{k: s.get(k) for k in ("rate", "duration", "concurrency_level") if k in s} for s in stages],
               **({"benchmark": benchmark} if benchmark is not None else {})}
     from servelab.traces.prefixes import PrefixSpec
 
     prefix = None
-    shared = mapping(path, (config.get("data") or {}).get("shared_prefix"), "config.yaml data.shared_prefix",
-                     optional=True)
+    data = mapping(cfg_path, config.get("data"), "data", optional=True)
+    shared = mapping(cfg_path, data.get("shared_prefix"), "data.shared_prefix", optional=True)
     if shared.get("system_prompt_len"):  # each group's system prompt, then a question from a pool per group
-        groups = int(shared.get("num_groups") or 1)
-        prefix = PrefixSpec(int(shared["system_prompt_len"]), groups,
-                            groups * int(shared.get("num_prompts_per_group") or 1), origin="config.yaml")
+        def count(key: str) -> int:
+            return integer(cfg_path, shared.get(key) or 1, f"data.shared_prefix.{key}")
+
+        groups = count("num_groups")
+        prefix = PrefixSpec(count("system_prompt_len"), groups, groups * count("num_prompts_per_group"),
+                            origin="config.yaml")
         source["generator_data"] = shared
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,
                     load=load)
@@ -176,9 +181,8 @@ def _body_model(doc: list) -> str | None:
     return None
 
 
-def _config(folder: Path) -> dict:
+def _config(path: Path) -> dict:
     """inference-perf's ``config.yaml`` (the config it ran with), beside the report; {} without one."""
-    path = folder / "config.yaml"
     if not path.is_file():
         return {}
     import yaml
@@ -190,19 +194,17 @@ def _config(folder: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _load(config: dict, path: Path, benchmark: int | None) -> dict:
+def _load(load: dict, stages: list[dict], path: Path, benchmark: int | None) -> dict:
     """The load shape: stages of a rate are an open loop (``constant``: evenly spaced sends, ``poisson``);
     stages of a ``concurrency_level`` are a closed loop of that many users."""
-    load = config.get("load")
-    if not isinstance(load, dict):
+    if not load:
         return {}
-    stages = [s for s in load.get("stages") or [] if isinstance(s, dict)]
     if benchmark is not None and benchmark < len(stages):
         stages = [stages[benchmark]]
     kind = str(load.get("type", "constant"))
     users = {s.get("concurrency_level") for s in stages}
     if stages and None not in users and len(users) == 1:
-        level = integer(Path(path.parent / "config.yaml"), users.pop(), "load.stages.concurrency_level")
+        level = integer(path, users.pop(), "load.stages.concurrency_level")
         return {"shape": "closed", "users": level, "strategy": kind, "request_rate": None}
     rates = [s.get("rate") for s in stages]
     rate = rates[0] if len(rates) == 1 and isinstance(rates[0], (int, float)) else None

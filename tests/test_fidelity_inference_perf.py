@@ -196,3 +196,18 @@ def test_a_report_with_long_prompts_is_still_detected(tmp_path, capsys):
     reqs[0]["request"] = json.dumps(body)
     out, meta, table, err = run_import(tmp_path, capsys, layout(tmp_path, reqs))
     assert "format: inference-perf (detected" in err and table.num_rows == 3
+
+
+@pytest.mark.parametrize("config, mention", [
+    ("load: {stages: 5}", "load.stages"),
+    ("load: {stages: [3]}", "load.stages"),
+    ("server: [x]", "server"),
+    ("data: {shared_prefix: {system_prompt_len: many}}", "data.shared_prefix.system_prompt_len"),
+    ("load: [", "not valid YAML"),
+])
+def test_a_malformed_config_yaml_is_named(tmp_path, capsys, config, mention):
+    src = layout(tmp_path, [old_request(i, 1.0 + 0.2 * i) for i in range(3)], config=config)
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "r", *H100], capsys)
+    lines = err.strip().splitlines()
+    assert code != 0 and lines[-1].startswith(f"error: {src.parent / 'config.yaml'}") and mention in lines[-1], err
+    assert not (tmp_path / "r").exists()
