@@ -80,10 +80,10 @@ def scoreboard(roots: dict[str, Path]) -> tuple[list[str], list[str]]:
     """(table lines, the commands run): every run folder under each root (name shown in the commands ->
     folder; a missing folder is skipped) with a per-request file."""
     commands, rows = [], []
-    folders = sorted((p, name, root) for name, root in roots.items() if root.is_dir()
+    folders = sorted((p, shown_as, root) for shown_as, root in roots.items() if root.is_dir()
                      for p in root.iterdir() if p.is_dir())
     with tempfile.TemporaryDirectory() as tmp:
-        for folder, name, data in folders:
+        for folder, shown_as, data in folders:
             source = next((folder / name for name in SOURCES if (folder / name).is_file()), None)
             if source is None:
                 continue
@@ -95,7 +95,7 @@ def scoreboard(roots: dict[str, Path]) -> tuple[list[str], list[str]]:
             run(args)
             report = json.loads(run(["validate", "--real", str(run_dir), "--format", "json"]))
             shown = " ".join(shlex.quote(a) for a in args)
-            shown = shown.replace(str(data), name).replace(str(run_dir), f"runs/{folder.name}")
+            shown = shown.replace(str(data), shown_as).replace(str(run_dir), f"runs/{folder.name}")
             commands += [f"servelab {shown}", f"servelab validate --real runs/{folder.name}"]
             meta = json.loads((run_dir / "run.json").read_text())
             counts = meta["counts"]

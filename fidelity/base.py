@@ -172,6 +172,16 @@ def read_json(path: Path) -> Any:
         raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
 
 
+def read_yaml(path: Path) -> Any:
+    """A YAML file's document (PyYAML imported on first use), or a one-line error naming the file."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(path, f"not valid YAML ({str(err).splitlines()[0]})") from None
+
+
 def one_json(paths: list[Path], takes: str, kind: type, expected: str) -> tuple[Path, Any]:
     """The single JSON source of an importer that reads one file (``takes``: the error on a second
     file), parsed and checked to be a ``kind`` (``expected``: the error otherwise)."""

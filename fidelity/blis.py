@@ -21,7 +21,7 @@ from pathlib import Path
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
-from servelab.fidelity.base import IMPORTERS, Measured, Rows
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_yaml
 
 COLUMNS = ("request_id", "input_tokens", "output_tokens", "send_time_us", "first_chunk_time_us",
            "last_chunk_time_us", "status")
@@ -44,16 +44,11 @@ def _pair(paths: list[Path]) -> tuple[Path, Path]:
 @detects(lambda p: p.path.suffix in (".yaml", ".yml", ".csv")
          or p.path.is_dir() and ((p.path / "trace.yaml").is_file() or (p.path / "trace.csv").is_file()), order=0)
 def import_blis(paths: list[Path]) -> Measured:
-    import yaml
-
     header_path, data_path = _pair(paths)
     for p in (header_path, data_path):
         if not p.is_file():
             raise InputError(p, "file not found (a TraceV2 needs both trace.yaml and trace.csv)")
-    try:
-        header = yaml.safe_load(header_path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise InputError(header_path, f"not valid YAML ({str(err).splitlines()[0]})") from None
+    header = read_yaml(header_path) or {}
     if not isinstance(header, dict) or "trace_version" not in header:
         raise InputError(header_path, "not a TraceV2 header (no 'trace_version')", column="trace_version")
     unit = str(header.get("time_unit", "us"))

@@ -29,11 +29,8 @@ from typing import Any
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
-from servelab.fidelity.base import IMPORTERS, Measured, Rows, one_json
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, one_json, read_yaml
 from servelab.fidelity.fields import array, integer, mapping, number
-
-REPORT = "per_request_lifecycle_metrics.json"
-
 
 def _is_report(probe) -> bool:
     """A JSON list whose first request opens with ``start_time`` and ``end_time`` (inference-perf writes
@@ -60,7 +57,7 @@ def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Me
         if not any(isinstance(r, dict) and r.get("stage_id") == benchmark for r in doc):
             raise InputError(path, f"--benchmark {benchmark}: no request of stage {benchmark}", column="stage_id")
     rows = Rows(path)
-    counted = {"server": 0, "max_tokens": 0, "client": 0}
+    counted = {"max_tokens": 0, "client": 0}  # output counts not the server's: said in a note
     for i, req in enumerate(doc):
         row = i + 1
         req = mapping(path, req, f"[{i}]", row)
@@ -75,7 +72,7 @@ def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Me
         notes.append(f"output tokens of {counted['client']} finished requests: the client's count of the streamed "
                      "text (no server usage recorded)")
     server = mapping(cfg_path, config.get("server"), "server", optional=True)
-    settings = {"model": server.get("model_name") or _body_model(doc)}
+    settings = {"model": server.get("model_name") or _body_model(path, doc)}
     load = _load(load_cfg, stages, cfg_path, benchmark)
     source = {"stages": [{k: s.get(k) for k in ("rate", "duration", "concurrency_level") if k in s} for s in stages],
               **({"benchmark": benchmark} if benchmark is not None else {})}
@@ -114,9 +111,7 @@ def _add(rows: Rows, path: Path, req: dict, row: int, counted: dict) -> None:
                                                                       "chunk_times", row, optional=True)]
     prompt = integer(path, usage.get("prompt_tokens"), "server_usage.prompt_tokens", row, optional=True)
     output = integer(path, usage.get("completion_tokens"), "server_usage.completion_tokens", row, optional=True)
-    if prompt is not None and output is not None:
-        counted["server"] += 1
-    else:
+    if prompt is None or output is None:  # no server usage: the request body and the client's counts
         text = mapping(path, (mapping(path, info.get("request_metrics"), "info.request_metrics", row,
                                       optional=True)).get("text"), "info.request_metrics.text", row, optional=True)
         if prompt is None:
@@ -170,27 +165,15 @@ def _prompt_text(body: dict) -> str | None:
     return None
 
 
-def _body_model(doc: list) -> str | None:
-    for req in doc[:1]:
-        if isinstance(req, dict) and isinstance(req.get("request"), str):
-            try:
-                model = json.loads(req["request"]).get("model")
-            except (json.JSONDecodeError, AttributeError):
-                return None
-            return model if isinstance(model, str) else None
-    return None
+def _body_model(path: Path, doc: list) -> str | None:
+    """The model the first request's body names (a report beside no config.yaml)."""
+    model = _body(path, doc[0].get("request"), 1).get("model") if doc and isinstance(doc[0], dict) else None
+    return model if isinstance(model, str) else None
 
 
 def _config(path: Path) -> dict:
     """inference-perf's ``config.yaml`` (the config it ran with), beside the report; {} without one."""
-    if not path.is_file():
-        return {}
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise InputError(path, f"not valid YAML ({str(err).splitlines()[0]})") from None
+    data = read_yaml(path) if path.is_file() else None
     return data if isinstance(data, dict) else {}
 
 

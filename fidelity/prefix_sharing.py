@@ -60,8 +60,8 @@ def choose(measured: Measured, block_tokens: int, option: PrefixSpec | None = No
     caching = measured.settings.get("enable_prefix_caching", True) is not False
     pressure = measured.source.get("prefix_cache_hit_rate_pressure")  # the log's hits look like preemption's
     if hashes is None and caching and hit_rate is not None and hit_rate > WARN_HIT_RATE:
-        fitted = apply_hit_rate or not pressure  # the prefix that reproduces the rate: applied, or advised
-        length = prefixes.hit_rate_prefix(_served(rows), hit_rate, block_tokens) if fitted else 0
+        needed = apply_hit_rate or not pressure  # the prefix that reproduces the rate: applied, or advised
+        length = prefixes.hit_rate_prefix(_served(rows), hit_rate, block_tokens) if needed else 0
         if pressure:
             said = (f"the server's prefix-cache hit rate {hit_rate:.1%} comes from preemption, not shared prompts "
                     f"({pressure}): vLLM counts each time the scheduler looks a waiting request up, and one "

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.common.errors import InputError
+from servelab.fidelity.base import read_yaml
 from servelab.traces.prefixes import PrefixSpec, spec_from_generator
 
 # meta.json engine_kwargs / exp-config.yaml keys -> run.json config keys
@@ -91,15 +92,6 @@ def _blocks_in(obj: Any) -> int | None:
     return None
 
 
-def _read_yaml(path: Path) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise InputError(path, f"not valid YAML ({str(err).splitlines()[0]})") from None
-
-
 def _kwargs(found: Found, kwargs: dict, path: Path) -> None:
     for key, value in kwargs.items():
         if key in KWARG_KEYS and not isinstance(value, (dict, list)):
@@ -154,7 +146,7 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
     for folder in folders:
         exp = folder / "exp-config.yaml"
         if exp.is_file():
-            data = _read_yaml(exp) or {}
+            data = read_yaml(exp) or {}
             if isinstance(data, dict):
                 _kwargs(found, data, exp)
                 if (gpu := _gpu_in(data)):
@@ -182,7 +174,7 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
                 found.source["hf_config"] = str(hf.resolve())
         profile = folder / "profile.yaml"
         if profile.is_file() and found.prefix is None:
-            data = _read_yaml(profile)
+            data = read_yaml(profile)
             if isinstance(data, dict):
                 found.prefix = spec_from_generator(data.get("data") or {}, origin=profile.name)
                 found.source["generator_data"] = data.get("data")

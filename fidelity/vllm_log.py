@@ -134,8 +134,8 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         source["prefix_cache_hit_rate_from"] = (f"{path.name} line {lines[0]}" if len(lines) == 1 else
                                                 f"{path.name} lines {', '.join(map(str, lines))} (mean over "
                                                 f"{len(lines)} engines)")
-        why = [w for w in (first_hits.get(e) for e in hits) if w]
-        if why and len(why) == len([e for e, (r, _) in hits.items() if r > 0]):
+        why = [first_hits.get(e) for e, (rate, _) in hits.items() if rate > 0]  # each engine with hits
+        if why and all(why):
             source["prefix_cache_hit_rate_pressure"] = f"{path.name} {why[0]}"
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
         # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
