@@ -185,6 +185,11 @@ def build_replicas(config: ReplayConfig, runner: Runner, num_blocks: int,
         replica.lora = make_slots(engine_cfg, runner)
         replica.encoder = encoder_stage(engine_cfg, runner)
         replicas.append(replica)
+    if config.dp > 1 and getattr(runner, "dp_lockstep", False):  # an MoE model's DP ranks step together
+        from servelab.replay.core.lockstep import DpGroup
+
+        for first in range(0, engines, config.dp):
+            DpGroup(replicas[first:first + config.dp], runner)
     return replicas
 
 

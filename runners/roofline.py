@@ -448,23 +448,30 @@ class RooflineRunner(RunnerBase):
         """One layer's linear ops, embedding + final norm, and one layer's communication: two
         all-reduces, or with expert parallelism one all-reduce plus an all-to-all dispatch and combine;
         then the embedding and the final norm apart (pipeline stages hold one each)."""
-        op = self._op
         graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
+        return self._token_parts(tokens, tokens, graphed)
+
+    def _token_parts(self, tokens: float, expert_tokens: float, graphed: bool) -> tuple[float, float, float, float, float]:
+        """``_token_terms`` with the experts (their ops and their dispatch) seeing ``expert_tokens`` per
+        DP rank, and the CUDA-graph choice given (a DP group's ranks in lockstep: replay/core/lockstep.py)."""
+        op = self._op
         ops, head = (self._graph_ops, self._graph_head) if graphed else (self._ops, self._head)
         emb, final_norm, _ = head
         if self.model.is_moe:
-            # Under DP every rank's experts see the tokens of all dp ranks (assumed as many as this
-            # rank's), and hold 1/dp of the experts this rank's folded weights assume.
-            touched = self.model.experts_touched(tokens * self.dp) / self.dp
-            layer = sum(c * (lat + max(comp * tokens, fixed * (touched if expert else 1.0) + per * tokens))
-                        for (c, lat, comp, fixed, per), expert in zip(ops, self._expert))
+            # Under DP every rank's experts see the tokens of all dp ranks (``expert_tokens`` each), and
+            # hold 1/dp of the experts this rank's folded weights assume.
+            touched = self.model.experts_touched(expert_tokens * self.dp) / self.dp
+            layer = 0.0
+            for (c, lat, comp, fixed, per), expert in zip(ops, self._expert):
+                n = expert_tokens if expert else tokens
+                layer += c * (lat + max(comp * n, fixed * (touched if expert else 1.0) + per * n))
             layer += sum(op(f, tokens) for f in self._shared)
         else:
             layer = sum(op(f, tokens) for f in ops)
         if self.ep > 1:
-            comm = self.all_reduce_s(tokens) + 2 * self.all_to_all_s(tokens)
+            comm = self.all_reduce_s(tokens) + 2 * self.all_to_all_s(expert_tokens)
         elif self.dp > 1 and self.model.is_moe:
-            comm = self.all_reduce_s(tokens) + self.dp_expert_all_reduce_s(tokens)
+            comm = self.all_reduce_s(tokens) + self.dp_expert_all_reduce_s(expert_tokens)
         else:
             comm = 2 * self.all_reduce_s(tokens)
         emb_s, norm_s = op(emb, tokens), op(final_norm, tokens)
@@ -611,6 +618,46 @@ class RooflineRunner(RunnerBase):
         fixed = self.model.num_layers * layer + once + cpu
         # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
         return fixed + self._rates.decode_s_per_kv_token * s.decode_context_tokens
+
+    @property
+    def dp_lockstep(self) -> bool:
+        """Whether this replica's DP ranks step together (vLLM with an MoE model and dp > 1: the experts'
+        collectives join every rank in every forward pass, an idle rank runs a dummy batch, and each rank
+        pads its tokens to the most any rank has: replay/core/lockstep.py). Pipeline stages are not
+        locked (their virtual engines keep their own steps)."""
+        return self.dp > 1 and self.model.is_moe and self.pp == 1
+
+    @property
+    def dp_capture_tokens(self) -> int:
+        """The largest step vLLM runs as a CUDA graph: its default capture sizes stop at
+        min(2 x max_num_seqs, 512, max_num_batched_tokens), within the host profile's own bound (0: the
+        profile captures none)."""
+        if self.host_profile is None:
+            return 0
+        return min(self.host_profile.graph_max_tokens, 2 * self.logit_seqs, self.activation_tokens)
+
+    def dp_lockstep_s(self, tokens: int, group_tokens: tuple[int, ...]) -> float:
+        """Seconds to add to a step of ``tokens`` tokens priced alone (``step_time``) when its DP group's
+        ranks carry ``group_tokens`` in this step (this rank's among them), as vLLM runs them:
+
+        - every rank's step fits a CUDA graph (``dp_capture_tokens``): each rank pads its batch to the
+          most tokens any rank has, which go through every layer's linear ops, experts and collectives,
+          and the embedding and final norm (not attention, the LM head or the CPU's work);
+        - else every rank runs eager (the ranks agree on the least graph mode), unpadded: its own tokens
+          through its dense ops, and the experts and their dispatch see every rank's tokens (their mean
+          per rank).
+        The ranks then wait for the slowest (replay/core/lockstep.py takes the max)."""
+        most = max(group_tokens)
+        alone = self._by_tokens(tokens)
+        layers = self.model.num_layers
+        if most <= self.dp_capture_tokens:
+            if most <= tokens:
+                return 0.0
+            padded = self._by_tokens(most)
+            return layers * (padded[0] + padded[2] - alone[0] - alone[2]) + padded[1] - alone[1]
+        mean = sum(group_tokens) / len(group_tokens)
+        locked = self._token_parts(tokens, mean, False)
+        return layers * (locked[0] + locked[2] - alone[0] - alone[2]) + locked[1] - alone[1]
 
     @property
     def lora_params_per_rank(self) -> int:

@@ -41,6 +41,9 @@ ARRIVAL, STEP_DONE, SCHEDULE = 0, 1, 2
 # A component's own timed event (payload: a function of the time), after the completions at its
 # instant and before the decisions: KV transfers landing on a decode replica (replay/cluster/disagg.py).
 TIMER = 1.5
+# After every decision at its instant (payload: a function of the time): DP ranks stepping together close
+# the round they formed at that instant (replay/core/lockstep.py).
+AFTER_DECISIONS = 2.5
 FAULT = 3  # a replica failing or coming back (payload: (replica, down)), after everything else at its instant
 # A streamed trace's next arrivals (replay/stream.py; payload: a function of the time), before everything
 # else at its instant: set at the arrival time of the batch's last request, held back from ``arrivals``,
@@ -113,6 +116,9 @@ class Engine:
             if id(own) not in affines:
                 affines[id(own)] = lru_cache(maxsize=None)(own.decode_affine)
             replica.decode_affine = affines[id(own)]
+        for replica in replicas:
+            if replica.group is not None:  # DP ranks stepping together (replay/core/lockstep.py)
+                replica.group.engine = self
         if not self.needs_items and any(getattr(r.runner, "prices_items", False) for r in replicas):
             self.needs_items = True  # a cluster pool's runner prices each request's context (hybrid attention)
         # Components called with (replica, step, end_s) after each applied step, in order: the
@@ -201,6 +207,8 @@ class Engine:
             elif kind == REFILL:  # (streaming) the arrivals list was refilled in place
                 payload(time_s)
                 num_arrivals = len(arrivals)
+            elif kind == AFTER_DECISIONS:
+                payload(time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
@@ -238,6 +246,8 @@ class Engine:
                 intents = payload(time_s)  # (a component's own event: it may return intents)
                 if intents:
                     self.enact(intents, time_s)
+            elif kind == AFTER_DECISIONS:
+                payload(time_s)
             else:
                 payload.schedule_pending = False
                 if not payload.busy:
@@ -341,6 +351,22 @@ class Engine:
             if not r.busy and (r.waiting or r.running):
                 self._request_schedule(r, now)
 
+    def after_decisions(self, time_s: float, fn) -> None:
+        """Call ``fn(time_s)`` once every decision at ``time_s`` is taken (replay/core/lockstep.py)."""
+        self.push(time_s, AFTER_DECISIONS, fn)
+
+    def retime(self, replica: Replica, end_s: float) -> None:
+        """``replica``'s step in flight now ends at ``end_s`` (its ``end_s`` already set): its earlier
+        completion event goes stale."""
+        replica.step_token += 1
+        self.push(end_s, STEP_DONE, (replica, replica.step_token))
+
+    def schedule_at(self, replica: Replica, time_s: float) -> None:
+        """Consult ``replica``'s policy at ``time_s`` (later than now)."""
+        if not replica.schedule_pending:
+            replica.schedule_pending = True
+            self.push(time_s, SCHEDULE, replica)
+
     def _cut_stretch(self, replica: Replica, now: float) -> None:
         """End the in-flight decode stretch at the first iteration boundary at or after ``now``."""
         step = replica.inflight
@@ -368,6 +394,9 @@ class Engine:
         return 0.0
 
     def _start(self, replica: Replica, now: float) -> None:
+        group = replica.group
+        if group is not None and group.holds(replica, now):  # its DP ranks' step is in flight: decide at its end
+            return
         replica.now_s = now
         swap_s = self._before_schedule(replica, now) if self._before_schedule is not None else 0.0
         if not replica.running and not replica.waiting:  # nothing to decide: it idles until work comes
@@ -426,7 +455,7 @@ class Engine:
             raise ServelabError(f"runner {replica.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
                     len(replica.waiting), kv.used)
-        if affine is not None and swap_s == 0.0:
+        if affine is not None and swap_s == 0.0 and group is None:
             self._plan_stretch(replica, step, summary, affine)
         if replica.wake_s is not None and replica.wake_s > now:
             j = step._first_boundary_at_or_after(replica.wake_s)
@@ -438,6 +467,8 @@ class Engine:
         replica.step_token += 1
         self.seq += 1  # (self.push, inline: once per decision)
         heapq.heappush(self.heap, (step.end_s, STEP_DONE, self.seq, (replica, replica.step_token)))
+        if group is not None:
+            group.joined(replica, step, now)
 
     @staticmethod
     def _summarise(kv: KVManager, batch: Batch, items: list | None) -> BatchSummary:

@@ -20,7 +20,7 @@ class Replica:
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
                  "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "aggregate",
-                 "runner", "decode_affine", "pool", "lora", "encoder")
+                 "runner", "decode_affine", "pool", "lora", "encoder", "group")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy):
         # ``policy`` is a `Policy` (replay/core/protocols.py); not imported here: the protocol is written in
@@ -48,6 +48,7 @@ class Replica:
         self.pool = None  # the name of its cluster pool (replay/cluster/config.py), None outside a cluster
         self.lora = None  # its AdapterSlots (replay/core/lora.py) when LoRA serving is on (max_loras > 0)
         self.encoder = None  # its EncoderStage (replay/core/encoder.py) when a multimodal encoder is configured
+        self.group = None  # its DpGroup (replay/core/lockstep.py) when its DP ranks step together
 
     def owe(self, req: Request) -> None:
         self.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \
