@@ -536,7 +536,7 @@ _force_option = click.option("--force/--no-force", default=False, help="Replace 
 @click.option("--token-log/--no-token-log", default=False, help="Also write tokens.parquet: every output token's time.")
 @click.option("--client-model", default=None,
               help="Add client-side times (client_ttft_s, client_e2e_s, ...) with this client/API-server model: "
-                   "a server kind (vllm) or a JSON from fit --client (docs/fidelity.md).")
+                   "a server kind (vllm: a GPU server's, vllm-cpu) or a JSON from fit --client (docs/fidelity.md).")
 @click.option("--stream/--no-stream", default=False,
               help="Read the trace in batches and write -o's files as requests end: memory holds the requests in "
                    "flight, not the trace (docs/performance.md). What is not streamed replays in memory, saying why.")

@@ -286,7 +286,8 @@ def _print_fit(fit_info: dict) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write the report as JSON (atomically).")
 @click.option("--client-model", default="auto", show_default=True,
               help="--real, a client-side run: the client/API-server model added to simulated times "
-                   "(auto: the calibrated one of the server kind; vllm; a JSON from fit --client; none).")
+                   "(auto: the calibrated one of the server kind; vllm: a GPU server's; vllm-cpu: a CPU "
+                   "server's; a JSON from fit --client; none).")
 def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_path, policy, num_gpu_blocks,
              set_options, limit, duration_s, plot_path, fmt, output, client_model):
     """Replay a trace slice with two runners and report step-time and TTFT/TPOT errors; or, with --real

@@ -68,9 +68,11 @@ class ClientModel:
 
 
 # The calibrated model per server kind, fitted when this module loads on the observations shipped
-# beside it (client_calibration_<kind>.json, with where they come from).
+# beside it (client_calibration_<kind>.json, with where they come from): ``vllm`` a GPU server's,
+# ``vllm-cpu`` the CPU server's of the live tests (its API server shares a small machine's CPUs).
 DEFAULTS: dict[str, ClientModel] = {}
 CALIBRATION = Path(__file__).with_name("client_calibration_vllm.json")
+CPU_CALIBRATION = Path(__file__).with_name("client_calibration_vllm-cpu.json")
 
 
 def open_streams(send_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
@@ -142,14 +144,20 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
 
 DEFAULTS["vllm"] = fit_client(
     json.loads(CALIBRATION.read_text())["observations"], "vllm",
+    provenance="vLLM 0.11 on an H100 (CodeLlama-34B) against GuideLLM 0.6 over a cluster network, "
+               "fidelity/client_calibration_vllm.json: 10 benchmarks of two sweeps (one request at a time to 40 at "
+               "once) and 10 request records, the client's times against the same requests' OpenTelemetry spans "
+               "(inference-sim's ground truth, bench/RESULTS_fidelity.md session 21)")
+DEFAULTS["vllm-cpu"] = fit_client(
+    json.loads(CPU_CALIBRATION.read_text())["observations"], "vllm-cpu",
     provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a loaded 2-vCPU VM), "
-               "fidelity/client_calibration_vllm.json: 4 lone-request levels (16-1,536 prompt tokens) and 4 closed "
-               "loops of 1-16 users (0-11 other streams open at a send), client times against vLLM's engine-side "
-               "/metrics (bench/RESULTS_fidelity.md, attempt b1); its 12 live runs are held out")
+               "fidelity/client_calibration_vllm-cpu.json: 4 lone-request levels (16-1,536 prompt tokens) and 4 "
+               "closed loops of 1-16 users (0-11 other streams open at a send), client times against vLLM's "
+               "engine-side /metrics (bench/RESULTS_fidelity.md, attempt b1); its 12 live runs are held out")
 
 
 def resolve(spec: str) -> ClientModel:
-    """A server kind of ``DEFAULTS`` (``vllm``) or a JSON file written by ``servelab fit --client``."""
+    """A server kind of ``DEFAULTS`` (``vllm``, ``vllm-cpu``) or a JSON file written by ``servelab fit --client``."""
     if spec in DEFAULTS:
         return DEFAULTS[spec]
     path = Path(spec)

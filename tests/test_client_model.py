@@ -78,11 +78,11 @@ def test_fit_recovers_the_terms():
         ClientModel("vllm", -1.0, 0.0)
 
 
-def test_the_shipped_vllm_default_is_fitted_on_the_shipped_observations():
-    data = json.loads(cm.CALIBRATION.read_text())
+def test_the_shipped_vllm_cpu_default_is_fitted_on_the_shipped_observations():
+    data = json.loads(cm.CPU_CALIBRATION.read_text())
     assert len(data["observations"]) == 8 and len(data["held_out"]) == 12 and "vLLM 0.32" in data["about"]
-    model = cm.DEFAULTS["vllm"]
-    assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0])
+    model = cm.DEFAULTS["vllm-cpu"]
+    assert model == fit_client(data["observations"], "vllm-cpu", provenance=model.provenance.split("; fitted on")[0])
     assert "attempt b1" in model.provenance
     # the closed loops of 4-16 users identify the load term: the outside time grows with the streams open
     loads = sorted({o["open_streams"] for o in data["observations"]})
@@ -91,6 +91,27 @@ def test_the_shipped_vllm_default_is_fitted_on_the_shipped_observations():
     assert model.outside_s(16.0) == pytest.approx(0.0065, abs=5e-4)
     # 16 users (11.25 others open at a send): 24.3 ms outside the engine measured
     assert model.outside_s(64.0, 11.25) == pytest.approx(0.0243, abs=2e-3)
+    assert cm.resolve("vllm-cpu") is model
+
+
+def test_the_shipped_vllm_default_is_a_gpu_servers():
+    # fitted on a real H100 server's client (GuideLLM) and server (OpenTelemetry) times of the same requests
+    data = json.loads(cm.CALIBRATION.read_text())
+    model = cm.DEFAULTS["vllm"]
+    assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0])
+    assert "H100" in model.provenance and "GuideLLM" in data["about"]
+    benchmarks = [o for o in data["observations"] if "requests" in o]
+    assert len(benchmarks) == 10 and sum(o["requests"] for o in benchmarks) == 397
+    # one request at a time, ~3,000-token prompts: 9.4-10.0 ms outside the engine measured
+    for o in benchmarks:
+        if "synchronous" in o["source"]:
+            assert model.outside_s(o["prompt_tokens"], o["open_streams"]) == pytest.approx(
+                o["client_ttft_s"] - o["server_ttft_s"], abs=1.5e-3)
+    # its API server has a host of its own: 40 requests sent at once add ~4-10 ms, not the CPU server's 60
+    assert model.stream_s < cm.DEFAULTS["vllm-cpu"].stream_s / 3
+    assert model.outside_s(3000.0, 19.5) < 0.020
+    # the per-token term comes from the request records (2,274-3,119 tokens): tokenisation, as on CPU
+    assert 1e-6 < model.prompt_token_s < 4e-6 and 0.0 < model.request_s < 0.005
 
 
 def _live_like_run(tmp_path):
