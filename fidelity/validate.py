@@ -156,6 +156,8 @@ def _recorded_runner_settings(meta: dict, data: dict[str, Any], given: set[str])
     if (dp and int(dp) > 1 and not given & {"dp", "data_parallel_size", "replicas"}
             and int(data.get("replicas", 1) or 1) == int(dp)):
         data["replicas"], data["dp"] = 1, int(dp)
+        if "router" not in given and "router" not in data:  # vLLM's own balancing over its ranks
+            data["router"] = DP_ROUTER
     for key, name in RECORDED_RUNNER_KEYS.items():
         value = source.get(key)
         if value in (None, "", "auto", False) or given & {key, name} or name in data:
@@ -353,6 +355,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
 
 
 RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set
+DP_ROUTER = "vllm-dp"  # a DP run's ranks, balanced as vLLM's API server does (listed when used)
 SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
          "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
 
@@ -365,8 +368,8 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
     sources = meta.get("config_sources") or {}
     flat = config.to_dict()
     out = []
-    for key in SHOWN:
-        if key in RUNNER_SHOWN and key not in flat:
+    for key in (*SHOWN, "router"):
+        if key in RUNNER_SHOWN and key not in flat or key == "router" and flat.get("dp", 1) == 1 and "router" not in given:
             continue
         value = blocks if key == "num_gpu_blocks" else flat.get(key)
         if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
@@ -378,6 +381,8 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
             origin = f"run: {sources.get(key, 'the source')}"
         elif key in RUNNER_SHOWN:
             origin = "run: vLLM's arguments (run.json source)"
+        elif key == "router" and value == DP_ROUTER:
+            origin = "run: vLLM balances its DP ranks by 4 x waiting + running (data_parallel_size)"
         elif key == "runner" and (meta.get("source") or {}).get("gpu_p2p") is False:
             origin = f"run: {meta['source'].get('gpu_p2p_from', 'the server log')} (no GPU peer-to-peer)"
         elif key == "num_gpu_blocks":

@@ -18,13 +18,13 @@ def typed(name: str, table: dict):
     return typed_params(ROUTERS, name, table)
 
 
-def replica(rid, outstanding=0, used=0, total=100, waiting=0, cached=0, max_num_seqs=10):
+def replica(rid, outstanding=0, used=0, total=100, waiting=0, cached=0, max_num_seqs=10, running=0):
     kv = SimpleNamespace(used=used, total=total, cached_tokens=lambda req: cached)
     return SimpleNamespace(id=rid, outstanding_tokens=outstanding, kv=kv, waiting=[None] * waiting,
-                           config=SimpleNamespace(max_num_seqs=max_num_seqs), lora=None)
+                           running=[None] * running, config=SimpleNamespace(max_num_seqs=max_num_seqs), lora=None)
 
 
-REQ = SimpleNamespace(prompt_tokens=100, session_id=None, lora_adapter=None)
+REQ = SimpleNamespace(prompt_tokens=100, session_id=None, lora_adapter=None, arrival_s=0.0)
 
 
 def test_every_router_is_registered_by_being_in_the_package():

@@ -333,3 +333,7 @@ def test_a_dp_ep_run_imported_and_validated_replays_as_dp_ranks(tmp_path, capsys
     used = {row["setting"]: row for row in report["settings"]}
     assert used["dp"]["value"] == 2 and used["dp"]["from"] == "run: vLLM's arguments (run.json source)"
     assert used["replicas"]["value"] == 1 and "pp" not in used  # listed only when set
+    # vLLM's API server balances its DP ranks by 4 x waiting + running: the replay's router for them
+    assert c.engine.router == "vllm-dp" and used["router"]["value"] == "vllm-dp"
+    assert used["router"]["from"].startswith("run: vLLM balances its DP ranks")
+    assert config_for(run, {"router": "round-robin"}).engine.router == "round-robin"  # an option wins
