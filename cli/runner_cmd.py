@@ -195,12 +195,14 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from,
 
 def _fit_client(sources, server_kind, output):
     """fit --client SRC... -o OUT: the client model's terms (docs/fidelity.md), printed and written."""
-    from servelab.fidelity.client_model import fit_client, observations_from, save
+    from servelab.fidelity.client_model import api_server_runs_from, fit_client, observations_from, save
 
     if not output:
         raise ServelabError("fit --client SRC... needs -o OUT (the client model JSON)")
     observations = [o for src in sources for o in observations_from(Path(src))]
-    model = fit_client(observations, server_kind, provenance="servelab fit --client " + " ".join(map(str, sources)))
+    runs = [r for src in sources for r in api_server_runs_from(Path(src))]
+    model = fit_client(observations, server_kind, provenance="servelab fit --client " + " ".join(map(str, sources)),
+                       api_server_runs=runs or None)
     save(model, output)
     click.echo(f"client model ({server_kind}): {model.request_s * 1e3:.3f} ms + {model.prompt_token_s * 1e6:.3f} us "
                f"per prompt token + {model.stream_s * 1e3:.3f} ms per open stream outside the engine, "

@@ -91,7 +91,25 @@ def open_streams(send_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
     return rank - ended
 
 
-def fit_client(observations: list[dict], server: str = "vllm", provenance: str = "") -> ClientModel:
+def api_server_token_s(runs: list[dict]) -> float:
+    """The API server's own CPU per streamed token, from runs that measured its process's CPU time: NNLS
+    of ``api_cpu_s`` on ``wall_s`` (its event loop's polling, a share of a CPU whatever the load),
+    ``tokens`` and ``requests``; the tokens' coefficient is ``token_s``."""
+    from scipy.optimize import nnls
+
+    try:
+        a = np.array([[float(r["wall_s"]), float(r["tokens"]), float(r["requests"])] for r in runs])
+        b = np.array([float(r["api_cpu_s"]) for r in runs])
+    except (KeyError, TypeError, ValueError):
+        raise ServelabError("api_server_cpu runs need wall_s, tokens, requests and api_cpu_s (numbers)") from None
+    if len(runs) < 3 or np.linalg.matrix_rank(a) < 3:
+        raise ServelabError("api_server_cpu: fitting the API server's CPU per token needs runs that vary the "
+                            "tokens apart from the wall time and the requests (3 or more)")
+    return float(nnls(a, b)[0][1])
+
+
+def fit_client(observations: list[dict], server: str = "vllm", provenance: str = "",
+               api_server_runs: list[dict] | None = None) -> ClientModel:
     """Non-negative least squares (scipy's NNLS) of the client-minus-engine TTFT on ``1,
     prompt_tokens, open_streams`` for ``request_s``, ``prompt_token_s`` and ``stream_s``.
     ``stream_s`` is fitted when the observations record ``open_streams`` (the mean number of other
@@ -100,7 +118,9 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
     over observations that have decode times, of the client-minus-engine decode time per gap
     (``(client_decode_s - server_decode_s) / (output_tokens - 1)``, at least 0): the delay the API
     server adds per streamed token beyond the engine, which only shows under load. Each observation
-    may carry a ``weight`` (requests behind a mean)."""
+    may carry a ``weight`` (requests behind a mean). ``api_server_runs``: runs that measured the API
+    server process's CPU time (``api_server_token_s``): then ``token_s`` is its CPU per streamed token,
+    the service time of the queue, which the decode times of lightly loaded runs cannot show."""
     from scipy.optimize import nnls
 
     rows, target, weights = [], [], []
@@ -133,11 +153,15 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
                for o in observations if o.get("client_decode_s") is not None and o.get("server_decode_s") is not None
                and float(o.get("output_tokens") or 0) > 1]
     token_s = float(np.mean(per_gap)) if per_gap else 0.0
+    if api_server_runs:
+        token_s = api_server_token_s(api_server_runs)
     residual = b - a @ np.array([request_s, prompt_token_s, stream_s])
     load_note = ("" if identified else "; stream_s: no observation records open_streams, set to 0" if not with_load
                  else "; stream_s: the observations do not separate the load from the other terms (one load level), set to 0")
+    token_note = (f"; token_s: the API server's CPU per streamed token over {len(api_server_runs)} runs"
+                  if api_server_runs else "" if per_gap else "; token_s: no observation with decode times, set to 0")
     fit = (f"fitted on {len(rows)} observations (outside time residual max {np.abs(residual).max() * 1e3:.2f} ms)"
-           + load_note + ("" if per_gap else "; token_s: no observation with decode times, set to 0"))
+           + load_note + token_note)
     return ClientModel(server, request_s, prompt_token_s, token_s,
                        provenance=f"{provenance}; {fit}" if provenance else fit, stream_s=stream_s)
 
@@ -148,12 +172,14 @@ DEFAULTS["vllm"] = fit_client(
                "fidelity/client_calibration_vllm.json: 10 benchmarks of two sweeps (one request at a time to 40 at "
                "once) and 10 request records, the client's times against the same requests' OpenTelemetry spans "
                "(inference-sim's ground truth, bench/RESULTS_fidelity.md session 21)")
+_cpu = json.loads(CPU_CALIBRATION.read_text())
 DEFAULTS["vllm-cpu"] = fit_client(
-    json.loads(CPU_CALIBRATION.read_text())["observations"], "vllm-cpu",
+    _cpu["observations"], "vllm-cpu", api_server_runs=_cpu["api_server_cpu"]["runs"],
     provenance="vLLM 0.32 CPU (the tiny CI model, API server pinned off the worker's CPU, a loaded 2-vCPU VM), "
                "fidelity/client_calibration_vllm-cpu.json: 4 lone-request levels (16-1,536 prompt tokens) and 4 "
                "closed loops of 1-16 users (0-11 other streams open at a send), client times against vLLM's "
-               "engine-side /metrics (bench/RESULTS_fidelity.md, attempt b1); its 12 live runs are held out")
+               "engine-side /metrics (bench/RESULTS_fidelity.md, attempt b1); its 12 live runs are held out; "
+               "token_s from the API server process's CPU time in 10 closed loops (session 21)")
 
 
 def resolve(spec: str) -> ClientModel:
@@ -275,6 +301,18 @@ def as_client_side(requests: pa.Table) -> pa.Table:
 
 
 # -- observations from live runs -----------------------------------------------------------------
+def api_server_runs_from(path: Path) -> list[dict]:
+    """The API server CPU runs of an observations JSON (``{"api_server_cpu": {"runs": [...]}}``: each
+    ``wall_s``, ``tokens``, ``requests``, ``api_cpu_s``, see ``api_server_token_s``), else none."""
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    runs = (data.get("api_server_cpu") or {}).get("runs") if isinstance(data, dict) else None
+    if runs is not None and not isinstance(runs, list):
+        raise InputError(path, "api_server_cpu.runs is not a list", column="api_server_cpu")
+    return runs or []
+
+
 def observations_from(path: Path) -> list[dict]:
     """Observations with client and engine times: a JSON file (``{"observations": [...]}``: each
     ``prompt_tokens``, ``client_ttft_s``, ``server_ttft_s``, optionally ``open_streams``, ``output_tokens``,

@@ -82,7 +82,11 @@ def test_the_shipped_vllm_cpu_default_is_fitted_on_the_shipped_observations():
     data = json.loads(cm.CPU_CALIBRATION.read_text())
     assert len(data["observations"]) == 8 and len(data["held_out"]) == 12 and "vLLM 0.32" in data["about"]
     model = cm.DEFAULTS["vllm-cpu"]
-    assert model == fit_client(data["observations"], "vllm-cpu", provenance=model.provenance.split("; fitted on")[0])
+    assert model == fit_client(data["observations"], "vllm-cpu", provenance=model.provenance.split("; fitted on")[0],
+                               api_server_runs=data["api_server_cpu"]["runs"])
+    # token_s is the API server's CPU per streamed token, measured (~0.1 ms on this CPU): 16 users
+    # streaming 256 tokens each cost it 4.9-6.0 s of CPU against 0.7 s for 8 tokens each
+    assert 5e-5 < model.token_s < 2e-4
     assert "attempt b1" in model.provenance
     # the closed loops of 4-16 users identify the load term: the outside time grows with the streams open
     loads = sorted({o["open_streams"] for o in data["observations"]})
@@ -299,3 +303,20 @@ def test_a_client_model_file_keeps_its_load_term(tmp_path):
     model = ClientModel("vllm", 0.005, 1e-6, stream_s=0.002, provenance="by hand")
     cm.save(model, tmp_path / "c.json")
     assert cm.resolve(str(tmp_path / "c.json")) == model
+
+
+def test_the_api_servers_cpu_per_token_is_fitted_apart_from_its_polling_and_requests(tmp_path, capsys):
+    runs = [{"wall_s": w, "tokens": n, "requests": q, "api_cpu_s": 0.2 * w + 1e-4 * n + 5e-4 * q}
+            for w, n, q in ((3.0, 768, 96), (6.0, 6144, 96), (15.0, 24576, 96), (13.0, 6144, 96), (40.0, 24576, 48))]
+    assert cm.api_server_token_s(runs) == pytest.approx(1e-4, rel=1e-6)
+    obs = [{"prompt_tokens": 10, "client_ttft_s": 0.011, "server_ttft_s": 0.005},
+           {"prompt_tokens": 1010, "client_ttft_s": 0.015, "server_ttft_s": 0.007}]
+    model = fit_client(obs, api_server_runs=runs)
+    assert model.token_s == pytest.approx(1e-4, rel=1e-6) and "CPU per streamed token" in model.provenance
+    src = tmp_path / "obs.json"  # fit --client reads them beside the observations
+    src.write_text(json.dumps({"observations": obs, "api_server_cpu": {"runs": runs}}))
+    code, out, err = run_main(["fit", "--client", str(src), "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 0, err
+    assert cm.resolve(str(tmp_path / "c.json")).token_s == pytest.approx(1e-4, rel=1e-6)
+    with pytest.raises(ServelabError, match="needs runs that vary the tokens"):
+        cm.api_server_token_s([dict(r, tokens=r["wall_s"] * 100) for r in runs[:3]] * 2)
