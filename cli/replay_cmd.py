@@ -59,6 +59,8 @@ _ENGINE_HELP = {
     "journal": "Interrupted requests keep their generated tokens (--no-journal: they start over).",
     "client_timeout_s": "Client timeout in seconds for requests without a trace timeout_s: the client abandons "
                         "the request then ('aborted', its KV freed).",
+    "client_timeout_until": "What must arrive before the client timeout: finish (the last token: a total deadline) "
+                            "or first_token (an HTTP read timeout: a client with a first byte keeps reading).",
     "spec_method": "Speculative decoding: draft_model, eagle, eagle3, mtp or ngram (off when not given).",
     "spec_k": "Speculative decoding: draft tokens proposed per decode and step (num_speculative_tokens).",
     "spec_acceptance": "Each draft's acceptance rate where the trace has no spec_acceptance: a rate, "

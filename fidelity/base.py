@@ -38,6 +38,8 @@ SETTING_TYPES = {
     "model": str, "gpu": str, "tp": int, "max_num_seqs": int, "max_num_batched_tokens": int,
     "block_size": int, "num_gpu_blocks": int, "gpu_memory_utilization": float, "enable_prefix_caching": bool,
     "replicas": int,  # vLLM's data_parallel_size: engines with a KV cache each
+    # the benchmark client's own timeout, and what it waits for ("finish" or "first_token": replay/platform/abort.py)
+    "client_timeout_s": float, "client_timeout_until": str,
 }
 
 

@@ -5,7 +5,9 @@ request's times are the send (``start_time``, or ``request_start_time`` / ``info
 in GuideLLM >= 0.4), first and last token (``first_token_time`` / ``info.timings.first_token_iteration``,
 ``last_token_time`` / ``info.timings.last_token_iteration``), with ``prompt_tokens`` and
 ``output_tokens``. Every benchmark of the report (a sweep's strategies ran one after another) is
-imported as one timeline; ``--benchmark N`` keeps only the N-th (0-based).
+imported as one timeline; ``--benchmark N`` keeps only the N-th (0-based). The client's HTTP timeout
+(``config.backend.timeout``) is a setting: ``client_timeout_s`` with ``client_timeout_until =
+first_token``, since httpx's timeout is a read timeout.
 """
 
 from __future__ import annotations
@@ -84,7 +86,29 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
     if load.get("shape") == "closed":
         notes.append(f"GuideLLM {load['strategy']} profile: replayed as a closed loop of {load['users']} users")
     source = {"benchmarks": len(benches), **({"strategy": load["strategy"]} if load else {})}
-    return Measured(rows, clock="client", source=source, notes=tuple(notes), prefix=prefix, load=load)
+    settings = {}
+    timeout = client_timeout(doc, benches)
+    if timeout is not None:  # httpx's timeout is a read timeout: a request without a first byte by then is dropped
+        settings = {"client_timeout_s": timeout, "client_timeout_until": "first_token"}
+        notes.append(f"GuideLLM's HTTP timeout {timeout:g} s: replayed as a read timeout (a request without a "
+                     f"first token by then is abandoned)")
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,
+                    load=load)
+
+
+def client_timeout(doc: dict, benches: list) -> float | None:
+    """The client's HTTP timeout as the report records it (GuideLLM >= 0.4: ``config.backend.timeout``
+    of a benchmark; else ``args.backend_kwargs.timeout``), when it is a number of seconds > 0."""
+    candidates = [((b.get("config") or {}).get("backend") or {}).get("timeout")
+                  for b in benches if isinstance(b, dict) and isinstance(b.get("config"), dict)
+                  and isinstance(b["config"].get("backend"), dict)]
+    args = doc.get("args") if isinstance(doc.get("args"), dict) else {}
+    if isinstance(args.get("backend_kwargs"), dict):
+        candidates.append(args["backend_kwargs"].get("timeout"))
+    for value in candidates:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+            return float(value)
+    return None
 
 
 def count_benchmarks(path: Path) -> int:

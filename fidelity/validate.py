@@ -355,6 +355,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
 
 
 RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set
+TIMEOUT_SHOWN = ("client_timeout_s", "client_timeout_until")  # listed when the client had a timeout
 DP_ROUTER = "vllm-dp"  # a DP run's ranks, balanced as vLLM's API server does (listed when used)
 SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
          "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
@@ -368,8 +369,10 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
     sources = meta.get("config_sources") or {}
     flat = config.to_dict()
     out = []
-    for key in (*SHOWN, "router"):
+    for key in (*SHOWN, "router", *TIMEOUT_SHOWN):
         if key in RUNNER_SHOWN and key not in flat or key == "router" and flat.get("dp", 1) == 1 and "router" not in given:
+            continue
+        if key in TIMEOUT_SHOWN and flat.get("client_timeout_s") is None:
             continue
         value = blocks if key == "num_gpu_blocks" else flat.get(key)
         if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \

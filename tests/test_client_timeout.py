@@ -161,3 +161,17 @@ def test_timeouts_with_failures_are_replayed():
     cfg = ReplayConfig(engine=EngineConfig(replicas=2, fail=("replica=1,at=1",), num_gpu_blocks=100),
                        runner="linear:base=1")
     assert replay(two([1.0, None]), cfg).requests.column("status").to_pylist() == ["aborted", "finished"]
+
+
+def test_a_read_timeout_abandons_only_requests_still_without_a_first_token():
+    # client_timeout_until = first_token (an HTTP read timeout, GuideLLM's): at 3 s A has had its first
+    # token since 1 s and keeps streaming to 30; B, queued behind A's blocks, has none by 3.5 and is
+    # abandoned then. With the total deadline A is abandoned at 3 and B gets A's blocks.
+    r = run(two([3.0, 3.0]), client_timeout_until="first_token", **KV)
+    assert column(r, "status") == ["finished", "aborted"]
+    assert column(r, "finish_s")[0] == 30.0 and column(r, "refused_s")[1] == 3.5
+    assert column(r, "first_scheduled_s")[1] is None  # never admitted
+    total = run(two([3.0, 3.0]), **KV)
+    assert column(total, "status")[0] == "aborted" and column(total, "refused_s")[0] == 3.0
+    with pytest.raises(ServelabError, match="client_timeout_until must be one of finish, first_token"):
+        EngineConfig(client_timeout_until="last_byte")

@@ -46,3 +46,39 @@ def test_a_real_guidellm_sweep_against_serve_imports(tmp_path, capsys):
             assert row["ttft_s"] == pytest.approx(ttft, abs=1e-6)
             assert row["tpot_s"] == pytest.approx(
                 (timings["last_token_iteration"] - timings["first_token_iteration"]) / 31, abs=1e-6)
+
+
+def test_the_clients_http_timeout_is_replayed_as_a_read_timeout(tmp_path, capsys):
+    # GuideLLM (>= 0.4) records its HTTP client's timeout under each benchmark's config.backend (as
+    # inference-sim's jan20 reports do: 60 s); httpx's is a read timeout: no first byte by then, dropped
+    from servelab.fidelity.validate import config_for, settings_used
+
+    report = json.loads(REPORT.read_text())
+    report["benchmarks"] = report["benchmarks"][:1]
+    report["benchmarks"][0]["config"]["backend"] = {"type_": "openai_http", "timeout": 60.0, "http2": True}
+    src = tmp_path / "report.json"
+    src.write_text(json.dumps(report))
+    out = tmp_path / "run"
+    try:
+        main(["run", "import", str(src), "-o", str(out), "--setting", "model=llama-3.1-8b",
+              "--setting", "gpu=h100-80gb"])  # fmt: skip
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), capsys.readouterr()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["config"]["client_timeout_s"] == 60.0 and meta["config"]["client_timeout_until"] == "first_token"
+    assert meta["config_sources"]["client_timeout_s"] == "report.json (guidellm)"
+    assert any("read timeout" in n for n in meta["notes"])
+    config = config_for(meta, {})
+    assert (config.engine.client_timeout_s, config.engine.client_timeout_until) == (60.0, "first_token")
+    used = {row["setting"]: row for row in settings_used(meta, set(), config, 1000)}
+    assert used["client_timeout_s"]["value"] == 60.0 and used["client_timeout_s"]["from"].startswith("run:")
+    # a report without one replays without a timeout, and says nothing of it
+    plain = tmp_path / "plain"
+    report["benchmarks"][0]["config"].pop("backend")
+    src.write_text(json.dumps(report))
+    try:
+        main(["run", "import", str(src), "-o", str(plain), "--setting", "model=llama-3.1-8b",
+              "--setting", "gpu=h100-80gb"])  # fmt: skip
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), capsys.readouterr()
+    assert "client_timeout_s" not in json.loads((plain / "run.json").read_text())["config"]

@@ -155,6 +155,9 @@ class PlatformPart:
             raise ServelabError(f"queue_cap must be >= 1, got {self.queue_cap}")
 
 
+TIMEOUT_UNTIL = ("finish", "first_token")  # what a client timeout waits for (replay/platform/abort.py)
+
+
 @dataclass(frozen=True, slots=True)
 class ClientPart:
     retries: int = 0  # client retries of a throttled request
@@ -163,6 +166,9 @@ class ClientPart:
     retry_jitter: float = 0.0  # share of each backoff drawn away at random (seeded)
     retry_after: bool = False  # clients retry exactly when the quota will have refilled
     client_timeout_s: float | None = None  # a timeout for every request without its own (replay/platform/abort.py)
+    # what must arrive before the timeout: the last token ("finish", a total deadline) or only the first
+    # ("first_token", an HTTP read timeout: a client that has a byte keeps reading)
+    client_timeout_until: str = "finish"
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.retry_backoff_s < 0 or self.retry_max_backoff_s < 0:
@@ -171,6 +177,9 @@ class ClientPart:
             raise ServelabError(f"retry_jitter must be in [0, 1], got {self.retry_jitter}")
         if self.client_timeout_s is not None and not (0 < self.client_timeout_s < math.inf):
             raise ServelabError(f"client_timeout_s must be a finite number of seconds > 0, got {self.client_timeout_s}")
+        if self.client_timeout_until not in TIMEOUT_UNTIL:
+            raise ServelabError(f"client_timeout_until must be one of {', '.join(TIMEOUT_UNTIL)}, "
+                                f"got {self.client_timeout_until!r}")
 
 
 @dataclass(frozen=True, slots=True)

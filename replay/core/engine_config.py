@@ -70,6 +70,8 @@ class EngineConfig:
     journal: bool = True  # interrupted requests keep their generated tokens (else they start over)
     # a client timeout for every request without its own (trace column timeout_s): replay/platform/abort.py
     client_timeout_s: float | None = None
+    # what must arrive before it: the last token ("finish") or only the first ("first_token": an HTTP read timeout)
+    client_timeout_until: str = "finish"
     # -- speculative decoding (docs/runners.md "Speculative decoding"): off while spec_method is None ----
     spec_method: str | None = None  # draft_model | eagle | eagle3 | mtp | ngram (vLLM's speculative_config method)
     spec_k: int = 3  # proposed tokens per decode and step (vLLM's num_speculative_tokens)

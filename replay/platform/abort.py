@@ -6,6 +6,10 @@ equal times the engine's step completions come before timers, so a last token pr
 the deadline still counts (the client read it), and the policy's next decision comes after them, so
 it sees the freed blocks.
 
+With ``client_timeout_until = "first_token"`` the deadline is an HTTP read timeout's (GuideLLM's,
+httpx's): a request whose first token came by ``t`` is not abandoned (the client has a byte and keeps
+reading); one still without it is, as below.
+
 What the client sees happens at the deadline ``t``: status ``aborted``, ``refused_s = t``, the quota
 slot and the session's next turn released (``Engine.ended``). What the engine holds goes at ``t``
 too, except for a request inside the iteration under way at ``t``: an iteration cannot drop one of
@@ -55,6 +59,8 @@ class Aborts:
         self.timeouts = timeouts  # request index -> seconds after its arrival the client waits at most
         self.aborted_at: dict[int, float] = {}  # request index -> its client's deadline, once aborted
         self.count = 0
+        # an HTTP read timeout (client_timeout_until = first_token): a client with its first byte keeps reading
+        self.until_first_token = engine.config.client_timeout_until == "first_token"
 
     def arm_all(self, requests: list[Request]) -> None:
         """Deadlines of the requests whose arrival is known now (a closed-loop turn's: when it is set)."""
@@ -72,7 +78,7 @@ class Aborts:
         """The client gives up on ``req`` at ``now`` (``reason``: why, when not its timeout; a server's
         client that disconnected: replay/platform/online.py): the intents that carry it out, in order."""
         status = req.status
-        if status.is_terminal:
+        if status.is_terminal or reason is None and self.until_first_token and req.first_token_s is not None:
             return []
         engine = self.engine
         replica = engine.replicas[req.replica] if req.replica is not None else None
