@@ -424,9 +424,16 @@ def render_real(report: dict) -> None:
 
     console = _console()
     cfg = report["config"]
+    tp, dp, pp = (int(cfg.get(k, 1) or 1) for k in ("tp", "dp", "pp"))
+    layout = f"{tp} x {cfg['gpu']}"
+    if dp > 1 or pp > 1:  # every GPU of the server: tp x pp x dp
+        parts = [f"tp {tp}", *([f"dp {dp}"] if dp > 1 else []), *([f"pp {pp}"] if pp > 1 else [])]
+        layout = (f"{tp * pp * dp} x {cfg['gpu']} ({' x '.join(parts)}"
+                  f"{', expert parallel' if cfg.get('enable_expert_parallel') else ''})")
     console.print(f"{report['run']}: {report['requests']} requests ({report['clock']}-side times), "
-                  f"{cfg['model']} on {cfg['tp']} x {cfg['gpu']}, runner {cfg['runner']}, policy {cfg['policy']}")
-    console.print(f"KV cache {report['num_gpu_blocks']:,} blocks = {report['kv_capacity_tokens']:,} tokens "
+                  f"{cfg['model']} on {layout}, runner {cfg['runner']}, policy {cfg['policy']}")
+    per_rank = " per DP rank" if dp > 1 else ""
+    console.print(f"KV cache {report['num_gpu_blocks']:,} blocks = {report['kv_capacity_tokens']:,} tokens{per_rank} "
                   f"({report['kv_blocks_from']}); finished {report['finished']['measured']} measured / "
                   f"{report['finished']['simulated']} simulated; simulated preemptions {report['preemptions_simulated']}")
     if report.get("memory_warning"):

@@ -337,3 +337,8 @@ def test_a_dp_ep_run_imported_and_validated_replays_as_dp_ranks(tmp_path, capsys
     assert c.engine.router == "vllm-dp" and used["router"]["value"] == "vllm-dp"
     assert used["router"]["from"].startswith("run: vLLM balances its DP ranks")
     assert config_for(run, {"router": "round-robin"}).engine.router == "round-robin"  # an option wins
+    # the printed report names every GPU of the server, and the KV blocks as each rank's
+    code, text, err = run_main(["validate", "--real", str(out)], capsys)
+    assert code == 0, err
+    flat = " ".join(text.split())
+    assert "on 2 x h100-80gb (tp 1 x dp 2, expert parallel)" in flat and "tokens per DP rank" in flat
