@@ -291,7 +291,8 @@ def run_replay(trace_path: str, config: ReplayConfig, out_dir: str | None, show_
     if slo_table is not None:  # the run keeps the SLO it was judged by: a later report/query/compare uses it
         meta["slo"] = slo_table.to_dict()
     pools = (meta.get("cluster") or {}).get("pools") or []
-    blocks = (", ".join(_pool_blocks(p) for p in pools) if pools else f"{meta['engine']['num_gpu_blocks']:,} per replica")
+    blocks = (", ".join(_pool_blocks(p) for p in pools) if pools
+              else f"{meta['engine']['num_gpu_blocks']:,} per {_kv_unit(config)}")
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s in {meta['wall_time_s']:.2f} s wall (KV blocks: {blocks})",
                err=True)
     if out_dir:
@@ -348,12 +349,18 @@ def _run_streamed(trace_path: str, config: ReplayConfig, out_dir: str, runner, s
         return False
     meta = json.loads((Path(out_dir) / "run.json").read_text())
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s of {meta['trace']['rows']:,} requests in "
-               f"{meta['wall_time_s']:.2f} s wall (KV blocks: {meta['engine']['num_gpu_blocks']:,} per replica)", err=True)
+               f"{meta['wall_time_s']:.2f} s wall (KV blocks: {meta['engine']['num_gpu_blocks']:,} per {_kv_unit(config)})",
+               err=True)
     click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
                "run.json", err=True)
     if show_report:
         click.echo(_report(None, out_dir, slo_table, slo_source))
     return True
+
+
+def _kv_unit(config) -> str:
+    """What one KV pool serves: a replica, or each of its DP ranks (their own engines and caches)."""
+    return "DP rank" if getattr(config, "dp", 1) > 1 else "replica"
 
 
 def _ideal_reuse(trace, requests) -> float | None:
