@@ -103,3 +103,29 @@ def test_a_locked_step_is_never_faster_than_its_tokens_spread_evenly(a, b):
     even = (a + b) // 2
     assert locked >= _alone(r, even) + r.dp_lockstep_s(even, (even, even)) - 1e-12
     assert locked >= max(_alone(r, n) for n in group) * 0.5  # (and no rank's own step vanished)
+
+
+@pytest.mark.parametrize("extra", [{"num_gpu_blocks": 300}, {"num_gpu_blocks": 300, "preemption": "swap"},
+                                   {"client_timeout_s": 2.0}, {"router": "vllm-dp", "policy": "vllm-v0"},
+                                   {"fail": ("replica=0,at=2,for=3",)}],
+                         ids=["kv-pressure", "swap", "timeouts", "vllm-dp-v0", "rank-fails"])
+def test_locked_ranks_keep_the_engines_books_after_every_event(monkeypatch, extra):
+    # the engine's invariants (tests/test_engine_invariants.py) checked after every event, with the
+    # ranks locked: KV, outstanding tokens, every request accounted for; and the rounds still line up
+    from servelab.traces.synth import synth_trace
+    from test_engine_invariants import CheckedEngine, checked_engines
+
+    engines = checked_engines(monkeypatch)
+    trace = synth_trace(n=200, rate=40, arrival="gamma", cv=2.0, prompt="lognormal:600:0.8",
+                        output="lognormal:60:0.8", seed=11)
+    before = CheckedEngine.events
+    result = replay(trace, ReplayConfig.from_dict({**MOE, "kv_bytes_per_token": 1024, **extra}))
+    assert CheckedEngine.events - before > 200
+    assert sum(result.meta["counts"].values()) == trace.num_rows
+    (engine,) = engines
+    assert engine.replicas[0].group is engine.replicas[1].group is not None
+    for replica in engine.replicas:
+        assert replica.outstanding_tokens == 0 and replica.kv.used == 0
+    ranks = [_steps(result, r) for r in (0, 1)]
+    for (s0, e0), (s1, e1) in itertools.product(*ranks):
+        assert not (s0 < e1 and s1 < e0) or (s0, e0) == (s1, e1)
