@@ -349,7 +349,8 @@ def _run_streamed(trace_path: str, config: ReplayConfig, out_dir: str, runner, s
         return False
     meta = json.loads((Path(out_dir) / "run.json").read_text())
     click.echo(f"simulated {meta['simulated_span_s']:.1f} s of {meta['trace']['rows']:,} requests in "
-               f"{meta['wall_time_s']:.2f} s wall (KV blocks: {meta['engine']['num_gpu_blocks']:,} per {_kv_unit(config)})",
+               f"{meta['wall_time_s']:.2f} s wall "
+               f"(KV blocks: {meta['engine']['num_gpu_blocks']:,} per {_kv_unit(config)})",
                err=True)
     click.echo(f"wrote {out_dir}/requests.parquet, steps.parquet, {'tokens.parquet, ' if token_log else ''}"
                "run.json", err=True)

@@ -370,7 +370,9 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
     flat = config.to_dict()
     out = []
     for key in (*SHOWN, "router", *TIMEOUT_SHOWN):
-        if key in RUNNER_SHOWN and key not in flat or key == "router" and flat.get("dp", 1) == 1 and "router" not in given:
+        if key in RUNNER_SHOWN and key not in flat:
+            continue
+        if key == "router" and flat.get("dp", 1) == 1 and "router" not in given:  # a DP run's router only
             continue
         if key in TIMEOUT_SHOWN and flat.get("client_timeout_s") is None:
             continue

@@ -451,7 +451,8 @@ class RooflineRunner(RunnerBase):
         graphed = self.host_profile is not None and tokens <= self.host_profile.graph_max_tokens
         return self._token_parts(tokens, tokens, graphed)
 
-    def _token_parts(self, tokens: float, expert_tokens: float, graphed: bool) -> tuple[float, float, float, float, float]:
+    def _token_parts(self, tokens: float, expert_tokens: float,
+                     graphed: bool) -> tuple[float, float, float, float, float]:
         """``_token_terms`` with the experts (their ops and their dispatch) seeing ``expert_tokens`` per
         DP rank, and the CUDA-graph choice given (a DP group's ranks in lockstep: replay/core/lockstep.py)."""
         op = self._op

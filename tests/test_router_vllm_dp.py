@@ -41,7 +41,8 @@ def test_its_own_sends_count_as_waiting_until_the_next_snapshot():
 
 
 def test_a_dp_replay_with_it_balances_the_ranks():
-    trace = make_trace([i * 0.01 for i in range(60)], [300 + 50 * (i % 7) for i in range(60)], [20 + i % 11 for i in range(60)])
+    trace = make_trace([i * 0.01 for i in range(60)], [300 + 50 * (i % 7) for i in range(60)],
+                       [20 + i % 11 for i in range(60)])
     result = replay(trace, ReplayConfig.from_dict({"model": "llama-3.1-8b", "gpu": "h100-80gb", "dp": 2,
                                                    "router": "vllm-dp"}))
     ranks = result.requests.column("replica").to_pylist()

@@ -13,8 +13,8 @@ one round: the first rank to start a step at an instant opens a round; every ran
 at that instant joins it; after the instant's decisions (the engine's ``AFTER_DECISIONS`` event) the
 round closes: each rank's step is repriced for what the other ranks carry (the runner's
 ``dp_lockstep_s``: padding, or the experts seeing every rank's tokens) and every step ends with the
-slowest. A rank whose ``_start`` comes while a round is in flight is held: it decides at the round's end. Ranks in a group run one iteration per step (no decode
-stretches: the ranks' iterations must line up).
+slowest. A rank whose ``_start`` comes while a round is in flight is held: it decides at the round's
+end. Ranks in a group run one iteration per step (no decode stretches: their iterations must line up).
 """
 
 from __future__ import annotations
