@@ -69,12 +69,48 @@ def engine_means(run: Path) -> dict:
     return observations_from(run)[0]
 
 
+def on_engine_times(run: Path, client_json: Path) -> tuple[float, float]:
+    """The client model alone: the run's mean client-side TTFT predicted from vLLM's own engine-side
+    mean TTFT (its /metrics) plus the model's outside time of each finished request (its prompt, and
+    the other streams open at its send by the client's own times). (measured, predicted) seconds."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from servelab.fidelity.client_model import open_streams, resolve
+
+    model = resolve(str(client_json))
+    t = pq.read_table(run / "requests.parquet")
+    done = t.filter(pc.equal(t.column("status"), "finished"))
+    send, end = done.column("arrival_s").to_numpy(), done.column("finish_s").to_numpy()
+    outside = model.outside_s(done.column("prompt_tokens").to_numpy().astype(float), open_streams(send, end))
+    return float(done.column("ttft_s").to_numpy().mean()), engine_means(run)["server_ttft_s"] + float(outside.mean())
+
+
+def reanalyse(root: Path) -> None:
+    """``--reanalyse DIR``: the client model alone on the live runs kept in DIR (``--keep``)."""
+    runs = sorted((p for p in root.glob("live_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
+    hits = 0
+    print("run | measured TTFT ms | vLLM engine TTFT + level-fitted client model | err")
+    for run in runs:
+        measured, predicted = on_engine_times(run, root / "client.json")
+        err = 100 * (predicted / measured - 1)
+        hits += abs(err) <= 10.0
+        print(f"{run.name} | {measured * 1e3:.2f} | {predicted * 1e3:.2f} | {err:+.1f}%")
+    print(f"mean TTFT within 10%: {hits} of {len(runs)} with the client model on vLLM's own engine times")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--endpoint")
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
+    parser.add_argument("--reanalyse", type=Path, default=None,
+                        help="only judge the client model on vLLM's engine times of the live runs kept in DIR")
     args = parser.parse_args()
+    if args.reanalyse is not None:
+        reanalyse(args.reanalyse)
+        return
+    if not args.endpoint:
+        parser.error("--endpoint is required (or --reanalyse DIR)")
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_client_model_"))
     root.mkdir(parents=True, exist_ok=True)
     seed = 100
@@ -145,9 +181,10 @@ def main() -> None:
     # every observation (levels and runs) with where it came from: what the shipped default is fitted on
     (root / "observations_all.json").write_text(json.dumps(
         {"observations": [dict(engine_means(r), source=r.name) for r in [*levels, *runs]]}, indent=1))
-    hits = {"client": 0, "none": 0, "loaded": 0}
+    hits = {"client": 0, "none": 0, "loaded": 0, "engine": 0}
     print("run | open streams at send | measured TTFT ms | engine TTFT (vLLM) | sim, level-fitted client model | err | "
-          "sim, +loaded runs | err | engine-only | err | measured E2E ms | sim | err")
+          "sim, +loaded runs | err | engine-only | err | measured E2E ms | sim | err | "
+          "vLLM engine TTFT + level-fitted client model | err")
     for k, run in enumerate(runs):
         rows = {}
         for mode, spec in (("client", root / "client.json"), ("loaded", root / "client_loaded.json"),
@@ -161,14 +198,19 @@ def main() -> None:
             hits[mode] += abs(t[mode]["error_pct"]) <= 10.0 and (mode != "loaded" or k >= half)
         means = engine_means(run)
         engine_ttft = means["server_ttft_s"]
+        _, alone = on_engine_times(run, root / "client.json")
+        alone_err = 100 * (alone / t["client"]["measured_s"] - 1)
+        hits["engine"] += abs(alone_err) <= 10.0
         print(f"{k} | {means['open_streams']:.2f} | {t['client']['measured_s'] * 1e3:.2f} | {engine_ttft * 1e3:.2f} | "
               f"{t['client']['simulated_s'] * 1e3:.2f} | {t['client']['error_pct']:+.1f}% | "
               f"{t['loaded']['simulated_s'] * 1e3:.2f} | {t['loaded']['error_pct']:+.1f}%{' (fit)' if k < half else ''} | "
               f"{t['none']['simulated_s'] * 1e3:.2f} | {t['none']['error_pct']:+.1f}% | {e_c['measured_s'] * 1e3:.2f} | "
-              f"{e_c['simulated_s'] * 1e3:.2f} | {e_c['error_pct']:+.1f}%", flush=True)
+              f"{e_c['simulated_s'] * 1e3:.2f} | {e_c['error_pct']:+.1f}% | {alone * 1e3:.2f} | {alone_err:+.1f}%",
+              flush=True)
     print(f"mean TTFT within 10%: {hits['client']} of {args.runs} with the client model fitted on the levels, "
           f"{hits['loaded']} of {args.runs - half} held-out runs with the one fitted on loaded runs too, "
-          f"{hits['none']} of {args.runs} engine-only")
+          f"{hits['none']} of {args.runs} engine-only, {hits['engine']} of {args.runs} with the level-fitted "
+          f"client model on vLLM's own engine times")
     print(f"run directories: {root}")
 
 
