@@ -119,11 +119,23 @@ class ModelPreset(DecoderShape):
         """Layers that keep KV (full or sliding-window attention)."""
         return self.num_layers - self.state_layers - self.mlp_only_layers
 
+    def kv_shards(self, tp: int) -> int:
+        """Ranks of a ``tp``-way group that hold different KV: each of them 1/kv_shards of the KV heads.
+        With more ranks than KV heads vLLM copies each head onto tp / num_kv_heads ranks (Qwen3-235B's 4
+        at TP 8); MLA's latent is not split by heads, so every rank holds all of it."""
+        return 1 if self.is_mla else min(tp, self.num_kv_heads)
+
+    def check_tp(self, tp: int) -> None:
+        """vLLM's rule: tp divides the query heads, and the KV heads divide among (or are copied over) the ranks."""
+        if tp < 1 or self.num_heads % tp or (self.num_kv_heads % tp and tp % self.num_kv_heads):
+            raise ValueError(f"tp={tp} must divide the {self.name} query heads ({self.num_heads}) and divide or "
+                             f"be a multiple of its KV heads ({self.num_kv_heads})")
+
     def layer_kinds(self, tp: int):
         """The model's layers by kind with their bytes on one of ``tp`` GPUs (replay/core/kv/kv_groups.py)."""
         from servelab.replay.core.kv.kv_groups import LayerKinds
 
-        token = self.kv_bytes_per_token_layer if self.is_mla else self.kv_bytes_per_token_layer // tp
+        token = self.kv_bytes_per_token_layer // self.kv_shards(tp)
         return LayerKinds(full=self.attention_layers - self.sliding_layers, sliding=self.sliding_layers,
                           state=self.state_layers, window=self.sliding_window, token_bytes=token,
                           state_bytes=-(-self.state_bytes // tp))
@@ -346,6 +358,32 @@ MODELS: dict[str, ModelPreset] = _models(
     # Qwen3-VL-8B's language model (text_config; its vision encoder is priced apart, as an encoder stage)
     ModelPreset("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", 36, 4096, 32, 8, 128, 12288, 151936,
                 max_position_embeddings=262144),
+    # Models often served with vLLM, so that a real run recording one of them replays without its
+    # config.json (each value is the config.json field of the repository named; MODEL_SOURCES)
+    ModelPreset("llama-3-8b", "meta-llama/Meta-Llama-3-8B-Instruct", 32, 4096, 32, 8, 128, 14336, 128256,
+                max_position_embeddings=8192),
+    ModelPreset("llama-3.2-3b", "meta-llama/Llama-3.2-3B-Instruct", 28, 3072, 24, 8, 128, 8192, 128256,
+                tied_embeddings=True, max_position_embeddings=131072),
+    ModelPreset("llama-3.3-70b", "meta-llama/Llama-3.3-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256,
+                max_position_embeddings=131072),
+    ModelPreset("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", 36, 2048, 16, 2, 128, 11008, 151936,
+                tied_embeddings=True, max_position_embeddings=32768),
+    ModelPreset("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 48, 5120, 40, 8, 128, 13824, 152064,
+                max_position_embeddings=32768),
+    ModelPreset("qwen3-4b", "Qwen/Qwen3-4B", 36, 2560, 32, 8, 128, 9728, 151936, tied_embeddings=True,
+                max_position_embeddings=40960),
+    ModelPreset("qwen3-8b", "Qwen/Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, max_position_embeddings=40960),
+    ModelPreset("qwen3-14b", "Qwen/Qwen3-14B", 40, 5120, 40, 8, 128, 17408, 151936, max_position_embeddings=40960),
+    # Qwen3-235B-A22B: 128 experts of 1536, 8 routed, no shared expert (head_dim 128 over hidden 4096)
+    ModelPreset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 1536, 151936, num_experts=128,
+                experts_per_token=8, max_position_embeddings=40960),
+    # Mixtral-8x7B: 8 experts of 14336 (num_local_experts), 2 routed
+    ModelPreset("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 4096, 32, 8, 128, 14336, 32000,
+                num_experts=8, experts_per_token=2, max_position_embeddings=32768),
+    # gpt-oss-20b: gpt-oss-120b's layer (sliding window 128 on every other layer) over 24 layers, 32 experts
+    ModelPreset("gpt-oss-20b", "openai/gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, num_experts=32,
+                experts_per_token=4, quantization="mxfp4", max_position_embeddings=131072, sliding_window=128,
+                sliding_layers=12),
 )
 
 
@@ -357,11 +395,13 @@ class ModelSource:
     calibrated: bool = False  # True: real runs of this model fitted or validated its pricing (docs/fidelity.md)
 
 
-# The presets added for the 2026 models: none of them has been run on a real GPU here yet.
+# The presets added for the 2026 models and the often-served ones: none of them has been run on a
+# real GPU here yet (the Qwen3 models of bench/real_runs were replayed, not fitted).
 MODEL_SOURCES: dict[str, ModelSource] = {
     name: ModelSource(f"https://huggingface.co/{MODELS[name].hf_id}/blob/main/config.json")
     for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b",
-                 "qwen3-32b", "qwen3-30b-a3b")
+                 "qwen3-32b", "qwen3-30b-a3b", "llama-3-8b", "llama-3.2-3b", "llama-3.3-70b", "qwen2.5-3b",
+                 "qwen2.5-14b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b")
 }
 
 GPUS: dict[str, GpuPreset] = {
@@ -489,20 +529,26 @@ def resolve_model(name: str) -> ModelPreset:
 
 def find_model(name: str) -> ModelPreset:
     """A preset by its name, or by the Hugging Face id it was copied from (``org/Model``, a local path
-    ending in it, with or without an ``-Instruct``/``-hf`` suffix: same shapes)."""
+    ending in it or in ``Model`` alone, with or without ``-Instruct``, an ``-hf``/``-Base`` suffix: same
+    shapes)."""
     if name.lower() in MODELS:
         return MODELS[name.lower()]
 
     def base(hf_id: str) -> str:
         tail = "/".join(hf_id.strip("/").split("/")[-2:]).lower()
-        for suffix in ("-instruct", "-hf", "-chat"):
+        for suffix in ("-hf", "-chat", "-base"):
             tail = tail.removesuffix(suffix)
-        return tail.removesuffix("-instruct")
+        tail = tail.replace("-instruct", "")  # also mid-name: Mixtral-8x7B-Instruct-v0.1
+        return tail.replace("/meta-llama-", "/llama-")  # Meta-Llama-3.1-8B, the older id of Llama-3.1-8B
 
     wanted = base(name)
     for preset in MODELS.values():
         if base(preset.hf_id) == wanted:
             return preset
+    # a local folder named as the repository (/models/Qwen3-8B): the name alone, where one preset has it
+    named = [p for p in MODELS.values() if base(p.hf_id).split("/")[-1] == wanted.split("/")[-1]]
+    if len(named) == 1:
+        return named[0]
     return get_model(name)  # the usual unknown-preset error
 
 

@@ -67,7 +67,8 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
     """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out).
     Weights are read at the linear layers' bytes per weight (a quantisation format's, else the dtype's)."""
     h, d, wb = model.hidden_size, model.dtype_bytes, model.linear_weight_bytes
-    qkv = (model.q_size + 2 * model.kv_size) / tp
+    kv = model.kv_size / model.kv_shards(tp)  # K and V heads per rank (copied when tp > KV heads)
+    qkv = model.q_size / tp + 2 * kv
     q = o_in = model.q_size / tp
     if model.is_mla:  # latent down-projections on every rank, up-projections and output split over TP
         down, up_proj, out = model.mla_projection_params()
@@ -86,7 +87,7 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
             "mlp_act": OpWork(0.0, 0.0, (up + f) * k * d),
             "mlp_down": OpWork(2 * f * h * k, f * h * wb, (f * k + h) * d),
             "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
-            "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
+            "rope": OpWork(0.0, 0.0, 2 * (q + kv) * d),
             "add": OpWork(0.0, 0.0, 3 * h * d),
         }
     if model.mlp_only_layers:  # Nemotron-H: the mean layer, a mixer in (n - m) of n layers, an MLP in m
@@ -99,7 +100,7 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
             "mlp_act": OpWork(0.0, 0.0, (up + f) * d, calls=mlp),
             "mlp_down": OpWork(2 * f * h, f * h * wb, (f + h) * d, calls=mlp),
             "norm": OpWork(0.0, h * d, 2 * h * d, calls=1),
-            "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d, calls=mixer),
+            "rope": OpWork(0.0, 0.0, 2 * (q + kv) * d, calls=mixer),
             "add": OpWork(0.0, 0.0, 3 * h * d),
         }
     return {
@@ -110,7 +111,7 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
         "mlp_down": OpWork(2 * f * h, f * h * wb, (f + h) * d),
         # vLLM fuses the residual add into the two RMSNorms; vidur times them apart (one add).
         "norm": OpWork(0.0, h * d, 2 * h * d, calls=2),
-        "rope": OpWork(0.0, 0.0, 2 * (q + model.kv_size / tp) * d),
+        "rope": OpWork(0.0, 0.0, 2 * (q + kv) * d),
         "add": OpWork(0.0, 0.0, 3 * h * d),
     }
 
@@ -258,11 +259,16 @@ def activation_reserve_bytes(model: ModelPreset, tp: int, activation_tokens: int
 def weight_bytes_per_gpu(model: ModelPreset, tp: int, dp: int = 1, pp: int = 1) -> float:
     """Weights one GPU holds: 1/tp of every layer, of 1/pp of the layers; with data parallelism an MoE
     model's routed experts are spread over all dp x tp GPUs (expert parallel, or vLLM's flattened
-    expert TP), while attention and the other dense weights are copied into every DP rank."""
+    expert TP), while attention and the other dense weights are copied into every DP rank. K and V
+    projections copied over ranks (more ranks than KV heads) count once per copy."""
+    copied = 0.0
+    if model.kv_shards(tp) < tp and not model.is_mla:  # each rank holds 1/kv_shards of them, not 1/tp
+        kv_proj = model.attention_layers * 2 * model.hidden_size * model.kv_size * model.linear_weight_bytes
+        copied = kv_proj * (1 / model.kv_shards(tp) - 1 / tp)
     if dp == 1 and pp == 1:
-        return model.weight_bytes / tp
+        return model.weight_bytes / tp + copied
     experts = model.expert_weight_bytes
-    return ((model.weight_bytes - experts) / tp + experts / (tp * dp)) / pp
+    return ((model.weight_bytes - experts) / tp + experts / (tp * dp) + copied) / pp
 
 
 def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_utilization: float = 0.9,
@@ -272,7 +278,7 @@ def kv_capacity_tokens(model: ModelPreset, gpu: GpuPreset, tp: int, gpu_memory_u
     together): what vLLM's memory profiling leaves for the cache."""
     per_gpu = kv_memory_bytes(model, gpu, tp, gpu_memory_utilization, activation_tokens, logit_seqs, non_torch_bytes,
                               dp, pp)
-    shards = 1 if model.is_mla else tp  # MLA's latent is not split by heads: every TP rank holds all of it
+    shards = model.kv_shards(tp)  # MLA's latent, or KV heads copied over ranks: fewer distinct shards than GPUs
     if pp == 1:
         return int(per_gpu * shards // model.kv_bytes_per_token)
     return int(per_gpu * shards * pp // model.kv_bytes_per_token)
@@ -365,11 +371,10 @@ class RooflineRunner(RunnerBase):
 
     def __post_init__(self) -> None:
         m, g, tp = self.model, self.gpu, self.tp
-        if tp < 1 or m.num_heads % tp or m.num_kv_heads % tp:
-            raise ServelabError(
-                f"runner 'roofline': tp={tp} must divide the {m.name} head counts "
-                f"({m.num_heads} query heads, {m.num_kv_heads} KV heads)"
-            )
+        try:
+            m.check_tp(tp)
+        except ValueError as err:
+            raise ServelabError(f"runner 'roofline': {err}") from None
         if self.dp < 1 or not 1 <= self.pp <= m.num_layers:
             raise ServelabError(f"runner 'roofline': dp={self.dp} must be >= 1 and pp={self.pp} in 1..{m.num_layers} "
                                 f"(the {m.name} layers)")
@@ -485,10 +490,8 @@ class RooflineRunner(RunnerBase):
     # --- per-shard attention work per layer -------------------------------------------------
     @property
     def _kv_bytes_per_token_layer_shard(self) -> float:
-        m = self.model
-        if m.is_mla:  # the latent is read whole on every rank
-            return float(m.kv_bytes_per_token_layer)
-        return 2 * m.kv_size / self.tp * m.kv_dtype_bytes
+        m = self.model  # (MLA's latent is read whole on every rank)
+        return m.kv_bytes_per_token_layer / m.kv_shards(self.tp)
 
     @property
     def _layers_priced(self) -> int:

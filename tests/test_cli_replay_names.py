@@ -34,7 +34,7 @@ def test_registry_suggests_the_nearest_name():
     (["--runner", RUNNER, "--policy-param", "long_prefill_treshold=4"],
      "unknown parameter 'long_prefill_treshold'; did you mean 'long_prefill_threshold'?"),
     (["--runner", RUNNER, "--policy", "srpt", "--policy-param", "preempt=maybe"], "preempt: expected bool"),
-    (["--model", "llama-3-8b"], "unknown model preset 'llama-3-8b'; did you mean 'llama-3.1-8b'?"),
+    (["--model", "lama-3.1-8b"], "unknown model preset 'lama-3.1-8b'; did you mean 'llama-3.1-8b'?"),
     (["--runner", RUNNER], "set num_gpu_blocks"),  # the KV size cannot be derived
     (["--slo", "tpt=0.1"], "unknown SLO field 'tpt'; did you mean 'tpot'?"),
 ])

@@ -229,8 +229,8 @@ def test_prefix_caching_is_on_by_default_with_a_hybrid_model():
 
 # -- presets ---------------------------------------------------------------------------------------
 def test_new_presets_cite_their_config_and_say_they_are_not_calibrated():
-    assert set(MODEL_SOURCES) == {"deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b",
-                                  "nemotron-h-8b", "qwen3-32b", "qwen3-30b-a3b"}
+    assert {"deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b",
+            "qwen3-32b", "qwen3-30b-a3b"} <= set(MODEL_SOURCES)  # the often-served ones: tests/test_model_presets.py
     for name, source in MODEL_SOURCES.items():
         assert source.config_url.endswith(f"{MODELS[name].hf_id}/blob/main/config.json")
         assert source.calibrated is False

@@ -39,7 +39,9 @@ def prefill(chunk: int, context: int = 0) -> StepPlan:
     "name, billions",
     # Published parameter counts (model cards); Qwen's QKV biases (~0.01%) are left out.
     [("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.55), ("qwen2.5-7b", 7.62), ("qwen2.5-32b", 32.76),
-     ("qwen2.5-72b", 72.71), ("mistral-7b", 7.25)],
+     ("qwen2.5-72b", 72.71), ("mistral-7b", 7.25), ("llama-3.2-3b", 3.21), ("qwen2.5-3b", 3.09),
+     ("qwen2.5-14b", 14.77), ("qwen3-4b", 4.02), ("qwen3-8b", 8.19), ("qwen3-14b", 14.8),
+     ("qwen3-235b-a22b", 235.1), ("mixtral-8x7b", 46.7)],
 )
 def test_model_presets_match_published_parameter_counts(name, billions):
     assert get_model(name).num_params / 1e9 == pytest.approx(billions, rel=0.005)
@@ -135,6 +137,41 @@ def test_kv_capacity_matches_hand_computation():
     assert r.kv_capacity_tokens(0.5) < r.kv_capacity_tokens(0.9)
     # TP 2 halves the weights per GPU and doubles the memory: more than twice the KV.
     assert make_runner("roofline:tp=2,host=vidur-2023").kv_capacity_tokens() > 2 * r.kv_capacity_tokens()
+
+
+def test_more_ranks_than_kv_heads_copy_the_heads_as_vllm_does():
+    """Qwen3-235B's 4 KV heads at TP 8: each head on two ranks, so every rank holds one head's KV (not
+    half of one) and all of the K and V projections of its head; a tp that neither divides nor is a
+    multiple of the KV heads is refused, as vLLM refuses it."""
+    m = get_model("qwen3-235b-a22b")
+    assert (m.num_kv_heads, m.kv_shards(8), m.kv_shards(4), m.kv_shards(2)) == (4, 4, 4, 2)
+    r8 = make_runner("roofline:model=qwen3-235b-a22b,gpu=h200,tp=8")
+    r4 = make_runner("roofline:model=qwen3-235b-a22b,gpu=h200,tp=4")
+    # bytes per token on one rank: one KV head at TP 8 as at TP 4, not halved
+    assert r8._kv_bytes_per_token_layer_shard == r4._kv_bytes_per_token_layer_shard == 2 * 128 * 2
+    ops8, ops4 = layer_ops(m, 8), layer_ops(m, 4)
+    h = m.hidden_size
+    assert ops8["qkv_proj"].fixed_bytes == h * (m.q_size / 8 + 2 * 128) * 2  # q split 8 ways, K and V whole heads
+    assert ops8["qkv_proj"].fixed_bytes > ops4["qkv_proj"].fixed_bytes / 2
+    # a rank holds what it would with 8 KV heads at TP 8 (one head's KV and projections): the same tokens
+    from dataclasses import replace
+
+    eight = replace(r8, model=replace(m, name="qwen3-235b-a22b with 8 KV heads", num_kv_heads=8))
+    assert eight.model.kv_shards(8) == 8
+    assert r8.kv_capacity_tokens(0.9) == pytest.approx(eight.kv_capacity_tokens(0.9), abs=1)
+    with pytest.raises(ServelabError, match="divide or be a multiple of its KV heads"):
+        make_runner("roofline:model=qwen2.5-14b,tp=5")  # 40 query heads, 8 KV heads
+    with pytest.raises(ServelabError, match="tp=3 must divide"):
+        make_runner("roofline:model=qwen3-32b,tp=3")
+
+
+def test_copied_kv_projections_count_once_per_rank():
+    from servelab.runners.roofline import weight_bytes_per_gpu
+
+    m = get_model("qwen3-235b-a22b")
+    kv_proj = m.num_layers * 2 * m.hidden_size * m.kv_size * 2
+    assert weight_bytes_per_gpu(m, 8) == pytest.approx(m.weight_bytes / 8 + kv_proj * (1 / 4 - 1 / 8))
+    assert weight_bytes_per_gpu(m, 4) == m.weight_bytes / 4  # one head per rank: nothing copied
 
 
 def test_kv_capacity_errors_when_the_model_does_not_fit():
