@@ -64,6 +64,10 @@ class ReplayConfig:
         object.__setattr__(self, "policy_params", typed_params(POLICIES, self.policy, self.policy_params))
         object.__setattr__(self, "router_params", typed_params(ROUTERS, self.engine.router, self.router_params))
         object.__setattr__(self, "runner", runner_spec(self.runner))
+        for key in _SPEC_SETS:  # the runner's own settings win (``roofline:model=...``): record what it runs
+            value = getattr(self.runner.params, key, None)
+            if value is not None and value != getattr(self, key):
+                object.__setattr__(self, key, value)
         if self.cluster is not None and (self.dp != 1 or self.pp != 1):
             raise ServelabError("dp and pp apply to a replay without a [cluster] (pools set tp only)")
         if self.cluster is not None and self.engine.replicas != 1:
@@ -262,6 +266,9 @@ def _named(source: str):
             raise
         raise ServelabError(f"{source}: {exc}") from None
 # Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
+# what a runner spec may set over the replay's own (``roofline:model=qwen3-8b,gpu=l40s,tp=2``): the config
+# takes the spec's, so run.json, the report's header and the GPU-hour cost name what the runner ran
+_SPEC_SETS = ("model", "gpu", "tp")
 RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
 RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
                 "kv_cache_dtype": "str"}

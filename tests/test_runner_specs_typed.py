@@ -5,6 +5,7 @@ nothing again; and the spec is written back as it was given (run.json, ``to_dict
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -172,6 +173,24 @@ def test_context_defaults_and_spec_values_when_built():
     assert (runner.model.name, runner.gpu.name, runner.tp) == ("mistral-7b", "a100-80gb", 2)
     assert make_runner(config.runner, gpu="l40s").gpu.name == "l40s"  # typed spec or string alike
     assert make_runner("roofline:gpu=l40s", gpu="a100-80gb").gpu.name == "l40s"
+
+
+def test_the_config_records_the_model_gpu_and_tp_the_spec_sets(tmp_path, capsys):
+    """A spec's model/GPU/TP win, so the config (run.json, the report's header, the GPU-hour cost) names
+    them, not the replay's defaults; a config file's pools alike; a linear runner leaves the config's."""
+    config = ReplayConfig(runner="roofline:model=qwen3-8b,gpu=l40s,tp=2", model="mistral-7b", gpu="a100-80gb")
+    assert (config.model, config.gpu, config.tp) == ("qwen3-8b", "l40s", 2)
+    assert ReplayConfig.from_dict(config.to_dict()) == config
+    assert config.with_options({"model": "llama-3.1-8b"}).model == "qwen3-8b"  # the spec still wins
+    assert ReplayConfig(runner="linear:base=0.01", model="mistral-7b").model == "mistral-7b"
+    trace = write_small_trace(tmp_path)
+    out = tmp_path / "run"
+    code, text, err = run_main(["replay", trace, "--runner", "roofline:model=qwen3-8b,gpu=l40s,tp=2", "--out", out],
+                               capsys)
+    assert code == 0, err
+    assert "model qwen3-8b  GPU l40s  TP 2" in text
+    recorded = json.loads((out / "run.json").read_text())["config"]
+    assert (recorded["model"], recorded["gpu"], recorded["tp"]) == ("qwen3-8b", "l40s", 2)
 
 
 def test_a_fitted_path_is_typed_at_the_edge_and_read_when_built(tmp_path):
