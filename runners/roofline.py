@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from servelab.common.errors import ServelabError
@@ -167,11 +167,11 @@ class GpuCalibration:
 
 
 def load_calibration_file() -> dict:
-    return json.loads(resources.files("servelab.runners").joinpath(CALIBRATION_FILE).read_text())
+    return json.loads((Path(__file__).parent / CALIBRATION_FILE).read_text())
 
 
 def load_real_calibration_file() -> dict:
-    return json.loads(resources.files("servelab.runners").joinpath(REAL_CALIBRATION_FILE).read_text())
+    return json.loads((Path(__file__).parent / REAL_CALIBRATION_FILE).read_text())
 
 
 def load_calibration(key: str) -> GpuCalibration:
