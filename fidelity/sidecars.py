@@ -35,7 +35,9 @@ GPU_KEYS = ("gpu", "gpu_name", "gpu_model", "gpu_type", "device_name", "accelera
 # recorded GPU names -> presets (runners/presets.py GPUS), first match wins
 _GPU_PATTERNS = (("rtx-4090", r"4090"), ("rtx-pro-6000", r"pro ?6000"), ("h100-pcie", r"h100.*pcie"),
                  ("h200", r"h200"), ("h100-80gb", r"h100"), ("b200", r"b200"), ("l40s", r"l40s"),
-                 ("a100-40gb", r"a100.*40 ?gb"), ("a100-80gb", r"a100"), ("a40", r"\ba40\b"), ("mi300x", r"mi300x"))
+                 ("a100-40gb", r"a100.*40 ?gb"), ("a100-80gb", r"a100"), ("a40", r"\ba40\b"), ("mi300x", r"mi300x"),
+                 ("l4", r"\bl4\b"), ("a10", r"\ba10\b"), ("rtx-a6000", r"\ba6000\b"), ("rtx-6000-ada", r"6000 ada"))
+# (an A10G, AWS's variant of the A10 with other clocks, matches none: say which preset stands for it)
 
 
 @dataclass

@@ -429,6 +429,14 @@ GPUS: dict[str, GpuPreset] = {
         # memory (roofline:link=pcie where nvidia-smi topo -p2p r shows OK)
         GpuPreset("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell (96GB)", 503.8e12, 1.792e12, 97887, 64e9,
                   "PCIe 5.0 x16", "a40", link="pcie-host", fp8=True, fp4=True),
+        # Cloud and workstation cards often used for serving, from NVIDIA's datasheets (dense bf16 with fp32
+        # accumulate); efficiencies borrowed from the A40 profile (GDDR parts), none of them checked on a run
+        GpuPreset("l4", "NVIDIA L4 (24GB)", 121e12, 0.300e12, 23034, 32e9, "PCIe 4.0 x16", "a40", link="pcie", fp8=True),
+        GpuPreset("a10", "NVIDIA A10 (24GB)", 125e12, 0.600e12, 23028, 32e9, "PCIe 4.0 x16", "a40", link="pcie"),
+        GpuPreset("rtx-a6000", "NVIDIA RTX A6000 (48GB)", 154.8e12, 0.768e12, 49140, 32e9, "PCIe 4.0 x16", "a40",
+                  link="pcie"),
+        GpuPreset("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation (48GB)", 364.2e12, 0.960e12, 49140, 32e9,
+                  "PCIe 4.0 x16", "a40", link="pcie", fp8=True),
         GpuPreset("mi300x", "AMD Instinct MI300X (192GB)", 1307.4e12, 5.3e12, 196592, 64e9,
                   "Infinity Fabric (64 GB/s per peer link)", "h100", fp8=True),
     )

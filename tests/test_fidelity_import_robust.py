@@ -68,6 +68,19 @@ def test_timestamps_meta_json_gives_gpu_kv_blocks_and_data_parallel(tmp_path, ca
     assert (rep["config"]["replicas"], rep["config"]["dp"]) == (1, 2)
 
 
+@pytest.mark.parametrize(("recorded", "preset"), [
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+    ("NVIDIA H100 80GB HBM3", "h100-80gb"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA L4", "l4"), ("NVIDIA A10", "a10"), ("NVIDIA RTX A6000", "rtx-a6000"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"), ("NVIDIA L40S", "l40s"), ("NVIDIA A40", "a40"),
+    ("NVIDIA A10G", None), ("Tesla T4", None),  # no preset: the import stops and asks (above)
+])
+def test_a_recorded_device_name_maps_to_its_preset(recorded, preset):
+    from servelab.fidelity.sidecars import gpu_preset
+
+    assert gpu_preset(recorded) == preset
+
+
 def test_server_log_and_sidecars_beside_the_run(tmp_path, capsys):
     """The layout of the calibration runs: exp-config.yaml, vllm_logging.json naming the log, the log
     with the engine config line and the KV size in tokens only."""
