@@ -370,6 +370,10 @@ MODELS: dict[str, ModelPreset] = _models(
                 tied_embeddings=True, max_position_embeddings=32768),
     ModelPreset("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 48, 5120, 40, 8, 128, 13824, 152064,
                 max_position_embeddings=32768),
+    ModelPreset("qwen3-0.6b", "Qwen/Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, tied_embeddings=True,
+                max_position_embeddings=40960),
+    ModelPreset("qwen3-1.7b", "Qwen/Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936, tied_embeddings=True,
+                max_position_embeddings=40960),
     ModelPreset("qwen3-4b", "Qwen/Qwen3-4B", 36, 2560, 32, 8, 128, 9728, 151936, tied_embeddings=True,
                 max_position_embeddings=40960),
     ModelPreset("qwen3-8b", "Qwen/Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, max_position_embeddings=40960),
@@ -401,7 +405,7 @@ MODEL_SOURCES: dict[str, ModelSource] = {
     name: ModelSource(f"https://huggingface.co/{MODELS[name].hf_id}/blob/main/config.json")
     for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b",
                  "qwen3-32b", "qwen3-30b-a3b", "llama-3-8b", "llama-3.2-3b", "llama-3.3-70b", "qwen2.5-3b",
-                 "qwen2.5-14b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b")
+                 "qwen2.5-14b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b")
 }
 
 GPUS: dict[str, GpuPreset] = {
