@@ -405,7 +405,8 @@ MODEL_SOURCES: dict[str, ModelSource] = {
     name: ModelSource(f"https://huggingface.co/{MODELS[name].hf_id}/blob/main/config.json")
     for name in ("deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-27b", "gpt-oss-120b", "qwen3-vl-8b", "nemotron-h-8b",
                  "qwen3-32b", "qwen3-30b-a3b", "llama-3-8b", "llama-3.2-3b", "llama-3.3-70b", "qwen2.5-3b",
-                 "qwen2.5-14b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b")
+                 "qwen2.5-14b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-235b-a22b",
+                 "mixtral-8x7b", "gpt-oss-20b")
 }
 
 GPUS: dict[str, GpuPreset] = {
@@ -435,7 +436,8 @@ GPUS: dict[str, GpuPreset] = {
                   "PCIe 5.0 x16", "a40", link="pcie-host", fp8=True, fp4=True),
         # Cloud and workstation cards often used for serving, from NVIDIA's datasheets (dense bf16 with fp32
         # accumulate); efficiencies borrowed from the A40 profile (GDDR parts), none of them checked on a run
-        GpuPreset("l4", "NVIDIA L4 (24GB)", 121e12, 0.300e12, 23034, 32e9, "PCIe 4.0 x16", "a40", link="pcie", fp8=True),
+        GpuPreset("l4", "NVIDIA L4 (24GB)", 121e12, 0.300e12, 23034, 32e9, "PCIe 4.0 x16", "a40", link="pcie",
+                  fp8=True),
         GpuPreset("a10", "NVIDIA A10 (24GB)", 125e12, 0.600e12, 23028, 32e9, "PCIe 4.0 x16", "a40", link="pcie"),
         GpuPreset("rtx-a6000", "NVIDIA RTX A6000 (48GB)", 154.8e12, 0.768e12, 49140, 32e9, "PCIe 4.0 x16", "a40",
                   link="pcie"),

@@ -71,7 +71,8 @@ def test_preset_equals_its_config_read(tmp_path, name):
     read, preset = model_from_hf_config(str(path)), MODELS[name]
     for key in FIELDS:
         assert getattr(read, key) == getattr(preset, key), key
-    assert MODEL_SOURCES[name].config_url == f"https://huggingface.co/{CONFIGS[name]['_name_or_path']}/blob/main/config.json"
+    repository = CONFIGS[name]["_name_or_path"]
+    assert MODEL_SOURCES[name].config_url == f"https://huggingface.co/{repository}/blob/main/config.json"
     assert MODEL_SOURCES[name].calibrated is False
 
 

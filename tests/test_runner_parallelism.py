@@ -29,7 +29,8 @@ def _moe(tmp_path) -> str:
 
 
 def test_the_pcie_presets_are_the_gpus_without_nvlink():
-    assert {g.name for g in PCIE} == {"h100-pcie", "l40s", "rtx-4090", "rtx-pro-6000"}
+    assert {g.name for g in PCIE} == {"h100-pcie", "l40s", "l4", "a10", "rtx-a6000", "rtx-6000-ada", "rtx-4090",
+                                      "rtx-pro-6000"}
     assert get_gpu("rtx-4090").link == "pcie-host"  # GeForce: no peer-to-peer, NCCL through host memory
     # RTX PRO 6000: peer-to-peer depends on the build; the real TP2 and DP2 + EP runs on two of them moved
     # their bytes through host memory (bench/real_runs), so that is the default, and link= says otherwise
