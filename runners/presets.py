@@ -7,7 +7,7 @@ as total memory, which is what vLLM's ``gpu_memory_utilization`` multiplies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servelab.common.errors import ServelabError
 from servelab.common.registry import did_you_mean
@@ -541,10 +541,36 @@ def resolve_model(name: str) -> ModelPreset:
     return find_model(name)
 
 
+# A quantised checkpoint's id ends in its format (Qwen/Qwen3-8B-FP8, ...-AWQ, ...-GPTQ-Int4, RedHatAI's
+# ...-FP8-dynamic and -quantized.w4a16, nvidia's ...-FP4): the base model's shapes in that format
+# (runners/quant.py), longest suffixes first
+QUANTIZED_SUFFIXES = (("-fp8-dynamic", "fp8"), ("-awq-int4", "awq"), ("-gptq-int4", "gptq"),
+                      ("-gptq-int8", "int8-weight-only"), ("-quantized.w4a16", "int4"), ("-quantized.w8a8", "int8"),
+                      ("-quantized.w8a16", "int8-weight-only"), ("-fp8", "fp8"), ("-awq", "awq"), ("-gptq", "gptq"),
+                      ("-nvfp4", "nvfp4"), ("-fp4", "nvfp4"))
+
+
 def find_model(name: str) -> ModelPreset:
     """A preset by its name, or by the Hugging Face id it was copied from (``org/Model``, a local path
     ending in it or in ``Model`` alone, with or without ``-Instruct``, an ``-hf``/``-Base`` suffix: same
-    shapes)."""
+    shapes); a quantised checkpoint of one (``QUANTIZED_SUFFIXES``) is that preset in its format."""
+    try:
+        return _find_model(name)
+    except ServelabError:
+        lowered = name.strip().rstrip("/").lower()
+        for suffix, fmt in QUANTIZED_SUFFIXES:
+            if lowered.endswith(suffix):
+                try:
+                    preset = _find_model(name.strip().rstrip("/")[: -len(suffix)])
+                except ServelabError:
+                    break
+                if preset.quantization:  # (a checkpoint quantised already: not the base model's shapes)
+                    break
+                return replace(preset, name=f"{preset.name}-{fmt}", hf_id=name, quantization=fmt)
+        raise
+
+
+def _find_model(name: str) -> ModelPreset:
     if name.lower() in MODELS:
         return MODELS[name.lower()]
 

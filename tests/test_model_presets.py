@@ -88,7 +88,24 @@ def test_a_recorded_id_finds_its_preset(recorded, preset):
     assert find_model(recorded).name == preset
 
 
-@pytest.mark.parametrize("recorded", ["Qwen/Qwen3-8B-FP8", "/models/my-finetune", "facebook/opt-125m"])
+@pytest.mark.parametrize(("recorded", "preset", "fmt"), [
+    ("Qwen/Qwen3-8B-FP8", "qwen3-8b", "fp8"),
+    ("RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic", "llama-3.1-8b", "fp8"),
+    ("neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", "llama-3.1-8b", "int4"),
+    ("Qwen/Qwen2.5-7B-Instruct-AWQ", "qwen2.5-7b", "awq"),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "qwen2.5-7b", "int8-weight-only"),
+    ("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "llama-3.1-70b", "awq"),
+    ("nvidia/Llama-3.3-70B-Instruct-FP4", "llama-3.3-70b", "nvfp4"),
+])
+def test_a_quantised_checkpoint_is_its_base_model_in_its_format(recorded, preset, fmt):
+    got, base = find_model(recorded), MODELS[preset]
+    assert got.quantization == fmt and got.hf_id == recorded
+    assert all(getattr(got, k) == getattr(base, k) for k in FIELDS if k != "quantization")
+    assert got.weight_bytes < base.weight_bytes  # fewer bytes per weight than bf16
+
+
+@pytest.mark.parametrize("recorded", ["Qwen/Qwen3-8B-Q4", "/models/my-finetune", "facebook/opt-125m", "foo/bar-fp8",
+                                      "openai/gpt-oss-20b-fp8"])  # (gpt-oss is MXFP4 already: not its shapes)
 def test_a_different_model_is_not_taken_for_a_preset(recorded):
     with pytest.raises(ServelabError, match="unknown model preset"):
         find_model(recorded)
