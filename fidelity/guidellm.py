@@ -7,11 +7,15 @@ in GuideLLM >= 0.4), first and last token (``first_token_time`` / ``info.timings
 ``output_tokens``. Every benchmark of the report (a sweep's strategies ran one after another) is
 imported as one timeline; ``--benchmark N`` keeps only the N-th (0-based). The client's HTTP timeout
 (``config.backend.timeout``) is a setting: ``client_timeout_s`` with ``client_timeout_until =
-first_token``, since httpx's timeout is a read timeout.
+first_token``, since httpx's timeout is a read timeout. The model is the one the client named
+(``config.backend.model``, ``args.model`` in v0.2, else the request bodies'). A request's prompt text
+(v0.2 ``prompt``; in GuideLLM >= 0.4 the ``request_args`` body: a completion's ``prompt`` or the
+chat messages' text) is kept for the prefix-sharing hashes (fidelity/prefix_sharing.py).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from servelab.common.errors import InputError
@@ -35,6 +39,50 @@ def _times(path: Path, req: dict, where: str, row: int) -> tuple:
                  for name, v in (("start_time", start), ("first_token_time", first), ("last_token_time", last)))
 
 
+def _body(req: dict) -> dict:
+    """The HTTP body a GuideLLM >= 0.4 request sent (``request_args``, a JSON string or a mapping, its
+    ``body``); empty when the record has none."""
+    args = req.get("request_args")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return {}
+    if not isinstance(args, dict):
+        return {}
+    body = args.get("body", args)
+    return body if isinstance(body, dict) else {}
+
+
+def _prompt_text(req: dict, body: dict) -> str | None:
+    """The prompt as text: v0.2's ``prompt``, else the body's ``prompt`` (completions) or its chat
+    messages' text parts, in order (the template vLLM puts around them is the same for every request)."""
+    for value in (req.get("prompt"), body.get("prompt")):
+        if isinstance(value, str):
+            return value
+    parts = []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
+    return "\n".join(parts) if parts else None
+
+
+def _model(doc: dict, benches: list, bodies_model: str | None) -> str | None:
+    """The model the client asked for: ``config.backend.model`` (>= 0.4), ``args.model`` (v0.2), else a
+    request body's ``model``."""
+    for bench in benches:
+        backend = (bench.get("config") or {}).get("backend") if isinstance(bench.get("config"), dict) else None
+        if isinstance(backend, dict) and isinstance(backend.get("model"), str) and backend["model"].strip():
+            return backend["model"].strip()
+    args = doc.get("args") if isinstance(doc.get("args"), dict) else {}
+    if isinstance(args.get("model"), str) and args["model"].strip():
+        return args["model"].strip()
+    return bodies_model
+
+
 @IMPORTERS.register("guidellm")
 @detects(lambda p: '"benchmarks"' in p.head, order=30)
 def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured:
@@ -51,6 +99,7 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
         benches = [benches[benchmark]]
     rows = Rows(path)
     sampled = False
+    bodies_model = None
     for b, bench in enumerate(benches):
         bench = mapping(path, bench, f"benchmarks[{b}]")
         reqs = bench.get("requests")
@@ -67,12 +116,15 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
                 if start is None:
                     raise InputError(path, f"{where}: no start time", column="start_time", row=row)
                 ok = status == "successful"
+                body = _body(req)
+                if bodies_model is None and isinstance(body.get("model"), str) and body["model"].strip():
+                    bodies_model = body["model"].strip()
                 prompt = integer(path, req.get("prompt_tokens"), f"{where}.prompt_tokens", row, optional=not ok)
                 output = integer(path, req.get("output_tokens"), f"{where}.output_tokens", row, optional=not ok)
                 rows.add(row, req.get("request_id") or where, start, prompt or 0, output or 0,
                          first_token_s=first, finish_s=last, ok=ok,
                          reason=None if ok else (str(req.get("error") or status))[:200],
-                         prompt_text=req.get("prompt") if isinstance(req.get("prompt"), str) else None)
+                         prompt_text=_prompt_text(req, body))
     notes = ["client-side times: TTFT and E2E include the HTTP round trip"]
     if sampled:
         notes.append("the report kept a sample of the requests (sampled_size): arrivals between them are missing")
@@ -87,9 +139,12 @@ def import_guidellm(paths: list[Path], benchmark: int | None = None) -> Measured
         notes.append(f"GuideLLM {load['strategy']} profile: replayed as a closed loop of {load['users']} users")
     source = {"benchmarks": len(benches), **({"strategy": load["strategy"]} if load else {})}
     settings = {}
+    model = _model(doc, benches, bodies_model)
+    if model is not None:
+        settings["model"] = model
     timeout = client_timeout(doc, benches)
     if timeout is not None:  # httpx's timeout is a read timeout: a request without a first byte by then is dropped
-        settings = {"client_timeout_s": timeout, "client_timeout_until": "first_token"}
+        settings.update(client_timeout_s=timeout, client_timeout_until="first_token")
         notes.append(f"GuideLLM's HTTP timeout {timeout:g} s: replayed as a read timeout (a request without a "
                      f"first token by then is abandoned)")
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,

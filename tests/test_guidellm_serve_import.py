@@ -82,3 +82,43 @@ def test_the_clients_http_timeout_is_replayed_as_a_read_timeout(tmp_path, capsys
     except SystemExit as exit_:
         assert exit_.code in (0, None), capsys.readouterr()
     assert "client_timeout_s" not in json.loads((plain / "run.json").read_text())["config"]
+
+
+BODIES = Path(__file__).parent / "fixtures" / "real_runs" / "guidellm_0.8.1_chat_bodies.json"
+
+
+def test_the_model_and_the_prompts_come_from_what_guidellm_sent(tmp_path, capsys):
+    """GuideLLM >= 0.4 records the model in config.backend and each request's HTTP body in request_args
+    (a JSON string): the import names the model without --setting and hashes the chat messages' text."""
+    from servelab.fidelity.guidellm import import_guidellm
+    from servelab.traces.io import read_trace
+
+    report = json.loads(BODIES.read_text())
+    measured = import_guidellm([BODIES])
+    assert measured.settings["model"] == report["benchmarks"][0]["config"]["backend"]["model"] == "sim"
+    sent = [json.loads(r["request_args"])["body"] for r in report["benchmarks"][0]["requests"]["successful"]]
+    texts = ["\n".join(part["text"] for m in body["messages"] for part in m["content"]) for body in sent]
+    assert all(texts) and measured.rows.prompt_text == texts
+    out = tmp_path / "run"
+    try:
+        main(["run", "import", str(BODIES), "-o", str(out), "--setting", "gpu=h100-80gb"])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), capsys.readouterr()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["config"]["model"] == "sim" and meta["config_sources"]["model"].startswith(BODIES.name)
+    assert meta["prefix"]["origin"].startswith("the prompts' text")
+    # prompts that open alike share their leading blocks; without the backend's model, a body's names it
+    for i, req in enumerate(report["benchmarks"][0]["requests"]["successful"]):
+        body = json.loads(req["request_args"])
+        body["body"]["messages"][0]["content"][0]["text"] = "You are a careful assistant. " * 40 + f"task {i} " * 30
+        req["request_args"] = json.dumps(body)
+    del report["benchmarks"][0]["config"]["backend"]
+    src = tmp_path / "shared.json"
+    src.write_text(json.dumps(report))
+    assert import_guidellm([src]).settings["model"] == "sim"
+    try:
+        main(["run", "import", str(src), "-o", str(tmp_path / "shared"), "--setting", "gpu=h100-80gb"])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), capsys.readouterr()
+    hashes = read_trace(tmp_path / "shared" / "trace.arrow").column("prefix_hashes").to_pylist()
+    assert len(hashes) == 3 and hashes[0][0] == hashes[1][0] == hashes[2][0] and hashes[0][-1] != hashes[1][-1]
