@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -162,7 +163,10 @@ COMPARE_DIGITS = 4  # significant digits of the text table: a metric's change sh
 @_out
 def compare(run_dirs, slo_specs, slo_file, fmt, out):
     """The report's metrics side by side; deltas of each run against the first."""
-    from servelab.scoring.compare import compare_table
+    import textwrap
+
+    from servelab.common.tables import available_width
+    from servelab.scoring.compare import compare_table, differing_note
     from servelab.scoring.db import connect
     from servelab.scoring.output import write_result
     from servelab.scoring.sources import find_runs
@@ -172,9 +176,15 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
         raise ServelabError("compare needs at least two runs")
     con = connect(run_dirs, runs_slo(run_dirs, slo_specs, slo_file), read_only=True)
     try:
-        table = compare_table(con, [r.run_id for r in runs])
+        ids = [r.run_id for r in runs]
+        table = compare_table(con, ids)
+        note = differing_note(con, ids)  # a delta means little without what else changed between the runs
     finally:
         con.close()
+    to_stderr = bool(out) or fmt != "table"  # (stdout stays the data's alone for machine formats)
+    width = available_width(sys.stderr if to_stderr else None)
+    click.echo(textwrap.fill(note, width, subsequent_indent="  ", break_on_hyphens=False,
+                                                 break_long_words=False) if width else note, err=to_stderr)
     write_result(table, fmt, out, significant=COMPARE_DIGITS)
 
 

@@ -175,3 +175,50 @@ def compare_table(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> pa.Tabl
         cols[f"delta_pct {rid}"] = pcts
     schema = pa.schema([("metric", pa.string())] + [(k, pa.float64()) for k in cols if k != "metric"])
     return pa.table(cols, schema=schema)
+
+
+# What a run was set up with, as the runs view names it (the report's header), for "what differs"
+_SETUP = (("measured", "kind"), ("trace_name", "trace"), ("trace_sha256", "trace content"),
+          ("config_model", "model"), ("config_gpu", "gpu"), ("config_tp", "tp"), ("num_gpus", "GPUs"),
+          ("config_runner", "runner"), ("config_policy", "policy"), ("config_router", "router"),
+          ("config_replicas", "replicas"))
+MAX_SHOWN = 8  # settings named in full; the rest are counted
+
+
+def differing_settings(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> list[tuple[str, list]]:
+    """The settings (the report header's, then every other ``config_*`` column) on which ``run_ids``
+    differ: ``(name, [value per run])`` in the runs' order. A setting a run does not record is None."""
+    columns = [r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()]
+    named = dict(_SETUP)
+    wanted = [c for c, _ in _SETUP if c in columns]
+    wanted += sorted(c for c in columns if c.startswith("config_") and c not in named)
+    if not wanted:
+        return []
+    select = ", ".join(f'"{c}"' for c in wanted)
+    rows = {r[0]: r[1:] for r in con.execute(f'SELECT run_id, {select} FROM runs').fetchall()}
+    out = []
+    for i, column in enumerate(wanted):
+        values = [rows[rid][i] if rid in rows else None for rid in run_ids]
+        if column == "measured":  # (a replay's run.json does not say)
+            values = ["measured" if v else "simulated" for v in values]
+        if len({repr(v) for v in values}) > 1:
+            out.append((named.get(column, column.removeprefix("config_")), values))
+    return out
+
+
+def differing_note(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> str:
+    """One line naming what the runs differ in (``runs differ in: gpu (a l40s, b h100-80gb); ...``), or
+    that they share every recorded setting: a change in the table is then the runs' own."""
+    diffs = differing_settings(con, run_ids)
+    if not diffs:
+        return "runs differ in: no recorded setting (model, GPU, runner, policy, trace and engine settings alike)"
+    parts = []
+    for name, values in diffs[:MAX_SHOWN]:
+        if name == "trace content":
+            parts.append("trace content (another file or rows)")
+            continue
+        shown = ", ".join(f"{rid} {'-' if v is None else v}" for rid, v in zip(run_ids, values))
+        parts.append(f"{name} ({shown})")
+    more = len(diffs) - MAX_SHOWN
+    tail = f"; and {more} more (servelab query RUN... 'SELECT * FROM runs')" if more > 0 else ""
+    return "runs differ in: " + "; ".join(parts) + tail

@@ -31,13 +31,14 @@ def cli_code(*args) -> int:
 
 
 def invoke(*args) -> str:
-    """Run the click command tree on ``args`` (paths allowed); it must succeed. Returns its output."""
+    """Run the click command tree on ``args`` (paths allowed); it must succeed. Returns its stdout (what a
+    pipe gets: notes on stderr stay out of a JSON result)."""
     from click.testing import CliRunner
     from servelab.cli.main import cli
 
     result = CliRunner().invoke(cli, [str(a) for a in args])
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

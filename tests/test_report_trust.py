@@ -56,6 +56,24 @@ def test_compare_of_runs_with_different_recorded_slos_says_which_it_used(tmp_pat
     assert "the SLO recorded in run.json of a (runs b recorded other SLOs: give --slo to choose one)" in err
 
 
+def test_compare_names_what_differs_between_the_runs(tmp_path, capsys):
+    """A delta alone cannot say whether the policy or the GPU made it: compare names the settings the
+    runs differ in (the report header's first, then the engine's), or says they share them all."""
+    trace = _trace(tmp_path, 20, 0.05)
+    _ok(["replay", trace, "-o", tmp_path / "a", "--no-report"], capsys)
+    _ok(["replay", trace, "-o", tmp_path / "b", "--no-report", "--runner", "roofline:model=qwen3-8b,gpu=l40s",
+         "--max-num-seqs", 8], capsys)
+    _ok(["replay", trace, "-o", tmp_path / "c", "--no-report"], capsys)
+    out, _ = _ok(["compare", tmp_path / "a", tmp_path / "b"], capsys)
+    first = out.splitlines()[0]
+    assert first.startswith("runs differ in: model (a llama-3.1-8b, b qwen3-8b); gpu (a h100-80gb, b l40s); runner (")
+    assert "max_num_seqs (a 256, b 8)" in first
+    out, _ = _ok(["compare", tmp_path / "a", tmp_path / "c"], capsys)
+    assert out.splitlines()[0].startswith("runs differ in: no recorded setting")
+    out, err = _ok(["compare", tmp_path / "a", tmp_path / "b", "--format", "json"], capsys)
+    assert json.loads(out) and "runs differ in: model" in err  # machine formats keep stdout for the data
+
+
 def test_a_search_trials_report_shows_the_studys_slo(tmp_path, capsys):
     write_trace_file(tmp_path)
     spec = grid_spec(tmp_path, n_trials=2)

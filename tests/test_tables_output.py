@@ -24,7 +24,7 @@ def invoke(args, columns):
     """Run the CLI the way a pipe does (CliRunner output is no terminal); ``columns`` None unsets COLUMNS."""
     result = CliRunner().invoke(cli, args, env={"COLUMNS": None if columns is None else str(columns)})
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout  # (what the pipe gets; notes go to stderr)
 
 
 def widest(text: str) -> int:
