@@ -67,7 +67,8 @@ def layer_ops(model: ModelPreset, tp: int) -> dict[str, OpWork]:
     """Per-shard work of each operator group of one layer (column-parallel in, row-parallel out).
     Weights are read at the linear layers' bytes per weight (a quantisation format's, else the dtype's)."""
     h, d, wb = model.hidden_size, model.dtype_bytes, model.linear_weight_bytes
-    kv = model.kv_size / model.kv_shards(tp)  # K and V heads per rank (copied when tp > KV heads)
+    # K and V heads per rank (copied when tp > KV heads); MLA's qkv is set below, its rope keeps the heads' split
+    kv = model.kv_size / (tp if model.is_mla else model.kv_shards(tp))
     qkv = model.q_size / tp + 2 * kv
     q = o_in = model.q_size / tp
     if model.is_mla:  # latent down-projections on every rank, up-projections and output split over TP

@@ -159,6 +159,9 @@ def test_more_ranks_than_kv_heads_copy_the_heads_as_vllm_does():
     eight = replace(r8, model=replace(m, name="qwen3-235b-a22b with 8 KV heads", num_kv_heads=8))
     assert eight.model.kv_shards(8) == 8
     assert r8.kv_capacity_tokens(0.9) == pytest.approx(eight.kv_capacity_tokens(0.9), abs=1)
+    ds = get_model("deepseek-v3")  # MLA: the latent is whole on every rank, the heads' rope work still split
+    assert ds.kv_shards(8) == 1
+    assert layer_ops(ds, 8)["rope"].bytes_per_token == 2 * (ds.q_size / 8 + ds.kv_size / 8) * ds.dtype_bytes
     with pytest.raises(ServelabError, match="divide or be a multiple of its KV heads"):
         make_runner("roofline:model=qwen2.5-14b,tp=5")  # 40 query heads, 8 KV heads
     with pytest.raises(ServelabError, match="tp=3 must divide"):
