@@ -183,8 +183,9 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
         con.close()
     to_stderr = bool(out) or fmt != "table"  # (stdout stays the data's alone for machine formats)
     width = available_width(sys.stderr if to_stderr else None)
-    click.echo(textwrap.fill(note, width, subsequent_indent="  ", break_on_hyphens=False,
-                                                 break_long_words=False) if width else note, err=to_stderr)
+    if width:
+        note = textwrap.fill(note, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+    click.echo(note, err=to_stderr)
     write_result(table, fmt, out, significant=COMPARE_DIGITS)
 
 

@@ -265,10 +265,10 @@ def _named(source: str):
         if source == COMMAND_LINE:
             raise
         raise ServelabError(f"{source}: {exc}") from None
-# Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
-# what a runner spec may set over the replay's own (``roofline:model=qwen3-8b,gpu=l40s,tp=2``): the config
-# takes the spec's, so run.json, the report's header and the GPU-hour cost name what the runner ran
+# What a runner spec may set over the replay's own (``roofline:model=qwen3-8b,gpu=l40s,tp=2``): the config
+# takes the spec's, so run.json, the report's header and the GPU-hour cost name what the runner ran.
 _SPEC_SETS = ("model", "gpu", "tp")
+# Runner settings beyond model/gpu/tp (parallelism, quantisation), written by to_dict only when set.
 RUNNER_DEFAULTS = {"dp": 1, "pp": 1, "enable_expert_parallel": False, "quantization": "", "kv_cache_dtype": "auto"}
 RUNNER_TYPES = {"dp": "int", "pp": "int", "enable_expert_parallel": "bool", "quantization": "str",
                 "kv_cache_dtype": "str"}
