@@ -557,11 +557,11 @@ def find_model(name: str) -> ModelPreset:
     try:
         return _find_model(name)
     except ServelabError:
-        lowered = name.strip().rstrip("/").lower()
+        stem = name.strip().rstrip("/")
         for suffix, fmt in QUANTIZED_SUFFIXES:
-            if lowered.endswith(suffix):
+            if stem.lower().endswith(suffix):
                 try:
-                    preset = _find_model(name.strip().rstrip("/")[: -len(suffix)])
+                    preset = _find_model(stem[: -len(suffix)])
                 except ServelabError:
                     break
                 if preset.quantization:  # (a checkpoint quantised already: not the base model's shapes)

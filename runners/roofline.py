@@ -262,10 +262,10 @@ def weight_bytes_per_gpu(model: ModelPreset, tp: int, dp: int = 1, pp: int = 1) 
     model's routed experts are spread over all dp x tp GPUs (expert parallel, or vLLM's flattened
     expert TP), while attention and the other dense weights are copied into every DP rank. K and V
     projections copied over ranks (more ranks than KV heads) count once per copy."""
-    copied = 0.0
-    if model.kv_shards(tp) < tp and not model.is_mla:  # each rank holds 1/kv_shards of them, not 1/tp
+    copied, shards = 0.0, model.kv_shards(tp)
+    if shards < tp and not model.is_mla:  # each rank holds 1/shards of them, not 1/tp
         kv_proj = model.attention_layers * 2 * model.hidden_size * model.kv_size * model.linear_weight_bytes
-        copied = kv_proj * (1 / model.kv_shards(tp) - 1 / tp)
+        copied = kv_proj * (1 / shards - 1 / tp)
     if dp == 1 and pp == 1:
         return model.weight_bytes / tp + copied
     experts = model.expert_weight_bytes
