@@ -350,7 +350,7 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
 
 def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu_blocks, set_options, plot_path,
                    fmt, output, client_model="auto"):
-    from servelab.fidelity.validate import plot_cdfs, validate_real
+    from servelab.fidelity.validate import clock_labels, plot_cdfs, validate_real
     from servelab.replay.config import Options, read_table
     from servelab.runners.validation import write_report
 
@@ -371,7 +371,9 @@ def _validate_real(run_dir, runner, model, gpu, tp, config_path, policy, num_gpu
         return
     report, measured, simulated = validate_real(run_dir, overrides, client_model)
     if plot_path is not None:
-        plot_cdfs(measured, simulated, plot_path, title=f"{run_dir.name}: measured vs {report['config']['runner']}")
+        # the simulated times the table compares (a client-side run's: through the client model)
+        plot_cdfs(measured, simulated, plot_path, title=f"{run_dir.name}: measured vs {report['config']['runner']}",
+                  labels=clock_labels(report))
         report["plot"] = str(plot_path)
     if output:
         write_report(report, output)

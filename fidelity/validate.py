@@ -288,7 +288,8 @@ def error_shares(measured: pa.Table, simulated: pa.Table) -> dict[str, Any]:
 
 def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None = "auto"
                   ) -> tuple[dict[str, Any], pa.Table, pa.Table]:
-    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated).
+    """Replay the measured run's trace under its settings (+ overrides): (report, measured, simulated),
+    ``simulated`` holding the times the report compares (what ``plot_cdfs`` draws beside the measured).
 
     A client-side run (``clock: client``) is compared with the simulated times as its client would
     have seen them (fidelity/client_model.py): ``client_model`` ``auto`` (the calibrated model of the
@@ -329,8 +330,10 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         tokens = result.tokens.read() if hasattr(result.tokens, "read") else result.tokens
         simulated = cm.with_client_columns(simulated, model, tokens)
         engine_side = compare(measured, simulated)["latency"]
-        report = compare(measured, cm.as_client_side(simulated))
+        compared = cm.as_client_side(simulated)
+        report = compare(measured, compared)
     else:
+        compared = simulated
         report = compare(measured, simulated, intake)
     report["errors"] = error_shares(measured, simulated)
     report["client_model"] = None if model is None else model.to_dict()
@@ -351,7 +354,16 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         **({"memory_warning": memory_warning} if memory_warning else {}),
         "runner": result.meta["runner"],
     })
-    return report, measured, simulated
+    return report, measured, compared
+
+
+def clock_labels(report: dict[str, Any]) -> tuple[str, str]:
+    """How the measured and the compared simulated times were taken, for a plot's legend: a client-side
+    run's are the client's; the simulated are the engine's, or the client's through the client model."""
+    measured = {"client": "client-side", "server": "server-side"}.get(report.get("clock") or "", "clock unrecorded")
+    model = report.get("client_model")
+    simulated = f"client-side: engine + {model['server']} client model" if model else "engine-side"
+    return f"measured ({measured})", f"simulated ({simulated})"
 
 
 RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_dtype")  # listed when set
@@ -420,8 +432,10 @@ def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, 
     return out
 
 
-def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "") -> None:
-    """TTFT, TPOT and E2E CDFs of both runs side by side (PNG/SVG/PDF by suffix), written atomically."""
+def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = "",
+              labels: tuple[str, str] = ("measured", "simulated")) -> None:
+    """TTFT, TPOT and E2E CDFs of both runs side by side (PNG/SVG/PDF by suffix), written atomically;
+    ``labels``: the legend's names of the two (``clock_labels``: which clock each side's times are on)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -431,7 +445,7 @@ def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = 
     real, sim = _metric_columns(measured), _metric_columns(simulated)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, m, label in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT (s)", "TPOT (s)", "E2E (s)")):
-        for cols, name, style in ((real, "measured", "-"), (sim, "simulated", "--")):
+        for cols, name, style in ((real, labels[0], "-"), (sim, labels[1], "--")):
             v = np.sort(cols[m][np.isfinite(cols[m])])
             if m == "tpot_s":
                 v = np.sort(cols[m][(cols["output_tokens"] > 1) & np.isfinite(cols[m])])
@@ -439,7 +453,7 @@ def plot_cdfs(measured: pa.Table, simulated: pa.Table, path: Path, title: str = 
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests")
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(fontsize="small", loc="best")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -153,6 +153,31 @@ def test_validate_real_compares_client_side_times_and_keeps_the_engine_side(tmp_
     assert code == 0 and "engine-side" in out and "client model (vllm)" in out
 
 
+def test_validate_real_plots_the_client_side_times_its_table_compares(tmp_path, capsys, monkeypatch):
+    """--plot on a client-side run draws the simulated times the table compares (engine + client model),
+    not the engine's, and its legend says which clock each side is on."""
+    from servelab.fidelity import validate as fv
+
+    (tmp_path / "src.json").write_text("{}")
+    run = _live_like_run(tmp_path)
+    drawn = {}
+    monkeypatch.setattr(fv, "plot_cdfs", lambda measured, simulated, path, title="", labels=():
+                        drawn.update(simulated=simulated, labels=labels))
+    code, out, err = run_main(["validate", "--real", str(run), "--candidate", "linear:base=0.002", "--format", "json",
+                               "--plot", str(tmp_path / "cdf.png")], capsys)
+    assert code == 0, err
+    rows = {(r["metric"], r["stat"]): r for r in json.loads(out)["latency"]}
+    ttft = drawn["simulated"].column("ttft_s").to_numpy()
+    assert ttft.mean() == pytest.approx(rows[("ttft", "mean")]["simulated_s"])  # the table's simulated TTFT
+    assert ttft.mean() > 0.002 + cm.DEFAULTS["vllm"].request_s / 2  # not the 2 ms engine-side one
+    assert drawn["labels"] == ("measured (client-side)", "simulated (client-side: engine + vllm client model)")
+    code, out, err = run_main(["validate", "--real", str(run), "--candidate", "linear:base=0.002", "--plot",
+                               str(tmp_path / "cdf.png"), "--client-model", "none"], capsys)
+    assert code == 0, err
+    assert drawn["simulated"].column("ttft_s").to_numpy().mean() == pytest.approx(0.002)
+    assert drawn["labels"] == ("measured (client-side)", "simulated (engine-side)")
+
+
 def test_fit_client_cli_writes_a_model_validate_reads(tmp_path, capsys):
     obs = {"observations": [{"prompt_tokens": 10, "client_ttft_s": 0.011, "server_ttft_s": 0.005},
                             {"prompt_tokens": 1010, "client_ttft_s": 0.015, "server_ttft_s": 0.007}]}
