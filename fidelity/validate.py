@@ -31,10 +31,12 @@ METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 
 def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
     """run.json, requests.parquet and the trace of a run written by ``servelab run import``."""
+    from servelab.scoring.sources import _read_meta  # what `servelab report` says of a broken run.json
+
     meta_path = run_dir / "run.json"
     if not meta_path.is_file():
         raise InputError(run_dir, "not a run directory (no run.json)")
-    meta = json.loads(meta_path.read_text())
+    meta = _read_meta(run_dir)
     if not meta.get("measured"):
         raise InputError(meta_path, "not a measured run (run.json has no \"measured\": true); "
                                     "import one with `servelab run import`")
@@ -43,7 +45,28 @@ def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
         raise InputError(run_dir, "has no trace.arrow (import it again with this version)")
     from servelab.traces.io import read_trace
 
-    return meta, pq.read_table(run_dir / "requests.parquet"), read_trace(trace_path)
+    return meta, _read_requests(run_dir / "requests.parquet"), read_trace(trace_path)
+
+
+# the columns of requests.parquet the comparison reads
+REQUEST_COLUMNS = ("request_id", "status", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "ttft_s",
+                   "tpot_s", "e2e_s", "output_tokens")
+
+
+def _read_requests(path: Path) -> pa.Table:
+    """A measured run's requests.parquet, or an InputError naming the file and what is wrong with it (as
+    `servelab report` words it: missing, not a readable Parquet file, a column missing)."""
+    from servelab.common.errors import require_file
+
+    require_file(path, "requests table")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise InputError(path, f"not a readable Parquet file ({err})") from None
+    for column in REQUEST_COLUMNS:
+        if column not in table.column_names:
+            raise InputError(path, "missing required column", column=column)
+    return table
 
 
 def sweep_runs(run_dir: Path) -> list[Path] | None:

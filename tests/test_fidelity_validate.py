@@ -75,6 +75,50 @@ def test_validate_real_refuses_a_replayed_run(tmp_path, capsys):
     assert code == 1 and "not a measured run" in err
 
 
+def _break_empty(run):
+    (run / "requests.parquet").write_bytes(b"")
+
+
+def _break_cut(run):
+    path = run / "requests.parquet"
+    path.write_bytes(path.read_bytes()[:500])
+
+
+def _break_deleted(run):
+    (run / "requests.parquet").unlink()
+
+
+def _break_column(run):
+    import pyarrow.parquet as pq
+
+    path = run / "requests.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["ttft_s"]), path)
+
+
+def _break_run_json(run):
+    path = run / "run.json"
+    path.write_text(path.read_text()[:100])
+
+
+@pytest.mark.parametrize("damage, file, says", [
+    (_break_empty, "requests.parquet", "not a readable Parquet file (Could not open Parquet input source"),
+    (_break_cut, "requests.parquet", "not a readable Parquet file ("),
+    (_break_deleted, "requests.parquet", "file not found"),
+    (_break_column, "requests.parquet", "column 'ttft_s': missing required column"),
+    (_break_run_json, "run.json", "not valid JSON: "),
+])
+def test_validate_real_names_a_broken_file_of_the_run_in_one_line(tmp_path, capsys, damage, file, says):
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                             "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    damage(run)
+    code, out, err = run_main(["validate", "--real", run], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith(f"error: {run / file}") and says in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_fit_host_grid_reports_fit_and_held_out_halves(tmp_path, capsys):
     from servelab.fidelity.fit_host import main as fit_main
 
