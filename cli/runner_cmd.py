@@ -420,6 +420,23 @@ def _share(v) -> str:
     return "n/a" if v is None else f"{v:.1%}"
 
 
+def _by_status(left: dict) -> str:
+    """Simulated requests that did not finish, counted by status: '300 rejected, 2 unfinished'."""
+    return ", ".join(f"{n:,} {status}" for status, n in left["by_status"].items())
+
+
+def _why_not_finished(left: dict) -> str:
+    """Why the replay finished nothing: the counts by status, whether any prompt fits the KV cache, and the
+    shortest refused prompt's reason."""
+    kv, shortest = left["kv_capacity_tokens"], left["shortest_prompt_tokens"]
+    fits = (f"no prompt fits the {kv:,} tokens of KV cache (the shortest has {shortest:,})" if shortest > kv
+            else f"the KV cache holds {kv:,} tokens (the shortest prompt has {shortest:,})")
+    example = left.get("example")
+    told = (f"; request {example['request_id']} ({example['prompt_tokens']:,} prompt tokens) {example['status']}: "
+            f"{example['reason']}" if example else "")
+    return f"{_by_status(left)}; {fits}{told}"
+
+
 def render_real(report: dict) -> None:
     from rich.table import Table
     from servelab.common.tables import print_table
@@ -440,6 +457,9 @@ def render_real(report: dict) -> None:
                   f"{report['finished']['simulated']} simulated; simulated preemptions {report['preemptions_simulated']}")
     if report.get("memory_warning"):
         console.print(f"[bold red]warning:[/] {report['memory_warning']}")
+    if report["finished"]["simulated"] == 0 and report.get("not_finished_simulated"):
+        console.print(f"[bold red]warning:[/] no simulated request finished, so no simulated latency or "
+                      f"throughput (n/a below): {_why_not_finished(report['not_finished_simulated'])}")
     if report.get("settings"):
         console.print("settings: " + ", ".join(f"{s['setting']}={s['value']} ({s['from']})" for s in report["settings"]))
     if report.get("prefix"):
@@ -482,11 +502,14 @@ def render_real(report: dict) -> None:
                       f"simulated = client-side, engine-side beside it. {model['provenance']}")
     errors = report.get("errors")
     if errors and errors["measured"] is not None and errors["simulated"] is not None:
+        left = report.get("not_finished_simulated")
+        by_status = f"; simulated: {_by_status(left)}" if left and report["finished"]["simulated"] else ""
         console.print(f"not finished: {errors['measured'] * 100:.1f}% measured, {errors['simulated'] * 100:.1f}% "
-                      f"simulated ({errors['difference_pct_points']:+.1f} points)")
+                      f"simulated ({errors['difference_pct_points']:+.1f} points{by_status})")
     per = report["per_request"]
     parts = [f"{m.removesuffix('_s')} MAPE {per[m]['mape_pct']:.1f}% (median {per[m]['median_ape_pct']:.1f}%)"
              for m in ("ttft_s", "tpot_s", "e2e_s") if per[m]["mape_pct"] is not None]
-    console.print(f"per request ({per['matched']} matched): " + ", ".join(parts))
+    if parts:  # (none when no request finished on both sides)
+        console.print(f"per request ({per['matched']} matched): " + ", ".join(parts))
     if report.get("plot"):
         console.print(f"wrote {report['plot']}")

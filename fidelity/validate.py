@@ -258,10 +258,11 @@ def _summary(cols: dict[str, np.ndarray]) -> dict[str, Any]:
         out[m] = _stats(values)
     gaps = (cols["output_tokens"] - 1)[multi].sum()
     out["itl_pooled_s"] = float((cols["finish_s"] - cols["first_token_s"])[multi].sum() / gaps) if gaps else None
-    span = cols["finish_s"].max() - cols["arrival_s"].min() if cols["finish_s"].size else 0.0
-    out["duration_s"] = float(span)
-    out["request_throughput_rps"] = float(len(cols["finish_s"]) / span) if span > 0 else None
-    out["output_throughput_tps"] = float(cols["output_tokens"].sum() / span) if span > 0 else None
+    # first arrival to last finish: none without a finished request (not a duration of 0)
+    span = float(cols["finish_s"].max() - cols["arrival_s"].min()) if cols["finish_s"].size else None
+    out["duration_s"] = span
+    out["request_throughput_rps"] = float(len(cols["finish_s"]) / span) if span else None
+    out["output_throughput_tps"] = float(cols["output_tokens"].sum() / span) if span else None
     out["finished"] = len(cols["finish_s"])
     return out
 
@@ -307,6 +308,27 @@ def error_shares(measured: pa.Table, simulated: pa.Table) -> dict[str, Any]:
 
     m, s = share(measured), share(simulated)
     return {"measured": m, "simulated": s, "difference_pct_points": None if m is None or s is None else (s - m) * 100}
+
+
+def not_finished(simulated: pa.Table, kv_capacity_tokens: int) -> dict[str, Any] | None:
+    """Why simulated requests did not finish, or None when all did: their count by status, the shortest
+    prompt beside the KV cache's tokens (a replica's), and the shortest refused prompt's reason (what
+    the smallest request that could not run was told)."""
+    status = simulated.column("status").to_numpy(zero_copy_only=False)
+    left = status != "finished"
+    if not left.any():
+        return None
+    names, counts = np.unique(status[left], return_counts=True)
+    prompt = simulated.column("prompt_tokens").to_numpy(zero_copy_only=False)
+    out: dict[str, Any] = {"by_status": {str(n): int(c) for n, c in zip(names, counts)},
+                           "kv_capacity_tokens": kv_capacity_tokens, "shortest_prompt_tokens": int(prompt.min())}
+    reasons = simulated.column("reason").to_pylist()
+    told = [i for i in np.flatnonzero(left) if reasons[i]]
+    if told:
+        i = min(told, key=lambda k: prompt[k])
+        out["example"] = {"request_id": int(simulated.column("request_id")[int(i)].as_py()),
+                          "prompt_tokens": int(prompt[i]), "status": str(status[i]), "reason": reasons[i]}
+    return out
 
 
 def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None = "auto"
@@ -374,6 +396,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         "kv_blocks_from": "measured run / option" if (meta.get("config") or {}).get("num_gpu_blocks") is not None
                           or "num_gpu_blocks" in given else "derived from the model and GPU",
         "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
+        "not_finished_simulated": not_finished(result.requests, blocks * config.engine.block_size),
         **({"memory_warning": memory_warning} if memory_warning else {}),
         "runner": result.meta["runner"],
     })

@@ -75,6 +75,29 @@ def test_validate_real_refuses_a_replayed_run(tmp_path, capsys):
     assert code == 1 and "not a measured run" in err
 
 
+def test_validate_real_says_why_a_replay_finished_nothing(tmp_path, capsys):
+    """A KV cache too small for any prompt: no simulated cell is a figure (no -100% duration), the report
+    says why (counts by status, the KV cache beside the shortest prompt, its refusal), no empty line."""
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                             "-o", run, "--setting", "gpu=h100-80gb", "--setting", "num_gpu_blocks=2"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["validate", "--real", run, "--format", "json"], capsys)
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["finished"] == {"measured": 4, "simulated": 0}
+    duration = next(r for r in rep["throughput"] if r["metric"] == "duration_s")
+    assert duration["simulated"] is None and duration["error_pct"] is None and duration["measured"] > 0
+    left = rep["not_finished_simulated"]
+    assert left["by_status"] == {"rejected": 4} and left["kv_capacity_tokens"] == 32
+    assert left["shortest_prompt_tokens"] > 32 and "a replica has 2" in left["example"]["reason"]
+    code, out, err = run_main(["validate", "--real", run], capsys)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "no simulated request finished" in flat and "4 rejected; no prompt fits the 32 tokens of KV cache" in flat
+    assert "per request" not in flat and "-100.0%" not in flat
+
+
 def _break_empty(run):
     (run / "requests.parquet").write_bytes(b"")
 
