@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from servelab.common.coerce import coerce
 from servelab.common.errors import ServelabError
-from servelab.common.registry import ClassRegistry
+from servelab.common.registry import ClassRegistry, did_you_mean
 from servelab.replay.cluster.config import ClusterConfig, PoolConfig, is_params, split_settings
 from servelab.replay.core.engine_config import (INT32_MAX, MAX_REPLICAS, EngineConfig, _positive, make_params,
                                                 params_table, typed_fields)
@@ -251,7 +251,7 @@ def typed_keys(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[
         else:
             known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
                             "model", "gpu", "tp", *RUNNER_KEYS])
-            raise ServelabError(f"{source}: unknown key '{key}' (known: {', '.join(known)})")
+            raise ServelabError(f"{source}: unknown key '{key}'{did_you_mean(key_norm, known)} (known: {', '.join(known)})")
     return engine_values, top
 
 

@@ -27,6 +27,17 @@ def test_registry_suggests_the_nearest_name():
     assert did_you_mean("SRPT", ["sarathi", "srpt"]) == "; did you mean 'srpt'?"
 
 
+def test_a_name_several_presets_start_with_suggests_one_of_those():
+    """'h100' is a prefix of two GPU presets: the suggestion is the first of them, not the nearer-spelt h200."""
+    from servelab.runners.presets import GPUS, get_gpu
+
+    assert did_you_mean("h100", GPUS) == "; did you mean 'h100-80gb'?"
+    assert did_you_mean("h100-p", GPUS) == "; did you mean 'h100-pcie'?"
+    with pytest.raises(ServelabError, match=r"unknown GPU preset 'h100'; did you mean 'h100-80gb'\?"):
+        get_gpu("h100")
+    assert did_you_mean("h201", GPUS) == "; did you mean 'h200'?"  # no prefix: the nearest as before
+
+
 @pytest.mark.parametrize("args, message", [
     (["--policy", "sarath"], "error: unknown policy 'sarath'; did you mean 'sarathi'?"),
     (["--runner", "roofln"], "error: unknown runner 'roofln'; did you mean 'roofline'?"),

@@ -98,6 +98,17 @@ def test_validate_real_says_why_a_replay_finished_nothing(tmp_path, capsys):
     assert "per request" not in flat and "-100.0%" not in flat
 
 
+def test_validate_real_suggests_the_key_a_set_option_meant(tmp_path, capsys):
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                             "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    code, _, err = run_main(["validate", "--real", run, "--set", "max_num_seq=64"], capsys)
+    assert code == 1 and "unknown key 'max_num_seq'; did you mean 'max_num_seqs'? (known: " in err
+    code, _, err = run_main(["validate", "--real", run, "--gpu", "h100"], capsys)
+    assert code == 1 and "unknown GPU preset 'h100'; did you mean 'h100-80gb'?" in err
+
+
 def _break_empty(run):
     (run / "requests.parquet").write_bytes(b"")
 
