@@ -102,7 +102,7 @@ def scoreboard(roots: dict[str, Path]) -> tuple[list[str], list[str]]:
             failed = 1 - counts.get("finished", 0) / max(1, sum(counts.values()))  # failed, timed out, cancelled
             p = report["prefix"]
             cfg = report["config"]
-            kv = "run" if report["kv_blocks_from"].startswith("measured") else "derived"
+            kv = "derived" if report["kv_blocks_from"].startswith("derived") else "run"
             errors = [f"{_stat(report, m, 'mean')} / {_stat(report, m, 'p99')}" for m in ("ttft", "tpot", "e2e")]
             shares = " / ".join(_share(p[k]) for k in ("measured", "ideal", "simulated"))
             rows.append(f"| {folder.name} | {report['requests']} | {cfg['gpu']}, {report['num_gpu_blocks']:,} blocks "

@@ -384,8 +384,9 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     report["client_model"] = None if model is None else model.to_dict()
     if engine_side is not None:
         report["latency_engine"] = engine_side
+    settings = settings_used(meta, given, config, blocks)
     report.update({
-        "settings": settings_used(meta, given, config, blocks),
+        "settings": settings,
         "prefix": prefix_share(meta, trace, result.requests),
         "run": str(run_dir),
         "clock": meta.get("clock"),
@@ -393,8 +394,9 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         "config": config.to_dict(),
         "num_gpu_blocks": blocks,
         "kv_capacity_tokens": blocks * config.engine.block_size,
-        "kv_blocks_from": "measured run / option" if (meta.get("config") or {}).get("num_gpu_blocks") is not None
-                          or "num_gpu_blocks" in given else "derived from the model and GPU",
+        # where the block count came from, as the settings list says (an option, the run's file or
+        # --setting at import, derived)
+        "kv_blocks_from": next(s["from"] for s in settings if s["setting"] == "num_gpu_blocks"),
         "preemptions_simulated": int(pc.sum(result.requests.column("num_preemptions")).as_py() or 0),
         "not_finished_simulated": not_finished(result.requests, blocks * config.engine.block_size),
         **({"memory_warning": memory_warning} if memory_warning else {}),

@@ -98,6 +98,21 @@ def test_validate_real_says_why_a_replay_finished_nothing(tmp_path, capsys):
     assert "per request" not in flat and "-100.0%" not in flat
 
 
+def test_validate_real_says_where_the_kv_blocks_came_from(tmp_path, capsys):
+    """The KV line names the block count's origin as the settings list does: --setting at import is the
+    run's (run.json config_sources), --set is an option, else derived."""
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                             "-o", run, "--setting", "gpu=h100-80gb", "--setting", "num_gpu_blocks=900"], capsys)
+    assert code == 0, err
+    for extra, origin in (([], "run: --setting"), (["--set", "num_gpu_blocks=800"], "option")):
+        code, out, err = run_main(["validate", "--real", run, "--format", "json", *extra], capsys)
+        assert code == 0, err
+        assert json.loads(out)["kv_blocks_from"] == origin
+    code, out, _ = run_main(["validate", "--real", run], capsys)
+    assert "KV cache 900 blocks = 14,400 tokens (run: --setting)" in " ".join(out.split())
+
+
 def test_validate_real_suggests_the_key_a_set_option_meant(tmp_path, capsys):
     run = tmp_path / "run"
     code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
