@@ -493,6 +493,8 @@ def render_real(report: dict) -> None:
         fmt_v = (lambda v: "n/a" if v is None else f"{v:,.3f}")
         table.add_row(row["metric"], "", fmt_v(row["measured"]), fmt_v(row["simulated"]), _pct(row["error_pct"]))
     print_table(table)
+    for metric, why in (report.get("not_measured") or {}).items():
+        console.print(f"{metric}: measured n/a: {why}")
     model = report.get("client_model")
     if model:
         console.print(f"client model ({model['server']}): {model['request_s'] * 1e3:.2f} ms + "

@@ -310,6 +310,24 @@ def error_shares(measured: pa.Table, simulated: pa.Table) -> dict[str, Any]:
     return {"measured": m, "simulated": s, "difference_pct_points": None if m is None or s is None else (s - m) * 100}
 
 
+def not_measured(meta: dict, latency: list[dict]) -> dict[str, str]:
+    """Why a latency the table compares has no measured value (the queue: the time from arrival to the
+    first scheduling, which only the server sees), by metric."""
+    if any(r["measured_s"] is not None for r in latency if r["metric"] == "queue"):
+        return {}
+    source = meta.get("source") or {}
+    if source.get("format") == "vllm-bench":
+        # vllm/benchmarks/serve.py: queue_times = client_queue_time = start_time - request_arrival_time,
+        # the wait on the client's own --max-concurrency semaphore; its TTFT and E2E leave it out
+        why = ("vLLM's bench records no server queue: its queue_times is the client's wait for one of its own "
+               "--max-concurrency slots before sending, which the server never sees")
+    elif meta.get("clock") == "client":
+        why = "a client-side run does not see when the server first scheduled each request"
+    else:
+        why = "the source records no time of each request's first scheduling"
+    return {"queue": why}
+
+
 def not_finished(simulated: pa.Table, kv_capacity_tokens: int) -> dict[str, Any] | None:
     """Why simulated requests did not finish, or None when all did: their count by status, the shortest
     prompt beside the KV cache's tokens (a replica's), and the shortest refused prompt's reason (what
@@ -381,6 +399,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         compared = simulated
         report = compare(measured, simulated, intake)
     report["errors"] = error_shares(measured, simulated)
+    report["not_measured"] = not_measured(meta, report["latency"])
     report["client_model"] = None if model is None else model.to_dict()
     if engine_side is not None:
         report["latency_engine"] = engine_side

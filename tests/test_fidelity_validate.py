@@ -113,6 +113,29 @@ def test_validate_real_says_where_the_kv_blocks_came_from(tmp_path, capsys):
     assert "KV cache 900 blocks = 14,400 tokens (run: --setting)" in " ".join(out.split())
 
 
+def test_validate_real_says_why_a_vllm_bench_runs_queue_is_not_measured(tmp_path, capsys):
+    """vLLM bench's queue_times is the client's wait for its own --max-concurrency slot, not the server's
+    queue (arrival to first scheduling): the measured queue stays n/a, and the report says why."""
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", FIX / "vllm_bench_serve_real_40req.json", "-o", run,
+                             "--setting", "gpu=h100-80gb", "--setting", "model=llama-3.1-8b"], capsys)
+    assert code == 0, err
+    base = ["validate", "--real", run, "--candidate", "linear:base=0.002", "--num-gpu-blocks", "1000"]
+    code, out, err = run_main([*base, "--format", "json"], capsys)
+    assert code == 0, err
+    rep = json.loads(out)
+    assert all(r["measured_s"] is None for r in rep["latency"] if r["metric"] == "queue")
+    assert "queue_times is the client's wait for one of its own --max-concurrency slots" in rep["not_measured"]["queue"]
+    code, out, _ = run_main(base, capsys)
+    assert "queue: measured n/a: vLLM's bench records no server queue" in " ".join(out.split())
+    # a server-side run measures its queue: nothing to explain
+    code, out, _ = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                             "-o", tmp_path / "server", "--setting", "gpu=h100-80gb"], capsys)
+    code, out, err = run_main(["validate", "--real", tmp_path / "server", "--format", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["not_measured"] == {}
+
+
 def test_validate_real_suggests_the_key_a_set_option_meant(tmp_path, capsys):
     run = tmp_path / "run"
     code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
