@@ -251,7 +251,8 @@ def typed_keys(data: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[
         else:
             known = sorted([*engine_keys, "cluster", "policy", "policy_params", "router_params", "runner",
                             "model", "gpu", "tp", *RUNNER_KEYS])
-            raise ServelabError(f"{source}: unknown key '{key}'{did_you_mean(key_norm, known)} (known: {', '.join(known)})")
+            raise ServelabError(f"{source}: unknown key '{key}'{did_you_mean(key_norm, known)} "
+                                f"(known: {', '.join(known)})")
     return engine_values, top
 
 
