@@ -32,12 +32,16 @@ KWARG_KEYS = {"model": "model", "tensor_parallel_size": "tp", "tensor_parallelis
               "enable_prefix_caching": "enable_prefix_caching", "num_gpu_blocks": "num_gpu_blocks",
               "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
 GPU_KEYS = ("gpu", "gpu_name", "gpu_model", "gpu_type", "device_name", "accelerator", "hardware", "hardware_name")
-# recorded GPU names -> presets (runners/presets.py GPUS), first match wins
-_GPU_PATTERNS = (("rtx-4090", r"4090"), ("rtx-pro-6000", r"pro ?6000"), ("h100-pcie", r"h100.*pcie"),
-                 ("h200", r"h200"), ("h100-80gb", r"h100"), ("b200", r"b200"), ("l40s", r"l40s"),
-                 ("a100-40gb", r"a100.*40 ?gb"), ("a100-80gb", r"a100"), ("a40", r"\ba40\b"), ("mi300x", r"mi300x"),
-                 ("l4", r"\bl4\b"), ("a10", r"\ba10\b"), ("rtx-a6000", r"\ba6000\b"), ("rtx-6000-ada", r"6000 ada"))
-# (an A10G, AWS's variant of the A10 with other clocks, matches none: say which preset stands for it)
+# recorded GPU names (as nvidia-smi and NVML print them) -> presets (runners/presets.py GPUS), first match
+# wins. Each pattern names one card: a sibling with other memory, bandwidth or links (GH200, H100 NVL,
+# H200 NVL, A100 PCIe, an A10G, a laptop part) matches none, and the import asks which preset to use
+_GPU_PATTERNS = (("rtx-4090", r"\brtx ?4090$|\brtx ?4090 \(?24 ?gb"), ("rtx-pro-6000", r"pro ?6000"),
+                 ("h100-nvl", r"\bh100 nvl\b"), ("h100-pcie", r"\bh100\b.*pcie"), ("gh200", r"\bgh200 480 ?gb\b"),
+                 ("h200", r"\bh200\b(?!.*\bnvl\b)"), ("h100-80gb", r"\bh100\b.*\b80 ?gb\b|\bh100[ -]sxm"),
+                 ("b200", r"\bb200\b"), ("l40s", r"\bl40s\b"), ("a100-40gb", r"\ba100\b(?!.*pcie).*\b40 ?gb\b"),
+                 ("a100-80gb", r"\ba100\b(?!.*pcie).*\b80 ?gb\b"), ("a40", r"\ba40\b"), ("mi300x", r"\bmi300x\b"),
+                 ("l4", r"\bl4\b"), ("a10", r"\ba10\b"), ("rtx-a6000", r"\ba6000\b"), ("rtx-6000-ada", r"\b6000 ada\b"))
+_OTHER_PARTS = r"\b(laptop|mobile|max-q)\b"  # a notebook or lower-power variant of a preset's card
 
 
 @dataclass
@@ -62,6 +66,8 @@ def gpu_preset(name: str) -> str | None:
     text = str(name).strip().lower()
     if text in GPUS:
         return text
+    if re.search(_OTHER_PARTS, text):
+        return None
     for preset, pattern in _GPU_PATTERNS:
         if re.search(pattern, text):
             return preset
