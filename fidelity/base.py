@@ -141,17 +141,43 @@ class Measured:
     load: dict[str, Any] = field(default_factory=dict)
 
 
-def check_settings(settings: dict[str, Any], path: Path) -> dict[str, Any]:
+# what each numeric setting must be: a count of at least one, a share of the GPU's memory, a time
+_COUNT = (lambda v: v >= 1, "must be at least 1")
+SETTING_RULES = {"tp": _COUNT, "max_num_seqs": _COUNT, "max_num_batched_tokens": _COUNT, "block_size": _COUNT,
+                 "num_gpu_blocks": _COUNT, "replicas": _COUNT,
+                 "gpu_memory_utilization": (lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
+                 "client_timeout_s": (lambda v: v > 0, "must be above 0")}
+
+
+def check_settings(settings: dict[str, Any], path: Path | None, origin: dict[str, str] | str | None = None
+                   ) -> dict[str, Any]:
+    """``settings`` as their types (SETTING_TYPES), each checked to be in its range. A bad one is an
+    error naming where it came from (``origin``: per setting, or one for all): ``--setting KEY``, or the
+    file (``path``) and the file that recorded it."""
     out = {}
     for key, value in settings.items():
         if value is None:
             continue
         want = SETTING_TYPES[key]
+        where = origin.get(key) if isinstance(origin, dict) else origin
         try:
+            if want is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
             out[key] = want(value) if want is not bool else _as_bool(value)
         except (TypeError, ValueError):
-            raise InputError(path, f"setting '{key}' is not a {want.__name__}: {value!r}") from None
+            kind = {int: "a whole number", float: "a number", bool: "true or false"}.get(want, f"a {want.__name__}")
+            raise _setting_error(key, value, f"is not {kind}", where, path) from None
+        test, rule = SETTING_RULES.get(key, (None, ""))
+        if test is not None and not test(out[key]):
+            raise _setting_error(key, value, rule, where, path)
     return out
+
+
+def _setting_error(key: str, value: Any, rule: str, where: str | None, path: Path | None) -> ServelabError:
+    if where == "--setting" or path is None:
+        return ServelabError(f"--setting {key}={value}: {rule}")
+    return InputError(path, f"setting '{key}' {rule}, got {value!r}" + (f" (from {where})" if where else ""),
+                      column=key)
 
 
 def _as_bool(value: object) -> bool:

@@ -65,6 +65,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     from servelab.fidelity.sidecars import discover, gpu_preset
 
     detected = fmt is None if detected is None else detected
+    given = check_settings(given or {}, None, "--setting")  # before anything is read: the option's own error
     if fmt is None:
         fmt = detect_format(sources)
     measured = import_measured(fmt, sources, **(options or {}))
@@ -76,7 +77,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
             settings[key], origin[key] = value, f"{sources[0].name} ({fmt})"
     settings.update(found.settings)
     origin.update(found.origin)
-    for key, value in (given or {}).items():
+    for key, value in given.items():
         settings[key], origin[key] = value, "--setting"
     source = {**measured.source, **found.source}
     if "gpu" in settings:  # a device name as nvidia-smi prints it, recorded or given, maps to its preset
@@ -103,7 +104,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     from servelab.fidelity.vllm_defaults import fill_batch_defaults
 
     fill_batch_defaults(settings, origin, source)  # the server's own defaults, not the replay's
-    settings = check_settings(settings, sources[0])
+    settings = check_settings(settings, sources[0], origin)
     generator = measured.prefix or found.prefix
     measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)
     block = int(settings.get("block_size") or DEFAULT_BLOCK_TOKENS)
