@@ -37,13 +37,7 @@ def _is_vllm_bench(probe) -> bool:
 def import_vllm_bench(paths: list[Path]) -> Measured:
     path, doc = one_json(paths, "vllm-bench takes one result JSON", dict,
                          "not a vLLM benchmark result (expected a JSON object)")
-    if "ttfts" not in doc:
-        summary = "mean_ttft_ms" in doc or "mean_e2el_ms" in doc
-        raise InputError(path, ("a summary only (mean_ttft_ms, ...; saved without --save-detailed): "
-                                if summary else "") + "no per-request lists (ttfts, input_lens, output_lens, "
-                         "start_times) to replay; rerun vllm bench serve with --save-result --save-detailed",
-                         column="ttfts")
-    n = len(array(path, doc["ttfts"], "ttfts"))
+    n = _count(doc, path)
     errors = array(path, doc.get("errors"), "errors", optional=True, length=n) or [""] * n
     itls = array(path, doc.get("itls"), "itls", optional=True, length=n) or [None] * n
     rebuilt: list[str] = []
@@ -84,6 +78,30 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
                      "(each request sent when one of theirs ends; think times from the recorded gaps)")
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,
                     load=load)
+
+
+def _count(doc: dict, path: Path) -> int:
+    """How many requests the per-request lists hold: the length most of them have (``input_lens``'s on
+    a tie), so that the error names the list that differs. A result without the lists is a summary."""
+    lists = {k: doc[k] for k in (*LISTS, "errors", "itls") if isinstance(doc.get(k), list)}
+    if not lists:
+        summary = "mean_ttft_ms" in doc or "mean_e2el_ms" in doc
+        raise InputError(path, ("a summary only (mean_ttft_ms, ...; saved without --save-detailed): "
+                                if summary else "") + "no per-request lists (ttfts, input_lens, output_lens, "
+                         "start_times) to replay; rerun vllm bench serve with --save-result --save-detailed",
+                         column="ttfts")
+    if "ttfts" not in lists:
+        raise InputError(path, f"no per-request 'ttfts' list (the result has {', '.join(lists)}): the file was "
+                               "cut or edited; without each request's first token it cannot be replayed",
+                         column="ttfts")
+    lengths = [len(v) for v in lists.values()]
+    n = max(sorted(set(lengths)), key=lambda m: (lengths.count(m), m == len(lists.get("input_lens", ()))))
+    for key, values in lists.items():
+        if len(values) != n:
+            like = [k for k, v in lists.items() if len(v) == n]
+            raise InputError(path, f"needs a list of {n} values like {', '.join(repr(k) for k in like)}, got "
+                                   f"{len(values)}", column=key)
+    return n
 
 
 def _load(doc: dict, path: Path) -> dict:

@@ -36,3 +36,27 @@ def test_a_recorded_setting_out_of_range_names_the_file_that_recorded_it(tmp_pat
     code, _, err = run_main(["run", "import", folder / "res.json", "-o", tmp_path / "run", "--setting",
                              "gpu=h100-80gb"], capsys)
     assert code == 1 and "column 'max_num_seqs': setting 'max_num_seqs' must be at least 1, got 0 (from meta.json)" in err
+
+
+def _bench_without(tmp_path: Path, change) -> Path:
+    doc = json.loads(BENCH.read_text())
+    change(doc)
+    path = tmp_path / "res.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("key", ["ttfts", "input_lens", "errors", "itls"])
+def test_vllm_bench_a_cut_list_is_the_one_named(tmp_path, capsys, key):
+    # before: ttfts cut to n - 1 blamed 'errors' (every other list was measured against ttfts)
+    src = _bench_without(tmp_path, lambda doc: doc[key].pop())
+    n = len(json.loads(BENCH.read_text())["ttfts"])
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 1 and f"column '{key}': needs a list of {n} values like" in err and f"got {n - 1}" in err
+
+
+def test_vllm_bench_without_ttfts_but_every_other_list_is_not_a_summary(tmp_path, capsys):
+    src = _bench_without(tmp_path, lambda doc: doc.pop("ttfts"))
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 1 and "column 'ttfts': no per-request 'ttfts' list (the result has start_times" in err
+    assert "summary" not in err and "--save-detailed" not in err
