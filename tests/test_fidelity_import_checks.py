@@ -164,3 +164,37 @@ def test_repeated_request_ids_in_one_file_are_kept_unique_with_a_warning(tmp_pat
     assert "requests.jsonl: 1 request id(s) used more than once (first 'bench-1', rows 2 and 3)" in err
     ids = pq.read_table(tmp_path / "run" / "requests.parquet").column("source_request_id").to_pylist()
     assert sorted(ids) == ["bench-0", "bench-1", "bench-1#2", "bench-3"]
+
+
+SGLANG = FIX / "sglang_bench_serving.jsonl"
+GIVEN = ["--setting", "gpu=h100-80gb", "--setting", "model=llama-3.1-8b"]
+
+
+def test_sglang_bench_serving_runs_are_a_sweep_and_a_paced_run_is_refused_in_sglangs_words(tmp_path, capsys):
+    # before: read as an older vLLM result ("vLLM before late 2025"); two lines: "Extra data at line 2"
+    code, _, err = run_main(["run", "import", SGLANG, "-o", tmp_path / "sweep", *GIVEN], capsys)
+    assert "format: sglang-bench (detected" in err
+    assert code == 1 and "column 'start_times': run 1 (line 2): no per-request send times" in err  # the second run, paced, is refused
+    assert "SGLang bench_serving records none" in err and "--request-rate inf" in err and "--max-concurrency" in err
+    assert not (tmp_path / "sweep").exists()
+    code, out, err = run_main(["run", "import", SGLANG, "-o", tmp_path / "run", "--benchmark", "0", *GIVEN], capsys)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["source"]["format"] == "sglang-bench" and meta["source"]["backend"] == "sglang"
+    assert meta["load"] == {"shape": "closed", "users": 2, "request_rate": None}
+    assert any("SGLang bench_serving records none" in n for n in meta["notes"])
+    rows = pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()
+    # two slots: requests 0 and 1 at 0; request 2 when request 0 (0.1 + 0.05 + 0.05 = 0.2 s) frees its slot
+    assert [r["arrival_s"] for r in rows] == pytest.approx([0.0, 0.0, 0.2])
+    assert [r["e2e_s"] for r in rows] == pytest.approx([0.2, 0.4, 0.2])
+
+
+def test_sglang_bench_serving_file_of_unpaced_runs_becomes_one_run_each(tmp_path, capsys):
+    src = tmp_path / "results.jsonl"
+    first = SGLANG.read_text().splitlines()[0]
+    src.write_text(first + "\n" + first.replace('"max_concurrency": 2', '"max_concurrency": null') + "\n")
+    code, out, err = run_main(["run", "import", src, "-o", tmp_path / "sweep", *GIVEN], capsys)
+    assert code == 0, err
+    sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert sweep["format"] == "sglang-bench" and [r["name"] for r in sweep["runs"]] == ["benchmark_0", "benchmark_1"]
+    assert [r["load"]["shape"] for r in sweep["runs"]] == ["closed", "open"]
