@@ -198,3 +198,12 @@ def test_sglang_bench_serving_file_of_unpaced_runs_becomes_one_run_each(tmp_path
     sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert sweep["format"] == "sglang-bench" and [r["name"] for r in sweep["runs"]] == ["benchmark_0", "benchmark_1"]
     assert [r["load"]["shape"] for r in sweep["runs"]] == ["closed", "open"]
+
+
+@pytest.mark.parametrize(("text", "says"), [("", "is empty"), ("\n \n", "holds only blank lines")])
+def test_an_empty_file_says_it_is_empty(tmp_path, capsys, text, says):
+    # before: "cannot tell the format"
+    src = tmp_path / "requests.jsonl"
+    src.write_text(text)
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", *GIVEN], capsys)
+    assert code == 1 and f"{src}: {says}" in err
