@@ -43,7 +43,8 @@ def prefix_options(fn):
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Run directory to write.")
 @click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the derived trace here (.arrow or .parquet); the run directory always has trace.arrow.")
-@click.option("--benchmark", type=int, default=None, help="guidellm: import only the N-th benchmark (0-based); inference-perf: only stage N.")
+@click.option("--benchmark", type=int, default=None, help="guidellm: import only the N-th benchmark (0-based); inference-perf: only stage N; "
+                   "sglang-bench: only the N-th run (line).")
 @click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path),
               help="The vLLM server log (default: vllm.log beside the source, or the file vllm_logging.json names): "
                    "engine settings, KV block count, prefix-cache hit rate.")
@@ -70,10 +71,10 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
 
     check_replay_output(str(output), force)
     options = {}
-    staged = ("guidellm", "inference-perf")  # formats whose report holds several benchmarks (stages)
+    staged = ("guidellm", "inference-perf", "sglang-bench")  # formats whose report holds several benchmarks (stages)
     if benchmark is not None:
         if fmt not in (*staged, None):
-            raise ServelabError("--benchmark applies to --format guidellm or inference-perf only")
+            raise ServelabError("--benchmark applies to --format guidellm, inference-perf or sglang-bench only")
         options["benchmark"] = benchmark
     from servelab.fidelity.base import detect_format
     from servelab.traces.prefixes import spec_from_options
@@ -87,13 +88,11 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
         click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
     kwargs["detected"] = detected
     if fmt not in staged and benchmark is not None:
-        raise ServelabError("--benchmark applies to --format guidellm or inference-perf only")
-    if fmt == "guidellm" and benchmark is None and len(sources) == 1:
-        from servelab.fidelity.guidellm import count_benchmarks
-
-        count = count_benchmarks(Path(sources[0]))
-        if count > 1:  # a sweep: each benchmark (strategy) is a run of its own
-            _import_sweep(count, sources, output, kwargs)
+        raise ServelabError("--benchmark applies to --format guidellm, inference-perf or sglang-bench only")
+    if fmt in ("guidellm", "sglang-bench") and benchmark is None and len(sources) == 1:
+        count = _count_benchmarks(fmt, Path(sources[0]))
+        if count > 1:  # a sweep: each benchmark (strategy, or bench_serving run) is a run of its own
+            _import_sweep(count, sources, output, kwargs, fmt)
             return
     done = run_import(list(sources), fmt, options=options, **kwargs)
     result, trace = done.result, done.trace
@@ -114,19 +113,30 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
         click.echo(f"wrote {trace_out}")
 
 
-def _import_sweep(count: int, sources, output, kwargs: dict) -> None:
-    """A GuideLLM report of several benchmarks: OUTPUT/benchmark_<i> for each and OUTPUT/sweep.json."""
+def _count_benchmarks(fmt: str, path: Path) -> int:
+    if fmt == "guidellm":
+        from servelab.fidelity.guidellm import count_benchmarks
+    else:
+        from servelab.fidelity.sglang_bench import count_benchmarks
+    return count_benchmarks(path)
+
+
+def _import_sweep(count: int, sources, output, kwargs: dict, fmt: str = "guidellm") -> None:
+    """A GuideLLM report of several benchmarks, or an SGLang bench_serving file of several runs:
+    OUTPUT/benchmark_<i> for each and OUTPUT/sweep.json."""
     import json
 
     from servelab.common.atomic import atomic_dir
     from servelab.fidelity.base import import_measured, write_measured_run
     from servelab.fidelity.run_import import import_run as run_import
 
-    import_measured("guidellm", list(sources))  # the whole file parsed first: a bad row anywhere is the error
+    # the whole file parsed first: a bad row anywhere is the error
+    for i in [None] if fmt == "guidellm" else range(count):
+        import_measured(fmt, list(sources), benchmark=i)
     levels = []
     with atomic_dir(output) as tmp:
         for i in range(count):
-            done = run_import(list(sources), "guidellm", options={"benchmark": i}, **kwargs)
+            done = run_import(list(sources), fmt, options={"benchmark": i}, **kwargs)
             result = done.result
             name = f"benchmark_{i}"
             write_measured_run(result, done.trace, tmp / name)
@@ -136,7 +146,7 @@ def _import_sweep(count: int, sources, output, kwargs: dict) -> None:
                        f"prefix sharing: {done.prefix.origin}")
             for warning in done.warnings:
                 click.echo(f"warning: {name}: {warning}", err=True)
-        (tmp / "sweep.json").write_text(json.dumps({"source": str(sources[0]), "format": "guidellm",
+        (tmp / "sweep.json").write_text(json.dumps({"source": str(sources[0]), "format": fmt,
                                                     "runs": levels}, indent=2, sort_keys=True) + "\n")
     click.echo(f"wrote {output}: {count} benchmarks of a sweep, each a run directory (benchmark_0 .. "
                f"benchmark_{count - 1}) and sweep.json")

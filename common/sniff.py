@@ -71,6 +71,8 @@ def detect(registry: Registry, paths: list[Path], size: int, unknown: str, folde
     probe = Probe(paths[0], size, folder_hint)
     tests = sorted((importer.detect_order, name, importer.detects) for name in registry.names()
                    if hasattr(importer := registry.get(name), "detects"))
+    if probe.path.is_file() and not probe.head.strip():  # nothing to tell a format by: say so, not that the format is unknown
+        raise InputError(probe.path, "is empty" if not probe.raw else "holds only blank lines")
     for _, name, test in tests:
         if test(probe):
             return name

@@ -66,6 +66,8 @@ class Rows:
     prefix_group: list[int | None] = field(default_factory=list)  # TraceV2 prefix_group (as an index)
     prefix_length: list[int | None] = field(default_factory=list)  # TraceV2 prefix_length
     warnings: list[str] = field(default_factory=list)  # rows kept as failed requests, and why
+    source_file: list[Path] = field(default_factory=list)  # the file each row came from (``path`` when added)
+    source_row: list[int] = field(default_factory=list)  # and its row there, as errors name it
 
     def add(self, row: int, request_id: object, arrival_s: float, prompt_tokens: int, output_tokens: int, *,
             first_token_s: float | None = None, finish_s: float | None = None,
@@ -102,6 +104,8 @@ class Rows:
                 raise bad("first token" if first_token_s < arrival_s - 1e-6 else "finish",
                           f"times out of order (arrival {arrival_s}, first token {first_token_s}, finish {finish_s})")
         self.request_id.append(str(request_id))
+        self.source_file.append(self.path)
+        self.source_row.append(row)
         self.tenant.append(tenant)
         self.arrival_s.append(float(arrival_s))
         self.first_scheduled_s.append(first_scheduled_s)
@@ -141,17 +145,43 @@ class Measured:
     load: dict[str, Any] = field(default_factory=dict)
 
 
-def check_settings(settings: dict[str, Any], path: Path) -> dict[str, Any]:
+# what each numeric setting must be: a count of at least one, a share of the GPU's memory, a time
+_COUNT = (lambda v: v >= 1, "must be at least 1")
+SETTING_RULES = {"tp": _COUNT, "max_num_seqs": _COUNT, "max_num_batched_tokens": _COUNT, "block_size": _COUNT,
+                 "num_gpu_blocks": _COUNT, "replicas": _COUNT,
+                 "gpu_memory_utilization": (lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
+                 "client_timeout_s": (lambda v: v > 0, "must be above 0")}
+
+
+def check_settings(settings: dict[str, Any], path: Path | None, origin: dict[str, str] | str | None = None
+                   ) -> dict[str, Any]:
+    """``settings`` as their types (SETTING_TYPES), each checked to be in its range. A bad one is an
+    error naming where it came from (``origin``: per setting, or one for all): ``--setting KEY``, or the
+    file (``path``) and the file that recorded it."""
     out = {}
     for key, value in settings.items():
         if value is None:
             continue
         want = SETTING_TYPES[key]
+        where = origin.get(key) if isinstance(origin, dict) else origin
         try:
+            if want is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
             out[key] = want(value) if want is not bool else _as_bool(value)
         except (TypeError, ValueError):
-            raise InputError(path, f"setting '{key}' is not a {want.__name__}: {value!r}") from None
+            kind = {int: "a whole number", float: "a number", bool: "true or false"}.get(want, f"a {want.__name__}")
+            raise _setting_error(key, value, f"is not {kind}", where, path) from None
+        test, rule = SETTING_RULES.get(key, (None, ""))
+        if test is not None and not test(out[key]):
+            raise _setting_error(key, value, rule, where, path)
     return out
+
+
+def _setting_error(key: str, value: Any, rule: str, where: str | None, path: Path | None) -> ServelabError:
+    if where == "--setting" or path is None:
+        return ServelabError(f"--setting {key}={value}: {rule}")
+    return InputError(path, f"setting '{key}' {rule}, got {value!r}" + (f" (from {where})" if where else ""),
+                      column=key)
 
 
 def _as_bool(value: object) -> bool:
@@ -213,15 +243,48 @@ def detect_format(paths: list[Path]) -> str:
 
 def import_measured(fmt: str, paths: list[Path], **options) -> Measured:
     importer = IMPORTERS.get(fmt)
+    seen: dict[Path, Path] = {}
     for p in paths:
         if p.is_dir() and fmt != "blis":
             raise InputError(p, "is a folder, not a file")
         if not p.exists():
             raise InputError(p, "file not found")
+        if p.resolve() in seen:  # its requests twice: double the load
+            raise InputError(p, f"given twice (also as {seen[p.resolve()]}): each source file once")
+        seen[p.resolve()] = p
     measured = importer(paths, **options)
     if len(measured.rows) == 0:
         raise InputError(paths[0], "no requests found")
+    unique_ids(measured.rows)
     return measured
+
+
+def unique_ids(rows: Rows) -> None:
+    """Each request's source id once. An id in two source files means they are not the parts of one
+    run (two runs, or one run's file twice): an error naming both. An id repeated within one file
+    (a client that reuses ids) keeps each request, the repeats as ``ID#2``, ``ID#3``, with a warning."""
+    first: dict[str, int] = {}
+    repeats: dict[Path, list[int]] = {}
+    for i, rid in enumerate(rows.request_id):
+        j = first.setdefault(rid, i)
+        if j == i:
+            continue
+        if rows.source_file[j] != rows.source_file[i]:
+            raise InputError(rows.source_file[i], f"request id '{rid}' is also {rows.source_file[j]}'s row "
+                             f"{rows.source_row[j]}: the sources are not the files of one run (two runs, or one "
+                             "file twice); import each run on its own", column="request_id", row=rows.source_row[i])
+        repeats.setdefault(rows.source_file[i], []).append(i)
+    for path, repeated in repeats.items():
+        ids = [rows.request_id[i] for i in repeated]
+        for i in repeated:
+            rid, k = rows.request_id[i], 2
+            while f"{rid}#{k}" in first:
+                k += 1
+            first[f"{rid}#{k}"] = i
+            rows.request_id[i] = f"{rid}#{k}"
+        rows.warnings.append(f"{path.name}: {len(set(ids))} request id(s) used more than once (first '{ids[0]}', rows "
+                             f"{rows.source_row[first[ids[0]]]} and {rows.source_row[repeated[0]]}); each request is "
+                             f"kept, a repeat's id followed by #2, #3, ...")
 
 
 def _order(rows: Rows) -> np.ndarray:

@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa
 
 from servelab.common.errors import ServelabError
-from servelab.fidelity.base import Measured, build_run, check_settings, detect_format, import_measured
+from servelab.fidelity.base import (SETTING_TYPES, Measured, build_run, check_settings, detect_format,
+                                    import_measured)
 from servelab.fidelity.prefix_sharing import PrefixChoice, choose
 from servelab.replay.results import RunResult
 from servelab.traces.prefixes import DEFAULT_BLOCK_TOKENS, PrefixSpec
@@ -65,10 +66,29 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     from servelab.fidelity.sidecars import discover, gpu_preset
 
     detected = fmt is None if detected is None else detected
+    given = check_settings(given or {}, None, "--setting")  # before anything is read: the option's own error
     if fmt is None:
         fmt = detect_format(sources)
     measured = import_measured(fmt, sources, **(options or {}))
     found = discover(sources, vllm_log, vllm_metrics)
+    notes, unread = [], []
+    # Files that disagree on what identifies the run (the model, the vLLM version), or a --vllm-log that
+    # disagrees with the run's files, are another run's: only the user knows which is right. A log found
+    # beside the run that disagrees on an engine setting is what the server ran (exp-config.yaml and
+    # meta.json say what was asked): it wins, and a note says so.
+    strict = [c for c in found.conflicts if c.key not in given
+              and (c.key in ("model", "vllm_version") or (vllm_log is not None and c.second[0] == vllm_log))]
+    if strict:
+        keys = [c.key for c in strict if c.key in SETTING_TYPES]
+        decide = f", or --setting {'=VALUE --setting '.join(keys)}=VALUE to say which is right" if keys else ""
+        raise ServelabError(f"the run's files disagree: {'; '.join(c.says() for c in strict)} (one of them from "
+                            f"another run?); pass the run's own files{decide}")
+    for c in found.conflicts:
+        decides = f"--setting {c.key}={given[c.key]} decides" if c.key in given else "the server log's wins"
+        notes.append(f"the run's files disagree: {c.says()}; {decides}")
+    if found.source.get("vllm_log_unread"):
+        unread.append(f"{found.log}: no vLLM line recognised in it (arguments, engine config, KV cache, version): "
+                      "no setting comes from it")
     settings: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for key, value in measured.settings.items():
@@ -76,7 +96,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
             settings[key], origin[key] = value, f"{sources[0].name} ({fmt})"
     settings.update(found.settings)
     origin.update(found.origin)
-    for key, value in (given or {}).items():
+    for key, value in given.items():
         settings[key], origin[key] = value, "--setting"
     source = {**measured.source, **found.source}
     if "gpu" in settings:  # a device name as nvidia-smi prints it, recorded or given, maps to its preset
@@ -103,7 +123,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     from servelab.fidelity.vllm_defaults import fill_batch_defaults
 
     fill_batch_defaults(settings, origin, source)  # the server's own defaults, not the replay's
-    settings = check_settings(settings, sources[0])
+    settings = check_settings(settings, sources[0], origin)
     generator = measured.prefix or found.prefix
     measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)
     block = int(settings.get("block_size") or DEFAULT_BLOCK_TOKENS)
@@ -114,8 +134,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     meta["config_sources"] = {k: origin[k] for k in settings}
     meta["prefix"] = dict(choice.record(), measured_hit_rate=hit_rate,
                           measured_hit_rate_from=source.get("prefix_cache_hit_rate_from"))
-    warnings = tuple(meta.get("warnings", [])) + choice.warnings
-    meta["notes"] = [*meta.get("notes", []), *choice.notes]
+    warnings = tuple(meta.get("warnings", [])) + tuple(unread) + choice.warnings
+    meta["notes"] = [*meta.get("notes", []), *notes, *choice.notes]
     meta["warnings"] = list(warnings)
     meta["source"] = dict(meta["source"], format_detected=detected)
     if source.get("enable_expert_parallel"):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.common.errors import InputError
+from servelab.common.errors import InputError, ServelabError
 from servelab.fidelity.base import read_yaml
 from servelab.traces.prefixes import PrefixSpec, spec_from_generator
 
@@ -32,12 +32,30 @@ KWARG_KEYS = {"model": "model", "tensor_parallel_size": "tp", "tensor_parallelis
               "enable_prefix_caching": "enable_prefix_caching", "num_gpu_blocks": "num_gpu_blocks",
               "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
 GPU_KEYS = ("gpu", "gpu_name", "gpu_model", "gpu_type", "device_name", "accelerator", "hardware", "hardware_name")
-# recorded GPU names -> presets (runners/presets.py GPUS), first match wins
-_GPU_PATTERNS = (("rtx-4090", r"4090"), ("rtx-pro-6000", r"pro ?6000"), ("h100-pcie", r"h100.*pcie"),
-                 ("h200", r"h200"), ("h100-80gb", r"h100"), ("b200", r"b200"), ("l40s", r"l40s"),
-                 ("a100-40gb", r"a100.*40 ?gb"), ("a100-80gb", r"a100"), ("a40", r"\ba40\b"), ("mi300x", r"mi300x"),
-                 ("l4", r"\bl4\b"), ("a10", r"\ba10\b"), ("rtx-a6000", r"\ba6000\b"), ("rtx-6000-ada", r"6000 ada"))
-# (an A10G, AWS's variant of the A10 with other clocks, matches none: say which preset stands for it)
+# recorded GPU names (as nvidia-smi and NVML print them) -> presets (runners/presets.py GPUS), first match
+# wins. Each pattern names one card: a sibling with other memory, bandwidth or links (GH200, H100 NVL,
+# H200 NVL, A100 PCIe, an A10G, a laptop part) matches none, and the import asks which preset to use
+_GPU_PATTERNS = (("rtx-4090", r"\brtx ?4090$|\brtx ?4090 \(?24 ?gb"), ("rtx-pro-6000", r"pro ?6000"),
+                 ("h100-nvl", r"\bh100 nvl\b"), ("h100-pcie", r"\bh100\b.*pcie"), ("gh200", r"\bgh200 480 ?gb\b"),
+                 ("h200", r"\bh200\b(?!.*\bnvl\b)"), ("h100-80gb", r"\bh100\b.*\b80 ?gb\b|\bh100[ -]sxm"),
+                 ("b200", r"\bb200\b"), ("l40s", r"\bl40s\b"), ("a100-40gb", r"\ba100\b(?!.*pcie).*\b40 ?gb\b"),
+                 ("a100-80gb", r"\ba100\b(?!.*pcie).*\b80 ?gb\b"), ("a40", r"\ba40\b"), ("mi300x", r"\bmi300x\b"),
+                 ("l4", r"\bl4\b"), ("a10", r"\ba10\b"), ("rtx-a6000", r"\ba6000\b"), ("rtx-6000-ada", r"\b6000 ada\b"))
+_OTHER_PARTS = r"\b(laptop|mobile|max-q)\b"  # a notebook or lower-power variant of a preset's card
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two of a run's files that record a setting differently: ``first`` (file, where, value) and the
+    later ``second``, which won."""
+
+    key: str
+    first: tuple[Path, str, Any]
+    second: tuple[Path, str, Any]
+
+    def says(self) -> str:
+        (a, where_a, va), (b, where_b, vb) = self.first, self.second
+        return f"{self.key} {va!r} in {a.parent / where_a} but {vb!r} in {b.parent / where_b}"
 
 
 @dataclass
@@ -47,12 +65,33 @@ class Found:
     source: dict[str, Any] = field(default_factory=dict)
     prefix: PrefixSpec | None = None
     log: Path | None = None
+    files: dict[str, Path] = field(default_factory=dict)  # setting -> the file that recorded it
+    conflicts: list[Conflict] = field(default_factory=list)  # files of the run that disagree
 
-    def put(self, key: str, value: Any, where: str) -> None:
+    def put(self, key: str, value: Any, where: str, path: Path) -> None:
+        """``value`` of ``key`` as ``path`` records it (``where``: the file and line); a value another
+        file recorded differently is replaced, and the disagreement kept (``conflicts``)."""
         if value is None:
             return
+        if key in self.settings and self.files[key] != path and not same_setting(key, self.settings[key], value):
+            self.conflicts.append(Conflict(key, (self.files[key], self.origin[key], self.settings[key]),
+                                           (path, where, value)))
         self.settings[key] = value
         self.origin[key] = where
+        self.files[key] = path
+
+
+def same_setting(key: str, a: Any, b: Any) -> bool:
+    """Do two files record the same value? A model by its name without the folder it was loaded from
+    (``/models/Llama-3.1-8B`` is ``meta-llama/Llama-3.1-8B``), case aside; numbers and flags as values."""
+    if key == "model":
+        return str(a).rstrip("/").split("/")[-1].lower() == str(b).rstrip("/").split("/")[-1].lower()
+    from servelab.fidelity.base import check_settings
+
+    try:
+        return check_settings({key: a}, None) == check_settings({key: b}, None)
+    except ServelabError:
+        return str(a) == str(b)
 
 
 def gpu_preset(name: str) -> str | None:
@@ -62,6 +101,8 @@ def gpu_preset(name: str) -> str | None:
     text = str(name).strip().lower()
     if text in GPUS:
         return text
+    if re.search(_OTHER_PARTS, text):
+        return None
     for preset, pattern in _GPU_PATTERNS:
         if re.search(pattern, text):
             return preset
@@ -97,7 +138,7 @@ def _blocks_in(obj: Any) -> int | None:
 def _kwargs(found: Found, kwargs: dict, path: Path) -> None:
     for key, value in kwargs.items():
         if key in KWARG_KEYS and not isinstance(value, (dict, list)):
-            found.put(KWARG_KEYS[key], value, path.name)
+            found.put(KWARG_KEYS[key], value, path.name, path)
     if kwargs.get("enable_expert_parallel"):
         found.source["enable_expert_parallel"] = True
     if kwargs.get("data_parallel_size"):
@@ -135,16 +176,47 @@ def hit_rate_from_metrics(path: Path) -> float | None:
 
 def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = None) -> Found:
     """Settings from the run's own files beside ``paths`` (and ``log``, the server log, and
-    ``metrics``, a /metrics scrape, if given)."""
-    found = Found()
-    folders = []
+    ``metrics``, a /metrics scrape, if given). Sources in other folders are one run's files only
+    when their folders' files agree: sources whose files record a setting or the vLLM version
+    differently are two runs, an error naming both."""
+    runs: dict[tuple[Path, ...], Path] = {}  # the folders looked in -> the first source they serve
     for p in paths:
         folder = p if p.is_dir() else p.parent
         # a benchmark that writes its report into a results/ folder (inference-perf) leaves the server's
         # files one level up: that folder is looked in after the report's own
-        for where in (folder, folder.parent) if folder.name == "results" else (folder,):
-            if where not in folders:
-                folders.append(where)
+        runs.setdefault((folder, folder.parent) if folder.name == "results" else (folder,), p)
+    found = None
+    for folders, source in runs.items():
+        one = _discover_run(list(folders), log, metrics)
+        if found is None:
+            found, first = one, source
+            continue
+        _same_run(found, first, one, source)
+        for key, value in one.settings.items():
+            if key not in found.settings:
+                found.put(key, value, one.origin[key], one.files[key])
+        found.source = {**one.source, **found.source}
+        found.prefix = found.prefix or one.prefix
+        found.conflicts += one.conflicts
+    return found
+
+
+def _same_run(a: Found, source_a: Path, b: Found, source_b: Path) -> None:
+    facts = {"vllm_version": "vLLM version"}
+    for key in sorted(a.settings.keys() & b.settings.keys()):
+        if not same_setting(key, a.settings[key], b.settings[key]):
+            raise ServelabError(f"{source_a} and {source_b} are not one run's files: "
+                                f"{Conflict(key, (a.files[key], a.origin[key], a.settings[key]), (b.files[key], b.origin[key], b.settings[key])).says()}; "
+                                "import each run on its own")
+    for key, name in facts.items():
+        if key in a.source and key in b.source and str(a.source[key]) != str(b.source[key]):
+            raise ServelabError(f"{source_a} and {source_b} are not one run's files: their folders record "
+                                f"{name} {a.source[key]} and {b.source[key]}; import each run on its own")
+
+
+def _discover_run(folders: list[Path], log: Path | None, metrics: Path | None) -> Found:
+    """The settings the files in ``folders`` (one run's) and ``log`` and ``metrics`` record."""
+    found = Found()
     for folder in folders:
         exp = folder / "exp-config.yaml"
         if exp.is_file():
@@ -152,20 +224,20 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
             if isinstance(data, dict):
                 _kwargs(found, data, exp)
                 if (gpu := _gpu_in(data)):
-                    found.put("gpu", gpu, exp.name)
+                    found.put("gpu", gpu, exp.name, exp)
         meta = folder / "meta.json"
         if meta.is_file():
             data = _read_json(meta)
             if isinstance(data, dict):
-                found.put("model", data.get("model"), meta.name)
+                found.put("model", data.get("model"), meta.name, meta)
                 _kwargs(found, data.get("engine_kwargs") or {}, meta)
-                found.put("num_gpu_blocks", _blocks_in(data), meta.name)
+                found.put("num_gpu_blocks", _blocks_in(data), meta.name, meta)
                 cache = data.get("kv_cache")  # the engine's resolved cache: block size, utilisation, caching
                 if isinstance(cache, dict):
                     keys = ("block_size", "gpu_memory_utilization", "enable_prefix_caching")
                     _kwargs(found, {k: v for k, v in cache.items() if k in keys and v is not None}, meta)
                 if (gpu := _gpu_in(data)):
-                    found.put("gpu", gpu, meta.name)
+                    found.put("gpu", gpu, meta.name, meta)
                 found.source.update({k: data[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path")
                                      if k in data})
                 found.source["meta_json"] = str(meta)
@@ -189,7 +261,13 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
 
         settings, source, origin = read_log(log)
         for key, value in settings.items():
-            found.put(key, value, origin.get(key, log.name))
+            found.put(key, value, origin.get(key, log.name), log)
+        version = source.get("vllm_version") or source.get("engine_version")
+        if "meta_json" in found.source and found.source.get("vllm_version") not in (None, version) and version:
+            found.conflicts.append(Conflict("vllm_version", (Path(found.source["meta_json"]), "meta.json",
+                                                             found.source["vllm_version"]), (log, log.name, version)))
+        if not settings and source.keys() <= {"vllm_log"}:  # not a vLLM log, or not one this reader knows
+            found.source["vllm_log_unread"] = True
         found.source.update(source)
         found.log = log
     if metrics is not None:

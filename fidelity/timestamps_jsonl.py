@@ -59,7 +59,8 @@ def import_timestamps(paths: list[Path]) -> Measured:
             for key in (*TIMES, "scheduled_ts"):
                 if rec.get(key) is not None and not isinstance(rec[key], (int, float)):
                     raise InputError(path, "not a number", column=key, row=lineno)
-            request_id = rec.get("request_id", lineno)
+            # without its own id, a line is its number (in its file's name when several files make the run)
+            request_id = rec.get("request_id", lineno if len(paths) == 1 else f"{path.name} line {lineno}")
             ids = next((rec[k] for k in TOKEN_KEYS if isinstance(rec.get(k), list)), None)
             if ids is None and workload is not None:
                 ids = workload.get(_index(request_id, len(rows)))

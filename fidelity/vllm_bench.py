@@ -12,6 +12,7 @@ gaps) has no arrival times and is refused.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.common.errors import InputError
@@ -37,25 +38,39 @@ def _is_vllm_bench(probe) -> bool:
 def import_vllm_bench(paths: list[Path]) -> Measured:
     path, doc = one_json(paths, "vllm-bench takes one result JSON", dict,
                          "not a vLLM benchmark result (expected a JSON object)")
-    if "ttfts" not in doc:
-        summary = "mean_ttft_ms" in doc or "mean_e2el_ms" in doc
-        raise InputError(path, ("a summary only (mean_ttft_ms, ...; saved without --save-detailed): "
-                                if summary else "") + "no per-request lists (ttfts, input_lens, output_lens, "
-                         "start_times) to replay; rerun vllm bench serve with --save-result --save-detailed",
-                         column="ttfts")
-    n = len(array(path, doc["ttfts"], "ttfts"))
+    return measured_from_result(path, doc, VLLM)
+
+
+@dataclass(frozen=True)
+class Client:
+    """The benchmark client that wrote a result of these per-request lists, in its own words for the
+    notes and errors: ``older`` says why the send times are missing, ``rerun`` how to get them."""
+
+    name: str
+    older: str
+    rerun: str
+    summary: str
+
+
+VLLM = Client("vllm bench serve", "vLLM before late 2025", "rerun with a newer vllm bench serve",
+              "rerun vllm bench serve with --save-result --save-detailed")
+
+
+def measured_from_result(path: Path, doc: dict, client: Client, row0: int = 0) -> Measured:
+    """One result's requests (``row0``: rows before it in the file, for the row numbers of errors)."""
+    n = _count(doc, path, client)
     errors = array(path, doc.get("errors"), "errors", optional=True, length=n) or [""] * n
     itls = array(path, doc.get("itls"), "itls", optional=True, length=n) or [None] * n
     rebuilt: list[str] = []
     if "start_times" not in doc or "latencies" not in doc:  # vLLM before late 2025 saved neither
-        doc = dict(doc, **_older_result(doc, path, n, errors, itls, rebuilt))
+        doc = dict(doc, **_older_result(doc, path, n, errors, itls, rebuilt, client))
     for key in LISTS:
         if not isinstance(doc.get(key), list) or len(doc[key]) != n:
             raise InputError(path, f"needs a list of {n} values like 'ttfts'", column=key)
     ids = array(path, doc.get("request_ids"), "request_ids", optional=True, length=n) or list(range(n))
     rows = Rows(path)
     for i in range(n):
-        row = i + 1
+        row = row0 + i + 1
         start = number(path, doc["start_times"][i], "start_times", row)
         if errors[i] is not None and not isinstance(errors[i], str):
             raise InputError(path, f"needs an error text or '', got {errors[i]!r}"[:120], column="errors", row=row)
@@ -68,9 +83,9 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
                  finish_s=None if failed else start + number(path, doc["latencies"][i], "latencies", row),
                  ok=not failed, reason=str(errors[i])[:200] if failed else None,
                  itls_s=None if failed else gaps)  # fmt: skip
-    settings = {"model": doc.get("model_id")}
+    settings = {"model": doc.get("model_id") or doc.get("model")}
     source = {k: doc[k] for k in ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "request_rate",
-                                  "burstiness", "max_concurrency", "duration") if k in doc}
+                                  "burstiness", "max_concurrency", "duration", "dataset_name") if k in doc}
     duration = number(path, doc.get("duration"), "duration", optional=True)
     if duration is not None and duration > 0:  # vLLM's, from before its first Poisson gap: its throughputs' divisor
         source["duration_s"] = duration
@@ -84,6 +99,29 @@ def import_vllm_bench(paths: list[Path]) -> Measured:
                      "(each request sent when one of theirs ends; think times from the recorded gaps)")
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), prefix=prefix,
                     load=load)
+
+
+def _count(doc: dict, path: Path, client: Client) -> int:
+    """How many requests the per-request lists hold: the length most of them have (``input_lens``'s on
+    a tie), so that the error names the list that differs. A result without the lists is a summary."""
+    lists = {k: doc[k] for k in (*LISTS, "errors", "itls") if isinstance(doc.get(k), list)}
+    if not lists:
+        summary = "mean_ttft_ms" in doc or "mean_e2el_ms" in doc
+        raise InputError(path, ("a summary only (mean_ttft_ms, ...; saved without --save-detailed): "
+                                if summary else "") + "no per-request lists (ttfts, input_lens, output_lens, "
+                         f"start_times) to replay; {client.summary}", column="ttfts")
+    if "ttfts" not in lists:
+        raise InputError(path, f"no per-request 'ttfts' list (the result has {', '.join(lists)}): the file was "
+                               "cut or edited; without each request's first token it cannot be replayed",
+                         column="ttfts")
+    lengths = [len(v) for v in lists.values()]
+    n = max(sorted(set(lengths)), key=lambda m: (lengths.count(m), m == len(lists.get("input_lens", ()))))
+    for key, values in lists.items():
+        if len(values) != n:
+            like = [k for k, v in lists.items() if len(v) == n]
+            raise InputError(path, f"needs a list of {n} values like {', '.join(repr(k) for k in like)}, got "
+                                   f"{len(values)}", column=key)
+    return n
 
 
 def _load(doc: dict, path: Path) -> dict:
@@ -104,17 +142,17 @@ def _load(doc: dict, path: Path) -> dict:
     return dict(load, shape="closed", users=int(cap))
 
 
-def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes: list[str]) -> dict:
-    """``latencies`` and ``start_times`` of a result saved before vLLM wrote them (``notes`` says how)."""
+def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes: list[str], client: Client) -> dict:
+    """``latencies`` and ``start_times`` of a result saved without them (vLLM before late 2025, SGLang's
+    bench_serving: ``notes`` says how they were rebuilt)."""
     out: dict = {}
     failed = [bool(e) for e in errors]
     load = _load(doc, path)
     if "start_times" not in doc and ("request_rate" not in doc or load["request_rate"] is not None
                                      or doc.get("ramp_up_strategy")):
-        raise InputError(path, "no per-request send times ('start_times'; vLLM's benchmark writes them since "
-                               "late 2025) and the client paced its sends (request_rate "
-                               f"{doc.get('request_rate', 'not recorded')}, random gaps): arrivals are unknown; "
-                               "rerun with a newer vllm bench serve", column="start_times")
+        raise InputError(path, f"no per-request send times ('start_times': {client.older}) and the "
+                               f"client paced its sends (request_rate {doc.get('request_rate', 'not recorded')}, "
+                               f"random gaps): arrivals are unknown; {client.rerun}", column="start_times")
     if "latencies" not in doc:
         if "itls" not in doc:
             raise InputError(path, "no per-request 'latencies' and no 'itls' to rebuild them from", column="latencies")
@@ -122,13 +160,13 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
         out["latencies"] = [0.0 if failed[i] else ttfts[i] + sum(number(path, g, "itls", i + 1) for g in
                                                                  array(path, itls[i], "itls", i + 1, optional=True))
                             for i in range(n)]
-        notes.append("no per-request latencies (vLLM before late 2025): each is the TTFT plus the chunk gaps (itls)")
+        notes.append(f"no per-request latencies ({client.older}): each is the TTFT plus the chunk gaps (itls)")
     if "start_times" in doc:
         return out
     latencies = [number(path, v, "latencies", i + 1) for i, v in enumerate(out.get("latencies") or doc["latencies"])]
     if load["shape"] == "open":
         out["start_times"] = [0.0] * n
-        notes.append("no per-request send times (vLLM before late 2025): request_rate inf without "
+        notes.append(f"no per-request send times ({client.older}): request_rate inf without "
                      "--max-concurrency sends every request at once, at time 0")
         return out
     import heapq
@@ -140,6 +178,6 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
         starts.append(start)
         heapq.heappush(slots, start + (0.0 if failed[i] else latencies[i]))
     out["start_times"] = starts
-    notes.append(f"no per-request send times (vLLM before late 2025): request_rate inf with --max-concurrency "
+    notes.append(f"no per-request send times ({client.older}): request_rate inf with --max-concurrency "
                  f"{load['users']}: each request sent when one of the {load['users']} slots freed, in list order")
     return out

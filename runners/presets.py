@@ -420,6 +420,14 @@ GPUS: dict[str, GpuPreset] = {
                   fp8=True),
         GpuPreset("h200", "NVIDIA H200-SXM-141GB", 989e12, 4.8e12, 143771, 450e9, "NVLink 4", "h100", p2p_ranks=8,
                   fp8=True),
+        # Hopper parts with other memory: the H100's efficiencies, datasheet figures. H100 NVL: a PCIe card
+        # (94 GB HBM3, 3.9 TB/s, 835 TFLOPS bf16 dense at 400 W) in pairs joined by an NVLink bridge
+        # (600 GB/s both ways); GH200 480GB: the Grace Hopper superchip's H100 with 96 GB HBM3 at 4.0 TB/s,
+        # its NVLink 4 (900 GB/s both ways) joining superchips in an NVL2 pair or an NVL32 rack
+        GpuPreset("h100-nvl", "NVIDIA H100 NVL (94GB)", 835e12, 3.9e12, 95830, 300e9, "NVLink bridge", "h100",
+                  p2p_ranks=2, fp8=True),
+        GpuPreset("gh200", "NVIDIA GH200 480GB (96GB HBM3)", 989e12, 4.0e12, 97871, 450e9, "NVLink 4", "h100",
+                  p2p_ranks=2, fp8=True),
         GpuPreset("b200", "NVIDIA B200 (HGX, 180GB)", 2250e12, 8.0e12, 183359, 900e9, "NVLink 5", "h100", p2p_ranks=8,
                   fp8=True, fp4=True),
         GpuPreset("l40s", "NVIDIA L40S (48GB)", 362e12, 0.864e12, 46068, 32e9, "PCIe 4.0 x16", "a40", link="pcie",

@@ -74,6 +74,11 @@ def test_timestamps_meta_json_gives_gpu_kv_blocks_and_data_parallel(tmp_path, ca
     ("NVIDIA L4", "l4"), ("NVIDIA A10", "a10"), ("NVIDIA RTX A6000", "rtx-a6000"),
     ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"), ("NVIDIA L40S", "l40s"), ("NVIDIA A40", "a40"),
     ("NVIDIA A10G", None), ("Tesla T4", None),  # no preset: the import stops and asks (above)
+    # a sibling of a preset's card with other memory or links is not that card (before: h200, h100-80gb, ...)
+    ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H100 NVL", "h100-nvl"), ("NVIDIA GH200 144G HBM3e", None),
+    ("NVIDIA H200 NVL", None), ("NVIDIA H200", "h200"), ("NVIDIA A100 80GB PCIe", None), ("NVIDIA A100-PCIE-40GB", None),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA GB200", None), ("NVIDIA B200", "b200"), ("NVIDIA H100", None),
+    ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA L40", None),
 ])
 def test_a_recorded_device_name_maps_to_its_preset(recorded, preset):
     from servelab.fidelity.sidecars import gpu_preset

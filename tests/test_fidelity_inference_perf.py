@@ -24,10 +24,11 @@ load:
   - {rate: 10.0, duration: 1}
 server: {type: vllm, model_name: meta-llama/Llama-2-7b-hf, ignore_eos: true}
 """
+# the server that ran the model exp-config.yaml names (a log of another model is another run's: refused)
 LOG = """\
 2026-01-20 06:08:53,171 INFO vllm.entrypoints.openai.api_server: vLLM API server version 0.11.0
-2026-01-20 06:08:53,173 INFO vllm.entrypoints.utils: non-default args: {'model': 'meta-llama/Llama-2-7b-hf', \
-'max_num_batched_tokens': 512, 'max_num_seqs': 32}
+2026-01-20 06:08:53,173 INFO vllm.entrypoints.utils: non-default args: {'model': \
+'codellama/CodeLlama-34b-Instruct-hf', 'max_num_batched_tokens': 512, 'max_num_seqs': 32}
 2026-01-20 06:10:32,708 INFO vllm.v1.metrics.loggers: Engine 000: vllm cache_config_info with initialization \
 after num_gpu_blocks is: 2790
 """
