@@ -20,6 +20,11 @@ def _console():
     return Console()
 
 
+def _weights(model) -> str:
+    """The linear layers' weight format beside the model dtype: gpt-oss is 'mxfp4 (bfloat16)', not 'bfloat16'."""
+    return f"{model.quantization} ({model.dtype})" if model.quantization else model.dtype
+
+
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def presets(fmt):
@@ -39,12 +44,12 @@ def presets(fmt):
     from rich.table import Table
 
     models = Table(title="Model presets (shapes from each model's config.json)")
-    for col in ("name", "params", "layers", "hidden", "heads q/kv", "head dim", "ffn", "vocab", "dtype", "KV KiB/tok"):
-        models.add_column(col, justify="left" if col in ("name", "dtype") else "right", no_wrap=col != "heads q/kv")
+    for col in ("name", "params", "layers", "hidden", "heads q/kv", "head dim", "ffn", "vocab", "weights", "KV KiB/tok"):
+        models.add_column(col, justify="left" if col in ("name", "weights") else "right", no_wrap=col != "heads q/kv")
     for m in MODELS.values():
         models.add_row(m.name, f"{m.num_params / 1e9:.2f}B", str(m.num_layers), str(m.hidden_size),
                        f"{m.num_heads}/{m.num_kv_heads}", str(m.head_dim), str(m.ffn_size), str(m.vocab_size),
-                       m.dtype, f"{m.kv_bytes_per_token / 1024:g}")
+                       _weights(m), f"{m.kv_bytes_per_token / 1024:g}")
     gpus = Table(title="GPU presets (dense bf16, datasheet figures)")
     for col in ("name", "TFLOP/s", "HBM TB/s", "GiB", "link GB/s", "calibrated on", "device"):
         gpus.add_column(col, justify="left" if col in ("name", "device", "calibrated on") else "right",

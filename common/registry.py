@@ -29,17 +29,14 @@ T = TypeVar("T")
 def did_you_mean(name: object, known: Iterable[str]) -> str:
     """``"; did you mean 'X'?"`` for the known name nearest ``name`` (a typo, a prefix, another case), or
     ``""`` when none is near: appended to an unknown-name error. Names that start with ``name`` come
-    first (``h100`` is ``h100-80gb``, not ``h200``): of several, the nearest, the first listed on a tie."""
+    first, the first listed of several (``h100`` is ``h100-80gb``, not ``h200`` or the rarer ``h100-nvl``)."""
     known = list(known)
     text = str(name).strip()
     prefixed = [k for k in known if text and k.lower().startswith(text.lower())]
-    if len(prefixed) == 1:
+    if prefixed:
         return f"; did you mean '{prefixed[0]}'?"
     import difflib  # (an error's hint: not loaded by a run that makes none)
 
-    if prefixed:
-        nearest = max(prefixed, key=lambda k: difflib.SequenceMatcher(None, text.lower(), k.lower()).ratio())
-        return f"; did you mean '{nearest}'?"
     lowered = {k.lower(): k for k in known}
     match = difflib.get_close_matches(text.lower(), list(lowered), n=1, cutoff=0.6)
     return f"; did you mean '{lowered[match[0]]}'?" if match else ""
