@@ -95,7 +95,10 @@ def make_sampler(spec: SearchSpec, seed: int):
             grid = {p.name: list(p.grid_values()) for p in spec.space}
             # the spec's seed, not the worker's: the seed orders the grid, and a trial's number picks its
             # point in that order, so workers (and resumed runs) with other seeds evaluated duplicates
-            return optuna.samplers.GridSampler(grid, seed=spec.seed, **opts)
+            # (failed points of an earlier run are run again: search/grid.py)
+            from servelab.search.grid import ResumableGridSampler
+
+            return ResumableGridSampler(grid, seed=spec.seed, **opts)
         if spec.sampler == "cmaes":
             import importlib.util
 

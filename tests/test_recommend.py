@@ -117,6 +117,36 @@ def test_the_run_resumes_without_repeating_trials(trace, tmp_path, capsys):
     assert (study / "recommended.toml").read_text() == first
 
 
+def test_a_run_interrupted_mid_trial_resumes_with_that_configuration(trace, brute, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the 10th replay, then the same command: the interrupted configuration is tried and none
+    twice (the resume once lost it, and its 12th trial repeated the first trial's configuration)."""
+    import signal
+
+    from servelab.search import objective
+
+    study = tmp_path / "study"
+    real = objective.Evaluator._evaluate_interruptibly
+    seen = []
+
+    def ctrl_c_on_the_tenth(self, trial, config, attrs):
+        seen.append(trial.number)
+        if len(seen) == 10:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, trial, config, attrs)
+
+    monkeypatch.setattr(objective.Evaluator, "_evaluate_interruptibly", ctrl_c_on_the_tenth)
+    cli(*recommend_args(trace, study), expect=130, capsys=capsys)
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    assert [r["outcome"] for r in rows if r["state"] == "fail"] == ["interrupted"], rows
+    monkeypatch.setattr(objective.Evaluator, "_evaluate_interruptibly", real)
+    out, _err = cli(*recommend_args(trace, study), capsys=capsys)
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    done = [(r["param.pools.serve.gpu"], r["param.pools.serve.tp"], r["param.pools.serve.replicas"])
+            for r in rows if r["state"] == "complete"]  # fmt: skip
+    assert sorted(done) == sorted(brute), rows
+    assert len(rows) == 13  # the interrupted trial, and one trial per configuration
+
+
 def test_availability_and_budget_exclude_configurations(trace, brute, tmp_path, capsys):
     """No H100 to be had: the answer is the cheapest A100 configuration that meets the SLO; a $/h budget
     below that one leaves nothing, which is said in one line with the closest configurations."""
