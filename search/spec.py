@@ -155,10 +155,17 @@ class SearchSpec:
 
 def comparable_identity(identity: Mapping[str, Any]) -> dict[str, Any]:
     """The identity a resume must match: without the trace's path, which depends on the working
-    directory the spec was named from (the trace's content is checked by its SHA-256 instead)."""
+    directory the spec was named from (the trace's content is checked by its SHA-256 instead), and
+    without a cluster pool's price of 0.0, which a study recorded for an unpriced pool before an
+    unpriced pool's price was left out (None)."""
     out = json.loads(json.dumps(dict(identity), default=str))
     if isinstance(out.get("trace"), dict):
         out["trace"].pop("path", None)
+    pools = ((out.get("base") or {}).get("cluster") or {}).get("pools") or []
+    for pool in pools:
+        for table in (pool, *pool.get("instances", ())):
+            if table.get("price_per_gpu_hour") == 0.0:
+                del table["price_per_gpu_hour"]
     return out
 
 
@@ -661,7 +668,8 @@ class _Parser:
             if missing:
                 raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r}")
         priced = bool(out) or (base.cluster is not None and any(
-            p.price_per_gpu_hour > 0 or any(t.price_per_gpu_hour > 0 for t in p.instances) for p in base.cluster.pools))
+            p.price_per_gpu_hour is not None or any(t.price_per_gpu_hour is not None for t in p.instances)
+            for p in base.cluster.pools))
         if "cost_per_million_tokens" in objectives or (base.cluster is not None and "cost" in objectives and priced):
             self._check_prices(dict(out), base, space)  # (`cost` without any price counts GPUs)
         return tuple(sorted(out))
@@ -679,7 +687,7 @@ class _Parser:
         for i, pool in enumerate(base.cluster.pools):
             if pool.instances:  # priced per instance type (replay/cluster/instances.py), else by [cost] gpu_prices
                 for j, kind in enumerate(pool.instances):
-                    if kind.price_per_gpu_hour <= 0 and kind.gpu not in prices:
+                    if kind.price_per_gpu_hour is None and kind.gpu not in prices:
                         raise self.error(f"cluster.pools[{i}].instances[{j}].price_per_gpu_hour",
                                          f"no price for instance type {kind.gpu!r} of pool '{pool.name}' (give it "
                                          "a price_per_gpu_hour or [cost] gpu_prices)")  # fmt: skip
@@ -687,7 +695,7 @@ class _Parser:
             own = dict(pool.settings).get("gpu")
             searched = {v for p in space if p.pool == pool.name and p.key == "gpu" for v in p.choices}
             gpus = searched or ({own} if own is not None else top_gpus)
-            if pool.price_per_gpu_hour > 0:
+            if pool.price_per_gpu_hour is not None:
                 if searched:
                     raise self.error(f"cluster.pools[{i}].price_per_gpu_hour",
                                      f"pool '{pool.name}' has a fixed price while its gpu is searched: give the "
@@ -729,12 +737,12 @@ def pool_key_config(base: ReplayConfig, values: Mapping[tuple[str, str], Any], s
     if gpu_prices:
         for p in cluster["pools"]:
             for kind in p.get("instances", ()):  # a pool of instance types is priced per type
-                if not kind.get("price_per_gpu_hour") and kind["gpu"] in gpu_prices:
+                if kind.get("price_per_gpu_hour") is None and kind["gpu"] in gpu_prices:
                     kind["price_per_gpu_hour"] = gpu_prices[kind["gpu"]]
             if p.get("instances"):
                 continue
             gpu = p.get("gpu", data["gpu"])
-            if not p.get("price_per_gpu_hour") and gpu in gpu_prices:
+            if p.get("price_per_gpu_hour") is None and gpu in gpu_prices:
                 p["price_per_gpu_hour"] = gpu_prices[gpu]
     return ReplayConfig.from_dict(data, source=source)
 
