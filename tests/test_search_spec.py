@@ -183,3 +183,15 @@ def test_example_specs_parse(path):
     spec = load_spec(path)
     assert spec.trace.path.resolve().is_file()
     assert spec.space and spec.objectives
+
+
+def test_a_study_recorded_with_unpriced_pools_at_0_resumes():
+    """Unpriced pools were recorded as price 0.0, and are now left out: a study made then is the same study."""
+    from servelab.search.spec import comparable_identity
+
+    then = {"base": {"cluster": {"pools": [{"name": "p", "price_per_gpu_hour": 0.0},
+                                           {"name": "d", "instances": [{"gpu": "a", "price_per_gpu_hour": 0.0}]}]}}}
+    now = {"base": {"cluster": {"pools": [{"name": "p"}, {"name": "d", "instances": [{"gpu": "a"}]}]}}}
+    assert comparable_identity(then) == comparable_identity(now)
+    priced = {"base": {"cluster": {"pools": [{"name": "p", "price_per_gpu_hour": 2.5}]}}}
+    assert comparable_identity(priced) != comparable_identity({"base": {"cluster": {"pools": [{"name": "p"}]}}})
