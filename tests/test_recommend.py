@@ -175,12 +175,27 @@ def test_an_slo_nobody_meets_says_so_and_shows_the_closest(trace, tmp_path, caps
     assert not (study / "recommended.toml").exists()
 
 
+def test_nothing_tried_claims_no_pareto_png(trace, tmp_path, capsys):
+    """A model no configuration can hold: every trial is infeasible, none is plotted, and the error does not
+    point at a pareto.png that was never written."""
+    study = tmp_path / "study"
+    args = recommend_args(trace, study, "--replicas", "1", "--tp", "1")
+    args[args.index("--model") + 1] = "deepseek-v3"
+    _out, err = cli(*args, expect=1, capsys=capsys)
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "(0 tried; no config written; the studies are in" in line and "pareto.png" not in line, err
+    assert not (study / "pareto.png").exists()
+
+
 @pytest.mark.parametrize("extra,message", [
     (("--gpu", "x100=3"), "--gpu x100: unknown GPU preset 'x100'"),
     (("--budget", "1"), "--budget $1/h is below every configuration searched: the cheapest, 1x a100-80gb TP1"),
     (("--gpu", "l40s=abc"), "--gpu l40s=abc: the price must be a positive $ per GPU-hour"),
     (("--available", "b200=4"), "--available b200: not among the --gpu types"),
     (("--topology", "ring"), "--topology: unknown topology 'ring'"),
+    # (a misspelt model once ran every configuration, each refused by its replay, and then said none met the SLO)
+    (("--model", "lama-3.1-8b"), "--model lama-3.1-8b: unknown model preset 'lama-3.1-8b'; did you mean 'llama-3.1-8b'?"),
+    (("--runner", "roofine"), "--runner roofine: unknown runner 'roofine'; did you mean 'roofline'?"),
     (("--vary", "max_num_seqs=0,8"), "--vary max_num_seqs: value 0: max_num_seqs must be >= 1"),
     (("--available", "h100-80gb=0", "--available", "a100-80gb=0"), "no configuration fits the GPUs --available allows"),
 ])  # fmt: skip
