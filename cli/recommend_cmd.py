@@ -223,7 +223,8 @@ def recommend(trace, slo, gpu, available, budget, target, runner, model, tp_text
                if not any(c.meets_slo for c in cands) else
                "the configurations that meet the SLO are over --available or --budget")  # fmt: skip
         best_seen = f"; the closest reaches {near[0].attainment:.1%}" if near else ""
-        raise ServelabError(f"{why}{best_seen} ({len(cands)} tried; no config written; the studies and pareto.png are in {study_dir})")
+        wrote = "the studies and pareto.png are" if front_png is not None else "the studies are"
+        raise ServelabError(f"{why}{best_seen} ({len(cands)} tried; no config written; {wrote} in {study_dir})")
     rows = [rec.with_latency(c, setup.slo) for c in best[:top]]
     sampled = [p.topology for p in plans if not p.exhaustive]
     out.print(_table(f"cheapest configurations meeting {setup.slo.describe()} for {target:.0%} of requests "

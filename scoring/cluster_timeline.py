@@ -19,7 +19,7 @@ class PoolSeries:
     role: str
     gpu: str | None
     tp: int
-    price_per_gpu_hour: float
+    price_per_gpu_hour: float | None  # None: unpriced
     times: tuple[float, ...]  # step starts: the counts hold from each time to the next
     held: tuple[int, ...]  # replicas paid for (active + starting + draining)
     active: tuple[int, ...]  # replicas serving
@@ -35,7 +35,7 @@ def pool_series(meta: dict, where: str = "run") -> list[PoolSeries]:
     out = []
     for p in pools:
         tp = int(p.get("tp") or 1)
-        price = float(p.get("price_per_gpu_hour") or 0.0)
+        price = None if p.get("price_per_gpu_hour") is None else float(p["price_per_gpu_hour"])
         timeline = (p.get("autoscale") or {}).get("timeline")
         if timeline:
             times = tuple(float(row[0]) for row in timeline)

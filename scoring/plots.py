@@ -259,13 +259,14 @@ def plot_timeline(con: duckdb.DuckDBPyConnection, run_id: str, path: Path) -> Pa
 def plot_cluster(meta: dict, start_s: float, stop_s: float, end_s: float, path: Path, title: str = "run",
                  where: str = "run") -> Path:
     """Replicas per pool (held: solid; serving, when it differs: dashed) and cumulative dollars per pool
-    and in all over a cluster run; GPU-hours instead when no pool has a price. ``start_s``..``stop_s``
+    and in all over a cluster run; GPU-hours instead unless every pool has a price. ``start_s``..``stop_s``
     is the window the cost view charges (first arrival to last finish), ``end_s`` the run's end."""
     from servelab.scoring.cluster_timeline import cumulative, pool_series
 
     series = pool_series(meta, where)
     plt = _plt()
-    priced = any(p.price_per_gpu_hour > 0 for p in series)
+    # (a run recorded before unpriced pools were null has 0.0 for them: all zero is unpriced too)
+    priced = all(p.price_per_gpu_hour is not None for p in series) and any(p.price_per_gpu_hour > 0 for p in series)
     end_s = max(end_s, stop_s, *(p.times[-1] for p in series))
     fig, axes = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     grid = sorted({0.0, start_s, stop_s, end_s, *(t for p in series for t in p.times if 0 <= t <= end_s)})

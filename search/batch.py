@@ -89,7 +89,7 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
         study._stop_flag = False
         while not study._stop_flag:
             need = limit - counts(study)["finished"]
-            if need <= 0 or len(errors) >= MAX_ERRORS_IN_A_ROW:
+            if need <= 0 or len(errors) >= MAX_ERRORS_IN_A_ROW or _grid_covered(study):
                 break
             if spec.timeout_s is not None and time.monotonic() - started >= spec.timeout_s:
                 break
@@ -129,7 +129,7 @@ def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt:
     stop: BaseException | None = None
     try:
         for _ in range(size):
-            if interrupt.is_set():
+            if interrupt.is_set() or _grid_covered(study):
                 break
             with batched_writes(study):  # its creation, owner and parameters: one append
                 trial = study.ask()
@@ -153,6 +153,12 @@ def _one_batch(study, spec, study_dir, runner, owner: str, size: int, interrupt:
         raise stop
     if interrupt.is_set():
         raise KeyboardInterrupt
+
+
+def _grid_covered(study) -> bool:
+    """A grid whose every point is done, running or failed in this run: another trial would repeat a point."""
+    is_exhausted = getattr(study.sampler, "is_exhausted", None)
+    return is_exhausted is not None and is_exhausted(study)
 
 
 def _tell_all(study, study_dir: Path, trials: dict, outcomes: dict[int, Outcome], reported: dict[int, set[int]],

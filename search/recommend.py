@@ -89,8 +89,9 @@ class RecommendSetup:
 
 
 def check_setup(setup: RecommendSetup) -> None:
-    """Refuse, in one line, what no search can answer: unknown GPUs or topologies, no SLO, an impossible budget."""
-    from servelab.runners.presets import get_gpu
+    """Refuse, in one line, what no search can answer: unknown GPUs, model, runner or topologies, no SLO, an impossible budget."""
+    from servelab.replay.core.runner_spec import runner_spec
+    from servelab.runners.presets import get_gpu, resolve_model
 
     if not setup.offers:
         raise ServelabError("recommend needs at least one GPU type with its price: --gpu h100-80gb=2.49")
@@ -99,6 +100,13 @@ def check_setup(setup: RecommendSetup) -> None:
             get_gpu(offer.gpu)
         except ServelabError as err:  # unknown GPU preset '...'; did you mean ...
             raise ServelabError(f"--gpu {offer.gpu}: {err}") from None
+    # (the generated specs would refuse them too, but as a generated file's column rather than the option)
+    for option, value, resolve in (("--model", setup.model, resolve_model), ("--runner", setup.runner, runner_spec)):
+        try:
+            if value is not None:
+                resolve(value)
+        except ServelabError as err:
+            raise ServelabError(f"{option} {value}: {err}") from None
     if setup.slo is None or setup.slo.is_empty:
         raise ServelabError("recommend needs an SLO: --slo ttft=1,tpot=0.05 (the format of `servelab replay --slo`)")
     for name in setup.topologies:

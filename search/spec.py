@@ -155,10 +155,17 @@ class SearchSpec:
 
 def comparable_identity(identity: Mapping[str, Any]) -> dict[str, Any]:
     """The identity a resume must match: without the trace's path, which depends on the working
-    directory the spec was named from (the trace's content is checked by its SHA-256 instead)."""
+    directory the spec was named from (the trace's content is checked by its SHA-256 instead), and
+    without a cluster pool's price of 0.0, which a study recorded for an unpriced pool before an
+    unpriced pool's price was left out (None)."""
     out = json.loads(json.dumps(dict(identity), default=str))
     if isinstance(out.get("trace"), dict):
         out["trace"].pop("path", None)
+    pools = ((out.get("base") or {}).get("cluster") or {}).get("pools") or []
+    for pool in pools:
+        for table in (pool, *pool.get("instances", ())):
+            if table.get("price_per_gpu_hour") == 0.0:
+                del table["price_per_gpu_hour"]
     return out
 
 
@@ -197,6 +204,7 @@ def parse_spec(data: Mapping[str, Any], path: Path) -> SearchSpec:
     objectives = p.objectives(data.get("objective", "attainment"))
     policies = p.policies_in_play(base, data["space"])
     space = p.space(data["space"], base, policies)
+    p.check_names(data, base, space)  # a misspelt GPU, model, router...: refused here, not as infeasible trials
     fill_pool = p.fill_pool(data["space"])
     gpu_budget = p.gpu_budget(data.get("gpu_budget"), base, fill_pool)
     goodput = p.goodput(data.get("goodput", {}))
@@ -358,11 +366,38 @@ class _Parser:
             choices = choices.get("choices")
         if not isinstance(choices, list) or not choices:
             raise self.error("space.policy", "must be a list of policy names")
-        known = policy_names()
         for name in choices:
-            if name not in known:
-                raise self.error("space.policy", f"unknown policy {name!r} (known: {', '.join(known)})")
+            self.check_name("policy", name, "space.policy")
         return tuple(choices)
+
+    def check_name(self, key: str, value: Any, where: str) -> None:
+        """Refuse a value of a named key (NAMED_KEYS) that names nothing, as a trial's replay would refuse it."""
+        resolve = _name_resolver(key)
+        if resolve is None or not isinstance(value, str):
+            return
+        try:
+            resolve(value)
+        except ServelabError as err:
+            raise self.error(where, str(err)) from None
+
+    def check_names(self, data: Mapping[str, Any], base: ReplayConfig, space: tuple[Param, ...]) -> None:
+        """Every named choice of the spec names something: the base's GPU, model, runner, policy and router
+        (its pools' and instance types' too) and each choice of such a key in the space."""
+        replay = data.get("replay") if isinstance(data.get("replay"), Mapping) else {}
+        for key in NAMED_KEYS:
+            if key != "runner":  # (typed, and so refused, by the config already)
+                where = key if key in data else f"replay.{key}" if key in replay else "replay"
+                self.check_name(key, _named_value(base, key), where)
+        if base.cluster is not None:
+            for i, pool in enumerate(base.cluster.pools):
+                for key, value in pool.settings:
+                    self.check_name(key, value, f"cluster.pools[{i}].{key}")
+                for j, kind in enumerate(pool.instances):
+                    self.check_name("gpu", kind.gpu, f"cluster.pools[{i}].instances[{j}].gpu")
+        for param in space:
+            if param.kind == "choice" and not param.is_policy_param and param.pool is None:  # (pools': below)
+                for value in param.choices:
+                    self.check_name(param.key, value, f"space.{param.name}")
 
     def space(self, value: Any, base: ReplayConfig, policies: tuple[str, ...]) -> tuple[Param, ...]:
         space = self.table(value, "space")
@@ -592,16 +627,7 @@ class _Parser:
                     raise self.error(where, f"value {v!r}: {str(error).replace(f'{where}: ', '')}")
 
     def _check_pool_name(self, param: Param, v: Any, where: str) -> None:
-        if param.key == "router":
-            from servelab.routers.base import router_names
-
-            if v not in router_names():
-                raise self.error(where, f"unknown router {v!r} (known: {', '.join(router_names())})")
-        if param.key == "policy":
-            from servelab.policies.base import policy_names
-
-            if v not in policy_names():
-                raise self.error(where, f"unknown policy {v!r} (known: {', '.join(policy_names())})")
+        self.check_name(param.key, v, where)
 
     def fill_pool(self, space: Mapping[str, Any]) -> str | None:
         fills = [path for key, spec in space.items() if key == "pools" or key.startswith("pools.")
@@ -661,7 +687,8 @@ class _Parser:
             if missing:
                 raise self.error("cost.gpu_prices", f"no price for GPU {missing[0]!r}")
         priced = bool(out) or (base.cluster is not None and any(
-            p.price_per_gpu_hour > 0 or any(t.price_per_gpu_hour > 0 for t in p.instances) for p in base.cluster.pools))
+            p.price_per_gpu_hour is not None or any(t.price_per_gpu_hour is not None for t in p.instances)
+            for p in base.cluster.pools))
         if "cost_per_million_tokens" in objectives or (base.cluster is not None and "cost" in objectives and priced):
             self._check_prices(dict(out), base, space)  # (`cost` without any price counts GPUs)
         return tuple(sorted(out))
@@ -679,7 +706,7 @@ class _Parser:
         for i, pool in enumerate(base.cluster.pools):
             if pool.instances:  # priced per instance type (replay/cluster/instances.py), else by [cost] gpu_prices
                 for j, kind in enumerate(pool.instances):
-                    if kind.price_per_gpu_hour <= 0 and kind.gpu not in prices:
+                    if kind.price_per_gpu_hour is None and kind.gpu not in prices:
                         raise self.error(f"cluster.pools[{i}].instances[{j}].price_per_gpu_hour",
                                          f"no price for instance type {kind.gpu!r} of pool '{pool.name}' (give it "
                                          "a price_per_gpu_hour or [cost] gpu_prices)")  # fmt: skip
@@ -687,7 +714,7 @@ class _Parser:
             own = dict(pool.settings).get("gpu")
             searched = {v for p in space if p.pool == pool.name and p.key == "gpu" for v in p.choices}
             gpus = searched or ({own} if own is not None else top_gpus)
-            if pool.price_per_gpu_hour > 0:
+            if pool.price_per_gpu_hour is not None:
                 if searched:
                     raise self.error(f"cluster.pools[{i}].price_per_gpu_hour",
                                      f"pool '{pool.name}' has a fixed price while its gpu is searched: give the "
@@ -729,14 +756,47 @@ def pool_key_config(base: ReplayConfig, values: Mapping[tuple[str, str], Any], s
     if gpu_prices:
         for p in cluster["pools"]:
             for kind in p.get("instances", ()):  # a pool of instance types is priced per type
-                if not kind.get("price_per_gpu_hour") and kind["gpu"] in gpu_prices:
+                if kind.get("price_per_gpu_hour") is None and kind["gpu"] in gpu_prices:
                     kind["price_per_gpu_hour"] = gpu_prices[kind["gpu"]]
             if p.get("instances"):
                 continue
             gpu = p.get("gpu", data["gpu"])
-            if not p.get("price_per_gpu_hour") and gpu in gpu_prices:
+            if p.get("price_per_gpu_hour") is None and gpu in gpu_prices:
                 p["price_per_gpu_hour"] = gpu_prices[gpu]
     return ReplayConfig.from_dict(data, source=source)
+
+
+# keys whose values are names of something servelab knows (a preset, a registered class), with how to
+# resolve one; a name nothing answers to is refused before any trial runs (`_Parser.check_names`)
+NAMED_KEYS = ("gpu", "model", "runner", "policy", "router")
+
+
+def _name_resolver(key: str):
+    if key == "gpu":
+        from servelab.runners.presets import get_gpu
+
+        return get_gpu
+    if key == "model":
+        from servelab.runners.presets import resolve_model
+
+        return resolve_model
+    if key == "runner":
+        from servelab.replay.core.runner_spec import runner_spec
+
+        return runner_spec
+    if key == "policy":
+        from servelab.policies.base import policy_class
+
+        return policy_class
+    if key == "router":
+        from servelab.routers.base import router_class
+
+        return router_class
+    return None
+
+
+def _named_value(config: ReplayConfig, key: str) -> Any:
+    return config.engine.router if key == "router" else getattr(config, key)
 
 
 def _is_param_table(spec: Mapping[str, Any]) -> bool:

@@ -19,6 +19,7 @@ from servelab.search.spec import SearchSpec
 
 SPEC_ATTR = "servelab_spec"
 HASH_ATTR = "servelab_spec_hash"
+SLO_ATTR = "servelab_slo"  # the spec's SLO as [slo] data (SloTable.to_dict): `search best` writes it into best.toml
 TRACE_SHA_ATTR = "servelab_trace_sha256"  # the spec's trace file when the study began: a resume must replay the same
 LOCK_GRACE_S = 3
 HEARTBEAT_S = 20  # RDB storages: workers on other machines are declared dead after 3 missed beats
@@ -165,5 +166,5 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
-__all__ = ["batched_writes", "HASH_ATTR", "SPEC_ATTR", "TRACE_SHA_ATTR", "journal_damage", "journal_storage", "make_storage",
+__all__ = ["batched_writes", "HASH_ATTR", "SLO_ATTR", "SPEC_ATTR", "TRACE_SHA_ATTR", "journal_damage", "journal_storage", "make_storage",
            "rdb_storage", "redact", "repair_journal", "sqlalchemy_url", "sync_storage"]

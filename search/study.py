@@ -29,7 +29,7 @@ from servelab.common.errors import ServelabError
 from servelab.common.processes import alive
 from servelab.search.spec import SearchSpec, comparable_identity
 from servelab.search.storage import (
-    HASH_ATTR, SPEC_ATTR, TRACE_SHA_ATTR, journal_storage, make_storage, redact, sync_storage,
+    HASH_ATTR, SLO_ATTR, SPEC_ATTR, TRACE_SHA_ATTR, journal_storage, make_storage, redact, sync_storage,
 )
 from servelab.search.storage import rdb_storage, sqlalchemy_url  # noqa: F401  (re-exported: their home was here)
 from servelab.search.signals import _PR_SET_PDEATHSIG, PARENT_DIED, PARENT_POLL_S, Flag, Interrupt, _ParentWatch  # noqa: F401  (re-exported)
@@ -95,7 +95,10 @@ def make_sampler(spec: SearchSpec, seed: int):
             grid = {p.name: list(p.grid_values()) for p in spec.space}
             # the spec's seed, not the worker's: the seed orders the grid, and a trial's number picks its
             # point in that order, so workers (and resumed runs) with other seeds evaluated duplicates
-            return optuna.samplers.GridSampler(grid, seed=spec.seed, **opts)
+            # (failed points of an earlier run are run again: search/grid.py)
+            from servelab.search.grid import ResumableGridSampler
+
+            return ResumableGridSampler(grid, seed=spec.seed, **opts)
         if spec.sampler == "cmaes":
             import importlib.util
 
@@ -208,6 +211,8 @@ def open_study(spec: SearchSpec, study_dir: Path, seed: int | None = None, stora
                 f"study '{spec.study_name}' in {where} was made from a different spec (changed: "
                 f"{', '.join(changed) or 'unknown'}); use another -o STUDY_DIR or study_name, or restore the spec"
             )
+    if SLO_ATTR not in attrs:  # (a study begun before it was recorded gets it now: its spec was just matched)
+        study.set_user_attr(SLO_ATTR, spec.slo.to_dict())
     before = attrs.get(TRACE_SHA_ATTR)
     if before is None:  # a new study (or one begun before servelab recorded the digest)
         study.set_user_attr(TRACE_SHA_ATTR, trace_sha)

@@ -203,9 +203,34 @@ def best_toml_header(study, trial, config, out: Path, study_dir: Path | None = N
     return "".join(f"# {line}\n" for line in lines)
 
 
+def study_slo(study, study_dir: Path | None = None) -> dict[str, Any] | None:
+    """The SLO the study scored its trials against, as ``[slo]`` data (SloTable.to_dict); None when unknown.
+
+    A study records it when opened; one begun before that (and not resumed since) takes it from the
+    spec file study.json names, when that spec still defines this study.
+    """
+    from servelab.search.storage import SLO_ATTR, SPEC_ATTR
+
+    if SLO_ATTR in study.user_attrs:
+        return study.user_attrs[SLO_ATTR]
+    if study_dir is None:
+        return None
+    from servelab.search.spec import comparable_identity, load_spec
+
+    try:
+        info = json.loads((Path(study_dir) / "study.json").read_text())
+        spec = load_spec(info["spec_path"])
+    except (OSError, ValueError, KeyError, TypeError, ServelabError):
+        return None
+    if comparable_identity(spec.identity()) != comparable_identity(study.user_attrs.get(SPEC_ATTR) or {}):
+        return None
+    return spec.slo.to_dict()
+
+
 def write_best_toml(study, out: Path, trial_number: int | None = None,
                     study_dir: Path | None = None) -> tuple[Any, Path]:  # fmt: skip
-    """Write the best trial's config in `servelab replay --config` form (ReplayConfig.to_dict).
+    """Write the best trial's config in `servelab replay --config` form (ReplayConfig.to_dict), with the
+    study's SLO as its ``[slo]`` table (as recommend's recommended.toml), so the replay scores it alike.
 
     Comment lines above it name the study, the trial and its scores, the trace the trials were
     scored on (STUDY_DIR/trace.arrow when the spec transformed its trace) and, for a policy that
@@ -215,8 +240,12 @@ def write_best_toml(study, out: Path, trial_number: int | None = None,
 
     trial, config = best_config(study, trial_number)
     header = best_toml_header(study, trial, config, out, study_dir)
+    data = config.to_dict()
+    slo = study_slo(study, study_dir)
+    if slo:
+        data["slo"] = slo
     with atomic_path(out) as tmp:
-        tmp.write_text(header + tomli_w.dumps(config.to_dict()))
+        tmp.write_text(header + tomli_w.dumps(data))
     return trial, Path(out)
 
 

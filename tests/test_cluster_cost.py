@@ -57,6 +57,51 @@ def test_a_flat_run_has_gpu_time_but_no_price(tmp_path):
     assert (gpus, gpu_s, dollars) == (4, pytest.approx(4 * 3.0), None)  # 2 replicas x TP 2 over [0, 3]
 
 
+def _unpriced_run(tmp_path, prefill_price):
+    import json
+
+    pool = {"name": "p", "role": "prefill", "replicas": 1, "tp": 2, "gpu": "h100-80gb"}
+    if prefill_price is not None:
+        pool["price_per_gpu_hour"] = prefill_price
+    config = ReplayConfig.from_dict({
+        "runner": "linear:base=1", "num_gpu_blocks": 100, "kv_bytes_per_token": 1000,
+        "cluster": {"pools": [pool, {"name": "d", "role": "decode", "replicas": 2, "gpu": "a100-80gb"}],
+                    "links": [{"from": "p", "to": "d", "bandwidth_gbps": 8e-6}]}})
+    run_dir = write_run(replay(make_trace([0, 0], [8, 8], [3, 3]), config), tmp_path / f"unpriced_{prefill_price}")
+    recorded = {p["name"]: p["price_per_gpu_hour"] for p in json.loads((run_dir / "run.json").read_text())["cluster"]["pools"]}
+    return run_dir, recorded
+
+
+@pytest.mark.parametrize("prefill_price", [3.0, None])
+def test_a_pool_without_a_price_leaves_dollars_null_not_zero(tmp_path, prefill_price):
+    """The decode pool has no price: run.json records null (not 0.0), so its dollars, the overall dollars and
+    the cost per token are NULL (they were $0 and the prefill pool's cost alone), and the report gives GPU-hours
+    and no dollar total; a priced pool keeps its own dollars."""
+    run_dir, recorded = _unpriced_run(tmp_path, prefill_price)
+    assert recorded == {"p": prefill_price, "d": None}
+    con = connect([str(run_dir)], SloTable.parse_cli(["ttft=2,tpot=3"]))
+    rows = {(r[0], r[1]): r[2:] for r in con.execute(
+        "SELECT scope, name, gpu_s, dollars, dollars_per_million_output_tokens FROM cost").fetchall()}
+    assert rows[("pool", "d")] == (pytest.approx(10.0), None, None)
+    assert rows[("overall", None)] == (pytest.approx(20.0), None, None)
+    assert rows[("gpu", "a100-80gb")][1] is None
+    p_dollars = None if prefill_price is None else pytest.approx(10 / 3600 * 3.0)
+    assert rows[("pool", "p")][1] == p_dollars
+    assert con.execute("SELECT price_per_gpu_hour FROM pools WHERE pool = 'd'").fetchone() == (None,)
+    text = report_text(str(run_dir), slo=("ttft=2,tpot=3",), width=200)
+    assert "d (decode) 2 GPU, 0.003 GPU-h" in text and "cost:" not in text and "$0.00" not in text, text
+
+
+def test_an_explicit_price_of_zero_is_a_price(tmp_path):
+    run_dir, recorded = _unpriced_run(tmp_path, 0.0)
+    assert recorded == {"p": 0.0, "d": None}
+    config = ReplayConfig.from_dict({"cluster": {"pools": [{"name": "a", "role": "prefill", "price_per_gpu_hour": 0},
+                                                           {"name": "b", "role": "decode"}],
+                                                 "links": [{"from": "a", "to": "b", "bandwidth_gbps": 1}]}})
+    assert [p.get("price_per_gpu_hour") for p in config.to_dict()["cluster"]["pools"]] == [0.0, None]
+    assert ReplayConfig.from_dict(config.to_dict()).to_dict() == config.to_dict()  # (TOML has no null: omitted)
+
+
 def test_compare_shows_cost_rows_for_priced_runs(tmp_path):
     from servelab.scoring.compare import run_metrics
 

@@ -117,6 +117,36 @@ def test_the_run_resumes_without_repeating_trials(trace, tmp_path, capsys):
     assert (study / "recommended.toml").read_text() == first
 
 
+def test_a_run_interrupted_mid_trial_resumes_with_that_configuration(trace, brute, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the 10th replay, then the same command: the interrupted configuration is tried and none
+    twice (the resume once lost it, and its 12th trial repeated the first trial's configuration)."""
+    import signal
+
+    from servelab.search import objective
+
+    study = tmp_path / "study"
+    real = objective.Evaluator._evaluate_interruptibly
+    seen = []
+
+    def ctrl_c_on_the_tenth(self, trial, config, attrs):
+        seen.append(trial.number)
+        if len(seen) == 10:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, trial, config, attrs)
+
+    monkeypatch.setattr(objective.Evaluator, "_evaluate_interruptibly", ctrl_c_on_the_tenth)
+    cli(*recommend_args(trace, study), expect=130, capsys=capsys)
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    assert [r["outcome"] for r in rows if r["state"] == "fail"] == ["interrupted"], rows
+    monkeypatch.setattr(objective.Evaluator, "_evaluate_interruptibly", real)
+    out, _err = cli(*recommend_args(trace, study), capsys=capsys)
+    rows = pq.read_table(study / "colocated" / "trials.parquet").to_pylist()
+    done = [(r["param.pools.serve.gpu"], r["param.pools.serve.tp"], r["param.pools.serve.replicas"])
+            for r in rows if r["state"] == "complete"]  # fmt: skip
+    assert sorted(done) == sorted(brute), rows
+    assert len(rows) == 13  # the interrupted trial, and one trial per configuration
+
+
 def test_availability_and_budget_exclude_configurations(trace, brute, tmp_path, capsys):
     """No H100 to be had: the answer is the cheapest A100 configuration that meets the SLO; a $/h budget
     below that one leaves nothing, which is said in one line with the closest configurations."""
@@ -145,12 +175,27 @@ def test_an_slo_nobody_meets_says_so_and_shows_the_closest(trace, tmp_path, caps
     assert not (study / "recommended.toml").exists()
 
 
+def test_nothing_tried_claims_no_pareto_png(trace, tmp_path, capsys):
+    """A model no configuration can hold: every trial is infeasible, none is plotted, and the error does not
+    point at a pareto.png that was never written."""
+    study = tmp_path / "study"
+    args = recommend_args(trace, study, "--replicas", "1", "--tp", "1")
+    args[args.index("--model") + 1] = "deepseek-v3"
+    _out, err = cli(*args, expect=1, capsys=capsys)
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "(0 tried; no config written; the studies are in" in line and "pareto.png" not in line, err
+    assert not (study / "pareto.png").exists()
+
+
 @pytest.mark.parametrize("extra,message", [
     (("--gpu", "x100=3"), "--gpu x100: unknown GPU preset 'x100'"),
     (("--budget", "1"), "--budget $1/h is below every configuration searched: the cheapest, 1x a100-80gb TP1"),
     (("--gpu", "l40s=abc"), "--gpu l40s=abc: the price must be a positive $ per GPU-hour"),
     (("--available", "b200=4"), "--available b200: not among the --gpu types"),
     (("--topology", "ring"), "--topology: unknown topology 'ring'"),
+    # (a misspelt model once ran every configuration, each refused by its replay, and then said none met the SLO)
+    (("--model", "lama-3.1-8b"), "--model lama-3.1-8b: unknown model preset 'lama-3.1-8b'; did you mean 'llama-3.1-8b'?"),
+    (("--runner", "roofine"), "--runner roofine: unknown runner 'roofine'; did you mean 'roofline'?"),
     (("--vary", "max_num_seqs=0,8"), "--vary max_num_seqs: value 0: max_num_seqs must be >= 1"),
     (("--available", "h100-80gb=0", "--available", "a100-80gb=0"), "no configuration fits the GPUs --available allows"),
 ])  # fmt: skip

@@ -495,3 +495,27 @@ def test_unexpected_errors_fail_trials_and_stop_after_five_in_a_row(grid_dir, tm
     study = load_study_dir(tmp_path / "s")
     assert [t.user_attrs["outcome"] for t in study.trials] == ["error"] * 5
     assert counts(study)["fail"] == 5
+
+
+def test_best_toml_carries_the_studys_slo(grid_dir, tmp_path, capsys):
+    """best.toml holds the study's [slo] (it once had none, so its replay said "SLO: none given"), as
+    recommend's recommended.toml does; a study begun before the SLO was recorded takes it from its spec."""
+    import tomllib
+    from types import SimpleNamespace
+
+    from servelab.search.storage import SLO_ATTR
+    from servelab.search.trials import study_slo
+
+    spec = grid_spec(grid_dir, n_trials=2, name="best_slo.toml")
+    _cli("search", str(spec), "-o", str(tmp_path / "s"), "--no-progress")
+    _cli("search", "best", str(tmp_path / "s"), "-o", str(tmp_path / "best.toml"))
+    assert tomllib.loads((tmp_path / "best.toml").read_text())["slo"] == SLO
+    capsys.readouterr()
+    _cli("replay", str(grid_dir / "trace.arrow"), "--config", str(tmp_path / "best.toml"), "-o", str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "SLO: none given" not in out and "ttft_s=0.3" in out, out
+    study = load_study_dir(tmp_path / "s")
+    older = SimpleNamespace(user_attrs={k: v for k, v in study.user_attrs.items() if k != SLO_ATTR})
+    assert study_slo(older, tmp_path / "s") == SLO
+    spec.write_text(spec.read_text().replace("ttft_s = 0.3", "ttft_s = 0.4"))  # no longer this study's spec
+    assert study_slo(older, tmp_path / "s") is None

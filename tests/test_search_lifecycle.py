@@ -133,6 +133,66 @@ def test_resumed_sampler_does_not_repeat_the_first_run(grid_dir, tmp_path, sampl
     assert len(set(settings)) >= 6, settings  # 8 draws from 70 grid points: a few repeats at most by chance
 
 
+def _fail_one_trial(spec, out, outcome: str = "interrupted") -> dict:
+    """Leave in OUT's study one trial failed as a Ctrl-C (or a dead worker, an error) leaves it; returns its params."""
+    from optuna.trial import TrialState
+
+    from servelab.search.space import suggest
+    from servelab.search.study import open_study_dir
+
+    study = open_study_dir(load_spec(spec), out)
+    trial = study.ask()
+    suggest(trial, load_spec(spec).space, load_spec(spec).base)
+    trial.set_user_attr("outcome", outcome)
+    study.tell(trial, state=TrialState.FAIL)
+    return dict(trial.params)
+
+
+@pytest.mark.parametrize("outcome", ["interrupted", "stale", "error"])
+def test_a_resumed_grid_runs_the_failed_point_and_none_twice(grid_dir, tmp_path, outcome):
+    """A grid point whose trial failed in an earlier run (Ctrl-C, a killed worker, an error) is run by the
+    resume: Optuna counted it visited, never ran it, and re-ran another point once the numbers passed the grid."""
+    space = "[space]\nmax_num_batched_tokens = [128, 256, 512, 1024]\n"
+    spec = grid_spec(grid_dir, n_trials=4, top='sampler = "grid"\n', space=space, name=f"grid_fail_{outcome}.toml")
+    out = tmp_path / "S"
+    lost = _fail_one_trial(spec, out, outcome)
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    rows = sorted(_table(out), key=lambda r: r["number"])
+    done = [r["param.max_num_batched_tokens"] for r in rows if r["state"] == "complete"]
+    assert sorted(done) == [128, 256, 512, 1024], rows
+    assert lost["max_num_batched_tokens"] in done
+    assert len(rows) == 5  # the failed trial and one trial per point: nothing evaluated twice
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0  # covered: a further resume runs nothing
+    assert len(_table(out)) == 5
+
+
+def test_a_grid_point_failing_in_this_run_is_not_retried_until_a_resume(grid_dir, tmp_path, monkeypatch):
+    """An error fails a point in this run: the study ends once the other points are done (it would fail
+    again), rather than run some point twice; the next run tries it again."""
+    from servelab.search import objective
+
+    space = "[space]\nmax_num_batched_tokens = [128, 256, 512, 1024, 2048]\n"
+    spec = grid_spec(grid_dir, n_trials=5, top='sampler = "grid"\nworkers = 1\n', space=space, name="grid_err.toml")
+    out = tmp_path / "S"
+    real = objective.Evaluator._evaluate_interruptibly
+
+    def failing(self, trial, config, attrs):
+        if config.engine.max_num_batched_tokens == 256:
+            raise RuntimeError("boom")
+        return real(self, trial, config, attrs)
+
+    monkeypatch.setattr(objective.Evaluator, "_evaluate_interruptibly", failing)
+    _cli("search", spec, "-o", out, "--no-progress")
+    rows = _table(out)
+    assert sorted(r["param.max_num_batched_tokens"] for r in rows) == [128, 256, 512, 1024, 2048], rows
+    assert [r["outcome"] for r in rows if r["state"] == "fail"] == ["error"]
+    monkeypatch.setattr(objective.Evaluator, "_evaluate_interruptibly", real)
+    assert _cli("search", spec, "-o", out, "--no-progress") == 0
+    rows = _table(out)
+    assert sorted(r["param.max_num_batched_tokens"] for r in rows if r["state"] == "complete") == [128, 256, 512, 1024, 2048]
+    assert len(rows) == 6
+
+
 def test_resumed_seed_is_the_seed_for_a_fresh_study_and_differs_after():
     assert resumed_seed(7, 0) == 7
     seeds = {resumed_seed(s, n) for s in (0, 1, 2) for n in range(1, 50)}

@@ -96,6 +96,26 @@ BAD = [
     ("fixed value", 'trace = "t.arrow"\n[space]\nblock_size = 16\n', "space.block_size", "belongs in [replay]"),
     ("unknown policy", 'trace = "t.arrow"\n[space]\npolicy = ["sarathi", "fifo"]\n', "space.policy",
      "unknown policy 'fifo'"),
+    # a misspelt name is refused before any trial runs (each trial was once pruned "infeasible", exit 0)
+    ("misspelt policy", 'trace = "t.arrow"\n[space]\npolicy = ["sarathi", "sarathy"]\n', "space.policy",
+     "unknown policy 'sarathy'; did you mean 'sarathi'?"),
+    ("unknown base gpu", 'trace = "t.arrow"\ngpu = "x100"\n' + SPACE, "gpu", "unknown GPU preset 'x100'"),
+    ("unknown replay model", 'trace = "t.arrow"\n[replay]\nmodel = "lama-3.1-8b"\n' + SPACE, "replay.model",
+     "unknown model preset 'lama-3.1-8b'; did you mean 'llama-3.1-8b'?"),
+    ("unknown gpu choice", 'trace = "t.arrow"\n[space]\ngpu = ["h100-80gb", "x100"]\n', "space.gpu",
+     "unknown GPU preset 'x100'"),
+    ("unknown model choice", 'trace = "t.arrow"\n[space]\nmodel = ["llama-3.1-8b", "lama-3.1-8b"]\n', "space.model",
+     "unknown model preset 'lama-3.1-8b'; did you mean 'llama-3.1-8b'?"),
+    ("unknown router choice", 'trace = "t.arrow"\n[space]\nrouter = ["round-robin", "leastkv"]\n', "space.router",
+     "unknown router 'leastkv'; did you mean 'least-kv'?"),
+    ("unknown runner choice", 'trace = "t.arrow"\n[space]\nrunner = ["roofline", "roofine"]\n', "space.runner",
+     "unknown runner 'roofine'; did you mean 'roofline'?"),
+    ("unknown pool gpu", 'trace = "t.arrow"\n[[cluster.pools]]\nname = "web"\ngpu = "x100"\n[space]\n'
+     '"pools.web.replicas" = [1, 2]\n', "cluster.pools[0].gpu", "unknown GPU preset 'x100'"),
+    ("unknown pool gpu choice", 'trace = "t.arrow"\n[[cluster.pools]]\nname = "web"\n[space]\n'
+     '"pools.web.gpu" = ["h100-80gb", "x100"]\n', "space.pools.web.gpu", "unknown GPU preset 'x100'"),
+    ("unknown instance type", 'trace = "t.arrow"\n[[cluster.pools]]\nname = "web"\ninstances = [{ gpu = "x100" }]\n'
+     '[space]\n"pools.web.replicas" = [1, 2]\n', "cluster.pools[0].instances[0].gpu", "unknown GPU preset 'x100'"),
     ("policy param of no policy in play", 'trace = "t.arrow"\n[space]\n"policy_params.quantum" = [1, 2]\n',
      "space.policy_params.quantum", "no policy in play"),
     ("params of a policy not in play", 'trace = "t.arrow"\n[space.policy_params.round-robin]\nquantum = [1, 2]\n',
@@ -183,3 +203,15 @@ def test_example_specs_parse(path):
     spec = load_spec(path)
     assert spec.trace.path.resolve().is_file()
     assert spec.space and spec.objectives
+
+
+def test_a_study_recorded_with_unpriced_pools_at_0_resumes():
+    """Unpriced pools were recorded as price 0.0, and are now left out: a study made then is the same study."""
+    from servelab.search.spec import comparable_identity
+
+    then = {"base": {"cluster": {"pools": [{"name": "p", "price_per_gpu_hour": 0.0},
+                                           {"name": "d", "instances": [{"gpu": "a", "price_per_gpu_hour": 0.0}]}]}}}
+    now = {"base": {"cluster": {"pools": [{"name": "p"}, {"name": "d", "instances": [{"gpu": "a"}]}]}}}
+    assert comparable_identity(then) == comparable_identity(now)
+    priced = {"base": {"cluster": {"pools": [{"name": "p", "price_per_gpu_hour": 2.5}]}}}
+    assert comparable_identity(priced) != comparable_identity({"base": {"cluster": {"pools": [{"name": "p"}]}}})

@@ -141,7 +141,7 @@ def test_gpu_prices_price_the_instance_types_without_one(tmp_path):
                                       {"gpu": "a100-80gb"}])
     config = config_for(spec.base, spec.space, {"pools.web.replicas": 2}, gpu_prices=dict(spec.gpu_prices))
     (pool,) = config.cluster.pools
-    assert pool.price_per_gpu_hour == 0.0 and pool.replicas == 2
+    assert pool.price_per_gpu_hour is None and pool.replicas == 2
     assert [(t.gpu, t.price_per_gpu_hour) for t in pool.instances] == [("h100-80gb", 2.5), ("a100-80gb", 1.25)]
 
 

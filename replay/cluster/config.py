@@ -54,7 +54,7 @@ class PoolConfig:
     name: str
     role: str = "mixed"
     replicas: int = 1
-    price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is tp GPUs)
+    price_per_gpu_hour: float | None = None  # dollars per GPU per hour (a replica is tp GPUs); None: unpriced
     # the pool's other keys over the config's top level, sorted, each typed at the edge (typed_setting)
     settings: tuple[tuple[str, Any], ...] = ()
     autoscale: AutoscaleConfig | None = None  # target tracking (replay/cluster/autoscale.py); replicas = the initial count
@@ -77,7 +77,7 @@ class PoolConfig:
                 raise ServelabError(f"{where}.{key}: {value!r} is not a typed value "
                                     f"({type_name(_kind(key))[0].split('[')[0]}); "
                                     "ClusterConfig.from_dict types a TOML table's")
-        if not (0 <= self.price_per_gpu_hour < math.inf):
+        if self.price_per_gpu_hour is not None and not (0 <= self.price_per_gpu_hour < math.inf):
             raise ServelabError(f"{where}: price_per_gpu_hour must be a finite number >= 0, got {self.price_per_gpu_hour}")
         if self.autoscale is not None:
             self.autoscale.check(where)
@@ -86,7 +86,7 @@ class PoolConfig:
                                     f"got {self.replicas} outside {self.autoscale.min}..{self.autoscale.max}")
         if self.instances:
             for key in ("gpu", "price_per_gpu_hour"):
-                if key in dict(self.settings) or (key == "price_per_gpu_hour" and self.price_per_gpu_hour):
+                if key in dict(self.settings) or (key == "price_per_gpu_hour" and self.price_per_gpu_hour is not None):
                     raise ServelabError(f"{where}: '{key}' is set per instance type when the pool lists instances")
         elif self.floor is not None:
             raise ServelabError(f"{where}: floor (a reference step bound) needs instances to choose among")
@@ -95,13 +95,12 @@ class PoolConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "role": self.role, "replicas": self.replicas,
-               "price_per_gpu_hour": self.price_per_gpu_hour,
+               **({} if self.price_per_gpu_hour is None else {"price_per_gpu_hour": self.price_per_gpu_hour}),
                **{k: str(v) if isinstance(v, RunnerSpec) else params_table(v) if is_params(v) else v
                   for k, v in self.settings}}
         if self.autoscale is not None:
             out["autoscale"] = self.autoscale.to_dict()
         if self.instances:
-            del out["price_per_gpu_hour"]
             out["instances"] = [t.to_dict() for t in self.instances]
         if self.floor is not None:
             out["floor"] = self.floor.to_dict()
@@ -281,7 +280,8 @@ class ClusterConfig:
             pools.append(PoolConfig(
                 name=str(raw["name"]), role=str(raw.get("role", "mixed")),
                 replicas=coerce(raw.get("replicas", 1), "int", f"{at}.replicas"),
-                price_per_gpu_hour=coerce(raw.get("price_per_gpu_hour", 0.0), "float", f"{at}.price_per_gpu_hour"),
+                price_per_gpu_hour=None if raw.get("price_per_gpu_hour") is None
+                else coerce(raw["price_per_gpu_hour"], "float", f"{at}.price_per_gpu_hour"),
                 settings=tuple(sorted(settings)),
                 autoscale=None if "autoscale" not in raw else (
                     raw["autoscale"] if isinstance(raw["autoscale"], AutoscaleConfig)

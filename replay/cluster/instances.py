@@ -37,7 +37,7 @@ FLOOR_KEYS = ("max_step_s", "decode_batch", "context_tokens", "prefill_tokens")
 @dataclass(frozen=True, slots=True)
 class InstanceType:
     gpu: str
-    price_per_gpu_hour: float = 0.0  # dollars per GPU per hour (a replica is the pool's tp GPUs)
+    price_per_gpu_hour: float | None = None  # dollars per GPU per hour (a replica is the pool's tp GPUs); None: unpriced
     available: tuple[tuple[float, int], ...] | None = None  # (from t_s, count) steps; None: unlimited
     runner: RunnerSpec | None = None  # this type's runner (e.g. a profile measured on it), typed; None: the pool's
     num_gpu_blocks: int | None = None  # KV blocks per replica of this type; None: the pool's, else the runner's
@@ -59,7 +59,9 @@ class InstanceType:
         return [t for t, _ in self.available or ()]
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"gpu": self.gpu, "price_per_gpu_hour": self.price_per_gpu_hour}
+        out: dict[str, Any] = {"gpu": self.gpu}
+        if self.price_per_gpu_hour is not None:
+            out["price_per_gpu_hour"] = self.price_per_gpu_hour
         if self.available is not None:
             out["available"] = [[t, n] for t, n in self.available]
         if self.runner is not None:
@@ -75,8 +77,10 @@ class InstanceType:
         raw = _table(raw, where, INSTANCE_KEYS, "{gpu = \"h100-80gb\", price_per_gpu_hour = 2.5}")
         if "gpu" not in raw:
             raise ServelabError(f"{where}: missing 'gpu'")
-        price = coerce(raw.get("price_per_gpu_hour", 0.0), "float", f"{where}.price_per_gpu_hour")
-        if price < 0:
+        price = raw.get("price_per_gpu_hour")
+        if price is not None:
+            price = coerce(price, "float", f"{where}.price_per_gpu_hour")
+        if price is not None and price < 0:
             raise ServelabError(f"{where}.price_per_gpu_hour: must be >= 0, got {price}")
         blocks = None
         if raw.get("num_gpu_blocks") is not None:
