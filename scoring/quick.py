@@ -135,9 +135,11 @@ def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | Non
         raise NotQuick("NULL arrival_s")
     first_token, finish = _floats(requests, "first_token_s"), _floats(requests, "finish_s")
     output = requests.column("output_tokens")
-    tokens = output.cast(pa.float64()).fill_null(0.0).to_numpy()  # a NULL count is not > 1: TPOT 0
+    tokens = output.cast(pa.float64()).fill_null(np.nan).to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(tokens > 1, (finish - first_token) / (tokens - 1.0), 0.0)
+        tpot = np.where(tokens > 1, (finish - first_token) / (tokens - 1.0), np.nan)
+    # a finished output of at most one token meets any TPOT SLO (vLLM's goodput: TPOT 0) but has no TPOT to summarise
+    tpot_flag = np.where(tokens <= 1, 0.0, tpot)
     max_itl = _floats(requests, "max_itl_s")
     metrics = {"ttft": first_token - arrival, "tpot": np.where(finished, tpot, np.nan),
                "e2e": np.where(finished, finish - arrival, np.nan),
@@ -145,7 +147,7 @@ def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | Non
     stall = np.where(finished, np.where(np.isnan(max_itl), 0.0, max_itl), np.nan)
     flags = {}
     met_all = finished.copy()
-    for (field, column), metric in zip(_SLO_FIELDS, (metrics["ttft"], metrics["tpot"], metrics["e2e"], stall)):
+    for (field, column), metric in zip(_SLO_FIELDS, (metrics["ttft"], tpot_flag, metrics["e2e"], stall)):
         defined, met = _met(metric, _effective_slo(requests, slo, field, column), finished)
         flags[field] = (defined, met)
         met_all &= ~defined | met
