@@ -140,6 +140,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         [run_id],
     )
     goodput = _rows(con, "SELECT * FROM goodput WHERE run_id = ?", [run_id])
+    span = _rows(con, "SELECT * FROM run_span WHERE run_id = ?", [run_id])
     resources = _rows(con, "SELECT * FROM resource_summary WHERE run_id = ? AND scope = 'overall'", [run_id])
     balance = _rows(con, "SELECT * FROM replica_balance WHERE run_id = ?", [run_id])
     fairness = _rows(con, "SELECT * FROM fairness WHERE run_id = ?", [run_id])
@@ -163,6 +164,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         "attainment": attainment,
         "latency": latency,
         "goodput": goodput,
+        "span": span[0] if span else None,
         "resources": resources[0] if resources else None,
         "replica_balance": balance[0] if balance else None,
         "fairness": fairness[0] if fairness else None,
@@ -313,6 +315,11 @@ def render(data: dict[str, Any], console: Console) -> None:
         + (f", {skipped} skipped" if skipped else "")
         + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live + skipped else "")
     )
+    late = (data.get("span") or {}).get("after_horizon") or 0
+    if late:  # a horizon stopped the run first: those requests were never offered
+        console.print(f"{late} more requests of the trace arrive after the run's end "
+                      f"({data['span']['end_s']:,.2f} s) and are not counted: never offered, so neither "
+                      "unfinished nor SLO misses")
     if run.get("stopped_by") or run.get("not_sent"):  # a live run stopped early: say so, and what was never sent
         why = f"stopped by {run.get('stopped_by') or 'its end'}" + (f" ({run['signal']})" if run.get("signal") else "")
         console.print(why + (f": {run['not_sent']} requests of the trace never sent (not counted above)"
@@ -399,7 +406,7 @@ def render(data: dict[str, Any], console: Console) -> None:
 
     g = goodput["overall"]
     console.print(
-        f"duration (first arrival to last finish) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
+        f"duration ({_duration_label(run, data.get('span'))}) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
         f"{_f(g['output_throughput_tps'], 1)} output tok/s, {_f(g['total_token_throughput_tps'], 1)} total tok/s; "
         + (f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); " if data["slo"] else "")
         + f"offered rate {_f(g['offered_rate_rps'])} req/s"
@@ -437,6 +444,22 @@ def render(data: dict[str, Any], console: Console) -> None:
         )
     elif fair:
         console.print(f"longest wait of any request {_ms_text(fair['max_wait_s'])}")
+
+
+# An imported benchmark's own duration, by its format (run.json source.format), named after its tool.
+_SOURCE_TOOLS = {"vllm-bench": "vLLM"}
+
+
+def _duration_label(run: dict, span: dict | None) -> str:
+    """What the run's duration measures: an imported benchmark's own figure, or first arrival to the last finish
+    (to the run's end when nothing finished, e.g. a short horizon)."""
+    if run.get("source_duration_s") is not None:
+        fmt = run.get("source_format")
+        tool = _SOURCE_TOOLS.get(fmt, f"the {fmt} source" if fmt else "the source")
+        return f"the benchmark's own, as {tool} computes throughput"
+    if span is not None and span.get("duration_to_finish") is False:
+        return "first arrival to the run's end: nothing finished"
+    return "first arrival to last finish"
 
 
 def _seconds(value: float | None) -> str:

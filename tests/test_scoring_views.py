@@ -394,5 +394,33 @@ def test_wait_is_measured_to_the_replay_horizon(tmp_path):
     c = connect(write_run(tmp_path / "h", reqs, STEPS, meta={"simulated_span_s": 4.5}))
     m = by_id(c)
     assert m[4]["wait_s"] == pytest.approx(1.5)  # 4.5 - 3.0: the replay stopped at 4.5
-    assert m[6]["wait_s"] is None  # never arrived before the end
+    assert 6 not in m  # never arrived before the end: not offered
     assert rows(c, "SELECT end_s FROM run_span")[0]["end_s"] == 4.5
+
+
+def test_requests_arriving_after_the_horizon_are_counted_apart_not_as_misses(tmp_path):
+    reqs = [*REQUESTS, req(6, "unfinished", arrival=5.0, tenant="acme"), req(7, "unfinished", arrival=6.0, tenant="beta")]
+    c = connect(write_run(tmp_path / "h", reqs, STEPS, meta={"simulated_span_s": 4.5}), SLO)
+    sp = rows(c, "SELECT * FROM run_span")[0]
+    assert (sp["requests"], sp["after_horizon"], sp["last_arrival_s"]) == (5, 2, 3.5)
+    assert sp["offered_rate_rps"] == pytest.approx(4 / 3.5)  # the arrivals the run was offered
+    a = {(r["scope"], r["name"]): r for r in rows(c, "SELECT * FROM slo_attainment")}
+    o = a[("overall", None)]
+    assert (o["requests"], o["unfinished"], o["after_horizon"], o["met_all"]) == (5, 1, 2, 1)
+    assert o["attainment"] == pytest.approx(1 / 5)  # as without the late ones: they were never offered
+    assert a[("tenant", "acme")]["after_horizon"] == 1 and a[("tier", "standard")]["after_horizon"] == 2
+    assert a[("tier", "priority")]["after_horizon"] == 0
+    g = rows(c, "SELECT requests, after_horizon, attainment FROM goodput WHERE scope = 'overall'")[0]
+    assert (g["requests"], g["after_horizon"], g["attainment"]) == (5, 2, pytest.approx(1 / 5))
+    t = {r["tenant"]: r for r in rows(c, "SELECT * FROM tenant_summary")}
+    assert (t["beta"]["requests"], t["beta"]["unfinished"], t["beta"]["after_horizon"]) == (3, 1, 1)
+
+
+def test_duration_is_to_the_run_end_when_a_horizon_run_finished_nothing(tmp_path):
+    reqs = [req(1, "unfinished", arrival=0.1, first_token=0.25), req(2, "unfinished", arrival=0.2),
+            req(3, "unfinished", arrival=40.0)]  # after the 0.3 s horizon
+    c = connect(write_run(tmp_path / "h", reqs, [step(0.1, 0.2)], meta={"simulated_span_s": 0.3}))
+    sp = rows(c, "SELECT * FROM run_span")[0]
+    assert sp["duration_s"] == pytest.approx(0.2)  # run end 0.3 - first arrival 0.1, not the last arrival's 40
+    assert sp["duration_to_finish"] is False
+    assert rows(c, "SELECT duration_s FROM goodput WHERE scope = 'overall'")[0]["duration_s"] == pytest.approx(0.2)
