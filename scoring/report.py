@@ -30,32 +30,68 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) 
 
 
 # Overload: the signs that a run was offered more than it could serve (docs/metrics.md "Overload").
-# Waits are medians of `wait_s` (queue time, or time until the run ended for a request never
-# scheduled); a request's service time is its e2e minus its queue time.
+# request_metrics holds the requests the run was offered (arriving by its end), so a horizon's
+# quarters are of the replayed arrivals. Waits are medians of `wait_s` (queue time, or time until the
+# run ended for a request never scheduled); a request's service time is its e2e minus its queue time.
+# The queue at a time t: the requests arrived by t and still waiting for their first schedule (one never
+# scheduled waits to the end and beyond).
 _OVERLOAD = """
-WITH m AS (SELECT * FROM request_metrics WHERE run_id = ?),
-     span AS (SELECT min(arrival_s) AS a0, max(arrival_s) AS a1 FROM m)
+WITH m AS (SELECT *, CASE WHEN first_scheduled_s IS NULL AND status = 'unfinished' THEN 'infinity'::DOUBLE
+                          ELSE arrival_s + coalesce(wait_s, 0.0) END AS left_queue_s
+           FROM request_metrics WHERE run_id = ?),
+     span AS (SELECT min(arrival_s) AS a0, max(arrival_s) AS a1, min(arrival_s) + 0.75 * (max(arrival_s) - min(arrival_s)) AS a3
+              FROM m)
 SELECT quantile_cont(wait_s, 0.5) AS wait_p50_s,
        quantile_cont(e2e_s - queue_s, 0.5) FILTER (WHERE finished) AS service_p50_s,
        quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s <= a0 + 0.25 * (a1 - a0)) AS wait_first_quarter_s,
        quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s >= a1 - 0.25 * (a1 - a0)) AS wait_last_quarter_s,
-       max(wait_s) AS max_wait_s
+       max(wait_s) AS max_wait_s,
+       count(*) FILTER (WHERE arrival_s <= a3) AS arrived_three_quarters,
+       count(*) FILTER (WHERE arrival_s <= a3 AND left_queue_s > a3) AS queued_three_quarters,
+       count(*) AS arrived_last,
+       count(*) FILTER (WHERE left_queue_s > a1) AS queued_last,
+       count(*) FILTER (WHERE status IN ('aborted', 'timeout')) AS gave_up
 FROM m, span
 """
 RATE_RATIO = 1.2  # offered / served at or above this, while requests wait at least their service time
 GROWTH_RATIO = 3.0  # the last quarter's median wait >= this x the first quarter's ...
 GROWTH_SERVICES = 2.0  # ... and >= this many median service times
 DWARF_RATIO = 10.0  # the median wait >= this many median service times
+BACKLOG_SHARE = 0.2  # still waiting at 3/4 of the arrival window and at the last arrival: this share of arrivals ...
+BACKLOG_MIN = 10  # ... and at least this many requests at the last arrival
+GAVE_UP_SHARE = 0.1  # aborted at the client timeout (or timed out, live): this share of the requests
+
+
+def _backlog(row: dict) -> str | None:
+    """The waiting queue kept growing while requests arrived: at 3/4 of the arrival window and at the last
+    arrival, ``BACKLOG_SHARE`` of the arrivals so far still waited for their first schedule, and more at
+    the end than at 3/4. Service times that balloon under full batches hide this from the wait signs;
+    a short trace whose tail is one long request has no queue at all, so it is not called overloaded."""
+    q3, n3, q1, n1 = (row[k] for k in ("queued_three_quarters", "arrived_three_quarters", "queued_last", "arrived_last"))
+    if not n3 or q1 < BACKLOG_MIN or q1 <= q3 or q3 < BACKLOG_SHARE * n3 or q1 < BACKLOG_SHARE * n1:
+        return None
+    return (f"the queue kept growing while requests arrived: {q3:,} of the first {n3:,} arrivals still waited at "
+            f"three quarters of the arrival window, {q1:,} of {n1:,} at the last arrival")
+
+
+def _gave_up(row: dict) -> str | None:
+    """Requests abandoned at the client timeout: a server that answers in time loses none."""
+    n, gave_up = row["arrived_last"], row["gave_up"]
+    if not n or gave_up < GAVE_UP_SHARE * n:
+        return None
+    return f"{gave_up:,} of {n:,} requests ({gave_up / n:.0%}) gave up at the client timeout"
 
 
 def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | None) -> dict[str, Any]:
     """Whether the run was overloaded, and why: ``{"overloaded": bool, "reasons": [...], figures}``.
 
-    Three signs, any one enough: the offered rate exceeds the served rate by ``RATE_RATIO`` while
+    Five signs, any one enough: the offered rate exceeds the served rate by ``RATE_RATIO`` while
     the median wait is at least the median service time (without waiting, a lower served rate is only
     a short trace's tail); the queue grows (late arrivals wait ``GROWTH_RATIO`` times longer than early
     ones, and at least ``GROWTH_SERVICES`` service times); the median wait is ``DWARF_RATIO`` service
-    times or more. A run without queue times (a live run) is judged by the rates alone, at 1.5x.
+    times or more; a backlog builds up while requests arrive (``_backlog``); many requests give up at the
+    client timeout (``_gave_up``). A run without queue times (a live run) is judged by the rates and
+    timeouts alone, the rates at 1.5x.
     """
     row = _rows(con, _OVERLOAD, [run_id])[0]
     g = goodput_row or {}
@@ -74,6 +110,7 @@ def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | No
     if timed and service > 0 and wait >= DWARF_RATIO * service:
         reasons.append(f"the median wait {_ms_text(wait)} is {wait / service:,.0f}x the median service time "
                        f"{_ms_text(service)}")
+    reasons += [r for r in (_backlog(row), _gave_up(row)) if r]
     return {"overloaded": bool(reasons), "reasons": reasons, "offered_rate_rps": offered, "served_rate_rps": served,
             **row}
 
