@@ -374,6 +374,11 @@ def render(data: dict[str, Any], console: Console) -> None:
                 f"  that is above the trace's ideal reuse of {_pct(ideal)} (what an unlimited cache serves to first "
                 f"admissions): requests re-admitted after a preemption ({overall['preempted_requests']} here) hit "
                 "their own blocks again, as in vLLM")
+        elif ideal is None and cache["cached_tokens_preempted"] == cache["cached_tokens"]:
+            # no reuse figure (a trace without prefix hashes shares no prefix): every hit is a re-admission's
+            console.print(
+                f"  all of them on requests re-admitted after a preemption ({overall['preempted_requests']} here), which "
+                "hit their own blocks again, as in vLLM")
     if data.get("kv_tiers"):  # with offload tiers: what each served, and where TTFT went
         console.print("  by tier: " + ", ".join(f"{r['tier']} {r['cached_tokens']:,} ({_pct(r['hit_rate'])})"
                                                for r in data["kv_tiers"]))

@@ -389,6 +389,8 @@ SELECT run_id,
     count(*) AS requests,
     CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
     CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+    -- of those, served to requests that were preempted: a re-admission re-reads its own blocks
+    CAST(coalesce(sum(cached_tokens) FILTER (WHERE num_preemptions > 0), 0) AS BIGINT) AS cached_tokens_preempted,
     -- tokens served from the cache per prompt token (re-admissions after preemption can add more)
     sum(cached_tokens) / nullif(sum(prompt_tokens), 0) AS hit_rate,
     count(*) FILTER (WHERE cached_tokens > 0) / count(*) AS requests_with_hit

@@ -278,6 +278,16 @@ def test_a_hit_share_above_the_ideal_reuse_is_explained(tmp_path, capsys):
     assert "re-admitted after a preemption" in out
 
 
+def test_hits_on_a_trace_without_prefix_hashes_are_explained(tmp_path, capsys):
+    from servelab.traces.synth import synth_trace
+
+    trace = write_trace(synth_trace(n=300, rate=40, prompt="1000", output="200", seed=3), tmp_path / "p.arrow", "synth")
+    out, _ = _ok(["replay", trace, "--num-gpu-blocks", "400", "-o", tmp_path / "r"], capsys)
+    assert "prefix_reuse_share" not in json.loads((tmp_path / "r" / "run.json").read_text())["trace"]
+    assert "served from cache" in out
+    assert "all of them on requests re-admitted after a preemption" in out
+
+
 # --- 11. a progress bar for every replay longer than a few seconds ------------------------------
 
 
