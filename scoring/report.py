@@ -401,23 +401,34 @@ def render(data: dict[str, Any], console: Console) -> None:
     if len(tenant_rows) > MAX_TENANT_ROWS:  # the worst tenants matter most
         hidden = len(tenant_rows) - MAX_TENANT_ROWS
         tenant_rows = sorted(tenant_rows, key=lambda r: (r["attainment"], str(r["name"])))[:MAX_TENANT_ROWS]
+    # every request in one count column: statuses beyond finished/unfinished/refused (aborted, a live run's
+    # failed..., skipped) get one more, named after the status when only one occurs
+    others = [s for s in (*LIVE_STATUSES, "skipped") if overall.get(s)]
     cells = []
     for r in shown + tenant_rows:
         g = goodput.get(_label(r), {})
+        refused_r = r["rejected"] + r["throttled"] + r["dropped"]
+        counts = [str(r["requests"]), str(r["finished"]), str(r["unfinished"]), str(refused_r)]
+        if others:
+            counts.append(str(r["requests"] - r["finished"] - r["unfinished"] - refused_r))
         cells.append((
-            str(r["requests"]), str(r["finished"]), str(r["unfinished"]),
-            str(r["rejected"] + r["throttled"] + r["dropped"]), _pct(r["attainment"]),
+            *counts, _pct(r["attainment"]),
             _pct(r["attainment_ttft"]), _pct(r["attainment_tpot"]), _pct(r["attainment_e2e"]),
             _pct(r["attainment_stall"]), _f(g.get("goodput_rps")), _f(g.get("request_throughput_rps")),
         ))  # fmt: skip
     labels = [_label(r) for r in shown + tenant_rows]
 
     names = list(_ATTAINMENT_COLUMNS)
+    if others:
+        names.insert(4, others[0] if len(others) == 1 else "other")
+    rates = 5 if others else 4  # the count columns come first
     if data["slo"]:
-        title, every, rates = "SLO attainment (joint and per SLO) and goodput", list(range(len(names))), 4
+        title, every = "SLO attainment (joint and per SLO) and goodput", list(range(len(names)))
     else:  # no SLO: the share finished, never shown as an attainment, and no goodput
-        names[4] = "finished %"
-        title, every, rates = "Requests finished (no SLO given: no attainment, no goodput)", [0, 1, 2, 3, 4, 10], 4
+        names[rates] = "finished %"
+        title, every = "Requests finished (no SLO given: no attainment, no goodput)", [*range(rates + 1), len(names) - 1]
+    if len(others) > 1:
+        console.print("the count column 'other' holds the requests " + ", ".join(others))
 
     def table(title: str, columns: list[int], fold: bool = True) -> Table:
         t = _table(title)

@@ -28,3 +28,26 @@ def test_an_imported_benchmarks_own_duration_is_labelled_as_its_own(tmp_path):
     out = report_text(write_run(tmp_path / "vb", reqs, [step(0.0, 2.0)], meta=meta))
     assert "duration (the benchmark's own, as vLLM computes throughput) 2.50 s" in out
     assert "first arrival to last finish" not in out
+
+
+def _count_row(out: str, header_start: str = "group") -> dict[str, str]:
+    lines = out.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    overall = next(line for line in lines[i:] if line.startswith("overall"))
+    return dict(zip(lines[i].split()[1:], overall.split()[1:]))
+
+
+def test_the_count_columns_add_up_to_the_requests(tmp_path):
+    reqs = [req(1, arrival=0.0, first_token=0.5, finish=1.0, output=3), req(2, "unfinished", arrival=0.5),
+            req(3, "rejected", arrival=0.6), *(req(i, "aborted", arrival=0.1 * i) for i in range(4, 10))]
+    row = _count_row(report_text(write_run(tmp_path / "a", reqs, [step(0.0, 2.0)]), ["ttft=1s"], width=200))
+    assert row["aborted"] == "6"
+    assert sum(int(row[k]) for k in ("finished", "unfin.", "refused", "aborted")) == int(row["requests"]) == 9
+
+
+def test_several_other_statuses_share_one_named_column(tmp_path):
+    reqs = [req(1, arrival=0.0, first_token=0.5, finish=1.0, output=3), req(2, "aborted", arrival=0.5),
+            req(3, "skipped", arrival=0.6)]
+    out = report_text(write_run(tmp_path / "a", reqs, [step(0.0, 2.0)]), width=200)
+    assert _count_row(out)["other"] == "2"
+    assert "the count column 'other' holds the requests aborted, skipped" in out
