@@ -344,8 +344,8 @@ def recorded_slo(run_dirs):
     first_id, first = next(iter(tables.items()))
     if len(set(tables.values())) > 1:
         others = sorted(i for i, t in tables.items() if t != first)
-        return first, (f"the SLO recorded in run.json of {first_id} (runs {', '.join(others)} recorded other "
-                       "SLOs: give --slo to choose one)")
+        # one phrase, as it is read inside sentences ("scoring with ... (global: ...); --slo ... replaces it")
+        return first, f"the SLO recorded in run.json of {first_id}, not the other SLOs recorded by {', '.join(others)}"
     if len(tables) < len(runs):
         return first, f"the SLO recorded in run.json of {len(tables)} of the {len(runs)} runs"
     return first, "the SLO recorded in run.json"

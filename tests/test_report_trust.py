@@ -53,7 +53,8 @@ def test_compare_of_runs_with_different_recorded_slos_says_which_it_used(tmp_pat
     _ok(["replay", trace, "-o", tmp_path / "a", "--slo", "ttft=50ms", "--no-report"], capsys)
     _ok(["replay", trace, "-o", tmp_path / "b", "--slo", "ttft=1s", "--no-report"], capsys)
     _, err = _ok(["compare", tmp_path / "a", tmp_path / "b"], capsys)
-    assert "the SLO recorded in run.json of a (runs b recorded other SLOs: give --slo to choose one)" in err
+    assert ("scoring with the SLO recorded in run.json of a, not the other SLOs recorded by b (global: ttft_s=0.05); "
+            "--slo or --slo-file replaces it") in err
 
 
 def test_compare_names_what_differs_between_the_runs(tmp_path, capsys):
