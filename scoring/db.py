@@ -21,7 +21,7 @@ from servelab.scoring.sources import find_runs, register_sources
 from servelab.scoring.views import create_views
 
 VIEW_NAMES = (
-    "requests", "steps", "runs", "slo_table", "run_span",
+    "requests", "steps", "runs", "slo_table", "run_span", "offered_requests",
     "request_metrics", "request_metrics_guidellm", "request_metrics_distserve",
     "slo_attainment", "latency_summary", "goodput", "tenant_summary", "fairness",
     "resource_summary", "replica_balance", "attainment_vs_rate", "pools", "cost", "tasks", "task_summary",

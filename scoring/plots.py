@@ -151,12 +151,14 @@ MAX_POINT_LABELS = 24
 
 
 def plot_attainment_vs_rate(
-    con: duckdb.DuckDBPyConnection, path: Path, target: float | None = None, goodput_rate: float | None = None
+    con: duckdb.DuckDBPyConnection, path: Path, target: float | None = None, goodput_rate: float | None = None,
+    sweeps: list[tuple[str, float | None, float | None]] = (),
 ) -> Path | None:
     """Attainment against offered arrival rate: a line per folder of runs (a sweep), each point named by its run.
 
     Drawn only when the runs were offered at least two different rates: runs at one rate would be
-    points on top of each other (compare them with `servelab compare` instead).
+    points on top of each other (compare them with `servelab compare` instead). ``sweeps``: (folder name,
+    target, goodput rate) of each sweep among the folders, whose lines are drawn beside the other runs too.
     """
     plt = _plt()
     rows = con.execute(
@@ -189,10 +191,13 @@ def plot_attainment_vs_rate(
         for name in tier_names:
             pts = [(t[1], t[2]) for t in tiers if t[0] == name]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linestyle="--", label=f"tier {name}")
-    if target is not None:
-        ax.axhline(target, color="red", linestyle=":", label=f"target {target:g}")
-    if goodput_rate is not None:
-        ax.axvline(goodput_rate, color="green", linestyle=":", label=f"goodput rate {goodput_rate:.3g} req/s")
+    marks = [("", target, goodput_rate)] if target is not None or goodput_rate is not None else list(sweeps)
+    for value in dict.fromkeys(t for _, t, _ in marks if t is not None):  # one line per distinct target
+        ax.axhline(value, color="red", linestyle=":", label=f"target {value:g}")
+    for name, _, rate in marks:
+        if rate is not None:
+            where = f" of {name}" if name and several else ""
+            ax.axvline(rate, color="green", linestyle=":", label=f"goodput rate{where} {rate:.3g} req/s")
     slo = con.execute("SELECT count(*) FROM slo_table").fetchone()[0]
     ax.set_xlabel("offered arrival rate (req/s)")
     ax.set_ylabel("joint SLO attainment" if slo else "share finished (no SLO given)")
@@ -324,15 +329,17 @@ def plot_clusters(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike, on
             for run_id, run_path, meta in runs[:MAX_TIMELINES if not only else None]]
 
 
-def _sweep_info(con: duckdb.DuckDBPyConnection) -> tuple[float | None, float | None]:
-    """Target and goodput rate from a sweep.json next to the runs, if they came from one sweep."""
-    paths = {Path(r[0]).parent for r in con.execute("SELECT run_path FROM runs").fetchall()}
-    if len(paths) == 1:
-        info = next(iter(paths)) / "sweep.json"
+def _sweep_info(con: duckdb.DuckDBPyConnection) -> list[tuple[str, float | None, float | None]]:
+    """(folder name, target, goodput rate) from the sweep.json of each folder of runs that holds one: a sweep
+    keeps its lines when plotted beside other runs."""
+    paths = sorted({Path(r[0]).parent for r in con.execute("SELECT run_path FROM runs").fetchall() if r[0]})
+    out = []
+    for folder in paths:
+        info = folder / "sweep.json"
         if info.exists():
             data = json.loads(info.read_text())
-            return data.get("target"), data.get("goodput_rate_rps")
-    return None, None
+            out.append((folder.name, data.get("target"), data.get("goodput_rate_rps")))
+    return out
 
 
 def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike) -> list[Path]:
@@ -344,7 +351,7 @@ def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | os.PathLike) -> l
         plot_cdf(con, "tpot_s", out / "tpot_cdf.png"),
         plot_tenant_attainment(con, out / "tenant_attainment.png"),
         plot_task_jct_cdf(con, out / "task_jct_cdf.png"),
-        plot_attainment_vs_rate(con, out / "attainment_vs_rate.png", *_sweep_info(con)),
+        plot_attainment_vs_rate(con, out / "attainment_vs_rate.png", sweeps=_sweep_info(con)),
     ]
     run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
     for run_id in run_ids[:MAX_TIMELINES]:

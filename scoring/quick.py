@@ -96,13 +96,17 @@ def _met(metric: np.ndarray, limit: np.ndarray, finished: np.ndarray) -> tuple[n
 
 
 def _span_duration(requests: pa.Table, steps: pa.Table, arrival: np.ndarray, first_token: np.ndarray,
-                   finish: np.ndarray, finished: np.ndarray) -> float | None:  # fmt: skip
-    """run_span's duration_s: first arrival to the last finish (to the run's end when none finished); NULL if 0."""
+                   finish: np.ndarray, finished: np.ndarray, end_s: float | None) -> float | None:  # fmt: skip
+    """run_span's duration_s: first arrival to the last finish (to the run's end when none finished); NULL if 0.
+
+    ``end_s`` is where the replay stopped (run.json's simulated_span_s); without it, the last event."""
     last_event = float(np.max(np.maximum(arrival, np.maximum(np.where(np.isnan(first_token), arrival, first_token),
                                                              np.where(np.isnan(finish), arrival, finish)))))  # fmt: skip
     done = finish[finished & ~np.isnan(finish)]
     if done.size:
         end = float(np.max(done))
+    elif end_s is not None:
+        end = float(end_s)
     else:
         step_ends = _floats(steps, "start_s") + _floats(steps, "duration_s")
         step_ends = step_ends[~np.isnan(step_ends)]
@@ -112,12 +116,18 @@ def _span_duration(requests: pa.Table, steps: pa.Table, arrival: np.ndarray, fir
 
 
 def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | None, slo: SloTable | None,
-                 by_tier: bool) -> list[dict[str, Any]]:  # fmt: skip
+                 by_tier: bool, end_s: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The scorer's summary rows: the overall one, then (``by_tier``) one per tier, ordered as the SQL's.
 
     Without ``steps`` the overall row has only the counts and attainments (no latencies, no span).
-    Raises NotQuick for a run only DuckDB scores faithfully.
+    ``end_s`` is the run's end (run.json's simulated_span_s): requests arriving after it were never
+    offered and are left out, as the views' run_span does. Raises NotQuick for a run only DuckDB
+    scores faithfully.
     """
+    if end_s is not None and requests.num_rows:
+        late = pc.greater(requests.column("arrival_s"), end_s)
+        if pc.any(late).as_py():
+            requests = requests.filter(pc.invert(late))
     slo = slo or SloTable()
     if slo.tiers or slo.tenants:
         raise NotQuick("per-tier or per-tenant SLO entries (DuckDB joins them on and reorders the rows)")
@@ -135,9 +145,11 @@ def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | Non
         raise NotQuick("NULL arrival_s")
     first_token, finish = _floats(requests, "first_token_s"), _floats(requests, "finish_s")
     output = requests.column("output_tokens")
-    tokens = output.cast(pa.float64()).fill_null(0.0).to_numpy()  # a NULL count is not > 1: TPOT 0
+    tokens = output.cast(pa.float64()).fill_null(np.nan).to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(tokens > 1, (finish - first_token) / (tokens - 1.0), 0.0)
+        tpot = np.where(tokens > 1, (finish - first_token) / (tokens - 1.0), np.nan)
+    # a finished output of at most one token meets any TPOT SLO (vLLM's goodput: TPOT 0) but has no TPOT to summarise
+    tpot_flag = np.where(tokens <= 1, 0.0, tpot)
     max_itl = _floats(requests, "max_itl_s")
     metrics = {"ttft": first_token - arrival, "tpot": np.where(finished, tpot, np.nan),
                "e2e": np.where(finished, finish - arrival, np.nan),
@@ -145,7 +157,7 @@ def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | Non
     stall = np.where(finished, np.where(np.isnan(max_itl), 0.0, max_itl), np.nan)
     flags = {}
     met_all = finished.copy()
-    for (field, column), metric in zip(_SLO_FIELDS, (metrics["ttft"], metrics["tpot"], metrics["e2e"], stall)):
+    for (field, column), metric in zip(_SLO_FIELDS, (metrics["ttft"], tpot_flag, metrics["e2e"], stall)):
         defined, met = _met(metric, _effective_slo(requests, slo, field, column), finished)
         flags[field] = (defined, met)
         met_all &= ~defined | met
@@ -164,7 +176,7 @@ def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | Non
         values = values[~np.isnan(values)]
         row[f"{name}_mean"] = _avg(values)
         row[f"{name}_q"] = _quantiles(values)
-    row["span_duration_s"] = _span_duration(requests, steps, arrival, first_token, finish, finished)
+    row["span_duration_s"] = _span_duration(requests, steps, arrival, first_token, finish, finished, end_s)
     row["span_num_gpus"] = 1 if num_gpus is None else int(num_gpus)
     if by_tier:
         tiers = requests.column("tier").to_pylist()
@@ -178,9 +190,10 @@ def summary_rows(requests: pa.Table, steps: pa.Table | None, num_gpus: int | Non
     return rows
 
 
-def attainment(requests: pa.Table, slo: SloTable | None) -> float:
-    """slo_attainment's overall attainment (the share of requests meeting every SLO); raises NotQuick as above."""
-    return summary_rows(requests, None, None, slo, by_tier=False)[0]["attainment"]
+def attainment(requests: pa.Table, slo: SloTable | None, end_s: float | None = None) -> float:
+    """slo_attainment's overall attainment (the share of the requests arriving by ``end_s`` that meet every SLO);
+    raises NotQuick as above."""
+    return summary_rows(requests, None, None, slo, by_tier=False, end_s=end_s)[0]["attainment"]
 
 
 __all__ = ["NotQuick", "summary_rows", "attainment"]

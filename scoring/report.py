@@ -30,32 +30,68 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) 
 
 
 # Overload: the signs that a run was offered more than it could serve (docs/metrics.md "Overload").
-# Waits are medians of `wait_s` (queue time, or time until the run ended for a request never
-# scheduled); a request's service time is its e2e minus its queue time.
+# request_metrics holds the requests the run was offered (arriving by its end), so a horizon's
+# quarters are of the replayed arrivals. Waits are medians of `wait_s` (queue time, or time until the
+# run ended for a request never scheduled); a request's service time is its e2e minus its queue time.
+# The queue at a time t: the requests arrived by t and still waiting for their first schedule (one never
+# scheduled waits to the end and beyond).
 _OVERLOAD = """
-WITH m AS (SELECT * FROM request_metrics WHERE run_id = ?),
-     span AS (SELECT min(arrival_s) AS a0, max(arrival_s) AS a1 FROM m)
+WITH m AS (SELECT *, CASE WHEN first_scheduled_s IS NULL AND status = 'unfinished' THEN 'infinity'::DOUBLE
+                          ELSE arrival_s + coalesce(wait_s, 0.0) END AS left_queue_s
+           FROM request_metrics WHERE run_id = ?),
+     span AS (SELECT min(arrival_s) AS a0, max(arrival_s) AS a1, min(arrival_s) + 0.75 * (max(arrival_s) - min(arrival_s)) AS a3
+              FROM m)
 SELECT quantile_cont(wait_s, 0.5) AS wait_p50_s,
        quantile_cont(e2e_s - queue_s, 0.5) FILTER (WHERE finished) AS service_p50_s,
        quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s <= a0 + 0.25 * (a1 - a0)) AS wait_first_quarter_s,
        quantile_cont(wait_s, 0.5) FILTER (WHERE arrival_s >= a1 - 0.25 * (a1 - a0)) AS wait_last_quarter_s,
-       max(wait_s) AS max_wait_s
+       max(wait_s) AS max_wait_s,
+       count(*) FILTER (WHERE arrival_s <= a3) AS arrived_three_quarters,
+       count(*) FILTER (WHERE arrival_s <= a3 AND left_queue_s > a3) AS queued_three_quarters,
+       count(*) AS arrived_last,
+       count(*) FILTER (WHERE left_queue_s > a1) AS queued_last,
+       count(*) FILTER (WHERE status IN ('aborted', 'timeout')) AS gave_up
 FROM m, span
 """
 RATE_RATIO = 1.2  # offered / served at or above this, while requests wait at least their service time
 GROWTH_RATIO = 3.0  # the last quarter's median wait >= this x the first quarter's ...
 GROWTH_SERVICES = 2.0  # ... and >= this many median service times
 DWARF_RATIO = 10.0  # the median wait >= this many median service times
+BACKLOG_SHARE = 0.2  # still waiting at 3/4 of the arrival window and at the last arrival: this share of arrivals ...
+BACKLOG_MIN = 10  # ... and at least this many requests at the last arrival
+GAVE_UP_SHARE = 0.1  # aborted at the client timeout (or timed out, live): this share of the requests
+
+
+def _backlog(row: dict) -> str | None:
+    """The waiting queue kept growing while requests arrived: at 3/4 of the arrival window and at the last
+    arrival, ``BACKLOG_SHARE`` of the arrivals so far still waited for their first schedule, and more at
+    the end than at 3/4. Service times that balloon under full batches hide this from the wait signs;
+    a short trace whose tail is one long request has no queue at all, so it is not called overloaded."""
+    q3, n3, q1, n1 = (row[k] for k in ("queued_three_quarters", "arrived_three_quarters", "queued_last", "arrived_last"))
+    if not n3 or q1 < BACKLOG_MIN or q1 <= q3 or q3 < BACKLOG_SHARE * n3 or q1 < BACKLOG_SHARE * n1:
+        return None
+    return (f"the queue kept growing while requests arrived: {q3:,} of the first {n3:,} arrivals still waited at "
+            f"three quarters of the arrival window, {q1:,} of {n1:,} at the last arrival")
+
+
+def _gave_up(row: dict) -> str | None:
+    """Requests abandoned at the client timeout: a server that answers in time loses none."""
+    n, gave_up = row["arrived_last"], row["gave_up"]
+    if not n or gave_up < GAVE_UP_SHARE * n:
+        return None
+    return f"{gave_up:,} of {n:,} requests ({gave_up / n:.0%}) gave up at the client timeout"
 
 
 def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | None) -> dict[str, Any]:
     """Whether the run was overloaded, and why: ``{"overloaded": bool, "reasons": [...], figures}``.
 
-    Three signs, any one enough: the offered rate exceeds the served rate by ``RATE_RATIO`` while
+    Five signs, any one enough: the offered rate exceeds the served rate by ``RATE_RATIO`` while
     the median wait is at least the median service time (without waiting, a lower served rate is only
     a short trace's tail); the queue grows (late arrivals wait ``GROWTH_RATIO`` times longer than early
     ones, and at least ``GROWTH_SERVICES`` service times); the median wait is ``DWARF_RATIO`` service
-    times or more. A run without queue times (a live run) is judged by the rates alone, at 1.5x.
+    times or more; a backlog builds up while requests arrive (``_backlog``); many requests give up at the
+    client timeout (``_gave_up``). A run without queue times (a live run) is judged by the rates and
+    timeouts alone, the rates at 1.5x.
     """
     row = _rows(con, _OVERLOAD, [run_id])[0]
     g = goodput_row or {}
@@ -74,6 +110,7 @@ def overload(con: duckdb.DuckDBPyConnection, run_id: str, goodput_row: dict | No
     if timed and service > 0 and wait >= DWARF_RATIO * service:
         reasons.append(f"the median wait {_ms_text(wait)} is {wait / service:,.0f}x the median service time "
                        f"{_ms_text(service)}")
+    reasons += [r for r in (_backlog(row), _gave_up(row)) if r]
     return {"overloaded": bool(reasons), "reasons": reasons, "offered_rate_rps": offered, "served_rate_rps": served,
             **row}
 
@@ -140,6 +177,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         [run_id],
     )
     goodput = _rows(con, "SELECT * FROM goodput WHERE run_id = ?", [run_id])
+    span = _rows(con, "SELECT * FROM run_span WHERE run_id = ?", [run_id])
     resources = _rows(con, "SELECT * FROM resource_summary WHERE run_id = ? AND scope = 'overall'", [run_id])
     balance = _rows(con, "SELECT * FROM replica_balance WHERE run_id = ?", [run_id])
     fairness = _rows(con, "SELECT * FROM fairness WHERE run_id = ?", [run_id])
@@ -163,6 +201,7 @@ def report_data(con: duckdb.DuckDBPyConnection, run_id: str, slo_source: str | N
         "attainment": attainment,
         "latency": latency,
         "goodput": goodput,
+        "span": span[0] if span else None,
         "resources": resources[0] if resources else None,
         "replica_balance": balance[0] if balance else None,
         "fairness": fairness[0] if fairness else None,
@@ -313,6 +352,11 @@ def render(data: dict[str, Any], console: Console) -> None:
         + (f", {skipped} skipped" if skipped else "")
         + (" (all not finished count as SLO misses)" if refused + overall["unfinished"] + live + skipped else "")
     )
+    late = (data.get("span") or {}).get("after_horizon") or 0
+    if late:  # a horizon stopped the run first: those requests were never offered
+        console.print(f"{late} more requests of the trace arrive after the run's end "
+                      f"({data['span']['end_s']:,.2f} s) and are not counted: never offered, so neither "
+                      "unfinished nor SLO misses")
     if run.get("stopped_by") or run.get("not_sent"):  # a live run stopped early: say so, and what was never sent
         why = f"stopped by {run.get('stopped_by') or 'its end'}" + (f" ({run['signal']})" if run.get("signal") else "")
         console.print(why + (f": {run['not_sent']} requests of the trace never sent (not counted above)"
@@ -330,6 +374,11 @@ def render(data: dict[str, Any], console: Console) -> None:
                 f"  that is above the trace's ideal reuse of {_pct(ideal)} (what an unlimited cache serves to first "
                 f"admissions): requests re-admitted after a preemption ({overall['preempted_requests']} here) hit "
                 "their own blocks again, as in vLLM")
+        elif ideal is None and cache["cached_tokens_preempted"] == cache["cached_tokens"]:
+            # no reuse figure (a trace without prefix hashes shares no prefix): every hit is a re-admission's
+            console.print(
+                f"  all of them on requests re-admitted after a preemption ({overall['preempted_requests']} here), which "
+                "hit their own blocks again, as in vLLM")
     if data.get("kv_tiers"):  # with offload tiers: what each served, and where TTFT went
         console.print("  by tier: " + ", ".join(f"{r['tier']} {r['cached_tokens']:,} ({_pct(r['hit_rate'])})"
                                                for r in data["kv_tiers"]))
@@ -352,23 +401,34 @@ def render(data: dict[str, Any], console: Console) -> None:
     if len(tenant_rows) > MAX_TENANT_ROWS:  # the worst tenants matter most
         hidden = len(tenant_rows) - MAX_TENANT_ROWS
         tenant_rows = sorted(tenant_rows, key=lambda r: (r["attainment"], str(r["name"])))[:MAX_TENANT_ROWS]
+    # every request in one count column: statuses beyond finished/unfinished/refused (aborted, a live run's
+    # failed..., skipped) get one more, named after the status when only one occurs
+    others = [s for s in (*LIVE_STATUSES, "skipped") if overall.get(s)]
     cells = []
     for r in shown + tenant_rows:
         g = goodput.get(_label(r), {})
+        refused_r = r["rejected"] + r["throttled"] + r["dropped"]
+        counts = [str(r["requests"]), str(r["finished"]), str(r["unfinished"]), str(refused_r)]
+        if others:
+            counts.append(str(r["requests"] - r["finished"] - r["unfinished"] - refused_r))
         cells.append((
-            str(r["requests"]), str(r["finished"]), str(r["unfinished"]),
-            str(r["rejected"] + r["throttled"] + r["dropped"]), _pct(r["attainment"]),
+            *counts, _pct(r["attainment"]),
             _pct(r["attainment_ttft"]), _pct(r["attainment_tpot"]), _pct(r["attainment_e2e"]),
             _pct(r["attainment_stall"]), _f(g.get("goodput_rps")), _f(g.get("request_throughput_rps")),
         ))  # fmt: skip
     labels = [_label(r) for r in shown + tenant_rows]
 
     names = list(_ATTAINMENT_COLUMNS)
+    if others:
+        names.insert(4, others[0] if len(others) == 1 else "other")
+    rates = 5 if others else 4  # the count columns come first
     if data["slo"]:
-        title, every, rates = "SLO attainment (joint and per SLO) and goodput", list(range(len(names))), 4
+        title, every = "SLO attainment (joint and per SLO) and goodput", list(range(len(names)))
     else:  # no SLO: the share finished, never shown as an attainment, and no goodput
-        names[4] = "finished %"
-        title, every, rates = "Requests finished (no SLO given: no attainment, no goodput)", [0, 1, 2, 3, 4, 10], 4
+        names[rates] = "finished %"
+        title, every = "Requests finished (no SLO given: no attainment, no goodput)", [*range(rates + 1), len(names) - 1]
+    if len(others) > 1:
+        console.print("the count column 'other' holds the requests " + ", ".join(others))
 
     def table(title: str, columns: list[int], fold: bool = True) -> Table:
         t = _table(title)
@@ -399,7 +459,7 @@ def render(data: dict[str, Any], console: Console) -> None:
 
     g = goodput["overall"]
     console.print(
-        f"duration (first arrival to last finish) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
+        f"duration ({_duration_label(run, data.get('span'))}) {_f(g['duration_s'], 2)} s; throughput {_f(g['request_throughput_rps'])} req/s, "
         f"{_f(g['output_throughput_tps'], 1)} output tok/s, {_f(g['total_token_throughput_tps'], 1)} total tok/s; "
         + (f"goodput {_f(g['goodput_rps'])} req/s ({_f(g['goodput_rps_per_gpu'])} per GPU); " if data["slo"] else "")
         + f"offered rate {_f(g['offered_rate_rps'])} req/s"
@@ -437,6 +497,22 @@ def render(data: dict[str, Any], console: Console) -> None:
         )
     elif fair:
         console.print(f"longest wait of any request {_ms_text(fair['max_wait_s'])}")
+
+
+# An imported benchmark's own duration, by its format (run.json source.format), named after its tool.
+_SOURCE_TOOLS = {"vllm-bench": "vLLM"}
+
+
+def _duration_label(run: dict, span: dict | None) -> str:
+    """What the run's duration measures: an imported benchmark's own figure, or first arrival to the last finish
+    (to the run's end when nothing finished, e.g. a short horizon)."""
+    if run.get("source_duration_s") is not None:
+        fmt = run.get("source_format")
+        tool = _SOURCE_TOOLS.get(fmt, f"the {fmt} source" if fmt else "the source")
+        return f"the benchmark's own, as {tool} computes throughput"
+    if span is not None and span.get("duration_to_finish") is False:
+        return "first arrival to the run's end: nothing finished"
+    return "first arrival to last finish"
 
 
 def _seconds(value: float | None) -> str:

@@ -91,6 +91,7 @@ class SloTable:
     def from_toml(cls, data: Mapping[str, Any], path: str = "<slo toml>") -> "SloTable":
         """Read ``{ttft_s=.., tier={name={..}}, tenant={name={..}}}``, optionally nested under ``slo``."""
         if "slo" in data and isinstance(data["slo"], Mapping):
+            _refuse_slo_keys_beside(data, path)
             data = data["slo"]
             prefix = "slo."
         else:
@@ -185,6 +186,21 @@ class SloTable:
             parts = ", ".join(f"{f.name}={getattr(slo, f.name):g}" for f in fields(slo) if getattr(slo, f.name) is not None)
             out.append(f"{scope}{'=' + name if name else ''}: {parts}")
         return "; ".join(out) if out else "none (attainment = finished)"
+
+
+# Top-level keys that look like SLO entries: beside an [slo] table they would be silently ignored.
+_SLO_LOOKING = frozenset(_KEYS) | {"tier", "tenant", "request"}
+
+
+def _refuse_slo_keys_beside(data: Mapping[str, Any], path: str) -> None:
+    """A file with an [slo] table may be a config or spec file with other sections, which are not ours to
+    read; but an SLO-looking key outside [slo] (``[tenant.a]``, ``ttft = ..``) was meant as an SLO and would
+    be dropped without a word, so it is an error that says where to put it."""
+    for key, value in data.items():
+        if key in _SLO_LOOKING:
+            example = f"[slo.{key}.{next(iter(value))}]" if isinstance(value, Mapping) and value else f"{key} under [slo]"
+            raise InputError(path, f"'{key}' is outside the [slo] table, so it would be ignored: put it under [slo] "
+                             f"(e.g. {example})", column=key)
 
 
 def _merge_named(a, b, kind, merge) -> tuple[tuple[str, Slo], ...]:
@@ -328,8 +344,8 @@ def recorded_slo(run_dirs):
     first_id, first = next(iter(tables.items()))
     if len(set(tables.values())) > 1:
         others = sorted(i for i, t in tables.items() if t != first)
-        return first, (f"the SLO recorded in run.json of {first_id} (runs {', '.join(others)} recorded other "
-                       "SLOs: give --slo to choose one)")
+        # one phrase, as it is read inside sentences ("scoring with ... (global: ...); --slo ... replaces it")
+        return first, f"the SLO recorded in run.json of {first_id}, not the other SLOs recorded by {', '.join(others)}"
     if len(tables) < len(runs):
         return first, f"the SLO recorded in run.json of {len(tables)} of the {len(runs)} runs"
     return first, "the SLO recorded in run.json"

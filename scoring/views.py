@@ -23,8 +23,9 @@ DEPENDENT_STATUSES = ("skipped",)
 
 # TPOT per metric variant; the other columns are identical.
 TPOT_VARIANTS = {
-    # vLLM bench serve: decode time over the gaps after the first token
-    "request_metrics": "CASE WHEN output_tokens > 1 THEN (finish_s - first_token_s) / (output_tokens - 1) ELSE 0.0 END",
+    # vLLM bench serve: decode time over the gaps after the first token; NULL for a one-token output, which
+    # vLLM leaves out of its TPOT list (its goodput check counts it as TPOT 0: met_tpot below)
+    "request_metrics": "CASE WHEN output_tokens > 1 THEN (finish_s - first_token_s) / (output_tokens - 1) END",
     # GuideLLM: whole latency over all output tokens (includes TTFT)
     "request_metrics_guidellm": "CASE WHEN output_tokens > 0 THEN (finish_s - arrival_s) / output_tokens END",
     # DistServe simulator: decode time over all output tokens
@@ -33,30 +34,45 @@ TPOT_VARIANTS = {
 
 RUN_SPAN = """
 CREATE OR REPLACE VIEW run_span AS
-WITH r AS (
+WITH e AS (
     SELECT run_id,
-           count(*) AS requests,
-           min(arrival_s) AS first_arrival_s,
-           max(arrival_s) AS last_arrival_s,
-           max(finish_s) FILTER (WHERE status = 'finished') AS last_finish_s,
            max(greatest(arrival_s, coalesce(first_token_s, arrival_s), coalesce(finish_s, arrival_s))) AS last_event_s
     FROM requests GROUP BY run_id
 ), s AS (
     SELECT run_id, max(start_s + duration_s) AS last_step_end_s FROM steps GROUP BY run_id
+), x AS (
+    -- where the replay stopped (a horizon may cut it before the last arrival), else the last event
+    SELECT e.run_id, coalesce(u.simulated_span_s, greatest(e.last_event_s, coalesce(s.last_step_end_s, e.last_event_s)))
+               AS end_s,
+           u.source_duration_s, coalesce(u.num_gpus, 1) AS num_gpus
+    FROM e LEFT JOIN s USING (run_id) LEFT JOIN runs u USING (run_id)
+), r AS (
+    -- the requests offered: those arriving by the run's end (later ones were never sent; counted apart)
+    SELECT q.run_id,
+           count(*) FILTER (WHERE q.arrival_s <= x.end_s) AS requests,
+           count(*) FILTER (WHERE q.arrival_s > x.end_s) AS after_horizon,
+           min(q.arrival_s) FILTER (WHERE q.arrival_s <= x.end_s) AS first_arrival_s,
+           max(q.arrival_s) FILTER (WHERE q.arrival_s <= x.end_s) AS last_arrival_s,
+           max(q.finish_s) FILTER (WHERE q.status = 'finished') AS last_finish_s
+    FROM requests q JOIN x USING (run_id) GROUP BY q.run_id
 )
-SELECT r.run_id, r.requests, r.first_arrival_s, r.last_arrival_s, r.last_finish_s,
-       -- where the replay stopped (a horizon may cut it before the last arrival), else the last event
-       coalesce(u.simulated_span_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s))) AS end_s,
+SELECT r.run_id, r.requests, r.after_horizon, r.first_arrival_s, r.last_arrival_s, r.last_finish_s, x.end_s,
        -- vLLM-style benchmark duration: first arrival to last finish (to the run's end if none finished);
        -- an imported run keeps its source's own (vLLM's runs from before its first Poisson gap)
-       coalesce(u.source_duration_s, nullif(coalesce(r.last_finish_s, greatest(r.last_event_s,
-                coalesce(s.last_step_end_s, r.last_event_s))) - r.first_arrival_s, 0.0)) AS duration_s,
-       nullif(coalesce(r.last_finish_s, greatest(r.last_event_s, coalesce(s.last_step_end_s, r.last_event_s)))
-              - r.first_arrival_s, 0.0) AS measured_duration_s,
+       coalesce(x.source_duration_s, nullif(coalesce(r.last_finish_s, x.end_s) - r.first_arrival_s, 0.0)) AS duration_s,
+       nullif(coalesce(r.last_finish_s, x.end_s) - r.first_arrival_s, 0.0) AS measured_duration_s,
+       r.last_finish_s IS NOT NULL AS duration_to_finish,  -- false: nothing finished, so to the run's end
        CASE WHEN r.requests > 1 AND r.last_arrival_s > r.first_arrival_s
             THEN (r.requests - 1) / (r.last_arrival_s - r.first_arrival_s) END AS offered_rate_rps,
-       coalesce(u.num_gpus, 1) AS num_gpus
-FROM r LEFT JOIN s USING (run_id) LEFT JOIN runs u USING (run_id)
+       x.num_gpus
+FROM r JOIN x USING (run_id)
+"""
+
+# The requests a run was offered: every row but those arriving after the run's end (a `--until`
+# horizon stops the replay before them; run_span.after_horizon counts them).
+OFFERED = """
+CREATE OR REPLACE VIEW offered_requests AS
+SELECT q.* FROM requests q JOIN run_span sp ON sp.run_id = q.run_id WHERE q.arrival_s <= sp.end_s
 """
 
 REQUEST_METRICS = """
@@ -69,7 +85,7 @@ WITH base AS (
            coalesce(r.e2e_slo_s, te.e2e_s, ti.e2e_s, g.e2e_s) AS eff_e2e_slo_s,
            coalesce(r.max_stall_slo_s, te.max_stall_s, ti.max_stall_s, g.max_stall_s) AS eff_max_stall_slo_s,
            sp.end_s AS run_end_s
-    FROM requests r
+    FROM offered_requests r
     LEFT JOIN run_span sp ON sp.run_id = r.run_id
     LEFT JOIN slo_table g ON g.scope = 'global'
     LEFT JOIN slo_table ti ON ti.scope = 'tier' AND ti.name = r.tier
@@ -87,19 +103,20 @@ WITH base AS (
            CASE WHEN finished THEN coalesce(max_itl_s, 0.0) END AS max_stall_s,
            -- starvation: time until first scheduled, or until the run ended for one never scheduled
            CASE WHEN first_scheduled_s IS NOT NULL THEN first_scheduled_s - arrival_s
-                WHEN status = 'unfinished' AND arrival_s <= run_end_s THEN run_end_s - arrival_s END AS wait_s,
+                WHEN status = 'unfinished' THEN run_end_s - arrival_s END AS wait_s,
            eff_ttft_slo_s AS ttft_slo_s, eff_tpot_slo_s AS tpot_slo_s,
            eff_e2e_slo_s AS e2e_slo_s, eff_max_stall_slo_s AS max_stall_slo_s
     FROM base
 )
 SELECT *,
        CASE WHEN ttft_slo_s IS NOT NULL THEN finished AND coalesce(ttft_s <= ttft_slo_s, false) END AS met_ttft,
-       CASE WHEN tpot_slo_s IS NOT NULL THEN finished AND coalesce(tpot_s <= tpot_slo_s, false) END AS met_tpot,
+       -- a finished output of at most one token has no gap to be late (vLLM's goodput: TPOT 0, met)
+       CASE WHEN tpot_slo_s IS NOT NULL THEN finished AND coalesce(tpot_s <= tpot_slo_s, output_tokens <= 1, false) END AS met_tpot,
        CASE WHEN e2e_slo_s IS NOT NULL THEN finished AND coalesce(e2e_s <= e2e_slo_s, false) END AS met_e2e,
        CASE WHEN max_stall_slo_s IS NOT NULL THEN finished AND coalesce(max_stall_s <= max_stall_slo_s, false) END AS met_stall,
        finished
          AND (ttft_slo_s IS NULL OR coalesce(ttft_s <= ttft_slo_s, false))
-         AND (tpot_slo_s IS NULL OR coalesce(tpot_s <= tpot_slo_s, false))
+         AND (tpot_slo_s IS NULL OR coalesce(tpot_s <= tpot_slo_s, output_tokens <= 1, false))
          AND (e2e_slo_s IS NULL OR coalesce(e2e_s <= e2e_slo_s, false))
          AND (max_stall_slo_s IS NULL OR coalesce(max_stall_s <= max_stall_slo_s, false)) AS met_all
 FROM m
@@ -111,10 +128,20 @@ _SCOPE = """
     CASE WHEN grouping(tier) = 0 THEN tier WHEN grouping(tenant) = 0 THEN tenant END AS name"""
 _SCOPE_ORDER = "run_id, CASE scope WHEN 'overall' THEN 0 WHEN 'tier' THEN 1 ELSE 2 END, name NULLS FIRST"
 
+# Requests arriving after the run's end, per scope: never offered, so in no denominator, but counted
+# (`after_horizon`) so that they do not vanish. Joined on a summary's (run_id, scope, name).
+_LATE = f"""late AS (
+    SELECT q.run_id, {_SCOPE}, count(*) AS after_horizon
+    FROM requests q JOIN run_span sp ON sp.run_id = q.run_id WHERE q.arrival_s > sp.end_s
+    GROUP BY GROUPING SETS ((q.run_id), (q.run_id, tier), (q.run_id, tenant))
+)"""
+_LATE_JOIN = "LEFT JOIN late l ON l.run_id = {t}.run_id AND l.scope = {t}.scope AND l.name IS NOT DISTINCT FROM {t}.name"
+
 _STATUS_COUNTS = ",\n".join(f"    count(*) FILTER (WHERE status = '{s}') AS {s}" for s in END_STATUSES + LIVE_STATUSES + DEPENDENT_STATUSES)
 
 SLO_ATTAINMENT = f"""
 CREATE OR REPLACE VIEW slo_attainment AS
+WITH a AS (
 SELECT run_id, {_SCOPE},
     count(*) AS requests,
 {_STATUS_COUNTS},
@@ -128,6 +155,8 @@ SELECT run_id, {_SCOPE},
     count(*) FILTER (WHERE met_stall) / nullif(count(met_stall), 0) AS attainment_stall
 FROM request_metrics
 GROUP BY GROUPING SETS ((run_id), (run_id, tier), (run_id, tenant))
+), {_LATE}
+SELECT * FROM (SELECT a.*, coalesce(l.after_horizon, 0) AS after_horizon FROM a {_LATE_JOIN.format(t="a")})
 ORDER BY {_SCOPE_ORDER}
 """
 
@@ -171,8 +200,9 @@ WITH g AS (
         sum(prompt_tokens + output_tokens) FILTER (WHERE finished) AS completed_total_tokens
     FROM request_metrics
     GROUP BY GROUPING SETS ((run_id), (run_id, tier), (run_id, tenant))
-)
-SELECT g.run_id, scope, name, g.requests, completed, met_all,
+), {_LATE}
+SELECT * FROM (
+SELECT g.run_id, g.scope, g.name, g.requests, completed, met_all,
        met_all / g.requests AS attainment,
        sp.duration_s,
        completed / sp.duration_s AS request_throughput_rps,
@@ -181,8 +211,9 @@ SELECT g.run_id, scope, name, g.requests, completed, met_all,
        met_all / sp.duration_s AS goodput_rps,
        sp.num_gpus,
        met_all / sp.duration_s / sp.num_gpus AS goodput_rps_per_gpu,
-       sp.offered_rate_rps
-FROM g JOIN run_span sp USING (run_id)
+       sp.offered_rate_rps,
+       coalesce(l.after_horizon, 0) AS after_horizon
+FROM g JOIN run_span sp USING (run_id) {_LATE_JOIN.format(t="g")})
 ORDER BY {_SCOPE_ORDER}
 """
 
@@ -221,6 +252,10 @@ ORDER BY c.run_id, CASE c.scope WHEN 'overall' THEN 0 WHEN 'pool' THEN 1 ELSE 2 
 
 TENANT_SUMMARY = """
 CREATE OR REPLACE VIEW tenant_summary AS
+WITH late AS (
+    SELECT q.run_id, q.tenant, count(*) AS after_horizon
+    FROM requests q JOIN run_span sp ON sp.run_id = q.run_id WHERE q.arrival_s > sp.end_s GROUP BY ALL
+), t AS (
 SELECT m.run_id, tenant,
     count(*) AS requests,
     count(*) FILTER (WHERE finished) AS finished,
@@ -240,7 +275,10 @@ SELECT m.run_id, tenant,
     count(*) FILTER (WHERE met_all) / any_value(sp.duration_s) AS goodput_rps
 FROM request_metrics m JOIN run_span sp ON sp.run_id = m.run_id
 GROUP BY m.run_id, tenant
-ORDER BY m.run_id, tenant NULLS FIRST
+)
+SELECT t.*, coalesce(l.after_horizon, 0) AS after_horizon
+FROM t LEFT JOIN late l ON l.run_id = t.run_id AND l.tenant IS NOT DISTINCT FROM t.tenant
+ORDER BY t.run_id, t.tenant NULLS FIRST
 """
 
 FAIRNESS = """
@@ -286,7 +324,7 @@ ORDER BY run_id, scope, replica
 REPLICA_BALANCE = """
 CREATE OR REPLACE VIEW replica_balance AS
 WITH req AS (
-    SELECT run_id, replica, count(*) AS requests FROM requests WHERE replica IS NOT NULL GROUP BY run_id, replica
+    SELECT run_id, replica, count(*) AS requests FROM offered_requests WHERE replica IS NOT NULL GROUP BY run_id, replica
 ), busy AS (
     SELECT run_id, replica, sum(duration_s) AS busy_s FROM steps GROUP BY run_id, replica
 ), per AS (
@@ -351,10 +389,12 @@ SELECT run_id,
     count(*) AS requests,
     CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
     CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+    -- of those, served to requests that were preempted: a re-admission re-reads its own blocks
+    CAST(coalesce(sum(cached_tokens) FILTER (WHERE num_preemptions > 0), 0) AS BIGINT) AS cached_tokens_preempted,
     -- tokens served from the cache per prompt token (re-admissions after preemption can add more)
     sum(cached_tokens) / nullif(sum(prompt_tokens), 0) AS hit_rate,
     count(*) FILTER (WHERE cached_tokens > 0) / count(*) AS requests_with_hit
-FROM requests
+FROM offered_requests
 GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
 ORDER BY run_id, scope, name
 """
@@ -464,6 +504,7 @@ FROM cdf GROUP BY run_id, metric ORDER BY run_id, metric
 # Creation order matters: each view reads the ones before it.
 DERIVED_VIEWS: tuple[tuple[str, str], ...] = (
     ("run_span", RUN_SPAN),
+    ("offered_requests", OFFERED),
     *((name, REQUEST_METRICS.format(name=name, tpot=tpot)) for name, tpot in TPOT_VARIANTS.items()),
     ("slo_attainment", SLO_ATTAINMENT),
     ("latency_summary", LATENCY_SUMMARY),

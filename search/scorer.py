@@ -87,7 +87,8 @@ class RunScorer:
         self.run.register(requests, steps, meta)
 
     def attainment(self, result, arrived_by_s: float | None = None) -> float:
-        """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given."""
+        """Overall attainment, over the requests that arrived by ``arrived_by_s`` when given (and, as in every
+        view, by the run's end: a checkpoint's horizon is both)."""
         requests = result.requests
         if arrived_by_s is not None:
             requests = requests.filter(pc.less_equal(requests.column("arrival_s"), arrived_by_s))
@@ -95,7 +96,7 @@ class RunScorer:
                 return 1.0
         if self.quick:
             try:
-                return quick_scoring.attainment(requests, self.slo)
+                return quick_scoring.attainment(requests, self.slo, end_s=result.meta.get("simulated_span_s"))
             except quick_scoring.NotQuick:
                 pass
         self._register(requests, result.steps, result.meta)
@@ -132,7 +133,8 @@ class RunScorer:
     def _summary_rows(self, result, by_tier: bool, cost: bool) -> list[dict[str, Any]]:
         if self.quick and not cost:
             try:
-                return quick_scoring.summary_rows(result.requests, result.steps, run_gpus(result.meta), self.slo, by_tier)
+                return quick_scoring.summary_rows(result.requests, result.steps, run_gpus(result.meta), self.slo, by_tier,
+                                                  end_s=result.meta.get("simulated_span_s"))
             except quick_scoring.NotQuick:
                 pass
         self._register(result.requests, result.steps, result.meta)

@@ -100,3 +100,20 @@ def test_slo_table_to_dict_round_trips():
     table = SloTable.parse_cli(["ttft=0.5,tpot=0.05", "tier=priority:ttft=0.2", "tenant=acme:e2e=10"])
     assert SloTable.from_toml(table.to_dict()) == table
     assert SloTable().to_dict() == {}
+
+
+def test_a_sweeps_target_and_goodput_rate_lines_stay_beside_another_run(tmp_path, monkeypatch):
+    sweep = tmp_path / "sw"
+    _run(sweep / "rate_1", 1.0), _run(sweep / "rate_4", 0.25)
+    (sweep / "sweep.json").write_text(json.dumps({"points": [], "target": 0.9, "goodput_rate_rps": 2.5}))
+    other = _run(tmp_path / "single" / "run", 0.5)
+    lines = []
+    import matplotlib.axes
+
+    for name in ("axhline", "axvline"):
+        original = getattr(matplotlib.axes.Axes, name)
+        monkeypatch.setattr(matplotlib.axes.Axes, name,
+                            lambda self, *a, _o=original, **k: (lines.append(k.get("label")), _o(self, *a, **k))[1])
+    invoke("plot", sweep, other, "-o", tmp_path / "plots")
+    assert "target 0.9" in lines
+    assert "goodput rate of sw 2.5 req/s" in lines

@@ -53,7 +53,8 @@ def test_compare_of_runs_with_different_recorded_slos_says_which_it_used(tmp_pat
     _ok(["replay", trace, "-o", tmp_path / "a", "--slo", "ttft=50ms", "--no-report"], capsys)
     _ok(["replay", trace, "-o", tmp_path / "b", "--slo", "ttft=1s", "--no-report"], capsys)
     _, err = _ok(["compare", tmp_path / "a", tmp_path / "b"], capsys)
-    assert "the SLO recorded in run.json of a (runs b recorded other SLOs: give --slo to choose one)" in err
+    assert ("scoring with the SLO recorded in run.json of a, not the other SLOs recorded by b (global: ttft_s=0.05); "
+            "--slo or --slo-file replaces it") in err
 
 
 def test_compare_names_what_differs_between_the_runs(tmp_path, capsys):
@@ -276,6 +277,16 @@ def test_a_hit_share_above_the_ideal_reuse_is_explained(tmp_path, capsys):
     assert json.loads((tmp_path / "r" / "run.json").read_text())["trace"]["prefix_reuse_share"] == 0.0
     assert "above the trace's ideal reuse of 0.0%" in out
     assert "re-admitted after a preemption" in out
+
+
+def test_hits_on_a_trace_without_prefix_hashes_are_explained(tmp_path, capsys):
+    from servelab.traces.synth import synth_trace
+
+    trace = write_trace(synth_trace(n=300, rate=40, prompt="1000", output="200", seed=3), tmp_path / "p.arrow", "synth")
+    out, _ = _ok(["replay", trace, "--num-gpu-blocks", "400", "-o", tmp_path / "r"], capsys)
+    assert "prefix_reuse_share" not in json.loads((tmp_path / "r" / "run.json").read_text())["trace"]
+    assert "served from cache" in out
+    assert "all of them on requests re-admitted after a preemption" in out
 
 
 # --- 11. a progress bar for every replay longer than a few seconds ------------------------------

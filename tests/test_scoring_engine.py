@@ -31,10 +31,14 @@ def test_views_agree_with_engine_columns(engine_run):
                max(abs(m.ttft_s - r.ttft_s)) AS d_ttft,
                max(abs(m.tpot_s - r.tpot_s)) AS d_tpot,
                max(abs(m.e2e_s - r.e2e_s)) AS d_e2e,
-               count(*) FILTER (WHERE (m.tpot_s IS NULL) <> (r.tpot_s IS NULL)) AS null_mismatch
+               -- (the engine writes TPOT 0 for a one-token output; the views leave it NULL, as vLLM)
+               count(*) FILTER (WHERE (m.tpot_s IS NULL) <> (r.tpot_s IS NULL)
+                                AND NOT (r.output_tokens <= 1 AND r.tpot_s = 0)) AS null_mismatch,
+               (SELECT count(*) FROM requests WHERE arrival_s <= 60.0) AS arrived
         FROM request_metrics m JOIN requests r USING (run_id, request_id)
     """).to_pylist()[0]  # fmt: skip
-    assert diff["n"] == 2000 and diff["null_mismatch"] == 0
+    # every request that arrived by the 60 s horizon; the later ones were never offered
+    assert diff["n"] == diff["arrived"] < 2000 and diff["null_mismatch"] == 0
     assert diff["d_ttft"] < 1e-9 and diff["d_tpot"] < 1e-9 and diff["d_e2e"] < 1e-9
 
 
@@ -42,7 +46,10 @@ def test_counts_match_run_json(engine_run):
     counts = json.loads((engine_run / "run.json").read_text())["counts"]
     con = connect(engine_run)
     o = query_arrow(con, "SELECT * FROM slo_attainment WHERE scope = 'overall'").to_pylist()[0]
-    assert (o["finished"], o["unfinished"], o["rejected"]) == (counts["finished"], counts["unfinished"], counts["rejected"])
+    # run.json counts the requests arriving after the horizon as unfinished; the views count them apart
+    assert (o["finished"], o["unfinished"] + o["after_horizon"], o["rejected"]) == \
+        (counts["finished"], counts["unfinished"], counts["rejected"])
+    assert o["after_horizon"] > 0
     assert o["unfinished"] > 0  # the horizon cut some off: they count as misses
     assert o["attainment"] == pytest.approx(o["finished"] / o["requests"])
     r = query_arrow(con, "SELECT * FROM resource_summary WHERE scope = 'overall'").to_pylist()[0]

@@ -127,6 +127,17 @@ def test_checkpoint_attainment_is_equal_too(runs, scorers):
             assert repr(fast.attainment(result, arrived_by_s=horizon)) == repr(duck.attainment(result, arrived_by_s=horizon))
 
 
+def test_requests_after_a_horizon_are_in_no_denominator_in_either(runs, scorers):
+    duck, fast = scorers[1]
+    for result in runs[1::2]:  # the runs cut at 4.0 s; the trace arrives until ~7.5 s
+        arrived = sum(a <= 4.0 for a in result.requests.column("arrival_s").to_pylist())
+        assert arrived < result.requests.num_rows
+        assert duck.score(result)["requests"] == fast.score(result)["requests"] == arrived
+        # a search checkpoint (arrived_by_s = its horizon) scores the run as every view does
+        for scorer in (duck, fast):
+            assert repr(scorer.attainment(result)) == repr(scorer.attainment(result, arrived_by_s=4.0))
+
+
 def test_runs_quick_does_not_model_go_to_duckdb(runs):
     result = runs[0]
     nan = [float("nan")] + [None] * (result.requests.num_rows - 1)

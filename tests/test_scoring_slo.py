@@ -108,3 +108,18 @@ def test_rows_and_frozen():
     with pytest.raises(AttributeError):
         t.global_ = Slo()  # type: ignore[misc]
     assert hash(t) == hash(SloTable.parse_cli(["tier=a:ttft=0.1", "ttft=0.5", "tenant=b:tpot=1"]))
+
+
+def test_slo_keys_beside_an_slo_table_are_refused_not_dropped(tmp_path):
+    path = tmp_path / "slo_mixed.toml"
+    path.write_text('[slo]\nttft = "500ms"\n[tenant.a]\ne2e = "30s"\n[whatever]\nx = 1\n')
+    with pytest.raises(InputError, match=r"slo_mixed.toml, column 'tenant': 'tenant' is outside the \[slo\] table.*"
+                                         r"put it under \[slo\] \(e.g. \[slo.tenant.a\]\)"):
+        SloTable.from_toml_file(str(path))
+    path.write_text('ttft = "1s"\n[slo]\ntpot = "50ms"\n')
+    with pytest.raises(InputError, match="'ttft' is outside the \\[slo\\] table"):
+        SloTable.from_toml_file(str(path))
+    # other sections of a config or spec file are not ours to read
+    path.write_text('[slo]\nttft = "500ms"\n[slo.tenant.a]\ne2e = "30s"\n[whatever]\nx = 1\n')
+    t = SloTable.from_toml_file(str(path))
+    assert t.global_ == Slo(ttft_s=0.5) and t.tenants == (("a", Slo(e2e_s=30.0)),)

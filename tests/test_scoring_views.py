@@ -59,7 +59,7 @@ def test_request_metrics_latencies(con):
     assert m[1]["tpot_s"] == pytest.approx(0.5)  # (3.0 - 1.0) / (5 - 1)
     assert m[1]["e2e_s"] == pytest.approx(3.0)
     assert m[1]["queue_s"] == pytest.approx(0.5)
-    assert m[2]["tpot_s"] == 0.0  # one-token output
+    assert m[2]["tpot_s"] is None  # one-token output: no TPOT (vLLM keeps only outputs > 1 token)
     assert m[2]["max_stall_s"] == 0.0 and m[2]["max_itl_s"] is None
     assert m[3]["tpot_s"] == pytest.approx(1.0)
     assert m[4]["ttft_s"] is None and m[4]["tpot_s"] is None and m[4]["e2e_s"] is None
@@ -82,6 +82,25 @@ def test_slo_precedence_and_flags(con):
         4: (False, False, False),  # unfinished: a miss
         5: (False, False, False),  # rejected: a miss
     }
+
+
+def test_one_token_outputs_meet_tpot_but_are_left_out_of_its_summaries(tmp_path):
+    # vLLM bench serve: TPOT only for outputs > 1 token; its goodput check counts a 1-token one as TPOT 0 (met)
+    reqs = [req(1, arrival=0.0, first_token=0.1, finish=0.1, output=1),
+            req(2, arrival=0.0, first_token=0.1, finish=0.5, output=3),  # tpot 0.2
+            req(3, arrival=0.0, first_token=0.1, finish=0.9, output=3)]  # tpot 0.4
+    c = connect(write_run(tmp_path / "one", reqs, [step(0.0, 0.9)]), SloTable.parse_cli(["tpot=0.3"]))
+    m = by_id(c)
+    assert m[1]["tpot_s"] is None and m[1]["met_tpot"] is True and m[1]["met_all"] is True
+    assert [m[i]["met_tpot"] for i in (2, 3)] == [True, False]
+    tpot = rows(c, "SELECT * FROM latency_summary WHERE scope = 'overall' AND metric = 'tpot_s'")[0]
+    assert (tpot["n"], tpot["mean"]) == (2, pytest.approx(0.3))
+    assert rows(c, "SELECT tpot_p50_s FROM tenant_summary")[0]["tpot_p50_s"] == pytest.approx(0.3)
+    a = rows(c, "SELECT * FROM slo_attainment WHERE scope = 'overall'")[0]
+    assert (a["attainment"], a["attainment_tpot"]) == (pytest.approx(2 / 3), pytest.approx(2 / 3))
+    # the other tools keep their own definitions: a one-token output has a TPOT there
+    assert by_id(c, "request_metrics_guidellm")[1]["tpot_s"] == pytest.approx(0.1)
+    assert by_id(c, "request_metrics_distserve")[1]["tpot_s"] == 0.0
 
 
 def test_request_override_is_what_fails_request_3(run_a, tmp_path):
@@ -121,9 +140,9 @@ def test_slo_attainment(con):
 
 def test_latency_summary_matches_numpy_linear_percentiles(con):
     lat = {(r["scope"], r["name"], r["metric"]): r for r in rows(con, "SELECT * FROM latency_summary")}
-    for metric, values in {"ttft_s": [1.0, 0.2, 0.4], "tpot_s": [0.5, 0.0, 1.0], "e2e_s": [3.0, 0.2, 2.4]}.items():
+    for metric, values in {"ttft_s": [1.0, 0.2, 0.4], "tpot_s": [0.5, 1.0], "e2e_s": [3.0, 0.2, 2.4]}.items():
         r = lat[("overall", None, metric)]
-        assert r["n"] == 3
+        assert r["n"] == len(values)  # the one-token output has no TPOT
         assert r["mean"] == pytest.approx(np.mean(values))
         for name, q in (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99), ("p999", 99.9)):
             assert r[name] == pytest.approx(np.percentile(values, q)), (metric, name)
@@ -375,5 +394,33 @@ def test_wait_is_measured_to_the_replay_horizon(tmp_path):
     c = connect(write_run(tmp_path / "h", reqs, STEPS, meta={"simulated_span_s": 4.5}))
     m = by_id(c)
     assert m[4]["wait_s"] == pytest.approx(1.5)  # 4.5 - 3.0: the replay stopped at 4.5
-    assert m[6]["wait_s"] is None  # never arrived before the end
+    assert 6 not in m  # never arrived before the end: not offered
     assert rows(c, "SELECT end_s FROM run_span")[0]["end_s"] == 4.5
+
+
+def test_requests_arriving_after_the_horizon_are_counted_apart_not_as_misses(tmp_path):
+    reqs = [*REQUESTS, req(6, "unfinished", arrival=5.0, tenant="acme"), req(7, "unfinished", arrival=6.0, tenant="beta")]
+    c = connect(write_run(tmp_path / "h", reqs, STEPS, meta={"simulated_span_s": 4.5}), SLO)
+    sp = rows(c, "SELECT * FROM run_span")[0]
+    assert (sp["requests"], sp["after_horizon"], sp["last_arrival_s"]) == (5, 2, 3.5)
+    assert sp["offered_rate_rps"] == pytest.approx(4 / 3.5)  # the arrivals the run was offered
+    a = {(r["scope"], r["name"]): r for r in rows(c, "SELECT * FROM slo_attainment")}
+    o = a[("overall", None)]
+    assert (o["requests"], o["unfinished"], o["after_horizon"], o["met_all"]) == (5, 1, 2, 1)
+    assert o["attainment"] == pytest.approx(1 / 5)  # as without the late ones: they were never offered
+    assert a[("tenant", "acme")]["after_horizon"] == 1 and a[("tier", "standard")]["after_horizon"] == 2
+    assert a[("tier", "priority")]["after_horizon"] == 0
+    g = rows(c, "SELECT requests, after_horizon, attainment FROM goodput WHERE scope = 'overall'")[0]
+    assert (g["requests"], g["after_horizon"], g["attainment"]) == (5, 2, pytest.approx(1 / 5))
+    t = {r["tenant"]: r for r in rows(c, "SELECT * FROM tenant_summary")}
+    assert (t["beta"]["requests"], t["beta"]["unfinished"], t["beta"]["after_horizon"]) == (3, 1, 1)
+
+
+def test_duration_is_to_the_run_end_when_a_horizon_run_finished_nothing(tmp_path):
+    reqs = [req(1, "unfinished", arrival=0.1, first_token=0.25), req(2, "unfinished", arrival=0.2),
+            req(3, "unfinished", arrival=40.0)]  # after the 0.3 s horizon
+    c = connect(write_run(tmp_path / "h", reqs, [step(0.1, 0.2)], meta={"simulated_span_s": 0.3}))
+    sp = rows(c, "SELECT * FROM run_span")[0]
+    assert sp["duration_s"] == pytest.approx(0.2)  # run end 0.3 - first arrival 0.1, not the last arrival's 40
+    assert sp["duration_to_finish"] is False
+    assert rows(c, "SELECT duration_s FROM goodput WHERE scope = 'overall'")[0]["duration_s"] == pytest.approx(0.2)
