@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from servelab.common.errors import ServelabError
+from servelab.common.errors import InputError, ServelabError
 from servelab.fidelity.base import (SETTING_TYPES, Measured, build_run, check_settings, detect_format,
                                     import_measured)
 from servelab.fidelity.prefix_sharing import PrefixChoice, choose
@@ -57,6 +57,21 @@ def missing_setting_error(key: str, where: str) -> ServelabError:
     return ServelabError(f"{where} names no GPU; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
 
 
+def _with_format_hint(err: InputError, fmt: str, sources: list[Path], detected: bool) -> InputError:
+    """A file that fails the --format it was given but that detection reads as another format: the
+    error says what it looks like (a user's wrong --format, not a broken file)."""
+    if detected:
+        return err
+    try:
+        looks = detect_format(sources)
+    except ServelabError:
+        return err
+    if looks == fmt:
+        return err
+    return InputError(err.path, f"{err.rule} (read as --format {fmt}; the file looks like {looks}: "
+                                f"pass --format {looks} or leave --format out)", err.column, err.row)
+
+
 def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | None = None,
                vllm_log: Path | None = None, vllm_metrics: Path | None = None, given: dict[str, Any] | None = None,
                prefix: PrefixSpec | None = None, prefix_from_hit_rate: bool = False,
@@ -69,7 +84,10 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     given = check_settings(given or {}, None, "--setting")  # before anything is read: the option's own error
     if fmt is None:
         fmt = detect_format(sources)
-    measured = import_measured(fmt, sources, **(options or {}))
+    try:
+        measured = import_measured(fmt, sources, **(options or {}))
+    except InputError as err:
+        raise _with_format_hint(err, fmt, sources, detected) from None
     found = discover(sources, vllm_log, vllm_metrics)
     notes, unread = [], []
     # Files that disagree on what identifies the run (the model, the vLLM version), or a --vllm-log that

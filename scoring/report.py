@@ -500,7 +500,7 @@ def render(data: dict[str, Any], console: Console) -> None:
 
 
 # An imported benchmark's own duration, by its format (run.json source.format), named after its tool.
-_SOURCE_TOOLS = {"vllm-bench": "vLLM"}
+_SOURCE_TOOLS = {"vllm-bench": "vLLM", "sglang-bench": "SGLang"}
 
 
 def _duration_label(run: dict, span: dict | None) -> str:

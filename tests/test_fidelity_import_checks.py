@@ -207,3 +207,20 @@ def test_an_empty_file_says_it_is_empty(tmp_path, capsys, text, says):
     src.write_text(text)
     code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", *GIVEN], capsys)
     assert code == 1 and f"{src}: {says}" in err
+
+
+@pytest.mark.parametrize(("given", "looks"), [("timestamps-jsonl", "vllm-bench"), ("otel", "vllm-bench")])
+def test_a_wrong_format_says_what_the_file_looks_like(tmp_path, capsys, given, looks):
+    # before: only "column 'input_toks' missing" (or "not valid JSON"), no word of the file being another format
+    code, _, err = run_main(["run", "import", BENCH, "--format", given, "-o", tmp_path / "run", "--setting",
+                             "gpu=h100-80gb"], capsys)
+    assert code == 1 and f"read as --format {given}; the file looks like {looks}: pass --format {looks}" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_broken_file_of_the_format_given_gets_no_format_hint(tmp_path, capsys):
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({**json.loads(BENCH.read_text()), "ttfts": "x"}))
+    code, _, err = run_main(["run", "import", cut, "--format", "vllm-bench", "-o", tmp_path / "run", "--setting",
+                             "gpu=h100-80gb"], capsys)
+    assert code == 1 and "ttfts" in err and "looks like" not in err
