@@ -29,11 +29,11 @@ T = TypeVar("T")
 def did_you_mean(name: object, known: Iterable[str]) -> str:
     """``"; did you mean 'X'?"`` for the known name nearest ``name`` (a typo, a prefix, another case), or
     ``""`` when none is near: appended to an unknown-name error. Names that start with ``name`` come
-    first, the first listed of several (``h100`` is ``h100-80gb``, not ``h200`` or the rarer ``h100-nvl``)."""
+    first, the first listed of several when ``name`` has three characters or more (``h100`` is ``h100-80gb``, not ``h200`` or the rarer ``h100-nvl``)."""
     known = list(known)
     text = str(name).strip()
     prefixed = [k for k in known if text and k.lower().startswith(text.lower())]
-    if prefixed:
+    if len(prefixed) == 1 or (prefixed and len(text) >= 3):  # (one letter prefixes too many names to mean one)
         return f"; did you mean '{prefixed[0]}'?"
     import difflib  # (an error's hint: not loaded by a run that makes none)
 

@@ -69,10 +69,12 @@ FROM r JOIN x USING (run_id)
 """
 
 # The requests a run was offered: every row but those arriving after the run's end (a `--until`
-# horizon stops the replay before them; run_span.after_horizon counts them).
+# horizon stops the replay before them; run_span.after_horizon counts them). A request with no arrival
+# was never sent because one it depends on did not finish (`skipped`): a miss, so it stays.
 OFFERED = """
 CREATE OR REPLACE VIEW offered_requests AS
-SELECT q.* FROM requests q JOIN run_span sp ON sp.run_id = q.run_id WHERE q.arrival_s <= sp.end_s
+SELECT q.* FROM requests q JOIN run_span sp ON sp.run_id = q.run_id
+WHERE q.arrival_s IS NULL OR q.arrival_s <= sp.end_s
 """
 
 REQUEST_METRICS = """
