@@ -78,7 +78,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
                detected: bool | None = None) -> ImportedRun:
     """``detected``: the caller detected ``fmt`` (run.json ``source.format_detected``); by default,
     whether ``fmt`` is None here."""
-    from servelab.fidelity.sidecars import discover, gpu_preset
+    from servelab.fidelity.sidecars import bare_gpu_note, discover, gpu_preset
 
     detected = fmt is None if detected is None else detected
     given = check_settings(given or {}, None, "--setting")  # before anything is read: the option's own error
@@ -127,6 +127,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
             raise ServelabError(f"{sources[0]}: the recorded GPU '{settings['gpu']}' ({origin['gpu']}) matches no "
                                 f"GPU preset; pass --setting gpu=GPU (one of {', '.join(GPUS)})")
         if preset != settings["gpu"]:
+            if (note := bare_gpu_note(settings["gpu"])) is not None:
+                notes.append(note)
             source["gpu_recorded" if origin["gpu"] != "--setting" else "gpu_given"] = settings["gpu"]
             settings["gpu"] = preset
     hf = source.get("hf_config")

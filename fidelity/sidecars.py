@@ -42,6 +42,9 @@ _GPU_PATTERNS = (("rtx-4090", r"\brtx ?4090$|\brtx ?4090 \(?24 ?gb"), ("rtx-pro-
                  ("a100-80gb", r"\ba100\b(?!.*pcie).*\b80 ?gb\b"), ("a40", r"\ba40\b"), ("mi300x", r"\bmi300x\b"),
                  ("l4", r"\bl4\b"), ("a10", r"\ba10\b"), ("rtx-a6000", r"\ba6000\b"), ("rtx-6000-ada", r"\b6000 ada\b"))
 _OTHER_PARTS = r"\b(laptop|mobile|max-q)\b"  # a notebook or lower-power variant of a preset's card
+# A bare family name, without memory size or form factor (LLMServingSim's meta.json "hardware": "H100", a
+# user's "A100"), is the family's usual data-centre part; the import notes the reading (bare_gpu_note)
+_BARE_FAMILIES = {"h100": "h100-80gb", "a100": "a100-80gb", "gh200": "gh200"}
 
 
 @dataclass(frozen=True)
@@ -103,10 +106,29 @@ def gpu_preset(name: str) -> str | None:
         return text
     if re.search(_OTHER_PARTS, text):
         return None
+    if (bare := _bare_family(text)) is not None:
+        return _BARE_FAMILIES[bare]
     for preset, pattern in _GPU_PATTERNS:
         if re.search(pattern, text):
             return preset
     return None
+
+
+def _bare_family(text: str) -> str | None:
+    bare = re.sub(r"\b(nvidia|tesla)\b|[\s_-]", "", text.lower())
+    return bare if bare in _BARE_FAMILIES else None
+
+
+def bare_gpu_note(name: str) -> str | None:
+    """What reading a bare family name assumed, for run.json's notes (None for a full device name)."""
+    bare = _bare_family(str(name))
+    if bare is None:
+        return None
+    from servelab.runners.presets import GPUS
+
+    siblings = [g for g in GPUS if g.startswith(bare) and g != _BARE_FAMILIES[bare]]
+    other = f"; --setting gpu={' or '.join(siblings)} if it was another" if siblings else ""
+    return f"the recorded GPU '{name}' names no variant: read as {_BARE_FAMILIES[bare]}{other}"
 
 
 def _gpu_in(obj: Any) -> str | None:

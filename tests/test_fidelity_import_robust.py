@@ -77,13 +77,23 @@ def test_timestamps_meta_json_gives_gpu_kv_blocks_and_data_parallel(tmp_path, ca
     # a sibling of a preset's card with other memory or links is not that card (before: h200, h100-80gb, ...)
     ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA H100 NVL", "h100-nvl"), ("NVIDIA GH200 144G HBM3e", None),
     ("NVIDIA H200 NVL", None), ("NVIDIA H200", "h200"), ("NVIDIA A100 80GB PCIe", None), ("NVIDIA A100-PCIE-40GB", None),
-    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA GB200", None), ("NVIDIA B200", "b200"), ("NVIDIA H100", None),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA GB200", None), ("NVIDIA B200", "b200"),
+    # a bare family name (LLMServingSim's "hardware": "H100") is the family's usual part, with a note (below)
+    ("NVIDIA H100", "h100-80gb"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("GH200", "gh200"),
     ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA L40", None),
 ])
 def test_a_recorded_device_name_maps_to_its_preset(recorded, preset):
     from servelab.fidelity.sidecars import gpu_preset
 
     assert gpu_preset(recorded) == preset
+
+
+def test_a_bare_family_name_is_read_as_its_usual_part_with_a_note():
+    from servelab.fidelity.sidecars import bare_gpu_note
+
+    assert bare_gpu_note("H100") == ("the recorded GPU 'H100' names no variant: read as h100-80gb; "
+                                     "--setting gpu=h100-pcie or h100-nvl if it was another")
+    assert bare_gpu_note("NVIDIA H100 80GB HBM3") is None and bare_gpu_note("RTX4090") is None
 
 
 def test_server_log_and_sidecars_beside_the_run(tmp_path, capsys):
