@@ -86,15 +86,29 @@ class Found:
 
 def same_setting(key: str, a: Any, b: Any) -> bool:
     """Do two files record the same value? A model by its name without the folder it was loaded from
-    (``/models/Llama-3.1-8B`` is ``meta-llama/Llama-3.1-8B``), case aside; numbers and flags as values."""
+    (``/models/Llama-3.1-8B`` is ``meta-llama/Llama-3.1-8B``), case aside, or by the preset both names
+    mean (``-Instruct`` beside the base: the same shapes); a local folder name no preset knows cannot be
+    told apart from the other name, so it is not a disagreement. Numbers and flags as values."""
     if key == "model":
-        return str(a).rstrip("/").split("/")[-1].lower() == str(b).rstrip("/").split("/")[-1].lower()
+        if str(a).rstrip("/").split("/")[-1].lower() == str(b).rstrip("/").split("/")[-1].lower():
+            return True
+        preset_a, preset_b = _model_preset(a), _model_preset(b)
+        return preset_a is None or preset_b is None or preset_a == preset_b
     from servelab.fidelity.base import check_settings
 
     try:
         return check_settings({key: a}, None) == check_settings({key: b}, None)
     except ServelabError:
         return str(a) == str(b)
+
+
+def _model_preset(name: Any) -> str | None:
+    from servelab.runners.presets import find_model
+
+    try:
+        return find_model(str(name)).name
+    except ServelabError:
+        return None
 
 
 def gpu_preset(name: str) -> str | None:

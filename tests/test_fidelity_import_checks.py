@@ -224,3 +224,15 @@ def test_a_broken_file_of_the_format_given_gets_no_format_hint(tmp_path, capsys)
     code, _, err = run_main(["run", "import", cut, "--format", "vllm-bench", "-o", tmp_path / "run", "--setting",
                              "gpu=h100-80gb"], capsys)
     assert code == 1 and "ttfts" in err and "looks like" not in err
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ("meta-llama/Llama-3.1-8B", "/models/Llama-3.1-8B", True),  # the folder it was loaded from
+    ("meta-llama/Llama-3.1-8B-Instruct", "/m/Meta-Llama-3.1-8B", True),  # the same preset's shapes
+    ("meta-llama/Llama-3.1-8B-Instruct", "/data/llama31-8b", True),  # a local name no preset knows: not told apart
+    ("meta-llama/Llama-3.1-8B", "codellama/CodeLlama-34b-hf", False),  # two models: another run's file
+])
+def test_two_files_name_the_same_model_by_its_preset(a, b, same):
+    from servelab.fidelity.sidecars import same_setting
+
+    assert same_setting("model", a, b) is same and same_setting("model", b, a) is same
