@@ -407,7 +407,7 @@ KV_TIERS = f"""
 CREATE OR REPLACE VIEW kv_tiers AS
 WITH t AS (
     UNPIVOT (SELECT run_id, tenant, replica, prompt_tokens, COLUMNS('^cached_tokens_.+$')
-             FROM requests WHERE kv_load_s IS NOT NULL)
+             FROM offered_requests WHERE kv_load_s IS NOT NULL)
     ON COLUMNS('^cached_tokens_.+$') INTO NAME tier VALUE tokens
 )
 SELECT run_id, substr(tier, 15) AS tier,
@@ -433,7 +433,7 @@ SELECT run_id,
     sum(spec_num_accepted_tokens) / nullif(sum(spec_num_draft_tokens), 0) AS acceptance_rate,
     1 + sum(spec_num_accepted_tokens) / nullif(sum(spec_num_drafts), 0) AS mean_acceptance_length,
     avg(spec_mean_acceptance_length) AS mean_request_acceptance_length
-FROM requests WHERE spec_num_drafts > 0
+FROM offered_requests WHERE spec_num_drafts > 0
 GROUP BY GROUPING SETS ((run_id), (run_id, tenant), (run_id, replica))
 ORDER BY run_id, scope, name
 """
@@ -452,7 +452,7 @@ SELECT run_id,
     avg(first_token_s - first_scheduled_s - kv_load_s) AS mean_compute_s,
     quantile_cont(first_token_s - arrival_s, 0.99) AS p99_ttft_s,
     quantile_cont(kv_load_s, 0.99) AS p99_load_s
-FROM requests WHERE status = 'finished' AND kv_load_s IS NOT NULL
+FROM offered_requests WHERE status = 'finished' AND kv_load_s IS NOT NULL
 GROUP BY GROUPING SETS ((run_id), (run_id, tenant))
 ORDER BY run_id, scope, name
 """

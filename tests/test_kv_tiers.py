@@ -192,6 +192,21 @@ def test_views_give_hit_rate_per_tier_and_the_ttft_breakdown(tmp_path):
     assert moved == (0, 11 * 16_000_000, 7 * 16_000_000, 2)
 
 
+def test_the_tier_views_count_only_the_requests_the_run_was_offered(tmp_path):
+    """A horizon before C's arrival (60 s): C was never offered, so its prompt is in no tier's share
+    (before, kv_tiers divided by every row's prompt tokens, horizon or not)."""
+    from servelab.api import write_run
+    from servelab.scoring import connect
+
+    r = run(evicting_trace(), runner=RUNNER, num_gpu_blocks=5, kv_tiers=(DRAM,), until_s=50.0, **MB_PER_TOKEN)
+    write_run(r, tmp_path / "r")
+    con = connect([tmp_path / "r"])
+    rows = con.execute("SELECT tier, prompt_tokens FROM kv_tiers WHERE scope = 'overall' ORDER BY tier").fetchall()
+    assert rows == [("dram", 64 + 79), ("gpu", 64 + 79)]
+    (row,) = con.execute("SELECT requests FROM ttft_breakdown WHERE scope = 'overall'").fetchall()
+    assert row == (2,)
+
+
 def test_the_report_shows_each_tier_and_the_ttft_breakdown(tmp_path):
     from servelab.api import write_run
     from servelab.scoring import connect
