@@ -177,8 +177,9 @@ def flatten_meta(meta: dict) -> dict:
 
 
 def num_gpus(meta: dict) -> int:
-    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1);
-    for a cluster, summed over its pools."""
+    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1)
+    x data-parallel ranks x pipeline stages (one replica, a vLLM server, holds tp x pp x dp GPUs); for a
+    cluster, summed over its pools (which set tp only)."""
     pools = pool_rows(meta)
     if (meta.get("cluster") or {}).get("pools"):
         return max(1, sum(p["gpus"] for p in pools))
