@@ -20,7 +20,8 @@ import pyarrow as pa
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
-# Columns later engines/policies may add; views see NULL where a run lacks them.
+# Columns a run's requests.parquet may lack (every replay writes num_retries and paused_s; the others are
+# added by later engines/policies, imports or agentic traces); views see NULL where a run lacks them.
 OPTIONAL_REQUEST_COLUMNS = pa.schema(
     [
         ("num_retries", pa.int32()),
