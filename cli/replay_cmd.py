@@ -197,19 +197,25 @@ def check_replay_output(out_dir: str | None, force: bool, may_replace: bool = Fa
 def parse_slo(slo: "tuple[str, ...] | Any" = (), config_file: str | None = None):
     """The SLO for the report as an SloTable (None without any): the ``--slo`` flags over an ``[slo]``
     table in the ``--config`` file (as `servelab sweep` reads them); a bad one fails here, before the replay."""
+    return parse_slo_and_source(slo, config_file)[0]
+
+
+def parse_slo_and_source(slo: "tuple[str, ...] | Any" = (), config_file: str | None = None):
+    """``(SloTable or None, source)``: ``parse_slo``'s table and where it came from, as the report's header
+    says it (``"given"``: the flags; else it names the config file whose ``[slo]`` table it is)."""
     if slo is not None and not isinstance(slo, (tuple, list, str)):
-        return slo  # already a table
+        return slo, "given"  # already a table
     if isinstance(slo, str):
         slo = (slo,)
     if not slo and not config_file:
-        return None
+        return None, None
     try:
-        from servelab.cli.slo_options import slo_from_options
+        from servelab.cli.slo_options import slo_and_source
     except ImportError:  # a build without scoring: its plain report has no SLO columns
         if slo:
             raise ServelabError("--slo needs servelab's scoring package, which this installation lacks") from None
-        return None
-    return slo_from_options(tuple(slo or ()), None, config_file)
+        return None, None
+    return slo_and_source(tuple(slo or ()), None, config_file)
 
 
 def check_replay_config(config: ReplayConfig, trace_path: str | None = None):
@@ -556,9 +562,9 @@ def replay(trace: str, out_dir: str | None, force: bool, report: bool, token_log
            client_model: str | None = None, stream: bool = False, **options: Any) -> None:
     """Replay TRACE (.arrow or .parquet) through the engine; write a run directory with -o (--force to replace one)."""
     config = config_from_options(**options)
-    slo_table = parse_slo(slo, options.get("config_file"))
-    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force, client_model=client_model,
-               stream=stream)
+    slo_table, slo_source = parse_slo_and_source(slo, options.get("config_file"))
+    run_replay(trace, config, out_dir, report, slo_table, token_log, force=force, slo_source=slo_source or "given",
+               client_model=client_model, stream=stream)
 
 
 def _is_demo_run(out_dir: str, trace_path: Path) -> bool:
@@ -587,11 +593,11 @@ def demo(out_dir: str, force: bool, slo: tuple[str, ...], **options: Any) -> Non
     from servelab.traces.bundled import default_trace_path
 
     config = config_from_options(**options)
-    given = parse_slo(slo, options.get("config_file"))
+    given, source = parse_slo_and_source(slo, options.get("config_file"))
     slo = given or parse_slo(("ttft=2,tpot=0.1",))
     trace_path = default_trace_path()
     run_replay(str(trace_path), config, out_dir, True, slo, force=force, may_replace=_is_demo_run(out_dir, trace_path),
-               slo_source="given" if given else "the demo's default SLO; --slo replaces it")
+               slo_source=source if given else "the demo's default SLO; --slo replaces it")
 
 
 @click.command()
@@ -625,4 +631,4 @@ def _list_registered(names: list[str], class_of, width: int, aliases_of=None) ->
 
 
 __all__ = ["ReplayCommand", "replay", "demo", "policies", "routers", "replay_options", "config_from_options", "run_replay", "check_replay_output",
-           "parse_slo"]
+           "parse_slo", "parse_slo_and_source"]

@@ -312,8 +312,8 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
     from dataclasses import replace
 
     from rich.table import Table
+    from servelab.assembly import build_runner
     from servelab.replay.config import ReplayConfig
-    from servelab.runners.base import make_runner
     from servelab.runners.validation import slice_trace, write_report
     from servelab.runners.validation import validate as run_validate
     from servelab.traces.io import read_trace
@@ -324,8 +324,9 @@ def validate(trace_path, real_run, reference, candidate, model, gpu, tp, config_
     if num_gpu_blocks is not None:
         config = replace(config, engine=replace(config.engine, num_gpu_blocks=num_gpu_blocks))
     trace = slice_trace(read_trace(trace_path), limit=limit, duration_s=duration_s)
-    context = {"model": config.model, "gpu": config.gpu, "tp": config.tp}
-    ref_runner, cand_runner = make_runner(reference, **context), make_runner(candidate, **context)
+    # built as `servelab replay` builds its runner (the engine's batch sizes, block size, parallelism and
+    # quantization as well as model, GPU and TP), so both derive the same KV blocks from the same settings
+    ref_runner, cand_runner = (build_runner(replace(config, runner=spec)) for spec in (reference, candidate))
     report = run_validate(trace, config, ref_runner, cand_runner, reference_spec=reference, candidate_spec=candidate)
     if output:
         write_report(report, output)

@@ -60,7 +60,7 @@ def picker(params: Any, context: dict) -> Callable[[str, Any], Any]:
 
 def make_runner(spec: "RunnerSpec | str", **context) -> Runner:
     """Build the runner ``spec`` names: a `RunnerSpec` typed at the edge (a config's ``runner``), or a
-    string, typed here once (the command line's ``servelab runner`` tools, Python callers).
+    string, typed here once (``servelab profile --runner SPEC``, Python callers).
     ``context`` carries the model/GPU/TP... defaults for the fields the spec leaves out."""
     return runner_spec(spec).params.build(**context)
 

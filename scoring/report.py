@@ -336,7 +336,8 @@ def render(data: dict[str, Any], console: Console) -> None:
     note = output_length_note(run.get("policy_name"), params)
     if note:
         console.print(f"policy {run.get('policy_name')}: {note}")
-    console.print(f"SLO: {_slo_line(data['slo'], data.get('slo_source'))}")
+    # plain text: the source may name "the [slo] table in FILE", which rich would read as markup
+    console.print(f"SLO: {_slo_line(data['slo'], data.get('slo_source'))}", markup=False)
     over = data.get("overload") or {}
     if over.get("overloaded"):  # latencies then measure the backlog, not the server
         console.print("OVERLOADED: " + "; ".join(over["reasons"]) + ". The latencies below are mostly queueing; "

@@ -20,7 +20,8 @@ import pyarrow as pa
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
 
-# Columns later engines/policies may add; views see NULL where a run lacks them.
+# Columns a run's requests.parquet may lack (every replay writes num_retries and paused_s; the others are
+# added by later engines/policies, imports or agentic traces); views see NULL where a run lacks them.
 OPTIONAL_REQUEST_COLUMNS = pa.schema(
     [
         ("num_retries", pa.int32()),
@@ -177,8 +178,9 @@ def flatten_meta(meta: dict) -> dict:
 
 
 def num_gpus(meta: dict) -> int:
-    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1);
-    for a cluster, summed over its pools."""
+    """GPUs a run used: replicas x tensor-parallel degree (runner param ``tp`` / ``tensor_parallel``; default 1)
+    x data-parallel ranks x pipeline stages (one replica, a vLLM server, holds tp x pp x dp GPUs); for a
+    cluster, summed over its pools (which set tp only)."""
     pools = pool_rows(meta)
     if (meta.get("cluster") or {}).get("pools"):
         return max(1, sum(p["gpus"] for p in pools))

@@ -48,6 +48,21 @@ def test_a_replays_slo_survives_into_a_later_report_query_and_compare(tmp_path, 
     assert "SLO: global: ttft_s=10 (given with --slo/--slo-file)" in given
 
 
+def test_a_replays_report_names_the_config_file_its_slo_came_from(tmp_path, capsys, monkeypatch):
+    """An SLO from a --config file's [slo] table is not "given with --slo": the header names the file, and
+    --slo over it says both."""
+    monkeypatch.chdir(tmp_path)  # a short file name: the header line is not wrapped
+    trace = _trace(tmp_path, 10, 0.05)
+    config = Path("cfgslo.toml")
+    config.write_text("[slo]\nttft_s = 0.4\n")
+    out, _ = _ok(["replay", trace, "--config", config], capsys)
+    assert f"SLO: global: ttft_s=0.4 (the [slo] table in {config})" in out
+    out, _ = _ok(["replay", trace, "--config", config, "--slo", "tpot=50ms"], capsys)
+    assert f"SLO: global: ttft_s=0.4, tpot_s=0.05 (given with --slo over the [slo] table in {config})" in out
+    out, _ = _ok(["replay", trace, "--slo", "ttft=1s"], capsys)
+    assert "SLO: global: ttft_s=1 (given with --slo/--slo-file)" in out
+
+
 def test_compare_of_runs_with_different_recorded_slos_says_which_it_used(tmp_path, capsys):
     trace = _trace(tmp_path, 20, 0.05)
     _ok(["replay", trace, "-o", tmp_path / "a", "--slo", "ttft=50ms", "--no-report"], capsys)

@@ -225,6 +225,26 @@ def test_cli_profile_fit_validate_chain(tmp_path):
     assert f"step time over all {data['step_time']['iterations']:,} iterations of the reference replay" in r.output
 
 
+@pytest.mark.parametrize("config_text", ["", "max_num_batched_tokens = 16384\nmax_num_seqs = 512\n"])
+def test_cli_validate_derives_the_kv_blocks_replay_derives(tmp_path, config_text):
+    """validate builds its runners as replay does (the engine's batch sizes set the activation memory beside
+    the KV cache), so both derive the same KV blocks from the same settings; validate once sized its runners
+    from model, GPU and TP only, 300 blocks fewer than replay's at the defaults."""
+    trace = tmp_path / "t.arrow"
+    write_trace(small_trace(10), trace, source="synthetic")
+    config = tmp_path / "c.toml"
+    config.write_text(config_text)
+    report, run = tmp_path / "report.json", tmp_path / "run"
+    r = CliRunner().invoke(cli, ["validate", str(trace), "--reference", "roofline", "--candidate", "roofline",
+                                 "--config", str(config), "--limit", "5", "-o", str(report)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["replay", str(trace), "--config", str(config), "-o", str(run),
+                                 "--no-report"])
+    assert r.exit_code == 0, r.output
+    replayed = json.loads((run / "run.json").read_text())["engine"]["num_gpu_blocks"]
+    assert json.loads(report.read_text())["num_gpu_blocks"] == replayed
+
+
 def test_cli_fit_bad_profile_exits_1_with_one_line(tmp_path, capsys):
     from servelab.cli.main import main
 
