@@ -167,6 +167,8 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 
     spec = spec_from_options(kw.pop("shared_prefix_tokens"), kw.pop("prefix_groups"), kw.pop("prompt_pool"))
     block_tokens = kw.pop("prefix_block_tokens")
+    if spec is not None and block_tokens < 1:  # checked before the import: the hashes divide by it
+        raise ServelabError(f"--prefix-block-tokens must be >= 1 (got {block_tokens})")
     if fmt is None:
         fmt = detect_format(list(sources))
         click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
@@ -316,7 +318,8 @@ def _synth_agentic(ctx: click.Context, out: Path, n: int | None, duration_s: flo
     options = dict(shape=kw["shape"], tasks=kw["tasks"], arrival=arrival, prompt=kw["prompt"], output=kw["output_len"],
                    new_tokens=kw["new_tokens"], calls=kw["calls"], branches=kw["branches"], chat_turns=kw["chat_turns"],
                    tool_s=kw["tool_s"], user_think_s=kw["user_think_s"], task_deadline_s=kw["task_deadline_s"],
-                   prefix_block_tokens=kw["prefix_block_tokens"] or 16, seed=kw["seed"])
+                   prefix_block_tokens=16 if kw["prefix_block_tokens"] is None else kw["prefix_block_tokens"],
+                   seed=kw["seed"])
     if kw["mix"] is not None:
         options["mix"] = kw["mix"]
     if tenants is not None:

@@ -150,3 +150,20 @@ def test_full_shared_azure_import_via_cli(tmp_path):
     src = shared("azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
     r = ok("trace", "import", "--format", "azure", src, "-o", tmp_path / "az.arrow")
     assert "19366 requests" in r.output
+
+
+@pytest.mark.parametrize("sharing", [["--shared-prefix-tokens", "256"], ["--prompt-pool", "5"]])
+def test_import_prefix_block_tokens_zero_is_a_one_line_error(tmp_path, sharing):
+    r = run("trace", "import", "--format", "azure", FIXTURES / "azure_conv_2023_head300.csv", "-o", tmp_path / "x.arrow",
+            *sharing, "--prefix-block-tokens", "0")
+    assert r.exit_code == 1 and isinstance(r.exception, ServelabError)
+    assert str(r.exception) == "--prefix-block-tokens must be >= 1 (got 0)"
+    assert no_files_like(tmp_path, "x.arrow")
+
+
+def test_agentic_synth_prefix_block_tokens_zero_is_refused_like_negative(tmp_path):
+    for value in ("0", "-3"):
+        r = run("trace", "synth", "--shape", "react", "--tasks", "5", "--prefix-block-tokens", value,
+                "-o", tmp_path / "r.arrow")
+        assert r.exit_code == 1 and f"prefix block tokens must be >= 1 (got {value})" in str(r.exception)
+    assert no_files_like(tmp_path, "r.arrow")

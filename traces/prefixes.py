@@ -217,6 +217,8 @@ def add_sharing(table: pa.Table, spec: PrefixSpec, block_tokens: int) -> pa.Tabl
     has hashes already is refused (they record the real sharing)."""
     from servelab.traces import schema
 
+    if block_tokens < 1:
+        raise ServelabError(f"prefix block tokens must be >= 1 (got {block_tokens})")
     if "prefix_hashes" in table.column_names:
         raise ServelabError("the trace already has prefix_hashes (the source records its sharing); "
                             "drop --shared-prefix-tokens/--prompt-pool")
