@@ -78,8 +78,8 @@ def window(table: pa.Table, start_s: float, end_s: float | None = None) -> pa.Ta
 
 def scale_rate(table: pa.Table, k: float) -> pa.Table:
     """Multiply the arrival rate by ``k`` (arrival times divided by k); think times are unchanged."""
-    if not k > 0:
-        raise ServelabError(f"rate scale must be > 0 (got {k})")
+    if not (k > 0 and np.isfinite(k)):  # infinity would put every arrival at 0
+        raise ServelabError(f"rate scale must be a finite number > 0 (got {k})")
     scaled = pc.divide(table.column("arrival_s"), pa.scalar(float(k)))
     return table.set_column(table.column_names.index("arrival_s"), "arrival_s", scaled)
 
