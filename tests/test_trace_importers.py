@@ -240,3 +240,16 @@ def test_full_burstgpt_and_lengths():
     for name, rows in [("sharegpt_8k_filtered_stats_llama2_tokenizer.csv", 30731),
                        ("arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", 28257)]:
         assert import_trace("lengths", [shared(f"lengths/{name}")]).table.num_rows == rows
+
+
+def test_a_source_given_twice_is_refused(tmp_path):
+    # Every request would be imported twice: double the load.
+    copy_link = tmp_path / "again.csv"
+    copy_link.symlink_to(AZURE_HEAD)
+    for second in (AZURE_HEAD, copy_link):
+        with pytest.raises(InputError) as err:
+            import_trace("azure", [AZURE_HEAD, second])
+        assert_input_error(err, second, f"given twice (also as {AZURE_HEAD}): each source file once")
+    r = CliRunner().invoke(cli, ["trace", "import", str(AZURE_HEAD), str(AZURE_HEAD), "-o", str(tmp_path / "t.arrow")])
+    assert r.exit_code == 1 and "given twice" in str(r.exception)
+    assert no_files_like(tmp_path, "t.arrow")

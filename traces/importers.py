@@ -44,7 +44,13 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     """Run the named importer over one or more source files."""
     if not paths:
         raise ServelabError("no source files given")
-    return IMPORTERS.get(fmt)(list(map(Path, paths)), **options)
+    paths = [Path(p) for p in paths]
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        if p.resolve() in seen:  # its requests twice: double the load (as run import refuses it)
+            raise InputError(p, f"given twice (also as {seen[p.resolve()]}): each source file once")
+        seen[p.resolve()] = p
+    return IMPORTERS.get(fmt)(paths, **options)
 
 
 def detect_format(paths: list[Path]) -> str:
