@@ -253,3 +253,20 @@ def test_a_source_given_twice_is_refused(tmp_path):
     r = CliRunner().invoke(cli, ["trace", "import", str(AZURE_HEAD), str(AZURE_HEAD), "-o", str(tmp_path / "t.arrow")])
     assert r.exit_code == 1 and "given twice" in str(r.exception)
     assert no_files_like(tmp_path, "t.arrow")
+
+
+def test_gzipped_sources_are_detected_through_the_compression(tmp_path):
+    import gzip
+
+    from servelab.traces.importers import detect_format
+
+    cases = [(AZURE_HEAD, "azure"), (FIXTURES / "mooncake_synthetic_head200.jsonl", "mooncake")]
+    for src, fmt in cases:
+        packed = tmp_path / (src.name + ".gz")
+        packed.write_bytes(gzip.compress(src.read_bytes()))
+        assert detect_format([packed]) == fmt
+        r = CliRunner().invoke(cli, ["trace", "import", str(packed), "-o", str(tmp_path / f"{fmt}.arrow")])
+        assert r.exit_code == 0, r.output
+        got, plain = read_trace(tmp_path / f"{fmt}.arrow"), import_trace(fmt, [src]).table
+        assert got.column("arrival_s").equals(plain.column("arrival_s"))
+        assert got.column("prompt_tokens").equals(plain.column("prompt_tokens"))
