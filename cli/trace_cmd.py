@@ -364,7 +364,8 @@ def _deprecated(value, old: str, new: str):
 @click.option("-o", "--output", "out", required=True, type=_PATH)
 @click.option("--window", default=None, help="Keep arrivals in START_S:END_S, re-based to 0 (sessions whole).")
 @click.option("--head", type=int, default=None, help="Keep the first N requests.")
-@click.option("--sample", default=None, help="Random subset: a count N or a fraction 0<F<1 (sessions whole).")
+@click.option("--sample", default=None, help="Random subset: a count N (an integer) or a fraction 0<F<=1 (with a decimal point: 1.0 keeps "
+                   "all; sessions whole).")
 @click.option("--rate-scale", type=float, default=None, help="Multiply the arrival rate by K (arrival times / K).")
 @click.option("--scale-rate", type=float, default=None, hidden=True,
               callback=lambda ctx, param, value: _deprecated(value, "--scale-rate", "--rate-scale"))
@@ -392,16 +393,18 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         table = transforms.head(table, kw["head"])
         steps.append(f"head {kw['head']}")
     if kw["sample"]:
+        # An integer is a count, a number with a decimal point (or an exponent) a fraction: 1 keeps one
+        # request, 1.0 all of them.
+        text = kw["sample"].strip()
         try:
-            value = float(kw["sample"])
+            count, fraction = int(text), None
         except ValueError:
-            raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)") from None
-        if value < 1:
-            table = transforms.sample(table, kw["seed"], fraction=value)
-        elif value.is_integer():
-            table = transforms.sample(table, kw["seed"], n=int(value))
-        else:
-            raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)")
+            try:
+                count, fraction = None, float(text)
+            except ValueError:
+                raise ServelabError(f"bad --sample '{text}' (a count N, or a fraction 0<F<=1 written with "
+                                    "a decimal point)") from None
+        table = transforms.sample(table, kw["seed"], n=count, fraction=fraction)
         steps.append(f"sample {kw['sample']} seed {kw['seed']}")
     scale = kw["rate_scale"] if kw["rate_scale"] is not None else kw["scale_rate"]
     if scale is not None:

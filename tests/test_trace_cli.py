@@ -167,3 +167,16 @@ def test_agentic_synth_prefix_block_tokens_zero_is_refused_like_negative(tmp_pat
                 "-o", tmp_path / "r.arrow")
         assert r.exit_code == 1 and f"prefix block tokens must be >= 1 (got {value})" in str(r.exception)
     assert no_files_like(tmp_path, "r.arrow")
+
+
+def test_transform_sample_integer_is_a_count_and_decimal_a_fraction(tmp_path):
+    src = tmp_path / "s.arrow"
+    ok("trace", "synth", "-n", "40", "-o", src)
+    cases = {"1.0": 40, "1": 1, "0.25": 10, "25": 25, "1e0": 40}
+    for text, rows in cases.items():
+        ok("trace", "transform", src, "-o", tmp_path / "x.arrow", "--sample", text)
+        assert read_trace(tmp_path / "x.arrow").num_rows == rows, text
+    for text, rule in {"0": "sample needs n >= 1", "0.0": "sample fraction must be in (0, 1]",
+                       "2.5": "sample fraction must be in (0, 1]", "abc": "bad --sample 'abc'"}.items():
+        r = run("trace", "transform", src, "-o", tmp_path / "y.arrow", "--sample", text)
+        assert r.exit_code == 1 and rule in str(r.exception), (text, r.exception)
