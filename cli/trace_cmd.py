@@ -336,6 +336,9 @@ def _synth_agentic(ctx: click.Context, out: Path, n: int | None, duration_s: flo
 
 def _window(text: str) -> tuple[float, float | None]:
     start, sep, end = text.partition(":")
+    if not sep:  # '100' could mean from 100 s on or up to 100 s: say which
+        raise ServelabError(f"bad --window '{text}' (use START_S:END_S, either side may be empty: "
+                            f"'{text}:' from {text} s on, ':{text}' up to {text} s)")
     try:
         return float(start or 0), (float(end) if end else None)
     except ValueError:

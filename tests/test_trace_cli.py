@@ -180,3 +180,20 @@ def test_transform_sample_integer_is_a_count_and_decimal_a_fraction(tmp_path):
                        "2.5": "sample fraction must be in (0, 1]", "abc": "bad --sample 'abc'"}.items():
         r = run("trace", "transform", src, "-o", tmp_path / "y.arrow", "--sample", text)
         assert r.exit_code == 1 and rule in str(r.exception), (text, r.exception)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["trace", "import", "--format", "azure", FIXTURES / "azure_2024_form.csv", "--shared-prefix-tokens", "-5"],
+     "--shared-prefix-tokens must be >= 0 (got -5)"),
+    (["trace", "import", "--format", "azure", FIXTURES / "azure_2024_form.csv", "--prompt-pool", "-1"],
+     "--prompt-pool must be >= 0 (got -1)"),
+    (["trace", "synth", "-n", "10", "--output-len", "fixed:abc"], "bad length spec 'fixed:abc': 'abc' is not a number"),
+    (["trace", "transform", "TRACE", "--window", "100"],
+     "bad --window '100' (use START_S:END_S, either side may be empty: '100:' from 100 s on, ':100' up to 100 s)"),
+])  # fmt: skip
+def test_option_errors_are_plain_sentences(tmp_path, args, message):
+    ok("trace", "synth", "-n", "5", "-o", tmp_path / "t.arrow")
+    args = [tmp_path / "t.arrow" if a == "TRACE" else a for a in args]
+    r = run(*args, "-o", tmp_path / "x.arrow")
+    assert r.exit_code == 1 and str(r.exception) == message
+    assert no_files_like(tmp_path, "x.arrow")

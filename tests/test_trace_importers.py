@@ -143,6 +143,10 @@ BAD_CSV = [
     ("azure", AZ_HEAD + "2023-11-16 18:15:47.0,-5,3\n", "token count must be >= 1", "ContextTokens", 1),
     ("azure", AZ_HEAD + OK_ROW + "16/11/2023 18:15,5,3\n", "unparsable timestamp", "TIMESTAMP", 2),
     ("azure", AZ_HEAD + OK_ROW + ",5,3\n", "missing value", "TIMESTAMP", 2),
+    ("azure", AZ_HEAD + OK_ROW + "2023-11-16 18:15:47.680590+02:00,5,3\n",
+     "has a zone offset but the file's first timestamp has none", "TIMESTAMP", 2),
+    ("azure", AZ_HEAD + "2023-11-16 18:15:46+00:00,5,3\n" + OK_ROW,
+     "has no zone offset but the file's first timestamp has one", "TIMESTAMP", 2),
     ("azure", "TIMESTAMP,ContextTokens\n" + "2023-11-16 18:15:47.0,5\n", "required column is missing", "GeneratedTokens", None),
     ("azure", AZ_HEAD, "file has no data rows", None, None),
     ("azure", "", "file is empty", None, None),
@@ -196,6 +200,8 @@ MOONCAKE_BAD = [
     ('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": [1]}\n', "token count must be >= 1", "output_length", 1),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "abc"}\n', "list of integers", "hash_ids", 1),
     ('{"timestamp": -5, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', "negative timestamp", "timestamp", 1),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [9223372036854775808]}\n',
+     "block id 9223372036854775808 is outside the signed 64-bit range (-2^63 .. 2^63 - 1)", "hash_ids", 1),
 ]
 
 

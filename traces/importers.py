@@ -323,7 +323,8 @@ def _mooncake_diagnose(path: Path) -> InputError:
                         return InputError(path, "must be a list of integers", column=name, row=row)
                     big = next((h for h in value if not _INT64[0] <= h <= _INT64[1]), None)
                     if big is not None:
-                        return InputError(path, f"block id {big} does not fit in 64 bits", column=name, row=row)
+                        return InputError(path, f"block id {big} is outside the signed 64-bit range (-2^63 .. 2^63 - 1) "
+                                                "the trace stores", column=name, row=row)
                 elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     return InputError(path, f"not a number: {value!r}", column=name, row=row)
                 elif name != "timestamp" and not float(value).is_integer():
