@@ -460,11 +460,13 @@ def _fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value != 0 and abs(value) < 0.001:
+            return f"{value:.3g}"
+        digits = 3 if abs(value) < 100 else 1
+        value = round(value, digits)  # what is shown: 3,482, not 3,482.0 for 3481.99 (float noise)
         if value.is_integer():  # token percentiles of integer columns: 13, not 13.000
             return f"{int(value):,}"
-        if abs(value) < 0.001:
-            return f"{value:.3g}"
-        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+        return f"{value:,.{digits}f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
@@ -496,7 +498,8 @@ def info_cmd(path: Path, as_json: bool) -> None:
     t.add_row("requests", _fmt(info["rows"]))
     t.add_row("span", f"{_fmt(info['span_s'])} s")
     t.add_row("mean rate", f"{_fmt(info['mean_rate_per_s'])} req/s")
-    t.add_row("inter-arrival CV", _fmt(info["interarrival_cv"]))
+    cv = info["interarrival_cv"]  # rounded: constant gaps give a CV of 1e-13 in float arithmetic, shown as 0
+    t.add_row("inter-arrival CV", _fmt(None if cv is None else round(cv, 6)))
     t.add_row("peak 1 s rate", f"{info['peak_1s_rate_per_s']} req/s")
     for name in ("prompt_tokens", "output_tokens"):
         s = info[name]

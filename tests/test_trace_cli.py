@@ -197,3 +197,28 @@ def test_option_errors_are_plain_sentences(tmp_path, args, message):
     r = run(*args, "-o", tmp_path / "x.arrow")
     assert r.exit_code == 1 and str(r.exception) == message
     assert no_files_like(tmp_path, "x.arrow")
+
+
+def test_info_rounds_float_noise_for_display(tmp_path):
+    from servelab.cli.trace_cmd import _fmt
+
+    src = tmp_path / "c.arrow"
+    ok("trace", "synth", "-n", "1000", "--rate", "7", "--arrival", "constant", "-o", src)
+    row = next(line for line in ok("trace", "info", src).output.splitlines() if "inter-arrival CV" in line)
+    assert row.split("│")[2].strip() == "0"
+    assert _fmt(3481.9999999) == "3,482" and _fmt(3481.96) == "3,482" and _fmt(3481.5) == "3,481.5"
+    assert _fmt(12.25) == "12.250" and _fmt(13.0) == "13" and _fmt(0.0004) == "0.0004"
+
+
+def test_blank_lines_in_a_csv_are_skipped_and_rows_keep_their_numbers(tmp_path):
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    src = tmp_path / "b.csv"
+    src.write_text(head + "2023-11-16 18:15:46.68,5,5\n\n2023-11-16 18:15:47.68,6,5\n\n")
+    ok("trace", "import", "--format", "azure", src, "-o", tmp_path / "b.arrow")
+    assert read_trace(tmp_path / "b.arrow").column("prompt_tokens").to_pylist() == [5, 6]
+    src.write_text(head + "2023-11-16 18:15:46.68,5,5\n\n2023-11-16 18:15:47.68,x,5\n")
+    r = run("trace", "import", "--format", "azure", src, "-o", tmp_path / "c.arrow")
+    assert str(r.exception) == f"{src}, column 'ContextTokens', row 3: not an integer: 'x'"  # line 4 of the file
+    src.write_text(head + "\n\n")
+    assert str(run("trace", "import", "--format", "azure", src, "-o", tmp_path / "c.arrow").exception) == \
+        f"{src}: file has no data rows"
