@@ -64,6 +64,24 @@ def _parse_schedule(text: str | None) -> tuple[tuple[float, float], ...]:
     return tuple(steps)
 
 
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def _check_arrival_options(ctx: click.Context) -> None:
+    """Refuse an arrival option the chosen process or profile does not use: it would be ignored."""
+    arrival, profile = ctx.params["arrival"], ctx.params["profile"]
+    if _given(ctx, "cv") and arrival not in ("gamma", "weibull"):
+        raise ServelabError(f"--cv does not apply to --arrival {arrival} (its gaps have CV {0 if arrival == 'constant' else 1}); "
+                            "it needs --arrival gamma or weibull")
+    if _given(ctx, "rate") and profile == "piecewise":
+        raise ServelabError("--rate does not apply to --profile piecewise (--schedule gives the rates)")
+    for name, needs in (("schedule", "piecewise"), ("diurnal_amplitude", "diurnal"), ("diurnal_period_s", "diurnal"),
+                        ("burst_on_s", "onoff"), ("burst_off_s", "onoff")):
+        if _given(ctx, name) and profile != needs:
+            raise ServelabError(f"--{name.replace('_', '-')} needs --profile {needs} (the profile is {profile})")
+
+
 def _arrival_kwargs(kw: dict) -> dict:
     return {
         "arrival": kw.pop("arrival"),
@@ -176,6 +194,8 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
     for name in sorted(set(_IMPORT_OPTIONS) - allowed):
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} does not apply to --format {fmt}")
+    if "arrival" in allowed:
+        _check_arrival_options(ctx)
     options = {"arrival": _arrival_config(kw)} if "arrival" in allowed else {}  # (the arrival options, as one)
     for name in sorted(allowed - set(_ARRIVAL)):  # each other option the format takes, as the importer's parameter
         parameter = _PARAMETER.get(name, name)
@@ -249,12 +269,20 @@ def synth_cmd(ctx: click.Context, out: Path, n: int | None, duration_s: float | 
     from servelab.traces.io import write_trace
     from servelab.traces.synth import generate, make_config, parse_fractions
 
+    _check_arrival_options(ctx)
     if kw["shape"] is not None:
         _synth_agentic(ctx, out, n, duration_s, kw)
         return
     for name in _AGENT_ONLY:
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} needs --shape")
+    if kw["lengths_from"] is not None:
+        for name in ("prompt", "output_len"):
+            if _given(ctx, name):
+                raise ServelabError(f"--{name.replace('_', '-')} does not apply with --lengths-from (the file gives "
+                                    "the lengths)")
+    if _given(ctx, "prefix_groups") and not kw["shared_prefix_tokens"]:
+        raise ServelabError("--prefix-groups needs --shared-prefix-tokens")
     if n is None and duration_s is None:
         n = 1000
     tenants = kw.pop("tenants")

@@ -85,7 +85,7 @@ def test_synth_is_deterministic_and_matches_options(tmp_path):
     t = read_trace(tmp_path / "a.arrow")
     assert t.num_rows == 2000 and {"session_id", "think_s", "prefix_hashes"} <= set(t.column_names)
     assert set(t.column("tier").cast(pa.string()).to_pylist()) == {"priority", "standard"}
-    ok("trace", "synth", "--duration-s", "60", "--rate", "5", "--profile", "piecewise", "--schedule", "0:5,30:0",
+    ok("trace", "synth", "--duration-s", "60", "--profile", "piecewise", "--schedule", "0:5,30:0",
        "-o", tmp_path / "c.arrow")
     assert read_trace(tmp_path / "c.arrow").column("arrival_s").to_numpy().max() < 30
 
@@ -222,3 +222,41 @@ def test_blank_lines_in_a_csv_are_skipped_and_rows_keep_their_numbers(tmp_path):
     src.write_text(head + "\n\n")
     assert str(run("trace", "import", "--format", "azure", src, "-o", tmp_path / "c.arrow").exception) == \
         f"{src}: file has no data rows"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--arrival", "poisson", "--cv", "3"], "--cv does not apply to --arrival poisson (its gaps have CV 1); it needs --arrival gamma or weibull"),
+    (["--arrival", "constant", "--cv", "3"], "--cv does not apply to --arrival constant (its gaps have CV 0)"),
+    (["--cv", "3"], "--cv does not apply to --arrival poisson"),
+    (["--schedule", "0:2,10:3"], "--schedule needs --profile piecewise (the profile is flat)"),
+    (["--burst-on-s", "5"], "--burst-on-s needs --profile onoff (the profile is flat)"),
+    (["--profile", "diurnal", "--burst-off-s", "5"], "--burst-off-s needs --profile onoff (the profile is diurnal)"),
+    (["--diurnal-amplitude", "0.3"], "--diurnal-amplitude needs --profile diurnal"),
+    (["--profile", "onoff", "--diurnal-period-s", "60"], "--diurnal-period-s needs --profile diurnal"),
+    (["--profile", "piecewise", "--schedule", "0:2", "--rate", "5"], "--rate does not apply to --profile piecewise"),
+    (["--prefix-groups", "4"], "--prefix-groups needs --shared-prefix-tokens"),
+    (["--lengths-from", FIXTURES / "sharegpt_lengths_head300.csv", "--prompt", "100"],
+     "--prompt does not apply with --lengths-from (the file gives the lengths)"),
+    (["--lengths-from", FIXTURES / "sharegpt_lengths_head300.csv", "--output-len", "9"], "--output-len does not apply"),
+    (["--shape", "react", "--tasks", "3", "--cv", "2"], "--cv does not apply to --arrival poisson"),
+])  # fmt: skip
+def test_synth_refuses_options_it_would_ignore(tmp_path, args, message):
+    r = run("trace", "synth", *(["-n", "50"] if "--shape" not in args else []), *args, "-o", tmp_path / "x.arrow")
+    assert r.exit_code == 1 and isinstance(r.exception, ServelabError), r.output
+    assert message in str(r.exception)
+    assert no_files_like(tmp_path, "x.arrow")
+
+
+def test_synth_still_takes_each_option_where_it_applies(tmp_path):
+    for args in (["--arrival", "gamma", "--cv", "3"], ["--arrival", "weibull", "--cv", "0.5"],
+                 ["--profile", "piecewise", "--schedule", "0:2,10:3"], ["--profile", "onoff", "--burst-on-s", "5"],
+                 ["--profile", "diurnal", "--diurnal-amplitude", "0.3", "--diurnal-period-s", "60"],
+                 ["--shared-prefix-tokens", "64", "--prefix-groups", "4"], ["--rate", "3", "--arrival", "constant"]):
+        ok("trace", "synth", "-n", "50", *args, "-o", tmp_path / "x.arrow")
+
+
+def test_lengths_import_refuses_an_arrival_option_it_would_ignore(tmp_path):
+    r = run("trace", "import", "--format", "lengths", FIXTURES / "sharegpt_lengths_head300.csv", "--cv", "3",
+            "-o", tmp_path / "x.arrow")
+    assert r.exit_code == 1 and "--cv does not apply to --arrival poisson" in str(r.exception)
+    assert no_files_like(tmp_path, "x.arrow")
