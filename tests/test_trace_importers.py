@@ -12,6 +12,7 @@ from helpers_traces import strings as _strings
 
 from servelab.cli.main import cli
 from servelab.common.errors import InputError, ServelabError
+from servelab.traces import transforms
 from servelab.traces.arrivals import ArrivalConfig
 from servelab.traces.importers import import_trace
 from servelab.traces.info import trace_info
@@ -276,3 +277,23 @@ def test_gzipped_sources_are_detected_through_the_compression(tmp_path):
         got, plain = read_trace(tmp_path / f"{fmt}.arrow"), import_trace(fmt, [src]).table
         assert got.column("arrival_s").equals(plain.column("arrival_s"))
         assert got.column("prompt_tokens").equals(plain.column("prompt_tokens"))
+
+
+def test_mooncake_files_keep_their_block_ids_apart_as_merge_does(tmp_path):
+    # Each Mooncake file numbers its hash_ids from 0: the same id in two files is two blocks.
+    src = FIXTURES / "mooncake_synthetic_head200.jsonl"
+    other = tmp_path / "other.jsonl"
+    other.write_text(src.read_text())
+    both = import_trace("mooncake", [src, other])
+    one = import_trace("mooncake", [src])
+    merged = transforms.merge([one.table, import_trace("mooncake", [other]).table])
+    assert both.table.column("prefix_hashes").equals(merged.column("prefix_hashes"))
+    block = {"prefix_block_tokens": "512"}
+    share = trace_info(both.table.replace_schema_metadata(block))["prefix_reuse_share"]
+    assert share == pytest.approx(trace_info(one.table.replace_schema_metadata(block))["prefix_reuse_share"], rel=1e-9)
+
+    def block_ids(table):
+        return {h for row in table.column("prefix_hashes").to_pylist() for h in row}
+
+    chains_one = block_ids(import_trace("mooncake-chains", [src]).table)
+    assert len(block_ids(import_trace("mooncake-chains", [src, other]).table)) == 2 * len(chains_one)

@@ -354,8 +354,10 @@ def import_mooncake(paths: list[Path], block_tokens: int = 512, tenant_from_file
     """Mooncake JSON lines: timestamp (ms), input_length, output_length, hash_ids (block ids)."""
     if block_tokens < 1:
         raise ServelabError(f"--block-tokens must be >= 1 (got {block_tokens})")
+    from servelab.traces.transforms import file_namespace
+
     parts = []
-    for path in paths:
+    for index, path in enumerate(paths):
         df = _read_mooncake(path)
         time = df["timestamp"].to_numpy() / 1000.0
         if (time < 0).any():
@@ -364,7 +366,8 @@ def import_mooncake(paths: list[Path], block_tokens: int = 512, tenant_from_file
         prompt, output = df["input_length"].to_numpy(), df["output_length"].to_numpy()
         check_counts(path, "input_length", prompt)
         check_counts(path, "output_length", output)
-        hashes = df["hash_ids"].to_arrow().cast(pa.list_(pa.int64()))
+        # Each file numbers its block ids from 0: equal ids in two files are different blocks.
+        hashes = file_namespace(df["hash_ids"].to_arrow().cast(pa.list_(pa.int64())), index)
         parts.append(Part(path, time, prompt, output, extra={"prefix_hashes": hashes}, rows_read=len(time)))
     return merge(parts, source="mooncake", prefix_block_tokens=block_tokens, tag_tenant=tenant_from_file)
 
