@@ -297,3 +297,41 @@ def test_mooncake_files_keep_their_block_ids_apart_as_merge_does(tmp_path):
 
     chains_one = block_ids(import_trace("mooncake-chains", [src]).table)
     assert len(block_ids(import_trace("mooncake-chains", [src, other]).table)) == 2 * len(chains_one)
+
+
+def _mooncake_lines(tmp_path, pairs, name="m.jsonl"):
+    src = tmp_path / name
+    src.write_text("".join(json.dumps({"timestamp": i, "input_length": length, "output_length": 3,
+                                       "hash_ids": list(range(ids))}) + "\n" for i, (length, ids) in enumerate(pairs)))
+    return src
+
+
+def test_mooncake_block_size_that_most_rows_disagree_with_is_an_error_naming_the_one_that_fits(tmp_path):
+    src = FIXTURES / "mooncake_synthetic_head200.jsonl"
+    for wrong in (256, 1024):
+        with pytest.raises(InputError) as err:
+            import_trace("mooncake", [src], block_tokens=wrong)
+        assert_input_error(err, src, f"rows have len(hash_ids) != ceil(input_length / {wrong})", "hash_ids", 1)
+        assert err.value.rule.endswith(f"the block size is not {wrong}; they fit --block-tokens 512")
+    assert import_trace("mooncake", [src]).warnings == ()
+    # 100 tokens in 5 blocks and 3,000 in 1 fit no single size
+    bad = _mooncake_lines(tmp_path, [(1000, 2), (100, 5), (3000, 1)])
+    with pytest.raises(InputError) as err:
+        import_trace("mooncake", [bad])
+    assert_input_error(err, bad, "2 of 3 rows have len(hash_ids) != ceil(input_length / 512) (this one: 100 tokens, "
+                       "5 ids): the block size is not 512; no single block size fits them", "hash_ids", 2)
+    odd = _mooncake_lines(tmp_path, [(1000, 10), (950, 10), (901, 10)])
+    with pytest.raises(InputError, match=r"they fit --block-tokens 100$"):  # only 100 fits all three
+        import_trace("mooncake", [odd])
+    with pytest.raises(InputError, match=r"they fit --block-tokens 91 to 99$"):  # no power of two among them
+        import_trace("mooncake", [_mooncake_lines(tmp_path, [(900, 10), (901, 10)], "range.jsonl")])
+
+
+def test_mooncake_rows_a_few_of_which_disagree_with_the_block_size_warn_naming_the_first(tmp_path):
+    src = _mooncake_lines(tmp_path, [(1000, 2)] * 5 + [(100, 5)] + [(600, 2)])
+    r = import_trace("mooncake", [src])
+    assert r.table.num_rows == 7
+    assert r.warnings == (f"{src}, column 'hash_ids', row 6: 1 of 7 rows have len(hash_ids) != ceil(input_length / "
+                          "512) (this one: 100 tokens, 5 ids); their prefix reuse follows the ids",)
+    out = CliRunner().invoke(cli, ["trace", "import", str(src), "-o", str(tmp_path / "m.arrow")])
+    assert out.exit_code == 0 and "warning: " + r.warnings[0] in out.output
