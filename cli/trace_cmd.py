@@ -72,8 +72,9 @@ def _check_arrival_options(ctx: click.Context) -> None:
     """Refuse an arrival option the chosen process or profile does not use: it would be ignored."""
     arrival, profile = ctx.params["arrival"], ctx.params["profile"]
     if _given(ctx, "cv") and arrival not in ("gamma", "weibull"):
-        raise ServelabError(f"--cv does not apply to --arrival {arrival} (its gaps have CV {0 if arrival == 'constant' else 1}); "
-                            "it needs --arrival gamma or weibull")
+        own = 0 if arrival == "constant" else 1
+        raise ServelabError(f"--cv does not apply to --arrival {arrival} (its gaps have CV {own}); it needs --arrival "
+                            "gamma or weibull")
     if _given(ctx, "rate") and profile == "piecewise":
         raise ServelabError("--rate does not apply to --profile piecewise (--schedule gives the rates)")
     for name, needs in (("schedule", "piecewise"), ("diurnal_amplitude", "diurnal"), ("diurnal_period_s", "diurnal"),
@@ -395,8 +396,9 @@ def _deprecated(value, old: str, new: str):
 @click.option("-o", "--output", "out", required=True, type=_PATH)
 @click.option("--window", default=None, help="Keep arrivals in START_S:END_S, re-based to 0 (sessions whole).")
 @click.option("--head", type=int, default=None, help="Keep the first N requests.")
-@click.option("--sample", default=None, help="Random subset: a count N (an integer) or a fraction 0<F<=1 (with a decimal point: 1.0 keeps "
-                   "all; sessions whole).")
+@click.option("--sample", default=None,
+              help="Random subset: a count N (an integer) or a fraction 0<F<=1 (with a decimal point: 1.0 keeps all; "
+                   "sessions whole).")
 @click.option("--rate-scale", type=float, default=None, help="Multiply the arrival rate by K (arrival times / K).")
 @click.option("--scale-rate", type=float, default=None, hidden=True,
               callback=lambda ctx, param, value: _deprecated(value, "--scale-rate", "--rate-scale"))

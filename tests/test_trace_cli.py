@@ -225,7 +225,8 @@ def test_blank_lines_in_a_csv_are_skipped_and_rows_keep_their_numbers(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--arrival", "poisson", "--cv", "3"], "--cv does not apply to --arrival poisson (its gaps have CV 1); it needs --arrival gamma or weibull"),
+    (["--arrival", "poisson", "--cv", "3"],
+     "--cv does not apply to --arrival poisson (its gaps have CV 1); it needs --arrival gamma or weibull"),
     (["--arrival", "constant", "--cv", "3"], "--cv does not apply to --arrival constant (its gaps have CV 0)"),
     (["--cv", "3"], "--cv does not apply to --arrival poisson"),
     (["--schedule", "0:2,10:3"], "--schedule needs --profile piecewise (the profile is flat)"),
