@@ -64,6 +64,25 @@ def _parse_schedule(text: str | None) -> tuple[tuple[float, float], ...]:
     return tuple(steps)
 
 
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def _check_arrival_options(ctx: click.Context) -> None:
+    """Refuse an arrival option the chosen process or profile does not use: it would be ignored."""
+    arrival, profile = ctx.params["arrival"], ctx.params["profile"]
+    if _given(ctx, "cv") and arrival not in ("gamma", "weibull"):
+        own = 0 if arrival == "constant" else 1
+        raise ServelabError(f"--cv does not apply to --arrival {arrival} (its gaps have CV {own}); it needs --arrival "
+                            "gamma or weibull")
+    if _given(ctx, "rate") and profile == "piecewise":
+        raise ServelabError("--rate does not apply to --profile piecewise (--schedule gives the rates)")
+    for name, needs in (("schedule", "piecewise"), ("diurnal_amplitude", "diurnal"), ("diurnal_period_s", "diurnal"),
+                        ("burst_on_s", "onoff"), ("burst_off_s", "onoff")):
+        if _given(ctx, name) and profile != needs:
+            raise ServelabError(f"--{name.replace('_', '-')} needs --profile {needs} (the profile is {profile})")
+
+
 def _arrival_kwargs(kw: dict) -> dict:
     return {
         "arrival": kw.pop("arrival"),
@@ -167,6 +186,8 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 
     spec = spec_from_options(kw.pop("shared_prefix_tokens"), kw.pop("prefix_groups"), kw.pop("prompt_pool"))
     block_tokens = kw.pop("prefix_block_tokens")
+    if spec is not None and block_tokens < 1:  # checked before the import: the hashes divide by it
+        raise ServelabError(f"--prefix-block-tokens must be >= 1 (got {block_tokens})")
     if fmt is None:
         fmt = detect_format(list(sources))
         click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
@@ -174,6 +195,8 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
     for name in sorted(set(_IMPORT_OPTIONS) - allowed):
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} does not apply to --format {fmt}")
+    if "arrival" in allowed:
+        _check_arrival_options(ctx)
     options = {"arrival": _arrival_config(kw)} if "arrival" in allowed else {}  # (the arrival options, as one)
     for name in sorted(allowed - set(_ARRIVAL)):  # each other option the format takes, as the importer's parameter
         parameter = _PARAMETER.get(name, name)
@@ -247,12 +270,20 @@ def synth_cmd(ctx: click.Context, out: Path, n: int | None, duration_s: float | 
     from servelab.traces.io import write_trace
     from servelab.traces.synth import generate, make_config, parse_fractions
 
+    _check_arrival_options(ctx)
     if kw["shape"] is not None:
         _synth_agentic(ctx, out, n, duration_s, kw)
         return
     for name in _AGENT_ONLY:
         if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise ServelabError(f"--{name.replace('_', '-')} needs --shape")
+    if kw["lengths_from"] is not None:
+        for name in ("prompt", "output_len"):
+            if _given(ctx, name):
+                raise ServelabError(f"--{name.replace('_', '-')} does not apply with --lengths-from (the file gives "
+                                    "the lengths)")
+    if _given(ctx, "prefix_groups") and not kw["shared_prefix_tokens"]:
+        raise ServelabError("--prefix-groups needs --shared-prefix-tokens")
     if n is None and duration_s is None:
         n = 1000
     tenants = kw.pop("tenants")
@@ -316,7 +347,8 @@ def _synth_agentic(ctx: click.Context, out: Path, n: int | None, duration_s: flo
     options = dict(shape=kw["shape"], tasks=kw["tasks"], arrival=arrival, prompt=kw["prompt"], output=kw["output_len"],
                    new_tokens=kw["new_tokens"], calls=kw["calls"], branches=kw["branches"], chat_turns=kw["chat_turns"],
                    tool_s=kw["tool_s"], user_think_s=kw["user_think_s"], task_deadline_s=kw["task_deadline_s"],
-                   prefix_block_tokens=kw["prefix_block_tokens"] or 16, seed=kw["seed"])
+                   prefix_block_tokens=16 if kw["prefix_block_tokens"] is None else kw["prefix_block_tokens"],
+                   seed=kw["seed"])
     if kw["mix"] is not None:
         options["mix"] = kw["mix"]
     if tenants is not None:
@@ -333,6 +365,9 @@ def _synth_agentic(ctx: click.Context, out: Path, n: int | None, duration_s: flo
 
 def _window(text: str) -> tuple[float, float | None]:
     start, sep, end = text.partition(":")
+    if not sep:  # '100' could mean from 100 s on or up to 100 s: say which
+        raise ServelabError(f"bad --window '{text}' (use START_S:END_S, either side may be empty: "
+                            f"'{text}:' from {text} s on, ':{text}' up to {text} s)")
     try:
         return float(start or 0), (float(end) if end else None)
     except ValueError:
@@ -361,7 +396,9 @@ def _deprecated(value, old: str, new: str):
 @click.option("-o", "--output", "out", required=True, type=_PATH)
 @click.option("--window", default=None, help="Keep arrivals in START_S:END_S, re-based to 0 (sessions whole).")
 @click.option("--head", type=int, default=None, help="Keep the first N requests.")
-@click.option("--sample", default=None, help="Random subset: a count N or a fraction 0<F<1 (sessions whole).")
+@click.option("--sample", default=None,
+              help="Random subset: a count N (an integer) or a fraction 0<F<=1 (with a decimal point: 1.0 keeps all; "
+                   "sessions whole).")
 @click.option("--rate-scale", type=float, default=None, help="Multiply the arrival rate by K (arrival times / K).")
 @click.option("--scale-rate", type=float, default=None, hidden=True,
               callback=lambda ctx, param, value: _deprecated(value, "--scale-rate", "--rate-scale"))
@@ -389,16 +426,18 @@ def transform_cmd(src: Path, out: Path, **kw) -> None:
         table = transforms.head(table, kw["head"])
         steps.append(f"head {kw['head']}")
     if kw["sample"]:
+        # An integer is a count, a number with a decimal point (or an exponent) a fraction: 1 keeps one
+        # request, 1.0 all of them.
+        text = kw["sample"].strip()
         try:
-            value = float(kw["sample"])
+            count, fraction = int(text), None
         except ValueError:
-            raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)") from None
-        if value < 1:
-            table = transforms.sample(table, kw["seed"], fraction=value)
-        elif value.is_integer():
-            table = transforms.sample(table, kw["seed"], n=int(value))
-        else:
-            raise ServelabError(f"bad --sample '{kw['sample']}' (a count or a fraction)")
+            try:
+                count, fraction = None, float(text)
+            except ValueError:
+                raise ServelabError(f"bad --sample '{text}' (a count N, or a fraction 0<F<=1 written with "
+                                    "a decimal point)") from None
+        table = transforms.sample(table, kw["seed"], n=count, fraction=fraction)
         steps.append(f"sample {kw['sample']} seed {kw['seed']}")
     scale = kw["rate_scale"] if kw["rate_scale"] is not None else kw["scale_rate"]
     if scale is not None:
@@ -451,11 +490,13 @@ def _fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value != 0 and abs(value) < 0.001:
+            return f"{value:.3g}"
+        digits = 3 if abs(value) < 100 else 1
+        value = round(value, digits)  # what is shown: 3,482, not 3,482.0 for 3481.99 (float noise)
         if value.is_integer():  # token percentiles of integer columns: 13, not 13.000
             return f"{int(value):,}"
-        if abs(value) < 0.001:
-            return f"{value:.3g}"
-        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+        return f"{value:,.{digits}f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
@@ -487,7 +528,8 @@ def info_cmd(path: Path, as_json: bool) -> None:
     t.add_row("requests", _fmt(info["rows"]))
     t.add_row("span", f"{_fmt(info['span_s'])} s")
     t.add_row("mean rate", f"{_fmt(info['mean_rate_per_s'])} req/s")
-    t.add_row("inter-arrival CV", _fmt(info["interarrival_cv"]))
+    cv = info["interarrival_cv"]  # rounded: constant gaps give a CV of 1e-13 in float arithmetic, shown as 0
+    t.add_row("inter-arrival CV", _fmt(None if cv is None else round(cv, 6)))
     t.add_row("peak 1 s rate", f"{info['peak_1s_rate_per_s']} req/s")
     for name in ("prompt_tokens", "output_tokens"):
         s = info[name]

@@ -185,7 +185,7 @@ MOONCAKE_OK = b'{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_
     (b'{"timestamp": 5, "input_length": 12, "output_length": 3, "hash_ids": [1], "note": "\xff"}\n', None,
      "not UTF-8 text (byte 0xff)"),
     (b'{"timestamp": 5, "input_length": 12, "output_length": 3, "hash_ids": [1, 99999999999999999999]}\n',
-     "hash_ids", "block id 99999999999999999999 does not fit in 64 bits"),
+     "hash_ids", "block id 99999999999999999999 is outside the signed 64-bit range (-2^63 .. 2^63 - 1)"),
     (b'{"timestamp": 5, "input_length": 1099511627776, "output_length": 3, "hash_ids": [1]}\n', "input_length",
      "token count too large (got 1099511627776"),
 ])  # fmt: skip

@@ -85,7 +85,7 @@ def test_synth_is_deterministic_and_matches_options(tmp_path):
     t = read_trace(tmp_path / "a.arrow")
     assert t.num_rows == 2000 and {"session_id", "think_s", "prefix_hashes"} <= set(t.column_names)
     assert set(t.column("tier").cast(pa.string()).to_pylist()) == {"priority", "standard"}
-    ok("trace", "synth", "--duration-s", "60", "--rate", "5", "--profile", "piecewise", "--schedule", "0:5,30:0",
+    ok("trace", "synth", "--duration-s", "60", "--profile", "piecewise", "--schedule", "0:5,30:0",
        "-o", tmp_path / "c.arrow")
     assert read_trace(tmp_path / "c.arrow").column("arrival_s").to_numpy().max() < 30
 
@@ -150,3 +150,114 @@ def test_full_shared_azure_import_via_cli(tmp_path):
     src = shared("azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
     r = ok("trace", "import", "--format", "azure", src, "-o", tmp_path / "az.arrow")
     assert "19366 requests" in r.output
+
+
+@pytest.mark.parametrize("sharing", [["--shared-prefix-tokens", "256"], ["--prompt-pool", "5"]])
+def test_import_prefix_block_tokens_zero_is_a_one_line_error(tmp_path, sharing):
+    r = run("trace", "import", "--format", "azure", FIXTURES / "azure_conv_2023_head300.csv", "-o", tmp_path / "x.arrow",
+            *sharing, "--prefix-block-tokens", "0")
+    assert r.exit_code == 1 and isinstance(r.exception, ServelabError)
+    assert str(r.exception) == "--prefix-block-tokens must be >= 1 (got 0)"
+    assert no_files_like(tmp_path, "x.arrow")
+
+
+def test_agentic_synth_prefix_block_tokens_zero_is_refused_like_negative(tmp_path):
+    for value in ("0", "-3"):
+        r = run("trace", "synth", "--shape", "react", "--tasks", "5", "--prefix-block-tokens", value,
+                "-o", tmp_path / "r.arrow")
+        assert r.exit_code == 1 and f"prefix block tokens must be >= 1 (got {value})" in str(r.exception)
+    assert no_files_like(tmp_path, "r.arrow")
+
+
+def test_transform_sample_integer_is_a_count_and_decimal_a_fraction(tmp_path):
+    src = tmp_path / "s.arrow"
+    ok("trace", "synth", "-n", "40", "-o", src)
+    cases = {"1.0": 40, "1": 1, "0.25": 10, "25": 25, "1e0": 40}
+    for text, rows in cases.items():
+        ok("trace", "transform", src, "-o", tmp_path / "x.arrow", "--sample", text)
+        assert read_trace(tmp_path / "x.arrow").num_rows == rows, text
+    for text, rule in {"0": "sample needs n >= 1", "0.0": "sample fraction must be in (0, 1]",
+                       "2.5": "sample fraction must be in (0, 1]", "abc": "bad --sample 'abc'"}.items():
+        r = run("trace", "transform", src, "-o", tmp_path / "y.arrow", "--sample", text)
+        assert r.exit_code == 1 and rule in str(r.exception), (text, r.exception)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["trace", "import", "--format", "azure", FIXTURES / "azure_2024_form.csv", "--shared-prefix-tokens", "-5"],
+     "--shared-prefix-tokens must be >= 0 (got -5)"),
+    (["trace", "import", "--format", "azure", FIXTURES / "azure_2024_form.csv", "--prompt-pool", "-1"],
+     "--prompt-pool must be >= 0 (got -1)"),
+    (["trace", "synth", "-n", "10", "--output-len", "fixed:abc"], "bad length spec 'fixed:abc': 'abc' is not a number"),
+    (["trace", "transform", "TRACE", "--window", "100"],
+     "bad --window '100' (use START_S:END_S, either side may be empty: '100:' from 100 s on, ':100' up to 100 s)"),
+])  # fmt: skip
+def test_option_errors_are_plain_sentences(tmp_path, args, message):
+    ok("trace", "synth", "-n", "5", "-o", tmp_path / "t.arrow")
+    args = [tmp_path / "t.arrow" if a == "TRACE" else a for a in args]
+    r = run(*args, "-o", tmp_path / "x.arrow")
+    assert r.exit_code == 1 and str(r.exception) == message
+    assert no_files_like(tmp_path, "x.arrow")
+
+
+def test_info_rounds_float_noise_for_display(tmp_path):
+    from servelab.cli.trace_cmd import _fmt
+
+    src = tmp_path / "c.arrow"
+    ok("trace", "synth", "-n", "1000", "--rate", "7", "--arrival", "constant", "-o", src)
+    row = next(line for line in ok("trace", "info", src).output.splitlines() if "inter-arrival CV" in line)
+    assert row.split("│")[2].strip() == "0"
+    assert _fmt(3481.9999999) == "3,482" and _fmt(3481.96) == "3,482" and _fmt(3481.5) == "3,481.5"
+    assert _fmt(12.25) == "12.250" and _fmt(13.0) == "13" and _fmt(0.0004) == "0.0004"
+
+
+def test_blank_lines_in_a_csv_are_skipped_and_rows_keep_their_numbers(tmp_path):
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    src = tmp_path / "b.csv"
+    src.write_text(head + "2023-11-16 18:15:46.68,5,5\n\n2023-11-16 18:15:47.68,6,5\n\n")
+    ok("trace", "import", "--format", "azure", src, "-o", tmp_path / "b.arrow")
+    assert read_trace(tmp_path / "b.arrow").column("prompt_tokens").to_pylist() == [5, 6]
+    src.write_text(head + "2023-11-16 18:15:46.68,5,5\n\n2023-11-16 18:15:47.68,x,5\n")
+    r = run("trace", "import", "--format", "azure", src, "-o", tmp_path / "c.arrow")
+    assert str(r.exception) == f"{src}, column 'ContextTokens', row 3: not an integer: 'x'"  # line 4 of the file
+    src.write_text(head + "\n\n")
+    assert str(run("trace", "import", "--format", "azure", src, "-o", tmp_path / "c.arrow").exception) == \
+        f"{src}: file has no data rows"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--arrival", "poisson", "--cv", "3"],
+     "--cv does not apply to --arrival poisson (its gaps have CV 1); it needs --arrival gamma or weibull"),
+    (["--arrival", "constant", "--cv", "3"], "--cv does not apply to --arrival constant (its gaps have CV 0)"),
+    (["--cv", "3"], "--cv does not apply to --arrival poisson"),
+    (["--schedule", "0:2,10:3"], "--schedule needs --profile piecewise (the profile is flat)"),
+    (["--burst-on-s", "5"], "--burst-on-s needs --profile onoff (the profile is flat)"),
+    (["--profile", "diurnal", "--burst-off-s", "5"], "--burst-off-s needs --profile onoff (the profile is diurnal)"),
+    (["--diurnal-amplitude", "0.3"], "--diurnal-amplitude needs --profile diurnal"),
+    (["--profile", "onoff", "--diurnal-period-s", "60"], "--diurnal-period-s needs --profile diurnal"),
+    (["--profile", "piecewise", "--schedule", "0:2", "--rate", "5"], "--rate does not apply to --profile piecewise"),
+    (["--prefix-groups", "4"], "--prefix-groups needs --shared-prefix-tokens"),
+    (["--lengths-from", FIXTURES / "sharegpt_lengths_head300.csv", "--prompt", "100"],
+     "--prompt does not apply with --lengths-from (the file gives the lengths)"),
+    (["--lengths-from", FIXTURES / "sharegpt_lengths_head300.csv", "--output-len", "9"], "--output-len does not apply"),
+    (["--shape", "react", "--tasks", "3", "--cv", "2"], "--cv does not apply to --arrival poisson"),
+])  # fmt: skip
+def test_synth_refuses_options_it_would_ignore(tmp_path, args, message):
+    r = run("trace", "synth", *(["-n", "50"] if "--shape" not in args else []), *args, "-o", tmp_path / "x.arrow")
+    assert r.exit_code == 1 and isinstance(r.exception, ServelabError), r.output
+    assert message in str(r.exception)
+    assert no_files_like(tmp_path, "x.arrow")
+
+
+def test_synth_still_takes_each_option_where_it_applies(tmp_path):
+    for args in (["--arrival", "gamma", "--cv", "3"], ["--arrival", "weibull", "--cv", "0.5"],
+                 ["--profile", "piecewise", "--schedule", "0:2,10:3"], ["--profile", "onoff", "--burst-on-s", "5"],
+                 ["--profile", "diurnal", "--diurnal-amplitude", "0.3", "--diurnal-period-s", "60"],
+                 ["--shared-prefix-tokens", "64", "--prefix-groups", "4"], ["--rate", "3", "--arrival", "constant"]):
+        ok("trace", "synth", "-n", "50", *args, "-o", tmp_path / "x.arrow")
+
+
+def test_lengths_import_refuses_an_arrival_option_it_would_ignore(tmp_path):
+    r = run("trace", "import", "--format", "lengths", FIXTURES / "sharegpt_lengths_head300.csv", "--cv", "3",
+            "-o", tmp_path / "x.arrow")
+    assert r.exit_code == 1 and "--cv does not apply to --arrival poisson" in str(r.exception)
+    assert no_files_like(tmp_path, "x.arrow")

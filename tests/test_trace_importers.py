@@ -12,6 +12,7 @@ from helpers_traces import strings as _strings
 
 from servelab.cli.main import cli
 from servelab.common.errors import InputError, ServelabError
+from servelab.traces import transforms
 from servelab.traces.arrivals import ArrivalConfig
 from servelab.traces.importers import import_trace
 from servelab.traces.info import trace_info
@@ -143,6 +144,10 @@ BAD_CSV = [
     ("azure", AZ_HEAD + "2023-11-16 18:15:47.0,-5,3\n", "token count must be >= 1", "ContextTokens", 1),
     ("azure", AZ_HEAD + OK_ROW + "16/11/2023 18:15,5,3\n", "unparsable timestamp", "TIMESTAMP", 2),
     ("azure", AZ_HEAD + OK_ROW + ",5,3\n", "missing value", "TIMESTAMP", 2),
+    ("azure", AZ_HEAD + OK_ROW + "2023-11-16 18:15:47.680590+02:00,5,3\n",
+     "has a zone offset but the file's first timestamp has none", "TIMESTAMP", 2),
+    ("azure", AZ_HEAD + "2023-11-16 18:15:46+00:00,5,3\n" + OK_ROW,
+     "has no zone offset but the file's first timestamp has one", "TIMESTAMP", 2),
     ("azure", "TIMESTAMP,ContextTokens\n" + "2023-11-16 18:15:47.0,5\n", "required column is missing", "GeneratedTokens", None),
     ("azure", AZ_HEAD, "file has no data rows", None, None),
     ("azure", "", "file is empty", None, None),
@@ -196,6 +201,8 @@ MOONCAKE_BAD = [
     ('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": [1]}\n', "token count must be >= 1", "output_length", 1),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "abc"}\n', "list of integers", "hash_ids", 1),
     ('{"timestamp": -5, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', "negative timestamp", "timestamp", 1),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [9223372036854775808]}\n',
+     "block id 9223372036854775808 is outside the signed 64-bit range (-2^63 .. 2^63 - 1)", "hash_ids", 1),
 ]
 
 
@@ -240,3 +247,91 @@ def test_full_burstgpt_and_lengths():
     for name, rows in [("sharegpt_8k_filtered_stats_llama2_tokenizer.csv", 30731),
                        ("arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", 28257)]:
         assert import_trace("lengths", [shared(f"lengths/{name}")]).table.num_rows == rows
+
+
+def test_a_source_given_twice_is_refused(tmp_path):
+    # Every request would be imported twice: double the load.
+    copy_link = tmp_path / "again.csv"
+    copy_link.symlink_to(AZURE_HEAD)
+    for second in (AZURE_HEAD, copy_link):
+        with pytest.raises(InputError) as err:
+            import_trace("azure", [AZURE_HEAD, second])
+        assert_input_error(err, second, f"given twice (also as {AZURE_HEAD}): each source file once")
+    r = CliRunner().invoke(cli, ["trace", "import", str(AZURE_HEAD), str(AZURE_HEAD), "-o", str(tmp_path / "t.arrow")])
+    assert r.exit_code == 1 and "given twice" in str(r.exception)
+    assert no_files_like(tmp_path, "t.arrow")
+
+
+def test_gzipped_sources_are_detected_through_the_compression(tmp_path):
+    import gzip
+
+    from servelab.traces.importers import detect_format
+
+    cases = [(AZURE_HEAD, "azure"), (FIXTURES / "mooncake_synthetic_head200.jsonl", "mooncake")]
+    for src, fmt in cases:
+        packed = tmp_path / (src.name + ".gz")
+        packed.write_bytes(gzip.compress(src.read_bytes()))
+        assert detect_format([packed]) == fmt
+        r = CliRunner().invoke(cli, ["trace", "import", str(packed), "-o", str(tmp_path / f"{fmt}.arrow")])
+        assert r.exit_code == 0, r.output
+        got, plain = read_trace(tmp_path / f"{fmt}.arrow"), import_trace(fmt, [src]).table
+        assert got.column("arrival_s").equals(plain.column("arrival_s"))
+        assert got.column("prompt_tokens").equals(plain.column("prompt_tokens"))
+
+
+def test_mooncake_files_keep_their_block_ids_apart_as_merge_does(tmp_path):
+    # Each Mooncake file numbers its hash_ids from 0: the same id in two files is two blocks.
+    src = FIXTURES / "mooncake_synthetic_head200.jsonl"
+    other = tmp_path / "other.jsonl"
+    other.write_text(src.read_text())
+    both = import_trace("mooncake", [src, other])
+    one = import_trace("mooncake", [src])
+    merged = transforms.merge([one.table, import_trace("mooncake", [other]).table])
+    assert both.table.column("prefix_hashes").equals(merged.column("prefix_hashes"))
+    block = {"prefix_block_tokens": "512"}
+    share = trace_info(both.table.replace_schema_metadata(block))["prefix_reuse_share"]
+    assert share == pytest.approx(trace_info(one.table.replace_schema_metadata(block))["prefix_reuse_share"], rel=1e-9)
+
+    def block_ids(table):
+        return {h for row in table.column("prefix_hashes").to_pylist() for h in row}
+
+    chains_one = block_ids(import_trace("mooncake-chains", [src]).table)
+    assert len(block_ids(import_trace("mooncake-chains", [src, other]).table)) == 2 * len(chains_one)
+
+
+def _mooncake_lines(tmp_path, pairs, name="m.jsonl"):
+    src = tmp_path / name
+    src.write_text("".join(json.dumps({"timestamp": i, "input_length": length, "output_length": 3,
+                                       "hash_ids": list(range(ids))}) + "\n" for i, (length, ids) in enumerate(pairs)))
+    return src
+
+
+def test_mooncake_block_size_that_most_rows_disagree_with_is_an_error_naming_the_one_that_fits(tmp_path):
+    src = FIXTURES / "mooncake_synthetic_head200.jsonl"
+    for wrong in (256, 1024):
+        with pytest.raises(InputError) as err:
+            import_trace("mooncake", [src], block_tokens=wrong)
+        assert_input_error(err, src, f"rows have len(hash_ids) != ceil(input_length / {wrong})", "hash_ids", 1)
+        assert err.value.rule.endswith(f"the block size is not {wrong}; they fit --block-tokens 512")
+    assert import_trace("mooncake", [src]).warnings == ()
+    # 100 tokens in 5 blocks and 3,000 in 1 fit no single size
+    bad = _mooncake_lines(tmp_path, [(1000, 2), (100, 5), (3000, 1)])
+    with pytest.raises(InputError) as err:
+        import_trace("mooncake", [bad])
+    assert_input_error(err, bad, "2 of 3 rows have len(hash_ids) != ceil(input_length / 512) (this one: 100 tokens, "
+                       "5 ids): the block size is not 512; no single block size fits them", "hash_ids", 2)
+    odd = _mooncake_lines(tmp_path, [(1000, 10), (950, 10), (901, 10)])
+    with pytest.raises(InputError, match=r"they fit --block-tokens 100$"):  # only 100 fits all three
+        import_trace("mooncake", [odd])
+    with pytest.raises(InputError, match=r"they fit --block-tokens 91 to 99$"):  # no power of two among them
+        import_trace("mooncake", [_mooncake_lines(tmp_path, [(900, 10), (901, 10)], "range.jsonl")])
+
+
+def test_mooncake_rows_a_few_of_which_disagree_with_the_block_size_warn_naming_the_first(tmp_path):
+    src = _mooncake_lines(tmp_path, [(1000, 2)] * 5 + [(100, 5)] + [(600, 2)])
+    r = import_trace("mooncake", [src])
+    assert r.table.num_rows == 7
+    assert r.warnings == (f"{src}, column 'hash_ids', row 6: 1 of 7 rows have len(hash_ids) != ceil(input_length / "
+                          "512) (this one: 100 tokens, 5 ids); their prefix reuse follows the ids",)
+    out = CliRunner().invoke(cli, ["trace", "import", str(src), "-o", str(tmp_path / "m.arrow")])
+    assert out.exit_code == 0 and "warning: " + r.warnings[0] in out.output

@@ -190,3 +190,18 @@ def test_config_validation():
         make_config(turns=0.5)
     cfg = make_config(n=10, model="llama")
     assert generate(cfg).column("model").cast(pa.string()).to_pylist() == ["llama"] * 10
+
+
+@pytest.mark.parametrize("process,cv", [("poisson", 1.0), ("gamma", 3.0), ("weibull", 0.5)])
+def test_duration_mode_expects_rate_times_duration_requests(process, cv):
+    # The first arrival is not pinned at 0 (that added one request to every window): Λ(D) = 0.05 × 100 = 5.
+    cfg = ArrivalConfig(process=process, rate_per_s=0.05, cv=cv)
+    counts = [len(arrival_times(cfg, np.random.default_rng(seed), duration_s=100.0)) for seed in range(4000)]
+    assert np.mean(counts) == pytest.approx(5.0, abs=0.25)
+
+
+def test_duration_mode_constant_gaps_give_exactly_rate_times_duration():
+    cfg = ArrivalConfig(process="constant", rate_per_s=0.05)
+    for seed in range(50):
+        t = arrival_times(cfg, np.random.default_rng(seed), duration_s=100.0)
+        assert len(t) == 5 and 0 < t[0] <= 20 and np.allclose(np.diff(t), 20)

@@ -107,3 +107,9 @@ def test_info_hand_computed():
     h = h.replace_schema_metadata({"prefix_block_tokens": "64"})
     # prompts 100 and 101: block 1 of the second (64 tokens) was seen before
     assert trace_info(h)["prefix_reuse_share"] == pytest.approx(64 / 201)
+
+
+@pytest.mark.parametrize("k", [float("inf"), float("nan"), 0.0, -2.0])
+def test_scale_rate_refuses_a_non_finite_or_non_positive_scale(k):
+    with pytest.raises(ServelabError, match=r"rate scale must be a finite number > 0"):
+        transforms.scale_rate(good_table(5), k)

@@ -297,7 +297,7 @@ def import_mooncake_chains(paths: list[Path], block_tokens: int = 512, think_s: 
     if think_s is not None and not (math.isfinite(think_s) and think_s >= 0):
         raise ServelabError(f"--think-s must be >= 0 (got {think_s})")
     tables, read = [], 0
-    for path in paths:
+    for index, path in enumerate(paths):
         recs = []
         for row, rec in _records(path):
             rec = _object(path, row, rec)
@@ -308,7 +308,10 @@ def import_mooncake_chains(paths: list[Path], block_tokens: int = 512, think_s: 
             if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
                 raise InputError(path, "must be a list of integers", column="hash_ids", row=row)
             if any(not -(2**63) <= h < 2**63 for h in hashes):
-                raise InputError(path, "block id does not fit in 64 bits", column="hash_ids", row=row)
+                raise InputError(path, "block id is outside the signed 64-bit range (-2^63 .. 2^63 - 1)",
+                                 column="hash_ids", row=row)
+            if index:  # each file numbers its ids from 0: another file's equal id is another block (trace merge)
+                hashes = [h ^ (index << 56) for h in hashes]
             key = next((f for f in SESSION_FIELDS if f in rec), None)
             session = rec[key] if key else None
             if key and (session is None or isinstance(session, (dict, list, bool))):

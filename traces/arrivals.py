@@ -175,7 +175,8 @@ MAX_REQUESTS = 1_000_000_000
 def arrival_times(
     config: ArrivalConfig, rng: np.random.Generator, n: int | None = None, duration_s: float | None = None
 ) -> np.ndarray:
-    """Sorted arrival times starting at 0: exactly ``n`` of them, or all within ``duration_s``."""
+    """Sorted arrival times: exactly ``n`` of them starting at 0, or all of a stationary process that fall
+    in [0, ``duration_s``] (their expected number is Λ(duration_s); the first is after 0)."""
     if (n is None) == (duration_s is None):
         raise ServelabError("give exactly one of n and duration_s")
     if n is not None:
@@ -192,7 +193,10 @@ def arrival_times(
         if not lam_end <= MAX_REQUESTS:  # (a NaN too) the arrays below would not fit in memory
             raise ServelabError(f"{duration_s:g} s at these rates is about {lam_end:.3g} requests, more than one "
                                 f"trace holds here (at most {MAX_REQUESTS:,}); shorten the duration or lower the rate")
-        chunks, total = [np.zeros(1)], 0.0
+        # A stationary process seen through the window [0, duration_s]: its first arrival is a forward
+        # recurrence time, not 0, so the expected count is Λ(duration_s) (rate × duration_s), not one more.
+        first = stationary_first_gap(config.process, config.cv, rng)
+        chunks, total = [np.array([first])], first
         while total <= lam_end:
             m = max(1024, int(lam_end - total) + 64)
             c = total + np.cumsum(unit_gaps(config.process, config.cv, m, rng))

@@ -142,6 +142,18 @@ def _too_large(text: str) -> bool:
     return np.isfinite(value) and value == np.floor(value) and abs(value) >= 2**31
 
 
+def _timestamp_rule(raw: str, zoned: bool) -> str:
+    """Why a timestamp did not parse: the other form than the file's first one (parsed in the other
+    form it would have), or no timestamp at all."""
+    text = raw.strip()
+    other = _timestamp_expr(pl.lit(text), not zoned)
+    if pl.select(other).item() is not None:
+        has, first = ("a zone offset", "none") if not zoned else ("no zone offset", "one")
+        return (f"timestamp '{text}' has {has} but the file's first timestamp has {first} "
+                "(a file is read in the form of its first timestamp)")
+    return f"{_HINT[TIMESTAMP]}: '{raw}'"
+
+
 @dataclass(frozen=True)
 class Parsed:
     """Parsed columns under their logical names, and the file's own header for each (for messages)."""
@@ -162,25 +174,37 @@ def read_columns(path: Path, wants: list[Want]) -> Parsed:
         raise unreadable(path, err) from None
 
 
+_BLANK = "\0blank"  # (a name no header has) rows whose every field is empty: blank lines
+
+
 def _read_columns(path: Path, wants: list[Want]) -> Parsed:
-    found = resolve(path, header(path), wants)
+    names = header(path)
+    found = resolve(path, names, wants)
     kinds = {w.name: w.kind for w in wants}
-    exprs = []
+    exprs, zones = [], {}
     for name, actual in found.items():
         zoned = False
         if kinds[name] == TIMESTAMP:
             first = _first_value(path, actual)
-            zoned = first is not None and _ZONE.search(first.strip()) is not None
+            zoned = zones[name] = first is not None and _ZONE.search(first.strip()) is not None
         exprs.append(_parse_expr(actual, kinds[name], zoned).alias(name))
-    df = _scan(path).select(exprs).collect(engine="streaming").rechunk()
-    if df.height == 0:
-        raise InputError(path, "file has no data rows")
-    for name in found:
+    exprs.append(pl.all_horizontal([pl.col(n).is_null() for n in names]).alias(_BLANK))
+    df = _scan(path).select(exprs).collect(engine="streaming")
+    blank = df[_BLANK].to_numpy()
+    for name in found:  # rows keep their numbers in the file: a blank line still counts as a row
         if kinds[name] != TEXT and df[name].null_count():
-            idx = int(np.flatnonzero(df[name].is_null().to_numpy())[0])
+            missing = df[name].is_null().to_numpy() & ~blank
+            if not missing.any():
+                continue
+            idx = int(np.flatnonzero(missing)[0])
             raw = _scan(path).select(pl.col(found[name])).slice(idx, 1).collect()[0, 0]
             rule = "missing value" if raw is None or not raw.strip() else f"{_HINT[kinds[name]]}: '{raw}'"
             if kinds[name] == COUNT and raw is not None and _too_large(raw):
                 rule = f"token count too large (got {raw.strip()}, at most {2**31 - 1:,})"
+            if kinds[name] == TIMESTAMP and raw is not None and raw.strip():
+                rule = _timestamp_rule(raw, zones[name])
             raise InputError(path, rule, column=found[name], row=idx + 1)
+    df = (df.filter(~pl.col(_BLANK)) if blank.any() else df).drop(_BLANK).rechunk()
+    if df.height == 0:
+        raise InputError(path, "file has no data rows")
     return Parsed(df, found)

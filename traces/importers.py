@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -44,7 +44,13 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     """Run the named importer over one or more source files."""
     if not paths:
         raise ServelabError("no source files given")
-    return IMPORTERS.get(fmt)(list(map(Path, paths)), **options)
+    paths = [Path(p) for p in paths]
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        if p.resolve() in seen:  # its requests twice: double the load (as run import refuses it)
+            raise InputError(p, f"given twice (also as {seen[p.resolve()]}): each source file once")
+        seen[p.resolve()] = p
+    return IMPORTERS.get(fmt)(paths, **options)
 
 
 def detect_format(paths: list[Path]) -> str:
@@ -317,7 +323,8 @@ def _mooncake_diagnose(path: Path) -> InputError:
                         return InputError(path, "must be a list of integers", column=name, row=row)
                     big = next((h for h in value if not _INT64[0] <= h <= _INT64[1]), None)
                     if big is not None:
-                        return InputError(path, f"block id {big} does not fit in 64 bits", column=name, row=row)
+                        return InputError(path, f"block id {big} is outside the signed 64-bit range (-2^63 .. 2^63 - 1) "
+                                                "the trace stores", column=name, row=row)
                 elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     return InputError(path, f"not a number: {value!r}", column=name, row=row)
                 elif name != "timestamp" and not float(value).is_integer():
@@ -341,14 +348,46 @@ def _read_mooncake(path: Path) -> pl.DataFrame:
     return df
 
 
+def _fitting_blocks(prompt: np.ndarray, ids: np.ndarray) -> str:
+    """The block sizes b with ceil(prompt / b) == ids on every row, said in words."""
+    if (ids < 1).any():
+        return "no block size fits them (a row has no ids)"
+    lo = int((-(-prompt // ids)).max())  # b >= prompt / ids
+    more = ids > 1
+    hi = int(((prompt[more] - 1) // (ids[more] - 1)).min()) if more.any() else None  # b < prompt / (ids - 1)
+    if hi is not None and lo > hi:
+        return "no single block size fits them"
+    power = 1 << max(0, (lo - 1).bit_length())  # the smallest power of two >= lo: block sizes usually are
+    if hi is None or power <= hi:
+        return f"they fit --block-tokens {power}"
+    return f"they fit --block-tokens {lo}" + (f" to {hi}" if hi > lo else "")
+
+
+def _check_block_count(path: Path, prompt: np.ndarray, ids: np.ndarray, block_tokens: int) -> str | None:
+    """Each row's hash_ids must number ceil(input_length / block) blocks. Most rows off: the block size is
+    wrong (an error saying which fits); a few: a warning naming the first (None when all agree)."""
+    bad = ids != -(-prompt // block_tokens)
+    if not bad.any():
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    what = (f"{int(bad.sum()):,} of {len(bad):,} rows have len(hash_ids) != ceil(input_length / {block_tokens}) "
+            f"(this one: {prompt[first]} tokens, {ids[first]} ids)")
+    if bad.sum() * 2 > len(bad):
+        raise InputError(path, f"{what}: the block size is not {block_tokens}; {_fitting_blocks(prompt, ids)}",
+                         column="hash_ids", row=first + 1)
+    return f"{path}, column 'hash_ids', row {first + 1}: {what}; their prefix reuse follows the ids"
+
+
 @IMPORTERS.register("mooncake")
 @detects(lambda p: p.json_line and ('"hash_ids"' in p.line or '"input_length"' in p.line), order=30)
 def import_mooncake(paths: list[Path], block_tokens: int = 512, tenant_from_file: bool = False) -> Imported:
     """Mooncake JSON lines: timestamp (ms), input_length, output_length, hash_ids (block ids)."""
     if block_tokens < 1:
         raise ServelabError(f"--block-tokens must be >= 1 (got {block_tokens})")
-    parts = []
-    for path in paths:
+    from servelab.traces.transforms import file_namespace
+
+    parts, warnings = [], []
+    for index, path in enumerate(paths):
         df = _read_mooncake(path)
         time = df["timestamp"].to_numpy() / 1000.0
         if (time < 0).any():
@@ -357,9 +396,14 @@ def import_mooncake(paths: list[Path], block_tokens: int = 512, tenant_from_file
         prompt, output = df["input_length"].to_numpy(), df["output_length"].to_numpy()
         check_counts(path, "input_length", prompt)
         check_counts(path, "output_length", output)
-        hashes = df["hash_ids"].to_arrow().cast(pa.list_(pa.int64()))
+        warning = _check_block_count(path, prompt, df["hash_ids"].list.len().to_numpy(), block_tokens)
+        if warning:
+            warnings.append(warning)
+        # Each file numbers its block ids from 0: equal ids in two files are different blocks.
+        hashes = file_namespace(df["hash_ids"].to_arrow().cast(pa.list_(pa.int64())), index)
         parts.append(Part(path, time, prompt, output, extra={"prefix_hashes": hashes}, rows_read=len(time)))
-    return merge(parts, source="mooncake", prefix_block_tokens=block_tokens, tag_tenant=tenant_from_file)
+    result = merge(parts, source="mooncake", prefix_block_tokens=block_tokens, tag_tenant=tenant_from_file)
+    return replace(result, warnings=tuple(warnings)) if warnings else result
 
 
 # ---------------------------------------------------------------- length-only CSVs + generated arrivals

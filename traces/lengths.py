@@ -68,10 +68,9 @@ def parse_length(spec: str | int | LengthDist) -> LengthDist:
     cap = None
     if parts and parts[-1].startswith("cap="):
         cap = _number(parts.pop()[4:], spec)
+    kind, args = ("fixed", parts) if len(parts) == 1 else (parts[0], parts[1:])
+    args = [_number(p, spec) for p in args]  # (its message names the spec already)
     try:
-        if len(parts) == 1:
-            return LengthDist("fixed", _number(parts[0], spec), cap=cap)
-        kind, args = parts[0], [_number(p, spec) for p in parts[1:]]
         if kind == "fixed" and len(args) == 1:
             return LengthDist("fixed", args[0], cap=cap)
         if kind in ("uniform", "lognormal") and len(args) == 2:

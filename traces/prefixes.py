@@ -86,7 +86,8 @@ class PrefixSpec:
 
     def __post_init__(self) -> None:
         if self.prefix_tokens < 0 or self.prefix_groups < 1 or self.prompt_pool < 0:
-            raise ServelabError(f"prefix sharing needs prefix tokens >= 0, groups >= 1, pool >= 0 (got {self})")
+            raise ServelabError(f"prefix sharing needs prefix tokens >= 0, groups >= 1, pool >= 0 (got "
+                                f"{self.prefix_tokens}, {self.prefix_groups}, {self.prompt_pool})")
 
     @property
     def active(self) -> bool:
@@ -105,6 +106,10 @@ def spec_from_options(prefix_tokens: int | None, groups: int | None, pool: int |
     """The sharing given by ``--shared-prefix-tokens``, ``--prefix-groups`` and ``--prompt-pool`` (None: none given)."""
     if groups is not None and not prefix_tokens:
         raise ServelabError("--prefix-groups needs --shared-prefix-tokens")
+    for option, value, least in (("--shared-prefix-tokens", prefix_tokens, 0), ("--prefix-groups", groups, 1),
+                                 ("--prompt-pool", pool, 0)):
+        if value is not None and value < least:
+            raise ServelabError(f"{option} must be >= {least} (got {value})")
     if prefix_tokens is None and pool is None:
         return None
     return PrefixSpec(prefix_tokens or 0, groups or 1, pool or 0, origin="options")
@@ -217,6 +222,8 @@ def add_sharing(table: pa.Table, spec: PrefixSpec, block_tokens: int) -> pa.Tabl
     has hashes already is refused (they record the real sharing)."""
     from servelab.traces import schema
 
+    if block_tokens < 1:
+        raise ServelabError(f"prefix block tokens must be >= 1 (got {block_tokens})")
     if "prefix_hashes" in table.column_names:
         raise ServelabError("the trace already has prefix_hashes (the source records its sharing); "
                             "drop --shared-prefix-tokens/--prompt-pool")

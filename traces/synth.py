@@ -126,6 +126,8 @@ class SynthConfig:
             raise ServelabError("prefix block tokens must be >= 1")
         if self.prefix_groups < 0 or self.prompt_pool < 0:
             raise ServelabError("prefix groups and prompt pool must be >= 0")
+        if self.prefix_groups and not self.shared_prefix_tokens:  # groups of nothing: empty hashes for every request
+            raise ServelabError("prefix groups need shared prefix tokens (--prefix-groups needs --shared-prefix-tokens)")
         if (self.prefix_groups or self.prompt_pool) and self.turns > 1:
             raise ServelabError("prefix groups and a prompt pool describe single-turn generators; use turns = 1")
         self.arrival_config  # validates the arrival fields now, not at generation time

@@ -78,8 +78,8 @@ def window(table: pa.Table, start_s: float, end_s: float | None = None) -> pa.Ta
 
 def scale_rate(table: pa.Table, k: float) -> pa.Table:
     """Multiply the arrival rate by ``k`` (arrival times divided by k); think times are unchanged."""
-    if not k > 0:
-        raise ServelabError(f"rate scale must be > 0 (got {k})")
+    if not (k > 0 and np.isfinite(k)):  # infinity would put every arrival at 0
+        raise ServelabError(f"rate scale must be a finite number > 0 (got {k})")
     scaled = pc.divide(table.column("arrival_s"), pa.scalar(float(k)))
     return table.set_column(table.column_names.index("arrival_s"), "arrival_s", scaled)
 
@@ -154,9 +154,7 @@ def merge(tables: list[pa.Table], names: list[str] | None = None) -> pa.Table:
             t = t.set_column(t.column_names.index("session_id"), "session_id", pc.add(sid, session_base))
             session_base += int(pc.max(sid).as_py() or 0) + 1
         if "prefix_hashes" in t.column_names and i > 0:
-            col = t.column("prefix_hashes").combine_chunks()
-            values = col.values.to_numpy() ^ np.int64(i << 56)
-            hashes = pa.ListArray.from_arrays(col.offsets, pa.array(values), mask=col.is_null())
+            hashes = file_namespace(t.column("prefix_hashes").combine_chunks(), i)
             t = t.set_column(t.column_names.index("prefix_hashes"), "prefix_hashes", hashes)
         parts.append(schema.canonical(t))
     table = pa.concat_tables(parts, promote_options="default").unify_dictionaries().combine_chunks()
@@ -174,6 +172,16 @@ def merge(tables: list[pa.Table], names: list[str] | None = None) -> pa.Table:
     if blocks and None not in blocks:
         meta[schema.META_BLOCK_TOKENS] = blocks.pop()
     return table.replace_schema_metadata(meta)
+
+
+def file_namespace(hashes: pa.ListArray, i: int) -> pa.ListArray:
+    """Block hashes of the ``i``-th of several traces (or source files) with ``i`` in their top byte, so
+    that blocks of different files never look shared (trace merge and the Mooncake importers: each
+    Mooncake file numbers its ids from 0). The 0-th keeps its hashes."""
+    if i == 0:
+        return hashes
+    values = hashes.values.to_numpy() ^ np.int64(i << 56)
+    return pa.ListArray.from_arrays(hashes.offsets, pa.array(values), mask=hashes.is_null())
 
 
 def _depends_as_rows(table: pa.Table, row_base: int) -> pa.Table:
