@@ -6,7 +6,7 @@ and keeps the same records whatever carries them. A backend answers five questio
 - ``open(target, concurrency)``: an async context manager that checks the endpoint can be used
   (raising RuntimeError with a one-line reason when it cannot) and holds the connections;
 - ``probe_extensions(target)``: does the server take vLLM's ``ignore_eos`` + ``min_tokens``?
-- ``tokenizer(target)``: the server's own tokenizer, or None;
+- ``tokenizer(target)``: the server's own tokenizer, or None and why it has none (one line);
 - ``metrics_sampler(target, interval_s, clock)``: a Prometheus sampler, or None;
 - ``send(target, record, prompt, max_tokens, clock)``: one streamed request filling ``record``
   (never raises but CancelledError, after recording it), as live/client.py's ``send``.
@@ -35,7 +35,7 @@ class Backend(Protocol):
 
     async def probe_extensions(self, target: Target) -> tuple[bool, str | None]: ...
 
-    async def tokenizer(self, target: Target) -> Tokenizer | None: ...
+    async def tokenizer(self, target: Target) -> tuple[Tokenizer | None, str | None]: ...
 
     def metrics_sampler(self, target: Target, interval_s: float,
                         clock: Callable[[], float]) -> MetricsSampler | None: ...  # fmt: skip
@@ -93,7 +93,7 @@ class HttpBackend:
             return True, None
         return False, f"HTTP {status}: {text[:200]}"
 
-    async def tokenizer(self, target: Target) -> Tokenizer | None:
+    async def tokenizer(self, target: Target) -> tuple[Tokenizer | None, str | None]:
         return await server_tokenizer(self.http, target)
 
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> MetricsSampler:
