@@ -70,7 +70,7 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
         tokenizer, kind = LocalTokenizer(mode), "local"
     exact = tokenizer is not None
     if not exact:
-        log.append(f"prompt lengths approximate: {why or '--tokenizer approximate'} (real counts come from usage)")
+        log.append(f"prompt lengths approximate (real counts come from usage): {why or '--tokenizer approximate'}")
         tokenizer = Approximate()
     token_ids = False
     try:

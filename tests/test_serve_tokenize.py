@@ -33,7 +33,7 @@ def test_auto_against_an_approximate_serve_warns_with_the_true_reason(tmp_path, 
         code, _, err = run_main(["bench", url, write_small_trace(tmp_path, 3), "-o", out, *ARGS], capsys)
     assert code == 0, err
     assert "has no /tokenize" not in err
-    assert "prompt lengths approximate: " in err and "/tokenize counts ' a' and ' a a' as 1 and 1 tokens" in err
+    assert "prompt lengths approximate (real counts come from usage): " in err and "/tokenize counts ' a' and ' a a' as 1 and 1 tokens" in err
     assert json.loads((out / "run.json").read_text())["prompts"]["tokenizer"] == "approximate"
 
 
