@@ -329,7 +329,9 @@ def _replay(trace: pa.Table, config: ReplayConfig, runner: Runner | None, trace_
     extra = []  # (field, column) appended after the platform columns, in order
     if engine_cfg.kv_tiers:
         extra += tier_columns(requests, [t.name for t in engine_cfg.tier_specs])
-    if parents:  # what the `tasks` view walks (scoring/tasks.py): each request's parents, delay and deadline
+    # what the `tasks` view walks (scoring/tasks.py): each request's parents, delay and deadline; a trace
+    # of closed-loop sessions (turns linked by think_s, ``followers``) too, so its turns are linked there
+    if parents or followers:
         extra += _dependency_columns(trace)
     handoffs = disagg.columns(len(requests)) if disagg is not None else None
     if encode is not None:
@@ -821,7 +823,8 @@ __all__ = ["EngineConfig", "ReplayConfig", "RunResult", "build_runner", "not_str
 
 def _dependency_columns(trace: pa.Table) -> list[tuple[pa.Field, pa.Array]]:
     """The trace's ``depends_on``, ``think_s`` and ``task_deadline_s``, one value per request in row
-    order, for the requests table of a replay whose trace has dependencies (schema v2)."""
+    order, for the requests table of a replay whose trace has dependencies (schema v2) or closed-loop
+    sessions (a trace without either keeps the requests table it always had)."""
     out = []
     for name, type_ in (("depends_on", pa.list_(pa.int64())), ("think_s", pa.float64()),
                         ("task_deadline_s", pa.float64())):

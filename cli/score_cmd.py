@@ -166,7 +166,7 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
     import textwrap
 
     from servelab.common.tables import available_width
-    from servelab.scoring.compare import compare_table, differing_note
+    from servelab.scoring.compare import clock_note, compare_table, differing_note
     from servelab.scoring.db import connect
     from servelab.scoring.output import write_result
     from servelab.scoring.sources import find_runs
@@ -179,12 +179,16 @@ def compare(run_dirs, slo_specs, slo_file, fmt, out):
         ids = [r.run_id for r in runs]
         table = compare_table(con, ids)
         note = differing_note(con, ids)  # a delta means little without what else changed between the runs
+        clocks = clock_note(con, ids)  # nor when the runs' seconds are not the same seconds
+        if clocks:
+            note += "\n" + clocks
     finally:
         con.close()
     to_stderr = bool(out) or fmt != "table"  # (stdout stays the data's alone for machine formats)
     width = available_width(sys.stderr if to_stderr else None)
     if width:
-        note = textwrap.fill(note, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+        note = "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False,
+                                        break_long_words=False) for line in note.split("\n"))
     click.echo(note, err=to_stderr)
     write_result(table, fmt, out, significant=COMPARE_DIGITS)
 

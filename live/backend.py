@@ -6,7 +6,7 @@ and keeps the same records whatever carries them. A backend answers five questio
 - ``open(target, concurrency)``: an async context manager that checks the endpoint can be used
   (raising RuntimeError with a one-line reason when it cannot) and holds the connections;
 - ``probe_extensions(target)``: does the server take vLLM's ``ignore_eos`` + ``min_tokens``?
-- ``tokenizer(target)``: the server's own tokenizer, or None;
+- ``tokenizer(target)``: the server's own tokenizer, or None and why it has none (one line);
 - ``metrics_sampler(target, interval_s, clock)``: a Prometheus sampler, or None;
 - ``send(target, record, prompt, max_tokens, clock)``: one streamed request filling ``record``
   (never raises but CancelledError, after recording it), as live/client.py's ``send``.
@@ -17,6 +17,7 @@ OpenAI-compatible HTTP server (aiohttp); live/sagemaker.py is Amazon SageMaker r
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
@@ -35,7 +36,7 @@ class Backend(Protocol):
 
     async def probe_extensions(self, target: Target) -> tuple[bool, str | None]: ...
 
-    async def tokenizer(self, target: Target) -> Tokenizer | None: ...
+    async def tokenizer(self, target: Target) -> tuple[Tokenizer | None, str | None]: ...
 
     def metrics_sampler(self, target: Target, interval_s: float,
                         clock: Callable[[], float]) -> MetricsSampler | None: ...  # fmt: skip
@@ -53,9 +54,11 @@ class HttpBackend:
 
     def __init__(self) -> None:
         self.http: aiohttp.ClientSession | None = None
+        self.server_time_scale: float | None = None  # simulated s per wall s: `servelab serve --time-scale`
 
     def describe(self) -> dict:
-        return {}
+        # a simulated server's clock: the client's times are wall seconds, its /metrics simulated ones
+        return {} if self.server_time_scale is None else {"server_time_scale": self.server_time_scale}
 
     @asynccontextmanager
     async def open(self, target: Target, concurrency: int) -> AsyncIterator[None]:
@@ -63,8 +66,9 @@ class HttpBackend:
         try:  # any HTTP answer will do: a server that is not there fails the command, not every request
             async with aiohttp.ClientSession() as once, \
                     once.get(f"{target.root}/v1/models", headers=target.headers(),
-                             timeout=aiohttp.ClientTimeout(total=target.timeout_s)):  # fmt: skip
-                pass  # a connection of its own: some servers drop a kept-alive one after an error
+                             timeout=aiohttp.ClientTimeout(total=target.timeout_s)) as response:  # fmt: skip
+                # a connection of its own: some servers drop a kept-alive one after an error
+                self.server_time_scale = _time_scale(await response.read(), target.model)
         except (aiohttp.ClientError, TimeoutError) as err:
             raise RuntimeError(f"{target.root}: cannot reach the server ({type(err).__name__}: {err})") from None
         # No cap of its own (--max-in-flight is the cap). Idle connections are closed after
@@ -93,7 +97,7 @@ class HttpBackend:
             return True, None
         return False, f"HTTP {status}: {text[:200]}"
 
-    async def tokenizer(self, target: Target) -> Tokenizer | None:
+    async def tokenizer(self, target: Target) -> tuple[Tokenizer | None, str | None]:
         return await server_tokenizer(self.http, target)
 
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> MetricsSampler:
@@ -102,3 +106,18 @@ class HttpBackend:
     async def send(self, target: Target, record: Record, prompt: str | list[int], max_tokens: int,
                    clock: Callable[[], float]) -> Record:  # fmt: skip
         return await send(self.http, target, record, prompt, max_tokens, clock)
+
+
+def _time_scale(body: bytes, model: str) -> float | None:
+    """The time scale `servelab serve` publishes in its model card (``servelab.time_scale``), else None."""
+    try:
+        cards = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(cards, list):
+        return None
+    cards = [c for c in cards if isinstance(c, dict)]
+    card = next((c for c in cards if c.get("id") == model), cards[0] if cards else None)
+    meta = card.get("servelab") if card else None
+    scale = meta.get("time_scale") if isinstance(meta, dict) else None
+    return float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0 else None

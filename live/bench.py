@@ -58,10 +58,11 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
                    log: list[str]) -> tuple[list[str], list[int], dict]:  # fmt: skip
     tokenizer = None
     kind = "server"
+    why = None  # why the server's tokenizer cannot be used
     if mode in ("auto", "server"):
-        tokenizer = await backend.tokenizer(target)
+        tokenizer, why = await backend.tokenizer(target)
         if tokenizer is None and mode == "server":
-            raise RuntimeError(f"{target.root}/tokenize did not answer; use --tokenizer approximate")
+            raise RuntimeError(f"--tokenizer server: {why}; use --tokenizer approximate or a tokenizer.json")
     elif mode != "approximate":  # a local tokenizer.json
         if target.api == "chat":
             raise RuntimeError("a local tokenizer.json counts completions prompts only (a chat prompt's template "
@@ -69,7 +70,7 @@ async def _prompts(backend: Backend, target, trace: pa.Table, rows: list[int], s
         tokenizer, kind = LocalTokenizer(mode), "local"
     exact = tokenizer is not None
     if not exact:
-        log.append("prompt lengths approximate: the server has no /tokenize (real counts come from usage)")
+        log.append(f"prompt lengths approximate (real counts come from usage): {why or '--tokenizer approximate'}")
         tokenizer = Approximate()
     token_ids = False
     try:

@@ -46,13 +46,12 @@ class LoadConfig:
             raise ServelabError("--users goes with --shape closed")
         if self.shape == "closed" and self.max_in_flight is not None:
             raise ServelabError("--max-in-flight goes with an open-loop shape (a closed loop has --users in flight)")
-        for name in ("time_scale",):
-            if not getattr(self, name) > 0:
-                raise ServelabError(f"--{name.replace('_', '-')} must be > 0")
-        for name in ("think_s", "duration_s"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ServelabError(f"--{name.replace('_s', '').replace('_', '-')} must be >= 0")
+        if not self.time_scale > 0:
+            raise ServelabError("--time-scale must be > 0")
+        if self.duration_s is not None and not self.duration_s > 0:  # (0 would send nothing)
+            raise ServelabError("--duration must be > 0")
+        if self.think_s is not None and not self.think_s >= 0:
+            raise ServelabError("--think must be >= 0")
         for name in ("max_in_flight", "num_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:

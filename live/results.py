@@ -129,7 +129,12 @@ def sent_trace(requests: pa.Table, trace: pa.Table, rows: Sequence[int], load: d
     loop's ``max_in_flight``) sent a request when a slot freed, so its send times depend on the
     server's latencies: its trace gets closed-loop sessions, one per slot, read off the measured
     timeline (fidelity/load_shape.py, as the vLLM-bench and GuideLLM imports do), so a replay keeps
-    the feedback and never has more than the cap in flight."""
+    the feedback and never has more than the cap in flight.
+
+    An uncapped open loop sent every request at its scheduled time, a session's later turns too
+    (before the turn ahead ended, and with ``--time-scale`` applied): its trace keeps ``session_id``
+    (the sessions' routing and cache affinity) but not the trace's ``think_s``, which would make the
+    replay send each turn after the previous one ended (replay/results.py), not when it was sent."""
     import pyarrow.compute as pc
 
     sent = trace.take(pa.array(rows, pa.int64()))
@@ -148,4 +153,6 @@ def sent_trace(requests: pa.Table, trace: pa.Table, rows: Sequence[int], load: d
 
         sent = sent.take(pc.sort_indices(sent, [("arrival_s", "ascending")]))  # stable: ties keep send order
         sent = closed_loop(sent, requests, int(users))
+    elif "think_s" in sent.column_names:
+        sent = sent.drop_columns(["think_s"])
     return sent

@@ -322,8 +322,9 @@ class SageMakerBackend:
         await self.send(replace(target, ignore_eos=True, min_tokens=True, timeout_s=CHECK_TIMEOUT_S), probe, " a", 2)
         return (True, None) if probe.status == "finished" else (False, probe.reason)
 
-    async def tokenizer(self, target: Target) -> None:
-        return None  # a SageMaker endpoint has no /tokenize: a local tokenizer.json, or the approximation
+    async def tokenizer(self, target: Target) -> tuple[None, str]:
+        # a local tokenizer.json, or the approximation
+        return None, f"{self.endpoint.url}: a SageMaker endpoint has no /tokenize"
 
     def metrics_sampler(self, target: Target, interval_s: float, clock: Callable[[], float]) -> None:
         return None  # the endpoint's metrics are in CloudWatch, not a /metrics to scrape

@@ -34,21 +34,41 @@ class ServerTokenizer:
 
     async def count(self, text: str) -> int:
         async with self.http.post(f"{self.target.root}/tokenize", json=self._body(text), headers=self.target.headers(),
-                                  timeout=self.target.setup_timeout(), raise_for_status=True) as response:  # fmt: skip
+                                  timeout=self.target.setup_timeout()) as response:  # fmt: skip
+            if response.status in (404, 405):
+                raise Unusable(f"{self.target.root} has no /tokenize (HTTP {response.status})")
+            if response.status != 200:
+                raise Unusable(f"{self.target.root}/tokenize answered HTTP {response.status}")
             data = await response.json(content_type=None)
-        if isinstance(data.get("count"), int):
+        if isinstance(data, dict) and isinstance(data.get("count"), int):
             return data["count"]
-        return len(data["tokens"])
+        if isinstance(data, dict) and isinstance(data.get("tokens"), list):
+            return len(data["tokens"])
+        raise Unusable(f"{self.target.root}/tokenize answered without a token count (no count, no tokens)")
 
 
-async def server_tokenizer(http: aiohttp.ClientSession, target: Target) -> ServerTokenizer | None:
-    """The server's tokenizer when it answers ``/tokenize`` correctly, else None."""
+class Unusable(RuntimeError):
+    """The server's /tokenize cannot size prompts; the message says why."""
+
+
+async def server_tokenizer(http: aiohttp.ClientSession, target: Target) -> tuple[ServerTokenizer | None, str | None]:
+    """The server's tokenizer when its ``/tokenize`` counts word by word, else None and why not.
+
+    Prompts are built of words that are one token each (live/prompts.py), so one more word must add a
+    token: a server whose /tokenize approximates (``servelab serve`` without ``--tokenizer`` counts
+    characters / 4) answers, but cannot size them."""
     tok = ServerTokenizer(http, target)
     try:
         one, two = await tok.count(" a"), await tok.count(" a a")
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
-        return None
-    return tok if two > one else None
+    except Unusable as err:
+        return None, str(err)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        return None, f"{target.root}/tokenize did not answer ({type(err).__name__}: {err})"
+    if two > one:
+        return tok, None
+    return None, (f"{target.root}/tokenize counts ' a' and ' a a' as {one} and {two} tokens: not a tokenizer's "
+                  "counts, which add a token per word (servelab serve without --tokenizer approximates "
+                  "characters / 4; give it --tokenizer)")
 
 
 class LocalTokenizer:

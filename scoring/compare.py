@@ -206,6 +206,36 @@ def differing_settings(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> li
     return out
 
 
+def server_time_scale(run: dict) -> float | None:
+    """The time scale of the simulated server a live run measured (run.json ``endpoint.server_time_scale``,
+    `servelab serve --time-scale`) when it is not 1: its times are wall seconds, its metrics simulated."""
+    scale = run.get("endpoint_server_time_scale")
+    return float(scale) if isinstance(scale, (int, float)) and scale > 0 and scale != 1 else None
+
+
+def clock_note(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> str | None:
+    """Which clock each run's times are in, when one is a live run against a server whose simulated time
+    runs at another speed than the wall clock (its deltas against a replay are then mostly the scale)."""
+    columns = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE runs)").fetchall()}
+    if "endpoint_server_time_scale" not in columns:
+        return None
+    wanted = [c for c in ("endpoint_server_time_scale", "measured") if c in columns]
+    rows = {r[0]: dict(zip(wanted, r[1:])) for r in con.execute(
+        f"SELECT run_id, {', '.join(wanted)} FROM runs").fetchall()}  # fmt: skip
+    if not any(server_time_scale(rows.get(rid, {})) for rid in run_ids):
+        return None
+    parts = []
+    for rid in run_ids:
+        row = rows.get(rid, {})
+        scale = server_time_scale(row)
+        if scale is not None:
+            parts.append(f"{rid} in the client's wall-clock seconds at server time scale {scale:g} "
+                         f"(x{scale:g} for simulated seconds)")
+        else:
+            parts.append(f"{rid} in {'measured' if row.get('measured') else 'simulated'} seconds")
+    return "times: " + "; ".join(parts)
+
+
 def differing_note(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> str:
     """One line naming what the runs differ in (``runs differ in: gpu (a l40s, b h100-80gb); ...``), or
     that they share every recorded setting: a change in the table is then the runs' own."""

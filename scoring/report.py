@@ -15,6 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 from servelab.common.tables import available_width, escape_controls, fit_table, print_table
+from servelab.scoring.compare import server_time_scale
 from servelab.scoring.db import connect
 from servelab.scoring.slo import SloTable, as_slo_table, recorded_slo
 from servelab.scoring.views import LIVE_STATUSES
@@ -325,6 +326,11 @@ def render(data: dict[str, Any], console: Console) -> None:
         line.append(f"simulated {run['simulated_span_s']:.1f} s")
     if line:
         console.print("  ".join(line))
+    scale = server_time_scale(run)
+    if scale is not None:  # a live run against `servelab serve --time-scale K`: two clocks in one run
+        console.print(f"times are the client's wall-clock seconds; the server simulated {scale:g} s per wall second "
+                      f"(servelab serve --time-scale {scale:g}): multiply by {scale:g} for simulated seconds, the unit "
+                      "of its metrics (server_metrics)")
     for p in pools:
         n = len(p.get("replicas") or [])
         start = p.get("initial_replicas")

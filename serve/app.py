@@ -115,6 +115,18 @@ def _max_tokens(body: dict, *names: str) -> int:
     return DEFAULT_MAX_TOKENS
 
 
+def _min_tokens(body: dict, max_tokens: int) -> None:
+    """vLLM's ``min_tokens`` checks (the engine generates max_tokens anyway: nothing ends a request early)."""
+    value = body.get("min_tokens")
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"min_tokens must be an integer >= 0, got {value!r}", param="min_tokens")
+    if value > max_tokens:
+        raise BadRequest(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {value}",
+                         param="min_tokens")
+
+
 def _stream_options(body: dict) -> tuple[bool, bool]:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -131,8 +143,13 @@ def _prompt_tokens(body: dict, counter: PromptCounter) -> int:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
+        if not prompt:  # (vLLM refuses an empty prompt too)
+            raise BadRequest("The prompt cannot be empty", param="prompt")
         return counter.count(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        negative = next((t for t in prompt if t < 0), None)
+        if negative is not None:  # (no vocabulary here to bound the ids from above)
+            raise BadRequest(f"Token id {negative} is out of vocabulary", param="prompt")
         return len(prompt)  # token ids
     if prompt is None:
         raise BadRequest("prompt is required", param="prompt")
@@ -166,6 +183,7 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
         else:
             prompt_tokens = _prompt_tokens(body, app[COUNTER])
             max_tokens = _max_tokens(body, "max_tokens")
+        _min_tokens(body, max_tokens)
         stream, include_usage = _stream_options(body)
         n = body.get("n", 1)
         if n != 1:

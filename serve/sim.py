@@ -167,6 +167,8 @@ def _check_online(config: ReplayConfig, cluster) -> None:
         unsupported.append("autoscaling")
     if engine.client_timeout_s is not None:
         unsupported.append("client_timeout_s")
+    if engine.until_s is not None or config.engine.until_s is not None:  # a server runs until it is stopped
+        unsupported.append("until_s (--until)")
     if engine.kv_retention != "lru":
         unsupported.append(f"kv_retention {engine.kv_retention}")
     if cluster.spec.encode is not None:

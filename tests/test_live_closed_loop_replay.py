@@ -77,3 +77,34 @@ def test_an_uncapped_open_loop_stays_fixed_arrivals(tmp_path, capsys):
     out = live_bench(tmp_path, capsys, "--shape", "constant", "--rate", "100", n=6)
     assert "session_id" not in read_trace(out / "trace.arrow").column_names or \
         set(read_trace(out / "trace.arrow").column("session_id").to_pylist()) == {None}
+
+
+def session_trace(tmp_path):
+    """3 sessions of 3 turns, turns 0.03 s apart with a think time: the server (SLOW, ~80 ms a request)
+    has not finished a turn when the next is due, so an open loop sends it before then."""
+    from conftest import make_trace
+    from servelab.traces.io import write_trace
+
+    arrivals = [s * 0.01 + t * 0.03 for t in range(3) for s in range(3)]
+    path = tmp_path / "sess.arrow"
+    write_trace(make_trace(arrivals, [50] * 9, [8] * 9, session_id=[i % 3 for i in range(9)],
+                           think_s=[None if i < 3 else 0.02 for i in range(9)]), path, source="test")  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("scale", ["1", "0.5"])
+def test_an_open_loop_session_run_replays_at_its_send_times(tmp_path, capsys, scale):
+    # bench sends a session's turns at their arrival_s (times --time-scale), not after the previous turn
+    # and a think time: its trace.arrow must replay as those sends, not as a closed loop
+    trace_path = session_trace(tmp_path)
+    out = tmp_path / "run"
+    with ServerThread({}, default=SLOW) as srv:
+        code, _, err = run_main(["bench", srv.url, trace_path, "-o", out, "--no-metrics", "--no-report",
+                                 "--extensions", "off", "--time-scale", scale], capsys)  # fmt: skip
+    assert code == 0, err
+    trace = read_trace(out / "trace.arrow")
+    assert trace.column("session_id").to_pylist() == [i % 3 for i in range(9)]  # the sessions are kept
+    sent = trace.column("arrival_s").to_pylist()
+    replayed = replay(trace, SLOW_REPLAY).requests.column("arrival_s").to_pylist()
+    assert replayed == pytest.approx(sent, abs=1e-9)
+    assert "think_s" not in trace.column_names  # the turns' think times were not how they were sent

@@ -87,6 +87,8 @@ def test_schedules():
     ({"shape": "closed", "users": 2, "max_in_flight": 2}, "--max-in-flight goes with an open-loop shape"),
     ({"max_in_flight": 0}, "--max-in-flight must be >= 1"),
     ({"time_scale": 0}, "--time-scale must be > 0"),
+    ({"duration_s": 0}, "--duration must be > 0"),  # (nothing would be sent)
+    ({"duration_s": -1}, "--duration must be > 0"),
     ({"shape": "burst"}, "load shape must be one of"),
 ])
 def test_load_config_errors(kwargs, message):

@@ -88,6 +88,13 @@ def test_non_streaming_has_usage(url):
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    # what vLLM refuses too: an empty prompt, a negative token id, min_tokens above max_tokens
+    ("/v1/completions", {"prompt": "", "max_tokens": 3}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, -2, 3], "max_tokens": 3}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": 5}, 400, "min_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "min_tokens": 3},
+     400, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 3, "min_tokens": -1}, 400, "min_tokens"),
 ])
 def test_errors_have_vllms_shape(url, path, body, status, param):
     got, text = call(post(url, path, body))

@@ -77,6 +77,15 @@ def test_settings_not_simulated_online_are_refused():
         Simulation(ReplayConfig.from_dict({"runner": RUNNER, "num_gpu_blocks": 100}, source="test"), 0.0)
 
 
+def test_a_horizon_is_refused_not_ignored():
+    # a server runs until it is stopped: a horizon (--until) would be silently ignored
+    from servelab.common.errors import ServelabError
+
+    config = ReplayConfig.from_dict({"runner": RUNNER, "num_gpu_blocks": 100, "until_s": 3.0}, source="test")
+    with pytest.raises(ServelabError, match=r"does not simulate until_s \(--until\)"):
+        Simulation(config, 1.0)
+
+
 @pytest.mark.parametrize("name", ["disagg-1p1d", "colocated-2"])
 def test_online_equals_replay_for_cluster_configs(name):
     from pathlib import Path

@@ -299,3 +299,27 @@ def test_replayed_fan_out_has_its_critical_path(tmp_path, capsys):
             path += 1
         assert t["critical_path_requests"] == path >= 2
         assert t["deadline_s"] == 60 and t["met_deadline"] == (t["jct_s"] <= 60)
+
+
+def test_replayed_closed_loop_sessions_have_their_critical_paths(tmp_path, capsys):
+    """A replay of a session trace (turns linked by think_s, no depends_on) writes think_s into
+    requests.parquet, so the tasks view links each turn to the one before: a session's critical path
+    is all its turns, and its waits are the think times it replayed."""
+    import pyarrow.parquet as pq
+    from helpers_cli import run_main
+
+    trace, out = tmp_path / "sess.arrow", tmp_path / "run"
+    code, _, err = run_main(["trace", "synth", "-n", "12", "--rate", "2", "--turns", "3", "--think-s", "2",
+                             "--prompt", "100", "--output-len", "10", "--seed", "1", "-o", trace], capsys)
+    assert code == 0, err
+    code, _, err = run_main(["replay", trace, "-o", out, "--runner", "linear:base=0.03,decode_seq=0.001",
+                             "--num-gpu-blocks", "600", "--max-num-seqs", "4"], capsys)
+    assert code == 0, err
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    think = [r["think_s"] for r in rows]
+    assert any(t is not None for t in think)
+    for task_id, t in _tasks(connect(out)).items():
+        turns = sorted((r for r in rows if r["session_id"] == task_id), key=lambda r: r["request_id"])
+        assert t["links"] == sum(r["think_s"] is not None for r in turns[1:]) == len(turns) - 1
+        assert t["critical_path_requests"] == len(turns)
+        assert t["cp_wait_s"] == pytest.approx(sum(r["think_s"] for r in turns[1:]))
