@@ -40,6 +40,13 @@ def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
     if not meta.get("measured"):
         raise InputError(meta_path, "not a measured run (run.json has no \"measured\": true); "
                                     "import one with `servelab run import`")
+    scale = (meta.get("endpoint") or {}).get("server_time_scale")
+    if isinstance(scale, (int, float)) and scale > 0 and scale != 1:
+        # its times (and trace.arrow's sends) are wall seconds of a server whose clock ran scale x faster
+        raise InputError(meta_path, f"measured against `servelab serve --time-scale {scale:g}`: its times are "
+                                    f"wall-clock seconds of a simulated clock {scale:g}x as fast, not comparable with a "
+                                    "replay's; bench the server at --time-scale 1 to validate",
+                         column="endpoint.server_time_scale")
     trace_path = run_dir / "trace.arrow"
     if not trace_path.is_file():
         raise InputError(run_dir, "has no trace.arrow (import it again with this version)")

@@ -75,6 +75,19 @@ def test_validate_real_refuses_a_replayed_run(tmp_path, capsys):
     assert code == 1 and "not a measured run" in err
 
 
+def test_validate_real_refuses_a_run_against_a_time_scaled_server(tmp_path, capsys):
+    """A live run against `servelab serve --time-scale 10` holds wall seconds of a clock 10x as fast: compared
+    with a replay's simulated seconds its every latency would read 10x off (before: compared all the same)."""
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", "--format", "timestamps-jsonl", FIX / "rtx4090" / "requests.jsonl",
+                             "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "endpoint": {"server_time_scale": 10.0}}))
+    code, _, err = run_main(["validate", "--real", run], capsys)
+    assert code == 1 and "column 'endpoint.server_time_scale'" in err and "--time-scale 10" in err
+
+
 def test_validate_real_says_why_a_replay_finished_nothing(tmp_path, capsys):
     """A KV cache too small for any prompt: no simulated cell is a figure (no -100% duration), the report
     says why (counts by status, the KV cache beside the shortest prompt, its refusal), no empty line."""
