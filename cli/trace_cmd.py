@@ -186,6 +186,10 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 
     spec = spec_from_options(kw.pop("shared_prefix_tokens"), kw.pop("prefix_groups"), kw.pop("prompt_pool"))
     block_tokens = kw.pop("prefix_block_tokens")
+    if spec is None and ctx.get_parameter_source("prefix_block_tokens") == click.core.ParameterSource.COMMANDLINE:
+        # (a source's own hashes keep their block size: --block-tokens where the format has one)
+        raise ServelabError("--prefix-block-tokens sizes the hashes --shared-prefix-tokens or --prompt-pool add; "
+                            "give one of them")
     if spec is not None and block_tokens < 1:  # checked before the import: the hashes divide by it
         raise ServelabError(f"--prefix-block-tokens must be >= 1 (got {block_tokens})")
     if fmt is None:

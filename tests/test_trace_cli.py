@@ -161,6 +161,14 @@ def test_import_prefix_block_tokens_zero_is_a_one_line_error(tmp_path, sharing):
     assert no_files_like(tmp_path, "x.arrow")
 
 
+def test_import_prefix_block_tokens_without_sharing_is_refused_not_ignored(tmp_path):
+    # before: accepted and ignored (the trace had no hashes to size)
+    r = run("trace", "import", "--format", "azure", FIXTURES / "azure_conv_2023_head300.csv", "-o", tmp_path / "x.arrow",
+            "--prefix-block-tokens", "32")
+    assert r.exit_code == 1 and "--prefix-block-tokens sizes the hashes --shared-prefix-tokens" in str(r.exception)
+    assert no_files_like(tmp_path, "x.arrow")
+
+
 def test_agentic_synth_prefix_block_tokens_zero_is_refused_like_negative(tmp_path):
     for value in ("0", "-3"):
         r = run("trace", "synth", "--shape", "react", "--tasks", "5", "--prefix-block-tokens", value,
