@@ -298,7 +298,7 @@ def test_imported_fan_out_replays_in_dependency_order():
 
     # the tool-agent form has a second branch off the first prompt (request 5 depends on request 0 only),
     # which a closed-loop session would chain after request 4 instead
-    trace = import_trace("mooncake-chains", [MOONCAKE_TOOLS], think_s=0.5, block_tokens=16).table
+    trace = import_trace("mooncake-chains", [MOONCAKE_TOOLS], think_s=0.5).table  # (its ids are 512-token blocks)
     result = run(trace, runner="linear:base=0.01,prefill_token=0.0001")
     arrival, finish = column(result, "arrival_s"), column(result, "finish_s")
     assert column(result, "status") == ["finished"] * 6

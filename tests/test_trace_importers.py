@@ -335,3 +335,15 @@ def test_mooncake_rows_a_few_of_which_disagree_with_the_block_size_warn_naming_t
                           "512) (this one: 100 tokens, 5 ids); their prefix reuse follows the ids",)
     out = CliRunner().invoke(cli, ["trace", "import", str(src), "-o", str(tmp_path / "m.arrow")])
     assert out.exit_code == 0 and "warning: " + r.warnings[0] in out.output
+
+
+def test_mooncake_chains_check_the_block_size_as_mooncake_does(tmp_path):
+    src = FIXTURES / "mooncake_synthetic_head200.jsonl"
+    with pytest.raises(InputError) as err:  # before: imported with the wrong size, its reuse off
+        import_trace("mooncake-chains", [src], block_tokens=256)
+    assert err.value.rule.endswith("the block size is not 256; they fit --block-tokens 512")
+    assert import_trace("mooncake-chains", [src]).warnings == ()
+    few = _mooncake_lines(tmp_path, [(1000, 2)] * 5 + [(100, 5)] + [(600, 2)])
+    assert import_trace("mooncake-chains", [few]).warnings == (
+        f"{few}, column 'hash_ids', row 6: 1 of 7 rows have len(hash_ids) != ceil(input_length / 512) "
+        "(this one: 100 tokens, 5 ids); their prefix reuse follows the ids",)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -296,7 +296,9 @@ def import_mooncake_chains(paths: list[Path], block_tokens: int = 512, think_s: 
     _check_common(block_tokens, task_deadline_s)
     if think_s is not None and not (math.isfinite(think_s) and think_s >= 0):
         raise ServelabError(f"--think-s must be >= 0 (got {think_s})")
-    tables, read = [], 0
+    from servelab.traces.importers import check_block_count
+
+    tables, read, warnings = [], 0, []
     for index, path in enumerate(paths):
         recs = []
         for row, rec in _records(path):
@@ -318,6 +320,11 @@ def import_mooncake_chains(paths: list[Path], block_tokens: int = 512, think_s: 
                 raise InputError(path, f"session id must be a string or a number (got {session!r})", column=key, row=row)
             recs.append((t, row, prompt, output, hashes, None if session is None else (key, str(session))))
         read += len(recs)
+        # the block size against each record's ids, as the mooncake format checks it (file order)
+        warning = check_block_count(path, np.array([r[2] for r in recs], dtype=np.int64),
+                                    np.array([len(r[4]) for r in recs], dtype=np.int64), block_tokens)
+        if warning:
+            warnings.append(warning)
         recs.sort(key=lambda r: (r[0], r[1]))  # time order (file order breaks ties)
         rows = _Rows()
         last_of_session: dict[tuple[str, str], int] = {}
@@ -348,7 +355,8 @@ def import_mooncake_chains(paths: list[Path], block_tokens: int = 512, think_s: 
                 by_prompt.setdefault((len(hashes), hashes[-1]), []).append(i)
         tables.append((rows, path))
     built = [_table(r, p, True, task_deadline_s) for r, p in tables]
-    return _merge(built, "mooncake-chains", block_tokens, read, {}, list(paths), "rows")
+    result = _merge(built, "mooncake-chains", block_tokens, read, {}, list(paths), "rows")
+    return replace(result, warnings=(*result.warnings, *warnings)) if warnings else result
 
 
 

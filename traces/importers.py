@@ -363,7 +363,7 @@ def _fitting_blocks(prompt: np.ndarray, ids: np.ndarray) -> str:
     return f"they fit --block-tokens {lo}" + (f" to {hi}" if hi > lo else "")
 
 
-def _check_block_count(path: Path, prompt: np.ndarray, ids: np.ndarray, block_tokens: int) -> str | None:
+def check_block_count(path: Path, prompt: np.ndarray, ids: np.ndarray, block_tokens: int) -> str | None:
     """Each row's hash_ids must number ceil(input_length / block) blocks. Most rows off: the block size is
     wrong (an error saying which fits); a few: a warning naming the first (None when all agree)."""
     bad = ids != -(-prompt // block_tokens)
@@ -396,7 +396,7 @@ def import_mooncake(paths: list[Path], block_tokens: int = 512, tenant_from_file
         prompt, output = df["input_length"].to_numpy(), df["output_length"].to_numpy()
         check_counts(path, "input_length", prompt)
         check_counts(path, "output_length", output)
-        warning = _check_block_count(path, prompt, df["hash_ids"].list.len().to_numpy(), block_tokens)
+        warning = check_block_count(path, prompt, df["hash_ids"].list.len().to_numpy(), block_tokens)
         if warning:
             warnings.append(warning)
         # Each file numbers its block ids from 0: equal ids in two files are different blocks.
