@@ -49,7 +49,7 @@ WITH e AS (
 ), r AS (
     -- the requests offered: those arriving by the run's end (later ones were never sent; counted apart)
     SELECT q.run_id,
-           count(*) FILTER (WHERE q.arrival_s <= x.end_s) AS requests,
+           count(*) FILTER (WHERE q.arrival_s IS NULL OR q.arrival_s <= x.end_s) AS requests,  -- as offered_requests
            count(*) FILTER (WHERE q.arrival_s > x.end_s) AS after_horizon,
            min(q.arrival_s) FILTER (WHERE q.arrival_s <= x.end_s) AS first_arrival_s,
            max(q.arrival_s) FILTER (WHERE q.arrival_s <= x.end_s) AS last_arrival_s,
@@ -252,12 +252,9 @@ FROM c JOIN t USING (run_id) JOIN goodput g ON g.run_id = c.run_id AND g.scope =
 ORDER BY c.run_id, CASE c.scope WHEN 'overall' THEN 0 WHEN 'pool' THEN 1 ELSE 2 END, c.name
 """
 
-TENANT_SUMMARY = """
+TENANT_SUMMARY = f"""
 CREATE OR REPLACE VIEW tenant_summary AS
-WITH late AS (
-    SELECT q.run_id, q.tenant, count(*) AS after_horizon
-    FROM requests q JOIN run_span sp ON sp.run_id = q.run_id WHERE q.arrival_s > sp.end_s GROUP BY ALL
-), t AS (
+WITH {_LATE}, t AS (
 SELECT m.run_id, tenant,
     count(*) AS requests,
     count(*) FILTER (WHERE finished) AS finished,
@@ -279,7 +276,7 @@ FROM request_metrics m JOIN run_span sp ON sp.run_id = m.run_id
 GROUP BY m.run_id, tenant
 )
 SELECT t.*, coalesce(l.after_horizon, 0) AS after_horizon
-FROM t LEFT JOIN late l ON l.run_id = t.run_id AND l.tenant IS NOT DISTINCT FROM t.tenant
+FROM t LEFT JOIN late l ON l.run_id = t.run_id AND l.scope = 'tenant' AND l.name IS NOT DISTINCT FROM t.tenant
 ORDER BY t.run_id, t.tenant NULLS FIRST
 """
 

@@ -225,6 +225,8 @@ def test_skipped_requests_count_as_misses_in_the_views(tmp_path):
     row = query(run_dir, "SELECT requests, finished, rejected, skipped, met_all FROM slo_attainment "
                          "WHERE scope = 'overall'", slo=SloTable.parse_cli(["ttft=10s"])).to_pylist()[0]
     assert row == {"requests": 3, "finished": 1, "rejected": 1, "skipped": 1, "met_all": 1}
+    # the run's span counts the same requests as offered (the skipped one, with no arrival, among them)
+    assert query(run_dir, "SELECT requests, after_horizon FROM run_span").to_pylist() == [{"requests": 3, "after_horizon": 0}]
 
 
 @pytest.mark.parametrize("shape", ["react", "chat"])
