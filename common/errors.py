@@ -26,6 +26,17 @@ class InputError(ServelabError):
         super().__init__(f"{where}: {rule}")
 
 
+def require_distinct(paths) -> None:
+    """Raise InputError when one source file is given twice (by the same or another path): its requests
+    would be read twice, at double the load."""
+    seen: dict = {}
+    for p in paths:
+        key = p.resolve()
+        if key in seen:
+            raise InputError(p, f"given twice (also as {seen[key]}): each source file once")
+        seen[key] = p
+
+
 def require_file(path: object, what: str = "file") -> None:
     """Raise InputError unless ``path`` is an existing file: 'file not found', or 'is a folder, not a {what}'."""
     import os

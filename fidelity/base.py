@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from servelab.common.errors import InputError, ServelabError
+from servelab.common.errors import InputError, ServelabError, require_distinct
 from servelab.common.registry import Registry
 from servelab.common.sniff import detect
 from servelab.replay.results import RunResult
@@ -243,15 +243,12 @@ def detect_format(paths: list[Path]) -> str:
 
 def import_measured(fmt: str, paths: list[Path], **options) -> Measured:
     importer = IMPORTERS.get(fmt)
-    seen: dict[Path, Path] = {}
     for p in paths:
         if p.is_dir() and fmt != "blis":
             raise InputError(p, "is a folder, not a file")
         if not p.exists():
             raise InputError(p, "file not found")
-        if p.resolve() in seen:  # its requests twice: double the load
-            raise InputError(p, f"given twice (also as {seen[p.resolve()]}): each source file once")
-        seen[p.resolve()] = p
+    require_distinct(paths)
     measured = importer(paths, **options)
     if len(measured.rows) == 0:
         raise InputError(paths[0], "no requests found")

@@ -31,12 +31,12 @@ METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 
 def load_measured(run_dir: Path) -> tuple[dict, pa.Table, pa.Table]:
     """run.json, requests.parquet and the trace of a run written by ``servelab run import``."""
-    from servelab.scoring.sources import _read_meta  # what `servelab report` says of a broken run.json
+    from servelab.scoring.sources import read_meta  # what `servelab report` says of a broken run.json
 
     meta_path = run_dir / "run.json"
     if not meta_path.is_file():
         raise InputError(run_dir, "not a run directory (no run.json)")
-    meta = _read_meta(run_dir)
+    meta = read_meta(run_dir)
     if not meta.get("measured"):
         raise InputError(meta_path, "not a measured run (run.json has no \"measured\": true); "
                                     "import one with `servelab run import`")

@@ -101,12 +101,12 @@ def find_runs(patterns: Iterable[str | os.PathLike]) -> list[RunDir]:
         if r not in seen:
             seen.add(r)
             unique.append(r)
-    metas = [_read_meta(d) for d in unique]
+    metas = [read_meta(d) for d in unique]
     ids = _unique_ids([str(m.get("run_id") or d.name) for d, m in zip(unique, metas)], unique)
     return [RunDir(i, d, m) for i, d, m in zip(ids, unique, metas)]
 
 
-def _read_meta(d: Path) -> dict:
+def read_meta(d: Path) -> dict:
     path = d / "run.json"
     if not path.exists():  # every writer writes run.json with the tables, all or nothing: this folder is a
         # leftover or hand-made, and reading it would default its GPUs (to 1), duration and settings

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from servelab.common.errors import InputError, ServelabError, require_file
+from servelab.common.errors import InputError, ServelabError, require_distinct, require_file
 from servelab.common.sniff import detect, detects
 from servelab.traces import schema
 from servelab.traces.arrivals import ArrivalConfig, arrival_times
@@ -45,11 +45,7 @@ def import_trace(fmt: str, paths: list[Path], **options) -> Imported:
     if not paths:
         raise ServelabError("no source files given")
     paths = [Path(p) for p in paths]
-    seen: dict[Path, Path] = {}
-    for p in paths:
-        if p.resolve() in seen:  # its requests twice: double the load (as run import refuses it)
-            raise InputError(p, f"given twice (also as {seen[p.resolve()]}): each source file once")
-        seen[p.resolve()] = p
+    require_distinct(paths)
     return IMPORTERS.get(fmt)(paths, **options)
 
 
