@@ -186,7 +186,7 @@ def import_cmd(ctx: click.Context, fmt: str | None, sources: tuple[Path, ...], o
 
     spec = spec_from_options(kw.pop("shared_prefix_tokens"), kw.pop("prefix_groups"), kw.pop("prompt_pool"))
     block_tokens = kw.pop("prefix_block_tokens")
-    if spec is None and ctx.get_parameter_source("prefix_block_tokens") == click.core.ParameterSource.COMMANDLINE:
+    if spec is None and _given(ctx, "prefix_block_tokens"):
         # (a source's own hashes keep their block size: --block-tokens where the format has one)
         raise ServelabError("--prefix-block-tokens sizes the hashes --shared-prefix-tokens or --prompt-pool add; "
                             "give one of them")
@@ -286,8 +286,6 @@ def synth_cmd(ctx: click.Context, out: Path, n: int | None, duration_s: float | 
             if _given(ctx, name):
                 raise ServelabError(f"--{name.replace('_', '-')} does not apply with --lengths-from (the file gives "
                                     "the lengths)")
-    if _given(ctx, "prefix_groups") and not kw["shared_prefix_tokens"]:
-        raise ServelabError("--prefix-groups needs --shared-prefix-tokens")
     if n is None and duration_s is None:
         n = 1000
     tenants = kw.pop("tenants")
