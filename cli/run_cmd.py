@@ -73,8 +73,6 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
     options = {}
     staged = ("guidellm", "inference-perf", "sglang-bench")  # formats whose report holds several benchmarks (stages)
     if benchmark is not None:
-        if fmt not in (*staged, None):
-            raise ServelabError("--benchmark applies to --format guidellm, inference-perf or sglang-bench only")
         options["benchmark"] = benchmark
     from servelab.fidelity.base import detect_format
     from servelab.traces.prefixes import spec_from_options
@@ -130,9 +128,8 @@ def _import_sweep(count: int, sources, output, kwargs: dict, fmt: str = "guidell
     from servelab.fidelity.base import import_measured, write_measured_run
     from servelab.fidelity.run_import import import_run as run_import
 
-    # the whole file parsed first: a bad row anywhere is the error
-    for i in [None] if fmt == "guidellm" else range(count):
-        import_measured(fmt, list(sources), benchmark=i)
+    if fmt == "guidellm":  # the whole report parsed first: a bad row anywhere is the error
+        import_measured(fmt, list(sources))
     levels = []
     with atomic_dir(output) as tmp:
         for i in range(count):
