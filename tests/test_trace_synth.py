@@ -205,3 +205,10 @@ def test_duration_mode_constant_gaps_give_exactly_rate_times_duration():
     for seed in range(50):
         t = arrival_times(cfg, np.random.default_rng(seed), duration_s=100.0)
         assert len(t) == 5 and 0 < t[0] <= 20 and np.allclose(np.diff(t), 20)
+
+
+def test_source_names_the_piecewise_schedule_not_the_unused_rate():
+    """Piecewise arrivals ignore `rate`; the trace's `source` line says the schedule it followed."""
+    cfg = make_config(n=10, profile="piecewise", schedule=[(0, 2), (10, 5.5)])
+    assert cfg.source == "synth:poisson@[0:2;10:5.5]/s,cv=1,piecewise,n=10,seed=0"
+    assert make_config(n=10, rate=3).source == "synth:poisson@3/s,cv=1,flat,n=10,seed=0"

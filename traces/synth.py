@@ -150,6 +150,9 @@ class SynthConfig:
     def source(self) -> str:
         """A one-line description stored in the file's ``source`` metadata."""
         size = f"n={self.n}" if self.n is not None else f"duration={self.duration_s:g}s"
+        if self.profile == "piecewise":  # the schedule's rates, not `rate`, which piecewise arrivals ignore
+            rates = ";".join(f"{start:g}:{rate:g}" for start, rate in self.schedule)
+            return f"synth:{self.arrival}@[{rates}]/s,cv={self.cv:g},piecewise,{size},seed={self.seed}"
         return f"synth:{self.arrival}@{self.rate:g}/s,cv={self.cv:g},{self.profile},{size},seed={self.seed}"
 
 
