@@ -44,7 +44,7 @@ def prefix_options(fn):
 @click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the derived trace here (.arrow or .parquet); the run directory always has trace.arrow.")
 @click.option("--benchmark", type=int, default=None, help="guidellm: import only the N-th benchmark (0-based); inference-perf: only stage N; "
-                   "sglang-bench: only the N-th run (line).")
+                   "sglang-bench: only the N-th run (line); genai-perf: only the N-th experiment.")
 @click.option("--vllm-log", type=click.Path(dir_okay=False, path_type=Path),
               help="The vLLM server log (default: vllm.log beside the source, or the file vllm_logging.json names): "
                    "engine settings, KV block count, prefix-cache hit rate.")
@@ -71,7 +71,8 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
 
     check_replay_output(str(output), force)
     options = {}
-    staged = ("guidellm", "inference-perf", "sglang-bench")  # formats whose report holds several benchmarks (stages)
+    # formats whose report holds several benchmarks (stages, experiments)
+    staged = ("guidellm", "inference-perf", "sglang-bench", "genai-perf")
     if benchmark is not None:
         options["benchmark"] = benchmark
     from servelab.fidelity.base import detect_format
@@ -86,10 +87,10 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
         click.echo(f"format: {fmt} (detected; --format to choose)", err=True)
     kwargs["detected"] = detected
     if fmt not in staged and benchmark is not None:
-        raise ServelabError("--benchmark applies to --format guidellm, inference-perf or sglang-bench only")
-    if fmt in ("guidellm", "sglang-bench") and benchmark is None and len(sources) == 1:
+        raise ServelabError("--benchmark applies to --format guidellm, inference-perf, sglang-bench or genai-perf only")
+    if fmt in ("guidellm", "sglang-bench", "genai-perf") and benchmark is None and len(sources) == 1:
         count = _count_benchmarks(fmt, Path(sources[0]))
-        if count > 1:  # a sweep: each benchmark (strategy, or bench_serving run) is a run of its own
+        if count > 1:  # a sweep: each benchmark (strategy, bench_serving run, experiment) is a run of its own
             _import_sweep(count, sources, output, kwargs, fmt)
             return
     done = run_import(list(sources), fmt, options=options, **kwargs)
@@ -114,14 +115,16 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
 def _count_benchmarks(fmt: str, path: Path) -> int:
     if fmt == "guidellm":
         from servelab.fidelity.guidellm import count_benchmarks
+    elif fmt == "genai-perf":
+        from servelab.fidelity.genai_perf import count_benchmarks
     else:
         from servelab.fidelity.sglang_bench import count_benchmarks
     return count_benchmarks(path)
 
 
 def _import_sweep(count: int, sources, output, kwargs: dict, fmt: str = "guidellm") -> None:
-    """A GuideLLM report of several benchmarks, or an SGLang bench_serving file of several runs:
-    OUTPUT/benchmark_<i> for each and OUTPUT/sweep.json."""
+    """A GuideLLM report of several benchmarks, an SGLang bench_serving file of several runs, or a
+    genai-perf export of several experiments: OUTPUT/benchmark_<i> for each and OUTPUT/sweep.json."""
     import json
 
     from servelab.common.atomic import atomic_dir

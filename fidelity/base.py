@@ -237,7 +237,8 @@ def detect_format(paths: list[Path]) -> str:
     """The import format of ``paths``: the first importer (by its ``@detects`` order) whose test of the
     first one's name and first bytes passes (common/sniff.py), or an error naming the first file."""
     return detect(IMPORTERS, list(paths), 1 << 16, "cannot tell the format (not an OTel, GuideLLM, inference-perf, "
-                  "vllm bench, SGLang bench_serving, timestamps JSONL or TraceV2 file); pass --format",
+                  "vllm bench, SGLang bench_serving, genai-perf, AIPerf, timestamps JSONL or TraceV2 file); "
+                  "pass --format",
                   folder_hint=" (a TraceV2 folder holds trace.yaml and trace.csv)")
 
 
