@@ -24,7 +24,6 @@ prompt's text for the prefix-sharing hashes, and the model when the summary is m
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
-from servelab.fidelity.fields import array, integer, mapping, number
+from servelab.fidelity.fields import array, integer, json_lines, mapping, number, prompt_text
 
 SUMMARY = "profile_export_aiperf.json"
 INPUTS = "inputs.json"
@@ -57,7 +56,7 @@ def import_aiperf(paths: list[Path]) -> Measured:
     rows = Rows(path)
     warmup = 0
     base: list[int] = []  # the first record's send (ns): times are rebased to it while whole
-    for row, rec in _records(path):
+    for row, rec in json_lines(path, "AIPerf record"):
         meta = mapping(path, rec.get("metadata"), "metadata", row)
         if str(meta.get("benchmark_phase", meta.get("credit_phase", "profiling"))).lower() == "warmup":
             warmup += 1
@@ -83,25 +82,6 @@ def import_aiperf(paths: list[Path]) -> Measured:
         notes.append(f"no {SUMMARY} beside the records: the load shape is not recorded, replayed as the "
                      "recorded sends (an open loop)")
     return Measured(rows, clock="client", settings={"model": model}, source=source, notes=tuple(notes), load=load)
-
-
-def _records(path: Path):
-    """(line number, record) for each non-empty line."""
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise InputError(path, "not UTF-8 text (expected AIPerf's JSON lines)") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(path, f"not valid JSON ({err.msg}, column {err.colno}); AIPerf writes one record per "
-                                   "line", row=lineno) from None
-        if not isinstance(rec, dict):
-            raise InputError(path, "each line must be a JSON object (one AIPerf record)", row=lineno)
-        yield lineno, rec
 
 
 def _metric(path: Path, metrics: dict, names: tuple[str, ...], row: int, *, seconds: bool = False):
@@ -233,23 +213,7 @@ def _inputs(path: Path) -> tuple[dict, set]:
                 continue
             if isinstance(payload.get("model"), str):
                 models.add(payload["model"])
-            text = _text(payload)
+            text = prompt_text(payload)
             if text:
                 texts[(session.get("session_id"), turn)] = text
     return texts, models
-
-
-def _text(payload: dict) -> str | None:
-    parts = []
-    for message in payload.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        parts.append(prompt)
-    elif isinstance(prompt, list):
-        parts.extend(p for p in prompt if isinstance(p, str))
-    return "\n".join(parts) if parts else None

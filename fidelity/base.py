@@ -359,7 +359,6 @@ def build_run(measured: Measured, fmt: str, paths: list[Path], prefix_hashes: li
     tokens = _token_gaps(rows, order, first_token)
     from servelab import __version__
 
-    finished = sum(ok)
     settings = check_settings(measured.settings, paths[0])
     meta = {
         "servelab_version": __version__,

@@ -70,3 +70,64 @@ def array(path: Path, value: object, field: str, row: int | None = None, *, opti
         raise InputError(path, f"needs a list of {length} values (one per request), got {len(value)}",
                          column=field, row=row)  # fmt: skip
     return value
+
+
+def json_lines(path: Path, what: str) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-empty line of a JSON-lines file whose lines are ``what``
+    ("AIPerf record", "bench_serving result"): anything else on a line is an error naming it."""
+    import json
+
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise InputError(path, f"not UTF-8 text (expected JSON lines, one {what} each)") from None
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(path, f"not valid JSON ({err.msg}, column {err.colno}); the file holds one {what} "
+                                   "per line", row=lineno) from None  # fmt: skip
+        if not isinstance(doc, dict):
+            raise InputError(path, f"each line must be a JSON object (one {what})", row=lineno)
+        out.append((lineno, doc))
+    return out
+
+
+def json_body(path: Path, value: object, field: str, row: int | None = None) -> dict:
+    """A request body that a report keeps as JSON text (or as an object); None gives {}."""
+    import json
+
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, str):
+        raise InputError(path, f"needs the request body as JSON text, got {type(value).__name__}", column=field,
+                         row=row)  # fmt: skip
+    try:
+        out = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise InputError(path, f"the request body is not JSON ({err.msg})", column=field, row=row) from None
+    return out if isinstance(out, dict) else {}
+
+
+def prompt_text(body: dict, *more: object) -> str | None:
+    """The prompt a request body sent, as text for the prefix-sharing hashes: its chat messages' text
+    (string contents and text parts, in order), a completion's ``prompt`` (a string or a list of them),
+    Triton's ``text_input``, then ``more`` values a source keeps beside the body; None without any."""
+    parts: list[str] = []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
+    for value in (body.get("prompt"), body.get("text_input"), *more):
+        if isinstance(value, str):
+            parts.append(value)
+        elif isinstance(value, list):
+            parts.extend(v for v in value if isinstance(v, str))
+    return "\n".join(parts) if parts else None

@@ -37,7 +37,7 @@ from typing import Any
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
-from servelab.fidelity.fields import array, integer, mapping, number
+from servelab.fidelity.fields import array, integer, json_body, mapping, number, prompt_text
 
 SUMMARY = "profile_export_genai_perf.json"
 
@@ -149,7 +149,7 @@ def _read(path: Path, req: dict, row: int, kind: str) -> dict:
     if len(outputs) != len(stamps):
         raise InputError(path, f"needs one response output per response timestamp ({len(stamps)}), got "
                                f"{len(outputs)}", column="response_outputs", row=row)
-    body = _payload(path, inputs, row)
+    body = json_body(path, inputs.get("payload"), "request_inputs.payload", row)
     content_times, out_text, out_ids, usage, error = [], [], [], {}, None
     for k, (t, out) in enumerate(zip(stamps, outputs)):
         out = mapping(path, out, f"response_outputs[{k}]", row)
@@ -183,24 +183,8 @@ def _read(path: Path, req: dict, row: int, kind: str) -> dict:
     return {"row": row, "send": send_ns, "ok": ok, "reason": reason,  # ns until rebased (_seconds)
             "first": content_times[0] if ok else None, "last": content_times[-1] if ok else None,
             "itls": [g / 1e9 for g in gaps] if ok else None, "prompt": prompt, "output": output, "how": how,
-            "text": _prompt_text(body, inputs), "out_chars": len("".join(out_text)),
+            "text": prompt_text(body, inputs.get("text_input")), "out_chars": len("".join(out_text)),
             "input_ids": input_ids, "model": body.get("model")}
-
-
-def _payload(path: Path, inputs: dict, row: int) -> dict:
-    """An OpenAI request's body (Perf Analyzer keeps it as JSON text in ``payload``)."""
-    value = inputs.get("payload")
-    if value is None:
-        return {}
-    if not isinstance(value, str):
-        raise InputError(path, f"needs the request body as JSON text, got {type(value).__name__}",
-                         column="request_inputs.payload", row=row)
-    try:
-        out = json.loads(value)
-    except json.JSONDecodeError as err:
-        raise InputError(path, f"the request body is not JSON ({err.msg})", column="request_inputs.payload",
-                         row=row) from None
-    return out if isinstance(out, dict) else {}
 
 
 def _response(out: dict) -> tuple[str, list, dict, str | None]:
@@ -256,23 +240,6 @@ def _response(out: dict) -> tuple[str, list, dict, str | None]:
         if isinstance(msg.get("text_output"), str):  # Triton's generate endpoint over SSE
             text.append(msg["text_output"])
     return "".join(text), [], usage, error
-
-
-def _prompt_text(body: dict, inputs: dict) -> str | None:
-    """The prompt: a chat body's messages' text, a completion's ``prompt``, Triton's ``text_input``."""
-    parts = []
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
-    for value in (body.get("prompt"), body.get("text_input"), inputs.get("text_input")):
-        if isinstance(value, str):
-            parts.append(value)
-        elif isinstance(value, list):
-            parts.extend(v for v in value if isinstance(v, str))
-    return "\n".join(parts) if parts else None
 
 
 def _fill_counts(path: Path, pending: list[dict], summary: dict, summary_path: Path) -> dict[str, int]:

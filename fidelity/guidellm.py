@@ -21,7 +21,7 @@ from pathlib import Path
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
-from servelab.fidelity.fields import array, integer, mapping, number
+from servelab.fidelity.fields import array, integer, mapping, number, prompt_text
 
 
 def _first(*values):
@@ -55,19 +55,10 @@ def _body(req: dict) -> dict:
 
 
 def _prompt_text(req: dict, body: dict) -> str | None:
-    """The prompt as text: v0.2's ``prompt``, else the body's ``prompt`` (completions) or its chat
-    messages' text parts, in order (the template vLLM puts around them is the same for every request)."""
-    for value in (req.get("prompt"), body.get("prompt")):
-        if isinstance(value, str):
-            return value
-    parts = []
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
-    return "\n".join(parts) if parts else None
+    """The prompt as text: v0.2's ``prompt``, else the body's (completions' ``prompt`` or its chat
+    messages' text parts, in order: the template vLLM puts around them is the same for every request)."""
+    prompt = req.get("prompt")
+    return prompt if isinstance(prompt, str) else prompt_text(body)
 
 
 def _model(doc: dict, benches: list, bodies_model: str | None) -> str | None:

@@ -23,14 +23,12 @@ sends, an open loop) and the data generator. ``--benchmark N`` keeps stage N (re
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, one_json, read_yaml
-from servelab.fidelity.fields import array, integer, mapping, number
+from servelab.fidelity.fields import array, integer, json_body, mapping, number, prompt_text
 
 def _is_report(probe) -> bool:
     """A JSON list whose first request opens with ``start_time`` and ``end_time`` (inference-perf writes
@@ -100,7 +98,7 @@ def _add(rows: Rows, path: Path, req: dict, row: int, counted: dict) -> None:
     response = mapping(path, info.get("response_metrics"), "info.response_metrics", row, optional=True)
     usage = mapping(path, response.get("server_usage") or info.get("server_usage"), "server_usage", row,
                     optional=True)
-    body = _body(path, req.get("request"), row)
+    body = json_body(path, req.get("request"), "request", row)
     error = req.get("error")
     ok = not error
     times = response.get("output_token_times", info.get("output_token_times"))
@@ -135,39 +133,12 @@ def _add(rows: Rows, path: Path, req: dict, row: int, counted: dict) -> None:
         itls = [b - a for a, b in zip(times, times[1:])]
     rows.add(row, req.get("request_id") or body.get("request_id") or row - 1, start, prompt or 0, output or 0,
              first_token_s=times[0] if ok and times else None, finish_s=end if ok else None, ok=ok,
-             reason=reason, itls_s=itls, prompt_text=_prompt_text(body))
-
-
-def _body(path: Path, value: Any, row: int) -> dict:
-    """The request body (the report keeps it as JSON text)."""
-    if value is None:
-        return {}
-    if isinstance(value, dict):
-        return value
-    if not isinstance(value, str):
-        raise InputError(path, f"needs the request body as JSON text, got {type(value).__name__}",
-                         column="request", row=row)
-    try:
-        out = json.loads(value)
-    except json.JSONDecodeError as err:
-        raise InputError(path, f"the request body is not JSON ({err.msg})", column="request", row=row) from None
-    return out if isinstance(out, dict) else {}
-
-
-def _prompt_text(body: dict) -> str | None:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        parts = [m.get("content") for m in messages if isinstance(m, dict)]
-        return "\n".join(p for p in parts if isinstance(p, str)) or None
-    return None
+             reason=reason, itls_s=itls, prompt_text=prompt_text(body))
 
 
 def _body_model(path: Path, doc: list) -> str | None:
     """The model the first request's body names (a report beside no config.yaml)."""
-    model = _body(path, doc[0].get("request"), 1).get("model") if doc and isinstance(doc[0], dict) else None
+    model = json_body(path, doc[0].get("request"), "request", 1).get("model") if doc and isinstance(doc[0], dict) else None
     return model if isinstance(model, str) else None
 
 

@@ -12,12 +12,12 @@ line) is a sweep: one run each, or ``--benchmark N`` for the N-th (0-based).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured
+from servelab.fidelity.fields import json_lines
 from servelab.fidelity.vllm_bench import Client, measured_from_result
 
 SGLANG = Client("SGLang bench_serving", "SGLang bench_serving records none",
@@ -34,23 +34,7 @@ def _is_sglang(probe) -> bool:
 
 def runs(path: Path) -> list[tuple[int, dict]]:
     """(line number, result) for each non-empty line."""
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise InputError(path, "not UTF-8 text (expected SGLang bench_serving JSON lines)") from None
-    out = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(path, f"not valid JSON ({err.msg}, column {err.colno}); SGLang bench_serving writes one "
-                                   "result per line", row=lineno) from None
-        if not isinstance(doc, dict):
-            raise InputError(path, "each line must be a JSON object (one bench_serving result)", row=lineno)
-        out.append((lineno, doc))
-    return out
+    return json_lines(path, "bench_serving result")
 
 
 def count_benchmarks(path: Path) -> int:
