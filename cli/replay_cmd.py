@@ -41,6 +41,8 @@ _ENGINE_HELP = {
     "swap_bandwidth_gbps": "Host<->GPU copy bandwidth, GB/s.",
     "kv_bytes_per_token": "KV bytes per token, for runners that don't know their model (swap timing).",
     "head_of_line": "strict: stop at the first waiting request that does not fit; skip: let later ones pass.",
+    "async_scheduling": "vLLM's async scheduling (its default since 0.14): the next step is picked while one runs, "
+                        "so a request arriving during a step is first scheduled in the step after the next.",
     "replicas": "Identical engine replicas behind the router.",
     "router": "round-robin, least-outstanding, least-kv, power-of-two, weighted, prefix-affinity (cache-aware), "
               "lora-affinity (adapter-aware) or session (sticky); `servelab routers` lists them.",

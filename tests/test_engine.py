@@ -192,3 +192,25 @@ def test_batch_without_builder_summary_gives_the_same_timeline(monkeypatch):
     assert bare.requests.equals(expected.requests)
     assert bare.steps.equals(expected.steps)
     assert sum(expected.requests.column("num_preemptions").to_pylist()) > 0  # KV pressure was exercised
+
+
+@pytest.mark.parametrize("arrival, sync_s, async_s", [(0.5, 1.0, 2.0),  # during A's prefill step
+                                                       (5.5, 6.0, 7.0)])  # during A's decode stretch
+def test_async_scheduling_takes_an_arrival_one_step_later(arrival, sync_s, async_s):
+    """vLLM's async scheduling picks step N+1 while step N runs: a request arriving during step N is first
+    scheduled in step N+2, one iteration later than without (1 s iterations here)."""
+    trace = make_trace([0, arrival], [16, 16], [20, 4])
+    sync = run(trace, runner=UNIT, num_gpu_blocks=20, block_size=16)
+    asyn = run(trace, runner=UNIT, num_gpu_blocks=20, block_size=16, async_scheduling=True)
+    assert column(sync, "first_scheduled_s")[1] == sync_s
+    assert column(asyn, "first_scheduled_s")[1] == async_s
+    assert column(asyn, "finish_s")[0] == column(sync, "finish_s")[0]  # the running request is not slowed
+
+
+def test_async_scheduling_takes_an_arrival_at_once_when_nothing_runs():
+    """With nothing running, vLLM's scheduler has no step picked ahead: the request starts when it arrives."""
+    trace = make_trace([0, 30.0], [16, 16], [4, 4])
+    sync = run(trace, runner=UNIT, num_gpu_blocks=20, block_size=16)
+    asyn = run(trace, runner=UNIT, num_gpu_blocks=20, block_size=16, async_scheduling=True)
+    assert column(asyn, "first_scheduled_s") == column(sync, "first_scheduled_s") == [0.0, 30.0]
+    assert column(asyn, "finish_s") == column(sync, "finish_s")

@@ -82,6 +82,12 @@ CASES = {
     "edf dropping": ("edf", {"drop": True, "ttft_slo_s": 2.0}, {"num_gpu_blocks": 400}),
     "horizon": ("sarathi", {}, {"num_gpu_blocks": 300, "until_s": 6.0}),
     "no prefix cache": ("sarathi", {}, {"num_gpu_blocks": 300, "enable_prefix_caching": False}),
+    # vLLM's async scheduling: arrivals seen a step later, no stretch while one waits to be seen
+    "async scheduling, KV pressure": ("sarathi", {}, {"num_gpu_blocks": 300, "async_scheduling": True}),
+    "async scheduling, platform": ("tiers", {"preempt": True}, {"replicas": 2, "num_gpu_blocks": 400, "queue_cap": 30,
+                                                                "pause": "tier=flex,waiting=8,resume=2",
+                                                                "fail": ("replica=1,at=5,for=4",),
+                                                                "async_scheduling": True}),
     # turns end while others wait: cohort members are preempted through the builder
     "round-robin rotating": ("round-robin", {"quantum": 4}, {"num_gpu_blocks": 400, "max_num_seqs": 8}),
     "round-robin rotating, swap": ("round-robin", {"quantum": 4}, {"num_gpu_blocks": 400, "max_num_seqs": 8,

@@ -70,6 +70,14 @@ def test_contract_drained(policy, preemption):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+def test_contract_drained_with_async_scheduling(policy):
+    """vLLM's async scheduling (arrivals seen one step later) keeps every policy's contract."""
+    result = run(workload(), policy=policy, runner=RUNNER, async_scheduling=True, **ENGINE)
+    assert set(result.requests.column("status").to_pylist()) == {"finished"}, policy
+    check_invariants(result, policy)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_contract_horizon_keeps_every_request(policy):
     trace = workload()
     result = run(trace, policy=policy, runner=RUNNER, until_s=2.0, **ENGINE)

@@ -469,9 +469,12 @@ class BatchBuilder:
         kv = self.kv
         lookup = kv.lookup if kv.cache is not None else None
         loras = self.loras
+        visible_s = self.replica.visible_s  # async scheduling: later arrivals wait for the next decision
         for req in order:
             if self.seq_budget <= 0 or self.token_budget <= 0:
                 break
+            if req.arrival_s > visible_s:
+                continue
             if loras is not None and not self._lora_fits(req):
                 continue  # its adapter would be one too many in the batch: vLLM passes over it
             hit = lookup(req) if lookup is not None else None

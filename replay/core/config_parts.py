@@ -67,6 +67,7 @@ class BatchingPart:
     max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
     max_model_len: int | None = None  # vLLM's --max-model-len; None = the runner's model's context
     head_of_line: str = "strict"  # strict: stop at the first waiting request that does not fit; skip
+    async_scheduling: bool = False  # vLLM >= 0.14's default: step N+1 is picked while step N runs
 
     def __post_init__(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens")

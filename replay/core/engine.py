@@ -334,6 +334,12 @@ class Engine:
             return
         replica.waiting.append(req)
         replica.policy.on_arrival(req, replica)
+        if replica.config.async_scheduling:  # (read from the replica: one more engine attribute slows them all)
+            if req.arrival_s > replica.last_arrival_s:
+                replica.last_arrival_s = req.arrival_s
+            if replica.busy:  # the step after the one under way is already picked: the decision that can take
+                self._cut_stretch(replica, now, 1)  # this request is the one after that step
+                return
         if replica.busy:
             self._cut_stretch(replica, now)
         else:
@@ -367,12 +373,13 @@ class Engine:
             replica.schedule_pending = True
             self.push(time_s, SCHEDULE, replica)
 
-    def _cut_stretch(self, replica: Replica, now: float) -> None:
-        """End the in-flight decode stretch at the first iteration boundary at or after ``now``."""
+    def _cut_stretch(self, replica: Replica, now: float, later: int = 0) -> None:
+        """End the in-flight decode stretch at the first iteration boundary at or after ``now`` (``later``
+        boundaries after that one)."""
         step = replica.inflight
         if step.k == 1 or now >= step.end_s:
             return
-        j = step._first_boundary_at_or_after(now)
+        j = step._first_boundary_at_or_after(now) + later
         if j < step.k:
             step.end_s = step.start_s + step.elapsed(j)
             step.k = j
@@ -403,7 +410,15 @@ class Engine:
             return
         if self.retention is not None:
             self.retention.before_schedule(replica)
+        if replica.config.async_scheduling:
+            # vLLM picked this step while the last one ran: requests that arrived during that one's last
+            # iteration wait for the next decision, unless nothing is running (then it decides at once)
+            replica.visible_s = replica.iter_start_s if replica.running and now == replica.step_end_s else math.inf
+            replica.holding = replica.visible_s < replica.last_arrival_s
         batch = replica.policy.schedule(replica)
+        if replica.holding and not batch.items and not batch.bulk and not batch.preempt:
+            replica.visible_s, replica.holding = math.inf, False  # nothing to run without them: taken now
+            batch = replica.policy.schedule(replica)
         for victim in batch.preempt:
             swap_s += self.preempt(replica, victim)
         if batch.wake_s is not None and batch.wake_s > now:
@@ -455,8 +470,8 @@ class Engine:
             raise ServelabError(f"runner {replica.runner.name} priced a step at {duration} s; steps must take > 0 s")
         step = Step(batch, now, now + duration, 1, prefill_tokens, prefill_reqs, decode_reqs,
                     len(replica.waiting), kv.used)
-        if affine is not None and swap_s == 0.0 and group is None:
-            self._plan_stretch(replica, step, summary, affine)
+        if affine is not None and swap_s == 0.0 and group is None and not replica.holding:
+            self._plan_stretch(replica, step, summary, affine)  # (not while a request waits to be seen)
         if replica.wake_s is not None and replica.wake_s > now:
             j = step._first_boundary_at_or_after(replica.wake_s)
             if j < step.k:
@@ -569,6 +584,9 @@ class Engine:
     # -- completing an iteration --------------------------------------------------------------
     def _complete(self, replica: Replica, now: float) -> None:
         step = replica.inflight
+        if replica.config.async_scheduling:
+            replica.iter_start_s = step.start_s + step.elapsed(step.k - 1)
+            replica.step_end_s = now
         self.apply(replica, step, step.k, now)
         replica.busy = False
         replica.inflight = None

@@ -52,6 +52,9 @@ class EngineConfig:
     swap_bandwidth_gbps: float = 25.0  # host<->GPU copy bandwidth, GB/s
     kv_bytes_per_token: int | None = None  # for runners that don't know their model (swap timing)
     head_of_line: str = "strict"  # strict: stop at the first waiting request that does not fit; skip
+    # vLLM's async scheduling (on by default since vLLM 0.14): the scheduler picks step N+1 while step N runs,
+    # so a request that arrives during step N is first scheduled in step N+2 (docs/engine.md)
+    async_scheduling: bool = False
     replicas: int = 1
     router: str = "round-robin"  # a router name (routers/; looked up by servelab.api, not here)
     until_s: float | None = None  # horizon; None = replay until drained

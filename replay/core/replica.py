@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from servelab.replay.core.engine_config import EngineConfig
 from servelab.replay.core.kv.manager import KVManager
 from servelab.replay.core.queue import RequestQueue
@@ -20,7 +22,8 @@ class Replica:
 
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
                  "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "aggregate",
-                 "runner", "decode_affine", "pool", "lora", "encoder", "group")
+                 "runner", "decode_affine", "pool", "lora", "encoder", "group", "visible_s", "iter_start_s",
+                 "step_end_s", "last_arrival_s", "holding")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy):
         # ``policy`` is a `Policy` (replay/core/protocols.py); not imported here: the protocol is written in
@@ -49,6 +52,14 @@ class Replica:
         self.lora = None  # its AdapterSlots (replay/core/lora.py) when LoRA serving is on (max_loras > 0)
         self.encoder = None  # its EncoderStage (replay/core/encoder.py) when a multimodal encoder is configured
         self.group = None  # its DpGroup (replay/core/lockstep.py) when its DP ranks step together
+        # async scheduling (EngineConfig.async_scheduling): a decision admits only waiting requests that
+        # arrived by ``visible_s``, the start of the iteration that just ended (the scheduler had picked
+        # the step now starting while that one ran); inf when every waiting request may go in
+        self.visible_s = math.inf
+        self.iter_start_s = 0.0  # the start of the last iteration of the step that ended last
+        self.step_end_s = -1.0  # when that step ended
+        self.last_arrival_s = -math.inf  # the latest arrival routed here
+        self.holding = False  # a waiting request arrived after ``visible_s``
 
     def owe(self, req: Request) -> None:
         self.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \
