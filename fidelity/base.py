@@ -37,6 +37,7 @@ IMPORTERS: Registry[Callable[..., Measured]] = Registry("run import format", pac
 SETTING_TYPES = {
     "model": str, "gpu": str, "tp": int, "max_num_seqs": int, "max_num_batched_tokens": int,
     "block_size": int, "num_gpu_blocks": int, "gpu_memory_utilization": float, "enable_prefix_caching": bool,
+    "async_scheduling": bool,  # vLLM's --async-scheduling (its default since 0.14: vllm_defaults.py)
     "replicas": int,  # vLLM's data_parallel_size: engines with a KV cache each
     # the benchmark client's own timeout, and what it waits for ("finish" or "first_token": replay/platform/abort.py)
     "client_timeout_s": float, "client_timeout_until": str,

@@ -140,9 +140,10 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     for key in ("model", "gpu"):
         if key not in settings:
             raise missing_setting_error(key, f"{sources[0]}: the run")
-    from servelab.fidelity.vllm_defaults import fill_batch_defaults
+    from servelab.fidelity.vllm_defaults import fill_async_default, fill_batch_defaults
 
     fill_batch_defaults(settings, origin, source)  # the server's own defaults, not the replay's
+    fill_async_default(settings, origin, source)
     settings = check_settings(settings, sources[0], origin)
     generator = measured.prefix or found.prefix
     measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)

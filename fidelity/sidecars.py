@@ -30,7 +30,8 @@ KWARG_KEYS = {"model": "model", "tensor_parallel_size": "tp", "tensor_parallelis
               "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
               "block_size": "block_size", "gpu_memory_utilization": "gpu_memory_utilization",
               "enable_prefix_caching": "enable_prefix_caching", "num_gpu_blocks": "num_gpu_blocks",
-              "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
+              "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas",
+              "async_scheduling": "async_scheduling"}
 GPU_KEYS = ("gpu", "gpu_name", "gpu_model", "gpu_type", "device_name", "accelerator", "hardware", "hardware_name")
 # recorded GPU names (as nvidia-smi and NVML print them) -> presets (runners/presets.py GPUS), first match
 # wins. Each pattern names one card: a sibling with other memory, bandwidth or links (GH200, H100 NVL,

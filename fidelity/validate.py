@@ -444,7 +444,7 @@ RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_
 TIMEOUT_SHOWN = ("client_timeout_s", "client_timeout_until")  # listed when the client had a timeout
 DP_ROUTER = "vllm-dp"  # a DP run's ranks, balanced as vLLM's API server does (listed when used)
 SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
-         "gpu_memory_utilization", "enable_prefix_caching", "runner", "policy", *RUNNER_SHOWN)
+         "gpu_memory_utilization", "enable_prefix_caching", "async_scheduling", "runner", "policy", *RUNNER_SHOWN)
 
 
 def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int) -> list[dict]:

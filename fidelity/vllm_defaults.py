@@ -8,6 +8,9 @@ tokens and 1,024 sequences, any other GPU 2,048 and 256; ``max_num_seqs`` is the
 the setting is not recorded anywhere; each carries that origin into run.json ``config_sources``.
 Older versions (V0: chunked prefill off for short contexts, the whole prompt as the batch limit)
 are left to the replay's defaults, which validate --real lists as such.
+
+Async scheduling (``fill_async_default``) is vLLM's default since 0.14: a run recording 0.14 or later
+and not the setting is replayed with it (docs/engine.md "Async scheduling").
 """
 
 from __future__ import annotations
@@ -55,3 +58,21 @@ def fill_batch_defaults(settings: dict, origin: dict[str, str], source: dict) ->
     for key, value in values.items():
         if key not in settings:
             settings[key], origin[key] = value, where
+
+
+ASYNC_SINCE = (0, 14)  # vLLM 0.14.0's release notes: "Async scheduling is now enabled by default" (#27614)
+
+
+def fill_async_default(settings: dict, origin: dict[str, str], source: dict) -> None:
+    """Turn on async scheduling where the run lacks the setting and records a vLLM version of 0.14 or later
+    (where it is vLLM's default), unless the run used pipeline parallelism, which 0.14 ran without it."""
+    if "async_scheduling" in settings:
+        return
+    version = source.get("vllm_version") or source.get("engine_version")
+    parsed = version_tuple(version)
+    if parsed is None or parsed[:2] < ASYNC_SINCE:
+        return
+    if int(source.get("pipeline_parallel_size") or 1) > 1:
+        return
+    settings["async_scheduling"] = True
+    origin["async_scheduling"] = f"vLLM {version}'s default (async scheduling, on since 0.14)"

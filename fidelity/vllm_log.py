@@ -45,11 +45,12 @@ PRESSURE_KV = 0.8  # a KV cache at least this full, with requests waiting: preem
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
             "gpu_memory_utilization": "gpu_memory_utilization", "enable_prefix_caching": "enable_prefix_caching",
-            "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas"}
+            "num_gpu_blocks_override": "num_gpu_blocks", "data_parallel_size": "replicas",
+            "async_scheduling": "async_scheduling"}
 # fields of the engine config line: key=value up to the next ", key="
 _ENGINE_FIELD = re.compile(r"(?:^|, )(\w+)=(.*?)(?=, \w+=|$)")
 ENGINE_KEYS = {"tensor_parallel_size": "tp", "enable_prefix_caching": "enable_prefix_caching",
-               "served_model_name": "model"}
+               "served_model_name": "model", "async_scheduling": "async_scheduling"}
 SOURCE_KEYS = {"data_parallel_size": "data_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size",
                "dtype": "dtype", "max_seq_len": "max_model_len", "kv_cache_dtype": "kv_cache_dtype",
                "quantization": "quantization"}

@@ -75,7 +75,8 @@ def test_timestamps_jsonl_with_meta(run_cli, tmp_path):
     _check_request(rows[1], 15823.405014459 - 15823.144060012, 15823.528791577 - 15823.405014459,
                    15849.385311748 - 15823.405014459, (15849.385311748 - 15823.528791577) / 768, 1034, 769)
     assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B", "tp": 1, "max_num_seqs": 128,
-                              "max_num_batched_tokens": 2048, "replicas": 1, "gpu": "rtx-4090"}
+                              "max_num_batched_tokens": 2048, "replicas": 1, "gpu": "rtx-4090",
+                              "async_scheduling": True}  # vLLM 0.19's default
     assert meta["config_sources"]["max_num_seqs"] == "meta.json" and meta["config_sources"]["gpu"] == "--setting"
     assert meta["source"]["vllm_version"] == "0.19.0"
 

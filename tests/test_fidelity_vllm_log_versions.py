@@ -170,6 +170,42 @@ def test_a_run_started_with_vllms_defaults_gets_them_not_the_replays(tmp_path, c
     assert used["max_num_batched_tokens"]["from"].startswith(f"run: vLLM {version}'s default")
 
 
+@pytest.mark.parametrize("version, args, expected", [
+    ("0.14.0", "", True),  # vLLM's default since 0.14
+    ("0.19.1", "", True),
+    ("0.13.0", "", None),  # before: off, the replay's own default
+    ("0.19.1", ", 'async_scheduling': False", False),  # --no-async-scheduling, as the log records it
+])
+def test_async_scheduling_comes_from_the_version_or_the_servers_args(tmp_path, capsys, version, args, expected):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
+    (folder / "vllm.log").write_text(
+        f"INFO 10-01 12:00:00 [api_server.py:1896] vLLM API server version {version}\n"
+        f"INFO 10-01 12:00:00 [utils.py:233] non-default args: {{'model': 'meta-llama/Llama-2-7b-hf'{args}}}\n")
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["config"].get("async_scheduling") is expected
+    code, out, err = run_main(["validate", "--real", run, "--format", "json"], capsys)
+    assert code == 0, err
+    used = {s["setting"]: s for s in json.loads(out)["settings"]}
+    assert used["async_scheduling"]["value"] is bool(expected)
+    if expected:
+        assert "default (async scheduling, on since 0.14)" in used["async_scheduling"]["from"]
+
+
+def test_async_scheduling_is_not_assumed_with_pipeline_parallelism():
+    from servelab.fidelity.vllm_defaults import fill_async_default
+
+    settings: dict = {}
+    fill_async_default(settings, {}, {"vllm_version": "0.15.0", "pipeline_parallel_size": 2})
+    assert settings == {}
+    fill_async_default(settings, {}, {})  # no version recorded: nothing assumed
+    assert settings == {}
+
+
 def test_a_recorded_batch_limit_caps_the_default_sequences(tmp_path):
     from servelab.fidelity.vllm_defaults import fill_batch_defaults
 
