@@ -142,14 +142,15 @@ def engine_settings(exp: Path, model: str, gpu: str, mode: str) -> tuple[dict, s
     return {**values, "max_model_len": None, "tp": tp}, f"vLLM>=0.9 defaults ({ASSUMED_VLLM} assumed)"
 
 
-def run_experiment(exp: Path, mode: str, gpu: str = "h100-80gb") -> list[dict]:
+def run_experiment(exp: Path, mode: str, gpu: str = "h100-80gb", async_scheduling: bool = False) -> list[dict]:
     cfg = read_yaml(exp / "results" / "config.yaml")
     stages_m = stage_files(exp)
     trace, info = build_trace(cfg, stages_m)
     preset = find_model(cfg["server"]["model_name"]).name
     eng, origin = engine_settings(exp, preset, gpu, mode)
     engine = EngineConfig(max_num_seqs=eng["max_num_seqs"], max_num_batched_tokens=eng["max_num_batched_tokens"],
-                          max_model_len=eng["max_model_len"], client_timeout_s=CLIENT_TIMEOUT_S, enable_prefix_caching=True)
+                          max_model_len=eng["max_model_len"], client_timeout_s=CLIENT_TIMEOUT_S, enable_prefix_caching=True,
+                          async_scheduling=async_scheduling)
     config = ReplayConfig(engine=engine, policy="sarathi", runner="roofline", model=preset, gpu=gpu, tp=eng["tp"])
     runner = build_runner(config)
     blocks = resolve_num_gpu_blocks(config, runner)
@@ -202,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="h100-80gb")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", default="", help="substring of the experiment names to run")
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="replay with vLLM's async scheduling (its default since 0.14; the runs record no version)")
     args = ap.parse_args(argv)
     rows = []
     for exp in sorted(p for p in args.data.iterdir() if (p / "results" / "config.yaml").is_file()):
         if args.only and args.only not in exp.name:
             continue
-        rows += run_experiment(exp, args.settings, args.gpu)
+        rows += run_experiment(exp, args.settings, args.gpu, args.async_scheduling)
     head = (f"{'experiment':46} st {'rate':>4} {'TTFT ms':>8} {'TPOTip':>7} {'TPOT ms':>7} {'E2E s':>7} | "
             f"{'eTTFT':>7} {'eTPOT':>7} {'eE2E':>7} | {'srv eTTFT':>9} {'eTPOT':>7} {'eE2E':>7} | ok/fail meas sim | seqs/mbt")
     print(head)
