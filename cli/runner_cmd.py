@@ -150,17 +150,20 @@ def _buckets(text: str) -> tuple[int, ...]:
               help="Fit a client/API-server model (fidelity/client_model.py) to live run directories with vLLM's "
                    "/metrics (metrics.parquet) or observation JSON files with client and engine times; repeatable.")
 @click.option("--server-kind", default="vllm", show_default=True, help="--client: the server kind it describes.")
+@click.option("--client-load", type=click.Choice(["streams", "admitting"]), default="streams", show_default=True,
+              help="--client: what the load term counts at a send: every other open stream, or the others not yet "
+                   "at their first token (a GPU server's: docs/fidelity.md).")
 @_model
 @_gpu
 @_tp
 def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from, steps_path, block_size, live_sweeps,
-        endpoint, sweep_out, sweep_seed, sweep_passes, client_sources, server_kind, model, gpu, tp):
+        endpoint, sweep_out, sweep_seed, sweep_passes, client_sources, server_kind, client_load, model, gpu, tp):
     """Fit a `fitted` cost model (non-negative least squares) to a profile (use it as --runner fitted:OUT);
     with --steps LOG, to a real engine's per-step log (held-out steps reported); with --endpoint URL or
     --live SWEEP_DIR, to a calibration sweep of a live server; or, with --real RUN_DIR, fit the roofline's
     host profile to real runs (held-out half reported); with --client SRC, a client/API-server model."""
     if client_sources:
-        _fit_client(client_sources, server_kind, output)
+        _fit_client(client_sources, server_kind, output, client_load)
         return
     if endpoint or live_sweeps:
         _fit_live(endpoint, sweep_out, sweep_seed, sweep_passes, live_sweeps, output, buckets, test_fraction, seed,
@@ -198,7 +201,7 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from,
     click.echo(f"wrote {output} (use --runner fitted:{output})")
 
 
-def _fit_client(sources, server_kind, output):
+def _fit_client(sources, server_kind, output, load="streams"):
     """fit --client SRC... -o OUT: the client model's terms (docs/fidelity.md), printed and written."""
     from servelab.fidelity.client_model import api_server_runs_from, fit_client, observations_from, save
 
@@ -207,10 +210,11 @@ def _fit_client(sources, server_kind, output):
     observations = [o for src in sources for o in observations_from(Path(src))]
     runs = [r for src in sources for r in api_server_runs_from(Path(src))]
     model = fit_client(observations, server_kind, provenance="servelab fit --client " + " ".join(map(str, sources)),
-                       api_server_runs=runs or None)
+                       api_server_runs=runs or None, load=load)
     save(model, output)
+    per = "open stream" if load == "streams" else "other request before its first token"
     click.echo(f"client model ({server_kind}): {model.request_s * 1e3:.3f} ms + {model.prompt_token_s * 1e6:.3f} us "
-               f"per prompt token + {model.stream_s * 1e3:.3f} ms per open stream outside the engine, "
+               f"per prompt token + {model.stream_s * 1e3:.3f} ms per {per} outside the engine, "
                f"{model.token_s * 1e6:.3f} us per streamed token; "
                f"{model.provenance}")
     click.echo(f"wrote {output} (use validate --real RUN --client-model {output})")

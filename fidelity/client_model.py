@@ -7,13 +7,18 @@ holds the HTTP round trip, the API server's parsing and tokenisation, and each t
 
 - ``request_s + prompt_token_s * prompt_tokens``: the time of a lone request outside the engine
   (HTTP, tokenisation, the first token's way back), which delays its first and last token alike;
-- ``stream_s * open_streams``: the load term. The API server is one process: while it streams other
-  responses, a new request's parsing, tokenisation and first chunk wait their turn, so the outside
-  time grows with the streams open when the request is sent (live vLLM on CPU: 4.4 ms alone, 5.2-8.4
-  ms under load). ``open_streams`` is counted on the replay's own timeline: the other requests sent
-  before it (arrival order) whose client-side finish (engine finish + their lone outside time) is
-  after its send. Fitted only where the observations span several load levels (closed loops of
-  several users), else 0;
+- ``stream_s * open_streams``: the load term. The API server is one process: while it serves other
+  requests, a new request's parsing, tokenisation and first chunk wait their turn, so the outside
+  time grows with the other requests in its way when it is sent. Which ones is the model's ``load``:
+  ``streams`` (every other request open: sent, its last token not yet read; live vLLM on CPU, whose
+  API server streaming on a small CPU slows everything: 4.4 ms alone, 5.2-8.4 ms under load) or
+  ``admitting`` (the others still waiting for their first token: being parsed, tokenised, queued or
+  prefilled; a GPU server's, whose outside time grows with requests sent at once, 40 at once: 14-20
+  ms against 10 alone, but not with streams in steady decode: 8 open at a constant rate, no more than
+  alone). Counted on the replay's own timeline: the other requests sent before it (arrival order)
+  whose client-side finish (``streams``) or first token (``admitting``), engine time + their lone
+  outside time, is after its send. Fitted only where the observations span several load levels,
+  else 0;
 - ``token_s``: the API server's own work per streamed token. One API server process streams every
   response, so the tokens of all requests queue for it: a single-server FIFO queue whose arrivals are
   the engine's token times and whose service takes ``token_s`` each. A token's extra delay is its
@@ -42,6 +47,8 @@ import pyarrow.compute as pc
 
 from servelab.common.errors import InputError, ServelabError
 
+# the load term's count (ClientModel.load), and the observation key each is fitted on
+LOADS = {"streams": "open_streams", "admitting": "admitting"}
 CLIENT_COLUMNS = ("client_first_token_s", "client_finish_s", "client_ttft_s", "client_tpot_s", "client_e2e_s")
 
 
@@ -52,13 +59,16 @@ class ClientModel:
     prompt_token_s: float  # ... and per prompt token (tokenisation)
     token_s: float = 0.0  # the API server's work per streamed token (its single-server queue)
     provenance: str = ""  # where the numbers come from and how they were fitted
-    stream_s: float = 0.0  # the load term: outside time per other stream open at the request's send
+    stream_s: float = 0.0  # the load term: outside time per other request in the way at the request's send
+    load: str = "streams"  # which others are in its way: every open one (streams), or those before their first token
 
     def __post_init__(self) -> None:
         for name in ("request_s", "prompt_token_s", "token_s", "stream_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise ServelabError(f"client model {name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.load not in LOADS:
+            raise ServelabError(f"client model load must be one of {', '.join(LOADS)}, got {self.load!r}")
 
     def outside_s(self, prompt_tokens: np.ndarray, open_streams: np.ndarray | float = 0.0) -> np.ndarray:
         return self.request_s + self.prompt_token_s * prompt_tokens + self.stream_s * open_streams
@@ -109,7 +119,7 @@ def api_server_token_s(runs: list[dict]) -> float:
 
 
 def fit_client(observations: list[dict], server: str = "vllm", provenance: str = "",
-               api_server_runs: list[dict] | None = None) -> ClientModel:
+               api_server_runs: list[dict] | None = None, load: str = "streams") -> ClientModel:
     """Non-negative least squares (scipy's NNLS) of the client-minus-engine TTFT on ``1,
     prompt_tokens, open_streams`` for ``request_s``, ``prompt_token_s`` and ``stream_s``.
     ``stream_s`` is fitted when the observations record ``open_streams`` (the mean number of other
@@ -120,24 +130,29 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
     server adds per streamed token beyond the engine, which only shows under load. Each observation
     may carry a ``weight`` (requests behind a mean). ``api_server_runs``: runs that measured the API
     server process's CPU time (``api_server_token_s``): then ``token_s`` is its CPU per streamed token,
-    the service time of the queue, which the decode times of lightly loaded runs cannot show."""
+    the service time of the queue, which the decode times of lightly loaded runs cannot show. ``load``:
+    what the load term counts (``streams``: the observations' ``open_streams``; ``admitting``: their
+    ``admitting``, the other requests not yet at their first token at a send)."""
     from scipy.optimize import nnls
 
+    if load not in LOADS:
+        raise ServelabError(f"client model load must be one of {', '.join(LOADS)}, got {load!r}")
+    key = LOADS[load]
     rows, target, weights = [], [], []
-    with_load = [i for i, obs in enumerate(observations) if obs.get("open_streams") is not None]
+    with_load = [i for i, obs in enumerate(observations) if obs.get(key) is not None]
     if with_load and len(with_load) != len(observations):
         missing = next(i for i in range(len(observations)) if i not in set(with_load))
-        raise ServelabError(f"client observation {missing} has no open_streams while others have: "
+        raise ServelabError(f"client observation {missing} has no {key} while others have: "
                             f"give every observation its load or none")
     for i, obs in enumerate(observations):
         try:
             p, c, s = float(obs["prompt_tokens"]), float(obs["client_ttft_s"]), float(obs["server_ttft_s"])
-            load = float(obs["open_streams"]) if with_load else 0.0
+            count = float(obs[key]) if with_load else 0.0
         except (KeyError, TypeError, ValueError):
             raise ServelabError(f"client observation {i} needs prompt_tokens, client_ttft_s and server_ttft_s "
-                                f"(numbers; open_streams too where given): {obs}") from None
+                                f"(numbers; {key} too where given): {obs}") from None
         w = float(obs.get("weight", 1.0))
-        rows.append([1.0, p, load])
+        rows.append([1.0, p, count])
         target.append(c - s)
         weights.append(np.sqrt(w))
     if len(rows) < 2 or len({r[1] for r in rows}) < 2:
@@ -156,18 +171,18 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
     if api_server_runs:
         token_s = api_server_token_s(api_server_runs)
     residual = b - a @ np.array([request_s, prompt_token_s, stream_s])
-    load_note = ("" if identified else "; stream_s: no observation records open_streams, set to 0" if not with_load
+    load_note = ("" if identified else f"; stream_s: no observation records {key}, set to 0" if not with_load
                  else "; stream_s: the observations do not separate the load from the other terms (one load level), set to 0")
     token_note = (f"; token_s: the API server's CPU per streamed token over {len(api_server_runs)} runs"
                   if api_server_runs else "" if per_gap else "; token_s: no observation with decode times, set to 0")
     fit = (f"fitted on {len(rows)} observations (outside time residual max {np.abs(residual).max() * 1e3:.2f} ms)"
            + load_note + token_note)
     return ClientModel(server, request_s, prompt_token_s, token_s,
-                       provenance=f"{provenance}; {fit}" if provenance else fit, stream_s=stream_s)
+                       provenance=f"{provenance}; {fit}" if provenance else fit, stream_s=stream_s, load=load)
 
 
 DEFAULTS["vllm"] = fit_client(
-    json.loads(CALIBRATION.read_text())["observations"], "vllm",
+    json.loads(CALIBRATION.read_text())["observations"], "vllm", load="admitting",
     provenance="vLLM 0.11 on an H100 (CodeLlama-34B) against GuideLLM 0.6 over a cluster network, "
                "fidelity/client_calibration_vllm.json: 10 benchmarks of two sweeps (one request at a time to 40 at "
                "once) and 10 request records, the client's times against the same requests' OpenTelemetry spans "
@@ -192,7 +207,7 @@ def resolve(spec: str) -> ClientModel:
     try:
         data = json.loads(path.read_text())
         return ClientModel(**{k: data[k] for k in ("server", "request_s", "prompt_token_s", "token_s", "provenance",
-                                                   "stream_s") if k in data})
+                                                   "stream_s", "load") if k in data})
     except (json.JSONDecodeError, TypeError) as err:
         raise InputError(path, f"not a client model JSON ({err})") from None
 
@@ -231,8 +246,9 @@ def with_client_columns(requests: pa.Table, model: ClientModel, tokens: pa.Table
     out_tokens = requests.column("generated_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
     prompt = requests.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
     outside = model.outside_s(prompt)
-    if model.stream_s > 0:  # the load term, counted with each request's lone client-side finish
-        end = np.where(np.isfinite(finish), finish + outside, _f(requests, "refused_s")
+    if model.stream_s > 0:  # the load term, counted with each request's lone client-side finish or first token
+        end = finish if model.load == "streams" else first
+        end = np.where(np.isfinite(end), end + outside, _f(requests, "refused_s")
                        if "refused_s" in requests.column_names else np.nan)
         outside = model.outside_s(prompt, open_streams(arrival, end))
     wait_first = np.zeros(len(rid))
@@ -356,6 +372,8 @@ def observations_from(path: Path) -> list[dict]:
     end = np.where(np.isfinite(end), end, _f(req, "first_token_s"))
     end = np.where(np.isfinite(end), end, sent)
     load = open_streams(sent, end)
+    first_all = _f(req, "first_token_s")
+    admitting = open_streams(sent, np.where(np.isfinite(first_all), first_all, end))
     is_done = pc.equal(req.column("status"), "finished").to_numpy(zero_copy_only=False)
     done = req.filter(pc.equal(req.column("status"), "finished"))
     if done.num_rows == 0:
@@ -365,7 +383,8 @@ def observations_from(path: Path) -> list[dict]:
     out = done.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
     obs = {"prompt_tokens": float(done.column("prompt_tokens").to_numpy(zero_copy_only=False).mean()),
            "client_ttft_s": float(ttft.mean()), "server_ttft_s": queue + prefill,
-           "open_streams": float(load[is_done].mean()), "weight": done.num_rows, "source": str(path)}
+           "open_streams": float(load[is_done].mean()), "admitting": float(admitting[is_done].mean()),
+           "weight": done.num_rows, "source": str(path)}
     if decode is not None:
         obs.update(output_tokens=float(out.mean()), client_decode_s=float((finish - first).mean()),
                    server_decode_s=decode)
@@ -390,5 +409,5 @@ def _counter_increases(metrics: pa.Table) -> dict[str, float]:
     return out
 
 
-__all__ = ["CLIENT_COLUMNS", "ClientModel", "DEFAULTS", "api_server_waits", "as_client_side", "fit_client",
+__all__ = ["CLIENT_COLUMNS", "ClientModel", "DEFAULTS", "LOADS", "api_server_waits", "as_client_side", "fit_client",
            "observations_from", "open_streams", "resolve", "save", "with_client_columns"]

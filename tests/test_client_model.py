@@ -102,14 +102,21 @@ def test_the_shipped_vllm_default_is_a_gpu_servers():
     # fitted on a real H100 server's client (GuideLLM) and server (OpenTelemetry) times of the same requests
     data = json.loads(cm.CALIBRATION.read_text())
     model = cm.DEFAULTS["vllm"]
-    assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0])
+    assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0],
+                               load="admitting")
     assert "H100" in model.provenance and "GuideLLM" in data["about"]
+    # its load term counts the requests not yet at their first token: 8 streams open at a constant rate
+    # (a request every 0.26 s, each at its first token after 0.25 s) measured no more outside time than alone
+    assert model.load == "admitting"
+    steady = next(o for o in data["observations"] if "constant 3.842" in o["source"] and "requests" in o)
+    assert steady["open_streams"] > 8 and steady["admitting"] < 1.1
+    assert steady["client_ttft_s"] - steady["server_ttft_s"] < 0.0105
     benchmarks = [o for o in data["observations"] if "requests" in o]
     assert len(benchmarks) == 10 and sum(o["requests"] for o in benchmarks) == 397
     # one request at a time, ~3,000-token prompts: 9.4-10.0 ms outside the engine measured
     for o in benchmarks:
         if "synchronous" in o["source"]:
-            assert model.outside_s(o["prompt_tokens"], o["open_streams"]) == pytest.approx(
+            assert model.outside_s(o["prompt_tokens"], o["admitting"]) == pytest.approx(
                 o["client_ttft_s"] - o["server_ttft_s"], abs=1.5e-3)
     # its API server has a host of its own: 40 requests sent at once add ~4-10 ms, not the CPU server's 60
     assert model.stream_s < cm.DEFAULTS["vllm-cpu"].stream_s / 3
@@ -300,6 +307,28 @@ def test_the_load_term_grows_the_outside_time_with_the_streams_open_at_send():
     assert r.column("client_ttft_s").to_pylist() == pytest.approx([0.105] * 3)
 
 
+def test_the_admitting_load_counts_only_requests_before_their_first_token():
+    # three requests sent 100 ms apart, first token 50 ms after the send, streaming until 1 s: every one
+    # is open at the later sends, none still waiting for its first token
+    table = pa.table({"request_id": pa.array(range(3), pa.int64()), "arrival_s": [0.0, 0.1, 0.2],
+                      "first_token_s": [0.05, 0.15, 0.25], "finish_s": [1.0, 1.0, 1.0],
+                      "prompt_tokens": pa.array([10] * 3, pa.int32()), "output_tokens": pa.array([5] * 3, pa.int32()),
+                      "generated_tokens": pa.array([5] * 3, pa.int32())})
+    streams = ClientModel("vllm", request_s=0.005, prompt_token_s=0.0, stream_s=0.003)
+    admitting = ClientModel("vllm", request_s=0.005, prompt_token_s=0.0, stream_s=0.003, load="admitting")
+    assert with_client_columns(table, streams).column("client_ttft_s").to_pylist() == pytest.approx([0.055, 0.058, 0.061])
+    assert with_client_columns(table, admitting).column("client_ttft_s").to_pylist() == pytest.approx([0.055] * 3)
+    # sent at once: each earlier one is still before its first token (5 ms lone time included)
+    burst = table.set_column(1, "arrival_s", pa.array([0.0, 0.0, 0.0]))
+    assert with_client_columns(burst, admitting).column("client_ttft_s").to_pylist() == pytest.approx(
+        [0.055, 0.158, 0.261])
+    with pytest.raises(ServelabError, match="load must be one of"):
+        ClientModel("vllm", 0.005, 0.0, load="busy")
+    with pytest.raises(ServelabError, match="has no admitting"):
+        fit_client([{"prompt_tokens": 10, "client_ttft_s": 0.02, "server_ttft_s": 0.01, "admitting": 1.0},
+                    {"prompt_tokens": 20, "client_ttft_s": 0.02, "server_ttft_s": 0.01}], load="admitting")
+
+
 def test_observations_from_a_live_run_count_the_streams_open_at_send(tmp_path):
     (tmp_path / "src.json").write_text("{}")
     rows = Rows(tmp_path / "src.json")
@@ -322,10 +351,12 @@ def test_observations_from_a_live_run_count_the_streams_open_at_send(tmp_path):
     pq.write_table(pa.Table.from_pylist(metrics), run / "metrics.parquet")
     (obs,) = cm.observations_from(run)
     assert obs["open_streams"] == pytest.approx(1.0)  # (0 + 1 + 2) / 3
+    # before their first token: each one's first token came at the next one's send, which counts (ties)
+    assert obs["admitting"] == pytest.approx(2 / 3)  # (0 + 1 + 1) / 3
 
 
 def test_a_client_model_file_keeps_its_load_term(tmp_path):
-    model = ClientModel("vllm", 0.005, 1e-6, stream_s=0.002, provenance="by hand")
+    model = ClientModel("vllm", 0.005, 1e-6, stream_s=0.002, provenance="by hand", load="admitting")
     cm.save(model, tmp_path / "c.json")
     assert cm.resolve(str(tmp_path / "c.json")) == model
 
