@@ -31,7 +31,13 @@ so it is about half the real per-token time; the comparable figure is derived fr
 Simulated times are made client-side with the calibrated vLLM client model, as ``validate --real``
 does for a client-clock run (fidelity/client_model.py); the engine-side errors are printed too.
 
-    .venv/bin/python bench/bench_fidelity_summary.py --data /tmp/agg [--settings exp-config-all] [--json out.json]
+The data: github.com/inference-sim/training, ``default_args/<experiment>/`` at commit c4f03409 (16
+experiments; the repository has no licence file, so nothing of it is bundled here): copy each
+experiment's ``results/config.yaml``, ``results/stage_*_lifecycle_metrics.json`` and ``exp-config.yaml``
+(where present) into ``DATA/<experiment>/`` keeping those paths. The runs record no vLLM version:
+``--async-scheduling`` replays them with vLLM's default since 0.14 (docs/engine.md "Async scheduling").
+
+    .venv/bin/python bench/bench_fidelity_summary.py --data /tmp/agg [--async-scheduling] [--settings exp-config-all] [--json out.json]
 """
 
 from __future__ import annotations
