@@ -77,6 +77,7 @@ def import_blis(paths: list[Path]) -> Measured:
         "num_gpu_blocks": server.get("num_gpu_blocks") or server.get("total_kv_blocks"),
         "enable_prefix_caching": server.get("enable_prefix_caching"),
         "replicas": server.get("data_parallel") or server.get("data_parallel_size"),
+        "async_scheduling": server.get("async_scheduling"),
     }
     from servelab.fidelity.sidecars import _gpu_in
 
@@ -88,6 +89,9 @@ def import_blis(paths: list[Path]) -> Measured:
         notes.append(f"first {warm} rows are warm-up (warm_up_requests) and left out")
     source = {"trace_version": header.get("trace_version"), "mode": header.get("mode"),
               "server_type": server.get("type")}
+    version = server.get("vllm_version") or server.get("engine_version") or server.get("version")
+    if version is not None and str(server.get("type") or "vllm").lower() == "vllm":
+        source["vllm_version"] = str(version)  # its defaults (batch limits, async scheduling) follow it
     return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes))
 
 

@@ -122,6 +122,21 @@ def test_blis_trace_v2(run_cli, tmp_path):
     assert rows2 == rows
 
 
+def test_blis_header_version_gives_vllms_defaults(run_cli, tmp_path):
+    """A TraceV2 header that names the server's vLLM version: its defaults follow (async scheduling
+    from 0.14), and an explicit async_scheduling in the server block wins."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "trace.csv").write_text((FIX / "blis" / "trace.csv").read_text())
+    header = (FIX / "blis" / "trace.yaml").read_text().replace("  type: vllm\n", "  type: vllm\n  vllm_version: 0.15.1\n")
+    (src / "trace.yaml").write_text(header)
+    meta, _, _ = _import(run_cli, tmp_path / "a", "blis", src)
+    assert meta["source"]["vllm_version"] == "0.15.1" and meta["config"]["async_scheduling"] is True
+    (src / "trace.yaml").write_text(header.replace("  type: vllm\n", "  type: vllm\n  async_scheduling: false\n"))
+    meta, _, _ = _import(run_cli, tmp_path / "b", "blis", src)
+    assert meta["config"]["async_scheduling"] is False
+
+
 def test_imported_run_works_with_report_query_compare(run_cli, tmp_path):
     _, _, a = _import(run_cli, tmp_path, "otel", FIX / "otel_llm_request.jsonl")
     _, _, b = _import(run_cli, tmp_path, "vllm-bench", FIX / "vllm_bench_serve.json")
