@@ -509,7 +509,9 @@ def render_real(report: dict) -> None:
     if model:
         console.print(f"client model ({model['server']}): {model['request_s'] * 1e3:.2f} ms + "
                       f"{model['prompt_token_s'] * 1e6:.2f} us per prompt token + "
-                      f"{model.get('stream_s', 0.0) * 1e3:.2f} ms per open stream outside the engine, "
+                      f"{model.get('stream_s', 0.0) * 1e3:.2f} ms per "
+                      f"{'other request before its first token' if model.get('load') == 'admitting' else 'open stream'}"
+                      f" outside the engine, "
                       f"{model['token_s'] * 1e6:.2f} us per streamed token in the API server's queue; "
                       f"simulated = client-side, engine-side beside it. {model['provenance']}")
     errors = report.get("errors")
