@@ -214,3 +214,18 @@ def test_async_scheduling_takes_an_arrival_at_once_when_nothing_runs():
     asyn = run(trace, runner=UNIT, num_gpu_blocks=20, block_size=16, async_scheduling=True)
     assert column(asyn, "first_scheduled_s") == column(sync, "first_scheduled_s") == [0.0, 30.0]
     assert column(asyn, "finish_s") == column(sync, "finish_s")
+
+
+@pytest.mark.parametrize("stretch", [True, False])
+def test_async_scheduling_takes_a_retried_request_one_step_after_it_comes(stretch):
+    """A request that reaches its replica after its arrival_s (a client's retry after a throttle; likewise
+    an encode pool's, or one routed again after a failure) is first seen by the decision after the one that
+    starts when it comes, in a decode stretch and one iteration at a time alike. (Its arrival_s was taken
+    for the time it came: the retry landing at 21.7 s, during the step [21, 22], went in at 22.)"""
+    # request 0 decodes 1 s iterations; request 2 is over tenant b's tpm quota at 0.3 s and retries when it
+    # has refilled (21.7 s)
+    trace = make_trace([0, 0.0, 0.3], [16, 16, 17], [100, 4, 4], tenant=["a", "b", "b"])
+    engine = dict(runner=UNIT, num_gpu_blocks=50, block_size=16, quota=("tenant=b:tpm=30",), retries=3,
+                  retry_after=True, stretch=stretch)
+    assert column(run(trace, **engine), "first_scheduled_s")[2] == 22.0
+    assert column(run(trace, async_scheduling=True, **engine), "first_scheduled_s")[2] == 23.0

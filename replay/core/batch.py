@@ -473,7 +473,7 @@ class BatchBuilder:
         for req in order:
             if self.seq_budget <= 0 or self.token_budget <= 0:
                 break
-            if req.arrival_s > visible_s:
+            if req.queued_s > visible_s:
                 continue
             if loras is not None and not self._lora_fits(req):
                 continue  # its adapter would be one too many in the batch: vLLM passes over it

@@ -335,8 +335,8 @@ class Engine:
         replica.waiting.append(req)
         replica.policy.on_arrival(req, replica)
         if replica.config.async_scheduling:  # (read from the replica: one more engine attribute slows them all)
-            if req.arrival_s > replica.last_arrival_s:
-                replica.last_arrival_s = req.arrival_s
+            # the scheduler learns of it now, not at arrival_s: a retry or an encoded request comes later
+            req.queued_s = replica.last_arrival_s = now
             if replica.busy:  # the step after the one under way is already picked: the decision that can take
                 self._cut_stretch(replica, now, 1)  # this request is the one after that step
                 return

@@ -58,7 +58,7 @@ class Replica:
         self.visible_s = math.inf
         self.iter_start_s = 0.0  # the start of the last iteration of the step that ended last
         self.step_end_s = -1.0  # when that step ended
-        self.last_arrival_s = -math.inf  # the latest arrival routed here
+        self.last_arrival_s = -math.inf  # when a request last joined the waiting queue (its queued_s)
         self.holding = False  # a waiting request arrived after ``visible_s``
 
     def owe(self, req: Request) -> None:
