@@ -229,3 +229,38 @@ def test_async_scheduling_takes_a_retried_request_one_step_after_it_comes(stretc
                   retry_after=True, stretch=stretch)
     assert column(run(trace, **engine), "first_scheduled_s")[2] == 22.0
     assert column(run(trace, async_scheduling=True, **engine), "first_scheduled_s")[2] == 23.0
+
+
+@pytest.mark.parametrize("policy", ["tiers", "drr", "vtc"])
+def test_async_scheduling_a_request_not_seen_yet_blocks_no_admission(policy):
+    """A policy walking its own order (tiers, fair sharing) passes over a request the decision does not
+    know of yet, as vLLM's scheduler has not got it: it is no head-of-line blocker. Request 1 (seen at 2 s)
+    was held behind request 2 (priority tier, tenant b: first in those policies' order), which came during
+    the step that ended at 2 s, and both went in at 3 s."""
+    trace = make_trace([0, 0.5, 1.5], [16, 16, 16], [20, 4, 4], tier=["standard", "standard", "priority"],
+                       tenant=["a", "a", "b"])
+    sync = run(trace, policy=policy, runner=UNIT, num_gpu_blocks=20, block_size=16)
+    asyn = run(trace, policy=policy, runner=UNIT, num_gpu_blocks=20, block_size=16, async_scheduling=True)
+    assert column(sync, "first_scheduled_s") == [0.0, 1.0, 2.0]
+    assert column(asyn, "first_scheduled_s") == [0.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("policy, params, sync_s, async_s", [
+    ("srpt", {"preempt": True}, 2.0, 3.0),
+    ("tiers", {"preempt": True}, 2.0, 3.0),
+    ("edf", {"preempt": True, "ttft_slo_s": 1.0}, 2.0, 3.0),
+    ("round-robin", {"quantum": 2}, 2.0, 4.0),  # request 0's turn ends at 2 s with no one known to wait: a new one
+])
+def test_async_scheduling_preempts_nothing_for_a_request_not_seen_yet(policy, params, sync_s, async_s):
+    """A running request keeps its slot against a request the decision does not know of yet: request 1
+    (first in each policy's order) comes during the iteration [1, 2] s and takes request 0's only slot at
+    the decision after the next. (Request 0 was preempted at 2 s for it, nothing could run without it, and
+    it went in at 2 s as if async scheduling were off.)"""
+    trace = make_trace([0, 1.5], [16, 16], [10, 2], tier=["flex", "priority"])
+    engine = dict(policy=policy, policy_params=params, runner=UNIT, num_gpu_blocks=20, block_size=16,
+                  max_num_seqs=1, stretch=False)
+    sync = run(trace, **engine)
+    asyn = run(trace, async_scheduling=True, **engine)
+    assert column(sync, "first_scheduled_s")[1] == sync_s
+    assert column(asyn, "first_scheduled_s")[1] == async_s
+    assert column(asyn, "num_preemptions") == column(sync, "num_preemptions") == [1, 0]
