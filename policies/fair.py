@@ -208,9 +208,11 @@ class _FairShare(PolicyBase):
 
     # -- the decision ---------------------------------------------------------------------------
     def schedule(self, replica: Replica) -> Batch:
-        self._before_schedule()
         b = self.builder(replica)
+        self._before_schedule(b)
         waiting = bool(replica.waiting)
+        if waiting and replica.holding:  # async scheduling: only requests this decision knows of contend
+            waiting = any(True for _ in b.seen(replica.waiting))
         self.contended = waiting
         budget = b.token_budget
         repeat = None
@@ -220,7 +222,7 @@ class _FairShare(PolicyBase):
             running_by_cls: dict = {}
             for req in replica.running:  # admission order
                 running_by_cls.setdefault(req.policy_data.cls, []).append(req)
-            picks = self._pick(running_by_cls, replica.config.max_num_seqs, budget)
+            picks = self._pick(running_by_cls, replica.config.max_num_seqs, budget, b.seen)
             b.keep_only(picks)
             for req in picks:
                 if req.status is Status.RUNNING:
@@ -238,14 +240,14 @@ class _FairShare(PolicyBase):
             self.queues.remove(req)
         return b.build(repeat=repeat)
 
-    def _before_schedule(self) -> None:
+    def _before_schedule(self, b) -> None:
         pass
 
     def _admit(self, b) -> Request | None:
         """Admit waiting requests in fairness order while the builder has room; returns the request
         that did not fit, if that is what stopped it."""
         queues = self.queues
-        iters = {cls: queues.in_order(cls) for cls in queues.classes()}
+        iters = {cls: b.seen(queues.in_order(cls)) for cls in queues.classes()}  # (not those not known yet)
         heads = {cls: next(it, None) for cls, it in iters.items()}
         for req in self._order(heads, iters, b.seq_budget, b.token_budget):
             if b.seq_budget <= 0 or b.token_budget <= 0:
@@ -259,8 +261,9 @@ class _FairShare(PolicyBase):
         the next event), with requests waiting and no preemption."""
         return None  # the order depends only on service counters, which a stretch updates at once
 
-    def _pick(self, running_by_cls: dict, slots: int, budget: int) -> list[Request]:
-        """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting.
+    def _pick(self, running_by_cls: dict, slots: int, budget: int, seen=None) -> list[Request]:
+        """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting
+        (those ``seen`` keeps: the builder's ``seen``, async scheduling's requests not known yet left out).
 
         Running requests of classes within ``preempt_margin`` of their share keep their slots
         (pinned): preempting for a small lead would thrash, each switch costing a recompute or a swap.
@@ -274,7 +277,8 @@ class _FairShare(PolicyBase):
         iters: dict = {}
         for cls in set(queues.classes()) | set(running_by_cls):
             running = () if cls in pin else [r for r in running_by_cls.get(cls, ()) if r.is_decoding]
-            iters[cls] = _chain(running, queues.in_order(cls))
+            waiting = queues.in_order(cls)
+            iters[cls] = _chain(running, waiting if seen is None else seen(waiting))
         heads = {cls: next(it, None) for cls, it in iters.items()}
         return pinned + list(self._order(heads, iters, slots, budget))
 
@@ -309,12 +313,17 @@ class VirtualTokenCounter(_FairShare):
     def _tenant_idle(self, tenant: str) -> None:
         self.last_left = self.counter[tenant]
 
-    def _before_schedule(self) -> None:
+    def _before_schedule(self, b) -> None:
         if not self.to_lift:
             return
         lifting = set(self.to_lift)
         self.to_lift.clear()
-        others = [self.counter[t] for t, n in self.tenant_members.items() if n > 0 and t not in lifting]
+        if b.replica.holding:  # async scheduling: a tenant this decision knows no request of yet is lifted when it does
+            known = {req.tenant for req in b.seen(b.replica.waiting)}
+            self.to_lift = [t for t in lifting if t not in known]
+            lifting -= set(self.to_lift)
+        others = [self.counter[t] for t, n in self.tenant_members.items()
+                  if n > 0 and t not in lifting and t not in self.to_lift]
         floor = min(others) if others else self.last_left
         for tenant in sorted(lifting):
             if self.tenant_members.get(tenant, 0) > 0 and self.counter[tenant] < floor:

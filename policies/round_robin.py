@@ -134,7 +134,9 @@ class RoundRobin(KeyedWaiting, PolicyBase):
 
     def schedule(self, replica: Replica) -> Batch:
         b = self.builder(replica)
-        short = len(replica.waiting) - (replica.config.max_num_seqs - len(replica.running))
+        # (async scheduling: a request this decision does not know of yet takes no turn from a running one)
+        waiting = len(replica.waiting) if not replica.holding else sum(1 for _ in b.seen(replica.waiting))
+        short = waiting - (replica.config.max_num_seqs - len(replica.running))
         yielding, staying = self._yielding(self._ended_turns(b), short, b)
         for req in yielding:
             b.preempt(req)

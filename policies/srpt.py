@@ -73,7 +73,7 @@ class _LengthAware(KeyedWaiting, PolicyBase):
         rank = self.rank
         # (rank, request) pairs merge without a key function; ranks are unique (they end in req.index)
         running = sorted([(rank(req), req) for req in replica.running])
-        waiting = ((rank(req), req) for req in self.waiting_in_order(replica))
+        waiting = ((rank(req), req) for req in b.seen(self.waiting_in_order(replica)))  # (known ones only)
         ordered = heapq.merge(running, waiting)  # lazily: only as far as the budgets reach
         best = [req for _, req in islice(ordered, replica.config.max_num_seqs)]
         b.keep_only(best)

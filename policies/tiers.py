@@ -188,7 +188,7 @@ class Tiers(PolicyBase):
             self._admit_reserved(b)
         higher_blocked = False
         for cls in self.queues.classes():
-            for req in self.queues.in_order(cls):
+            for req in b.seen(self.queues.in_order(cls)):  # (async scheduling: not one not known yet)
                 if b.seq_budget <= 0 or b.token_budget <= 0:
                     return
                 if reserved and b.has(req):  # admitted above, from its tier's reserved share
@@ -217,7 +217,7 @@ class Tiers(PolicyBase):
             cls = self.rank_of(tier)
             if free_slots <= 0 or free_tokens <= 0 or not self.queues.live.get(cls):
                 continue
-            for req in self.queues.in_order(cls):
+            for req in b.seen(self.queues.in_order(cls)):
                 if free_slots <= 0 or free_tokens <= 0 or b.seq_budget <= 0 or b.token_budget <= 0:
                     break
                 if req.tier != tier:

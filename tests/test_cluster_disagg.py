@@ -42,6 +42,20 @@ def test_gap_between_first_and_second_token_is_transfer_plus_one_decode_step():
     assert (r["prefill_replica"], r["decode_replica"], r["replica"]) == (0, 1, 1)
 
 
+def test_async_scheduling_decodes_a_landed_request_from_the_step_after_the_next():
+    """vLLM's decode instance learns that a request's KV has arrived from a step's output; with async
+    scheduling it had picked the next step already, so the request first decodes in the one after. Request
+    1's KV lands at 29.3 s, during request 0's decode step [29, 30]: it decodes [31, 32] .. [34, 35], not
+    from 30 s (what it did: a landing was taken at the next boundary as without async scheduling)."""
+    trace = make_trace([0, 20.3], [8, 8], [40, 5])
+    sync = rows(replay(trace, cluster_config()))
+    asyn = rows(replay(trace, cluster_config(async_scheduling=True)))
+    assert sync[1]["first_token_s"] + sync[1]["transfer_s"] == pytest.approx(29.3)
+    assert sync[1]["finish_s"] == 34.0
+    assert asyn[1]["finish_s"] == 35.0
+    assert asyn[0]["finish_s"] == sync[0]["finish_s"]
+
+
 def test_two_transfers_on_one_link_take_twice_as_long():
     # both prompts prefill in one step [0, 1]; 16,000 B share 1,000 B/s: both land at 17
     out = rows(replay(make_trace([0, 0], [8, 8], [2, 2]), cluster_config()))

@@ -214,3 +214,53 @@ def test_async_scheduling_takes_an_arrival_at_once_when_nothing_runs():
     asyn = run(trace, runner=UNIT, num_gpu_blocks=20, block_size=16, async_scheduling=True)
     assert column(asyn, "first_scheduled_s") == column(sync, "first_scheduled_s") == [0.0, 30.0]
     assert column(asyn, "finish_s") == column(sync, "finish_s")
+
+
+@pytest.mark.parametrize("stretch", [True, False])
+def test_async_scheduling_takes_a_retried_request_one_step_after_it_comes(stretch):
+    """A request that reaches its replica after its arrival_s (a client's retry after a throttle; likewise
+    an encode pool's, or one routed again after a failure) is first seen by the decision after the one that
+    starts when it comes, in a decode stretch and one iteration at a time alike. (Its arrival_s was taken
+    for the time it came: the retry landing at 21.7 s, during the step [21, 22], went in at 22.)"""
+    # request 0 decodes 1 s iterations; request 2 is over tenant b's tpm quota at 0.3 s and retries when it
+    # has refilled (21.7 s)
+    trace = make_trace([0, 0.0, 0.3], [16, 16, 17], [100, 4, 4], tenant=["a", "b", "b"])
+    engine = dict(runner=UNIT, num_gpu_blocks=50, block_size=16, quota=("tenant=b:tpm=30",), retries=3,
+                  retry_after=True, stretch=stretch)
+    assert column(run(trace, **engine), "first_scheduled_s")[2] == 22.0
+    assert column(run(trace, async_scheduling=True, **engine), "first_scheduled_s")[2] == 23.0
+
+
+@pytest.mark.parametrize("policy", ["tiers", "drr", "vtc"])
+def test_async_scheduling_a_request_not_seen_yet_blocks_no_admission(policy):
+    """A policy walking its own order (tiers, fair sharing) passes over a request the decision does not
+    know of yet, as vLLM's scheduler has not got it: it is no head-of-line blocker. Request 1 (seen at 2 s)
+    was held behind request 2 (priority tier, tenant b: first in those policies' order), which came during
+    the step that ended at 2 s, and both went in at 3 s."""
+    trace = make_trace([0, 0.5, 1.5], [16, 16, 16], [20, 4, 4], tier=["standard", "standard", "priority"],
+                       tenant=["a", "a", "b"])
+    sync = run(trace, policy=policy, runner=UNIT, num_gpu_blocks=20, block_size=16)
+    asyn = run(trace, policy=policy, runner=UNIT, num_gpu_blocks=20, block_size=16, async_scheduling=True)
+    assert column(sync, "first_scheduled_s") == [0.0, 1.0, 2.0]
+    assert column(asyn, "first_scheduled_s") == [0.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("policy, params, sync_s, async_s", [
+    ("srpt", {"preempt": True}, 2.0, 3.0),
+    ("tiers", {"preempt": True}, 2.0, 3.0),
+    ("edf", {"preempt": True, "ttft_slo_s": 1.0}, 2.0, 3.0),
+    ("round-robin", {"quantum": 2}, 2.0, 4.0),  # request 0's turn ends at 2 s with no one known to wait: a new one
+])
+def test_async_scheduling_preempts_nothing_for_a_request_not_seen_yet(policy, params, sync_s, async_s):
+    """A running request keeps its slot against a request the decision does not know of yet: request 1
+    (first in each policy's order) comes during the iteration [1, 2] s and takes request 0's only slot at
+    the decision after the next. (Request 0 was preempted at 2 s for it, nothing could run without it, and
+    it went in at 2 s as if async scheduling were off.)"""
+    trace = make_trace([0, 1.5], [16, 16], [10, 2], tier=["flex", "priority"])
+    engine = dict(policy=policy, policy_params=params, runner=UNIT, num_gpu_blocks=20, block_size=16,
+                  max_num_seqs=1, stretch=False)
+    sync = run(trace, **engine)
+    asyn = run(trace, async_scheduling=True, **engine)
+    assert column(sync, "first_scheduled_s")[1] == sync_s
+    assert column(asyn, "first_scheduled_s")[1] == async_s
+    assert column(asyn, "num_preemptions") == column(sync, "num_preemptions") == [1, 0]

@@ -213,6 +213,17 @@ class BatchBuilder:
         # batch admits, never more than max_loras (None: LoRA off)
         self.loras = None if replica.lora is None else replica.lora.in_use(replica.running)
 
+    def seen(self, waiting: Iterable[Request]) -> Iterable[Request]:
+        """``waiting`` less the requests this decision does not know of yet (async scheduling: they joined
+        the queue during the iteration that just ended, ``Replica.visible_s``), lazily; ``waiting`` itself
+        when there are none. A policy walking waiting requests by itself (one ``admit`` at a time, or to
+        preempt for them) walks these: one not seen neither blocks the next nor takes a running one's place."""
+        replica = self.replica
+        if not replica.holding:
+            return waiting
+        visible_s = replica.visible_s
+        return (req for req in waiting if req.queued_s <= visible_s)
+
     def has(self, req: Request) -> bool:
         """Is ``req`` already in this batch, or preempted by it?"""
         return req in self.chosen
@@ -442,7 +453,7 @@ class BatchBuilder:
         free_slots = replica.config.max_num_seqs - len(replica.running)
         free_blocks = kv.free
         budget = replica.config.max_num_batched_tokens
-        for req in waiting:
+        for req in self.seen(waiting):  # (not for a request this decision does not know of)
             n = req.num_tokens - req.num_computed_tokens
             need = kv.blocks_needed(req, n if n < budget else budget)
             if need > kv.total:
@@ -473,7 +484,7 @@ class BatchBuilder:
         for req in order:
             if self.seq_budget <= 0 or self.token_budget <= 0:
                 break
-            if req.arrival_s > visible_s:
+            if req.queued_s > visible_s:
                 continue
             if loras is not None and not self._lora_fits(req):
                 continue  # its adapter would be one too many in the batch: vLLM passes over it

@@ -335,8 +335,8 @@ class Engine:
         replica.waiting.append(req)
         replica.policy.on_arrival(req, replica)
         if replica.config.async_scheduling:  # (read from the replica: one more engine attribute slows them all)
-            if req.arrival_s > replica.last_arrival_s:
-                replica.last_arrival_s = req.arrival_s
+            # the scheduler learns of it now, not at arrival_s: a retry or an encoded request comes later
+            req.queued_s = replica.last_arrival_s = now
             if replica.busy:  # the step after the one under way is already picked: the decision that can take
                 self._cut_stretch(replica, now, 1)  # this request is the one after that step
                 return
@@ -410,15 +410,7 @@ class Engine:
             return
         if self.retention is not None:
             self.retention.before_schedule(replica)
-        if replica.config.async_scheduling:
-            # vLLM picked this step while the last one ran: requests that arrived during that one's last
-            # iteration wait for the next decision, unless nothing is running (then it decides at once)
-            replica.visible_s = replica.iter_start_s if replica.running and now == replica.step_end_s else math.inf
-            replica.holding = replica.visible_s < replica.last_arrival_s
-        batch = replica.policy.schedule(replica)
-        if replica.holding and not batch.items and not batch.bulk and not batch.preempt:
-            replica.visible_s, replica.holding = math.inf, False  # nothing to run without them: taken now
-            batch = replica.policy.schedule(replica)
+        batch = self._decide_async(replica, now) if replica.config.async_scheduling else replica.policy.schedule(replica)
         for victim in batch.preempt:
             swap_s += self.preempt(replica, victim)
         if batch.wake_s is not None and batch.wake_s > now:
@@ -484,6 +476,28 @@ class Engine:
         heapq.heappush(self.heap, (step.end_s, STEP_DONE, self.seq, (replica, replica.step_token)))
         if group is not None:
             group.joined(replica, step, now)
+
+    @staticmethod
+    def _decide_async(replica: Replica, now: float) -> Batch:
+        """The policy's decision under async scheduling: vLLM picked this step while the last one ran, so
+        requests that came during that one's last iteration (waiting, or running with their KV landed then)
+        wait for the next decision, unless nothing is running (then it decides at once)."""
+        replica.visible_s = visible_s = replica.iter_start_s if replica.running and now == replica.step_end_s \
+            else math.inf
+        replica.holding = holding = visible_s < replica.last_arrival_s
+        landed = None
+        if holding and replica.landed_s > visible_s:  # out of the running set for this decision only
+            landed = [req for req in replica.running if req.queued_s > visible_s]
+            for req in landed:
+                replica.running.remove(req)
+        batch = replica.policy.schedule(replica)
+        if landed:
+            for req in landed:
+                replica.running.append(req)
+        if holding and not batch.items and not batch.bulk and not batch.preempt:
+            replica.visible_s, replica.holding = math.inf, False  # nothing to run without them: taken now
+            batch = replica.policy.schedule(replica)
+        return batch
 
     @staticmethod
     def _summarise(kv: KVManager, batch: Batch, items: list | None) -> BatchSummary:
@@ -735,6 +749,8 @@ class Engine:
         policy.on_arrival(req, target)
         policy.on_leave(req, target)
         target.running.append(req)
+        if target.config.async_scheduling:  # news to a scheduler that picked the next step already: it runs
+            req.queued_s = target.last_arrival_s = target.landed_s = self.now_s  # in the one after (_decide_async)
 
     def set_aside(self, replica: Replica, which) -> list[Request]:
         """Take the waiting requests for which ``which(req)`` holds off ``replica``'s queue, in their order
@@ -858,7 +874,7 @@ class Engine:
                 self.hand_off(intent.replica, intent.req)
             elif kind is Land:
                 self.land(intent.replica, intent.req)
-                self._wake(intent.replica, now)
+                self._wake(intent.replica, now, 1 if intent.replica.config.async_scheduling else 0)
             elif kind is Wake:
                 self._wake(intent.replica, now)
             elif kind is Enter:
@@ -923,11 +939,12 @@ class Engine:
         aborts = self.aborts
         self.push(replica.inflight.end_s, TIMER, lambda t: aborts.release(replica, req, t))
 
-    def _wake(self, replica: Replica, now: float) -> None:
-        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration boundary, an
-        idle one decides after every other event of this instant (a SCHEDULE event comes after the TIMERs)."""
+    def _wake(self, replica: Replica, now: float, later: int = 0) -> None:
+        """``replica`` has new work at ``now``: a busy one stops its stretch at the next iteration boundary (``later``
+        boundaries after it), an idle one decides after every other event of this instant (a SCHEDULE event comes
+        after the TIMERs)."""
         if replica.busy:
-            self._cut_stretch(replica, now)
+            self._cut_stretch(replica, now, later)
         elif not replica.schedule_pending:
             replica.schedule_pending = True
             self.push(now, SCHEDULE, replica)

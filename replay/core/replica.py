@@ -23,7 +23,7 @@ class Replica:
     __slots__ = ("id", "config", "kv", "policy", "waiting", "running", "now_s", "busy", "step_token",
                  "inflight", "schedule_pending", "outstanding_tokens", "wake_s", "aggregate",
                  "runner", "decode_affine", "pool", "lora", "encoder", "group", "visible_s", "iter_start_s",
-                 "step_end_s", "last_arrival_s", "holding")
+                 "step_end_s", "last_arrival_s", "holding", "landed_s")
 
     def __init__(self, replica_id: int, config: EngineConfig, kv: KVManager, policy):
         # ``policy`` is a `Policy` (replay/core/protocols.py); not imported here: the protocol is written in
@@ -58,8 +58,9 @@ class Replica:
         self.visible_s = math.inf
         self.iter_start_s = 0.0  # the start of the last iteration of the step that ended last
         self.step_end_s = -1.0  # when that step ended
-        self.last_arrival_s = -math.inf  # the latest arrival routed here
+        self.last_arrival_s = -math.inf  # when a request last joined the waiting queue (its queued_s)
         self.holding = False  # a waiting request arrived after ``visible_s``
+        self.landed_s = -math.inf  # when a request's KV last landed here (a decode pool's replica)
 
     def owe(self, req: Request) -> None:
         self.outstanding_tokens += (req.prompt_tokens if req.first_token_s is None else 0) + \

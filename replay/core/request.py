@@ -8,6 +8,7 @@ and recompute after preemption are all that one mechanism.
 
 from __future__ import annotations
 
+import math
 from enum import IntEnum
 
 
@@ -40,7 +41,7 @@ class Request:
         "swapped", "num_preemptions", "first_scheduled_s", "first_token_s", "finish_s",
         "last_token_s", "max_itl_s", "admitted_seq", "block_table", "policy_data", "aggregate_mark",
         "cached_keys", "num_cached_tokens", "kv_load_s", "tier_tokens",
-        "lora_adapter", "mm",
+        "lora_adapter", "mm", "queued_s",
     )
 
     def __init__(
@@ -95,6 +96,9 @@ class Request:
         self.tier_tokens: list[int] | None = None  # of num_cached_tokens, those each lower tier served
         self.lora_adapter: str | None = None  # the LoRA adapter it runs with (trace column lora_adapter)
         self.mm = None  # its images, video and audio (replay/core/encoder.py MultiModal), None for text only
+        # async scheduling (EngineConfig.async_scheduling): when it last joined a replica's waiting queue, which
+        # may be after arrival_s (a client's retry, an encode pool, a failed replica's requests routed again)
+        self.queued_s = -math.inf
 
     @property
     def num_tokens(self) -> int:
