@@ -42,7 +42,9 @@ class VllmV0(PolicyBase):
             b.admit_waiting(replica.waiting, chunked=False)
             if b.items:
                 self.prefilling = True
-                return b.build()
+                # never repeated: the next decision decodes every running request (a readmission onto a
+                # fully cached prompt computes one token, which alone would look like a decode to repeat)
+                return b.build(repeat=1)
         self.prefilling = False
         b = self.builder(replica)
         b.schedule_running(replica.running)
