@@ -139,6 +139,20 @@ def test_the_chunked_prefill_line_gives_the_batch_limit_the_server_ran_with(tmp_
     assert settings["max_num_batched_tokens"] == 8192 and origin["max_num_batched_tokens"] == "vllm.log line 4"
 
 
+def _import_with_log(tmp_path, capsys, version: str, gpu: str, args: str = "") -> tuple[Path, dict]:
+    """An OTel run beside a vllm.log of ``version`` whose non-default args add ``args``: (run dir, run.json)."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
+    (folder / "vllm.log").write_text(
+        f"INFO 10-01 12:00:00 [api_server.py:1896] vLLM API server version {version}\n"
+        f"INFO 10-01 12:00:00 [utils.py:233] non-default args: {{'model': 'meta-llama/Llama-2-7b-hf'{args}}}\n")
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", f"gpu={gpu}"], capsys)
+    assert code == 0, err
+    return run, json.loads((run / "run.json").read_text())
+
+
 @pytest.mark.parametrize("version, gpu, expected", [
     ("0.11.0", "h100-80gb", (8192, 1024)),  # >= 70 GiB, not an A100
     ("0.10.1.1", "h200", (8192, 1024)),
@@ -147,16 +161,7 @@ def test_the_chunked_prefill_line_gives_the_batch_limit_the_server_ran_with(tmp_
     ("0.8.5", "h100-80gb", None),  # before the per-GPU defaults: the replay's own, listed as defaults
 ])
 def test_a_run_started_with_vllms_defaults_gets_them_not_the_replays(tmp_path, capsys, version, gpu, expected):
-    folder = tmp_path / "src"
-    folder.mkdir()
-    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
-    (folder / "vllm.log").write_text(
-        f"INFO 10-01 12:00:00 [api_server.py:1896] vLLM API server version {version}\n"
-        "INFO 10-01 12:00:00 [utils.py:233] non-default args: {'model': 'meta-llama/Llama-2-7b-hf'}\n")
-    run = tmp_path / "run"
-    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", f"gpu={gpu}"], capsys)
-    assert code == 0, err
-    meta = json.loads((run / "run.json").read_text())
+    run, meta = _import_with_log(tmp_path, capsys, version, gpu)
     got = tuple(meta["config"].get(k) for k in ("max_num_batched_tokens", "max_num_seqs"))
     if expected is None:
         assert got == (None, None)
@@ -177,16 +182,7 @@ def test_a_run_started_with_vllms_defaults_gets_them_not_the_replays(tmp_path, c
     ("0.19.1", ", 'async_scheduling': False", False),  # --no-async-scheduling, as the log records it
 ])
 def test_async_scheduling_comes_from_the_version_or_the_servers_args(tmp_path, capsys, version, args, expected):
-    folder = tmp_path / "src"
-    folder.mkdir()
-    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
-    (folder / "vllm.log").write_text(
-        f"INFO 10-01 12:00:00 [api_server.py:1896] vLLM API server version {version}\n"
-        f"INFO 10-01 12:00:00 [utils.py:233] non-default args: {{'model': 'meta-llama/Llama-2-7b-hf'{args}}}\n")
-    run = tmp_path / "run"
-    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", "gpu=h100-80gb"], capsys)
-    assert code == 0, err
-    meta = json.loads((run / "run.json").read_text())
+    run, meta = _import_with_log(tmp_path, capsys, version, "h100-80gb", args)
     assert meta["config"].get("async_scheduling") is expected
     code, out, err = run_main(["validate", "--real", run, "--format", "json"], capsys)
     assert code == 0, err
