@@ -480,7 +480,9 @@ class BatchBuilder:
         kv = self.kv
         lookup = kv.lookup if kv.cache is not None else None
         loras = self.loras
-        visible_s = self.replica.visible_s  # async scheduling: later arrivals wait for the next decision
+        # async scheduling: later arrivals wait for the next decision (``seen``'s test, inline: a call per decision
+        # cost more here than a comparison per request walked)
+        visible_s = self.replica.visible_s
         for req in order:
             if self.seq_budget <= 0 or self.token_budget <= 0:
                 break

@@ -334,14 +334,14 @@ class Engine:
             return
         replica.waiting.append(req)
         replica.policy.on_arrival(req, replica)
+        later = 0
         if replica.config.async_scheduling:  # (read from the replica: one more engine attribute slows them all)
-            # the scheduler learns of it now, not at arrival_s: a retry or an encoded request comes later
+            # the scheduler learns of it now, not at arrival_s: a retry or an encoded request comes later; the step
+            # after the one under way is already picked, so the decision that can take it is the one after that
             req.queued_s = replica.last_arrival_s = now
-            if replica.busy:  # the step after the one under way is already picked: the decision that can take
-                self._cut_stretch(replica, now, 1)  # this request is the one after that step
-                return
+            later = 1
         if replica.busy:
-            self._cut_stretch(replica, now)
+            self._cut_stretch(replica, now, later)
         else:
             self._request_schedule(replica, now)
 
