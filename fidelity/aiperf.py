@@ -31,7 +31,7 @@ from typing import Any
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
-from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, optional_json_object, read_json
 from servelab.fidelity.fields import array, integer, json_lines, mapping, number, prompt_text
 
 SUMMARY = "profile_export_aiperf.json"
@@ -66,7 +66,7 @@ def import_aiperf(paths: list[Path]) -> Measured:
     if warmup:
         notes.append(f"{warmup} warm-up records left out (benchmark_phase warmup)")
     summary_path = path.parent / SUMMARY
-    summary = _summary(summary_path)
+    summary = optional_json_object(summary_path, "an AIPerf summary")
     config = mapping(summary_path, summary.get("input_config"), "input_config", optional=True)
     endpoint = mapping(summary_path, config.get("endpoint"), "input_config.endpoint", optional=True)
     names = endpoint.get("model_names")
@@ -148,15 +148,6 @@ def _add(rows: Rows, path: Path, rec: dict, meta: dict, row: int, prompts: dict,
              first_token_s=send + ttft if ok and ttft is not None else None,
              finish_s=send + latency if ok and latency is not None else None, ok=ok, reason=reason,
              itls_s=gaps, prompt_text=text)
-
-
-def _summary(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    doc = read_json(path)
-    if not isinstance(doc, dict):
-        raise InputError(path, "not an AIPerf summary (expected a JSON object)")
-    return doc
 
 
 def _load(path: Path, config: dict, notes: list[str]) -> dict:

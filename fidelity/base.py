@@ -205,6 +205,17 @@ def read_json(path: Path) -> Any:
         raise InputError(path, f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
 
 
+def optional_json_object(path: Path, what: str) -> dict:
+    """A JSON object file that may sit beside a source (a summary, a config): {} when it is not there, a
+    one-line error naming it when it is not an object (``what``: the file's kind, for that error)."""
+    if not path.is_file():
+        return {}
+    doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise InputError(path, f"not {what} (expected a JSON object)")
+    return doc
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file's document (PyYAML imported on first use), or a one-line error naming the file."""
     import yaml

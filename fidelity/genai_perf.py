@@ -36,7 +36,7 @@ from typing import Any
 
 from servelab.common.errors import InputError
 from servelab.common.sniff import detects
-from servelab.fidelity.base import IMPORTERS, Measured, Rows, read_json
+from servelab.fidelity.base import IMPORTERS, Measured, Rows, optional_json_object, read_json
 from servelab.fidelity.fields import array, integer, json_body, mapping, number, prompt_text
 
 SUMMARY = "profile_export_genai_perf.json"
@@ -89,7 +89,7 @@ def import_genai_perf(paths: list[Path], benchmark: int | None = None) -> Measur
     value = number(path, level.get("value"), f"{where}.experiment.value")
     kind = doc.get("service_kind") or "openai"
     summary_path = path.parent / SUMMARY
-    summary = _summary(summary_path)
+    summary = optional_json_object(summary_path, "a genai-perf summary")
     rows = Rows(path)
     pending = []  # per request: what _add needs once the run's characters per token are known
     for i, req in enumerate(array(path, exp.get("requests"), f"{where}.requests")):
@@ -127,16 +127,6 @@ def import_genai_perf(paths: list[Path], benchmark: int | None = None) -> Measur
     else:
         load = {"shape": "open", "request_rate": value}
     return Measured(rows, clock="client", settings={"model": model}, source=source, notes=tuple(notes), load=load)
-
-
-def _summary(path: Path) -> dict:
-    """genai-perf's summary JSON beside the export ({} without one)."""
-    if not path.is_file():
-        return {}
-    doc = read_json(path)
-    if not isinstance(doc, dict):
-        raise InputError(path, "not a genai-perf summary (expected a JSON object)")
-    return doc
 
 
 def _read(path: Path, req: dict, row: int, kind: str) -> dict:

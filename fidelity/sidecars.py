@@ -23,6 +23,7 @@ from typing import Any
 
 from servelab.common.errors import InputError, ServelabError
 from servelab.fidelity.base import read_yaml
+from servelab.fidelity.vllm_defaults import recorded_version
 from servelab.traces.prefixes import PrefixSpec, spec_from_generator
 
 # meta.json engine_kwargs / exp-config.yaml keys -> run.json config keys
@@ -299,7 +300,7 @@ def _discover_run(folders: list[Path], log: Path | None, metrics: Path | None) -
         settings, source, origin = read_log(log)
         for key, value in settings.items():
             found.put(key, value, origin.get(key, log.name), log)
-        version = source.get("vllm_version") or source.get("engine_version")
+        version = recorded_version(source)
         if "meta_json" in found.source and found.source.get("vllm_version") not in (None, version) and version:
             found.conflicts.append(Conflict("vllm_version", (Path(found.source["meta_json"]), "meta.json",
                                                              found.source["vllm_version"]), (log, log.name, version)))

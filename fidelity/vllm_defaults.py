@@ -43,12 +43,17 @@ def batch_defaults(version: object, gpu: str) -> tuple[dict[str, int], str] | No
     return {"max_num_batched_tokens": tokens, "max_num_seqs": min(seqs, tokens)}, where
 
 
+def recorded_version(source: dict) -> object:
+    """The vLLM version a run recorded (``source`` ``vllm_version``, else the engine config line's), or None."""
+    return source.get("vllm_version") or source.get("engine_version")
+
+
 def fill_batch_defaults(settings: dict, origin: dict[str, str], source: dict) -> None:
     """Add vLLM's defaults for the batch limits ``settings`` lacks (in place), when the run records its
     vLLM version (``source`` ``vllm_version``, else the engine config line's)."""
     if "gpu" not in settings or {"max_num_seqs", "max_num_batched_tokens"} <= settings.keys():
         return
-    version = source.get("vllm_version") or source.get("engine_version")
+    version = recorded_version(source)
     found = batch_defaults(version, str(settings["gpu"]))
     if found is None:
         return
@@ -68,7 +73,7 @@ def fill_async_default(settings: dict, origin: dict[str, str], source: dict) -> 
     (where it is vLLM's default), unless the run used pipeline parallelism, which 0.14 ran without it."""
     if "async_scheduling" in settings:
         return
-    version = source.get("vllm_version") or source.get("engine_version")
+    version = recorded_version(source)
     parsed = version_tuple(version)
     if parsed is None or parsed[:2] < ASYNC_SINCE:
         return
