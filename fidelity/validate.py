@@ -129,7 +129,7 @@ def config_for(meta: dict, overrides: Overrides) -> ReplayConfig:
     path) becomes the preset with that shape."""
     layers = option_layers(overrides)
     given = keys_set(layers)
-    data = {k: v for k, v in (meta.get("config") or {}).items()}
+    data = {k: v for k, v in (meta.get("config") or {}).items() if k not in OFFLOAD_KEYS}  # (with_offload_tier)
     runner = next((o.top["runner"] for o in reversed(layers) if "runner" in o.top), data.get("runner"))
     fitted = str(runner or "").startswith("fitted")  # prices with its own profile, not these
     for key, option in (("model", "--model MODEL"), ("gpu", "--gpu GPU")):
@@ -148,6 +148,27 @@ def config_for(meta: dict, overrides: Overrides) -> ReplayConfig:
     if "model" in data or "model" in given:
         config = _model_preset(config, meta, from_option="model" in given)
     return config
+
+
+OFFLOAD_KEYS = ("kv_offload_gb", "kv_offload_tokens")  # run.json config: vLLM's CPU KV offloading
+
+
+def with_offload_tier(config: ReplayConfig, meta: dict, given: set[str], runner) -> ReplayConfig:
+    """``config`` with the host-memory tier of the run's CPU KV offloading (fidelity/kv_offload.py), a
+    ``dram`` tier written through, unless an option sets ``kv_tiers`` or the run cached no prefixes (vLLM
+    offloads cached blocks only). A size in tokens is priced at the runner's KV bytes per token."""
+    from servelab.assembly import kv_bytes_per_token
+    from servelab.fidelity.kv_offload import tier_spec
+
+    recorded = meta.get("config") or {}
+    gb, tokens = recorded.get("kv_offload_gb"), recorded.get("kv_offload_tokens")
+    if (gb is None and tokens is None) or "kv_tiers" in given or not config.engine.enable_prefix_caching:
+        return config
+    if gb is None:
+        gb = tokens * kv_bytes_per_token(config.engine, runner) / 1e9
+    engine = dataclasses.replace(config.engine, kv_tiers=(tier_spec(gb),),
+                                 kv_tier_write=config.engine.kv_tier_write if "kv_tier_write" in given else "through")
+    return dataclasses.replace(config, engine=engine)
 
 
 def _model_preset(config: ReplayConfig, meta: dict, from_option: bool) -> ReplayConfig:
@@ -374,6 +395,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     given = keys_set(layers)
     config = config_for(meta, layers)
     runner = build_runner(config)
+    config = with_offload_tier(config, meta, given, runner)
     # the run's own KV blocks are what its server allocated: kept even where the memory model cannot fit
     # them (the server's KV bytes per token or weights are smaller than modelled), and said
     ran_with = "num_gpu_blocks" not in given and (meta.get("config") or {}).get("num_gpu_blocks") is not None
@@ -444,7 +466,8 @@ RUNNER_SHOWN = ("dp", "pp", "enable_expert_parallel", "quantization", "kv_cache_
 TIMEOUT_SHOWN = ("client_timeout_s", "client_timeout_until")  # listed when the client had a timeout
 DP_ROUTER = "vllm-dp"  # a DP run's ranks, balanced as vLLM's API server does (listed when used)
 SHOWN = ("model", "gpu", "tp", "replicas", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
-         "gpu_memory_utilization", "enable_prefix_caching", "async_scheduling", "runner", "policy", *RUNNER_SHOWN)
+         "gpu_memory_utilization", "enable_prefix_caching", "async_scheduling", "kv_tiers", "runner", "policy",
+         *RUNNER_SHOWN)
 
 
 def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int) -> list[dict]:
@@ -462,6 +485,8 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
             continue
         if key in TIMEOUT_SHOWN and flat.get("client_timeout_s") is None:
             continue
+        if key == "kv_tiers" and not flat.get(key) and not (meta.get("source") or {}).get("kv_offload"):
+            continue  # (listed when a tier is set or the run offloaded KV to CPU)
         value = blocks if key == "num_gpu_blocks" else flat.get(key)
         if key in ("model", "gpu") and str(flat.get("runner", "")).startswith("fitted") and key not in recorded \
                 and key not in given:
@@ -470,6 +495,12 @@ def settings_used(meta: dict, given: set[str], config: ReplayConfig, blocks: int
             origin = "option"
         elif key in recorded:
             origin = f"run: {sources.get(key, 'the source')}"
+        elif key == "kv_tiers" and value and (offload := next((k for k in OFFLOAD_KEYS if k in recorded), None)):
+            origin = (f"run: {sources.get(offload, 'the source')} (vLLM's CPU KV offloading: "
+                      f"{(meta.get('source') or {}).get('kv_offload', offload)}; written through)")
+        elif key == "kv_tiers" and not value and (meta.get("source") or {}).get("kv_offload"):
+            origin = (f"default: the run offloaded KV to CPU ({meta['source']['kv_offload']}) at a size not "
+                      "recorded or without prefix caching; --set kv_tiers=dram:capacity_gb=G gives it")
         elif key in RUNNER_SHOWN:
             origin = "run: vLLM's arguments (run.json source)"
         elif key == "router" and value == DP_ROUTER:

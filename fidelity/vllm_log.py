@@ -11,8 +11,9 @@ allocated (``num_gpu_blocks is: N``; V0 ``# GPU blocks: N`` or, from 0.6, ``# cu
 else V1's ``GPU KV cache size: N tokens`` divided by the block size; else, rounded,
 ``Maximum concurrency for N tokens per request: Xx`` times N over the block size), the version,
 the last ``Prefix cache hit rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the
-metrics logger printed while prompts were served, and whether the custom all-reduce found the GPUs
-without peer-to-peer access (validate --real then prices the link through host memory). Each setting
+metrics logger printed while prompts were served, whether the custom all-reduce found the GPUs
+without peer-to-peer access (validate --real then prices the link through host memory), and the CPU
+KV offloading its arguments set (fidelity/kv_offload.py). Each setting
 remembers the line it came from.
 """
 
@@ -23,6 +24,8 @@ import re
 from pathlib import Path
 
 from servelab.common.errors import InputError
+from servelab.fidelity.kv_offload import recorded_offload
+from servelab.fidelity.kv_offload import settings as offload_settings
 
 _ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 _NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)\s*$")  # vLLM < 0.10: every argument, defaults included
@@ -41,6 +44,8 @@ _NO_P2P = re.compile(r"Custom allreduce is disabled because your platform lacks 
 _PROMPT_TPUT = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s")
 _WAITING = re.compile(r"(?:Waiting|Pending): (\d+) reqs")
 _KV_USAGE = re.compile(r"(?:GPU )?KV cache usage: ([\d.]+)%")
+_DICT_ITEM = re.compile(r"\s*'([^']*)'\s*:\s*(.*)$", re.S)  # one 'key': value of the non-default args
+_CALL = re.compile(r"^\w+\((.*)\)$", re.S)  # a dataclass repr: Name(field=value, ...)
 PRESSURE_KV = 0.8  # a KV cache at least this full, with requests waiting: preemption territory
 ARG_KEYS = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
             "tensor_parallel_size": "tp", "block_size": "block_size",
@@ -76,7 +81,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         n = None if m else _NAMESPACE.search(line)
         if m or n:
             try:
-                args = ast.literal_eval(m.group(1)) if m else namespace_args(n.group(1))
+                args = dict_args(m.group(1)) if m else namespace_args(n.group(1))
             except (ValueError, SyntaxError):
                 raise InputError(path, f"cannot read the server's {'non-default args' if m else 'args'}",
                                  row=lineno) from None
@@ -84,7 +89,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
             hits, first_hits = {}, {}
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version",
-                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from"):
+                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from", "kv_offload"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
@@ -94,6 +99,10 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                 or args.get("model")
             if model:
                 put("model", model, lineno)
+            if (offload := recorded_offload(args)) is not None:  # CPU KV offloading (fidelity/kv_offload.py)
+                source["kv_offload"] = offload.how
+                for k, v in offload_settings(offload, args.get("block_size")).items():
+                    put(k, v, lineno)
             if args.get("data_parallel_size"):
                 source["data_parallel_size"] = args["data_parallel_size"]
             if args.get("enable_expert_parallel"):
@@ -149,6 +158,34 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         origin["num_gpu_blocks"] = (f"{path.name} line {lineno} (maximum concurrency x tokens per request / "
                                     "block size, rounded)")
     return settings, source, origin
+
+
+def dict_args(text: str) -> dict:
+    """The ``non-default args: {...}`` dict: a Python literal, except where an argument's value is an
+    object vLLM parsed it into (``KVTransferConfig(kv_connector='...', ...)``: its fields as a dict) or
+    has no literal repr (``<CompilationMode.VLLM_COMPILE: 3>``: its text)."""
+    try:
+        args = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        args = None
+    if isinstance(args, dict):
+        return args
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(text)
+    out: dict = {}
+    for part in _top_level_split(body[1:-1]):
+        m = _DICT_ITEM.match(part)
+        if m is None:
+            raise ValueError(part)
+        raw = m.group(2).strip()
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            call = _CALL.match(raw)
+            value = raw if call is None else namespace_args(call.group(1))
+        out[m.group(1)] = value
+    return out
 
 
 def namespace_args(text: str) -> dict:
