@@ -9,12 +9,13 @@ the scheduler ran with (``Chunked prefill is enabled with max_num_batched_tokens
 included), the KV cache vLLM
 allocated (``num_gpu_blocks is: N``; V0 ``# GPU blocks: N`` or, from 0.6, ``# cuda blocks: N``;
 else V1's ``GPU KV cache size: N tokens`` divided by the block size; else, rounded,
-``Maximum concurrency for N tokens per request: Xx`` times N over the block size), the version,
-the last ``Prefix cache hit rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the
-metrics logger printed while prompts were served, whether the custom all-reduce found the GPUs
-without peer-to-peer access (validate --real then prices the link through host memory), and the CPU
-KV offloading its arguments set (fidelity/kv_offload.py). Each setting
-remembers the line it came from.
+``Maximum concurrency for N tokens per request: Xx`` times N over the block size), the version
+(``vLLM API server version X``, or the banner's ``version X`` of newer releases), whether
+``Asynchronous scheduling is enabled`` (the setting the server resolved), the last ``Prefix cache hit
+rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the metrics logger printed while prompts
+were served, whether the custom all-reduce found the GPUs without peer-to-peer access (validate
+--real then prices the link through host memory), and the CPU KV offloading its arguments set
+(fidelity/kv_offload.py). Each setting remembers the line it came from.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ _BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)|# (?:GPU|cuda|rocm|xpu|hpu|tpu|n
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _VERSION = re.compile(r"vLLM (?:API server )?version (\S+)")
+_BANNER_VERSION = re.compile(r"[\u2580\u2584\u2588]\s+version\s+(\S+)")  # the ASCII-art banner of newer vLLM
+_ASYNC = re.compile(r"Asynchronous scheduling is (enabled|disabled)")  # the resolved setting (vLLM 0.12+)
 _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with config: (.*)$")
 # the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
@@ -126,8 +129,10 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             put("max_num_batched_tokens", int(m.group(1)), lineno)
         elif (m := _CONCURRENCY.search(line)):
             concurrency = (int(m.group(1).replace(",", "")), float(m.group(2)), lineno)
-        elif (m := _VERSION.search(line)):
+        elif (m := _VERSION.search(line) or _BANNER_VERSION.search(line)):
             source["vllm_version"] = m.group(1)
+        elif (m := _ASYNC.search(line)):
+            put("async_scheduling", m.group(1) == "enabled", lineno)
         elif _NO_P2P.search(line):
             source["gpu_p2p"] = False
             source["gpu_p2p_from"] = f"{path.name} line {lineno}"

@@ -227,3 +227,31 @@ def test_data_parallel_engines_hit_rates_are_averaged(tmp_path):
     _, source, _ = read_log(log)
     assert source["prefix_cache_hit_rate"] == pytest.approx(0.35)
     assert source["prefix_cache_hit_rate_from"] == "vllm.log lines 5, 6 (mean over 2 engines)"
+
+
+# vLLM 0.12+: the version only in the start-up banner, async scheduling said as resolved, a config object
+# among the non-default args
+V017 = (
+    "(APIServer pid=1) INFO 03-20 10:08:10 [utils.py:297]        \u2588     \u2588     \u2588\u2584   \u2584\u2588\n"
+    "(APIServer pid=1) INFO 03-20 10:08:10 [utils.py:297]  \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  "
+    "version 0.17.1\n"
+    "(APIServer pid=1) INFO 03-20 10:08:10 [utils.py:233] non-default args: {'model_tag': 'meta-llama/Llama-3.1-8B', "
+    "'model': 'meta-llama/Llama-3.1-8B', 'max_num_seqs': 64, 'kv_transfer_config': KVTransferConfig("
+    "kv_connector='P2pNcclConnector', kv_role='kv_producer', kv_connector_extra_config={'proxy_port': '30001'})}\n"
+    "(APIServer pid=1) INFO 03-20 10:08:17 [scheduler.py:231] Chunked prefill is enabled with "
+    "max_num_batched_tokens=8192.\n"
+    "(APIServer pid=1) INFO 03-20 10:08:17 [vllm.py:748] Asynchronous scheduling is enabled.\n")
+
+
+def test_a_newer_log_gives_its_version_from_the_banner_and_async_scheduling_as_resolved(tmp_path):
+    from servelab.fidelity.vllm_log import read_log
+
+    log = tmp_path / "vllm.log"
+    log.write_text(V017)
+    settings, source, origin = read_log(log)
+    assert source["vllm_version"] == "0.17.1" and "kv_offload" not in source  # (a transfer, not an offload)
+    assert settings == {"model": "meta-llama/Llama-3.1-8B", "max_num_seqs": 64, "max_num_batched_tokens": 8192,
+                        "async_scheduling": True}
+    assert origin["async_scheduling"] == "vllm.log line 5" and origin["model"] == "vllm.log line 3"
+    log.write_text(V017.replace("is enabled.", "is disabled."))
+    assert read_log(log)[0]["async_scheduling"] is False
