@@ -36,7 +36,7 @@ _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _VERSION = re.compile(r"vLLM (?:API server )?version (\S+)")
 _BANNER_VERSION = re.compile(r"[\u2580\u2584\u2588]\s+version\s+(\S+)")  # the ASCII-art banner of newer vLLM
-_ASYNC = re.compile(r"Asynchronous scheduling is (enabled|disabled)")  # the resolved setting (vLLM 0.12+)
+_ASYNC = re.compile(r"Asynchronous scheduling is (enabled|disabled)")  # the resolved setting (newer vLLM)
 _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with config: (.*)$")
 # the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
