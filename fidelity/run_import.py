@@ -131,6 +131,11 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
                 notes.append(note)
             source["gpu_recorded" if origin["gpu"] != "--setting" else "gpu_given"] = settings["gpu"]
             settings["gpu"] = preset
+    path = source.get("model_path")  # a server log's model when it served it under another name
+    if path and origin.get("model") != "--setting" and not _is_preset(settings.get("model")) and _is_preset(path):
+        source["model_recorded"] = settings["model"]
+        settings["model"] = path
+        origin["model"] = f"{origin['model']} (the model it loaded; its served name is no preset)"
     hf = source.get("hf_config")
     if hf and origin.get("model") != "--setting" and not _is_preset(settings.get("model")):
         # a model no preset has (a private or cut-down checkpoint): its config.json beside the run has the shapes

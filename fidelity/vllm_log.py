@@ -92,7 +92,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
             hits, first_hits = {}, {}
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version",
-                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from", "kv_offload"):
+                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from", "kv_offload", "model_path"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
@@ -102,6 +102,9 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                 or args.get("model")
             if model:
                 put("model", model, lineno)
+                loaded = args.get("model_tag") or args.get("model")
+                if loaded and loaded != model:  # served under another name: what it loaded, for run import
+                    source["model_path"] = loaded
             if (offload := recorded_offload(args)) is not None:  # CPU KV offloading (fidelity/kv_offload.py)
                 source["kv_offload"] = offload.how
                 for k, v in offload_settings(offload, args.get("block_size")).items():

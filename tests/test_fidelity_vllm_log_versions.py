@@ -255,3 +255,24 @@ def test_a_newer_log_gives_its_version_from_the_banner_and_async_scheduling_as_r
     assert origin["async_scheduling"] == "vllm.log line 5" and origin["model"] == "vllm.log line 3"
     log.write_text(V017.replace("is enabled.", "is disabled."))
     assert read_log(log)[0]["async_scheduling"] is False
+
+
+def test_a_model_served_under_an_alias_is_replayed_as_the_model_it_loaded(tmp_path, capsys):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
+    (folder / "vllm.log").write_text(V017.replace("'max_num_seqs': 64,", "'max_num_seqs': 64, 'served_model_name': "
+                                                  "['chat-prod'],"))
+    run = tmp_path / "run"
+    code, out, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["config"]["model"] == "meta-llama/Llama-3.1-8B" and meta["source"]["model_recorded"] == "chat-prod"
+    assert "the model it loaded" in meta["config_sources"]["model"]
+    # a served name that is a preset stays the model
+    (folder / "vllm.log").write_text(V017.replace("'max_num_seqs': 64,", "'max_num_seqs': 64, 'served_model_name': "
+                                                  "['Qwen/Qwen2.5-7B-Instruct'],"))
+    code, out, err = run_main(["run", "import", folder / "traces.json", "-o", tmp_path / "r2", "--setting",
+                               "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "r2" / "run.json").read_text())["config"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
