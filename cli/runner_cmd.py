@@ -467,6 +467,9 @@ def render_real(report: dict) -> None:
                   f"{report['finished']['simulated']} simulated; simulated preemptions {report['preemptions_simulated']}")
     if report.get("memory_warning"):
         console.print(f"[bold red]warning:[/] {report['memory_warning']}")
+    if report.get("arrivals") == "regenerated":
+        console.print("[bold red]warning:[/] the benchmark recorded no send times: the arrivals were drawn from its "
+                      "pacing process (run.json notes), so means compare and single requests do not")
     if report["finished"]["simulated"] == 0 and report.get("not_finished_simulated"):
         console.print(f"[bold red]warning:[/] no simulated request finished, so no simulated latency or "
                       f"throughput (n/a below): {_why_not_finished(report['not_finished_simulated'])}")

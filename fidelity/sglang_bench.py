@@ -6,7 +6,8 @@ the per-request lists ``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``ge
 ``errors``. The lists are vLLM bench's older ones (fidelity/vllm_bench.py reads them): no
 ``start_times`` and no ``latencies``, so a latency is the TTFT plus the chunk gaps, and the sends are
 known only where the client did not pace them (``--request-rate inf``: all at once, or with
-``--max-concurrency`` C each request as one of the C slots freed). A file of several runs (one per
+``--max-concurrency`` C each request as one of the C slots freed); a paced run's are drawn from its
+Poisson process, fitted to the run's duration (vllm_bench._paced_sends). A file of several runs (one per
 line) is a sweep: one run each, or ``--benchmark N`` for the N-th (0-based).
 """
 

@@ -438,6 +438,8 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         "prefix": prefix_share(meta, trace, result.requests),
         "run": str(run_dir),
         "clock": meta.get("clock"),
+        # "regenerated": the client recorded no send times; they were drawn from its process (run import)
+        "arrivals": (meta.get("load") or {}).get("arrivals", "recorded"),
         "requests": trace.num_rows,
         "config": config.to_dict(),
         "num_gpu_blocks": blocks,

@@ -7,7 +7,8 @@ Per request (parallel lists): ``start_times`` (when the client sent it, ``time.p
 plus the chunk gaps; its sends are known only where the client did not pace them
 (``request_rate`` inf): all at once, or with ``max_concurrency`` C each request as one of the C
 slots freed (the benchmark's semaphore, in list order). A paced older result (a finite rate: random
-gaps) has no arrival times and is refused.
+gaps) recorded no arrival times: they are drawn from the client's own process (``_paced_sends``), and
+run.json ``load.arrivals`` says ``regenerated``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def measured_from_result(path: Path, doc: dict, client: Client, row0: int = 0) -
     errors = array(path, doc.get("errors"), "errors", optional=True, length=n) or [""] * n
     itls = array(path, doc.get("itls"), "itls", optional=True, length=n) or [None] * n
     rebuilt: list[str] = []
+    sends_recorded = "start_times" in doc
     if "start_times" not in doc or "latencies" not in doc:  # vLLM before late 2025 saved neither
         doc = dict(doc, **_older_result(doc, path, n, errors, itls, rebuilt, client))
     for key in LISTS:
@@ -94,6 +96,8 @@ def measured_from_result(path: Path, doc: dict, client: Client, row0: int = 0) -
 
     prefix = spec_from_generator({k: v for k, v in doc.items() if not isinstance(v, list)}, origin=path.name)
     load = _load(doc, path)
+    if not sends_recorded and load["request_rate"] is not None:  # drawn from the client's process (_paced_sends)
+        load["arrivals"] = "regenerated"
     if load["shape"] == "closed":
         notes.append(f"--max-concurrency {load['users']}: replayed as a closed loop of {load['users']} users "
                      "(each request sent when one of theirs ends; think times from the recorded gaps)")
@@ -148,11 +152,11 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
     out: dict = {}
     failed = [bool(e) for e in errors]
     load = _load(doc, path)
-    if "start_times" not in doc and ("request_rate" not in doc or load["request_rate"] is not None
-                                     or doc.get("ramp_up_strategy")):
+    if "start_times" not in doc and ("request_rate" not in doc or doc.get("ramp_up_strategy")):
         raise InputError(path, f"no per-request send times ('start_times': {client.older}) and the "
-                               f"client paced its sends (request_rate {doc.get('request_rate', 'not recorded')}, "
-                               f"random gaps): arrivals are unknown; {client.rerun}", column="start_times")
+                               f"client paced its sends (request_rate {doc.get('request_rate', 'not recorded')}"
+                               f"{', ramped up' if doc.get('ramp_up_strategy') else ''}): arrivals are unknown; "
+                               f"{client.rerun}", column="start_times")
     if "latencies" not in doc:
         if "itls" not in doc:
             raise InputError(path, "no per-request 'latencies' and no 'itls' to rebuild them from", column="latencies")
@@ -164,6 +168,9 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
     if "start_times" in doc:
         return out
     latencies = [number(path, v, "latencies", i + 1) for i, v in enumerate(out.get("latencies") or doc["latencies"])]
+    if load["request_rate"] is not None:
+        out["start_times"] = _paced_sends(doc, path, load, latencies, failed, notes, client)
+        return out
     if load["shape"] == "open":
         out["start_times"] = [0.0] * n
         notes.append(f"no per-request send times ({client.older}): request_rate inf without "
@@ -181,3 +188,57 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
     notes.append(f"no per-request send times ({client.older}): request_rate inf with --max-concurrency "
                  f"{load['users']}: each request sent when one of the {load['users']} slots freed, in list order")
     return out
+
+
+def _paced_sends(doc: dict, path: Path, load: dict, latencies: list[float], failed: list[bool], notes: list[str],
+                 client: Client) -> list[float]:
+    """Send times for a paced result that recorded none, drawn from the client's own process: vLLM's
+    benchmark (and SGLang's) sends request i + 1 a gamma-distributed gap after request i (shape
+    ``burstiness``, 1 = Poisson; mean 1 / ``request_rate``), through ``max_concurrency`` slots when capped.
+    The draw is seeded (0), and its time scale fitted so that the run lasts the ``duration`` it recorded
+    (first send to last response), which pins the achieved rate. The sends are not the real ones: means
+    compare, single requests do not (run.json ``load.arrivals`` says so, and validate --real)."""
+    import heapq
+
+    import numpy as np
+
+    n, rate = len(latencies), load["request_rate"]
+    burst = number(path, doc.get("burstiness", 1.0), "burstiness", optional=True) or 1.0
+    if rate <= 0 or burst <= 0:
+        raise InputError(path, f"request_rate and burstiness must be above 0, got {rate} and {burst}",
+                         column="request_rate")
+    paced = np.concatenate([[0.0], np.cumsum(np.random.default_rng(0).gamma(burst, 1.0 / (rate * burst), n - 1))])
+    held = [0.0 if failed[i] else latencies[i] for i in range(n)]
+    users = load.get("users")
+
+    def sends(scale: float) -> list[float]:
+        if users is None:
+            return (paced * scale).tolist()
+        slots: list[float] = []  # when each busy slot frees
+        out = []
+        for i in range(n):
+            start = float(paced[i] * scale)
+            if len(slots) >= users:
+                start = max(start, heapq.heappop(slots))
+            out.append(start)
+            heapq.heappush(slots, start + held[i])
+        return out
+
+    def end(scale: float) -> float:
+        return max(s + h for s, h in zip(sends(scale), held))
+
+    scale, fitted = 1.0, ""
+    duration = number(path, doc.get("duration"), "duration", optional=True)
+    if duration is not None and n > 1 and end(0.0) < duration:
+        lo, hi = 0.0, 1.0
+        while end(hi) < duration and hi < 1e6:
+            lo, hi = hi, hi * 2
+        for _ in range(60):  # the run's end grows with the scale: bisect to its recorded duration
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if end(mid) < duration else (lo, mid)
+        scale = (lo + hi) / 2
+        fitted = f", its time scale fitted (x{scale:.3f}) so the run lasts its recorded {duration:.3f} s"
+    notes.append(f"no per-request send times ({client.older}) and the client paced its sends: arrivals regenerated "
+                 f"as its process (gamma gaps of burstiness {burst:g} at {rate:g} req/s, seed 0{fitted}"
+                 f"{f', through {users} slots' if users else ''}); means compare, single requests do not")
+    return sends(scale)

@@ -170,13 +170,22 @@ SGLANG = FIX / "sglang_bench_serving.jsonl"
 GIVEN = ["--setting", "gpu=h100-80gb", "--setting", "model=llama-3.1-8b"]
 
 
-def test_sglang_bench_serving_runs_are_a_sweep_and_a_paced_run_is_refused_in_sglangs_words(tmp_path, capsys):
+def test_sglang_bench_serving_runs_are_a_sweep_and_a_paced_run_gets_its_clients_arrival_process(tmp_path, capsys):
     # before: read as an older vLLM result ("vLLM before late 2025"); two lines: "Extra data at line 2"
     code, _, err = run_main(["run", "import", SGLANG, "-o", tmp_path / "sweep", *GIVEN], capsys)
     assert "format: sglang-bench (detected" in err
-    assert code == 1 and "column 'start_times': run 1 (line 2): no per-request send times" in err  # the second run, paced, is refused
-    assert "SGLang bench_serving records none" in err and "--request-rate inf" in err and "--max-concurrency" in err
-    assert not (tmp_path / "sweep").exists()
+    assert code == 0, err
+    paced = tmp_path / "sweep" / "benchmark_1"  # 4 req/s, no send times: drawn from the client's process
+    meta = json.loads((paced / "run.json").read_text())
+    assert meta["load"] == {"shape": "open", "request_rate": 4.0, "arrivals": "regenerated"}
+    assert any("SGLang bench_serving records none" in n and "arrivals regenerated" in n and "1.000 s" in n
+               for n in meta["notes"])
+    # two requests of 0.2 s in a run of 1.0 s: the second is sent 0.8 s after the first
+    rows = pq.read_table(paced / "requests.parquet").to_pylist()
+    assert [r["arrival_s"] for r in rows] == pytest.approx([0.0, 0.8])
+    code, out, err = run_main(["validate", "--real", paced], capsys)
+    assert code == 0, err
+    assert "recorded no send times" in out and "single requests do not" in out
     code, out, err = run_main(["run", "import", SGLANG, "-o", tmp_path / "run", "--benchmark", "0", *GIVEN], capsys)
     assert code == 0, err
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -236,3 +245,46 @@ def test_two_files_name_the_same_model_by_its_preset(a, b, same):
     from servelab.fidelity.sidecars import same_setting
 
     assert same_setting("model", a, b) is same and same_setting("model", b, a) is same
+
+
+def _older_vllm_result(n: int, **extra) -> dict:
+    """A vLLM bench result from before late 2025: no start_times, no latencies."""
+    return {"backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B", "num_prompts": n, "input_lens": [128] * n,
+            "output_lens": [4] * n, "ttfts": [0.05] * n, "itls": [[0.01, 0.01, 0.01]] * n, "errors": [""] * n,
+            **extra}
+
+
+@pytest.mark.parametrize("extra, shape", [
+    ({"request_rate": 5.0, "burstiness": 1.0, "max_concurrency": None}, "open"),
+    ({"request_rate": 5.0, "burstiness": 0.5, "max_concurrency": 3}, "closed"),
+])
+def test_an_older_paced_vllm_result_replays_its_clients_process_fitted_to_its_duration(tmp_path, capsys, extra, shape):
+    n = 400
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(_older_vllm_result(n, duration=100.0, **extra)))
+    out = tmp_path / "run"
+    code, _, err = run_main(["run", "import", src, "-o", out, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["load"]["arrivals"] == "regenerated" and meta["load"]["shape"] == shape
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    sends = [r["arrival_s"] for r in rows]
+    assert sends == sorted(sends) and sends[0] == 0.0
+    # the run lasts its recorded duration: the last response 100 s after the first send
+    assert max(r["arrival_s"] + r["e2e_s"] for r in rows) == pytest.approx(100.0, abs=1e-6)
+    # the same file gives the same arrivals (seeded)
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "again", "--setting", "gpu=h100-80gb"], capsys)
+    assert [r["arrival_s"] for r in pq.read_table(tmp_path / "again" / "requests.parquet").to_pylist()] == sends
+
+
+def test_an_older_paced_result_without_a_duration_keeps_the_rate(tmp_path, capsys):
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(_older_vllm_result(2000, request_rate=10.0)))
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    sends = [r["arrival_s"] for r in pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()]
+    assert sends[-1] / (len(sends) - 1) == pytest.approx(0.1, rel=0.1)  # Poisson gaps of mean 1 / rate
+    # a ramped-up rate is not a process it can draw: refused, saying why
+    src.write_text(json.dumps(_older_vllm_result(3, request_rate=10.0, ramp_up_strategy="linear")))
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "r2", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 1 and "ramped up" in err and not (tmp_path / "r2").exists()
