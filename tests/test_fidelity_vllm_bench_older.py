@@ -53,11 +53,15 @@ def test_an_older_unpaced_result_sends_everything_at_once(tmp_path, capsys):
     assert "at once" in text
 
 
-def test_an_older_paced_result_is_refused_naming_start_times(tmp_path, capsys):
+def test_an_older_paced_result_draws_its_arrivals_and_one_without_a_rate_is_refused(tmp_path, capsys):
     doc = _older(bench_result(n=6, users=2))
     doc.update(request_rate=4.0, max_concurrency=None)
     code, out, text = _run(tmp_path, capsys, doc, "paced")
-    assert code == 1 and "column 'start_times'" in text and "request_rate 4.0" in text
+    assert code == 0, text
+    assert "arrivals regenerated" in text and json.loads((out / "run.json").read_text())["load"]["arrivals"] == "regenerated"
+    doc.pop("request_rate")
+    code, out, text = _run(tmp_path, capsys, doc, "unknown")
+    assert code == 1 and "column 'start_times'" in text and "request_rate not recorded" in text
     assert not out.exists()
 
 
