@@ -18,7 +18,8 @@ prompts), else the client's count.
 ``config.yaml``, which inference-perf writes beside the report, gives the model
 (``server.model_name``), the load (``load.stages``: a rate per stage, ``constant`` or ``poisson``
 sends, an open loop) and the data generator. ``--benchmark N`` keeps stage N (requests whose
-``stage_id`` is N).
+``stage_id`` is N). The client's timeout (``load.request_timeout``, else aiohttp's total default of 300 s,
+which inference-perf leaves in place) is the setting ``client_timeout_s``, until the last chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from servelab.common.errors import InputError
 from servelab.common.sniff import detects
 from servelab.fidelity.base import IMPORTERS, Measured, Rows, one_json, read_yaml
 from servelab.fidelity.fields import array, integer, json_body, mapping, number, prompt_text
+
+AIOHTTP_TOTAL_TIMEOUT_S = 300.0  # aiohttp.client.DEFAULT_TIMEOUT: ClientTimeout(total=5 * 60), a session's default
+
 
 def _is_report(probe) -> bool:
     """A JSON list whose first request opens with ``start_time`` and ``end_time`` (inference-perf writes
@@ -71,6 +75,14 @@ def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Me
                      "text (no server usage recorded)")
     server = mapping(cfg_path, config.get("server"), "server", optional=True)
     settings = {"model": server.get("model_name") or _body_model(path, doc)}
+    # inference-perf passes load.request_timeout to aiohttp as a total timeout; without one, aiohttp's session
+    # default applies: 300 s for the whole request (aiohttp DEFAULT_TIMEOUT, total=5 * 60)
+    timeout = number(cfg_path, load_cfg.get("request_timeout") or config.get("request_timeout"), "request_timeout",
+                     optional=True)
+    settings.update(client_timeout_s=timeout or AIOHTTP_TOTAL_TIMEOUT_S, client_timeout_until="finish")
+    notes.append(f"inference-perf's client timeout {timeout or AIOHTTP_TOTAL_TIMEOUT_S:g} s "
+                 + ("(config.yaml request_timeout)" if timeout else "(none set: aiohttp's default total timeout)")
+                 + ": a request not finished by then is abandoned, as the client did")
     load = _load(load_cfg, stages, cfg_path, benchmark)
     source = {"stages": [{k: s.get(k) for k in ("rate", "duration", "concurrency_level") if k in s} for s in stages],
               **({"benchmark": benchmark} if benchmark is not None else {})}

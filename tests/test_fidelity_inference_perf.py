@@ -212,3 +212,21 @@ def test_a_malformed_config_yaml_is_named(tmp_path, capsys, config, mention):
     lines = err.strip().splitlines()
     assert code != 0 and lines[-1].startswith(f"error: {src.parent / 'config.yaml'}") and mention in lines[-1], err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("timeout, expected, said", [
+    (None, 300.0, "aiohttp's default total timeout"),
+    (60, 60.0, "config.yaml request_timeout"),
+])
+def test_the_clients_timeout_is_replayed(tmp_path, capsys, timeout, expected, said):
+    """inference-perf gives aiohttp its request_timeout as a total timeout, else aiohttp's own 300 s: the
+    replay abandons a request at that time after its send, as the client did."""
+    config = CONFIG.replace("  type: constant\n", f"  type: constant\n  request_timeout: {timeout or 'null'}\n")
+    reqs = [old_request(i, 1.0 + 0.3 * i) for i in range(4)]
+    _, meta, _, _ = run_import(tmp_path, capsys, layout(tmp_path, reqs, config=config))
+    assert meta["config"]["client_timeout_s"] == expected and meta["config"]["client_timeout_until"] == "finish"
+    assert any(said in n for n in meta["notes"])
+    code, out, err = run_main(["validate", "--real", tmp_path / "run", "--format", "json"], capsys)
+    assert code == 0, err
+    used = {s["setting"]: s for s in json.loads(out)["settings"]}
+    assert used["client_timeout_s"]["value"] == expected
