@@ -96,7 +96,7 @@ def measured_from_result(path: Path, doc: dict, client: Client, row0: int = 0) -
 
     prefix = spec_from_generator({k: v for k, v in doc.items() if not isinstance(v, list)}, origin=path.name)
     load = _load(doc, path)
-    if not sends_recorded and load["request_rate"] is not None:  # drawn from the client's process (_paced_sends)
+    if not sends_recorded and (load["request_rate"] is not None or doc.get("ramp_up_strategy")):  # (_paced_sends)
         load["arrivals"] = "regenerated"
     if load["shape"] == "closed":
         notes.append(f"--max-concurrency {load['users']}: replayed as a closed loop of {load['users']} users "
@@ -152,11 +152,10 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
     out: dict = {}
     failed = [bool(e) for e in errors]
     load = _load(doc, path)
-    if "start_times" not in doc and ("request_rate" not in doc or doc.get("ramp_up_strategy")):
-        raise InputError(path, f"no per-request send times ('start_times': {client.older}) and the "
-                               f"client paced its sends (request_rate {doc.get('request_rate', 'not recorded')}"
-                               f"{', ramped up' if doc.get('ramp_up_strategy') else ''}): arrivals are unknown; "
-                               f"{client.rerun}", column="start_times")
+    if "start_times" not in doc and "request_rate" not in doc:
+        raise InputError(path, f"no per-request send times ('start_times': {client.older}) and no request_rate "
+                               f"(request_rate not recorded): arrivals are unknown; {client.rerun}",
+                         column="start_times")
     if "latencies" not in doc:
         if "itls" not in doc:
             raise InputError(path, "no per-request 'latencies' and no 'itls' to rebuild them from", column="latencies")
@@ -168,7 +167,7 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
     if "start_times" in doc:
         return out
     latencies = [number(path, v, "latencies", i + 1) for i, v in enumerate(out.get("latencies") or doc["latencies"])]
-    if load["request_rate"] is not None:
+    if load["request_rate"] is not None or doc.get("ramp_up_strategy"):
         out["start_times"] = _paced_sends(doc, path, load, latencies, failed, notes, client)
         return out
     if load["shape"] == "open":
@@ -202,12 +201,16 @@ def _paced_sends(doc: dict, path: Path, load: dict, latencies: list[float], fail
 
     import numpy as np
 
-    n, rate = len(latencies), load["request_rate"]
-    burst = number(path, doc.get("burstiness", 1.0), "burstiness", optional=True) or 1.0
-    if rate <= 0 or burst <= 0:
-        raise InputError(path, f"request_rate and burstiness must be above 0, got {rate} and {burst}",
+    n = len(latencies)
+    burst = number(path, doc.get("burstiness", 1.0), "burstiness", optional=True)
+    burst = 1.0 if burst is None else burst
+    rates, how = _rates(doc, path, load["request_rate"], n)
+    if (rates <= 0).any() or burst < 0:
+        raise InputError(path, f"request rates and burstiness must be above 0, got {how} and {burst}",
                          column="request_rate")
-    paced = np.concatenate([[0.0], np.cumsum(np.random.default_rng(0).gamma(burst, 1.0 / (rate * burst), n - 1))])
+    gaps = (1.0 / rates[:-1] if burst == 0 else  # burstiness 0: a fixed interval (a benchmark that allows it)
+            np.random.default_rng(0).gamma(burst, 1.0 / (rates[:-1] * burst)))
+    paced = np.concatenate([[0.0], np.cumsum(gaps)])
     held = [0.0 if failed[i] else latencies[i] for i in range(n)]
     users = load.get("users")
 
@@ -239,6 +242,29 @@ def _paced_sends(doc: dict, path: Path, load: dict, latencies: list[float], fail
         scale = (lo + hi) / 2
         fitted = f", its time scale fitted (x{scale:.3f}) so the run lasts its recorded {duration:.3f} s"
     notes.append(f"no per-request send times ({client.older}) and the client paced its sends: arrivals regenerated "
-                 f"as its process (gamma gaps of burstiness {burst:g} at {rate:g} req/s, seed 0{fitted}"
+                 f"as its process (gamma gaps of burstiness {burst:g} at {how}, seed 0{fitted}"
                  f"{f', through {users} slots' if users else ''}); means compare, single requests do not")
     return sends(scale)
+
+
+def _rates(doc: dict, path: Path, rate: float | None, n: int):
+    """The rate each request's gap was drawn at (vLLM's get_current_request_rate): ``request_rate``, or with
+    ``ramp_up_strategy`` ``linear`` / ``exponential`` from ``ramp_up_start_rps`` to ``ramp_up_end_rps`` by the
+    request's place in the run; and the words for it."""
+    import numpy as np
+
+    strategy = doc.get("ramp_up_strategy")
+    if not strategy:
+        return np.full(n, float(rate)), f"{rate:g} req/s"
+    if strategy not in ("linear", "exponential"):
+        raise InputError(path, f"unknown ramp_up_strategy {strategy!r} (linear or exponential)",
+                         column="ramp_up_strategy")
+    start = number(path, doc.get("ramp_up_start_rps"), "ramp_up_start_rps")
+    end = number(path, doc.get("ramp_up_end_rps"), "ramp_up_end_rps")
+    progress = np.arange(n) / max(n - 1, 1)
+    if strategy == "linear":
+        return start + (end - start) * progress, f"{start:g} to {end:g} req/s (linear ramp-up)"
+    if start <= 0:
+        raise InputError(path, f"an exponential ramp-up needs ramp_up_start_rps above 0, got {start}",
+                         column="ramp_up_start_rps")
+    return start * (end / start) ** progress, f"{start:g} to {end:g} req/s (exponential ramp-up)"

@@ -284,7 +284,21 @@ def test_an_older_paced_result_without_a_duration_keeps_the_rate(tmp_path, capsy
     assert code == 0, err
     sends = [r["arrival_s"] for r in pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()]
     assert sends[-1] / (len(sends) - 1) == pytest.approx(0.1, rel=0.1)  # Poisson gaps of mean 1 / rate
-    # a ramped-up rate is not a process it can draw: refused, saying why
-    src.write_text(json.dumps(_older_vllm_result(3, request_rate=10.0, ramp_up_strategy="linear")))
+
+
+
+@pytest.mark.parametrize("strategy", ["linear", "exponential"])
+def test_an_older_ramped_up_result_draws_each_gap_at_its_requests_rate(tmp_path, capsys, strategy):
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(_older_vllm_result(4000, request_rate="inf", ramp_up_strategy=strategy,
+                                                 ramp_up_start_rps=2, ramp_up_end_rps=20)))
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["load"]["arrivals"] == "regenerated" and any(f"({strategy} ramp-up)" in n for n in meta["notes"])
+    sends = [r["arrival_s"] for r in pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()]
+    first, last = sends[99] / 99, (sends[-1] - sends[-100]) / 99  # mean gaps at the start and at the end
+    assert first == pytest.approx(1 / 2, rel=0.25) and last == pytest.approx(1 / 20, rel=0.25)
+    src.write_text(json.dumps(_older_vllm_result(3, request_rate=10.0, ramp_up_strategy="steps")))
     code, _, err = run_main(["run", "import", src, "-o", tmp_path / "r2", "--setting", "gpu=h100-80gb"], capsys)
-    assert code == 1 and "ramped up" in err and not (tmp_path / "r2").exists()
+    assert code == 1 and "unknown ramp_up_strategy 'steps'" in err and not (tmp_path / "r2").exists()
