@@ -477,8 +477,10 @@ def render_real(report: dict) -> None:
         console.print("settings: " + ", ".join(f"{s['setting']}={s['value']} ({s['from']})" for s in report["settings"]))
     if report.get("prefix"):
         p = report["prefix"]
+        below = (f" (+ {_share(p['simulated_lower_tiers'])} from offload tiers)" if "simulated_lower_tiers" in p
+                 else "")
         console.print(f"prefix-cache hits (share of prompt tokens): measured {_share(p['measured'])} "
-                      f"({p.get('measured_from') or 'not reported'}), simulated {_share(p['simulated'])}, "
+                      f"({p.get('measured_from') or 'not reported'}), simulated {_share(p['simulated'])}{below}, "
                       f"ideal {_share(p['ideal'])}; sharing from {p['origin']}")
         if p.get("warning"):
             console.print(f"[bold red]warning:[/] {p['warning']}")

@@ -525,11 +525,15 @@ def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, 
     if measured is None:
         measured = (meta.get("source") or {}).get("prefix_cache_hit_rate")
     prompt = pc.sum(simulated.column("prompt_tokens")).as_py() or 0
-    cached = pc.sum(simulated.column("cached_tokens")).as_py() or 0
+    # vLLM's hit rate counts its GPU prefix cache; a KV connector's hits (CPU offloading) are its own figure
+    gpu = "cached_tokens_gpu" if "cached_tokens_gpu" in simulated.column_names else "cached_tokens"
+    cached = pc.sum(simulated.column(gpu)).as_py() or 0
     hashes = "prefix_hashes" in trace.column_names
     out = {"measured": measured, "measured_from": info.get("measured_hit_rate_from"),
            "simulated": cached / prompt if prompt else None, "ideal": info.get("ideal_hit_share"), "hashes": hashes,
            "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
+    if gpu != "cached_tokens" and prompt:  # hits below GPU memory, apart (their share of prompt tokens)
+        out["simulated_lower_tiers"] = ((pc.sum(simulated.column("cached_tokens")).as_py() or 0) - cached) / prompt
     pressure = (meta.get("source") or {}).get("prefix_cache_hit_rate_pressure")
     if pressure:
         out["pressure"] = pressure

@@ -101,6 +101,7 @@ def test_cpu_offload_in_the_server_log_is_replayed_as_a_write_through_dram_tier(
     report = validated(run, capsys)
     assert report["config"]["kv_tiers"] == ["dram:capacity_gb=8.589935"]
     assert report["config"]["kv_tier_write"] == "through"
+    assert "simulated_lower_tiers" in report["prefix"]  # the GPU cache's hits compare with vLLM's rate, apart
     shown = {s["setting"]: s for s in report["settings"]}
     assert shown["kv_tiers"]["value"] == ["dram:capacity_gb=8.589935"]
     assert "CPU KV offloading" in shown["kv_tiers"]["from"] and "vllm.log line 1" in shown["kv_tiers"]["from"]
