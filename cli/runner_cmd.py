@@ -479,7 +479,9 @@ def render_real(report: dict) -> None:
         p = report["prefix"]
         below = (f" (+ {_share(p['simulated_lower_tiers'])} from offload tiers)" if "simulated_lower_tiers" in p
                  else "")
-        console.print(f"prefix-cache hits (share of prompt tokens): measured {_share(p['measured'])} "
+        external = (f" (+ {_share(p['measured_external'])} from its KV connector)" if "measured_external" in p
+                    else "")
+        console.print(f"prefix-cache hits (share of prompt tokens): measured {_share(p['measured'])}{external} "
                       f"({p.get('measured_from') or 'not reported'}), simulated {_share(p['simulated'])}{below}, "
                       f"ideal {_share(p['ideal'])}; sharing from {p['origin']}")
         if p.get("warning"):

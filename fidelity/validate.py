@@ -534,6 +534,9 @@ def prefix_share(meta: dict, trace: pa.Table, simulated: pa.Table) -> dict[str, 
            "origin": info.get("origin", "none recorded (imported before prefix sharing was read)")}
     if gpu != "cached_tokens" and prompt:  # hits below GPU memory, apart (their share of prompt tokens)
         out["simulated_lower_tiers"] = ((pc.sum(simulated.column("cached_tokens")).as_py() or 0) - cached) / prompt
+    external = (meta.get("source") or {}).get("external_prefix_cache_hit_rate")
+    if external is not None:  # the server log's "External prefix cache hit rate" (its KV connector's hits)
+        out["measured_external"] = external
     pressure = (meta.get("source") or {}).get("prefix_cache_hit_rate_pressure")
     if pressure:
         out["pressure"] = pressure

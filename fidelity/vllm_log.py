@@ -41,6 +41,7 @@ _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with co
 # the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
+_EXTERNAL_HIT = re.compile(r"External prefix cache hit rate: ([\d.]+)%")  # a KV connector's (CPU offload, LMCache)
 _ENGINE_TAG = re.compile(r"Engine (\d+):")  # V1 data parallel: each engine logs its own metrics
 # vLLM's custom all-reduce found no peer-to-peer access between the GPUs: NCCL goes through host memory
 _NO_P2P = re.compile(r"Custom allreduce is disabled because your platform lacks GPU P2P capability")
@@ -73,6 +74,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
     source: dict = {"vllm_log": str(path)}
     kv_tokens = concurrency = None
     hits: dict[str, tuple[float, int]] = {}  # engine -> (its last hit rate while busy, line)
+    external: dict[str, tuple[float, int]] = {}  # engine -> its last KV connector hit rate, the same lines
     first_hits: dict[str, str | None] = {}  # engine -> why its first hits look like preemption's, or None
 
     def put(key: str, value, lineno: int) -> None:
@@ -90,9 +92,10 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                                  row=lineno) from None
             args = {k: v for k, v in args.items() if v is not None}  # Namespace: None is "vLLM decides"
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
-            hits, first_hits = {}, {}
+            hits, first_hits, external = {}, {}, {}
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version",
-                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from", "kv_offload", "model_path"):
+                      "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from", "kv_offload", "model_path",
+                      "external_prefix_cache_hit_rate"):
                 source.pop(k, None)
             for k, v in args.items():
                 if k in ARG_KEYS:
@@ -146,6 +149,8 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
             if engine not in first_hits and rate > 0:  # (hits in its first busy window: not after none)
                 first_hits[engine] = _pressure(line, lineno) if engine in hits else None
             hits[engine] = (rate, lineno)
+            if (ext := _EXTERNAL_HIT.search(line)):
+                external[engine] = (float(ext.group(1)) / 100, lineno)
     if hits:  # one engine: its last rate; data-parallel engines: the mean of each one's last
         lines = sorted(n for _, n in hits.values())
         source["prefix_cache_hit_rate"] = sum(r for r, _ in hits.values()) / len(hits)
@@ -155,6 +160,8 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         why = [first_hits.get(e) for e, (rate, _) in hits.items() if rate > 0]  # each engine with hits
         if why and all(why):
             source["prefix_cache_hit_rate_pressure"] = f"{path.name} {why[0]}"
+    if external:  # the same windows as the GPU cache's rate: one engine's last, or the engines' mean
+        source["external_prefix_cache_hit_rate"] = sum(r for r, _ in external.values()) / len(external)
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
         # vLLM's token figure is blocks x block size (16 unless the log says otherwise)
         settings["num_gpu_blocks"] = kv_tokens[0] // int(settings.get("block_size") or 16)

@@ -79,7 +79,10 @@ def offload_run(tmp_path: Path, capsys, extra: str) -> Path:
         "x INFO vllm.entrypoints.utils: non-default args: {'model': '/m/Llama-2-7b-hf', 'max_num_seqs': 64, "
         f"'kv_transfer_config': {KV_TRANSFER.replace('{EXTRA}', extra)}, "
         "'served_model_name': ['meta-llama/Llama-2-7b-hf']}\n"
-        "x INFO vllm.v1.core.kv_cache_utils: GPU KV cache size: 119,008 tokens\n")
+        "x INFO vllm.v1.core.kv_cache_utils: GPU KV cache size: 119,008 tokens\n"
+        "x INFO vllm.v1.metrics.loggers: Engine 000: Avg prompt throughput: 900.0 tokens/s, Avg generation "
+        "throughput: 50.0 tokens/s, Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 4.0%, Prefix cache hit "
+        "rate: 20.0%, External prefix cache hit rate: 12.5%\n")
     run = tmp_path / "run"
     code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", "gpu=h100-80gb"], capsys)
     assert code == 0, err
@@ -102,6 +105,7 @@ def test_cpu_offload_in_the_server_log_is_replayed_as_a_write_through_dram_tier(
     assert report["config"]["kv_tiers"] == ["dram:capacity_gb=8.589935"]
     assert report["config"]["kv_tier_write"] == "through"
     assert "simulated_lower_tiers" in report["prefix"]  # the GPU cache's hits compare with vLLM's rate, apart
+    assert report["prefix"]["measured"] == 0.2 and report["prefix"]["measured_external"] == 0.125
     shown = {s["setting"]: s for s in report["settings"]}
     assert shown["kv_tiers"]["value"] == ["dram:capacity_gb=8.589935"]
     assert "CPU KV offloading" in shown["kv_tiers"]["from"] and "vllm.log line 1" in shown["kv_tiers"]["from"]
