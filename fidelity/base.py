@@ -40,7 +40,7 @@ SETTING_TYPES = {
     "async_scheduling": bool,  # vLLM's --async-scheduling (its default since 0.14: vllm_defaults.py)
     "replicas": int,  # vLLM's data_parallel_size: engines with a KV cache each
     # vLLM's CPU KV offloading: the host-memory tier's size in GB, or in tokens (fidelity/kv_offload.py)
-    "kv_offload_gb": float, "kv_offload_tokens": int,
+    "kv_offload_gb": float, "kv_offload_tokens": int, "kv_offload_disk_gb": float,
     # the benchmark client's own timeout, and what it waits for ("finish" or "first_token": replay/platform/abort.py)
     "client_timeout_s": float, "client_timeout_until": str,
 }
@@ -153,6 +153,7 @@ _COUNT = (lambda v: v >= 1, "must be at least 1")
 SETTING_RULES = {"tp": _COUNT, "max_num_seqs": _COUNT, "max_num_batched_tokens": _COUNT, "block_size": _COUNT,
                  "num_gpu_blocks": _COUNT, "replicas": _COUNT, "kv_offload_tokens": _COUNT,
                  "kv_offload_gb": (lambda v: v > 0, "must be above 0"),
+                 "kv_offload_disk_gb": (lambda v: v > 0, "must be above 0"),
                  "gpu_memory_utilization": (lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
                  "client_timeout_s": (lambda v: v > 0, "must be above 0")}
 

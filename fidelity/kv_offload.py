@@ -12,9 +12,10 @@ vLLM (0.11 on) offloads KV blocks to host memory through a KV connector, set by 
 Every full block is stored to host memory as it is computed; a prompt whose prefix GPU memory no
 longer holds loads it back from there, least recently used first out. The replay models this as a
 ``dram`` tier written through (``kv_tier_write = "through"``; docs/engine.md "Offload tiers") of the
-recorded size. LMCache keeps its CPU size in its own configuration (``LMCACHE_MAX_LOCAL_CPU_SIZE``),
-which vLLM's arguments do not show: such a run is noted, and replayed without a tier unless
-``--set kv_tiers=...`` gives one.
+recorded size. LMCache keeps its sizes in its own configuration, which vLLM's arguments do not show;
+its workers log them (``Creating LMCacheEngine with config: {... 'max_local_cpu_size': 20.0, ...}``, per
+worker), read by fidelity/vllm_log.py; without that line such a run is noted, and replayed without a
+tier unless ``--set kv_tiers=...`` gives one.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def settings(offload: Offload, block_size: int | None) -> dict[str, Any]:
     return {}
 
 
-def tier_spec(gb: float) -> str:
-    """The ``kv_tiers`` entry of a host-memory tier of ``gb`` GB (the dram tier's bandwidth and latency)."""
-    return f"dram:capacity_gb={f'{gb:.6f}'.rstrip('0').rstrip('.')}"
+def tier_spec(gb: float, name: str = "dram") -> str:
+    """The ``kv_tiers`` entry of a tier of ``gb`` GB: host memory (``dram``) or a local disk (``ssd``), at
+    that tier's bandwidth and latency."""
+    return f"{name}:capacity_gb={f'{gb:.6f}'.rstrip('0').rstrip('.')}"

@@ -150,7 +150,7 @@ def config_for(meta: dict, overrides: Overrides) -> ReplayConfig:
     return config
 
 
-OFFLOAD_KEYS = ("kv_offload_gb", "kv_offload_tokens")  # run.json config: vLLM's CPU KV offloading
+OFFLOAD_KEYS = ("kv_offload_gb", "kv_offload_tokens", "kv_offload_disk_gb")  # run.json config: KV offloading
 
 
 def with_offload_tier(config: ReplayConfig, meta: dict, given: set[str], runner) -> ReplayConfig:
@@ -166,7 +166,9 @@ def with_offload_tier(config: ReplayConfig, meta: dict, given: set[str], runner)
         return config
     if gb is None:
         gb = tokens * kv_bytes_per_token(config.engine, runner) / 1e9
-    engine = dataclasses.replace(config.engine, kv_tiers=(tier_spec(gb),),
+    disk = recorded.get("kv_offload_disk_gb")  # LMCache's local disk store, below its CPU one
+    tiers = (tier_spec(gb),) + ((tier_spec(disk, "ssd"),) if disk else ())
+    engine = dataclasses.replace(config.engine, kv_tiers=tiers,
                                  kv_tier_write=config.engine.kv_tier_write if "kv_tier_write" in given else "through")
     return dataclasses.replace(config, engine=engine)
 

@@ -41,6 +41,9 @@ _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]*)\) with co
 # the limit the scheduler ran with, defaults included (V0 and V1, whenever chunked prefill is on)
 _CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _HIT = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
+# LMCache's own configuration, logged by each worker: its CPU (and disk) store per worker, in GB
+_LMCACHE = re.compile(r"Creating LMCacheEngine with config:")
+_LMCACHE_SIZE = re.compile(r"'(local_cpu|max_local_cpu_size|max_local_disk_size|local_disk)': ('[^']*'|[\w.]+)")
 _EXTERNAL_HIT = re.compile(r"External prefix cache hit rate: ([\d.]+)%")  # a KV connector's (CPU offload, LMCache)
 _ENGINE_TAG = re.compile(r"Engine (\d+):")  # V1 data parallel: each engine logs its own metrics
 # vLLM's custom all-reduce found no peer-to-peer access between the GPUs: NCCL goes through host memory
@@ -75,6 +78,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
     kv_tokens = concurrency = None
     hits: dict[str, tuple[float, int]] = {}  # engine -> (its last hit rate while busy, line)
     external: dict[str, tuple[float, int]] = {}  # engine -> its last KV connector hit rate, the same lines
+    lmcache = None  # (LMCache's logged sizes, line)
     first_hits: dict[str, str | None] = {}  # engine -> why its first hits look like preemption's, or None
 
     def put(key: str, value, lineno: int) -> None:
@@ -92,7 +96,7 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                                  row=lineno) from None
             args = {k: v for k, v in args.items() if v is not None}  # Namespace: None is "vLLM decides"
             settings, origin, kv_tokens, concurrency = {}, {}, None, None  # a new server start: forget the last
-            hits, first_hits, external = {}, {}, {}
+            hits, first_hits, external, lmcache = {}, {}, {}, None
             for k in ("kv_cache_tokens", "prefix_cache_hit_rate", "prefix_cache_hit_rate_from", "engine_version",
                       "prefix_cache_hit_rate_pressure", "gpu_p2p", "gpu_p2p_from", "kv_offload", "model_path",
                       "external_prefix_cache_hit_rate"):
@@ -142,6 +146,8 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         elif _NO_P2P.search(line):
             source["gpu_p2p"] = False
             source["gpu_p2p_from"] = f"{path.name} line {lineno}"
+        if _LMCACHE.search(line):
+            lmcache = ({k: _literal(v) for k, v in _LMCACHE_SIZE.findall(line)}, lineno)
         if (m := _HIT.search(line)) and _busy(line):
             tag = _ENGINE_TAG.search(line)
             engine = tag.group(1) if tag else ""
@@ -160,6 +166,8 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         why = [first_hits.get(e) for e, (rate, _) in hits.items() if rate > 0]  # each engine with hits
         if why and all(why):
             source["prefix_cache_hit_rate_pressure"] = f"{path.name} {why[0]}"
+    if lmcache is not None and "kv_offload_gb" not in settings:
+        _lmcache_sizes(lmcache, int(settings.get("tp") or 1), path, settings, origin, source)
     if external:  # the same windows as the GPU cache's rate: one engine's last, or the engines' mean
         source["external_prefix_cache_hit_rate"] = sum(r for r, _ in external.values()) / len(external)
     if "num_gpu_blocks" not in settings and kv_tokens is not None:
@@ -173,6 +181,31 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
         origin["num_gpu_blocks"] = (f"{path.name} line {lineno} (maximum concurrency x tokens per request / "
                                     "block size, rounded)")
     return settings, source, origin
+
+
+def _lmcache_sizes(found: tuple[dict, int], tp: int, path: Path, settings: dict, origin: dict, source: dict) -> None:
+    """LMCache's CPU store (``local_cpu``, on by default; ``max_local_cpu_size`` GB a worker, each worker
+    holding its rank's shard: the replica's store is tp times that) and disk store (``local_disk``,
+    ``max_local_disk_size``) as the offload sizes of the replay's dram and ssd tiers (GB of 2^30 bytes, as
+    LMCache counts them)."""
+    sizes, lineno = found
+    where = f"{path.name} line {lineno}"
+
+    def size(key: str) -> float | None:
+        try:
+            return float(sizes[key])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    cpu = size("max_local_cpu_size")
+    if sizes.get("local_cpu", True) is not False and isinstance(cpu, (int, float)) and cpu > 0:
+        settings["kv_offload_gb"] = round(cpu * tp * 2**30 / 1e9, 6)
+        origin["kv_offload_gb"] = f"{where} (LMCache: max_local_cpu_size {cpu:g} GB x {tp} workers)"
+        source["kv_offload"] = f"LMCache's CPU store, {cpu:g} GB a worker"
+    disk = size("max_local_disk_size")
+    if sizes.get("local_disk") not in (None, "None", "") and isinstance(disk, (int, float)) and disk > 0:
+        settings["kv_offload_disk_gb"] = round(disk * tp * 2**30 / 1e9, 6)
+        origin["kv_offload_disk_gb"] = f"{where} (LMCache: max_local_disk_size {disk:g} GB x {tp} workers)"
 
 
 def dict_args(text: str) -> dict:

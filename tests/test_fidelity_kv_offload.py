@@ -131,3 +131,27 @@ def test_offload_without_a_size_is_said_not_guessed(tmp_path, capsys):
     assert not report["config"].get("kv_tiers")
     shown = {s["setting"]: s for s in report["settings"]}
     assert "not recorded" in shown["kv_tiers"]["from"] and "--set kv_tiers" in shown["kv_tiers"]["from"]
+
+
+def test_lmcache_sizes_from_its_workers_config_line(tmp_path, capsys):
+    """LMCache's CPU and disk stores, per worker as its config line gives them, become the dram and ssd tiers
+    of the replica (tp workers each holding their shard)."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
+    worker = ("(Worker_TP{r} pid=1) LMCache INFO: Creating LMCacheEngine with config: {{'chunk_size': 256, "
+              "'local_cpu': True, 'max_local_cpu_size': 20.0, 'local_disk': 'file:///tmp/lmc/', "
+              "'max_local_disk_size': 100.0, 'remote_url': None}}\n")
+    (folder / "vllm.log").write_text(
+        "x INFO vllm.entrypoints.utils: non-default args: {'model': 'meta-llama/Llama-2-7b-hf', "
+        "'tensor_parallel_size': 2, 'kv_transfer_config': KVTransferConfig(kv_connector='LMCacheConnectorV1', "
+        "kv_role='kv_both', kv_connector_extra_config={})}\n" + worker.format(r=0) + worker.format(r=1))
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--setting", "gpu=h100-80gb"], capsys)
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["config"]["kv_offload_gb"] == pytest.approx(2 * 20 * GIB / 1e9, abs=1e-6)
+    assert meta["config"]["kv_offload_disk_gb"] == pytest.approx(2 * 100 * GIB / 1e9, abs=1e-6)
+    assert "max_local_cpu_size 20 GB x 2 workers" in meta["config_sources"]["kv_offload_gb"]
+    report = validated(run, capsys)
+    assert report["config"]["kv_tiers"] == ["dram:capacity_gb=42.949673", "ssd:capacity_gb=214.748365"]
