@@ -14,8 +14,9 @@ else V1's ``GPU KV cache size: N tokens`` divided by the block size; else, round
 ``Asynchronous scheduling is enabled`` (the setting the server resolved), the last ``Prefix cache hit
 rate: X%`` (V0: ``Prefix cache hit rate: GPU: X%, CPU: Y%``) the metrics logger printed while prompts
 were served, whether the custom all-reduce found the GPUs without peer-to-peer access (validate
---real then prices the link through host memory), and the CPU KV offloading its arguments set
-(fidelity/kv_offload.py). Each setting remembers the line it came from.
+--real then prices the link through host memory), the CPU KV offloading its arguments set
+(fidelity/kv_offload.py) or LMCache's workers logged (``Creating LMCacheEngine with config: {...}``), and
+the ``External prefix cache hit rate`` of such a connector. Each setting remembers the line it came from.
 """
 
 from __future__ import annotations
