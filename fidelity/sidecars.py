@@ -1,11 +1,12 @@
 """Engine settings from the files a run leaves beside its per-request output.
 
-Looked for in each source's folder (and, for a report in a ``results/`` folder, the folder above
-it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU, the resolved ``kv_cache``: block
+Looked for in each source's folder (and, for a report in a ``results/`` folder or LLMServingSim's
+``vllm/`` folder, the folder above it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU, the resolved ``kv_cache``: block
 size, memory utilisation, prefix caching),
 ``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
 ``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing), a Hugging Face
-``config.json`` (the model's shapes, used when the recorded model id is no preset),
+``config.json`` (the model's shapes, used when the recorded model id is no preset) or LLMServingSim's
+simulator ``config.json`` (the GPU and model of the instance it simulates),
 ``vllm_logging.json`` (vLLM's logging config: names the server log file), ``vllm.log`` and a
 ``/metrics`` scrape taken after the run (``metrics.txt``, ``metrics.prom``: the prefix-cache hit and
 query counters give the run's hit rate over the server's life, preferred to the log's last window).
@@ -93,6 +94,10 @@ def same_setting(key: str, a: Any, b: Any) -> bool:
     (``/models/Llama-3.1-8B`` is ``meta-llama/Llama-3.1-8B``), case aside, or by the preset both names
     mean (``-Instruct`` beside the base: the same shapes); a local folder name no preset knows cannot be
     told apart from the other name, so it is not a disagreement. Numbers and flags as values."""
+    if key == "gpu":  # device names as recorded (NVIDIA RTX PRO 6000 Blackwell ..., RTXPRO6000): their presets
+        preset_a, preset_b = gpu_preset(str(a)), gpu_preset(str(b))
+        if preset_a is not None and preset_b is not None:
+            return preset_a == preset_b
     if key == "model":
         if str(a).rstrip("/").split("/")[-1].lower() == str(b).rstrip("/").split("/")[-1].lower():
             return True
@@ -165,6 +170,17 @@ def _gpu_in(obj: Any) -> str | None:
     return None
 
 
+def _simulated_instance(data: Any) -> dict | None:
+    """The serving instance of an LLMServingSim config (``nodes[].instances[]``, ``hardware`` and
+    ``model_name`` each), when it describes one kind (the vLLM run it was set up to match)."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        return None
+    instances = [i for node in data["nodes"] if isinstance(node, dict)
+                 for i in (node.get("instances") or []) if isinstance(i, dict) and i.get("hardware")]
+    kinds = {(i.get("hardware"), i.get("model_name")) for i in instances}
+    return instances[0] if len(kinds) == 1 else None
+
+
 def _blocks_in(obj: Any) -> int | None:
     if isinstance(obj, dict):
         for key, value in obj.items():
@@ -226,9 +242,10 @@ def discover(paths: list[Path], log: Path | None = None, metrics: Path | None = 
     runs: dict[tuple[Path, ...], Path] = {}  # the folders looked in -> the first source they serve
     for p in paths:
         folder = p if p.is_dir() else p.parent
-        # a benchmark that writes its report into a results/ folder (inference-perf) leaves the server's
-        # files one level up: that folder is looked in after the report's own
-        runs.setdefault((folder, folder.parent) if folder.name == "results" else (folder,), p)
+        # a benchmark that writes its report into a results/ folder (inference-perf), or LLMServingSim's
+        # vLLM runs in <GPU>/<model>/vllm/ beside the simulator's config.json, leave the setup's files one
+        # level up: that folder is looked in after the report's own
+        runs.setdefault((folder, folder.parent) if folder.name in ("results", "vllm") else (folder,), p)
     found = None
     for folders, source in runs.items():
         one = _discover_run(list(folders), log, metrics)
@@ -285,11 +302,15 @@ def _discover_run(folders: list[Path], log: Path | None, metrics: Path | None) -
                 found.source.update({k: data[k] for k in ("vllm_version", "started_at", "finished_at", "dataset_path")
                                      if k in data})
                 found.source["meta_json"] = str(meta)
-        hf = folder / "config.json"  # the model's Hugging Face config (not a benchmark's own config.json)
+        hf = folder / "config.json"  # the model's Hugging Face config, or LLMServingSim's simulator config
         if hf.is_file() and "hf_config" not in found.source:
             data = _read_json(hf)
             if isinstance(data, dict) and "hidden_size" in data and ("architectures" in data or "model_type" in data):
                 found.source["hf_config"] = str(hf.resolve())
+            elif (instance := _simulated_instance(data)) is not None:
+                where = f"{hf.name} (LLMServingSim's config of the run)"
+                found.put("gpu", instance.get("hardware"), where, hf)
+                found.put("model", instance.get("model_name"), where, hf)
         profile = folder / "profile.yaml"
         if profile.is_file() and found.prefix is None:
             data = read_yaml(profile)

@@ -220,3 +220,23 @@ def test_server_log_v0_block_line_and_restarts(tmp_path):
     assert source["data_parallel_size"] == 2
     log.write_text("a INFO non-default args: {'model': 'm1'}\na INFO # GPU blocks: 99, # CPU blocks: 2048\n")
     assert read_log(log)[0]["num_gpu_blocks"] == 99
+
+
+def test_llmservingsim_layout_gives_the_gpu_from_the_simulators_config_one_folder_up(tmp_path, capsys):
+    """LLMServingSim publishes a vLLM run as <GPU>/<model>/vllm/{meta.json, requests.jsonl} beside the
+    simulator's <GPU>/<model>/config.json, which names the hardware the run was made on."""
+    real = Path(__file__).parent.parent / "bench" / "real_runs"
+    for name, device in (("llmservingsim-rtxpro6000-qwen3-32b", None),
+                         ("llmservingsim-rtxpro6000-deepseek-v32-16l64e", "meta.json's device name")):
+        setup = tmp_path / name
+        (setup / "vllm").mkdir(parents=True)
+        for f in ("meta.json", "requests.jsonl"):
+            shutil.copy(real / name / f, setup / "vllm" / f)
+        shutil.copy(real / name / "sim-config.json", setup / "config.json")
+        run = tmp_path / f"{name}-run"
+        code, _, err = run_main(["run", "import", setup / "vllm" / "requests.jsonl", "-o", run], capsys)
+        assert code == 0, err  # (the DeepSeek run's meta.json names the device too: the same preset, no conflict)
+        meta = json.loads((run / "run.json").read_text())
+        assert meta["config"]["gpu"] == "rtx-pro-6000"
+        if device is None:
+            assert meta["config_sources"]["gpu"] == "config.json (LLMServingSim's config of the run)"
