@@ -5,6 +5,14 @@ A file is one OTLP export document or one per line (what an OTLP file exporter a
 ``gen_ai.latency.time_to_first_token``, ``.e2e``, ``.time_in_queue`` (seconds after arrival) and
 ``gen_ai.usage.prompt_tokens``, ``.completion_tokens`` give the rest. A span whose status code is
 2 (ERROR) is a failed request.
+
+A trace of vLLM's request journey (its scheduler's ``llm_core`` spans, scope ``vllm.scheduler``, the
+events ``journey.QUEUED``, ``.SCHEDULED``, ``.FIRST_TOKEN``, ``.PREEMPTED`` and ``.FINISHED`` of each
+request, keyed by ``gen_ai.request.id``) is read when the file has no ``llm_request`` span: a request
+arrives when the engine core queues it and is first scheduled, has its first token and finishes at
+those events (their ``ts.monotonic``, else the event's time), its prompt is ``prefill.total_tokens``
+and its output ``decode.done_tokens`` at FINISHED; ``finish.status`` ``abort``/``error`` is a failed
+request, and one with no FINISHED event did not finish while traced.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from servelab.fidelity.base import IMPORTERS, Measured, Rows
 from servelab.fidelity.fields import array, integer, mapping, number
 
 SPAN_NAME = "llm_request"
+JOURNEY_SPAN = "llm_core"  # vLLM's request journey: the scheduler's span, its events each request's lifecycle
 
 
 def _value(v: object):
@@ -63,6 +72,7 @@ def import_otel(paths: list[Path]) -> Measured:
     skipped = 0
     rows = Rows(paths[0])
     services = set()
+    journeys: dict[str, list[tuple[float, int, str, dict, Path, int]]] = {}  # request id -> its journey events
     origin: list[int] = []  # the first span's start (ns): times are taken relative to it, in integers,
     # before becoming float seconds (epoch seconds as a float64 keep only ~0.2 us)
     for path in paths:
@@ -83,10 +93,20 @@ def import_otel(paths: list[Path]) -> Measured:
                     ss = mapping(path, ss, f"{at}.scopeSpans[{k}]")
                     for m, span in enumerate(array(path, ss.get("spans"), f"{at}.scopeSpans[{k}].spans", optional=True)):
                         span = mapping(path, span, f"{at}.scopeSpans[{k}].spans[{m}]", len(rows) + 1)
+                        if span.get("name") == JOURNEY_SPAN:
+                            _add_journey(journeys, path, lineno, span)
+                            continue
                         if span.get("name") != SPAN_NAME:
                             skipped += 1
                             continue
                         _add_span(rows, path, lineno, span, origin)
+    if journeys and not len(rows):
+        _journey_rows(rows, journeys)
+        notes.append(f"vLLM request journey trace ({len(journeys)} requests' '{JOURNEY_SPAN}' events): times from "
+                     "the engine core, a request arriving when it queued it (after the API server)")
+    elif journeys:
+        notes.append(f"{len(journeys)} requests' journey events ('{JOURNEY_SPAN}' spans) beside the "
+                     f"'{SPAN_NAME}' spans: the latter are the requests")
     if skipped:
         notes.append(f"{skipped} spans not named '{SPAN_NAME}' left out")
     source = {"service": sorted(s for s in services if s)}
@@ -143,3 +163,74 @@ def _add_span(rows: Rows, path: Path, lineno: int, span: dict, origin: list[int]
     rows.add(row, attrs.get("gen_ai.request.id", row), start, prompt, count("gen_ai.usage.completion_tokens"),
              first_token_s=start + ttft, finish_s=start + e2e,
              first_scheduled_s=None if queue is None else start + queue)
+
+
+JOURNEY_OK = ("length", "stop", "stopped", "finished_length", "finished_stopped")
+
+
+def _add_journey(journeys: dict, path: Path, lineno: int, span: dict) -> None:
+    """Keep a journey span's events under its request id (a request preempted and resumed has several spans)."""
+    attrs = {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, span.get("attributes"),
+                                                                          "attributes")}
+    request = attrs.get("gen_ai.request.id")
+    if request is None:
+        raise InputError(path, f"line {lineno}: a '{JOURNEY_SPAN}' span lacks attribute 'gen_ai.request.id'",
+                         column="gen_ai.request.id")
+    for e, event in enumerate(array(path, span.get("events"), f"line {lineno}: events", optional=True)):
+        event = mapping(path, event, f"line {lineno}: events[{e}]")
+        name = str(event.get("name", ""))
+        if not name.startswith("journey."):
+            continue
+        ev = {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, event.get("attributes"),
+                                                                           f"line {lineno}: events[{e}]")}
+        ts = ev.get("ts.monotonic")
+        if ts is None:
+            try:
+                ts = int(event["timeUnixNano"]) / 1e9
+            except (KeyError, ValueError, TypeError):
+                raise InputError(path, f"line {lineno}: journey event {name} of request {request} has neither "
+                                       "ts.monotonic nor timeUnixNano", column="ts.monotonic") from None
+        step = integer(path, ev.get("scheduler.step", 0), "scheduler.step", optional=True) or 0
+        journeys.setdefault(str(request), []).append((number(path, ts, "ts.monotonic"), step, name[8:], ev,
+                                                      path, lineno))
+
+
+def _journey_rows(rows: Rows, journeys: dict) -> None:
+    """One row per journeyed request, in the order of their QUEUED events, times after the first of them."""
+    timelines = []
+    for request, events in journeys.items():
+        events.sort(key=lambda e: (e[1], e[0]))  # by scheduler step, then time: an exporter's order may differ
+        first = {}
+        for ts, _, name, ev, path, lineno in events:
+            first.setdefault(name, (ts, ev, path, lineno))
+        if "QUEUED" not in first:
+            _, _, _, _, path, lineno = events[0]
+            rows.warnings.append(f"{path.name} line {lineno}: request {request} has journey events but no QUEUED "
+                                 "event (traced from the middle of its life): left out")
+            continue
+        timelines.append((first["QUEUED"][0], request, first, events))
+    if not timelines:
+        return
+    t0 = min(t[0] for t in timelines)
+    for queued, request, first, events in sorted(timelines, key=lambda t: (t[0], t[1])):
+        _, _, path, lineno = first["QUEUED"]
+        rows.path = path
+        row = len(rows) + 1
+        total = next((ev.get("prefill.total_tokens") for _, _, _, ev, _, _ in events
+                      if ev.get("prefill.total_tokens") is not None), None)
+        prompt = integer(path, total, "prefill.total_tokens", row)
+        finished = first.get("FINISHED")
+        at = {k: (None if k not in first else first[k][0] - t0) for k in ("SCHEDULED", "FIRST_TOKEN")}
+        if finished is None:
+            rows.add(row, request, queued - t0, prompt, 0, ok=False, first_token_s=at["FIRST_TOKEN"],
+                     first_scheduled_s=at["SCHEDULED"], reason="no FINISHED journey event: not finished while traced")
+            continue
+        ts, ev, _, _ = finished
+        output = integer(path, ev.get("decode.done_tokens"), "decode.done_tokens", row)
+        status = str(ev.get("finish.status") or "length").lower()
+        if status not in JOURNEY_OK or at["FIRST_TOKEN"] is None:
+            rows.add(row, request, queued - t0, prompt, output, ok=False, first_token_s=at["FIRST_TOKEN"],
+                     first_scheduled_s=at["SCHEDULED"], reason=f"journey finish.status {status}")
+            continue
+        rows.add(row, request, queued - t0, prompt, output, first_token_s=at["FIRST_TOKEN"], finish_s=ts - t0,
+                 first_scheduled_s=at["SCHEDULED"])
