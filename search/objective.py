@@ -53,7 +53,6 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
     A transformed trace is written to STUDY_DIR/trace.arrow (the goodput sweep reads a file, and the
     study keeps what it replayed).
     """
-    from servelab.scoring.sweep import native_rate
     from servelab.traces.io import read_trace, trace_metadata, trace_sha256, write_trace
     from servelab.traces import transforms
 
@@ -70,6 +69,8 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
         meta["head"] = t.head
     scale = t.rate_scale
     if t.rate_rps is not None:
+        from servelab.scoring.sweep import native_rate  # (only here: the sweep module costs ~10 ms to import)
+
         scale = t.rate_rps / native_rate(table)
     if scale is not None:
         table = transforms.scale_rate(table, scale)

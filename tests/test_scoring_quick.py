@@ -165,3 +165,25 @@ def test_quick_quantiles_and_means_are_duckdbs_not_numpys():
         assert repr(quick._avg(x)) == repr(avg)
         assert repr(quick._quantiles(x)) == repr(q)
     con.close()
+
+
+@pytest.mark.parametrize("values, type_", [
+    ([0.5, None, 2.25, float("inf")], pa.float64()),
+    ([1.5, 3.0], pa.float64()),
+    ([0.1, None, -3.5], pa.float32()),
+    ([3, None, 1, 2**53], pa.int64()),
+    ([7, 0, 12], pa.int32()),
+    ([None, None], pa.int64()),
+    ([4, None], pa.uint16()),
+])  # fmt: skip
+def test_columns_become_the_doubles_arrows_cast_gives_without_pyarrow_compute(values, type_):
+    """quick._float64 (numpy) is ``cast(float64).fill_null(nan)`` (Arrow's kernels), value for value, on one or
+    several chunks: the scorer's columns reach numpy without importing pyarrow.compute (common/kernels.py)."""
+    import pyarrow.compute as pc
+
+    for column in (pa.chunked_array([pa.array(values, type_)]),
+                   pa.chunked_array([pa.array(values[:1], type_), pa.array(values[1:], type_)])):  # fmt: skip
+        expected = pc.fill_null(column.cast(pa.float64()), np.nan).to_numpy()
+        got = quick._float64(column)
+        assert got.dtype == np.float64
+        assert [repr(v) for v in got.tolist()] == [repr(v) for v in expected.tolist()]

@@ -122,7 +122,7 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     memory: no Parquet read, and for a small trace no DuckDB connection either (scoring/quick.py)."""
     import pyarrow.parquet as pq
 
-    import servelab.search.scorer as scorer_module
+    import servelab.scoring.memory as memory_module
     from servelab.scoring import SloTable, connect
     from servelab.search.pool import evaluate
 
@@ -135,7 +135,7 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     with monkeypatch.context() as patched:
         for name in ("read_table", "ParquetFile", "ParquetDataset"):
             patched.setattr(pq, name, refuse)
-        patched.setattr(scorer_module, "RunConnection", refuse)
+        patched.setattr(memory_module, "RunConnection", refuse)  # (the scorer imports it from there when it needs DuckDB)
         try:
             outcome = evaluate(evaluator, 0, {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"})
         finally:
@@ -146,6 +146,36 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     con = connect(tmp_path / "study" / outcome.user_attrs["trial_dir"], spec.slo)
     (att,) = con.execute("SELECT attainment FROM slo_attainment WHERE scope = 'overall'").fetchone()
     assert 0 < att < 1 and outcome.values == [att]
+
+
+def test_a_study_on_a_small_trace_imports_neither_duckdb_nor_pyarrow_compute(tmp_path):
+    """Importing DuckDB (~90 ms of CPU) and pyarrow.compute (~75 ms) was most of a 20-trial study's setup, ~8 ms a
+    trial (bench/RESULTS.md, Session 25); a study that scores by numpy (scoring/quick.py) and prepares its trace by
+    head and rate scale needs neither, in process or in what the `search` process imports for its pool workers."""
+    import subprocess
+    import sys
+
+    from helpers_search import BASE_SPEC, GRID_SPACE, write_spec, write_trace_file
+
+    write_trace_file(tmp_path)
+    text = BASE_SPEC.format(n_trials=2).replace('trace = "trace.arrow"',
+                                                'trace = { path = "trace.arrow", head = 150, rate_scale = 2.0 }')
+    spec_path = write_spec(tmp_path, text + GRID_SPACE)
+    probe = (
+        "import sys\n"
+        "from dataclasses import replace\n"
+        "from servelab.search.pool import preload\n"
+        "from servelab.search.spec import load_spec\n"
+        "from servelab.search.study import run_study\n"
+        "spec = load_spec(sys.argv[1])\n"
+        "run_study(replace(spec, workers=1), sys.argv[2])\n"
+        "preload(spec)\n"
+        "print(sorted(m for m in ('duckdb', 'pyarrow.compute') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(spec_path), str(tmp_path / "study")], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"
+    assert {t.user_attrs["metrics"]["requests"] for t in load_study_dir(tmp_path / "study").trials} == {150}
 
 
 def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
