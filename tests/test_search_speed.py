@@ -135,7 +135,7 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     with monkeypatch.context() as patched:
         for name in ("read_table", "ParquetFile", "ParquetDataset"):
             patched.setattr(pq, name, refuse)
-        patched.setattr(memory_module, "RunConnection", refuse)  # (the scorer imports it from there when it needs DuckDB)
+        patched.setattr(memory_module, "RunConnection", refuse)  # (the scorer imports it from there, for DuckDB)
         try:
             outcome = evaluate(evaluator, 0, {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"})
         finally:
@@ -176,6 +176,16 @@ def test_a_study_on_a_small_trace_imports_neither_duckdb_nor_pyarrow_compute(tmp
                           capture_output=True, text=True)  # fmt: skip
     assert done.stdout.strip() == "[]"
     assert {t.user_attrs["metrics"]["requests"] for t in load_study_dir(tmp_path / "study").trials} == {150}
+    # nor does the whole command, its summary included (the policy's output-length note: scoring/lengths.py)
+    command = ("import sys\n"
+               "from servelab.cli.main import main\n"
+               "try:\n    main(['search', sys.argv[1], '-o', sys.argv[2], '--workers', '1', '--no-progress'])\n"
+               "except SystemExit as stop:\n    assert not stop.code, stop.code\n"
+               "print(sorted(m for m in ('duckdb', 'pyarrow.compute') if m in sys.modules))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", command, str(spec_path), str(tmp_path / "cli")], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr
+    assert "best attainment" in done.stderr and (tmp_path / "cli" / "trials.parquet").is_file()
 
 
 def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
