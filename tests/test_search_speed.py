@@ -188,6 +188,35 @@ def test_a_study_on_a_small_trace_imports_neither_duckdb_nor_pyarrow_compute(tmp
     assert "best attainment" in done.stderr and (tmp_path / "cli" / "trials.parquet").is_file()
 
 
+def test_a_trial_scored_by_numpy_writes_its_run_in_its_own_thread(tmp_path, monkeypatch):
+    """With numpy's ~1.5 ms scoring, writing the run beside it in a second thread saved no time and cost ~2 ms of
+    CPU a trial (bench/RESULTS.md, Session 25); a run DuckDB scores is still written while DuckDB works."""
+    import threading
+
+    import servelab.replay as replay_module
+    from servelab.search.pool import evaluate
+
+    spec = load_spec(grid_spec(tmp_path, n_trials=1))
+    writers: list[str] = []
+    real = replay_module.write_run
+
+    def write_run(result, run_dir):
+        writers.append(threading.current_thread().name)
+        return real(result, run_dir)
+
+    monkeypatch.setattr(replay_module, "write_run", write_run)
+    params = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"}
+    for threads, study in ((None, "quick"), (2, "duckdb")):
+        evaluator = Evaluator(spec, tmp_path / study, threads=threads)
+        try:
+            outcome = evaluate(evaluator, 0, params)
+        finally:
+            evaluator.close()
+        assert outcome.state == "complete" and (tmp_path / study / "trials" / "0000" / "run.json").is_file()
+    assert writers[0] == threading.current_thread().name
+    assert writers[1].startswith("servelab-write")
+
+
 def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
     """A transformed trace is prepared (windowed, hashed, written to STUDY_DIR/trace.arrow) once, by the
     `search` process, while the workers start and before the first trial; each worker maps that file
