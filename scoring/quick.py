@@ -46,9 +46,13 @@ class NotQuick(Exception):
 
 def _floats(table: pa.Table, name: str) -> np.ndarray:
     """A float column as float64 with NULL as NaN (a missing optional column: all NULL); a real NaN refuses."""
-    if name not in table.column_names:
-        return np.full(table.num_rows, np.nan)
-    column = table.column(name)
+    index = table.schema.get_field_index(name)  # (~2 us: `table.column_names` builds the list, ~35 us a call)
+    if index < 0:  # absent, or named twice (which table.column refuses, as before)
+        if name not in table.column_names:
+            return np.full(table.num_rows, np.nan)
+        column = table.column(name)
+    else:
+        column = table.column(index)
     values = _float64(column)
     if int(np.count_nonzero(np.isnan(values))) != column.null_count:
         raise NotQuick(f"NaN in {name}")

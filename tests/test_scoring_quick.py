@@ -187,3 +187,13 @@ def test_columns_become_the_doubles_arrows_cast_gives_without_pyarrow_compute(va
         got = quick._float64(column)
         assert got.dtype == np.float64
         assert [repr(v) for v in got.tolist()] == [repr(v) for v in expected.tolist()]
+
+
+def test_a_missing_column_is_all_null_and_a_column_named_twice_is_refused():
+    table = pa.table({"a": [1.0, None], "b": [2, 3]})
+    assert [repr(v) for v in quick._floats(table, "a").tolist()] == ["1.0", "nan"]
+    assert quick._floats(table, "b").tolist() == [2.0, 3.0]
+    assert np.isnan(quick._floats(table, "missing")).all() and len(quick._floats(table, "missing")) == 2
+    twice = pa.Table.from_arrays([pa.array([1.0]), pa.array([2.0])], names=["a", "a"])
+    with pytest.raises(KeyError):
+        quick._floats(twice, "a")
