@@ -219,7 +219,7 @@ def test_a_trial_scored_by_numpy_writes_its_run_in_its_own_thread(tmp_path, monk
 
 def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
     """A transformed trace is prepared (windowed, hashed, written to STUDY_DIR/trace.arrow) once, by the
-    `search` process, while the workers start and before the first trial; each worker maps that file
+    `search` process, before the first trial (before it forks the workers); each worker maps that file
     instead of preparing it again."""
     from dataclasses import replace
 
