@@ -105,7 +105,7 @@ def _summary(study, study_dir: Path) -> None:
     front = best_trials(study)
     if len(front) == 1:
         click.echo("  " + ", ".join(f"{k}={v}" for k, v in front[0].params.items()), err=True)
-    from servelab.scoring.report import output_length_note
+    from servelab.scoring.lengths import output_length_note
 
     for t in front[:1] if len(front) == 1 else front:
         config = t.user_attrs.get("config") or {}

@@ -17,6 +17,8 @@ from rich.table import Table
 from servelab.common.tables import available_width, escape_controls, fit_table, print_table
 from servelab.scoring.compare import server_time_scale
 from servelab.scoring.db import connect
+# (their home was here: scoring/lengths.py holds them now, light to import for `servelab search`'s summary)
+from servelab.scoring.lengths import LENGTH_RANKED, output_length_knowledge, output_length_note  # noqa: F401
 from servelab.scoring.slo import SloTable, as_slo_table, recorded_slo
 from servelab.scoring.views import LIVE_STATUSES
 
@@ -237,33 +239,6 @@ def _ms_text(value: float | None) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
-
-
-LENGTH_RANKED = ("sjf", "srpt")  # policies (or a `within` order) that rank requests by output length
-
-
-def output_length_knowledge(policy: str | None, params: dict | None) -> str | None:
-    """How the policy knows output lengths: "oracle" (the true ones: ``noise_sigma = 0``), "predicted"
-    (lognormal noise), or None when it does not rank by length at all."""
-    params = params or {}
-    if policy not in LENGTH_RANKED and params.get("within") not in LENGTH_RANKED:
-        return None
-    try:
-        sigma = float(params.get("noise_sigma") or 0.0)
-    except (TypeError, ValueError):
-        sigma = 0.0
-    return "predicted" if sigma > 0 else "oracle"
-
-
-def output_length_note(policy: str | None, params: dict | None) -> str | None:
-    """One line saying that a length-ranking policy is an oracle (or how noisy its predictor is)."""
-    knowledge = output_length_knowledge(policy, params)
-    if knowledge is None:
-        return None
-    if knowledge == "predicted":
-        return f"output lengths predicted (lognormal noise_sigma = {float(params['noise_sigma']):g})"
-    return ("oracle: ranks by every request's true output length (noise_sigma = 0), which no real server "
-            "knows; set noise_sigma > 0 for a predictor")
 
 
 def _label(row: dict) -> str:

@@ -12,13 +12,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import duckdb
 import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError
 from servelab.replay.core.schema import REQUESTS_SCHEMA, STEPS_SCHEMA
+
+if TYPE_CHECKING:  # (a search scoring in memory reads `num_gpus` from here, and needs no DuckDB)
+    import duckdb
 
 # Columns a run's requests.parquet may lack (every replay writes num_retries and paused_s; the others are
 # added by later engines/policies, imports or agentic traces); views see NULL where a run lacks them.

@@ -65,7 +65,8 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
     the rest failed as ``interrupted``; then KeyboardInterrupt is raised. A worker that dies
     raises ServelabError once the batch's finished trials are told. ``prepared``: the trace as
     `prepare_trace` left it (path, metadata), for the evaluators to read instead of preparing it again
-    (else the Evaluator prepares it, or with several workers this process, once they are started).
+    (else the Evaluator prepares it, or with several workers this process: before forking them, or once
+    spawned ones are started).
     """
     own_interrupt = interrupt is None
     interrupt = (interrupt or Interrupt()).install()
@@ -78,7 +79,15 @@ def run_batches(study, spec: SearchSpec, study_dir: Path, workers: int, limit: i
             raise KeyboardInterrupt
         if workers == 1:
             runner = InProcess(spec, study_dir, interrupt, prepared)
-        else:  # the workers start first: they import what a trial runs while this process prepares the trace
+        else:
+            from servelab.search import pool
+
+            if prepared is None and pool.START_METHOD == "fork":
+                # prepared before the fork: the workers inherit what preparing it set up (the first Arrow kernel
+                # call, zstd, their imports) instead of each paying for it in its first trial (~30 ms of CPU a
+                # worker); the first trial waits for the trace either way (bench/RESULTS.md, Session 25)
+                prepared = prepare_trace(spec, study_dir)[1:]
+            # (spawned workers start first: they import what a trial runs while this process prepares the trace)
             runner = Pool(spec, study_dir, workers, owner, interrupt, prepared)
             if prepared is None:
                 _, path, meta = prepare_trace(spec, study_dir)

@@ -53,7 +53,6 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
     A transformed trace is written to STUDY_DIR/trace.arrow (the goodput sweep reads a file, and the
     study keeps what it replayed).
     """
-    from servelab.scoring.sweep import native_rate
     from servelab.traces.io import read_trace, trace_metadata, trace_sha256, write_trace
     from servelab.traces import transforms
 
@@ -70,6 +69,8 @@ def prepare_trace(spec: SearchSpec, study_dir: Path) -> tuple[pa.Table, Path, di
         meta["head"] = t.head
     scale = t.rate_scale
     if t.rate_rps is not None:
+        from servelab.scoring.sweep import native_rate  # (only here: the sweep module costs ~10 ms to import)
+
         scale = t.rate_rps / native_rate(table)
     if scale is not None:
         table = transforms.scale_rate(table, scale)
@@ -299,13 +300,21 @@ class Evaluator:
             write_run(result, out_dir)
             return time.perf_counter() - start
 
-        # Parquet writing and DuckDB both release the GIL: the run is written while it is scored,
-        # and both finish before the trial is told complete (a complete trial always has its run).
-        writing = self._writing = self._writer.submit(write)
-        scores = self.scorer.score(result, cost=self.wants_cost)
-        t2 = time.perf_counter()
-        write_s = writing.result()
-        self._writing = None
+        # Both finish before the trial is told complete (a complete trial always has its run).
+        if self.scorer.quick:
+            # scored by numpy in ~1.5 ms on a small trace: writing beside it in a thread saved no time and cost
+            # ~2 ms of CPU a trial (the two threads contending: bench/RESULTS.md, Session 25), more beside
+            # another worker's process, so this process writes the run itself
+            scores = self.scorer.score(result, cost=self.wants_cost)
+            t2 = time.perf_counter()
+            write_s = write()
+        else:
+            # Parquet writing and DuckDB both release the GIL: the run is written while DuckDB scores it
+            writing = self._writing = self._writer.submit(write)
+            scores = self.scorer.score(result, cost=self.wants_cost)
+            t2 = time.perf_counter()
+            write_s = writing.result()
+            self._writing = None
         attrs.update(final_replay_s=t1 - t0, score_s=t2 - t1, write_s=write_s, score_write_s=time.perf_counter() - t1)
         return scores
 

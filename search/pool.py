@@ -4,9 +4,10 @@ On Linux the workers are forked from the `search` process: a worker starts on wh
 (numpy, pyarrow, Optuna's dependencies, the spec's classes), where a spawned one spent ~0.6 s of CPU
 importing them again before its first trial, on the batches' critical path (with 2 workers on 2 cores
 that start-up cost about half of the gain on a 20-trial study; bench/RESULTS.md, Session 18). Elsewhere (macOS,
-where fork is unsafe) they are spawned. The `search` process imports what a trial runs (`preload`)
-before it forks them, once for all; a spawned worker imports it while the parent prepares the
-trace. Either maps the file the parent then sends.
+where fork is unsafe) they are spawned. The `search` process prepares the trace and imports what a trial
+runs (`preload`) before it forks them, once for all (a worker forked before the trace was prepared paid
+~30 ms of CPU more in its first trial: the first Arrow kernel call, zstd; Session 25); a spawned worker
+imports it while the parent prepares the trace. Either maps the file the parent sends.
 A forked worker keeps only its own pipe and writes through fresh standard streams (`_forked`).
 
 A worker never touches the study's storage while its parent lives: it gets a trial's number and the
@@ -118,9 +119,9 @@ class InProcess:
 class Pool:
     """``n`` worker processes; a trial goes to an idle one, or waits for one.
 
-    The workers start at once, before this process prepares the trace (forked, they have what a trial runs
-    imported already; spawned, they import it meanwhile); each builds its Evaluator when `trace` hands it
-    the prepared file.
+    The workers start at once (forked, they have what a trial runs imported already, the trace prepared by
+    the caller; spawned, they import it while this process prepares the trace); each builds its Evaluator
+    when `trace` hands it the prepared file.
     """
 
     def __init__(self, spec: SearchSpec, study_dir: Path, n: int, owner: str, interrupt: Interrupt,

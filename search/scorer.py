@@ -11,15 +11,17 @@ then opened only for what numpy does not compute (the cost view, a run holding a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from servelab.common.kernels import call
 from servelab.scoring import quick as quick_scoring
-from servelab.scoring.memory import RunConnection
 from servelab.scoring.slo import SloTable
 from servelab.scoring.sources import num_gpus as run_gpus
+
+if TYPE_CHECKING:
+    from servelab.scoring.memory import RunConnection
 
 # One pass over `request_metrics` (the view holding every per-request definition: effective SLOs,
 # met_* flags, TPOT): the same aggregates as slo_attainment, latency_summary (finished requests) and
@@ -71,6 +73,9 @@ class RunScorer:
     def run(self) -> RunConnection:
         """The DuckDB connection with the scoring views, opened on first use (a quick scorer may never need it)."""
         if self._run is None:
+            # (imported here: DuckDB costs ~90 ms of CPU to import, which a search scoring by numpy never needs)
+            from servelab.scoring.memory import RunConnection
+
             slo, threads, gpu_prices = self._args
             self._run = RunConnection(slo, threads=threads, gpu_prices=gpu_prices)
         return self._run
@@ -91,7 +96,7 @@ class RunScorer:
         view, by the run's end: a checkpoint's horizon is both)."""
         requests = result.requests
         if arrived_by_s is not None:
-            requests = requests.filter(pc.less_equal(requests.column("arrival_s"), arrived_by_s))
+            requests = requests.filter(call("less_equal", requests.column("arrival_s"), arrived_by_s))
             if requests.num_rows == 0:
                 return 1.0
         if self.quick:
@@ -105,7 +110,7 @@ class RunScorer:
     def score(self, result, cost: bool = False) -> dict[str, Any]:
         """``cost`` adds the cost view's overall row: dollars, dollars_per_million_output_tokens, mean_gpus,
         gpu_s, goodput_rps_per_mean_gpu (at the trace's rate, per GPU held on average) and cost_duration_s."""
-        tiers = pc.unique(result.requests.column("tier")).to_pylist()
+        tiers = call("unique", result.requests.column("tier")).to_pylist()
         out: dict[str, Any] = {}
         for row in self._summary_rows(result, by_tier=len(tiers) > 1, cost=cost):
             if row["by_tier"]:

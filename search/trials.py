@@ -186,7 +186,7 @@ def scored_trace(study, study_dir: Path | None) -> tuple[str | None, str | None]
 
 def best_toml_header(study, trial, config, out: Path, study_dir: Path | None = None) -> str:
     """Comment lines on top of best.toml: study, trial, scores, the trace scored on, oracle lengths."""
-    from servelab.scoring.report import output_length_note
+    from servelab.scoring.lengths import output_length_note
 
     objectives = study.user_attrs.get("objectives") or []
     scores = ", ".join(f"{n} = {v:.6g}" for n, v in zip(objectives, trial.values))

@@ -165,3 +165,35 @@ def test_quick_quantiles_and_means_are_duckdbs_not_numpys():
         assert repr(quick._avg(x)) == repr(avg)
         assert repr(quick._quantiles(x)) == repr(q)
     con.close()
+
+
+@pytest.mark.parametrize("values, type_", [
+    ([0.5, None, 2.25, float("inf")], pa.float64()),
+    ([1.5, 3.0], pa.float64()),
+    ([0.1, None, -3.5], pa.float32()),
+    ([3, None, 1, 2**53], pa.int64()),
+    ([7, 0, 12], pa.int32()),
+    ([None, None], pa.int64()),
+    ([4, None], pa.uint16()),
+])  # fmt: skip
+def test_columns_become_the_doubles_arrows_cast_gives_without_pyarrow_compute(values, type_):
+    """quick._float64 (numpy) is ``cast(float64).fill_null(nan)`` (Arrow's kernels), value for value, on one or
+    several chunks: the scorer's columns reach numpy without importing pyarrow.compute (common/kernels.py)."""
+    import pyarrow.compute as pc
+
+    for column in (pa.chunked_array([pa.array(values, type_)]),
+                   pa.chunked_array([pa.array(values[:1], type_), pa.array(values[1:], type_)])):  # fmt: skip
+        expected = pc.fill_null(column.cast(pa.float64()), np.nan).to_numpy()
+        got = quick._float64(column)
+        assert got.dtype == np.float64
+        assert [repr(v) for v in got.tolist()] == [repr(v) for v in expected.tolist()]
+
+
+def test_a_missing_column_is_all_null_and_a_column_named_twice_is_refused():
+    table = pa.table({"a": [1.0, None], "b": [2, 3]})
+    assert [repr(v) for v in quick._floats(table, "a").tolist()] == ["1.0", "nan"]
+    assert quick._floats(table, "b").tolist() == [2.0, 3.0]
+    assert np.isnan(quick._floats(table, "missing")).all() and len(quick._floats(table, "missing")) == 2
+    twice = pa.Table.from_arrays([pa.array([1.0]), pa.array([2.0])], names=["a", "a"])
+    with pytest.raises(KeyError):
+        quick._floats(twice, "a")

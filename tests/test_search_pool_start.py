@@ -1,6 +1,7 @@
 """How a local study's pool workers start (search/pool.py): forked from the `search` process on Linux, so a
-worker costs milliseconds, not a fresh interpreter's imports; started before the trace is prepared, so their
-start overlaps it; each keeping only its own pipe and writing through its own standard streams."""
+worker costs milliseconds, not a fresh interpreter's imports, and after the trace is prepared, so it inherits
+what that set up (spawned ones start before it, their imports overlapping it); each keeping only its own pipe
+and writing through its own standard streams."""
 
 from __future__ import annotations
 
@@ -60,13 +61,15 @@ def test_a_pool_worker_starts_on_what_the_search_process_has_imported(tmp_path):
 
 
 @linux
-def test_the_workers_start_before_the_search_prepares_the_trace(tmp_path, monkeypatch):
-    """The trace is prepared while the workers start (it was prepared before they were), and handed to them."""
+def test_forked_workers_start_after_the_trace_is_prepared_and_spawned_ones_before(tmp_path, monkeypatch):
+    """A forked worker inherits what preparing the trace set up (the first Arrow kernel call, zstd): forked before
+    it, each worker's first trial cost ~30 ms more CPU than the others (bench/RESULTS.md, Session 25). A spawned
+    worker imports what a trial runs while the trace is prepared. Either way the trace is handed to them."""
     from dataclasses import replace
 
-    from servelab.search.study import run_study
-
     from servelab.search import objective
+    from servelab.search import pool as pool_module
+    from servelab.search.study import run_study
 
     seen = []
     real = objective.prepare_trace
@@ -78,10 +81,13 @@ def test_the_workers_start_before_the_search_prepares_the_trace(tmp_path, monkey
     monkeypatch.setattr(objective, "prepare_trace", prepare)
     monkeypatch.setattr(batch, "prepare_trace", prepare, raising=False)  # (the name search/batch.py calls)
     spec = load_spec(grid_spec(tmp_path, n_trials=4))
-    run_study(replace(spec, workers=2), tmp_path / "S")
-    assert seen == [2]
-    trials = sorted((tmp_path / "S" / "trials").iterdir())
-    assert len(trials) == 4 and all((t / "requests.parquet").is_file() for t in trials)
+    for method, alive in (("fork", 0), ("spawn", 2)):
+        monkeypatch.setattr(pool_module, "START_METHOD", method)
+        seen.clear()
+        run_study(replace(spec, workers=2), tmp_path / method)
+        assert seen == [alive], method
+        trials = sorted((tmp_path / method / "trials").iterdir())
+        assert len(trials) == 4 and all((t / "requests.parquet").is_file() for t in trials)
 
 
 @linux

@@ -122,7 +122,7 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     memory: no Parquet read, and for a small trace no DuckDB connection either (scoring/quick.py)."""
     import pyarrow.parquet as pq
 
-    import servelab.search.scorer as scorer_module
+    import servelab.scoring.memory as memory_module
     from servelab.scoring import SloTable, connect
     from servelab.search.pool import evaluate
 
@@ -135,7 +135,7 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     with monkeypatch.context() as patched:
         for name in ("read_table", "ParquetFile", "ParquetDataset"):
             patched.setattr(pq, name, refuse)
-        patched.setattr(scorer_module, "RunConnection", refuse)
+        patched.setattr(memory_module, "RunConnection", refuse)  # (the scorer imports it from there, for DuckDB)
         try:
             outcome = evaluate(evaluator, 0, {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"})
         finally:
@@ -148,9 +148,78 @@ def test_a_small_trace_is_scored_in_memory_not_read_back_from_its_files(tmp_path
     assert 0 < att < 1 and outcome.values == [att]
 
 
+def test_a_study_on_a_small_trace_imports_neither_duckdb_nor_pyarrow_compute(tmp_path):
+    """Importing DuckDB (~90 ms of CPU) and pyarrow.compute (~75 ms) was most of a 20-trial study's setup, ~8 ms a
+    trial (bench/RESULTS.md, Session 25); a study that scores by numpy (scoring/quick.py) and prepares its trace by
+    head and rate scale needs neither, in process or in what the `search` process imports for its pool workers."""
+    import subprocess
+    import sys
+
+    from helpers_search import BASE_SPEC, GRID_SPACE, write_spec, write_trace_file
+
+    write_trace_file(tmp_path)
+    text = BASE_SPEC.format(n_trials=2).replace('trace = "trace.arrow"',
+                                                'trace = { path = "trace.arrow", head = 150, rate_scale = 2.0 }')
+    spec_path = write_spec(tmp_path, text + GRID_SPACE)
+    probe = (
+        "import sys\n"
+        "from dataclasses import replace\n"
+        "from servelab.search.pool import preload\n"
+        "from servelab.search.spec import load_spec\n"
+        "from servelab.search.study import run_study\n"
+        "spec = load_spec(sys.argv[1])\n"
+        "run_study(replace(spec, workers=1), sys.argv[2])\n"
+        "preload(spec)\n"
+        "print(sorted(m for m in ('duckdb', 'pyarrow.compute') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(spec_path), str(tmp_path / "study")], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"
+    assert {t.user_attrs["metrics"]["requests"] for t in load_study_dir(tmp_path / "study").trials} == {150}
+    # nor does the whole command, its summary included (the policy's output-length note: scoring/lengths.py)
+    command = ("import sys\n"
+               "from servelab.cli.main import main\n"
+               "try:\n    main(['search', sys.argv[1], '-o', sys.argv[2], '--workers', '1', '--no-progress'])\n"
+               "except SystemExit as stop:\n    assert not stop.code, stop.code\n"
+               "print(sorted(m for m in ('duckdb', 'pyarrow.compute') if m in sys.modules))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", command, str(spec_path), str(tmp_path / "cli")], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr
+    assert "best attainment" in done.stderr and (tmp_path / "cli" / "trials.parquet").is_file()
+
+
+def test_a_trial_scored_by_numpy_writes_its_run_in_its_own_thread(tmp_path, monkeypatch):
+    """With numpy's ~1.5 ms scoring, writing the run beside it in a second thread saved no time and cost ~2 ms of
+    CPU a trial (bench/RESULTS.md, Session 25); a run DuckDB scores is still written while DuckDB works."""
+    import threading
+
+    import servelab.replay as replay_module
+    from servelab.search.pool import evaluate
+
+    spec = load_spec(grid_spec(tmp_path, n_trials=1))
+    writers: list[str] = []
+    real = replay_module.write_run
+
+    def write_run(result, run_dir):
+        writers.append(threading.current_thread().name)
+        return real(result, run_dir)
+
+    monkeypatch.setattr(replay_module, "write_run", write_run)
+    params = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "policy": "sarathi"}
+    for threads, study in ((None, "quick"), (2, "duckdb")):
+        evaluator = Evaluator(spec, tmp_path / study, threads=threads)
+        try:
+            outcome = evaluate(evaluator, 0, params)
+        finally:
+            evaluator.close()
+        assert outcome.state == "complete" and (tmp_path / study / "trials" / "0000" / "run.json").is_file()
+    assert writers[0] == threading.current_thread().name
+    assert writers[1].startswith("servelab-write")
+
+
 def test_pool_workers_read_the_trace_the_parent_prepared(tmp_path):
     """A transformed trace is prepared (windowed, hashed, written to STUDY_DIR/trace.arrow) once, by the
-    `search` process, while the workers start and before the first trial; each worker maps that file
+    `search` process, before the first trial (before it forks the workers); each worker maps that file
     instead of preparing it again."""
     from dataclasses import replace
 
