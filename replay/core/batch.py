@@ -539,8 +539,8 @@ class BatchBuilder:
                 if self._released:  # blocks a victim of this batch frees, counted free above: taken back
                     need += kv.cache.covered((hit,), self._released)
             if too_big or need > self.free_blocks:
-                if hit is not None and hit.claimed:
-                    self._keep_cached()
+                if hit is not None and hit.claimed and chunked:
+                    self._keep_cached(req, hit, chunk_cap)
                 if self.skip_blocked:
                     continue
                 break
@@ -548,13 +548,33 @@ class BatchBuilder:
             if loras is not None and req.lora_adapter is not None:
                 loras.add(req.lora_adapter)
 
-    def _keep_cached(self) -> None:
-        """A request that did not fit was looked up onto cached blocks nobody holds. A decode stretch's
-        growth takes free blocks from the head of the prefix cache's queue, evicting what they cached:
-        its hit would shrink, and with it what it needs (less, when the token budget caps its chunk,
-        so it may fit at a later boundary). The same decision holds while the growth since this one
-        takes only blocks that cache nothing reusable (``PrefixCache.spare``)."""
+    def _keep_cached(self, req: Request, hit, chunk_cap: int | None) -> None:
+        """``req`` did not fit, looked up onto ``hit``, cached blocks some of which nobody holds. A decode
+        stretch's growth takes free blocks from the head of the prefix cache's queue, evicting what they
+        cached, so at a later boundary its hit may be smaller. Its need is then no smaller (the blocks
+        of its whole prompt less those other requests hold, which only drop out of a shorter hit)
+        unless its chunk is capped without the hit: it then computes fewer tokens, in fewer blocks, and
+        may fit. In that case, unless it surely never fits in the stretch, the same decision holds while
+        the growth since this one takes only blocks that cache nothing reusable (``PrefixCache.spare``).
+
+        It never fits when even its capped chunk alone needs more blocks than are free now (fewer at
+        every later boundary), less those other requests hold for it; and when the hit is its own
+        blocks alone (a preempted request's), evicted from their end: with ``e`` of its ``o`` gone, at
+        least ``e`` blocks were taken, and it needs its ``o - e`` back plus its chunk's, more than are
+        free if the chunk's are more than the blocks free besides its own now."""
+        whole = req.num_tokens - req.num_computed_tokens
+        cap = self.token_budget if chunk_cap is None or chunk_cap > self.token_budget else chunk_cap
+        if whole <= cap:
+            return
         kv = self.kv
+        if kv.layout is None:
+            bs = kv.block_size
+            if -(-cap // bs) - (hit.blocks - hit.claimed) > self.free_blocks:
+                return
+            if not hit.shared and not hit.loaded:
+                chunk = whole - (hit.own - 1) * bs  # its tokens past its own blocks once one is gone
+                if -(-(chunk if chunk < cap else cap) // bs) > kv.total - kv.used - hit.own:
+                    return
         floor = kv.total - kv.used - kv.cache.spare()
         if floor > self.summary.min_free:
             self.summary.min_free = floor
