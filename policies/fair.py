@@ -258,8 +258,10 @@ class _FairShare(PolicyBase):
 
     def _repeat(self, b, blocked: Request | None) -> int | None:
         """How many identical iterations may run before this policy must decide again (None: until
-        the next event), with requests waiting and no preemption."""
-        return None  # the order depends only on service counters, which a stretch updates at once
+        the next event), with requests waiting and no preemption. A stretch charges its service at
+        once, at its end, but every iteration of it moves the counters the order follows: each policy
+        bounds it by when that order can change what is admitted (vtc, drr)."""
+        raise NotImplementedError
 
     def _pick(self, running_by_cls: dict, slots: int, budget: int, seen=None) -> list[Request]:
         """Whole-batch choice: up to ``slots`` requests, each class's running ones before its waiting
@@ -332,6 +334,63 @@ class VirtualTokenCounter(_FairShare):
     def _charge(self, cls, tenant: str, service: float, contended: bool) -> None:
         self.counter[tenant] += service / self.weights.get(tenant, 1.0)
 
+    def _repeat(self, b, blocked: Request | None) -> int | None:
+        """Each iteration raises the counters of the tenants decoding in it (``w_out`` per token, over
+        the tenant's weight), which reorders the heads of the waiting queues. The head that did not fit
+        (``blocked``, first in order) is refused again, and the decision is this one, only until the
+        head of a tenant whose counter rises slower overtakes it: that one may fit. Returns the
+        iterations until the first such overtaking (None: none overtakes, or no head was refused).
+
+        With ``head_of_line = "skip"`` every head the walk tried was refused; it tries as many as the
+        batch has free slots, so when more wait, another order tries others: one iteration at a time."""
+        if b.summary.prefill_reqs or b.preempted:
+            return None  # not a decode stretch
+        if b.skip_blocked:
+            if b.seq_budget <= 0 or b.token_budget <= 0:
+                return None
+            replica = b.replica
+            waiting = sum(1 for _ in b.seen(replica.waiting)) if replica.holding else len(replica.waiting)
+            return 1 if waiting > b.seq_budget else None
+        if blocked is None:
+            return None
+        rates = self._rates(b)
+        if rates is None:
+            return 1
+        x = blocked.policy_data.cls
+        cx, rx = self.counter[x[1]], rates.get(x[1], 0.0)
+        first = (blocked.arrival_s, blocked.index)
+        soonest = None
+        queues = self.queues
+        for cls in queues.classes():
+            if cls[0] != x[0] or cls == x:  # (a tier above has no head seen, or it would be first)
+                continue
+            ry = rates.get(cls[1], 0.0)
+            if ry >= rx:
+                continue  # it never catches up
+            head = next(iter(b.seen(queues.in_order(cls))), None)
+            if head is None:
+                continue
+            ties = (head.arrival_s, head.index) < first  # at equal counters it goes first
+            j = _catches_up(self.counter[cls[1]], ry, cx, rx, ties)
+            if soonest is None or j < soonest:
+                soonest = j
+        return soonest
+
+    def _rates(self, b) -> dict[str, float] | None:
+        """How much each tenant's counter rises per iteration of ``b``'s batch (pure decode), or None
+        when a request in it makes again tokens already charged (its tenant's counter rises only
+        once past them: ``_may_bulk``)."""
+        per: dict[str, int] = {}
+        for req, _ in b.items:
+            if req.num_generated_tokens < req.policy_data.charged_out:
+                return None
+            per[req.tenant] = per.get(req.tenant, 0) + 1
+        if b.bulk_by_class:
+            for cls, members in b.bulk_by_class.items():
+                per[cls[1]] = per.get(cls[1], 0) + members
+        w_out = self.params.w_out
+        return {tenant: w_out * n / self.weight(tenant) for tenant, n in per.items()}
+
     def _standing(self, cls) -> float:
         return self.counter.get(cls[1], 0.0)
 
@@ -365,6 +424,22 @@ class VirtualTokenCounter(_FairShare):
                 heapq.heappush(heap, (rank, self.counter[tenant] + extra[tenant], nxt.arrival_s, nxt.index, cls, nxt))
             if self.params.tiers:  # the tenant's classes in other tiers carry its counter too
                 heap = _rekey(heap, tenant, self.counter[tenant] + extra[tenant])
+
+
+def _catches_up(cy: float, ry: float, cx: float, rx: float, ties: bool) -> int:
+    """The first iteration j >= 1 after which a counter at ``cy`` rising ``ry`` per iteration is below
+    one at ``cx`` (<= cy) rising ``rx`` (> ry), or equal to it when ``ties``."""
+
+    def ahead(j: int) -> bool:
+        y, z = cy + j * ry, cx + j * rx
+        return y < z or (ties and y == z)
+
+    j = max(1, math.ceil((cy - cx) / (rx - ry)))
+    while j > 1 and ahead(j - 1):  # (the float division may be off by one either way)
+        j -= 1
+    while not ahead(j):
+        j += 1
+    return j
 
 
 def _rekey(heap: list, tenant: str, value: float) -> list:

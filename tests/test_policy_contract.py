@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_trace
 from helpers_engine import run
+from sampled_suites import cases
 
 from servelab.policies.base import policy_class, policy_names
 from servelab.replay import write_run
@@ -145,3 +146,29 @@ def test_contract_stretches_match_single_iterations_with_async_scheduling(policy
     for col in ("first_scheduled_s", "first_token_s", "finish_s"):
         a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
         assert a == pytest.approx(b, rel=1e-9, abs=1e-9), col
+
+
+STRETCH_SEEDS = range(30)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_stretches_match_single_iterations_over_seeds(policy):
+    """A decode stretch repeats a decision only while the decisions one iteration at a time would repeat
+    it, for every policy, on the contract workload's seeds 0..29, with and without async scheduling. What
+    a stretch advances at once can change the next decision: vtc's per-tenant counters reorder the heads
+    of the waiting queues (policies/fair.py ``_repeat``); fewer free KV blocks make a tier's waiting
+    request preempt (BatchBuilder.preempt_to_admit); a blocked request's prefix-cache hit shrinks as the
+    decodes' growth evicts blocks, and with it what it needs (BatchBuilder._keep_cached). A developer's
+    run checks a fixed sample of the 60 (seed, async) cases of each policy; SERVELAB_FULL_SUITES=1, all."""
+    combos = [(seed, async_scheduling) for seed in STRETCH_SEEDS for async_scheduling in (False, True)]
+    for seed, async_scheduling in cases(combos, keep=12, key=f"stretch-seeds:{policy}"):
+        trace = workload(n=60, seed=seed)
+        settings = dict(policy=policy, runner=RUNNER, async_scheduling=async_scheduling, **ENGINE)
+        fast = run(trace, **settings)
+        slow = run(trace, stretch=False, **settings)
+        for col in ("first_scheduled_s", "first_token_s", "finish_s", "max_itl_s"):
+            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
+            assert [x is None for x in a] == [y is None for y in b], (seed, async_scheduling, col)
+            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
+            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
+                (seed, async_scheduling, col)

@@ -14,6 +14,7 @@ promises how it reads running requests (``ReadsRunning``), and where the engine 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 from servelab.replay.core.cohort import DecodeCohort, Running
@@ -50,11 +51,17 @@ class BatchSummary:
 
     ``grow``: (request, blocks it must hold) for items needing new KV blocks; ``admit``: items
     that were waiting; ``min_decode_left``: fewest tokens any decode item still has to generate;
-    ``bulk_blocks``: new KV blocks the ``Batch.bulk`` requests need for this iteration.
+    ``bulk_blocks``: new KV blocks the ``Batch.bulk`` requests need for this iteration;
+    ``min_free``: the decision is taken again, the same, at the next iteration boundaries only while
+    at least this many KV blocks are free there (0: whatever is free; ``NEVER``: it is not), so a
+    decode stretch stops growing before fewer are (see ``BatchBuilder.preempt_to_admit`` and
+    ``admit_waiting``). A batch that admits a request in the shape of a decode (a readmission onto a
+    fully cached prompt computes one token; a swapped-out request resumes) is never repeated: the
+    next decision sees that request running, and may decide otherwise for it.
     """
 
     __slots__ = ("prefill_tokens", "prefill_reqs", "prefill_ctx", "pairs", "decode_reqs", "decode_ctx",
-                 "min_decode_left", "grow", "admit", "bulk_blocks", "hits")
+                 "min_decode_left", "grow", "admit", "bulk_blocks", "hits", "min_free")
 
     def __init__(self) -> None:
         self.prefill_tokens = self.prefill_reqs = self.prefill_ctx = self.pairs = 0
@@ -63,6 +70,7 @@ class BatchSummary:
         self.grow: list[tuple[Request, int]] = []
         self.admit: list[Request] = []
         self.hits: dict | None = None  # admitted request -> the prefix-cache Hit it reuses
+        self.min_free = 0
 
     def account(self, req: Request, n: int, need: int, hit=None, target: int = 0) -> None:
         """Count ``(req, n)`` needing ``need`` more free blocks; ``hit``: it is admitted onto a cached
@@ -75,6 +83,8 @@ class BatchSummary:
             left = req.output_tokens - g
             if left < self.min_decode_left:
                 self.min_decode_left = left
+            if hit is not None or req.status is Status.WAITING:  # admitted in the shape of a decode
+                self.min_free = NEVER  # (not repeated: see the class's docstring)
         else:
             self.prefill_reqs += 1
             self.prefill_tokens += n
@@ -96,6 +106,7 @@ class BatchSummary:
 
 EMPTY = Batch()
 UNLIMITED = 1 << 62  # the token budget of a policy without one (orca, static)
+NEVER = 1 << 62  # BatchSummary.min_free of a decision not to repeat: more KV blocks than any replica has
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,6 +420,7 @@ class BatchBuilder:
                     min_left = req.output_tokens - g
                 if req.status is waiting:
                     summary.admit.append(req)
+                    summary.min_free = NEVER  # (a batch that admits a decode is not repeated: BatchSummary)
                 continue
             if prefills is not None:
                 prefills.append(req)
@@ -442,6 +454,12 @@ class BatchBuilder:
         first — a policy that knows that order without sorting passes it lazily) while
         ``may_preempt(waiting_request, victim)`` says so. Stops at the first waiting request that
         cannot be given room (or could never fit), so a later one never jumps an earlier one.
+
+        The walk counts free KV blocks, which a decode stretch's growth lessens: a request given room
+        here may lack it at a later iteration boundary and preempt there. When it preempts nothing,
+        the walk says how many blocks must stay free for the next decisions to preempt nothing either
+        (``BatchSummary.min_free``): the blocks of the requests given room, up to the last of them
+        that would preempt the first victim if it lacked room.
         """
         replica = self.replica
         if not replica.running:
@@ -449,24 +467,37 @@ class BatchBuilder:
         if victims is None:
             victims = sorted(replica.running, key=self.victim_key, reverse=True)
         victims = iter(victims)
+        first = next(victims, None)  # the victim a request lacking room meets first
+        if first is None:
+            return
+        victims = chain((first,), victims)
         kv = self.kv
         free_slots = replica.config.max_num_seqs - len(replica.running)
         free_blocks = kv.free
         budget = replica.config.max_num_batched_tokens
+        taken = floor = 0
         for req in self.seen(waiting):  # (not for a request this decision does not know of)
             n = req.num_tokens - req.num_computed_tokens
             need = kv.blocks_needed(req, n if n < budget else budget)
             if need > kv.total:
-                return
+                break
             while free_slots < 1 or free_blocks < need:
                 victim = next(victims, None)
                 if victim is None or not may_preempt(req, victim):
-                    return
+                    break
                 self.preempt(victim)
                 free_slots += 1
                 free_blocks += kv.releasable(victim)
-            free_slots -= 1
-            free_blocks -= need
+            else:  # it has room
+                free_slots -= 1
+                free_blocks -= need
+                taken += need
+                if may_preempt(req, first):  # with fewer than ``taken`` blocks free, it or one before lacks room
+                    floor = taken
+                continue
+            break
+        if floor > self.summary.min_free:
+            self.summary.min_free = floor
 
     def keep_only(self, keep: Iterable[Request]) -> None:
         """Preempt every running request not in ``keep`` (a policy re-ranking the whole batch)."""
@@ -508,12 +539,45 @@ class BatchBuilder:
                 if self._released:  # blocks a victim of this batch frees, counted free above: taken back
                     need += kv.cache.covered((hit,), self._released)
             if too_big or need > self.free_blocks:
+                if hit is not None and hit.claimed and chunked:
+                    self._keep_cached(req, hit, chunk_cap)
                 if self.skip_blocked:
                     continue
                 break
             self.add(req, n, need, hit, target)
             if loras is not None and req.lora_adapter is not None:
                 loras.add(req.lora_adapter)
+
+    def _keep_cached(self, req: Request, hit, chunk_cap: int | None) -> None:
+        """``req`` did not fit, looked up onto ``hit``, cached blocks some of which nobody holds. A decode
+        stretch's growth takes free blocks from the head of the prefix cache's queue, evicting what they
+        cached, so at a later boundary its hit may be smaller. Its need is then no smaller (the blocks
+        of its whole prompt less those other requests hold, which only drop out of a shorter hit)
+        unless its chunk is capped without the hit: it then computes fewer tokens, in fewer blocks, and
+        may fit. In that case, unless it surely never fits in the stretch, the same decision holds while
+        the growth since this one takes only blocks that cache nothing reusable (``PrefixCache.spare``).
+
+        It never fits when even its capped chunk alone needs more blocks than are free now (fewer at
+        every later boundary), less those other requests hold for it; and when the hit is its own
+        blocks alone (a preempted request's), evicted from their end: with ``e`` of its ``o`` gone, at
+        least ``e`` blocks were taken, and it needs its ``o - e`` back plus its chunk's, more than are
+        free if the chunk's are more than the blocks free besides its own now."""
+        whole = req.num_tokens - req.num_computed_tokens
+        cap = self.token_budget if chunk_cap is None or chunk_cap > self.token_budget else chunk_cap
+        if whole <= cap:
+            return
+        kv = self.kv
+        if kv.layout is None:
+            bs = kv.block_size
+            if -(-cap // bs) - (hit.blocks - hit.claimed) > self.free_blocks:
+                return
+            if not hit.shared and not hit.loaded:
+                chunk = whole - (hit.own - 1) * bs  # its tokens past its own blocks once one is gone
+                if -(-(chunk if chunk < cap else cap) // bs) > kv.total - kv.used - hit.own:
+                    return
+        floor = kv.total - kv.used - kv.cache.spare()
+        if floor > self.summary.min_free:
+            self.summary.min_free = floor
 
     def _lora_fits(self, req: Request) -> bool:
         """May ``req`` join without more than ``max_loras`` distinct adapters among the running requests?"""

@@ -10,7 +10,8 @@ trace (replay/stream.py) refills the arrivals through one more kind (REFILL, fir
 Cost grows with events, not tokens: when a batch is pure decode, the engine runs it as a
 *stretch* of ``k`` identical iterations priced in closed form by the runner's affine decode cost
 (step i of n requests reading C0 + i*n KV tokens takes a + b*(C0 + i*n) seconds). ``k`` ends at
-the first completion, the last iteration whose KV blocks surely fit, or the policy's ``repeat``;
+the first completion, the last iteration whose KV blocks surely fit, the policy's ``repeat``, or the
+last boundary at which the decision surely holds as free blocks dwindle (``BatchSummary.min_free``);
 an arrival routed to the replica cuts the stretch at the first iteration boundary after it.
 """
 
@@ -526,18 +527,23 @@ class Engine:
         kv = replica.kv
         if not kv.reserve and kv.total - kv.used < step.decode_requests * (k // kv.block_size + 2):
             # not surely enough free blocks for k more tokens each: find how many iterations fit
-            k = self._kv_safe_iterations(replica, step.batch, k)
+            k = self._kv_safe_iterations(replica, step.batch, k, kv.total - kv.used)
             if k <= 1:
                 return
+        if summary.min_free:  # the decisions inside it are this one only while that many blocks stay free
+            room = kv.total - kv.used - summary.min_free
+            if room < 0:
+                return
+            if not kv.reserve and room < step.decode_requests * ((k - 1) // kv.block_size + 2):
+                k = 1 + self._kv_safe_iterations(replica, step.batch, k - 1, room)
         step.a, step.b = affine
         step.ctx0 = summary.decode_ctx
         step.k = k
         step.end_s = step.start_s + step.elapsed(k)
 
     @staticmethod
-    def _kv_safe_iterations(replica: Replica, batch: Batch, k: int) -> int:
-        """Largest j <= k such that every request's next j tokens fit in ``replica``'s free blocks."""
-        free = replica.kv.free
+    def _kv_safe_iterations(replica: Replica, batch: Batch, k: int, free: int) -> int:
+        """Largest j <= k such that every request's next j tokens take at most ``free`` more blocks."""
         lo, hi = 1, k
         while lo < hi:
             mid = (lo + hi + 1) // 2

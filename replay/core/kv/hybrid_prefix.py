@@ -130,6 +130,10 @@ class HybridPrefixCache:
         return skipped // self.block_size if skipped > 0 else 0
 
     # -- the free pool ----------------------------------------------------------------------------
+    def spare(self) -> int:
+        """Blocks ``take`` gives up before evicting a unit (the plain ones): no hit changes before."""
+        return self.plain
+
     def take(self, n: int) -> None:
         """``n`` free blocks are allocated: plain ones first, then units evicted from the queue's head."""
         if n <= self.plain:

@@ -346,6 +346,20 @@ class PrefixCache:
             queue.extend(live)
             self.gone = 0
 
+    def spare(self) -> int:
+        """Blocks ``take`` gives up before the first that caches something a lookup could reuse (an own
+        segment's or an entry's run): taking no more than this changes no request's hit."""
+        if self.countable and not self.segments:  # (the queue is only counted: it caches nothing)
+            return self.queued
+        spare = 0
+        for segment in self.queue:
+            kind = segment[0]
+            if kind == OWN or kind == RUN:
+                break
+            if kind != GONE:
+                spare += segment[1]
+        return spare
+
     def take(self, n: int) -> None:
         """Take ``n`` blocks from the head of the free queue, evicting what they cached."""
         self.queued -= n
