@@ -46,6 +46,10 @@ def recorded_offload(args: dict[str, Any]) -> Offload | None:
     size = args.get("kv_offloading_size")
     if size not in (None, 0, 0.0, "None"):
         backend = str(args.get("kv_offloading_backend") or "native")
+        try:
+            size = float(size)
+        except (TypeError, ValueError):
+            return Offload(None, None, f"kv_offloading_size {size!r} (not a number of GiB)")
         if backend == "lmcache":
             return Offload(None, None, f"kv_offloading_size {size} GiB through LMCache (its CPU size is LMCache's "
                                        "own setting)")
@@ -66,12 +70,15 @@ def _from_connector(config: dict) -> Offload | None:
         return Offload(None, None, f"{name} (its CPU size is LMCache's own setting, not in vLLM's arguments)")
     if name not in CONNECTORS:
         return None
-    if extra.get("cpu_bytes_to_use") is not None:
-        nbytes = float(extra["cpu_bytes_to_use"])
-        return Offload(nbytes / 1e9, None, f"{name} cpu_bytes_to_use {nbytes:.0f}")
-    if extra.get("num_cpu_blocks") is not None:
-        blocks, block = int(extra["num_cpu_blocks"]), extra.get("block_size")
-        return Offload(None, blocks, f"{name} num_cpu_blocks {blocks}", None if block is None else int(block))
+    try:
+        if extra.get("cpu_bytes_to_use") is not None:
+            nbytes = float(extra["cpu_bytes_to_use"])
+            return Offload(nbytes / 1e9, None, f"{name} cpu_bytes_to_use {nbytes:.0f}")
+        if extra.get("num_cpu_blocks") is not None:
+            blocks, block = int(extra["num_cpu_blocks"]), extra.get("block_size")
+            return Offload(None, blocks, f"{name} num_cpu_blocks {blocks}", None if block is None else int(block))
+    except (TypeError, ValueError):
+        return Offload(None, None, f"{name} with a size that is not a number ({extra})"[:200])
     return Offload(None, None, f"{name} without cpu_bytes_to_use or num_cpu_blocks")
 
 

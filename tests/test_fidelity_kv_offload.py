@@ -37,11 +37,16 @@ KV_TRANSFER = ("KVTransferConfig(kv_connector='OffloadingConnector', engine_id='
      Offload(1.0, None, "")),
     ({"kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"}}, "none"),
     ({"max_num_seqs": 8}, "none"),
+    ({"kv_offloading_size": "8GiB"}, "unsized"),
+    ({"kv_transfer_config": {"kv_connector": "OffloadingConnector",
+                             "kv_connector_extra_config": {"cpu_bytes_to_use": "lots"}}}, "unsized"),
 ])
 def test_recorded_offload_forms(args, want):
     got = recorded_offload(args)
     if want == "none":
         assert got is None
+    elif want == "unsized":  # recorded, but no size to replay: said, not guessed
+        assert got is not None and got.gb is None and got.blocks is None
     elif want is None:  # LMCache: offloading, size not in vLLM's arguments
         assert got is not None and got.gb is None and got.blocks is None and "LMCache" in got.how
     else:
