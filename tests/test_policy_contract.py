@@ -172,3 +172,26 @@ def test_stretches_match_single_iterations_over_seeds(policy):
             pairs = [(x, y) for x, y in zip(a, b) if x is not None]
             assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
                 (seed, async_scheduling, col)
+
+
+@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session"])
+def test_stretches_match_single_iterations_across_replicas(router):
+    """A router that reads a replica's outstanding tokens at an arrival sees them as one iteration at a time
+    has them: a decode stretch in flight subtracts what it produces only when it completes, so the iterations
+    of it that ended before the arrival are counted for the router's look (engine.py ``route_at``). Before,
+    it saw every busy replica as of its stretch's start, and 2 or 3 replicas under least-outstanding gave
+    another timeline than one iteration at a time on every seed."""
+    combos = [(seed, replicas, policy) for seed in range(10) for replicas in (2, 3)
+              for policy in ("sarathi", "vtc", "srpt")]
+    for seed, replicas, policy in cases(combos, keep=8, key=f"stretch-replicas:{router}"):
+        trace = workload(n=60, seed=seed)
+        settings = dict(policy=policy, runner=RUNNER, replicas=replicas, router=router,
+                        async_scheduling=seed % 2 == 1, **ENGINE)
+        fast = run(trace, **settings)
+        slow = run(trace, stretch=False, **settings)
+        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
+            assert [x is None for x in a] == [y is None for y in b], (seed, replicas, policy, col)
+            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
+            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
+                (seed, replicas, policy, col)

@@ -313,7 +313,7 @@ class Engine:
         if not live:
             self.platform.orphan(req)
             return
-        replica = self.router.route(req, live)
+        replica = self.router.route(req, live) if len(live) == 1 else route_at(self.router, req, live, now)
         req.replica = replica.id
         if self.retention is not None:
             self.retention.routed(replica, req)
@@ -977,6 +977,31 @@ class Engine:
         for replica in self.replicas:
             self.truncate(replica, until)  # (a decode stretch partly done by the horizon counts so far)
         self.strand(self.requests)
+
+
+def route_at(router: Router, req: Request, replicas: list[Replica], now: float) -> Replica:
+    """``router``'s pick for ``req`` among ``replicas`` at ``now``, each replica's outstanding tokens as one
+    iteration at a time would have them. A decode stretch subtracts what it produced when it completes; the
+    iterations of one in flight that ended before ``now`` (an arrival at a boundary comes before that
+    iteration's completion) are taken off for the router's look and put back after."""
+    lent = None
+    for replica in replicas:
+        step = replica.inflight
+        if step is not None and step.k > 1:
+            done = step._first_boundary_at_or_after(now) - 1
+            if done > 0:
+                if lent is None:
+                    lent = []
+                produced = done * step.decode_requests
+                replica.outstanding_tokens -= produced
+                lent.append((replica, produced))
+    if lent is None:
+        return router.route(req, replicas)
+    try:
+        return router.route(req, replicas)
+    finally:
+        for replica, produced in lent:
+            replica.outstanding_tokens += produced
 
 
 def _no_affine(num_seqs: int) -> None:
