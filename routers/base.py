@@ -32,6 +32,10 @@ class RouterBase:
 
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
+    # Whether ``route`` reads a replica's KV use (``kv.used``): the engine then shows it as one iteration at a
+    # time has it while a decode stretch is in flight (replay/core/engine.py ``route_at``), which costs a walk
+    # of the stretch's requests per replica and arrival.
+    reads_kv: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, seed: int = 0):
         self.params = self.Params() if params is None else params

@@ -174,13 +174,14 @@ def test_stretches_match_single_iterations_over_seeds(policy):
                 (seed, async_scheduling, col)
 
 
-@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session"])
+@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session", "least-kv", "weighted"])
 def test_stretches_match_single_iterations_across_replicas(router):
-    """A router that reads a replica's outstanding tokens at an arrival sees them as one iteration at a time
-    has them: a decode stretch in flight subtracts what it produces only when it completes, so the iterations
-    of it that ended before the arrival are counted for the router's look (engine.py ``route_at``). Before,
-    it saw every busy replica as of its stretch's start, and 2 or 3 replicas under least-outstanding gave
-    another timeline than one iteration at a time on every seed."""
+    """A router that reads a replica's outstanding tokens (or KV use) at an arrival sees them as one iteration
+    at a time has them: a decode stretch in flight subtracts what it produced, and grows its KV, only when it
+    completes, so the iterations of it that ended before the arrival are counted for the router's look
+    (engine.py ``route_at``). Before, it saw every busy replica as of its stretch's start, and 2 or 3
+    replicas under least-outstanding (or least-kv) gave another timeline than one iteration at a time on
+    every seed."""
     combos = [(seed, replicas, policy) for seed in range(10) for replicas in (2, 3)
               for policy in ("sarathi", "vtc", "srpt")]
     for seed, replicas, policy in cases(combos, keep=8, key=f"stretch-replicas:{router}"):

@@ -980,11 +980,14 @@ class Engine:
 
 
 def route_at(router: Router, req: Request, replicas: list[Replica], now: float) -> Replica:
-    """``router``'s pick for ``req`` among ``replicas`` at ``now``, each replica's outstanding tokens as one
-    iteration at a time would have them. A decode stretch subtracts what it produced when it completes; the
-    iterations of one in flight that ended before ``now`` (an arrival at a boundary comes before that
-    iteration's completion) are taken off for the router's look and put back after."""
+    """``router``'s pick for ``req`` among ``replicas`` at ``now``, each replica's outstanding tokens (and, for
+    a router that reads KV use, its used KV blocks) as one iteration at a time would have them. A decode
+    stretch subtracts what it produced, and grows its requests' KV, when it completes; for the iterations of
+    one in flight that ended before ``now`` (an arrival at a boundary comes before that iteration's
+    completion) the tokens are taken off, and the blocks the next iteration's decision would hold put on,
+    for the router's look and undone after."""
     lent = None
+    kv_too = getattr(router, "reads_kv", True)  # (a router outside RouterBase may read it)
     for replica in replicas:
         step = replica.inflight
         if step is not None and step.k > 1:
@@ -993,15 +996,19 @@ def route_at(router: Router, req: Request, replicas: list[Replica], now: float) 
                 if lent is None:
                     lent = []
                 produced = done * step.decode_requests
+                grown = max(blocks_to_grow(replica, step.batch, done + 1), 0) \
+                    if kv_too and not replica.kv.reserve else 0
                 replica.outstanding_tokens -= produced
-                lent.append((replica, produced))
+                replica.kv.used += grown
+                lent.append((replica, produced, grown))
     if lent is None:
         return router.route(req, replicas)
     try:
         return router.route(req, replicas)
     finally:
-        for replica, produced in lent:
+        for replica, produced, grown in lent:
             replica.outstanding_tokens += produced
+            replica.kv.used -= grown
 
 
 def _no_affine(num_seqs: int) -> None:
