@@ -341,6 +341,8 @@ class Engine:
             # after the one under way is already picked, so the decision that can take it is the one after that
             req.queued_s = replica.last_arrival_s = now
             later = 1
+            if self.platform is not None and self.platform.counts_queue:
+                later = 0  # a pause rule counts the queue before each decision, requests not seen yet included
         if replica.busy:
             self._cut_stretch(replica, now, later)
         else:
@@ -530,8 +532,11 @@ class Engine:
             k = self._kv_safe_iterations(replica, step.batch, k, kv.total - kv.used)
             if k <= 1:
                 return
-        if summary.min_free:  # the decisions inside it are this one only while that many blocks stay free
-            room = kv.total - kv.used - summary.min_free
+        min_free = summary.min_free
+        if self.platform is not None and self.platform.pause is not None:  # (a KV-share pause rule: its bound)
+            min_free = max(min_free, self.platform.stretch_min_free(replica))
+        if min_free:  # the decisions inside it are this one only while that many blocks stay free
+            room = kv.total - kv.used - min_free
             if room < 0:
                 return
             if not kv.reserve and room < step.decode_requests * ((k - 1) // kv.block_size + 2):
