@@ -32,9 +32,11 @@ class RouterBase:
 
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
-    # Whether ``route`` reads a replica's KV use (``kv.used``): the engine then shows it as one iteration at a
-    # time has it while a decode stretch is in flight (replay/core/engine.py ``route_at``), which costs a walk
-    # of the stretch's requests per replica and arrival.
+    # Whether ``route`` reads a replica's progress: its outstanding tokens (``reads_progress``) and its KV use,
+    # ``kv.used`` (``reads_kv``). A decode stretch in flight updates both only at its end; the engine shows
+    # them as one iteration at a time has them (replay/core/engine.py ``route_at``), at a cost per replica and
+    # arrival (for ``reads_kv``, a walk of the stretch's requests): a router that reads neither says so.
+    reads_progress: ClassVar[bool] = True
     reads_kv: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, seed: int = 0):

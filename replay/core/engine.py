@@ -11,7 +11,8 @@ Cost grows with events, not tokens: when a batch is pure decode, the engine runs
 *stretch* of ``k`` identical iterations priced in closed form by the runner's affine decode cost
 (step i of n requests reading C0 + i*n KV tokens takes a + b*(C0 + i*n) seconds). ``k`` ends at
 the first completion, the last iteration whose KV blocks surely fit, the policy's ``repeat``, or the
-last boundary at which the decision surely holds as free blocks dwindle (``BatchSummary.min_free``);
+last boundary at which the decision surely holds as free blocks dwindle (``BatchSummary.min_free``, a
+pause rule's ``stretch_min_free``);
 an arrival routed to the replica cuts the stretch at the first iteration boundary after it.
 """
 
@@ -313,7 +314,11 @@ class Engine:
         if not live:
             self.platform.orphan(req)
             return
-        replica = self.router.route(req, live) if len(live) == 1 else route_at(self.router, req, live, now)
+        router = self.router
+        if len(live) == 1 or not getattr(router, "reads_progress", True):
+            replica = router.route(req, live)
+        else:  # (its look at the replicas' progress as one iteration at a time has it)
+            replica = route_at(router, req, live, now)
         req.replica = replica.id
         if self.retention is not None:
             self.retention.routed(replica, req)
