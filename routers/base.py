@@ -42,6 +42,9 @@ class RouterBase:
     def __init__(self, params: Any = None, seed: int = 0):
         self.params = self.Params() if params is None else params
         self.seed = seed
+        # (the class's flags as instance attributes: the engine reads reads_progress at every arrival, and
+        # CPython 3.11 specialises that read on an instance attribute, not on a class default)
+        self.reads_progress = type(self).reads_progress
 
     def route(self, req: Request, replicas: list[Replica]) -> Replica:
         raise NotImplementedError

@@ -315,7 +315,7 @@ class Engine:
             self.platform.orphan(req)
             return
         router = self.router
-        if len(live) == 1 or not getattr(router, "reads_progress", True):
+        if len(live) == 1 or not router.reads_progress:
             replica = router.route(req, live)
         else:  # (its look at the replicas' progress as one iteration at a time has it)
             replica = route_at(router, req, live, now)
@@ -997,7 +997,7 @@ def route_at(router: Router, req: Request, replicas: list[Replica], now: float) 
     completion) the tokens are taken off, and the blocks the next iteration's decision would hold put on,
     for the router's look and undone after."""
     lent = None
-    kv_too = getattr(router, "reads_kv", True)  # (a router outside RouterBase may read it)
+    kv_too = router.reads_kv
     for replica in replicas:
         step = replica.inflight
         if step is not None and step.k > 1:
