@@ -32,10 +32,19 @@ class RouterBase:
 
     name: ClassVar[str] = "?"
     Params: ClassVar[type] = NoParams
+    # Whether ``route`` reads a replica's progress: its outstanding tokens (``reads_progress``) and its KV use,
+    # ``kv.used`` (``reads_kv``). A decode stretch in flight updates both only at its end; the engine shows
+    # them as one iteration at a time has them (replay/core/engine.py ``route_at``), at a cost per replica and
+    # arrival (for ``reads_kv``, a walk of the stretch's requests): a router that reads neither says so.
+    reads_progress: ClassVar[bool] = True
+    reads_kv: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, seed: int = 0):
         self.params = self.Params() if params is None else params
         self.seed = seed
+        # (the class's flags as instance attributes: the engine reads reads_progress at every arrival, and
+        # CPython 3.11 specialises that read on an instance attribute, not on a class default)
+        self.reads_progress = type(self).reads_progress
 
     def route(self, req: Request, replicas: list[Replica]) -> Replica:
         raise NotImplementedError

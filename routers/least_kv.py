@@ -12,5 +12,7 @@ class LeastKVRouter(RouterBase):
     load (a queued request holds no blocks yet), so under bursts it balances worse than
     ``least-outstanding``; it is the signal that matters when memory, not compute, is short."""
 
+    reads_kv = True
+
     def route(self, req, replicas):
         return min(replicas, key=lambda r: (r.kv.used / r.kv.total, r.outstanding_tokens, r.id))

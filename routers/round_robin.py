@@ -7,6 +7,8 @@ from servelab.routers.base import ROUTERS, RouterBase
 
 @ROUTERS.register("round-robin")
 class RoundRobinRouter(RouterBase):
+    reads_progress = False  # (replicas in turn: nothing a stretch updates)
+
     def __init__(self, params=None, seed: int = 0):
         super().__init__(params, seed)
         self._next = 0

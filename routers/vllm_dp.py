@@ -29,6 +29,7 @@ class Params:
 @ROUTERS.register("vllm-dp")
 class VllmDpRouter(RouterBase):
     Params = Params
+    reads_progress = False  # (waiting and running counts: no stretch changes them before its end)
 
     def __init__(self, params=None, seed: int = 0):
         super().__init__(params, seed)

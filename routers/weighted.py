@@ -31,6 +31,8 @@ class WeightedRouter(RouterBase):
 
     Params = WeightedParams
 
+    reads_kv = True
+
     def route(self, req, replicas):
         p = self.params
 

@@ -172,3 +172,51 @@ def test_stretches_match_single_iterations_over_seeds(policy):
             pairs = [(x, y) for x, y in zip(a, b) if x is not None]
             assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
                 (seed, async_scheduling, col)
+
+
+@pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session", "least-kv", "weighted"])
+def test_stretches_match_single_iterations_across_replicas(router):
+    """A router that reads a replica's outstanding tokens (or KV use) at an arrival sees them as one iteration
+    at a time has them: a decode stretch in flight subtracts what it produced, and grows its KV, only when it
+    completes, so the iterations of it that ended before the arrival are counted for the router's look
+    (engine.py ``route_at``). Before, it saw every busy replica as of its stretch's start, and 2 or 3
+    replicas under least-outstanding (or least-kv) gave another timeline than one iteration at a time on
+    every seed."""
+    combos = [(seed, replicas, policy) for seed in range(10) for replicas in (2, 3)
+              for policy in ("sarathi", "vtc", "srpt")]
+    for seed, replicas, policy in cases(combos, keep=8, key=f"stretch-replicas:{router}"):
+        trace = workload(n=60, seed=seed)
+        settings = dict(policy=policy, runner=RUNNER, replicas=replicas, router=router,
+                        async_scheduling=seed % 2 == 1, **ENGINE)
+        fast = run(trace, **settings)
+        slow = run(trace, stretch=False, **settings)
+        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
+            assert [x is None for x in a] == [y is None for y in b], (seed, replicas, policy, col)
+            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
+            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
+                (seed, replicas, policy, col)
+
+
+@pytest.mark.parametrize("pause", ["tier=flex,kv=0.25,resume=0.15", "tier=flex,waiting=2,resume=1"])
+def test_stretches_match_single_iterations_with_a_pause_rule(pause):
+    """A pause rule checks a replica's load before each decision, so a decode stretch ends where the check
+    would act (platform/hooks.py ``stretch_min_free``): a tier not paused is paused at the first boundary
+    whose KV share (which the decodes' growth raises) passes ``above``; a paused tier resumes at the first
+    boundary if the decision that paused it already freed enough (its preemptions). Under async scheduling
+    an arrival is counted by a waiting-count rule before the policy sees it, so it cuts the stretch at the
+    first boundary after it. Before, pausing on the KV share differed from one iteration at a time on most
+    seeds, and on the waiting count with async scheduling."""
+    combos = [(seed, async_scheduling, policy) for seed in range(8) for async_scheduling in (False, True)
+              for policy in ("sarathi", "vtc", "srpt", "tiers")]
+    for seed, async_scheduling, policy in cases(combos, keep=16, key=f"stretch-pause:{pause}"):
+        trace = workload(n=60, seed=seed)
+        settings = dict(policy=policy, runner=RUNNER, async_scheduling=async_scheduling, pause=pause, **ENGINE)
+        fast = run(trace, **settings)
+        slow = run(trace, stretch=False, **settings)
+        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
+            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
+            assert [x is None for x in a] == [y is None for y in b], (seed, async_scheduling, policy, col)
+            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
+            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
+                (seed, async_scheduling, policy, col)

@@ -11,7 +11,8 @@ Cost grows with events, not tokens: when a batch is pure decode, the engine runs
 *stretch* of ``k`` identical iterations priced in closed form by the runner's affine decode cost
 (step i of n requests reading C0 + i*n KV tokens takes a + b*(C0 + i*n) seconds). ``k`` ends at
 the first completion, the last iteration whose KV blocks surely fit, the policy's ``repeat``, or the
-last boundary at which the decision surely holds as free blocks dwindle (``BatchSummary.min_free``);
+last boundary at which the decision surely holds as free blocks dwindle (``BatchSummary.min_free``, a
+pause rule's ``stretch_min_free``);
 an arrival routed to the replica cuts the stretch at the first iteration boundary after it.
 """
 
@@ -313,7 +314,11 @@ class Engine:
         if not live:
             self.platform.orphan(req)
             return
-        replica = self.router.route(req, live)
+        router = self.router
+        if len(live) == 1 or not router.reads_progress:
+            replica = router.route(req, live)
+        else:  # (its look at the replicas' progress as one iteration at a time has it)
+            replica = route_at(router, req, live, now)
         req.replica = replica.id
         if self.retention is not None:
             self.retention.routed(replica, req)
@@ -341,6 +346,8 @@ class Engine:
             # after the one under way is already picked, so the decision that can take it is the one after that
             req.queued_s = replica.last_arrival_s = now
             later = 1
+            if self.platform is not None and self.platform.counts_queue:
+                later = 0  # a pause rule counts the queue before each decision, requests not seen yet included
         if replica.busy:
             self._cut_stretch(replica, now, later)
         else:
@@ -530,8 +537,11 @@ class Engine:
             k = self._kv_safe_iterations(replica, step.batch, k, kv.total - kv.used)
             if k <= 1:
                 return
-        if summary.min_free:  # the decisions inside it are this one only while that many blocks stay free
-            room = kv.total - kv.used - summary.min_free
+        min_free = summary.min_free
+        if self.platform is not None and self.platform.pause is not None:  # (a KV-share pause rule: its bound)
+            min_free = max(min_free, self.platform.stretch_min_free(replica))
+        if min_free:  # the decisions inside it are this one only while that many blocks stay free
+            room = kv.total - kv.used - min_free
             if room < 0:
                 return
             if not kv.reserve and room < step.decode_requests * ((k - 1) // kv.block_size + 2):
@@ -977,6 +987,38 @@ class Engine:
         for replica in self.replicas:
             self.truncate(replica, until)  # (a decode stretch partly done by the horizon counts so far)
         self.strand(self.requests)
+
+
+def route_at(router: Router, req: Request, replicas: list[Replica], now: float) -> Replica:
+    """``router``'s pick for ``req`` among ``replicas`` at ``now``, each replica's outstanding tokens (and, for
+    a router that reads KV use, its used KV blocks) as one iteration at a time would have them. A decode
+    stretch subtracts what it produced, and grows its requests' KV, when it completes; for the iterations of
+    one in flight that ended before ``now`` (an arrival at a boundary comes before that iteration's
+    completion) the tokens are taken off, and the blocks the next iteration's decision would hold put on,
+    for the router's look and undone after."""
+    lent = None
+    kv_too = router.reads_kv
+    for replica in replicas:
+        step = replica.inflight
+        if step is not None and step.k > 1:
+            done = step._first_boundary_at_or_after(now) - 1
+            if done > 0:
+                if lent is None:
+                    lent = []
+                produced = done * step.decode_requests
+                grown = max(blocks_to_grow(replica, step.batch, done + 1), 0) \
+                    if kv_too and not replica.kv.reserve else 0
+                replica.outstanding_tokens -= produced
+                replica.kv.used += grown
+                lent.append((replica, produced, grown))
+    if lent is None:
+        return router.route(req, replicas)
+    try:
+        return router.route(req, replicas)
+    finally:
+        for replica, produced, grown in lent:
+            replica.outstanding_tokens += produced
+            replica.kv.used -= grown
 
 
 def _no_affine(num_seqs: int) -> None:

@@ -156,7 +156,12 @@ class Policy(Protocol):
 
 # -- the router -----------------------------------------------------------------------------------
 class Router(Protocol):
-    """Which live replica an arriving request joins."""
+    """Which live replica an arriving request joins. ``reads_progress``, ``reads_kv``: whether ``route`` reads
+    a replica's outstanding tokens, its KV use (``kv.used``), which a decode stretch in flight updates only at
+    its end: the engine then shows them as one iteration at a time has them (``engine.route_at``)."""
+
+    reads_progress: bool
+    reads_kv: bool
 
     def route(self, req: "Request", replicas: list["Replica"]) -> "Replica": ...
 

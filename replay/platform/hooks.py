@@ -31,7 +31,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from servelab.replay.core.batch import no_aggregate
+from servelab.replay.core.batch import NEVER, no_aggregate
 from servelab.replay.core.engine import ARRIVAL, FAULT
 from servelab.replay.core.engine_config import EngineConfig
 from servelab.replay.core.intents import (Enter, FailReplica, Preempt, Refuse, RestoreReplica, Resume, SetAside, Strand,
@@ -95,6 +95,13 @@ class Platform:
         A failure lets go of the failed replica's aggregate when it comes, after the lost iteration is
         cut (``evict``)."""
         return self.shedding or self.reclaims
+
+    @property
+    def counts_queue(self) -> bool:
+        """A pause rule on the waiting count: under async scheduling it counts requests the policy does not
+        see yet, so an arrival cuts a decode stretch at the first boundary after it (not the one after that,
+        where the policy would first see it): the pause check there may fire (``Engine._route``)."""
+        return self.pause is not None and self.pause.metric == "waiting"
 
     @property
     def acts_before_schedule(self) -> bool:
@@ -232,6 +239,37 @@ class Platform:
         intents: list = [Preempt(replica, req) for req in replica.running if req.tier == tier]
         intents.append(SetAside(replica, lambda req: req.tier == tier))
         return intents
+
+    def stretch_min_free(self, replica: "Replica") -> int:
+        """KV blocks that must stay free at every iteration boundary of the decode stretch being planned on
+        ``replica`` for the pause check there (``check_pause``, before each decision) to do nothing, as it did
+        at the stretch's start (``Engine._plan_stretch``; called after this decision took its blocks): 0, no
+        bound; ``NEVER``, none (one iteration). Inside a stretch the waiting count stays (an arrival cuts it)
+        and the blocks in use only grow (nothing finishes before its end), so:
+
+        - a tier paused here resumes inside it only if it would at the first boundary: the decision that
+          paused it, or this one's, left the load at or under ``resume`` (the pause's own preemptions freed
+          blocks; one check does one thing);
+        - a tier not paused here is paused at the first boundary whose load passes ``above``: on the waiting
+          count, at the first (this decision resumed it: the requests it held wait again); on the KV share,
+          where the decodes' growth takes it past ``above``."""
+        rule, rid = self.pause, replica.id
+        if self.disagg is not None and rid in self.disagg.decode_ids:
+            return 0
+        paused = rid in self.paused
+        if rule.metric == "waiting":
+            load = len(replica.waiting) - self.pause_waiting[rid]
+            return NEVER if (load <= rule.resume if paused else load > rule.above) else 0
+        kv = replica.kv
+        total = kv.total
+        if paused:
+            return NEVER if kv.used / total <= rule.resume else 0
+        most = int(rule.above * total)  # the most blocks in use with used / total <= above, as check_pause divides
+        while most < total and (most + 1) / total <= rule.above:
+            most += 1
+        while most > 0 and most / total > rule.above:
+            most -= 1
+        return total - most
 
     def held(self, replica: "Replica", reqs: list[Request], now: float) -> None:
         """A pause took ``reqs`` off ``replica``'s queue (``SetAside``): held here until it resumes."""
