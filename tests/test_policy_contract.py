@@ -148,6 +148,16 @@ def test_contract_stretches_match_single_iterations_with_async_scheduling(policy
         assert a == pytest.approx(b, rel=1e-9, abs=1e-9), col
 
 
+def assert_same_timeline(fast, slow, case, cols=("first_scheduled_s", "first_token_s", "finish_s")) -> None:
+    """A stretched replay's per-request times equal the one-iteration-at-a-time replay's (within 1e-9 s;
+    the same requests unfinished)."""
+    for col in cols:
+        a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
+        assert [x is None for x in a] == [y is None for y in b], (*case, col)
+        pairs = [(x, y) for x, y in zip(a, b) if x is not None]
+        assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), (*case, col)
+
+
 STRETCH_SEEDS = range(30)
 
 
@@ -166,12 +176,8 @@ def test_stretches_match_single_iterations_over_seeds(policy):
         settings = dict(policy=policy, runner=RUNNER, async_scheduling=async_scheduling, **ENGINE)
         fast = run(trace, **settings)
         slow = run(trace, stretch=False, **settings)
-        for col in ("first_scheduled_s", "first_token_s", "finish_s", "max_itl_s"):
-            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
-            assert [x is None for x in a] == [y is None for y in b], (seed, async_scheduling, col)
-            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
-            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
-                (seed, async_scheduling, col)
+        assert_same_timeline(fast, slow, (seed, async_scheduling),
+                             cols=("first_scheduled_s", "first_token_s", "finish_s", "max_itl_s"))
 
 
 @pytest.mark.parametrize("router", ["least-outstanding", "power-of-two", "session", "least-kv", "weighted"])
@@ -190,12 +196,7 @@ def test_stretches_match_single_iterations_across_replicas(router):
                         async_scheduling=seed % 2 == 1, **ENGINE)
         fast = run(trace, **settings)
         slow = run(trace, stretch=False, **settings)
-        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
-            assert [x is None for x in a] == [y is None for y in b], (seed, replicas, policy, col)
-            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
-            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
-                (seed, replicas, policy, col)
+        assert_same_timeline(fast, slow, (seed, replicas, policy))
 
 
 @pytest.mark.parametrize("pause", ["tier=flex,kv=0.25,resume=0.15", "tier=flex,waiting=2,resume=1"])
@@ -214,9 +215,4 @@ def test_stretches_match_single_iterations_with_a_pause_rule(pause):
         settings = dict(policy=policy, runner=RUNNER, async_scheduling=async_scheduling, pause=pause, **ENGINE)
         fast = run(trace, **settings)
         slow = run(trace, stretch=False, **settings)
-        for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-            a, b = fast.requests.column(col).to_pylist(), slow.requests.column(col).to_pylist()
-            assert [x is None for x in a] == [y is None for y in b], (seed, async_scheduling, policy, col)
-            pairs = [(x, y) for x, y in zip(a, b) if x is not None]
-            assert [x for x, _ in pairs] == pytest.approx([y for _, y in pairs], rel=0, abs=1e-9), \
-                (seed, async_scheduling, policy, col)
+        assert_same_timeline(fast, slow, (seed, async_scheduling, policy))
