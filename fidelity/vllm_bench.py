@@ -175,18 +175,29 @@ def _older_result(doc: dict, path: Path, n: int, errors: list, itls: list, notes
         notes.append(f"no per-request send times ({client.older}): request_rate inf without "
                      "--max-concurrency sends every request at once, at time 0")
         return out
-    import heapq
-
-    slots: list[float] = []  # when each busy slot frees; a failed request frees its slot when it fails
-    starts = []
-    for i in range(n):
-        start = heapq.heappop(slots) if len(slots) >= load["users"] else 0.0
-        starts.append(start)
-        heapq.heappush(slots, start + (0.0 if failed[i] else latencies[i]))
-    out["start_times"] = starts
+    out["start_times"] = _through_slots([0.0] * n, _held(latencies, failed), load["users"])
     notes.append(f"no per-request send times ({client.older}): request_rate inf with --max-concurrency "
                  f"{load['users']}: each request sent when one of the {load['users']} slots freed, in list order")
     return out
+
+
+def _held(latencies: list[float], failed: list[bool]) -> list[float]:
+    """How long each request held its client slot: its latency; a failed request frees it when it fails."""
+    return [0.0 if bad else latency for latency, bad in zip(latencies, failed)]
+
+
+def _through_slots(paced: list[float], held: list[float], users: int) -> list[float]:
+    """Send times of requests the client paced at ``paced`` through ``users`` slots (vLLM bench's semaphore,
+    in list order): each waits for its pacing and for a slot to free."""
+    import heapq
+
+    slots: list[float] = []  # when each busy slot frees
+    starts = []
+    for at, hold in zip(paced, held):
+        start = max(at, heapq.heappop(slots)) if len(slots) >= users else at
+        starts.append(start)
+        heapq.heappush(slots, start + hold)
+    return starts
 
 
 def _paced_sends(doc: dict, path: Path, load: dict, latencies: list[float], failed: list[bool], notes: list[str],
@@ -197,8 +208,6 @@ def _paced_sends(doc: dict, path: Path, load: dict, latencies: list[float], fail
     The draw is seeded (0), and its time scale fitted so that the run lasts the ``duration`` it recorded
     (first send to last response), which pins the achieved rate. The sends are not the real ones: means
     compare, single requests do not (run.json ``load.arrivals`` says so, and validate --real)."""
-    import heapq
-
     import numpy as np
 
     n = len(latencies)
@@ -211,21 +220,12 @@ def _paced_sends(doc: dict, path: Path, load: dict, latencies: list[float], fail
     gaps = (1.0 / rates[:-1] if burst == 0 else  # burstiness 0: a fixed interval (a benchmark that allows it)
             np.random.default_rng(0).gamma(burst, 1.0 / (rates[:-1] * burst)))
     paced = np.concatenate([[0.0], np.cumsum(gaps)])
-    held = [0.0 if failed[i] else latencies[i] for i in range(n)]
+    held = _held(latencies, failed)
     users = load.get("users")
 
     def sends(scale: float) -> list[float]:
-        if users is None:
-            return (paced * scale).tolist()
-        slots: list[float] = []  # when each busy slot frees
-        out = []
-        for i in range(n):
-            start = float(paced[i] * scale)
-            if len(slots) >= users:
-                start = max(start, heapq.heappop(slots))
-            out.append(start)
-            heapq.heappush(slots, start + held[i])
-        return out
+        paced_at = (paced * scale).tolist()
+        return paced_at if users is None else _through_slots(paced_at, held, users)
 
     def end(scale: float) -> float:
         return max(s + h for s, h in zip(sends(scale), held))
