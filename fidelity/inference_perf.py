@@ -79,10 +79,11 @@ def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Me
     # default applies: 300 s for the whole request (aiohttp DEFAULT_TIMEOUT, total=5 * 60)
     timeout = number(cfg_path, load_cfg.get("request_timeout") or config.get("request_timeout"), "request_timeout",
                      optional=True)
-    settings.update(client_timeout_s=timeout or AIOHTTP_TOTAL_TIMEOUT_S, client_timeout_until="finish")
-    notes.append(f"inference-perf's client timeout {timeout or AIOHTTP_TOTAL_TIMEOUT_S:g} s "
-                 + ("(config.yaml request_timeout)" if timeout else "(none set: aiohttp's default total timeout)")
-                 + ": a request not finished by then is abandoned, as the client did")
+    why = "config.yaml request_timeout" if timeout else "none set: aiohttp's default total timeout"
+    timeout = timeout or AIOHTTP_TOTAL_TIMEOUT_S
+    settings.update(client_timeout_s=timeout, client_timeout_until="finish")
+    notes.append(f"inference-perf's client timeout {timeout:g} s ({why}): a request not finished by then is "
+                 "abandoned, as the client did")
     load = _load(load_cfg, stages, cfg_path, benchmark)
     source = {"stages": [{k: s.get(k) for k in ("rate", "duration", "concurrency_level") if k in s} for s in stages],
               **({"benchmark": benchmark} if benchmark is not None else {})}

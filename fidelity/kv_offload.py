@@ -53,7 +53,7 @@ def recorded_offload(args: dict[str, Any]) -> Offload | None:
         if backend == "lmcache":
             return Offload(None, None, f"kv_offloading_size {size} GiB through LMCache (its CPU size is LMCache's "
                                        "own setting)")
-        return Offload(float(size) * GIB / 1e9, None, f"kv_offloading_size {size} GiB ({backend})")
+        return Offload(size * GIB / 1e9, None, f"kv_offloading_size {size} GiB ({backend})")
     config = _as_dict(args.get("kv_transfer_config"))
     return None if config is None else _from_connector(config)
 
@@ -103,6 +103,13 @@ def settings(offload: Offload, block_size: int | None) -> dict[str, Any]:
     if offload.blocks is not None:
         return {"kv_offload_tokens": offload.blocks * int(offload.block_tokens or block_size or 16)}
     return {}
+
+
+def from_args(args: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """What vLLM's arguments (``args``) record of CPU KV offloading: its words for run.json's source and the
+    run.json config keys of its size (none when no size is recorded), or None without offloading."""
+    offload = recorded_offload(args)
+    return None if offload is None else (offload.how, settings(offload, args.get("block_size")))
 
 
 def tier_spec(gb: float, name: str = "dram") -> str:

@@ -24,8 +24,7 @@ from typing import Any
 
 from servelab.common.errors import InputError, ServelabError
 from servelab.fidelity.base import read_yaml
-from servelab.fidelity.kv_offload import recorded_offload
-from servelab.fidelity.kv_offload import settings as offload_settings
+from servelab.fidelity.kv_offload import from_args as offload_from_args
 from servelab.fidelity.vllm_defaults import recorded_version
 from servelab.traces.prefixes import PrefixSpec, spec_from_generator
 
@@ -195,9 +194,9 @@ def _kwargs(found: Found, kwargs: dict, path: Path) -> None:
     for key, value in kwargs.items():
         if key in KWARG_KEYS and not isinstance(value, (dict, list)):
             found.put(KWARG_KEYS[key], value, path.name, path)
-    if (offload := recorded_offload(kwargs)) is not None:  # CPU KV offloading (fidelity/kv_offload.py)
-        found.source["kv_offload"] = offload.how
-        for key, value in offload_settings(offload, kwargs.get("block_size")).items():
+    if (offload := offload_from_args(kwargs)) is not None:  # CPU KV offloading (fidelity/kv_offload.py)
+        found.source["kv_offload"], sizes = offload
+        for key, value in sizes.items():
             found.put(key, value, path.name, path)
     if kwargs.get("enable_expert_parallel"):
         found.source["enable_expert_parallel"] = True

@@ -26,8 +26,7 @@ import re
 from pathlib import Path
 
 from servelab.common.errors import InputError
-from servelab.fidelity.kv_offload import recorded_offload
-from servelab.fidelity.kv_offload import settings as offload_settings
+from servelab.fidelity.kv_offload import from_args as offload_from_args
 
 _ARGS = re.compile(r"non-default args: (\{.*\})\s*$")
 _NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)\s*$")  # vLLM < 0.10: every argument, defaults included
@@ -113,9 +112,9 @@ def read_log(path: Path) -> tuple[dict, dict, dict[str, str]]:
                 loaded = args.get("model_tag") or args.get("model")
                 if loaded and loaded != model:  # served under another name: what it loaded, for run import
                     source["model_path"] = loaded
-            if (offload := recorded_offload(args)) is not None:  # CPU KV offloading (fidelity/kv_offload.py)
-                source["kv_offload"] = offload.how
-                for k, v in offload_settings(offload, args.get("block_size")).items():
+            if (offload := offload_from_args(args)) is not None:  # CPU KV offloading (fidelity/kv_offload.py)
+                source["kv_offload"], sizes = offload
+                for k, v in sizes.items():
                     put(k, v, lineno)
             if args.get("data_parallel_size"):
                 source["data_parallel_size"] = args["data_parallel_size"]
