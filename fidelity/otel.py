@@ -123,10 +123,14 @@ def _attributes(path: Path, value: object, field: str, row: int | None = None) -
     return out
 
 
+def _attribute_map(path: Path, value: object, field: str, row: int | None = None) -> dict:
+    """An OTLP attribute list as ``{key: value}``."""
+    return {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, value, field, row)}
+
+
 def _add_span(rows: Rows, path: Path, lineno: int, span: dict, origin: list[int]) -> None:
     row = len(rows) + 1
-    attrs = {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, span.get("attributes"),
-                                                                          "attributes", row)}  # fmt: skip
+    attrs = _attribute_map(path, span.get("attributes"), "attributes", row)
 
     def need(key: str):
         if attrs.get(key) is None:
@@ -170,8 +174,7 @@ JOURNEY_OK = ("length", "stop", "stopped", "finished_length", "finished_stopped"
 
 def _add_journey(journeys: dict, path: Path, lineno: int, span: dict) -> None:
     """Keep a journey span's events under its request id (a request preempted and resumed has several spans)."""
-    attrs = {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, span.get("attributes"),
-                                                                          "attributes")}
+    attrs = _attribute_map(path, span.get("attributes"), "attributes")
     request = attrs.get("gen_ai.request.id")
     if request is None:
         raise InputError(path, f"line {lineno}: a '{JOURNEY_SPAN}' span lacks attribute 'gen_ai.request.id'",
@@ -181,8 +184,7 @@ def _add_journey(journeys: dict, path: Path, lineno: int, span: dict) -> None:
         name = str(event.get("name", ""))
         if not name.startswith("journey."):
             continue
-        ev = {a.get("key"): _value(a.get("value", {})) for a in _attributes(path, event.get("attributes"),
-                                                                           f"line {lineno}: events[{e}]")}
+        ev = _attribute_map(path, event.get("attributes"), f"line {lineno}: events[{e}]")
         ts = ev.get("ts.monotonic")
         if ts is None:
             try:
@@ -219,18 +221,14 @@ def _journey_rows(rows: Rows, journeys: dict) -> None:
         total = next((ev.get("prefill.total_tokens") for _, _, _, ev, _, _ in events
                       if ev.get("prefill.total_tokens") is not None), None)
         prompt = integer(path, total, "prefill.total_tokens", row)
-        finished = first.get("FINISHED")
-        at = {k: (None if k not in first else first[k][0] - t0) for k in ("SCHEDULED", "FIRST_TOKEN")}
-        if finished is None:
-            rows.add(row, request, queued - t0, prompt, 0, ok=False, first_token_s=at["FIRST_TOKEN"],
-                     first_scheduled_s=at["SCHEDULED"], reason="no FINISHED journey event: not finished while traced")
-            continue
-        ts, ev, _, _ = finished
-        output = integer(path, ev.get("decode.done_tokens"), "decode.done_tokens", row)
-        status = str(ev.get("finish.status") or "length").lower()
-        if status not in JOURNEY_OK or at["FIRST_TOKEN"] is None:
-            rows.add(row, request, queued - t0, prompt, output, ok=False, first_token_s=at["FIRST_TOKEN"],
-                     first_scheduled_s=at["SCHEDULED"], reason=f"journey finish.status {status}")
-            continue
-        rows.add(row, request, queued - t0, prompt, output, first_token_s=at["FIRST_TOKEN"], finish_s=ts - t0,
-                 first_scheduled_s=at["SCHEDULED"])
+        at = {k: (None if k not in first else first[k][0] - t0) for k in ("SCHEDULED", "FIRST_TOKEN", "FINISHED")}
+        output, reason = 0, "no FINISHED journey event: not finished while traced"
+        if "FINISHED" in first:
+            ev = first["FINISHED"][1]
+            output = integer(path, ev.get("decode.done_tokens"), "decode.done_tokens", row)
+            status = str(ev.get("finish.status") or "length").lower()
+            ok = status in JOURNEY_OK and at["FIRST_TOKEN"] is not None
+            reason = None if ok else f"journey finish.status {status}"
+        rows.add(row, request, queued - t0, prompt, output, ok=reason is None, reason=reason,
+                 first_token_s=at["FIRST_TOKEN"], first_scheduled_s=at["SCHEDULED"],
+                 finish_s=at["FINISHED"] if reason is None else None)

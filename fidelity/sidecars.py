@@ -1,8 +1,8 @@
 """Engine settings from the files a run leaves beside its per-request output.
 
 Looked for in each source's folder (and, for a report in a ``results/`` folder or LLMServingSim's
-``vllm/`` folder, the folder above it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU, the resolved ``kv_cache``: block
-size, memory utilisation, prefix caching),
+``vllm/`` folder, the folder above it): ``meta.json`` (``engine_kwargs``, ``num_gpu_blocks``, the GPU,
+the resolved ``kv_cache``: block size, memory utilisation, prefix caching),
 ``exp-config.yaml`` (inference-sim experiments: ``model``, ``tensor_parallelism``, ...),
 ``profile.yaml`` (a GuideLLM profile: its ``data`` settings give the prompt sharing), a Hugging Face
 ``config.json`` (the model's shapes, used when the recorded model id is no preset) or LLMServingSim's
