@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunResult:
+    """A replay's tables (requests, steps, tokens) and its run.json metadata."""
+
     requests: pa.Table
     steps: pa.Table
     meta: dict[str, Any] = field(default_factory=dict)
@@ -271,13 +273,13 @@ def write_parquet(table: pa.Table, path: Path) -> None:
     on the numeric columns nearly every value is distinct, and trying a dictionary there doubled the
     write time and grew the files (10 k requests and 43 k step rows: 26 ms, 1.67 MB -> 13 ms, 1.41 MB).
     Buffered (the same bytes): ~0.2 ms less CPU a file of a 2,000-request run, a search trial writing two."""
-    import pyarrow.parquet as pq  # here, not at the top: a replay starts without it (bench/bench_startup.py)
+    from servelab.common import parquet_out  # (not pyarrow.parquet: common/parquet_out.py)
 
     if not isinstance(path, (str, os.PathLike)):  # (a file object: pyarrow writes to it as given)
-        pq.write_table(table, path, **parquet_options(table.schema))
+        parquet_out.write_table(table, path, **parquet_options(table.schema))
         return
     with pa.BufferedOutputStream(pa.OSFile(os.fspath(path), "wb"), buffer_size=WRITE_BUFFER_BYTES) as sink:
-        pq.write_table(table, sink, **parquet_options(table.schema))
+        parquet_out.write_table(table, sink, **parquet_options(table.schema))
 
 
 def parquet_options(schema: pa.Schema) -> dict:

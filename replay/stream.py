@@ -243,10 +243,10 @@ class RowGroupWriter:
     ``pq.write_table`` writes for an empty table."""
 
     def __init__(self, path: Path, schema: pa.Schema, group_rows: int = CHUNK):
-        import pyarrow.parquet as pq
+        from servelab.common import parquet_out
 
         self.path, self.schema, self.group_rows = path, schema, group_rows
-        self.writer = pq.ParquetWriter(path, schema, **parquet_options(schema))
+        self.writer = parquet_out.writer(path, schema, **parquet_options(schema))
         self.pending: list[pa.RecordBatch] = []
         self.pending_rows = 0
         self.rows = 0

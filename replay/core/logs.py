@@ -657,10 +657,11 @@ def _write_tokens(pieces: Iterator, out: BinaryIO) -> int:
     are the same), one row group in memory at a time."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from servelab.common import parquet_out
 
     schema = tokens_schema()
-    writer = pq.ParquetWriter(out, schema, compression="zstd", use_dictionary=False)
+    writer = parquet_out.writer(out, schema, compression="zstd", use_dictionary=False)
     rid = np.empty(ROW_GROUP, dtype=np.int64)  # one row group's columns, filled piece by piece
     idx = np.empty(ROW_GROUP, dtype=np.int32)
     t = np.empty(ROW_GROUP, dtype=np.float64)
