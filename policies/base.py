@@ -23,7 +23,7 @@ from servelab.replay.core.speculative import SpecBatchBuilder
 
 @dataclass(frozen=True, slots=True)
 class NoParams:
-    pass
+    """A policy without settings."""
 
 
 class PolicyBase:

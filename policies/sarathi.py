@@ -18,6 +18,8 @@ from servelab.replay.core.replica import Replica
 
 @dataclass(frozen=True, slots=True)
 class SarathiParams:
+    """sarathi's settings (``[policy_params]``)."""
+
     long_prefill_threshold: int = 0  # cap on one request's chunk per iteration (0: only the budget caps it)
 
     def __post_init__(self) -> None:

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
+    """Everything one replay needs besides the trace: engine, policy, router, runner, cluster."""
+
     engine: EngineConfig = field(default_factory=EngineConfig)
     policy: str = "sarathi"
     # the policy's typed ``Params`` (policies/); a table (mapping) given is typed against them once, when the

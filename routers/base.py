@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NoParams:
-    pass
+    """A router without settings."""
 
 
 class RouterBase:

@@ -42,6 +42,8 @@ class DecoderShape:
 
 @dataclass(frozen=True, slots=True)
 class ModelPreset(DecoderShape):
+    """A model's shape: what the cost model prices and the KV cache sizes."""
+
     name: str
     hf_id: str  # where the shape comes from
     num_layers: int
@@ -262,6 +264,8 @@ class ModelPreset(DecoderShape):
 
 @dataclass(frozen=True, slots=True)
 class GpuPreset:
+    """A GPU's peak compute, memory, bandwidths and interconnect."""
+
     name: str
     description: str
     peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s

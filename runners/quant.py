@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class WeightFormat:
+    """How a model's weights are stored and computed with (bf16, fp8, int8, int4, fp4)."""
+
     name: str
     bytes_per_weight: float  # the quantised value and its share of the format's scales (and zeros)
     compute: str  # bf16 (weight-only: dequantised in the kernel), fp8, int8 or fp4 (activations quantised too)

@@ -129,6 +129,8 @@ def lm_head_op(model: ModelPreset, tp: int) -> OpWork:
 
 @dataclass(frozen=True, slots=True)
 class OpCalibration:
+    """One operator's fitted efficiencies and per-call latency on one GPU."""
+
     eff_compute: float
     eff_memory: float
     latency_s: float
@@ -342,6 +344,8 @@ class _Rates(NamedTuple):
 
 @dataclass(frozen=True)
 class RooflineRunner(RunnerBase):
+    """The roofline cost model: each step priced from the model's operators on the GPU."""
+
     model: ModelPreset
     gpu: GpuPreset
     tp: int

@@ -33,6 +33,8 @@ MAX_ARRIVAL_S = float(2**32)
 
 @dataclass(frozen=True)
 class Column:
+    """One column of the trace schema: name, Arrow type, whether required, meaning."""
+
     name: str
     type: pa.DataType
     required: bool

@@ -51,6 +51,8 @@ CLUSTER_WIDE = ("until_s", "seed", "quota", "retries", "retry_backoff_s", "retry
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
+    """One pool of a cluster: its replicas, role and the engine settings it overrides."""
+
     name: str
     role: str = "mixed"
     replicas: int = 1
@@ -111,6 +113,8 @@ class PoolConfig:
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
+    """The KV link from a prefill pool to a decode pool."""
+
     source: str  # a prefill pool
     target: str  # a decode pool
     bandwidth_gbps: float = 50.0  # GB/s, shared equally by the transfers in flight
@@ -137,6 +141,8 @@ class LinkConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
+    """A cluster's pools and the links between them."""
+
     pools: tuple[PoolConfig, ...]
     links: tuple[LinkConfig, ...] = ()
 

@@ -62,6 +62,9 @@ def _choice(obj: Any, name: str, options: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class BatchingPart:
+    """What one iteration may hold and how it is picked: block size, sequences, tokens, context
+    length, head-of-line blocking, async scheduling."""
+
     block_size: int = 16  # tokens per KV block
     max_num_seqs: int = 256  # requests in one iteration
     max_num_batched_tokens: int = 2048  # tokens computed in one iteration (chunked-prefill budget)
@@ -79,6 +82,8 @@ class BatchingPart:
 
 @dataclass(frozen=True, slots=True)
 class KVPart:
+    """The KV cache: its size, allocation, prefix caching and tiers below the GPU."""
+
     num_gpu_blocks: int | None = None  # per replica; None = derived from the runner's model and GPU
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use (weights + KV)
     kv_allocation: str = "on-demand"  # on-demand (vLLM) | reserve
@@ -109,6 +114,8 @@ class KVPart:
 
 @dataclass(frozen=True, slots=True)
 class PreemptionPart:
+    """What a preempted request's KV does: recomputed or swapped to host memory."""
+
     preemption: str = "recompute"  # recompute | swap
     swap_space_gb: float = 4.0  # host pool for swapped KV, per replica
     swap_bandwidth_gbps: float = 25.0  # host<->GPU copy bandwidth, GB/s
@@ -121,6 +128,8 @@ class PreemptionPart:
 
 @dataclass(frozen=True, slots=True)
 class ClusterPart:
+    """Replica count, router, horizon and seed."""
+
     replicas: int = 1
     router: str = "round-robin"  # a router name (routers/; looked up by servelab.api, not here)
     until_s: float | None = None  # horizon; None = replay until drained
@@ -137,6 +146,8 @@ class ClusterPart:
 
 @dataclass(frozen=True, slots=True)
 class PlatformPart:
+    """The platform's front door: quotas, queue cap, pause rules, failures, journal."""
+
     quota: tuple[str, ...] = ()  # "tenant=NAME:rpm=..,tpm=..,concurrency=.." / "tier=NAME:..."
     queue_cap: int | None = None  # most requests waiting across replicas; the lowest tier is shed
     tier_order: str = DEFAULT_TIERS  # tiers highest first, for queue-cap shedding
@@ -161,6 +172,8 @@ TIMEOUT_UNTIL = ("finish", "first_token")  # what a client timeout waits for (re
 
 @dataclass(frozen=True, slots=True)
 class ClientPart:
+    """The client's retries of throttled requests and its timeout."""
+
     retries: int = 0  # client retries of a throttled request
     retry_backoff_s: float = 1.0  # first backoff; doubles per retry
     retry_max_backoff_s: float = 60.0
@@ -185,6 +198,8 @@ class ClientPart:
 
 @dataclass(frozen=True, slots=True)
 class SpeculativePart:
+    """Speculative decoding: method, proposed tokens, acceptance, draft model."""
+
     spec_method: str | None = None  # draft_model | eagle | eagle3 | mtp | ngram; None: off
     spec_k: int = 3  # proposed tokens per decode and step
     spec_acceptance: str = "0.7"  # a rate, or per request "uniform:LO,HI" / "beta:ALPHA,BETA"
@@ -216,6 +231,8 @@ class SpeculativePart:
 
 @dataclass(frozen=True, slots=True)
 class LoRAPart:
+    """Multi-LoRA: adapter slots on the GPU and in host memory, ranks, load bandwidths."""
+
     max_loras: int = 0  # adapter slots per replica (vLLM --max-loras); 0: off
     max_cpu_loras: int | None = None  # adapters cached in host memory (None: max_loras)
     lora_rank: int = 16  # rank of every adapter not named in lora_ranks
@@ -236,6 +253,8 @@ class LoRAPart:
 
 @dataclass(frozen=True, slots=True)
 class MultimodalPart:
+    """Multimodal encoders and the encoder cache."""
+
     vision_encoder: str | None = None  # encoder preset for images and video (runners/encoders.py)
     audio_encoder: str | None = None  # encoder preset for audio
     encoder_cache_tokens: int | None = None  # embeddings the encoder cache holds (None: max_num_batched_tokens)
@@ -247,6 +266,8 @@ class MultimodalPart:
 
 @dataclass(frozen=True, slots=True)
 class RetentionPart:
+    """KV retention across a session's tool waits."""
+
     kv_retention: str = "lru"  # KV across a session's tool waits: lru | keep | offload (replay/core/kv/retention.py)
     kv_retention_ttl_s: float | None = None  # keep: a pinned context is released after this many seconds
 

@@ -27,6 +27,8 @@ from servelab.replay.core.specs import (Failure, PauseRule, Quota, parse_failure
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    """The engine's settings, flat: the view the hot loop reads of the parts (replay/core/config_parts.py)."""
+
     block_size: int = 16  # tokens per KV block
     num_gpu_blocks: int | None = None  # per replica; None = derived from the runner's model and GPU
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use (weights + KV)

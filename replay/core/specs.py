@@ -96,6 +96,8 @@ class PauseRule:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
+    """A replica down at ``at_s``, for ``for_s`` seconds or for good."""
+
     replica: int
     at_s: float
     for_s: float | None = None  # None: down for good

@@ -37,6 +37,8 @@ DEFAULTS = {
 
 @dataclass(frozen=True, slots=True)
 class TierSpec:
+    """One KV tier below the GPU: its size, bandwidths, latency and whether replicas share it."""
+
     name: str
     capacity_gb: float
     read_gbps: float
