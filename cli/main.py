@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -100,8 +101,22 @@ def _leave_to_exit() -> None:
     gc.freeze()
 
 
+def _one_blas_thread() -> None:
+    """One OpenBLAS thread for the console command, unless the user chose a number: numpy's OpenBLAS
+    starts a thread per core when numpy is imported, and each spins ~0.1 s waiting for work that no
+    command gives it (servelab's arrays are elementwise; its few least-squares fits are small). On a
+    2-core machine those threads took the core from the command: a 10-request replay's whole process
+    0.25 s -> 0.20 s wall, its user CPU halved (bench/RESULTS.md "Session 26: start-up"). Set before
+    numpy is first imported (OpenBLAS reads it then), and inherited by a search's worker processes.
+    Only for the console command: a caller of ``main(argv)`` keeps its own environment."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        _one_blas_thread()
     debug = "--debug" in args
     try:
         cli.main(args=args, prog_name="servelab", standalone_mode=False)
