@@ -54,7 +54,8 @@ def prefix_options(fn):
 @click.option("--setting", "settings", multiple=True, metavar="KEY=VALUE",
               help="An engine setting the source does not record (model, gpu, tp, max_num_seqs, "
                    "max_num_batched_tokens, block_size, num_gpu_blocks, gpu_memory_utilization, "
-                   "enable_prefix_caching, async_scheduling, replicas, kv_offload_gb: vLLM's CPU KV offloading); "
+                   "enable_prefix_caching, async_scheduling, replicas, kv_offload_gb: vLLM's CPU KV offloading, "
+                   "vllm_version: the server's release, whose defaults a run that records none gets); "
                    "repeatable, wins over the source and its "
                    "files.")
 @prefix_options

@@ -13,6 +13,8 @@ prefix_sharing.py.
 
 from __future__ import annotations
 
+import re
+
 import hashlib
 import json
 import math
@@ -43,6 +45,9 @@ SETTING_TYPES = {
     "kv_offload_gb": float, "kv_offload_tokens": int, "kv_offload_disk_gb": float,
     # the benchmark client's own timeout, and what it waits for ("finish" or "first_token": replay/platform/abort.py)
     "client_timeout_s": float, "client_timeout_until": str,
+    # the server's vLLM release, for a run that does not record it: its defaults (fidelity/vllm_defaults.py);
+    # not an engine setting itself, so run import keeps it with what the source records
+    "vllm_version": str,
 }
 
 
@@ -155,7 +160,9 @@ SETTING_RULES = {"tp": _COUNT, "max_num_seqs": _COUNT, "max_num_batched_tokens":
                  "kv_offload_gb": (lambda v: v > 0, "must be above 0"),
                  "kv_offload_disk_gb": (lambda v: v > 0, "must be above 0"),
                  "gpu_memory_utilization": (lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
-                 "client_timeout_s": (lambda v: v > 0, "must be above 0")}
+                 "client_timeout_s": (lambda v: v > 0, "must be above 0"),
+                 "vllm_version": (lambda v: re.match(r"v?\d+\.\d+", v.strip()) is not None,
+                                  "must be a vLLM release such as 0.14 or 0.11.0")}
 
 
 def check_settings(settings: dict[str, Any], path: Path | None, origin: dict[str, str] | str | None = None

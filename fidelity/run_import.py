@@ -20,6 +20,7 @@ from servelab.common.errors import InputError, ServelabError
 from servelab.fidelity.base import (SETTING_TYPES, Measured, build_run, check_settings, detect_format,
                                     import_measured)
 from servelab.fidelity.prefix_sharing import PrefixChoice, choose
+from servelab.fidelity.vllm_defaults import assumed_warning, fill_async_default, fill_batch_defaults, recorded_version
 from servelab.replay.results import RunResult
 from servelab.traces.prefixes import DEFAULT_BLOCK_TOKENS, PrefixSpec
 
@@ -82,6 +83,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
 
     detected = fmt is None if detected is None else detected
     given = check_settings(given or {}, None, "--setting")  # before anything is read: the option's own error
+    version_given = given.pop("vllm_version", None)  # (the source's fact, not an engine setting)
     if fmt is None:
         fmt = detect_format(sources)
     try:
@@ -94,7 +96,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     # disagrees with the run's files, are another run's: only the user knows which is right. A log found
     # beside the run that disagrees on an engine setting is what the server ran (exp-config.yaml and
     # meta.json say what was asked): it wins, and a note says so.
-    strict = [c for c in found.conflicts if c.key not in given
+    decided = {*given, *(["vllm_version"] if version_given else [])}
+    strict = [c for c in found.conflicts if c.key not in decided
               and (c.key in ("model", "vllm_version") or (vllm_log is not None and c.second[0] == vllm_log))]
     if strict:
         keys = [c.key for c in strict if c.key in SETTING_TYPES]
@@ -102,7 +105,8 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
         raise ServelabError(f"the run's files disagree: {'; '.join(c.says() for c in strict)} (one of them from "
                             f"another run?); pass the run's own files{decide}")
     for c in found.conflicts:
-        decides = f"--setting {c.key}={given[c.key]} decides" if c.key in given else "the server log's wins"
+        value = version_given if c.key == "vllm_version" else given.get(c.key)
+        decides = f"--setting {c.key}={value} decides" if c.key in decided else "the server log's wins"
         notes.append(f"the run's files disagree: {c.says()}; {decides}")
     if found.source.get("vllm_log_unread"):
         unread.append(f"{found.log}: no vLLM line recognised in it (arguments, engine config, KV cache, version): "
@@ -117,6 +121,13 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     for key, value in given.items():
         settings[key], origin[key] = value, "--setting"
     source = {**measured.source, **found.source}
+    if version_given:
+        recorded = recorded_version(source)
+        if recorded is not None and str(recorded) != version_given and not any(
+                c.key == "vllm_version" for c in found.conflicts):
+            notes.append(f"the run records vLLM {recorded}; --setting vllm_version={version_given} decides")
+        source.pop("engine_version", None)
+        source["vllm_version"], source["vllm_version_from"] = version_given, "--setting"
     if "gpu" in settings:  # a device name as nvidia-smi prints it, recorded or given, maps to its preset
         preset = gpu_preset(str(settings["gpu"]))
         if preset is None:
@@ -145,10 +156,9 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     for key in ("model", "gpu"):
         if key not in settings:
             raise missing_setting_error(key, f"{sources[0]}: the run")
-    from servelab.fidelity.vllm_defaults import fill_async_default, fill_batch_defaults
-
     fill_batch_defaults(settings, origin, source)  # the server's own defaults, not the replay's
     fill_async_default(settings, origin, source)
+    assumed = assumed_warning(settings, origin, source)
     settings = check_settings(settings, sources[0], origin)
     generator = measured.prefix or found.prefix
     measured = dataclasses.replace(measured, settings=settings, source=source, prefix=generator)
@@ -160,7 +170,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     meta["config_sources"] = {k: origin[k] for k in settings}
     meta["prefix"] = dict(choice.record(), measured_hit_rate=hit_rate,
                           measured_hit_rate_from=source.get("prefix_cache_hit_rate_from"))
-    warnings = tuple(meta.get("warnings", [])) + tuple(unread) + choice.warnings
+    warnings = tuple(meta.get("warnings", [])) + tuple(unread) + ((assumed,) if assumed else ()) + choice.warnings
     meta["notes"] = [*meta.get("notes", []), *notes, *choice.notes]
     meta["warnings"] = list(warnings)
     meta["source"] = dict(meta["source"], format_detected=detected)

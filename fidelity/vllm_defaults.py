@@ -11,6 +11,15 @@ are left to the replay's defaults, which validate --real lists as such.
 
 Async scheduling (``fill_async_default``) is vLLM's default since 0.14: a run recording 0.14 or later
 and not the setting is replayed with it (docs/engine.md "Async scheduling").
+
+A run that records no version (a benchmark client's file alone: GuideLLM, inference-perf, vllm bench
+without the server's log) is replayed with the defaults of vLLM 0.14 and later (``ASSUMED_VERSION``),
+the releases of 2026, rather than servelab's own: on 16 such runs (bench/RESULTS.md "Session 24") the
+measured TTFT at light load was the three steps of async scheduling, not the one and a half of a
+synchronous server. The assumption is said where each setting it gave is listed ("vLLM 0.14+ assumed
+(no version recorded): its default ...") and in the import's warnings, with ``--setting vllm_version=VERSION`` to name the
+server's release instead. A run whose client talked to another server (SGLang, LMDeploy, TGI,
+TensorRT-LLM: its ``backend``) is assumed nothing.
 """
 
 from __future__ import annotations
@@ -48,16 +57,36 @@ def recorded_version(source: dict) -> object:
     return source.get("vllm_version") or source.get("engine_version")
 
 
+ASSUMED_VERSION = "0.14"  # the oldest release with today's defaults: batch limits per GPU (0.9), async scheduling (0.14)
+# a benchmark client's ``backend`` naming a server that is not vLLM: its defaults are not vLLM's
+OTHER_SERVERS = ("sglang", "lmdeploy", "tgi", "trt", "tensorrt", "llama.cpp", "ollama", "deepspeed")
+
+
+def version_for_defaults(source: dict) -> tuple[object, str] | None:
+    """(the vLLM version whose defaults the run gets, how that is known as words for an origin) — the
+    recorded one, else ``ASSUMED_VERSION`` for a run that names no server other than vLLM; None for
+    another server's run."""
+    version = recorded_version(source)
+    if version is not None:
+        return version, f"vLLM {version}"
+    backend = str(source.get("backend") or "").lower()
+    if any(backend.startswith(name) for name in OTHER_SERVERS):
+        return None
+    return ASSUMED_VERSION, f"vLLM {ASSUMED_VERSION}+ assumed (no version recorded)"
+
+
 def fill_batch_defaults(settings: dict, origin: dict[str, str], source: dict) -> None:
-    """Add vLLM's defaults for the batch limits ``settings`` lacks (in place), when the run records its
-    vLLM version (``source`` ``vllm_version``, else the engine config line's)."""
+    """Add vLLM's defaults for the batch limits ``settings`` lacks (in place): those of the vLLM version
+    the run records, else of the version assumed (``version_for_defaults``)."""
     if "gpu" not in settings or {"max_num_seqs", "max_num_batched_tokens"} <= settings.keys():
         return
-    version = recorded_version(source)
-    found = batch_defaults(version, str(settings["gpu"]))
+    known = version_for_defaults(source)
+    found = None if known is None else batch_defaults(known[0], str(settings["gpu"]))
     if found is None:
         return
     values, where = found
+    if recorded_version(source) is None:
+        where = where.replace(f"vLLM {known[0]}'s default", f"{known[1]}: its default", 1)
     if "max_num_batched_tokens" in settings:  # the cap uses the limit the server ran with
         values["max_num_seqs"] = min(values["max_num_seqs"], int(settings["max_num_batched_tokens"]))
     for key, value in values.items():
@@ -69,15 +98,31 @@ ASYNC_SINCE = (0, 14)  # vLLM 0.14.0's release notes: "Async scheduling is now e
 
 
 def fill_async_default(settings: dict, origin: dict[str, str], source: dict) -> None:
-    """Turn on async scheduling where the run lacks the setting and records a vLLM version of 0.14 or later
-    (where it is vLLM's default), unless the run used pipeline parallelism, which 0.14 ran without it."""
+    """Turn on async scheduling where the run lacks the setting and its vLLM version, recorded or assumed
+    (``version_for_defaults``), is 0.14 or later (where it is vLLM's default), unless the run used pipeline
+    parallelism, which 0.14 ran without it."""
     if "async_scheduling" in settings:
         return
-    version = recorded_version(source)
-    parsed = version_tuple(version)
+    known = version_for_defaults(source)
+    parsed = None if known is None else version_tuple(known[0])
     if parsed is None or parsed[:2] < ASYNC_SINCE:
         return
     if int(source.get("pipeline_parallel_size") or 1) > 1:
         return
     settings["async_scheduling"] = True
-    origin["async_scheduling"] = f"vLLM {version}'s default (async scheduling, on since 0.14)"
+    origin["async_scheduling"] = (f"vLLM {known[0]}'s default (async scheduling, on since 0.14)"
+                                  if recorded_version(source) is not None else
+                                  f"{known[1]}: its default (async scheduling, on since 0.14)")
+
+
+def assumed_warning(settings: dict, origin: dict[str, str], source: dict) -> str | None:
+    """The import's warning when a setting came from the assumed version (None when none did)."""
+    if recorded_version(source) is not None:
+        return None
+    assumed = [k for k in ("max_num_batched_tokens", "max_num_seqs", "async_scheduling")
+               if k in settings and "(no version recorded)" in origin.get(k, "")]
+    if not assumed:
+        return None
+    values = ", ".join(f"{k} {settings[k]}" for k in assumed)
+    return (f"the run records no vLLM version: replayed with vLLM {ASSUMED_VERSION}+'s defaults ({values}); "
+            f"for an older server pass --setting vllm_version=VERSION (or each setting)")

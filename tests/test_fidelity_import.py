@@ -91,7 +91,11 @@ def test_vllm_bench_serve(run_cli, tmp_path):
     failed = rows[2]
     assert failed["status"] == "failed" and failed["reason"] == "Bad Request" and failed["e2e_s"] is None
     assert read_trace(out / "trace.arrow").num_rows == 3  # the failed request produced nothing to replay
-    assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "h100-80gb"}
+    # no vLLM version recorded: vLLM 0.14+'s defaults on an H100, each said to be assumed (vllm_defaults.py)
+    assert meta["config"] == {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "h100-80gb",
+                              "max_num_batched_tokens": 8192, "max_num_seqs": 1024, "async_scheduling": True}
+    assert all("vLLM 0.14+ assumed (no version recorded)" in meta["config_sources"][k]
+               for k in ("max_num_batched_tokens", "max_num_seqs", "async_scheduling"))
 
 
 def test_guidellm_both_schemas(run_cli, tmp_path):

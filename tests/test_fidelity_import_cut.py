@@ -27,7 +27,8 @@ def test_otel_lines_cut_while_the_exporter_appended(tmp_path, capsys):
     src.write_text("\n".join([*lines[:2], lines[2][:200]]) + "\n")
     out, err, meta = _import(tmp_path, capsys, src)
     assert "spans.jsonl line 3: cut short (not valid JSON); its spans are left out" in err
-    assert meta["warnings"] == ["spans.jsonl line 3: cut short (not valid JSON); its spans are left out"]
+    assert meta["warnings"][0] == "spans.jsonl line 3: cut short (not valid JSON); its spans are left out"
+    assert [w for w in meta["warnings"][1:] if "records no vLLM version" not in w] == []
     whole = _import(tmp_path, capsys, FIX / "otel_llm_request.jsonl", "whole")[2]
     assert 0 < meta["counts"]["finished"] < whole["counts"]["finished"]
     # a cut line before the last is an error naming it, and nothing is written

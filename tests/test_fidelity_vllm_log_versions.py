@@ -198,7 +198,7 @@ def test_async_scheduling_is_not_assumed_with_pipeline_parallelism():
     settings: dict = {}
     fill_async_default(settings, {}, {"vllm_version": "0.15.0", "pipeline_parallel_size": 2})
     assert settings == {}
-    fill_async_default(settings, {}, {})  # no version recorded: nothing assumed
+    fill_async_default(settings, {}, {"pipeline_parallel_size": 2})  # (nor with the version assumed)
     assert settings == {}
 
 
@@ -208,9 +208,33 @@ def test_a_recorded_batch_limit_caps_the_default_sequences(tmp_path):
     settings, origin = {"gpu": "h100-80gb", "max_num_batched_tokens": 512}, {"max_num_batched_tokens": "vllm.log line 3"}
     fill_batch_defaults(settings, origin, {"vllm_version": "0.11.0"})
     assert settings["max_num_seqs"] == 512 and origin["max_num_batched_tokens"] == "vllm.log line 3"
-    untouched = {"gpu": "h100-80gb"}
-    fill_batch_defaults(untouched, {}, {})  # no version recorded: nothing assumed
-    assert untouched == {"gpu": "h100-80gb"}
+    older = {"gpu": "h100-80gb"}
+    fill_batch_defaults(older, {}, {"vllm_version": "0.8.5"})  # before 0.9: servelab's own, as the replay's defaults
+    assert older == {"gpu": "h100-80gb"}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ({}, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "async_scheduling": True}),  # assumed: 0.14+
+    ({"backend": "vllm"}, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "async_scheduling": True}),
+    ({"backend": "openai-chat"}, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "async_scheduling": True}),
+    ({"backend": "sglang"}, {}),  # another server's run: none of vLLM's defaults
+    ({"backend": "lmdeploy"}, {}),
+    ({"vllm_version": "0.11.0"}, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}),  # recorded: no async
+    ({"vllm_version": "0.8.5"}, {}),
+])
+def test_a_run_without_a_version_gets_the_defaults_of_todays_vllm(source, expected):
+    from servelab.fidelity.vllm_defaults import assumed_warning, fill_async_default, fill_batch_defaults
+
+    settings, origin = {"gpu": "h100-80gb"}, {"gpu": "--setting"}
+    fill_batch_defaults(settings, origin, source)
+    fill_async_default(settings, origin, source)
+    assert {k: v for k, v in settings.items() if k != "gpu"} == expected
+    warning = assumed_warning(settings, origin, source)
+    if expected and "vllm_version" not in source:
+        assert all("vLLM 0.14+ assumed (no version recorded): its default" in origin[k] for k in expected)
+        assert warning is not None and "--setting vllm_version=VERSION" in warning
+    else:
+        assert warning is None
 
 
 def test_data_parallel_engines_hit_rates_are_averaged(tmp_path):
@@ -276,3 +300,57 @@ def test_a_model_served_under_an_alias_is_replayed_as_the_model_it_loaded(tmp_pa
                                "gpu=h100-80gb"], capsys)
     assert code == 0, err
     assert json.loads((tmp_path / "r2" / "run.json").read_text())["config"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def _import_otel(tmp_path, capsys, *extra: str, log: str | None = None) -> tuple[int, Path, str]:
+    folder = tmp_path / "src"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(FIX / "otel_llm_request.jsonl", folder / "traces.json")
+    if log is not None:
+        (folder / "vllm.log").write_text(
+            f"INFO 10-01 12:00:00 [api_server.py:1896] vLLM API server version {log}\n"
+            "INFO 10-01 12:00:00 [utils.py:233] non-default args: {'model': 'meta-llama/Llama-2-7b-hf'}\n")
+    run = tmp_path / "run"
+    code, _, err = run_main(["run", "import", folder / "traces.json", "-o", run, "--force", "--setting", "gpu=h100-80gb",
+                             "--setting", "model=llama-2-7b", *extra], capsys)
+    return code, run, err
+
+
+def test_a_run_without_a_version_is_replayed_as_todays_vllm_and_says_so(tmp_path, capsys):
+    code, run, err = _import_otel(tmp_path, capsys)
+    assert code == 0, err
+    assert "the run records no vLLM version" in err and "--setting vllm_version=VERSION" in err
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["config"]["async_scheduling"] is True and meta["config"]["max_num_seqs"] == 1024
+    code, out, err = run_main(["validate", "--real", run, "--format", "json"], capsys)
+    assert code == 0, err
+    used = {s["setting"]: s for s in json.loads(out)["settings"]}
+    assert used["async_scheduling"]["value"] is True
+    assert "vLLM 0.14+ assumed (no version recorded): its default" in used["async_scheduling"]["from"]
+    assert used["max_num_batched_tokens"]["value"] == 8192
+
+
+def test_the_version_given_names_the_servers_defaults(tmp_path, capsys):
+    code, run, err = _import_otel(tmp_path, capsys, "--setting", "vllm_version=0.11.0")
+    assert code == 0, err
+    assert "records no vLLM version" not in err
+    meta = json.loads((run / "run.json").read_text())
+    assert "async_scheduling" not in meta["config"]  # 0.11: synchronous, the replay's own default
+    assert meta["config"]["max_num_batched_tokens"] == 8192
+    assert meta["config_sources"]["max_num_seqs"].startswith("vLLM 0.11.0's default on h100-80gb")
+    assert meta["source"]["vllm_version"] == "0.11.0" and meta["source"]["vllm_version_from"] == "--setting"
+    assert not any("vLLM version" in w for w in meta["warnings"])
+
+
+def test_the_version_given_wins_over_the_logs_with_a_note(tmp_path, capsys):
+    code, run, err = _import_otel(tmp_path, capsys, "--setting", "vllm_version=0.11.0", log="0.15.1")
+    assert code == 0, err
+    meta = json.loads((run / "run.json").read_text())
+    assert "async_scheduling" not in meta["config"] and meta["source"]["vllm_version"] == "0.11.0"
+    assert "the run records vLLM 0.15.1; --setting vllm_version=0.11.0 decides" in meta["notes"]
+
+
+def test_a_version_that_is_not_one_is_refused(tmp_path, capsys):
+    code, run, err = _import_otel(tmp_path, capsys, "--setting", "vllm_version=latest")
+    assert code != 0 and "--setting vllm_version=latest: must be a vLLM release such as 0.14 or 0.11.0" in err
+    assert not run.exists()
