@@ -19,7 +19,7 @@ measured TTFT at light load was the three steps of async scheduling, not the one
 synchronous server. The assumption is said where each setting it gave is listed ("vLLM 0.14+ assumed
 (no version recorded): its default ...") and in the import's warnings, with ``--setting vllm_version=VERSION`` to name the
 server's release instead. A run whose client talked to another server (SGLang, LMDeploy, TGI,
-TensorRT-LLM: its ``backend``) is assumed nothing.
+TensorRT-LLM: its ``backend``, TraceV2's ``server.type``) is assumed nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def recorded_version(source: dict) -> object:
 
 
 ASSUMED_VERSION = "0.14"  # the oldest release with today's defaults: batch limits per GPU (0.9), async scheduling (0.14)
-# a benchmark client's ``backend`` naming a server that is not vLLM: its defaults are not vLLM's
+# a benchmark client's ``backend`` (or TraceV2's server type) naming a server that is not vLLM: its defaults are not vLLM's
 OTHER_SERVERS = ("sglang", "lmdeploy", "tgi", "trt", "tensorrt", "llama.cpp", "ollama", "deepspeed")
 
 
@@ -69,8 +69,8 @@ def version_for_defaults(source: dict) -> tuple[object, str] | None:
     version = recorded_version(source)
     if version is not None:
         return version, f"vLLM {version}"
-    backend = str(source.get("backend") or "").lower()
-    if any(backend.startswith(name) for name in OTHER_SERVERS):
+    server = str(source.get("server_type") or source.get("backend") or "").lower()  # (TraceV2's server.type)
+    if any(server.startswith(name) for name in OTHER_SERVERS):
         return None
     return ASSUMED_VERSION, f"vLLM {ASSUMED_VERSION}+ assumed (no version recorded)"
 

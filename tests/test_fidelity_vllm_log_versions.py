@@ -219,6 +219,7 @@ def test_a_recorded_batch_limit_caps_the_default_sequences(tmp_path):
     ({"backend": "openai-chat"}, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "async_scheduling": True}),
     ({"backend": "sglang"}, {}),  # another server's run: none of vLLM's defaults
     ({"backend": "lmdeploy"}, {}),
+    ({"server_type": "sglang"}, {}),  # TraceV2's server block
     ({"vllm_version": "0.11.0"}, {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}),  # recorded: no async
     ({"vllm_version": "0.8.5"}, {}),
 ])
