@@ -78,12 +78,15 @@ def import_run(fmt, sources, output, trace_out, benchmark, vllm_log, vllm_metric
     staged = ("guidellm", "inference-perf", "sglang-bench", "genai-perf")
     if benchmark is not None:
         options["benchmark"] = benchmark
-    from servelab.fidelity.base import detect_format
+    from servelab.fidelity.base import detect_format, sources_in_folders
     from servelab.traces.prefixes import spec_from_options
 
     spec = spec_from_options(shared_prefix_tokens, prefix_groups, prompt_pool)
     kwargs = dict(vllm_log=vllm_log, vllm_metrics=vllm_metrics, given=_parse_settings(settings), prefix=spec,
                   prefix_from_hit_rate=prefix_from_hit_rate)
+    sources, in_folders = sources_in_folders(list(sources))  # a run's folder given: the run's file in it
+    for note in in_folders:
+        click.echo(f"source: {note}", err=True)
     detected = fmt is None
     if detected:  # said before the import, so an error below reads against the format it was read as
         fmt = detect_format(list(sources))

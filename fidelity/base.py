@@ -13,11 +13,10 @@ prefix_sharing.py.
 
 from __future__ import annotations
 
-import re
-
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +262,57 @@ def detect_format(paths: list[Path]) -> str:
                   "vllm bench, SGLang bench_serving, genai-perf, AIPerf, timestamps JSONL or TraceV2 file); "
                   "pass --format",
                   folder_hint=" (a TraceV2 folder holds trace.yaml and trace.csv)")
+
+
+# formats whose one run may be several files (an exporter's rotated or split files); the others read one
+SPLIT_FORMATS = ("otel", "timestamps-jsonl")
+
+
+def sources_in_folders(paths: list[Path]) -> tuple[list[Path], list[str]]:
+    """``paths`` with each folder given (other than a TraceV2 folder, itself the source) replaced by the
+    run's file in it: the files of the folder, else of its subfolders (inference-perf's ``results/``), that
+    a format's detection recognises, TraceV2's loose ``.yaml``/``.csv`` aside (a sidecar such as
+    exp-config.yaml is not a trace). One format's files: those (an OTel exporter's rotated files),
+    or the one file of a single-file format; anything else is an error listing what it found. Also the
+    notes saying which file each folder gave."""
+    out: list[Path] = []
+    notes: list[str] = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_dir() or (path / "trace.yaml").is_file() or (path / "trace.csv").is_file():
+            out.append(path)
+            continue
+        found = _run_files(sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")))
+        if not found:
+            found = _run_files(sorted(p for sub in sorted(path.iterdir()) if sub.is_dir() and not sub.name.startswith(".")
+                                      for p in sub.iterdir() if p.is_file() and not p.name.startswith(".")))
+        if not found:
+            raise InputError(path, "is a folder with no run file in it that a format recognises (a TraceV2 "
+                                   "folder holds trace.yaml and trace.csv); pass the run's file")
+        formats = sorted({fmt for _, fmt in found})
+        if len(formats) > 1 or (len(found) > 1 and formats[0] not in SPLIT_FORMATS):
+            listed = ", ".join(f"{p.relative_to(path)} ({fmt})" for p, fmt in found)
+            raise InputError(path, f"is a folder with several runs' files or several kinds of file: {listed}; "
+                                   "pass the one to import")
+        files = [p for p, _ in found]
+        out.extend(files)
+        notes.append(f"{path}: a folder; its run {'files' if len(files) > 1 else 'file'} "
+                     f"{', '.join(str(p.relative_to(path)) for p in files)} ({formats[0]})")
+    return out, notes
+
+
+def _run_files(candidates: list[Path]) -> list[tuple[Path, str]]:
+    """(file, format) for each of ``candidates`` a format's detection recognises (not TraceV2's loose
+    YAML/CSV test, nor a file detection cannot read)."""
+    found = []
+    for p in candidates:
+        try:
+            fmt = detect_format([p])
+        except InputError:
+            continue
+        if fmt != "blis":
+            found.append((p, fmt))
+    return found
 
 
 def import_measured(fmt: str, paths: list[Path], **options) -> Measured:

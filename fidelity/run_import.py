@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from servelab.common.errors import InputError, ServelabError
 from servelab.fidelity.base import (SETTING_TYPES, Measured, build_run, check_settings, detect_format,
-                                    import_measured)
+                                    import_measured, sources_in_folders)
 from servelab.fidelity.prefix_sharing import PrefixChoice, choose
 from servelab.fidelity.vllm_defaults import assumed_warning, fill_async_default, fill_batch_defaults, recorded_version
 from servelab.replay.results import RunResult
@@ -83,6 +83,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
 
     detected = fmt is None if detected is None else detected
     given = check_settings(given or {}, None, "--setting")  # before anything is read: the option's own error
+    sources, in_folders = sources_in_folders(sources)  # (a run's folder: the run's file in it)
     version_given = given.pop("vllm_version", None)  # (the source's fact, not an engine setting)
     if fmt is None:
         fmt = detect_format(sources)
@@ -91,7 +92,7 @@ def import_run(sources: list[Path], fmt: str | None = None, *, options: dict | N
     except InputError as err:
         raise _with_format_hint(err, fmt, sources, detected) from None
     found = discover(sources, vllm_log, vllm_metrics)
-    notes, unread = [], []
+    notes, unread = list(in_folders), []
     # Files that disagree on what identifies the run (the model, the vLLM version), or a --vllm-log that
     # disagrees with the run's files, are another run's: only the user knows which is right. A log found
     # beside the run that disagrees on an engine setting is what the server ran (exp-config.yaml and
