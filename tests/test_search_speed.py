@@ -171,10 +171,12 @@ def test_a_study_on_a_small_trace_imports_neither_duckdb_nor_pyarrow_compute(tmp
         "run_study(replace(spec, workers=1), sys.argv[2])\n"
         "preload(spec)\n"
         "print(sorted(m for m in ('duckdb', 'pyarrow.compute') if m in sys.modules))\n"
+        "print('servelab.scoring.sources' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(spec_path), str(tmp_path / "study")], check=True,
                           capture_output=True, text=True)  # fmt: skip
-    assert done.stdout.strip() == "[]"
+    # (nor scoring/sources.py, the run directories' DuckDB tables, for a run's GPU count: scoring/gpus.py)
+    assert done.stdout.split() == ["[]", "False"]
     assert {t.user_attrs["metrics"]["requests"] for t in load_study_dir(tmp_path / "study").trials} == {150}
     # nor does the whole command, its summary included (the policy's output-length note: scoring/lengths.py)
     command = ("import sys\n"
