@@ -321,7 +321,7 @@ class Evaluator:
     def _goodput(self, trial, config, out_dir: Path, attrs: dict[str, Any]) -> dict[str, Any]:
         """Bisect the goodput rate with `servelab sweep`'s own search; trace-rate metrics from its native-rate run."""
         from servelab.replay import RunResult, write_run
-        from servelab.scoring.sources import num_gpus
+        from servelab.scoring.gpus import num_gpus
         from servelab.scoring.sweep import native_rate, run_name, run_sweep
 
         spec = self.spec

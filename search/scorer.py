@@ -18,7 +18,7 @@ import pyarrow as pa
 from servelab.common.kernels import call
 from servelab.scoring import quick as quick_scoring
 from servelab.scoring.slo import SloTable
-from servelab.scoring.sources import num_gpus as run_gpus
+from servelab.scoring.gpus import num_gpus as run_gpus
 
 if TYPE_CHECKING:
     from servelab.scoring.memory import RunConnection

@@ -167,6 +167,29 @@ def test_quick_quantiles_and_means_are_duckdbs_not_numpys():
     con.close()
 
 
+def test_quick_quantiles_select_their_ranks_without_sorting_every_value(monkeypatch):
+    """scoring/quick.py `_quantiles`: np.partition places the ranks either side of each quantile where a sort would
+    (ties, one value, two values included); five full sorts were ~0.2 ms of a 2,000-request trial's scoring."""
+    rng = np.random.default_rng(2)
+    cases = [rng.lognormal(0, 1, n) for n in (1, 2, 3, 101, 2000)] + [rng.integers(0, 5, 500).astype(float)]
+    expected = []
+    for x in cases:
+        ordered = np.sort(x)
+        row = []
+        for q in quick.QUANTILES:
+            rn = (x.size - 1) * q
+            lo, hi = int(np.floor(rn)), int(np.ceil(rn))
+            row.append(float(ordered[lo]) if lo == hi else float(ordered[lo]) * (1.0 - (rn - lo)) + float(ordered[hi]) * (rn - lo))
+        expected.append(row)
+
+    def no_sort(*args, **kwargs):
+        raise AssertionError("a full sort")
+
+    monkeypatch.setattr(np, "sort", no_sort)
+    for x, row in zip(cases, expected):
+        assert repr(quick._quantiles(x)) == repr(row)
+
+
 @pytest.mark.parametrize("values, type_", [
     ([0.5, None, 2.25, float("inf")], pa.float64()),
     ([1.5, 3.0], pa.float64()),

@@ -171,10 +171,12 @@ def test_a_study_on_a_small_trace_imports_neither_duckdb_nor_pyarrow_compute(tmp
         "run_study(replace(spec, workers=1), sys.argv[2])\n"
         "preload(spec)\n"
         "print(sorted(m for m in ('duckdb', 'pyarrow.compute') if m in sys.modules))\n"
+        "print('servelab.scoring.sources' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(spec_path), str(tmp_path / "study")], check=True,
                           capture_output=True, text=True)  # fmt: skip
-    assert done.stdout.strip() == "[]"
+    # (nor scoring/sources.py, the run directories' DuckDB tables, for a run's GPU count: scoring/gpus.py)
+    assert done.stdout.split() == ["[]", "False"]
     assert {t.user_attrs["metrics"]["requests"] for t in load_study_dir(tmp_path / "study").trials} == {150}
     # nor does the whole command, its summary included (the policy's output-length note: scoring/lengths.py)
     command = ("import sys\n"
@@ -338,3 +340,30 @@ def test_trial_configs_are_typed_variants_of_the_base_equal_to_a_parsed_table(tm
                 checked += 1
             study.tell(trial, 0.0)
     assert checked > 300 and errors > 5  # (the switching spec's routers without `balance` are refused)
+
+
+def test_the_objects_a_study_starts_with_are_frozen_during_its_trials_and_handed_back(tmp_path, monkeypatch):
+    """search/batch.py: a full collection during the trials walks only what they made, not every object the
+    `search` process had when they began (~45,000: Optuna, numpy, pyarrow; the first full one after the imports
+    came during the trials, 15-30 ms of CPU); the caller's collector is as it was afterwards."""
+    import gc
+
+    from servelab.search.objective import Evaluator
+
+    spec = load_spec(grid_spec(tmp_path, n_trials=2))
+    frozen_in_trials: list[int] = []
+    real_call = Evaluator.__call__
+    monkeypatch.setattr(Evaluator, "__call__", lambda self, trial: (frozen_in_trials.append(gc.get_freeze_count()),
+                                                                     real_call(self, trial))[1])  # fmt: skip
+    assert gc.get_freeze_count() == 0
+    run_study(spec, tmp_path / "study")
+    assert len(frozen_in_trials) == 2 and min(frozen_in_trials) > 10_000
+    assert gc.get_freeze_count() == 0  # unfrozen again
+    # a caller that froze objects itself keeps them frozen
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        run_study(load_spec(grid_spec(tmp_path, n_trials=3)), tmp_path / "study2")
+        assert gc.get_freeze_count() > before // 2  # (not unfrozen: a frozen object freed leaves the count)
+    finally:
+        gc.unfreeze()
