@@ -77,7 +77,7 @@ class _Hook:
 sys.meta_path.insert(0, _Hook())
 from servelab.cli.main import main
 try:
-    main(sys.argv[1:])
+    main()  # as the console command runs it (sys.argv: this script's, then the command's arguments)
 finally:
     mods = sorted(sys.modules) if os.environ.get("BENCH_MODULES") else []
     sys.stderr.write(f"@@exit {time.process_time()!r} {' '.join(mods)}\n")
