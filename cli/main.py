@@ -106,7 +106,7 @@ def _one_blas_thread() -> None:
     starts a thread per core when numpy is imported, and each spins ~0.1 s waiting for work that no
     command gives it (servelab's arrays are elementwise; its few least-squares fits are small). On a
     2-core machine those threads took the core from the command: a 10-request replay's whole process
-    0.25 s -> 0.20 s wall, its user CPU halved (bench/RESULTS.md "Session 26: start-up"). Set before
+    0.25 s -> 0.21 s wall median, its user CPU halved (bench/RESULTS.md "Session 26: start-up"). Set before
     numpy is first imported (OpenBLAS reads it then), and inherited by a search's worker processes.
     Only for the console command: a caller of ``main(argv)`` keeps its own environment."""
     if "numpy" not in sys.modules:

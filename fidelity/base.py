@@ -284,8 +284,9 @@ def sources_in_folders(paths: list[Path]) -> tuple[list[Path], list[str]]:
             continue
         found = _run_files(sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")))
         if not found:
-            found = _run_files(sorted(p for sub in sorted(path.iterdir()) if sub.is_dir() and not sub.name.startswith(".")
-                                      for p in sub.iterdir() if p.is_file() and not p.name.startswith(".")))
+            subfolders = sorted(sub for sub in path.iterdir() if sub.is_dir() and not sub.name.startswith("."))
+            found = _run_files(sorted(p for sub in subfolders for p in sub.iterdir()
+                                      if p.is_file() and not p.name.startswith(".")))
         if not found:
             raise InputError(path, "is a folder with no run file in it that a format recognises (a TraceV2 "
                                    "folder holds trace.yaml and trace.csv); pass the run's file")

@@ -17,9 +17,10 @@ without the server's log) is replayed with the defaults of vLLM 0.14 and later (
 the releases of 2026, rather than servelab's own: on 16 such runs (bench/RESULTS.md "Session 24") the
 measured TTFT at light load was the three steps of async scheduling, not the one and a half of a
 synchronous server. The assumption is said where each setting it gave is listed ("vLLM 0.14+ assumed
-(no version recorded): its default ...") and in the import's warnings, with ``--setting vllm_version=VERSION`` to name the
-server's release instead. A run whose client talked to another server (SGLang, LMDeploy, TGI,
-TensorRT-LLM: its ``backend``, TraceV2's ``server.type``) is assumed nothing.
+(no version recorded): its default ...") and in the import's warnings, with ``--setting
+vllm_version=VERSION`` to name the server's release instead. A run whose client talked to another
+server (SGLang, LMDeploy, TGI, TensorRT-LLM: its ``backend``, TraceV2's ``server.type``) is assumed
+nothing.
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ def recorded_version(source: dict) -> object:
     return source.get("vllm_version") or source.get("engine_version")
 
 
-ASSUMED_VERSION = "0.14"  # the oldest release with today's defaults: batch limits per GPU (0.9), async scheduling (0.14)
-# a benchmark client's ``backend`` (or TraceV2's server type) naming a server that is not vLLM: its defaults are not vLLM's
+# the oldest release with today's defaults: batch limits per GPU (0.9), async scheduling (0.14)
+ASSUMED_VERSION = "0.14"
+# a benchmark client's ``backend`` (or TraceV2's server type) naming a server that is not vLLM, whose
+# defaults are not vLLM's
 OTHER_SERVERS = ("sglang", "lmdeploy", "tgi", "trt", "tensorrt", "llama.cpp", "ollama", "deepspeed")
 
 
