@@ -86,7 +86,9 @@ def import_inference_perf(paths: list[Path], benchmark: int | None = None) -> Me
                  "abandoned, as the client did")
     load = _load(load_cfg, stages, cfg_path, benchmark)
     source = {"stages": [{k: s.get(k) for k in ("rate", "duration", "concurrency_level") if k in s} for s in stages],
-              **({"benchmark": benchmark} if benchmark is not None else {})}
+              **({"benchmark": benchmark} if benchmark is not None else {}),
+              # the server kind the client talked to (vllm, sglang, tgi, ...): whose defaults apply (vllm_defaults.py)
+              **({"server_type": str(server["type"])} if server.get("type") else {})}
     from servelab.traces.prefixes import PrefixSpec
 
     prefix = None

@@ -19,8 +19,8 @@ measured TTFT at light load was the three steps of async scheduling, not the one
 synchronous server. The assumption is said where each setting it gave is listed ("vLLM 0.14+ assumed
 (no version recorded): its default ...") and in the import's warnings, with ``--setting
 vllm_version=VERSION`` to name the server's release instead. A run whose client talked to another
-server (SGLang, LMDeploy, TGI, TensorRT-LLM: its ``backend``, TraceV2's ``server.type``) is assumed
-nothing.
+server (SGLang, LMDeploy, TGI, TensorRT-LLM: its ``backend``, inference-perf's or TraceV2's server
+``type``) is assumed nothing.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def version_for_defaults(source: dict) -> tuple[object, str] | None:
     version = recorded_version(source)
     if version is not None:
         return version, f"vLLM {version}"
-    server = str(source.get("server_type") or source.get("backend") or "").lower()  # (TraceV2's server.type)
+    server = str(source.get("server_type") or source.get("backend") or "").lower()  # (server_type: inference-perf, TraceV2)
     if any(server.startswith(name) for name in OTHER_SERVERS):
         return None
     return ASSUMED_VERSION, f"vLLM {ASSUMED_VERSION}+ assumed (no version recorded)"

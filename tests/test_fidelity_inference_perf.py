@@ -230,3 +230,20 @@ def test_the_clients_timeout_is_replayed(tmp_path, capsys, timeout, expected, sa
     assert code == 0, err
     used = {s["setting"]: s for s in json.loads(out)["settings"]}
     assert used["client_timeout_s"]["value"] == expected
+
+
+def test_a_run_against_another_server_gets_none_of_vllms_defaults(tmp_path, capsys):
+    """config.yaml's server.type names the server the client talked to: a run of an SGLang server that
+    records no version is not replayed with vLLM 0.14+'s defaults (fidelity/vllm_defaults.py); a vLLM one is."""
+    reqs = [new_request(i, 10.0 + 0.1 * i, stage=0) for i in range(6)]
+    for kind, assumed in (("sglang", False), ("vllm", True)):
+        case = tmp_path / kind
+        case.mkdir()
+        src = layout(case, reqs, config=CONFIG.replace("type: vllm", f"type: {kind}"), log=False)
+        out = case / "run"
+        code, _, err = run_main(["run", "import", src, "-o", out, *H100], capsys)
+        assert code == 0, err
+        meta = json.loads((out / "run.json").read_text())
+        assert meta["source"]["server_type"] == kind
+        assert ("async_scheduling" in meta["config"]) is assumed
+        assert any("records no vLLM version" in w for w in meta["warnings"]) is assumed
