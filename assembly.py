@@ -65,6 +65,8 @@ def build_runner(config: ReplayConfig) -> Runner:
         parallel["quantization"] = config.quantization
     if config.kv_cache_dtype != "auto":
         parallel["kv_cache_dtype"] = config.kv_cache_dtype
+    if config.engine.async_scheduling:  # the host's per-step work overlaps the GPU's (runners/roofline.py)
+        parallel["async_scheduling"] = True
     runner = make_runner(config.runner, model=config.model, gpu=config.gpu, tp=config.tp,
                          block_size=config.engine.block_size, max_num_batched_tokens=config.engine.max_num_batched_tokens,
                          max_num_seqs=config.engine.max_num_seqs, **parallel)

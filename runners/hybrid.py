@@ -126,7 +126,9 @@ class HybridRoofline(RooflineRunner):
         lm_head, cpu = self._by_seqs(s.prefill_seqs + s.decode_seqs)
         if self.model.mlp_only_layers:  # Nemotron-H: one row-parallel output (one all-reduce) per layer, not two
             all_reduce /= 2
-        t = self.model.num_layers * (layer + all_reduce) + head + lm_head + cpu
+        t = self.model.num_layers * (layer + all_reduce) + head + lm_head
+        if not self.host_overlap:
+            t += cpu  # (here, where it always was: the same sum, term by term)
         attention = kinds.full + kinds.sliding
         if kinds.full:
             t += kinds.full * self.prefill_attention_s(s)
@@ -140,6 +142,8 @@ class HybridRoofline(RooflineRunner):
             kinds.full * s.decode_context_tokens + kinds.sliding * read_w)
         if kinds.state:
             t += kinds.state * self.state_s(s)
+        if self.host_overlap:  # async scheduling: a share of the host's work on the path (RooflineRunner.step_time)
+            return max(t + self.host_profile.async_host_share * cpu, cpu)
         return t
 
     def describe(self) -> dict:
@@ -155,9 +159,9 @@ class HybridRoofline(RooflineRunner):
 
 
 def _rebuild(args: tuple, block_size: int) -> HybridRoofline:
-    (model, gpu, tp, calibration, cpu, name, host, act, logits, non_torch, custom, ep, dp, pp) = args
+    (model, gpu, tp, calibration, cpu, name, host, act, logits, non_torch, custom, ep, dp, pp, overlap) = args
     return HybridRoofline(model, gpu, tp, calibration, cpu, name, host, act, logits, non_torch, custom, ep, dp, pp,
-                          block_size=block_size)
+                          overlap, block_size=block_size)
 
 
 RUNNER_CLASS = HybridRoofline  # what roofline's factory builds for a hybrid model (roofline.VARIANT_MODULES)

@@ -214,6 +214,9 @@ class HostProfile:
     launch_scale: float  # multiplies every fitted per-call latency, for steps of <= graph_max_tokens tokens
     graph_max_tokens: int  # the largest batch CUDA graphs are captured for (0: no graphs)
     compute_scale: float  # multiplies GEMM compute efficiencies (capped at 1): newer kernels
+    # under async scheduling, the share of the CPU time per step still on a step's critical path (the rest
+    # runs while the GPU works); 1.0: none hidden (a profile that does not say)
+    async_host_share: float = 1.0
 
 
 def load_host_profile(name: str) -> HostProfile | None:
@@ -226,7 +229,7 @@ def load_host_profile(name: str) -> HostProfile | None:
     except KeyError:
         raise ServelabError(f"runner 'roofline': unknown host profile '{name}' "
                             f"(known: vidur-2023, {', '.join(profiles)})") from None
-    return HostProfile(name=name, **{k: raw[k] for k in HostProfile.__slots__ if k != "name"})
+    return HostProfile(name=name, **{k: raw[k] for k in HostProfile.__slots__ if k != "name" and k in raw})
 
 
 def apply_host_profile(cal: GpuCalibration, profile: HostProfile | None) -> GpuCalibration:
@@ -360,6 +363,9 @@ class RooflineRunner(RunnerBase):
     ep: int = 1  # MoE: experts split across this many GPUs, tp x dp (1: every expert tensor-parallel)
     dp: int = 1  # data-parallel ranks: engines of tp x pp GPUs each (docs/runners.md "Parallelism")
     pp: int = 1  # pipeline stages
+    # vLLM's async scheduling: the host's work for a step (scheduling, inputs) runs while the GPU runs the one
+    # before; the host profile's async_host_share of it stays on the step's path (docs/runners.md "Host profiles")
+    host_overlap: bool = False
     # Per-op constants folded once so that step_time is a few dozen float operations.
     _ops: tuple = field(init=False, repr=False)
     _head: tuple = field(init=False, repr=False)
@@ -426,7 +432,7 @@ class RooflineRunner(RunnerBase):
     def __reduce__(self):  # pickle the inputs; the folded constants and memos are rebuilt
         return (type(self), (self.model, self.gpu, self.tp, self.calibration, self.cpu_overhead_scale, self.name,
                              self.host_profile, self.activation_tokens, self.logit_seqs, self.non_torch_bytes,
-                             self.custom_all_reduce, self.ep, self.dp, self.pp))
+                             self.custom_all_reduce, self.ep, self.dp, self.pp, self.host_overlap))
 
     @property
     def _gemm_speedup(self) -> float:
@@ -621,11 +627,16 @@ class RooflineRunner(RunnerBase):
             # heavier of the first stage's embedding and the last's norm + LM head; a smaller stage's
             # slack is the bubble), with the activations sent between stages.
             stage = math.ceil(self.model.num_layers / self.pp) * layer + max(emb, final_norm + lm_head)
-            fixed = self.pp * stage + (self.pp - 1) * self.stage_send_s(tokens) + cpu
-            return fixed + self._rates.decode_s_per_kv_token * s.decode_context_tokens
-        once = head + lm_head
-        fixed = self.model.num_layers * layer + once + cpu
-        # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit.
+            fixed = self.pp * stage + (self.pp - 1) * self.stage_send_s(tokens)
+        else:
+            once = head + lm_head
+            fixed = self.model.num_layers * layer + once
+        if not self.host_overlap:
+            fixed += cpu
+        else:  # async scheduling: only a share of the host's work on the step's path, the host itself at least
+            fixed = max(fixed + self.host_profile.async_host_share * cpu, cpu)
+        # The KV read of decodes is added last, so a pure-decode step is decode_affine's a + b*C bit for bit
+        # (under host_overlap the max is the GPU's side for any real model, whose weights alone outlast the host).
         return fixed + self._rates.decode_s_per_kv_token * s.decode_context_tokens
 
     @property
@@ -720,6 +731,7 @@ class RooflineRunner(RunnerBase):
             "ep": self.ep,
             "dp": self.dp,
             "pp": self.pp,
+            **({"host_overlap": True} if self.host_overlap else {}),  # (left out when off: run.json as before)
             "custom_all_reduce": asdict(self.custom_all_reduce) if self.custom_all_reduce is not None else None,
             "calibration_key": self.gpu.calibration,
             "calibration": asdict(self.calibration),
@@ -745,7 +757,8 @@ class RooflineRunner(RunnerBase):
                    logit_seqs=int(d.get("logit_seqs", LOGIT_SEQS)),
                    non_torch_bytes=int(d.get("non_torch_bytes", NON_TORCH_BYTES)),
                    custom_all_reduce=CustomAllReduce(**custom) if custom else None,
-                   ep=int(d.get("ep", 1)), dp=int(d.get("dp", 1)), pp=int(d.get("pp", 1)))
+                   ep=int(d.get("ep", 1)), dp=int(d.get("dp", 1)), pp=int(d.get("pp", 1)),
+                   host_overlap=bool(d.get("host_overlap", False)))
 
     def _fits(self) -> bool:
         try:
@@ -850,6 +863,8 @@ def make_roofline(params: RooflineParams, context: dict) -> RooflineRunner:
         kv["dp"] = dp
     if pp != 1:
         kv["pp"] = pp
+    if context.get("async_scheduling") and profile is not None:  # (the 2023 profile's engine had no async)
+        kv["host_overlap"] = True
     if params.ep is not None:
         kv["ep"] = params.ep
     elif context.get("enable_expert_parallel") and model.is_moe and tp * dp > 1:
