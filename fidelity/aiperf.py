@@ -20,6 +20,10 @@ model_names``) and the load (``input_config.loadgen``: ``concurrency`` C, alone 
 sends); else its ``cli_command``'s ``--concurrency`` / ``--request-rate``. ``inputs.json`` beside it
 (the payloads AIPerf sent, per ``session_id`` = the record's ``conversation_id`` and turn) gives each
 prompt's text for the prefix-sharing hashes, and the model when the summary is missing.
+
+The client's timeout: AIPerf's aiohttp client gives each request ``--request-timeout-seconds`` in all
+(``input_config.endpoint.timeout_seconds``, else the command line's, else its default of 600 s); the
+replay abandons a request still unfinished then (``client_timeout_s``, until ``finish``), as the client did.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from servelab.fidelity.base import IMPORTERS, Measured, Rows, optional_json_obje
 from servelab.fidelity.fields import array, integer, json_lines, mapping, number, prompt_text
 
 SUMMARY = "profile_export_aiperf.json"
+DEFAULT_TIMEOUT_S = 600.0  # AIPerf's --request-timeout-seconds default (docs/cli_options.md, EndpointDefaults.TIMEOUT)
 INPUTS = "inputs.json"
 _TO_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
 
@@ -81,7 +86,11 @@ def import_aiperf(paths: list[Path]) -> Measured:
     if not summary:
         notes.append(f"no {SUMMARY} beside the records: the load shape is not recorded, replayed as the "
                      "recorded sends (an open loop)")
-    return Measured(rows, clock="client", settings={"model": model}, source=source, notes=tuple(notes), load=load)
+    timeout, why = _timeout(summary_path, config, endpoint)
+    notes.append(f"AIPerf's request timeout {timeout:g} s ({why}): a request not finished by then is abandoned, "
+                 "as the client did")
+    settings = {"model": model, "client_timeout_s": timeout, "client_timeout_until": "finish"}
+    return Measured(rows, clock="client", settings=settings, source=source, notes=tuple(notes), load=load)
 
 
 def _metric(path: Path, metrics: dict, names: tuple[str, ...], row: int, *, seconds: bool = False):
@@ -156,7 +165,8 @@ def _load(path: Path, config: dict, notes: list[str]) -> dict:
     conc, rate = loadgen.get("concurrency"), loadgen.get("request_rate")
     field = "input_config.loadgen"
     if conc is None and rate is None and isinstance(config.get("cli_command"), str):
-        conc, rate = _from_command(config["cli_command"])
+        found = _from_command(config["cli_command"])
+        conc, rate = found.get("concurrency"), found.get("request-rate")
         field = "input_config.cli_command"
     users = integer(path, conc, f"{field}.concurrency", optional=True)
     rate = number(path, rate, f"{field}.request_rate", optional=True)
@@ -174,19 +184,38 @@ def _load(path: Path, config: dict, notes: list[str]) -> dict:
     return {}
 
 
-def _from_command(command: str) -> tuple[str | None, str | None]:
+def _timeout(path: Path, config: dict, endpoint: dict) -> tuple[float, str]:
+    """AIPerf's per-request timeout and where it comes from: ``input_config.endpoint.timeout_seconds``
+    (``--request-timeout-seconds``), else the recorded command line's, else AIPerf's default. Its aiohttp
+    client gives the whole request that long (``ClientTimeout(total=...)``, aiperf/clients/http)."""
+    if endpoint.get("timeout_seconds") is not None:
+        value, where = endpoint["timeout_seconds"], "input_config.endpoint.timeout_seconds"
+    elif isinstance(config.get("cli_command"), str) and "request-timeout-seconds" in (
+            found := _from_command(config["cli_command"])):
+        value, where = found["request-timeout-seconds"], "input_config.cli_command"
+    else:
+        return DEFAULT_TIMEOUT_S, "AIPerf's default --request-timeout-seconds"
+    seconds = number(path, value, where if where.endswith("seconds") else f"{where} --request-timeout-seconds")
+    if seconds <= 0:
+        raise InputError(path, f"a request timeout above 0 s, got {seconds:g}", column=where)
+    return seconds, where
+
+
+def _from_command(command: str) -> dict[str, str]:
+    """The values of the options ``--concurrency``, ``--request-rate`` and ``--request-timeout-seconds`` in
+    a recorded command line (``--opt V`` or ``--opt=V``)."""
     try:
         words = shlex.split(command)
     except ValueError:
         words = command.split()
     found: dict[str, str] = {}
     for i, word in enumerate(words):
-        m = re.fullmatch(r"--(concurrency|request-rate)(?:=(.+))?", word)
+        m = re.fullmatch(r"--(concurrency|request-rate|request-timeout-seconds)(?:=(.+))?", word)
         if m:
             value = m.group(2) if m.group(2) is not None else (words[i + 1] if i + 1 < len(words) else None)
             if value is not None:
                 found[m.group(1)] = value
-    return found.get("concurrency"), found.get("request-rate")
+    return found
 
 
 def _inputs(path: Path) -> tuple[dict, set]:

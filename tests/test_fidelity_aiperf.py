@@ -184,3 +184,27 @@ def test_validate_real_replays_the_imported_records(tmp_path, capsys):
     assert code == 0, err
     report = json.loads(out)
     assert report["clock"] == "client" and report["requests"] == 6 and report["per_request"]["matched"] == 6
+
+
+@pytest.mark.parametrize("endpoint_extra, command, expected, where", [
+    ({}, None, 600.0, "AIPerf's default --request-timeout-seconds"),
+    ({"timeout_seconds": 45.0}, None, 45.0, "input_config.endpoint.timeout_seconds"),
+    ({}, "aiperf profile -m m --request-timeout-seconds=30 --concurrency 2", 30.0, "input_config.cli_command"),
+])
+def test_the_clients_request_timeout_is_replayed(tmp_path, capsys, endpoint_extra, command, expected, where):
+    """AIPerf's aiohttp client gives each request --request-timeout-seconds in all; the replay abandons a
+    request still unfinished then (client_timeout_s until finish), where the run records it or by default."""
+    summary = {"input_config": {"endpoint": {"model_names": ["m"], **endpoint_extra}}}
+    if command is not None:
+        summary["input_config"]["cli_command"] = command
+    meta, _, _ = imported(tmp_path, capsys, layout(tmp_path, [record(i, 50.0 * i) for i in range(3)], summary))
+    assert meta["config"]["client_timeout_s"] == expected and meta["config"]["client_timeout_until"] == "finish"
+    assert any(f"AIPerf's request timeout {expected:g} s ({where})" in n for n in meta["notes"])
+
+
+def test_a_request_timeout_that_is_not_one_is_named(tmp_path, capsys):
+    summary = {"input_config": {"endpoint": {"model_names": ["m"], "timeout_seconds": 0}}}
+    src = layout(tmp_path, [record(0, 0.0)], summary)
+    code, _, err = run_main(["run", "import", src, "-o", tmp_path / "run", *H100], capsys)
+    assert code != 0 and "profile_export_aiperf.json" in err and "timeout_seconds" in err
+    assert not (tmp_path / "run").exists()
