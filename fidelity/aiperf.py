@@ -80,13 +80,14 @@ def import_aiperf(paths: list[Path]) -> Measured:
     source: dict[str, Any] = {}
     if len(names) > 1:
         source["model_names"] = names  # several models in one run: which replayed is the user's call
-    load = _load(summary_path, config, notes)
+    command = _from_command(config["cli_command"]) if isinstance(config.get("cli_command"), str) else {}
+    load = _load(summary_path, config, command, notes)
     if endpoint:
         source["endpoint"] = {k: endpoint[k] for k in ("type", "streaming") if k in endpoint}
     if not summary:
         notes.append(f"no {SUMMARY} beside the records: the load shape is not recorded, replayed as the "
                      "recorded sends (an open loop)")
-    timeout, why = _timeout(summary_path, config, endpoint)
+    timeout, why = _timeout(summary_path, endpoint, command)
     notes.append(f"AIPerf's request timeout {timeout:g} s ({why}): a request not finished by then is abandoned, "
                  "as the client did")
     settings = {"model": model, "client_timeout_s": timeout, "client_timeout_until": "finish"}
@@ -159,14 +160,13 @@ def _add(rows: Rows, path: Path, rec: dict, meta: dict, row: int, prompts: dict,
              itls_s=gaps, prompt_text=text)
 
 
-def _load(path: Path, config: dict, notes: list[str]) -> dict:
-    """The load shape from ``input_config.loadgen``, else the recorded command line."""
+def _load(path: Path, config: dict, command: dict[str, str], notes: list[str]) -> dict:
+    """The load shape from ``input_config.loadgen``, else the recorded command line's options (``command``)."""
     loadgen = mapping(path, config.get("loadgen"), "input_config.loadgen", optional=True)
     conc, rate = loadgen.get("concurrency"), loadgen.get("request_rate")
     field = "input_config.loadgen"
-    if conc is None and rate is None and isinstance(config.get("cli_command"), str):
-        found = _from_command(config["cli_command"])
-        conc, rate = found.get("concurrency"), found.get("request-rate")
+    if conc is None and rate is None and command:
+        conc, rate = command.get("concurrency"), command.get("request-rate")
         field = "input_config.cli_command"
     users = integer(path, conc, f"{field}.concurrency", optional=True)
     rate = number(path, rate, f"{field}.request_rate", optional=True)
@@ -184,20 +184,21 @@ def _load(path: Path, config: dict, notes: list[str]) -> dict:
     return {}
 
 
-def _timeout(path: Path, config: dict, endpoint: dict) -> tuple[float, str]:
+def _timeout(path: Path, endpoint: dict, command: dict[str, str]) -> tuple[float, str]:
     """AIPerf's per-request timeout and where it comes from: ``input_config.endpoint.timeout_seconds``
-    (``--request-timeout-seconds``), else the recorded command line's, else AIPerf's default. Its aiohttp
-    client gives the whole request that long (``ClientTimeout(total=...)``, aiperf/clients/http)."""
+    (``--request-timeout-seconds``), else the recorded command line's (``command``), else AIPerf's default.
+    Its aiohttp client gives the whole request that long (``ClientTimeout(total=...)``, aiperf/clients/http)."""
     if endpoint.get("timeout_seconds") is not None:
         value, where = endpoint["timeout_seconds"], "input_config.endpoint.timeout_seconds"
-    elif isinstance(config.get("cli_command"), str) and "request-timeout-seconds" in (
-            found := _from_command(config["cli_command"])):
-        value, where = found["request-timeout-seconds"], "input_config.cli_command"
+        column = where
+    elif "request-timeout-seconds" in command:
+        value, where = command["request-timeout-seconds"], "input_config.cli_command"
+        column = f"{where} --request-timeout-seconds"
     else:
         return DEFAULT_TIMEOUT_S, "AIPerf's default --request-timeout-seconds"
-    seconds = number(path, value, where if where.endswith("seconds") else f"{where} --request-timeout-seconds")
+    seconds = number(path, value, column)
     if seconds <= 0:
-        raise InputError(path, f"a request timeout above 0 s, got {seconds:g}", column=where)
+        raise InputError(path, f"a request timeout above 0 s, got {seconds:g}", column=column)
     return seconds, where
 
 

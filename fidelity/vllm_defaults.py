@@ -37,9 +37,10 @@ def version_tuple(text: object) -> tuple[int, ...] | None:
     return None if m is None else tuple(int(g) for g in m.groups() if g is not None)
 
 
-def batch_defaults(version: object, gpu: str) -> tuple[dict[str, int], str] | None:
-    """(the batch limits vLLM ``version`` chose on GPU preset ``gpu``, where they come from), or None
-    where the version is unknown or older than 0.9, or the GPU not a preset."""
+def batch_defaults(version: object, gpu: str, whose: str | None = None) -> tuple[dict[str, int], str] | None:
+    """(the batch limits vLLM ``version`` chose on GPU preset ``gpu``, where they come from: ``whose``
+    default, by default "vLLM VERSION's"), or None where the version is unknown or older than 0.9, or the
+    GPU not a preset."""
     from servelab.runners.presets import GPUS
 
     parsed = version_tuple(version)
@@ -48,8 +49,9 @@ def batch_defaults(version: object, gpu: str) -> tuple[dict[str, int], str] | No
         return None
     large = preset.memory_mib >= LARGE_MIB and "a100" not in preset.name
     tokens, seqs = (8192, 1024) if large else (2048, 256)
-    where = (f"vLLM {version}'s default on {preset.name} ({'>= 70 GiB, not an A100' if large else 'under 70 GiB or an A100'}; "
-             "vllm/engine/arg_utils.py)")
+    why = ">= 70 GiB, not an A100" if large else "under 70 GiB or an A100"
+    whose = whose or f"vLLM {version}'s"
+    where = f"{whose} default on {preset.name} ({why}; vllm/engine/arg_utils.py)"
     return {"max_num_batched_tokens": tokens, "max_num_seqs": min(seqs, tokens)}, where
 
 
@@ -60,22 +62,23 @@ def recorded_version(source: dict) -> object:
 
 # the oldest release with today's defaults: batch limits per GPU (0.9), async scheduling (0.14)
 ASSUMED_VERSION = "0.14"
+ASSUMED = f"vLLM {ASSUMED_VERSION}+ assumed (no version recorded)"  # how each setting it gave says so
 # a benchmark client's ``backend`` (or TraceV2's server type) naming a server that is not vLLM, whose
 # defaults are not vLLM's
 OTHER_SERVERS = ("sglang", "lmdeploy", "tgi", "trt", "tensorrt", "llama.cpp", "ollama", "deepspeed")
 
 
 def version_for_defaults(source: dict) -> tuple[object, str] | None:
-    """(the vLLM version whose defaults the run gets, how that is known as words for an origin) — the
-    recorded one, else ``ASSUMED_VERSION`` for a run that names no server other than vLLM; None for
-    another server's run."""
+    """(the vLLM version whose defaults the run gets, whose they are in an origin's words: "vLLM 0.11.0's")
+    — the recorded one, else ``ASSUMED_VERSION`` for a run that names no server other than vLLM; None
+    for another server's run."""
     version = recorded_version(source)
     if version is not None:
-        return version, f"vLLM {version}"
+        return version, f"vLLM {version}'s"
     server = str(source.get("server_type") or source.get("backend") or "").lower()  # (server_type: inference-perf, TraceV2)
     if any(server.startswith(name) for name in OTHER_SERVERS):
         return None
-    return ASSUMED_VERSION, f"vLLM {ASSUMED_VERSION}+ assumed (no version recorded)"
+    return ASSUMED_VERSION, f"{ASSUMED}: its"
 
 
 def fill_batch_defaults(settings: dict, origin: dict[str, str], source: dict) -> None:
@@ -84,12 +87,10 @@ def fill_batch_defaults(settings: dict, origin: dict[str, str], source: dict) ->
     if "gpu" not in settings or {"max_num_seqs", "max_num_batched_tokens"} <= settings.keys():
         return
     known = version_for_defaults(source)
-    found = None if known is None else batch_defaults(known[0], str(settings["gpu"]))
+    found = None if known is None else batch_defaults(known[0], str(settings["gpu"]), known[1])
     if found is None:
         return
     values, where = found
-    if recorded_version(source) is None:
-        where = where.replace(f"vLLM {known[0]}'s default", f"{known[1]}: its default", 1)
     if "max_num_batched_tokens" in settings:  # the cap uses the limit the server ran with
         values["max_num_seqs"] = min(values["max_num_seqs"], int(settings["max_num_batched_tokens"]))
     for key, value in values.items():
@@ -113,9 +114,7 @@ def fill_async_default(settings: dict, origin: dict[str, str], source: dict) -> 
     if int(source.get("pipeline_parallel_size") or 1) > 1:
         return
     settings["async_scheduling"] = True
-    origin["async_scheduling"] = (f"vLLM {known[0]}'s default (async scheduling, on since 0.14)"
-                                  if recorded_version(source) is not None else
-                                  f"{known[1]}: its default (async scheduling, on since 0.14)")
+    origin["async_scheduling"] = f"{known[1]} default (async scheduling, on since 0.14)"
 
 
 def assumed_warning(settings: dict, origin: dict[str, str], source: dict) -> str | None:
@@ -123,7 +122,7 @@ def assumed_warning(settings: dict, origin: dict[str, str], source: dict) -> str
     if recorded_version(source) is not None:
         return None
     assumed = [k for k in ("max_num_batched_tokens", "max_num_seqs", "async_scheduling")
-               if k in settings and "(no version recorded)" in origin.get(k, "")]
+               if k in settings and origin.get(k, "").startswith(ASSUMED)]
     if not assumed:
         return None
     values = ", ".join(f"{k} {settings[k]}" for k in assumed)
