@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.common.errors import InputError
+from servelab.common.lazy import pyarrow_compute as _pc
 from servelab.traces import depends
 
 SCHEMA_VERSION = 2
@@ -104,14 +105,6 @@ def _first(mask: np.ndarray) -> int | None:
 
 def _numpy(col: pa.ChunkedArray) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
-
-
-def _pc():
-    """pyarrow.compute, imported where a trace needs it (nulls, casts, encoding): a trace already in
-    canonical form never does, and importing it costs a replay's start-up ~30 ms (bench/bench_startup.py)."""
-    import pyarrow.compute
-
-    return pyarrow.compute
 
 
 def _cast(col: pa.ChunkedArray, type_: pa.DataType) -> pa.ChunkedArray:

@@ -13,17 +13,10 @@ import pyarrow as pa
 
 from servelab.common.errors import ServelabError
 from servelab.common.kernels import call
+from servelab.common.lazy import pyarrow_compute as _pc
 from servelab.traces import depends, schema
 
 Weights = tuple[tuple[str, float], ...]  # (name, share) pairs, as synth.parse_weights returns
-
-
-def _pc():
-    """pyarrow.compute, imported where a transform needs it: head and scale_rate go without it (a search's
-    trace preparation; ~75 ms of CPU, common/kernels.py)."""
-    import pyarrow.compute
-
-    return pyarrow.compute
 
 
 def _session_key(table: pa.Table) -> np.ndarray:
