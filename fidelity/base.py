@@ -282,11 +282,9 @@ def sources_in_folders(paths: list[Path]) -> tuple[list[Path], list[str]]:
         if not path.is_dir() or (path / "trace.yaml").is_file() or (path / "trace.csv").is_file():
             out.append(path)
             continue
-        found = _run_files(sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")))
+        found = _run_files(_visible(path, Path.is_file))
         if not found:
-            subfolders = sorted(sub for sub in path.iterdir() if sub.is_dir() and not sub.name.startswith("."))
-            found = _run_files(sorted(p for sub in subfolders for p in sub.iterdir()
-                                      if p.is_file() and not p.name.startswith(".")))
+            found = _run_files(sorted(p for sub in _visible(path, Path.is_dir) for p in _visible(sub, Path.is_file)))
         if not found:
             raise InputError(path, "is a folder with no run file in it that a format recognises (a TraceV2 "
                                    "folder holds trace.yaml and trace.csv); pass the run's file")
@@ -300,6 +298,11 @@ def sources_in_folders(paths: list[Path]) -> tuple[list[Path], list[str]]:
         notes.append(f"{path}: a folder; its run {'files' if len(files) > 1 else 'file'} "
                      f"{', '.join(str(p.relative_to(path)) for p in files)} ({formats[0]})")
     return out, notes
+
+
+def _visible(folder: Path, kind: Callable[[Path], bool]) -> list[Path]:
+    """The entries of ``folder`` of a ``kind`` (files, folders), hidden ones aside, by name."""
+    return sorted(p for p in folder.iterdir() if kind(p) and not p.name.startswith("."))
 
 
 def _run_files(candidates: list[Path]) -> list[tuple[Path, str]]:
