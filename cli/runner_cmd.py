@@ -521,6 +521,13 @@ def render_real(report: dict) -> None:
                       f" outside the engine, "
                       f"{model['token_s'] * 1e6:.2f} us per streamed token in the API server's queue; "
                       f"simulated = client-side, engine-side beside it. {model['provenance']}")
+    api = report.get("api_server")
+    if api:
+        side = "client-side" if model else "server-side (vLLM's spans: from the API server's receipt)"
+        mean = "" if api["mean_s"] is None else f" (mean {api['mean_s'] * 1e3:.2f} ms)"
+        console.print(f"API server ({api['server']}): {api['request_s'] * 1e3:.2f} ms + {api['prompt_token_s'] * 1e6:.2f} us "
+                      f"per prompt token{mean} of its own work in the {side} times, none in the engine's: added to "
+                      f"the simulated first and last token" + ("" if model else "; engine-side beside it"))
     errors = report.get("errors")
     if errors and errors["measured"] is not None and errors["simulated"] is not None:
         left = report.get("not_finished_simulated")

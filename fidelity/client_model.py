@@ -26,6 +26,15 @@ holds the HTTP round trip, the API server's parsing and tokenisation, and each t
   request's time above), under many concurrent streams the queue grows and the API server's
   throughput (1 / ``token_s`` tokens a second) caps the output the client sees.
 
+- ``api_request_s + api_prompt_token_s * prompt_tokens``: the API server's own time for a request, which
+  vLLM's own TTFT and E2E (its OpenTelemetry spans, ``/metrics``) include and the engine's do not: from
+  its receipt of the request (tokenisation, the hand-over to the engine core, where the engine's time
+  begins) and, at the other end, its processing of the token the engine made. Measured on requests
+  that ran alone, from their spans (``otel.api_server_observations``): ~1.9 ms on vLLM 0.11 (H100 host).
+  The client's times hold it too, so client-side times are the engine's + this + the terms above
+  (whose observations, client minus vLLM's own times, leave it out); a server-side run timed by the
+  API server (spans) is compared with the engine's times + this (``with_api_server_times``).
+
 It is a post-pass over the replay's per-request times (and its token log, when there is one: else a
 request's tokens are spread evenly between its first and last), not part of the engine's loop: the
 engine still sees each request at its send time (the outside time is not taken off its arrival) and
@@ -37,7 +46,7 @@ holds the calibrated model per server kind, with where its numbers come from.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +70,11 @@ class ClientModel:
     provenance: str = ""  # where the numbers come from and how they were fitted
     stream_s: float = 0.0  # the load term: outside time per other request in the way at the request's send
     load: str = "streams"  # which others are in its way: every open one (streams), or those before their first token
+    api_request_s: float = 0.0  # the API server's own time for a request inside vLLM's own TTFT/E2E: constant
+    api_prompt_token_s: float = 0.0  # ... and per prompt token
 
     def __post_init__(self) -> None:
-        for name in ("request_s", "prompt_token_s", "token_s", "stream_s"):
+        for name in ("request_s", "prompt_token_s", "token_s", "stream_s", "api_request_s", "api_prompt_token_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise ServelabError(f"client model {name} must be a finite number of seconds >= 0, got {value!r}")
@@ -72,6 +83,10 @@ class ClientModel:
 
     def outside_s(self, prompt_tokens: np.ndarray, open_streams: np.ndarray | float = 0.0) -> np.ndarray:
         return self.request_s + self.prompt_token_s * prompt_tokens + self.stream_s * open_streams
+
+    def api_server_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """The API server's own time for requests of ``prompt_tokens`` (inside vLLM's own TTFT and E2E)."""
+        return self.api_request_s + self.api_prompt_token_s * prompt_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,12 +196,40 @@ def fit_client(observations: list[dict], server: str = "vllm", provenance: str =
                        provenance=f"{provenance}; {fit}" if provenance else fit, stream_s=stream_s, load=load)
 
 
+def fit_api_server(observations: list[dict]) -> tuple[float, float, str]:
+    """``(api_request_s, api_prompt_token_s, note)``: NNLS of the API server's time (each observation's
+    ``first_s`` and ``last_s``, otel.api_server_observations) on ``1, prompt_tokens``."""
+    from scipy.optimize import nnls
+
+    try:
+        rows = [(float(o["prompt_tokens"]), float(o[k])) for o in observations for k in ("first_s", "last_s")]
+    except (KeyError, TypeError, ValueError):
+        raise ServelabError("API server observations need prompt_tokens, first_s and last_s (numbers)") from None
+    if len({p for p, _ in rows}) < 2:
+        raise ServelabError("fitting the API server's time needs observations at two prompt lengths or more")
+    a = np.array([[1.0, p] for p, _ in rows])
+    b = np.array([t for _, t in rows])
+    (fixed, per), _ = nnls(a, b)
+    residual = b - a @ np.array([fixed, per])
+    note = (f"API server time fitted on {len(observations)} lone requests' first and last tokens (prompts "
+            f"{int(a[:, 1].min()):,}-{int(a[:, 1].max()):,} tokens; residual median {np.median(np.abs(residual)) * 1e3:.2f} ms)")
+    return float(fixed), float(per), note
+
+
+def _with_api_server(model: ClientModel, observations: list[dict], provenance: str) -> ClientModel:
+    fixed, per, note = fit_api_server(observations)
+    return replace(model, api_request_s=fixed, api_prompt_token_s=per,
+                   provenance=f"{model.provenance}; {note}, from {provenance}")
+
+
+_vllm = json.loads(CALIBRATION.read_text())
 DEFAULTS["vllm"] = fit_client(
-    json.loads(CALIBRATION.read_text())["observations"], "vllm", load="admitting",
+    _vllm["observations"], "vllm", load="admitting",
     provenance="vLLM 0.11 on an H100 (CodeLlama-34B) against GuideLLM 0.6 over a cluster network, "
                "fidelity/client_calibration_vllm.json: 10 benchmarks of two sweeps (one request at a time to 40 at "
                "once) and 10 request records, the client's times against the same requests' OpenTelemetry spans "
                "(inference-sim's ground truth, bench/RESULTS_fidelity.md session 21)")
+DEFAULTS["vllm"] = _with_api_server(DEFAULTS["vllm"], _vllm["api_server"]["observations"], _vllm["api_server"]["about"])
 _cpu = json.loads(CPU_CALIBRATION.read_text())
 DEFAULTS["vllm-cpu"] = fit_client(
     _cpu["observations"], "vllm-cpu", api_server_runs=_cpu["api_server_cpu"]["runs"],
@@ -207,7 +250,8 @@ def resolve(spec: str) -> ClientModel:
     try:
         data = json.loads(path.read_text())
         return ClientModel(**{k: data[k] for k in ("server", "request_s", "prompt_token_s", "token_s", "provenance",
-                                                   "stream_s", "load") if k in data})
+                                                   "stream_s", "load", "api_request_s", "api_prompt_token_s")
+                              if k in data})
     except (json.JSONDecodeError, TypeError) as err:
         raise InputError(path, f"not a client model JSON ({err})") from None
 
@@ -245,12 +289,13 @@ def with_client_columns(requests: pa.Table, model: ClientModel, tokens: pa.Table
     finish = _f(requests, "finish_s")
     out_tokens = requests.column("generated_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
     prompt = requests.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
-    outside = model.outside_s(prompt)
+    api = model.api_server_s(prompt)  # the API server's own time, then the client's beyond vLLM's own times
+    outside = api + model.outside_s(prompt)
     if model.stream_s > 0:  # the load term, counted with each request's lone client-side finish or first token
         end = finish if model.load == "streams" else first
         end = np.where(np.isfinite(end), end + outside, _f(requests, "refused_s")
                        if "refused_s" in requests.column_names else np.nan)
-        outside = model.outside_s(prompt, open_streams(arrival, end))
+        outside = api + model.outside_s(prompt, open_streams(arrival, end))
     wait_first = np.zeros(len(rid))
     wait_last = np.zeros(len(rid))
     if model.token_s > 0:
@@ -304,6 +349,20 @@ def _token_times(rid, first, finish, out_tokens, tokens):
         lasts.append([False] * (n - 1) + [True])
     flat = lambda xs, dtype: np.asarray([v for x in xs for v in x], dtype=dtype)  # noqa: E731
     return flat(owners, rid.dtype), flat(times, np.float64), flat(firsts, bool), flat(lasts, bool)
+
+
+def with_api_server_times(requests: pa.Table, model: ClientModel) -> pa.Table:
+    """``requests`` with each first and last token, TTFT and E2E later by the API server's own time
+    (``ClientModel.api_server_s``): the times vLLM's API server records (its spans), which a server-side
+    run timed by the API server is compared with. TPOT, the queue and the tokens' gaps are unchanged."""
+    prompt = requests.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    api = model.api_server_s(prompt)
+    out = requests
+    for name in ("first_token_s", "finish_s", "ttft_s", "e2e_s"):
+        values = _f(out, name) + api
+        out = out.set_column(out.column_names.index(name), name,
+                             pa.array(values, pa.float64(), mask=~np.isfinite(values)))
+    return out
 
 
 def as_client_side(requests: pa.Table) -> pa.Table:

@@ -110,6 +110,10 @@ def import_otel(paths: list[Path]) -> Measured:
     if skipped:
         notes.append(f"{skipped} spans not named '{SPAN_NAME}' left out")
     source = {"service": sorted(s for s in services if s)}
+    if len(rows) and not journeys:  # the spans' times are the API server's (client_model.py "api_request_s")
+        source["times"] = "api-server"
+    elif journeys and not len(rows):
+        source["times"] = "engine-core"
     if origin:
         source["first_span_start_unix_ns"] = origin[0]
     return Measured(rows, clock="server", source=source, notes=tuple(notes))
@@ -232,3 +236,45 @@ def _journey_rows(rows: Rows, journeys: dict) -> None:
         rows.add(row, request, queued - t0, prompt, output, ok=reason is None, reason=reason,
                  first_token_s=at["FIRST_TOKEN"], first_scheduled_s=at["SCHEDULED"],
                  finish_s=at["FINISHED"] if reason is None else None)
+
+
+def api_server_observations(path: Path) -> list[dict]:
+    """What vLLM's API server adds to its own TTFT and E2E beyond the engine core, from the ``llm_request``
+    spans of requests that ran alone (no other request's span overlaps theirs: the engine was idle when
+    each came, so no iteration in flight delays its intake). A span's TTFT runs from the API server's
+    receipt to its processing of the first token, its ``time_in_queue`` and ``time_in_model_prefill``
+    from the engine core's queue to the first token there; what is left is the API server's intake
+    (tokenisation, the hand-over to the engine core) and its processing of that output. The same for the
+    last token: E2E - time_in_queue - time_in_model_inference. One observation per such request:
+    ``prompt_tokens``, ``first_s`` and ``last_s`` (seconds), ``request`` (its span's request id)."""
+    spans = []
+    for lineno, doc in _documents(path, []):
+        for rs in doc.get("resourceSpans") or () if isinstance(doc, dict) else ():
+            for ss in rs.get("scopeSpans") or ():
+                for span in ss.get("spans") or ():
+                    if span.get("name") != SPAN_NAME or (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR"):
+                        continue
+                    attrs = _attribute_map(path, span.get("attributes"), "attributes")
+                    keys = ("time_to_first_token", "e2e", "time_in_queue", "time_in_model_prefill",
+                            "time_in_model_inference")
+                    if any(attrs.get(f"gen_ai.latency.{k}") is None for k in keys):
+                        continue
+                    row = len(spans) + 1
+                    lat = {k: number(path, attrs[f"gen_ai.latency.{k}"], f"gen_ai.latency.{k}", row) for k in keys}
+                    start = int(span["startTimeUnixNano"]) / 1e9
+                    spans.append((start, start + lat["e2e"], lat,
+                                  integer(path, attrs.get("gen_ai.usage.prompt_tokens"), "gen_ai.usage.prompt_tokens", row),
+                                  str(attrs.get("gen_ai.request.id", row))))
+    spans.sort(key=lambda s: s[0])
+    out = []
+    ended = -float("inf")  # the latest end of the spans that started before this one
+    for i, (start, end, lat, prompt, request) in enumerate(spans):
+        after = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
+        alone = ended <= start and after >= end
+        ended = max(ended, end)
+        if alone:
+            out.append({"request": request, "prompt_tokens": prompt,
+                        "first_s": lat["time_to_first_token"] - lat["time_in_queue"] - lat["time_in_model_prefill"],
+                        "last_s": lat["e2e"] - lat["time_in_queue"] - lat["time_in_model_inference"]})
+    return out
+

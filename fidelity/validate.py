@@ -414,6 +414,10 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     live_fitted = (getattr(getattr(runner, "model", None), "metadata", None) or {}).get("runner") == "live"
     if client_model is not None and meta.get("clock") == "client" and not (client_model == "auto" and live_fitted):
         model = cm.resolve("vllm" if client_model == "auto" else client_model)
+    # a server-side run timed by vLLM's API server (its spans) holds the API server's own time, the engine's does not
+    api_model = None
+    if client_model is not None and meta.get("clock") == "server" and (meta.get("source") or {}).get("times") == "api-server":
+        api_model = cm.resolve("vllm" if client_model == "auto" else client_model)
     cluster = build_cluster(config, runner, trace_block_tokens(trace), measured_blocks=ran_with)
     result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0, cluster=cluster)
     simulated = result.requests
@@ -426,10 +430,20 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         engine_side = compare(measured, simulated)["latency"]
         compared = cm.as_client_side(simulated)
         report = compare(measured, compared)
+    elif api_model is not None and (api_model.api_request_s or api_model.api_prompt_token_s):
+        engine_side = compare(measured, simulated, intake)["latency"]
+        compared = cm.with_api_server_times(simulated, api_model)
+        report = compare(measured, compared, intake)
     else:
         compared = simulated
         report = compare(measured, simulated, intake)
     report["errors"] = error_shares(measured, simulated)
+    shown = model or api_model
+    if shown is not None and (shown.api_request_s or shown.api_prompt_token_s):
+        prompt = simulated.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+        report["api_server"] = {"request_s": shown.api_request_s, "prompt_token_s": shown.api_prompt_token_s,
+                                "mean_s": float(np.mean(shown.api_server_s(prompt))) if prompt.size else None,
+                                "server": shown.server}
     report["not_measured"] = not_measured(meta, report["latency"])
     report["client_model"] = None if model is None else model.to_dict()
     if engine_side is not None:
@@ -462,7 +476,8 @@ def clock_labels(report: dict[str, Any]) -> tuple[str, str]:
     run's are the client's; the simulated are the engine's, or the client's through the client model."""
     measured = {"client": "client-side", "server": "server-side"}.get(report.get("clock") or "", "clock unrecorded")
     model = report.get("client_model")
-    simulated = f"client-side: engine + {model['server']} client model" if model else "engine-side"
+    simulated = (f"client-side: engine + {model['server']} client model" if model
+                 else f"engine + {report['api_server']['server']} API server" if report.get("api_server") else "engine-side")
     return f"measured ({measured})", f"simulated ({simulated})"
 
 

@@ -3,6 +3,7 @@ per-token queue, its fit, and how validate --real shows it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -102,8 +103,11 @@ def test_the_shipped_vllm_default_is_a_gpu_servers():
     # fitted on a real H100 server's client (GuideLLM) and server (OpenTelemetry) times of the same requests
     data = json.loads(cm.CALIBRATION.read_text())
     model = cm.DEFAULTS["vllm"]
-    assert model == fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0],
-                               load="admitting")
+    fitted = fit_client(data["observations"], "vllm", provenance=model.provenance.split("; fitted on")[0],
+                        load="admitting")
+    # the client's terms are that fit; the API server's own time is fitted apart (tests/test_client_api_server.py)
+    assert dataclasses.replace(model, api_request_s=0.0, api_prompt_token_s=0.0, provenance=fitted.provenance) == fitted
+    assert model.provenance.startswith(fitted.provenance) and "API server time fitted on" in model.provenance
     assert "H100" in model.provenance and "GuideLLM" in data["about"]
     # its load term counts the requests not yet at their first token: 8 streams open at a constant rate
     # (a request every 0.26 s, each at its first token after 0.25 s) measured no more outside time than alone
@@ -147,7 +151,8 @@ def test_validate_real_compares_client_side_times_and_keeps_the_engine_side(tmp_
     report = json.loads(out)
     rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
     engine = {(r["metric"], r["stat"]): r for r in report["latency_engine"]}
-    outside = cm.DEFAULTS["vllm"].request_s + 100 * cm.DEFAULTS["vllm"].prompt_token_s
+    default = cm.DEFAULTS["vllm"]  # the API server's own time, then the client's outside vLLM's own times
+    outside = default.api_request_s + 100 * default.api_prompt_token_s + default.request_s + 100 * default.prompt_token_s
     assert engine[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002)  # one 2 ms prefill step
     assert rows[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002 + outside)
     assert rows[("e2e", "mean")]["simulated_s"] == pytest.approx(0.010 + outside)  # 5 steps
@@ -235,7 +240,8 @@ def test_replay_adds_client_columns_only_when_asked(tmp_path, capsys):
     assert client.select(plain.column_names).equals(plain)  # the engine-side columns are the same
     model = cm.DEFAULTS["vllm"]
     assert client.column("client_ttft_s").to_pylist() == pytest.approx(
-        [t + model.request_s + p * model.prompt_token_s for t, p in zip(plain.column("ttft_s").to_pylist(), (100, 200))])
+        [t + model.api_server_s(p) + model.request_s + p * model.prompt_token_s
+         for t, p in zip(plain.column("ttft_s").to_pylist(), (100, 200))])
     meta = json.loads((tmp_path / "client" / "run.json").read_text())
     assert meta["client_model"]["server"] == "vllm"
 
