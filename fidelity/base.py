@@ -257,11 +257,44 @@ def sha256(path: Path) -> str:
 
 def detect_format(paths: list[Path]) -> str:
     """The import format of ``paths``: the first importer (by its ``@detects`` order) whose test of the
-    first one's name and first bytes passes (common/sniff.py), or an error naming the first file."""
-    return detect(IMPORTERS, list(paths), 1 << 16, "cannot tell the format (not an OTel, GuideLLM, inference-perf, "
-                  "vllm bench, SGLang bench_serving, genai-perf, AIPerf, timestamps JSONL or TraceV2 file); "
-                  "pass --format",
-                  folder_hint=" (a TraceV2 folder holds trace.yaml and trace.csv)")
+    first one's name and first bytes passes (common/sniff.py), or an error naming the first file (and,
+    for a tool's summary report, the per-request file to import instead)."""
+    try:
+        return detect(IMPORTERS, list(paths), 1 << 16, "cannot tell the format (not an OTel, GuideLLM, "
+                      "inference-perf, vllm bench, SGLang bench_serving, genai-perf, AIPerf, timestamps JSONL or "
+                      "TraceV2 file); pass --format",
+                      folder_hint=" (a TraceV2 folder holds trace.yaml and trace.csv)")
+    except InputError:
+        hint = summary_only(Path(paths[0]))
+        if hint:
+            raise InputError(Path(paths[0]), hint) from None
+        raise
+
+
+# A tool's report of aggregates only (name pattern, tool, the per-request file it writes when asked): servelab
+# compares request by request, so such a run is named for what it is, with the option that keeps its requests.
+SUMMARY_REPORTS = (
+    ("*_lifecycle_metrics.json", "inference-perf", "per_request_lifecycle_metrics.json, written with "
+     "`report: request_lifecycle: per_request: true` in its config"),
+    ("profile_export_aiperf.json", "AIPerf", "profile_export.jsonl, which AIPerf writes beside it"),
+    ("profile_export_aiperf.csv", "AIPerf", "profile_export.jsonl, which AIPerf writes beside it"),
+    ("*genai_perf.json", "genai-perf", "profile_export.json, which genai-perf writes beside it"),
+    ("*genai_perf.csv", "genai-perf", "profile_export.json, which genai-perf writes beside it"),
+)
+
+
+def summary_only(path: Path) -> str | None:
+    """What ``path`` (a file, or a folder's files) is when it is a benchmark tool's summary report and no
+    run file: the message naming the per-request report to import instead; else None."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    for pattern, tool, instead in SUMMARY_REPORTS:
+        hits = [p for p in files if p.match(pattern) and not p.name.startswith("per_request")]
+        if hits:
+            shown = ", ".join(str(p.relative_to(path)) if path.is_dir() else p.name for p in hits[:3])
+            more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""
+            return (f"holds {tool}'s summary report ({shown}{more}): aggregates only, no request's times, and "
+                    f"servelab compares a run request by request; import {instead}")
+    return None
 
 
 # formats whose one run may be several files (an exporter's rotated or split files); the others read one
@@ -286,8 +319,10 @@ def sources_in_folders(paths: list[Path]) -> tuple[list[Path], list[str]]:
         if not found:
             found = _run_files(sorted(p for sub in _visible(path, Path.is_dir) for p in _visible(sub, Path.is_file)))
         if not found:
-            raise InputError(path, "is a folder with no run file in it that a format recognises (a TraceV2 "
-                                   "folder holds trace.yaml and trace.csv); pass the run's file")
+            hint = summary_only(path)
+            raise InputError(path, f"is a folder with no run file in it that a format recognises; it {hint}" if hint
+                             else "is a folder with no run file in it that a format recognises (a TraceV2 folder "
+                                  "holds trace.yaml and trace.csv); pass the run's file")
         formats = sorted({fmt for _, fmt in found})
         if len(formats) > 1 or (len(found) > 1 and formats[0] not in SPLIT_FORMATS):
             listed = ", ".join(f"{p.relative_to(path)} ({fmt})" for p, fmt in found)

@@ -82,3 +82,35 @@ def test_run_import_of_a_folder_is_the_import_of_its_file(tmp_path, capsys):
     a, b = _run_json(tmp_path / "a"), _run_json(tmp_path / "b")
     assert a["config"] == b["config"] and a["source"]["files"] == b["source"]["files"]
     assert (tmp_path / "a" / "requests.parquet").read_bytes() == (tmp_path / "b" / "requests.parquet").read_bytes()
+
+
+def _summary_only_inference_perf(tmp_path: Path) -> Path:
+    run = tmp_path / "exp"
+    (run / "results").mkdir(parents=True)
+    (run / "results" / "config.yaml").write_text("load:\n  type: constant\n")
+    for name in ("stage_0_lifecycle_metrics.json", "summary_lifecycle_metrics.json"):
+        (run / "results" / name).write_text(json.dumps({"load_summary": {"count": 3}, "successes": {"count": 3}}))
+    return run
+
+
+def test_a_tools_summary_report_is_named_with_the_per_request_file_to_import(tmp_path, capsys):
+    run = _summary_only_inference_perf(tmp_path)
+    with pytest.raises(InputError, match=r"inference-perf's summary report \(results/stage_0_lifecycle_metrics.json, "
+                                         r"results/summary_lifecycle_metrics.json\).*per_request_lifecycle_metrics.json"):
+        sources_in_folders([run])
+    # given the summary file itself: the same words, not "cannot tell the format"
+    code, _, err = run_main(["run", "import", str(run / "results" / "stage_0_lifecycle_metrics.json"),
+                             "-o", str(tmp_path / "out")], capsys)
+    assert code != 0 and "inference-perf's summary report" in err and "per_request: true" in err
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_a_folder_with_the_per_request_report_beside_the_summaries_imports_it(tmp_path):
+    run = _summary_only_inference_perf(tmp_path)
+    record = {"start_time": 1.0, "end_time": 1.5, "request": json.dumps({"prompt": "hi", "max_tokens": 4}),
+              "response": "", "error": None,
+              "info": {"input_tokens": 10, "output_tokens": 4, "output_token_times": [1.1, 1.2, 1.3, 1.4]}}
+    (run / "results" / "per_request_lifecycle_metrics.json").write_text(json.dumps([record]))
+    files, notes = sources_in_folders([run])
+    assert files == [run / "results" / "per_request_lifecycle_metrics.json"]
+    assert notes == [f"{run}: a folder; its run file results/per_request_lifecycle_metrics.json (inference-perf)"]
