@@ -27,7 +27,9 @@ holds the HTTP round trip, the API server's parsing and tokenisation, and each t
   throughput (1 / ``token_s`` tokens a second) caps the output the client sees.
 
 - ``api_request_s + api_prompt_token_s * prompt_tokens``: the API server's own time for a request, which
-  vLLM's own TTFT and E2E (its OpenTelemetry spans, ``/metrics``) include and the engine's do not: from
+  vLLM's own TTFT and E2E (its OpenTelemetry spans, ``/metrics``' TTFT and E2E histograms) include and the
+  engine's do not (nor the engine core's queue + prefill histograms, which a live fit uses: a model fitted
+  on those holds this time in its outside time already, and has none of it apart): from
   its receipt of the request (tokenisation, the hand-over to the engine core, where the engine's time
   begins) and, at the other end, its processing of the token the engine made. Measured on requests
   that ran alone, from their spans (``otel.api_server_observations``): ~1.9 ms on vLLM 0.11 (H100 host).

@@ -79,7 +79,7 @@ def test_the_vllm_default_carries_the_fitted_api_server_time():
     at = model.api_server_s(3000.0)
     assert np.percentile(values, 10) < at < np.percentile(values, 90)
     assert 1e-3 < at < 3e-3
-    # the CPU server's was not measured apart: its client terms were fitted against vLLM's own times alone
+    # the CPU server's outside time was fitted against the engine core's own times: it holds the API server's
     assert cm.DEFAULTS["vllm-cpu"].api_server_s(3000.0) == 0.0
 
 
