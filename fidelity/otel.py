@@ -100,6 +100,7 @@ def import_otel(paths: list[Path]) -> Measured:
                             skipped += 1
                             continue
                         _add_span(rows, path, lineno, span, origin)
+    from_spans = len(rows) > 0  # the llm_request spans' times are the API server's (client_model.py api_request_s)
     if journeys and not len(rows):
         _journey_rows(rows, journeys)
         notes.append(f"vLLM request journey trace ({len(journeys)} requests' '{JOURNEY_SPAN}' events): times from "
@@ -110,10 +111,8 @@ def import_otel(paths: list[Path]) -> Measured:
     if skipped:
         notes.append(f"{skipped} spans not named '{SPAN_NAME}' left out")
     source = {"service": sorted(s for s in services if s)}
-    if len(rows) and not journeys:  # the spans' times are the API server's (client_model.py "api_request_s")
-        source["times"] = "api-server"
-    elif journeys and not len(rows):
-        source["times"] = "engine-core"
+    if len(rows):
+        source["times"] = "api-server" if from_spans else "engine-core"
     if origin:
         source["first_span_start_unix_ns"] = origin[0]
     return Measured(rows, clock="server", source=source, notes=tuple(notes))
@@ -247,24 +246,27 @@ def api_server_observations(path: Path) -> list[dict]:
     (tokenisation, the hand-over to the engine core) and its processing of that output. The same for the
     last token: E2E - time_in_queue - time_in_model_inference. One observation per such request:
     ``prompt_tokens``, ``first_s`` and ``last_s`` (seconds), ``request`` (its span's request id)."""
+    keys = ("time_to_first_token", "e2e", "time_in_queue", "time_in_model_prefill", "time_in_model_inference")
     spans = []
     for lineno, doc in _documents(path, []):
         for rs in doc.get("resourceSpans") or () if isinstance(doc, dict) else ():
             for ss in rs.get("scopeSpans") or ():
                 for span in ss.get("spans") or ():
-                    if span.get("name") != SPAN_NAME or (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR"):
-                        continue
-                    attrs = _attribute_map(path, span.get("attributes"), "attributes")
-                    keys = ("time_to_first_token", "e2e", "time_in_queue", "time_in_model_prefill",
-                            "time_in_model_inference")
-                    if any(attrs.get(f"gen_ai.latency.{k}") is None for k in keys):
+                    status = span.get("status") if isinstance(span.get("status"), dict) else {}
+                    if span.get("name") != SPAN_NAME or status.get("code") in (2, "STATUS_CODE_ERROR"):
                         continue
                     row = len(spans) + 1
+                    attrs = _attribute_map(path, span.get("attributes"), "attributes", row)
+                    if any(attrs.get(f"gen_ai.latency.{k}") is None for k in keys):
+                        continue  # (spans of vLLM releases that do not record the engine's part)
                     lat = {k: number(path, attrs[f"gen_ai.latency.{k}"], f"gen_ai.latency.{k}", row) for k in keys}
-                    start = int(span["startTimeUnixNano"]) / 1e9
-                    spans.append((start, start + lat["e2e"], lat,
-                                  integer(path, attrs.get("gen_ai.usage.prompt_tokens"), "gen_ai.usage.prompt_tokens", row),
-                                  str(attrs.get("gen_ai.request.id", row))))
+                    try:
+                        start = int(span["startTimeUnixNano"]) / 1e9
+                    except (KeyError, ValueError, TypeError):
+                        raise InputError(path, f"span on line {lineno} has no valid startTimeUnixNano",
+                                         column="startTimeUnixNano", row=row) from None
+                    prompt = integer(path, attrs.get("gen_ai.usage.prompt_tokens"), "gen_ai.usage.prompt_tokens", row)
+                    spans.append((start, start + lat["e2e"], lat, prompt, str(attrs.get("gen_ai.request.id", row))))
     spans.sort(key=lambda s: s[0])
     out = []
     ended = -float("inf")  # the latest end of the spans that started before this one
