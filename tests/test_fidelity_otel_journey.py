@@ -62,6 +62,7 @@ def test_a_journey_trace_is_a_server_side_run(tmp_path, capsys):
     assert "format: otel (detected" in err and "request journey trace (4 requests" in text
     meta = json.loads((out / "run.json").read_text())
     assert meta["clock"] == "server"
+    assert meta["source"]["times"] == "engine-core"  # no API server time is added to the simulated (validate)
     rows = {r["source_request_id"]: r for r in pq.read_table(out / "requests.parquet").to_pylist()}
     r1, r2 = rows["r1"], rows["r2"]
     assert r1["arrival_s"] == pytest.approx(0.0) and r1["ttft_s"] == pytest.approx(0.05)
@@ -87,3 +88,4 @@ def test_journey_events_beside_request_spans_leave_the_request_spans_in_charge(t
     assert "beside the 'llm_request' spans" in text
     [row] = pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()
     assert row["ttft_s"] == pytest.approx(0.06)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["source"]["times"] == "api-server"
