@@ -72,3 +72,17 @@ from = "prefill"
 to = "decode"
 bandwidth_gbps = 50.0
 """
+
+
+def validate_real_json(run: Path, capsys, *extra) -> tuple[dict, dict, dict]:
+    """``validate --real RUN --candidate linear:base=0.002 --format json`` (``extra`` options added): the
+    report, and its compared and engine-side latency rows by (metric, stat) (the latter empty when absent)."""
+    import json
+
+    code, out, err = run_main(["validate", "--real", run, "--candidate", "linear:base=0.002", "--format", "json",
+                               *extra], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
+    engine = {(r["metric"], r["stat"]): r for r in report.get("latency_engine") or ()}
+    return report, rows, engine

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_cli import run_main
+from helpers_cli import run_main, validate_real_json
 
 from servelab.fidelity import client_model as cm
 from servelab.fidelity.client_model import ClientModel, fit_api_server, with_api_server_times, with_client_columns
@@ -128,19 +128,13 @@ def test_validate_real_adds_it_to_an_otel_runs_simulated_times(tmp_path, capsys)
                              "--setting", "gpu=h100-80gb", "--setting", "num_gpu_blocks=1000"], capsys)
     assert code == 0, err
     assert json.loads((run / "run.json").read_text())["source"]["times"] == "api-server"
-    base = ["validate", "--real", str(run), "--candidate", "linear:base=0.002", "--format", "json"]
-    code, out, err = run_main(base, capsys)
-    assert code == 0, err
-    report = json.loads(out)
-    rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
-    engine = {(r["metric"], r["stat"]): r for r in report["latency_engine"]}
+    report, rows, engine = validate_real_json(run, capsys)
     api = cm.DEFAULTS["vllm"].api_server_s(100.0)
     assert report["api_server"]["mean_s"] == pytest.approx(api)
     assert rows[("ttft", "mean")]["simulated_s"] == pytest.approx(engine[("ttft", "mean")]["simulated_s"] + api)
     assert rows[("e2e", "mean")]["simulated_s"] == pytest.approx(engine[("e2e", "mean")]["simulated_s"] + api)
     assert rows[("tpot", "mean")]["simulated_s"] == pytest.approx(engine[("tpot", "mean")]["simulated_s"])
-    code, out, _ = run_main([*base, "--client-model", "none"], capsys)  # the engine's times alone
-    none = json.loads(out)
+    none, _, _ = validate_real_json(run, capsys, "--client-model", "none")  # the engine's times alone
     assert "api_server" not in none and "latency_engine" not in none
-    code, out, _ = run_main(base[:-2], capsys)
+    code, out, _ = run_main(["validate", "--real", run, "--candidate", "linear:base=0.002"], capsys)
     assert code == 0 and "API server (vllm)" in out and "engine-side" in out

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers_cli import run_main
+from helpers_cli import run_main, validate_real_json
 
 from servelab.common.errors import ServelabError
 from servelab.fidelity import client_model as cm
@@ -145,23 +145,18 @@ def _live_like_run(tmp_path):
 def test_validate_real_compares_client_side_times_and_keeps_the_engine_side(tmp_path, capsys):
     (tmp_path / "src.json").write_text("{}")
     run = _live_like_run(tmp_path)
-    base = ["validate", "--real", str(run), "--candidate", "linear:base=0.002", "--format", "json"]
-    code, out, err = run_main(base, capsys)
-    assert code == 0, err
-    report = json.loads(out)
-    rows = {(r["metric"], r["stat"]): r for r in report["latency"]}
-    engine = {(r["metric"], r["stat"]): r for r in report["latency_engine"]}
+    report, rows, engine = validate_real_json(run, capsys)
     default = cm.DEFAULTS["vllm"]  # the API server's own time, then the client's outside vLLM's own times
     outside = default.api_request_s + 100 * default.api_prompt_token_s + default.request_s + 100 * default.prompt_token_s
     assert engine[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002)  # one 2 ms prefill step
     assert rows[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002 + outside)
     assert rows[("e2e", "mean")]["simulated_s"] == pytest.approx(0.010 + outside)  # 5 steps
     assert report["client_model"]["server"] == "vllm" and report["errors"]["measured"] == 0.0
-    code, out, _ = run_main([*base, "--client-model", "none"], capsys)
-    none = json.loads(out)
+    none, none_rows, _ = validate_real_json(run, capsys, "--client-model", "none")
     assert none["client_model"] is None and "latency_engine" not in none
-    assert {(r["metric"], r["stat"]): r for r in none["latency"]}[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002)
-    code, out, _ = run_main(base[:-2], capsys)  # the table shows both columns and the model's terms
+    assert none_rows[("ttft", "mean")]["simulated_s"] == pytest.approx(0.002)
+    # the table shows both columns and the model's terms
+    code, out, _ = run_main(["validate", "--real", run, "--candidate", "linear:base=0.002"], capsys)
     assert code == 0 and "engine-side" in out and "client model (vllm)" in out
 
 
