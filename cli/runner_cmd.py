@@ -148,7 +148,8 @@ def _buckets(text: str) -> tuple[int, ...]:
               help="--endpoint: how many times the sweep runs its list of levels (default 3).")
 @click.option("--client", "client_sources", multiple=True, type=click.Path(exists=True),
               help="Fit a client/API-server model (fidelity/client_model.py) to live run directories with vLLM's "
-                   "/metrics (metrics.parquet) or observation JSON files with client and engine times; repeatable.")
+                   "/metrics (metrics.parquet), observation JSON files with client and engine times, or vLLM "
+                   "OpenTelemetry span files (the API server's own time); repeatable.")
 @click.option("--server-kind", default="vllm", show_default=True, help="--client: the server kind it describes.")
 @click.option("--client-load", type=click.Choice(["streams", "admitting"]), default="streams", show_default=True,
               help="--client: what the load term counts at a send: every other open stream, or the others not yet "
@@ -203,20 +204,17 @@ def fit(profile_path, output, buckets, test_fraction, seed, real_runs, gpu_from,
 
 def _fit_client(sources, server_kind, output, load="streams"):
     """fit --client SRC... -o OUT: the client model's terms (docs/fidelity.md), printed and written."""
-    from servelab.fidelity.client_model import api_server_runs_from, fit_client, observations_from, save
+    from servelab.fidelity.client_model import fit_from_sources, save
 
     if not output:
         raise ServelabError("fit --client SRC... needs -o OUT (the client model JSON)")
-    observations = [o for src in sources for o in observations_from(Path(src))]
-    runs = [r for src in sources for r in api_server_runs_from(Path(src))]
-    model = fit_client(observations, server_kind, provenance="servelab fit --client " + " ".join(map(str, sources)),
-                       api_server_runs=runs or None, load=load)
+    model = fit_from_sources([Path(src) for src in sources], server_kind, load)
     save(model, output)
-    per = "open stream" if load == "streams" else "other request before its first token"
+    per = "open stream" if model.load == "streams" else "other request before its first token"
     click.echo(f"client model ({server_kind}): {model.request_s * 1e3:.3f} ms + {model.prompt_token_s * 1e6:.3f} us "
                f"per prompt token + {model.stream_s * 1e3:.3f} ms per {per} outside the engine, "
-               f"{model.token_s * 1e6:.3f} us per streamed token; "
-               f"{model.provenance}")
+               f"{model.token_s * 1e6:.3f} us per streamed token; API server {model.api_request_s * 1e3:.3f} ms + "
+               f"{model.api_prompt_token_s * 1e6:.3f} us per prompt token of its own; {model.provenance}")
     click.echo(f"wrote {output} (use validate --real RUN --client-model {output})")
 
 

@@ -242,6 +242,57 @@ DEFAULTS["vllm-cpu"] = fit_client(
                "token_s from the API server process's CPU time in 10 closed loops (session 21)")
 
 
+def fit_from_sources(sources: list[Path], server: str = "vllm", load: str = "streams") -> ClientModel:
+    """``servelab fit --client``'s model from its sources: observation JSON files and live run directories
+    give the client's terms (``fit_client``); vLLM OpenTelemetry span files (``llm_request`` spans with
+    vLLM's latency breakdown) give the API server's own time, from their requests that ran alone
+    (``otel.api_server_observations``, ``fit_api_server``). Span files alone keep the server kind's
+    calibrated client terms and replace its API server time (a host of another speed). A live run's terms
+    were fitted against the engine core's own times and hold the API server's time already: spans beside
+    one are refused, rather than counting it twice."""
+    from servelab.fidelity.otel import api_server_observations
+
+    sources = [Path(p) for p in sources]
+    spans = [p for p in sources if _is_span_file(p)]
+    rest = [p for p in sources if p not in spans]
+    provenance = "servelab fit --client " + " ".join(map(str, sources))
+    if spans and any(p.is_dir() for p in rest):
+        live = next(p for p in rest if p.is_dir())
+        raise ServelabError(f"fit --client: {live} is a live run, whose client terms were fitted against the engine "
+                            f"core's own times and so hold the API server's time already; fit the spans "
+                            f"({spans[0]}) with observation files, or alone")
+    if rest:
+        observations = [o for src in rest for o in observations_from(src)]
+        runs = [r for src in rest for r in api_server_runs_from(src)]
+        model = fit_client(observations, server, provenance=provenance, api_server_runs=runs or None, load=load)
+    elif server in DEFAULTS:
+        base = DEFAULTS[server]
+        model = replace(base, provenance=f"{provenance}; client terms: the calibrated {server} model's ({base.provenance})")
+    else:
+        raise ServelabError(f"fit --client with span files alone keeps a server kind's calibrated client terms, and "
+                            f"'{server}' has none (known: {', '.join(sorted(DEFAULTS))}); give client observations too")
+    if spans:
+        observations = [o for p in spans for o in api_server_observations(p)]
+        if not observations:
+            raise InputError(spans[0], "no request in the spans ran alone (no other request's span overlapping it) "
+                                       "with vLLM's latency breakdown (time_in_queue, time_in_model_prefill, "
+                                       "time_in_model_inference): the API server's own time cannot be told apart")
+        model = _with_api_server(model, observations, " ".join(map(str, spans)))
+    return model
+
+
+def _is_span_file(path: Path) -> bool:
+    """Whether ``path`` is a file that run import reads as vLLM's OpenTelemetry spans."""
+    from servelab.fidelity.base import detect_format
+
+    if not path.is_file():
+        return False
+    try:
+        return detect_format([path]) == "otel"
+    except ServelabError:
+        return False
+
+
 def resolve(spec: str) -> ClientModel:
     """A server kind of ``DEFAULTS`` (``vllm``, ``vllm-cpu``) or a JSON file written by ``servelab fit --client``."""
     if spec in DEFAULTS:

@@ -138,3 +138,44 @@ def test_validate_real_adds_it_to_an_otel_runs_simulated_times(tmp_path, capsys)
     assert "api_server" not in none and "latency_engine" not in none
     code, out, _ = run_main(["validate", "--real", run, "--candidate", "linear:base=0.002"], capsys)
     assert code == 0 and "API server (vllm)" in out and "engine-side" in out
+
+
+@pytest.mark.skipif(not REAL_RUNS.is_dir(), reason="bench/real_runs not in this checkout")
+def test_fit_client_takes_a_servers_spans_for_its_api_server_time(tmp_path, capsys):
+    spans = REAL_RUNS / "jan20-codellama-prefill-1" / "traces.json"
+    out = tmp_path / "client.json"
+    code, text, err = run_main(["fit", "--client", spans, "-o", out], capsys)
+    assert code == 0, err
+    model = cm.resolve(str(out))
+    fixed, per, _ = fit_api_server(api_server_observations(spans))
+    assert (model.api_request_s, model.api_prompt_token_s) == pytest.approx((fixed, per))
+    default = cm.DEFAULTS["vllm"]  # spans alone: the calibrated client terms, its own API server time
+    assert (model.request_s, model.prompt_token_s, model.stream_s, model.load) == (
+        default.request_s, default.prompt_token_s, default.stream_s, default.load)
+    assert "API server" in text and "40 lone requests" in model.provenance
+
+
+def test_fit_client_with_spans_and_observations_fits_each_part(tmp_path):
+    spans = tmp_path / "traces.json"
+    spans.write_text("\n".join(json.dumps(_span(10.0 * i, 0.105, 0.5, 0.001, 0.100, 0.497, 500 + 1000 * i, f"r{i}"))
+                               for i in range(3)))
+    obs = tmp_path / "obs.json"
+    obs.write_text(json.dumps({"observations": [
+        {"prompt_tokens": p, "client_ttft_s": 0.1 + 0.004 + 3e-6 * p, "server_ttft_s": 0.1} for p in (100, 1000, 3000)]}))
+    model = cm.fit_from_sources([spans, obs], "vllm")
+    assert model.request_s == pytest.approx(0.004) and model.prompt_token_s == pytest.approx(3e-6)
+    # each span: 4 ms beyond the engine's first token, 2 ms beyond its last, at every prompt length
+    assert model.api_request_s == pytest.approx(0.003) and model.api_prompt_token_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fit_client_refuses_spans_beside_a_live_run_and_spans_with_no_lone_request(tmp_path):
+    overlapping = tmp_path / "traces.json"
+    overlapping.write_text("\n".join(json.dumps(_span(0.1 * i, 0.2, 1.0, 0.0, 0.1, 0.9, 100, f"r{i}")) for i in range(3)))
+    with pytest.raises(Exception, match="no request in the spans ran alone"):
+        cm.fit_from_sources([overlapping], "vllm")
+    live = tmp_path / "live"
+    live.mkdir()
+    with pytest.raises(Exception, match="hold the API server's time already"):
+        cm.fit_from_sources([overlapping, live], "vllm")
+    with pytest.raises(Exception, match="has none"):
+        cm.fit_from_sources([overlapping], "sglang")
