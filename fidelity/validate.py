@@ -416,7 +416,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         model = cm.resolve("vllm" if client_model == "auto" else client_model)
     # a server-side run timed by vLLM's API server (its spans) holds the API server's own time, the engine's does not
     api_model = None
-    if client_model is not None and meta.get("clock") == "server" and (meta.get("source") or {}).get("times") == "api-server":
+    if client_model is not None and meta.get("clock") == "server" and server_times(meta) == "api-server":
         api_model = cm.resolve("vllm" if client_model == "auto" else client_model)
     cluster = build_cluster(config, runner, trace_block_tokens(trace), measured_blocks=ran_with)
     result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0, cluster=cluster)
@@ -469,6 +469,17 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         "runner": result.meta["runner"],
     })
     return report, measured, compared
+
+
+def server_times(meta: dict) -> str | None:
+    """Where a server-side run's times were taken: ``api-server`` (vLLM's ``llm_request`` spans, from the API
+    server's receipt) or ``engine-core``, as run.json ``source.times`` says; a run imported from spans before
+    it said so is told by its notes (a request-journey trace is the engine core's)."""
+    source = meta.get("source") or {}
+    if source.get("times") or source.get("format") != "otel":
+        return source.get("times")
+    journey = any("request journey trace" in str(note) for note in meta.get("notes") or ())
+    return "engine-core" if journey else "api-server"
 
 
 def clock_labels(report: dict[str, Any]) -> tuple[str, str]:

@@ -179,3 +179,13 @@ def test_fit_client_refuses_spans_beside_a_live_run_and_spans_with_no_lone_reque
         cm.fit_from_sources([overlapping, live], "vllm")
     with pytest.raises(Exception, match="has none"):
         cm.fit_from_sources([overlapping], "sglang")
+
+
+def test_a_span_run_imported_before_its_times_were_recorded_is_told_by_its_format_and_notes():
+    from servelab.fidelity.validate import server_times
+
+    assert server_times({"source": {"format": "otel"}, "notes": []}) == "api-server"
+    assert server_times({"source": {"format": "otel"},
+                         "notes": ["vLLM request journey trace (4 requests' 'llm_core' events): ..."]}) == "engine-core"
+    assert server_times({"source": {"format": "otel", "times": "engine-core"}}) == "engine-core"
+    assert server_times({"source": {"format": "timestamps-jsonl"}}) is None
