@@ -77,29 +77,15 @@ def import_otel(paths: list[Path]) -> Measured:
     # before becoming float seconds (epoch seconds as a float64 keep only ~0.2 us)
     for path in paths:
         rows.path = path
-        for lineno, doc in _documents(path, rows.warnings):
-            if not isinstance(doc, dict) or "resourceSpans" not in doc:
-                raise InputError(path, f"line {lineno}: not an OTLP JSON export (no 'resourceSpans')")
-            for r, rs in enumerate(array(path, doc["resourceSpans"], f"line {lineno}: resourceSpans")):
-                at = f"line {lineno}: resourceSpans[{r}]"
-                rs = mapping(path, rs, at)
-                resource = mapping(path, rs.get("resource"), f"{at}.resource", optional=True)
-                for attr in _attributes(path, resource.get("attributes"), f"{at}.resource.attributes"):
-                    if attr.get("key") == "service.name":
-                        name = _value(attr.get("value", {}))
-                        if isinstance(name, str):
-                            services.add(name)
-                for k, ss in enumerate(array(path, rs.get("scopeSpans"), f"{at}.scopeSpans", optional=True)):
-                    ss = mapping(path, ss, f"{at}.scopeSpans[{k}]")
-                    for m, span in enumerate(array(path, ss.get("spans"), f"{at}.scopeSpans[{k}].spans", optional=True)):
-                        span = mapping(path, span, f"{at}.scopeSpans[{k}].spans[{m}]", len(rows) + 1)
-                        if span.get("name") == JOURNEY_SPAN:
-                            _add_journey(journeys, path, lineno, span)
-                            continue
-                        if span.get("name") != SPAN_NAME:
-                            skipped += 1
-                            continue
-                        _add_span(rows, path, lineno, span, origin)
+        for lineno, at, span in _spans(path, rows.warnings, services):
+            span = mapping(path, span, at, len(rows) + 1)
+            if span.get("name") == JOURNEY_SPAN:
+                _add_journey(journeys, path, lineno, span)
+                continue
+            if span.get("name") != SPAN_NAME:
+                skipped += 1
+                continue
+            _add_span(rows, path, lineno, span, origin)
     from_spans = len(rows) > 0  # the llm_request spans' times are the API server's (client_model.py api_request_s)
     if journeys and not len(rows):
         _journey_rows(rows, journeys)
@@ -116,6 +102,28 @@ def import_otel(paths: list[Path]) -> Measured:
     if origin:
         source["first_span_start_unix_ns"] = origin[0]
     return Measured(rows, clock="server", source=source, notes=tuple(notes))
+
+
+def _spans(path: Path, warnings: list[str], services: set | None = None):
+    """(line number, where, span) for each span of an OTLP JSON file, each level of the document checked
+    (``where`` names the span in an error); ``services`` collects the resources' ``service.name``."""
+    for lineno, doc in _documents(path, warnings):
+        if not isinstance(doc, dict) or "resourceSpans" not in doc:
+            raise InputError(path, f"line {lineno}: not an OTLP JSON export (no 'resourceSpans')")
+        for r, rs in enumerate(array(path, doc["resourceSpans"], f"line {lineno}: resourceSpans")):
+            at = f"line {lineno}: resourceSpans[{r}]"
+            rs = mapping(path, rs, at)
+            resource = mapping(path, rs.get("resource"), f"{at}.resource", optional=True)
+            if services is not None:
+                for attr in _attributes(path, resource.get("attributes"), f"{at}.resource.attributes"):
+                    if attr.get("key") == "service.name":
+                        name = _value(attr.get("value", {}))
+                        if isinstance(name, str):
+                            services.add(name)
+            for k, ss in enumerate(array(path, rs.get("scopeSpans"), f"{at}.scopeSpans", optional=True)):
+                ss = mapping(path, ss, f"{at}.scopeSpans[{k}]")
+                for m, span in enumerate(array(path, ss.get("spans"), f"{at}.scopeSpans[{k}].spans", optional=True)):
+                    yield lineno, f"{at}.scopeSpans[{k}].spans[{m}]", span
 
 
 def _attributes(path: Path, value: object, field: str, row: int | None = None) -> list[dict]:
@@ -248,25 +256,23 @@ def api_server_observations(path: Path) -> list[dict]:
     ``prompt_tokens``, ``first_s`` and ``last_s`` (seconds), ``request`` (its span's request id)."""
     keys = ("time_to_first_token", "e2e", "time_in_queue", "time_in_model_prefill", "time_in_model_inference")
     spans = []
-    for lineno, doc in _documents(path, []):
-        for rs in doc.get("resourceSpans") or () if isinstance(doc, dict) else ():
-            for ss in rs.get("scopeSpans") or ():
-                for span in ss.get("spans") or ():
-                    status = span.get("status") if isinstance(span.get("status"), dict) else {}
-                    if span.get("name") != SPAN_NAME or status.get("code") in (2, "STATUS_CODE_ERROR"):
-                        continue
-                    row = len(spans) + 1
-                    attrs = _attribute_map(path, span.get("attributes"), "attributes", row)
-                    if any(attrs.get(f"gen_ai.latency.{k}") is None for k in keys):
-                        continue  # (spans of vLLM releases that do not record the engine's part)
-                    lat = {k: number(path, attrs[f"gen_ai.latency.{k}"], f"gen_ai.latency.{k}", row) for k in keys}
-                    try:
-                        start = int(span["startTimeUnixNano"]) / 1e9
-                    except (KeyError, ValueError, TypeError):
-                        raise InputError(path, f"span on line {lineno} has no valid startTimeUnixNano",
-                                         column="startTimeUnixNano", row=row) from None
-                    prompt = integer(path, attrs.get("gen_ai.usage.prompt_tokens"), "gen_ai.usage.prompt_tokens", row)
-                    spans.append((start, start + lat["e2e"], lat, prompt, str(attrs.get("gen_ai.request.id", row))))
+    for lineno, at, span in _spans(path, []):
+        row = len(spans) + 1
+        span = mapping(path, span, at, row)
+        status = mapping(path, span.get("status"), "status", row, optional=True)
+        if span.get("name") != SPAN_NAME or status.get("code") in (2, "STATUS_CODE_ERROR"):
+            continue
+        attrs = _attribute_map(path, span.get("attributes"), "attributes", row)
+        if any(attrs.get(f"gen_ai.latency.{k}") is None for k in keys):
+            continue  # (spans of vLLM releases that do not record the engine's part)
+        lat = {k: number(path, attrs[f"gen_ai.latency.{k}"], f"gen_ai.latency.{k}", row) for k in keys}
+        try:
+            start = int(span["startTimeUnixNano"]) / 1e9
+        except (KeyError, ValueError, TypeError):
+            raise InputError(path, f"span on line {lineno} has no valid startTimeUnixNano",
+                             column="startTimeUnixNano", row=row) from None
+        prompt = integer(path, attrs.get("gen_ai.usage.prompt_tokens"), "gen_ai.usage.prompt_tokens", row)
+        spans.append((start, start + lat["e2e"], lat, prompt, str(attrs.get("gen_ai.request.id", row))))
     spans.sort(key=lambda s: s[0])
     out = []
     ended = -float("inf")  # the latest end of the spans that started before this one
