@@ -286,7 +286,7 @@ SUMMARY_REPORTS = (
 def summary_only(path: Path) -> str | None:
     """What ``path`` (a file, or a folder's files) is when it is a benchmark tool's summary report and no
     run file: the message naming the per-request report to import instead; else None."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for pattern, tool, instead in SUMMARY_REPORTS:
         hits = [p for p in files if p.match(pattern) and not p.name.startswith("per_request")]
         if hits:

@@ -86,6 +86,11 @@ class ClientModel:
     def outside_s(self, prompt_tokens: np.ndarray, open_streams: np.ndarray | float = 0.0) -> np.ndarray:
         return self.request_s + self.prompt_token_s * prompt_tokens + self.stream_s * open_streams
 
+    @property
+    def has_api_server(self) -> bool:
+        """Whether it holds the API server's own time apart (a model fitted on the engine core's times has none)."""
+        return bool(self.api_request_s or self.api_prompt_token_s)
+
     def api_server_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
         """The API server's own time for requests of ``prompt_tokens`` (inside vLLM's own TTFT and E2E)."""
         return self.api_request_s + self.api_prompt_token_s * prompt_tokens
@@ -225,13 +230,13 @@ def _with_api_server(model: ClientModel, observations: list[dict], provenance: s
 
 
 _vllm = json.loads(CALIBRATION.read_text())
-DEFAULTS["vllm"] = fit_client(
+DEFAULTS["vllm"] = _with_api_server(fit_client(
     _vllm["observations"], "vllm", load="admitting",
     provenance="vLLM 0.11 on an H100 (CodeLlama-34B) against GuideLLM 0.6 over a cluster network, "
                "fidelity/client_calibration_vllm.json: 10 benchmarks of two sweeps (one request at a time to 40 at "
                "once) and 10 request records, the client's times against the same requests' OpenTelemetry spans "
-               "(inference-sim's ground truth, bench/RESULTS_fidelity.md session 21)")
-DEFAULTS["vllm"] = _with_api_server(DEFAULTS["vllm"], _vllm["api_server"]["observations"], _vllm["api_server"]["about"])
+               "(inference-sim's ground truth, bench/RESULTS_fidelity.md session 21)"),
+    _vllm["api_server"]["observations"], _vllm["api_server"]["about"])
 _cpu = json.loads(CPU_CALIBRATION.read_text())
 DEFAULTS["vllm-cpu"] = fit_client(
     _cpu["observations"], "vllm-cpu", api_server_runs=_cpu["api_server_cpu"]["runs"],
@@ -256,8 +261,8 @@ def fit_from_sources(sources: list[Path], server: str = "vllm", load: str = "str
     spans = [p for p in sources if _is_span_file(p)]
     rest = [p for p in sources if p not in spans]
     provenance = "servelab fit --client " + " ".join(map(str, sources))
-    if spans and any(p.is_dir() for p in rest):
-        live = next(p for p in rest if p.is_dir())
+    live = next((p for p in rest if p.is_dir()), None)
+    if spans and live is not None:
         raise ServelabError(f"fit --client: {live} is a live run, whose client terms were fitted against the engine "
                             f"core's own times and so hold the API server's time already; fit the spans "
                             f"({spans[0]}) with observation files, or alone")

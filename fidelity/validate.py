@@ -418,6 +418,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
     api_model = None
     if client_model is not None and meta.get("clock") == "server" and server_times(meta) == "api-server":
         api_model = cm.resolve("vllm" if client_model == "auto" else client_model)
+        api_model = api_model if api_model.has_api_server else None
     cluster = build_cluster(config, runner, trace_block_tokens(trace), measured_blocks=ran_with)
     result = replay(trace, config, runner=runner, token_log=model is not None and model.token_s > 0, cluster=cluster)
     simulated = result.requests
@@ -430,7 +431,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         engine_side = compare(measured, simulated)["latency"]
         compared = cm.as_client_side(simulated)
         report = compare(measured, compared)
-    elif api_model is not None and (api_model.api_request_s or api_model.api_prompt_token_s):
+    elif api_model is not None:
         engine_side = compare(measured, simulated, intake)["latency"]
         compared = cm.with_api_server_times(simulated, api_model)
         report = compare(measured, compared, intake)
@@ -439,7 +440,7 @@ def validate_real(run_dir: Path, overrides: Overrides, client_model: str | None 
         report = compare(measured, simulated, intake)
     report["errors"] = error_shares(measured, simulated)
     shown = model or api_model
-    if shown is not None and (shown.api_request_s or shown.api_prompt_token_s):
+    if shown is not None and shown.has_api_server:
         prompt = simulated.column("prompt_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
         report["api_server"] = {"request_s": shown.api_request_s, "prompt_token_s": shown.api_prompt_token_s,
                                 "mean_s": float(np.mean(shown.api_server_s(prompt))) if prompt.size else None,
